@@ -1,0 +1,197 @@
+//! Engine configuration: every tunable with its default, read once at cold start.
+//!
+//! [`EngineConfig::from_lookup`] reads the settings from any key-value source (the process
+//! environment in a Lambda function, a map in tests); an unset key takes its default, a
+//! malformed one is an error that names it.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::events::StatusKinds;
+use crate::retry::{RetryPolicy, WaitPolicy};
+
+/// Tunables of the scheduler, supervisor and agents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Expired leases of one step after which the supervisor stops retrying it and the order
+    /// is compensated (or, with nothing to undo, set to Error). Default 3; at least 1.
+    /// Env `FAILURE_THRESHOLD`.
+    pub failure_threshold: u32,
+    /// Extra wait before a step whose lease expired is tried again; grows with the failure
+    /// count. Defaults 5 s and 300 s. Env `RETRY_WAIT_BASE_SECONDS`, `RETRY_WAIT_MAX_SECONDS`.
+    pub wait: WaitPolicy,
+    /// Time the scheduler has to claim a Pending order before the supervisor treats its start
+    /// message as lost. Default 30 s. Env `CLAIM_GRACE_SECONDS`.
+    pub claim_grace: Duration,
+    /// How long a published-but-unconfirmed alert waits before the supervisor publishes it
+    /// again. Default 120 s. Env `ALERT_RETRY_SECONDS`.
+    pub alert_retry_after: Duration,
+    /// Partitions of the expiry index. Default 8. Must never decrease on a live table: records
+    /// in a dropped shard would no longer be swept. Env `INDEX_SHARDS`.
+    pub index_shards: u16,
+    /// Most expired records the supervisor handles in one sweep, all shards together; the rest
+    /// wait for the next sweep. Default 500. Env `SWEEP_LIMIT`.
+    pub sweep_limit: usize,
+    /// Status event kinds published. Default `terminal` (processed, compensated, failed).
+    /// Env `STATUS_EVENTS`: `terminal`, `all`, `none` or a comma-separated list.
+    pub status_events: StatusKinds,
+    /// Backoff of an agent's retries of its remote service. Defaults 200 ms, 5 s, 8 calls.
+    /// Env `AGENT_RETRY_INITIAL_MS`, `AGENT_RETRY_MAX_MS`, `AGENT_MAX_CALLS`.
+    pub agent_retry: RetryPolicy,
+    /// Entries kept in an order's timeline (the first, and the latest). Default 16.
+    /// Env `TIMELINE_LIMIT`.
+    pub timeline_limit: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            failure_threshold: 3,
+            wait: WaitPolicy::default(),
+            claim_grace: Duration::from_secs(30),
+            alert_retry_after: Duration::from_secs(120),
+            index_shards: 8,
+            sweep_limit: 500,
+            status_events: StatusKinds::default(),
+            agent_retry: RetryPolicy::default(),
+            timeline_limit: 16,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Reads the configuration from `lookup` (for example `|k| std::env::var(k).ok()`).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
+        let d = EngineConfig::default();
+        let config = EngineConfig {
+            failure_threshold: parse(&lookup, "FAILURE_THRESHOLD", d.failure_threshold)?,
+            wait: WaitPolicy {
+                base: secs(&lookup, "RETRY_WAIT_BASE_SECONDS", d.wait.base)?,
+                max: secs(&lookup, "RETRY_WAIT_MAX_SECONDS", d.wait.max)?,
+            },
+            claim_grace: secs(&lookup, "CLAIM_GRACE_SECONDS", d.claim_grace)?,
+            alert_retry_after: secs(&lookup, "ALERT_RETRY_SECONDS", d.alert_retry_after)?,
+            index_shards: parse(&lookup, "INDEX_SHARDS", d.index_shards)?,
+            sweep_limit: parse(&lookup, "SWEEP_LIMIT", d.sweep_limit)?,
+            status_events: match lookup("STATUS_EVENTS") {
+                Some(v) => v.parse()?,
+                None => d.status_events,
+            },
+            agent_retry: RetryPolicy {
+                initial_delay: millis(
+                    &lookup,
+                    "AGENT_RETRY_INITIAL_MS",
+                    d.agent_retry.initial_delay,
+                )?,
+                max_delay: millis(&lookup, "AGENT_RETRY_MAX_MS", d.agent_retry.max_delay)?,
+                max_calls: parse(&lookup, "AGENT_MAX_CALLS", d.agent_retry.max_calls)?,
+            },
+            timeline_limit: parse(&lookup, "TIMELINE_LIMIT", d.timeline_limit)?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Rejects settings that would break the engine's guarantees.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(Error::Config(m.to_owned()));
+        if self.failure_threshold == 0 {
+            return bad("FAILURE_THRESHOLD must be at least 1");
+        }
+        if self.index_shards == 0 {
+            return bad("INDEX_SHARDS must be at least 1");
+        }
+        if self.sweep_limit == 0 {
+            return bad("SWEEP_LIMIT must be at least 1");
+        }
+        if self.wait.base > self.wait.max {
+            return bad("RETRY_WAIT_BASE_SECONDS must not exceed RETRY_WAIT_MAX_SECONDS");
+        }
+        if self.wait.max > Duration::from_secs(900) {
+            // Start messages carry the wait as an SQS delay, which is at most 15 minutes.
+            return bad("RETRY_WAIT_MAX_SECONDS must be at most 900");
+        }
+        if self.agent_retry.max_calls == 0 {
+            return bad("AGENT_MAX_CALLS must be at least 1");
+        }
+        if self.timeline_limit < 2 {
+            return bad("TIMELINE_LIMIT must be at least 2");
+        }
+        Ok(())
+    }
+}
+
+fn parse<T: std::str::FromStr>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    default: T,
+) -> Result<T, Error> {
+    match lookup(key) {
+        None => Ok(default),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| Error::Config(format!("{key}={v:?} is not a valid number"))),
+    }
+}
+
+fn secs(
+    lookup: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    default: Duration,
+) -> Result<Duration, Error> {
+    parse(lookup, key, default.as_secs()).map(Duration::from_secs)
+}
+
+fn millis(
+    lookup: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    default: Duration,
+) -> Result<Duration, Error> {
+    parse(
+        lookup,
+        key,
+        u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
+    )
+    .map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(pairs: &[(&str, &str)]) -> Result<EngineConfig, Error> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        EngineConfig::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn unset_keys_take_the_documented_defaults() {
+        assert_eq!(from(&[]).unwrap(), EngineConfig::default());
+    }
+
+    #[test]
+    fn keys_are_read_and_bad_values_are_named() {
+        let c = from(&[
+            ("FAILURE_THRESHOLD", "5"),
+            ("INDEX_SHARDS", "16"),
+            ("STATUS_EVENTS", "all"),
+        ])
+        .unwrap();
+        assert_eq!((c.failure_threshold, c.index_shards), (5, 16));
+        let err = from(&[("CLAIM_GRACE_SECONDS", "soon")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CLAIM_GRACE_SECONDS"), "{err}");
+        let err = from(&[("FAILURE_THRESHOLD", "0")]).unwrap_err().to_string();
+        assert!(err.contains("FAILURE_THRESHOLD"), "{err}");
+        let err = from(&[("RETRY_WAIT_BASE_SECONDS", "600")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must not exceed"), "{err}");
+    }
+}

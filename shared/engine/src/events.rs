@@ -1,0 +1,251 @@
+//! What the system tells the outside world: status events for the submitting application and
+//! alerts for operators.
+//!
+//! Both go through the [`EventBus`](crate::ports::EventBus) port. Status events are optional
+//! and chosen by kind (each one costs money on AWS); alerts are not optional. Every event has
+//! a deterministic id, so a consumer can drop the rare duplicate that a crash between publishing
+//! and recording can cause.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::ids::OrderId;
+use crate::state::{Cause, StateRecord};
+use crate::time::Timestamp;
+
+/// `detail-type` of status events.
+pub const STATUS_DETAIL_TYPE: &str = "OrderStatusChanged";
+/// `detail-type` of operator alerts.
+pub const ALERT_DETAIL_TYPE: &str = "OrderNeedsAttention";
+
+/// The kinds of status event an order goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusKind {
+    /// Accepted by submission.
+    Received,
+    /// Claimed by the scheduler (each claim, including after a retry).
+    Processing,
+    /// One step completed.
+    StepDone,
+    /// Undoing the completed steps has begun.
+    Compensating,
+    /// Every step completed: terminal.
+    Processed,
+    /// The order failed and every completed step was undone: terminal.
+    Compensated,
+    /// The order failed and could not be fully undone, or nothing was done: terminal.
+    Failed,
+}
+
+impl StatusKind {
+    pub const ALL: [StatusKind; 7] = [
+        StatusKind::Received,
+        StatusKind::Processing,
+        StatusKind::StepDone,
+        StatusKind::Compensating,
+        StatusKind::Processed,
+        StatusKind::Compensated,
+        StatusKind::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusKind::Received => "received",
+            StatusKind::Processing => "processing",
+            StatusKind::StepDone => "step_done",
+            StatusKind::Compensating => "compensating",
+            StatusKind::Processed => "processed",
+            StatusKind::Compensated => "compensated",
+            StatusKind::Failed => "failed",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            StatusKind::Processed | StatusKind::Compensated | StatusKind::Failed
+        )
+    }
+}
+
+/// Which status event kinds are published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusKinds(BTreeSet<StatusKind>);
+
+impl Default for StatusKinds {
+    /// Only the terminal kinds: one event per order, whatever happens to it.
+    fn default() -> Self {
+        StatusKinds(
+            StatusKind::ALL
+                .into_iter()
+                .filter(|k| k.is_terminal())
+                .collect(),
+        )
+    }
+}
+
+impl StatusKinds {
+    pub fn none() -> Self {
+        StatusKinds(BTreeSet::new())
+    }
+
+    pub fn all() -> Self {
+        StatusKinds(StatusKind::ALL.into_iter().collect())
+    }
+
+    pub fn contains(&self, kind: StatusKind) -> bool {
+        self.0.contains(&kind)
+    }
+}
+
+impl FromStr for StatusKinds {
+    type Err = Error;
+
+    /// `terminal`, `all`, `none`, or a comma-separated list of kinds (`received,processed`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "terminal" => Ok(StatusKinds::default()),
+            "all" => Ok(StatusKinds::all()),
+            "none" | "" => Ok(StatusKinds::none()),
+            list => list
+                .split(',')
+                .map(|k| {
+                    let k = k.trim();
+                    StatusKind::ALL
+                        .into_iter()
+                        .find(|c| c.as_str() == k)
+                        .ok_or_else(|| Error::Config(format!("unknown status event kind {k:?}")))
+                })
+                .collect::<Result<_, _>>()
+                .map(StatusKinds),
+        }
+    }
+}
+
+/// A status change of one order, for the application that submitted it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusEvent {
+    pub order_id: OrderId,
+    pub status: StatusKind,
+    /// The step concerned, for `step_done`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    pub attempt: u64,
+    pub at: Timestamp,
+    pub correlation_id: String,
+}
+
+/// An order that needs an operator: it ended in `Error`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alert {
+    /// Deterministic: the same order's alert always has the same id.
+    pub alert_id: String,
+    pub order_id: OrderId,
+    pub cause: Cause,
+    /// Whether every completed step was undone (nothing is left for the operator to revert).
+    pub fully_compensated: bool,
+    /// Steps whose effects may still be in place and need a manual look.
+    pub needs_manual_undo: Vec<String>,
+    pub failure_count: u32,
+    pub at: Timestamp,
+    pub correlation_id: String,
+}
+
+/// One entry for the bus: what it is, a deterministic id, and its JSON detail.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BusEvent {
+    pub id: String,
+    pub detail_type: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Debug for BusEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The detail can be large; its id says which event it is.
+        f.debug_struct("BusEvent")
+            .field("id", &self.id)
+            .field("detail_type", &self.detail_type)
+            .finish()
+    }
+}
+
+impl BusEvent {
+    pub fn status(
+        record: &StateRecord,
+        status: StatusKind,
+        step: Option<String>,
+        at: Timestamp,
+    ) -> BusEvent {
+        let event = StatusEvent {
+            order_id: record.order_id,
+            status,
+            step,
+            attempt: record.attempt,
+            at,
+            correlation_id: record.correlation_id.clone(),
+        };
+        let id = match &event.step {
+            Some(step) => format!(
+                "{}/{}/{step}/{}",
+                record.order_id,
+                status.as_str(),
+                record.attempt
+            ),
+            None => format!("{}/{}/{}", record.order_id, status.as_str(), record.attempt),
+        };
+        BusEvent {
+            id,
+            detail_type: STATUS_DETAIL_TYPE,
+            detail: to_json(&event),
+        }
+    }
+
+    pub fn alert(alert: &Alert) -> BusEvent {
+        BusEvent {
+            id: alert.alert_id.clone(),
+            detail_type: ALERT_DETAIL_TYPE,
+            detail: to_json(alert),
+        }
+    }
+}
+
+fn to_json<T: Serialize>(value: &T) -> String {
+    // Serialising these plain structs cannot fail: no maps with non-string keys, no floats.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// What the bus said about a batch: the positions it did not accept, with its reasons.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    pub failed: Vec<(usize, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_kinds_parse() {
+        assert_eq!(
+            "terminal".parse::<StatusKinds>().unwrap(),
+            StatusKinds::default()
+        );
+        let k: StatusKinds = "received, processed".parse().unwrap();
+        assert!(k.contains(StatusKind::Received) && k.contains(StatusKind::Processed));
+        assert!(!k.contains(StatusKind::Failed));
+        assert!(
+            "received,sent"
+                .parse::<StatusKinds>()
+                .unwrap_err()
+                .to_string()
+                .contains("\"sent\"")
+        );
+        assert!(!StatusKinds::default().contains(StatusKind::StepDone));
+        assert!(StatusKinds::default().contains(StatusKind::Compensated));
+    }
+}

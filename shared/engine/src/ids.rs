@@ -1,0 +1,229 @@
+//! Identifiers: orders, agents, steps, and the idempotency keys derived from them.
+//!
+//! An order's id is derived from the client's idempotency key (UUID v5), so the store's
+//! "create if absent" condition is the whole duplicate check: no separate key table, no extra
+//! write. The key a remote service sees for a step is derived from the order id and the step,
+//! so it is the same on every retry and every re-dispatch of that step.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::Error;
+
+/// Namespace for deriving order ids from client keys. Changing it would give existing keys new
+/// order ids, so it is fixed forever.
+const ORDER_NAMESPACE: Uuid = Uuid::from_u128(0x5a5d_1f2e_8c1b_4e7a_9b60_3d2f_44c1_7e09);
+
+/// Longest idempotency key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 128;
+
+/// The id of an order and of its state record.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct OrderId(Uuid);
+
+impl OrderId {
+    /// The order id a client key maps to.
+    pub fn for_key(key: &IdempotencyKey) -> Self {
+        OrderId(Uuid::new_v5(&ORDER_NAMESPACE, key.0.as_bytes()))
+    }
+
+    pub fn from_uuid(id: Uuid) -> Self {
+        OrderId(id)
+    }
+
+    pub fn as_uuid(&self) -> &Uuid {
+        &self.0
+    }
+
+    /// The expiry-index shard this order's record lives in while it is in flight. Stable for the
+    /// life of the record, spread evenly because the id is a hash.
+    pub fn shard(&self, shards: u16) -> u16 {
+        let shards = u128::from(shards.max(1));
+        u16::try_from(self.0.as_u128() % shards).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for OrderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl fmt::Debug for OrderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for OrderId {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s)
+            .map(OrderId)
+            .map_err(|_| Error::InvalidMessage(format!("not an order id: {s:?}")))
+    }
+}
+
+/// A client's idempotency key, validated: 1 to 128 characters from `A-Z a-z 0-9 - _ . :`.
+/// UUIDs, ULIDs and most hand-made keys fit; whitespace and control characters never do.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn parse(raw: &str) -> Result<Self, Error> {
+        if raw.is_empty() {
+            return Err(Error::InvalidKey("must not be empty"));
+        }
+        if raw.len() > MAX_KEY_LEN {
+            return Err(Error::InvalidKey("must be at most 128 characters"));
+        }
+        if !raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        {
+            return Err(Error::InvalidKey(
+                "may only contain A-Z, a-z, 0-9, '-', '_', '.' and ':'",
+            ));
+        }
+        Ok(IdempotencyKey(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for IdempotencyKey {
+    type Error = Error;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        IdempotencyKey::parse(&value)
+    }
+}
+
+impl From<IdempotencyKey> for String {
+    fn from(k: IdempotencyKey) -> String {
+        k.0
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// Names an agent, and so the request queue and remote service behind it.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AgentName(String);
+
+impl AgentName {
+    pub fn new(name: impl Into<String>) -> Self {
+        AgentName(name.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for AgentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for AgentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// Which way a step is being driven: its action, or the compensation that undoes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    Do,
+    Undo,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Do => "do",
+            Direction::Undo => "undo",
+        }
+    }
+}
+
+/// The key a remote service uses to deduplicate one step (or its undo) of one order. It does
+/// not contain the attempt: every retry and re-dispatch of the step carries the same key.
+pub fn step_key(order: OrderId, step: &str, direction: Direction) -> String {
+    format!("{order}/{step}/{}", direction.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_id_is_a_pure_function_of_the_key() {
+        let a = IdempotencyKey::parse("order-2026-0001").unwrap();
+        let b = IdempotencyKey::parse("order-2026-0002").unwrap();
+        assert_eq!(OrderId::for_key(&a), OrderId::for_key(&a.clone()));
+        assert_ne!(OrderId::for_key(&a), OrderId::for_key(&b));
+    }
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(IdempotencyKey::parse("3f1c9a2e-7b7d-4c55-9f0e-2d0d8c1b6a10").is_ok());
+        assert!(IdempotencyKey::parse("a:b.c_d-e").is_ok());
+        for bad in [
+            "",
+            "has space",
+            "tab\t",
+            "ünïcode",
+            "semi;colon",
+            &"k".repeat(129),
+        ] {
+            assert!(IdempotencyKey::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(IdempotencyKey::parse(&"k".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn shards_cover_the_range_and_are_stable() {
+        let mut seen = [0u32; 8];
+        for i in 0..800 {
+            let key = IdempotencyKey::parse(&format!("k{i}")).unwrap();
+            let id = OrderId::for_key(&key);
+            let s = id.shard(8);
+            assert_eq!(s, id.shard(8));
+            seen[usize::from(s)] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 50), "uneven shards: {seen:?}");
+        assert_eq!(
+            OrderId::for_key(&IdempotencyKey::parse("x").unwrap()).shard(0),
+            0
+        );
+    }
+
+    #[test]
+    fn step_keys_differ_by_direction_only() {
+        let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
+        assert_eq!(
+            step_key(id, "charge", Direction::Do),
+            step_key(id, "charge", Direction::Do)
+        );
+        assert_ne!(
+            step_key(id, "charge", Direction::Do),
+            step_key(id, "charge", Direction::Undo)
+        );
+    }
+}

@@ -1,0 +1,43 @@
+//! The Scheduler Agent Supervisor engine.
+//!
+//! Everything the submission, scheduler, agent and supervisor functions decide lives here, as
+//! plain Rust over small ports; the Lambda functions are thin shells that decode an event, call
+//! a service, and encode its answer. Nothing in this crate knows about AWS.
+//!
+//! # Layout
+//!
+//! - Domain: [`order`] (what an acceptable order is), [`workflow`] (steps as data), [`ids`]
+//!   (order ids, idempotency keys), [`time`].
+//! - State: [`state`] (the record and its invariants) and [`machine`] (the one transition
+//!   function: every state change is decided there).
+//! - Services: [`services`] (submission, scheduler, agent, supervisor, status), each generic over
+//!   the [`ports`] it needs.
+//! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts).
+//! - Policy: [`config`] (every tunable, with defaults), [`retry`].
+//! - [`memory`]: in-memory ports with the semantics of DynamoDB, SQS and EventBridge, for tests
+//!   and the simulation.
+//!
+//! # Guarantees
+//!
+//! Every state change is a conditional write of a record read just before, expecting its
+//! process state, attempt and revision. Messages carry the attempt that produced them, so a
+//! message from an older lease can change nothing. Side effects (sending, publishing) happen
+//! after the write that decides them; a crash in between is repaired by the redelivery of the
+//! message that caused the write, or by the supervisor when the lease expires.
+
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod ids;
+pub mod memory;
+pub mod message;
+pub mod order;
+pub mod ports;
+pub mod retry;
+pub mod state;
+pub mod time;
+pub mod workflow;
+
+pub use error::{Error, Result};
+pub use ids::{AgentName, Direction, IdempotencyKey, OrderId};
+pub use time::Timestamp;

@@ -1,0 +1,280 @@
+//! Queue messages: versioned JSON envelopes.
+//!
+//! Three kinds travel: `start` (to the scheduler queue: "claim this order"), `request` (to an
+//! agent's queue: "perform this step"), and `reply` (to the reply queue: "this is how it went").
+//! Requests and replies carry the order id, the step, the attempt (the fencing token), the
+//! CompleteBy of the lease, the idempotency key of the remote call and a correlation id. A start
+//! carries the order id, the attempt it expects to claim, and the correlation id: everything
+//! else is in the state record.
+//!
+//! Every envelope has `"v": 1`. Unknown fields are ignored, so a newer sender can add fields
+//! without breaking an older consumer; anything that changes a field's meaning takes a new
+//! version, which an older consumer rejects as a poison message rather than misreading.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::ids::{Direction, OrderId};
+use crate::order::Order;
+use crate::time::Timestamp;
+
+/// The envelope version this code writes and reads.
+pub const VERSION: u32 = 1;
+/// Longest failure reason kept from an agent, in bytes; longer ones are cut.
+pub const MAX_REASON_LEN: usize = 300;
+/// Largest step output kept, in bytes of JSON; a larger one is replaced by a marker, because
+/// the output lives in the state record, which must stay small.
+pub const MAX_OUTPUT_LEN: usize = 512;
+
+/// Any message, tagged by `type`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    Start(Start),
+    Request(StepRequest),
+    Reply(StepReply),
+}
+
+/// "Claim this order": sent by submission and by the supervisor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Start {
+    pub order_id: OrderId,
+    /// The attempt the sender saw while the order was Pending; a claim succeeds only if the
+    /// record still has it.
+    pub attempt: u64,
+    pub correlation_id: String,
+}
+
+/// Which step, and which way.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRef {
+    pub index: usize,
+    pub name: String,
+    pub direction: Direction,
+}
+
+/// "Perform this action before CompleteBy": sent by the scheduler to an agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRequest {
+    pub order_id: OrderId,
+    pub attempt: u64,
+    pub correlation_id: String,
+    pub step: StepRef,
+    /// The remote action: the step's name, or its compensation's action.
+    pub action: String,
+    pub complete_by: Timestamp,
+    /// The same for every retry and re-dispatch of this step of this order.
+    pub idempotency_key: String,
+    pub order: Order,
+    /// For an undo, the output of the step being undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<serde_json::Value>,
+}
+
+/// "This is how it went": sent by an agent to the scheduler, only before CompleteBy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepReply {
+    pub order_id: OrderId,
+    pub attempt: u64,
+    pub correlation_id: String,
+    pub step: StepRef,
+    pub complete_by: Timestamp,
+    pub idempotency_key: String,
+    pub outcome: StepOutcome,
+}
+
+/// The result an agent reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum StepOutcome {
+    /// The remote action took effect; `output` is what the service returned.
+    Done { output: serde_json::Value },
+    /// The remote service refused for good (not a transient fault); the action took no effect.
+    Failed { reason: String },
+}
+
+impl StepOutcome {
+    /// Builds a `Done` outcome, replacing an output too large to keep by a marker.
+    pub fn done(output: serde_json::Value) -> StepOutcome {
+        let len = serde_json::to_string(&output).map_or(usize::MAX, |s| s.len());
+        if len > MAX_OUTPUT_LEN {
+            StepOutcome::Done {
+                output: serde_json::json!({ "truncated_bytes": len }),
+            }
+        } else {
+            StepOutcome::Done { output }
+        }
+    }
+
+    /// Builds a `Failed` outcome, cutting the reason to [`MAX_REASON_LEN`] bytes.
+    pub fn failed(reason: &str) -> StepOutcome {
+        StepOutcome::Failed {
+            reason: truncate(reason, MAX_REASON_LEN),
+        }
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+#[derive(Serialize)]
+struct Outgoing<'a> {
+    v: u32,
+    #[serde(flatten)]
+    message: &'a Message,
+}
+
+fn decode_as<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, Error> {
+    serde_path_to_error::deserialize(value)
+        .map_err(|e| Error::InvalidMessage(format!("{}: {}", e.path(), e.inner())))
+}
+
+impl Message {
+    /// The JSON body of this message, with its version.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(&Outgoing {
+            v: VERSION,
+            message: self,
+        })
+        .unwrap_or_default()
+    }
+
+    /// Decodes a body. Every failure is an [`Error::InvalidMessage`] naming what is wrong, so a
+    /// consumer can route the message to its dead-letter queue with a reason.
+    pub fn decode(body: &str) -> Result<Message, Error> {
+        let invalid = Error::InvalidMessage;
+        let value: serde_json::Value =
+            serde_json::from_str(body).map_err(|e| invalid(format!("not JSON: {e}")))?;
+        let serde_json::Value::Object(fields) = value else {
+            return Err(invalid("not a JSON object".into()));
+        };
+        match fields.get("v") {
+            Some(v) if v.as_u64() == Some(u64::from(VERSION)) => {}
+            Some(v) => return Err(invalid(format!("unsupported envelope version {v}"))),
+            None => return Err(invalid("missing envelope version `v`".into())),
+        }
+        let kind = fields
+            .get("type")
+            .and_then(|t| t.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        // Each kind is decoded on its own (not through the tagged enum) so that errors can name
+        // the offending field.
+        let fields = serde_json::Value::Object(fields);
+        match kind.as_str() {
+            "start" => decode_as(fields).map(Message::Start),
+            "request" => decode_as(fields).map(Message::Request),
+            "reply" => decode_as(fields).map(Message::Reply),
+            "" => Err(invalid("missing message `type`".into())),
+            other => Err(invalid(format!("unknown message type {other:?}"))),
+        }
+    }
+
+    pub fn order_id(&self) -> OrderId {
+        match self {
+            Message::Start(m) => m.order_id,
+            Message::Request(m) => m.order_id,
+            Message::Reply(m) => m.order_id,
+        }
+    }
+
+    pub fn correlation_id(&self) -> &str {
+        match self {
+            Message::Start(m) => &m.correlation_id,
+            Message::Request(m) => &m.correlation_id,
+            Message::Reply(m) => &m.correlation_id,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::IdempotencyKey;
+
+    fn start() -> Message {
+        let id = OrderId::for_key(&IdempotencyKey::parse("k1").unwrap());
+        Message::Start(Start {
+            order_id: id,
+            attempt: 3,
+            correlation_id: "c-1".into(),
+        })
+    }
+
+    #[test]
+    fn round_trips_with_a_version() {
+        let m = start();
+        let body = m.encode();
+        assert!(
+            body.contains("\"v\":1") && body.contains("\"type\":\"start\""),
+            "{body}"
+        );
+        assert_eq!(Message::decode(&body).unwrap(), m);
+    }
+
+    #[test]
+    fn unknown_fields_are_tolerated_but_versions_are_not() {
+        let mut v: serde_json::Value = serde_json::from_str(&start().encode()).unwrap();
+        v["added_later"] = serde_json::json!(true);
+        assert_eq!(Message::decode(&v.to_string()).unwrap(), start());
+        v["v"] = serde_json::json!(2);
+        assert!(
+            Message::decode(&v.to_string())
+                .unwrap_err()
+                .to_string()
+                .contains("version 2")
+        );
+        v.as_object_mut().unwrap().remove("v");
+        assert!(
+            Message::decode(&v.to_string())
+                .unwrap_err()
+                .to_string()
+                .contains("missing envelope version")
+        );
+    }
+
+    #[test]
+    fn malformed_bodies_are_invalid_messages_with_a_reason() {
+        for (body, expect) in [
+            ("", "not JSON"),
+            ("[1,2]", "not a JSON object"),
+            (r#"{"v":1,"type":"launch"}"#, "unknown message type"),
+            (r#"{"v":1}"#, "missing message `type`"),
+            (
+                r#"{"v":1,"type":"start","order_id":"nope","attempt":1,"correlation_id":"c"}"#,
+                "order_id",
+            ),
+            (
+                r#"{"v":1,"type":"start","order_id":"6c1f0c5e-4b7a-4a39-8a8e-0f5d2e1b9c3a","attempt":-1,"correlation_id":"c"}"#,
+                "attempt",
+            ),
+            (r#"{"v":"1","type":"start"}"#, "version"),
+        ] {
+            let err = Message::decode(body).unwrap_err();
+            assert!(matches!(err, Error::InvalidMessage(_)));
+            assert!(err.to_string().contains(expect), "{body}: {err}");
+            assert!(!err.is_retryable());
+        }
+    }
+
+    #[test]
+    fn outcomes_are_bounded() {
+        let big = serde_json::json!({ "blob": "x".repeat(600) });
+        assert!(
+            matches!(StepOutcome::done(big), StepOutcome::Done { output } if output.get("truncated_bytes").is_some())
+        );
+        let StepOutcome::Failed { reason } = StepOutcome::failed(&"é".repeat(400)) else {
+            panic!()
+        };
+        assert!(reason.len() <= MAX_REASON_LEN && reason.chars().all(|c| c == 'é'));
+    }
+}

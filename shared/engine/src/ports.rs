@@ -1,0 +1,209 @@
+//! Ports: what the engine needs from the outside world, shaped like what DynamoDB, SQS,
+//! EventBridge and an HTTP service really offer, and nothing more.
+//!
+//! - [`StateStore`]: conditional single-item writes, and one small transaction (order and state
+//!   record together). A failed condition is an outcome ([`Saved::Conflict`]), not an error.
+//! - [`ExpiryIndex`]: a sparse, sharded index of records by CompleteBy, queried one shard at a
+//!   time. Eventually consistent: it may lag behind the table, so whoever acts on an entry
+//!   re-reads the record and writes with a condition.
+//! - [`Outbox`]: at-least-once queues. A message may be delivered twice, late, or out of order.
+//! - [`EventBus`]: publishing can fail for some events of a batch and not others.
+//! - [`Clock`], [`Ids`], [`Random`]: time, identifiers and randomness, injected so tests decide.
+//! - [`RemoteService`]: the business service behind one agent.
+//!
+//! Each has an in-memory implementation in [`crate::memory`] with the same semantics, and an AWS
+//! implementation outside this crate. Methods return `Send` futures so handlers can run them
+//! concurrently on a multi-threaded runtime.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::events::{BusEvent, PublishReport};
+use crate::ids::{AgentName, Direction, IdempotencyKey, OrderId};
+use crate::message::Message;
+use crate::order::Order;
+use crate::state::{ProcessState, StateRecord};
+use crate::time::Timestamp;
+
+/// An accepted order as stored in the orders table. Immutable once written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderRecord {
+    pub order_id: OrderId,
+    pub idempotency_key: IdempotencyKey,
+    pub order: Order,
+    pub created_at: Timestamp,
+}
+
+/// What a conditional write expects to find: the record exactly as it was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expected {
+    pub process_state: ProcessState,
+    pub attempt: u64,
+    pub revision: u64,
+}
+
+impl Expected {
+    pub fn of(record: &StateRecord) -> Expected {
+        Expected {
+            process_state: record.process_state,
+            attempt: record.attempt,
+            revision: record.revision,
+        }
+    }
+}
+
+/// Outcome of creating an order with its state record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Created {
+    /// Both items were written.
+    Created,
+    /// An order with this id already exists; nothing was written.
+    AlreadyExists,
+}
+
+/// Outcome of a conditional write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Saved {
+    Saved,
+    /// The record was not as expected (someone else wrote first); nothing was written.
+    Conflict,
+}
+
+/// The state table and the orders table.
+pub trait StateStore: Send + Sync {
+    /// Writes the order and its state record in one transaction, only if neither exists.
+    fn create(
+        &self,
+        order: &OrderRecord,
+        state: &StateRecord,
+    ) -> impl Future<Output = Result<Created>> + Send;
+
+    /// Reads a state record with a strongly consistent read.
+    fn load(&self, id: OrderId) -> impl Future<Output = Result<Option<StateRecord>>> + Send;
+
+    /// Reads an order.
+    fn load_order(&self, id: OrderId) -> impl Future<Output = Result<Option<OrderRecord>>> + Send;
+
+    /// Replaces a state record if, and only if, it is still as `expected`. The new record's
+    /// revision must be `expected.revision + 1`.
+    fn save(
+        &self,
+        next: &StateRecord,
+        expected: Expected,
+    ) -> impl Future<Output = Result<Saved>> + Send;
+}
+
+/// One entry of the expiry index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub order_id: OrderId,
+    pub complete_by: Timestamp,
+}
+
+/// The sparse CompleteBy index.
+pub trait ExpiryIndex: Send + Sync {
+    /// Entries of `shard` whose CompleteBy is at or before `now`, earliest first, at most
+    /// `limit`. Eventually consistent.
+    fn expired(
+        &self,
+        shard: u16,
+        now: Timestamp,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send;
+}
+
+/// Where a message goes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// The scheduler's queue of start messages.
+    Scheduler,
+    /// An agent's request queue.
+    Agent(AgentName),
+    /// The scheduler's queue of agent replies.
+    Replies,
+}
+
+/// A message to send, possibly delayed (at most 15 minutes, as SQS allows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outgoing {
+    pub to: Destination,
+    pub message: Message,
+    pub delay: Duration,
+}
+
+impl Outgoing {
+    pub fn now(to: Destination, message: Message) -> Outgoing {
+        Outgoing {
+            to,
+            message,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Sending side of the queues.
+pub trait Outbox: Send + Sync {
+    /// Sends every message, or fails. On failure some may have been sent: callers rely on
+    /// redelivery and on duplicates being harmless, never on all-or-nothing.
+    fn send(&self, messages: &[Outgoing]) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The event bus.
+pub trait EventBus: Send + Sync {
+    /// Publishes a batch (at most 10 events); the report lists those that were not accepted.
+    fn publish(&self, events: &[BusEvent]) -> impl Future<Output = Result<PublishReport>> + Send;
+}
+
+/// Time.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Timestamp;
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// Fresh identifiers (correlation ids).
+pub trait Ids: Send + Sync {
+    fn new_id(&self) -> String;
+}
+
+/// Randomness for jitter.
+pub trait Random: Send + Sync {
+    /// A number in [0, 1).
+    fn unit(&self) -> f64;
+}
+
+/// One call to a remote service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteCall {
+    pub order_id: OrderId,
+    pub action: String,
+    pub direction: Direction,
+    /// The service deduplicates on this: the same key must never take effect twice.
+    pub idempotency_key: String,
+    pub order: Order,
+    pub input: Option<serde_json::Value>,
+    /// The call must give up by then (the adapter turns it into a timeout).
+    pub deadline: Timestamp,
+}
+
+/// How a remote call failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteFault {
+    /// Worth retrying: timeouts, throttling, 5xx, connection failures. The effect may or may
+    /// not have happened.
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Final: the service refused the action, which did not take effect.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+/// The business service behind one agent.
+pub trait RemoteService: Send + Sync {
+    fn call(
+        &self,
+        call: &RemoteCall,
+    ) -> impl Future<Output = std::result::Result<serde_json::Value, RemoteFault>> + Send;
+}

@@ -1,0 +1,301 @@
+//! Workflows as data: an ordered list of steps, each run by an agent within a time budget, and
+//! optionally undone by a compensating action on the same agent.
+//!
+//! A workflow is loaded and validated once, at cold start. Everything that could make it fail
+//! at run time (an agent nobody deployed, two steps with one name, an empty list, a budget no
+//! agent could honour) is an error at load instead.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::ids::{AgentName, Direction};
+
+/// Shortest budget a step may have: below this an agent cannot make even one remote call.
+pub const MIN_BUDGET: Duration = Duration::from_secs(1);
+/// Longest budget a step may have: an agent runs in one Lambda invocation, capped at 15 minutes.
+pub const MAX_BUDGET: Duration = Duration::from_secs(900);
+/// Budget of a step or compensation that does not name one.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30);
+/// Most steps in a workflow; keeps a state record well under one DynamoDB write unit.
+pub const MAX_STEPS: usize = 16;
+
+/// A loaded, validated workflow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workflow {
+    name: String,
+    steps: Vec<Step>,
+}
+
+/// One step of a workflow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Unique within the workflow; the action the agent is asked to perform.
+    pub name: String,
+    pub agent: AgentName,
+    /// How long one attempt of the step may take: its CompleteBy is this far in the future.
+    pub budget: Duration,
+    pub compensation: Option<Compensation>,
+}
+
+/// The action that undoes a step, run by the step's agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compensation {
+    pub action: String,
+    pub budget: Duration,
+}
+
+impl Step {
+    /// The remote action and budget for driving this step in `direction`; `None` when asked to
+    /// undo a step that has no compensation.
+    pub fn action(&self, direction: Direction) -> Option<(&str, Duration)> {
+        match direction {
+            Direction::Do => Some((&self.name, self.budget)),
+            Direction::Undo => self
+                .compensation
+                .as_ref()
+                .map(|c| (c.action.as_str(), c.budget)),
+        }
+    }
+}
+
+/// The JSON form of a workflow, as it is written in configuration.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct WorkflowSpec {
+    name: String,
+    steps: Vec<StepSpec>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct StepSpec {
+    name: String,
+    agent: String,
+    #[serde(default)]
+    budget_seconds: Option<u64>,
+    #[serde(default)]
+    compensation: Option<CompensationSpec>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct CompensationSpec {
+    action: String,
+    #[serde(default)]
+    budget_seconds: Option<u64>,
+}
+
+impl Workflow {
+    /// Parses and validates a workflow. `agents` lists the agents that are deployed; a step
+    /// naming any other is an error.
+    pub fn from_json(json: &str, agents: &[AgentName]) -> Result<Workflow, Error> {
+        let spec: WorkflowSpec =
+            serde_json::from_str(json).map_err(|e| Error::InvalidWorkflow(e.to_string()))?;
+        let invalid = |msg: String| Error::InvalidWorkflow(format!("{}: {msg}", spec.name));
+
+        check_name(&spec.name).map_err(|e| Error::InvalidWorkflow(format!("workflow name {e}")))?;
+        if spec.steps.is_empty() {
+            return Err(invalid("a workflow needs at least one step".into()));
+        }
+        if spec.steps.len() > MAX_STEPS {
+            return Err(invalid(format!("at most {MAX_STEPS} steps are supported")));
+        }
+        let mut names = HashSet::new();
+        let mut steps = Vec::with_capacity(spec.steps.len());
+        for s in &spec.steps {
+            check_name(&s.name).map_err(|e| invalid(format!("step name {e}")))?;
+            if !names.insert(s.name.as_str()) {
+                return Err(invalid(format!("step {:?} appears twice", s.name)));
+            }
+            let agent = AgentName::new(&s.agent);
+            if !agents.contains(&agent) {
+                return Err(invalid(format!(
+                    "step {:?} names agent {:?}, which is not deployed",
+                    s.name, s.agent
+                )));
+            }
+            let budget = parse_budget(s.budget_seconds)
+                .map_err(|e| invalid(format!("step {:?}: {e}", s.name)))?;
+            let compensation = match &s.compensation {
+                None => None,
+                Some(c) => {
+                    check_name(&c.action).map_err(|e| {
+                        invalid(format!("compensation of {:?}: action {e}", s.name))
+                    })?;
+                    if c.action == s.name {
+                        return Err(invalid(format!(
+                            "step {:?} cannot compensate itself",
+                            s.name
+                        )));
+                    }
+                    let budget = parse_budget(c.budget_seconds)
+                        .map_err(|e| invalid(format!("compensation of {:?}: {e}", s.name)))?;
+                    Some(Compensation {
+                        action: c.action.clone(),
+                        budget,
+                    })
+                }
+            };
+            steps.push(Step {
+                name: s.name.clone(),
+                agent,
+                budget,
+                compensation,
+            });
+        }
+        Ok(Workflow {
+            name: spec.name,
+            steps,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    pub fn step(&self, index: usize) -> Option<&Step> {
+        self.steps.get(index)
+    }
+
+    /// The agents this workflow uses, each once, in order of first use.
+    pub fn agents(&self) -> Vec<&AgentName> {
+        let mut seen = Vec::new();
+        for s in &self.steps {
+            if !seen.contains(&&s.agent) {
+                seen.push(&s.agent);
+            }
+        }
+        seen
+    }
+
+    /// The order-fulfilment workflow used by the demo and the tests: reserve inventory, charge
+    /// payment, ship; the first two are undone by releasing the stock and refunding.
+    pub fn order_fulfilment_json() -> &'static str {
+        r#"{
+  "name": "order-fulfilment",
+  "steps": [
+    {"name": "reserve-inventory", "agent": "inventory", "budget_seconds": 30,
+     "compensation": {"action": "release-inventory", "budget_seconds": 30}},
+    {"name": "charge-payment", "agent": "payment", "budget_seconds": 30,
+     "compensation": {"action": "refund-payment", "budget_seconds": 30}},
+    {"name": "ship", "agent": "shipping", "budget_seconds": 60}
+  ]
+}"#
+    }
+}
+
+fn parse_budget(seconds: Option<u64>) -> Result<Duration, String> {
+    let b = seconds.map_or(DEFAULT_BUDGET, Duration::from_secs);
+    if b < MIN_BUDGET || b > MAX_BUDGET {
+        return Err(format!(
+            "budget must be between {} and {} seconds",
+            MIN_BUDGET.as_secs(),
+            MAX_BUDGET.as_secs()
+        ));
+    }
+    Ok(b)
+}
+
+/// Names travel in messages, keys and URLs: keep them short and plain.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 40
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name:?} must be 1 to 40 of a-z, 0-9 and '-'"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agents() -> Vec<AgentName> {
+        ["inventory", "payment", "shipping"]
+            .map(AgentName::new)
+            .to_vec()
+    }
+
+    #[test]
+    fn the_fulfilment_workflow_loads() {
+        let w = Workflow::from_json(Workflow::order_fulfilment_json(), &agents()).unwrap();
+        assert_eq!(w.steps().len(), 3);
+        assert_eq!(
+            w.step(1).unwrap().action(Direction::Undo),
+            Some(("refund-payment", Duration::from_secs(30)))
+        );
+        assert_eq!(w.step(2).unwrap().action(Direction::Undo), None);
+        assert_eq!(w.agents().len(), 3);
+    }
+
+    #[test]
+    fn defaults_apply_to_missing_budgets() {
+        let w = Workflow::from_json(
+            r#"{"name":"w","steps":[{"name":"a","agent":"payment","compensation":{"action":"b"}}]}"#,
+            &agents(),
+        )
+        .unwrap();
+        assert_eq!(w.step(0).unwrap().budget, DEFAULT_BUDGET);
+        assert_eq!(
+            w.step(0).unwrap().compensation.as_ref().unwrap().budget,
+            DEFAULT_BUDGET
+        );
+    }
+
+    #[test]
+    fn bad_workflows_fail_at_load_with_a_reason() {
+        let cases = [
+            (r#"{"name":"w","steps":[]}"#, "at least one step"),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"fax"}]}"#,
+                "not deployed",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment"},{"name":"a","agent":"payment"}]}"#,
+                "twice",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment","budget_seconds":0}]}"#,
+                "budget",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment","budget_seconds":901}]}"#,
+                "budget",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"A B","agent":"payment"}]}"#,
+                "step name",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment","compensation":{"action":"a"}}]}"#,
+                "itself",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment","retries":3}]}"#,
+                "unknown field",
+            ),
+            (
+                r#"{"name":"","steps":[{"name":"a","agent":"payment"}]}"#,
+                "workflow name",
+            ),
+        ];
+        for (json, expected) in cases {
+            let err = Workflow::from_json(json, &agents())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{json}: {err}");
+        }
+    }
+}
