@@ -207,3 +207,69 @@ pub trait RemoteService: Send + Sync {
         call: &RemoteCall,
     ) -> impl Future<Output = std::result::Result<serde_json::Value, RemoteFault>> + Send;
 }
+
+// Shared handles: a port behind an `Arc` is the same port, so one in-memory store or one SDK
+// client can serve several services.
+
+impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
+    fn create(&self, order: &OrderRecord, state: &StateRecord) -> impl Future<Output = Result<Created>> + Send {
+        (**self).create(order, state)
+    }
+    fn load(&self, id: OrderId) -> impl Future<Output = Result<Option<StateRecord>>> + Send {
+        (**self).load(id)
+    }
+    fn load_order(&self, id: OrderId) -> impl Future<Output = Result<Option<OrderRecord>>> + Send {
+        (**self).load_order(id)
+    }
+    fn save(&self, next: &StateRecord, expected: Expected) -> impl Future<Output = Result<Saved>> + Send {
+        (**self).save(next, expected)
+    }
+}
+
+impl<T: ExpiryIndex + ?Sized> ExpiryIndex for std::sync::Arc<T> {
+    fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send {
+        (**self).expired(shard, now, limit)
+    }
+}
+
+impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
+    fn send(&self, messages: &[Outgoing]) -> impl Future<Output = Result<()>> + Send {
+        (**self).send(messages)
+    }
+}
+
+impl<T: EventBus + ?Sized> EventBus for std::sync::Arc<T> {
+    fn publish(&self, events: &[BusEvent]) -> impl Future<Output = Result<PublishReport>> + Send {
+        (**self).publish(events)
+    }
+}
+
+impl<T: Clock + ?Sized> Clock for std::sync::Arc<T> {
+    fn now(&self) -> Timestamp {
+        (**self).now()
+    }
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send {
+        (**self).sleep(duration)
+    }
+}
+
+impl<T: Ids + ?Sized> Ids for std::sync::Arc<T> {
+    fn new_id(&self) -> String {
+        (**self).new_id()
+    }
+}
+
+impl<T: Random + ?Sized> Random for std::sync::Arc<T> {
+    fn unit(&self) -> f64 {
+        (**self).unit()
+    }
+}
+
+impl<T: RemoteService + ?Sized> RemoteService for std::sync::Arc<T> {
+    fn call(
+        &self,
+        call: &RemoteCall,
+    ) -> impl Future<Output = std::result::Result<serde_json::Value, RemoteFault>> + Send {
+        (**self).call(call)
+    }
+}

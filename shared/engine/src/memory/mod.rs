@@ -8,5 +8,7 @@
 //! of a batch. Faults can be injected into each.
 
 mod clock;
+mod store;
 
 pub use clock::{ManualClock, SeqIds, SplitMix};
+pub use store::{MemoryStore, StoreStats};

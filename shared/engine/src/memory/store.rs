@@ -1,0 +1,216 @@
+//! In-memory state store and expiry index, with DynamoDB's semantics where they matter.
+//!
+//! - `save` is a conditional put: it writes only if the stored record still has the expected
+//!   process state, attempt and revision, and reports a conflict otherwise.
+//! - `create` is a transaction of two puts, each on the condition that its item does not
+//!   exist: both are written or neither.
+//! - The expiry index is sparse (only records with a CompleteBy are in it), sharded, and
+//!   eventually consistent: each write reaches the index only `index_lag` after it was made,
+//!   measured on the store's clock, so a sweep can see entries that are already out of date and
+//!   miss ones that are new.
+//!
+//! Every record written is also checked against [`StateRecord::check`], so a transition that
+//! breaks an invariant fails loudly in tests instead of being stored.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::ids::OrderId;
+use crate::ports::{Clock, Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore};
+use crate::state::StateRecord;
+use crate::time::Timestamp;
+
+/// Largest item DynamoDB stores.
+const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// Counts of what the store was asked to do, for tests and cost estimates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub transactions: u64,
+    pub writes: u64,
+    pub conflicts: u64,
+    pub reads: u64,
+    pub index_queries: u64,
+}
+
+/// The state table, the orders table and the expiry index. Clones share the same data.
+#[derive(Clone, Debug)]
+pub struct MemoryStore<C> {
+    inner: Arc<Mutex<Inner>>,
+    clock: C,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    states: HashMap<OrderId, StateRecord>,
+    orders: HashMap<OrderId, OrderRecord>,
+    index_lag: Duration,
+    /// Writes not yet visible in the index: when each was made, and the entry it leaves.
+    index_backlog: VecDeque<(Timestamp, OrderId, Option<(u16, Timestamp)>)>,
+    /// The index as a sweep sees it: (shard, CompleteBy, order).
+    index: BTreeSet<(u16, Timestamp, OrderId)>,
+    indexed: HashMap<OrderId, (u16, Timestamp)>,
+    failing_writes: u32,
+    stats: StoreStats,
+}
+
+impl<C: Clock> MemoryStore<C> {
+    pub fn new(clock: C) -> Self {
+        MemoryStore { inner: Arc::default(), clock }
+    }
+
+    /// Makes index updates visible only this long after the write.
+    pub fn set_index_lag(&self, lag: Duration) {
+        self.lock().index_lag = lag;
+    }
+
+    /// The next `n` writes (saves and creates) fail as throttled, writing nothing.
+    pub fn fail_next_writes(&self, n: u32) {
+        self.lock().failing_writes = n;
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.lock().stats
+    }
+
+    /// A record as stored, without counting a read.
+    pub fn peek(&self, id: OrderId) -> Option<StateRecord> {
+        self.lock().states.get(&id).cloned()
+    }
+
+    /// Every state record, in no particular order.
+    pub fn records(&self) -> Vec<StateRecord> {
+        self.lock().states.values().cloned().collect()
+    }
+
+    /// Every order.
+    pub fn orders(&self) -> Vec<OrderRecord> {
+        self.lock().orders.values().cloned().collect()
+    }
+
+    /// Entries in the index as a sweep would see them now, for tests.
+    pub fn index_len(&self) -> usize {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        inner.catch_up(now);
+        inner.index.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Inner {
+    fn take_write_fault(&mut self) -> Result<()> {
+        if self.failing_writes > 0 {
+            self.failing_writes -= 1;
+            return Err(Error::unavailable("dynamodb", "ProvisionedThroughputExceededException (injected)"));
+        }
+        Ok(())
+    }
+
+    fn record_index_change(&mut self, now: Timestamp, record: &StateRecord) {
+        let entry = record.complete_by.map(|cb| (record.shard, cb));
+        self.index_backlog.push_back((now, record.order_id, entry));
+    }
+
+    /// Applies the index updates old enough to be visible at `now`.
+    fn catch_up(&mut self, now: Timestamp) {
+        while let Some(&(at, id, entry)) = self.index_backlog.front() {
+            if at.plus(self.index_lag) > now {
+                break;
+            }
+            self.index_backlog.pop_front();
+            if let Some((shard, cb)) = self.indexed.remove(&id) {
+                self.index.remove(&(shard, cb, id));
+            }
+            if let Some((shard, cb)) = entry {
+                self.index.insert((shard, cb, id));
+                self.indexed.insert(id, (shard, cb));
+            }
+        }
+    }
+}
+
+fn check_size<T: serde::Serialize>(item: &T) -> Result<()> {
+    let size = serde_json::to_vec(item).map_or(usize::MAX, |v| v.len());
+    if size > MAX_ITEM_BYTES {
+        return Err(Error::rejected("dynamodb", format!("item of {size} bytes exceeds the 400 KB limit")));
+    }
+    Ok(())
+}
+
+fn check_record(record: &StateRecord) -> Result<()> {
+    record.check().map_err(|reason| Error::Corrupt { order_id: record.order_id, reason })
+}
+
+impl<C: Clock> StateStore for MemoryStore<C> {
+    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
+        check_record(state)?;
+        check_size(order)?;
+        check_size(state)?;
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        inner.stats.transactions += 1;
+        if inner.orders.contains_key(&order.order_id) || inner.states.contains_key(&state.order_id) {
+            return Ok(Created::AlreadyExists);
+        }
+        inner.orders.insert(order.order_id, order.clone());
+        inner.states.insert(state.order_id, state.clone());
+        inner.record_index_change(now, state);
+        Ok(Created::Created)
+    }
+
+    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+        let mut inner = self.lock();
+        inner.stats.reads += 1;
+        Ok(inner.states.get(&id).cloned())
+    }
+
+    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
+        let mut inner = self.lock();
+        inner.stats.reads += 1;
+        Ok(inner.orders.get(&id).cloned())
+    }
+
+    async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
+        check_record(next)?;
+        check_size(next)?;
+        if next.revision != expected.revision + 1 {
+            return Err(Error::Corrupt { order_id: next.order_id, reason: "revision must grow by one per write".into() });
+        }
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        let matches = inner.states.get(&next.order_id).is_some_and(|current| Expected::of(current) == expected);
+        if !matches {
+            inner.stats.conflicts += 1;
+            return Ok(Saved::Conflict);
+        }
+        inner.stats.writes += 1;
+        inner.states.insert(next.order_id, next.clone());
+        inner.record_index_change(now, next);
+        Ok(Saved::Saved)
+    }
+}
+
+impl<C: Clock> ExpiryIndex for MemoryStore<C> {
+    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+        let clock_now = self.clock.now();
+        let mut inner = self.lock();
+        inner.stats.index_queries += 1;
+        inner.catch_up(clock_now);
+        let from = (shard, Timestamp::from_millis(i64::MIN), OrderId::from_uuid(uuid::Uuid::nil()));
+        let to = (shard, now, OrderId::from_uuid(uuid::Uuid::max()));
+        Ok(inner
+            .index
+            .range(from..=to)
+            .take(limit)
+            .map(|&(_, complete_by, order_id)| IndexEntry { order_id, complete_by })
+            .collect())
+    }
+}

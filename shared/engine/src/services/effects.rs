@@ -1,0 +1,151 @@
+//! Performing the side effects of a decision: messages to queues, events to the bus, and the
+//! bookkeeping of the one alert an order in Error gets.
+
+use std::sync::Arc;
+
+use tracing::{debug, warn};
+
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::events::{Alert, BusEvent};
+use crate::ids::{step_key, Direction};
+use crate::machine::{decide, Ctx, Decision, Effect, Input};
+use crate::message::{Message, Start, StepRef, StepRequest};
+use crate::ports::{Clock, Destination, EventBus, Expected, Outbox, Outgoing, Saved, StateStore};
+use crate::state::StateRecord;
+use crate::workflow::Workflow;
+
+/// Conflicts tolerated while recording that an alert was sent; each one means another writer
+/// touched the record, which can only happen a few times.
+const ALERT_RECORD_TRIES: usize = 3;
+
+/// The ports and settings needed to carry out effects.
+pub(crate) struct Effector<'a, S, Q, B, C> {
+    pub store: &'a S,
+    pub outbox: &'a Q,
+    pub bus: &'a B,
+    pub clock: &'a C,
+    pub config: &'a Arc<EngineConfig>,
+    pub workflow: &'a Arc<Workflow>,
+}
+
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
+    /// Performs `effects` of `record` (the record as written): messages first, then events. Any
+    /// failure is returned, so the input is retried and the effects replayed; duplicates are
+    /// harmless by design.
+    pub async fn perform(&self, record: &StateRecord, effects: &[Effect]) -> Result<()> {
+        let now = self.clock.now();
+        let mut outgoing = Vec::new();
+        let mut events = Vec::new();
+        let mut alert_at = None;
+        for effect in effects {
+            match effect {
+                Effect::Dispatch => outgoing.push(self.request(record).await?),
+                Effect::Kick { delay } => outgoing.push(Outgoing {
+                    to: Destination::Scheduler,
+                    message: Message::Start(Start {
+                        order_id: record.order_id,
+                        attempt: record.attempt,
+                        correlation_id: record.correlation_id.clone(),
+                    }),
+                    delay: *delay,
+                }),
+                Effect::Status { kind, step } => events.push(BusEvent::status(record, *kind, step.clone(), now)),
+                Effect::Alert => {
+                    let alert = alert_for(record, now).ok_or_else(|| Error::Corrupt {
+                        order_id: record.order_id,
+                        reason: "alert for an order without a failure cause".into(),
+                    })?;
+                    alert_at = Some(events.len());
+                    events.push(BusEvent::alert(&alert));
+                }
+            }
+        }
+        if !outgoing.is_empty() {
+            self.outbox.send(&outgoing).await?;
+        }
+        if events.is_empty() {
+            return Ok(());
+        }
+        let report = self.bus.publish(&events).await?;
+        let alert_published = alert_at.is_some_and(|i| !report.failed.iter().any(|(f, _)| *f == i));
+        if alert_published {
+            self.record_alert_sent(record).await?;
+        }
+        if let Some((_, reason)) = report.failed.first() {
+            return Err(Error::PublishFailed { failed: report.failed.len(), total: events.len(), first_reason: reason.clone() });
+        }
+        Ok(())
+    }
+
+    /// Builds the request for the record's current step (or undo).
+    async fn request(&self, record: &StateRecord) -> Result<Outgoing> {
+        let corrupt = |reason: String| Error::Corrupt { order_id: record.order_id, reason };
+        let state = record.current_step().ok_or_else(|| corrupt("dispatch of an order not in flight".into()))?;
+        let direction = record.phase.direction();
+        let step = self
+            .workflow
+            .steps()
+            .iter()
+            .find(|s| s.name == state.name)
+            .ok_or_else(|| corrupt(format!("step {:?} is not in the workflow", state.name)))?;
+        let (action, _) = step
+            .action(direction)
+            .ok_or_else(|| corrupt(format!("step {:?} has no compensation", state.name)))?;
+        let complete_by = record.complete_by.ok_or_else(|| corrupt("dispatch without CompleteBy".into()))?;
+        let order = self
+            .store
+            .load_order(record.order_id)
+            .await?
+            .ok_or_else(|| corrupt("state record without its order".into()))?;
+        let request = StepRequest {
+            order_id: record.order_id,
+            attempt: record.attempt,
+            correlation_id: record.correlation_id.clone(),
+            step: StepRef { index: record.cursor, name: state.name.clone(), direction },
+            action: action.to_owned(),
+            complete_by,
+            idempotency_key: step_key(record.order_id, &state.name, direction),
+            order: order.order,
+            input: if direction == Direction::Undo { state.output.clone() } else { None },
+        };
+        Ok(Outgoing::now(Destination::Agent(step.agent.clone()), Message::Request(request)))
+    }
+
+    /// Marks the alert as sent, re-reading the record if someone wrote it meanwhile.
+    async fn record_alert_sent(&self, written: &StateRecord) -> Result<()> {
+        let mut record = written.clone();
+        for _ in 0..ALERT_RECORD_TRIES {
+            let ctx = Ctx { now: self.clock.now(), config: self.config, workflow: self.workflow };
+            let Decision::Apply(t) = decide(&record, Input::AlertSent, &ctx) else {
+                debug!(order_id = %record.order_id, "alert already recorded");
+                return Ok(());
+            };
+            if self.store.save(&t.next, Expected::of(&record)).await? == Saved::Saved {
+                return Ok(());
+            }
+            match self.store.load(record.order_id).await? {
+                Some(fresh) => record = fresh,
+                None => return Ok(()),
+            }
+        }
+        // The alert is out; the supervisor will publish it once more later rather than lose it.
+        warn!(order_id = %written.order_id, "could not record the alert as sent");
+        Ok(())
+    }
+}
+
+/// The alert of an order in Error; `None` if the record has no failure cause.
+pub(crate) fn alert_for(record: &StateRecord, now: crate::time::Timestamp) -> Option<Alert> {
+    let needs_manual_undo = record.needs_manual_undo();
+    Some(Alert {
+        alert_id: format!("{}/alert", record.order_id),
+        order_id: record.order_id,
+        cause: record.cause.clone()?,
+        fully_compensated: needs_manual_undo.is_empty(),
+        needs_manual_undo,
+        failure_count: record.failure_count,
+        at: now,
+        correlation_id: record.correlation_id.clone(),
+    })
+}

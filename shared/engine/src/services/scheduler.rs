@@ -1,0 +1,105 @@
+//! The scheduler: claims Pending orders, dispatches steps to agents, records their replies and
+//! moves each order to its next step, to compensation, or to its end.
+
+use std::sync::Arc;
+
+use tracing::{debug, error, info};
+
+use super::effects::Effector;
+use super::Handled;
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::ids::OrderId;
+use crate::machine::{decide, Ctx, Decision, Input};
+use crate::message::{Message, StepReply};
+use crate::ports::{Clock, EventBus, Expected, Outbox, Saved, StateStore};
+use crate::workflow::Workflow;
+
+/// The scheduler, over its ports.
+#[derive(Debug)]
+pub struct Scheduler<S, Q, B, C> {
+    store: S,
+    outbox: Q,
+    bus: B,
+    clock: C,
+    config: Arc<EngineConfig>,
+    workflow: Arc<Workflow>,
+    owner: String,
+}
+
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
+    /// `owner` identifies this scheduler instance; it is written to LockedBy when it claims.
+    pub fn new(
+        store: S,
+        outbox: Q,
+        bus: B,
+        clock: C,
+        config: Arc<EngineConfig>,
+        workflow: Arc<Workflow>,
+        owner: String,
+    ) -> Self {
+        Scheduler { store, outbox, bus, clock, config, workflow, owner }
+    }
+
+    /// Handles one message from the scheduler queue or the reply queue.
+    ///
+    /// `Ok` means the message is done with (whatever [`Handled`] says) and can be deleted. A
+    /// retryable `Err` means it should come back; a non-retryable one means it never will work
+    /// (a request sent to the wrong queue, a corrupt record) and belongs in a dead-letter queue.
+    pub async fn handle(&self, message: &Message) -> Result<Handled> {
+        match message {
+            Message::Start(start) => {
+                let input = Input::Claim { attempt: start.attempt, owner: &self.owner };
+                self.run(start.order_id, input).await
+            }
+            Message::Reply(reply) => self.on_reply(reply).await,
+            Message::Request(_) => Err(Error::InvalidMessage("a step request was sent to the scheduler".into())),
+        }
+    }
+
+    async fn on_reply(&self, reply: &StepReply) -> Result<Handled> {
+        let input = Input::Reply { attempt: reply.attempt, step: &reply.step, outcome: &reply.outcome };
+        self.run(reply.order_id, input).await
+    }
+
+    async fn run(&self, order_id: OrderId, input: Input<'_>) -> Result<Handled> {
+        let Some(record) = self.store.load(order_id).await? else {
+            // Messages are only ever sent for orders already written, so this is a forged or
+            // misrouted message: nothing to do, and nothing to retry.
+            info!(%order_id, "message for an unknown order");
+            return Ok(Handled::UnknownOrder);
+        };
+        let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
+        let effector = Effector {
+            store: &self.store,
+            outbox: &self.outbox,
+            bus: &self.bus,
+            clock: &self.clock,
+            config: &self.config,
+            workflow: &self.workflow,
+        };
+        match decide(&record, input, &ctx) {
+            Decision::Apply(t) => match self.store.save(&t.next, Expected::of(&record)).await? {
+                Saved::Saved => {
+                    debug!(%order_id, state = t.next.process_state.as_str(), attempt = t.next.attempt, "transition");
+                    effector.perform(&t.next, &t.effects).await?;
+                    Ok(Handled::Applied)
+                }
+                Saved::Conflict => Ok(Handled::LostRace),
+            },
+            Decision::Replay(effects) => {
+                info!(%order_id, attempt = record.attempt, "redelivered message: replaying side effects");
+                effector.perform(&record, &effects).await?;
+                Ok(Handled::Replayed)
+            }
+            Decision::Ignore(why) => {
+                debug!(%order_id, ?why, "ignored");
+                Ok(Handled::Ignored(why))
+            }
+            Decision::Illegal(why) => {
+                error!(%order_id, ?why, "illegal input");
+                Ok(Handled::Illegal(why))
+            }
+        }
+    }
+}
