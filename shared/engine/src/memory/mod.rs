@@ -7,8 +7,17 @@
 //! timeout and goes to a dead-letter queue after too many receives, and the bus can reject part
 //! of a batch. Faults can be injected into each.
 
+mod bus;
 mod clock;
+mod queue;
+mod remote;
 mod store;
 
+pub use bus::{ENTRY_FAILURE, MAX_PUBLISH_BATCH, MAX_PUBLISH_BYTES, MemoryBus};
 pub use clock::{ManualClock, SeqIds, SplitMix};
+pub use queue::{
+    Delivery, MAX_BODY_BYTES, MAX_DELAY, MAX_RECEIVE_BATCH, MAX_VISIBILITY_TIMEOUT, MemoryQueues,
+    QueueSettings,
+};
+pub use remote::{Behaviour, Effect as LedgerEntry, MemoryRemote};
 pub use store::{MemoryStore, StoreStats};

@@ -1,0 +1,436 @@
+//! A simulated business service behind the [`RemoteService`] port, with a ledger of the
+//! effects it applied, so a test can tell whether any effect took place twice.
+//!
+//! It keeps the semantics a well-behaved real service offers and the engine relies on: it
+//! deduplicates on the idempotency key (a repeated key returns the first answer and applies
+//! nothing), an undo leaves a tombstone so a late `do` of the same step is refused instead of
+//! re-applying what was compensated, and an undo of something never done is a successful no-op.
+//! And it has the faults a real one has, scripted per action: unavailability, refusal, an
+//! answer lost after the effect was applied, and slowness that outlasts the caller's deadline
+//! while the effect still lands.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::ids::{Direction, OrderId};
+use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
+
+/// What the service does with one call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    /// Applies the effect and answers.
+    Succeed,
+    /// Answers with a transient fault; nothing is applied.
+    Transient,
+    /// Refuses for good with this reason; nothing is applied.
+    Permanent(String),
+    /// Applies the effect, then the answer is lost: the caller sees a transient fault.
+    ApplyThenLoseAnswer,
+    /// Takes this long, then behaves as `Succeed`; if that ends at or after the caller's
+    /// deadline, the effect is still applied but the caller sees a timeout.
+    Slow(Duration),
+}
+
+/// One effect applied by the service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Effect {
+    /// The idempotency key of the call that applied it.
+    pub key: String,
+    pub order_id: OrderId,
+    pub action: String,
+    pub direction: Direction,
+    /// How many times the effect took place. Deduplication keeps it at 1; anything more is a
+    /// bug in this service, which [`MemoryRemote::max_applications`] exists to catch.
+    pub applications: u32,
+    /// What the service answered when it applied the effect, and answers to every repeat.
+    pub output: serde_json::Value,
+}
+
+/// A scripted business service with an effect ledger.
+pub struct MemoryRemote<C> {
+    clock: C,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    scripts: HashMap<String, VecDeque<Behaviour>>,
+    // In the order applied, with an index by key.
+    ledger: Vec<Effect>,
+    by_key: HashMap<String, usize>,
+    calls: HashMap<String, u32>,
+    next_ref: u64,
+}
+
+impl<C: Clock> MemoryRemote<C> {
+    /// A service that succeeds at everything until scripted otherwise.
+    pub fn new(clock: C) -> Self {
+        MemoryRemote {
+            clock,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends behaviours for calls of `action`: each call takes the next one, and once they
+    /// run out calls succeed.
+    pub fn script(&self, action: &str, behaviours: impl IntoIterator<Item = Behaviour>) {
+        self.state()
+            .scripts
+            .entry(action.to_owned())
+            .or_default()
+            .extend(behaviours);
+    }
+
+    /// How many calls carried `key`, including those that failed or came too late.
+    pub fn calls(&self, key: &str) -> u32 {
+        self.state().calls.get(key).copied().unwrap_or(0)
+    }
+
+    /// How many times the effect of `key` took place: 0 or 1, unless deduplication is broken.
+    pub fn applications(&self, key: &str) -> u32 {
+        let state = self.state();
+        state
+            .by_key
+            .get(key)
+            .and_then(|&at| state.ledger.get(at))
+            .map_or(0, |e| e.applications)
+    }
+
+    /// The most applications of any one key; a test asserts it is at most 1.
+    pub fn max_applications(&self) -> u32 {
+        self.state()
+            .ledger
+            .iter()
+            .map(|e| e.applications)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether the effect of `key` took place (a no-op undo counts: it is recorded).
+    pub fn applied(&self, key: &str) -> bool {
+        self.state().by_key.contains_key(key)
+    }
+
+    /// Every effect, in the order applied.
+    pub fn ledger(&self) -> Vec<Effect> {
+        self.state().ledger.clone()
+    }
+}
+
+impl State {
+    /// Carries out the call's effect once per key, as the service's own logic would.
+    fn apply(&mut self, call: &RemoteCall) -> Result<serde_json::Value, RemoteFault> {
+        let key = call.idempotency_key.as_str();
+        // The step's other direction shares everything in the key up to the last '/'.
+        let counterpart = |direction: Direction| {
+            key.rsplit_once('/')
+                .map(|(step, _)| format!("{step}/{}", direction.as_str()))
+        };
+        let noop = match call.direction {
+            Direction::Do => {
+                // Checked before deduplication: once a step is compensated, every `do` of it is
+                // refused, whether or not an earlier one went through.
+                if counterpart(Direction::Undo).is_some_and(|k| self.by_key.contains_key(&k)) {
+                    return Err(RemoteFault::Permanent(
+                        "cancelled: already compensated".into(),
+                    ));
+                }
+                false
+            }
+            Direction::Undo => {
+                !counterpart(Direction::Do).is_some_and(|k| self.by_key.contains_key(&k))
+            }
+        };
+        if let Some(effect) = self.by_key.get(key).and_then(|&at| self.ledger.get(at)) {
+            return Ok(effect.output.clone());
+        }
+        self.next_ref += 1;
+        let reference = format!("{}-{}", call.action, self.next_ref);
+        let output = if noop {
+            json!({ "ref": reference, "noop": true })
+        } else {
+            json!({ "ref": reference })
+        };
+        self.by_key.insert(key.to_owned(), self.ledger.len());
+        self.ledger.push(Effect {
+            key: key.to_owned(),
+            order_id: call.order_id,
+            action: call.action.clone(),
+            direction: call.direction,
+            applications: 1,
+            output: output.clone(),
+        });
+        Ok(output)
+    }
+}
+
+fn transient(reason: &str) -> RemoteFault {
+    RemoteFault::Transient(reason.to_owned())
+}
+
+impl<C: Clock> RemoteService for MemoryRemote<C> {
+    async fn call(&self, call: &RemoteCall) -> Result<serde_json::Value, RemoteFault> {
+        let behaviour = {
+            let mut state = self.state();
+            *state.calls.entry(call.idempotency_key.clone()).or_default() += 1;
+            if call.deadline <= self.clock.now() {
+                // The caller gives up before sending, so the script is left for real calls.
+                return Err(transient("deadline passed"));
+            }
+            state
+                .scripts
+                .get_mut(&call.action)
+                .and_then(VecDeque::pop_front)
+                .unwrap_or(Behaviour::Succeed)
+        };
+        match behaviour {
+            Behaviour::Succeed => self.state().apply(call),
+            Behaviour::Transient => Err(transient("unavailable")),
+            Behaviour::Permanent(reason) => Err(RemoteFault::Permanent(reason)),
+            Behaviour::ApplyThenLoseAnswer => {
+                let _lost = self.state().apply(call);
+                Err(transient("answer lost"))
+            }
+            Behaviour::Slow(duration) => {
+                self.clock.sleep(duration).await;
+                let answer = self.state().apply(call);
+                if call.deadline <= self.clock.now() {
+                    // The service finished after the caller stopped waiting: the effect is in
+                    // place, but all the caller knows is that it timed out.
+                    Err(transient("timeout"))
+                } else {
+                    answer
+                }
+            }
+        }
+    }
+}
+
+impl<C> fmt::Debug for MemoryRemote<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("MemoryRemote")
+            .field("ledger", &state.ledger)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{IdempotencyKey, step_key};
+    use crate::memory::ManualClock;
+    use crate::order::Order;
+    use crate::time::Timestamp;
+
+    fn order_id() -> OrderId {
+        OrderId::for_key(&IdempotencyKey::parse("order-1").unwrap())
+    }
+
+    fn order() -> Order {
+        let body = json!({
+            "customer_id": "cust-42",
+            "currency": "EUR",
+            "items": [{"sku": "BOOK-1", "quantity": 2, "unit_price": 1250}],
+            "ship_to": {"name": "Ada Lovelace", "line1": "12 St James's Square",
+                        "city": "London", "postal_code": "SW1Y 4JH", "country": "GB"}
+        });
+        Order::from_json(body.to_string().as_bytes()).unwrap()
+    }
+
+    fn setup() -> (ManualClock, MemoryRemote<ManualClock>) {
+        let clock = ManualClock::default();
+        (clock.clone(), MemoryRemote::new(clock))
+    }
+
+    /// A call of step `charge`, with a deadline a minute after `now`.
+    fn call(direction: Direction, now: Timestamp) -> RemoteCall {
+        RemoteCall {
+            order_id: order_id(),
+            action: match direction {
+                Direction::Do => "charge".into(),
+                Direction::Undo => "refund".into(),
+            },
+            direction,
+            idempotency_key: step_key(order_id(), "charge", direction),
+            order: order(),
+            input: None,
+            deadline: now.plus(Duration::from_secs(60)),
+        }
+    }
+
+    fn do_key() -> String {
+        step_key(order_id(), "charge", Direction::Do)
+    }
+
+    fn undo_key() -> String {
+        step_key(order_id(), "charge", Direction::Undo)
+    }
+
+    #[tokio::test]
+    async fn a_repeated_key_answers_the_same_and_applies_once() {
+        let (clock, remote) = setup();
+        let first = remote
+            .call(&call(Direction::Do, clock.now()))
+            .await
+            .unwrap();
+        assert_eq!(first, json!({ "ref": "charge-1" }));
+        let again = remote
+            .call(&call(Direction::Do, clock.now()))
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+        assert_eq!(remote.calls(&do_key()), 2);
+        assert_eq!(remote.applications(&do_key()), 1);
+        assert_eq!(remote.max_applications(), 1);
+        assert!(remote.applied(&do_key()));
+        let ledger = remote.ledger();
+        assert_eq!(ledger.len(), 1);
+        assert_eq!(
+            (ledger[0].action.as_str(), ledger[0].direction),
+            ("charge", Direction::Do)
+        );
+        assert_eq!(ledger[0].order_id, order_id());
+    }
+
+    #[tokio::test]
+    async fn an_undo_tombstones_the_step_against_a_late_do() {
+        let (clock, remote) = setup();
+        let undo = remote
+            .call(&call(Direction::Undo, clock.now()))
+            .await
+            .unwrap();
+        assert_eq!(undo, json!({ "ref": "refund-1", "noop": true }));
+        let late = remote
+            .call(&call(Direction::Do, clock.now()))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            late,
+            RemoteFault::Permanent("cancelled: already compensated".into())
+        );
+        assert!(!remote.applied(&do_key()));
+        assert_eq!(remote.calls(&do_key()), 1);
+        assert_eq!(remote.ledger().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_undo_after_a_do_is_a_real_compensation_and_blocks_repeats() {
+        let (clock, remote) = setup();
+        remote
+            .call(&call(Direction::Do, clock.now()))
+            .await
+            .unwrap();
+        let undo = remote
+            .call(&call(Direction::Undo, clock.now()))
+            .await
+            .unwrap();
+        assert_eq!(undo, json!({ "ref": "refund-2" }));
+        assert!(
+            remote
+                .call(&call(Direction::Do, clock.now()))
+                .await
+                .is_err()
+        );
+        assert_eq!(remote.ledger().len(), 2);
+        assert_eq!(remote.max_applications(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_leaves_the_effect_and_a_retry_gets_it() {
+        let (clock, remote) = setup();
+        remote.script("charge", [Behaviour::ApplyThenLoseAnswer]);
+        let lost = remote
+            .call(&call(Direction::Do, clock.now()))
+            .await
+            .unwrap_err();
+        assert_eq!(lost, RemoteFault::Transient("answer lost".into()));
+        assert!(remote.applied(&do_key()));
+        let retry = remote
+            .call(&call(Direction::Do, clock.now()))
+            .await
+            .unwrap();
+        assert_eq!(retry, json!({ "ref": "charge-1" }));
+        assert_eq!(remote.applications(&do_key()), 1);
+    }
+
+    #[tokio::test]
+    async fn a_slow_call_past_its_deadline_times_out_but_still_applies() {
+        let (clock, remote) = setup();
+        remote.script(
+            "charge",
+            [
+                Behaviour::Slow(Duration::from_secs(60)),
+                Behaviour::Slow(Duration::from_secs(5)),
+            ],
+        );
+        let c = call(Direction::Do, clock.now());
+        let err = remote.call(&c).await.unwrap_err();
+        assert_eq!(err, RemoteFault::Transient("timeout".into()));
+        assert!(remote.applied(&do_key()));
+        assert_eq!(clock.now(), c.deadline);
+
+        let within = call(Direction::Do, clock.now());
+        assert_eq!(
+            remote.call(&within).await.unwrap(),
+            json!({ "ref": "charge-1" })
+        );
+        assert_eq!(remote.applications(&do_key()), 1);
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_deadline_does_nothing_and_keeps_the_script() {
+        let (clock, remote) = setup();
+        remote.script("charge", [Behaviour::Transient]);
+        let c = call(Direction::Do, clock.now());
+        clock.set(c.deadline);
+        assert_eq!(
+            remote.call(&c).await.unwrap_err(),
+            RemoteFault::Transient("deadline passed".into())
+        );
+        assert_eq!(remote.calls(&do_key()), 1);
+        assert!(!remote.applied(&do_key()));
+        let fresh = call(Direction::Do, clock.now());
+        assert_eq!(
+            remote.call(&fresh).await.unwrap_err(),
+            RemoteFault::Transient("unavailable".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_script_plays_in_order_then_calls_succeed() {
+        let (clock, remote) = setup();
+        remote.script("charge", [Behaviour::Transient]);
+        remote.script("charge", [Behaviour::Permanent("card declined".into())]);
+        remote.script("refund", [Behaviour::Transient]);
+        let c = call(Direction::Do, clock.now());
+        assert_eq!(
+            remote.call(&c).await.unwrap_err(),
+            RemoteFault::Transient("unavailable".into())
+        );
+        assert_eq!(
+            remote.call(&c).await.unwrap_err(),
+            RemoteFault::Permanent("card declined".into())
+        );
+        assert!(!remote.applied(&do_key()));
+        assert_eq!(remote.call(&c).await.unwrap(), json!({ "ref": "charge-1" }));
+        assert_eq!(remote.calls(&do_key()), 3);
+        assert!(!remote.applied(&undo_key()));
+        assert_eq!(remote.calls(&undo_key()), 0);
+        assert_eq!(remote.applications("unknown"), 0);
+    }
+
+    #[test]
+    fn the_remote_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<MemoryRemote<ManualClock>>();
+    }
+}
