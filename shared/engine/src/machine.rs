@@ -53,7 +53,11 @@ pub enum Input<'a> {
     /// A start message asks the scheduler to claim the order at `attempt`.
     Claim { attempt: u64, owner: &'a str },
     /// An agent replied for a step at `attempt`.
-    Reply { attempt: u64, step: &'a StepRef, outcome: &'a StepOutcome },
+    Reply {
+        attempt: u64,
+        step: &'a StepRef,
+        outcome: &'a StepOutcome,
+    },
     /// The supervisor found the record in the expiry index with this CompleteBy.
     Expire { complete_by: Timestamp },
     /// The order's alert was accepted by the event bus.
@@ -69,7 +73,10 @@ pub enum Effect {
     /// Send a start message for the record's attempt, after `delay`.
     Kick { delay: Duration },
     /// Publish a status event.
-    Status { kind: StatusKind, step: Option<String> },
+    Status {
+        kind: StatusKind,
+        step: Option<String>,
+    },
     /// Publish the order's alert, then record that it was sent.
     Alert,
 }
@@ -104,7 +111,10 @@ pub enum Illegal {
     /// A reply of the current attempt names another step than the one leased.
     WrongStep { leased: String, replied: String },
     /// A reply of the current attempt is for the other direction (do versus undo).
-    WrongDirection { leased: Direction, replied: Direction },
+    WrongDirection {
+        leased: Direction,
+        replied: Direction,
+    },
     /// A reply carries an attempt at which nothing was dispatched.
     NotDispatched { attempt: u64 },
     /// The record names a step the loaded workflow does not have.
@@ -127,18 +137,37 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
     use ProcessState::{Error, Pending, Processed, Processing};
     let current = record.attempt;
     match (record.process_state, input) {
-        (Pending, Input::Claim { attempt, owner }) if attempt == current => claim(record, attempt, owner, ctx),
-        (Processing, Input::Claim { attempt, .. }) if record.last_input == InputRef::Claim(attempt) => {
+        (Pending, Input::Claim { attempt, owner }) if attempt == current => {
+            claim(record, attempt, owner, ctx)
+        }
+        (Processing, Input::Claim { attempt, .. })
+            if record.last_input == InputRef::Claim(attempt) =>
+        {
             Decision::Replay(replay(record, ctx))
         }
-        (Pending | Processing, Input::Claim { attempt, .. }) => Decision::Ignore(Ignored::Stale { received: attempt, current }),
+        (Pending | Processing, Input::Claim { attempt, .. }) => Decision::Ignore(Ignored::Stale {
+            received: attempt,
+            current,
+        }),
 
-        (Processing, Input::Reply { attempt, step, outcome }) if attempt == current => reply(record, step, outcome, ctx),
-        (_, Input::Reply { attempt, .. }) if record.last_input == InputRef::Reply(attempt) => Decision::Replay(replay(record, ctx)),
+        (
+            Processing,
+            Input::Reply {
+                attempt,
+                step,
+                outcome,
+            },
+        ) if attempt == current => reply(record, step, outcome, ctx),
+        (_, Input::Reply { attempt, .. }) if record.last_input == InputRef::Reply(attempt) => {
+            Decision::Replay(replay(record, ctx))
+        }
         (Pending, Input::Reply { attempt, .. }) if attempt == current => {
             Decision::Illegal(Illegal::NotDispatched { attempt })
         }
-        (Pending | Processing, Input::Reply { attempt, .. }) => Decision::Ignore(Ignored::Stale { received: attempt, current }),
+        (Pending | Processing, Input::Reply { attempt, .. }) => Decision::Ignore(Ignored::Stale {
+            received: attempt,
+            current,
+        }),
 
         (Pending | Processing, Input::Expire { complete_by }) => expire(record, complete_by, ctx),
         (Error, Input::Expire { complete_by }) if record.alert == Some(AlertDelivery::Pending) => {
@@ -172,7 +201,12 @@ fn claim(record: &StateRecord, attempt: u64, owner: &str, ctx: &Ctx<'_>) -> Deci
     // two index writes).
     let fresh = ctx.now.plus(budget);
     next.complete_by = Some(record.complete_by.map_or(fresh, |cb| cb.max(fresh)));
-    next.note(ctx.now, Happening::Claimed, Some(step.name.clone()), ctx.config.timeline_limit);
+    next.note(
+        ctx.now,
+        Happening::Claimed,
+        Some(step.name.clone()),
+        ctx.config.timeline_limit,
+    );
     let mut effects = status(ctx, StatusKind::Processing, None);
     effects.push(Effect::Dispatch);
     apply(next, effects)
@@ -182,11 +216,17 @@ fn claim(record: &StateRecord, attempt: u64, owner: &str, ctx: &Ctx<'_>) -> Deci
 fn reply(record: &StateRecord, step: &StepRef, outcome: &StepOutcome, ctx: &Ctx<'_>) -> Decision {
     let leased = &record.steps[record.cursor];
     if step.index != record.cursor || step.name != leased.name {
-        return Decision::Illegal(Illegal::WrongStep { leased: leased.name.clone(), replied: step.name.clone() });
+        return Decision::Illegal(Illegal::WrongStep {
+            leased: leased.name.clone(),
+            replied: step.name.clone(),
+        });
     }
     let direction = record.phase.direction();
     if step.direction != direction {
-        return Decision::Illegal(Illegal::WrongDirection { leased: direction, replied: step.direction });
+        return Decision::Illegal(Illegal::WrongDirection {
+            leased: direction,
+            replied: step.direction,
+        });
     }
     let mut next = begin(record, ctx, InputRef::Reply(record.attempt));
     let c = record.cursor;
@@ -217,7 +257,10 @@ fn reply(record: &StateRecord, step: &StepRef, outcome: &StepOutcome, ctx: &Ctx<
         (Phase::Forward, StepOutcome::Failed { reason }) => {
             next.steps[c].status = StepStatus::Failed;
             next.steps[c].detail = Some(reason.clone());
-            next.cause = Some(Cause::StepRejected { step: name.clone(), reason: reason.clone() });
+            next.cause = Some(Cause::StepRejected {
+                step: name.clone(),
+                reason: reason.clone(),
+            });
             next.note(ctx.now, Happening::StepFailed, Some(name), limit);
             // The agent reported a permanent fault: the step took no effect, so only the steps
             // before it are undone.
@@ -253,7 +296,8 @@ fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
 
     let Some(step) = ctx.workflow.steps().iter().find(|s| s.name == name) else {
         // No amount of retrying can run a step the workflow no longer has.
-        next.cause.get_or_insert(Cause::UnknownStep { step: name.clone() });
+        next.cause
+            .get_or_insert(Cause::UnknownStep { step: name.clone() });
         next.steps[c].status = StepStatus::Uncertain;
         return fail(next, ctx);
     };
@@ -261,7 +305,9 @@ fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
     if failures < ctx.config.failure_threshold {
         // Wait longer before each further try, in case the fault is not as transient as hoped.
         let wait = ctx.config.wait.wait(failures);
-        let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
+        let budget = step
+            .action(record.phase.direction())
+            .map_or(step.budget, |(_, b)| b);
         next.failure_count = failures;
         next.process_state = ProcessState::Pending;
         next.locked_by = None;
@@ -278,10 +324,16 @@ fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
             // The step may have taken effect with its answer lost: undo it too if it can be
             // undone (compensations must tolerate undoing what never happened), otherwise
             // leave it to the operator.
-            next.steps[c].status =
-                if step.compensation.is_some() { StepStatus::ToUndo } else { StepStatus::Uncertain };
+            next.steps[c].status = if step.compensation.is_some() {
+                StepStatus::ToUndo
+            } else {
+                StepStatus::Uncertain
+            };
             next.steps[c].detail = Some(detail);
-            next.cause = Some(Cause::StepTimedOut { step: name, failures });
+            next.cause = Some(Cause::StepTimedOut {
+                step: name,
+                failures,
+            });
             compensate(next, ctx, Via::Kick)
         }
         Phase::Compensating => {
@@ -312,7 +364,12 @@ fn compensate(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
         return fail(next, ctx);
     }
     next.phase = Phase::Compensating;
-    next.note(ctx.now, Happening::CompensationStarted, None, ctx.config.timeline_limit);
+    next.note(
+        ctx.now,
+        Happening::CompensationStarted,
+        None,
+        ctx.config.timeline_limit,
+    );
     let mut effects = status(ctx, StatusKind::Compensating, None);
     match start_undo(&mut next, ctx, via, usize::MAX) {
         Some(effect) => effects.push(effect),
@@ -333,7 +390,11 @@ fn continue_undo(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
 /// Points the cursor at the highest step below `below` queued for undo and leases it (or
 /// leaves it Pending for the scheduler). `None` when nothing is left to undo.
 fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> Option<Effect> {
-    let index = next.steps.iter().take(below).rposition(|s| s.status == StepStatus::ToUndo)?;
+    let index = next
+        .steps
+        .iter()
+        .take(below)
+        .rposition(|s| s.status == StepStatus::ToUndo)?;
     next.cursor = index;
     next.failure_count = 0;
     match via {
@@ -347,7 +408,9 @@ fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> 
             next.locked_by = None;
             next.attempt += 1;
             next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
-            Some(Effect::Kick { delay: Duration::ZERO })
+            Some(Effect::Kick {
+                delay: Duration::ZERO,
+            })
         }
     }
 }
@@ -355,7 +418,9 @@ fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> 
 /// Ends the order in Error with its alert pending. The record stays in the expiry index until
 /// the alert is known to be published.
 fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
-    let kind = if next.needs_manual_undo().is_empty() && next.steps.iter().any(|s| s.status == StepStatus::Undone) {
+    let kind = if next.needs_manual_undo().is_empty()
+        && next.steps.iter().any(|s| s.status == StepStatus::Undone)
+    {
         StatusKind::Compensated
     } else {
         StatusKind::Failed
@@ -371,7 +436,11 @@ fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
     next.locked_by = None;
     next.alert = Some(AlertDelivery::Pending);
     next.complete_by = Some(ctx.now.plus(ctx.config.alert_retry_after));
-    let happening = if kind == StatusKind::Compensated { Happening::Compensated } else { Happening::Failed };
+    let happening = if kind == StatusKind::Compensated {
+        Happening::Compensated
+    } else {
+        Happening::Failed
+    };
     next.note(ctx.now, happening, None, ctx.config.timeline_limit);
     let mut effects = status(ctx, kind, None);
     effects.push(Effect::Alert);
@@ -397,7 +466,12 @@ fn alert_sent(record: &StateRecord, ctx: &Ctx<'_>) -> Decision {
     let mut next = begin(record, ctx, record.last_input);
     next.alert = Some(AlertDelivery::Sent);
     next.complete_by = None;
-    next.note(ctx.now, Happening::AlertSent, None, ctx.config.timeline_limit);
+    next.note(
+        ctx.now,
+        Happening::AlertSent,
+        None,
+        ctx.config.timeline_limit,
+    );
     apply(next, Vec::new())
 }
 
@@ -421,7 +495,9 @@ fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
 fn terminal_kind(record: &StateRecord) -> StatusKind {
     match record.process_state {
         ProcessState::Processed => StatusKind::Processed,
-        _ if record.needs_manual_undo().is_empty() && record.steps.iter().any(|s| s.status == StepStatus::Undone) => {
+        _ if record.needs_manual_undo().is_empty()
+            && record.steps.iter().any(|s| s.status == StepStatus::Undone) =>
+        {
             StatusKind::Compensated
         }
         _ => StatusKind::Failed,
@@ -433,7 +509,9 @@ fn not_expired(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Option<I
         return Some(Ignored::Moved);
     }
     if seen > ctx.now {
-        return Some(Ignored::NotExpired { complete_by: record.complete_by });
+        return Some(Ignored::NotExpired {
+            complete_by: record.complete_by,
+        });
     }
     None
 }
@@ -457,11 +535,18 @@ fn leased_action<'w>(record: &StateRecord, ctx: &Ctx<'w>) -> Option<(&'w Step, D
 }
 
 fn has_compensation(workflow: &Workflow, step: &str) -> bool {
-    workflow.steps().iter().any(|s| s.name == step && s.compensation.is_some())
+    workflow
+        .steps()
+        .iter()
+        .any(|s| s.name == step && s.compensation.is_some())
 }
 
 fn unknown_step(record: &StateRecord) -> Decision {
-    let step = record.steps.get(record.cursor).map(|s| s.name.clone()).unwrap_or_default();
+    let step = record
+        .steps
+        .get(record.cursor)
+        .map(|s| s.name.clone())
+        .unwrap_or_default();
     Decision::Illegal(Illegal::UnknownStep { step })
 }
 
@@ -475,7 +560,11 @@ fn begin(record: &StateRecord, ctx: &Ctx<'_>, input: InputRef) -> StateRecord {
 }
 
 fn status(ctx: &Ctx<'_>, kind: StatusKind, step: Option<String>) -> Vec<Effect> {
-    if ctx.config.status_events.contains(kind) { vec![Effect::Status { kind, step }] } else { Vec::new() }
+    if ctx.config.status_events.contains(kind) {
+        vec![Effect::Status { kind, step }]
+    } else {
+        Vec::new()
+    }
 }
 
 fn apply(next: StateRecord, effects: Vec<Effect>) -> Decision {

@@ -31,7 +31,7 @@ pub const MAX_OUTPUT_LEN: usize = 512;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
     Start(Start),
-    Request(StepRequest),
+    Request(Box<StepRequest>),
     Reply(StepReply),
 }
 
@@ -172,7 +172,7 @@ impl Message {
         let fields = serde_json::Value::Object(fields);
         match kind.as_str() {
             "start" => decode_as(fields).map(Message::Start),
-            "request" => decode_as(fields).map(Message::Request),
+            "request" => decode_as(fields).map(|r| Message::Request(Box::new(r))),
             "reply" => decode_as(fields).map(Message::Reply),
             "" => Err(invalid("missing message `type`".into())),
             other => Err(invalid(format!("unknown message type {other:?}"))),

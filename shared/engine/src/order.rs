@@ -407,7 +407,8 @@ mod tests {
 
     #[test]
     fn quantities_amounts_and_sizes_have_bounds() {
-        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+        type Mutation = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|b| b["items"] = json!([])), "items"),
             (
                 Box::new(|b| b["items"][0]["quantity"] = json!(MAX_QUANTITY + 1)),

@@ -212,7 +212,11 @@ pub trait RemoteService: Send + Sync {
 // client can serve several services.
 
 impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
-    fn create(&self, order: &OrderRecord, state: &StateRecord) -> impl Future<Output = Result<Created>> + Send {
+    fn create(
+        &self,
+        order: &OrderRecord,
+        state: &StateRecord,
+    ) -> impl Future<Output = Result<Created>> + Send {
         (**self).create(order, state)
     }
     fn load(&self, id: OrderId) -> impl Future<Output = Result<Option<StateRecord>>> + Send {
@@ -221,13 +225,22 @@ impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
     fn load_order(&self, id: OrderId) -> impl Future<Output = Result<Option<OrderRecord>>> + Send {
         (**self).load_order(id)
     }
-    fn save(&self, next: &StateRecord, expected: Expected) -> impl Future<Output = Result<Saved>> + Send {
+    fn save(
+        &self,
+        next: &StateRecord,
+        expected: Expected,
+    ) -> impl Future<Output = Result<Saved>> + Send {
         (**self).save(next, expected)
     }
 }
 
 impl<T: ExpiryIndex + ?Sized> ExpiryIndex for std::sync::Arc<T> {
-    fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send {
+    fn expired(
+        &self,
+        shard: u16,
+        now: Timestamp,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send {
         (**self).expired(shard, now, limit)
     }
 }

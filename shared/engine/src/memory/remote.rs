@@ -37,7 +37,7 @@ pub enum Behaviour {
 
 /// One effect applied by the service.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Effect {
+pub struct LedgerEntry {
     /// The idempotency key of the call that applied it.
     pub key: String,
     pub order_id: OrderId,
@@ -60,7 +60,7 @@ pub struct MemoryRemote<C> {
 struct State {
     scripts: HashMap<String, VecDeque<Behaviour>>,
     // In the order applied, with an index by key.
-    ledger: Vec<Effect>,
+    ledger: Vec<LedgerEntry>,
     by_key: HashMap<String, usize>,
     calls: HashMap<String, u32>,
     next_ref: u64,
@@ -120,7 +120,7 @@ impl<C: Clock> MemoryRemote<C> {
     }
 
     /// Every effect, in the order applied.
-    pub fn ledger(&self) -> Vec<Effect> {
+    pub fn ledger(&self) -> Vec<LedgerEntry> {
         self.state().ledger.clone()
     }
 }
@@ -160,7 +160,7 @@ impl State {
             json!({ "ref": reference })
         };
         self.by_key.insert(key.to_owned(), self.ledger.len());
-        self.ledger.push(Effect {
+        self.ledger.push(LedgerEntry {
             key: key.to_owned(),
             order_id: call.order_id,
             action: call.action.clone(),

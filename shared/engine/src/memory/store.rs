@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
-use crate::ports::{Clock, Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore};
+use crate::ports::{
+    Clock, Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore,
+};
 use crate::state::StateRecord;
 use crate::time::Timestamp;
 
@@ -42,13 +44,17 @@ pub struct MemoryStore<C> {
     clock: C,
 }
 
+/// A write as the index will see it: when it was made, whose record, and the entry (shard,
+/// CompleteBy) it leaves, if any.
+type IndexChange = (Timestamp, OrderId, Option<(u16, Timestamp)>);
+
 #[derive(Debug, Default)]
 struct Inner {
     states: HashMap<OrderId, StateRecord>,
     orders: HashMap<OrderId, OrderRecord>,
     index_lag: Duration,
-    /// Writes not yet visible in the index: when each was made, and the entry it leaves.
-    index_backlog: VecDeque<(Timestamp, OrderId, Option<(u16, Timestamp)>)>,
+    /// Writes not yet visible in the index.
+    index_backlog: VecDeque<IndexChange>,
     /// The index as a sweep sees it: (shard, CompleteBy, order).
     index: BTreeSet<(u16, Timestamp, OrderId)>,
     indexed: HashMap<OrderId, (u16, Timestamp)>,
@@ -58,7 +64,10 @@ struct Inner {
 
 impl<C: Clock> MemoryStore<C> {
     pub fn new(clock: C) -> Self {
-        MemoryStore { inner: Arc::default(), clock }
+        MemoryStore {
+            inner: Arc::default(),
+            clock,
+        }
     }
 
     /// Makes index updates visible only this long after the write.
@@ -107,7 +116,10 @@ impl Inner {
     fn take_write_fault(&mut self) -> Result<()> {
         if self.failing_writes > 0 {
             self.failing_writes -= 1;
-            return Err(Error::unavailable("dynamodb", "ProvisionedThroughputExceededException (injected)"));
+            return Err(Error::unavailable(
+                "dynamodb",
+                "ProvisionedThroughputExceededException (injected)",
+            ));
         }
         Ok(())
     }
@@ -138,13 +150,19 @@ impl Inner {
 fn check_size<T: serde::Serialize>(item: &T) -> Result<()> {
     let size = serde_json::to_vec(item).map_or(usize::MAX, |v| v.len());
     if size > MAX_ITEM_BYTES {
-        return Err(Error::rejected("dynamodb", format!("item of {size} bytes exceeds the 400 KB limit")));
+        return Err(Error::rejected(
+            "dynamodb",
+            format!("item of {size} bytes exceeds the 400 KB limit"),
+        ));
     }
     Ok(())
 }
 
 fn check_record(record: &StateRecord) -> Result<()> {
-    record.check().map_err(|reason| Error::Corrupt { order_id: record.order_id, reason })
+    record.check().map_err(|reason| Error::Corrupt {
+        order_id: record.order_id,
+        reason,
+    })
 }
 
 impl<C: Clock> StateStore for MemoryStore<C> {
@@ -156,7 +174,8 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         let mut inner = self.lock();
         inner.take_write_fault()?;
         inner.stats.transactions += 1;
-        if inner.orders.contains_key(&order.order_id) || inner.states.contains_key(&state.order_id) {
+        if inner.orders.contains_key(&order.order_id) || inner.states.contains_key(&state.order_id)
+        {
             return Ok(Created::AlreadyExists);
         }
         inner.orders.insert(order.order_id, order.clone());
@@ -181,12 +200,18 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         check_record(next)?;
         check_size(next)?;
         if next.revision != expected.revision + 1 {
-            return Err(Error::Corrupt { order_id: next.order_id, reason: "revision must grow by one per write".into() });
+            return Err(Error::Corrupt {
+                order_id: next.order_id,
+                reason: "revision must grow by one per write".into(),
+            });
         }
         let now = self.clock.now();
         let mut inner = self.lock();
         inner.take_write_fault()?;
-        let matches = inner.states.get(&next.order_id).is_some_and(|current| Expected::of(current) == expected);
+        let matches = inner
+            .states
+            .get(&next.order_id)
+            .is_some_and(|current| Expected::of(current) == expected);
         if !matches {
             inner.stats.conflicts += 1;
             return Ok(Saved::Conflict);
@@ -204,13 +229,20 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
         inner.catch_up(clock_now);
-        let from = (shard, Timestamp::from_millis(i64::MIN), OrderId::from_uuid(uuid::Uuid::nil()));
+        let from = (
+            shard,
+            Timestamp::from_millis(i64::MIN),
+            OrderId::from_uuid(uuid::Uuid::nil()),
+        );
         let to = (shard, now, OrderId::from_uuid(uuid::Uuid::max()));
         Ok(inner
             .index
             .range(from..=to)
             .take(limit)
-            .map(|&(_, complete_by, order_id)| IndexEntry { order_id, complete_by })
+            .map(|&(_, complete_by, order_id)| IndexEntry {
+                order_id,
+                complete_by,
+            })
             .collect())
     }
 }

@@ -8,7 +8,9 @@ use tracing::{debug, info, warn};
 
 use crate::error::Result;
 use crate::message::{Message, StepOutcome, StepReply, StepRequest};
-use crate::ports::{Clock, Destination, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService};
+use crate::ports::{
+    Clock, Destination, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
+};
 use crate::retry::RetryPolicy;
 
 /// How an agent finished with a request.
@@ -35,7 +37,13 @@ pub struct Agent<R, Q, C, X> {
 
 impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
     pub fn new(remote: R, outbox: Q, clock: C, random: X, retry: RetryPolicy) -> Self {
-        Agent { remote, outbox, clock, random, retry }
+        Agent {
+            remote,
+            outbox,
+            clock,
+            random,
+            retry,
+        }
     }
 
     /// Performs the request. An `Err` (the reply could not be sent) should make the request
@@ -60,7 +68,9 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
             let fault = match self.remote.call(&call).await {
                 Ok(output) => return self.reply(request, StepOutcome::done(output), calls).await,
                 Err(RemoteFault::Permanent(reason)) => {
-                    return self.reply(request, StepOutcome::failed(&reason), calls).await;
+                    return self
+                        .reply(request, StepOutcome::failed(&reason), calls)
+                        .await;
                 }
                 Err(RemoteFault::Transient(reason)) => reason,
             };
@@ -78,7 +88,12 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
         }
     }
 
-    async fn reply(&self, request: &StepRequest, outcome: StepOutcome, calls: u32) -> Result<AgentOutcome> {
+    async fn reply(
+        &self,
+        request: &StepRequest,
+        outcome: StepOutcome,
+        calls: u32,
+    ) -> Result<AgentOutcome> {
         if self.clock.now() >= request.complete_by {
             // The answer came too late to matter: the scheduler has moved on or will.
             info!(order_id = %request.order_id, calls, "answer after CompleteBy: not sent");
@@ -94,7 +109,9 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
             idempotency_key: request.idempotency_key.clone(),
             outcome,
         };
-        self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
+        self.outbox
+            .send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))])
+            .await?;
         Ok(AgentOutcome::Replied { done, calls })
     }
 }

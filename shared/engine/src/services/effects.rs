@@ -8,8 +8,8 @@ use tracing::{debug, warn};
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::events::{Alert, BusEvent};
-use crate::ids::{step_key, Direction};
-use crate::machine::{decide, Ctx, Decision, Effect, Input};
+use crate::ids::{Direction, step_key};
+use crate::machine::{Ctx, Decision, Effect, Input, decide};
 use crate::message::{Message, Start, StepRef, StepRequest};
 use crate::ports::{Clock, Destination, EventBus, Expected, Outbox, Outgoing, Saved, StateStore};
 use crate::state::StateRecord;
@@ -50,7 +50,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
                     }),
                     delay: *delay,
                 }),
-                Effect::Status { kind, step } => events.push(BusEvent::status(record, *kind, step.clone(), now)),
+                Effect::Status { kind, step } => {
+                    events.push(BusEvent::status(record, *kind, step.clone(), now))
+                }
                 Effect::Alert => {
                     let alert = alert_for(record, now).ok_or_else(|| Error::Corrupt {
                         order_id: record.order_id,
@@ -73,15 +75,24 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
             self.record_alert_sent(record).await?;
         }
         if let Some((_, reason)) = report.failed.first() {
-            return Err(Error::PublishFailed { failed: report.failed.len(), total: events.len(), first_reason: reason.clone() });
+            return Err(Error::PublishFailed {
+                failed: report.failed.len(),
+                total: events.len(),
+                first_reason: reason.clone(),
+            });
         }
         Ok(())
     }
 
     /// Builds the request for the record's current step (or undo).
     async fn request(&self, record: &StateRecord) -> Result<Outgoing> {
-        let corrupt = |reason: String| Error::Corrupt { order_id: record.order_id, reason };
-        let state = record.current_step().ok_or_else(|| corrupt("dispatch of an order not in flight".into()))?;
+        let corrupt = |reason: String| Error::Corrupt {
+            order_id: record.order_id,
+            reason,
+        };
+        let state = record
+            .current_step()
+            .ok_or_else(|| corrupt("dispatch of an order not in flight".into()))?;
         let direction = record.phase.direction();
         let step = self
             .workflow
@@ -92,7 +103,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
         let (action, _) = step
             .action(direction)
             .ok_or_else(|| corrupt(format!("step {:?} has no compensation", state.name)))?;
-        let complete_by = record.complete_by.ok_or_else(|| corrupt("dispatch without CompleteBy".into()))?;
+        let complete_by = record
+            .complete_by
+            .ok_or_else(|| corrupt("dispatch without CompleteBy".into()))?;
         let order = self
             .store
             .load_order(record.order_id)
@@ -102,21 +115,36 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
             order_id: record.order_id,
             attempt: record.attempt,
             correlation_id: record.correlation_id.clone(),
-            step: StepRef { index: record.cursor, name: state.name.clone(), direction },
+            step: StepRef {
+                index: record.cursor,
+                name: state.name.clone(),
+                direction,
+            },
             action: action.to_owned(),
             complete_by,
             idempotency_key: step_key(record.order_id, &state.name, direction),
             order: order.order,
-            input: if direction == Direction::Undo { state.output.clone() } else { None },
+            input: if direction == Direction::Undo {
+                state.output.clone()
+            } else {
+                None
+            },
         };
-        Ok(Outgoing::now(Destination::Agent(step.agent.clone()), Message::Request(request)))
+        Ok(Outgoing::now(
+            Destination::Agent(step.agent.clone()),
+            Message::Request(Box::new(request)),
+        ))
     }
 
     /// Marks the alert as sent, re-reading the record if someone wrote it meanwhile.
     async fn record_alert_sent(&self, written: &StateRecord) -> Result<()> {
         let mut record = written.clone();
         for _ in 0..ALERT_RECORD_TRIES {
-            let ctx = Ctx { now: self.clock.now(), config: self.config, workflow: self.workflow };
+            let ctx = Ctx {
+                now: self.clock.now(),
+                config: self.config,
+                workflow: self.workflow,
+            };
             let Decision::Apply(t) = decide(&record, Input::AlertSent, &ctx) else {
                 debug!(order_id = %record.order_id, "alert already recorded");
                 return Ok(());

@@ -16,7 +16,7 @@ pub use agent::{Agent, AgentOutcome};
 pub use scheduler::Scheduler;
 pub use status::{OrderView, StatusService};
 pub use submission::{Accepted, Submission};
-pub use supervisor::{SweepReport, Supervisor};
+pub use supervisor::{Supervisor, SweepReport};
 
 use crate::machine::{Ignored, Illegal};
 

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use tracing::{debug, error, info};
 
-use super::effects::Effector;
 use super::Handled;
+use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
-use crate::machine::{decide, Ctx, Decision, Input};
+use crate::machine::{Ctx, Decision, Input, decide};
 use crate::message::{Message, StepReply};
 use crate::ports::{Clock, EventBus, Expected, Outbox, Saved, StateStore};
 use crate::workflow::Workflow;
@@ -38,7 +38,15 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
         workflow: Arc<Workflow>,
         owner: String,
     ) -> Self {
-        Scheduler { store, outbox, bus, clock, config, workflow, owner }
+        Scheduler {
+            store,
+            outbox,
+            bus,
+            clock,
+            config,
+            workflow,
+            owner,
+        }
     }
 
     /// Handles one message from the scheduler queue or the reply queue.
@@ -49,16 +57,25 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
     pub async fn handle(&self, message: &Message) -> Result<Handled> {
         match message {
             Message::Start(start) => {
-                let input = Input::Claim { attempt: start.attempt, owner: &self.owner };
+                let input = Input::Claim {
+                    attempt: start.attempt,
+                    owner: &self.owner,
+                };
                 self.run(start.order_id, input).await
             }
             Message::Reply(reply) => self.on_reply(reply).await,
-            Message::Request(_) => Err(Error::InvalidMessage("a step request was sent to the scheduler".into())),
+            Message::Request(_) => Err(Error::InvalidMessage(
+                "a step request was sent to the scheduler".into(),
+            )),
         }
     }
 
     async fn on_reply(&self, reply: &StepReply) -> Result<Handled> {
-        let input = Input::Reply { attempt: reply.attempt, step: &reply.step, outcome: &reply.outcome };
+        let input = Input::Reply {
+            attempt: reply.attempt,
+            step: &reply.step,
+            outcome: &reply.outcome,
+        };
         self.run(reply.order_id, input).await
     }
 
@@ -69,7 +86,11 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
             info!(%order_id, "message for an unknown order");
             return Ok(Handled::UnknownOrder);
         };
-        let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
+        let ctx = Ctx {
+            now: self.clock.now(),
+            config: &self.config,
+            workflow: &self.workflow,
+        };
         let effector = Effector {
             store: &self.store,
             outbox: &self.outbox,

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use tracing::{debug, warn};
 
-use super::effects::Effector;
 use super::Handled;
+use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::Result;
-use crate::machine::{decide, Ctx, Decision, Input};
+use crate::machine::{Ctx, Decision, Input, decide};
 use crate::ports::{Clock, EventBus, Expected, ExpiryIndex, IndexEntry, Outbox, Saved, StateStore};
 use crate::workflow::Workflow;
 
@@ -56,7 +56,15 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
     ) -> Self {
-        Supervisor { store, index, outbox, bus, clock, config, workflow }
+        Supervisor {
+            store,
+            index,
+            outbox,
+            bus,
+            clock,
+            config,
+            workflow,
+        }
     }
 
     /// One sweep over every shard, at most `sweep_limit` records in all. Shards are queried and
@@ -66,7 +74,8 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         let shards = self.config.index_shards;
         // An even share per shard keeps one busy shard from starving the others.
         let per_shard = self.config.sweep_limit.div_ceil(usize::from(shards)).max(1);
-        let results = join_all((0..shards).map(|shard| self.sweep_shard(shard, now, per_shard))).await;
+        let results =
+            join_all((0..shards).map(|shard| self.sweep_shard(shard, now, per_shard))).await;
 
         let mut report = SweepReport::default();
         let mut first_error = None;
@@ -93,9 +102,17 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         }
     }
 
-    async fn sweep_shard(&self, shard: u16, now: crate::time::Timestamp, limit: usize) -> Result<SweepReport> {
+    async fn sweep_shard(
+        &self,
+        shard: u16,
+        now: crate::time::Timestamp,
+        limit: usize,
+    ) -> Result<SweepReport> {
         let entries = self.index.expired(shard, now, limit).await?;
-        let mut report = SweepReport { found: entries.len(), ..SweepReport::default() };
+        let mut report = SweepReport {
+            found: entries.len(),
+            ..SweepReport::default()
+        };
         for entry in entries {
             match self.handle(entry).await {
                 Ok(Handled::Applied | Handled::Replayed) => report.acted += 1,
@@ -115,8 +132,18 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         let Some(record) = self.store.load(entry.order_id).await? else {
             return Ok(Handled::UnknownOrder);
         };
-        let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
-        match decide(&record, Input::Expire { complete_by: entry.complete_by }, &ctx) {
+        let ctx = Ctx {
+            now: self.clock.now(),
+            config: &self.config,
+            workflow: &self.workflow,
+        };
+        match decide(
+            &record,
+            Input::Expire {
+                complete_by: entry.complete_by,
+            },
+            &ctx,
+        ) {
             Decision::Apply(t) => {
                 if self.store.save(&t.next, Expected::of(&record)).await? == Saved::Conflict {
                     return Ok(Handled::LostRace);
