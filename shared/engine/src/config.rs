@@ -148,12 +148,8 @@ fn millis(
     key: &str,
     default: Duration,
 ) -> Result<Duration, Error> {
-    parse(
-        lookup,
-        key,
-        u64::try_from(default.as_millis()).unwrap_or(u64::MAX),
-    )
-    .map(Duration::from_millis)
+    parse(lookup, key, u64::try_from(default.as_millis()).unwrap_or(u64::MAX))
+        .map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -162,10 +158,8 @@ mod tests {
     use std::collections::HashMap;
 
     fn from(pairs: &[(&str, &str)]) -> Result<EngineConfig, Error> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         EngineConfig::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -176,22 +170,15 @@ mod tests {
 
     #[test]
     fn keys_are_read_and_bad_values_are_named() {
-        let c = from(&[
-            ("FAILURE_THRESHOLD", "5"),
-            ("INDEX_SHARDS", "16"),
-            ("STATUS_EVENTS", "all"),
-        ])
-        .unwrap();
+        let c =
+            from(&[("FAILURE_THRESHOLD", "5"), ("INDEX_SHARDS", "16"), ("STATUS_EVENTS", "all")])
+                .unwrap();
         assert_eq!((c.failure_threshold, c.index_shards), (5, 16));
-        let err = from(&[("CLAIM_GRACE_SECONDS", "soon")])
-            .unwrap_err()
-            .to_string();
+        let err = from(&[("CLAIM_GRACE_SECONDS", "soon")]).unwrap_err().to_string();
         assert!(err.contains("CLAIM_GRACE_SECONDS"), "{err}");
         let err = from(&[("FAILURE_THRESHOLD", "0")]).unwrap_err().to_string();
         assert!(err.contains("FAILURE_THRESHOLD"), "{err}");
-        let err = from(&[("RETRY_WAIT_BASE_SECONDS", "600")])
-            .unwrap_err()
-            .to_string();
+        let err = from(&[("RETRY_WAIT_BASE_SECONDS", "600")]).unwrap_err().to_string();
         assert!(err.contains("must not exceed"), "{err}");
     }
 }

@@ -63,37 +63,24 @@ pub enum Error {
 
     /// Some events of a batch were not accepted by the event bus.
     #[error("{failed} of {total} events were not published: {first_reason}")]
-    PublishFailed {
-        failed: usize,
-        total: usize,
-        first_reason: String,
-    },
+    PublishFailed { failed: usize, total: usize, first_reason: String },
 }
 
 impl Error {
     /// Whether the failed operation may succeed if tried again unchanged. Handlers use this to
     /// decide between reporting a message for redelivery and sending it to a dead-letter queue.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Error::Unavailable { .. } | Error::PublishFailed { .. }
-        )
+        matches!(self, Error::Unavailable { .. } | Error::PublishFailed { .. })
     }
 
     /// Wraps a transient adapter failure.
     pub fn unavailable(service: &'static str, source: impl Into<BoxError>) -> Self {
-        Error::Unavailable {
-            service,
-            source: source.into(),
-        }
+        Error::Unavailable { service, source: source.into() }
     }
 
     /// Wraps a permanent adapter failure.
     pub fn rejected(service: &'static str, source: impl Into<BoxError>) -> Self {
-        Error::Rejected {
-            service,
-            source: source.into(),
-        }
+        Error::Rejected { service, source: source.into() }
     }
 }
 

@@ -66,10 +66,7 @@ impl StatusKind {
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            StatusKind::Processed | StatusKind::Compensated | StatusKind::Failed
-        )
+        matches!(self, StatusKind::Processed | StatusKind::Compensated | StatusKind::Failed)
     }
 }
 
@@ -80,12 +77,7 @@ pub struct StatusKinds(BTreeSet<StatusKind>);
 impl Default for StatusKinds {
     /// Only the terminal kinds: one event per order, whatever happens to it.
     fn default() -> Self {
-        StatusKinds(
-            StatusKind::ALL
-                .into_iter()
-                .filter(|k| k.is_terminal())
-                .collect(),
-        )
+        StatusKinds(StatusKind::ALL.into_iter().filter(|k| k.is_terminal()).collect())
     }
 }
 
@@ -112,17 +104,17 @@ impl FromStr for StatusKinds {
             "terminal" => Ok(StatusKinds::default()),
             "all" => Ok(StatusKinds::all()),
             "none" | "" => Ok(StatusKinds::none()),
-            list => list
-                .split(',')
-                .map(|k| {
-                    let k = k.trim();
-                    StatusKind::ALL
-                        .into_iter()
-                        .find(|c| c.as_str() == k)
-                        .ok_or_else(|| Error::Config(format!("unknown status event kind {k:?}")))
-                })
-                .collect::<Result<_, _>>()
-                .map(StatusKinds),
+            list => {
+                list.split(',')
+                    .map(|k| {
+                        let k = k.trim();
+                        StatusKind::ALL.into_iter().find(|c| c.as_str() == k).ok_or_else(|| {
+                            Error::Config(format!("unknown status event kind {k:?}"))
+                        })
+                    })
+                    .collect::<Result<_, _>>()
+                    .map(StatusKinds)
+            }
         }
     }
 }
@@ -190,19 +182,12 @@ impl BusEvent {
             correlation_id: record.correlation_id.clone(),
         };
         let id = match &event.step {
-            Some(step) => format!(
-                "{}/{}/{step}/{}",
-                record.order_id,
-                status.as_str(),
-                record.attempt
-            ),
+            Some(step) => {
+                format!("{}/{}/{step}/{}", record.order_id, status.as_str(), record.attempt)
+            }
             None => format!("{}/{}/{}", record.order_id, status.as_str(), record.attempt),
         };
-        BusEvent {
-            id,
-            detail_type: STATUS_DETAIL_TYPE,
-            detail: to_json(&event),
-        }
+        BusEvent { id, detail_type: STATUS_DETAIL_TYPE, detail: to_json(&event) }
     }
 
     pub fn alert(alert: &Alert) -> BusEvent {
@@ -231,19 +216,12 @@ mod tests {
 
     #[test]
     fn status_kinds_parse() {
-        assert_eq!(
-            "terminal".parse::<StatusKinds>().unwrap(),
-            StatusKinds::default()
-        );
+        assert_eq!("terminal".parse::<StatusKinds>().unwrap(), StatusKinds::default());
         let k: StatusKinds = "received, processed".parse().unwrap();
         assert!(k.contains(StatusKind::Received) && k.contains(StatusKind::Processed));
         assert!(!k.contains(StatusKind::Failed));
         assert!(
-            "received,sent"
-                .parse::<StatusKinds>()
-                .unwrap_err()
-                .to_string()
-                .contains("\"sent\"")
+            "received,sent".parse::<StatusKinds>().unwrap_err().to_string().contains("\"sent\"")
         );
         assert!(!StatusKinds::default().contains(StatusKind::StepDone));
         assert!(StatusKinds::default().contains(StatusKind::Compensated));

@@ -83,13 +83,8 @@ impl IdempotencyKey {
         if raw.len() > MAX_KEY_LEN {
             return Err(Error::InvalidKey("must be at most 128 characters"));
         }
-        if !raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-        {
-            return Err(Error::InvalidKey(
-                "may only contain A-Z, a-z, 0-9, '-', '_', '.' and ':'",
-            ));
+        if !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) {
+            return Err(Error::InvalidKey("may only contain A-Z, a-z, 0-9, '-', '_', '.' and ':'"));
         }
         Ok(IdempotencyKey(raw.to_owned()))
     }
@@ -184,14 +179,7 @@ mod tests {
     fn keys_are_validated() {
         assert!(IdempotencyKey::parse("3f1c9a2e-7b7d-4c55-9f0e-2d0d8c1b6a10").is_ok());
         assert!(IdempotencyKey::parse("a:b.c_d-e").is_ok());
-        for bad in [
-            "",
-            "has space",
-            "tab\t",
-            "ünïcode",
-            "semi;colon",
-            &"k".repeat(129),
-        ] {
+        for bad in ["", "has space", "tab\t", "ünïcode", "semi;colon", &"k".repeat(129)] {
             assert!(IdempotencyKey::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(IdempotencyKey::parse(&"k".repeat(128)).is_ok());
@@ -208,22 +196,13 @@ mod tests {
             seen[usize::from(s)] += 1;
         }
         assert!(seen.iter().all(|&n| n > 50), "uneven shards: {seen:?}");
-        assert_eq!(
-            OrderId::for_key(&IdempotencyKey::parse("x").unwrap()).shard(0),
-            0
-        );
+        assert_eq!(OrderId::for_key(&IdempotencyKey::parse("x").unwrap()).shard(0), 0);
     }
 
     #[test]
     fn step_keys_differ_by_direction_only() {
         let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
-        assert_eq!(
-            step_key(id, "charge", Direction::Do),
-            step_key(id, "charge", Direction::Do)
-        );
-        assert_ne!(
-            step_key(id, "charge", Direction::Do),
-            step_key(id, "charge", Direction::Undo)
-        );
+        assert_eq!(step_key(id, "charge", Direction::Do), step_key(id, "charge", Direction::Do));
+        assert_ne!(step_key(id, "charge", Direction::Do), step_key(id, "charge", Direction::Undo));
     }
 }

@@ -12,13 +12,12 @@
 //! | state | input | outcome |
 //! | --- | --- | --- |
 //! | Pending | claim of the current attempt | Processing; lease the current step (or undo) and dispatch it |
-//! | Processing | claim already applied (same message again) | replay: dispatch again |
+//! | any | the queue message that produced the current revision, again | replay its side effects |
 //! | Pending, Processing | claim of another attempt | ignored: stale or duplicate |
 //! | Processing | reply of the current attempt: done | next step leased and dispatched, or Processed |
 //! | Processing | reply of the current attempt: failed | compensation leased and dispatched, or Error and alert |
 //! | Processing (undoing) | reply: done or failed | next undo leased and dispatched, or Error and alert |
-//! | any | reply already applied (same message again) | replay: dispatch again, or terminal event and pending alert |
-//! | Pending | reply of the current attempt | illegal: nothing was dispatched at that attempt |
+//! //! | Pending | reply of the current attempt | illegal: nothing was dispatched at that attempt |
 //! | Pending, Processing | reply of another attempt | ignored: stale |
 //! | Pending, Processing | expiry, CompleteBy passed, below threshold | Pending again with a later CompleteBy; start message after a wait |
 //! | Pending, Processing | expiry, CompleteBy passed, at threshold | compensation queued, or Error and alert |
@@ -50,14 +49,10 @@ pub struct Ctx<'a> {
 /// Something that happened to an order.
 #[derive(Clone, Copy, Debug)]
 pub enum Input<'a> {
-    /// A start message asks the scheduler to claim the order at `attempt`.
-    Claim { attempt: u64, owner: &'a str },
-    /// An agent replied for a step at `attempt`.
-    Reply {
-        attempt: u64,
-        step: &'a StepRef,
-        outcome: &'a StepOutcome,
-    },
+    /// A start message (queue id `message`) asks the scheduler to claim the order at `attempt`.
+    Claim { attempt: u64, owner: &'a str, message: &'a str },
+    /// An agent replied (queue id `message`) for a step at `attempt`.
+    Reply { attempt: u64, step: &'a StepRef, outcome: &'a StepOutcome, message: &'a str },
     /// The supervisor found the record in the expiry index with this CompleteBy.
     Expire { complete_by: Timestamp },
     /// The order's alert was accepted by the event bus.
@@ -73,10 +68,7 @@ pub enum Effect {
     /// Send a start message for the record's attempt, after `delay`.
     Kick { delay: Duration },
     /// Publish a status event.
-    Status {
-        kind: StatusKind,
-        step: Option<String>,
-    },
+    Status { kind: StatusKind, step: Option<String> },
     /// Publish the order's alert, then record that it was sent.
     Alert,
 }
@@ -111,10 +103,7 @@ pub enum Illegal {
     /// A reply of the current attempt names another step than the one leased.
     WrongStep { leased: String, replied: String },
     /// A reply of the current attempt is for the other direction (do versus undo).
-    WrongDirection {
-        leased: Direction,
-        replied: Direction,
-    },
+    WrongDirection { leased: Direction, replied: Direction },
     /// A reply carries an attempt at which nothing was dispatched.
     NotDispatched { attempt: u64 },
     /// The record names a step the loaded workflow does not have.
@@ -137,37 +126,29 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
     use ProcessState::{Error, Pending, Processed, Processing};
     let current = record.attempt;
     match (record.process_state, input) {
-        (Pending, Input::Claim { attempt, owner }) if attempt == current => {
-            claim(record, attempt, owner, ctx)
-        }
-        (Processing, Input::Claim { attempt, .. })
-            if record.last_input == InputRef::Claim(attempt) =>
+        // The same queue message again: its transition is written, its effects may not be.
+        (_, Input::Claim { message, .. } | Input::Reply { message, .. })
+            if record.last_input.is_message(message) =>
         {
             Decision::Replay(replay(record, ctx))
         }
-        (Pending | Processing, Input::Claim { attempt, .. }) => Decision::Ignore(Ignored::Stale {
-            received: attempt,
-            current,
-        }),
 
-        (
-            Processing,
-            Input::Reply {
-                attempt,
-                step,
-                outcome,
-            },
-        ) if attempt == current => reply(record, step, outcome, ctx),
-        (_, Input::Reply { attempt, .. }) if record.last_input == InputRef::Reply(attempt) => {
-            Decision::Replay(replay(record, ctx))
+        (Pending, Input::Claim { attempt, owner, message }) if attempt == current => {
+            claim(record, owner, message, ctx)
+        }
+        (Pending | Processing, Input::Claim { attempt, .. }) => {
+            Decision::Ignore(Ignored::Stale { received: attempt, current })
+        }
+
+        (Processing, Input::Reply { attempt, step, outcome, message }) if attempt == current => {
+            reply(record, step, outcome, message, ctx)
         }
         (Pending, Input::Reply { attempt, .. }) if attempt == current => {
             Decision::Illegal(Illegal::NotDispatched { attempt })
         }
-        (Pending | Processing, Input::Reply { attempt, .. }) => Decision::Ignore(Ignored::Stale {
-            received: attempt,
-            current,
-        }),
+        (Pending | Processing, Input::Reply { attempt, .. }) => {
+            Decision::Ignore(Ignored::Stale { received: attempt, current })
+        }
 
         (Pending | Processing, Input::Expire { complete_by }) => expire(record, complete_by, ctx),
         (Error, Input::Expire { complete_by }) if record.alert == Some(AlertDelivery::Pending) => {
@@ -188,11 +169,11 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
 }
 
 /// Pending → Processing: take the lease on the current step (or undo) and dispatch it.
-fn claim(record: &StateRecord, attempt: u64, owner: &str, ctx: &Ctx<'_>) -> Decision {
+fn claim(record: &StateRecord, owner: &str, message: &str, ctx: &Ctx<'_>) -> Decision {
     let Some((step, budget)) = leased_action(record, ctx) else {
         return unknown_step(record);
     };
-    let mut next = begin(record, ctx, InputRef::Claim(attempt));
+    let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     next.process_state = ProcessState::Processing;
     next.locked_by = Some(owner.to_owned());
     next.attempt += 1;
@@ -201,19 +182,20 @@ fn claim(record: &StateRecord, attempt: u64, owner: &str, ctx: &Ctx<'_>) -> Deci
     // two index writes).
     let fresh = ctx.now.plus(budget);
     next.complete_by = Some(record.complete_by.map_or(fresh, |cb| cb.max(fresh)));
-    next.note(
-        ctx.now,
-        Happening::Claimed,
-        Some(step.name.clone()),
-        ctx.config.timeline_limit,
-    );
+    next.note(ctx.now, Happening::Claimed, Some(step.name.clone()), ctx.config.timeline_limit);
     let mut effects = status(ctx, StatusKind::Processing, None);
     effects.push(Effect::Dispatch);
     apply(next, effects)
 }
 
 /// A reply of the current attempt.
-fn reply(record: &StateRecord, step: &StepRef, outcome: &StepOutcome, ctx: &Ctx<'_>) -> Decision {
+fn reply(
+    record: &StateRecord,
+    step: &StepRef,
+    outcome: &StepOutcome,
+    message: &str,
+    ctx: &Ctx<'_>,
+) -> Decision {
     let leased = &record.steps[record.cursor];
     if step.index != record.cursor || step.name != leased.name {
         return Decision::Illegal(Illegal::WrongStep {
@@ -228,7 +210,7 @@ fn reply(record: &StateRecord, step: &StepRef, outcome: &StepOutcome, ctx: &Ctx<
             replied: step.direction,
         });
     }
-    let mut next = begin(record, ctx, InputRef::Reply(record.attempt));
+    let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     let c = record.cursor;
     let name = leased.name.clone();
     let limit = ctx.config.timeline_limit;
@@ -257,10 +239,7 @@ fn reply(record: &StateRecord, step: &StepRef, outcome: &StepOutcome, ctx: &Ctx<
         (Phase::Forward, StepOutcome::Failed { reason }) => {
             next.steps[c].status = StepStatus::Failed;
             next.steps[c].detail = Some(reason.clone());
-            next.cause = Some(Cause::StepRejected {
-                step: name.clone(),
-                reason: reason.clone(),
-            });
+            next.cause = Some(Cause::StepRejected { step: name.clone(), reason: reason.clone() });
             next.note(ctx.now, Happening::StepFailed, Some(name), limit);
             // The agent reported a permanent fault: the step took no effect, so only the steps
             // before it are undone.
@@ -296,8 +275,7 @@ fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
 
     let Some(step) = ctx.workflow.steps().iter().find(|s| s.name == name) else {
         // No amount of retrying can run a step the workflow no longer has.
-        next.cause
-            .get_or_insert(Cause::UnknownStep { step: name.clone() });
+        next.cause.get_or_insert(Cause::UnknownStep { step: name.clone() });
         next.steps[c].status = StepStatus::Uncertain;
         return fail(next, ctx);
     };
@@ -305,9 +283,7 @@ fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
     if failures < ctx.config.failure_threshold {
         // Wait longer before each further try, in case the fault is not as transient as hoped.
         let wait = ctx.config.wait.wait(failures);
-        let budget = step
-            .action(record.phase.direction())
-            .map_or(step.budget, |(_, b)| b);
+        let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
         next.failure_count = failures;
         next.process_state = ProcessState::Pending;
         next.locked_by = None;
@@ -330,10 +306,7 @@ fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
                 StepStatus::Uncertain
             };
             next.steps[c].detail = Some(detail);
-            next.cause = Some(Cause::StepTimedOut {
-                step: name,
-                failures,
-            });
+            next.cause = Some(Cause::StepTimedOut { step: name, failures });
             compensate(next, ctx, Via::Kick)
         }
         Phase::Compensating => {
@@ -364,12 +337,7 @@ fn compensate(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
         return fail(next, ctx);
     }
     next.phase = Phase::Compensating;
-    next.note(
-        ctx.now,
-        Happening::CompensationStarted,
-        None,
-        ctx.config.timeline_limit,
-    );
+    next.note(ctx.now, Happening::CompensationStarted, None, ctx.config.timeline_limit);
     let mut effects = status(ctx, StatusKind::Compensating, None);
     match start_undo(&mut next, ctx, via, usize::MAX) {
         Some(effect) => effects.push(effect),
@@ -390,11 +358,7 @@ fn continue_undo(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
 /// Points the cursor at the highest step below `below` queued for undo and leases it (or
 /// leaves it Pending for the scheduler). `None` when nothing is left to undo.
 fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> Option<Effect> {
-    let index = next
-        .steps
-        .iter()
-        .take(below)
-        .rposition(|s| s.status == StepStatus::ToUndo)?;
+    let index = next.steps.iter().take(below).rposition(|s| s.status == StepStatus::ToUndo)?;
     next.cursor = index;
     next.failure_count = 0;
     match via {
@@ -408,9 +372,7 @@ fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> 
             next.locked_by = None;
             next.attempt += 1;
             next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
-            Some(Effect::Kick {
-                delay: Duration::ZERO,
-            })
+            Some(Effect::Kick { delay: Duration::ZERO })
         }
     }
 }
@@ -436,11 +398,8 @@ fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
     next.locked_by = None;
     next.alert = Some(AlertDelivery::Pending);
     next.complete_by = Some(ctx.now.plus(ctx.config.alert_retry_after));
-    let happening = if kind == StatusKind::Compensated {
-        Happening::Compensated
-    } else {
-        Happening::Failed
-    };
+    let happening =
+        if kind == StatusKind::Compensated { Happening::Compensated } else { Happening::Failed };
     next.note(ctx.now, happening, None, ctx.config.timeline_limit);
     let mut effects = status(ctx, kind, None);
     effects.push(Effect::Alert);
@@ -463,15 +422,10 @@ fn retry_alert(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision
 fn alert_sent(record: &StateRecord, ctx: &Ctx<'_>) -> Decision {
     // The input that produced the Error stays the last input: its redelivery still replays the
     // terminal status event, but no longer the alert.
-    let mut next = begin(record, ctx, record.last_input);
+    let mut next = begin(record, ctx, record.last_input.clone());
     next.alert = Some(AlertDelivery::Sent);
     next.complete_by = None;
-    next.note(
-        ctx.now,
-        Happening::AlertSent,
-        None,
-        ctx.config.timeline_limit,
-    );
+    next.note(ctx.now, Happening::AlertSent, None, ctx.config.timeline_limit);
     apply(next, Vec::new())
 }
 
@@ -509,9 +463,7 @@ fn not_expired(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Option<I
         return Some(Ignored::Moved);
     }
     if seen > ctx.now {
-        return Some(Ignored::NotExpired {
-            complete_by: record.complete_by,
-        });
+        return Some(Ignored::NotExpired { complete_by: record.complete_by });
     }
     None
 }
@@ -535,18 +487,11 @@ fn leased_action<'w>(record: &StateRecord, ctx: &Ctx<'w>) -> Option<(&'w Step, D
 }
 
 fn has_compensation(workflow: &Workflow, step: &str) -> bool {
-    workflow
-        .steps()
-        .iter()
-        .any(|s| s.name == step && s.compensation.is_some())
+    workflow.steps().iter().any(|s| s.name == step && s.compensation.is_some())
 }
 
 fn unknown_step(record: &StateRecord) -> Decision {
-    let step = record
-        .steps
-        .get(record.cursor)
-        .map(|s| s.name.clone())
-        .unwrap_or_default();
+    let step = record.steps.get(record.cursor).map(|s| s.name.clone()).unwrap_or_default();
     Decision::Illegal(Illegal::UnknownStep { step })
 }
 

@@ -98,9 +98,7 @@ impl StepOutcome {
     pub fn done(output: serde_json::Value) -> StepOutcome {
         let len = serde_json::to_string(&output).map_or(usize::MAX, |s| s.len());
         if len > MAX_OUTPUT_LEN {
-            StepOutcome::Done {
-                output: serde_json::json!({ "truncated_bytes": len }),
-            }
+            StepOutcome::Done { output: serde_json::json!({ "truncated_bytes": len }) }
         } else {
             StepOutcome::Done { output }
         }
@@ -108,9 +106,7 @@ impl StepOutcome {
 
     /// Builds a `Failed` outcome, cutting the reason to [`MAX_REASON_LEN`] bytes.
     pub fn failed(reason: &str) -> StepOutcome {
-        StepOutcome::Failed {
-            reason: truncate(reason, MAX_REASON_LEN),
-        }
+        StepOutcome::Failed { reason: truncate(reason, MAX_REASON_LEN) }
     }
 }
 
@@ -141,11 +137,7 @@ fn decode_as<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result
 impl Message {
     /// The JSON body of this message, with its version.
     pub fn encode(&self) -> String {
-        serde_json::to_string(&Outgoing {
-            v: VERSION,
-            message: self,
-        })
-        .unwrap_or_default()
+        serde_json::to_string(&Outgoing { v: VERSION, message: self }).unwrap_or_default()
     }
 
     /// Decodes a body. Every failure is an [`Error::InvalidMessage`] naming what is wrong, so a
@@ -162,11 +154,7 @@ impl Message {
             Some(v) => return Err(invalid(format!("unsupported envelope version {v}"))),
             None => return Err(invalid("missing envelope version `v`".into())),
         }
-        let kind = fields
-            .get("type")
-            .and_then(|t| t.as_str())
-            .unwrap_or_default()
-            .to_owned();
+        let kind = fields.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_owned();
         // Each kind is decoded on its own (not through the tagged enum) so that errors can name
         // the offending field.
         let fields = serde_json::Value::Object(fields);
@@ -203,21 +191,14 @@ mod tests {
 
     fn start() -> Message {
         let id = OrderId::for_key(&IdempotencyKey::parse("k1").unwrap());
-        Message::Start(Start {
-            order_id: id,
-            attempt: 3,
-            correlation_id: "c-1".into(),
-        })
+        Message::Start(Start { order_id: id, attempt: 3, correlation_id: "c-1".into() })
     }
 
     #[test]
     fn round_trips_with_a_version() {
         let m = start();
         let body = m.encode();
-        assert!(
-            body.contains("\"v\":1") && body.contains("\"type\":\"start\""),
-            "{body}"
-        );
+        assert!(body.contains("\"v\":1") && body.contains("\"type\":\"start\""), "{body}");
         assert_eq!(Message::decode(&body).unwrap(), m);
     }
 
@@ -227,12 +208,7 @@ mod tests {
         v["added_later"] = serde_json::json!(true);
         assert_eq!(Message::decode(&v.to_string()).unwrap(), start());
         v["v"] = serde_json::json!(2);
-        assert!(
-            Message::decode(&v.to_string())
-                .unwrap_err()
-                .to_string()
-                .contains("version 2")
-        );
+        assert!(Message::decode(&v.to_string()).unwrap_err().to_string().contains("version 2"));
         v.as_object_mut().unwrap().remove("v");
         assert!(
             Message::decode(&v.to_string())

@@ -35,12 +35,7 @@ pub struct Rejection {
 
 impl Rejection {
     fn one(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Rejection {
-            errors: vec![FieldError {
-                field: field.into(),
-                reason: reason.into(),
-            }],
-        }
+        Rejection { errors: vec![FieldError { field: field.into(), reason: reason.into() }] }
     }
 }
 
@@ -155,18 +150,8 @@ impl OrderRequest {
     /// Checks every limit, collecting all problems, and returns the normalised order.
     pub fn validate(self) -> Result<Order, Rejection> {
         let mut v = Validator::default();
-        let customer_id = v.token(
-            "customer_id",
-            &self.customer_id,
-            64,
-            "A-Z a-z 0-9 - _ . @ :",
-        );
-        let currency = v.upper_code(
-            "currency",
-            &self.currency,
-            3,
-            "an ISO 4217 code such as EUR",
-        );
+        let customer_id = v.token("customer_id", &self.customer_id, 64, "A-Z a-z 0-9 - _ . @ :");
+        let currency = v.upper_code("currency", &self.currency, 3, "an ISO 4217 code such as EUR");
 
         if self.items.is_empty() {
             v.fail("items", "must contain at least one item");
@@ -176,35 +161,13 @@ impl OrderRequest {
         let mut skus = HashSet::new();
         let mut items = Vec::with_capacity(self.items.len());
         for (i, item) in self.items.into_iter().enumerate().take(MAX_ITEMS) {
-            let sku = v.token(
-                &format!("items[{i}].sku"),
-                &item.sku,
-                64,
-                "A-Z a-z 0-9 - _ . @ :",
-            );
+            let sku = v.token(&format!("items[{i}].sku"), &item.sku, 64, "A-Z a-z 0-9 - _ . @ :");
             if !sku.is_empty() && !skus.insert(sku.clone()) {
-                v.fail(
-                    format!("items[{i}].sku"),
-                    "appears more than once; merge the lines",
-                );
+                v.fail(format!("items[{i}].sku"), "appears more than once; merge the lines");
             }
-            v.range(
-                &format!("items[{i}].quantity"),
-                item.quantity,
-                1,
-                MAX_QUANTITY,
-            );
-            v.range(
-                &format!("items[{i}].unit_price"),
-                item.unit_price,
-                1,
-                MAX_UNIT_PRICE,
-            );
-            items.push(LineItem {
-                sku,
-                quantity: item.quantity,
-                unit_price: item.unit_price,
-            });
+            v.range(&format!("items[{i}].quantity"), item.quantity, 1, MAX_QUANTITY);
+            v.range(&format!("items[{i}].unit_price"), item.unit_price, 1, MAX_UNIT_PRICE);
+            items.push(LineItem { sku, quantity: item.quantity, unit_price: item.unit_price });
         }
 
         let a = self.ship_to;
@@ -226,23 +189,11 @@ impl OrderRequest {
             ),
         };
 
-        let order = Order {
-            customer_id,
-            currency,
-            items,
-            ship_to,
-        };
+        let order = Order { customer_id, currency, items, ship_to };
         if v.errors.is_empty() && order.total() > MAX_TOTAL {
-            v.fail(
-                "items",
-                format!("order total must not exceed {MAX_TOTAL} minor units"),
-            );
+            v.fail("items", format!("order total must not exceed {MAX_TOTAL} minor units"));
         }
-        if v.errors.is_empty() {
-            Ok(order)
-        } else {
-            Err(Rejection { errors: v.errors })
-        }
+        if v.errors.is_empty() { Ok(order) } else { Err(Rejection { errors: v.errors }) }
     }
 }
 
@@ -253,10 +204,7 @@ struct Validator {
 
 impl Validator {
     fn fail(&mut self, field: impl Into<String>, reason: impl Into<String>) {
-        self.errors.push(FieldError {
-            field: field.into(),
-            reason: reason.into(),
-        });
+        self.errors.push(FieldError { field: field.into(), reason: reason.into() });
     }
 
     /// Free text: trimmed, non-empty, at most `max` characters, no control or bidirectional
@@ -268,10 +216,7 @@ impl Validator {
         } else if t.chars().count() > max {
             self.fail(field, format!("must be at most {max} characters"));
         } else if t.chars().any(is_disallowed_char) {
-            self.fail(
-                field,
-                "must not contain control or text-direction characters",
-            );
+            self.fail(field, "must not contain control or text-direction characters");
         }
         t.to_owned()
     }
@@ -282,10 +227,7 @@ impl Validator {
             self.fail(field, "must not be empty");
         } else if raw.len() > max {
             self.fail(field, format!("must be at most {max} characters"));
-        } else if !raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.@:".contains(&b))
-        {
+        } else if !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.@:".contains(&b)) {
             self.fail(field, format!("may only contain {allowed}"));
         }
         raw.to_owned()
@@ -302,9 +244,7 @@ impl Validator {
         let t = raw.trim();
         if t.is_empty()
             || t.len() > 16
-            || !t
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b' ' || b == b'-')
+            || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b' ' || b == b'-')
         {
             self.fail(field, "must be 1 to 16 letters, digits, spaces or '-'");
         }
@@ -373,10 +313,7 @@ mod tests {
         let mut b = valid();
         b.as_object_mut().unwrap().remove("currency");
         let r = check(&b).unwrap_err();
-        assert!(
-            r.errors[0].reason.contains("missing field `currency`"),
-            "{r}"
-        );
+        assert!(r.errors[0].reason.contains("missing field `currency`"), "{r}");
 
         let r = Order::from_json(b"{\"customer_id\": ").unwrap_err();
         assert!(r.errors[0].reason.starts_with("malformed JSON"), "{r}");
@@ -418,39 +355,15 @@ mod tests {
                 Box::new(|b| b["items"][0]["unit_price"] = json!(MAX_UNIT_PRICE + 1)),
                 "items[0].unit_price",
             ),
-            (
-                Box::new(|b| b["items"][0]["quantity"] = json!(1.5)),
-                "items[0].quantity",
-            ),
-            (
-                Box::new(|b| b["items"][0]["quantity"] = json!(u64::MAX)),
-                "items[0].quantity",
-            ),
-            (
-                Box::new(|b| b["items"][1]["sku"] = json!("BOOK-1")),
-                "items[1].sku",
-            ),
-            (
-                Box::new(|b| b["items"][1]["sku"] = json!("has space")),
-                "items[1].sku",
-            ),
+            (Box::new(|b| b["items"][0]["quantity"] = json!(1.5)), "items[0].quantity"),
+            (Box::new(|b| b["items"][0]["quantity"] = json!(u64::MAX)), "items[0].quantity"),
+            (Box::new(|b| b["items"][1]["sku"] = json!("BOOK-1")), "items[1].sku"),
+            (Box::new(|b| b["items"][1]["sku"] = json!("has space")), "items[1].sku"),
             (Box::new(|b| b["customer_id"] = json!("")), "customer_id"),
-            (
-                Box::new(|b| b["ship_to"]["name"] = json!("x".repeat(101))),
-                "ship_to.name",
-            ),
-            (
-                Box::new(|b| b["ship_to"]["postal_code"] = json!("SW1Y_4JH")),
-                "ship_to.postal_code",
-            ),
-            (
-                Box::new(|b| b["ship_to"]["line1"] = json!("evil\u{202E}txt")),
-                "ship_to.line1",
-            ),
-            (
-                Box::new(|b| b["ship_to"]["line1"] = json!("nul\u{0}byte")),
-                "ship_to.line1",
-            ),
+            (Box::new(|b| b["ship_to"]["name"] = json!("x".repeat(101))), "ship_to.name"),
+            (Box::new(|b| b["ship_to"]["postal_code"] = json!("SW1Y_4JH")), "ship_to.postal_code"),
+            (Box::new(|b| b["ship_to"]["line1"] = json!("evil\u{202E}txt")), "ship_to.line1"),
+            (Box::new(|b| b["ship_to"]["line1"] = json!("nul\u{0}byte")), "ship_to.line1"),
             (
                 Box::new(|b| {
                     b["items"] =

@@ -136,11 +136,7 @@ pub struct Outgoing {
 
 impl Outgoing {
     pub fn now(to: Destination, message: Message) -> Outgoing {
-        Outgoing {
-            to,
-            message,
-            delay: Duration::ZERO,
-        }
+        Outgoing { to, message, delay: Duration::ZERO }
     }
 }
 

@@ -56,10 +56,7 @@ pub struct WaitPolicy {
 
 impl Default for WaitPolicy {
     fn default() -> Self {
-        WaitPolicy {
-            base: Duration::from_secs(5),
-            max: Duration::from_secs(300),
-        }
+        WaitPolicy { base: Duration::from_secs(5), max: Duration::from_secs(300) }
     }
 }
 

@@ -12,7 +12,8 @@
 //!   order is in flight (Pending or Processing), and while an operator alert is not yet known to
 //!   be published. It is what the sparse expiry index holds, so finished records leave it.
 //! - `last_input` names the message whose handling produced this revision, so a redelivery of
-//!   that same message (its handler crashed after writing) can redo the lost side effects.
+//!   that same message (its handler died after writing) can redo the lost side effects, while a
+//!   second copy of it changes nothing.
 //!
 //! [`StateRecord::check`] states the invariants; every transition keeps them.
 
@@ -147,17 +148,25 @@ pub enum AlertDelivery {
     Sent,
 }
 
-/// Which message produced the current revision, for recognising its redelivery.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What produced the current revision, for recognising the redelivery of the same message.
+///
+/// A queue message is named by the id the queue gave it, which stays the same when it is
+/// delivered again after its consumer failed. A second copy of a message (an agent that sent
+/// its reply twice) has another id: it is a duplicate to ignore, not a redelivery to finish.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InputRef {
     Submit,
-    /// A start message for this attempt was claimed.
-    Claim(u64),
-    /// A reply from this attempt was recorded.
-    Reply(u64),
+    /// The queue message with this id (a start message claimed, or a reply recorded).
+    Message(String),
     /// The supervisor acted on an expired lease.
     Expire,
+}
+
+impl InputRef {
+    pub fn is_message(&self, id: &str) -> bool {
+        matches!(self, InputRef::Message(m) if m == id)
+    }
 }
 
 /// What happened to an order, when: the timeline the status API shows.
@@ -226,10 +235,7 @@ impl StateRecord {
         correlation_id: String,
         now: Timestamp,
     ) -> StateRecord {
-        let first_budget = workflow
-            .steps()
-            .first()
-            .map_or(Duration::ZERO, |s| s.budget);
+        let first_budget = workflow.steps().first().map_or(Duration::ZERO, |s| s.budget);
         let mut record = StateRecord {
             order_id,
             workflow: workflow.name().to_owned(),
@@ -299,12 +305,7 @@ impl StateRecord {
         step: Option<String>,
         limit: usize,
     ) {
-        self.timeline.push(TimelineEntry {
-            at,
-            what,
-            attempt: self.attempt,
-            step,
-        });
+        self.timeline.push(TimelineEntry { at, what, attempt: self.attempt, step });
         let limit = limit.max(2);
         if self.timeline.len() > limit {
             let excess = self.timeline.len() - limit;
@@ -315,10 +316,8 @@ impl StateRecord {
     /// Checks the invariants every stored record satisfies. Adapters run it on what they read;
     /// tests and the simulation run it after every transition.
     pub fn check(&self) -> Result<(), String> {
-        let in_flight = matches!(
-            self.process_state,
-            ProcessState::Pending | ProcessState::Processing
-        );
+        let in_flight =
+            matches!(self.process_state, ProcessState::Pending | ProcessState::Processing);
         let fail = |msg: &str| {
             Err(format!(
                 "{} ({:?} attempt {}): {msg}",
@@ -348,9 +347,7 @@ impl StateRecord {
                         return fail("moving forward with a failure cause");
                     }
                     if current != StepStatus::NotStarted
-                        || self.steps[..self.cursor]
-                            .iter()
-                            .any(|s| s.status != StepStatus::Done)
+                        || self.steps[..self.cursor].iter().any(|s| s.status != StepStatus::Done)
                         || self.steps[self.cursor..]
                             .iter()
                             .any(|s| s.status != StepStatus::NotStarted)
@@ -365,9 +362,7 @@ impl StateRecord {
                     if current != StepStatus::ToUndo {
                         return fail("undoing a step that is not queued for undo");
                     }
-                    if self.steps[self.cursor + 1..]
-                        .iter()
-                        .any(|s| s.status == StepStatus::ToUndo)
+                    if self.steps[self.cursor + 1..].iter().any(|s| s.status == StepStatus::ToUndo)
                     {
                         return fail("undo out of reverse order");
                     }

@@ -78,23 +78,12 @@ mod tests {
         assert_eq!(t.plus(Duration::from_secs(1)).as_millis(), 2_000);
         assert_eq!(t.minus(Duration::from_secs(2)).as_millis(), -1_000);
         assert_eq!(t.until(Timestamp::from_millis(500)), Duration::ZERO);
-        assert_eq!(
-            t.until(Timestamp::from_millis(1_250)),
-            Duration::from_millis(250)
-        );
-        assert_eq!(
-            Timestamp::from_millis(i64::MAX)
-                .plus(Duration::MAX)
-                .as_millis(),
-            i64::MAX
-        );
+        assert_eq!(t.until(Timestamp::from_millis(1_250)), Duration::from_millis(250));
+        assert_eq!(Timestamp::from_millis(i64::MAX).plus(Duration::MAX).as_millis(), i64::MAX);
     }
 
     #[test]
     fn formats_as_rfc3339_millis() {
-        assert_eq!(
-            Timestamp::from_millis(1_500).to_rfc3339(),
-            "1970-01-01T00:00:01.500Z"
-        );
+        assert_eq!(Timestamp::from_millis(1_500).to_rfc3339(), "1970-01-01T00:00:01.500Z");
     }
 }

@@ -53,10 +53,7 @@ impl Step {
     pub fn action(&self, direction: Direction) -> Option<(&str, Duration)> {
         match direction {
             Direction::Do => Some((&self.name, self.budget)),
-            Direction::Undo => self
-                .compensation
-                .as_ref()
-                .map(|c| (c.action.as_str(), c.budget)),
+            Direction::Undo => self.compensation.as_ref().map(|c| (c.action.as_str(), c.budget)),
         }
     }
 }
@@ -126,30 +123,16 @@ impl Workflow {
                         invalid(format!("compensation of {:?}: action {e}", s.name))
                     })?;
                     if c.action == s.name {
-                        return Err(invalid(format!(
-                            "step {:?} cannot compensate itself",
-                            s.name
-                        )));
+                        return Err(invalid(format!("step {:?} cannot compensate itself", s.name)));
                     }
                     let budget = parse_budget(c.budget_seconds)
                         .map_err(|e| invalid(format!("compensation of {:?}: {e}", s.name)))?;
-                    Some(Compensation {
-                        action: c.action.clone(),
-                        budget,
-                    })
+                    Some(Compensation { action: c.action.clone(), budget })
                 }
             };
-            steps.push(Step {
-                name: s.name.clone(),
-                agent,
-                budget,
-                compensation,
-            });
+            steps.push(Step { name: s.name.clone(), agent, budget, compensation });
         }
-        Ok(Workflow {
-            name: spec.name,
-            steps,
-        })
+        Ok(Workflow { name: spec.name, steps })
     }
 
     pub fn name(&self) -> &str {
@@ -207,15 +190,9 @@ fn parse_budget(seconds: Option<u64>) -> Result<Duration, String> {
 fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 40
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{name:?} must be 1 to 40 of a-z, 0-9 and '-'"))
-    }
+    if ok { Ok(()) } else { Err(format!("{name:?} must be 1 to 40 of a-z, 0-9 and '-'")) }
 }
 
 #[cfg(test)]
@@ -223,9 +200,7 @@ mod tests {
     use super::*;
 
     fn agents() -> Vec<AgentName> {
-        ["inventory", "payment", "shipping"]
-            .map(AgentName::new)
-            .to_vec()
+        ["inventory", "payment", "shipping"].map(AgentName::new).to_vec()
     }
 
     #[test]
@@ -248,20 +223,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(w.step(0).unwrap().budget, DEFAULT_BUDGET);
-        assert_eq!(
-            w.step(0).unwrap().compensation.as_ref().unwrap().budget,
-            DEFAULT_BUDGET
-        );
+        assert_eq!(w.step(0).unwrap().compensation.as_ref().unwrap().budget, DEFAULT_BUDGET);
     }
 
     #[test]
     fn bad_workflows_fail_at_load_with_a_reason() {
         let cases = [
             (r#"{"name":"w","steps":[]}"#, "at least one step"),
-            (
-                r#"{"name":"w","steps":[{"name":"a","agent":"fax"}]}"#,
-                "not deployed",
-            ),
+            (r#"{"name":"w","steps":[{"name":"a","agent":"fax"}]}"#, "not deployed"),
             (
                 r#"{"name":"w","steps":[{"name":"a","agent":"payment"},{"name":"a","agent":"payment"}]}"#,
                 "twice",
@@ -274,10 +243,7 @@ mod tests {
                 r#"{"name":"w","steps":[{"name":"a","agent":"payment","budget_seconds":901}]}"#,
                 "budget",
             ),
-            (
-                r#"{"name":"w","steps":[{"name":"A B","agent":"payment"}]}"#,
-                "step name",
-            ),
+            (r#"{"name":"w","steps":[{"name":"A B","agent":"payment"}]}"#, "step name"),
             (
                 r#"{"name":"w","steps":[{"name":"a","agent":"payment","compensation":{"action":"a"}}]}"#,
                 "itself",
@@ -286,15 +252,10 @@ mod tests {
                 r#"{"name":"w","steps":[{"name":"a","agent":"payment","retries":3}]}"#,
                 "unknown field",
             ),
-            (
-                r#"{"name":"","steps":[{"name":"a","agent":"payment"}]}"#,
-                "workflow name",
-            ),
+            (r#"{"name":"","steps":[{"name":"a","agent":"payment"}]}"#, "workflow name"),
         ];
         for (json, expected) in cases {
-            let err = Workflow::from_json(json, &agents())
-                .unwrap_err()
-                .to_string();
+            let err = Workflow::from_json(json, &agents()).unwrap_err().to_string();
             assert!(err.contains(expected), "{json}: {err}");
         }
     }

@@ -41,11 +41,7 @@ impl Fixture {
     }
 
     fn ctx(&self, now: Timestamp) -> Ctx<'_> {
-        Ctx {
-            now,
-            config: &self.config,
-            workflow: &self.workflow,
-        }
+        Ctx { now, config: &self.config, workflow: &self.workflow }
     }
 
     fn new_record(&self) -> StateRecord {
@@ -70,47 +66,30 @@ impl Fixture {
     }
 
     fn claim(&self, record: &StateRecord, now: Timestamp) -> StateRecord {
-        self.apply(
-            record,
-            Input::Claim {
-                attempt: record.attempt,
-                owner: "scheduler-a",
-            },
-            now,
-        )
-        .next
+        let message = format!("start-{}", record.attempt);
+        let input =
+            Input::Claim { attempt: record.attempt, owner: "scheduler-a", message: &message };
+        self.apply(record, input, now).next
     }
 
     fn reply(&self, record: &StateRecord, outcome: StepOutcome, now: Timestamp) -> Transition {
         let step = step_ref(record);
-        self.apply(
-            record,
-            Input::Reply {
-                attempt: record.attempt,
-                step: &step,
-                outcome: &outcome,
-            },
-            now,
-        )
+        let message = format!("reply-{}", record.attempt);
+        let input = Input::Reply {
+            attempt: record.attempt,
+            step: &step,
+            outcome: &outcome,
+            message: &message,
+        };
+        self.apply(record, input, now)
     }
 
     fn done(&self, record: &StateRecord, now: Timestamp) -> StateRecord {
-        self.reply(
-            record,
-            StepOutcome::done(json!({"ref": record.cursor})),
-            now,
-        )
-        .next
+        self.reply(record, StepOutcome::done(json!({"ref": record.cursor})), now).next
     }
 
     fn expire(&self, record: &StateRecord, now: Timestamp) -> Transition {
-        self.apply(
-            record,
-            Input::Expire {
-                complete_by: record.complete_by.unwrap(),
-            },
-            now,
-        )
+        self.apply(record, Input::Expire { complete_by: record.complete_by.unwrap() }, now)
     }
 }
 
@@ -125,13 +104,7 @@ fn step_ref(record: &StateRecord) -> StepRef {
 fn statuses(effects: &[Effect]) -> Vec<StatusKind> {
     effects
         .iter()
-        .filter_map(|e| {
-            if let Effect::Status { kind, .. } = e {
-                Some(*kind)
-            } else {
-                None
-            }
-        })
+        .filter_map(|e| if let Effect::Status { kind, .. } = e { Some(*kind) } else { None })
         .collect()
 }
 
@@ -148,10 +121,7 @@ fn a_new_order_is_pending_with_a_deadline_for_its_claim() {
     let f = Fixture::new();
     let r = f.new_record();
     r.check().unwrap();
-    assert_eq!(
-        (r.process_state, r.attempt, r.failure_count),
-        (ProcessState::Pending, 0, 0)
-    );
+    assert_eq!((r.process_state, r.attempt, r.failure_count), (ProcessState::Pending, 0, 0));
     assert_eq!(r.locked_by, None);
     // claim grace (30 s) + the first step's budget (30 s)
     assert_eq!(r.complete_by, Some(T0.plus(secs(60))));
@@ -163,10 +133,7 @@ fn a_claim_leases_the_current_step_and_dispatches_it() {
     let r = f.new_record();
     let t = f.apply(
         &r,
-        Input::Claim {
-            attempt: 0,
-            owner: "scheduler-a",
-        },
+        Input::Claim { attempt: 0, owner: "scheduler-a", message: "start-copy" },
         T0.plus(secs(1)),
     );
     assert_eq!(t.next.process_state, ProcessState::Processing);
@@ -176,13 +143,7 @@ fn a_claim_leases_the_current_step_and_dispatches_it() {
     assert_eq!(t.next.complete_by, r.complete_by);
     assert_eq!(
         t.effects,
-        vec![
-            Effect::Status {
-                kind: StatusKind::Processing,
-                step: None
-            },
-            Effect::Dispatch
-        ]
+        vec![Effect::Status { kind: StatusKind::Processing, step: None }, Effect::Dispatch]
     );
 }
 
@@ -200,46 +161,33 @@ fn duplicate_start_messages_lead_to_exactly_one_claim() {
     let f = Fixture::new();
     let r = f.new_record();
     let claimed = f.claim(&r, T0);
-    // The same start message again: the claim is already written, its dispatch is redone.
-    let again = f.decide(
-        &claimed,
-        Input::Claim {
-            attempt: 0,
-            owner: "scheduler-b",
-        },
-        T0,
+    // The same start message delivered again (its handler died after writing): the claim is
+    // written, its dispatch is redone.
+    let again = Input::Claim { attempt: 0, owner: "scheduler-b", message: "start-0" };
+    assert_eq!(f.decide(&claimed, again, T0), Decision::Replay(vec![Effect::Dispatch]));
+    // A second copy of the start message (another queue message) is a duplicate: ignored.
+    assert_eq!(
+        f.decide(
+            &claimed,
+            Input::Claim { attempt: 0, owner: "scheduler-b", message: "start-copy" },
+            T0
+        ),
+        Decision::Ignore(Ignored::Stale { received: 0, current: 1 })
     );
-    assert_eq!(again, Decision::Replay(vec![Effect::Dispatch]));
     // After the order moved on, the old start message changes nothing at all.
     let moved = f.done(&claimed, T0.plus(secs(2)));
     assert_eq!(
         f.decide(
             &moved,
-            Input::Claim {
-                attempt: 0,
-                owner: "scheduler-b"
-            },
+            Input::Claim { attempt: 0, owner: "scheduler-b", message: "start-copy" },
             T0
         ),
-        Decision::Ignore(Ignored::Stale {
-            received: 0,
-            current: 2
-        })
+        Decision::Ignore(Ignored::Stale { received: 0, current: 2 })
     );
     // A start for an attempt the order never had is stale too.
     assert_eq!(
-        f.decide(
-            &r,
-            Input::Claim {
-                attempt: 7,
-                owner: "scheduler-b"
-            },
-            T0
-        ),
-        Decision::Ignore(Ignored::Stale {
-            received: 7,
-            current: 0
-        })
+        f.decide(&r, Input::Claim { attempt: 7, owner: "scheduler-b", message: "start-copy" }, T0),
+        Decision::Ignore(Ignored::Stale { received: 7, current: 0 })
     );
 }
 
@@ -248,18 +196,11 @@ fn a_done_reply_records_the_step_and_leases_the_next_in_one_write() {
     let f = Fixture::new();
     let claimed = f.claim(&f.new_record(), T0);
     let now = T0.plus(secs(3));
-    let t = f.reply(
-        &claimed,
-        StepOutcome::done(json!({"reservation": "r-1"})),
-        now,
-    );
+    let t = f.reply(&claimed, StepOutcome::done(json!({"reservation": "r-1"})), now);
     let n = &t.next;
     assert_eq!(n.steps[0].status, StepStatus::Done);
     assert_eq!(n.steps[0].output, Some(json!({"reservation": "r-1"})));
-    assert_eq!(
-        (n.cursor, n.attempt, n.process_state),
-        (1, 2, ProcessState::Processing)
-    );
+    assert_eq!((n.cursor, n.attempt, n.process_state), (1, 2, ProcessState::Processing));
     assert_eq!(n.complete_by, Some(now.plus(secs(30))));
     assert_eq!(statuses(&t.effects), [StatusKind::StepDone]);
     assert_eq!(t.effects.last(), Some(&Effect::Dispatch));
@@ -271,11 +212,7 @@ fn the_three_step_workflow_runs_to_processed() {
     let mut r = f.claim(&f.new_record(), T0);
     r = f.done(&r, T0.plus(secs(1)));
     r = f.done(&r, T0.plus(secs(2)));
-    let t = f.reply(
-        &r,
-        StepOutcome::done(json!({"tracking": "t-9"})),
-        T0.plus(secs(3)),
-    );
+    let t = f.reply(&r, StepOutcome::done(json!({"tracking": "t-9"})), T0.plus(secs(3)));
     let p = &t.next;
     assert_eq!(p.process_state, ProcessState::Processed);
     assert_eq!(
@@ -284,10 +221,7 @@ fn the_three_step_workflow_runs_to_processed() {
         "a finished record leaves the index"
     );
     assert!(p.steps.iter().all(|s| s.status == StepStatus::Done));
-    assert_eq!(
-        statuses(&t.effects),
-        [StatusKind::StepDone, StatusKind::Processed]
-    );
+    assert_eq!(statuses(&t.effects), [StatusKind::StepDone, StatusKind::Processed]);
     assert_eq!(alerts(&t.effects), 0);
 }
 
@@ -324,31 +258,16 @@ fn a_permanent_failure_of_payment_releases_the_inventory() {
     let t = f.reply(&r, StepOutcome::failed("card declined"), T0.plus(secs(2)));
     let c = &t.next;
     assert_eq!(c.phase, Phase::Compensating);
-    assert_eq!(
-        step_statuses(c),
-        [
-            StepStatus::ToUndo,
-            StepStatus::Failed,
-            StepStatus::NotStarted
-        ]
-    );
+    assert_eq!(step_statuses(c), [StepStatus::ToUndo, StepStatus::Failed, StepStatus::NotStarted]);
     assert_eq!((c.cursor, c.process_state), (0, ProcessState::Processing));
     assert_eq!(statuses(&t.effects), [StatusKind::Compensating]);
     assert_eq!(t.effects.last(), Some(&Effect::Dispatch));
 
-    let t = f.reply(
-        c,
-        StepOutcome::done(json!({"released": true})),
-        T0.plus(secs(3)),
-    );
+    let t = f.reply(c, StepOutcome::done(json!({"released": true})), T0.plus(secs(3)));
     assert_eq!(t.next.process_state, ProcessState::Error);
     assert_eq!(
         step_statuses(&t.next),
-        [
-            StepStatus::Undone,
-            StepStatus::Failed,
-            StepStatus::NotStarted
-        ]
+        [StepStatus::Undone, StepStatus::Failed, StepStatus::NotStarted]
     );
     assert!(t.next.needs_manual_undo().is_empty());
     assert_eq!(statuses(&t.effects), [StatusKind::Compensated]);
@@ -361,29 +280,13 @@ fn a_permanent_failure_of_shipping_refunds_then_releases() {
     let mut r = f.claim(&f.new_record(), T0);
     r = f.done(&r, T0.plus(secs(1)));
     r = f.done(&r, T0.plus(secs(2)));
-    r = f
-        .reply(
-            &r,
-            StepOutcome::failed("address undeliverable"),
-            T0.plus(secs(3)),
-        )
-        .next;
-    assert_eq!(
-        step_statuses(&r),
-        [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::Failed]
-    );
+    r = f.reply(&r, StepOutcome::failed("address undeliverable"), T0.plus(secs(3))).next;
+    assert_eq!(step_statuses(&r), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::Failed]);
     assert_eq!(r.cursor, 1, "the last completed step is undone first");
     assert_eq!(step_ref(&r).direction, Direction::Undo);
     let refunded = f.done(&r, T0.plus(secs(4)));
-    assert_eq!(
-        (refunded.cursor, refunded.process_state),
-        (0, ProcessState::Processing)
-    );
-    assert_eq!(
-        refunded.attempt,
-        r.attempt + 1,
-        "each undo is its own lease"
-    );
+    assert_eq!((refunded.cursor, refunded.process_state), (0, ProcessState::Processing));
+    assert_eq!(refunded.attempt, r.attempt + 1, "each undo is its own lease");
     let t = f.reply(&refunded, StepOutcome::done(json!({})), T0.plus(secs(5)));
     assert_eq!(
         step_statuses(&t.next),
@@ -398,27 +301,12 @@ fn a_refused_undo_does_not_stop_the_others_and_is_reported() {
     let mut r = f.claim(&f.new_record(), T0);
     r = f.done(&r, T0.plus(secs(1)));
     r = f.done(&r, T0.plus(secs(2)));
-    r = f
-        .reply(&r, StepOutcome::failed("no carrier"), T0.plus(secs(3)))
-        .next;
-    r = f
-        .reply(
-            &r,
-            StepOutcome::failed("refund window closed"),
-            T0.plus(secs(4)),
-        )
-        .next;
-    assert_eq!(
-        (r.cursor, r.phase),
-        (0, Phase::Compensating),
-        "inventory is still released"
-    );
+    r = f.reply(&r, StepOutcome::failed("no carrier"), T0.plus(secs(3))).next;
+    r = f.reply(&r, StepOutcome::failed("refund window closed"), T0.plus(secs(4))).next;
+    assert_eq!((r.cursor, r.phase), (0, Phase::Compensating), "inventory is still released");
     let t = f.reply(&r, StepOutcome::done(json!({})), T0.plus(secs(5)));
     assert_eq!(t.next.needs_manual_undo(), ["charge-payment"]);
-    assert_eq!(
-        t.next.steps[1].detail.as_deref(),
-        Some("refund window closed")
-    );
+    assert_eq!(t.next.steps[1].detail.as_deref(), Some("refund window closed"));
     assert_eq!(statuses(&t.effects), [StatusKind::Failed]);
     assert_eq!(alerts(&t.effects), 1);
 }
@@ -433,17 +321,10 @@ fn replies_from_other_attempts_change_nothing() {
         assert_eq!(
             f.decide(
                 &r,
-                Input::Reply {
-                    attempt,
-                    step: &step,
-                    outcome: &done
-                },
+                Input::Reply { attempt, step: &step, outcome: &done, message: "reply-x" },
                 T0
             ),
-            Decision::Ignore(Ignored::Stale {
-                received: attempt,
-                current: r.attempt
-            })
+            Decision::Ignore(Ignored::Stale { received: attempt, current: r.attempt })
         );
     }
 }
@@ -458,26 +339,17 @@ fn a_stale_reply_is_rejected_after_the_supervisor_reset_the_order() {
     let reset = f.expire(&r, expired_at).next;
     assert_eq!(reset.process_state, ProcessState::Pending);
     let late = StepOutcome::done(json!({}));
-    let input = Input::Reply {
-        attempt: old_attempt,
-        step: &old_step,
-        outcome: &late,
-    };
+    let input =
+        Input::Reply { attempt: old_attempt, step: &old_step, outcome: &late, message: "reply-x" };
     assert_eq!(
         f.decide(&reset, input, expired_at),
-        Decision::Ignore(Ignored::Stale {
-            received: old_attempt,
-            current: reset.attempt
-        })
+        Decision::Ignore(Ignored::Stale { received: old_attempt, current: reset.attempt })
     );
     // And once the step is claimed again, the old attempt still cannot complete it.
     let reclaimed = f.claim(&reset, expired_at.plus(secs(6)));
     assert_eq!(
         f.decide(&reclaimed, input, expired_at.plus(secs(7))),
-        Decision::Ignore(Ignored::Stale {
-            received: old_attempt,
-            current: reclaimed.attempt
-        })
+        Decision::Ignore(Ignored::Stale { received: old_attempt, current: reclaimed.attempt })
     );
 }
 
@@ -486,34 +358,29 @@ fn illegal_inputs_are_typed_outcomes() {
     let f = Fixture::new();
     let r = f.claim(&f.new_record(), T0);
     let done = StepOutcome::done(json!({}));
-    let wrong_step = StepRef {
-        index: 1,
-        name: "charge-payment".into(),
-        direction: Direction::Do,
-    };
+    let wrong_step = StepRef { index: 1, name: "charge-payment".into(), direction: Direction::Do };
     assert!(matches!(
         f.decide(
             &r,
             Input::Reply {
                 attempt: r.attempt,
                 step: &wrong_step,
-                outcome: &done
+                outcome: &done,
+                message: "reply-x"
             },
             T0
         ),
         Decision::Illegal(Illegal::WrongStep { .. })
     ));
-    let wrong_way = StepRef {
-        direction: Direction::Undo,
-        ..step_ref(&r)
-    };
+    let wrong_way = StepRef { direction: Direction::Undo, ..step_ref(&r) };
     assert!(matches!(
         f.decide(
             &r,
             Input::Reply {
                 attempt: r.attempt,
                 step: &wrong_way,
-                outcome: &done
+                outcome: &done,
+                message: "reply-x"
             },
             T0
         ),
@@ -526,16 +393,14 @@ fn illegal_inputs_are_typed_outcomes() {
             Input::Reply {
                 attempt: 0,
                 step: &step_ref(&pending),
-                outcome: &done
+                outcome: &done,
+                message: "reply-x"
             },
             T0
         ),
         Decision::Illegal(Illegal::NotDispatched { attempt: 0 })
     );
-    assert_eq!(
-        f.decide(&r, Input::AlertSent, T0),
-        Decision::Illegal(Illegal::NoAlert)
-    );
+    assert_eq!(f.decide(&r, Input::AlertSent, T0), Decision::Illegal(Illegal::NoAlert));
 }
 
 #[test]
@@ -551,19 +416,9 @@ fn terminal_states_ignore_late_and_duplicate_events() {
     let done = StepOutcome::done(json!({}));
     let far = T0.plus(secs(10_000));
     let late = [
-        Input::Claim {
-            attempt: 0,
-            owner: "x",
-        },
-        Input::Claim {
-            attempt: processed.attempt,
-            owner: "x",
-        },
-        Input::Reply {
-            attempt: 1,
-            step: &first,
-            outcome: &done,
-        },
+        Input::Claim { attempt: 0, owner: "x", message: "start-copy" },
+        Input::Claim { attempt: processed.attempt, owner: "x", message: "start-copy" },
+        Input::Reply { attempt: 1, step: &first, outcome: &done, message: "reply-x" },
         Input::Expire { complete_by: T0 },
     ];
     for input in late {
@@ -580,46 +435,27 @@ fn terminal_states_ignore_late_and_duplicate_events() {
             Input::Reply {
                 attempt: last_attempt,
                 step: &last_step,
-                outcome: &done
+                outcome: &done,
+                message: &format!("reply-{last_attempt}")
             },
             far
         ),
-        Decision::Replay(vec![Effect::Status {
-            kind: StatusKind::Processed,
-            step: None
-        }])
+        Decision::Replay(vec![Effect::Status { kind: StatusKind::Processed, step: None }])
     );
-    assert_eq!(
-        f.decide(&processed, Input::AlertSent, far),
-        Decision::Illegal(Illegal::NoAlert)
-    );
+    assert_eq!(f.decide(&processed, Input::AlertSent, far), Decision::Illegal(Illegal::NoAlert));
 
     // An Error whose alert went out ignores everything, including the supervisor.
-    let failed = f
-        .reply(&f.claim(&f.new_record(), T0), StepOutcome::failed("no"), T0)
-        .next;
+    let failed = f.reply(&f.claim(&f.new_record(), T0), StepOutcome::failed("no"), T0).next;
     let sent = f.apply(&failed, Input::AlertSent, T0).next;
     assert_eq!(sent.alert, Some(AlertDelivery::Sent));
-    assert_eq!(
-        sent.complete_by, None,
-        "leaves the index once the alert is out"
-    );
+    assert_eq!(sent.complete_by, None, "leaves the index once the alert is out");
     for input in [
-        Input::Claim {
-            attempt: sent.attempt,
-            owner: "x",
-        },
+        Input::Claim { attempt: sent.attempt, owner: "x", message: "start-copy" },
         Input::Expire { complete_by: T0 },
     ] {
-        assert_eq!(
-            f.decide(&sent, input, far),
-            Decision::Ignore(Ignored::Terminal)
-        );
+        assert_eq!(f.decide(&sent, input, far), Decision::Ignore(Ignored::Terminal));
     }
-    assert_eq!(
-        f.decide(&sent, Input::AlertSent, far),
-        Decision::Ignore(Ignored::AlertAlreadySent)
-    );
+    assert_eq!(f.decide(&sent, Input::AlertSent, far), Decision::Ignore(Ignored::AlertAlreadySent));
 }
 
 #[test]
@@ -628,25 +464,15 @@ fn a_redelivered_reply_after_error_replays_the_alert_only_until_it_is_sent() {
     let r = f.claim(&f.new_record(), T0);
     let step = step_ref(&r);
     let no = StepOutcome::failed("no");
-    let input = Input::Reply {
-        attempt: r.attempt,
-        step: &step,
-        outcome: &no,
-    };
+    let input = Input::Reply { attempt: r.attempt, step: &step, outcome: &no, message: "reply-x" };
     let failed = f.apply(&r, input, T0).next;
-    let failed_event = Effect::Status {
-        kind: StatusKind::Failed,
-        step: None,
-    };
+    let failed_event = Effect::Status { kind: StatusKind::Failed, step: None };
     assert_eq!(
         f.decide(&failed, input, T0),
         Decision::Replay(vec![failed_event.clone(), Effect::Alert])
     );
     let sent = f.apply(&failed, Input::AlertSent, T0).next;
-    assert_eq!(
-        f.decide(&sent, input, T0),
-        Decision::Replay(vec![failed_event])
-    );
+    assert_eq!(f.decide(&sent, input, T0), Decision::Replay(vec![failed_event]));
 }
 
 #[test]
@@ -655,39 +481,21 @@ fn the_supervisor_leaves_a_lease_alone_until_complete_by_passes() {
     let r = f.claim(&f.new_record(), T0);
     let cb = r.complete_by.unwrap();
     assert_eq!(
-        f.decide(
-            &r,
-            Input::Expire { complete_by: cb },
-            cb.minus(Duration::from_millis(1))
-        ),
-        Decision::Ignore(Ignored::NotExpired {
-            complete_by: Some(cb)
-        })
+        f.decide(&r, Input::Expire { complete_by: cb }, cb.minus(Duration::from_millis(1))),
+        Decision::Ignore(Ignored::NotExpired { complete_by: Some(cb) })
     );
     // An index entry older than the record (the index lags) is not acted on.
     assert_eq!(
-        f.decide(
-            &r,
-            Input::Expire {
-                complete_by: cb.minus(secs(5))
-            },
-            cb.plus(secs(5))
-        ),
+        f.decide(&r, Input::Expire { complete_by: cb.minus(secs(5)) }, cb.plus(secs(5))),
         Decision::Ignore(Ignored::Moved)
     );
-    assert!(matches!(
-        f.decide(&r, Input::Expire { complete_by: cb }, cb),
-        Decision::Apply(_)
-    ));
+    assert!(matches!(f.decide(&r, Input::Expire { complete_by: cb }, cb), Decision::Apply(_)));
 }
 
 #[test]
 fn an_expired_lease_is_reset_to_pending_with_a_wait_that_grows() {
     let f = Fixture {
-        config: EngineConfig {
-            failure_threshold: 10,
-            ..Fixture::new().config
-        },
+        config: EngineConfig { failure_threshold: 10, ..Fixture::new().config },
         ..Fixture::new()
     };
     let mut r = f.claim(&f.new_record(), T0);
@@ -703,15 +511,8 @@ fn an_expired_lease_is_reset_to_pending_with_a_wait_that_grows() {
             (n.process_state, n.failure_count, n.locked_by.as_ref()),
             (ProcessState::Pending, failures, None)
         );
-        assert_eq!(
-            n.attempt,
-            r.attempt + 1,
-            "the reset fences out the expired attempt"
-        );
-        assert_eq!(
-            n.complete_by,
-            Some(now.plus(wait).plus(f.config.claim_grace).plus(secs(30)))
-        );
+        assert_eq!(n.attempt, r.attempt + 1, "the reset fences out the expired attempt");
+        assert_eq!(n.complete_by, Some(now.plus(wait).plus(f.config.claim_grace).plus(secs(30))));
         assert_eq!(t.effects, vec![Effect::Kick { delay: wait }]);
         r = f.claim(n, now.plus(wait));
     }
@@ -728,12 +529,7 @@ fn an_unclaimed_pending_order_is_rescheduled() {
         (t.next.process_state, t.next.failure_count, t.next.attempt),
         (ProcessState::Pending, 1, 1)
     );
-    assert_eq!(
-        t.effects,
-        vec![Effect::Kick {
-            delay: f.config.wait.wait(1)
-        }]
-    );
+    assert_eq!(t.effects, vec![Effect::Kick { delay: f.config.wait.wait(1) }]);
 }
 
 #[test]
@@ -756,10 +552,7 @@ fn at_the_threshold_a_step_with_nothing_to_undo_goes_to_error_with_one_alert() {
     assert_eq!(t.next.failure_count, f.config.failure_threshold);
     assert_eq!(
         t.next.cause,
-        Some(Cause::StepTimedOut {
-            step: "ship".into(),
-            failures: f.config.failure_threshold
-        })
+        Some(Cause::StepTimedOut { step: "ship".into(), failures: f.config.failure_threshold })
     );
     assert_eq!(
         t.next.needs_manual_undo(),
@@ -782,40 +575,17 @@ fn at_the_threshold_completed_steps_and_the_uncertain_one_are_compensated() {
     }
     let t = f.expire(&r, r.complete_by.unwrap());
     let c = &t.next;
-    assert_eq!(
-        (c.phase, c.process_state),
-        (Phase::Compensating, ProcessState::Pending)
-    );
+    assert_eq!((c.phase, c.process_state), (Phase::Compensating, ProcessState::Pending));
     // The charge may have gone through with its answer lost: it is refunded too.
-    assert_eq!(
-        step_statuses(c),
-        [
-            StepStatus::ToUndo,
-            StepStatus::ToUndo,
-            StepStatus::NotStarted
-        ]
-    );
+    assert_eq!(step_statuses(c), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::NotStarted]);
     assert_eq!((c.cursor, c.failure_count), (1, 0));
-    assert_eq!(
-        alerts(&t.effects),
-        0,
-        "the alert comes once, when the order ends"
-    );
-    assert_eq!(
-        t.effects.last(),
-        Some(&Effect::Kick {
-            delay: Duration::ZERO
-        })
-    );
+    assert_eq!(alerts(&t.effects), 0, "the alert comes once, when the order ends");
+    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: Duration::ZERO }));
 
     let mut r = f.claim(c, c.updated_at);
     assert_eq!(
         step_ref(&r),
-        StepRef {
-            index: 1,
-            name: "charge-payment".into(),
-            direction: Direction::Undo
-        }
+        StepRef { index: 1, name: "charge-payment".into(), direction: Direction::Undo }
     );
     r = f.done(&r, r.updated_at);
     let t = f.reply(&r, StepOutcome::done(json!({})), r.updated_at);
@@ -844,16 +614,10 @@ fn an_undo_that_keeps_timing_out_is_left_to_the_operator() {
 #[test]
 fn an_unconfirmed_alert_is_published_again_by_one_supervisor() {
     let f = Fixture::new();
-    let failed = f
-        .reply(&f.claim(&f.new_record(), T0), StepOutcome::failed("no"), T0)
-        .next;
+    let failed = f.reply(&f.claim(&f.new_record(), T0), StepOutcome::failed("no"), T0).next;
     let due = failed.complete_by.unwrap();
     assert!(matches!(
-        f.decide(
-            &failed,
-            Input::Expire { complete_by: due },
-            due.minus(secs(1))
-        ),
+        f.decide(&failed, Input::Expire { complete_by: due }, due.minus(secs(1))),
         Decision::Ignore(_)
     ));
     let t = f.expire(&failed, due);
@@ -876,17 +640,10 @@ fn status_events_follow_the_configuration() {
     f.config.status_events = crate::events::StatusKinds::default();
     let t = f.apply(
         &f.new_record(),
-        Input::Claim {
-            attempt: 0,
-            owner: "s",
-        },
+        Input::Claim { attempt: 0, owner: "s", message: "start-copy" },
         T0,
     );
-    assert_eq!(
-        t.effects,
-        vec![Effect::Dispatch],
-        "processing is not a terminal kind"
-    );
+    assert_eq!(t.effects, vec![Effect::Dispatch], "processing is not a terminal kind");
     f.config.status_events = crate::events::StatusKinds::none();
     let r = f.claim(&f.new_record(), T0);
     let t = f.reply(&r, StepOutcome::failed("no"), T0);
@@ -896,11 +653,7 @@ fn status_events_follow_the_configuration() {
 #[test]
 fn the_timeline_keeps_the_first_and_latest_entries() {
     let f = Fixture {
-        config: EngineConfig {
-            failure_threshold: 50,
-            timeline_limit: 5,
-            ..Fixture::new().config
-        },
+        config: EngineConfig { failure_threshold: 50, timeline_limit: 5, ..Fixture::new().config },
         ..Fixture::new()
     };
     let mut r = f.claim(&f.new_record(), T0);

@@ -95,10 +95,7 @@ impl EventBus for MemoryBus {
             ));
         }
         // EventBridge counts more than these two fields, but they are all the engine varies.
-        let bytes: usize = events
-            .iter()
-            .map(|e| e.detail_type.len() + e.detail.len())
-            .sum();
+        let bytes: usize = events.iter().map(|e| e.detail_type.len() + e.detail.len()).sum();
         if bytes > MAX_PUBLISH_BYTES {
             return Err(Error::rejected(
                 SERVICE,
@@ -202,10 +199,7 @@ mod tests {
         let bus = MemoryBus::new();
         bus.reject_next_entries(3);
         let first = bus.publish(&batch(0..2)).await.unwrap();
-        assert_eq!(
-            first.failed,
-            [(0, ENTRY_FAILURE.to_owned()), (1, ENTRY_FAILURE.to_owned())]
-        );
+        assert_eq!(first.failed, [(0, ENTRY_FAILURE.to_owned()), (1, ENTRY_FAILURE.to_owned())]);
         let second = bus.publish(&batch(2..5)).await.unwrap();
         assert_eq!(second.failed, [(0, ENTRY_FAILURE.to_owned())]);
         assert_eq!(ids(&bus), ["e-3", "e-4"]);

@@ -16,9 +16,7 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn at(start: Timestamp) -> Self {
-        ManualClock {
-            now: Arc::new(Mutex::new(start)),
-        }
+        ManualClock { now: Arc::new(Mutex::new(start)) }
     }
 
     /// Moves the clock forward.
@@ -60,20 +58,13 @@ pub struct SeqIds {
 
 impl SeqIds {
     pub fn new(prefix: &str) -> Self {
-        SeqIds {
-            prefix: prefix.to_owned(),
-            next: AtomicU64::new(1),
-        }
+        SeqIds { prefix: prefix.to_owned(), next: AtomicU64::new(1) }
     }
 }
 
 impl Ids for SeqIds {
     fn new_id(&self) -> String {
-        format!(
-            "{}-{}",
-            self.prefix,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        )
+        format!("{}-{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -85,9 +76,7 @@ pub struct SplitMix {
 
 impl SplitMix {
     pub fn seeded(seed: u64) -> Self {
-        SplitMix {
-            state: AtomicU64::new(seed),
-        }
+        SplitMix { state: AtomicU64::new(seed) }
     }
 
     pub fn next_u64(&self) -> u64 {

@@ -44,10 +44,7 @@ pub struct QueueSettings {
 impl Default for QueueSettings {
     /// SQS's default visibility timeout (30 s) and a redrive after 5 receives.
     fn default() -> Self {
-        QueueSettings {
-            visibility_timeout: Duration::from_secs(30),
-            max_receive_count: Some(5),
-        }
+        QueueSettings { visibility_timeout: Duration::from_secs(30), max_receive_count: Some(5) }
     }
 }
 
@@ -101,10 +98,7 @@ struct Stored {
 impl<C: Clock> MemoryQueues<C> {
     /// Empty queues reading time from `clock`.
     pub fn new(clock: C) -> Self {
-        MemoryQueues {
-            clock,
-            state: Mutex::new(State::default()),
-        }
+        MemoryQueues { clock, state: Mutex::new(State::default()) }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -114,11 +108,7 @@ impl<C: Clock> MemoryQueues<C> {
     /// Sets the settings of `dest`'s queue, creating it if needed. Messages already on the
     /// queue keep their current visibility; the new timeout applies to later receives.
     pub fn configure(&self, dest: &Destination, settings: QueueSettings) {
-        self.state()
-            .queues
-            .entry(dest.clone())
-            .or_default()
-            .settings = settings;
+        self.state().queues.entry(dest.clone()).or_default().settings = settings;
     }
 
     /// Puts an arbitrary body on `dest`'s queue, as a misbehaving or older producer might, and
@@ -136,11 +126,7 @@ impl<C: Clock> MemoryQueues<C> {
         let max = max.min(MAX_RECEIVE_BATCH);
         let now = self.clock.now();
         let mut state = self.state();
-        let State {
-            queues,
-            next_receipt,
-            ..
-        } = &mut *state;
+        let State { queues, next_receipt, .. } = &mut *state;
         let Some(queue) = queues.get_mut(dest) else {
             return Vec::new();
         };
@@ -163,10 +149,7 @@ impl<C: Clock> MemoryQueues<C> {
             let Some(message) = queue.messages.iter_mut().find(|m| m.seq == seq) else {
                 continue;
             };
-            if settings
-                .max_receive_count
-                .is_some_and(|limit| message.receive_count >= limit)
-            {
+            if settings.max_receive_count.is_some_and(|limit| message.receive_count >= limit) {
                 redriven.push(seq);
                 continue;
             }
@@ -197,10 +180,7 @@ impl<C: Clock> MemoryQueues<C> {
     /// call is rejected and the message stays.
     pub fn delete(&self, dest: &Destination, receipt: &str) -> Result<()> {
         let mut state = self.state();
-        let queue = state
-            .queues
-            .get_mut(dest)
-            .ok_or_else(|| unknown_receipt(receipt))?;
+        let queue = state.queues.get_mut(dest).ok_or_else(|| unknown_receipt(receipt))?;
         let at = queue
             .messages
             .iter()
@@ -229,11 +209,7 @@ impl<C: Clock> MemoryQueues<C> {
         let message = state
             .queues
             .get_mut(dest)
-            .and_then(|q| {
-                q.messages
-                    .iter_mut()
-                    .find(|m| m.receipt.as_deref() == Some(receipt))
-            })
+            .and_then(|q| q.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)))
             .ok_or_else(|| unknown_receipt(receipt))?;
         message.visible_at = now.plus(timeout);
         Ok(())
@@ -275,11 +251,7 @@ impl<C: Clock> MemoryQueues<C> {
 
     /// Bodies moved to the queue's dead-letter list, oldest first.
     pub fn dead_letters(&self, dest: &Destination) -> Vec<String> {
-        self.state()
-            .queues
-            .get(dest)
-            .map(|q| q.dead.clone())
-            .unwrap_or_default()
+        self.state().queues.get(dest).map(|q| q.dead.clone()).unwrap_or_default()
     }
 
     /// Messages ever accepted by the queue, including those since deleted or dead-lettered.
@@ -288,10 +260,7 @@ impl<C: Clock> MemoryQueues<C> {
     }
 
     fn count(&self, dest: &Destination, keep: impl Fn(&Stored) -> bool) -> usize {
-        self.state()
-            .queues
-            .get(dest)
-            .map_or(0, |q| q.messages.iter().filter(|m| keep(m)).count())
+        self.state().queues.get(dest).map_or(0, |q| q.messages.iter().filter(|m| keep(m)).count())
     }
 }
 
@@ -325,10 +294,7 @@ fn check_body(body: &str) -> Result<()> {
     if body.len() > MAX_BODY_BYTES {
         return Err(Error::rejected(
             SERVICE,
-            format!(
-                "message body is {} bytes, above the {MAX_BODY_BYTES} byte limit",
-                body.len()
-            ),
+            format!("message body is {} bytes, above the {MAX_BODY_BYTES} byte limit", body.len()),
         ));
     }
     Ok(())
@@ -374,17 +340,11 @@ impl<C> fmt::Debug for MemoryQueues<C> {
             .queues
             .iter()
             .map(|(dest, q)| {
-                format!(
-                    "{dest:?}: {} queued, {} dead",
-                    q.messages.len(),
-                    q.dead.len()
-                )
+                format!("{dest:?}: {} queued, {} dead", q.messages.len(), q.dead.len())
             })
             .collect();
         queues.sort();
-        f.debug_struct("MemoryQueues")
-            .field("queues", &queues)
-            .finish_non_exhaustive()
+        f.debug_struct("MemoryQueues").field("queues", &queues).finish_non_exhaustive()
     }
 }
 
@@ -416,12 +376,7 @@ mod tests {
     }
 
     async fn send(q: &MemoryQueues<ManualClock>, n: u64, delay: Duration) -> Result<()> {
-        q.send(&[Outgoing {
-            to: Destination::Scheduler,
-            message: start(n),
-            delay,
-        }])
-        .await
+        q.send(&[Outgoing { to: Destination::Scheduler, message: start(n), delay }]).await
     }
 
     const S: Destination = Destination::Scheduler;
@@ -445,9 +400,7 @@ mod tests {
     async fn delays_above_15_minutes_and_oversized_bodies_are_rejected() {
         let (_, q) = setup();
         send(&q, 1, MAX_DELAY).await.unwrap();
-        let err = send(&q, 2, MAX_DELAY + Duration::from_secs(1))
-            .await
-            .unwrap_err();
+        let err = send(&q, 2, MAX_DELAY + Duration::from_secs(1)).await.unwrap_err();
         assert!(matches!(err, Error::Rejected { .. }), "{err}");
         assert!(q.send_raw(&S, "x".repeat(MAX_BODY_BYTES + 1)).is_err());
         assert!(q.send_raw(&S, "x".repeat(MAX_BODY_BYTES)).is_ok());
@@ -458,10 +411,7 @@ mod tests {
     async fn a_send_stops_at_the_first_rejected_message() {
         let (_, q) = setup();
         let ok = Outgoing::now(S, start(1));
-        let bad = Outgoing {
-            delay: Duration::from_secs(901),
-            ..ok.clone()
-        };
+        let bad = Outgoing { delay: Duration::from_secs(901), ..ok.clone() };
         assert!(q.send(&[ok.clone(), bad, ok]).await.is_err());
         assert_eq!(q.sent_count(&S), 1);
     }
@@ -526,10 +476,7 @@ mod tests {
     #[tokio::test]
     async fn without_a_redrive_policy_a_message_comes_back_forever() {
         let (clock, q) = setup();
-        let settings = QueueSettings {
-            max_receive_count: None,
-            ..QueueSettings::default()
-        };
+        let settings = QueueSettings { max_receive_count: None, ..QueueSettings::default() };
         q.configure(&S, settings);
         send(&q, 1, Duration::ZERO).await.unwrap();
         for _ in 0..20 {
@@ -555,8 +502,7 @@ mod tests {
         let (clock, q) = setup();
         send(&q, 1, Duration::ZERO).await.unwrap();
         let receipt = q.receive(&S, 1).remove(0).receipt;
-        q.change_visibility(&S, &receipt, Duration::from_secs(120))
-            .unwrap();
+        q.change_visibility(&S, &receipt, Duration::from_secs(120)).unwrap();
         clock.advance(Duration::from_secs(119));
         assert!(q.receive(&S, 1).is_empty());
         q.change_visibility(&S, &receipt, Duration::ZERO).unwrap();
@@ -566,10 +512,7 @@ mod tests {
             q.change_visibility(&S, &receipt, Duration::ZERO).is_err(),
             "a superseded receipt must not change visibility"
         );
-        assert!(
-            q.change_visibility(&S, &again.receipt, Duration::from_secs(13 * 3600))
-                .is_err()
-        );
+        assert!(q.change_visibility(&S, &again.receipt, Duration::from_secs(13 * 3600)).is_err());
         assert_eq!(q.in_flight_len(&S), 1);
     }
 

@@ -69,10 +69,7 @@ struct State {
 impl<C: Clock> MemoryRemote<C> {
     /// A service that succeeds at everything until scripted otherwise.
     pub fn new(clock: C) -> Self {
-        MemoryRemote {
-            clock,
-            state: Mutex::new(State::default()),
-        }
+        MemoryRemote { clock, state: Mutex::new(State::default()) }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -82,11 +79,7 @@ impl<C: Clock> MemoryRemote<C> {
     /// Appends behaviours for calls of `action`: each call takes the next one, and once they
     /// run out calls succeed.
     pub fn script(&self, action: &str, behaviours: impl IntoIterator<Item = Behaviour>) {
-        self.state()
-            .scripts
-            .entry(action.to_owned())
-            .or_default()
-            .extend(behaviours);
+        self.state().scripts.entry(action.to_owned()).or_default().extend(behaviours);
     }
 
     /// How many calls carried `key`, including those that failed or came too late.
@@ -97,21 +90,12 @@ impl<C: Clock> MemoryRemote<C> {
     /// How many times the effect of `key` took place: 0 or 1, unless deduplication is broken.
     pub fn applications(&self, key: &str) -> u32 {
         let state = self.state();
-        state
-            .by_key
-            .get(key)
-            .and_then(|&at| state.ledger.get(at))
-            .map_or(0, |e| e.applications)
+        state.by_key.get(key).and_then(|&at| state.ledger.get(at)).map_or(0, |e| e.applications)
     }
 
     /// The most applications of any one key; a test asserts it is at most 1.
     pub fn max_applications(&self) -> u32 {
-        self.state()
-            .ledger
-            .iter()
-            .map(|e| e.applications)
-            .max()
-            .unwrap_or(0)
+        self.state().ledger.iter().map(|e| e.applications).max().unwrap_or(0)
     }
 
     /// Whether the effect of `key` took place (a no-op undo counts: it is recorded).
@@ -131,17 +115,14 @@ impl State {
         let key = call.idempotency_key.as_str();
         // The step's other direction shares everything in the key up to the last '/'.
         let counterpart = |direction: Direction| {
-            key.rsplit_once('/')
-                .map(|(step, _)| format!("{step}/{}", direction.as_str()))
+            key.rsplit_once('/').map(|(step, _)| format!("{step}/{}", direction.as_str()))
         };
         let noop = match call.direction {
             Direction::Do => {
                 // Checked before deduplication: once a step is compensated, every `do` of it is
                 // refused, whether or not an earlier one went through.
                 if counterpart(Direction::Undo).is_some_and(|k| self.by_key.contains_key(&k)) {
-                    return Err(RemoteFault::Permanent(
-                        "cancelled: already compensated".into(),
-                    ));
+                    return Err(RemoteFault::Permanent("cancelled: already compensated".into()));
                 }
                 false
             }
@@ -217,9 +198,7 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
 impl<C> fmt::Debug for MemoryRemote<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        f.debug_struct("MemoryRemote")
-            .field("ledger", &state.ledger)
-            .finish_non_exhaustive()
+        f.debug_struct("MemoryRemote").field("ledger", &state.ledger).finish_non_exhaustive()
     }
 }
 
@@ -278,15 +257,9 @@ mod tests {
     #[tokio::test]
     async fn a_repeated_key_answers_the_same_and_applies_once() {
         let (clock, remote) = setup();
-        let first = remote
-            .call(&call(Direction::Do, clock.now()))
-            .await
-            .unwrap();
+        let first = remote.call(&call(Direction::Do, clock.now())).await.unwrap();
         assert_eq!(first, json!({ "ref": "charge-1" }));
-        let again = remote
-            .call(&call(Direction::Do, clock.now()))
-            .await
-            .unwrap();
+        let again = remote.call(&call(Direction::Do, clock.now())).await.unwrap();
         assert_eq!(again, first);
         assert_eq!(remote.calls(&do_key()), 2);
         assert_eq!(remote.applications(&do_key()), 1);
@@ -294,29 +267,17 @@ mod tests {
         assert!(remote.applied(&do_key()));
         let ledger = remote.ledger();
         assert_eq!(ledger.len(), 1);
-        assert_eq!(
-            (ledger[0].action.as_str(), ledger[0].direction),
-            ("charge", Direction::Do)
-        );
+        assert_eq!((ledger[0].action.as_str(), ledger[0].direction), ("charge", Direction::Do));
         assert_eq!(ledger[0].order_id, order_id());
     }
 
     #[tokio::test]
     async fn an_undo_tombstones_the_step_against_a_late_do() {
         let (clock, remote) = setup();
-        let undo = remote
-            .call(&call(Direction::Undo, clock.now()))
-            .await
-            .unwrap();
+        let undo = remote.call(&call(Direction::Undo, clock.now())).await.unwrap();
         assert_eq!(undo, json!({ "ref": "refund-1", "noop": true }));
-        let late = remote
-            .call(&call(Direction::Do, clock.now()))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            late,
-            RemoteFault::Permanent("cancelled: already compensated".into())
-        );
+        let late = remote.call(&call(Direction::Do, clock.now())).await.unwrap_err();
+        assert_eq!(late, RemoteFault::Permanent("cancelled: already compensated".into()));
         assert!(!remote.applied(&do_key()));
         assert_eq!(remote.calls(&do_key()), 1);
         assert_eq!(remote.ledger().len(), 1);
@@ -325,21 +286,10 @@ mod tests {
     #[tokio::test]
     async fn an_undo_after_a_do_is_a_real_compensation_and_blocks_repeats() {
         let (clock, remote) = setup();
-        remote
-            .call(&call(Direction::Do, clock.now()))
-            .await
-            .unwrap();
-        let undo = remote
-            .call(&call(Direction::Undo, clock.now()))
-            .await
-            .unwrap();
+        remote.call(&call(Direction::Do, clock.now())).await.unwrap();
+        let undo = remote.call(&call(Direction::Undo, clock.now())).await.unwrap();
         assert_eq!(undo, json!({ "ref": "refund-2" }));
-        assert!(
-            remote
-                .call(&call(Direction::Do, clock.now()))
-                .await
-                .is_err()
-        );
+        assert!(remote.call(&call(Direction::Do, clock.now())).await.is_err());
         assert_eq!(remote.ledger().len(), 2);
         assert_eq!(remote.max_applications(), 1);
     }
@@ -348,16 +298,10 @@ mod tests {
     async fn a_lost_answer_leaves_the_effect_and_a_retry_gets_it() {
         let (clock, remote) = setup();
         remote.script("charge", [Behaviour::ApplyThenLoseAnswer]);
-        let lost = remote
-            .call(&call(Direction::Do, clock.now()))
-            .await
-            .unwrap_err();
+        let lost = remote.call(&call(Direction::Do, clock.now())).await.unwrap_err();
         assert_eq!(lost, RemoteFault::Transient("answer lost".into()));
         assert!(remote.applied(&do_key()));
-        let retry = remote
-            .call(&call(Direction::Do, clock.now()))
-            .await
-            .unwrap();
+        let retry = remote.call(&call(Direction::Do, clock.now())).await.unwrap();
         assert_eq!(retry, json!({ "ref": "charge-1" }));
         assert_eq!(remote.applications(&do_key()), 1);
     }
@@ -367,10 +311,7 @@ mod tests {
         let (clock, remote) = setup();
         remote.script(
             "charge",
-            [
-                Behaviour::Slow(Duration::from_secs(60)),
-                Behaviour::Slow(Duration::from_secs(5)),
-            ],
+            [Behaviour::Slow(Duration::from_secs(60)), Behaviour::Slow(Duration::from_secs(5))],
         );
         let c = call(Direction::Do, clock.now());
         let err = remote.call(&c).await.unwrap_err();
@@ -379,10 +320,7 @@ mod tests {
         assert_eq!(clock.now(), c.deadline);
 
         let within = call(Direction::Do, clock.now());
-        assert_eq!(
-            remote.call(&within).await.unwrap(),
-            json!({ "ref": "charge-1" })
-        );
+        assert_eq!(remote.call(&within).await.unwrap(), json!({ "ref": "charge-1" }));
         assert_eq!(remote.applications(&do_key()), 1);
     }
 

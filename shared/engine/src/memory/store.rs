@@ -64,10 +64,7 @@ struct Inner {
 
 impl<C: Clock> MemoryStore<C> {
     pub fn new(clock: C) -> Self {
-        MemoryStore {
-            inner: Arc::default(),
-            clock,
-        }
+        MemoryStore { inner: Arc::default(), clock }
     }
 
     /// Makes index updates visible only this long after the write.
@@ -159,10 +156,7 @@ fn check_size<T: serde::Serialize>(item: &T) -> Result<()> {
 }
 
 fn check_record(record: &StateRecord) -> Result<()> {
-    record.check().map_err(|reason| Error::Corrupt {
-        order_id: record.order_id,
-        reason,
-    })
+    record.check().map_err(|reason| Error::Corrupt { order_id: record.order_id, reason })
 }
 
 impl<C: Clock> StateStore for MemoryStore<C> {
@@ -229,20 +223,13 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
         inner.catch_up(clock_now);
-        let from = (
-            shard,
-            Timestamp::from_millis(i64::MIN),
-            OrderId::from_uuid(uuid::Uuid::nil()),
-        );
+        let from = (shard, Timestamp::from_millis(i64::MIN), OrderId::from_uuid(uuid::Uuid::nil()));
         let to = (shard, now, OrderId::from_uuid(uuid::Uuid::max()));
         Ok(inner
             .index
             .range(from..=to)
             .take(limit)
-            .map(|&(_, complete_by, order_id)| IndexEntry {
-                order_id,
-                complete_by,
-            })
+            .map(|&(_, complete_by, order_id)| IndexEntry { order_id, complete_by })
             .collect())
     }
 }

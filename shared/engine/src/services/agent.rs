@@ -37,13 +37,7 @@ pub struct Agent<R, Q, C, X> {
 
 impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
     pub fn new(remote: R, outbox: Q, clock: C, random: X, retry: RetryPolicy) -> Self {
-        Agent {
-            remote,
-            outbox,
-            clock,
-            random,
-            retry,
-        }
+        Agent { remote, outbox, clock, random, retry }
     }
 
     /// Performs the request. An `Err` (the reply could not be sent) should make the request
@@ -68,9 +62,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
             let fault = match self.remote.call(&call).await {
                 Ok(output) => return self.reply(request, StepOutcome::done(output), calls).await,
                 Err(RemoteFault::Permanent(reason)) => {
-                    return self
-                        .reply(request, StepOutcome::failed(&reason), calls)
-                        .await;
+                    return self.reply(request, StepOutcome::failed(&reason), calls).await;
                 }
                 Err(RemoteFault::Transient(reason)) => reason,
             };
@@ -109,9 +101,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
             idempotency_key: request.idempotency_key.clone(),
             outcome,
         };
-        self.outbox
-            .send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))])
-            .await?;
+        self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
         Ok(AgentOutcome::Replied { done, calls })
     }
 }

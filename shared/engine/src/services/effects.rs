@@ -86,10 +86,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
 
     /// Builds the request for the record's current step (or undo).
     async fn request(&self, record: &StateRecord) -> Result<Outgoing> {
-        let corrupt = |reason: String| Error::Corrupt {
-            order_id: record.order_id,
-            reason,
-        };
+        let corrupt = |reason: String| Error::Corrupt { order_id: record.order_id, reason };
         let state = record
             .current_step()
             .ok_or_else(|| corrupt("dispatch of an order not in flight".into()))?;
@@ -103,9 +100,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
         let (action, _) = step
             .action(direction)
             .ok_or_else(|| corrupt(format!("step {:?} has no compensation", state.name)))?;
-        let complete_by = record
-            .complete_by
-            .ok_or_else(|| corrupt("dispatch without CompleteBy".into()))?;
+        let complete_by =
+            record.complete_by.ok_or_else(|| corrupt("dispatch without CompleteBy".into()))?;
         let order = self
             .store
             .load_order(record.order_id)
@@ -115,20 +111,12 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
             order_id: record.order_id,
             attempt: record.attempt,
             correlation_id: record.correlation_id.clone(),
-            step: StepRef {
-                index: record.cursor,
-                name: state.name.clone(),
-                direction,
-            },
+            step: StepRef { index: record.cursor, name: state.name.clone(), direction },
             action: action.to_owned(),
             complete_by,
             idempotency_key: step_key(record.order_id, &state.name, direction),
             order: order.order,
-            input: if direction == Direction::Undo {
-                state.output.clone()
-            } else {
-                None
-            },
+            input: if direction == Direction::Undo { state.output.clone() } else { None },
         };
         Ok(Outgoing::now(
             Destination::Agent(step.agent.clone()),
@@ -140,11 +128,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
     async fn record_alert_sent(&self, written: &StateRecord) -> Result<()> {
         let mut record = written.clone();
         for _ in 0..ALERT_RECORD_TRIES {
-            let ctx = Ctx {
-                now: self.clock.now(),
-                config: self.config,
-                workflow: self.workflow,
-            };
+            let ctx = Ctx { now: self.clock.now(), config: self.config, workflow: self.workflow };
             let Decision::Apply(t) = decide(&record, Input::AlertSent, &ctx) else {
                 debug!(order_id = %record.order_id, "alert already recorded");
                 return Ok(());

@@ -38,15 +38,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
         workflow: Arc<Workflow>,
         owner: String,
     ) -> Self {
-        Scheduler {
-            store,
-            outbox,
-            bus,
-            clock,
-            config,
-            workflow,
-            owner,
-        }
+        Scheduler { store, outbox, bus, clock, config, workflow, owner }
     }
 
     /// Handles one message from the scheduler queue or the reply queue.
@@ -54,27 +46,32 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
     /// `Ok` means the message is done with (whatever [`Handled`] says) and can be deleted. A
     /// retryable `Err` means it should come back; a non-retryable one means it never will work
     /// (a request sent to the wrong queue, a corrupt record) and belongs in a dead-letter queue.
-    pub async fn handle(&self, message: &Message) -> Result<Handled> {
+    ///
+    /// `message_id` is the id the queue gave the message; it stays the same when the message is
+    /// delivered again, which is how a redelivery is told from a duplicate.
+    pub async fn handle(&self, message: &Message, message_id: &str) -> Result<Handled> {
         match message {
             Message::Start(start) => {
                 let input = Input::Claim {
                     attempt: start.attempt,
                     owner: &self.owner,
+                    message: message_id,
                 };
                 self.run(start.order_id, input).await
             }
-            Message::Reply(reply) => self.on_reply(reply).await,
-            Message::Request(_) => Err(Error::InvalidMessage(
-                "a step request was sent to the scheduler".into(),
-            )),
+            Message::Reply(reply) => self.on_reply(reply, message_id).await,
+            Message::Request(_) => {
+                Err(Error::InvalidMessage("a step request was sent to the scheduler".into()))
+            }
         }
     }
 
-    async fn on_reply(&self, reply: &StepReply) -> Result<Handled> {
+    async fn on_reply(&self, reply: &StepReply, message_id: &str) -> Result<Handled> {
         let input = Input::Reply {
             attempt: reply.attempt,
             step: &reply.step,
             outcome: &reply.outcome,
+            message: message_id,
         };
         self.run(reply.order_id, input).await
     }
@@ -86,11 +83,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
             info!(%order_id, "message for an unknown order");
             return Ok(Handled::UnknownOrder);
         };
-        let ctx = Ctx {
-            now: self.clock.now(),
-            config: &self.config,
-            workflow: &self.workflow,
-        };
+        let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
         let effector = Effector {
             store: &self.store,
             outbox: &self.outbox,

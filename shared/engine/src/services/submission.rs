@@ -48,15 +48,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
     ) -> Self {
-        Submission {
-            store,
-            outbox,
-            bus,
-            clock,
-            ids,
-            config,
-            workflow,
-        }
+        Submission { store, outbox, bus, clock, ids, config, workflow }
     }
 
     /// Accepts an order. Invalid input is rejected before anything is written. The same key
@@ -66,38 +58,22 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
         let order = Order::from_json(body)?;
         let order_id = OrderId::for_key(&key);
         let now = self.clock.now();
-        let state = StateRecord::new(
-            order_id,
-            &self.workflow,
-            &self.config,
-            self.ids.new_id(),
-            now,
-        );
-        let record = OrderRecord {
-            order_id,
-            idempotency_key: key,
-            order,
-            created_at: now,
-        };
+        let state =
+            StateRecord::new(order_id, &self.workflow, &self.config, self.ids.new_id(), now);
+        let record = OrderRecord { order_id, idempotency_key: key, order, created_at: now };
 
         match self.store.create(&record, &state).await? {
             Created::Created => {
                 info!(%order_id, "order accepted");
                 self.kick(&state).await?;
-                Ok(Accepted {
-                    order_id,
-                    created: true,
-                })
+                Ok(Accepted { order_id, created: true })
             }
             Created::AlreadyExists => {
                 let existing =
-                    self.store
-                        .load_order(order_id)
-                        .await?
-                        .ok_or_else(|| Error::Corrupt {
-                            order_id,
-                            reason: "order reported as existing but not found".into(),
-                        })?;
+                    self.store.load_order(order_id).await?.ok_or_else(|| Error::Corrupt {
+                        order_id,
+                        reason: "order reported as existing but not found".into(),
+                    })?;
                 if existing.order != record.order {
                     return Err(Error::KeyReused { existing: order_id });
                 }
@@ -111,23 +87,15 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
                         self.kick(&current).await?;
                     }
                 }
-                Ok(Accepted {
-                    order_id,
-                    created: false,
-                })
+                Ok(Accepted { order_id, created: false })
             }
         }
     }
 
     async fn kick(&self, state: &StateRecord) -> Result<()> {
-        let mut effects = vec![Effect::Kick {
-            delay: Duration::ZERO,
-        }];
+        let mut effects = vec![Effect::Kick { delay: Duration::ZERO }];
         if self.config.status_events.contains(StatusKind::Received) {
-            effects.push(Effect::Status {
-                kind: StatusKind::Received,
-                step: None,
-            });
+            effects.push(Effect::Status { kind: StatusKind::Received, step: None });
         }
         Effector {
             store: &self.store,

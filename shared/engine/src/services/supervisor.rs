@@ -56,15 +56,7 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
     ) -> Self {
-        Supervisor {
-            store,
-            index,
-            outbox,
-            bus,
-            clock,
-            config,
-            workflow,
-        }
+        Supervisor { store, index, outbox, bus, clock, config, workflow }
     }
 
     /// One sweep over every shard, at most `sweep_limit` records in all. Shards are queried and
@@ -109,10 +101,7 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         limit: usize,
     ) -> Result<SweepReport> {
         let entries = self.index.expired(shard, now, limit).await?;
-        let mut report = SweepReport {
-            found: entries.len(),
-            ..SweepReport::default()
-        };
+        let mut report = SweepReport { found: entries.len(), ..SweepReport::default() };
         for entry in entries {
             match self.handle(entry).await {
                 Ok(Handled::Applied | Handled::Replayed) => report.acted += 1,
@@ -132,18 +121,8 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         let Some(record) = self.store.load(entry.order_id).await? else {
             return Ok(Handled::UnknownOrder);
         };
-        let ctx = Ctx {
-            now: self.clock.now(),
-            config: &self.config,
-            workflow: &self.workflow,
-        };
-        match decide(
-            &record,
-            Input::Expire {
-                complete_by: entry.complete_by,
-            },
-            &ctx,
-        ) {
+        let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
+        match decide(&record, Input::Expire { complete_by: entry.complete_by }, &ctx) {
             Decision::Apply(t) => {
                 if self.store.save(&t.next, Expected::of(&record)).await? == Saved::Conflict {
                     return Ok(Handled::LostRace);

@@ -1,0 +1,270 @@
+//! A whole system on in-memory ports: submission, scheduler, one agent per service, and the
+//! supervisor, wired as the Lambda functions are, with queues pumped by hand so each test
+//! decides exactly what is delivered, lost or redelivered, and when.
+
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sas_engine::config::EngineConfig;
+use sas_engine::events::{ALERT_DETAIL_TYPE, STATUS_DETAIL_TYPE, StatusKinds};
+use sas_engine::memory::{
+    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, SeqIds, SplitMix,
+};
+use sas_engine::message::Message;
+use sas_engine::ports::Destination;
+use sas_engine::services::{
+    Accepted, Agent, AgentOutcome, Handled, Scheduler, Submission, Supervisor, SweepReport,
+};
+use sas_engine::state::StateRecord;
+use sas_engine::workflow::Workflow;
+use sas_engine::{AgentName, OrderId, Result};
+
+pub type Clock = ManualClock;
+pub type Store = Arc<MemoryStore<Clock>>;
+pub type Queues = Arc<MemoryQueues<Clock>>;
+pub type Bus = Arc<MemoryBus>;
+pub type Remote = Arc<MemoryRemote<Clock>>;
+
+pub const AGENTS: [&str; 3] = ["inventory", "payment", "shipping"];
+
+pub struct World {
+    pub clock: Clock,
+    pub store: Store,
+    pub queues: Queues,
+    pub bus: Bus,
+    pub remote: Remote,
+    pub config: Arc<EngineConfig>,
+    pub workflow: Arc<Workflow>,
+    pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>>,
+    pub scheduler: Scheduler<Store, Queues, Bus, Clock>,
+    pub agents: HashMap<AgentName, Agent<Remote, Queues, Clock, Arc<SplitMix>>>,
+    pub supervisor: Supervisor<Store, Store, Queues, Bus, Clock>,
+    /// What each handler returned, in order, for assertions.
+    pub handled: Vec<(String, Handled)>,
+    pub agent_outcomes: Vec<AgentOutcome>,
+}
+
+pub fn agent_names() -> Vec<AgentName> {
+    AGENTS.map(AgentName::new).to_vec()
+}
+
+impl World {
+    pub fn new() -> World {
+        World::with(EngineConfig { status_events: StatusKinds::all(), ..EngineConfig::default() })
+    }
+
+    pub fn with(config: EngineConfig) -> World {
+        let clock = ManualClock::default();
+        let store = Arc::new(MemoryStore::new(clock.clone()));
+        let queues = Arc::new(MemoryQueues::new(clock.clone()));
+        let bus = Arc::new(MemoryBus::new());
+        let remote = Arc::new(MemoryRemote::new(clock.clone()));
+        let config = Arc::new(config);
+        let workflow = Arc::new(
+            Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names()).unwrap(),
+        );
+        let submission = Submission::new(
+            store.clone(),
+            queues.clone(),
+            bus.clone(),
+            clock.clone(),
+            Arc::new(SeqIds::new("corr")),
+            config.clone(),
+            workflow.clone(),
+        );
+        let scheduler = Scheduler::new(
+            store.clone(),
+            queues.clone(),
+            bus.clone(),
+            clock.clone(),
+            config.clone(),
+            workflow.clone(),
+            "scheduler-1".into(),
+        );
+        let random = Arc::new(SplitMix::seeded(42));
+        let agents = agent_names()
+            .into_iter()
+            .map(|name| {
+                let agent = Agent::new(
+                    remote.clone(),
+                    queues.clone(),
+                    clock.clone(),
+                    random.clone(),
+                    config.agent_retry,
+                );
+                (name, agent)
+            })
+            .collect();
+        let supervisor = Supervisor::new(
+            store.clone(),
+            store.clone(),
+            queues.clone(),
+            bus.clone(),
+            clock.clone(),
+            config.clone(),
+            workflow.clone(),
+        );
+        World {
+            clock,
+            store,
+            queues,
+            bus,
+            remote,
+            config,
+            workflow,
+            submission,
+            scheduler,
+            agents,
+            supervisor,
+            handled: Vec::new(),
+            agent_outcomes: Vec::new(),
+        }
+    }
+
+    pub async fn submit(&self, key: &str) -> Result<Accepted> {
+        self.submission.submit(key, order_body(key).as_bytes()).await
+    }
+
+    /// Every queue the system uses.
+    pub fn destinations(&self) -> Vec<Destination> {
+        let mut all = vec![Destination::Scheduler, Destination::Replies];
+        all.extend(agent_names().into_iter().map(Destination::Agent));
+        all
+    }
+
+    /// Delivers every message visible now, once, to its consumer; handled messages are deleted,
+    /// failed ones are left to come back after their visibility timeout. Returns how many were
+    /// delivered.
+    pub async fn pump(&mut self) -> usize {
+        let mut delivered = 0;
+        for dest in self.destinations() {
+            loop {
+                let batch = self.queues.receive(&dest, 10);
+                if batch.is_empty() {
+                    break;
+                }
+                for d in batch {
+                    delivered += 1;
+                    if self.deliver(&dest, &d.message_id, &d.body).await {
+                        self.queues.delete(&dest, &d.receipt).unwrap();
+                    }
+                }
+            }
+        }
+        delivered
+    }
+
+    /// Handles one message body as the function behind `dest` would; true if it may be deleted.
+    pub async fn deliver(&mut self, dest: &Destination, message_id: &str, body: &str) -> bool {
+        let Ok(message) = Message::decode(body) else { return false };
+        match (dest, &message) {
+            (Destination::Agent(name), Message::Request(request)) => {
+                match self.agents[name].handle(request).await {
+                    Ok(outcome) => {
+                        self.agent_outcomes.push(outcome);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            (Destination::Scheduler | Destination::Replies, _) => {
+                match self.scheduler.handle(&message, message_id).await {
+                    Ok(handled) => {
+                        self.handled.push((kind(&message).into(), handled));
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// Receives one message from `dest` and delivers it, deleting it if it was handled.
+    /// Returns whether it was handled; panics if the queue has nothing visible.
+    pub async fn step(&mut self, dest: &Destination) -> bool {
+        let d = self.queues.receive(dest, 1).pop().expect("a visible message");
+        let handled = self.deliver(dest, &d.message_id, &d.body).await;
+        if handled {
+            self.queues.delete(dest, &d.receipt).unwrap();
+        }
+        handled
+    }
+
+    /// Pumps until no message is visible.
+    pub async fn settle(&mut self) {
+        for _ in 0..100 {
+            if self.pump().await == 0 {
+                return;
+            }
+        }
+        panic!("the system did not settle in 100 rounds");
+    }
+
+    /// Lets time pass in steps, sweeping and pumping, until every order is terminal (and its
+    /// alert, if any, confirmed) or `limit` passes.
+    pub async fn run_for(&mut self, limit: Duration) {
+        let step = Duration::from_secs(5);
+        let mut waited = Duration::ZERO;
+        loop {
+            self.settle().await;
+            if self.all_finished() || waited >= limit {
+                return;
+            }
+            self.clock.advance(step);
+            waited += step;
+            self.sweep().await;
+        }
+    }
+
+    pub async fn sweep(&self) -> SweepReport {
+        self.supervisor.sweep().await.unwrap()
+    }
+
+    pub fn all_finished(&self) -> bool {
+        self.store.records().iter().all(|r| r.is_terminal() && r.complete_by.is_none())
+    }
+
+    pub fn state(&self, id: OrderId) -> StateRecord {
+        self.store.peek(id).unwrap()
+    }
+
+    pub fn alerts(&self) -> Vec<serde_json::Value> {
+        self.bus.of_type(ALERT_DETAIL_TYPE)
+    }
+
+    pub fn statuses(&self, id: OrderId) -> Vec<String> {
+        self.bus
+            .of_type(STATUS_DETAIL_TYPE)
+            .into_iter()
+            .filter(|e| e["order_id"] == id.to_string())
+            .map(|e| e["status"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// The ledger key of a step of an order, as the agent sends it.
+    pub fn key(id: OrderId, step: &str, direction: &str) -> String {
+        format!("{id}/{step}/{direction}")
+    }
+}
+
+fn kind(m: &Message) -> &'static str {
+    match m {
+        Message::Start(_) => "start",
+        Message::Request(_) => "request",
+        Message::Reply(_) => "reply",
+    }
+}
+
+/// A valid order body, varied by key so different keys give different orders.
+pub fn order_body(key: &str) -> String {
+    let quantity = 1 + key.len() % 5;
+    format!(
+        r#"{{"customer_id":"c-{}","currency":"EUR","items":[{{"sku":"BOOK-1","quantity":{quantity},"unit_price":1250}}],
+            "ship_to":{{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}}}"#,
+        key.len()
+    )
+}
