@@ -665,3 +665,22 @@ fn the_timeline_keeps_the_first_and_latest_entries() {
     assert_eq!(r.timeline[0].what, Happening::Received);
     assert_eq!(r.timeline[4].what, Happening::Claimed);
 }
+
+#[test]
+fn a_second_copy_of_an_applied_reply_is_ignored_not_replayed() {
+    // Replaying on every copy would dispatch the next step once per copy, and each of those
+    // dispatches would produce more copies: duplicates must stay duplicates.
+    let f = Fixture::new();
+    let r = f.claim(&f.new_record(), T0);
+    let step = step_ref(&r);
+    let done = StepOutcome::done(json!({}));
+    let original = format!("reply-{}", r.attempt);
+    let next = f.done(&r, T0);
+    let copy = Input::Reply { attempt: r.attempt, step: &step, outcome: &done, message: "copy" };
+    assert_eq!(
+        f.decide(&next, copy, T0),
+        Decision::Ignore(Ignored::Stale { received: r.attempt, current: next.attempt })
+    );
+    let same = Input::Reply { attempt: r.attempt, step: &step, outcome: &done, message: &original };
+    assert_eq!(f.decide(&next, same, T0), Decision::Replay(vec![Effect::Dispatch]));
+}

@@ -3,6 +3,7 @@
 //! decides exactly what is delivered, lost or redelivered, and when.
 
 #![allow(dead_code)] // each test file uses a different part of the harness
+#![allow(clippy::unwrap_used)] // test harness: a failed setup should panic
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,0 +1,517 @@
+//! Each service on its own, through in-memory ports: submission's idempotency and rejections,
+//! the agent's retries and deadline, the supervisor's sweep, and event delivery.
+
+mod world;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sas_engine::config::EngineConfig;
+use sas_engine::events::StatusKinds;
+use sas_engine::ids::{Direction, step_key};
+use sas_engine::memory::{Behaviour, ManualClock, MemoryQueues, MemoryRemote, SplitMix};
+use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
+use sas_engine::order::Order;
+use sas_engine::ports::{
+    Clock, Created, Destination, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore,
+};
+use sas_engine::retry::RetryPolicy;
+use sas_engine::services::{Agent, AgentOutcome, Handled, StatusService, Supervisor};
+use sas_engine::state::{AlertDelivery, ProcessState, StateRecord};
+use sas_engine::{Error, OrderId, Result, Timestamp};
+use world::{World, order_body};
+
+// ---------------------------------------------------------------- submission
+
+#[tokio::test]
+async fn the_same_key_and_order_return_the_existing_order() {
+    let mut w = World::new();
+    let first = w.submit("key-1").await.unwrap();
+    assert!(first.created);
+    let again = w.submit("key-1").await.unwrap();
+    assert_eq!((again.order_id, again.created), (first.order_id, false));
+    assert_eq!(w.store.orders().len(), 1);
+    // The order was never claimed, so the start message is sent again (the first sender may
+    // have died before sending it); a duplicate start still leads to one claim.
+    assert_eq!(w.queues.sent_count(&Destination::Scheduler), 2);
+    w.settle().await;
+    assert_eq!(w.state(first.order_id).process_state, ProcessState::Processed);
+    assert_eq!(w.remote.max_applications(), 1);
+    // Once the order has moved, a retried submission sends nothing more.
+    w.submit("key-1").await.unwrap();
+    assert_eq!(w.queues.sent_count(&Destination::Scheduler), 2);
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_order_is_refused_and_writes_nothing() {
+    let w = World::new();
+    let id = w.submit("key-2").await.unwrap().order_id;
+    let before = (w.store.stats().writes, w.queues.sent_count(&Destination::Scheduler));
+    let other = order_body("a-much-longer-key");
+    let err = w.submission.submit("key-2", other.as_bytes()).await.unwrap_err();
+    assert!(matches!(err, Error::KeyReused { existing } if existing == id), "{err}");
+    assert_eq!((w.store.stats().writes, w.queues.sent_count(&Destination::Scheduler)), before);
+    assert_eq!(
+        w.store.orders()[0].order,
+        Order::from_json(order_body("key-2").as_bytes()).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn rejected_submissions_write_and_send_nothing() {
+    let w = World::new();
+    let valid = order_body("x");
+    let cases: [(&str, &[u8]); 5] = [
+        ("key-3", b"{}"),
+        ("key-3", b"not json"),
+        ("key-3", br#"{"customer_id":"c","currency":"EUR","items":[],"ship_to":{}}"#),
+        ("", valid.as_bytes()),
+        ("bad key", valid.as_bytes()),
+    ];
+    for (key, body) in cases {
+        let err = w.submission.submit(key, body).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidOrder(_) | Error::InvalidKey(_)), "{err}");
+        assert!(!err.is_retryable());
+    }
+    assert_eq!(w.store.stats().transactions, 0);
+    assert!(w.store.records().is_empty() && w.store.orders().is_empty());
+    assert_eq!(w.queues.sent_count(&Destination::Scheduler), 0);
+    assert_eq!(w.bus.count(), 0);
+}
+
+#[tokio::test]
+async fn a_throttled_submission_can_be_retried_with_the_same_key() {
+    let mut w = World::new();
+    w.store.fail_next_writes(1);
+    let err = w.submit("key-4").await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(w.store.records().is_empty());
+    let ok = w.submit("key-4").await.unwrap();
+    assert!(ok.created);
+    w.settle().await;
+    assert_eq!(w.state(ok.order_id).process_state, ProcessState::Processed);
+}
+
+#[tokio::test]
+async fn order_and_state_are_written_together_or_not_at_all() {
+    let w = World::new();
+    let id = w.submit("key-5").await.unwrap().order_id;
+    let order = w.store.orders().remove(0);
+    let state = w.state(id);
+    // A second create of either half fails as a whole.
+    let fresh = OrderRecord { order_id: id, ..order.clone() };
+    assert_eq!(w.store.create(&fresh, &state).await.unwrap(), Created::AlreadyExists);
+    assert_eq!(w.store.stats().transactions, 2);
+    assert_eq!(w.store.orders().len(), 1);
+    assert_eq!(w.store.records().len(), 1);
+}
+
+// ---------------------------------------------------------------- agent
+
+struct AgentBench {
+    clock: ManualClock,
+    remote: Arc<MemoryRemote<ManualClock>>,
+    queues: Arc<MemoryQueues<ManualClock>>,
+    agent: Agent<
+        Arc<MemoryRemote<ManualClock>>,
+        Arc<MemoryQueues<ManualClock>>,
+        ManualClock,
+        SplitMix,
+    >,
+}
+
+impl AgentBench {
+    fn new() -> Self {
+        let clock = ManualClock::default();
+        let remote = Arc::new(MemoryRemote::new(clock.clone()));
+        let queues = Arc::new(MemoryQueues::new(clock.clone()));
+        let agent = Agent::new(
+            remote.clone(),
+            queues.clone(),
+            clock.clone(),
+            SplitMix::seeded(7),
+            RetryPolicy::default(),
+        );
+        AgentBench { clock, remote, queues, agent }
+    }
+
+    fn request(&self, budget: Duration) -> StepRequest {
+        let order_id = OrderId::for_key(&sas_engine::IdempotencyKey::parse("agent-1").unwrap());
+        StepRequest {
+            order_id,
+            attempt: 4,
+            correlation_id: "corr".into(),
+            step: StepRef { index: 1, name: "charge-payment".into(), direction: Direction::Do },
+            action: "charge-payment".into(),
+            complete_by: self.clock.now().plus(budget),
+            idempotency_key: step_key(order_id, "charge-payment", Direction::Do),
+            order: Order::from_json(order_body("agent-1").as_bytes()).unwrap(),
+            input: None,
+        }
+    }
+
+    fn replies(&self) -> Vec<Message> {
+        self.queues
+            .receive(&Destination::Replies, 10)
+            .into_iter()
+            .map(|d| Message::decode(&d.body).unwrap())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn the_agent_retries_transient_faults_with_jittered_backoff() {
+    let b = AgentBench::new();
+    b.remote.script("charge-payment", [Behaviour::Transient, Behaviour::Transient]);
+    let req = b.request(Duration::from_secs(30));
+    let start = b.clock.now();
+    let outcome = b.agent.handle(&req).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 3 });
+    let waited = start.until(b.clock.now());
+    // Full jitter: each wait is at most its exponential ceiling (200 ms, then 400 ms).
+    assert!(waited <= Duration::from_millis(600), "{waited:?}");
+    assert_eq!(b.remote.calls(&req.idempotency_key), 3, "every retry carries the same key");
+    assert_eq!(b.remote.applications(&req.idempotency_key), 1);
+    let replies = b.replies();
+    assert_eq!(replies.len(), 1);
+    let Message::Reply(reply) = &replies[0] else { panic!() };
+    assert_eq!((reply.attempt, &reply.step), (req.attempt, &req.step));
+    assert!(matches!(reply.outcome, StepOutcome::Done { .. }));
+}
+
+#[tokio::test]
+async fn the_agent_never_retries_past_complete_by_and_then_stays_silent() {
+    let b = AgentBench::new();
+    b.remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100));
+    let req = b.request(Duration::from_secs(3));
+    let outcome = b.agent.handle(&req).await.unwrap();
+    assert!(matches!(outcome, AgentOutcome::GaveUp { .. }), "{outcome:?}");
+    assert!(b.clock.now() < req.complete_by, "stopped before the deadline, not after");
+    assert!(b.replies().is_empty(), "no reply, not even an error");
+}
+
+#[tokio::test]
+async fn the_agent_stops_after_its_call_budget() {
+    let b = AgentBench::new();
+    b.remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100));
+    let req = b.request(Duration::from_secs(900));
+    let outcome = b.agent.handle(&req).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::GaveUp { calls: RetryPolicy::default().max_calls });
+    assert!(b.replies().is_empty());
+}
+
+#[tokio::test]
+async fn an_expired_request_is_dropped_without_calling_the_service() {
+    let b = AgentBench::new();
+    let req = b.request(Duration::from_secs(5));
+    b.clock.advance(Duration::from_secs(5));
+    assert_eq!(b.agent.handle(&req).await.unwrap(), AgentOutcome::Expired { calls: 0 });
+    assert_eq!(b.remote.calls(&req.idempotency_key), 0);
+    assert!(b.replies().is_empty());
+}
+
+#[tokio::test]
+async fn a_call_that_outlives_the_lease_sends_nothing() {
+    let b = AgentBench::new();
+    b.remote.script("charge-payment", [Behaviour::Slow(Duration::from_secs(40))]);
+    let req = b.request(Duration::from_secs(30));
+    assert_eq!(b.agent.handle(&req).await.unwrap(), AgentOutcome::GaveUp { calls: 1 });
+    assert!(b.replies().is_empty());
+}
+
+/// A service that answers, but only after the caller's deadline.
+struct LateRemote(ManualClock);
+
+impl sas_engine::ports::RemoteService for LateRemote {
+    async fn call(
+        &self,
+        call: &sas_engine::ports::RemoteCall,
+    ) -> std::result::Result<serde_json::Value, sas_engine::ports::RemoteFault> {
+        self.0.set(call.deadline.plus(Duration::from_secs(1)));
+        Ok(serde_json::json!({"late": true}))
+    }
+}
+
+#[tokio::test]
+async fn an_answer_after_complete_by_is_not_sent() {
+    let b = AgentBench::new();
+    let late = Agent::new(
+        LateRemote(b.clock.clone()),
+        b.queues.clone(),
+        b.clock.clone(),
+        SplitMix::seeded(1),
+        RetryPolicy::default(),
+    );
+    let req = b.request(Duration::from_secs(30));
+    assert_eq!(late.handle(&req).await.unwrap(), AgentOutcome::Expired { calls: 1 });
+    assert!(b.replies().is_empty());
+}
+
+#[tokio::test]
+async fn a_permanent_fault_is_reported_while_the_lease_holds() {
+    let b = AgentBench::new();
+    b.remote.script("charge-payment", [Behaviour::Permanent("card declined".into())]);
+    let req = b.request(Duration::from_secs(30));
+    assert_eq!(
+        b.agent.handle(&req).await.unwrap(),
+        AgentOutcome::Replied { done: false, calls: 1 }
+    );
+    let Message::Reply(reply) = &b.replies()[0] else { panic!() };
+    assert_eq!(reply.outcome, StepOutcome::Failed { reason: "card declined".into() });
+}
+
+#[tokio::test]
+async fn a_reply_that_cannot_be_sent_is_retried_without_a_second_effect() {
+    let b = AgentBench::new();
+    let req = b.request(Duration::from_secs(30));
+    b.queues.fail_next_sends(1);
+    let err = b.agent.handle(&req).await.unwrap_err();
+    assert!(err.is_retryable());
+    // The request comes back; the service sees the same key and answers from its ledger.
+    assert!(matches!(
+        b.agent.handle(&req).await.unwrap(),
+        AgentOutcome::Replied { done: true, .. }
+    ));
+    assert_eq!(b.remote.calls(&req.idempotency_key), 2);
+    assert_eq!(b.remote.applications(&req.idempotency_key), 1);
+    assert_eq!(b.replies().len(), 1);
+}
+
+// ---------------------------------------------------------------- supervisor
+
+/// A store that yields to the runtime before every call, so that two services running
+/// concurrently on one thread interleave their reads and writes.
+struct Yielding<S>(S);
+
+impl<S: StateStore> StateStore for Yielding<S> {
+    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
+        tokio::task::yield_now().await;
+        self.0.create(order, state).await
+    }
+    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+        tokio::task::yield_now().await;
+        self.0.load(id).await
+    }
+    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
+        self.0.load_order(id).await
+    }
+    async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
+        tokio::task::yield_now().await;
+        self.0.save(next, expected).await
+    }
+}
+
+impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {
+    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+        self.0.expired(shard, now, limit).await
+    }
+}
+
+type TestSupervisor =
+    Supervisor<Yielding<world::Store>, world::Store, world::Queues, world::Bus, ManualClock>;
+
+fn racing_supervisor(w: &World) -> TestSupervisor {
+    Supervisor::new(
+        Yielding(w.store.clone()),
+        w.store.clone(),
+        w.queues.clone(),
+        w.bus.clone(),
+        w.clock.clone(),
+        w.config.clone(),
+        w.workflow.clone(),
+    )
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn two_supervisors_at_once_never_both_act_on_a_record() {
+    let mut w = World::new();
+    let id = w.submit("race-1").await.unwrap().order_id;
+    // Lose the start message so the order expires.
+    w.queues.receive(&Destination::Scheduler, 10);
+    w.clock.advance(Duration::from_secs(61));
+    let (a, b) = (racing_supervisor(&w), racing_supervisor(&w));
+    let (ra, rb) = tokio::join!(a.sweep(), b.sweep());
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!((ra.found, rb.found), (1, 1), "both saw the expired record");
+    assert_eq!(ra.acted + rb.acted, 1);
+    assert_eq!(ra.lost_races + rb.lost_races, 1);
+    assert_eq!(w.state(id).failure_count, 1, "counted once");
+    // One new start message (the lost one is still invisible).
+    assert_eq!(w.queues.sent_count(&Destination::Scheduler), 2);
+    w.run_for(Duration::from_secs(300)).await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn racing_supervisors_at_the_threshold_send_exactly_one_alert() {
+    let config = EngineConfig {
+        failure_threshold: 1,
+        status_events: StatusKinds::all(),
+        ..EngineConfig::default()
+    };
+    let mut w = World::with(config);
+    w.remote.script(
+        "reserve-inventory",
+        std::iter::repeat_n(Behaviour::Slow(Duration::from_secs(120)), 5),
+    );
+    w.remote.script(
+        "release-inventory",
+        std::iter::repeat_n(Behaviour::Slow(Duration::from_secs(120)), 5),
+    );
+    let id = w.submit("race-2").await.unwrap().order_id;
+    w.settle().await;
+    for _ in 0..10 {
+        w.clock.advance(Duration::from_secs(200));
+        let (a, b) = (racing_supervisor(&w), racing_supervisor(&w));
+        let _ = tokio::join!(a.sweep(), b.sweep());
+        w.settle().await;
+    }
+    let r = w.state(id);
+    assert_eq!(r.process_state, ProcessState::Error);
+    assert_eq!(r.alert, Some(AlertDelivery::Sent));
+    assert_eq!(w.alerts().len(), 1);
+    assert_eq!(r.needs_manual_undo(), ["reserve-inventory"]);
+}
+
+#[tokio::test]
+async fn a_sweep_is_bounded_and_the_rest_waits_for_the_next() {
+    let config = EngineConfig { sweep_limit: 8, index_shards: 4, ..EngineConfig::default() };
+    let mut w = World::with(config);
+    for i in 0..30 {
+        w.submit(&format!("bulk-{i}")).await.unwrap();
+    }
+    // Every start message lost.
+    while !w.queues.receive(&Destination::Scheduler, 10).is_empty() {}
+    w.clock.advance(Duration::from_secs(61));
+    let first = w.sweep().await;
+    assert!(first.acted <= 8, "{first:?}");
+    let mut total = first.acted;
+    for _ in 0..10 {
+        total += w.sweep().await.acted;
+    }
+    assert_eq!(total, 30);
+    w.run_for(Duration::from_secs(600)).await;
+    assert!(w.store.records().iter().all(|r| r.process_state == ProcessState::Processed));
+}
+
+#[tokio::test]
+async fn finished_orders_leave_the_index_so_sweeps_cost_what_has_expired() {
+    let mut w = World::new();
+    for i in 0..50 {
+        w.submit(&format!("done-{i}")).await.unwrap();
+    }
+    w.settle().await;
+    assert_eq!(w.store.index_len(), 0);
+    w.clock.advance(Duration::from_secs(3600));
+    let r = w.sweep().await;
+    assert_eq!((r.found, r.acted), (0, 0));
+}
+
+#[tokio::test]
+async fn a_lagging_index_entry_is_rechecked_against_the_table() {
+    let mut w = World::new();
+    w.store.set_index_lag(Duration::from_secs(120));
+    let id = w.submit("lag").await.unwrap().order_id;
+    w.clock.advance(Duration::from_secs(121)); // the index now shows the Pending deadline
+    w.settle().await; // meanwhile the order finishes; the index has not caught up
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    let entry = w.store.expired(id.shard(w.config.index_shards), w.clock.now(), 10).await.unwrap();
+    assert_eq!(entry.len(), 1, "the index still lists the finished order");
+    let handled = w.supervisor.handle(entry[0]).await.unwrap();
+    assert!(matches!(handled, Handled::Ignored(_)), "{handled:?}");
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+}
+
+#[tokio::test]
+async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
+    let mut w = World::with(EngineConfig { failure_threshold: 2, ..EngineConfig::default() });
+    // The inventory service is down: every lease of the first step runs out.
+    w.remote.script("reserve-inventory", std::iter::repeat_n(Behaviour::Transient, 1_000));
+    let id = w.submit("patient").await.unwrap().order_id;
+    w.settle().await;
+    let cb = w.state(id).complete_by.unwrap();
+    assert!(w.clock.now() < cb, "the agent gave up before the deadline");
+    w.clock.set(cb);
+    assert_eq!(w.sweep().await.acted, 1);
+    w.clock.advance(w.config.wait.wait(1));
+    w.settle().await;
+    // Failure count at threshold - 1, lease running: the last attempt.
+    let r = w.state(id);
+    assert_eq!((r.failure_count, r.process_state), (1, ProcessState::Processing));
+    let cb = r.complete_by.unwrap();
+    w.clock.set(cb.minus(Duration::from_millis(1)));
+    assert_eq!(w.sweep().await.acted, 0);
+    assert_eq!(w.state(id), r, "not a byte changed");
+    // At the deadline it is acted on: the uncertain reservation is queued for release.
+    w.clock.set(cb);
+    assert_eq!(w.sweep().await.acted, 1);
+    assert_eq!(w.state(id).phase, sas_engine::state::Phase::Compensating);
+}
+
+// ---------------------------------------------------------------- events
+
+#[tokio::test]
+async fn a_rejected_alert_is_an_error_and_is_delivered_on_redelivery() {
+    let mut w = World::new();
+    w.remote.script("reserve-inventory", [Behaviour::Permanent("no stock".into())]);
+    let id = w.submit("alert-1").await.unwrap().order_id;
+    let inventory = Destination::Agent(sas_engine::AgentName::new("inventory"));
+    w.step(&Destination::Scheduler).await;
+    w.step(&inventory).await;
+    // The bus accepts the status event but drops the alert.
+    w.bus.reject_next_entries(2);
+    assert!(!w.step(&Destination::Replies).await, "a dropped alert fails the handler");
+    assert_eq!(w.state(id).alert, Some(AlertDelivery::Pending));
+    assert!(w.alerts().is_empty());
+    w.clock.advance(Duration::from_secs(31));
+    w.settle().await;
+    assert_eq!(w.alerts().len(), 1);
+    assert_eq!(w.state(id).alert, Some(AlertDelivery::Sent));
+}
+
+#[tokio::test]
+async fn an_alert_whose_message_gave_up_is_published_by_the_supervisor() {
+    let mut w = World::new();
+    w.remote.script("reserve-inventory", [Behaviour::Permanent("no stock".into())]);
+    let id = w.submit("alert-2").await.unwrap().order_id;
+    w.bus.fail_next_calls(1_000);
+    w.settle().await;
+    // The reply is retried until the queue gives up on it.
+    for _ in 0..10 {
+        w.clock.advance(Duration::from_secs(31));
+        w.settle().await;
+    }
+    assert_eq!(w.queues.dead_letters(&Destination::Replies).len(), 1);
+    assert_eq!(w.state(id).alert, Some(AlertDelivery::Pending));
+    w.bus.fail_next_calls(0);
+    w.run_for(Duration::from_secs(600)).await;
+    assert_eq!(w.alerts().len(), 1);
+    assert_eq!(w.state(id).alert, Some(AlertDelivery::Sent));
+}
+
+#[tokio::test]
+async fn only_the_configured_status_events_are_published() {
+    let mut w = World::with(EngineConfig::default());
+    let id = w.submit("quiet").await.unwrap().order_id;
+    w.settle().await;
+    assert_eq!(w.statuses(id), ["processed"]);
+}
+
+// ---------------------------------------------------------------- status
+
+#[tokio::test]
+async fn the_status_view_shows_steps_and_timeline() {
+    let mut w = World::new();
+    let id = w.submit("view").await.unwrap().order_id;
+    w.settle().await;
+    let status = StatusService::new(w.store.clone());
+    let view = status.get(id).await.unwrap().unwrap();
+    assert_eq!(view.process_state, ProcessState::Processed);
+    assert_eq!(view.steps.len(), 3);
+    assert!(view.timeline.len() >= 5);
+    let json = serde_json::to_value(&view).unwrap();
+    assert_eq!(json["process_state"], "Processed");
+    assert_eq!(json["order"]["currency"], "EUR");
+    let unknown = OrderId::for_key(&sas_engine::IdempotencyKey::parse("nobody").unwrap());
+    assert!(status.get(unknown).await.unwrap().is_none());
+}
