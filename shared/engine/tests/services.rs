@@ -1,6 +1,8 @@
 //! Each service on its own, through in-memory ports: submission's idempotency and rejections,
 //! the agent's retries and deadline, the supervisor's sweep, and event delivery.
 
+#![allow(clippy::unwrap_used)] // test crate: helpers outside #[test] fns panic on failed setup
+
 mod world;
 
 use std::sync::Arc;
