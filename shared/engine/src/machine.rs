@@ -110,6 +110,8 @@ pub enum Illegal {
     UnknownStep { step: String },
     /// An alert was reported sent for an order that has none.
     NoAlert,
+    /// The record breaks an invariant of [`StateRecord::check`]; nothing is decided on it.
+    Corrupt { reason: String },
 }
 
 /// The outcome of [`decide`].
@@ -124,6 +126,10 @@ pub enum Decision {
 /// Decides what `input` does to `record`. See the module documentation for the table.
 pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
     use ProcessState::{Error, Pending, Processed, Processing};
+    // Everything below may rely on the invariants (the cursor names a step, and so on).
+    if let Err(reason) = record.check() {
+        return Decision::Illegal(Illegal::Corrupt { reason });
+    }
     let current = record.attempt;
     match (record.process_state, input) {
         // The same queue message again: its transition is written, its effects may not be.

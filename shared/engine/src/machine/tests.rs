@@ -684,3 +684,19 @@ fn a_second_copy_of_an_applied_reply_is_ignored_not_replayed() {
     let same = Input::Reply { attempt: r.attempt, step: &step, outcome: &done, message: &original };
     assert_eq!(f.decide(&next, same, T0), Decision::Replay(vec![Effect::Dispatch]));
 }
+
+#[test]
+fn a_corrupt_record_is_refused_not_decided_on() {
+    let f = Fixture::new();
+    let mut r = f.claim(&f.new_record(), T0);
+    r.cursor = 99;
+    let step = StepRef { index: 99, name: "x".into(), direction: Direction::Do };
+    let done = StepOutcome::done(json!({}));
+    for input in [
+        Input::Reply { attempt: r.attempt, step: &step, outcome: &done, message: "m" },
+        Input::Expire { complete_by: r.complete_by.unwrap() },
+        Input::Claim { attempt: r.attempt, owner: "s", message: "m" },
+    ] {
+        assert!(matches!(f.decide(&r, input, T0), Decision::Illegal(Illegal::Corrupt { .. })));
+    }
+}
