@@ -1,1 +1,31 @@
-//! placeholder
+//! AWS adapters for the engine's ports, and what every Lambda function of the system shares.
+//!
+//! The engine (`sas-engine`) decides; this crate talks to AWS. Each adapter implements one port
+//! on the AWS SDK for Rust and turns the SDK's errors into the engine's: a failed condition or a
+//! cancelled transaction becomes a typed outcome, throttling and 5xx responses become retryable
+//! errors, anything else a permanent one. The SDK is configured once per cold start from the
+//! standard environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, credentials), so the same binaries run
+//! on AWS and against a local emulator.
+//!
+//! # Layout
+//!
+//! - [`dynamo`]: the state store, the orders table and the expiry index.
+//! - [`sqs`]: sending messages; [`batch`]: consuming an SQS batch with partial failures.
+//! - [`eventbridge`]: status events and alerts.
+//! - [`http`]: the remote service an agent calls.
+//! - [`system`]: the real clock, ids and randomness.
+//! - [`settings`]: configuration read from the environment; [`clients`]: SDK clients.
+//! - [`api`]: the HTTP API's answers (statuses and JSON errors).
+//! - [`telemetry`]: logging setup.
+
+pub mod api;
+pub mod batch;
+pub mod clients;
+pub mod dynamo;
+mod errors;
+pub mod eventbridge;
+pub mod http;
+pub mod settings;
+pub mod sqs;
+pub mod system;
+pub mod telemetry;

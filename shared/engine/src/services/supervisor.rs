@@ -20,7 +20,7 @@ use crate::ports::{Clock, EventBus, Expected, ExpiryIndex, IndexEntry, Outbox, S
 use crate::workflow::Workflow;
 
 /// What one sweep did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SweepReport {
     /// Index entries returned by the queries.
     pub found: usize,

@@ -1,0 +1,32 @@
+//! The agent function's handler: an SQS batch of step requests for one remote service, each
+//! handed to the engine's [`Agent`].
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use sas_aws::batch::for_each_message;
+use sas_engine::Error;
+use sas_engine::message::Message;
+use sas_engine::ports::{Clock, Outbox, Random, RemoteService};
+use sas_engine::services::Agent;
+use tracing::{Span, info};
+
+/// Handles a batch; the failed messages are reported for redelivery.
+pub async fn handle<R, Q, C, X>(agent: &Agent<R, Q, C, X>, event: SqsEvent) -> SqsBatchResponse
+where
+    R: RemoteService,
+    Q: Outbox,
+    C: Clock,
+    X: Random,
+{
+    for_each_message(event, |_, body| async move {
+        let Message::Request(request) = Message::decode(&body)? else {
+            return Err(Error::InvalidMessage(
+                "only step requests belong on an agent's queue".into(),
+            ));
+        };
+        Span::current().record("order_id", tracing::field::display(request.order_id));
+        let outcome = agent.handle(&request).await?;
+        info!(action = %request.action, attempt = request.attempt, ?outcome, "step handled");
+        Ok(())
+    })
+    .await
+}

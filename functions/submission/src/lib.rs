@@ -1,0 +1,70 @@
+//! `POST /orders`: the HTTP side of submission. Checks what the engine cannot see (content
+//! type, body size, the key header), then hands the body and key to the engine's
+//! [`Submission`] service and turns its outcome into a response. Every rejection happens
+//! before anything is written.
+
+use lambda_http::http::StatusCode;
+use lambda_http::http::header::CONTENT_TYPE;
+use lambda_http::{Body, Request, Response};
+use sas_aws::api;
+use sas_engine::ports::{Clock, EventBus, Ids, Outbox, StateStore};
+use sas_engine::services::Submission;
+use serde_json::json;
+
+/// Largest request body accepted. An order at its limits (50 lines) is well under 16 KiB.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The header carrying the client's idempotency key.
+pub const KEY_HEADER: &str = "idempotency-key";
+
+/// Handles one request routed to `POST /orders`.
+pub async fn handle<S, Q, B, C, I>(
+    submission: &Submission<S, Q, B, C, I>,
+    request: Request,
+) -> Response<Body>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    I: Ids,
+{
+    let content_type =
+        request.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let media_type = content_type.split(';').next().unwrap_or_default().trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return api::error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Content-Type must be application/json",
+            json!({}),
+        );
+    }
+    let body: &[u8] = match request.body() {
+        Body::Empty => b"",
+        Body::Text(text) => text.as_bytes(),
+        Body::Binary(bytes) => bytes,
+        _ => b"",
+    };
+    if body.len() > MAX_BODY_BYTES {
+        return api::error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            &format!("the body must be at most {MAX_BODY_BYTES} bytes"),
+            json!({}),
+        );
+    }
+    let Some(key) = request.headers().get(KEY_HEADER) else {
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            "missing_idempotency_key",
+            "the Idempotency-Key header is required",
+            json!({ "fields": [{ "field": "Idempotency-Key", "reason": "is required" }] }),
+        );
+    };
+    // A header that is not visible ASCII cannot be a valid key; the engine says why.
+    let key = key.to_str().unwrap_or("\u{fffd}");
+    match submission.submit(key, body).await {
+        Ok(accepted) => api::accepted(&accepted.order_id.to_string(), accepted.created),
+        Err(e) => api::from_error(&e),
+    }
+}

@@ -1,0 +1,29 @@
+//! The supervisor function's handler: one sweep of the expiry index per scheduled invocation.
+
+use sas_engine::ports::{Clock, EventBus, ExpiryIndex, Outbox, StateStore};
+use sas_engine::services::{Supervisor, SweepReport};
+use tracing::info;
+
+/// Runs one sweep and returns its report (also logged). Fails only when no shard could be
+/// queried; records that failed individually stay expired for the next sweep.
+pub async fn handle<S, X, Q, B, C>(
+    supervisor: &Supervisor<S, X, Q, B, C>,
+) -> Result<SweepReport, sas_engine::Error>
+where
+    S: StateStore,
+    X: ExpiryIndex,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+{
+    let report = supervisor.sweep().await?;
+    info!(
+        found = report.found,
+        acted = report.acted,
+        ignored = report.ignored,
+        lost_races = report.lost_races,
+        errors = report.errors,
+        "sweep done"
+    );
+    Ok(report)
+}

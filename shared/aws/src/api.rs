@@ -1,0 +1,85 @@
+//! The HTTP API's answers: how the engine's outcomes become status codes and JSON bodies.
+//!
+//! Client errors say what to fix (the field and the reason); server errors say only that the
+//! service is unavailable or failed, never the internal error text, which goes to the log.
+
+use lambda_http::http::StatusCode;
+use lambda_http::http::header::{CONTENT_TYPE, HeaderValue, LOCATION, RETRY_AFTER};
+use lambda_http::{Body, Response};
+use sas_engine::Error;
+use sas_engine::order::FieldError;
+use serde_json::{Value, json};
+use tracing::error;
+
+/// A JSON response.
+pub fn json(status: StatusCode, body: &Value) -> Response<Body> {
+    let mut response = Response::new(Body::Text(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// A JSON error: `{"error": {"code", "message", ...extra}}`.
+pub fn error(status: StatusCode, code: &str, message: &str, extra: Value) -> Response<Body> {
+    let mut err = json!({ "code": code, "message": message });
+    if let (Value::Object(e), Value::Object(x)) = (&mut err, extra) {
+        e.extend(x);
+    }
+    json(status, &json!({ "error": err }))
+}
+
+/// 202 for an accepted (or already accepted) order, with its status link.
+pub fn accepted(order_id: &str, created: bool) -> Response<Body> {
+    let link = format!("/orders/{order_id}");
+    let mut response = json(
+        StatusCode::ACCEPTED,
+        &json!({ "order_id": order_id, "status_url": link, "created": created }),
+    );
+    if let Ok(value) = link.parse() {
+        response.headers_mut().insert(LOCATION, value);
+    }
+    response
+}
+
+/// The answer for an engine error.
+pub fn from_error(e: &Error) -> Response<Body> {
+    match e {
+        Error::InvalidOrder(rejection) => {
+            let malformed = matches!(rejection.errors.as_slice(), [FieldError { reason, .. }] if reason.starts_with("malformed JSON"));
+            let code = if malformed { "malformed_json" } else { "invalid_order" };
+            error(
+                StatusCode::BAD_REQUEST,
+                code,
+                &rejection.to_string(),
+                json!({ "fields": rejection.errors }),
+            )
+        }
+        Error::InvalidKey(reason) => error(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            &format!("Idempotency-Key {reason}"),
+            json!({ "fields": [{ "field": "Idempotency-Key", "reason": reason }] }),
+        ),
+        Error::KeyReused { existing } => error(
+            StatusCode::CONFLICT,
+            "idempotency_key_reused",
+            "this Idempotency-Key was already used for a different order",
+            json!({ "order_id": existing }),
+        ),
+        e if e.is_retryable() => {
+            error!(error = %e, "dependency unavailable");
+            let mut response = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "temporarily unavailable; retry with the same Idempotency-Key",
+                json!({}),
+            );
+            response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
+        e => {
+            error!(error = %e, "request failed");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error", json!({}))
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The state store on DynamoDB: the state table, the orders table, and the sparse, sharded
+//! `ByCompleteBy` index the supervisor sweeps.
+//!
+//! # Items
+//!
+//! State table, key `OrderId` (S). The pattern's fields are top-level attributes, so conditions,
+//! the index and an operator's scan see them directly: `ProcessState` (S), `LockedBy` (S, only
+//! while Processing), `CompleteBy` (N, epoch ms, only while the record needs watching),
+//! `FailureCount` (N), `Attempt` (N), `Revision` (N), and `ExpiryShard` (N), the index's
+//! partition key. Everything else (steps, outputs, timeline, ...) is one JSON document in
+//! `Body` (S). An item whose `CompleteBy` is removed drops out of the index: finished orders
+//! cost the sweep nothing.
+//!
+//! Orders table, key `OrderId` (S): `IdempotencyKey` (S), `Order` (S, JSON), `CreatedAt` (N).
+//!
+//! # Writes
+//!
+//! Every state change is one `PutItem` on the condition
+//! `ProcessState = :ps AND Attempt = :a AND Revision = :r`: the record exactly as it was read. A
+//! new order is one `TransactWriteItems` of two puts, each on `attribute_not_exists(OrderId)`.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+};
+use sas_engine::ports::{
+    Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore,
+};
+use sas_engine::state::{ProcessState, StateRecord};
+use sas_engine::{Error, OrderId, Result, Timestamp};
+use serde_json::Value;
+
+use crate::errors::classify;
+
+const SERVICE: &str = "dynamodb";
+/// Name of the expiry index; the template defines it with the same name.
+pub const EXPIRY_INDEX: &str = "ByCompleteBy";
+
+type Item = HashMap<String, AttributeValue>;
+
+/// The two tables and the index.
+#[derive(Clone, Debug)]
+pub struct DynamoStore {
+    client: Client,
+    state_table: String,
+    orders_table: String,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, state_table: String, orders_table: String) -> Self {
+        DynamoStore { client, state_table, orders_table }
+    }
+}
+
+impl StateStore for DynamoStore {
+    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
+        let put = |table: &str, item: Item| -> Result<TransactWriteItem> {
+            let put = Put::builder()
+                .table_name(table)
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(OrderId)")
+                .build()
+                .map_err(|e| Error::rejected(SERVICE, e))?;
+            Ok(TransactWriteItem::builder().put(put).build())
+        };
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(put(&self.orders_table, order_item(order))?)
+            .transact_items(put(&self.state_table, state_item(state)?)?)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Created::Created),
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), TransactWriteItemsError::TransactionCanceledException(c)
+                    if c.cancellation_reasons().iter().any(|r| r.code() == Some("ConditionalCheckFailed"))) =>
+            {
+                Ok(Created::AlreadyExists)
+            }
+            Err(e) => Err(classify(SERVICE, e)),
+        }
+    }
+
+    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.state_table)
+            .key("OrderId", AttributeValue::S(id.to_string()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify(SERVICE, e))?;
+        out.item.map(|item| state_from_item(id, &item)).transpose()
+    }
+
+    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
+        // Orders never change once written, but the first read can follow the write by
+        // milliseconds: a consistent read cannot miss it.
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.orders_table)
+            .key("OrderId", AttributeValue::S(id.to_string()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify(SERVICE, e))?;
+        out.item.map(|item| order_from_item(id, &item)).transpose()
+    }
+
+    async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.state_table)
+            .set_item(Some(state_item(next)?))
+            .condition_expression("ProcessState = :ps AND Attempt = :a AND Revision = :r")
+            .expression_attribute_values(
+                ":ps",
+                AttributeValue::S(expected.process_state.as_str().into()),
+            )
+            .expression_attribute_values(":a", number(expected.attempt))
+            .expression_attribute_values(":r", number(expected.revision))
+            // Nothing is done with the old item; asking for none keeps the failure response small.
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Saved::Saved),
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Ok(Saved::Conflict)
+            }
+            Err(e) => Err(classify(SERVICE, e)),
+        }
+    }
+}
+
+impl ExpiryIndex for DynamoStore {
+    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+        let limit = i32::try_from(limit.clamp(1, 1000)).unwrap_or(1000);
+        let out = self
+            .client
+            .query()
+            .table_name(&self.state_table)
+            .index_name(EXPIRY_INDEX)
+            .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :now")
+            .expression_attribute_values(":s", number(shard))
+            .expression_attribute_values(":now", number(now.as_millis()))
+            .limit(limit)
+            .send()
+            .await
+            .map_err(|e| classify(SERVICE, e))?;
+        out.items()
+            .iter()
+            .map(|item| {
+                let raw = string(item, "OrderId")?;
+                let order_id = raw.parse().map_err(|_| corrupt_index(raw))?;
+                let complete_by = Timestamp::from_millis(parse_number(item, "CompleteBy")?);
+                Ok(IndexEntry { order_id, complete_by })
+            })
+            .collect()
+    }
+}
+
+/// Top-level attributes of a state item; everything else of the record goes into `Body`.
+const TOP_LEVEL: [&str; 8] = [
+    "order_id",
+    "process_state",
+    "locked_by",
+    "complete_by",
+    "failure_count",
+    "attempt",
+    "revision",
+    "shard",
+];
+
+fn state_item(r: &StateRecord) -> Result<Item> {
+    let mut body = serde_json::to_value(r).map_err(|e| Error::rejected(SERVICE, e))?;
+    if let Value::Object(map) = &mut body {
+        for key in TOP_LEVEL {
+            map.remove(key);
+        }
+    }
+    let mut item = Item::new();
+    item.insert("OrderId".into(), AttributeValue::S(r.order_id.to_string()));
+    item.insert("ProcessState".into(), AttributeValue::S(r.process_state.as_str().into()));
+    item.insert("FailureCount".into(), number(r.failure_count));
+    item.insert("Attempt".into(), number(r.attempt));
+    item.insert("Revision".into(), number(r.revision));
+    if let Some(owner) = &r.locked_by {
+        item.insert("LockedBy".into(), AttributeValue::S(owner.clone()));
+    }
+    item.insert("ExpiryShard".into(), number(r.shard));
+    if let Some(cb) = r.complete_by {
+        // The index needs both of its keys: without CompleteBy the item is not in it.
+        item.insert("CompleteBy".into(), number(cb.as_millis()));
+    }
+    item.insert("Body".into(), AttributeValue::S(body.to_string()));
+    Ok(item)
+}
+
+fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
+    let corrupt = |reason: String| Error::Corrupt { order_id: id, reason };
+    let body = string(item, "Body").map_err(|e| corrupt(e.to_string()))?;
+    let mut value: Value = serde_json::from_str(body).map_err(|e| corrupt(format!("Body: {e}")))?;
+    let Value::Object(map) = &mut value else {
+        return Err(corrupt("Body is not an object".into()));
+    };
+    let state = string(item, "ProcessState").map_err(|e| corrupt(e.to_string()))?;
+    if ProcessState::parse(state).is_none() {
+        return Err(corrupt(format!("unknown ProcessState {state:?}")));
+    }
+    map.insert("order_id".into(), Value::String(id.to_string()));
+    map.insert("process_state".into(), Value::String(state.to_owned()));
+    map.insert(
+        "locked_by".into(),
+        item.get("LockedBy").and_then(|v| v.as_s().ok()).map_or(Value::Null, |s| s.as_str().into()),
+    );
+    map.insert(
+        "complete_by".into(),
+        item.get("CompleteBy")
+            .map(|_| parse_number::<i64>(item, "CompleteBy"))
+            .transpose()?
+            .map_or(Value::Null, Value::from),
+    );
+    map.insert("failure_count".into(), parse_number::<u32>(item, "FailureCount")?.into());
+    map.insert("attempt".into(), parse_number::<u64>(item, "Attempt")?.into());
+    map.insert("revision".into(), parse_number::<u64>(item, "Revision")?.into());
+    map.insert("shard".into(), parse_number::<u16>(item, "ExpiryShard")?.into());
+    let record: StateRecord =
+        serde_json::from_value(value).map_err(|e| corrupt(format!("record: {e}")))?;
+    record.check().map_err(corrupt)?;
+    Ok(record)
+}
+
+fn order_item(o: &OrderRecord) -> Item {
+    let order = serde_json::to_string(&o.order).unwrap_or_default();
+    Item::from([
+        ("OrderId".into(), AttributeValue::S(o.order_id.to_string())),
+        ("IdempotencyKey".into(), AttributeValue::S(o.idempotency_key.as_str().to_owned())),
+        ("Order".into(), AttributeValue::S(order)),
+        ("CreatedAt".into(), number(o.created_at.as_millis())),
+    ])
+}
+
+fn order_from_item(id: OrderId, item: &Item) -> Result<OrderRecord> {
+    let corrupt = |reason: String| Error::Corrupt { order_id: id, reason };
+    let key = string(item, "IdempotencyKey").map_err(|e| corrupt(e.to_string()))?;
+    let order = string(item, "Order").map_err(|e| corrupt(e.to_string()))?;
+    Ok(OrderRecord {
+        order_id: id,
+        idempotency_key: sas_engine::IdempotencyKey::parse(key)
+            .map_err(|e| corrupt(e.to_string()))?,
+        order: serde_json::from_str(order).map_err(|e| corrupt(format!("Order: {e}")))?,
+        created_at: Timestamp::from_millis(parse_number(item, "CreatedAt")?),
+    })
+}
+
+fn number(n: impl ToString) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+fn string<'a>(item: &'a Item, name: &str) -> Result<&'a str> {
+    item.get(name)
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
+        .ok_or_else(|| Error::rejected(SERVICE, format!("item without string attribute {name}")))
+}
+
+fn parse_number<T: std::str::FromStr>(item: &Item, name: &str) -> Result<T> {
+    item.get(name)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| Error::rejected(SERVICE, format!("item without numeric attribute {name}")))
+}
+
+fn corrupt_index(raw: &str) -> Error {
+    Error::rejected(SERVICE, format!("index entry with a malformed OrderId {raw:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas_engine::config::EngineConfig;
+    use sas_engine::workflow::Workflow;
+    use sas_engine::{AgentName, IdempotencyKey};
+
+    fn record() -> StateRecord {
+        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+        let w = Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap();
+        let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
+        StateRecord::new(
+            id,
+            &w,
+            &EngineConfig::default(),
+            "corr".into(),
+            Timestamp::from_millis(1_000),
+        )
+    }
+
+    #[test]
+    fn a_record_survives_the_round_trip_through_an_item() {
+        let r = record();
+        let item = state_item(&r).unwrap();
+        assert!(item.contains_key("CompleteBy") && item.contains_key("ExpiryShard"));
+        assert!(!item.contains_key("LockedBy"));
+        assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn a_finished_record_has_no_index_keys() {
+        let mut r = record();
+        r.process_state = ProcessState::Processed;
+        r.complete_by = None;
+        for s in &mut r.steps {
+            s.status = sas_engine::state::StepStatus::Done;
+        }
+        let item = state_item(&r).unwrap();
+        assert!(!item.contains_key("CompleteBy"), "out of the index");
+        assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn a_small_record_fits_in_one_write_unit() {
+        let item = state_item(&record()).unwrap();
+        let size: usize = item
+            .iter()
+            .map(|(k, v)| {
+                k.len() + v.as_s().map_or_else(|_| v.as_n().map_or(0, String::len), String::len)
+            })
+            .sum();
+        assert!(size < 1024, "{size} bytes");
+    }
+}

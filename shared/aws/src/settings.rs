@@ -1,0 +1,96 @@
+//! Configuration of a function, read once at cold start from its environment.
+//!
+//! Names of resources come from the template (`STATE_TABLE`, `SCHEDULER_QUEUE_URL`, ...); the
+//! engine's tunables are read by [`EngineConfig::from_lookup`] with their documented defaults.
+//! A missing variable is an error that names it, so a misconfigured function fails its first
+//! invocation with a clear message instead of misbehaving later.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sas_engine::config::EngineConfig;
+use sas_engine::workflow::Workflow;
+use sas_engine::{AgentName, Error, Result};
+
+/// A source of settings: the process environment, or a map in tests.
+#[derive(Clone, Debug, Default)]
+pub struct Env {
+    overrides: Option<HashMap<String, String>>,
+}
+
+impl Env {
+    /// Reads the process environment.
+    pub fn process() -> Self {
+        Env { overrides: None }
+    }
+
+    /// Reads only the given pairs (for tests).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Env {
+            overrides: Some(pairs.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect()),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<String> {
+        match &self.overrides {
+            Some(map) => map.get(name).cloned(),
+            None => std::env::var(name).ok(),
+        }
+        .filter(|v| !v.is_empty())
+    }
+
+    pub fn required(&self, name: &str) -> Result<String> {
+        self.get(name)
+            .ok_or_else(|| Error::Config(format!("environment variable {name} is not set")))
+    }
+
+    /// The engine's tunables.
+    pub fn engine_config(&self) -> Result<Arc<EngineConfig>> {
+        EngineConfig::from_lookup(|k| self.get(k)).map(Arc::new)
+    }
+
+    /// The deployed agents (`AGENTS`, comma-separated) and the workflow (`WORKFLOW_JSON`, or the
+    /// built-in order-fulfilment workflow), validated against each other.
+    pub fn workflow(&self) -> Result<(Arc<Workflow>, Vec<AgentName>)> {
+        let agents: Vec<AgentName> = self
+            .required("AGENTS")?
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(AgentName::new)
+            .collect();
+        let json = self
+            .get("WORKFLOW_JSON")
+            .unwrap_or_else(|| Workflow::order_fulfilment_json().to_owned());
+        let workflow = Workflow::from_json(&json, &agents)?;
+        Ok((Arc::new(workflow), agents))
+    }
+}
+
+/// The variable holding an agent's request queue URL: `AGENT_QUEUE_` and the agent's name in
+/// upper case with `-` as `_` (`AGENT_QUEUE_INVENTORY`).
+pub fn agent_queue_variable(agent: &AgentName) -> String {
+    format!("AGENT_QUEUE_{}", agent.as_str().to_ascii_uppercase().replace('-', "_"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_variables_are_named() {
+        let env = Env::from_pairs([("STATE_TABLE", "")]);
+        let err = env.required("STATE_TABLE").unwrap_err().to_string();
+        assert!(err.contains("STATE_TABLE"), "{err}");
+    }
+
+    #[test]
+    fn the_workflow_is_checked_against_the_deployed_agents() {
+        let env = Env::from_pairs([("AGENTS", "inventory, payment,shipping")]);
+        let (w, agents) = env.workflow().unwrap();
+        assert_eq!((w.steps().len(), agents.len()), (3, 3));
+        let env = Env::from_pairs([("AGENTS", "inventory,payment")]);
+        assert!(env.workflow().unwrap_err().to_string().contains("shipping"));
+        assert_eq!(agent_queue_variable(&AgentName::new("gift-wrap")), "AGENT_QUEUE_GIFT_WRAP");
+    }
+}

@@ -1,0 +1,22 @@
+//! Logging: structured JSON lines (what CloudWatch Logs Insights queries), or plain text with
+//! `LOG_FORMAT=text` for a terminal. The level comes from `RUST_LOG` (default `info`).
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global subscriber. Call once, first thing in `main`.
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    if std::env::var("LOG_FORMAT").is_ok_and(|f| f == "text") {
+        builder.without_time().init();
+    } else {
+        // Lambda stamps every line itself; a second timestamp is noise.
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .without_time()
+            .init();
+    }
+}
