@@ -1,0 +1,23 @@
+//! Infrastructure tooling: reading `template.yaml` and creating what it declares on any AWS
+//! API endpoint (a local emulator, LocalStack, or a real account).
+//!
+//! The template is the single source of truth: tests and the local stack create their tables,
+//! indexes, queues, dead-letter queues, buses and rules from it, so nothing can drift from what
+//! `sam deploy` creates. Resource types that have no local equivalent are reported by name.
+//!
+//! - [`template`]: parsing and evaluating the template (parameters, conditions, intrinsics).
+//! - [`provision`]: creating its resources.
+
+pub mod provision;
+pub mod template;
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("template: {0}")]
+    Template(String),
+    #[error("creating {logical_id} ({kind}): {message}")]
+    Create { logical_id: String, kind: String, message: String },
+}

@@ -1,0 +1,414 @@
+//! Parsing and evaluating a CloudFormation/SAM template.
+//!
+//! Only the long form of intrinsic functions is accepted (`Ref:`, `Fn::GetAtt:`, `Fn::Sub:`,
+//! ...): the short `!Ref` tags are YAML tags, which a plain YAML reader would silently turn
+//! into strings, so the template is checked for them and refused with a clear message.
+//!
+//! Evaluation resolves parameters (defaults, or overrides), pseudo parameters, conditions,
+//! `Ref`, `Fn::GetAtt`, `Fn::Sub`, `Fn::If`, `Fn::Join`, `Fn::Select`, `Fn::Equals`,
+//! `Fn::Not`, `Fn::And`, `Fn::Or`, and `AWS::NoValue`, against the physical ids of the
+//! resources created so far.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{Map, Value};
+use yaml_rust2::{Yaml, YamlLoader};
+
+use crate::Error;
+
+/// Account id that local emulators use by default.
+pub const LOCAL_ACCOUNT: &str = "123456789012";
+
+/// A parsed template.
+#[derive(Clone, Debug)]
+pub struct Template {
+    pub parameters: BTreeMap<String, Value>,
+    pub conditions: BTreeMap<String, Value>,
+    /// Resources in the order they are written.
+    pub resources: Vec<(String, Resource)>,
+    pub outputs: BTreeMap<String, Value>,
+    pub globals: Value,
+}
+
+/// One resource: its type, its (unevaluated) properties, and its condition if any.
+#[derive(Clone, Debug)]
+pub struct Resource {
+    pub kind: String,
+    pub properties: Value,
+    pub condition: Option<String>,
+}
+
+const SHORT_TAGS: [&str; 18] = [
+    "!Ref", "!GetAtt", "!Sub", "!If", "!Join", "!Select", "!Equals", "!Not", "!And", "!Or",
+    "!FindInMap", "!Split", "!ImportValue", "!Base64", "!Cidr", "!GetAZs", "!Condition", "!Transform",
+];
+
+impl Template {
+    pub fn load(path: &std::path::Path) -> Result<Template, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| Error::Read { path: path.display().to_string(), source })?;
+        Template::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<Template, Error> {
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split(" #").next().unwrap_or_default();
+            if let Some(tag) = SHORT_TAGS.iter().find(|t| code.split_whitespace().any(|w| w == **t)) {
+                return Err(Error::Template(format!(
+                    "line {}: short-form intrinsic {tag} is not supported; write it in long form (e.g. `Ref:` or `Fn::GetAtt:`)",
+                    n + 1
+                )));
+            }
+        }
+        let docs = YamlLoader::load_from_str(text).map_err(|e| Error::Template(e.to_string()))?;
+        let root = docs.into_iter().next().map(to_json).transpose()?.unwrap_or(Value::Null);
+        let section = |name: &str| root.get(name).and_then(Value::as_object).cloned().unwrap_or_default();
+        let mut resources = Vec::new();
+        for (id, r) in section("Resources") {
+            let kind = r.get("Type").and_then(Value::as_str).ok_or_else(|| Error::Template(format!("{id} has no Type")))?;
+            resources.push((
+                id.clone(),
+                Resource {
+                    kind: kind.to_owned(),
+                    properties: r.get("Properties").cloned().unwrap_or(Value::Object(Map::new())),
+                    condition: r.get("Condition").and_then(Value::as_str).map(str::to_owned),
+                },
+            ));
+        }
+        Ok(Template {
+            parameters: section("Parameters").into_iter().collect(),
+            conditions: section("Conditions").into_iter().collect(),
+            resources,
+            outputs: section("Outputs").into_iter().collect(),
+            globals: root.get("Globals").cloned().unwrap_or(Value::Null),
+        })
+    }
+
+    pub fn resource(&self, id: &str) -> Option<&Resource> {
+        self.resources.iter().find(|(r, _)| r == id).map(|(_, r)| r)
+    }
+
+    /// Resources of one type, in template order.
+    pub fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = (&'a str, &'a Resource)> + 'a {
+        self.resources.iter().filter(move |(_, r)| r.kind == kind).map(|(id, r)| (id.as_str(), r))
+    }
+}
+
+fn to_json(y: Yaml) -> Result<Value, Error> {
+    Ok(match y {
+        Yaml::Real(r) => r.parse::<f64>().ok().and_then(serde_json::Number::from_f64).map_or(Value::String(r), Value::Number),
+        Yaml::Integer(i) => Value::from(i),
+        Yaml::String(s) => Value::String(s),
+        Yaml::Boolean(b) => Value::Bool(b),
+        Yaml::Array(a) => Value::Array(a.into_iter().map(to_json).collect::<Result<_, _>>()?),
+        Yaml::Hash(h) => {
+            let mut map = Map::new();
+            for (k, v) in h {
+                let key = match k {
+                    Yaml::String(s) => s,
+                    Yaml::Integer(i) => i.to_string(),
+                    Yaml::Boolean(b) => b.to_string(),
+                    other => return Err(Error::Template(format!("unsupported mapping key {other:?}"))),
+                };
+                map.insert(key, to_json(v)?);
+            }
+            Value::Object(map)
+        }
+        Yaml::Null => Value::Null,
+        other => return Err(Error::Template(format!("unsupported YAML value {other:?}"))),
+    })
+}
+
+/// What `Ref` and `Fn::GetAtt` resolve to: parameter values and created resources.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    pub stack_name: String,
+    pub region: String,
+    pub parameters: HashMap<String, Value>,
+    /// `Ref` of each resource created so far.
+    pub refs: HashMap<String, Value>,
+    /// `Fn::GetAtt` values: (resource, attribute) → value.
+    pub attributes: HashMap<(String, String), Value>,
+    conditions: HashMap<String, bool>,
+}
+
+/// Marks a value to drop (`AWS::NoValue`).
+const NO_VALUE: &str = "\u{0}no-value";
+
+impl Context {
+    /// Parameter defaults, overridden by `overrides`, and the template's conditions.
+    pub fn new(template: &Template, stack_name: &str, region: &str, overrides: &HashMap<String, String>) -> Result<Self, Error> {
+        let mut ctx = Context { stack_name: stack_name.to_owned(), region: region.to_owned(), ..Context::default() };
+        for (name, spec) in &template.parameters {
+            let value = match overrides.get(name) {
+                Some(v) => Value::String(v.clone()),
+                None => spec.get("Default").cloned().ok_or_else(|| Error::Template(format!("parameter {name} has no default and no value")))?,
+            };
+            // CloudFormation passes every parameter as a string.
+            let value = match value {
+                Value::Number(n) => Value::String(n.to_string()),
+                v => v,
+            };
+            ctx.parameters.insert(name.clone(), value);
+        }
+        for (name, _) in &template.conditions {
+            let value = ctx.condition(template, name)?;
+            ctx.conditions.insert(name.clone(), value);
+        }
+        Ok(ctx)
+    }
+
+    /// Whether a resource with this condition exists.
+    pub fn holds(&self, condition: Option<&str>) -> bool {
+        condition.is_none_or(|c| self.conditions.get(c).copied().unwrap_or(false))
+    }
+
+    fn condition(&self, template: &Template, name: &str) -> Result<bool, Error> {
+        let expr = template.conditions.get(name).ok_or_else(|| Error::Template(format!("unknown condition {name}")))?;
+        let v = self.eval_condition(template, expr)?;
+        Ok(v)
+    }
+
+    fn eval_condition(&self, template: &Template, expr: &Value) -> Result<bool, Error> {
+        let (name, arg) = single_key(expr).ok_or_else(|| Error::Template(format!("not a condition: {expr}")))?;
+        match name {
+            "Fn::Equals" => {
+                let [a, b] = pair(arg)?;
+                Ok(self.eval(a)? == self.eval(b)?)
+            }
+            "Fn::Not" => Ok(!self.eval_condition(template, first(arg)?)?),
+            "Fn::And" => list(arg)?.iter().try_fold(true, |acc, c| Ok(acc && self.eval_condition(template, c)?)),
+            "Fn::Or" => list(arg)?.iter().try_fold(false, |acc, c| Ok(acc || self.eval_condition(template, c)?)),
+            "Condition" => {
+                let c = arg.as_str().ok_or_else(|| Error::Template("Condition takes a name".into()))?;
+                match self.conditions.get(c) {
+                    Some(v) => Ok(*v),
+                    None => self.condition(template, c),
+                }
+            }
+            other => Err(Error::Template(format!("unsupported condition function {other}"))),
+        }
+    }
+
+    /// Evaluates every intrinsic function in `value`.
+    pub fn eval(&self, value: &Value) -> Result<Value, Error> {
+        let v = self.eval_inner(value)?;
+        Ok(v)
+    }
+
+    fn eval_inner(&self, value: &Value) -> Result<Value, Error> {
+        if let Some((name, arg)) = single_key(value) {
+            if name == "Ref" || name.starts_with("Fn::") || name == "Condition" {
+                return self.intrinsic(name, arg);
+            }
+        }
+        Ok(match value {
+            Value::Object(map) => {
+                let mut out = Map::new();
+                for (k, v) in map {
+                    let v = self.eval_inner(v)?;
+                    if v != Value::String(NO_VALUE.into()) {
+                        out.insert(k.clone(), v);
+                    }
+                }
+                Value::Object(out)
+            }
+            Value::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .map(|v| self.eval_inner(v))
+                    .filter(|v| !matches!(v, Ok(Value::String(s)) if s == NO_VALUE))
+                    .collect::<Result<_, _>>()?,
+            ),
+            other => other.clone(),
+        })
+    }
+
+    fn intrinsic(&self, name: &str, arg: &Value) -> Result<Value, Error> {
+        match name {
+            "Ref" => {
+                let target = arg.as_str().ok_or_else(|| Error::Template("Ref takes a name".into()))?;
+                self.reference(target)
+            }
+            "Fn::GetAtt" => {
+                let (resource, attribute) = match arg {
+                    Value::String(s) => s.split_once('.').map(|(a, b)| (a.to_owned(), b.to_owned())),
+                    Value::Array(a) if a.len() == 2 => Some((str_of(&a[0])?, str_of(&a[1])?)),
+                    _ => None,
+                }
+                .ok_or_else(|| Error::Template(format!("malformed Fn::GetAtt {arg}")))?;
+                self.attributes
+                    .get(&(resource.clone(), attribute.clone()))
+                    .cloned()
+                    .ok_or_else(|| Error::Template(format!("{resource}.{attribute} is not known (yet)")))
+            }
+            "Fn::Sub" => {
+                let (text, vars) = match arg {
+                    Value::String(s) => (s.clone(), Map::new()),
+                    Value::Array(a) if a.len() == 2 => (str_of(&a[0])?, a[1].as_object().cloned().unwrap_or_default()),
+                    _ => return Err(Error::Template(format!("malformed Fn::Sub {arg}"))),
+                };
+                self.substitute(&text, &vars).map(Value::String)
+            }
+            "Fn::If" => {
+                let a = list(arg)?;
+                let [c, yes, no] = a.as_slice() else { return Err(Error::Template("Fn::If takes three items".into())) };
+                let c = c.as_str().ok_or_else(|| Error::Template("Fn::If needs a condition name".into()))?;
+                let holds = *self.conditions.get(c).ok_or_else(|| Error::Template(format!("unknown condition {c}")))?;
+                self.eval_inner(if holds { yes } else { no })
+            }
+            "Fn::Join" => {
+                let [sep, items] = pair(arg)?;
+                let sep = str_of(sep)?;
+                let items = self.eval_inner(items)?;
+                let parts = items.as_array().ok_or_else(|| Error::Template("Fn::Join needs a list".into()))?;
+                Ok(Value::String(parts.iter().map(scalar_string).collect::<Result<Vec<_>, _>>()?.join(&sep)))
+            }
+            "Fn::Select" => {
+                let [index, items] = pair(arg)?;
+                let index: usize = scalar_string(&self.eval_inner(index)?)?.parse().map_err(|_| Error::Template("Fn::Select index".into()))?;
+                let items = self.eval_inner(items)?;
+                items.get(index).cloned().ok_or_else(|| Error::Template("Fn::Select out of range".into()))
+            }
+            other => Err(Error::Template(format!("unsupported intrinsic function {other}"))),
+        }
+    }
+
+    fn reference(&self, target: &str) -> Result<Value, Error> {
+        let pseudo = match target {
+            "AWS::StackName" => Some(self.stack_name.clone()),
+            "AWS::Region" => Some(self.region.clone()),
+            "AWS::AccountId" => Some(LOCAL_ACCOUNT.to_owned()),
+            "AWS::Partition" => Some("aws".to_owned()),
+            "AWS::URLSuffix" => Some("amazonaws.com".to_owned()),
+            "AWS::NoValue" => Some(NO_VALUE.to_owned()),
+            _ => None,
+        };
+        if let Some(p) = pseudo {
+            return Ok(Value::String(p));
+        }
+        self.parameters
+            .get(target)
+            .or_else(|| self.refs.get(target))
+            .cloned()
+            .ok_or_else(|| Error::Template(format!("Ref {target} is not known (yet)")))
+    }
+
+    fn substitute(&self, text: &str, vars: &Map<String, Value>) -> Result<String, Error> {
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            let end = after.find('}').ok_or_else(|| Error::Template(format!("unclosed ${{ in {text:?}")))?;
+            let name = &after[..end];
+            let value = if let Some(v) = vars.get(name) {
+                self.eval_inner(v)?
+            } else if let Some(literal) = name.strip_prefix('!') {
+                Value::String(format!("${{{literal}}}"))
+            } else if let Some((resource, attribute)) = name.split_once('.') {
+                self.intrinsic("Fn::GetAtt", &Value::Array(vec![resource.into(), attribute.into()]))?
+            } else {
+                self.reference(name)?
+            };
+            out.push_str(&scalar_string(&value)?);
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+}
+
+fn single_key(v: &Value) -> Option<(&str, &Value)> {
+    let map = v.as_object()?;
+    if map.len() != 1 {
+        return None;
+    }
+    map.iter().next().map(|(k, v)| (k.as_str(), v))
+}
+
+fn list(v: &Value) -> Result<&Vec<Value>, Error> {
+    v.as_array().ok_or_else(|| Error::Template(format!("expected a list, found {v}")))
+}
+
+fn first(v: &Value) -> Result<&Value, Error> {
+    list(v)?.first().ok_or_else(|| Error::Template("empty list".into()))
+}
+
+fn pair(v: &Value) -> Result<[&Value; 2], Error> {
+    match list(v)?.as_slice() {
+        [a, b] => Ok([a, b]),
+        _ => Err(Error::Template(format!("expected two items, found {v}"))),
+    }
+}
+
+fn str_of(v: &Value) -> Result<String, Error> {
+    v.as_str().map(str::to_owned).ok_or_else(|| Error::Template(format!("expected a string, found {v}")))
+}
+
+/// A scalar as CloudFormation would write it into a string.
+pub fn scalar_string(v: &Value) -> Result<String, Error> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        other => Err(Error::Template(format!("expected a scalar, found {other}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: &str = r#"
+Parameters:
+  Threshold: {Type: Number, Default: 3}
+  Email: {Type: String, Default: ""}
+Conditions:
+  HasEmail:
+    Fn::Not: [{Fn::Equals: [{Ref: Email}, ""]}]
+Resources:
+  Queue:
+    Type: AWS::SQS::Queue
+    Properties:
+      VisibilityTimeout: 60
+  Sub:
+    Type: AWS::SNS::Subscription
+    Condition: HasEmail
+    Properties: {Endpoint: {Ref: Email}}
+"#;
+
+    #[test]
+    fn parameters_conditions_and_intrinsics_evaluate() {
+        let t = Template::parse(T).unwrap();
+        assert_eq!(t.resources.len(), 2);
+        let mut ctx = Context::new(&t, "demo", "us-east-1", &HashMap::new()).unwrap();
+        assert!(!ctx.holds(Some("HasEmail")));
+        ctx.refs.insert("Queue".into(), "http://q".into());
+        ctx.attributes.insert(("Queue".into(), "Arn".into()), "arn:q".into());
+        let v: Value = serde_json::json!({
+            "a": {"Ref": "Threshold"},
+            "b": {"Fn::Sub": "${AWS::StackName}-${Queue}-${Queue.Arn}-${!Literal}"},
+            "c": {"Fn::If": ["HasEmail", "yes", {"Ref": "AWS::NoValue"}]},
+            "d": {"Fn::Join": [",", ["x", {"Ref": "Threshold"}]]}
+        });
+        let out = ctx.eval(&v).unwrap();
+        assert_eq!(out, serde_json::json!({"a": "3", "b": "demo-http://q-arn:q-${Literal}", "d": "x,3"}));
+        let with_email = Context::new(&t, "s", "r", &HashMap::from([("Email".into(), "ops@example.com".into())])).unwrap();
+        assert!(with_email.holds(Some("HasEmail")));
+    }
+
+    #[test]
+    fn short_form_tags_are_refused_by_line() {
+        let err = Template::parse("Resources:\n  Q:\n    Type: AWS::SQS::Queue\n    Properties:\n      X: !Ref Y\n").unwrap_err();
+        assert!(err.to_string().contains("line 5") && err.to_string().contains("!Ref"), "{err}");
+    }
+
+    #[test]
+    fn unknown_references_are_named() {
+        let t = Template::parse(T).unwrap();
+        let ctx = Context::new(&t, "s", "r", &HashMap::new()).unwrap();
+        let err = ctx.eval(&serde_json::json!({"Ref": "Nope"})).unwrap_err();
+        assert!(err.to_string().contains("Nope"));
+    }
+}
