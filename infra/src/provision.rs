@@ -1,0 +1,344 @@
+//! Creating a template's resources on an AWS API endpoint.
+//!
+//! Tables (with their global secondary indexes), queues (with their redrive policies), event
+//! buses and rules (with their queue targets) are created for real; creation is idempotent, so
+//! provisioning twice against the same endpoint reuses what exists. Resources the runner
+//! emulates itself (functions, the HTTP API) and those with no local meaning (alarms, e-mail
+//! subscriptions, access policies) are not created; each is listed in [`Stack::skipped`] with
+//! the reason, and references to them still resolve, so the rest of the template evaluates.
+
+use std::collections::HashMap;
+
+use aws_config::SdkConfig;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_json::Value;
+use tracing::debug;
+
+use crate::template::{scalar_string, Context, Template, LOCAL_ACCOUNT};
+use crate::Error;
+
+/// How to provision.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Prefix of every physical name, like a CloudFormation stack name.
+    pub stack_name: String,
+    pub region: String,
+    /// Parameter values that replace the template's defaults.
+    pub parameters: HashMap<String, String>,
+    /// Attributes of resources provided from elsewhere, e.g. (`RemoteSimFunctionUrl`,
+    /// `FunctionUrl`) for the URL of a locally running service.
+    pub attributes: HashMap<(String, String), Value>,
+}
+
+/// What was created, and how to refer to it.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    pub context: Context,
+    /// Logical ids of the resources created (or found existing), in creation order.
+    pub created: Vec<String>,
+    /// Resources not created, with their type and why.
+    pub skipped: Vec<(String, String, String)>,
+}
+
+impl Stack {
+    /// The `Ref` of a created resource (a table's name, a queue's URL, a bus's name).
+    pub fn reference(&self, logical_id: &str) -> Option<String> {
+        self.context.refs.get(logical_id).and_then(|v| scalar_string(v).ok())
+    }
+
+    /// A `Fn::GetAtt` of a created resource.
+    pub fn attribute(&self, logical_id: &str, attribute: &str) -> Option<String> {
+        self.context
+            .attributes
+            .get(&(logical_id.to_owned(), attribute.to_owned()))
+            .and_then(|v| scalar_string(v).ok())
+    }
+
+    /// Evaluates any template fragment (a function's environment, an output) in this stack.
+    pub fn eval(&self, value: &Value) -> Result<Value, Error> {
+        self.context.eval(value)
+    }
+}
+
+/// Why a resource type is not created locally; `None` for types that are.
+fn not_created(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "AWS::DynamoDB::Table" | "AWS::SQS::Queue" | "AWS::Events::EventBus" | "AWS::Events::Rule" => return None,
+        "AWS::Serverless::Function" | "AWS::Lambda::Function" => "run by the local stack as a process",
+        "AWS::Serverless::HttpApi" | "AWS::ApiGatewayV2::Api" => "served by the local stack on 127.0.0.1",
+        "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" => "access policies are not enforced locally",
+        "AWS::SNS::Topic" => "alerts are read from the alerts queue locally",
+        "AWS::SNS::Subscription" => "e-mail is not delivered locally",
+        "AWS::CloudWatch::Alarm" => "the local stack reports dead-letter messages itself",
+        _ => "this resource type is not supported locally",
+    })
+}
+
+/// Creates every resource of `template` that has a local equivalent.
+pub async fn provision(template: &Template, sdk: &SdkConfig, options: &Options) -> Result<Stack, Error> {
+    let mut ctx = Context::new(template, &options.stack_name, &options.region, &options.parameters)?;
+    ctx.attributes.extend(options.attributes.clone());
+    let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let events = aws_sdk_eventbridge::Client::new(sdk);
+    let mut stack = Stack { context: ctx, created: Vec::new(), skipped: Vec::new() };
+
+    let mut pending = Vec::new();
+    for (id, resource) in &template.resources {
+        if !stack.context.holds(resource.condition.as_deref()) {
+            continue;
+        }
+        match not_created(&resource.kind) {
+            None => pending.push((id.as_str(), resource)),
+            Some(reason) => {
+                stand_in(&mut stack.context, id, &resource.kind, options);
+                stack.skipped.push((id.clone(), resource.kind.clone(), reason.to_owned()));
+            }
+        }
+    }
+    // Create in dependency order: a resource whose properties refer to something not created
+    // yet waits for the next round.
+    while !pending.is_empty() {
+        let mut waiting = Vec::new();
+        let mut progressed = false;
+        for (id, resource) in pending {
+            let properties = match stack.context.eval(&resource.properties) {
+                Ok(p) => p,
+                Err(Error::Template(m)) if m.contains("not known (yet)") => {
+                    waiting.push((id, resource));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let name = physical_name(&options.stack_name, id);
+            let fail = |message: String| Error::Create { logical_id: id.into(), kind: resource.kind.clone(), message };
+            match resource.kind.as_str() {
+                "AWS::DynamoDB::Table" => create_table(&dynamodb, &mut stack.context, id, &name, &properties).await.map_err(fail)?,
+                "AWS::SQS::Queue" => create_queue(&sqs, &mut stack.context, id, &name, &properties).await.map_err(fail)?,
+                "AWS::Events::EventBus" => create_bus(&events, &mut stack.context, id, &name, &properties).await.map_err(fail)?,
+                "AWS::Events::Rule" => {
+                    let dropped = create_rule(&events, &mut stack.context, id, &name, &properties).await.map_err(fail)?;
+                    for target in dropped {
+                        stack.skipped.push((format!("{id} → {target}"), "rule target".into(), "only queue targets are delivered locally".into()));
+                    }
+                }
+                _ => unreachable!("filtered by not_created"),
+            }
+            debug!(logical_id = id, "created");
+            stack.created.push(id.to_owned());
+            progressed = true;
+        }
+        if !progressed && !waiting.is_empty() {
+            let ids: Vec<&str> = waiting.iter().map(|(id, _)| *id).collect();
+            return Err(Error::Template(format!("unresolvable references in {}", ids.join(", "))));
+        }
+        pending = waiting;
+    }
+    Ok(stack)
+}
+
+/// Physical names as CloudFormation would make them: short, unique per stack, and valid for
+/// tables, queues and rules alike.
+fn physical_name(stack: &str, logical_id: &str) -> String {
+    let mut name = format!("{stack}-{logical_id}");
+    name.retain(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    name.truncate(80);
+    name
+}
+
+/// References to resources that are not created still resolve, to what they would be named.
+fn stand_in(ctx: &mut Context, id: &str, kind: &str, options: &Options) {
+    let name = physical_name(&options.stack_name, id);
+    let region = &options.region;
+    let (reference, arn) = match kind {
+        "AWS::SNS::Topic" => {
+            let arn = format!("arn:aws:sns:{region}:{LOCAL_ACCOUNT}:{name}");
+            (arn.clone(), arn)
+        }
+        "AWS::Serverless::Function" | "AWS::Lambda::Function" => {
+            (name.clone(), format!("arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{name}"))
+        }
+        _ => (name.clone(), format!("arn:aws:local:{region}:{LOCAL_ACCOUNT}:{name}")),
+    };
+    ctx.refs.insert(id.to_owned(), Value::String(reference));
+    ctx.attributes.insert((id.to_owned(), "Arn".into()), Value::String(arn));
+}
+
+fn text(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(|x| scalar_string(x).ok())
+}
+
+async fn create_table(
+    client: &aws_sdk_dynamodb::Client,
+    ctx: &mut Context,
+    id: &str,
+    default_name: &str,
+    p: &Value,
+) -> Result<(), String> {
+    let name = text(p, "TableName").unwrap_or_else(|| default_name.to_owned());
+    let keys = |v: Option<&Value>| -> Result<Vec<KeySchemaElement>, String> {
+        v.and_then(Value::as_array)
+            .ok_or("KeySchema missing")?
+            .iter()
+            .map(|k| {
+                KeySchemaElement::builder()
+                    .attribute_name(text(k, "AttributeName").unwrap_or_default())
+                    .key_type(KeyType::from(text(k, "KeyType").unwrap_or_default().as_str()))
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .collect()
+    };
+    let mut request = client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .set_key_schema(Some(keys(p.get("KeySchema"))?));
+    for a in p.get("AttributeDefinitions").and_then(Value::as_array).into_iter().flatten() {
+        request = request.attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(text(a, "AttributeName").unwrap_or_default())
+                .attribute_type(ScalarAttributeType::from(text(a, "AttributeType").unwrap_or_default().as_str()))
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for g in p.get("GlobalSecondaryIndexes").and_then(Value::as_array).into_iter().flatten() {
+        let projection = g.get("Projection").cloned().unwrap_or_default();
+        let mut proj = Projection::builder()
+            .projection_type(ProjectionType::from(text(&projection, "ProjectionType").unwrap_or("ALL".into()).as_str()));
+        for attr in projection.get("NonKeyAttributes").and_then(Value::as_array).into_iter().flatten() {
+            proj = proj.non_key_attributes(scalar_string(attr).map_err(|e| e.to_string())?);
+        }
+        request = request.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name(text(g, "IndexName").unwrap_or_default())
+                .set_key_schema(Some(keys(g.get("KeySchema"))?))
+                .projection(proj.build())
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    match request.send().await {
+        Ok(_) => {}
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
+        Err(e) => return Err(aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()),
+    }
+    ctx.refs.insert(id.into(), Value::String(name.clone()));
+    let arn = format!("arn:aws:dynamodb:{}:{LOCAL_ACCOUNT}:table/{name}", ctx.region);
+    ctx.attributes.insert((id.into(), "Arn".into()), Value::String(arn));
+    Ok(())
+}
+
+async fn create_queue(client: &aws_sdk_sqs::Client, ctx: &mut Context, id: &str, default_name: &str, p: &Value) -> Result<(), String> {
+    let fifo = p.get("FifoQueue").is_some_and(|v| v == &Value::Bool(true) || v == "true");
+    let mut name = text(p, "QueueName").unwrap_or_else(|| default_name.to_owned());
+    if fifo && !name.ends_with(".fifo") {
+        name.push_str(".fifo");
+    }
+    let mut request = client.create_queue().queue_name(&name);
+    for (key, attr) in [
+        ("VisibilityTimeout", QueueAttributeName::VisibilityTimeout),
+        ("MessageRetentionPeriod", QueueAttributeName::MessageRetentionPeriod),
+        ("DelaySeconds", QueueAttributeName::DelaySeconds),
+        ("ReceiveMessageWaitTimeSeconds", QueueAttributeName::ReceiveMessageWaitTimeSeconds),
+        ("MaximumMessageSize", QueueAttributeName::MaximumMessageSize),
+    ] {
+        if let Some(v) = text(p, key) {
+            request = request.attributes(attr, v);
+        }
+    }
+    if fifo {
+        request = request.attributes(QueueAttributeName::FifoQueue, "true");
+    }
+    if let Some(redrive) = p.get("RedrivePolicy") {
+        request = request.attributes(QueueAttributeName::RedrivePolicy, redrive.to_string());
+    }
+    let url = request
+        .send()
+        .await
+        .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?
+        .queue_url
+        .ok_or("no queue URL returned")?;
+    let arn = format!("arn:aws:sqs:{}:{LOCAL_ACCOUNT}:{name}", ctx.region);
+    ctx.refs.insert(id.into(), Value::String(url.clone()));
+    ctx.attributes.insert((id.into(), "Arn".into()), Value::String(arn));
+    ctx.attributes.insert((id.into(), "QueueName".into()), Value::String(name));
+    ctx.attributes.insert((id.into(), "QueueUrl".into()), Value::String(url));
+    Ok(())
+}
+
+async fn create_bus(
+    client: &aws_sdk_eventbridge::Client,
+    ctx: &mut Context,
+    id: &str,
+    default_name: &str,
+    p: &Value,
+) -> Result<(), String> {
+    let name = text(p, "Name").unwrap_or_else(|| default_name.to_owned());
+    match client.create_event_bus().name(&name).send().await {
+        Ok(_) => {}
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_already_exists_exception()) => {}
+        Err(e) => return Err(aws_sdk_eventbridge::error::DisplayErrorContext(e).to_string()),
+    }
+    let arn = format!("arn:aws:events:{}:{LOCAL_ACCOUNT}:event-bus/{name}", ctx.region);
+    ctx.refs.insert(id.into(), Value::String(name.clone()));
+    ctx.attributes.insert((id.into(), "Arn".into()), Value::String(arn));
+    ctx.attributes.insert((id.into(), "Name".into()), Value::String(name));
+    Ok(())
+}
+
+/// Creates the rule and its queue targets; returns the targets that were not queues.
+async fn create_rule(
+    client: &aws_sdk_eventbridge::Client,
+    ctx: &mut Context,
+    id: &str,
+    default_name: &str,
+    p: &Value,
+) -> Result<Vec<String>, String> {
+    let name = text(p, "Name").unwrap_or_else(|| default_name.to_owned());
+    let bus = text(p, "EventBusName").unwrap_or_else(|| "default".into());
+    let mut rule = client.put_rule().name(&name).event_bus_name(&bus);
+    if let Some(pattern) = p.get("EventPattern") {
+        rule = rule.event_pattern(pattern.to_string());
+    }
+    if let Some(schedule) = text(p, "ScheduleExpression") {
+        rule = rule.schedule_expression(schedule);
+    }
+    let out = rule.send().await.map_err(|e| aws_sdk_eventbridge::error::DisplayErrorContext(e).to_string())?;
+    let mut dropped = Vec::new();
+    let mut targets = Vec::new();
+    for t in p.get("Targets").and_then(Value::as_array).into_iter().flatten() {
+        let arn = text(t, "Arn").unwrap_or_default();
+        if !arn.starts_with("arn:aws:sqs:") {
+            dropped.push(arn);
+            continue;
+        }
+        targets.push(
+            aws_sdk_eventbridge::types::Target::builder()
+                .id(text(t, "Id").unwrap_or_else(|| format!("target-{}", targets.len())))
+                .arn(arn)
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    if !targets.is_empty() {
+        client
+            .put_targets()
+            .rule(&name)
+            .event_bus_name(&bus)
+            .set_targets(Some(targets))
+            .send()
+            .await
+            .map_err(|e| aws_sdk_eventbridge::error::DisplayErrorContext(e).to_string())?;
+    }
+    ctx.refs.insert(id.into(), Value::String(name));
+    if let Some(arn) = out.rule_arn {
+        ctx.attributes.insert((id.into(), "Arn".into()), Value::String(arn));
+    }
+    Ok(dropped)
+}

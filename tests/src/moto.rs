@@ -1,0 +1,116 @@
+//! Starting moto's server: installed into the project's venv when missing, on a free loopback
+//! port, and stopped when the test process exits.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The moto release line the tests are written against.
+const MOTO_REQUIREMENT: &str = "moto[server]>=5.1,<6";
+
+/// A running moto server.
+#[derive(Debug)]
+pub struct Moto {
+    pub endpoint: String,
+    _child: Child,
+}
+
+static MOTO: OnceLock<Moto> = OnceLock::new();
+
+impl Moto {
+    /// The server of this test process, started on first use.
+    pub fn shared() -> &'static Moto {
+        MOTO.get_or_init(|| Moto::start().unwrap_or_else(|e| panic!("cannot start moto: {e}")))
+    }
+
+    /// Starts a new server on a free port and waits until it answers.
+    pub fn start() -> Result<Moto, String> {
+        let python = python()?;
+        let port = free_port()?;
+        // The server must not outlive the tests, even when they are killed: a shell holds our
+        // end of a pipe and stops the server when the pipe closes.
+        let script = r#"python="$1"; port="$2"; "$python" -m moto.server -H 127.0.0.1 -p "$port" >/dev/null 2>&1 & pid=$!; cat >/dev/null; kill $pid"#;
+        let child = Command::new("sh")
+            .args(["-c", script, "sh", &python.display().to_string(), &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawning moto: {e}"))?;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && answers(port) {
+                return Ok(Moto { endpoint, _child: child });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!("moto did not answer on {endpoint} within 60 s"))
+    }
+}
+
+fn answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if s.write_all(b"GET /moto-api/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200")
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// The workspace root (this crate lives in `tests/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// A Python interpreter that can run `python -m moto.server`, installing moto if needed.
+fn python() -> Result<PathBuf, String> {
+    if let Ok(p) = std::env::var("MOTO_PYTHON") {
+        return Ok(PathBuf::from(p));
+    }
+    let venv = workspace_root().join(".venv");
+    let python = venv.join("bin/python");
+    if has_moto(&python) {
+        return Ok(python);
+    }
+    // Install into a private directory, then move it into place, so that two test processes
+    // installing at once cannot leave a half-made venv behind.
+    let staging = workspace_root().join(format!(".venv.installing.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    run(Command::new("python3").args(["-m", "venv"]).arg(&staging))?;
+    run(Command::new(staging.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", MOTO_REQUIREMENT]))?;
+    if std::fs::rename(&staging, &venv).is_err() {
+        // Another process won the race; use its venv.
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    if has_moto(&python) { Ok(python) } else { Err(format!("moto is not importable from {}", python.display())) }
+}
+
+fn has_moto(python: &Path) -> bool {
+    python.exists()
+        && Command::new(python)
+            .args(["-c", "import moto.server"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let output = command.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| e.to_string())?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = BufReader::new(&output.stderr[..]).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n");
+    Err(format!("{command:?} failed: {stderr}"))
+}
