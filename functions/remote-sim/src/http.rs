@@ -1,0 +1,213 @@
+//! The HTTP face of the simulated service: an axum router that turns requests into calls of
+//! the [`Simulator`] and its outcomes into status codes. The same router serves locally and
+//! inside Lambda behind a function URL.
+//!
+//! | request | answers |
+//! | --- | --- |
+//! | `POST /actions/{action}` with `Idempotency-Key` | 200 output, 400, 409, 422, 429, 503 |
+//! | `GET /faults`, `PUT /faults` | the configuration (400 if the new one is invalid) |
+//! | `GET /ledger`, `GET /ledger/{key}` | every effect, or one (404 if none) |
+//! | `GET /stats` | calls counted by outcome |
+//! | `POST /reset` | empties the ledger and the statistics |
+//! | `GET /health` | 200 |
+//!
+//! Every error body is JSON with an `error` field; permanent ones (409, 422) also carry
+//! `"permanent": true`, so a caller can classify an answer from its body as well as its status.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::faults::FaultConfig;
+use crate::ledger::{Call, Direction};
+use crate::sim::{Outcome, Simulator};
+
+/// Seconds since the service started. Injected so tests can move time without waiting.
+pub type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+/// Header carrying the idempotency key of a call. Required.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Header set to `true` on a 200 that replays a key's recorded output rather than applying it,
+/// so the body stays exactly what was recorded.
+pub const REPLAYED: &str = "idempotent-replayed";
+
+/// The service's shared state: the simulator behind a lock, and the clock.
+#[derive(Clone)]
+pub struct App {
+    sim: Arc<Mutex<Simulator>>,
+    clock: Clock,
+}
+
+impl App {
+    /// A service with this (validated) configuration whose clock starts now.
+    pub fn new(config: FaultConfig) -> App {
+        let started = Instant::now();
+        App::with_clock(config, Arc::new(move || started.elapsed().as_secs_f64()))
+    }
+
+    /// A service with this configuration and clock (seconds since start).
+    pub fn with_clock(config: FaultConfig, clock: Clock) -> App {
+        App { sim: Arc::new(Mutex::new(Simulator::new(config))), clock }
+    }
+
+    fn sim(&self) -> MutexGuard<'_, Simulator> {
+        // A panic while holding the lock leaves a usable simulator (every update is a few
+        // plain assignments), so a poisoned lock is taken over rather than failing forever.
+        self.sim.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl fmt::Debug for App {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The simulator is left out: locking it here could deadlock a caller that holds it.
+        f.debug_struct("App").finish_non_exhaustive()
+    }
+}
+
+/// The body of `POST /actions/{action}`. Other fields (`order`, `input`, ...) are accepted
+/// and ignored: the simulated effect does not depend on them.
+#[derive(Debug, Deserialize)]
+struct ActionRequest {
+    order_id: String,
+    direction: Direction,
+}
+
+/// The router of every endpoint, on this state.
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/actions/{action}", post(action))
+        .route("/faults", get(get_faults).put(put_faults))
+        .route("/ledger", get(ledger))
+        // A wildcard, so a key is found whether its slashes are percent-encoded or not.
+        .route("/ledger/{*key}", get(effect))
+        .route("/stats", get(stats))
+        .route("/reset", post(reset))
+        .route("/health", get(health))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
+        .with_state(app)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+fn permanent(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into(), "permanent": true }))).into_response()
+}
+
+async fn action(
+    State(app): State<App>,
+    Path(action): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = headers.get(IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if key.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "missing or empty Idempotency-Key header");
+    }
+    // Parsed by hand rather than with the `Json` extractor, whose rejections are plain text
+    // and which insists on a content type.
+    let request: ActionRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid body: {e}")),
+    };
+    let call = Call {
+        key: key.to_owned(),
+        order_id: request.order_id,
+        action,
+        direction: request.direction,
+    };
+    let now = (app.clock)();
+    let answer = app.sim().handle(&call, now);
+    tracing::info!(
+        action = %call.action,
+        key = %call.key,
+        direction = call.direction.as_str(),
+        outcome = answer.outcome.kind(),
+        latency_ms = answer.latency.as_millis() as u64,
+        "call"
+    );
+    // The lock is released before waiting, so a slow call holds up no other.
+    if !answer.latency.is_zero() {
+        tokio::time::sleep(answer.latency).await;
+    }
+    match answer.outcome {
+        Outcome::Applied(output) => (StatusCode::OK, Json(output)).into_response(),
+        Outcome::Replayed(output) => (
+            StatusCode::OK,
+            [(HeaderName::from_static(REPLAYED), HeaderValue::from_static("true"))],
+            Json(output),
+        )
+            .into_response(),
+        Outcome::Permanent(reason) => permanent(StatusCode::UNPROCESSABLE_ENTITY, reason),
+        Outcome::Tombstoned => permanent(StatusCode::CONFLICT, "cancelled: already compensated"),
+        Outcome::Transient => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        Outcome::Throttled => error(StatusCode::TOO_MANY_REQUESTS, "throttled"),
+        Outcome::LostAnswer => error(StatusCode::SERVICE_UNAVAILABLE, "answer lost"),
+        Outcome::Outage => error(StatusCode::SERVICE_UNAVAILABLE, "outage"),
+    }
+}
+
+async fn get_faults(State(app): State<App>) -> Response {
+    Json(app.sim().config().clone()).into_response()
+}
+
+async fn put_faults(State(app): State<App>, body: Bytes) -> Response {
+    let parsed = std::str::from_utf8(&body)
+        .map_err(|e| e.to_string())
+        .and_then(|text| FaultConfig::from_json(text).map_err(|e| e.to_string()));
+    match parsed {
+        Ok(config) => {
+            tracing::info!(faults = ?config, "faults replaced");
+            app.sim().set_config(config.clone());
+            Json(config).into_response()
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+async fn ledger(State(app): State<App>) -> Response {
+    let sim = app.sim();
+    let ledger = sim.ledger();
+    Json(json!({ "effects": ledger.effects(), "max_applications": ledger.max_applications() }))
+        .into_response()
+}
+
+async fn effect(State(app): State<App>, Path(key): Path<String>) -> Response {
+    let sim = app.sim();
+    let ledger = sim.ledger();
+    match ledger.effect(&key) {
+        Some(effect) => Json(effect).into_response(),
+        // The calls are still worth knowing: a refused key was tried but never took effect.
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": "no effect for this key", "key": key, "calls": ledger.calls(&key) })),
+        )
+            .into_response(),
+    }
+}
+
+async fn stats(State(app): State<App>) -> Response {
+    Json(app.sim().stats().clone()).into_response()
+}
+
+async fn reset(State(app): State<App>) -> Response {
+    app.sim().reset();
+    tracing::info!("ledger and stats reset");
+    Json(json!({ "reset": true })).into_response()
+}
+
+async fn health(State(app): State<App>) -> Json<Value> {
+    Json(json!({ "status": "ok", "uptime_s": (app.clock)() }))
+}
