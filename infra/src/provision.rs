@@ -18,8 +18,8 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
 use tracing::debug;
 
-use crate::template::{scalar_string, Context, Template, LOCAL_ACCOUNT};
 use crate::Error;
+use crate::template::{Context, LOCAL_ACCOUNT, Template, scalar_string};
 
 /// How to provision.
 #[derive(Clone, Debug, Default)]
@@ -67,10 +67,19 @@ impl Stack {
 /// Why a resource type is not created locally; `None` for types that are.
 fn not_created(kind: &str) -> Option<&'static str> {
     Some(match kind {
-        "AWS::DynamoDB::Table" | "AWS::SQS::Queue" | "AWS::Events::EventBus" | "AWS::Events::Rule" => return None,
-        "AWS::Serverless::Function" | "AWS::Lambda::Function" => "run by the local stack as a process",
-        "AWS::Serverless::HttpApi" | "AWS::ApiGatewayV2::Api" => "served by the local stack on 127.0.0.1",
-        "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" => "access policies are not enforced locally",
+        "AWS::DynamoDB::Table"
+        | "AWS::SQS::Queue"
+        | "AWS::Events::EventBus"
+        | "AWS::Events::Rule" => return None,
+        "AWS::Serverless::Function" | "AWS::Lambda::Function" => {
+            "run by the local stack as a process"
+        }
+        "AWS::Serverless::HttpApi" | "AWS::ApiGatewayV2::Api" => {
+            "served by the local stack on 127.0.0.1"
+        }
+        "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" => {
+            "access policies are not enforced locally"
+        }
         "AWS::SNS::Topic" => "alerts are read from the alerts queue locally",
         "AWS::SNS::Subscription" => "e-mail is not delivered locally",
         "AWS::CloudWatch::Alarm" => "the local stack reports dead-letter messages itself",
@@ -79,8 +88,13 @@ fn not_created(kind: &str) -> Option<&'static str> {
 }
 
 /// Creates every resource of `template` that has a local equivalent.
-pub async fn provision(template: &Template, sdk: &SdkConfig, options: &Options) -> Result<Stack, Error> {
-    let mut ctx = Context::new(template, &options.stack_name, &options.region, &options.parameters)?;
+pub async fn provision(
+    template: &Template,
+    sdk: &SdkConfig,
+    options: &Options,
+) -> Result<Stack, Error> {
+    let mut ctx =
+        Context::new(template, &options.stack_name, &options.region, &options.parameters)?;
     ctx.attributes.extend(options.attributes.clone());
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     let sqs = aws_sdk_sqs::Client::new(sdk);
@@ -115,15 +129,35 @@ pub async fn provision(template: &Template, sdk: &SdkConfig, options: &Options) 
                 Err(e) => return Err(e),
             };
             let name = physical_name(&options.stack_name, id);
-            let fail = |message: String| Error::Create { logical_id: id.into(), kind: resource.kind.clone(), message };
+            let fail = |message: String| Error::Create {
+                logical_id: id.into(),
+                kind: resource.kind.clone(),
+                message,
+            };
             match resource.kind.as_str() {
-                "AWS::DynamoDB::Table" => create_table(&dynamodb, &mut stack.context, id, &name, &properties).await.map_err(fail)?,
-                "AWS::SQS::Queue" => create_queue(&sqs, &mut stack.context, id, &name, &properties).await.map_err(fail)?,
-                "AWS::Events::EventBus" => create_bus(&events, &mut stack.context, id, &name, &properties).await.map_err(fail)?,
+                "AWS::DynamoDB::Table" => {
+                    create_table(&dynamodb, &mut stack.context, id, &name, &properties)
+                        .await
+                        .map_err(fail)?
+                }
+                "AWS::SQS::Queue" => create_queue(&sqs, &mut stack.context, id, &name, &properties)
+                    .await
+                    .map_err(fail)?,
+                "AWS::Events::EventBus" => {
+                    create_bus(&events, &mut stack.context, id, &name, &properties)
+                        .await
+                        .map_err(fail)?
+                }
                 "AWS::Events::Rule" => {
-                    let dropped = create_rule(&events, &mut stack.context, id, &name, &properties).await.map_err(fail)?;
+                    let dropped = create_rule(&events, &mut stack.context, id, &name, &properties)
+                        .await
+                        .map_err(fail)?;
                     for target in dropped {
-                        stack.skipped.push((format!("{id} → {target}"), "rule target".into(), "only queue targets are delivered locally".into()));
+                        stack.skipped.push((
+                            format!("{id} → {target}"),
+                            "rule target".into(),
+                            "only queue targets are delivered locally".into(),
+                        ));
                     }
                 }
                 _ => unreachable!("filtered by not_created"),
@@ -202,16 +236,21 @@ async fn create_table(
         request = request.attribute_definitions(
             AttributeDefinition::builder()
                 .attribute_name(text(a, "AttributeName").unwrap_or_default())
-                .attribute_type(ScalarAttributeType::from(text(a, "AttributeType").unwrap_or_default().as_str()))
+                .attribute_type(ScalarAttributeType::from(
+                    text(a, "AttributeType").unwrap_or_default().as_str(),
+                ))
                 .build()
                 .map_err(|e| e.to_string())?,
         );
     }
     for g in p.get("GlobalSecondaryIndexes").and_then(Value::as_array).into_iter().flatten() {
         let projection = g.get("Projection").cloned().unwrap_or_default();
-        let mut proj = Projection::builder()
-            .projection_type(ProjectionType::from(text(&projection, "ProjectionType").unwrap_or("ALL".into()).as_str()));
-        for attr in projection.get("NonKeyAttributes").and_then(Value::as_array).into_iter().flatten() {
+        let mut proj = Projection::builder().projection_type(ProjectionType::from(
+            text(&projection, "ProjectionType").unwrap_or("ALL".into()).as_str(),
+        ));
+        for attr in
+            projection.get("NonKeyAttributes").and_then(Value::as_array).into_iter().flatten()
+        {
             proj = proj.non_key_attributes(scalar_string(attr).map_err(|e| e.to_string())?);
         }
         request = request.global_secondary_indexes(
@@ -234,7 +273,13 @@ async fn create_table(
     Ok(())
 }
 
-async fn create_queue(client: &aws_sdk_sqs::Client, ctx: &mut Context, id: &str, default_name: &str, p: &Value) -> Result<(), String> {
+async fn create_queue(
+    client: &aws_sdk_sqs::Client,
+    ctx: &mut Context,
+    id: &str,
+    default_name: &str,
+    p: &Value,
+) -> Result<(), String> {
     let fifo = p.get("FifoQueue").is_some_and(|v| v == &Value::Bool(true) || v == "true");
     let mut name = text(p, "QueueName").unwrap_or_else(|| default_name.to_owned());
     if fifo && !name.ends_with(".fifo") {
@@ -282,7 +327,8 @@ async fn create_bus(
     let name = text(p, "Name").unwrap_or_else(|| default_name.to_owned());
     match client.create_event_bus().name(&name).send().await {
         Ok(_) => {}
-        Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_already_exists_exception()) => {}
+        Err(e)
+            if e.as_service_error().is_some_and(|s| s.is_resource_already_exists_exception()) => {}
         Err(e) => return Err(aws_sdk_eventbridge::error::DisplayErrorContext(e).to_string()),
     }
     let arn = format!("arn:aws:events:{}:{LOCAL_ACCOUNT}:event-bus/{name}", ctx.region);
@@ -309,7 +355,10 @@ async fn create_rule(
     if let Some(schedule) = text(p, "ScheduleExpression") {
         rule = rule.schedule_expression(schedule);
     }
-    let out = rule.send().await.map_err(|e| aws_sdk_eventbridge::error::DisplayErrorContext(e).to_string())?;
+    let out = rule
+        .send()
+        .await
+        .map_err(|e| aws_sdk_eventbridge::error::DisplayErrorContext(e).to_string())?;
     let mut dropped = Vec::new();
     let mut targets = Vec::new();
     for t in p.get("Targets").and_then(Value::as_array).into_iter().flatten() {

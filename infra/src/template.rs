@@ -39,8 +39,24 @@ pub struct Resource {
 }
 
 const SHORT_TAGS: [&str; 18] = [
-    "!Ref", "!GetAtt", "!Sub", "!If", "!Join", "!Select", "!Equals", "!Not", "!And", "!Or",
-    "!FindInMap", "!Split", "!ImportValue", "!Base64", "!Cidr", "!GetAZs", "!Condition", "!Transform",
+    "!Ref",
+    "!GetAtt",
+    "!Sub",
+    "!If",
+    "!Join",
+    "!Select",
+    "!Equals",
+    "!Not",
+    "!And",
+    "!Or",
+    "!FindInMap",
+    "!Split",
+    "!ImportValue",
+    "!Base64",
+    "!Cidr",
+    "!GetAZs",
+    "!Condition",
+    "!Transform",
 ];
 
 impl Template {
@@ -53,7 +69,8 @@ impl Template {
     pub fn parse(text: &str) -> Result<Template, Error> {
         for (n, line) in text.lines().enumerate() {
             let code = line.split(" #").next().unwrap_or_default();
-            if let Some(tag) = SHORT_TAGS.iter().find(|t| code.split_whitespace().any(|w| w == **t)) {
+            if let Some(tag) = SHORT_TAGS.iter().find(|t| code.split_whitespace().any(|w| w == **t))
+            {
                 return Err(Error::Template(format!(
                     "line {}: short-form intrinsic {tag} is not supported; write it in long form (e.g. `Ref:` or `Fn::GetAtt:`)",
                     n + 1
@@ -62,10 +79,14 @@ impl Template {
         }
         let docs = YamlLoader::load_from_str(text).map_err(|e| Error::Template(e.to_string()))?;
         let root = docs.into_iter().next().map(to_json).transpose()?.unwrap_or(Value::Null);
-        let section = |name: &str| root.get(name).and_then(Value::as_object).cloned().unwrap_or_default();
+        let section =
+            |name: &str| root.get(name).and_then(Value::as_object).cloned().unwrap_or_default();
         let mut resources = Vec::new();
         for (id, r) in section("Resources") {
-            let kind = r.get("Type").and_then(Value::as_str).ok_or_else(|| Error::Template(format!("{id} has no Type")))?;
+            let kind = r
+                .get("Type")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Error::Template(format!("{id} has no Type")))?;
             resources.push((
                 id.clone(),
                 Resource {
@@ -89,14 +110,21 @@ impl Template {
     }
 
     /// Resources of one type, in template order.
-    pub fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = (&'a str, &'a Resource)> + 'a {
+    pub fn of_kind<'a>(
+        &'a self,
+        kind: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a Resource)> + 'a {
         self.resources.iter().filter(move |(_, r)| r.kind == kind).map(|(id, r)| (id.as_str(), r))
     }
 }
 
 fn to_json(y: Yaml) -> Result<Value, Error> {
     Ok(match y {
-        Yaml::Real(r) => r.parse::<f64>().ok().and_then(serde_json::Number::from_f64).map_or(Value::String(r), Value::Number),
+        Yaml::Real(r) => r
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::String(r), Value::Number),
         Yaml::Integer(i) => Value::from(i),
         Yaml::String(s) => Value::String(s),
         Yaml::Boolean(b) => Value::Bool(b),
@@ -108,7 +136,9 @@ fn to_json(y: Yaml) -> Result<Value, Error> {
                     Yaml::String(s) => s,
                     Yaml::Integer(i) => i.to_string(),
                     Yaml::Boolean(b) => b.to_string(),
-                    other => return Err(Error::Template(format!("unsupported mapping key {other:?}"))),
+                    other => {
+                        return Err(Error::Template(format!("unsupported mapping key {other:?}")));
+                    }
                 };
                 map.insert(key, to_json(v)?);
             }
@@ -137,12 +167,23 @@ const NO_VALUE: &str = "\u{0}no-value";
 
 impl Context {
     /// Parameter defaults, overridden by `overrides`, and the template's conditions.
-    pub fn new(template: &Template, stack_name: &str, region: &str, overrides: &HashMap<String, String>) -> Result<Self, Error> {
-        let mut ctx = Context { stack_name: stack_name.to_owned(), region: region.to_owned(), ..Context::default() };
+    pub fn new(
+        template: &Template,
+        stack_name: &str,
+        region: &str,
+        overrides: &HashMap<String, String>,
+    ) -> Result<Self, Error> {
+        let mut ctx = Context {
+            stack_name: stack_name.to_owned(),
+            region: region.to_owned(),
+            ..Context::default()
+        };
         for (name, spec) in &template.parameters {
             let value = match overrides.get(name) {
                 Some(v) => Value::String(v.clone()),
-                None => spec.get("Default").cloned().ok_or_else(|| Error::Template(format!("parameter {name} has no default and no value")))?,
+                None => spec.get("Default").cloned().ok_or_else(|| {
+                    Error::Template(format!("parameter {name} has no default and no value"))
+                })?,
             };
             // CloudFormation passes every parameter as a string.
             let value = match value {
@@ -151,7 +192,7 @@ impl Context {
             };
             ctx.parameters.insert(name.clone(), value);
         }
-        for (name, _) in &template.conditions {
+        for name in template.conditions.keys() {
             let value = ctx.condition(template, name)?;
             ctx.conditions.insert(name.clone(), value);
         }
@@ -164,23 +205,32 @@ impl Context {
     }
 
     fn condition(&self, template: &Template, name: &str) -> Result<bool, Error> {
-        let expr = template.conditions.get(name).ok_or_else(|| Error::Template(format!("unknown condition {name}")))?;
+        let expr = template
+            .conditions
+            .get(name)
+            .ok_or_else(|| Error::Template(format!("unknown condition {name}")))?;
         let v = self.eval_condition(template, expr)?;
         Ok(v)
     }
 
     fn eval_condition(&self, template: &Template, expr: &Value) -> Result<bool, Error> {
-        let (name, arg) = single_key(expr).ok_or_else(|| Error::Template(format!("not a condition: {expr}")))?;
+        let (name, arg) =
+            single_key(expr).ok_or_else(|| Error::Template(format!("not a condition: {expr}")))?;
         match name {
             "Fn::Equals" => {
                 let [a, b] = pair(arg)?;
                 Ok(self.eval(a)? == self.eval(b)?)
             }
             "Fn::Not" => Ok(!self.eval_condition(template, first(arg)?)?),
-            "Fn::And" => list(arg)?.iter().try_fold(true, |acc, c| Ok(acc && self.eval_condition(template, c)?)),
-            "Fn::Or" => list(arg)?.iter().try_fold(false, |acc, c| Ok(acc || self.eval_condition(template, c)?)),
+            "Fn::And" => list(arg)?
+                .iter()
+                .try_fold(true, |acc, c| Ok(acc && self.eval_condition(template, c)?)),
+            "Fn::Or" => list(arg)?
+                .iter()
+                .try_fold(false, |acc, c| Ok(acc || self.eval_condition(template, c)?)),
             "Condition" => {
-                let c = arg.as_str().ok_or_else(|| Error::Template("Condition takes a name".into()))?;
+                let c =
+                    arg.as_str().ok_or_else(|| Error::Template("Condition takes a name".into()))?;
                 match self.conditions.get(c) {
                     Some(v) => Ok(*v),
                     None => self.condition(template, c),
@@ -227,48 +277,68 @@ impl Context {
     fn intrinsic(&self, name: &str, arg: &Value) -> Result<Value, Error> {
         match name {
             "Ref" => {
-                let target = arg.as_str().ok_or_else(|| Error::Template("Ref takes a name".into()))?;
+                let target =
+                    arg.as_str().ok_or_else(|| Error::Template("Ref takes a name".into()))?;
                 self.reference(target)
             }
             "Fn::GetAtt" => {
                 let (resource, attribute) = match arg {
-                    Value::String(s) => s.split_once('.').map(|(a, b)| (a.to_owned(), b.to_owned())),
+                    Value::String(s) => {
+                        s.split_once('.').map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    }
                     Value::Array(a) if a.len() == 2 => Some((str_of(&a[0])?, str_of(&a[1])?)),
                     _ => None,
                 }
                 .ok_or_else(|| Error::Template(format!("malformed Fn::GetAtt {arg}")))?;
-                self.attributes
-                    .get(&(resource.clone(), attribute.clone()))
-                    .cloned()
-                    .ok_or_else(|| Error::Template(format!("{resource}.{attribute} is not known (yet)")))
+                self.attributes.get(&(resource.clone(), attribute.clone())).cloned().ok_or_else(
+                    || Error::Template(format!("{resource}.{attribute} is not known (yet)")),
+                )
             }
             "Fn::Sub" => {
                 let (text, vars) = match arg {
                     Value::String(s) => (s.clone(), Map::new()),
-                    Value::Array(a) if a.len() == 2 => (str_of(&a[0])?, a[1].as_object().cloned().unwrap_or_default()),
+                    Value::Array(a) if a.len() == 2 => {
+                        (str_of(&a[0])?, a[1].as_object().cloned().unwrap_or_default())
+                    }
                     _ => return Err(Error::Template(format!("malformed Fn::Sub {arg}"))),
                 };
                 self.substitute(&text, &vars).map(Value::String)
             }
             "Fn::If" => {
                 let a = list(arg)?;
-                let [c, yes, no] = a.as_slice() else { return Err(Error::Template("Fn::If takes three items".into())) };
-                let c = c.as_str().ok_or_else(|| Error::Template("Fn::If needs a condition name".into()))?;
-                let holds = *self.conditions.get(c).ok_or_else(|| Error::Template(format!("unknown condition {c}")))?;
+                let [c, yes, no] = a.as_slice() else {
+                    return Err(Error::Template("Fn::If takes three items".into()));
+                };
+                let c = c
+                    .as_str()
+                    .ok_or_else(|| Error::Template("Fn::If needs a condition name".into()))?;
+                let holds = *self
+                    .conditions
+                    .get(c)
+                    .ok_or_else(|| Error::Template(format!("unknown condition {c}")))?;
                 self.eval_inner(if holds { yes } else { no })
             }
             "Fn::Join" => {
                 let [sep, items] = pair(arg)?;
                 let sep = str_of(sep)?;
                 let items = self.eval_inner(items)?;
-                let parts = items.as_array().ok_or_else(|| Error::Template("Fn::Join needs a list".into()))?;
-                Ok(Value::String(parts.iter().map(scalar_string).collect::<Result<Vec<_>, _>>()?.join(&sep)))
+                let parts = items
+                    .as_array()
+                    .ok_or_else(|| Error::Template("Fn::Join needs a list".into()))?;
+                Ok(Value::String(
+                    parts.iter().map(scalar_string).collect::<Result<Vec<_>, _>>()?.join(&sep),
+                ))
             }
             "Fn::Select" => {
                 let [index, items] = pair(arg)?;
-                let index: usize = scalar_string(&self.eval_inner(index)?)?.parse().map_err(|_| Error::Template("Fn::Select index".into()))?;
+                let index: usize = scalar_string(&self.eval_inner(index)?)?
+                    .parse()
+                    .map_err(|_| Error::Template("Fn::Select index".into()))?;
                 let items = self.eval_inner(items)?;
-                items.get(index).cloned().ok_or_else(|| Error::Template("Fn::Select out of range".into()))
+                items
+                    .get(index)
+                    .cloned()
+                    .ok_or_else(|| Error::Template("Fn::Select out of range".into()))
             }
             other => Err(Error::Template(format!("unsupported intrinsic function {other}"))),
         }
@@ -300,14 +370,19 @@ impl Context {
         while let Some(start) = rest.find("${") {
             out.push_str(&rest[..start]);
             let after = &rest[start + 2..];
-            let end = after.find('}').ok_or_else(|| Error::Template(format!("unclosed ${{ in {text:?}")))?;
+            let end = after
+                .find('}')
+                .ok_or_else(|| Error::Template(format!("unclosed ${{ in {text:?}")))?;
             let name = &after[..end];
             let value = if let Some(v) = vars.get(name) {
                 self.eval_inner(v)?
             } else if let Some(literal) = name.strip_prefix('!') {
                 Value::String(format!("${{{literal}}}"))
             } else if let Some((resource, attribute)) = name.split_once('.') {
-                self.intrinsic("Fn::GetAtt", &Value::Array(vec![resource.into(), attribute.into()]))?
+                self.intrinsic(
+                    "Fn::GetAtt",
+                    &Value::Array(vec![resource.into(), attribute.into()]),
+                )?
             } else {
                 self.reference(name)?
             };
@@ -343,7 +418,9 @@ fn pair(v: &Value) -> Result<[&Value; 2], Error> {
 }
 
 fn str_of(v: &Value) -> Result<String, Error> {
-    v.as_str().map(str::to_owned).ok_or_else(|| Error::Template(format!("expected a string, found {v}")))
+    v.as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| Error::Template(format!("expected a string, found {v}")))
 }
 
 /// A scalar as CloudFormation would write it into a string.
@@ -393,14 +470,26 @@ Resources:
             "d": {"Fn::Join": [",", ["x", {"Ref": "Threshold"}]]}
         });
         let out = ctx.eval(&v).unwrap();
-        assert_eq!(out, serde_json::json!({"a": "3", "b": "demo-http://q-arn:q-${Literal}", "d": "x,3"}));
-        let with_email = Context::new(&t, "s", "r", &HashMap::from([("Email".into(), "ops@example.com".into())])).unwrap();
+        assert_eq!(
+            out,
+            serde_json::json!({"a": "3", "b": "demo-http://q-arn:q-${Literal}", "d": "x,3"})
+        );
+        let with_email = Context::new(
+            &t,
+            "s",
+            "r",
+            &HashMap::from([("Email".into(), "ops@example.com".into())]),
+        )
+        .unwrap();
         assert!(with_email.holds(Some("HasEmail")));
     }
 
     #[test]
     fn short_form_tags_are_refused_by_line() {
-        let err = Template::parse("Resources:\n  Q:\n    Type: AWS::SQS::Queue\n    Properties:\n      X: !Ref Y\n").unwrap_err();
+        let err = Template::parse(
+            "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n    Properties:\n      X: !Ref Y\n",
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("line 5") && err.to_string().contains("!Ref"), "{err}");
     }
 

@@ -56,11 +56,14 @@ fn answers(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    if s.write_all(b"GET /moto-api/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").is_err() {
+    if s.write_all(b"GET /moto-api/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
         return false;
     }
     let mut head = [0u8; 12];
-    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200")
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+        || head.starts_with(b"HTTP/1.0 200")
 }
 
 fn free_port() -> Result<u16, String> {
@@ -88,12 +91,21 @@ fn python() -> Result<PathBuf, String> {
     let staging = workspace_root().join(format!(".venv.installing.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     run(Command::new("python3").args(["-m", "venv"]).arg(&staging))?;
-    run(Command::new(staging.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", MOTO_REQUIREMENT]))?;
+    run(Command::new(staging.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        MOTO_REQUIREMENT,
+    ]))?;
     if std::fs::rename(&staging, &venv).is_err() {
         // Another process won the race; use its venv.
         let _ = std::fs::remove_dir_all(&staging);
     }
-    if has_moto(&python) { Ok(python) } else { Err(format!("moto is not importable from {}", python.display())) }
+    if has_moto(&python) {
+        Ok(python)
+    } else {
+        Err(format!("moto is not importable from {}", python.display()))
+    }
 }
 
 fn has_moto(python: &Path) -> bool {
@@ -107,10 +119,18 @@ fn has_moto(python: &Path) -> bool {
 }
 
 fn run(command: &mut Command) -> Result<(), String> {
-    let output = command.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| e.to_string())?;
+    let output = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| e.to_string())?;
     if output.status.success() {
         return Ok(());
     }
-    let stderr = BufReader::new(&output.stderr[..]).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n");
+    let stderr = BufReader::new(&output.stderr[..])
+        .lines()
+        .map_while(Result::ok)
+        .collect::<Vec<_>>()
+        .join("\n");
     Err(format!("{command:?} failed: {stderr}"))
 }

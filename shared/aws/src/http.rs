@@ -17,29 +17,36 @@ use crate::system::SystemClock;
 /// Longest error text kept from a response body.
 const MAX_ERROR_TEXT: usize = 300;
 
-/// A remote service reached over HTTP.
+/// A remote service reached over HTTP. The clock says how long is left until a step's
+/// CompleteBy, which bounds each call.
 #[derive(Clone, Debug)]
-pub struct HttpRemote {
+pub struct HttpRemote<C = SystemClock> {
     client: Client,
     base_url: String,
     call_timeout: Duration,
-    clock: SystemClock,
+    clock: C,
 }
 
 impl HttpRemote {
     /// `call_timeout` caps one call; a call never outlives the step's CompleteBy either.
     pub fn new(base_url: &str, call_timeout: Duration) -> Result<Self, reqwest::Error> {
-        let client = Client::builder().connect_timeout(Duration::from_secs(3)).build()?;
-        Ok(HttpRemote {
-            client,
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            call_timeout,
-            clock: SystemClock,
-        })
+        HttpRemote::with_clock(base_url, call_timeout, SystemClock)
     }
 }
 
-impl RemoteService for HttpRemote {
+impl<C: Clock> HttpRemote<C> {
+    pub fn with_clock(
+        base_url: &str,
+        call_timeout: Duration,
+        clock: C,
+    ) -> Result<Self, reqwest::Error> {
+        let client = Client::builder().connect_timeout(Duration::from_secs(3)).build()?;
+        let base_url = base_url.trim_end_matches('/').to_owned();
+        Ok(HttpRemote { client, base_url, call_timeout, clock })
+    }
+}
+
+impl<C: Clock> RemoteService for HttpRemote<C> {
     async fn call(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
         let left = self.clock.now().until(call.deadline);
         if left.is_zero() {

@@ -1,0 +1,438 @@
+//! A stack provisioned from `template.yaml` on the shared moto server, and the whole system
+//! wired on it with the real adapters and the real function handlers. The event sources are
+//! played by the test: it receives from the queues and hands batches to the handlers as the
+//! SQS event source mapping would, deleting what the handler did not report as failed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use aws_sdk_dynamodb::config::Credentials;
+use lambda_http::http::{Method, Request};
+use lambda_http::{Body, RequestExt, Response};
+use sas_aws::dynamo::DynamoStore;
+use sas_aws::eventbridge::EventBridgeBus;
+use sas_aws::http::HttpRemote;
+use sas_aws::sqs::{QueueUrls, SqsOutbox};
+use sas_aws::system::UuidIds;
+use sas_engine::config::EngineConfig;
+use sas_engine::events::StatusKinds;
+use sas_engine::memory::{ManualClock, SplitMix};
+use sas_engine::ports::Destination;
+use sas_engine::retry::WaitPolicy;
+use sas_engine::services::{Agent, Scheduler, StatusService, Submission, Supervisor, SweepReport};
+use sas_engine::state::StateRecord;
+use sas_engine::workflow::Workflow;
+use sas_engine::{AgentName, OrderId, Timestamp};
+use sas_infra::provision::{Options, Stack, provision};
+use sas_infra::template::Template;
+use serde_json::Value;
+
+use crate::moto::{Moto, workspace_root};
+
+/// The agents of the reference workflow, with the logical ids of their queues.
+pub const AGENT_QUEUES: [(&str, &str); 3] =
+    [("inventory", "InventoryQueue"), ("payment", "PaymentQueue"), ("shipping", "ShippingQueue")];
+
+static STACKS: AtomicU32 = AtomicU32::new(0);
+
+/// An SDK configuration for the moto server (fixed test credentials, one region).
+pub async fn sdk_config(endpoint: &str) -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .load()
+        .await
+}
+
+/// Resources of one test, provisioned from the template.
+#[derive(Debug)]
+pub struct TestStack {
+    pub sdk: SdkConfig,
+    pub stack: Stack,
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    pub sqs: aws_sdk_sqs::Client,
+    pub events: aws_sdk_eventbridge::Client,
+}
+
+impl TestStack {
+    /// Provisions `template.yaml` under a fresh stack name.
+    pub async fn new(name: &str) -> TestStack {
+        TestStack::with_attributes(name, HashMap::new()).await
+    }
+
+    /// Provisions with attributes provided from outside (e.g. the remote service's URL).
+    pub async fn with_attributes(
+        name: &str,
+        attributes: HashMap<(String, String), Value>,
+    ) -> TestStack {
+        let moto = Moto::shared();
+        let sdk = sdk_config(&moto.endpoint).await;
+        let template = Template::load(&workspace_root().join("template.yaml")).unwrap();
+        let n = STACKS.fetch_add(1, Ordering::Relaxed);
+        let options = Options {
+            stack_name: format!("{name}-{}-{n}", std::process::id()),
+            region: "us-east-1".into(),
+            parameters: HashMap::new(),
+            attributes,
+        };
+        let stack = provision(&template, &sdk, &options).await.unwrap();
+        TestStack {
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            sqs: aws_sdk_sqs::Client::new(&sdk),
+            events: aws_sdk_eventbridge::Client::new(&sdk),
+            sdk,
+            stack,
+        }
+    }
+
+    pub fn name(&self, logical_id: &str) -> String {
+        self.stack.reference(logical_id).unwrap_or_else(|| panic!("{logical_id} not provisioned"))
+    }
+
+    pub fn store(&self) -> DynamoStore {
+        DynamoStore::new(self.dynamodb.clone(), self.name("StateTable"), self.name("OrdersTable"))
+    }
+
+    /// Number of items in a table (a scan: tests only).
+    pub async fn count(&self, table_logical_id: &str) -> i32 {
+        self.dynamodb.scan().table_name(self.name(table_logical_id)).send().await.unwrap().count()
+    }
+
+    /// Receives up to ten visible messages from a queue, without deleting them.
+    pub async fn receive(
+        &self,
+        queue_logical_id: &str,
+        wait_seconds: i32,
+    ) -> Vec<aws_sdk_sqs::types::Message> {
+        self.sqs
+            .receive_message()
+            .queue_url(self.name(queue_logical_id))
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait_seconds)
+            .message_system_attribute_names(
+                aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
+            )
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default()
+    }
+
+    pub async fn delete(&self, queue_logical_id: &str, receipt: &str) {
+        self.sqs
+            .delete_message()
+            .queue_url(self.name(queue_logical_id))
+            .receipt_handle(receipt)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// Makes a received message visible again at once, as its visibility timeout running out
+    /// would (the template's timeouts are a minute or more; tests do not wait that long).
+    pub async fn release(&self, queue_logical_id: &str, receipt: &str) {
+        self.sqs
+            .change_message_visibility()
+            .queue_url(self.name(queue_logical_id))
+            .receipt_handle(receipt)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// Drains a queue that only receives (alerts, order events) and returns the bodies.
+    pub async fn drain(&self, queue_logical_id: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        loop {
+            let batch = self.receive(queue_logical_id, 0).await;
+            if batch.is_empty() {
+                return out;
+            }
+            for m in batch {
+                out.push(serde_json::from_str(m.body().unwrap_or_default()).unwrap());
+                self.delete(queue_logical_id, m.receipt_handle().unwrap_or_default()).await;
+            }
+        }
+    }
+
+    pub async fn send_raw(&self, queue_logical_id: &str, body: &str) {
+        self.sqs
+            .send_message()
+            .queue_url(self.name(queue_logical_id))
+            .message_body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// The simulated remote service, served in-process on a free loopback port.
+#[derive(Debug)]
+pub struct RemoteService {
+    pub url: String,
+    http: reqwest::Client,
+}
+
+impl RemoteService {
+    pub async fn start(faults: &str) -> RemoteService {
+        let config = sas_remote_sim::FaultConfig::from_json(faults).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = sas_remote_sim::router(sas_remote_sim::App::new(config));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        RemoteService { url, http: reqwest::Client::new() }
+    }
+
+    pub async fn ledger(&self) -> Value {
+        self.http.get(format!("{}/ledger", self.url)).send().await.unwrap().json().await.unwrap()
+    }
+
+    pub async fn stats(&self) -> Value {
+        self.http.get(format!("{}/stats", self.url)).send().await.unwrap().json().await.unwrap()
+    }
+}
+
+type Store = DynamoStore;
+type Outbox = SqsOutbox;
+type Bus = EventBridgeBus;
+type TestAgent = Agent<HttpRemote<ManualClock>, Outbox, ManualClock, SplitMix>;
+
+/// The whole system on one stack: every handler with real adapters, a manual clock, and the
+/// simulated remote service.
+pub struct System {
+    pub t: TestStack,
+    pub clock: ManualClock,
+    pub config: Arc<EngineConfig>,
+    pub remote: RemoteService,
+    submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds>,
+    status: StatusService<Store>,
+    scheduler: Scheduler<Store, Outbox, Bus, ManualClock>,
+    /// Each agent with the logical id of its queue.
+    agents: Vec<(String, TestAgent)>,
+    supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock>,
+}
+
+impl std::fmt::Debug for System {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("System").field("stack", &self.t.stack.created).finish_non_exhaustive()
+    }
+}
+
+/// Configuration for tests: short waits, because the supervisor's kick is a real SQS delay.
+pub fn test_config() -> EngineConfig {
+    EngineConfig {
+        wait: WaitPolicy { base: Duration::from_secs(1), max: Duration::from_secs(2) },
+        status_events: StatusKinds::all(),
+        ..EngineConfig::default()
+    }
+}
+
+impl System {
+    pub async fn start(name: &str, faults: &str) -> System {
+        System::with_config(name, faults, test_config()).await
+    }
+
+    pub async fn with_config(name: &str, faults: &str, config: EngineConfig) -> System {
+        let remote = RemoteService::start(faults).await;
+        let t = TestStack::with_attributes(
+            name,
+            HashMap::from([(
+                ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
+                Value::String(remote.url.clone()),
+            )]),
+        )
+        .await;
+        let clock = ManualClock::at(sas_aws::system::SystemClock.now_for_tests());
+        let config = Arc::new(config);
+        let agent_names: Vec<AgentName> =
+            AGENT_QUEUES.iter().map(|(a, _)| AgentName::new(*a)).collect();
+        let workflow =
+            Arc::new(Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names).unwrap());
+        let bus = || EventBridgeBus::new(t.events.clone(), t.name("EventBus"));
+        let mut agent_urls = QueueUrls::default();
+        for (agent, queue) in AGENT_QUEUES {
+            agent_urls = agent_urls.with(Destination::Agent(AgentName::new(agent)), t.name(queue));
+        }
+        let to_scheduler =
+            QueueUrls::default().with(Destination::Scheduler, t.name("SchedulerQueue"));
+        let to_replies = QueueUrls::default().with(Destination::Replies, t.name("ReplyQueue"));
+        let submission = Submission::new(
+            t.store(),
+            SqsOutbox::new(t.sqs.clone(), to_scheduler.clone()),
+            bus(),
+            clock.clone(),
+            UuidIds,
+            config.clone(),
+            workflow.clone(),
+        );
+        let scheduler = Scheduler::new(
+            t.store(),
+            SqsOutbox::new(t.sqs.clone(), agent_urls),
+            bus(),
+            clock.clone(),
+            config.clone(),
+            workflow.clone(),
+            "scheduler/test".into(),
+        );
+        let agents = AGENT_QUEUES
+            .iter()
+            .map(|(_, queue)| {
+                let remote =
+                    HttpRemote::with_clock(&remote.url, Duration::from_secs(5), clock.clone())
+                        .unwrap();
+                let outbox = SqsOutbox::new(t.sqs.clone(), to_replies.clone());
+                let a = Agent::new(
+                    remote,
+                    outbox,
+                    clock.clone(),
+                    SplitMix::seeded(3),
+                    config.agent_retry,
+                );
+                ((*queue).to_owned(), a)
+            })
+            .collect();
+        let supervisor = Supervisor::new(
+            t.store(),
+            t.store(),
+            SqsOutbox::new(t.sqs.clone(), to_scheduler),
+            bus(),
+            clock.clone(),
+            config.clone(),
+            workflow,
+        );
+        let status = StatusService::new(t.store());
+        System { t, clock, config, remote, submission, status, scheduler, agents, supervisor }
+    }
+
+    /// `POST /orders` through the submission handler.
+    pub async fn post(&self, key: Option<&str>, content_type: &str, body: &str) -> (u16, Value) {
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri("/orders")
+            .header("content-type", content_type);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let request = request.body(Body::Text(body.to_owned())).unwrap();
+        decode(sas_submission::handle(&self.submission, request).await)
+    }
+
+    /// `GET /orders/{id}` through the status handler.
+    pub async fn get(&self, id: &str) -> (u16, Value) {
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(format!("/orders/{id}"))
+            .body(Body::Empty)
+            .unwrap()
+            .with_path_parameters(HashMap::from([("id".to_owned(), id.to_owned())]));
+        decode(sas_status::handle(&self.status, request).await)
+    }
+
+    /// One round of the event sources: every queue's visible messages, in batches, to their
+    /// handler. Returns how many messages were delivered.
+    pub async fn pump(&self) -> usize {
+        let mut delivered = 0;
+        for queue in ["SchedulerQueue", "ReplyQueue"] {
+            delivered += self
+                .deliver(queue, |event| async {
+                    sas_scheduler::handle(&self.scheduler, event).await
+                })
+                .await;
+        }
+        for (queue, agent) in &self.agents {
+            delivered += self
+                .deliver(queue, |event| async move { sas_agent::handle(agent, event).await })
+                .await;
+        }
+        delivered
+    }
+
+    /// Receives a batch from `queue`, hands it to `handler`, deletes what did not fail and
+    /// leaves the failures in flight (their visibility timeout decides when they return).
+    pub async fn deliver<F, Fut>(&self, queue: &str, handler: F) -> usize
+    where
+        F: Fn(SqsEvent) -> Fut,
+        Fut: std::future::Future<Output = aws_lambda_events::event::sqs::SqsBatchResponse>,
+    {
+        let batch = self.t.receive(queue, 0).await;
+        if batch.is_empty() {
+            return 0;
+        }
+        let mut event = SqsEvent::default();
+        for m in &batch {
+            let mut record = SqsMessage::default();
+            record.message_id = m.message_id().map(str::to_owned);
+            record.receipt_handle = m.receipt_handle().map(str::to_owned);
+            record.body = m.body().map(str::to_owned);
+            event.records.push(record);
+        }
+        let response = handler(event).await;
+        let failed: Vec<&str> =
+            response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+        for m in &batch {
+            if !failed.contains(&m.message_id().unwrap_or_default()) {
+                self.t.delete(queue, m.receipt_handle().unwrap_or_default()).await;
+            }
+        }
+        batch.len()
+    }
+
+    /// Pumps until a round delivers nothing.
+    pub async fn settle(&self) {
+        for _ in 0..200 {
+            if self.pump().await == 0 {
+                return;
+            }
+        }
+        panic!("the system did not settle");
+    }
+
+    pub async fn sweep(&self) -> SweepReport {
+        sas_supervisor::handle(&self.supervisor).await.unwrap()
+    }
+
+    pub async fn state(&self, id: OrderId) -> StateRecord {
+        use sas_engine::ports::StateStore;
+        self.t.store().load(id).await.unwrap().unwrap()
+    }
+
+    /// Moves the manual clock past every deadline the record has.
+    pub async fn expire(&self, id: OrderId) {
+        let cb = self.state(id).await.complete_by.unwrap();
+        self.clock.set(cb.plus(Duration::from_millis(1)));
+    }
+
+    pub fn now(&self) -> Timestamp {
+        use sas_engine::ports::Clock;
+        self.clock.now()
+    }
+}
+
+fn decode(response: Response<Body>) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body = match response.body() {
+        Body::Text(t) => serde_json::from_str(t).unwrap_or(Value::String(t.clone())),
+        Body::Binary(b) => serde_json::from_slice(b).unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    (status, body)
+}
+
+/// A valid order body.
+pub fn order_json(customer: &str) -> String {
+    serde_json::json!({
+        "customer_id": customer,
+        "currency": "EUR",
+        "items": [{"sku": "BOOK-1", "quantity": 2, "unit_price": 1250}],
+        "ship_to": {"name": "Ada Lovelace", "line1": "12 St James's Square", "city": "London",
+                    "postal_code": "SW1Y 4JH", "country": "GB"}
+    })
+    .to_string()
+}
