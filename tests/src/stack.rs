@@ -147,8 +147,17 @@ impl TestStack {
             .unwrap();
     }
 
-    /// Drains a queue that only receives (alerts, order events) and returns the bodies.
+    /// Drains a queue that only receives (alerts, order events) and returns the JSON bodies.
     pub async fn drain(&self, queue_logical_id: &str) -> Vec<Value> {
+        self.drain_raw(queue_logical_id)
+            .await
+            .iter()
+            .map(|b| serde_json::from_str(b).unwrap())
+            .collect()
+    }
+
+    /// Drains a queue and returns the bodies as they are.
+    pub async fn drain_raw(&self, queue_logical_id: &str) -> Vec<String> {
         let mut out = Vec::new();
         loop {
             let batch = self.receive(queue_logical_id, 0).await;
@@ -156,7 +165,7 @@ impl TestStack {
                 return out;
             }
             for m in batch {
-                out.push(serde_json::from_str(m.body().unwrap_or_default()).unwrap());
+                out.push(m.body().unwrap_or_default().to_owned());
                 self.delete(queue_logical_id, m.receipt_handle().unwrap_or_default()).await;
             }
         }
@@ -217,6 +226,8 @@ pub struct System {
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock>,
+    /// Whether a failed message comes back at once, as if its visibility timeout had passed.
+    pub fast_redelivery: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for System {
@@ -308,7 +319,18 @@ impl System {
             workflow,
         );
         let status = StatusService::new(t.store());
-        System { t, clock, config, remote, submission, status, scheduler, agents, supervisor }
+        System {
+            t,
+            clock,
+            config,
+            remote,
+            submission,
+            status,
+            scheduler,
+            agents,
+            supervisor,
+            fast_redelivery: Default::default(),
+        }
     }
 
     /// `POST /orders` through the submission handler.
@@ -339,19 +361,23 @@ impl System {
     /// handler. Returns how many messages were delivered.
     pub async fn pump(&self) -> usize {
         let mut delivered = 0;
-        for queue in ["SchedulerQueue", "ReplyQueue"] {
-            delivered += self
-                .deliver(queue, |event| async {
-                    sas_scheduler::handle(&self.scheduler, event).await
-                })
-                .await;
+        for queue in
+            ["SchedulerQueue", "ReplyQueue", "InventoryQueue", "PaymentQueue", "ShippingQueue"]
+        {
+            delivered += self.pump_queue(queue).await;
         }
-        for (queue, agent) in &self.agents {
-            delivered += self
+        delivered
+    }
+
+    /// Delivers one batch of `queue` (by logical id) to the function that consumes it.
+    pub async fn pump_queue(&self, queue: &str) -> usize {
+        if let Some((_, agent)) = self.agents.iter().find(|(q, _)| q == queue) {
+            return self
                 .deliver(queue, |event| async move { sas_agent::handle(agent, event).await })
                 .await;
         }
-        delivered
+        self.deliver(queue, |event| async { sas_scheduler::handle(&self.scheduler, event).await })
+            .await
     }
 
     /// Receives a batch from `queue`, hands it to `handler`, deletes what did not fail and
@@ -377,8 +403,11 @@ impl System {
         let failed: Vec<&str> =
             response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
         for m in &batch {
+            let receipt = m.receipt_handle().unwrap_or_default();
             if !failed.contains(&m.message_id().unwrap_or_default()) {
-                self.t.delete(queue, m.receipt_handle().unwrap_or_default()).await;
+                self.t.delete(queue, receipt).await;
+            } else if self.fast_redelivery.load(Ordering::Relaxed) {
+                self.t.release(queue, receipt).await;
             }
         }
         batch.len()

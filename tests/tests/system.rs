@@ -1,0 +1,243 @@
+//! The system end to end on a moto server: the real submission, status, scheduler, agent and
+//! supervisor handlers with the real adapters, resources from `template.yaml`, the simulated
+//! remote service over HTTP, and the event sources played by the test.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use sas_engine::OrderId;
+use sas_engine::state::{Phase, ProcessState, StepStatus};
+use sas_tests::stack::{System, order_json};
+use serde_json::Value;
+
+fn order_id(body: &Value) -> OrderId {
+    body["order_id"].as_str().unwrap().parse().unwrap()
+}
+
+fn statuses(events: &[Value], id: OrderId) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["detail"]["order_id"] == id.to_string())
+        .map(|e| e["detail"]["status"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_order_runs_through_the_three_steps() {
+    let s = System::start("happy", "{}").await;
+    let (status, body) =
+        s.post(Some("order-happy-1"), "application/json", &order_json("c-1")).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["created"], true);
+    let id = order_id(&body);
+    assert_eq!(body["status_url"], format!("/orders/{id}"));
+    s.settle().await;
+
+    let r = s.state(id).await;
+    assert_eq!(r.process_state, ProcessState::Processed);
+    assert_eq!(r.complete_by, None);
+    let ledger = s.remote.ledger().await;
+    assert_eq!(ledger["effects"].as_array().unwrap().len(), 3);
+    assert_eq!(ledger["max_applications"], 1);
+
+    let (status, view) = s.get(&id.to_string()).await;
+    assert_eq!(status, 200);
+    assert_eq!(view["process_state"], "Processed");
+    assert_eq!(view["steps"].as_array().unwrap().len(), 3);
+    assert!(view["timeline"].as_array().unwrap().len() >= 5);
+    let events = s.t.drain("OrderEventsQueue").await;
+    assert_eq!(statuses(&events, id).last().map(String::as_str), Some("processed"));
+    assert!(s.t.drain("AlertsQueue").await.is_empty());
+}
+
+#[tokio::test]
+async fn transient_faults_of_the_remote_service_are_absorbed_by_the_agents() {
+    let s = System::start(
+        "flaky",
+        r#"{"default": {"transient_rate": 0.4, "lost_answer_rate": 0.4, "seed": 5}}"#,
+    )
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let (status, body) =
+            s.post(Some(&format!("order-flaky-{i}")), "application/json", &order_json("c-2")).await;
+        assert_eq!(status, 202);
+        ids.push(order_id(&body));
+    }
+    s.settle().await;
+    for id in ids {
+        assert_eq!(s.state(id).await.process_state, ProcessState::Processed, "{id}");
+    }
+    let stats = s.remote.stats().await;
+    assert!(stats["transient"].as_u64().unwrap() > 0, "{stats}");
+    assert!(stats["lost_answer"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(s.remote.ledger().await["max_applications"], 1);
+}
+
+#[tokio::test]
+async fn a_lost_start_message_is_recovered_by_the_supervisor() {
+    let s = System::start("lost-start", "{}").await;
+    let (_, body) = s.post(Some("order-lost-start"), "application/json", &order_json("c-3")).await;
+    let id = order_id(&body);
+    let lost = s.t.receive("SchedulerQueue", 0).await;
+    assert_eq!(lost.len(), 1);
+    s.t.delete("SchedulerQueue", lost[0].receipt_handle().unwrap()).await;
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Pending);
+    assert_eq!(s.sweep().await.acted, 0, "its deadline has not passed");
+
+    s.expire(id).await;
+    let report = s.sweep().await;
+    assert_eq!(report.acted, 1, "{report:?}");
+    let r = s.state(id).await;
+    assert_eq!((r.process_state, r.failure_count), (ProcessState::Pending, 1));
+    // The new start message waits out the retry delay (a real SQS delay of one second).
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processed);
+}
+
+#[tokio::test]
+async fn a_permanent_fault_is_compensated_and_an_operator_alerted() {
+    let s =
+        System::start("declined", r#"{"actions": {"charge-payment": {"permanent_rate": 1.0}}}"#)
+            .await;
+    let (_, body) = s.post(Some("order-declined"), "application/json", &order_json("c-4")).await;
+    let id = order_id(&body);
+    s.settle().await;
+
+    let r = s.state(id).await;
+    assert_eq!((r.process_state, r.phase), (ProcessState::Error, Phase::Compensating));
+    let steps: Vec<StepStatus> = r.steps.iter().map(|s| s.status).collect();
+    assert_eq!(steps, [StepStatus::Undone, StepStatus::Failed, StepStatus::NotStarted]);
+    let ledger = s.remote.ledger().await;
+    let actions: Vec<&str> = ledger["effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["reserve-inventory", "release-inventory"]);
+
+    // Observed the way an operator and the submitting application would: on queues that
+    // EventBridge rules feed.
+    let alerts = s.t.drain("AlertsQueue").await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0]["detail-type"], "OrderNeedsAttention");
+    assert_eq!(alerts[0]["detail"]["order_id"], id.to_string());
+    assert_eq!(alerts[0]["detail"]["fully_compensated"], true);
+    assert_eq!(alerts[0]["detail"]["cause"]["kind"], "step_rejected");
+    let events = s.t.drain("OrderEventsQueue").await;
+    let seen = statuses(&events, id);
+    assert!(
+        seen.contains(&"compensating".to_owned())
+            && seen.last().map(String::as_str) == Some("compensated"),
+        "{seen:?}"
+    );
+    assert_eq!(r.alert, Some(sas_engine::state::AlertDelivery::Sent));
+}
+
+#[tokio::test]
+async fn duplicate_and_stale_replies_change_nothing() {
+    let s = System::start("duplicates", "{}").await;
+    let (_, body) = s.post(Some("order-dup"), "application/json", &order_json("c-5")).await;
+    let id = order_id(&body);
+    // Run up to the first reply and keep a copy of it.
+    assert_eq!(s.pump_queue("SchedulerQueue").await, 1);
+    assert_eq!(s.pump_queue("InventoryQueue").await, 1);
+    let replies = s.t.receive("ReplyQueue", 0).await;
+    let first_reply = replies[0].body().unwrap().to_owned();
+    s.t.release("ReplyQueue", replies[0].receipt_handle().unwrap()).await;
+    s.settle().await;
+    let finished = s.state(id).await;
+    assert_eq!(finished.process_state, ProcessState::Processed);
+
+    // The old reply, twice, long after its step and attempt are over.
+    s.t.send_raw("ReplyQueue", &first_reply).await;
+    s.t.send_raw("ReplyQueue", &first_reply).await;
+    s.settle().await;
+    assert_eq!(s.state(id).await, finished, "not a byte changed");
+    assert_eq!(s.remote.ledger().await["max_applications"], 1);
+}
+
+#[tokio::test]
+async fn the_same_key_returns_the_same_order_and_a_different_order_is_refused() {
+    let s = System::start("idempotent", "{}").await;
+    let (status, first) = s.post(Some("order-same"), "application/json", &order_json("c-6")).await;
+    assert_eq!((status, &first["created"]), (202, &Value::Bool(true)));
+    let (status, again) = s.post(Some("order-same"), "application/json", &order_json("c-6")).await;
+    assert_eq!((status, &again["created"]), (202, &Value::Bool(false)));
+    assert_eq!(first["order_id"], again["order_id"]);
+    assert_eq!((s.t.count("OrdersTable").await, s.t.count("StateTable").await), (1, 1));
+
+    let (status, conflict) =
+        s.post(Some("order-same"), "application/json", &order_json("someone-else")).await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["error"]["code"], "idempotency_key_reused");
+    assert_eq!(conflict["error"]["order_id"], first["order_id"]);
+    assert_eq!((s.t.count("OrdersTable").await, s.t.count("StateTable").await), (1, 1));
+    s.settle().await;
+    assert_eq!(s.state(order_id(&first)).await.process_state, ProcessState::Processed);
+}
+
+#[tokio::test]
+async fn every_rejected_request_writes_nothing() {
+    let s = System::start("rejections", "{}").await;
+    let valid = order_json("c-7");
+    let huge = format!(r#"{{"customer_id": "{}"}}"#, "x".repeat(70 * 1024));
+    let cases: Vec<(Option<&str>, &str, String, u16, &str)> = vec![
+        (Some("k-1"), "application/json", "{not json".into(), 400, "malformed_json"),
+        (Some("k-2"), "application/json", r#"{"customer_id": 5}"#.into(), 400, "invalid_order"),
+        (
+            Some("k-3"),
+            "application/json",
+            valid.replace("\"quantity\":2", "\"quantity\":-2"),
+            400,
+            "invalid_order",
+        ),
+        (
+            Some("k-4"),
+            "application/json",
+            valid.replace("\"currency\":\"EUR\"", "\"currency\":\"EUR\",\"coupon\":\"X\""),
+            400,
+            "invalid_order",
+        ),
+        (None, "application/json", valid.clone(), 400, "missing_idempotency_key"),
+        (Some("bad key!"), "application/json", valid.clone(), 400, "invalid_idempotency_key"),
+        (Some("k-5"), "text/plain", valid.clone(), 415, "unsupported_media_type"),
+        (Some("k-6"), "application/json", huge, 413, "payload_too_large"),
+    ];
+    for (key, content_type, body, status, code) in cases {
+        let (got, answer) = s.post(key, content_type, &body).await;
+        assert_eq!((got, answer["error"]["code"].as_str().unwrap()), (status, code), "{answer}");
+    }
+    assert_eq!((s.t.count("OrdersTable").await, s.t.count("StateTable").await), (0, 0));
+    assert!(s.t.receive("SchedulerQueue", 0).await.is_empty());
+    assert!(s.t.drain("OrderEventsQueue").await.is_empty());
+
+    let (status, answer) = s.get("not-a-uuid").await;
+    assert_eq!((status, answer["error"]["code"].as_str().unwrap()), (400, "invalid_order_id"));
+    let (status, _) = s.get(&uuid_like()).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn a_poison_message_goes_to_the_dead_letter_queue_without_blocking_its_batch() {
+    let s = System::start("poison", "{}").await;
+    s.t.send_raw("SchedulerQueue", "this is not an envelope").await;
+    let (_, body) =
+        s.post(Some("order-beside-poison"), "application/json", &order_json("c-8")).await;
+    let id = order_id(&body);
+    // The queue's maxReceiveCount is 5: the poison fails on every receive, its visibility
+    // timeout cut short instead of waited for, until SQS moves it to the dead-letter queue.
+    s.fast_redelivery.store(true, std::sync::atomic::Ordering::Relaxed);
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processed);
+    let dead = s.t.drain_raw("SchedulerDeadLetterQueue").await;
+    assert_eq!(dead, ["this is not an envelope"]);
+}
+
+fn uuid_like() -> String {
+    OrderId::for_key(&sas_engine::IdempotencyKey::parse("never-submitted").unwrap()).to_string()
+}
