@@ -13,6 +13,7 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::config::Credentials;
 use lambda_http::http::{Method, Request};
 use lambda_http::{Body, RequestExt, Response};
+use sas_aws::batch::Deferring;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::http::HttpRemote;
@@ -222,7 +223,7 @@ pub struct System {
     pub remote: RemoteService,
     submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds>,
     status: StatusService<Store>,
-    scheduler: Scheduler<Store, Outbox, Bus, ManualClock>,
+    scheduler: Scheduler<Store, Deferring<Outbox>, Bus, ManualClock>,
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock>,
@@ -285,7 +286,7 @@ impl System {
         );
         let scheduler = Scheduler::new(
             t.store(),
-            SqsOutbox::new(t.sqs.clone(), agent_urls),
+            Deferring(SqsOutbox::new(t.sqs.clone(), agent_urls)),
             bus(),
             clock.clone(),
             config.clone(),

@@ -1,6 +1,7 @@
 //! The scheduler function: wires configuration, clients and the handler.
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
+use sas_aws::batch::Deferring;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::settings::{Env, agent_queue_variable};
@@ -39,7 +40,7 @@ async fn main() -> Result<(), Error> {
     let owner = format!("scheduler/{}", uuid_like());
     let scheduler = Scheduler::new(
         DynamoStore::new(dynamodb, state_table, orders_table),
-        SqsOutbox::new(sqs, urls),
+        Deferring(SqsOutbox::new(sqs, urls)),
         EventBridgeBus::new(events, bus),
         SystemClock,
         config,

@@ -41,6 +41,16 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
         Scheduler { store, outbox, bus, clock, config, workflow, owner }
     }
 
+    /// The outbox this scheduler sends through (a batch consumer flushes it).
+    pub fn outbox(&self) -> &Q {
+        &self.outbox
+    }
+
+    /// The clock this scheduler decides with.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
     /// Handles one message from the scheduler queue or the reply queue.
     ///
     /// `Ok` means the message is done with (whatever [`Handled`] says) and can be deleted. A

@@ -1,0 +1,336 @@
+//! `cost-model`: what one order costs on AWS, counted, not guessed.
+//!
+//! Runs orders through the real engine services (submission, scheduler, agents) on in-memory
+//! ports that count every request the AWS adapters would make: DynamoDB write and read units
+//! from the real item encoding (transactions at double rate, index writes when an index key
+//! changes, failed conditional writes included), SQS requests, Lambda invocations, EventBridge
+//! events and API calls. Prices are AWS list prices for us-east-1; the arithmetic is printed.
+//!
+//! `cargo run -p sas-infra --bin cost-model -- [ORDERS] [BATCH]` (defaults 1000 orders, and
+//! SQS batches of 10 as the event source mappings deliver under load).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use sas_aws::batch::{Deferring, for_each_message_deferring};
+use sas_aws::dynamo::{order_item_size, state_item_size};
+use sas_engine::config::EngineConfig;
+use sas_engine::memory::{
+    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, SeqIds, SplitMix,
+};
+use sas_engine::message::Message;
+use sas_engine::ports::{
+    Created, Destination, Expected, OrderRecord, Outbox, Outgoing, Saved, StateStore,
+};
+use sas_engine::services::{Agent, Scheduler, Submission};
+use sas_engine::state::StateRecord;
+use sas_engine::workflow::Workflow;
+use sas_engine::{AgentName, OrderId, Result};
+
+/// us-east-1 list prices, USD.
+mod price {
+    pub const DYNAMODB_WRU: f64 = 0.625e-6;
+    pub const DYNAMODB_RRU: f64 = 0.125e-6;
+    pub const SQS_REQUEST: f64 = 0.40e-6;
+    pub const LAMBDA_REQUEST: f64 = 0.20e-6;
+    /// arm64, per GB-second.
+    pub const LAMBDA_GB_SECOND: f64 = 0.000_013_333_4;
+    pub const HTTP_API_REQUEST: f64 = 1.00e-6;
+    pub const EVENTBRIDGE_EVENT: f64 = 1.00e-6;
+    pub const STEP_FUNCTIONS_TRANSITION: f64 = 25.0e-6;
+}
+
+/// Billed duration assumed per invocation (128 MB, warm), in milliseconds. Measured figures
+/// from a deployment replace these; they are a small part of the total either way.
+const MS_SUBMISSION: f64 = 30.0;
+const MS_SCHEDULER_BATCH: f64 = 40.0;
+/// An agent's invocation lasts as long as its slowest remote call; 100 ms assumed.
+const MS_AGENT_BATCH: f64 = 100.0;
+const MEMORY_GB: f64 = 0.125;
+
+#[derive(Debug, Default)]
+struct Meter {
+    wru: f64,
+    index_wru: f64,
+    rru: f64,
+    send_requests: f64,
+    messages: HashMap<&'static str, f64>,
+}
+
+#[derive(Clone, Debug)]
+struct MeteredStore {
+    inner: Arc<MemoryStore<ManualClock>>,
+    meter: Arc<Mutex<Meter>>,
+}
+
+fn units(bytes: usize, unit: usize) -> f64 {
+    bytes.div_ceil(unit).max(1) as f64
+}
+
+/// Index writes caused by a table write with the KEYS_ONLY `ByCompleteBy` index: one to add or
+/// remove an entry, two to move it (a key change), none when the keys stay.
+fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
+    let key = |r: &StateRecord| r.complete_by.map(|cb| (r.shard, cb));
+    match (old.and_then(key), key(new)) {
+        (None, None) => 0.0,
+        (None, Some(_)) | (Some(_), None) => 1.0,
+        (Some(a), Some(b)) if a == b => 0.0,
+        _ => 2.0,
+    }
+}
+
+impl StateStore for MeteredStore {
+    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
+        let created = self.inner.create(order, state).await?;
+        let mut m = self.meter.lock().unwrap_or_else(|e| e.into_inner());
+        // A transaction costs two units per KB of each item, whether it succeeds or not.
+        m.wru += 2.0 * (units(order_item_size(order), 1024) + units(state_item_size(state)?, 1024));
+        if created == Created::Created {
+            m.index_wru += index_writes(None, state);
+        }
+        Ok(created)
+    }
+
+    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+        let r = self.inner.load(id).await?;
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += 1.0; // strongly consistent, < 4 KB
+        Ok(r)
+    }
+
+    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
+        let r = self.inner.load_order(id).await?;
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += 1.0;
+        Ok(r)
+    }
+
+    async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
+        let old = self.inner.peek(next.order_id);
+        let saved = self.inner.save(next, expected).await?;
+        let mut m = self.meter.lock().unwrap_or_else(|e| e.into_inner());
+        // A put is billed on the larger of the old and new item; a failed condition still pays.
+        let old_size = old.as_ref().map(state_item_size).transpose()?.unwrap_or(0);
+        m.wru += units(old_size.max(state_item_size(next)?), 1024);
+        if saved == Saved::Saved {
+            m.index_wru += index_writes(old.as_ref(), next);
+        }
+        Ok(saved)
+    }
+}
+
+#[derive(Debug)]
+struct MeteredOutbox {
+    inner: Arc<MemoryQueues<ManualClock>>,
+    meter: Arc<Mutex<Meter>>,
+}
+
+impl Outbox for MeteredOutbox {
+    async fn send(&self, messages: &[Outgoing]) -> Result<()> {
+        self.inner.send(messages).await?;
+        let mut m = self.meter.lock().unwrap_or_else(|e| e.into_inner());
+        let mut per_queue: HashMap<&Destination, usize> = HashMap::new();
+        for msg in messages {
+            *per_queue.entry(&msg.to).or_default() += 1;
+            let kind = match msg.message {
+                Message::Start(_) => "start",
+                Message::Request(_) => "request",
+                Message::Reply(_) => "reply",
+            };
+            *m.messages.entry(kind).or_default() += 1.0;
+        }
+        // SendMessageBatch: one request per queue per ten messages.
+        m.send_requests += per_queue.values().map(|n| n.div_ceil(10) as f64).sum::<f64>();
+        Ok(())
+    }
+}
+
+struct Scenario {
+    name: &'static str,
+    workflow: String,
+    agents: Vec<&'static str>,
+    /// State transitions of the equivalent Step Functions Standard workflow.
+    sfn_transitions: f64,
+}
+
+fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let orders: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1000);
+    let batch: f64 =
+        args.next().map(|a| a.parse::<f64>()).transpose()?.unwrap_or(10.0).clamp(1.0, 10.0);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let scenarios = [
+        Scenario {
+            name: "one step",
+            workflow: r#"{"name":"charge","steps":[{"name":"charge-payment","agent":"payment","budget_seconds":30,
+                          "compensation":{"action":"refund-payment"}}]}"#
+                .into(),
+            agents: vec!["payment"],
+            sfn_transitions: 3.0,
+        },
+        Scenario {
+            name: "three steps",
+            workflow: Workflow::order_fulfilment_json().into(),
+            agents: vec!["inventory", "payment", "shipping"],
+            sfn_transitions: 5.0,
+        },
+    ];
+    println!(
+        "# Cost per million orders (happy path), {orders} orders measured, SQS batches of {batch}\n"
+    );
+    for s in scenarios {
+        let meter = runtime.block_on(run(&s, orders, batch as usize))?;
+        report(&s, &meter, orders as f64, batch);
+    }
+    Ok(())
+}
+
+async fn run(
+    s: &Scenario,
+    orders: usize,
+    batch_size: usize,
+) -> std::result::Result<Meter, Box<dyn std::error::Error>> {
+    let clock = ManualClock::default();
+    let meter = Arc::new(Mutex::new(Meter::default()));
+    let memory = Arc::new(MemoryStore::new(clock.clone()));
+    let store = MeteredStore { inner: memory.clone(), meter: meter.clone() };
+    let queues = Arc::new(MemoryQueues::new(clock.clone()));
+    let outbox = || Arc::new(MeteredOutbox { inner: queues.clone(), meter: meter.clone() });
+    let bus = Arc::new(MemoryBus::new());
+    let config = Arc::new(EngineConfig::default());
+    let agents: Vec<AgentName> = s.agents.iter().copied().map(AgentName::new).collect();
+    let workflow = Arc::new(Workflow::from_json(&s.workflow, &agents)?);
+    let submission = Submission::new(
+        store.clone(),
+        outbox(),
+        bus.clone(),
+        clock.clone(),
+        SeqIds::new("c"),
+        config.clone(),
+        workflow.clone(),
+    );
+    // The scheduler holds back what a batch sends and sends it together, as its function does.
+    let scheduler = Scheduler::new(
+        store.clone(),
+        Deferring(outbox()),
+        bus.clone(),
+        clock.clone(),
+        config.clone(),
+        workflow.clone(),
+        "s".into(),
+    );
+    let remote = Arc::new(MemoryRemote::new(clock.clone()));
+    let agent =
+        Agent::new(remote, outbox(), clock.clone(), SplitMix::seeded(1), config.agent_retry);
+
+    let body = r#"{"customer_id":"customer-0042","currency":"EUR","items":[{"sku":"BOOK-1","quantity":2,"unit_price":1250},
+        {"sku":"PEN-9","quantity":1,"unit_price":300}],"ship_to":{"name":"Ada Lovelace","line1":"12 St James's Square",
+        "city":"London","postal_code":"SW1Y 4JH","country":"GB"}}"#;
+    for i in 0..orders {
+        submission.submit(&format!("order-{i:08}"), body.as_bytes()).await?;
+    }
+    let mut destinations = vec![Destination::Scheduler, Destination::Replies];
+    destinations.extend(agents.into_iter().map(Destination::Agent));
+    loop {
+        let mut delivered = 0;
+        for dest in &destinations {
+            let batch = queues.receive(dest, batch_size);
+            delivered += batch.len();
+            if let Destination::Agent(_) = dest {
+                for d in &batch {
+                    if let Message::Request(r) = Message::decode(&d.body)? {
+                        agent.handle(&r).await?;
+                    }
+                }
+            } else {
+                let mut event = SqsEvent::default();
+                for d in &batch {
+                    let mut record = SqsMessage::default();
+                    record.message_id = Some(d.message_id.clone());
+                    record.body = Some(d.body.clone());
+                    event.records.push(record);
+                }
+                let scheduler = &scheduler;
+                let response = for_each_message_deferring(
+                    event,
+                    scheduler.outbox(),
+                    &clock,
+                    |id, body| async move {
+                        scheduler.handle(&Message::decode(&body)?, &id).await.map(|_| ())
+                    },
+                )
+                .await;
+                if !response.batch_item_failures.is_empty() {
+                    return Err("a scheduler batch failed".into());
+                }
+            }
+            for d in &batch {
+                queues.delete(dest, &d.receipt)?;
+            }
+        }
+        if delivered == 0 {
+            break;
+        }
+    }
+    let unfinished = memory.records().iter().filter(|r| !r.is_terminal()).count();
+    if unfinished > 0 {
+        return Err(format!("{unfinished} orders did not finish").into());
+    }
+    let events = bus.count() as f64;
+    let mut m = std::mem::take(&mut *meter.lock().unwrap_or_else(|e| e.into_inner()));
+    m.messages.insert("event", events);
+    Ok(m)
+}
+
+fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
+    let per = |x: f64| x / orders;
+    let million = 1e6;
+    let (wru, index, rru) = (per(m.wru), per(m.index_wru), per(m.rru));
+    let sends = per(m.send_requests);
+    let msg = |k: &str| per(m.messages.get(k).copied().unwrap_or(0.0));
+    let consumed = msg("start") + msg("request") + msg("reply");
+    // The event source mapping receives up to `batch` messages per ReceiveMessage and deletes
+    // them with one DeleteMessageBatch.
+    let receives_and_deletes = 2.0 * consumed / batch;
+    let sqs = sends + receives_and_deletes;
+    let scheduler_invocations = (msg("start") + msg("reply")) / batch;
+    let agent_invocations = msg("request") / batch;
+    let invocations = 1.0 + scheduler_invocations + agent_invocations;
+    let gb_seconds = MEMORY_GB
+        * (MS_SUBMISSION
+            + scheduler_invocations * MS_SCHEDULER_BATCH
+            + agent_invocations * MS_AGENT_BATCH)
+        / 1000.0;
+    let events = msg("event");
+    let rows = [
+        ("API Gateway HTTP API requests", 1.0, price::HTTP_API_REQUEST),
+        ("DynamoDB write units (table)", wru, price::DYNAMODB_WRU),
+        ("DynamoDB write units (index)", index, price::DYNAMODB_WRU),
+        ("DynamoDB read units", rru, price::DYNAMODB_RRU),
+        ("SQS requests", sqs, price::SQS_REQUEST),
+        ("Lambda invocations", invocations, price::LAMBDA_REQUEST),
+        ("Lambda GB-seconds", gb_seconds, price::LAMBDA_GB_SECOND),
+        ("EventBridge events", events, price::EVENTBRIDGE_EVENT),
+    ];
+    println!("## {} workflow\n", s.name);
+    println!("| item | per order | unit price | per million orders |");
+    println!("| --- | ---: | ---: | ---: |");
+    let mut total = 0.0;
+    for (name, count, unit) in rows {
+        let cost = count * unit * million;
+        total += cost;
+        println!("| {name} | {count:.3} | ${:.4}/M | ${cost:.2} |", unit * million);
+    }
+    println!("| **total** | | | **${total:.2}** |\n");
+    println!(
+        "Messages per order: {:.1} start, {:.1} request, {:.1} reply; SQS: {sends:.1} send requests + {receives_and_deletes:.2} receive/delete requests.",
+        msg("start"),
+        msg("request"),
+        msg("reply")
+    );
+    let sfn = s.sfn_transitions * price::STEP_FUNCTIONS_TRANSITION * million
+        + (price::HTTP_API_REQUEST + price::EVENTBRIDGE_EVENT) * million;
+    println!(
+        "Step Functions Standard for the same: {} transitions × $25/M + API + event = ${sfn:.0} per million.\n",
+        s.sfn_transitions
+    );
+}
