@@ -7,7 +7,9 @@
 //!
 //! - [`template`]: parsing and evaluating the template (parameters, conditions, intrinsics).
 //! - [`provision`]: creating its resources.
+//! - [`emulator`]: starting moto's server on loopback.
 
+pub mod emulator;
 pub mod provision;
 pub mod template;
 

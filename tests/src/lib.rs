@@ -9,8 +9,7 @@
 
 #![allow(clippy::unwrap_used)] // a harness that cannot set up should fail the test loudly
 
-pub mod moto;
 pub mod stack;
 
-pub use moto::Moto;
+pub use sas_infra::emulator::{self as moto, Moto};
 pub use stack::TestStack;

@@ -41,7 +41,8 @@ const SERVICE: &str = "dynamodb";
 /// Name of the expiry index; the template defines it with the same name.
 pub const EXPIRY_INDEX: &str = "ByCompleteBy";
 
-type Item = HashMap<String, AttributeValue>;
+/// A DynamoDB item.
+pub type Item = HashMap<String, AttributeValue>;
 
 /// The two tables and the index.
 #[derive(Clone, Debug)]
@@ -183,7 +184,8 @@ const TOP_LEVEL: [&str; 8] = [
     "shard",
 ];
 
-fn state_item(r: &StateRecord) -> Result<Item> {
+/// The item a state record is stored as (public for tools that load tables in bulk).
+pub fn state_item(r: &StateRecord) -> Result<Item> {
     let mut body = serde_json::to_value(r).map_err(|e| Error::rejected(SERVICE, e))?;
     if let Value::Object(map) = &mut body {
         for key in TOP_LEVEL {

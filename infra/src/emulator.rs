@@ -1,5 +1,6 @@
-//! Starting moto's server: installed into the project's venv when missing, on a free loopback
-//! port, and stopped when the test process exits.
+//! Starting an AWS API emulator: moto's server, installed from PyPI into the project's `.venv`
+//! when missing, on a free loopback port, and stopped when the process that started it exits
+//! (even when that process is killed).
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -22,6 +23,12 @@ static MOTO: OnceLock<Moto> = OnceLock::new();
 
 impl Moto {
     /// The server of this test process, started on first use.
+    ///
+    /// # Panics
+    ///
+    /// If moto cannot be installed or started: meant for tests and tools that cannot go on
+    /// without it.
+    #[allow(clippy::panic)]
     pub fn shared() -> &'static Moto {
         MOTO.get_or_init(|| Moto::start().unwrap_or_else(|e| panic!("cannot start moto: {e}")))
     }
@@ -71,7 +78,7 @@ fn free_port() -> Result<u16, String> {
     listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
 
-/// The workspace root (this crate lives in `tests/`).
+/// The workspace root (this crate lives in `infra/`).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }

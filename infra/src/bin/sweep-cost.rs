@@ -1,0 +1,150 @@
+//! `sweep-cost`: shows that the supervisor's sweep reads in proportion to what has expired, not
+//! to the size of the table.
+//!
+//! On a moto server it starts itself, it provisions `template.yaml`, loads the state table with
+//! N finished orders and a few expired ones, and runs the supervisor's index queries over every
+//! shard, reporting the index entries read and the read units DynamoDB bills for them (a query
+//! costs one read unit per 4 KB of entries read, halved for eventually consistent reads).
+//!
+//! `cargo run -p sas-infra --bin sweep-cost -- [N ...]` (default: 100 20000).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::config::Credentials;
+use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use sas_aws::dynamo::{EXPIRY_INDEX, state_item};
+use sas_engine::config::EngineConfig;
+use sas_engine::state::{ProcessState, StateRecord, StepStatus};
+use sas_engine::workflow::Workflow;
+use sas_engine::{AgentName, IdempotencyKey, OrderId, Timestamp};
+use sas_infra::emulator::{Moto, workspace_root};
+use sas_infra::provision::{Options, provision};
+use sas_infra::template::Template;
+
+const EXPIRED: usize = 5;
+
+type Error = Box<dyn std::error::Error>;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Error> {
+    let sizes: Vec<usize> =
+        std::env::args().skip(1).map(|a| a.parse()).collect::<Result<_, _>>()?;
+    let sizes = if sizes.is_empty() { vec![100, 20_000] } else { sizes };
+    let moto = Moto::shared();
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(&moto.endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("local", "local", None, None, "sweep-cost"))
+        .load()
+        .await;
+    let template = Template::load(&workspace_root().join("template.yaml"))?;
+    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let config = EngineConfig::default();
+    let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+    let workflow = Workflow::from_json(Workflow::order_fulfilment_json(), &agents)?;
+
+    println!(
+        "| finished orders | expired orders | items in the table | index entries read | read units billed |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    for n in sizes {
+        let options = Options {
+            stack_name: format!("sweep-{n}-{}", std::process::id()),
+            region: "us-east-1".into(),
+            parameters: HashMap::new(),
+            attributes: HashMap::new(),
+        };
+        let stack = provision(&template, &sdk, &options).await?;
+        let table = stack.reference("StateTable").ok_or("no state table")?;
+        let now = Timestamp::from_millis(chrono_now());
+        let mut items = Vec::with_capacity(n + EXPIRED);
+        for i in 0..n {
+            let mut r = record(
+                &format!("finished-{i}"),
+                &workflow,
+                &config,
+                now.minus(Duration::from_secs(7200)),
+            );
+            r.process_state = ProcessState::Processed;
+            r.complete_by = None;
+            for s in &mut r.steps {
+                s.status = StepStatus::Done;
+            }
+            items.push(state_item(&r)?);
+        }
+        for i in 0..EXPIRED {
+            // Submitted an hour ago and never claimed: their deadline passed long ago.
+            items.push(state_item(&record(
+                &format!("expired-{i}"),
+                &workflow,
+                &config,
+                now.minus(Duration::from_secs(3600)),
+            ))?);
+        }
+        for chunk in items.chunks(25) {
+            let writes = chunk
+                .iter()
+                .map(|item| {
+                    Ok(WriteRequest::builder()
+                        .put_request(PutRequest::builder().set_item(Some(item.clone())).build()?)
+                        .build())
+                })
+                .collect::<Result<Vec<_>, aws_sdk_dynamodb::error::BuildError>>()?;
+            client.batch_write_item().request_items(&table, writes).send().await?;
+        }
+
+        let (mut read, mut bytes) = (0usize, 0usize);
+        for shard in 0..config.index_shards {
+            // The same query the supervisor's adapter makes.
+            let out = client
+                .query()
+                .table_name(&table)
+                .index_name(EXPIRY_INDEX)
+                .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :now")
+                .expression_attribute_values(":s", AttributeValue::N(shard.to_string()))
+                .expression_attribute_values(":now", AttributeValue::N(now.as_millis().to_string()))
+                .limit(1000)
+                .send()
+                .await?;
+            read += usize::try_from(out.scanned_count()).unwrap_or(0);
+            bytes += out.items().iter().map(entry_size).sum::<usize>();
+        }
+        // One query per shard, each billed at least one unit: 0.5 read units per 4 KB, rounded up.
+        let units: f64 = f64::from(config.index_shards) * 0.5 + (bytes.div_ceil(4096) as f64) * 0.5
+            - if bytes > 0 { 0.5 } else { 0.0 };
+        let mut total = 0;
+        let mut pages = client
+            .scan()
+            .table_name(&table)
+            .select(aws_sdk_dynamodb::types::Select::Count)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            total += page?.count();
+        }
+        println!(
+            "| {n} | {EXPIRED} | {total} | {read} | {units:.1} ({} queries) |",
+            config.index_shards
+        );
+    }
+    Ok(())
+}
+
+fn record(key: &str, workflow: &Workflow, config: &EngineConfig, at: Timestamp) -> StateRecord {
+    let id = OrderId::for_key(
+        &IdempotencyKey::parse(key).unwrap_or_else(|_| unreachable!("keys are plain")),
+    );
+    StateRecord::new(id, workflow, config, format!("corr-{key}"), at)
+}
+
+fn entry_size(item: &HashMap<String, AttributeValue>) -> usize {
+    item.iter().map(|(k, v)| k.len() + v.as_s().map_or(8, String::len)).sum()
+}
+
+fn chrono_now() -> i64 {
+    let since =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
