@@ -6,9 +6,9 @@ use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::settings::{Env, agent_queue_variable};
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
-use sas_aws::system::SystemClock;
+use sas_aws::system::{SystemClock, UuidIds};
 use sas_aws::{clients, telemetry};
-use sas_engine::ports::Destination;
+use sas_engine::ports::{Destination, Ids};
 use sas_engine::services::Scheduler;
 
 #[tokio::main]
@@ -37,7 +37,7 @@ async fn main() -> Result<(), Error> {
     .await;
 
     // LockedBy names the instance: this execution environment, for as long as it lives.
-    let owner = format!("scheduler/{}", uuid_like());
+    let owner = format!("scheduler/{}", UuidIds.new_id());
     let scheduler = Scheduler::new(
         DynamoStore::new(dynamodb, state_table, orders_table),
         Deferring(SqsOutbox::new(sqs, urls)),
@@ -52,9 +52,4 @@ async fn main() -> Result<(), Error> {
         Ok::<_, Error>(sas_scheduler::handle(scheduler, event.payload).await)
     }))
     .await
-}
-
-fn uuid_like() -> String {
-    use sas_engine::ports::Ids;
-    sas_aws::system::UuidIds.new_id()
 }
