@@ -21,17 +21,12 @@ where
     B: EventBus,
     C: Clock,
 {
-    for_each_message_deferring(
-        event,
-        scheduler.outbox(),
-        scheduler.clock(),
-        |message_id, body| async move {
-            let message = Message::decode(&body)?;
-            Span::current().record("order_id", tracing::field::display(message.order_id()));
-            let handled = scheduler.handle(&message, &message_id).await?;
-            debug!(?handled, "handled");
-            Ok(())
-        },
-    )
+    for_each_message_deferring(event, scheduler.outbox(), |message_id, body| async move {
+        let message = Message::decode(&body)?;
+        Span::current().record("order_id", tracing::field::display(message.order_id()));
+        let handled = scheduler.handle(&message, &message_id).await?;
+        debug!(?handled, "handled");
+        Ok(())
+    })
     .await
 }

@@ -250,15 +250,11 @@ async fn run(
                     event.records.push(record);
                 }
                 let scheduler = &scheduler;
-                let response = for_each_message_deferring(
-                    event,
-                    scheduler.outbox(),
-                    &clock,
-                    |id, body| async move {
+                let response =
+                    for_each_message_deferring(event, scheduler.outbox(), |id, body| async move {
                         scheduler.handle(&Message::decode(&body)?, &id).await.map(|_| ())
-                    },
-                )
-                .await;
+                    })
+                    .await;
                 if !response.batch_item_failures.is_empty() {
                     return Err("a scheduler batch failed".into());
                 }

@@ -15,8 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use futures_util::future::join_all;
-use sas_engine::message::Message;
-use sas_engine::ports::{Clock, Outbox, Outgoing};
+use sas_engine::ports::{Outbox, Outgoing};
 use sas_engine::{Error, Result};
 use tracing::{Instrument, error, info_span, warn};
 
@@ -58,17 +57,14 @@ where
 }
 
 /// Like [`for_each_message`], holding back what the handlers send through `outbox` until the
-/// batch is handled, then sending it in one go. Replies found past their CompleteBy at that
-/// point are dropped: an agent's answer must not arrive after its lease.
-pub async fn for_each_message_deferring<Q, C, F, Fut>(
+/// batch is handled, then sending it in one go.
+pub async fn for_each_message_deferring<Q, F, Fut>(
     event: SqsEvent,
     outbox: &Deferring<Q>,
-    clock: &C,
     handle: F,
 ) -> SqsBatchResponse
 where
     Q: Outbox,
-    C: Clock,
     F: Fn(String, String) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
@@ -81,20 +77,15 @@ where
     }))
     .await;
 
-    let now = clock.now();
     let mut failed = Vec::new();
     let mut owners = Vec::new();
     let mut outgoing = Vec::new();
     for ((id, ok), held) in results {
         let held = std::mem::take(&mut *held.lock().unwrap_or_else(|e| e.into_inner()));
-        let live: Vec<Outgoing> = held
-            .into_iter()
-            .filter(|m| !matches!(&m.message, Message::Reply(r) if r.complete_by <= now))
-            .collect();
-        if !live.is_empty() {
+        if !held.is_empty() {
             owners.push(id.clone());
         }
-        outgoing.extend(live);
+        outgoing.extend(held);
         if !ok {
             failed.push(id);
         }
@@ -145,4 +136,77 @@ fn response(failed: impl Iterator<Item = String>) -> SqsBatchResponse {
         response.batch_item_failures.push(failure);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use aws_lambda_events::event::sqs::SqsMessage;
+    use sas_engine::memory::{ManualClock, MemoryQueues};
+    use sas_engine::message::{Message, Start};
+    use sas_engine::ports::Destination;
+    use sas_engine::{IdempotencyKey, OrderId};
+
+    use super::*;
+
+    fn event(ids: &[&str]) -> SqsEvent {
+        let mut event = SqsEvent::default();
+        for id in ids {
+            let mut m = SqsMessage::default();
+            m.message_id = Some((*id).to_owned());
+            m.body = Some((*id).to_owned());
+            event.records.push(m);
+        }
+        event
+    }
+
+    fn start(n: u64) -> Outgoing {
+        let order_id = OrderId::for_key(&IdempotencyKey::parse(&format!("k{n}")).unwrap());
+        Outgoing::now(
+            Destination::Scheduler,
+            Message::Start(Start { order_id, attempt: n, correlation_id: "c".into() }),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_batch_sends_once_and_reports_only_its_failures() {
+        let queues = Arc::new(MemoryQueues::new(ManualClock::default()));
+        let outbox = Deferring(queues.clone());
+        let outbox_ref = &outbox;
+        let response =
+            for_each_message_deferring(event(&["a", "b", "c"]), &outbox, |id, _| async move {
+                outbox_ref.send(&[start(1), start(2)]).await?;
+                if id == "b" { Err(Error::InvalidMessage("poison".into())) } else { Ok(()) }
+            })
+            .await;
+        let failed: Vec<_> =
+            response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+        assert_eq!(failed, ["b"]);
+        // Six messages, all sent after the batch, through the inner outbox in one call.
+        assert_eq!(queues.sent_count(&Destination::Scheduler), 6);
+        // Outside a batch, the outbox sends at once.
+        outbox.send(&[start(3)]).await.unwrap();
+        assert_eq!(queues.sent_count(&Destination::Scheduler), 7);
+    }
+
+    #[tokio::test]
+    async fn when_the_combined_send_fails_every_sender_is_retried() {
+        let queues = Arc::new(MemoryQueues::new(ManualClock::default()));
+        let outbox = Deferring(queues.clone());
+        let outbox_ref = &outbox;
+        queues.fail_next_sends(1);
+        let response =
+            for_each_message_deferring(event(&["a", "b", "quiet"]), &outbox, |id, _| async move {
+                if id != "quiet" {
+                    outbox_ref.send(&[start(1)]).await?;
+                }
+                Ok(())
+            })
+            .await;
+        let mut failed: Vec<_> =
+            response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
+        failed.sort();
+        assert_eq!(failed, ["a", "b"], "the message that sent nothing is done");
+    }
 }

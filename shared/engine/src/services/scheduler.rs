@@ -46,11 +46,6 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
         &self.outbox
     }
 
-    /// The clock this scheduler decides with.
-    pub fn clock(&self) -> &C {
-        &self.clock
-    }
-
     /// Handles one message from the scheduler queue or the reply queue.
     ///
     /// `Ok` means the message is done with (whatever [`Handled`] says) and can be deleted. A
