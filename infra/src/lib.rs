@@ -7,10 +7,14 @@
 //!
 //! - [`template`]: parsing and evaluating the template (parameters, conditions, intrinsics).
 //! - [`provision`]: creating its resources.
+//! - [`functions`]: the functions a template declares, with their environment and event sources.
 //! - [`emulator`]: starting moto's server on loopback.
+//! - [`runtime_api`]: the Lambda Runtime API, so real function binaries run locally.
 
 pub mod emulator;
+pub mod functions;
 pub mod provision;
+pub mod runtime_api;
 pub mod template;
 
 /// Errors of this crate.

@@ -184,11 +184,38 @@ fn physical_name(stack: &str, logical_id: &str) -> String {
     name
 }
 
+/// Resolves every resource of `template` to the names it would get, creating nothing: for
+/// inspecting what a template asks for, and for tests.
+pub fn dry_run(template: &Template, options: &Options) -> Result<Stack, Error> {
+    let mut context =
+        Context::new(template, &options.stack_name, &options.region, &options.parameters)?;
+    context.attributes.extend(options.attributes.clone());
+    for (id, resource) in &template.resources {
+        if context.holds(resource.condition.as_deref()) {
+            stand_in(&mut context, id, &resource.kind, options);
+        }
+    }
+    Ok(Stack { context, created: Vec::new(), skipped: Vec::new() })
+}
+
 /// References to resources that are not created still resolve, to what they would be named.
 fn stand_in(ctx: &mut Context, id: &str, kind: &str, options: &Options) {
     let name = physical_name(&options.stack_name, id);
     let region = &options.region;
     let (reference, arn) = match kind {
+        "AWS::SQS::Queue" => {
+            ctx.attributes.insert((id.to_owned(), "QueueName".into()), Value::String(name.clone()));
+            (
+                format!("https://sqs.{region}.amazonaws.com/{LOCAL_ACCOUNT}/{name}"),
+                format!("arn:aws:sqs:{region}:{LOCAL_ACCOUNT}:{name}"),
+            )
+        }
+        "AWS::DynamoDB::Table" => {
+            (name.clone(), format!("arn:aws:dynamodb:{region}:{LOCAL_ACCOUNT}:table/{name}"))
+        }
+        "AWS::Events::EventBus" => {
+            (name.clone(), format!("arn:aws:events:{region}:{LOCAL_ACCOUNT}:event-bus/{name}"))
+        }
         "AWS::SNS::Topic" => {
             let arn = format!("arn:aws:sns:{region}:{LOCAL_ACCOUNT}:{name}");
             (arn.clone(), arn)

@@ -36,6 +36,8 @@ pub struct Resource {
     pub kind: String,
     pub properties: Value,
     pub condition: Option<String>,
+    /// `Metadata` (for functions: how SAM builds them).
+    pub metadata: Value,
 }
 
 const SHORT_TAGS: [&str; 18] = [
@@ -93,6 +95,7 @@ impl Template {
                     kind: kind.to_owned(),
                     properties: r.get("Properties").cloned().unwrap_or(Value::Object(Map::new())),
                     condition: r.get("Condition").and_then(Value::as_str).map(str::to_owned),
+                    metadata: r.get("Metadata").cloned().unwrap_or(Value::Null),
                 },
             ));
         }

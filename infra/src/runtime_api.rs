@@ -1,0 +1,256 @@
+//! The Lambda Runtime API, served on loopback, so a function's real binary (the `bootstrap`
+//! that ships) runs locally exactly as it does in Lambda: it polls
+//! `GET /2018-06-01/runtime/invocation/next` for an event and posts its answer or its error.
+//!
+//! One [`RuntimeApi`] serves one function; any number of processes of that function may poll
+//! it, which is how a concurrency limit is emulated. An invocation not answered within the
+//! function's timeout fails, as it would in Lambda (the process may have crashed or hung); an
+//! invocation still waiting when its deadline passes is never handed out.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
+
+/// How an invocation ended, when it did not return a response.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    #[error("no answer within {0:?} (the function timed out, hung or crashed)")]
+    Timeout(Duration),
+    #[error("the function failed: {error_type}: {body}")]
+    Function { error_type: String, body: String },
+}
+
+struct Invocation {
+    id: String,
+    payload: String,
+    deadline_ms: u128,
+    answer: oneshot::Sender<Result<String, InvokeError>>,
+}
+
+struct Shared {
+    function_arn: String,
+    waiting: tokio::sync::Mutex<mpsc::UnboundedReceiver<Invocation>>,
+    in_flight: Mutex<HashMap<String, oneshot::Sender<Result<String, InvokeError>>>>,
+}
+
+/// The Runtime API of one function.
+#[derive(Clone)]
+pub struct RuntimeApi {
+    address: SocketAddr,
+    submit: mpsc::UnboundedSender<Invocation>,
+    shared: Arc<Shared>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for RuntimeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeApi").field("address", &self.address).finish_non_exhaustive()
+    }
+}
+
+impl RuntimeApi {
+    /// Serves the Runtime API for `function_name` on a free loopback port.
+    pub async fn start(function_name: &str, region: &str) -> std::io::Result<RuntimeApi> {
+        let (submit, waiting) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            function_arn: format!(
+                "arn:aws:lambda:{region}:{}:function:{function_name}",
+                crate::template::LOCAL_ACCOUNT
+            ),
+            waiting: tokio::sync::Mutex::new(waiting),
+            in_flight: Mutex::default(),
+        });
+        let app = Router::new()
+            .route("/2018-06-01/runtime/invocation/next", get(next))
+            .route("/2018-06-01/runtime/invocation/{id}/response", post(response))
+            .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
+            .route("/2018-06-01/runtime/init/error", post(init_error))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                warn!(error = %e, "runtime API server stopped");
+            }
+        });
+        Ok(RuntimeApi { address, submit, shared, next_id: Arc::default() })
+    }
+
+    /// The value for the function's `AWS_LAMBDA_RUNTIME_API` variable.
+    pub fn address(&self) -> String {
+        self.address.to_string()
+    }
+
+    /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
+    pub async fn invoke(&self, payload: String, timeout: Duration) -> Result<String, InvokeError> {
+        let id = format!(
+            "{:08x}-local-{}",
+            std::process::id(),
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        let (answer, answered) = oneshot::channel();
+        let deadline_ms = now_ms() + timeout.as_millis();
+        let invocation = Invocation { id: id.clone(), payload, deadline_ms, answer };
+        if self.submit.send(invocation).is_err() {
+            return Err(InvokeError::Timeout(Duration::ZERO));
+        }
+        match tokio::time::timeout(timeout, answered).await {
+            Ok(Ok(result)) => result,
+            _ => {
+                self.shared.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                Err(InvokeError::Timeout(timeout))
+            }
+        }
+    }
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+async fn next(State(shared): State<Arc<Shared>>) -> Response {
+    loop {
+        // Holding the lock while waiting queues the pollers; dropping a poller's connection
+        // drops its wait without losing an invocation.
+        let invocation = {
+            let mut waiting = shared.waiting.lock().await;
+            match waiting.recv().await {
+                Some(i) => i,
+                None => return StatusCode::GONE.into_response(),
+            }
+        };
+        if invocation.deadline_ms <= now_ms() {
+            // Whoever invoked has given up; Lambda would not start it either.
+            continue;
+        }
+        shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(invocation.id.clone(), invocation.answer);
+        let mut headers = HeaderMap::new();
+        let mut set = |name: &'static str, value: String| {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(name, v);
+            }
+        };
+        set("lambda-runtime-aws-request-id", invocation.id);
+        set("lambda-runtime-deadline-ms", invocation.deadline_ms.to_string());
+        set("lambda-runtime-invoked-function-arn", shared.function_arn.clone());
+        set("lambda-runtime-trace-id", "Root=1-00000000-000000000000000000000000;Sampled=0".into());
+        set("content-type", "application/json".into());
+        return (StatusCode::OK, headers, invocation.payload).into_response();
+    }
+}
+
+async fn response(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> StatusCode {
+    finish(&shared, &id, Ok(String::from_utf8_lossy(&body).into_owned()))
+}
+
+async fn error(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    let error_type = headers
+        .get("lambda-runtime-function-error-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("Unhandled")
+        .to_owned();
+    finish(
+        &shared,
+        &id,
+        Err(InvokeError::Function {
+            error_type,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }),
+    )
+}
+
+async fn init_error(body: Bytes) -> StatusCode {
+    warn!(error = %String::from_utf8_lossy(&body), "function failed to initialise");
+    StatusCode::ACCEPTED
+}
+
+fn finish(shared: &Shared, id: &str, result: Result<String, InvokeError>) -> StatusCode {
+    match shared.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(id) {
+        Some(answer) => {
+            // The invoker may have timed out meanwhile; then the answer is simply dropped.
+            let _ = answer.send(result);
+            StatusCode::ACCEPTED
+        }
+        None => StatusCode::NOT_FOUND,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal runtime client, doing what `lambda_runtime` does.
+    async fn serve_once(api: &str, answer: impl Fn(&str) -> Result<String, String>) {
+        let client = reqwest::Client::new();
+        let next = client
+            .get(format!("http://{api}/2018-06-01/runtime/invocation/next"))
+            .send()
+            .await
+            .unwrap();
+        let id = next.headers()["lambda-runtime-aws-request-id"].to_str().unwrap().to_owned();
+        assert!(next.headers().contains_key("lambda-runtime-deadline-ms"));
+        let event = next.text().await.unwrap();
+        let url = match answer(&event) {
+            Ok(_) => format!("http://{api}/2018-06-01/runtime/invocation/{id}/response"),
+            Err(_) => format!("http://{api}/2018-06-01/runtime/invocation/{id}/error"),
+        };
+        let body = answer(&event).unwrap_or_else(|e| e);
+        let status = client.post(url).body(body).send().await.unwrap().status();
+        assert_eq!(status, 202);
+    }
+
+    #[tokio::test]
+    async fn an_invocation_reaches_a_polling_runtime_and_its_answer_comes_back() {
+        let api = RuntimeApi::start("echo", "us-east-1").await.unwrap();
+        let address = api.address();
+        let runtime = tokio::spawn(async move {
+            serve_once(&address, |e| Ok(format!("{{\"echo\":{e}}}"))).await;
+            serve_once(&address, |_| Err("{\"errorType\":\"Boom\"}".into())).await;
+        });
+        let out = api.invoke("{\"n\":1}".into(), Duration::from_secs(5)).await.unwrap();
+        assert_eq!(out, "{\"echo\":{\"n\":1}}");
+        let err = api.invoke("{}".into(), Duration::from_secs(5)).await.unwrap_err();
+        assert!(matches!(err, InvokeError::Function { .. }), "{err}");
+        runtime.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_invocation_times_out_and_is_not_handed_out_late() {
+        let api = RuntimeApi::start("slow", "us-east-1").await.unwrap();
+        let err =
+            api.invoke("{\"late\":true}".into(), Duration::from_millis(200)).await.unwrap_err();
+        assert!(matches!(err, InvokeError::Timeout(_)));
+        // A runtime that starts polling now gets the next invocation, not the expired one.
+        let address = api.address();
+        let runtime = tokio::spawn(async move { serve_once(&address, |e| Ok(e.to_owned())).await });
+        assert_eq!(
+            api.invoke("{\"fresh\":true}".into(), Duration::from_secs(5)).await.unwrap(),
+            "{\"fresh\":true}"
+        );
+        runtime.await.unwrap();
+    }
+}
