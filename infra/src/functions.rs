@@ -25,6 +25,8 @@ pub struct FunctionSpec {
     pub timeout: Duration,
     pub memory_mb: u32,
     pub reserved_concurrency: Option<u32>,
+    /// Whether it is reached through a function URL.
+    pub function_url: bool,
     pub events: Vec<EventSource>,
 }
 
@@ -131,6 +133,7 @@ pub fn functions(template: &Template, stack: &Stack) -> Result<Vec<FunctionSpec>
                 .unwrap_or(DEFAULT_MEMORY_MB),
             reserved_concurrency: number("ReservedConcurrentExecutions")?
                 .and_then(|m| u32::try_from(m).ok()),
+            function_url: p.get("FunctionUrlConfig").is_some(),
             events,
         });
     }
@@ -211,6 +214,7 @@ mod tests {
             matches!(&supervisor.events[..], [EventSource::Schedule { expression, .. }] if rate(expression) == Some(Duration::from_secs(60)))
         );
         assert_eq!(by_id("RemoteSimFunction").reserved_concurrency, Some(1));
+        assert!(by_id("RemoteSimFunction").function_url && !scheduler.function_url);
     }
 
     #[test]

@@ -10,11 +10,17 @@
 //! - [`functions`]: the functions a template declares, with their environment and event sources.
 //! - [`emulator`]: starting moto's server on loopback.
 //! - [`runtime_api`]: the Lambda Runtime API, so real function binaries run locally.
+//! - [`processes`]: running those binaries, restarted when they exit.
+//! - [`sources`]: SQS event source mappings and schedules.
+//! - [`gateway`]: the HTTP API and function URLs.
 
 pub mod emulator;
 pub mod functions;
+pub mod gateway;
+pub mod processes;
 pub mod provision;
 pub mod runtime_api;
+pub mod sources;
 pub mod template;
 
 /// Errors of this crate.

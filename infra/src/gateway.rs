@@ -1,0 +1,229 @@
+//! The HTTP API, emulated on loopback: requests matched against the template's routes become
+//! API Gateway payload format 2.0 events for the route's function, and its answer becomes the
+//! HTTP response. The same translation serves function URLs (one route that takes everything).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::{Body, to_bytes};
+use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use base64::Engine;
+use serde_json::{Map, Value, json};
+use tracing::warn;
+
+use crate::runtime_api::{InvokeError, RuntimeApi};
+use crate::template::LOCAL_ACCOUNT;
+
+/// API Gateway's limit on a request body.
+const MAX_BODY: usize = 10 * 1024 * 1024;
+
+/// One route: `METHOD /path/{param}` to a function. Method `ANY` and a final `{name+}`
+/// segment match anything, as in API Gateway.
+#[derive(Clone, Debug)]
+pub struct Route {
+    pub method: String,
+    pub path: String,
+    pub function: RuntimeApi,
+    pub timeout: Duration,
+}
+
+impl Route {
+    fn route_key(&self) -> String {
+        if self.method == "ANY" && self.path == "/{proxy+}" {
+            "$default".into()
+        } else {
+            format!("{} {}", self.method, self.path)
+        }
+    }
+
+    /// The path parameters if `method` and `path` match this route.
+    fn matches(&self, method: &str, path: &str) -> Option<Map<String, Value>> {
+        if self.method != "ANY" && !self.method.eq_ignore_ascii_case(method) {
+            return None;
+        }
+        let mut params = Map::new();
+        let pattern: Vec<&str> = self.path.trim_matches('/').split('/').collect();
+        let actual: Vec<&str> = path.trim_matches('/').split('/').collect();
+        for (i, p) in pattern.iter().enumerate() {
+            if let Some(name) = p.strip_prefix('{').and_then(|p| p.strip_suffix("+}")) {
+                params.insert(name.into(), actual[i.min(actual.len())..].join("/").into());
+                return Some(params);
+            }
+            let a = actual.get(i)?;
+            match p.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                Some(name) if !a.is_empty() => {
+                    params.insert(name.into(), (*a).into());
+                }
+                Some(_) => return None,
+                None if p == a => {}
+                None => return None,
+            }
+        }
+        (pattern.len() == actual.len()).then_some(params)
+    }
+}
+
+/// Serves `routes` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, routes: Vec<Route>) -> std::io::Result<()> {
+    let app = axum::Router::new().fallback(move |request: Request<Body>| {
+        let routes = routes.clone();
+        async move { handle(&routes, request).await }
+    });
+    axum::serve(listener, app).await
+}
+
+async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let method = parts.method.as_str().to_owned();
+    let path = parts.uri.path().to_owned();
+    let Some((route, params)) =
+        routes.iter().find_map(|r| r.matches(&method, &path).map(|p| (r, p)))
+    else {
+        return plain(StatusCode::NOT_FOUND, r#"{"message":"Not Found"}"#);
+    };
+    let Ok(bytes) = to_bytes(body, MAX_BODY).await else {
+        return plain(StatusCode::PAYLOAD_TOO_LARGE, r#"{"message":"Request Entity Too Large"}"#);
+    };
+    let mut headers = Map::new();
+    for (name, value) in &parts.headers {
+        if let Ok(v) = value.to_str() {
+            // API Gateway joins repeated headers with commas and lower-cases names.
+            let entry = headers
+                .entry(name.as_str().to_owned())
+                .or_insert_with(|| Value::String(String::new()));
+            if let Value::String(s) = entry {
+                if !s.is_empty() {
+                    s.push(',');
+                }
+                s.push_str(v);
+            }
+        }
+    }
+    let query = parts.uri.query().unwrap_or_default().to_owned();
+    let (body, encoded) = match std::str::from_utf8(&bytes) {
+        Ok(text) => (text.to_owned(), false),
+        Err(_) => (base64::engine::general_purpose::STANDARD.encode(&bytes), true),
+    };
+    let now = chrono::Utc::now();
+    let route_key = route.route_key();
+    let mut event = json!({
+        "version": "2.0",
+        "routeKey": route_key,
+        "rawPath": path,
+        "rawQueryString": query,
+        "headers": headers,
+        "requestContext": {
+            "accountId": LOCAL_ACCOUNT,
+            "apiId": "local",
+            "domainName": "127.0.0.1",
+            "domainPrefix": "local",
+            "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1",
+                     "userAgent": headers.get("user-agent").cloned().unwrap_or(Value::Null)},
+            "requestId": uuid::Uuid::new_v4().to_string(),
+            "routeKey": route_key,
+            "stage": "$default",
+            "time": now.format("%d/%b/%Y:%H:%M:%S %z").to_string(),
+            "timeEpoch": now.timestamp_millis(),
+        },
+        "isBase64Encoded": encoded,
+    });
+    if !bytes.is_empty() {
+        event["body"] = Value::String(body);
+    }
+    if !params.is_empty() && route_key != "$default" {
+        event["pathParameters"] = Value::Object(params);
+    }
+    if !query.is_empty() {
+        let pairs: HashMap<String, String> = query
+            .split('&')
+            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect();
+        event["queryStringParameters"] = json!(pairs);
+    }
+    match route.function.invoke(event.to_string(), route.timeout).await {
+        Ok(answer) => response(&answer),
+        Err(InvokeError::Timeout(_)) => {
+            plain(StatusCode::SERVICE_UNAVAILABLE, r#"{"message":"Service Unavailable"}"#)
+        }
+        Err(e) => {
+            warn!(error = %e, "function failed");
+            plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#)
+        }
+    }
+}
+
+/// Turns a function's answer into a response, as API Gateway does for payload format 2.0.
+fn response(answer: &str) -> Response<Body> {
+    let Ok(value) = serde_json::from_str::<Value>(answer) else {
+        return plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#);
+    };
+    let Some(status) = value.get("statusCode").and_then(Value::as_u64) else {
+        // An answer without a status code is the body of a 200.
+        return plain(StatusCode::OK, answer);
+    };
+    let body = value.get("body").and_then(Value::as_str).unwrap_or_default();
+    let bytes = if value.get("isBase64Encoded").and_then(Value::as_bool).unwrap_or(false) {
+        base64::engine::general_purpose::STANDARD.decode(body).unwrap_or_default()
+    } else {
+        body.as_bytes().to_vec()
+    };
+    let mut response = Response::new(Body::from(bytes));
+    *response.status_mut() = u16::try_from(status)
+        .ok()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, v) in value.get("headers").and_then(Value::as_object).into_iter().flatten() {
+        if let (Ok(name), Some(Ok(v))) =
+            (HeaderName::try_from(name.as_str()), v.as_str().map(HeaderValue::from_str))
+        {
+            response.headers_mut().insert(name, v);
+        }
+    }
+    response
+}
+
+fn plain(status: StatusCode, body: &str) -> Response<Body> {
+    let mut response = Response::new(Body::from(body.to_owned()));
+    *response.status_mut() = status;
+    response.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn route(method: &str, path: &str) -> Route {
+        Route {
+            method: method.into(),
+            path: path.into(),
+            function: RuntimeApi::start("f", "us-east-1").await.unwrap(),
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn routes_match_methods_paths_and_parameters() {
+        let get = route("GET", "/orders/{id}").await;
+        assert_eq!(get.matches("GET", "/orders/42").unwrap()["id"], "42");
+        assert!(get.matches("POST", "/orders/42").is_none());
+        assert!(get.matches("GET", "/orders").is_none());
+        assert!(get.matches("GET", "/orders/42/x").is_none());
+        let post = route("POST", "/orders").await;
+        assert!(post.matches("post", "/orders").is_some());
+        let any = route("ANY", "/{proxy+}").await;
+        assert_eq!(any.matches("PUT", "/actions/charge").unwrap()["proxy"], "actions/charge");
+        assert_eq!(any.route_key(), "$default");
+    }
+
+    #[test]
+    fn answers_become_responses() {
+        let r = response(
+            r#"{"statusCode":202,"headers":{"location":"/orders/1"},"body":"{\"ok\":true}"}"#,
+        );
+        assert_eq!(r.status(), 202);
+        assert_eq!(r.headers()["location"], "/orders/1");
+        assert_eq!(response("not json").status(), 500);
+        assert_eq!(response(r#"{"hello":1}"#).status(), 200);
+    }
+}

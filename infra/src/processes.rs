@@ -1,0 +1,129 @@
+//! Running a function's real binary as local processes: the environment Lambda would give it
+//! (the template's variables, plus the Runtime API address and the standard `AWS_LAMBDA_*`
+//! variables), its output prefixed with its name, and a restart whenever it exits, as Lambda
+//! replaces a crashed execution environment.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tracing::warn;
+
+/// Pause before restarting a process that exited, so a binary that cannot start does not spin.
+const RESTART_DELAY: Duration = Duration::from_millis(500);
+
+/// How to start one process.
+#[derive(Clone, Debug)]
+pub struct ProcessSpec {
+    /// Shown in front of every line it prints (`[SchedulerFunction#1]`).
+    pub label: String,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub environment: BTreeMap<String, String>,
+}
+
+/// A process kept running until the handle is dropped.
+#[derive(Debug)]
+pub struct Managed {
+    pid: Arc<Mutex<Option<u32>>>,
+    restarts: Arc<AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Managed {
+    /// Starts `spec` and restarts it whenever it exits.
+    pub fn start(spec: ProcessSpec) -> Managed {
+        let pid = Arc::new(Mutex::new(None));
+        let restarts = Arc::new(AtomicU32::new(0));
+        let (pid_slot, counter) = (pid.clone(), restarts.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                match spawn(&spec) {
+                    Ok(mut child) => {
+                        *pid_slot.lock().unwrap_or_else(|e| e.into_inner()) = child.id();
+                        let status = child.wait().await;
+                        *pid_slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        println!("[{}] exited ({}); restarting", spec.label, describe(status));
+                    }
+                    Err(e) => warn!(label = %spec.label, error = %e, "cannot start"),
+                }
+                counter.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(RESTART_DELAY).await;
+            }
+        });
+        Managed { pid, restarts, task }
+    }
+
+    /// The current process id, if it is running.
+    pub fn pid(&self) -> Option<u32> {
+        *self.pid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many times it was (re)started after the first start.
+    pub fn restarts(&self) -> u32 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Managed {
+    fn drop(&mut self) {
+        // Aborting the task drops the child, which `kill_on_drop` ends.
+        self.task.abort();
+    }
+}
+
+fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
+    match status {
+        Ok(s) => s.to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
+    let mut child = Command::new(&spec.program)
+        .args(&spec.args)
+        .envs(&spec.environment)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(prefix_lines(out, spec.label.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(prefix_lines(err, spec.label.clone()));
+    }
+    Ok(child)
+}
+
+/// Copies a process's output to ours, a line at a time, behind its label.
+async fn prefix_lines(stream: impl AsyncRead + Unpin, label: String) {
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        println!("[{label}] {line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_process_that_exits_is_started_again() {
+        let spec = ProcessSpec {
+            label: "blip".into(),
+            program: "sh".into(),
+            args: vec!["-c".into(), "echo \"hello $GREETING\"; sleep 0.1".into()],
+            environment: BTreeMap::from([("GREETING".into(), "world".into())]),
+        };
+        let managed = Managed::start(spec);
+        tokio::time::sleep(Duration::from_millis(1_800)).await;
+        assert!(managed.restarts() >= 2, "restarted {} times", managed.restarts());
+    }
+}

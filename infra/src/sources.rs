@@ -1,0 +1,209 @@
+//! Event sources, emulated the way AWS runs them: SQS event source mappings (batches, partial
+//! batch failures, a concurrency limit; redelivery and dead-lettering are the queue's own) and
+//! EventBridge schedules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::runtime_api::RuntimeApi;
+use crate::template::LOCAL_ACCOUNT;
+
+/// One SQS event source mapping.
+#[derive(Clone, Debug)]
+pub struct SqsMapping {
+    pub function: String,
+    pub queue_url: String,
+    pub queue_arn: String,
+    /// Messages per invocation; one receive returns at most 10.
+    pub batch_size: i32,
+    pub report_batch_item_failures: bool,
+    pub timeout: Duration,
+    pub region: String,
+}
+
+/// Polls the queue and invokes the function with batches, never more at once than `limit`
+/// allows. Messages the function reports as failed, or all of them when the invocation fails,
+/// are left in the queue: they come back after their visibility timeout, and SQS moves them
+/// to the dead-letter queue after `maxReceiveCount` receives.
+pub fn poll_sqs(
+    sqs: aws_sdk_sqs::Client,
+    mapping: SqsMapping,
+    api: RuntimeApi,
+    limit: Arc<Semaphore>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = limit.clone().acquire_owned().await else { return };
+            let received = sqs
+                .receive_message()
+                .queue_url(&mapping.queue_url)
+                .max_number_of_messages(mapping.batch_size.clamp(1, 10))
+                .wait_time_seconds(1)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .send()
+                .await;
+            let messages = match received {
+                Ok(out) => out.messages.unwrap_or_default(),
+                Err(e) => {
+                    warn!(function = %mapping.function, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "receive failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if messages.is_empty() {
+                continue;
+            }
+            let (sqs, mapping, api) = (sqs.clone(), mapping.clone(), api.clone());
+            tokio::spawn(async move {
+                deliver(&sqs, &mapping, &api, messages).await;
+                drop(permit);
+            });
+        }
+    })
+}
+
+async fn deliver(
+    sqs: &aws_sdk_sqs::Client,
+    mapping: &SqsMapping,
+    api: &RuntimeApi,
+    messages: Vec<aws_sdk_sqs::types::Message>,
+) {
+    let records: Vec<Value> = messages.iter().map(|m| record(m, mapping)).collect();
+    let event = json!({ "Records": records }).to_string();
+    let ids: Vec<&str> = messages.iter().map(|m| m.message_id().unwrap_or_default()).collect();
+    let failed: Vec<String> = match api.invoke(event, mapping.timeout).await {
+        Ok(answer) if mapping.report_batch_item_failures => {
+            match reported_failures(&answer, &ids) {
+                Some(failed) => failed,
+                // An answer Lambda cannot read fails the whole batch.
+                None => ids.iter().map(|s| (*s).to_owned()).collect(),
+            }
+        }
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            warn!(function = %mapping.function, error = %e, "invocation failed; the batch will be retried");
+            return;
+        }
+    };
+    let entries: Vec<DeleteMessageBatchRequestEntry> = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !failed.iter().any(|f| Some(f.as_str()) == m.message_id()))
+        .filter_map(|(i, m)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .build()
+                .ok()
+        })
+        .collect();
+    if entries.is_empty() {
+        return;
+    }
+    if let Err(e) = sqs
+        .delete_message_batch()
+        .queue_url(&mapping.queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+    {
+        warn!(function = %mapping.function, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "delete failed; messages will be redelivered");
+    }
+}
+
+/// The item identifiers a `ReportBatchItemFailures` answer names, or `None` if the answer is
+/// not one (or names a message that was not in the batch).
+fn reported_failures(answer: &str, ids: &[&str]) -> Option<Vec<String>> {
+    let value: Value = serde_json::from_str(answer).ok()?;
+    let Some(failures) = value.get("batchItemFailures") else { return Some(Vec::new()) };
+    failures
+        .as_array()?
+        .iter()
+        .map(|f| {
+            f.get("itemIdentifier")
+                .and_then(Value::as_str)
+                .filter(|id| ids.contains(id))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+fn record(m: &aws_sdk_sqs::types::Message, mapping: &SqsMapping) -> Value {
+    let attributes: serde_json::Map<String, Value> = m
+        .attributes()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str().to_owned(), Value::String(v.clone())))
+        .collect();
+    json!({
+        "messageId": m.message_id(),
+        "receiptHandle": m.receipt_handle(),
+        "body": m.body(),
+        "attributes": attributes,
+        "messageAttributes": {},
+        "md5OfBody": m.md5_of_body(),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": mapping.queue_arn,
+        "awsRegion": mapping.region,
+    })
+}
+
+/// Invokes the function every `period` with a scheduled event, as an EventBridge schedule
+/// does. A failed invocation is logged; the next tick comes regardless.
+pub fn schedule(
+    function: String,
+    api: RuntimeApi,
+    period: Duration,
+    timeout: Duration,
+    region: String,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await; // the first tick is immediate; a schedule's first run is not
+        loop {
+            ticks.tick().await;
+            let event = json!({
+                "version": "0",
+                "id": uuid::Uuid::new_v4().to_string(),
+                "detail-type": "Scheduled Event",
+                "source": "aws.events",
+                "account": LOCAL_ACCOUNT,
+                "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                "region": region,
+                "resources": [format!("arn:aws:events:{region}:{LOCAL_ACCOUNT}:rule/{function}-schedule")],
+                "detail": {},
+            });
+            if let Err(e) = api.invoke(event.to_string(), timeout).await {
+                warn!(%function, error = %e, "scheduled invocation failed");
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_item_failures_are_read_strictly() {
+        let ids = ["a", "b"];
+        assert_eq!(
+            reported_failures(r#"{"batchItemFailures":[{"itemIdentifier":"b"}]}"#, &ids),
+            Some(vec!["b".to_owned()])
+        );
+        assert_eq!(reported_failures(r#"{"batchItemFailures":[]}"#, &ids), Some(vec![]));
+        assert_eq!(reported_failures("{}", &ids), Some(vec![]));
+        assert_eq!(
+            reported_failures(r#"{"batchItemFailures":[{"itemIdentifier":"zzz"}]}"#, &ids),
+            None
+        );
+        assert_eq!(reported_failures("not json", &ids), None);
+    }
+}
