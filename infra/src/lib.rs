@@ -13,10 +13,12 @@
 //! - [`processes`]: running those binaries, restarted when they exit.
 //! - [`sources`]: SQS event source mappings and schedules.
 //! - [`gateway`]: the HTTP API and function URLs.
+//! - [`local`]: all of it together: the local stack.
 
 pub mod emulator;
 pub mod functions;
 pub mod gateway;
+pub mod local;
 pub mod processes;
 pub mod provision;
 pub mod runtime_api;

@@ -25,6 +25,8 @@ pub struct ProcessSpec {
     pub program: PathBuf,
     pub args: Vec<String>,
     pub environment: BTreeMap<String, String>,
+    /// Whether its output is copied to ours (prefixed), or dropped.
+    pub echo: bool,
 }
 
 /// A process kept running until the handle is dropped.
@@ -85,12 +87,13 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 }
 
 fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
+    let output = || if spec.echo { Stdio::piped() } else { Stdio::null() };
     let mut child = Command::new(&spec.program)
         .args(&spec.args)
         .envs(&spec.environment)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(output())
+        .stderr(output())
         .kill_on_drop(true)
         .spawn()?;
     if let Some(out) = child.stdout.take() {
@@ -121,6 +124,7 @@ mod tests {
             program: "sh".into(),
             args: vec!["-c".into(), "echo \"hello $GREETING\"; sleep 0.1".into()],
             environment: BTreeMap::from([("GREETING".into(), "world".into())]),
+            echo: true,
         };
         let managed = Managed::start(spec);
         tokio::time::sleep(Duration::from_millis(1_800)).await;

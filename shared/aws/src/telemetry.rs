@@ -8,7 +8,8 @@ pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     if std::env::var("LOG_FORMAT").is_ok_and(|f| f == "text") {
-        builder.without_time().init();
+        use std::io::IsTerminal;
+        builder.without_time().with_ansi(std::io::stdout().is_terminal()).init();
     } else {
         // Lambda stamps every line itself; a second timestamp is noise.
         builder

@@ -1,0 +1,269 @@
+//! The local stack: everything `template.yaml` declares, running on this machine against an
+//! AWS API emulator. Resources are created from the template; each function runs as its real
+//! binary behind a local Runtime API, with the environment the template gives it; SQS event
+//! source mappings, schedules, the HTTP API and function URLs are emulated.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::config::Credentials;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crate::Error;
+use crate::emulator::Moto;
+use crate::functions::{EventSource, FunctionSpec, functions, rate};
+use crate::gateway::{self, Route};
+use crate::processes::{Managed, ProcessSpec};
+use crate::provision::{Options as ProvisionOptions, Stack, provision};
+use crate::runtime_api::RuntimeApi;
+use crate::sources::{self, SqsMapping};
+use crate::template::Template;
+
+/// How to run the stack.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub template: PathBuf,
+    /// An AWS API endpoint to use; `None` starts moto.
+    pub endpoint: Option<String>,
+    /// Where the function binaries are (a cargo target directory's profile folder).
+    pub bin_dir: PathBuf,
+    /// Port of the HTTP API on 127.0.0.1.
+    pub api_port: u16,
+    /// How much faster than their template rate schedules fire.
+    pub schedule_speed: f64,
+    /// Most processes per function (a function's reserved concurrency, if lower, wins).
+    pub max_instances: usize,
+    pub stack_name: String,
+    pub region: String,
+    /// Template parameter values.
+    pub parameters: HashMap<String, String>,
+    /// Environment variables added to (or replacing) one function's: (logical id, name, value).
+    pub overrides: Vec<(String, String, String)>,
+    /// Whether the functions' logs are shown, each line behind the function's name.
+    pub show_logs: bool,
+}
+
+/// A function and its processes.
+#[derive(Debug)]
+pub struct RunningFunction {
+    pub spec: FunctionSpec,
+    pub api: RuntimeApi,
+    pub processes: Vec<Managed>,
+}
+
+/// The running stack; dropping it stops everything.
+#[derive(Debug)]
+pub struct LocalStack {
+    pub endpoint: String,
+    pub api_url: String,
+    pub stack: Stack,
+    pub functions: Vec<RunningFunction>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for LocalStack {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl LocalStack {
+    /// Creates the resources and starts every function and event source.
+    pub async fn up(options: &Options) -> Result<LocalStack, Error> {
+        let endpoint = match &options.endpoint {
+            Some(e) => e.clone(),
+            None => Moto::start().map(|m| leak(m).endpoint.clone()).map_err(Error::Template)?,
+        };
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .endpoint_url(&endpoint)
+            .region(Region::new(options.region.clone()))
+            .credentials_provider(Credentials::new("local", "local", None, None, "local-stack"))
+            .load()
+            .await;
+        let template = Template::load(&options.template)?;
+        let io = |e: std::io::Error| Error::Template(format!("local network: {e}"));
+
+        // Function URLs must be known before the environments that point at them are resolved.
+        let mut url_listeners = HashMap::new();
+        let mut attributes = HashMap::new();
+        for (id, resource) in template.of_kind("AWS::Serverless::Function") {
+            if resource.properties.get("FunctionUrlConfig").is_some() {
+                let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
+                let url = format!("http://{}/", listener.local_addr().map_err(io)?);
+                attributes
+                    .insert((format!("{id}Url"), "FunctionUrl".to_owned()), Value::String(url));
+                url_listeners.insert(id.to_owned(), listener);
+            }
+        }
+        let provision_options = ProvisionOptions {
+            stack_name: options.stack_name.clone(),
+            region: options.region.clone(),
+            parameters: options.parameters.clone(),
+            attributes,
+        };
+        let stack = provision(&template, &sdk, &provision_options).await?;
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+
+        let mut running = Vec::new();
+        let mut tasks = Vec::new();
+        let mut routes = Vec::new();
+        for mut spec in functions(&template, &stack)? {
+            for (id, name, value) in &options.overrides {
+                if *id == spec.logical_id {
+                    spec.environment.insert(name.clone(), value.clone());
+                }
+            }
+            let program = options.bin_dir.join(&spec.binary);
+            if !program.exists() {
+                return Err(Error::Template(format!(
+                    "{}: binary {} not found (build it with `cargo build --bins`)",
+                    spec.logical_id,
+                    program.display()
+                )));
+            }
+            let api = RuntimeApi::start(&spec.logical_id, &options.region).await.map_err(io)?;
+            let instances = spec
+                .reserved_concurrency
+                .map_or(options.max_instances, |r| r as usize)
+                .clamp(1, options.max_instances.max(1));
+            let processes = (1..=instances)
+                .map(|n| {
+                    let mut process =
+                        process_spec(&spec, &program, &api, &endpoint, &options.region, n);
+                    process.echo = options.show_logs;
+                    Managed::start(process)
+                })
+                .collect();
+            // Invocations beyond the running processes would only queue: admit as many at once.
+            let limit = Arc::new(Semaphore::new(instances));
+            for event in &spec.events {
+                match event {
+                    EventSource::Sqs {
+                        queue_arn,
+                        batch_size,
+                        report_batch_item_failures,
+                        max_concurrency,
+                        ..
+                    } => {
+                        let queue_url = queue_url(&stack, queue_arn)?;
+                        let limit = match max_concurrency {
+                            Some(m) if (*m as usize) < instances => {
+                                Arc::new(Semaphore::new(*m as usize))
+                            }
+                            _ => limit.clone(),
+                        };
+                        let mapping = SqsMapping {
+                            function: spec.logical_id.clone(),
+                            queue_url,
+                            queue_arn: queue_arn.clone(),
+                            batch_size: i32::try_from(*batch_size).unwrap_or(10),
+                            report_batch_item_failures: *report_batch_item_failures,
+                            timeout: spec.timeout,
+                            region: options.region.clone(),
+                        };
+                        tasks.push(sources::poll_sqs(sqs.clone(), mapping, api.clone(), limit));
+                    }
+                    EventSource::Schedule { expression, .. } => {
+                        let period = rate(expression).ok_or_else(|| {
+                            Error::Template(format!("{}: schedule {expression:?} is not a rate() the local stack can run", spec.logical_id))
+                        })?;
+                        let period = period.div_f64(options.schedule_speed.max(0.001));
+                        tasks.push(sources::schedule(
+                            spec.logical_id.clone(),
+                            api.clone(),
+                            period,
+                            spec.timeout,
+                            options.region.clone(),
+                        ));
+                    }
+                    EventSource::HttpApi { method, path, .. } => routes.push(Route {
+                        method: method.clone(),
+                        path: path.clone(),
+                        function: api.clone(),
+                        timeout: spec.timeout.min(Duration::from_secs(30)),
+                    }),
+                }
+            }
+            if let Some(listener) = url_listeners.remove(&spec.logical_id) {
+                let route = Route {
+                    method: "ANY".into(),
+                    path: "/{proxy+}".into(),
+                    function: api.clone(),
+                    timeout: spec.timeout,
+                };
+                tasks.push(tokio::spawn(async move {
+                    let _ = gateway::serve(listener, vec![route]).await;
+                }));
+            }
+            running.push(RunningFunction { spec, api, processes });
+        }
+        let listener = TcpListener::bind(("127.0.0.1", options.api_port)).await.map_err(io)?;
+        let api_url = format!("http://{}", listener.local_addr().map_err(io)?);
+        tasks.push(tokio::spawn(async move {
+            let _ = gateway::serve(listener, routes).await;
+        }));
+        Ok(LocalStack { endpoint, api_url, stack, functions: running, tasks })
+    }
+}
+
+/// The emulator must live as long as the process; leaking it ties its lifetime to ours.
+fn leak(moto: Moto) -> &'static Moto {
+    Box::leak(Box::new(moto))
+}
+
+fn queue_url(stack: &Stack, arn: &str) -> Result<String, Error> {
+    stack
+        .context
+        .attributes
+        .iter()
+        .find(|((_, attribute), value)| attribute == "Arn" && value.as_str() == Some(arn))
+        .and_then(|((id, _), _)| stack.reference(id))
+        .ok_or_else(|| Error::Template(format!("no queue with ARN {arn} was created")))
+}
+
+fn process_spec(
+    spec: &FunctionSpec,
+    program: &std::path::Path,
+    api: &RuntimeApi,
+    endpoint: &str,
+    region: &str,
+    n: usize,
+) -> ProcessSpec {
+    let mut environment = spec.environment.clone();
+    let name = spec.logical_id.clone();
+    for (k, v) in [
+        ("AWS_LAMBDA_RUNTIME_API", api.address()),
+        ("AWS_LAMBDA_FUNCTION_NAME", name.clone()),
+        ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", spec.memory_mb.to_string()),
+        ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".to_owned()),
+        ("AWS_LAMBDA_LOG_GROUP_NAME", format!("/aws/lambda/{name}")),
+        ("AWS_LAMBDA_LOG_STREAM_NAME", format!("local/{n}")),
+        ("AWS_ENDPOINT_URL", endpoint.to_owned()),
+        ("AWS_REGION", region.to_owned()),
+        ("AWS_DEFAULT_REGION", region.to_owned()),
+        ("AWS_ACCESS_KEY_ID", "local".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "local".to_owned()),
+        ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+        ("LOG_FORMAT", "text".to_owned()),
+    ] {
+        environment.insert(k.to_owned(), v);
+    }
+    if let Ok(path) = std::env::var("PATH") {
+        environment.insert("PATH".into(), path);
+    }
+    ProcessSpec {
+        label: format!("{name}#{n}"),
+        program: program.to_owned(),
+        args: Vec::new(),
+        environment,
+        echo: true,
+    }
+}
