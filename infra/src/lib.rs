@@ -14,11 +14,15 @@
 //! - [`sources`]: SQS event source mappings and schedules.
 //! - [`gateway`]: the HTTP API and function URLs.
 //! - [`local`]: all of it together: the local stack.
+//! - [`meter`]: a proxy that counts the AWS API calls the functions make.
+//! - [`demo`]: orders under misbehaving services, with a summary that checks the promises.
 
+pub mod demo;
 pub mod emulator;
 pub mod functions;
 pub mod gateway;
 pub mod local;
+pub mod meter;
 pub mod processes;
 pub mod provision;
 pub mod runtime_api;

@@ -19,6 +19,7 @@ use crate::Error;
 use crate::emulator::Moto;
 use crate::functions::{EventSource, FunctionSpec, functions, rate};
 use crate::gateway::{self, Route};
+use crate::meter::{self, Counts};
 use crate::processes::{Managed, ProcessSpec};
 use crate::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::runtime_api::RuntimeApi;
@@ -47,6 +48,8 @@ pub struct Options {
     pub overrides: Vec<(String, String, String)>,
     /// Whether the functions' logs are shown, each line behind the function's name.
     pub show_logs: bool,
+    /// Whether the functions reach the emulator through a proxy that counts their calls.
+    pub meter: bool,
 }
 
 /// A function and its processes.
@@ -64,6 +67,8 @@ pub struct LocalStack {
     pub api_url: String,
     pub stack: Stack,
     pub functions: Vec<RunningFunction>,
+    /// The functions' AWS API calls (only counted with [`Options::meter`]).
+    pub calls: Counts,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -110,10 +115,26 @@ impl LocalStack {
             attributes,
         };
         let stack = provision(&template, &sdk, &provision_options).await?;
-        let sqs = aws_sdk_sqs::Client::new(&sdk);
 
         let mut running = Vec::new();
         let mut tasks = Vec::new();
+        let calls = Counts::default();
+        let function_endpoint = if options.meter {
+            let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
+            let proxy = format!("http://{}", listener.local_addr().map_err(io)?);
+            let (upstream, counts) = (endpoint.clone(), calls.clone());
+            tasks.push(tokio::spawn(async move {
+                let _ = meter::serve(listener, upstream, counts).await;
+            }));
+            proxy
+        } else {
+            endpoint.clone()
+        };
+        // The event source mappings poll through the same endpoint as the functions: on AWS
+        // their receives and deletes are billed too.
+        let sqs = aws_sdk_sqs::Client::from_conf(
+            aws_sdk_sqs::config::Builder::from(&sdk).endpoint_url(&function_endpoint).build(),
+        );
         let mut routes = Vec::new();
         for mut spec in functions(&template, &stack)? {
             for (id, name, value) in &options.overrides {
@@ -137,7 +158,7 @@ impl LocalStack {
             let processes = (1..=instances)
                 .map(|n| {
                     let mut process =
-                        process_spec(&spec, &program, &api, &endpoint, &options.region, n);
+                        process_spec(&spec, &program, &api, &function_endpoint, &options.region, n);
                     process.echo = options.show_logs;
                     Managed::start(process)
                 })
@@ -149,6 +170,7 @@ impl LocalStack {
                     EventSource::Sqs {
                         queue_arn,
                         batch_size,
+                        batching_window,
                         report_batch_item_failures,
                         max_concurrency,
                         ..
@@ -165,6 +187,7 @@ impl LocalStack {
                             queue_url,
                             queue_arn: queue_arn.clone(),
                             batch_size: i32::try_from(*batch_size).unwrap_or(10),
+                            batching_window: *batching_window,
                             report_batch_item_failures: *report_batch_item_failures,
                             timeout: spec.timeout,
                             region: options.region.clone(),
@@ -210,7 +233,7 @@ impl LocalStack {
         tasks.push(tokio::spawn(async move {
             let _ = gateway::serve(listener, routes).await;
         }));
-        Ok(LocalStack { endpoint, api_url, stack, functions: running, tasks })
+        Ok(LocalStack { endpoint, api_url, stack, functions: running, calls, tasks })
     }
 }
 

@@ -93,6 +93,11 @@ impl RuntimeApi {
     }
 
     /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
+    /// Invocations so far.
+    pub fn invocations(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
     pub async fn invoke(&self, payload: String, timeout: Duration) -> Result<String, InvokeError> {
         let id = format!(
             "{:08x}-local-{}",

@@ -22,6 +22,8 @@ pub struct SqsMapping {
     pub queue_arn: String,
     /// Messages per invocation; one receive returns at most 10.
     pub batch_size: i32,
+    /// How long to keep gathering a batch that is not full yet.
+    pub batching_window: Duration,
     pub report_batch_item_failures: bool,
     pub timeout: Duration,
     pub region: String,
@@ -40,21 +42,9 @@ pub fn poll_sqs(
     tokio::spawn(async move {
         loop {
             let Ok(permit) = limit.clone().acquire_owned().await else { return };
-            let received = sqs
-                .receive_message()
-                .queue_url(&mapping.queue_url)
-                .max_number_of_messages(mapping.batch_size.clamp(1, 10))
-                .wait_time_seconds(1)
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .send()
-                .await;
-            let messages = match received {
-                Ok(out) => out.messages.unwrap_or_default(),
-                Err(e) => {
-                    warn!(function = %mapping.function, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "receive failed");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
+            let Some(messages) = gather(&sqs, &mapping).await else {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
             };
             if messages.is_empty() {
                 continue;
@@ -66,6 +56,40 @@ pub fn poll_sqs(
             });
         }
     })
+}
+
+/// One batch: a long-polled receive, then more receives until the batch is full or the
+/// batching window has passed. `None` if the queue could not be read.
+async fn gather(
+    sqs: &aws_sdk_sqs::Client,
+    mapping: &SqsMapping,
+) -> Option<Vec<aws_sdk_sqs::types::Message>> {
+    let want = mapping.batch_size.clamp(1, 10);
+    let started = std::time::Instant::now();
+    let mut messages = Vec::new();
+    loop {
+        let wait = if messages.is_empty() { 1 } else { 0 };
+        let received = sqs
+            .receive_message()
+            .queue_url(&mapping.queue_url)
+            .max_number_of_messages(want - i32::try_from(messages.len()).unwrap_or(want))
+            .wait_time_seconds(wait)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await;
+        match received {
+            Ok(out) => messages.extend(out.messages.unwrap_or_default()),
+            Err(e) => {
+                warn!(function = %mapping.function, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "receive failed");
+                return if messages.is_empty() { None } else { Some(messages) };
+            }
+        }
+        let full = i32::try_from(messages.len()).unwrap_or(want) >= want;
+        if messages.is_empty() || full || started.elapsed() >= mapping.batching_window {
+            return Some(messages);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn deliver(

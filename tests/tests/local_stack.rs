@@ -67,6 +67,7 @@ async fn orders_finish_while_function_processes_are_killed() {
         ]),
         overrides,
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
+        meter: false,
     };
     let stack = LocalStack::up(&options).await.unwrap();
     let http = reqwest::Client::new();

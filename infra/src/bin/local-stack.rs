@@ -5,12 +5,17 @@
 //! with `--endpoint` or `AWS_ENDPOINT_URL`), runs each function as its real binary, and
 //! emulates its event sources: SQS mappings, the supervisor's schedule, the HTTP API on
 //! 127.0.0.1:3000 and the simulated remote service's function URL.
+//!
+//! `local-stack demo` does the same, then submits orders while the remote services misbehave,
+//! follows them to the end, and prints a summary; it exits 0 only if every order reached a
+//! terminal state with no remote effect applied twice and every failed order raised its alert.
 
 use std::collections::HashMap;
-
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use sas_infra::demo::{self, DEMO_FAULTS, DEMO_WORKFLOW};
 use sas_infra::emulator::workspace_root;
 use sas_infra::local::{LocalStack, Options};
 
@@ -28,35 +33,56 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Create the resources, start every function and event source, and run until Ctrl-C.
-    Up(Up),
+    Up {
+        #[command(flatten)]
+        stack: StackArgs,
+        /// Fault knobs of the simulated remote service (JSON; see `remote-sim --help`).
+        #[arg(long)]
+        faults: Option<String>,
+        /// Run the supervisor's schedule this many times faster than the template's rate.
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+    },
+    /// Run the stack under load while the remote services misbehave, then summarise.
+    Demo {
+        #[command(flatten)]
+        stack: StackArgs,
+        /// Orders to submit.
+        #[arg(long, default_value_t = 300)]
+        orders: usize,
+        /// Fault knobs of the simulated remote service (default: transient faults, lost
+        /// answers, latency, an outage from 15 s to 25 s, some payments declined).
+        #[arg(long, default_value = DEMO_FAULTS)]
+        faults: String,
+        /// Run the supervisor's schedule this many times faster than the template's rate.
+        #[arg(long, default_value_t = 60.0)]
+        speed: f64,
+        /// Give up waiting for the orders after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        limit: u64,
+        /// Show every function's logs.
+        #[arg(long)]
+        logs: bool,
+    },
 }
 
-#[derive(Debug, clap::Args)]
-struct Up {
+#[derive(Debug, Args)]
+struct StackArgs {
     /// AWS API endpoint to use instead of starting moto (LocalStack, a moto already running).
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     endpoint: Option<String>,
     /// Port of the HTTP API on 127.0.0.1.
     #[arg(long, default_value_t = 3000)]
     port: u16,
-    /// Run schedules this many times faster than the template's rate (the supervisor's sweep).
-    #[arg(long, default_value_t = 1.0)]
-    speed: f64,
     /// Most processes per function.
     #[arg(long, default_value_t = 2)]
     instances: usize,
-    /// Fault knobs of the simulated remote service (JSON; see `remote-sim --help`).
-    #[arg(long)]
-    faults: Option<String>,
     /// A template parameter, as NAME=VALUE (repeatable).
     #[arg(long = "parameter", value_parser = key_value)]
     parameters: Vec<(String, String)>,
     /// Use the binaries as they are instead of running `cargo build` first.
     #[arg(long)]
     no_build: bool,
-    /// The cargo profile to build and run.
-    #[arg(long, default_value = "debug")]
-    profile: String,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -65,55 +91,50 @@ fn key_value(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))
 }
 
-/// The function binaries the template names.
-const BINARIES: [&str; 6] = [
-    "sas-submission",
-    "sas-status",
-    "sas-scheduler",
-    "sas-agent",
-    "sas-supervisor",
-    "sas-remote-sim",
-];
+/// The functions that run the engine and so read the workflow.
+const ENGINE_FUNCTIONS: [&str; 4] =
+    ["SubmissionFunction", "SchedulerFunction", "SupervisorFunction", "StatusFunction"];
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let Cli { command: Command::Up(up) } = Cli::parse();
+    let (stack_args, mut overrides, speed, demo) = match Cli::parse().command {
+        Command::Up { stack, faults, speed } => {
+            (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
+        }
+        Command::Demo { stack, orders, faults, speed, limit, logs } => (
+            stack,
+            vec![remote_faults(&faults)],
+            speed,
+            Some((orders, Duration::from_secs(limit), logs)),
+        ),
+    };
     let root = workspace_root();
-    if !up.no_build {
-        let mut cargo =
-            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cargo.current_dir(&root).args(["build", "--bins"]);
-        if up.profile != "debug" {
-            cargo.args(["--profile", &up.profile]);
-        }
-        for b in BINARIES {
-            cargo.args(["-p", b]);
-        }
-        match cargo.status() {
-            Ok(s) if s.success() => {}
-            _ => {
-                eprintln!("local-stack: building the function binaries failed");
-                return ExitCode::FAILURE;
-            }
-        }
+    if !stack_args.no_build && !build(&root) {
+        eprintln!("local-stack: building the function binaries failed");
+        return ExitCode::FAILURE;
     }
-    let profile_dir = if up.profile == "dev" { "debug".to_owned() } else { up.profile.clone() };
+    let mut parameters: HashMap<String, String> = HashMap::new();
+    if demo.is_some() {
+        parameters.extend(demo::demo_parameters());
+        overrides.extend(
+            ENGINE_FUNCTIONS
+                .map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), DEMO_WORKFLOW.to_owned())),
+        );
+    }
+    parameters.extend(stack_args.parameters);
     let options = Options {
         template: root.join("template.yaml"),
-        endpoint: up.endpoint,
-        bin_dir: root.join("target").join(profile_dir),
-        api_port: up.port,
-        schedule_speed: up.speed,
-        max_instances: up.instances.max(1),
+        endpoint: stack_args.endpoint,
+        bin_dir: root.join("target").join("debug"),
+        api_port: stack_args.port,
+        schedule_speed: speed,
+        max_instances: stack_args.instances.max(1),
         stack_name: "local".into(),
         region: std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
-        parameters: up.parameters.into_iter().collect::<HashMap<_, _>>(),
-        overrides: up
-            .faults
-            .map(|f| ("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), f))
-            .into_iter()
-            .collect(),
-        show_logs: true,
+        parameters,
+        overrides,
+        show_logs: demo.as_ref().is_none_or(|(_, _, logs)| *logs),
+        meter: demo.is_some(),
     };
     let stack = match LocalStack::up(&options).await {
         Ok(s) => s,
@@ -131,17 +152,56 @@ async fn main() -> ExitCode {
     println!("local-stack: HTTP API at {}", stack.api_url);
     for f in &stack.functions {
         println!(
-            "local-stack: {} running as {} ({} process(es))",
+            "local-stack: {} runs {} ({} process(es))",
             f.spec.logical_id,
             f.spec.binary,
             f.processes.len()
         );
     }
-    if let Some(table) = stack.stack.reference("StateTable") {
-        println!(
-            "local-stack: try  aws --endpoint-url {} dynamodb scan --table-name {table}",
-            stack.endpoint
-        );
+
+    if let Some((orders, limit, _)) = demo {
+        return match demo::run(&stack, orders, limit).await {
+            Ok(summary) => {
+                println!("{}", summary.text);
+                if summary.passed() {
+                    println!("demo: passed");
+                    ExitCode::SUCCESS
+                } else {
+                    println!("demo: FAILED");
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("demo: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let endpoint = &stack.endpoint;
+    for (what, command) in [
+        (
+            "scan the state table",
+            format!(
+                "aws --endpoint-url {endpoint} dynamodb scan --table-name {}",
+                stack.stack.reference("StateTable").unwrap_or_default()
+            ),
+        ),
+        (
+            "peek the scheduler queue",
+            format!(
+                "aws --endpoint-url {endpoint} sqs receive-message --visibility-timeout 0 --queue-url {}",
+                stack.stack.reference("SchedulerQueue").unwrap_or_default()
+            ),
+        ),
+        (
+            "read the alerts",
+            format!(
+                "aws --endpoint-url {endpoint} sqs receive-message --max-number-of-messages 10 --queue-url {}",
+                stack.stack.reference("AlertsQueue").unwrap_or_default()
+            ),
+        ),
+    ] {
+        println!("local-stack: {what}: {command}");
     }
     stopped().await;
     println!("local-stack: stopping");
@@ -149,11 +209,24 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn remote_faults(faults: &str) -> (String, String, String) {
+    ("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), faults.to_owned())
+}
+
+fn build(root: &std::path::Path) -> bool {
+    let mut cargo =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // The whole workspace, so features resolve as they do for `cargo test --workspace` and
+    // the binaries are not rebuilt between the two.
+    cargo.current_dir(root).args(["build", "--workspace", "--bins"]);
+    cargo.status().is_ok_and(|s| s.success())
+}
+
 /// Ctrl-C or SIGTERM.
 async fn stopped() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(t) => t,
-        Err(_) => return std::future::pending().await,
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return std::future::pending().await;
     };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
