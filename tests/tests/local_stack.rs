@@ -3,7 +3,8 @@
 //! function processes are killed with SIGKILL at random moments; every order must still end in
 //! a terminal state, with no remote effect applied twice.
 //!
-//! Needs the function binaries in `target/debug` (`cargo test --workspace` builds them).
+//! The function binaries are built for it into `target/e2e` (a target directory of its own: the
+//! one `cargo test` runs from stays locked while tests run).
 
 #![allow(clippy::unwrap_used)]
 
@@ -26,20 +27,25 @@ const FAST_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
 const ENGINE_FUNCTIONS: [&str; 4] =
     ["SubmissionFunction", "SchedulerFunction", "SupervisorFunction", "StatusFunction"];
 
-fn binaries_present(dir: &std::path::Path) -> bool {
-    ["submission", "status", "scheduler", "agent", "supervisor", "remote-sim"]
-        .iter()
-        .all(|b| dir.join(b).exists())
+/// Builds the function binaries as they ship (`cargo build --bins`), and returns their folder.
+fn build_binaries() -> std::path::PathBuf {
+    let root = workspace_root();
+    let target = root.join("target").join("e2e");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--workspace", "--bins", "--quiet", "--target-dir"])
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the function binaries failed");
+    target.join("debug")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_finish_while_function_processes_are_killed() {
     let root = workspace_root();
-    let bin_dir = root.join("target/debug");
-    assert!(
-        binaries_present(&bin_dir),
-        "build the function binaries first: cargo build --bins (or cargo test --workspace)"
-    );
+    let bin_dir = build_binaries();
     let overrides = ENGINE_FUNCTIONS
         .iter()
         .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), FAST_WORKFLOW.to_owned()))
