@@ -49,7 +49,10 @@ struct Crashy<P> {
 }
 
 impl<P> Crashy<P> {
-    fn step(&self) -> Result<()> {
+    /// Before every call: give way to any concurrent handler (so two supervisors sweeping at
+    /// once interleave their reads and writes), then fail if this is the chosen call.
+    async fn step(&self) -> Result<()> {
+        tokio::task::yield_now().await;
         let left = self.countdown.load(Ordering::Relaxed);
         if left == 0 {
             return Ok(());
@@ -65,32 +68,33 @@ impl<P> Crashy<P> {
 
 impl<P: StateStore> StateStore for Crashy<P> {
     async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
-        self.step()?;
+        self.step().await?;
         self.inner.create(order, state).await
     }
     async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
-        self.step()?;
+        self.step().await?;
         self.inner.load(id).await
     }
     async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
-        self.step()?;
+        self.step().await?;
         self.inner.load_order(id).await
     }
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
-        self.step()?;
+        self.step().await?;
         self.inner.save(next, expected).await
     }
 }
 
 impl<P: ExpiryIndex> ExpiryIndex for Crashy<P> {
     async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+        tokio::task::yield_now().await;
         self.inner.expired(shard, now, limit).await
     }
 }
 
 impl<P: Outbox> Outbox for Crashy<P> {
     async fn send(&self, messages: &[Outgoing]) -> Result<()> {
-        self.step()?;
+        self.step().await?;
         self.inner.send(messages).await
     }
 }
@@ -100,7 +104,7 @@ impl<P: EventBus> EventBus for Crashy<P> {
         &self,
         events: &[sas_engine::events::BusEvent],
     ) -> Result<sas_engine::events::PublishReport> {
-        self.step()?;
+        self.step().await?;
         self.inner.publish(events).await
     }
 }
@@ -119,6 +123,8 @@ struct Injected {
     crashes: u32,
     throttled: u32,
     double_sweeps: u32,
+    /// Records both supervisors went for, where the conditional write stopped the second.
+    races_lost: u32,
 }
 
 impl std::ops::AddAssign for Injected {
@@ -129,6 +135,7 @@ impl std::ops::AddAssign for Injected {
         self.delayed += o.delayed;
         self.crashes += o.crashes;
         self.throttled += o.throttled;
+        self.races_lost += o.races_lost;
         self.double_sweeps += o.double_sweeps;
     }
 }
@@ -383,10 +390,14 @@ impl Sim {
 
     async fn sweep(&mut self) {
         if self.chance(0.2) {
-            // Two supervisors at once; each call of one may interleave with the other's.
+            // Two supervisors at once: every port call yields, so their reads and writes
+            // interleave.
             self.injected.double_sweeps += 1;
             let (a, b) = (&self.supervisors[0], &self.supervisors[1]);
-            let _ = futures_util::future::join(a.sweep(), b.sweep()).await;
+            let (ra, rb) = futures_util::future::join(a.sweep(), b.sweep()).await;
+            for report in [ra, rb].into_iter().flatten() {
+                self.injected.races_lost += u32::try_from(report.lost_races).unwrap_or(u32::MAX);
+            }
         } else {
             self.maybe_crash();
             let _ = self.supervisors[0].sweep().await;
@@ -593,6 +604,7 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
             ("crashes", total.crashes),
             ("throttled", total.throttled),
             ("double sweeps", total.double_sweeps),
+            ("races between supervisors", total.races_lost),
         ] {
             assert!(n > 0, "no {kind} faults were injected");
         }
