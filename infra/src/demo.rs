@@ -88,10 +88,8 @@ pub async fn run(stack: &LocalStack, orders: usize, limit: Duration) -> Result<S
         .load()
         .await;
     let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
-    let table = stack
-        .stack
-        .reference("StateTable")
-        .ok_or_else(|| Error::Template("no StateTable".into()))?;
+    let table =
+        stack.stack.reference("StateTable").ok_or_else(|| Error::Local("no StateTable".into()))?;
     let mut records;
     loop {
         records = scan(&dynamodb, &table).await?;
@@ -148,7 +146,7 @@ async fn scan(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Item
     let mut pages = client.scan().table_name(table).into_paginator().send();
     while let Some(page) = pages.next().await {
         let page = page.map_err(|e| {
-            Error::Template(format!("scan: {}", aws_sdk_dynamodb::error::DisplayErrorContext(e)))
+            Error::Local(format!("scan: {}", aws_sdk_dynamodb::error::DisplayErrorContext(e)))
         })?;
         out.extend(page.items.unwrap_or_default());
     }

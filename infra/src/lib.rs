@@ -38,4 +38,7 @@ pub enum Error {
     Template(String),
     #[error("creating {logical_id} ({kind}): {message}")]
     Create { logical_id: String, kind: String, message: String },
+    /// Running the stack locally failed (the emulator, a port, a binary, a read-back).
+    #[error("local stack: {0}")]
+    Local(String),
 }

@@ -85,7 +85,7 @@ impl LocalStack {
     pub async fn up(options: &Options) -> Result<LocalStack, Error> {
         let endpoint = match &options.endpoint {
             Some(e) => e.clone(),
-            None => Moto::start().map(|m| leak(m).endpoint.clone()).map_err(Error::Template)?,
+            None => Moto::start().map(|m| leak(m).endpoint.clone()).map_err(Error::Local)?,
         };
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .endpoint_url(&endpoint)
@@ -94,7 +94,7 @@ impl LocalStack {
             .load()
             .await;
         let template = Template::load(&options.template)?;
-        let io = |e: std::io::Error| Error::Template(format!("local network: {e}"));
+        let io = |e: std::io::Error| Error::Local(format!("local network: {e}"));
 
         // Function URLs must be known before the environments that point at them are resolved.
         let mut url_listeners = HashMap::new();
@@ -144,7 +144,7 @@ impl LocalStack {
             }
             let program = options.bin_dir.join(&spec.binary);
             if !program.exists() {
-                return Err(Error::Template(format!(
+                return Err(Error::Local(format!(
                     "{}: binary {} not found (build it with `cargo build --bins`)",
                     spec.logical_id,
                     program.display()
@@ -249,7 +249,7 @@ fn queue_url(stack: &Stack, arn: &str) -> Result<String, Error> {
         .iter()
         .find(|((_, attribute), value)| attribute == "Arn" && value.as_str() == Some(arn))
         .and_then(|((id, _), _)| stack.reference(id))
-        .ok_or_else(|| Error::Template(format!("no queue with ARN {arn} was created")))
+        .ok_or_else(|| Error::Local(format!("no queue with ARN {arn} was created")))
 }
 
 fn process_spec(

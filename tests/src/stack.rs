@@ -261,7 +261,7 @@ impl System {
             )]),
         )
         .await;
-        let clock = ManualClock::at(sas_aws::system::SystemClock.now_for_tests());
+        let clock = ManualClock::at(sas_engine::ports::Clock::now(&sas_aws::system::SystemClock));
         let config = Arc::new(config);
         let agent_names: Vec<AgentName> =
             AGENT_QUEUES.iter().map(|(a, _)| AgentName::new(*a)).collect();

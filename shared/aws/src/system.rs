@@ -21,13 +21,6 @@ impl Clock for SystemClock {
     }
 }
 
-impl SystemClock {
-    /// The current time, for seeding test clocks near real time.
-    pub fn now_for_tests(&self) -> Timestamp {
-        Clock::now(self)
-    }
-}
-
 /// Random (version 4) UUIDs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UuidIds;
