@@ -19,5 +19,5 @@ pub use queue::{
     Delivery, MAX_BODY_BYTES, MAX_DELAY, MAX_RECEIVE_BATCH, MAX_VISIBILITY_TIMEOUT, MemoryQueues,
     QueueSettings,
 };
-pub use remote::{Behaviour, LedgerEntry, MemoryRemote};
+pub use remote::{Behaviour, LedgerEntry, MemoryRemote, RemoteFaults};
 pub use store::{MemoryStore, StoreStats};

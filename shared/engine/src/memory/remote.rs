@@ -50,6 +50,16 @@ pub struct LedgerEntry {
     pub output: serde_json::Value,
 }
 
+/// How many calls met each scripted fault.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteFaults {
+    pub transient: u32,
+    pub permanent: u32,
+    pub lost_answers: u32,
+    /// Slow calls that outlasted the caller's deadline, their effect applied all the same.
+    pub timeouts: u32,
+}
+
 /// A scripted business service with an effect ledger.
 pub struct MemoryRemote<C> {
     clock: C,
@@ -63,6 +73,7 @@ struct State {
     ledger: Vec<LedgerEntry>,
     by_key: HashMap<String, usize>,
     calls: HashMap<String, u32>,
+    faults: RemoteFaults,
     next_ref: u64,
 }
 
@@ -101,6 +112,11 @@ impl<C: Clock> MemoryRemote<C> {
     /// Whether the effect of `key` took place (a no-op undo counts: it is recorded).
     pub fn applied(&self, key: &str) -> bool {
         self.state().by_key.contains_key(key)
+    }
+
+    /// How many calls met each scripted fault so far.
+    pub fn faults(&self) -> RemoteFaults {
+        self.state().faults
     }
 
     /// Every effect, in the order applied.
@@ -174,18 +190,28 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
         };
         match behaviour {
             Behaviour::Succeed => self.state().apply(call),
-            Behaviour::Transient => Err(transient("unavailable")),
-            Behaviour::Permanent(reason) => Err(RemoteFault::Permanent(reason)),
+            Behaviour::Transient => {
+                self.state().faults.transient += 1;
+                Err(transient("unavailable"))
+            }
+            Behaviour::Permanent(reason) => {
+                self.state().faults.permanent += 1;
+                Err(RemoteFault::Permanent(reason))
+            }
             Behaviour::ApplyThenLoseAnswer => {
-                let _lost = self.state().apply(call);
+                let mut state = self.state();
+                state.faults.lost_answers += 1;
+                let _lost = state.apply(call);
                 Err(transient("answer lost"))
             }
             Behaviour::Slow(duration) => {
                 self.clock.sleep(duration).await;
-                let answer = self.state().apply(call);
+                let mut state = self.state();
+                let answer = state.apply(call);
                 if call.deadline <= self.clock.now() {
                     // The service finished after the caller stopped waiting: the effect is in
                     // place, but all the caller knows is that it timed out.
+                    state.faults.timeouts += 1;
                     Err(transient("timeout"))
                 } else {
                     answer

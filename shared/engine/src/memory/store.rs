@@ -35,6 +35,8 @@ pub struct StoreStats {
     pub conflicts: u64,
     pub reads: u64,
     pub index_queries: u64,
+    /// Index queries made while some writes had not reached the index yet.
+    pub stale_index_queries: u64,
 }
 
 /// The state table, the orders table and the expiry index. Clones share the same data.
@@ -223,6 +225,9 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
         inner.catch_up(clock_now);
+        if !inner.index_backlog.is_empty() {
+            inner.stats.stale_index_queries += 1;
+        }
         let from = (shard, Timestamp::from_millis(i64::MIN), OrderId::from_uuid(uuid::Uuid::nil()));
         let to = (shard, now, OrderId::from_uuid(uuid::Uuid::max()));
         Ok(inner
