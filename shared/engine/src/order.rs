@@ -112,13 +112,17 @@ impl Order {
     /// Decodes and validates a JSON body.
     pub fn from_json(body: &[u8]) -> Result<Order, Rejection> {
         let de = &mut serde_json::Deserializer::from_slice(body);
-        let request: OrderRequest = serde_path_to_error::deserialize(de).map_err(|e| {
+        let request: OrderRequest = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
             let field = match e.path().to_string() {
+                // Broken syntax is the body's fault, wherever the parser noticed it.
+                _ if !e.inner().is_data() => "body".to_owned(),
                 p if p == "." => "body".to_owned(),
                 p => p,
             };
             Rejection::one(field, describe_json_error(e.inner()))
         })?;
+        // Anything after the object but whitespace makes the body something else than one order.
+        de.end().map_err(|e| Rejection::one("body", describe_json_error(&e)))?;
         request.validate()
     }
 
@@ -319,6 +323,15 @@ mod tests {
         assert!(r.errors[0].reason.starts_with("malformed JSON"), "{r}");
         let r = Order::from_json(b"[]").unwrap_err();
         assert_eq!(r.errors[0].field, "body");
+
+        let body = valid().to_string();
+        for broken in [format!("{body} x"), format!("{body}{body}"), body[..body.len() / 2].into()]
+        {
+            let r = Order::from_json(broken.as_bytes()).unwrap_err();
+            assert_eq!(fields(r.clone()), ["body"]);
+            assert!(r.errors[0].reason.starts_with("malformed JSON"), "{r}");
+        }
+        assert!(Order::from_json(format!(" {body}\n\t ").as_bytes()).is_ok());
     }
 
     #[test]
