@@ -17,7 +17,7 @@
 //! | Processing | reply of the current attempt: done | next step leased and dispatched, or Processed |
 //! | Processing | reply of the current attempt: failed | compensation leased and dispatched, or Error and alert |
 //! | Processing (undoing) | reply: done or failed | next undo leased and dispatched, or Error and alert |
-//! //! | Pending | reply of the current attempt | illegal: nothing was dispatched at that attempt |
+//! | Pending | reply of the current attempt | illegal: nothing was dispatched at that attempt |
 //! | Pending, Processing | reply of another attempt | ignored: stale |
 //! | Pending, Processing | expiry, CompleteBy passed, below threshold | Pending again with a later CompleteBy; start message after a wait |
 //! | Pending, Processing | expiry, CompleteBy passed, at threshold | compensation queued, or Error and alert |

@@ -500,6 +500,10 @@ impl Sim {
                 m => self.scheduler.handle(m, &d.message_id).await.map(|_| ()),
             };
             self.disarm();
+            // Whatever the faults, the system itself never produces a poison message.
+            if let Err(Error::InvalidMessage(why)) = &handled {
+                panic!("seed {}: a message the system sent was refused: {why}", self.seed);
+            }
             // Only the current attempt may change an order: a reply from an older lease that
             // moved the record is a stale attempt writing.
             if let (Message::Reply(reply), Some(before)) = (&message, before) {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tracing::{debug, error, info};
+use tracing::{debug, info};
 
 use super::Handled;
 use super::effects::Effector;
@@ -83,10 +83,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
 
     async fn run(&self, order_id: OrderId, input: Input<'_>) -> Result<Handled> {
         let Some(record) = self.store.load(order_id).await? else {
-            // Messages are only ever sent for orders already written, so this is a forged or
-            // misrouted message: nothing to do, and nothing to retry.
-            info!(%order_id, "message for an unknown order");
-            return Ok(Handled::UnknownOrder);
+            // Messages are only ever sent for orders already written, so this one is forged or
+            // misrouted: a poison message, for the dead-letter queue and an operator.
+            return Err(Error::InvalidMessage(format!("order {order_id} does not exist")));
         };
         let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
         let effector = Effector {
@@ -115,10 +114,11 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
                 debug!(%order_id, ?why, "ignored");
                 Ok(Handled::Ignored(why))
             }
-            Decision::Illegal(why) => {
-                error!(%order_id, ?why, "illegal input");
-                Ok(Handled::Illegal(why))
-            }
+            // A correct system never sends this message for this record: a poison message.
+            Decision::Illegal(why) => Err(Error::InvalidMessage(format!(
+                "cannot apply to order {order_id} (attempt {}): {why:?}",
+                record.attempt
+            ))),
         }
     }
 }
