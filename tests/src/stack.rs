@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
-use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::config::Credentials;
-use lambda_http::http::{Method, Request};
+use lambda_http::http::{HeaderValue, Method, Request};
 use lambda_http::{Body, RequestExt, Response};
 use sas_aws::batch::Deferring;
 use sas_aws::dynamo::DynamoStore;
@@ -336,15 +336,28 @@ impl System {
 
     /// `POST /orders` through the submission handler.
     pub async fn post(&self, key: Option<&str>, content_type: &str, body: &str) -> (u16, Value) {
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri("/orders")
-            .header("content-type", content_type);
-        if let Some(key) = key {
-            request = request.header("idempotency-key", key);
+        self.post_bytes(key.map(str::as_bytes), Some(content_type), body.as_bytes().to_vec()).await
+    }
+
+    /// `POST /orders` with any key header bytes, any content type or none, and any body.
+    pub async fn post_bytes(
+        &self,
+        key: Option<&[u8]>,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let mut request = Request::builder().method(Method::POST).uri("/orders");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
         }
-        let request = request.body(Body::Text(body.to_owned())).unwrap();
-        decode(sas_submission::handle(&self.submission, request).await)
+        if let Some(key) = key {
+            request = request.header("idempotency-key", HeaderValue::from_bytes(key).unwrap());
+        }
+        let body = match String::from_utf8(body) {
+            Ok(text) => Body::Text(text),
+            Err(e) => Body::Binary(e.into_bytes()),
+        };
+        decode(sas_submission::handle(&self.submission, request.body(body).unwrap()).await)
     }
 
     /// `GET /orders/{id}` through the status handler.
@@ -372,13 +385,15 @@ impl System {
 
     /// Delivers one batch of `queue` (by logical id) to the function that consumes it.
     pub async fn pump_queue(&self, queue: &str) -> usize {
-        if let Some((_, agent)) = self.agents.iter().find(|(q, _)| q == queue) {
-            return self
-                .deliver(queue, |event| async move { sas_agent::handle(agent, event).await })
-                .await;
+        self.deliver(queue, |event| self.handle_batch(queue, event)).await
+    }
+
+    /// Hands `event` to the handler of the function that consumes `queue` (by logical id).
+    pub async fn handle_batch(&self, queue: &str, event: SqsEvent) -> SqsBatchResponse {
+        match self.agents.iter().find(|(q, _)| q == queue) {
+            Some((_, agent)) => sas_agent::handle(agent, event).await,
+            None => sas_scheduler::handle(&self.scheduler, event).await,
         }
-        self.deliver(queue, |event| async { sas_scheduler::handle(&self.scheduler, event).await })
-            .await
     }
 
     /// Receives a batch from `queue`, hands it to `handler`, deletes what did not fail and
@@ -386,7 +401,7 @@ impl System {
     pub async fn deliver<F, Fut>(&self, queue: &str, handler: F) -> usize
     where
         F: Fn(SqsEvent) -> Fut,
-        Fut: std::future::Future<Output = aws_lambda_events::event::sqs::SqsBatchResponse>,
+        Fut: std::future::Future<Output = SqsBatchResponse>,
     {
         let batch = self.t.receive(queue, 0).await;
         if batch.is_empty() {
