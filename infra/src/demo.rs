@@ -3,12 +3,13 @@
 //! no remote effect applied twice, one alert per failed order.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::AttributeValue;
+use sas_engine::memory::SplitMix;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
@@ -49,6 +50,8 @@ pub struct Summary {
     pub unfinished: usize,
     pub errors_without_alert: usize,
     pub max_applications: u64,
+    /// Function processes killed during the run.
+    pub kills: u32,
     pub text: String,
 }
 
@@ -60,8 +63,57 @@ impl Summary {
     }
 }
 
-/// Submits `orders` orders through the HTTP API and follows them to the end (or `limit`).
-pub async fn run(stack: &LocalStack, orders: usize, limit: Duration) -> Result<Summary, Error> {
+/// Function processes killed while orders flow, to show that crashes lose nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct Chaos {
+    /// Time between two kills.
+    pub every: Duration,
+    /// Seed of the choice of process.
+    pub seed: u64,
+}
+
+/// How long the killing goes on once every order has been accepted.
+const CHAOS_AFTER_ACCEPTED: Duration = Duration::from_secs(30);
+
+/// Submits `orders` orders through the HTTP API and follows them to the end (or `limit`),
+/// killing function processes meanwhile if `chaos` says so.
+pub async fn run(
+    stack: &LocalStack,
+    orders: usize,
+    limit: Duration,
+    chaos: Option<Chaos>,
+) -> Result<Summary, Error> {
+    let accepted_at: OnceLock<Instant> = OnceLock::new();
+    let killer = async {
+        let Some(chaos) = chaos else { return 0 };
+        let random = SplitMix::seeded(chaos.seed);
+        let mut kills = 0;
+        while accepted_at.get().is_none_or(|at| at.elapsed() < CHAOS_AFTER_ACCEPTED) {
+            tokio::time::sleep(chaos.every).await;
+            if stack.kill_random(&random).is_some() {
+                kills += 1;
+            }
+        }
+        kills
+    };
+    let (summary, kills) = tokio::join!(follow(stack, orders, limit, &accepted_at), killer);
+    let mut summary = summary?;
+    if chaos.is_some() {
+        summary.kills = kills;
+        summary.text.push_str(&format!(
+            "chaos: {kills} function processes killed with SIGKILL, {} restarts\n",
+            stack.restarts()
+        ));
+    }
+    Ok(summary)
+}
+
+async fn follow(
+    stack: &LocalStack,
+    orders: usize,
+    limit: Duration,
+    accepted_at: &OnceLock<Instant>,
+) -> Result<Summary, Error> {
     let started = Instant::now();
     let http = reqwest::Client::new();
     let slots = Arc::new(Semaphore::new(8));
@@ -79,6 +131,7 @@ pub async fn run(stack: &LocalStack, orders: usize, limit: Duration) -> Result<S
             ids.push(id);
         }
     }
+    let _ = accepted_at.set(Instant::now());
     println!("demo: {} orders accepted in {:.1} s", ids.len(), started.elapsed().as_secs_f64());
 
     let sdk = aws_config::defaults(BehaviorVersion::latest())

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
+use sas_engine::ports::Random;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -25,6 +26,9 @@ use crate::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::runtime_api::RuntimeApi;
 use crate::sources::{self, SqsMapping};
 use crate::template::Template;
+
+/// The simulated remote service's function: part of the stack, but not of the system under test.
+pub const REMOTE_SERVICE: &str = "RemoteSimFunction";
 
 /// How to run the stack.
 #[derive(Clone, Debug)]
@@ -81,6 +85,35 @@ impl Drop for LocalStack {
 }
 
 impl LocalStack {
+    /// Kills one running function process with SIGKILL, chosen with `random`, as a crash of its
+    /// execution environment; the simulated remote service, which stands for the outside world,
+    /// is spared. Returns the function's logical id and the process id, if any was running.
+    pub fn kill_random(&self, random: &impl Random) -> Option<(String, u32)> {
+        let candidates: Vec<(&str, u32)> = self
+            .functions
+            .iter()
+            .filter(|f| f.spec.logical_id != REMOTE_SERVICE)
+            .flat_map(|f| {
+                f.processes.iter().filter_map(|p| Some((f.spec.logical_id.as_str(), p.pid()?)))
+            })
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let pick = ((random.unit() * candidates.len() as f64) as usize).min(candidates.len() - 1);
+        let (function, pid) = candidates[pick];
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        killed.then(|| (function.to_owned(), pid))
+    }
+
+    /// How many times function processes were started again after exiting or being killed.
+    pub fn restarts(&self) -> u32 {
+        self.functions.iter().flat_map(|f| f.processes.iter().map(Managed::restarts)).sum()
+    }
+
     /// Creates the resources and starts every function and event source.
     pub async fn up(options: &Options) -> Result<LocalStack, Error> {
         let endpoint = match &options.endpoint {

@@ -90,18 +90,8 @@ async fn orders_finish_while_function_processes_are_killed() {
     for i in 0..24 {
         let submitted = submit(&http, &stack.api_url, &format!("e2e-order-{i}"), body).await;
         ids.push(submitted);
-        if i % 2 == 0 {
-            let candidates: Vec<u32> = stack
-                .functions
-                .iter()
-                .filter(|f| f.spec.logical_id != "RemoteSimFunction")
-                .flat_map(|f| f.processes.iter().filter_map(|p| p.pid()))
-                .collect();
-            if !candidates.is_empty() {
-                let pid = candidates[(random.unit() * candidates.len() as f64) as usize];
-                let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-                kills += 1;
-            }
+        if i % 2 == 0 && stack.kill_random(&random).is_some() {
+            kills += 1;
         }
         tokio::time::sleep(Duration::from_millis((random.unit() * 400.0) as u64)).await;
     }
@@ -136,9 +126,7 @@ async fn orders_finish_while_function_processes_are_killed() {
     let ledger: Value =
         http.get(format!("{remote}ledger")).send().await.unwrap().json().await.unwrap();
     assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
-    let restarts: u32 =
-        stack.functions.iter().flat_map(|f| f.processes.iter().map(|p| p.restarts())).sum();
-    println!("{kills} kills, {restarts} restarts, states: {:?}", count(&states));
+    println!("{kills} kills, {} restarts, states: {:?}", stack.restarts(), count(&states));
 }
 
 async fn submit(http: &reqwest::Client, api: &str, key: &str, body: &str) -> String {

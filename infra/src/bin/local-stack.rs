@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use sas_infra::demo::{self, DEMO_FAULTS, DEMO_WORKFLOW};
+use sas_infra::demo::{self, Chaos, DEMO_FAULTS, DEMO_WORKFLOW};
 use sas_infra::emulator::workspace_root;
 use sas_infra::local::{LocalStack, Options};
 
@@ -63,6 +63,13 @@ enum Command {
         /// Show every function's logs.
         #[arg(long)]
         logs: bool,
+        /// Kill a random function process with SIGKILL this often (seconds), from the start
+        /// until 30 s after the last order is accepted; processes restart as Lambda would.
+        #[arg(long, value_name = "SECONDS")]
+        kill_every: Option<f64>,
+        /// Seed of the choice of the processes killed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
 }
 
@@ -101,12 +108,24 @@ async fn main() -> ExitCode {
         Command::Up { stack, faults, speed } => {
             (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
         }
-        Command::Demo { stack, orders, faults, speed, limit, logs } => (
-            stack,
-            vec![remote_faults(&faults)],
-            speed,
-            Some((orders, Duration::from_secs(limit), logs)),
-        ),
+        Command::Demo { stack, orders, faults, speed, limit, logs, kill_every, seed } => {
+            let chaos = match kill_every {
+                Some(s) if s.is_finite() && s > 0.0 => {
+                    Some(Chaos { every: Duration::from_secs_f64(s), seed })
+                }
+                Some(s) => {
+                    eprintln!("local-stack: --kill-every must be a positive number, not {s}");
+                    return ExitCode::FAILURE;
+                }
+                None => None,
+            };
+            (
+                stack,
+                vec![remote_faults(&faults)],
+                speed,
+                Some((orders, Duration::from_secs(limit), logs, chaos)),
+            )
+        }
     };
     let root = workspace_root();
     if !stack_args.no_build && !build(&root) {
@@ -133,7 +152,7 @@ async fn main() -> ExitCode {
         region: std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
         parameters,
         overrides,
-        show_logs: demo.as_ref().is_none_or(|(_, _, logs)| *logs),
+        show_logs: demo.as_ref().is_none_or(|(_, _, logs, _)| *logs),
         meter: demo.is_some(),
     };
     let stack = match LocalStack::up(&options).await {
@@ -159,8 +178,8 @@ async fn main() -> ExitCode {
         );
     }
 
-    if let Some((orders, limit, _)) = demo {
-        return match demo::run(&stack, orders, limit).await {
+    if let Some((orders, limit, _, chaos)) = demo {
+        return match demo::run(&stack, orders, limit, chaos).await {
             Ok(summary) => {
                 println!("{}", summary.text);
                 if summary.passed() {
