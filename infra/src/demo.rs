@@ -75,11 +75,12 @@ pub struct Chaos {
 /// How long the killing goes on once every order has been accepted.
 const CHAOS_AFTER_ACCEPTED: Duration = Duration::from_secs(30);
 
-/// Submits `orders` orders through the HTTP API and follows them to the end (or `limit`),
-/// killing function processes meanwhile if `chaos` says so.
+/// Submits `orders` orders through the HTTP API, at most `rate` a second if given, and follows
+/// them to the end (or `limit`), killing function processes meanwhile if `chaos` says so.
 pub async fn run(
     stack: &LocalStack,
     orders: usize,
+    rate: Option<f64>,
     limit: Duration,
     chaos: Option<Chaos>,
 ) -> Result<Summary, Error> {
@@ -96,7 +97,7 @@ pub async fn run(
         }
         kills
     };
-    let (summary, kills) = tokio::join!(follow(stack, orders, limit, &accepted_at), killer);
+    let (summary, kills) = tokio::join!(follow(stack, orders, rate, limit, &accepted_at), killer);
     let mut summary = summary?;
     if chaos.is_some() {
         summary.kills = kills;
@@ -111,6 +112,7 @@ pub async fn run(
 async fn follow(
     stack: &LocalStack,
     orders: usize,
+    rate: Option<f64>,
     limit: Duration,
     accepted_at: &OnceLock<Instant>,
 ) -> Result<Summary, Error> {
@@ -118,7 +120,11 @@ async fn follow(
     let http = reqwest::Client::new();
     let slots = Arc::new(Semaphore::new(8));
     let mut submissions = Vec::new();
+    let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
     for i in 0..orders {
+        if let Some(pace) = pace {
+            tokio::time::sleep(pace).await;
+        }
         let (http, api, slots) = (http.clone(), stack.api_url.clone(), slots.clone());
         submissions.push(tokio::spawn(async move {
             let _slot = slots.acquire_owned().await;

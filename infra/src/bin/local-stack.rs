@@ -50,6 +50,9 @@ enum Command {
         /// Orders to submit.
         #[arg(long, default_value_t = 300)]
         orders: usize,
+        /// Submit at most this many orders a second (default: as fast as 8 clients can).
+        #[arg(long)]
+        rate: Option<f64>,
         /// Fault knobs of the simulated remote service (default: transient faults, lost
         /// answers, latency, an outage from 15 s to 25 s, some payments declined).
         #[arg(long, default_value = DEMO_FAULTS)]
@@ -108,7 +111,11 @@ async fn main() -> ExitCode {
         Command::Up { stack, faults, speed } => {
             (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
         }
-        Command::Demo { stack, orders, faults, speed, limit, logs, kill_every, seed } => {
+        Command::Demo { stack, orders, rate, faults, speed, limit, logs, kill_every, seed } => {
+            if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+                eprintln!("local-stack: --rate must be a positive number");
+                return ExitCode::FAILURE;
+            }
             let chaos = match kill_every {
                 Some(s) if s.is_finite() && s > 0.0 => {
                     Some(Chaos { every: Duration::from_secs_f64(s), seed })
@@ -123,7 +130,7 @@ async fn main() -> ExitCode {
                 stack,
                 vec![remote_faults(&faults)],
                 speed,
-                Some((orders, Duration::from_secs(limit), logs, chaos)),
+                Some((orders, rate, Duration::from_secs(limit), logs, chaos)),
             )
         }
     };
@@ -152,7 +159,7 @@ async fn main() -> ExitCode {
         region: std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
         parameters,
         overrides,
-        show_logs: demo.as_ref().is_none_or(|(_, _, logs, _)| *logs),
+        show_logs: demo.as_ref().is_none_or(|(_, _, _, logs, _)| *logs),
         meter: demo.is_some(),
     };
     let stack = match LocalStack::up(&options).await {
@@ -178,8 +185,8 @@ async fn main() -> ExitCode {
         );
     }
 
-    if let Some((orders, limit, _, chaos)) = demo {
-        return match demo::run(&stack, orders, limit, chaos).await {
+    if let Some((orders, rate, limit, _, chaos)) = demo {
+        return match demo::run(&stack, orders, rate, limit, chaos).await {
             Ok(summary) => {
                 println!("{}", summary.text);
                 if summary.passed() {
