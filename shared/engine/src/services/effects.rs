@@ -19,17 +19,19 @@ use crate::workflow::Workflow;
 /// touched the record, which can only happen a few times.
 const ALERT_RECORD_TRIES: usize = 3;
 
-/// The ports and settings needed to carry out effects.
-pub(crate) struct Effector<'a, S, Q, B, C> {
-    pub store: &'a S,
-    pub outbox: &'a Q,
-    pub bus: &'a B,
-    pub clock: &'a C,
-    pub config: &'a Arc<EngineConfig>,
-    pub workflow: &'a Arc<Workflow>,
+/// The ports and settings that every service writing state shares, and with them the side
+/// effects of its decisions are carried out.
+#[derive(Debug)]
+pub(crate) struct Effector<S, Q, B, C> {
+    pub store: S,
+    pub outbox: Q,
+    pub bus: B,
+    pub clock: C,
+    pub config: Arc<EngineConfig>,
+    pub workflow: Arc<Workflow>,
 }
 
-impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
     /// Performs `effects` of `record` (the record as written): messages first, then events. Any
     /// failure is returned, so the input is retried and the effects replayed; duplicates are
     /// harmless by design.
@@ -128,7 +130,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<'_, S, Q, B, C> {
     async fn record_alert_sent(&self, written: &StateRecord) -> Result<()> {
         let mut record = written.clone();
         for _ in 0..ALERT_RECORD_TRIES {
-            let ctx = Ctx { now: self.clock.now(), config: self.config, workflow: self.workflow };
+            let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
             let Decision::Apply(t) = decide(&record, Input::AlertSent, &ctx) else {
                 debug!(order_id = %record.order_id, "alert already recorded");
                 return Ok(());

@@ -18,12 +18,7 @@ use crate::workflow::Workflow;
 /// The scheduler, over its ports.
 #[derive(Debug)]
 pub struct Scheduler<S, Q, B, C> {
-    store: S,
-    outbox: Q,
-    bus: B,
-    clock: C,
-    config: Arc<EngineConfig>,
-    workflow: Arc<Workflow>,
+    ports: Effector<S, Q, B, C>,
     owner: String,
 }
 
@@ -38,12 +33,12 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
         workflow: Arc<Workflow>,
         owner: String,
     ) -> Self {
-        Scheduler { store, outbox, bus, clock, config, workflow, owner }
+        Scheduler { ports: Effector { store, outbox, bus, clock, config, workflow }, owner }
     }
 
     /// The outbox this scheduler sends through (a batch consumer flushes it).
     pub fn outbox(&self) -> &Q {
-        &self.outbox
+        &self.ports.outbox
     }
 
     /// Handles one message from the scheduler queue or the reply queue.
@@ -82,32 +77,30 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
     }
 
     async fn run(&self, order_id: OrderId, input: Input<'_>) -> Result<Handled> {
-        let Some(record) = self.store.load(order_id).await? else {
+        let Some(record) = self.ports.store.load(order_id).await? else {
             // Messages are only ever sent for orders already written, so this one is forged or
             // misrouted: a poison message, for the dead-letter queue and an operator.
             return Err(Error::InvalidMessage(format!("order {order_id} does not exist")));
         };
-        let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
-        let effector = Effector {
-            store: &self.store,
-            outbox: &self.outbox,
-            bus: &self.bus,
-            clock: &self.clock,
-            config: &self.config,
-            workflow: &self.workflow,
+        let ctx = Ctx {
+            now: self.ports.clock.now(),
+            config: &self.ports.config,
+            workflow: &self.ports.workflow,
         };
         match decide(&record, input, &ctx) {
-            Decision::Apply(t) => match self.store.save(&t.next, Expected::of(&record)).await? {
-                Saved::Saved => {
-                    debug!(%order_id, state = t.next.process_state.as_str(), attempt = t.next.attempt, "transition");
-                    effector.perform(&t.next, &t.effects).await?;
-                    Ok(Handled::Applied)
+            Decision::Apply(t) => {
+                match self.ports.store.save(&t.next, Expected::of(&record)).await? {
+                    Saved::Saved => {
+                        debug!(%order_id, state = t.next.process_state.as_str(), attempt = t.next.attempt, "transition");
+                        self.ports.perform(&t.next, &t.effects).await?;
+                        Ok(Handled::Applied)
+                    }
+                    Saved::Conflict => Ok(Handled::LostRace),
                 }
-                Saved::Conflict => Ok(Handled::LostRace),
-            },
+            }
             Decision::Replay(effects) => {
                 info!(%order_id, attempt = record.attempt, "redelivered message: replaying side effects");
-                effector.perform(&record, &effects).await?;
+                self.ports.perform(&record, &effects).await?;
                 Ok(Handled::Replayed)
             }
             Decision::Ignore(why) => {

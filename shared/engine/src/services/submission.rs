@@ -29,13 +29,8 @@ pub struct Accepted {
 /// The submission service, over its ports.
 #[derive(Debug)]
 pub struct Submission<S, Q, B, C, I> {
-    store: S,
-    outbox: Q,
-    bus: B,
-    clock: C,
+    ports: Effector<S, Q, B, C>,
     ids: I,
-    config: Arc<EngineConfig>,
-    workflow: Arc<Workflow>,
 }
 
 impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B, C, I> {
@@ -48,7 +43,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
     ) -> Self {
-        Submission { store, outbox, bus, clock, ids, config, workflow }
+        Submission { ports: Effector { store, outbox, bus, clock, config, workflow }, ids }
     }
 
     /// Accepts an order. Invalid input is rejected before anything is written. The same key
@@ -57,12 +52,17 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
         let key = IdempotencyKey::parse(key)?;
         let order = Order::from_json(body)?;
         let order_id = OrderId::for_key(&key);
-        let now = self.clock.now();
-        let state =
-            StateRecord::new(order_id, &self.workflow, &self.config, self.ids.new_id(), now);
+        let now = self.ports.clock.now();
+        let state = StateRecord::new(
+            order_id,
+            &self.ports.workflow,
+            &self.ports.config,
+            self.ids.new_id(),
+            now,
+        );
         let record = OrderRecord { order_id, idempotency_key: key, order, created_at: now };
 
-        match self.store.create(&record, &state).await? {
+        match self.ports.store.create(&record, &state).await? {
             Created::Created => {
                 info!(%order_id, "order accepted");
                 self.kick(&state).await?;
@@ -70,7 +70,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
             }
             Created::AlreadyExists => {
                 let existing =
-                    self.store.load_order(order_id).await?.ok_or_else(|| Error::Corrupt {
+                    self.ports.store.load_order(order_id).await?.ok_or_else(|| Error::Corrupt {
                         order_id,
                         reason: "order reported as existing but not found".into(),
                     })?;
@@ -80,7 +80,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
                 // The first submission may have died between its write and its start message:
                 // while the order has not been claimed even once, send it again (a duplicate
                 // start leads to one claim).
-                if let Some(current) = self.store.load(order_id).await? {
+                if let Some(current) = self.ports.store.load(order_id).await? {
                     if current.process_state == ProcessState::Pending
                         && current.last_input == InputRef::Submit
                     {
@@ -94,18 +94,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
 
     async fn kick(&self, state: &StateRecord) -> Result<()> {
         let mut effects = vec![Effect::Kick { delay: Duration::ZERO }];
-        if self.config.status_events.contains(StatusKind::Received) {
+        if self.ports.config.status_events.contains(StatusKind::Received) {
             effects.push(Effect::Status { kind: StatusKind::Received, step: None });
         }
-        Effector {
-            store: &self.store,
-            outbox: &self.outbox,
-            bus: &self.bus,
-            clock: &self.clock,
-            config: &self.config,
-            workflow: &self.workflow,
-        }
-        .perform(state, &effects)
-        .await
+        self.ports.perform(state, &effects).await
     }
 }

@@ -37,13 +37,8 @@ pub struct SweepReport {
 /// The supervisor, over its ports.
 #[derive(Debug)]
 pub struct Supervisor<S, X, Q, B, C> {
-    store: S,
+    ports: Effector<S, Q, B, C>,
     index: X,
-    outbox: Q,
-    bus: B,
-    clock: C,
-    config: Arc<EngineConfig>,
-    workflow: Arc<Workflow>,
 }
 
 impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor<S, X, Q, B, C> {
@@ -56,16 +51,16 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
     ) -> Self {
-        Supervisor { store, index, outbox, bus, clock, config, workflow }
+        Supervisor { ports: Effector { store, outbox, bus, clock, config, workflow }, index }
     }
 
     /// One sweep over every shard, at most `sweep_limit` records in all. Shards are queried and
     /// handled concurrently. Fails only if no shard could be queried at all.
     pub async fn sweep(&self) -> Result<SweepReport> {
-        let now = self.clock.now();
-        let shards = self.config.index_shards;
+        let now = self.ports.clock.now();
+        let shards = self.ports.config.index_shards;
         // An even share per shard keeps one busy shard from starving the others.
-        let per_shard = self.config.sweep_limit.div_ceil(usize::from(shards)).max(1);
+        let per_shard = self.ports.config.sweep_limit.div_ceil(usize::from(shards)).max(1);
         let results =
             join_all((0..shards).map(|shard| self.sweep_shard(shard, now, per_shard))).await;
 
@@ -118,26 +113,22 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
 
     /// Handles one index entry: re-read, decide, write conditionally, then act.
     pub async fn handle(&self, entry: IndexEntry) -> Result<Handled> {
-        let Some(record) = self.store.load(entry.order_id).await? else {
+        let Some(record) = self.ports.store.load(entry.order_id).await? else {
             return Ok(Handled::UnknownOrder);
         };
-        let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
+        let ctx = Ctx {
+            now: self.ports.clock.now(),
+            config: &self.ports.config,
+            workflow: &self.ports.workflow,
+        };
         match decide(&record, Input::Expire { complete_by: entry.complete_by }, &ctx) {
             Decision::Apply(t) => {
-                if self.store.save(&t.next, Expected::of(&record)).await? == Saved::Conflict {
+                if self.ports.store.save(&t.next, Expected::of(&record)).await? == Saved::Conflict {
                     return Ok(Handled::LostRace);
                 }
                 debug!(order_id = %entry.order_id, state = t.next.process_state.as_str(),
                        failures = t.next.failure_count, "expired lease handled");
-                let effector = Effector {
-                    store: &self.store,
-                    outbox: &self.outbox,
-                    bus: &self.bus,
-                    clock: &self.clock,
-                    config: &self.config,
-                    workflow: &self.workflow,
-                };
-                effector.perform(&t.next, &t.effects).await?;
+                self.ports.perform(&t.next, &t.effects).await?;
                 Ok(Handled::Applied)
             }
             Decision::Replay(_) => Ok(Handled::Ignored(crate::machine::Ignored::Moved)),
