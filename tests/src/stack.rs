@@ -13,7 +13,7 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::config::Credentials;
 use lambda_http::http::{HeaderValue, Method, Request};
 use lambda_http::{Body, RequestExt, Response};
-use sas_aws::batch::Deferring;
+use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::http::HttpRemote;
@@ -212,7 +212,10 @@ impl RemoteService {
 type Store = DynamoStore;
 type Outbox = SqsOutbox;
 type Bus = EventBridgeBus;
-type TestAgent = Agent<HttpRemote<ManualClock>, Outbox, ManualClock, SplitMix>;
+type TestAgent = Agent<HttpRemote<ManualClock>, Coalescing<Outbox>, ManualClock, SplitMix>;
+
+/// The functions' default linger for batched sends.
+const LINGER: Duration = Duration::from_millis(sas_aws::settings::DEFAULT_SEND_LINGER_MS);
 
 /// The whole system on one stack: every handler with real adapters, a manual clock, and the
 /// simulated remote service.
@@ -223,7 +226,7 @@ pub struct System {
     pub remote: RemoteService,
     submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds>,
     status: StatusService<Store>,
-    scheduler: Scheduler<Store, Deferring<Outbox>, Bus, ManualClock>,
+    scheduler: Scheduler<Store, Coalescing<Outbox>, Bus, ManualClock>,
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock>,
@@ -286,7 +289,7 @@ impl System {
         );
         let scheduler = Scheduler::new(
             t.store(),
-            Deferring(SqsOutbox::new(t.sqs.clone(), agent_urls)),
+            Coalescing::new(SqsOutbox::new(t.sqs.clone(), agent_urls), LINGER),
             bus(),
             clock.clone(),
             config.clone(),
@@ -299,7 +302,8 @@ impl System {
                 let remote =
                     HttpRemote::with_clock(&remote.url, Duration::from_secs(5), clock.clone())
                         .unwrap();
-                let outbox = SqsOutbox::new(t.sqs.clone(), to_replies.clone());
+                let outbox =
+                    Coalescing::new(SqsOutbox::new(t.sqs.clone(), to_replies.clone()), LINGER);
                 let a = Agent::new(
                     remote,
                     outbox,

@@ -1,8 +1,9 @@
 //! The agent function's handler: an SQS batch of step requests for one remote service, each
-//! handed to the engine's [`Agent`].
+//! handed to the engine's [`Agent`]. Replies whose calls end close together share one
+//! `SendMessageBatch`; none waits longer than the linger for the others.
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use sas_aws::batch::for_each_message;
+use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::Error;
 use sas_engine::message::Message;
 use sas_engine::ports::{Clock, Outbox, Random, RemoteService};
@@ -10,14 +11,17 @@ use sas_engine::services::Agent;
 use tracing::{Span, info};
 
 /// Handles a batch; the failed messages are reported for redelivery.
-pub async fn handle<R, Q, C, X>(agent: &Agent<R, Q, C, X>, event: SqsEvent) -> SqsBatchResponse
+pub async fn handle<R, Q, C, X>(
+    agent: &Agent<R, Coalescing<Q>, C, X>,
+    event: SqsEvent,
+) -> SqsBatchResponse
 where
     R: RemoteService,
     Q: Outbox,
     C: Clock,
     X: Random,
 {
-    for_each_message(event, |_, body| async move {
+    for_each_message_coalescing(event, agent.outbox(), |_, body| async move {
         let Message::Request(request) = Message::decode(&body)? else {
             return Err(Error::InvalidMessage(
                 "only step requests belong on an agent's queue".into(),

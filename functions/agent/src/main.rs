@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
+use sas_aws::batch::Coalescing;
 use sas_aws::http::HttpRemote;
 use sas_aws::settings::Env;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
@@ -29,13 +30,15 @@ async fn main() -> Result<(), Error> {
             .map_err(|_| format!("CALL_TIMEOUT_MS={v:?} is not a number of milliseconds"))?,
         None => DEFAULT_CALL_TIMEOUT_MS,
     };
+    let linger = env.send_linger()?;
 
     let sdk = clients::sdk_config().await;
     let sqs = clients::sqs(&sdk);
     clients::warm_up(clients::touch_queue(&sqs, &replies)).await;
 
     let remote = HttpRemote::new(&service_url, Duration::from_millis(timeout_ms))?;
-    let outbox = SqsOutbox::new(sqs, QueueUrls::default().with(Destination::Replies, replies));
+    let replies = QueueUrls::default().with(Destination::Replies, replies);
+    let outbox = Coalescing::new(SqsOutbox::new(sqs, replies), linger);
     let agent = Agent::new(remote, outbox, SystemClock, Jitter::default(), config.agent_retry);
     tracing::info!(agent = %name, %service_url, "agent ready");
     let agent = &agent;

@@ -1,10 +1,10 @@
 //! The scheduler function's handler: an SQS batch from the scheduler queue (start messages) or
 //! the reply queue (agent replies), each message handed to the engine's [`Scheduler`]. The
-//! requests the batch dispatches are sent together once it is handled (one `SendMessageBatch`
-//! per agent queue rather than one request per message).
+//! requests the batch dispatches are sent together (one `SendMessageBatch` per agent queue
+//! rather than one request per message).
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use sas_aws::batch::{Deferring, for_each_message_deferring};
+use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::message::Message;
 use sas_engine::ports::{Clock, EventBus, Outbox, StateStore};
 use sas_engine::services::Scheduler;
@@ -12,7 +12,7 @@ use tracing::{Span, debug};
 
 /// Handles a batch; the failed messages are reported for redelivery.
 pub async fn handle<S, Q, B, C>(
-    scheduler: &Scheduler<S, Deferring<Q>, B, C>,
+    scheduler: &Scheduler<S, Coalescing<Q>, B, C>,
     event: SqsEvent,
 ) -> SqsBatchResponse
 where
@@ -21,7 +21,7 @@ where
     B: EventBus,
     C: Clock,
 {
-    for_each_message_deferring(event, scheduler.outbox(), |message_id, body| async move {
+    for_each_message_coalescing(event, scheduler.outbox(), |message_id, body| async move {
         let message = Message::decode(&body)?;
         Span::current().record("order_id", tracing::field::display(message.order_id()));
         let handled = scheduler.handle(&message, &message_id).await?;

@@ -1,7 +1,7 @@
 //! The scheduler function: wires configuration, clients and the handler.
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
-use sas_aws::batch::Deferring;
+use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::settings::{Env, agent_queue_variable};
@@ -19,6 +19,7 @@ async fn main() -> Result<(), Error> {
     let (workflow, agents) = env.workflow()?;
     let (state_table, orders_table) = (env.required("STATE_TABLE")?, env.required("ORDERS_TABLE")?);
     let bus = env.required("EVENT_BUS_NAME")?;
+    let linger = env.send_linger()?;
     let mut urls = QueueUrls::default();
     for agent in &agents {
         urls = urls
@@ -40,7 +41,7 @@ async fn main() -> Result<(), Error> {
     let owner = format!("scheduler/{}", UuidIds.new_id());
     let scheduler = Scheduler::new(
         DynamoStore::new(dynamodb, state_table, orders_table),
-        Deferring(SqsOutbox::new(sqs, urls)),
+        Coalescing::new(SqsOutbox::new(sqs, urls), linger),
         EventBridgeBus::new(events, bus),
         SystemClock,
         config,

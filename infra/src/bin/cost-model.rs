@@ -13,8 +13,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use sas_aws::batch::{Deferring, for_each_message_deferring};
+use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_aws::dynamo::{order_item_size, state_item_size};
+use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_engine::config::EngineConfig;
 use sas_engine::memory::{
     ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, SeqIds, SplitMix,
@@ -208,10 +209,11 @@ async fn run(
         config.clone(),
         workflow.clone(),
     );
-    // The scheduler holds back what a batch sends and sends it together, as its function does.
+    // The scheduler and the agents gather what a batch sends, as their functions do.
+    let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
     let scheduler = Scheduler::new(
         store.clone(),
-        Deferring(outbox()),
+        Coalescing::new(outbox(), linger),
         bus.clone(),
         clock.clone(),
         config.clone(),
@@ -219,8 +221,13 @@ async fn run(
         "s".into(),
     );
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
-    let agent =
-        Agent::new(remote, outbox(), clock.clone(), SplitMix::seeded(1), config.agent_retry);
+    let agent = Agent::new(
+        remote,
+        Coalescing::new(outbox(), linger),
+        clock.clone(),
+        SplitMix::seeded(1),
+        config.agent_retry,
+    );
 
     let body = r#"{"customer_id":"customer-0042","currency":"EUR","items":[{"sku":"BOOK-1","quantity":2,"unit_price":1250},
         {"sku":"PEN-9","quantity":1,"unit_price":300}],"ship_to":{"name":"Ada Lovelace","line1":"12 St James's Square",
@@ -235,29 +242,31 @@ async fn run(
         for dest in &destinations {
             let batch = queues.receive(dest, batch_size);
             delivered += batch.len();
-            if let Destination::Agent(_) = dest {
-                for d in &batch {
-                    if let Message::Request(r) = Message::decode(&d.body)? {
-                        agent.handle(&r).await?;
+            let mut event = SqsEvent::default();
+            for d in &batch {
+                let mut record = SqsMessage::default();
+                record.message_id = Some(d.message_id.clone());
+                record.body = Some(d.body.clone());
+                event.records.push(record);
+            }
+            let response = if let Destination::Agent(_) = dest {
+                let agent = &agent;
+                for_each_message_coalescing(event, agent.outbox(), |_, body| async move {
+                    match Message::decode(&body)? {
+                        Message::Request(r) => agent.handle(&r).await.map(|_| ()),
+                        _ => Err(sas_engine::Error::InvalidMessage("not a request".into())),
                     }
-                }
+                })
+                .await
             } else {
-                let mut event = SqsEvent::default();
-                for d in &batch {
-                    let mut record = SqsMessage::default();
-                    record.message_id = Some(d.message_id.clone());
-                    record.body = Some(d.body.clone());
-                    event.records.push(record);
-                }
                 let scheduler = &scheduler;
-                let response =
-                    for_each_message_deferring(event, scheduler.outbox(), |id, body| async move {
-                        scheduler.handle(&Message::decode(&body)?, &id).await.map(|_| ())
-                    })
-                    .await;
-                if !response.batch_item_failures.is_empty() {
-                    return Err("a scheduler batch failed".into());
-                }
+                for_each_message_coalescing(event, scheduler.outbox(), |id, body| async move {
+                    scheduler.handle(&Message::decode(&body)?, &id).await.map(|_| ())
+                })
+                .await
+            };
+            if !response.batch_item_failures.is_empty() {
+                return Err(format!("a batch from {dest:?} failed").into());
             }
             for d in &batch {
                 queues.delete(dest, &d.receipt)?;

@@ -4,40 +4,161 @@
 //! past the queue's `maxReceiveCount`, land in its dead-letter queue. A message that cannot be
 //! parsed fails on every try and so ends there too, without holding up the rest of its batch.
 //!
-//! [`for_each_message_deferring`] also holds back the messages the handlers send until the
-//! whole batch is handled, then sends them together: ten replies handled in one invocation
-//! dispatch their ten requests in one `SendMessageBatch` per queue instead of ten requests.
-//! Sends happen after the writes that decided them either way; if the combined send fails,
-//! every message whose sends were in it is reported failed, and its redelivery replays them.
+//! [`for_each_message_coalescing`] also lets the messages a batch sends share requests: what a
+//! handler sends through a [`Coalescing`] outbox waits until every handler still running is
+//! waiting to send too, or until the oldest waiting message has waited the linger, and then
+//! all of it goes out together. Ten replies handled in one invocation dispatch their ten
+//! requests in one `SendMessageBatch` per queue; ten remote calls that end close together send
+//! their ten replies in one. A slow handler holds the others back by the linger at most. Each
+//! handler still learns whether its own messages were sent, so a failed send fails exactly the
+//! messages that needed it, and their redelivery sends again.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use futures_util::future::join_all;
 use sas_engine::ports::{Outbox, Outgoing};
 use sas_engine::{Error, Result};
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
 use tracing::{Instrument, error, info_span, warn};
 
-type Held = Arc<Mutex<Vec<Outgoing>>>;
-
 tokio::task_local! {
-    /// The messages held back for the message being handled, inside a deferring batch.
-    static HELD: Held;
+    /// The batch the message being handled belongs to, inside a coalescing batch.
+    static BATCH: Arc<Gate>;
 }
 
-/// An [`Outbox`] that holds messages back while inside [`for_each_message_deferring`], and
-/// sends at once anywhere else.
+/// An [`Outbox`] whose sends, inside [`for_each_message_coalescing`], are gathered with the
+/// rest of the batch's; anywhere else it sends at once.
 #[derive(Clone, Debug)]
-pub struct Deferring<Q>(pub Q);
+pub struct Coalescing<Q> {
+    inner: Q,
+    linger: Duration,
+}
 
-impl<Q: Outbox> Outbox for Deferring<Q> {
+impl<Q> Coalescing<Q> {
+    /// `linger` bounds how long a message waits for the batch's other messages.
+    pub fn new(inner: Q, linger: Duration) -> Self {
+        Coalescing { inner, linger }
+    }
+}
+
+impl<Q: Outbox> Outbox for Coalescing<Q> {
     async fn send(&self, messages: &[Outgoing]) -> Result<()> {
-        if let Ok(held) = HELD.try_with(Arc::clone) {
-            held.lock().unwrap_or_else(|e| e.into_inner()).extend(messages.iter().cloned());
+        match BATCH.try_with(Arc::clone) {
+            Ok(gate) => gate.send(messages).await,
+            Err(_) => self.inner.send(messages).await,
+        }
+    }
+}
+
+/// The sends of one batch: who is still running, and who is waiting for a send.
+#[derive(Debug)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Notify,
+}
+
+#[derive(Debug)]
+struct GateState {
+    /// Handlers that have not finished.
+    running: usize,
+    /// Handlers blocked in a send, in the order they arrived.
+    waiting: Vec<Waiter>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    messages: Vec<Outgoing>,
+    since: Instant,
+    sent: oneshot::Sender<Result<()>>,
+}
+
+impl Gate {
+    fn new(running: usize) -> Self {
+        Gate {
+            state: Mutex::new(GateState { running, waiting: Vec::new() }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn send(&self, messages: &[Outgoing]) -> Result<()> {
+        if messages.is_empty() {
             return Ok(());
         }
-        self.0.send(messages).await
+        let (sent, outcome) = oneshot::channel();
+        self.lock().waiting.push(Waiter {
+            messages: messages.to_vec(),
+            since: Instant::now(),
+            sent,
+        });
+        self.changed.notify_one();
+        outcome.await.unwrap_or_else(|_| {
+            Err(Error::unavailable("sqs", "the batch ended before the message was sent"))
+        })
+    }
+
+    fn finished(&self) {
+        self.lock().running -= 1;
+        self.changed.notify_one();
+    }
+
+    /// Sends what the handlers wait for, whenever nobody else can join it or the oldest has
+    /// waited `linger`, until every handler has finished.
+    async fn serve<Q: Outbox>(&self, outbox: &Q, linger: Duration) {
+        loop {
+            let due = {
+                let state = self.lock();
+                if state.running == 0 && state.waiting.is_empty() {
+                    return;
+                }
+                let oldest = state.waiting.iter().map(|w| w.since).min();
+                match oldest {
+                    Some(_) if state.waiting.len() == state.running => Some(Instant::now()),
+                    Some(since) => Some(since + linger),
+                    None => None,
+                }
+            };
+            if due.is_some_and(|at| at <= Instant::now()) {
+                let waiters = std::mem::take(&mut self.lock().waiting);
+                flush(outbox, waiters).await;
+                continue;
+            }
+            let timer = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = self.changed.notified() => {}
+                () = timer => {}
+            }
+        }
+    }
+}
+
+/// Sends the waiters' messages in one call and tells each of them how it went.
+async fn flush<Q: Outbox>(outbox: &Q, waiters: Vec<Waiter>) {
+    let messages: Vec<Outgoing> = waiters.iter().flat_map(|w| w.messages.iter().cloned()).collect();
+    let result = outbox.send(&messages).await;
+    if let Err(e) = &result {
+        warn!(error = %e, messages = messages.len(), "sending the batch's messages failed; their sources will be retried");
+    }
+    for waiter in waiters {
+        let outcome = match &result {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_retryable() => Err(Error::unavailable("sqs", e.to_string())),
+            Err(e) => Err(Error::rejected("sqs", e.to_string())),
+        };
+        // A waiter that is gone has nobody left to tell.
+        let _ = waiter.sent.send(outcome);
     }
 }
 
@@ -56,11 +177,11 @@ where
     response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
 }
 
-/// Like [`for_each_message`], holding back what the handlers send through `outbox` until the
-/// batch is handled, then sending it in one go.
-pub async fn for_each_message_deferring<Q, F, Fut>(
+/// Like [`for_each_message`], with what the handlers send through `outbox` gathered into as
+/// few sends as the linger allows.
+pub async fn for_each_message_coalescing<Q, F, Fut>(
     event: SqsEvent,
-    outbox: &Deferring<Q>,
+    outbox: &Coalescing<Q>,
     handle: F,
 ) -> SqsBatchResponse
 where
@@ -68,39 +189,20 @@ where
     F: Fn(String, String) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
-    let results = join_all(event.records.into_iter().map(|record| {
+    let gate = Arc::new(Gate::new(event.records.len()));
+    let handlers = join_all(event.records.into_iter().map(|record| {
         let id = record.message_id.unwrap_or_default();
         let body = record.body.unwrap_or_default();
-        let held = Held::default();
-        let fut = HELD.scope(held.clone(), handle_one(id.clone(), handle(id, body)));
-        async move { (fut.await, held) }
-    }))
-    .await;
-
-    let mut failed = Vec::new();
-    let mut owners = Vec::new();
-    let mut outgoing = Vec::new();
-    for ((id, ok), held) in results {
-        let held = std::mem::take(&mut *held.lock().unwrap_or_else(|e| e.into_inner()));
-        if !held.is_empty() {
-            owners.push(id.clone());
+        let work = BATCH.scope(gate.clone(), handle_one(id.clone(), handle(id, body)));
+        let gate = gate.clone();
+        async move {
+            let result = work.await;
+            gate.finished();
+            result
         }
-        outgoing.extend(held);
-        if !ok {
-            failed.push(id);
-        }
-    }
-    if !outgoing.is_empty() {
-        if let Err(e) = outbox.0.send(&outgoing).await {
-            warn!(error = %e, messages = outgoing.len(), "sending the batch's messages failed; their sources will be retried");
-            for owner in owners {
-                if !failed.contains(&owner) {
-                    failed.push(owner);
-                }
-            }
-        }
-    }
-    response(failed.into_iter())
+    }));
+    let (results, ()) = tokio::join!(handlers, gate.serve(&outbox.inner, outbox.linger));
+    response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
 }
 
 /// Runs one message's handling in its span and logs a failure; returns (id, succeeded).
@@ -169,44 +271,116 @@ mod tests {
         )
     }
 
-    #[tokio::test]
+    /// Records each call it passes on: when, and how many messages.
+    #[derive(Debug)]
+    struct Recorder {
+        queues: MemoryQueues<ManualClock>,
+        calls: Mutex<Vec<(Duration, usize)>>,
+        began: Instant,
+    }
+
+    impl Recorder {
+        fn new() -> Arc<Self> {
+            Arc::new(Recorder {
+                queues: MemoryQueues::new(ManualClock::default()),
+                calls: Mutex::default(),
+                began: Instant::now(),
+            })
+        }
+        fn calls(&self) -> Vec<(Duration, usize)> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl Outbox for Recorder {
+        async fn send(&self, messages: &[Outgoing]) -> Result<()> {
+            let at = self.began.elapsed();
+            self.calls.lock().unwrap().push((at, messages.len()));
+            self.queues.send(messages).await
+        }
+    }
+
+    fn failed(response: &SqsBatchResponse) -> Vec<&str> {
+        let mut ids: Vec<_> =
+            response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_batch_sends_once_and_reports_only_its_failures() {
-        let queues = Arc::new(MemoryQueues::new(ManualClock::default()));
-        let outbox = Deferring(queues.clone());
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_secs(3600));
         let outbox_ref = &outbox;
         let response =
-            for_each_message_deferring(event(&["a", "b", "c"]), &outbox, |id, _| async move {
+            for_each_message_coalescing(event(&["a", "b", "c"]), &outbox, |id, _| async move {
                 outbox_ref.send(&[start(1), start(2)]).await?;
                 if id == "b" { Err(Error::InvalidMessage("poison".into())) } else { Ok(()) }
             })
             .await;
-        let failed: Vec<_> =
-            response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
-        assert_eq!(failed, ["b"]);
-        // Six messages, all sent after the batch, through the inner outbox in one call.
-        assert_eq!(queues.sent_count(&Destination::Scheduler), 6);
+        assert_eq!(failed(&response), ["b"]);
+        // Six messages in one call, as soon as all three handlers waited: the linger never ran.
+        assert_eq!(recorder.calls(), [(Duration::ZERO, 6)]);
         // Outside a batch, the outbox sends at once.
         outbox.send(&[start(3)]).await.unwrap();
-        assert_eq!(queues.sent_count(&Destination::Scheduler), 7);
+        assert_eq!(recorder.queues.sent_count(&Destination::Scheduler), 7);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn when_the_combined_send_fails_every_sender_is_retried() {
-        let queues = Arc::new(MemoryQueues::new(ManualClock::default()));
-        let outbox = Deferring(queues.clone());
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(100));
         let outbox_ref = &outbox;
-        queues.fail_next_sends(1);
+        recorder.queues.fail_next_sends(1);
         let response =
-            for_each_message_deferring(event(&["a", "b", "quiet"]), &outbox, |id, _| async move {
+            for_each_message_coalescing(event(&["a", "b", "quiet"]), &outbox, |id, _| async move {
                 if id != "quiet" {
                     outbox_ref.send(&[start(1)]).await?;
                 }
                 Ok(())
             })
             .await;
-        let mut failed: Vec<_> =
-            response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
-        failed.sort();
-        assert_eq!(failed, ["a", "b"], "the message that sent nothing is done");
+        assert_eq!(failed(&response), ["a", "b"], "the message that sent nothing is done");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_handler_holds_the_others_back_by_the_linger_at_most() {
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(100));
+        let outbox_ref = &outbox;
+        let response =
+            for_each_message_coalescing(event(&["a", "b", "slow"]), &outbox, |id, _| async move {
+                if id == "slow" {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                } else if id == "b" {
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                }
+                outbox_ref.send(&[start(1)]).await
+            })
+            .await;
+        assert!(failed(&response).is_empty());
+        // a waited for b (60 ms apart, within the linger) but not for the slow one.
+        assert_eq!(
+            recorder.calls(),
+            [(Duration::from_millis(100), 2), (Duration::from_secs(10), 1)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_that_finishes_without_sending_releases_the_others() {
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_secs(3600));
+        let outbox_ref = &outbox;
+        let response =
+            for_each_message_coalescing(event(&["a", "quiet"]), &outbox, |id, _| async move {
+                if id == "quiet" {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    return Ok(());
+                }
+                outbox_ref.send(&[start(1)]).await
+            })
+            .await;
+        assert!(failed(&response).is_empty());
+        assert_eq!(recorder.calls(), [(Duration::from_secs(5), 1)]);
     }
 }

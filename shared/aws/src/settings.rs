@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sas_engine::config::EngineConfig;
 use sas_engine::workflow::Workflow;
@@ -67,6 +68,27 @@ impl Env {
     }
 }
 
+/// Default of `SEND_LINGER_MS`.
+pub const DEFAULT_SEND_LINGER_MS: u64 = 100;
+/// Largest `SEND_LINGER_MS` accepted: a message must not wait long enough to matter to a lease.
+const MAX_SEND_LINGER_MS: u64 = 1000;
+
+impl Env {
+    /// How long a message sent while a batch is handled may wait for the batch's other messages
+    /// to share a `SendMessageBatch` with them (`SEND_LINGER_MS`).
+    pub fn send_linger(&self) -> Result<Duration> {
+        let Some(v) = self.get("SEND_LINGER_MS") else {
+            return Ok(Duration::from_millis(DEFAULT_SEND_LINGER_MS));
+        };
+        match v.parse::<u64>() {
+            Ok(ms) if ms <= MAX_SEND_LINGER_MS => Ok(Duration::from_millis(ms)),
+            _ => Err(Error::Config(format!(
+                "SEND_LINGER_MS={v:?} must be a number of milliseconds from 0 to {MAX_SEND_LINGER_MS}"
+            ))),
+        }
+    }
+}
+
 /// The variable holding an agent's request queue URL: `AGENT_QUEUE_` and the agent's name in
 /// upper case with `-` as `_` (`AGENT_QUEUE_INVENTORY`).
 pub fn agent_queue_variable(agent: &AgentName) -> String {
@@ -92,5 +114,16 @@ mod tests {
         let env = Env::from_pairs([("AGENTS", "inventory,payment")]);
         assert!(env.workflow().unwrap_err().to_string().contains("shipping"));
         assert_eq!(agent_queue_variable(&AgentName::new("gift-wrap")), "AGENT_QUEUE_GIFT_WRAP");
+    }
+
+    #[test]
+    fn the_send_linger_is_bounded() {
+        let linger = |v: &str| Env::from_pairs([("SEND_LINGER_MS", v)]).send_linger();
+        assert_eq!(Env::from_pairs([]).send_linger().unwrap(), Duration::from_millis(100));
+        assert_eq!(linger("0").unwrap(), Duration::ZERO);
+        assert_eq!(linger("1000").unwrap(), Duration::from_secs(1));
+        for bad in ["1001", "-1", "fast"] {
+            assert!(linger(bad).unwrap_err().to_string().contains("SEND_LINGER_MS"), "{bad}");
+        }
     }
 }

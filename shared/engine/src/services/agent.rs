@@ -40,6 +40,11 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
         Agent { remote, outbox, clock, random, retry }
     }
 
+    /// The outbox replies are sent through (a batch consumer may gather them).
+    pub fn outbox(&self) -> &Q {
+        &self.outbox
+    }
+
     /// Performs the request. An `Err` (the reply could not be sent) should make the request
     /// come back: calling the service again with the same key is harmless.
     pub async fn handle(&self, request: &StepRequest) -> Result<AgentOutcome> {
