@@ -22,7 +22,7 @@ use sas_aws::system::UuidIds;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::StatusKinds;
 use sas_engine::memory::{ManualClock, SplitMix};
-use sas_engine::ports::Destination;
+use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
 use sas_engine::services::{Agent, Scheduler, StatusService, Submission, Supervisor, SweepReport};
 use sas_engine::state::StateRecord;
@@ -449,7 +449,7 @@ impl System {
 
     pub async fn state(&self, id: OrderId) -> StateRecord {
         use sas_engine::ports::StateStore;
-        self.t.store().load(id).await.unwrap().unwrap()
+        self.t.store().load(id, Read::Consistent).await.unwrap().unwrap()
     }
 
     /// Moves the manual clock past every deadline the record has.

@@ -12,8 +12,8 @@ use sas_engine::events::{BusEvent, StatusKind};
 use sas_engine::message::{Message, Start};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    Created, Destination, EventBus, Expected, ExpiryIndex, OrderRecord, Outbox, Outgoing, Saved,
-    StateStore,
+    Created, Destination, EventBus, Expected, ExpiryIndex, OrderRecord, Outbox, Outgoing, Read,
+    Saved, StateStore,
 };
 use sas_engine::state::{ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
@@ -44,15 +44,17 @@ async fn create_writes_both_items_once_and_reports_an_existing_order() {
     assert_eq!(store.create(&order, &state).await.unwrap(), Created::Created);
     assert_eq!(store.create(&order, &state).await.unwrap(), Created::AlreadyExists);
     assert_eq!((t.count("OrdersTable").await, t.count("StateTable").await), (1, 1));
-    assert_eq!(store.load(order.order_id).await.unwrap().unwrap(), state);
-    assert_eq!(store.load_order(order.order_id).await.unwrap().unwrap(), order);
+    for read in [Read::Consistent, Read::Eventual] {
+        assert_eq!(store.load(order.order_id, read).await.unwrap().unwrap(), state);
+        assert_eq!(store.load_order(order.order_id, read).await.unwrap().unwrap(), order);
+    }
 
     // The state item exists but the order does not: the transaction writes neither.
     let (order2, mut state2) = new_order("k-create-2", &EngineConfig::default());
     state2.order_id = order.order_id;
     assert_eq!(store.create(&order2, &state2).await.unwrap(), Created::AlreadyExists);
     assert_eq!(t.count("OrdersTable").await, 1);
-    assert!(store.load_order(order2.order_id).await.unwrap().is_none());
+    assert!(store.load_order(order2.order_id, Read::Consistent).await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -80,7 +82,7 @@ async fn save_writes_only_over_the_expected_revision() {
     assert_eq!(store.save(&later, wrong_attempt).await.unwrap(), Saved::Conflict);
     let wrong_state = Expected { process_state: ProcessState::Pending, ..Expected::of(&next) };
     assert_eq!(store.save(&later, wrong_state).await.unwrap(), Saved::Conflict);
-    assert_eq!(store.load(order.order_id).await.unwrap().unwrap(), next);
+    assert_eq!(store.load(order.order_id, Read::Consistent).await.unwrap().unwrap(), next);
     // A save for a record that does not exist is a conflict too, not a create.
     let (_, ghost) = new_order("k-ghost", &EngineConfig::default());
     let mut ghost_next = ghost.clone();

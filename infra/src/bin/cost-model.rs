@@ -22,7 +22,7 @@ use sas_engine::memory::{
 };
 use sas_engine::message::Message;
 use sas_engine::ports::{
-    Created, Destination, Expected, OrderRecord, Outbox, Outgoing, Saved, StateStore,
+    Created, Destination, Expected, OrderRecord, Outbox, Outgoing, Read, Saved, StateStore,
 };
 use sas_engine::services::{Agent, Scheduler, Submission};
 use sas_engine::state::StateRecord;
@@ -69,6 +69,12 @@ fn units(bytes: usize, unit: usize) -> f64 {
     bytes.div_ceil(unit).max(1) as f64
 }
 
+/// A `GetItem`: one unit per 4 KB read consistently, half that eventually.
+fn read_units(bytes: usize, read: Read) -> f64 {
+    let units = units(bytes, 4096);
+    if read == Read::Consistent { units } else { units / 2.0 }
+}
+
 /// Index writes caused by a table write with the KEYS_ONLY `ByCompleteBy` index: one to add or
 /// remove an entry, two to move it (a key change), none when the keys stay.
 fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
@@ -93,15 +99,17 @@ impl StateStore for MeteredStore {
         Ok(created)
     }
 
-    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
-        let r = self.inner.load(id).await?;
-        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += 1.0; // strongly consistent, < 4 KB
+    async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
+        let r = self.inner.load(id, read).await?;
+        let size = r.as_ref().map(state_item_size).transpose()?.unwrap_or(0);
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += read_units(size, read);
         Ok(r)
     }
 
-    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
-        let r = self.inner.load_order(id).await?;
-        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += 1.0;
+    async fn load_order(&self, id: OrderId, read: Read) -> Result<Option<OrderRecord>> {
+        let r = self.inner.load_order(id, read).await?;
+        let size = r.as_ref().map(order_item_size).unwrap_or(0);
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += read_units(size, read);
         Ok(r)
     }
 

@@ -29,7 +29,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 use sas_engine::ports::{
-    Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore,
+    Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Read, Saved, StateStore,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -88,28 +88,26 @@ impl StateStore for DynamoStore {
         }
     }
 
-    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+    async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
         let out = self
             .client
             .get_item()
             .table_name(&self.state_table)
             .key("OrderId", AttributeValue::S(id.to_string()))
-            .consistent_read(true)
+            .consistent_read(read == Read::Consistent)
             .send()
             .await
             .map_err(|e| classify(SERVICE, e))?;
         out.item.map(|item| state_from_item(id, &item)).transpose()
     }
 
-    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
-        // Orders never change once written, but the first read can follow the write by
-        // milliseconds: a consistent read cannot miss it.
+    async fn load_order(&self, id: OrderId, read: Read) -> Result<Option<OrderRecord>> {
         let out = self
             .client
             .get_item()
             .table_name(&self.orders_table)
             .key("OrderId", AttributeValue::S(id.to_string()))
-            .consistent_read(true)
+            .consistent_read(read == Read::Consistent)
             .send()
             .await
             .map_err(|e| classify(SERVICE, e))?;

@@ -72,6 +72,16 @@ pub enum Saved {
     Conflict,
 }
 
+/// How fresh a read must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// Sees every write that succeeded before it (DynamoDB's strongly consistent read).
+    Consistent,
+    /// May miss the latest writes for a moment, at half the price (DynamoDB's eventually
+    /// consistent read). Only worth it where a stale answer is detected and read again.
+    Eventual,
+}
+
 /// The state table and the orders table.
 pub trait StateStore: Send + Sync {
     /// Writes the order and its state record in one transaction, only if neither exists.
@@ -81,11 +91,19 @@ pub trait StateStore: Send + Sync {
         state: &StateRecord,
     ) -> impl Future<Output = Result<Created>> + Send;
 
-    /// Reads a state record with a strongly consistent read.
-    fn load(&self, id: OrderId) -> impl Future<Output = Result<Option<StateRecord>>> + Send;
+    /// Reads a state record.
+    fn load(
+        &self,
+        id: OrderId,
+        read: Read,
+    ) -> impl Future<Output = Result<Option<StateRecord>>> + Send;
 
     /// Reads an order.
-    fn load_order(&self, id: OrderId) -> impl Future<Output = Result<Option<OrderRecord>>> + Send;
+    fn load_order(
+        &self,
+        id: OrderId,
+        read: Read,
+    ) -> impl Future<Output = Result<Option<OrderRecord>>> + Send;
 
     /// Replaces a state record if, and only if, it is still as `expected`. The new record's
     /// revision must be `expected.revision + 1`.
@@ -215,11 +233,19 @@ impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
     ) -> impl Future<Output = Result<Created>> + Send {
         (**self).create(order, state)
     }
-    fn load(&self, id: OrderId) -> impl Future<Output = Result<Option<StateRecord>>> + Send {
-        (**self).load(id)
+    fn load(
+        &self,
+        id: OrderId,
+        read: Read,
+    ) -> impl Future<Output = Result<Option<StateRecord>>> + Send {
+        (**self).load(id, read)
     }
-    fn load_order(&self, id: OrderId) -> impl Future<Output = Result<Option<OrderRecord>>> + Send {
-        (**self).load_order(id)
+    fn load_order(
+        &self,
+        id: OrderId,
+        read: Read,
+    ) -> impl Future<Output = Result<Option<OrderRecord>>> + Send {
+        (**self).load_order(id, read)
     }
     fn save(
         &self,

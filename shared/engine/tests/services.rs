@@ -15,7 +15,8 @@ use sas_engine::memory::{Behaviour, ManualClock, MemoryQueues, MemoryRemote, Spl
 use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    Clock, Created, Destination, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore,
+    Clock, Created, Destination, Expected, ExpiryIndex, IndexEntry, OrderRecord, Read, Saved,
+    StateStore,
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{Agent, AgentOutcome, Handled, StatusService, Supervisor};
@@ -279,6 +280,47 @@ async fn a_reply_that_cannot_be_sent_is_retried_without_a_second_effect() {
     assert_eq!(b.replies().len(), 1);
 }
 
+// ---------------------------------------------------------------- scheduler reads
+
+#[tokio::test]
+async fn an_order_runs_whole_when_every_cheap_read_misses() {
+    let mut w = World::new();
+    // Eventual reads see the tables as they were an hour ago: nothing of this order yet.
+    w.store.set_read_lag(Duration::from_secs(3600));
+    let id = w.submit("unseen").await.unwrap().order_id;
+    w.settle().await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    assert_eq!(w.remote.max_applications(), 1);
+    assert!(w.handled.iter().all(|(_, h)| *h == Handled::Applied), "{:?}", w.handled);
+    // Each of the four scheduler messages missed once, and each of the three requests missed
+    // its order once.
+    assert_eq!(w.store.stats().stale_reads, 7);
+}
+
+#[tokio::test]
+async fn a_stale_copy_never_decides_what_the_latest_record_would_not() {
+    let mut w = World::new();
+    w.store.set_read_lag(Duration::from_secs(1));
+    let id = w.submit("stale").await.unwrap().order_id;
+    // A second start message, as a retried submission or the supervisor would send.
+    w.submit("stale").await.unwrap();
+    w.clock.advance(Duration::from_secs(2));
+    // The first start claims. From here on every eventual read sees the Pending record.
+    assert!(w.step(&Destination::Scheduler).await);
+    // The second start looks like a fresh claim against the stale copy; the write's condition
+    // fails, and the latest record shows the order already claimed.
+    let conflicts = w.store.stats().conflicts;
+    assert!(w.step(&Destination::Scheduler).await);
+    assert_eq!(w.store.stats().conflicts, conflicts + 1);
+    assert!(matches!(w.handled[1].1, Handled::Ignored(_)), "{:?}", w.handled);
+    // Replies look impossible against the Pending copy, and are judged on the latest.
+    w.settle().await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    assert_eq!(w.state(id).attempt, 3, "one lease per step, never a second");
+    assert_eq!(w.remote.max_applications(), 1);
+    assert!(w.store.stats().stale_reads >= 4);
+}
+
 // ---------------------------------------------------------------- supervisor
 
 /// A store that yields to the runtime before every call, so that two services running
@@ -290,12 +332,12 @@ impl<S: StateStore> StateStore for Yielding<S> {
         tokio::task::yield_now().await;
         self.0.create(order, state).await
     }
-    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+    async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
         tokio::task::yield_now().await;
-        self.0.load(id).await
+        self.0.load(id, read).await
     }
-    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
-        self.0.load_order(id).await
+    async fn load_order(&self, id: OrderId, read: Read) -> Result<Option<OrderRecord>> {
+        self.0.load_order(id, read).await
     }
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
         tokio::task::yield_now().await;

@@ -27,7 +27,7 @@ use sas_engine::memory::{
 use sas_engine::message::Message;
 use sas_engine::ports::{
     Clock, Created, Destination, EventBus, Expected, ExpiryIndex, IndexEntry, OrderRecord, Outbox,
-    Outgoing, Random, Saved, StateStore,
+    Outgoing, Random, Read, Saved, StateStore,
 };
 use sas_engine::services::{Agent, Scheduler, Submission, Supervisor};
 use sas_engine::state::{InputRef, ProcessState, StateRecord, StepStatus};
@@ -71,13 +71,13 @@ impl<P: StateStore> StateStore for Crashy<P> {
         self.step().await?;
         self.inner.create(order, state).await
     }
-    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+    async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
         self.step().await?;
-        self.inner.load(id).await
+        self.inner.load(id, read).await
     }
-    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
+    async fn load_order(&self, id: OrderId, read: Read) -> Result<Option<OrderRecord>> {
         self.step().await?;
-        self.inner.load_order(id).await
+        self.inner.load_order(id, read).await
     }
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
         self.step().await?;
@@ -132,6 +132,8 @@ enum Fault {
     DoubleSweep,
     /// Writes reaching the expiry index seconds late (every other seed).
     IndexLag,
+    /// Eventual reads seeing records as they were a second ago (every third seed).
+    StaleRead,
     /// A remote call failing for now.
     RemoteTransient,
     /// A remote call refused for good.
@@ -143,7 +145,7 @@ enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 12] = [
+    const ALL: [Fault; 13] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -152,6 +154,7 @@ impl Fault {
         Fault::Throttled,
         Fault::DoubleSweep,
         Fault::IndexLag,
+        Fault::StaleRead,
         Fault::RemoteTransient,
         Fault::RemotePermanent,
         Fault::LostAnswer,
@@ -168,6 +171,7 @@ impl Fault {
             Fault::Throttled => "throttled",
             Fault::DoubleSweep => "double-sweep",
             Fault::IndexLag => "index-lag",
+            Fault::StaleRead => "stale-read",
             Fault::RemoteTransient => "remote-transient",
             Fault::RemotePermanent => "remote-permanent",
             Fault::LostAnswer => "lost-answer",
@@ -309,6 +313,9 @@ impl Sim {
         let memory = Arc::new(MemoryStore::new(clock.clone()));
         if seed % 2 == 0 && faults.on(Fault::IndexLag) {
             memory.set_index_lag(Duration::from_secs(20));
+        }
+        if seed % 3 == 0 && faults.on(Fault::StaleRead) {
+            memory.set_read_lag(Duration::from_secs(1));
         }
         let queues = Arc::new(MemoryQueues::new(clock.clone()));
         let bus = Arc::new(MemoryBus::new());
@@ -637,6 +644,7 @@ impl Sim {
         self.tally.longest_settle = settled;
         self.tally.add(Fault::Crash, self.crashes.load(Ordering::Relaxed).into());
         self.tally.add(Fault::IndexLag, self.memory.stats().stale_index_queries);
+        self.tally.add(Fault::StaleRead, self.memory.stats().stale_reads);
         let remote = self.remote.faults();
         self.tally.add(Fault::RemoteTransient, remote.transient.into());
         self.tally.add(Fault::RemotePermanent, remote.permanent.into());

@@ -4,6 +4,9 @@
 //!   process state, attempt and revision, and reports a conflict otherwise.
 //! - `create` is a transaction of two puts, each on the condition that its item does not
 //!   exist: both are written or neither.
+//! - An eventual read sees the items as they were `read_lag` ago (a record that did not exist
+//!   then is not found), so every eventual read made within the lag of a write is stale: a
+//!   harsher world than DynamoDB's, where most are not. Consistent reads see the latest.
 //! - The expiry index is sparse (only records with a CompleteBy are in it), sharded, and
 //!   eventually consistent: each write reaches the index only `index_lag` after it was made,
 //!   measured on the store's clock, so a sweep can see entries that are already out of date and
@@ -19,7 +22,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::ports::{
-    Clock, Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Saved, StateStore,
+    Clock, Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Read, Saved, StateStore,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -37,6 +40,8 @@ pub struct StoreStats {
     pub index_queries: u64,
     /// Index queries made while some writes had not reached the index yet.
     pub stale_index_queries: u64,
+    /// Eventual reads that missed the latest write.
+    pub stale_reads: u64,
 }
 
 /// The state table, the orders table and the expiry index. Clones share the same data.
@@ -54,6 +59,12 @@ type IndexChange = (Timestamp, OrderId, Option<(u16, Timestamp)>);
 struct Inner {
     states: HashMap<OrderId, StateRecord>,
     orders: HashMap<OrderId, OrderRecord>,
+    read_lag: Duration,
+    /// Each record's versions an eventual read may still see, oldest first, with when each
+    /// was written; kept only while `read_lag` is not zero.
+    versions: HashMap<OrderId, VecDeque<(Timestamp, StateRecord)>>,
+    /// When each order was written.
+    created: HashMap<OrderId, Timestamp>,
     index_lag: Duration,
     /// Writes not yet visible in the index.
     index_backlog: VecDeque<IndexChange>,
@@ -72,6 +83,11 @@ impl<C: Clock> MemoryStore<C> {
     /// Makes index updates visible only this long after the write.
     pub fn set_index_lag(&self, lag: Duration) {
         self.lock().index_lag = lag;
+    }
+
+    /// Makes eventual reads see the items as they were this long ago.
+    pub fn set_read_lag(&self, lag: Duration) {
+        self.lock().read_lag = lag;
     }
 
     /// The next `n` writes (saves and creates) fail as throttled, writing nothing.
@@ -121,6 +137,26 @@ impl Inner {
             ));
         }
         Ok(())
+    }
+
+    /// Keeps the version just written for the eventual reads that may still see the old ones.
+    fn record_version(&mut self, now: Timestamp, record: &StateRecord) {
+        if !self.read_lag.is_zero() {
+            self.versions.entry(record.order_id).or_default().push_back((now, record.clone()));
+        }
+    }
+
+    /// The version of a record an eventual read sees at `now`: the newest at least `read_lag`
+    /// old. Older versions can no longer be seen by anyone and are dropped.
+    fn eventual_state(&mut self, id: OrderId, now: Timestamp) -> Option<StateRecord> {
+        let lag = self.read_lag;
+        let Some(versions) = self.versions.get_mut(&id) else {
+            // Written before the lag was set: nothing older to show.
+            return self.states.get(&id).cloned();
+        };
+        let visible = versions.iter().rposition(|(at, _)| at.plus(lag) <= now)?;
+        versions.drain(..visible);
+        versions.front().map(|(_, r)| r.clone())
     }
 
     fn record_index_change(&mut self, now: Timestamp, record: &StateRecord) {
@@ -176,19 +212,37 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         }
         inner.orders.insert(order.order_id, order.clone());
         inner.states.insert(state.order_id, state.clone());
+        inner.created.insert(order.order_id, now);
+        inner.record_version(now, state);
         inner.record_index_change(now, state);
         Ok(Created::Created)
     }
 
-    async fn load(&self, id: OrderId) -> Result<Option<StateRecord>> {
+    async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
+        let now = self.clock.now();
         let mut inner = self.lock();
         inner.stats.reads += 1;
-        Ok(inner.states.get(&id).cloned())
+        let latest = inner.states.get(&id).cloned();
+        if read == Read::Consistent || inner.read_lag.is_zero() {
+            return Ok(latest);
+        }
+        let seen = inner.eventual_state(id, now);
+        if seen != latest {
+            inner.stats.stale_reads += 1;
+        }
+        Ok(seen)
     }
 
-    async fn load_order(&self, id: OrderId) -> Result<Option<OrderRecord>> {
+    async fn load_order(&self, id: OrderId, read: Read) -> Result<Option<OrderRecord>> {
+        let now = self.clock.now();
         let mut inner = self.lock();
         inner.stats.reads += 1;
+        let lag = inner.read_lag;
+        let too_new = inner.created.get(&id).is_some_and(|at| at.plus(lag) > now);
+        if read == Read::Eventual && too_new {
+            inner.stats.stale_reads += 1;
+            return Ok(None);
+        }
         Ok(inner.orders.get(&id).cloned())
     }
 
@@ -214,6 +268,7 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         }
         inner.stats.writes += 1;
         inner.states.insert(next.order_id, next.clone());
+        inner.record_version(now, next);
         inner.record_index_change(now, next);
         Ok(Saved::Saved)
     }

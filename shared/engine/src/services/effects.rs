@@ -11,7 +11,9 @@ use crate::events::{Alert, BusEvent};
 use crate::ids::{Direction, step_key};
 use crate::machine::{Ctx, Decision, Effect, Input, decide};
 use crate::message::{Message, Start, StepRef, StepRequest};
-use crate::ports::{Clock, Destination, EventBus, Expected, Outbox, Outgoing, Saved, StateStore};
+use crate::ports::{
+    Clock, Destination, EventBus, Expected, Outbox, Outgoing, Read, Saved, StateStore,
+};
 use crate::state::StateRecord;
 use crate::workflow::Workflow;
 
@@ -104,11 +106,16 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
             .ok_or_else(|| corrupt(format!("step {:?} has no compensation", state.name)))?;
         let complete_by =
             record.complete_by.ok_or_else(|| corrupt("dispatch without CompleteBy".into()))?;
-        let order = self
-            .store
-            .load_order(record.order_id)
-            .await?
-            .ok_or_else(|| corrupt("state record without its order".into()))?;
+        // An order never changes once written, so any copy found is the copy; only one written
+        // a moment ago can be missed by the cheaper read.
+        let order = match self.store.load_order(record.order_id, Read::Eventual).await? {
+            Some(order) => order,
+            None => self
+                .store
+                .load_order(record.order_id, Read::Consistent)
+                .await?
+                .ok_or_else(|| corrupt("state record without its order".into()))?,
+        };
         let request = StepRequest {
             order_id: record.order_id,
             attempt: record.attempt,
@@ -138,7 +145,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
             if self.store.save(&t.next, Expected::of(&record)).await? == Saved::Saved {
                 return Ok(());
             }
-            match self.store.load(record.order_id).await? {
+            match self.store.load(record.order_id, Read::Consistent).await? {
                 Some(fresh) => record = fresh,
                 None => return Ok(()),
             }

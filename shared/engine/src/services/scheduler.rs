@@ -10,9 +10,10 @@ use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
-use crate::machine::{Ctx, Decision, Input, decide};
+use crate::machine::{Ctx, Decision, Input, Transition, decide};
 use crate::message::{Message, StepReply};
-use crate::ports::{Clock, EventBus, Expected, Outbox, Saved, StateStore};
+use crate::ports::{Clock, EventBus, Expected, Outbox, Read, Saved, StateStore};
+use crate::state::StateRecord;
 use crate::workflow::Workflow;
 
 /// The scheduler, over its ports.
@@ -77,27 +78,28 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
     }
 
     async fn run(&self, order_id: OrderId, input: Input<'_>) -> Result<Handled> {
-        let Some(record) = self.ports.store.load(order_id).await? else {
+        // Nearly every message finds the record as the write before it left it, so the cheaper
+        // eventual read comes first. It is trusted only when it leads to a write that succeeds:
+        // that write's condition proves the copy was the latest. Anything else (a conflict, or
+        // a message that looks stale, repeated or impossible against the copy) is judged again
+        // on a consistent read.
+        if let Some(record) = self.ports.store.load(order_id, Read::Eventual).await? {
+            if let Decision::Apply(t) = decide(&record, input, &self.ctx()) {
+                if self.apply(&record, &t).await? == Saved::Saved {
+                    return Ok(Handled::Applied);
+                }
+            }
+        }
+        let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
             // Messages are only ever sent for orders already written, so this one is forged or
             // misrouted: a poison message, for the dead-letter queue and an operator.
             return Err(Error::InvalidMessage(format!("order {order_id} does not exist")));
         };
-        let ctx = Ctx {
-            now: self.ports.clock.now(),
-            config: &self.ports.config,
-            workflow: &self.ports.workflow,
-        };
-        match decide(&record, input, &ctx) {
-            Decision::Apply(t) => {
-                match self.ports.store.save(&t.next, Expected::of(&record)).await? {
-                    Saved::Saved => {
-                        debug!(%order_id, state = t.next.process_state.as_str(), attempt = t.next.attempt, "transition");
-                        self.ports.perform(&t.next, &t.effects).await?;
-                        Ok(Handled::Applied)
-                    }
-                    Saved::Conflict => Ok(Handled::LostRace),
-                }
-            }
+        match decide(&record, input, &self.ctx()) {
+            Decision::Apply(t) => match self.apply(&record, &t).await? {
+                Saved::Saved => Ok(Handled::Applied),
+                Saved::Conflict => Ok(Handled::LostRace),
+            },
             Decision::Replay(effects) => {
                 info!(%order_id, attempt = record.attempt, "redelivered message: replaying side effects");
                 self.ports.perform(&record, &effects).await?;
@@ -113,5 +115,23 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
                 record.attempt
             ))),
         }
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            now: self.ports.clock.now(),
+            config: &self.ports.config,
+            workflow: &self.ports.workflow,
+        }
+    }
+
+    /// Writes a transition over `record` and, if the write took, performs its effects.
+    async fn apply(&self, record: &StateRecord, t: &Transition) -> Result<Saved> {
+        let saved = self.ports.store.save(&t.next, Expected::of(record)).await?;
+        if saved == Saved::Saved {
+            debug!(order_id = %record.order_id, state = t.next.process_state.as_str(), attempt = t.next.attempt, "transition");
+            self.ports.perform(&t.next, &t.effects).await?;
+        }
+        Ok(saved)
     }
 }

@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::ids::OrderId;
 use crate::order::Order;
-use crate::ports::StateStore;
+use crate::ports::{Read, StateStore};
 use crate::state::{Cause, Phase, ProcessState, StepState, TimelineEntry};
 
 /// An order with its state, steps and timeline, as shown to clients.
@@ -40,10 +40,10 @@ impl<S: StateStore> StatusService<S> {
 
     /// The view of an order, or `None` if there is no such order.
     pub async fn get(&self, order_id: OrderId) -> Result<Option<OrderView>> {
-        let Some(order) = self.store.load_order(order_id).await? else {
+        let Some(order) = self.store.load_order(order_id, Read::Consistent).await? else {
             return Ok(None);
         };
-        let Some(state) = self.store.load(order_id).await? else {
+        let Some(state) = self.store.load(order_id, Read::Consistent).await? else {
             return Ok(None);
         };
         Ok(Some(OrderView {

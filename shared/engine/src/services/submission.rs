@@ -13,7 +13,7 @@ use crate::events::StatusKind;
 use crate::ids::{IdempotencyKey, OrderId};
 use crate::machine::Effect;
 use crate::order::Order;
-use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, StateStore};
+use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, Read, StateStore};
 use crate::state::{InputRef, ProcessState, StateRecord};
 use crate::workflow::Workflow;
 
@@ -70,17 +70,19 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
             }
             Created::AlreadyExists => {
                 let existing =
-                    self.ports.store.load_order(order_id).await?.ok_or_else(|| Error::Corrupt {
-                        order_id,
-                        reason: "order reported as existing but not found".into(),
-                    })?;
+                    self.ports.store.load_order(order_id, Read::Consistent).await?.ok_or_else(
+                        || Error::Corrupt {
+                            order_id,
+                            reason: "order reported as existing but not found".into(),
+                        },
+                    )?;
                 if existing.order != record.order {
                     return Err(Error::KeyReused { existing: order_id });
                 }
                 // The first submission may have died between its write and its start message:
                 // while the order has not been claimed even once, send it again (a duplicate
                 // start leads to one claim).
-                if let Some(current) = self.ports.store.load(order_id).await? {
+                if let Some(current) = self.ports.store.load(order_id, Read::Consistent).await? {
                     if current.process_state == ProcessState::Pending
                         && current.last_input == InputRef::Submit
                     {

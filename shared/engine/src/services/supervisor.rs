@@ -16,7 +16,9 @@ use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::Result;
 use crate::machine::{Ctx, Decision, Input, decide};
-use crate::ports::{Clock, EventBus, Expected, ExpiryIndex, IndexEntry, Outbox, Saved, StateStore};
+use crate::ports::{
+    Clock, EventBus, Expected, ExpiryIndex, IndexEntry, Outbox, Read, Saved, StateStore,
+};
 use crate::workflow::Workflow;
 
 /// What one sweep did.
@@ -113,7 +115,7 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
 
     /// Handles one index entry: re-read, decide, write conditionally, then act.
     pub async fn handle(&self, entry: IndexEntry) -> Result<Handled> {
-        let Some(record) = self.ports.store.load(entry.order_id).await? else {
+        let Some(record) = self.ports.store.load(entry.order_id, Read::Consistent).await? else {
             return Ok(Handled::UnknownOrder);
         };
         let ctx = Ctx {
