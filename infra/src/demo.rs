@@ -384,7 +384,8 @@ fn price(service: &str, operation: &str) -> (f64, &'static str) {
         ("dynamodb", "PutItem" | "UpdateItem" | "DeleteItem") => {
             (0.625, "1 write unit at $0.625 per million")
         }
-        ("dynamodb", "GetItem") => (0.125, "1 read unit at $0.125 per million"),
+        ("dynamodb", "GetItem, consistent") => (0.125, "1 read unit at $0.125 per million"),
+        ("dynamodb", "GetItem, eventual") => (0.0625, "½ read unit at $0.125 per million"),
         ("dynamodb", "Query") => (0.0625, "½ read unit at $0.125 per million"),
         ("dynamodb", _) => (0.0, "control plane, free"),
         ("sqs", _) => (0.40, "$0.40 per million requests"),

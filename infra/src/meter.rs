@@ -29,6 +29,8 @@ impl Counts {
 
 /// The service and operation of an AWS API request, from its `X-Amz-Target` header (the JSON
 /// protocols of DynamoDB, SQS and EventBridge) or its `Action` parameter (query protocol).
+/// Where the price or the purpose differs, the operation says more: whether a `GetItem` is
+/// consistent (a whole read unit) or eventual (half), and which queue a send goes to.
 pub fn classify(target: Option<&str>, body: &[u8]) -> (String, String) {
     if let Some(target) = target {
         let (prefix, operation) = target.split_once('.').unwrap_or((target, ""));
@@ -38,7 +40,21 @@ pub fn classify(target: Option<&str>, body: &[u8]) -> (String, String) {
             p if p.starts_with("AWSEvents") => "eventbridge",
             other => other,
         };
-        return (service.to_owned(), operation.to_owned());
+        let json = || serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+        let operation = match (service, operation) {
+            ("dynamodb", "GetItem") => {
+                let consistent = json()["ConsistentRead"].as_bool().unwrap_or(false);
+                format!("GetItem, {}", if consistent { "consistent" } else { "eventual" })
+            }
+            ("sqs", "SendMessage" | "SendMessageBatch") => {
+                // Physical names end with the logical id: `<stack>-ReplyQueue`.
+                let json = json();
+                let queue = json["QueueUrl"].as_str().unwrap_or("").rsplit(['/', '-']).next();
+                format!("{operation} to {}", queue.unwrap_or("?"))
+            }
+            _ => operation.to_owned(),
+        };
+        return (service.to_owned(), operation);
     }
     let text = String::from_utf8_lossy(body);
     let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("unknown");
@@ -111,8 +127,19 @@ mod tests {
             ("dynamodb".into(), "PutItem".into())
         );
         assert_eq!(
-            classify(Some("AmazonSQS.SendMessageBatch"), b""),
-            ("sqs".into(), "SendMessageBatch".into())
+            classify(
+                Some("AmazonSQS.SendMessageBatch"),
+                br#"{"QueueUrl":"http://127.0.0.1:5000/123456789012/sas-local-ReplyQueue","Entries":[]}"#
+            ),
+            ("sqs".into(), "SendMessageBatch to ReplyQueue".into())
+        );
+        assert_eq!(
+            classify(Some("DynamoDB_20120810.GetItem"), br#"{"TableName":"t","ConsistentRead":true}"#),
+            ("dynamodb".into(), "GetItem, consistent".into())
+        );
+        assert_eq!(
+            classify(Some("DynamoDB_20120810.GetItem"), br#"{"TableName":"t"}"#),
+            ("dynamodb".into(), "GetItem, eventual".into())
         );
         assert_eq!(
             classify(Some("AWSEvents.PutEvents"), b""),
