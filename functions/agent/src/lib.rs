@@ -1,6 +1,8 @@
 //! The agent function's handler: an SQS batch of step requests for one remote service, each
 //! handed to the engine's [`Agent`]. Replies whose calls end close together share one
-//! `SendMessageBatch`; none waits longer than the linger for the others.
+//! `SendMessageBatch`; none waits longer than the linger for the others. A reply can therefore
+//! leave up to the linger after the agent checked CompleteBy; like any delay in delivery, that
+//! is harmless, because its attempt number, not the clock, decides whether it still counts.
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
