@@ -134,7 +134,10 @@ mod tests {
             ("sqs".into(), "SendMessageBatch to ReplyQueue".into())
         );
         assert_eq!(
-            classify(Some("DynamoDB_20120810.GetItem"), br#"{"TableName":"t","ConsistentRead":true}"#),
+            classify(
+                Some("DynamoDB_20120810.GetItem"),
+                br#"{"TableName":"t","ConsistentRead":true}"#
+            ),
             ("dynamodb".into(), "GetItem, consistent".into())
         );
         assert_eq!(
