@@ -1,10 +1,11 @@
 //! `cost-model`: what one order costs on AWS, counted, not guessed.
 //!
-//! Runs orders through the real engine services (submission, scheduler, agents) on in-memory
-//! ports that count every request the AWS adapters would make: DynamoDB write and read units
-//! from the real item encoding (transactions at double rate, index writes when an index key
-//! changes, failed conditional writes included), SQS requests, Lambda invocations, EventBridge
-//! events and API calls. Prices are AWS list prices for us-east-1; the arithmetic is printed.
+//! Runs orders through the real engine services (submission, scheduler, agents), the scheduler
+//! and agents behind their functions' own batch handlers, on in-memory ports that count every
+//! request the AWS adapters would make: DynamoDB write and read units from the real item
+//! encoding (transactions at double rate, index writes when an index key changes, failed
+//! conditional writes included), SQS requests, Lambda invocations, EventBridge events and API
+//! calls. Prices are AWS list prices for us-east-1; the arithmetic is printed.
 //!
 //! `cargo run -p sas-infra --bin cost-model -- [ORDERS] [BATCH]` (defaults 1000 orders, and
 //! SQS batches of 10 as the event source mappings deliver under load).
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use sas_aws::batch::{Coalescing, for_each_message_coalescing};
+use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::{order_item_size, state_item_size};
 use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_engine::config::EngineConfig;
@@ -258,20 +259,9 @@ async fn run(
                 event.records.push(record);
             }
             let response = if let Destination::Agent(_) = dest {
-                let agent = &agent;
-                for_each_message_coalescing(event, agent.outbox(), |_, body| async move {
-                    match Message::decode(&body)? {
-                        Message::Request(r) => agent.handle(&r).await.map(|_| ()),
-                        _ => Err(sas_engine::Error::InvalidMessage("not a request".into())),
-                    }
-                })
-                .await
+                sas_agent::handle(&agent, event).await
             } else {
-                let scheduler = &scheduler;
-                for_each_message_coalescing(event, scheduler.outbox(), |id, body| async move {
-                    scheduler.handle(&Message::decode(&body)?, &id).await.map(|_| ())
-                })
-                .await
+                sas_scheduler::handle(&scheduler, event).await
             };
             if !response.batch_item_failures.is_empty() {
                 return Err(format!("a batch from {dest:?} failed").into());

@@ -118,8 +118,7 @@ impl Gate {
                 if state.running == 0 && state.waiting.is_empty() {
                     return;
                 }
-                let oldest = state.waiting.iter().map(|w| w.since).min();
-                match oldest {
+                match state.waiting.first().map(|w| w.since) {
                     Some(_) if state.waiting.len() == state.running => Some(Instant::now()),
                     Some(since) => Some(since + linger),
                     None => None,

@@ -63,8 +63,6 @@ struct Inner {
     /// Each record's versions an eventual read may still see, oldest first, with when each
     /// was written; kept only while `read_lag` is not zero.
     versions: HashMap<OrderId, VecDeque<(Timestamp, StateRecord)>>,
-    /// When each order was written.
-    created: HashMap<OrderId, Timestamp>,
     index_lag: Duration,
     /// Writes not yet visible in the index.
     index_backlog: VecDeque<IndexChange>,
@@ -212,7 +210,6 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         }
         inner.orders.insert(order.order_id, order.clone());
         inner.states.insert(state.order_id, state.clone());
-        inner.created.insert(order.order_id, now);
         inner.record_version(now, state);
         inner.record_index_change(now, state);
         Ok(Created::Created)
@@ -238,7 +235,7 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         let mut inner = self.lock();
         inner.stats.reads += 1;
         let lag = inner.read_lag;
-        let too_new = inner.created.get(&id).is_some_and(|at| at.plus(lag) > now);
+        let too_new = inner.orders.get(&id).is_some_and(|o| o.created_at.plus(lag) > now);
         if read == Read::Eventual && too_new {
             inner.stats.stale_reads += 1;
             return Ok(None);
