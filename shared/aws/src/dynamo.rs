@@ -76,16 +76,27 @@ impl StateStore for DynamoStore {
             .transact_items(put(&self.state_table, state_item(state)?)?)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Created::Created),
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), TransactWriteItemsError::TransactionCanceledException(c)
-                    if c.cancellation_reasons().iter().any(|r| r.code() == Some("ConditionalCheckFailed"))) =>
-            {
-                Ok(Created::AlreadyExists)
+        let err = match result {
+            Ok(_) => return Ok(Created::Created),
+            Err(err) => err,
+        };
+        if let SdkError::ServiceError(e) = &err {
+            if let TransactWriteItemsError::TransactionCanceledException(c) = e.err() {
+                let codes: Vec<&str> =
+                    c.cancellation_reasons().iter().filter_map(|r| r.code()).collect();
+                return match cancellation(&codes) {
+                    Cancelled::Exists => Ok(Created::AlreadyExists),
+                    Cancelled::Retry => Err(Error::unavailable(
+                        SERVICE,
+                        format!("transaction cancelled, worth retrying: {codes:?}"),
+                    )),
+                    Cancelled::Refused => {
+                        Err(Error::rejected(SERVICE, format!("transaction cancelled: {codes:?}")))
+                    }
+                };
             }
-            Err(e) => Err(classify(SERVICE, e)),
         }
+        Err(classify(SERVICE, err))
     }
 
     async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
@@ -167,6 +178,39 @@ impl ExpiryIndex for DynamoStore {
                 Ok(IndexEntry { order_id, complete_by })
             })
             .collect()
+    }
+}
+
+/// Why a transaction was cancelled, from its per-item reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cancelled {
+    /// An item's `attribute_not_exists` condition failed: the order is already there.
+    Exists,
+    /// Nothing was refused for good: another transaction held an item, or capacity ran short.
+    /// The same request can succeed a moment later.
+    Retry,
+    /// Anything else (a validation error, an item too large): retrying will not help.
+    Refused,
+}
+
+/// Classifies a `TransactionCanceledException` by its reasons, one per item (`None` for an
+/// item that was fine). A failed condition wins: it is a fact about the data, which no retry
+/// changes.
+fn cancellation(codes: &[&str]) -> Cancelled {
+    const RETRYABLE: [&str; 4] = [
+        "TransactionConflict",
+        "ThrottlingError",
+        "ProvisionedThroughputExceeded",
+        "RequestLimitExceeded",
+    ];
+    if codes.contains(&"ConditionalCheckFailed") {
+        Cancelled::Exists
+    } else if codes.iter().any(|c| RETRYABLE.contains(c))
+        && codes.iter().all(|c| *c == "None" || RETRYABLE.contains(c))
+    {
+        Cancelled::Retry
+    } else {
+        Cancelled::Refused
     }
 }
 
@@ -351,6 +395,25 @@ mod tests {
         let item = state_item(&r).unwrap();
         assert!(!item.contains_key("CompleteBy"), "out of the index");
         assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn cancelled_transactions_are_told_apart_by_their_reasons() {
+        use Cancelled::*;
+        for (codes, expected) in [
+            (&["ConditionalCheckFailed", "None"][..], Exists),
+            (&["None", "ConditionalCheckFailed"], Exists),
+            (&["ConditionalCheckFailed", "TransactionConflict"], Exists),
+            (&["None", "TransactionConflict"], Retry),
+            (&["ThrottlingError", "ThrottlingError"], Retry),
+            (&["ProvisionedThroughputExceeded", "None"], Retry),
+            (&["None", "ValidationError"], Refused),
+            (&["TransactionConflict", "ItemCollectionSizeLimitExceeded"], Refused),
+            (&["None", "None"], Refused),
+            (&[], Refused),
+        ] {
+            assert_eq!(cancellation(codes), expected, "{codes:?}");
+        }
     }
 
     #[test]
