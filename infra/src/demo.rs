@@ -6,14 +6,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::AttributeValue;
 use sas_engine::memory::SplitMix;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use crate::Error;
+use crate::aws::Clients;
 use crate::local::LocalStack;
 
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
@@ -140,18 +139,14 @@ async fn follow(
     let _ = accepted_at.set(Instant::now());
     println!("demo: {} orders accepted in {:.1} s", ids.len(), started.elapsed().as_secs_f64());
 
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(&stack.endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("local", "local", None, None, "demo"))
-        .load()
-        .await;
-    let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+    // Straight to the emulators: the demo's own reads are not the system's cost.
+    let clients = Clients::new(&stack.emulators, "us-east-1").await;
+    let dynamodb = &clients.dynamodb;
     let table =
         stack.stack.reference("StateTable").ok_or_else(|| Error::Local("no StateTable".into()))?;
     let mut records;
     loop {
-        records = scan(&dynamodb, &table).await?;
+        records = scan(dynamodb, &table).await?;
         let mut by_state: BTreeMap<String, usize> = BTreeMap::new();
         for r in &records {
             *by_state.entry(state_of(r)).or_default() += 1;
@@ -167,7 +162,7 @@ async fn follow(
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    summarise(stack, &sdk, &http, &records, ids.len(), started.elapsed()).await
+    summarise(stack, &clients, &http, &records, ids.len(), started.elapsed()).await
 }
 
 async fn submit(http: &reqwest::Client, api: &str, i: usize) -> Option<String> {
@@ -230,7 +225,7 @@ fn body(r: &Item) -> Value {
 
 async fn summarise(
     stack: &LocalStack,
-    sdk: &aws_config::SdkConfig,
+    clients: &Clients,
     http: &reqwest::Client,
     records: &[Item],
     accepted: usize,
@@ -265,7 +260,7 @@ async fn summarise(
     s.unfinished += accepted.saturating_sub(records.len());
 
     // Alerts, as an operator would read them: from the queue the alert rule feeds.
-    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let sqs = &clients.sqs;
     let alerts_url = stack.stack.reference("AlertsQueue").unwrap_or_default();
     let mut alerted: HashMap<String, usize> = HashMap::new();
     loop {
@@ -340,7 +335,7 @@ async fn summarise(
     // AWS API calls per order, as counted by the proxy in front of the emulator.
     t.push_str("| service | operation | calls per order | list price (us-east-1, 2026-11-21) | per million orders |\n| --- | --- | ---: | --- | ---: |\n");
     let mut total = 0.0;
-    for ((service, operation), count) in stack.calls.snapshot() {
+    for ((service, operation), count) in stack.proxy.counts.snapshot() {
         let per = count as f64 / n;
         let (unit, note) = price(&service, &operation);
         let cost = per * unit;

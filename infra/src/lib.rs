@@ -6,6 +6,7 @@
 //! `sam deploy` creates. Resource types that have no local equivalent are reported by name.
 //!
 //! - [`template`]: parsing and evaluating the template (parameters, conditions, intrinsics).
+//! - [`aws`]: SDK clients pointed at the endpoint that serves each service.
 //! - [`provision`]: creating its resources.
 //! - [`functions`]: the functions a template declares, with their environment and event sources.
 //! - [`emulator`]: starting moto's server on loopback.
@@ -14,17 +15,19 @@
 //! - [`sources`]: SQS event source mappings and schedules.
 //! - [`gateway`]: the HTTP API and function URLs.
 //! - [`local`]: all of it together: the local stack.
-//! - [`meter`]: a proxy that counts the AWS API calls the functions make.
+//! - [`proxy`]: the proxy between the functions and the emulators: it routes each service to
+//!   its emulator, counts the calls, and injects the faults AWS produces when asked.
 //! - [`demo`]: orders under misbehaving services, with a summary that checks the promises.
 
+pub mod aws;
 pub mod demo;
 pub mod emulator;
 pub mod functions;
 pub mod gateway;
 pub mod local;
-pub mod meter;
 pub mod processes;
 pub mod provision;
+pub mod proxy;
 pub mod runtime_api;
 pub mod sources;
 pub mod template;

@@ -8,8 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_dynamodb::config::Credentials;
 use sas_engine::ports::Random;
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -17,12 +15,13 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::Error;
+use crate::aws::{Clients, Endpoints};
 use crate::emulator::Moto;
 use crate::functions::{EventSource, FunctionSpec, functions, rate};
 use crate::gateway::{self, Route};
-use crate::meter::{self, Counts};
 use crate::processes::{Managed, ProcessSpec};
 use crate::provision::{Options as ProvisionOptions, Stack, provision};
+use crate::proxy::{Proxy, Upstreams};
 use crate::runtime_api::RuntimeApi;
 use crate::sources::{self, SqsMapping};
 use crate::template::Template;
@@ -36,6 +35,9 @@ pub struct Options {
     pub template: PathBuf,
     /// An AWS API endpoint to use; `None` starts moto.
     pub endpoint: Option<String>,
+    /// When starting moto: one server for DynamoDB and another for SQS and EventBridge, so
+    /// that the two halves of the load each get a Python interpreter (and a core) of their own.
+    pub split_emulators: bool,
     /// Where the function binaries are (a cargo target directory's profile folder).
     pub bin_dir: PathBuf,
     /// Port of the HTTP API on 127.0.0.1.
@@ -52,8 +54,6 @@ pub struct Options {
     pub overrides: Vec<(String, String, String)>,
     /// Whether the functions' logs are shown, each line behind the function's name.
     pub show_logs: bool,
-    /// Whether the functions reach the emulator through a proxy that counts their calls.
-    pub meter: bool,
 }
 
 /// A function and its processes.
@@ -67,12 +67,15 @@ pub struct RunningFunction {
 /// The running stack; dropping it stops everything.
 #[derive(Debug)]
 pub struct LocalStack {
+    /// The AWS API as the functions see it: the proxy, which serves every service.
     pub endpoint: String,
+    /// The emulators behind the proxy, for tools that must not be counted.
+    pub emulators: Endpoints,
     pub api_url: String,
     pub stack: Stack,
     pub functions: Vec<RunningFunction>,
-    /// The functions' AWS API calls (only counted with [`Options::meter`]).
-    pub calls: Counts,
+    /// The proxy's call counts and fault rules.
+    pub proxy: Proxy,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -116,16 +119,14 @@ impl LocalStack {
 
     /// Creates the resources and starts every function and event source.
     pub async fn up(options: &Options) -> Result<LocalStack, Error> {
-        let endpoint = match &options.endpoint {
-            Some(e) => e.clone(),
-            None => Moto::start().map(|m| leak(m).endpoint.clone()).map_err(Error::Local)?,
+        let emulators = match &options.endpoint {
+            Some(e) => Endpoints::single(e),
+            None if options.split_emulators => {
+                Endpoints { dynamodb: start_moto()?, sqs_and_events: start_moto()? }
+            }
+            None => Endpoints::single(&start_moto()?),
         };
-        let sdk = aws_config::defaults(BehaviorVersion::latest())
-            .endpoint_url(&endpoint)
-            .region(Region::new(options.region.clone()))
-            .credentials_provider(Credentials::new("local", "local", None, None, "local-stack"))
-            .load()
-            .await;
+        let clients = Clients::new(&emulators, &options.region).await;
         let template = Template::load(&options.template)?;
         let io = |e: std::io::Error| Error::Local(format!("local network: {e}"));
 
@@ -147,27 +148,27 @@ impl LocalStack {
             parameters: options.parameters.clone(),
             attributes,
         };
-        let stack = provision(&template, &sdk, &provision_options).await?;
+        let stack = provision(&template, &clients, &provision_options).await?;
 
         let mut running = Vec::new();
         let mut tasks = Vec::new();
-        let calls = Counts::default();
-        let function_endpoint = if options.meter {
-            let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
-            let proxy = format!("http://{}", listener.local_addr().map_err(io)?);
-            let (upstream, counts) = (endpoint.clone(), calls.clone());
-            tasks.push(tokio::spawn(async move {
-                let _ = meter::serve(listener, upstream, counts).await;
-            }));
-            proxy
-        } else {
-            endpoint.clone()
-        };
-        // The event source mappings poll through the same endpoint as the functions: on AWS
-        // their receives and deletes are billed too.
-        let sqs = aws_sdk_sqs::Client::from_conf(
-            aws_sdk_sqs::config::Builder::from(&sdk).endpoint_url(&function_endpoint).build(),
-        );
+        let proxy = Proxy::new(Upstreams {
+            default: emulators.sqs_and_events.clone(),
+            by_service: HashMap::from([
+                ("dynamodb".to_owned(), emulators.dynamodb.clone()),
+                ("sqs".to_owned(), emulators.sqs_and_events.clone()),
+                ("eventbridge".to_owned(), emulators.sqs_and_events.clone()),
+            ]),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
+        let endpoint = format!("http://{}", listener.local_addr().map_err(io)?);
+        let serving = proxy.clone();
+        tasks.push(tokio::spawn(async move {
+            let _ = serving.serve(listener).await;
+        }));
+        // The event source mappings poll through the proxy like the functions: on AWS their
+        // receives and deletes are billed too.
+        let sqs = Clients::new(&Endpoints::single(&endpoint), &options.region).await.sqs;
         let mut routes = Vec::new();
         for mut spec in functions(&template, &stack)? {
             for (id, name, value) in &options.overrides {
@@ -191,7 +192,7 @@ impl LocalStack {
             let processes = (1..=instances)
                 .map(|n| {
                     let mut process =
-                        process_spec(&spec, &program, &api, &function_endpoint, &options.region, n);
+                        process_spec(&spec, &program, &api, &endpoint, &options.region, n);
                     process.echo = options.show_logs;
                     Managed::start(process)
                 })
@@ -266,13 +267,15 @@ impl LocalStack {
         tasks.push(tokio::spawn(async move {
             let _ = gateway::serve(listener, routes).await;
         }));
-        Ok(LocalStack { endpoint, api_url, stack, functions: running, calls, tasks })
+        Ok(LocalStack { endpoint, emulators, api_url, stack, functions: running, proxy, tasks })
     }
 }
 
-/// The emulator must live as long as the process; leaking it ties its lifetime to ours.
-fn leak(moto: Moto) -> &'static Moto {
-    Box::leak(Box::new(moto))
+/// Starts a moto server that lives as long as this process (leaking it ties its lifetime to
+/// ours), and returns its endpoint.
+fn start_moto() -> Result<String, Error> {
+    let moto: &'static Moto = Box::leak(Box::new(Moto::start().map_err(Error::Local)?));
+    Ok(moto.endpoint.clone())
 }
 
 fn queue_url(stack: &Stack, arn: &str) -> Result<String, Error> {

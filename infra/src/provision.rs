@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use aws_config::SdkConfig;
+use crate::aws::Clients;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType,
@@ -90,15 +90,13 @@ fn not_created(kind: &str) -> Option<&'static str> {
 /// Creates every resource of `template` that has a local equivalent.
 pub async fn provision(
     template: &Template,
-    sdk: &SdkConfig,
+    clients: &Clients,
     options: &Options,
 ) -> Result<Stack, Error> {
     let mut ctx =
         Context::new(template, &options.stack_name, &options.region, &options.parameters)?;
     ctx.attributes.extend(options.attributes.clone());
-    let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
-    let sqs = aws_sdk_sqs::Client::new(sdk);
-    let events = aws_sdk_eventbridge::Client::new(sdk);
+    let Clients { dynamodb, sqs, events } = clients;
     let mut stack = Stack { context: ctx, created: Vec::new(), skipped: Vec::new() };
 
     let mut pending = Vec::new();
@@ -136,20 +134,20 @@ pub async fn provision(
             };
             match resource.kind.as_str() {
                 "AWS::DynamoDB::Table" => {
-                    create_table(&dynamodb, &mut stack.context, id, &name, &properties)
+                    create_table(dynamodb, &mut stack.context, id, &name, &properties)
                         .await
                         .map_err(fail)?
                 }
-                "AWS::SQS::Queue" => create_queue(&sqs, &mut stack.context, id, &name, &properties)
+                "AWS::SQS::Queue" => create_queue(sqs, &mut stack.context, id, &name, &properties)
                     .await
                     .map_err(fail)?,
                 "AWS::Events::EventBus" => {
-                    create_bus(&events, &mut stack.context, id, &name, &properties)
+                    create_bus(events, &mut stack.context, id, &name, &properties)
                         .await
                         .map_err(fail)?
                 }
                 "AWS::Events::Rule" => {
-                    let dropped = create_rule(&events, &mut stack.context, id, &name, &properties)
+                    let dropped = create_rule(events, &mut stack.context, id, &name, &properties)
                         .await
                         .map_err(fail)?;
                     for target in dropped {

@@ -1,12 +1,26 @@
-//! A counting proxy in front of the AWS API emulator: functions are pointed at it, and it
-//! forwards every request unchanged while counting them by service and operation, so the demo
-//! can report the AWS API calls an order really costs.
+//! The local stack's AWS proxy: the functions reach the emulators through it. It forwards every
+//! request unchanged to the emulator that serves its service, counts requests by service and
+//! operation (so the demo can report what an order really costs), and, when asked, answers in
+//! place of the emulator with the faults AWS itself produces: throttling, server errors,
+//! transactions cancelled for given reasons, and slow answers.
+//!
+//! Faults are [`FaultRule`]s, set from Rust through [`WireFaults`] or over HTTP at
+//! `/_proxy/faults` (`PUT` a JSON list to replace them, `GET` to read them back, `DELETE` to
+//! clear them). They are answered in each service's own wire format, so the SDK parses them as
+//! it would parse AWS's, retries what it retries, and hands the rest to the adapters: what is
+//! tested through the proxy is the real error path, not a mock of it.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use axum::body::{Body, to_bytes};
-use axum::http::{Request, Response, StatusCode};
+use axum::http::{Method, Request, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// Path of the proxy's own control endpoint; no AWS API request uses it.
+pub const CONTROL_PATH: &str = "/_proxy/faults";
 
 /// Requests seen, by (service, operation).
 #[derive(Clone, Debug, Default)]
@@ -14,100 +28,288 @@ pub struct Counts(Arc<Mutex<BTreeMap<(String, String), u64>>>);
 
 impl Counts {
     pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.0).clone()
     }
 
     fn add(&self, service: &str, operation: &str) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry((service.to_owned(), operation.to_owned()))
-            .or_default() += 1;
+        *lock(&self.0).entry((service.to_owned(), operation.to_owned())).or_default() += 1;
     }
+}
+
+/// A fault the proxy answers with instead of forwarding (or before forwarding, for `Slow`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WireFault {
+    /// The service's throttling error: DynamoDB's `ThrottlingException`, SQS's and
+    /// EventBridge's `ThrottlingException`, all with status 400.
+    Throttle,
+    /// DynamoDB's `ProvisionedThroughputExceededException` (status 400).
+    ThroughputExceeded,
+    /// A server error with this status (500 to 599), as `InternalServerError`.
+    ServerError { status: u16 },
+    /// DynamoDB's `TransactionCanceledException`, with one reason code per item
+    /// (`None`, `ConditionalCheckFailed`, `TransactionConflict`, `ThrottlingError`, ...).
+    Cancel { reasons: Vec<String> },
+    /// The request is forwarded after this many milliseconds.
+    Slow { ms: u64 },
+}
+
+/// Which requests a fault hits, and how many times.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultRule {
+    /// `dynamodb`, `sqs`, `eventbridge`, or `*` for any.
+    pub service: String,
+    /// The API operation (`PutItem`, `SendMessageBatch`, ...); absent for any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    pub fault: WireFault,
+    /// How many requests it hits before it is spent; absent for every request until cleared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u32>,
+}
+
+impl FaultRule {
+    fn matches(&self, service: &str, operation: &str) -> bool {
+        (self.service == "*" || self.service == service)
+            && self.operation.as_deref().is_none_or(|o| o == operation)
+            && self.times != Some(0)
+    }
+}
+
+/// The proxy's fault rules. Clones share them.
+#[derive(Clone, Debug, Default)]
+pub struct WireFaults(Arc<Mutex<Vec<FaultRule>>>);
+
+impl WireFaults {
+    /// Replaces the rules.
+    pub fn set(&self, rules: Vec<FaultRule>) {
+        *lock(&self.0) = rules;
+    }
+
+    /// Adds a rule after the others.
+    pub fn add(&self, rule: FaultRule) {
+        lock(&self.0).push(rule);
+    }
+
+    pub fn clear(&self) {
+        lock(&self.0).clear();
+    }
+
+    pub fn rules(&self) -> Vec<FaultRule> {
+        lock(&self.0).clone()
+    }
+
+    /// The fault for this request, if a rule hits it; the first matching rule wins and is
+    /// charged one hit.
+    fn take(&self, service: &str, operation: &str) -> Option<WireFault> {
+        let mut rules = lock(&self.0);
+        let rule = rules.iter_mut().find(|r| r.matches(service, operation))?;
+        if let Some(n) = &mut rule.times {
+            *n -= 1;
+        }
+        Some(rule.fault.clone())
+    }
+}
+
+/// Where each service's requests go: an emulator per service, or one for all.
+#[derive(Clone, Debug)]
+pub struct Upstreams {
+    pub default: String,
+    /// By service (`dynamodb`, `sqs`, `eventbridge`).
+    pub by_service: HashMap<String, String>,
+}
+
+impl Upstreams {
+    /// Every service on one endpoint.
+    pub fn single(endpoint: impl Into<String>) -> Upstreams {
+        Upstreams { default: endpoint.into(), by_service: HashMap::new() }
+    }
+
+    fn of(&self, service: &str) -> &str {
+        self.by_service.get(service).map_or(&self.default, String::as_str)
+    }
+}
+
+/// A request as the proxy sees it: the service, the API operation, and the name it is
+/// counted under (which says more where price or purpose differ).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub service: String,
+    pub operation: String,
+    pub counted_as: String,
 }
 
 /// The service and operation of an AWS API request, from its `X-Amz-Target` header (the JSON
 /// protocols of DynamoDB, SQS and EventBridge) or its `Action` parameter (query protocol).
-/// Where the price or the purpose differs, the operation says more: whether a `GetItem` is
-/// consistent (a whole read unit) or eventual (half), and which queue a send goes to.
-pub fn classify(target: Option<&str>, body: &[u8]) -> (String, String) {
-    if let Some(target) = target {
-        let (prefix, operation) = target.split_once('.').unwrap_or((target, ""));
-        let service = match prefix {
-            p if p.starts_with("DynamoDB") => "dynamodb",
-            p if p.starts_with("AmazonSQS") => "sqs",
-            p if p.starts_with("AWSEvents") => "eventbridge",
-            other => other,
+/// Whether a `GetItem` is consistent (a whole read unit) or eventual (half), and which queue a
+/// send goes to, are counted apart.
+pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
+    let Some(target) = target else {
+        let text = String::from_utf8_lossy(body);
+        let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("unknown");
+        return Call {
+            service: "other".into(),
+            operation: action.into(),
+            counted_as: action.into(),
         };
-        let json = || serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
-        let operation = match (service, operation) {
-            ("dynamodb", "GetItem") => {
-                let consistent = json()["ConsistentRead"].as_bool().unwrap_or(false);
-                format!("GetItem, {}", if consistent { "consistent" } else { "eventual" })
-            }
-            ("sqs", "SendMessage" | "SendMessageBatch") => {
-                // Physical names end with the logical id: `<stack>-ReplyQueue`.
-                let json = json();
-                let queue = json["QueueUrl"].as_str().unwrap_or("").rsplit(['/', '-']).next();
-                format!("{operation} to {}", queue.unwrap_or("?"))
-            }
-            _ => operation.to_owned(),
-        };
-        return (service.to_owned(), operation);
-    }
-    let text = String::from_utf8_lossy(body);
-    let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("unknown");
-    ("other".to_owned(), action.to_owned())
-}
-
-/// Serves the proxy on `listener`, forwarding to `upstream`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    upstream: String,
-    counts: Counts,
-) -> std::io::Result<()> {
-    let client = reqwest::Client::new();
-    let app = axum::Router::new().fallback(move |request: Request<Body>| {
-        let (client, upstream, counts) = (client.clone(), upstream.clone(), counts.clone());
-        async move { forward(&client, &upstream, &counts, request).await }
-    });
-    axum::serve(listener, app).await
-}
-
-async fn forward(
-    client: &reqwest::Client,
-    upstream: &str,
-    counts: &Counts,
-    request: Request<Body>,
-) -> Response<Body> {
-    let (parts, body) = request.into_parts();
-    let Ok(body) = to_bytes(body, 64 * 1024 * 1024).await else {
-        return status(StatusCode::PAYLOAD_TOO_LARGE);
     };
-    let target = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
-    let (service, operation) = classify(target, &body);
-    counts.add(&service, &operation);
-    let url = format!("{upstream}{}", parts.uri.path_and_query().map_or("/", |p| p.as_str()));
-    let mut outgoing = client.request(parts.method.clone(), url).body(body);
-    for (name, value) in &parts.headers {
-        if name != "host" && name != "content-length" {
-            outgoing = outgoing.header(name, value);
+    let (prefix, operation) = target.split_once('.').unwrap_or((target, ""));
+    let service = match prefix {
+        p if p.starts_with("DynamoDB") => "dynamodb",
+        p if p.starts_with("AmazonSQS") => "sqs",
+        p if p.starts_with("AWSEvents") => "eventbridge",
+        other => other,
+    };
+    let json = || serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+    let counted_as = match (service, operation) {
+        ("dynamodb", "GetItem") => {
+            let consistent = json()["ConsistentRead"].as_bool().unwrap_or(false);
+            format!("GetItem, {}", if consistent { "consistent" } else { "eventual" })
         }
+        ("sqs", "SendMessage" | "SendMessageBatch" | "GetQueueAttributes") => {
+            // Physical names end with the logical id: `<stack>-ReplyQueue`.
+            let json = json();
+            let queue = json["QueueUrl"].as_str().unwrap_or("").rsplit(['/', '-']).next();
+            let to = if operation == "GetQueueAttributes" { "of" } else { "to" };
+            format!("{operation} {to} {}", queue.unwrap_or("?"))
+        }
+        _ => operation.to_owned(),
+    };
+    Call { service: service.to_owned(), operation: operation.to_owned(), counted_as }
+}
+
+/// The proxy's shared parts: where it forwards, what it counts, which faults it injects.
+#[derive(Clone, Debug)]
+pub struct Proxy {
+    pub upstreams: Upstreams,
+    pub counts: Counts,
+    pub faults: WireFaults,
+}
+
+impl Proxy {
+    pub fn new(upstreams: Upstreams) -> Proxy {
+        Proxy { upstreams, counts: Counts::default(), faults: WireFaults::default() }
     }
-    match outgoing.send().await {
-        Ok(answer) => {
-            let mut response = Response::builder().status(answer.status());
-            for (name, value) in answer.headers() {
-                if name != "content-length" && name != "transfer-encoding" && name != "connection" {
-                    response = response.header(name, value);
-                }
+
+    /// Serves the proxy on `listener` until the task is dropped.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let client = reqwest::Client::new();
+        let app = axum::Router::new().fallback(move |request: Request<Body>| {
+            let (client, proxy) = (client.clone(), self.clone());
+            async move { proxy.handle(&client, request).await }
+        });
+        axum::serve(listener, app).await
+    }
+
+    async fn handle(&self, client: &reqwest::Client, request: Request<Body>) -> Response<Body> {
+        let (parts, body) = request.into_parts();
+        let Ok(body) = to_bytes(body, 64 * 1024 * 1024).await else {
+            return status(StatusCode::PAYLOAD_TOO_LARGE);
+        };
+        if parts.uri.path() == CONTROL_PATH {
+            return self.control(&parts.method, &body);
+        }
+        let target = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
+        let call = classify(target, &body);
+        self.counts.add(&call.service, &call.counted_as);
+        match self.faults.take(&call.service, &call.operation) {
+            Some(WireFault::Slow { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Some(fault) => return error_response(&call.service, &fault),
+            None => {}
+        }
+        let upstream = self.upstreams.of(&call.service);
+        let url = format!("{upstream}{}", parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+        let mut outgoing = client.request(parts.method.clone(), url).body(body);
+        for (name, value) in &parts.headers {
+            if name != "host" && name != "content-length" {
+                outgoing = outgoing.header(name, value);
             }
-            let bytes = answer.bytes().await.unwrap_or_default();
-            response.body(Body::from(bytes)).unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY))
         }
-        Err(_) => status(StatusCode::BAD_GATEWAY),
+        match outgoing.send().await {
+            Ok(answer) => {
+                let mut response = Response::builder().status(answer.status());
+                for (name, value) in answer.headers() {
+                    if name != "content-length"
+                        && name != "transfer-encoding"
+                        && name != "connection"
+                    {
+                        response = response.header(name, value);
+                    }
+                }
+                let bytes = answer.bytes().await.unwrap_or_default();
+                response.body(Body::from(bytes)).unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY))
+            }
+            Err(_) => status(StatusCode::BAD_GATEWAY),
+        }
     }
+
+    fn control(&self, method: &Method, body: &[u8]) -> Response<Body> {
+        match *method {
+            Method::GET => {}
+            Method::PUT => match serde_json::from_slice::<Vec<FaultRule>>(body) {
+                Ok(rules) => self.faults.set(rules),
+                Err(e) => {
+                    let mut r = Response::new(Body::from(format!("invalid fault rules: {e}\n")));
+                    *r.status_mut() = StatusCode::BAD_REQUEST;
+                    return r;
+                }
+            },
+            Method::DELETE => self.faults.clear(),
+            _ => return status(StatusCode::METHOD_NOT_ALLOWED),
+        }
+        let rules = serde_json::to_string(&self.faults.rules()).unwrap_or_default();
+        let mut r = Response::new(Body::from(rules));
+        r.headers_mut()
+            .insert("content-type", axum::http::HeaderValue::from_static("application/json"));
+        r
+    }
+}
+
+/// The answer AWS gives for `fault` on `service`, in that service's JSON protocol: the error
+/// code in `__type` (DynamoDB's with its namespace), which is what the SDK reads.
+fn error_response(service: &str, fault: &WireFault) -> Response<Body> {
+    let (code, http_status, extra) = match fault {
+        WireFault::Throttle => ("ThrottlingException", 400, json!({})),
+        WireFault::ThroughputExceeded => ("ProvisionedThroughputExceededException", 400, json!({})),
+        WireFault::ServerError { status } => ("InternalServerError", *status, json!({})),
+        WireFault::Cancel { reasons } => (
+            "TransactionCanceledException",
+            400,
+            json!({ "CancellationReasons": reasons.iter().map(|r| json!({ "Code": r })).collect::<Vec<_>>() }),
+        ),
+        WireFault::Slow { .. } => ("InternalServerError", 500, json!({})),
+    };
+    let typed = match service {
+        "dynamodb" => format!("com.amazonaws.dynamodb.v20120810#{code}"),
+        "sqs" => format!("com.amazonaws.sqs#{code}"),
+        _ => code.to_owned(),
+    };
+    let mut body = json!({ "__type": typed, "message": format!("{code} (injected by the local stack's proxy)") });
+    if let (Some(b), Some(x)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(x.clone());
+    }
+    let content_type = if service == "dynamodb" || service == "sqs" {
+        "application/x-amz-json-1.0"
+    } else {
+        "application/x-amz-json-1.1"
+    };
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() =
+        StatusCode::from_u16(http_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    headers.insert("content-type", axum::http::HeaderValue::from_static(content_type));
+    if let Ok(v) = axum::http::HeaderValue::from_str(code) {
+        headers.insert("x-amzn-errortype", v);
+    }
+    if service == "sqs" {
+        // The SQS JSON protocol also names the query-protocol code, which the SDK prefers.
+        let sender = if http_status < 500 { "Sender" } else { "Receiver" };
+        if let Ok(v) = axum::http::HeaderValue::from_str(&format!("{code};{sender}")) {
+            headers.insert("x-amzn-query-error", v);
+        }
+    }
+    response
 }
 
 fn status(code: StatusCode) -> Response<Body> {
@@ -116,41 +318,106 @@ fn status(code: StatusCode) -> Response<Body> {
     r
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn counted(target: Option<&str>, body: &[u8]) -> (String, String) {
+        let c = classify(target, body);
+        (c.service, c.counted_as)
+    }
+
     #[test]
     fn requests_are_classified_by_target_or_action() {
         assert_eq!(
-            classify(Some("DynamoDB_20120810.PutItem"), b""),
+            counted(Some("DynamoDB_20120810.PutItem"), b""),
             ("dynamodb".into(), "PutItem".into())
         );
         assert_eq!(
-            classify(
+            counted(
                 Some("AmazonSQS.SendMessageBatch"),
                 br#"{"QueueUrl":"http://127.0.0.1:5000/123456789012/sas-local-ReplyQueue","Entries":[]}"#
             ),
             ("sqs".into(), "SendMessageBatch to ReplyQueue".into())
         );
         assert_eq!(
-            classify(
+            counted(
                 Some("DynamoDB_20120810.GetItem"),
                 br#"{"TableName":"t","ConsistentRead":true}"#
             ),
             ("dynamodb".into(), "GetItem, consistent".into())
         );
+        let eventual = classify(Some("DynamoDB_20120810.GetItem"), br#"{"TableName":"t"}"#);
+        assert_eq!(eventual.counted_as, "GetItem, eventual");
+        assert_eq!(eventual.operation, "GetItem", "faults match the plain operation");
         assert_eq!(
-            classify(Some("DynamoDB_20120810.GetItem"), br#"{"TableName":"t"}"#),
-            ("dynamodb".into(), "GetItem, eventual".into())
-        );
-        assert_eq!(
-            classify(Some("AWSEvents.PutEvents"), b""),
+            counted(Some("AWSEvents.PutEvents"), b""),
             ("eventbridge".into(), "PutEvents".into())
         );
         assert_eq!(
-            classify(None, b"Action=SendMessage&QueueUrl=x"),
+            counted(None, b"Action=SendMessage&QueueUrl=x"),
             ("other".into(), "SendMessage".into())
         );
+    }
+
+    #[test]
+    fn a_rule_hits_its_service_and_operation_as_often_as_it_says() {
+        let faults = WireFaults::default();
+        faults.set(vec![
+            FaultRule {
+                service: "dynamodb".into(),
+                operation: Some("PutItem".into()),
+                fault: WireFault::Throttle,
+                times: Some(2),
+            },
+            FaultRule {
+                service: "*".into(),
+                operation: None,
+                fault: WireFault::Slow { ms: 5 },
+                times: None,
+            },
+        ]);
+        assert_eq!(faults.take("dynamodb", "PutItem"), Some(WireFault::Throttle));
+        assert_eq!(faults.take("sqs", "ReceiveMessage"), Some(WireFault::Slow { ms: 5 }));
+        assert_eq!(faults.take("dynamodb", "PutItem"), Some(WireFault::Throttle));
+        // Spent: the next rule takes over.
+        assert_eq!(faults.take("dynamodb", "PutItem"), Some(WireFault::Slow { ms: 5 }));
+        faults.clear();
+        assert_eq!(faults.take("dynamodb", "PutItem"), None);
+    }
+
+    #[test]
+    fn rules_are_read_from_json_strictly() {
+        let rules: Vec<FaultRule> = serde_json::from_str(
+            r#"[{"service":"dynamodb","operation":"TransactWriteItems","times":1,
+                 "fault":{"kind":"cancel","reasons":["None","TransactionConflict"]}}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            rules[0].fault,
+            WireFault::Cancel { reasons: vec!["None".into(), "TransactionConflict".into()] }
+        );
+        assert!(
+            serde_json::from_str::<Vec<FaultRule>>(
+                r#"[{"service":"sqs","fault":{"kind":"throttle"},"every":2}]"#
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn injected_errors_speak_each_services_protocol() {
+        let r = error_response(
+            "dynamodb",
+            &WireFault::Cancel { reasons: vec!["None".into(), "TransactionConflict".into()] },
+        );
+        assert_eq!(r.status(), 400);
+        let r = error_response("sqs", &WireFault::ServerError { status: 503 });
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["x-amzn-query-error"], "InternalServerError;Receiver");
     }
 }

@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-use aws_sdk_dynamodb::config::Credentials;
 use lambda_http::http::{HeaderValue, Method, Request};
 use lambda_http::{Body, RequestExt, Response};
 use sas_aws::batch::Coalescing;
@@ -28,7 +26,9 @@ use sas_engine::services::{Agent, Scheduler, StatusService, Submission, Supervis
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Timestamp};
+use sas_infra::aws::{Clients, Endpoints};
 use sas_infra::provision::{Options, Stack, provision};
+use sas_infra::proxy::{Proxy, Upstreams};
 use sas_infra::template::Template;
 use serde_json::Value;
 
@@ -40,20 +40,9 @@ pub const AGENT_QUEUES: [(&str, &str); 3] =
 
 static STACKS: AtomicU32 = AtomicU32::new(0);
 
-/// An SDK configuration for the moto server (fixed test credentials, one region).
-pub async fn sdk_config(endpoint: &str) -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
-        .load()
-        .await
-}
-
 /// Resources of one test, provisioned from the template.
 #[derive(Debug)]
 pub struct TestStack {
-    pub sdk: SdkConfig,
     pub stack: Stack,
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
@@ -71,8 +60,16 @@ impl TestStack {
         name: &str,
         attributes: HashMap<(String, String), Value>,
     ) -> TestStack {
-        let moto = Moto::shared();
-        let sdk = sdk_config(&moto.endpoint).await;
+        TestStack::on(&Moto::shared().endpoint, name, attributes).await
+    }
+
+    /// Provisions on `endpoint` (the shared moto server, or a proxy in front of it).
+    pub async fn on(
+        endpoint: &str,
+        name: &str,
+        attributes: HashMap<(String, String), Value>,
+    ) -> TestStack {
+        let clients = Clients::new(&Endpoints::single(endpoint), "us-east-1").await;
         let template = Template::load(&workspace_root().join("template.yaml")).unwrap();
         let n = STACKS.fetch_add(1, Ordering::Relaxed);
         let options = Options {
@@ -81,14 +78,9 @@ impl TestStack {
             parameters: HashMap::new(),
             attributes,
         };
-        let stack = provision(&template, &sdk, &options).await.unwrap();
-        TestStack {
-            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
-            sqs: aws_sdk_sqs::Client::new(&sdk),
-            events: aws_sdk_eventbridge::Client::new(&sdk),
-            sdk,
-            stack,
-        }
+        let stack = provision(&template, &clients, &options).await.unwrap();
+        let Clients { dynamodb, sqs, events } = clients;
+        TestStack { dynamodb, sqs, events, stack }
     }
 
     pub fn name(&self, logical_id: &str) -> String {
@@ -232,6 +224,8 @@ pub struct System {
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock>,
     /// Whether a failed message comes back at once, as if its visibility timeout had passed.
     pub fast_redelivery: std::sync::atomic::AtomicBool,
+    /// The proxy between the system and moto, when started with [`System::behind_proxy`].
+    pub proxy: Option<Proxy>,
 }
 
 impl std::fmt::Debug for System {
@@ -255,15 +249,28 @@ impl System {
     }
 
     pub async fn with_config(name: &str, faults: &str, config: EngineConfig) -> System {
+        System::on(&Moto::shared().endpoint, name, faults, config).await
+    }
+
+    /// The system with every AWS call going through the local stack's proxy, whose fault
+    /// rules the test sets (`system.proxy`).
+    pub async fn behind_proxy(name: &str, faults: &str) -> System {
+        let proxy = Proxy::new(Upstreams::single(&Moto::shared().endpoint));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(proxy.clone().serve(listener));
+        let mut system = System::on(&url, name, faults, test_config()).await;
+        system.proxy = Some(proxy);
+        system
+    }
+
+    async fn on(endpoint: &str, name: &str, faults: &str, config: EngineConfig) -> System {
         let remote = RemoteService::start(faults).await;
-        let t = TestStack::with_attributes(
-            name,
-            HashMap::from([(
-                ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
-                Value::String(remote.url.clone()),
-            )]),
-        )
-        .await;
+        let attributes = HashMap::from([(
+            ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
+            Value::String(remote.url.clone()),
+        )]);
+        let t = TestStack::on(endpoint, name, attributes).await;
         let clock = ManualClock::at(sas_engine::ports::Clock::now(&sas_aws::system::SystemClock));
         let config = Arc::new(config);
         let agent_names: Vec<AgentName> =
@@ -335,6 +342,7 @@ impl System {
             agents,
             supervisor,
             fast_redelivery: Default::default(),
+            proxy: None,
         }
     }
 
@@ -350,6 +358,16 @@ impl System {
         content_type: Option<&str>,
         body: Vec<u8>,
     ) -> (u16, Value) {
+        decode(self.post_response(key, content_type, body).await)
+    }
+
+    /// `POST /orders`, answered as the handler built it, headers included.
+    pub async fn post_response(
+        &self,
+        key: Option<&[u8]>,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> Response<Body> {
         let mut request = Request::builder().method(Method::POST).uri("/orders");
         if let Some(content_type) = content_type {
             request = request.header("content-type", content_type);
@@ -361,7 +379,7 @@ impl System {
             Ok(text) => Body::Text(text),
             Err(e) => Body::Binary(e.into_bytes()),
         };
-        decode(sas_submission::handle(&self.submission, request.body(body).unwrap()).await)
+        sas_submission::handle(&self.submission, request.body(body).unwrap()).await
     }
 
     /// `GET /orders/{id}` through the status handler.

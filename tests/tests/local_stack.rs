@@ -3,8 +3,8 @@
 //! function processes are killed with SIGKILL at random moments; every order must still end in
 //! a terminal state, with no remote effect applied twice.
 //!
-//! The function binaries are built for it into `target/e2e` (a target directory of its own: the
-//! one `cargo test` runs from stays locked while tests run).
+//! The function binaries are built for it into `e2e` inside the target directory (a target
+//! directory of its own: the one `cargo test` runs from stays locked while tests run).
 
 #![allow(clippy::unwrap_used)]
 
@@ -30,7 +30,12 @@ const ENGINE_FUNCTIONS: [&str; 4] =
 /// Builds the function binaries as they ship (`cargo build --bins`), and returns their folder.
 fn build_binaries() -> std::path::PathBuf {
     let root = workspace_root();
-    let target = root.join("target").join("e2e");
+    // Beside the target directory this test was built in, wherever CARGO_TARGET_DIR or cargo's
+    // configuration put it.
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map_or_else(|| root.join("target"), std::path::Path::to_path_buf)
+        .join("e2e");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(&root)
@@ -58,6 +63,7 @@ async fn orders_finish_while_function_processes_are_killed() {
     let options = Options {
         template: root.join("template.yaml"),
         endpoint: Some(Moto::shared().endpoint.clone()),
+        split_emulators: false,
         bin_dir,
         api_port: 0,
         // The supervisor's one-minute rate, every second.
@@ -73,7 +79,6 @@ async fn orders_finish_while_function_processes_are_killed() {
         ]),
         overrides,
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
-        meter: false,
     };
     let stack = LocalStack::up(&options).await.unwrap();
     let http = reqwest::Client::new();

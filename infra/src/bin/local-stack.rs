@@ -81,6 +81,10 @@ struct StackArgs {
     /// AWS API endpoint to use instead of starting moto (LocalStack, a moto already running).
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     endpoint: Option<String>,
+    /// Start one moto server for every service, instead of one for DynamoDB and another for
+    /// SQS and EventBridge.
+    #[arg(long)]
+    one_emulator: bool,
     /// Port of the HTTP API on 127.0.0.1.
     #[arg(long, default_value_t = 3000)]
     port: u16,
@@ -135,7 +139,15 @@ async fn main() -> ExitCode {
         }
     };
     let root = workspace_root();
-    if !stack_args.no_build && !build(&root) {
+    // The function binaries are built beside this one: same target directory (whatever
+    // CARGO_TARGET_DIR or cargo's configuration says) and same profile.
+    let Some(bin_dir) =
+        std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+    else {
+        eprintln!("local-stack: cannot tell where this program is");
+        return ExitCode::FAILURE;
+    };
+    if !stack_args.no_build && !build(&root, &bin_dir) {
         eprintln!("local-stack: building the function binaries failed");
         return ExitCode::FAILURE;
     }
@@ -151,7 +163,8 @@ async fn main() -> ExitCode {
     let options = Options {
         template: root.join("template.yaml"),
         endpoint: stack_args.endpoint,
-        bin_dir: root.join("target").join("debug"),
+        split_emulators: !stack_args.one_emulator,
+        bin_dir,
         api_port: stack_args.port,
         schedule_speed: speed,
         max_instances: stack_args.instances.max(1),
@@ -160,7 +173,6 @@ async fn main() -> ExitCode {
         parameters,
         overrides,
         show_logs: demo.as_ref().is_none_or(|(_, _, _, logs, _)| *logs),
-        meter: demo.is_some(),
     };
     let stack = match LocalStack::up(&options).await {
         Ok(s) => s,
@@ -174,7 +186,7 @@ async fn main() -> ExitCode {
             println!("local-stack: not created locally: {id} ({kind}): {why}");
         }
     }
-    println!("local-stack: AWS API emulator at {}", stack.endpoint);
+    println!("local-stack: AWS API at {} (a proxy in front of moto)", stack.endpoint);
     println!("local-stack: HTTP API at {}", stack.api_url);
     for f in &stack.functions {
         println!(
@@ -239,12 +251,19 @@ fn remote_faults(faults: &str) -> (String, String, String) {
     ("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), faults.to_owned())
 }
 
-fn build(root: &std::path::Path) -> bool {
+/// Builds every binary of the workspace into `bin_dir` (a profile folder of a target directory).
+fn build(root: &std::path::Path, bin_dir: &std::path::Path) -> bool {
     let mut cargo =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     // The whole workspace, so features resolve as they do for `cargo test --workspace` and
     // the binaries are not rebuilt between the two.
     cargo.current_dir(root).args(["build", "--workspace", "--bins"]);
+    if let Some(target) = bin_dir.parent() {
+        cargo.arg("--target-dir").arg(target);
+    }
+    if bin_dir.ends_with("release") {
+        cargo.arg("--release");
+    }
     cargo.status().is_ok_and(|s| s.success())
 }
 

@@ -11,14 +11,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
 use sas_aws::dynamo::{EXPIRY_INDEX, state_item};
 use sas_engine::config::EngineConfig;
 use sas_engine::state::{ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, IdempotencyKey, OrderId, Timestamp};
+use sas_infra::aws::{Clients, Endpoints};
 use sas_infra::emulator::{Moto, workspace_root};
 use sas_infra::provision::{Options, provision};
 use sas_infra::template::Template;
@@ -33,14 +32,9 @@ async fn main() -> Result<(), Error> {
         std::env::args().skip(1).map(|a| a.parse()).collect::<Result<_, _>>()?;
     let sizes = if sizes.is_empty() { vec![100, 20_000] } else { sizes };
     let moto = Moto::shared();
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(&moto.endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("local", "local", None, None, "sweep-cost"))
-        .load()
-        .await;
+    let clients = Clients::new(&Endpoints::single(&moto.endpoint), "us-east-1").await;
     let template = Template::load(&workspace_root().join("template.yaml"))?;
-    let client = aws_sdk_dynamodb::Client::new(&sdk);
+    let client = &clients.dynamodb;
     let config = EngineConfig::default();
     let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
     let workflow = Workflow::from_json(Workflow::order_fulfilment_json(), &agents)?;
@@ -56,7 +50,7 @@ async fn main() -> Result<(), Error> {
             parameters: HashMap::new(),
             attributes: HashMap::new(),
         };
-        let stack = provision(&template, &sdk, &options).await?;
+        let stack = provision(&template, &clients, &options).await?;
         let table = stack.reference("StateTable").ok_or("no state table")?;
         let now = Timestamp::from_millis(chrono_now());
         let mut items = Vec::with_capacity(n + EXPIRED);
