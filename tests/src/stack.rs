@@ -12,13 +12,16 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_http::http::{HeaderValue, Method, Request};
 use lambda_http::{Body, RequestExt, Response};
 use sas_aws::batch::Coalescing;
+use sas_aws::depths::SqsDepths;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::http::HttpRemote;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::system::UuidIds;
+use sas_aws::waits::DynamoWaits;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::StatusKinds;
+use sas_engine::load::{Gauges, WaitReporter};
 use sas_engine::memory::{ManualClock, SplitMix};
 use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
@@ -89,6 +92,18 @@ impl TestStack {
 
     pub fn store(&self) -> DynamoStore {
         DynamoStore::new(self.dynamodb.clone(), self.name("StateTable"), self.name("OrdersTable"))
+    }
+
+    /// The depths of every queue of the system.
+    pub fn depths(&self) -> SqsDepths {
+        let mut queues = vec![
+            (Destination::Scheduler, self.name("SchedulerQueue")),
+            (Destination::Replies, self.name("ReplyQueue")),
+        ];
+        for (agent, queue) in AGENT_QUEUES {
+            queues.push((Destination::Agent(AgentName::new(agent)), self.name(queue)));
+        }
+        SqsDepths::new(self.sqs.clone(), queues)
     }
 
     /// Number of items in a table (a scan: tests only).
@@ -204,7 +219,9 @@ impl RemoteService {
 type Store = DynamoStore;
 type Outbox = SqsOutbox;
 type Bus = EventBridgeBus;
-type TestAgent = Agent<HttpRemote<ManualClock>, Coalescing<Outbox>, ManualClock, SplitMix>;
+type Load = Gauges<DynamoWaits, SqsDepths>;
+type TestAgent =
+    Agent<HttpRemote<ManualClock>, Coalescing<Outbox>, ManualClock, SplitMix, DynamoWaits>;
 
 /// The functions' default linger for batched sends.
 const LINGER: Duration = Duration::from_millis(sas_aws::settings::DEFAULT_SEND_LINGER_MS);
@@ -216,12 +233,12 @@ pub struct System {
     pub clock: ManualClock,
     pub config: Arc<EngineConfig>,
     pub remote: RemoteService,
-    submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds>,
+    submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds, Load>,
     status: StatusService<Store>,
-    scheduler: Scheduler<Store, Coalescing<Outbox>, Bus, ManualClock>,
+    scheduler: Scheduler<Store, Coalescing<Outbox>, Bus, ManualClock, DynamoWaits>,
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
-    supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock>,
+    supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock, Load>,
     /// Whether a failed message comes back at once, as if its visibility timeout had passed.
     pub fast_redelivery: std::sync::atomic::AtomicBool,
     /// The proxy between the system and moto, when started with [`System::behind_proxy`].
@@ -285,12 +302,15 @@ impl System {
         let to_scheduler =
             QueueUrls::default().with(Destination::Scheduler, t.name("SchedulerQueue"));
         let to_replies = QueueUrls::default().with(Destination::Replies, t.name("ReplyQueue"));
+        let waits = || DynamoWaits::new(t.dynamodb.clone(), t.name("QueueWaitsTable"));
+        let load = || Gauges { waits: waits(), depths: t.depths() };
         let submission = Submission::new(
             t.store(),
             SqsOutbox::new(t.sqs.clone(), to_scheduler.clone()),
             bus(),
             clock.clone(),
             UuidIds,
+            load(),
             config.clone(),
             workflow.clone(),
         );
@@ -299,24 +319,28 @@ impl System {
             Coalescing::new(SqsOutbox::new(t.sqs.clone(), agent_urls), LINGER),
             bus(),
             clock.clone(),
+            waits(),
             config.clone(),
             workflow.clone(),
             "scheduler/test".into(),
         );
         let agents = AGENT_QUEUES
             .iter()
-            .map(|(_, queue)| {
+            .map(|(agent, queue)| {
                 let remote =
                     HttpRemote::with_clock(&remote.url, Duration::from_secs(5), clock.clone())
                         .unwrap();
                 let outbox =
                     Coalescing::new(SqsOutbox::new(t.sqs.clone(), to_replies.clone()), LINGER);
+                let reporter = format!("agent-{agent}/test");
                 let a = Agent::new(
                     remote,
                     outbox,
                     clock.clone(),
                     SplitMix::seeded(3),
                     config.agent_retry,
+                    Destination::Agent(AgentName::new(*agent)),
+                    WaitReporter::new(waits(), reporter, config.claim_grace),
                 );
                 ((*queue).to_owned(), a)
             })
@@ -327,6 +351,7 @@ impl System {
             SqsOutbox::new(t.sqs.clone(), to_scheduler),
             bus(),
             clock.clone(),
+            load(),
             config.clone(),
             workflow,
         );
@@ -470,10 +495,11 @@ impl System {
         self.t.store().load(id, Read::Consistent).await.unwrap().unwrap()
     }
 
-    /// Moves the manual clock past every deadline the record has.
+    /// Moves the manual clock past every deadline the record has, and past the time its
+    /// messages could still be on their way while the queues are quick.
     pub async fn expire(&self, id: OrderId) {
         let cb = self.state(id).await.complete_by.unwrap();
-        self.clock.set(cb.plus(Duration::from_millis(1)));
+        self.clock.set(cb.plus(sas_engine::load::SLACK).plus(Duration::from_millis(1)));
     }
 
     pub fn now(&self) -> Timestamp {

@@ -139,7 +139,7 @@ async fn the_outbox_batches_by_queue_and_honours_delays() {
     let outbox = SqsOutbox::new(t.sqs.clone(), urls);
     let start = |n: u64| {
         let id = OrderId::for_key(&IdempotencyKey::parse(&format!("k{n}")).unwrap());
-        Message::Start(Start { order_id: id, attempt: n, correlation_id: "c".into() })
+        Message::Start(Start { order_id: id, attempt: n, correlation_id: "c".into(), due_at: None })
     };
     let mut messages: Vec<Outgoing> =
         (0..23).map(|n| Outgoing::now(Destination::Scheduler, start(n))).collect();

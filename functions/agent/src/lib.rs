@@ -8,13 +8,13 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::Error;
 use sas_engine::message::Message;
-use sas_engine::ports::{Clock, Outbox, Random, RemoteService};
+use sas_engine::ports::{Clock, Outbox, Random, RemoteService, WaitGauge};
 use sas_engine::services::Agent;
 use tracing::{Span, info};
 
 /// Handles a batch; the failed messages are reported for redelivery.
-pub async fn handle<R, Q, C, X>(
-    agent: &Agent<R, Coalescing<Q>, C, X>,
+pub async fn handle<R, Q, C, X, W>(
+    agent: &Agent<R, Coalescing<Q>, C, X, W>,
     event: SqsEvent,
 ) -> SqsBatchResponse
 where
@@ -22,15 +22,16 @@ where
     Q: Outbox,
     C: Clock,
     X: Random,
+    W: WaitGauge,
 {
-    for_each_message_coalescing(event, agent.outbox(), |_, body| async move {
-        let Message::Request(request) = Message::decode(&body)? else {
+    for_each_message_coalescing(event, agent.outbox(), |received| async move {
+        let Message::Request(request) = Message::decode(&received.body)? else {
             return Err(Error::InvalidMessage(
                 "only step requests belong on an agent's queue".into(),
             ));
         };
         Span::current().record("order_id", tracing::field::display(request.order_id));
-        let outcome = agent.handle(&request).await?;
+        let outcome = agent.handle(&request, received.incoming()).await?;
         info!(action = %request.action, attempt = request.attempt, ?outcome, "step handled");
         Ok(())
     })

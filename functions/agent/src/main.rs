@@ -6,10 +6,13 @@ use std::time::Duration;
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use sas_aws::batch::Coalescing;
 use sas_aws::http::HttpRemote;
-use sas_aws::settings::Env;
+use sas_aws::settings::{Env, reporter_name};
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::system::{Jitter, SystemClock};
+use sas_aws::waits::DynamoWaits;
 use sas_aws::{clients, telemetry};
+use sas_engine::AgentName;
+use sas_engine::load::WaitReporter;
 use sas_engine::ports::Destination;
 use sas_engine::services::Agent;
 
@@ -32,14 +35,30 @@ async fn main() -> Result<(), Error> {
     };
     let linger = env.send_linger()?;
 
+    let waits_table = env.required("QUEUE_WAITS_TABLE")?;
+
     let sdk = clients::sdk_config().await;
-    let sqs = clients::sqs(&sdk);
+    let (sqs, dynamodb) = (clients::sqs(&sdk), clients::dynamodb(&sdk));
     clients::warm_up(clients::touch_queue(&sqs, &replies)).await;
 
     let remote = HttpRemote::new(&service_url, Duration::from_millis(timeout_ms))?;
     let replies = QueueUrls::default().with(Destination::Replies, replies);
     let outbox = Coalescing::new(SqsOutbox::new(sqs, replies), linger);
-    let agent = Agent::new(remote, outbox, SystemClock, Jitter::default(), config.agent_retry);
+    let waits = WaitReporter::new(
+        DynamoWaits::new(dynamodb, waits_table),
+        reporter_name(&format!("agent-{name}")),
+        config.claim_grace,
+    );
+    let queue = Destination::Agent(AgentName::new(&name));
+    let agent = Agent::new(
+        remote,
+        outbox,
+        SystemClock,
+        Jitter::default(),
+        config.agent_retry,
+        queue,
+        waits,
+    );
     tracing::info!(agent = %name, %service_url, "agent ready");
     let agent = &agent;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {

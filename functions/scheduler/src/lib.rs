@@ -6,13 +6,13 @@
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::message::Message;
-use sas_engine::ports::{Clock, EventBus, Outbox, StateStore};
+use sas_engine::ports::{Clock, EventBus, Outbox, StateStore, WaitGauge};
 use sas_engine::services::Scheduler;
 use tracing::{Span, debug};
 
 /// Handles a batch; the failed messages are reported for redelivery.
-pub async fn handle<S, Q, B, C>(
-    scheduler: &Scheduler<S, Coalescing<Q>, B, C>,
+pub async fn handle<S, Q, B, C, W>(
+    scheduler: &Scheduler<S, Coalescing<Q>, B, C, W>,
     event: SqsEvent,
 ) -> SqsBatchResponse
 where
@@ -20,11 +20,12 @@ where
     Q: Outbox,
     B: EventBus,
     C: Clock,
+    W: WaitGauge,
 {
-    for_each_message_coalescing(event, scheduler.outbox(), |message_id, body| async move {
-        let message = Message::decode(&body)?;
+    for_each_message_coalescing(event, scheduler.outbox(), |received| async move {
+        let message = Message::decode(&received.body)?;
         Span::current().record("order_id", tracing::field::display(message.order_id()));
-        let handled = scheduler.handle(&message, &message_id).await?;
+        let handled = scheduler.handle(&message, received.incoming()).await?;
         debug!(?handled, "handled");
         Ok(())
     })

@@ -4,11 +4,12 @@ use lambda_runtime::{Error, LambdaEvent, service_fn};
 use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
-use sas_aws::settings::{Env, agent_queue_variable};
+use sas_aws::settings::{Env, agent_queue_variable, reporter_name};
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
-use sas_aws::system::{SystemClock, UuidIds};
+use sas_aws::system::SystemClock;
+use sas_aws::waits::DynamoWaits;
 use sas_aws::{clients, telemetry};
-use sas_engine::ports::{Destination, Ids};
+use sas_engine::ports::Destination;
 use sas_engine::services::Scheduler;
 
 #[tokio::main]
@@ -19,6 +20,7 @@ async fn main() -> Result<(), Error> {
     let (workflow, agents) = env.workflow()?;
     let (state_table, orders_table) = (env.required("STATE_TABLE")?, env.required("ORDERS_TABLE")?);
     let bus = env.required("EVENT_BUS_NAME")?;
+    let waits_table = env.required("QUEUE_WAITS_TABLE")?;
     let linger = env.send_linger()?;
     let mut urls = QueueUrls::default();
     for agent in &agents {
@@ -38,12 +40,13 @@ async fn main() -> Result<(), Error> {
     .await;
 
     // LockedBy names the instance: this execution environment, for as long as it lives.
-    let owner = format!("scheduler/{}", UuidIds.new_id());
+    let owner = reporter_name("scheduler");
     let scheduler = Scheduler::new(
-        DynamoStore::new(dynamodb, state_table, orders_table),
+        DynamoStore::new(dynamodb.clone(), state_table, orders_table),
         Coalescing::new(SqsOutbox::new(sqs, urls), linger),
         EventBridgeBus::new(events, bus),
         SystemClock,
+        DynamoWaits::new(dynamodb, waits_table),
         config,
         workflow,
         owner,

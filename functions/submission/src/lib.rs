@@ -7,6 +7,7 @@ use lambda_http::http::StatusCode;
 use lambda_http::http::header::CONTENT_TYPE;
 use lambda_http::{Body, Request, Response};
 use sas_aws::api;
+use sas_engine::load::LoadSource;
 use sas_engine::ports::{Clock, EventBus, Ids, Outbox, StateStore};
 use sas_engine::services::Submission;
 use serde_json::json;
@@ -17,8 +18,8 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const KEY_HEADER: &str = "idempotency-key";
 
 /// Handles one request routed to `POST /orders`.
-pub async fn handle<S, Q, B, C, I>(
-    submission: &Submission<S, Q, B, C, I>,
+pub async fn handle<S, Q, B, C, I, L>(
+    submission: &Submission<S, Q, B, C, I, L>,
     request: Request,
 ) -> Response<Body>
 where
@@ -27,6 +28,7 @@ where
     B: EventBus,
     C: Clock,
     I: Ids,
+    L: LoadSource,
 {
     let content_type =
         request.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();

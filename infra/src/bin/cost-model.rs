@@ -13,22 +13,24 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::{order_item_size, state_item_size};
 use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_engine::config::EngineConfig;
+use sas_engine::load::{Gauges, WaitReporter};
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, SeqIds, SplitMix,
+    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::ports::{
-    Created, Destination, Expected, OrderRecord, Outbox, Outgoing, Read, Saved, StateStore,
+    Created, Depth, Destination, Expected, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved,
+    StateStore, WaitGauge, WaitReport,
 };
 use sas_engine::services::{Agent, Scheduler, Submission};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
-use sas_engine::{AgentName, OrderId, Result};
+use sas_engine::{AgentName, OrderId, Result, Timestamp};
 
 /// us-east-1 list prices, USD.
 mod price {
@@ -50,6 +52,8 @@ const MS_SCHEDULER_BATCH: f64 = 40.0;
 /// An agent's invocation lasts as long as its slowest remote call; 100 ms assumed.
 const MS_AGENT_BATCH: f64 = 100.0;
 const MEMORY_GB: f64 = 0.125;
+/// The steady load the model runs at.
+const ORDERS_PER_SECOND: usize = 10;
 
 #[derive(Debug, Default)]
 struct Meter {
@@ -57,6 +61,8 @@ struct Meter {
     index_wru: f64,
     rru: f64,
     send_requests: f64,
+    /// `GetQueueAttributes` requests (the door's reads of the queues' depths).
+    depth_requests: f64,
     messages: HashMap<&'static str, f64>,
 }
 
@@ -154,6 +160,41 @@ impl Outbox for MeteredOutbox {
     }
 }
 
+/// The wait gauge, metered: a report is one write unit (its item is far under 1 KB), a read
+/// is one eventually consistent scan of a table of a few small items (half a unit).
+#[derive(Debug)]
+struct MeteredWaits {
+    inner: MemoryWaits,
+    meter: Arc<Mutex<Meter>>,
+}
+
+impl WaitGauge for MeteredWaits {
+    async fn report(&self, report: &WaitReport) -> Result<()> {
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).wru += 1.0;
+        self.inner.report(report).await
+    }
+
+    async fn reports(&self, now: Timestamp) -> Result<Vec<WaitReport>> {
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += 0.5;
+        self.inner.reports(now).await
+    }
+}
+
+/// Queue depths, metered: one `GetQueueAttributes` per queue.
+#[derive(Debug)]
+struct MeteredDepths {
+    inner: Arc<MemoryQueues<ManualClock>>,
+    queues: usize,
+    meter: Arc<Mutex<Meter>>,
+}
+
+impl QueueDepths for MeteredDepths {
+    async fn depths(&self) -> Result<Vec<(Destination, Depth)>> {
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).depth_requests += self.queues as f64;
+        self.inner.depths().await
+    }
+}
+
 struct Scenario {
     name: &'static str,
     workflow: String,
@@ -209,12 +250,18 @@ async fn run(
     let config = Arc::new(EngineConfig::default());
     let agents: Vec<AgentName> = s.agents.iter().copied().map(AgentName::new).collect();
     let workflow = Arc::new(Workflow::from_json(&s.workflow, &agents)?);
+    let mut destinations = vec![Destination::Scheduler, Destination::Replies];
+    destinations.extend(agents.iter().cloned().map(Destination::Agent));
+    let waits = Arc::new(MeteredWaits { inner: MemoryWaits::default(), meter: meter.clone() });
+    let depths =
+        MeteredDepths { inner: queues.clone(), queues: destinations.len(), meter: meter.clone() };
     let submission = Submission::new(
         store.clone(),
         outbox(),
         bus.clone(),
         clock.clone(),
         SeqIds::new("c"),
+        Gauges { waits: waits.clone(), depths },
         config.clone(),
         workflow.clone(),
     );
@@ -225,53 +272,42 @@ async fn run(
         Coalescing::new(outbox(), linger),
         bus.clone(),
         clock.clone(),
+        waits.clone(),
         config.clone(),
         workflow.clone(),
         "s".into(),
     );
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
-    let agent = Agent::new(
-        remote,
-        Coalescing::new(outbox(), linger),
-        clock.clone(),
-        SplitMix::seeded(1),
-        config.agent_retry,
-    );
+    let agents: HashMap<Destination, _> = agents
+        .into_iter()
+        .map(|name| {
+            let queue = Destination::Agent(name.clone());
+            let reporter =
+                WaitReporter::new(waits.clone(), name.as_str().into(), config.claim_grace);
+            let agent = Agent::new(
+                remote.clone(),
+                Coalescing::new(outbox(), linger),
+                clock.clone(),
+                SplitMix::seeded(1),
+                config.agent_retry,
+                queue.clone(),
+                reporter,
+            );
+            (queue, agent)
+        })
+        .collect();
 
     let body = r#"{"customer_id":"customer-0042","currency":"EUR","items":[{"sku":"BOOK-1","quantity":2,"unit_price":1250},
         {"sku":"PEN-9","quantity":1,"unit_price":300}],"ship_to":{"name":"Ada Lovelace","line1":"12 St James's Square",
         "city":"London","postal_code":"SW1Y 4JH","country":"GB"}}"#;
+    // Orders arrive at ORDERS_PER_SECOND, each second's drained before the next: a steady
+    // load the system keeps up with, so that what depends on time (the door's reads of the
+    // queues, the consumers' reports) is counted as it would be.
     for i in 0..orders {
         submission.submit(&format!("order-{i:08}"), body.as_bytes()).await?;
-    }
-    let mut destinations = vec![Destination::Scheduler, Destination::Replies];
-    destinations.extend(agents.into_iter().map(Destination::Agent));
-    loop {
-        let mut delivered = 0;
-        for dest in &destinations {
-            let batch = queues.receive(dest, batch_size);
-            delivered += batch.len();
-            let mut event = SqsEvent::default();
-            for d in &batch {
-                let mut record = SqsMessage::default();
-                record.message_id = Some(d.message_id.clone());
-                record.body = Some(d.body.clone());
-                event.records.push(record);
-            }
-            let response = if let Destination::Agent(_) = dest {
-                sas_agent::handle(&agent, event).await
-            } else {
-                sas_scheduler::handle(&scheduler, event).await
-            };
-            if !response.batch_item_failures.is_empty() {
-                return Err(format!("a batch from {dest:?} failed").into());
-            }
-            for d in &batch {
-                queues.delete(dest, &d.receipt)?;
-            }
-        }
-        if delivered == 0 {
-            break;
+        if (i + 1) % ORDERS_PER_SECOND == 0 || i + 1 == orders {
+            drain(&queues, &destinations, batch_size, &scheduler, &agents).await?;
+            clock.advance(std::time::Duration::from_secs(1));
         }
     }
     let unfinished = memory.records().iter().filter(|r| !r.is_terminal()).count();
@@ -284,6 +320,82 @@ async fn run(
     Ok(m)
 }
 
+/// Hands every message to its function, batch by batch, until the queues are empty.
+async fn drain<S, A>(
+    queues: &MemoryQueues<ManualClock>,
+    destinations: &[Destination],
+    batch_size: usize,
+    scheduler: &S,
+    agents: &HashMap<Destination, A>,
+) -> std::result::Result<(), Box<dyn std::error::Error>>
+where
+    S: Handler,
+    A: Handler,
+{
+    loop {
+        let mut delivered = 0;
+        for dest in destinations {
+            let batch = queues.receive(dest, batch_size);
+            delivered += batch.len();
+            let mut event = SqsEvent::default();
+            for d in &batch {
+                let mut record = SqsMessage::default();
+                record.message_id = Some(d.message_id.clone());
+                record.body = Some(d.body.clone());
+                event.records.push(record);
+            }
+            let response = match agents.get(dest) {
+                Some(agent) => agent.batch(event).await,
+                None => scheduler.batch(event).await,
+            };
+            if !response.batch_item_failures.is_empty() {
+                return Err(format!("a batch from {dest:?} failed").into());
+            }
+            for d in &batch {
+                queues.delete(dest, &d.receipt)?;
+            }
+        }
+        if delivered == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// A function's batch handler.
+trait Handler {
+    async fn batch(&self, event: SqsEvent) -> SqsBatchResponse;
+}
+
+type MeteredQueues = Arc<MeteredOutbox>;
+
+impl Handler
+    for Scheduler<
+        MeteredStore,
+        Coalescing<MeteredQueues>,
+        Arc<MemoryBus>,
+        ManualClock,
+        Arc<MeteredWaits>,
+    >
+{
+    async fn batch(&self, event: SqsEvent) -> SqsBatchResponse {
+        sas_scheduler::handle(self, event).await
+    }
+}
+
+impl Handler
+    for Agent<
+        Arc<MemoryRemote<ManualClock>>,
+        Coalescing<MeteredQueues>,
+        ManualClock,
+        SplitMix,
+        Arc<MeteredWaits>,
+    >
+{
+    async fn batch(&self, event: SqsEvent) -> SqsBatchResponse {
+        sas_agent::handle(self, event).await
+    }
+}
+
 fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
     let per = |x: f64| x / orders;
     let million = 1e6;
@@ -294,7 +406,8 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
     // The event source mapping receives up to `batch` messages per ReceiveMessage and deletes
     // them with one DeleteMessageBatch.
     let receives_and_deletes = 2.0 * consumed / batch;
-    let sqs = sends + receives_and_deletes;
+    let depth_reads = per(m.depth_requests);
+    let sqs = sends + receives_and_deletes + depth_reads;
     let scheduler_invocations = (msg("start") + msg("reply")) / batch;
     let agent_invocations = msg("request") / batch;
     let invocations = 1.0 + scheduler_invocations + agent_invocations;
@@ -325,7 +438,7 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
     }
     println!("| **total** | | | **${total:.2}** |\n");
     println!(
-        "Messages per order: {:.1} start, {:.1} request, {:.1} reply; SQS: {sends:.1} send requests + {receives_and_deletes:.2} receive/delete requests.",
+        "Messages per order: {:.1} start, {:.1} request, {:.1} reply; SQS: {sends:.1} send requests + {receives_and_deletes:.2} receive/delete requests + {depth_reads:.2} queue-depth reads.",
         msg("start"),
         msg("request"),
         msg("reply")

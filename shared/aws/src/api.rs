@@ -66,6 +66,21 @@ pub fn from_error(e: &Error) -> Response<Body> {
             "this Idempotency-Key was already used for a different order",
             json!({ "order_id": existing }),
         ),
+        Error::Overloaded { retry_after, .. } => {
+            let seconds = retry_after.as_secs().max(1);
+            let mut response = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                &format!(
+                    "too many orders are waiting to be served; retry in {seconds} s with the same Idempotency-Key"
+                ),
+                json!({ "retry_after_seconds": seconds }),
+            );
+            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(RETRY_AFTER, value);
+            }
+            response
+        }
         e if e.is_retryable() => {
             error!(error = %e, "dependency unavailable");
             let mut response = error(

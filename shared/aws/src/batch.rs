@@ -17,9 +17,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use futures_util::future::join_all;
-use sas_engine::ports::{Outbox, Outgoing};
+use sas_engine::ports::{Incoming, Outbox, Outgoing};
 use sas_engine::{Error, Result};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -161,16 +161,44 @@ async fn flush<Q: Outbox>(outbox: &Q, waiters: Vec<Waiter>) {
     }
 }
 
-/// Handles every record of `event` with `handle(message_id, body)` and reports the failures.
+/// One record of a batch, as a handler needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub message_id: String,
+    pub body: String,
+    /// SQS's `ApproximateReceiveCount`: 1 on the first delivery (and when SQS did not say).
+    pub receive_count: u32,
+}
+
+impl Received {
+    fn from_record(record: SqsMessage) -> Received {
+        let receive_count = record
+            .attributes
+            .get("ApproximateReceiveCount")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
+        Received {
+            message_id: record.message_id.unwrap_or_default(),
+            body: record.body.unwrap_or_default(),
+            receive_count,
+        }
+    }
+
+    /// The message as the engine's services take it.
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { message_id: &self.message_id, receive_count: self.receive_count }
+    }
+}
+
+/// Handles every record of `event` with `handle` and reports the failures.
 pub async fn for_each_message<F, Fut>(event: SqsEvent, handle: F) -> SqsBatchResponse
 where
-    F: Fn(String, String) -> Fut,
+    F: Fn(Received) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
     let results = join_all(event.records.into_iter().map(|record| {
-        let id = record.message_id.unwrap_or_default();
-        let body = record.body.unwrap_or_default();
-        handle_one(id.clone(), handle(id, body))
+        let received = Received::from_record(record);
+        handle_one(received.message_id.clone(), handle(received))
     }))
     .await;
     response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
@@ -185,14 +213,14 @@ pub async fn for_each_message_coalescing<Q, F, Fut>(
 ) -> SqsBatchResponse
 where
     Q: Outbox,
-    F: Fn(String, String) -> Fut,
+    F: Fn(Received) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
     let gate = Arc::new(Gate::new(event.records.len()));
     let handlers = join_all(event.records.into_iter().map(|record| {
-        let id = record.message_id.unwrap_or_default();
-        let body = record.body.unwrap_or_default();
-        let work = BATCH.scope(gate.clone(), handle_one(id.clone(), handle(id, body)));
+        let received = Received::from_record(record);
+        let work =
+            BATCH.scope(gate.clone(), handle_one(received.message_id.clone(), handle(received)));
         let gate = gate.clone();
         async move {
             let result = work.await;
@@ -243,7 +271,6 @@ fn response(failed: impl Iterator<Item = String>) -> SqsBatchResponse {
 mod tests {
     use std::sync::Arc;
 
-    use aws_lambda_events::event::sqs::SqsMessage;
     use sas_engine::memory::{ManualClock, MemoryQueues};
     use sas_engine::message::{Message, Start};
     use sas_engine::ports::Destination;
@@ -266,7 +293,12 @@ mod tests {
         let order_id = OrderId::for_key(&IdempotencyKey::parse(&format!("k{n}")).unwrap());
         Outgoing::now(
             Destination::Scheduler,
-            Message::Start(Start { order_id, attempt: n, correlation_id: "c".into() }),
+            Message::Start(Start {
+                order_id,
+                attempt: n,
+                correlation_id: "c".into(),
+                due_at: None,
+            }),
         )
     }
 
@@ -306,17 +338,31 @@ mod tests {
         ids
     }
 
+    #[test]
+    fn a_record_says_how_often_it_was_received() {
+        let mut record = SqsMessage::default();
+        record.message_id = Some("m-1".into());
+        assert_eq!(Received::from_record(record.clone()).incoming().receive_count, 1);
+        record.attributes.insert("ApproximateReceiveCount".into(), "4".into());
+        let received = Received::from_record(record);
+        assert_eq!(received.incoming(), Incoming { message_id: "m-1", receive_count: 4 });
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_batch_sends_once_and_reports_only_its_failures() {
         let recorder = Recorder::new();
         let outbox = Coalescing::new(recorder.clone(), Duration::from_secs(3600));
         let outbox_ref = &outbox;
-        let response =
-            for_each_message_coalescing(event(&["a", "b", "c"]), &outbox, |id, _| async move {
+        let response = for_each_message_coalescing(
+            event(&["a", "b", "c"]),
+            &outbox,
+            |r: Received| async move {
+                let id = r.message_id.as_str();
                 outbox_ref.send(&[start(1), start(2)]).await?;
                 if id == "b" { Err(Error::InvalidMessage("poison".into())) } else { Ok(()) }
-            })
-            .await;
+            },
+        )
+        .await;
         assert_eq!(failed(&response), ["b"]);
         // Six messages in one call, as soon as all three handlers waited: the linger never ran.
         assert_eq!(recorder.calls(), [(Duration::ZERO, 6)]);
@@ -331,14 +377,18 @@ mod tests {
         let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(100));
         let outbox_ref = &outbox;
         recorder.queues.fail_next_sends(1);
-        let response =
-            for_each_message_coalescing(event(&["a", "b", "quiet"]), &outbox, |id, _| async move {
+        let response = for_each_message_coalescing(
+            event(&["a", "b", "quiet"]),
+            &outbox,
+            |r: Received| async move {
+                let id = r.message_id.as_str();
                 if id != "quiet" {
                     outbox_ref.send(&[start(1)]).await?;
                 }
                 Ok(())
-            })
-            .await;
+            },
+        )
+        .await;
         assert_eq!(failed(&response), ["a", "b"], "the message that sent nothing is done");
     }
 
@@ -347,16 +397,20 @@ mod tests {
         let recorder = Recorder::new();
         let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(100));
         let outbox_ref = &outbox;
-        let response =
-            for_each_message_coalescing(event(&["a", "b", "slow"]), &outbox, |id, _| async move {
+        let response = for_each_message_coalescing(
+            event(&["a", "b", "slow"]),
+            &outbox,
+            |r: Received| async move {
+                let id = r.message_id.as_str();
                 if id == "slow" {
                     tokio::time::sleep(Duration::from_secs(10)).await;
                 } else if id == "b" {
                     tokio::time::sleep(Duration::from_millis(60)).await;
                 }
                 outbox_ref.send(&[start(1)]).await
-            })
-            .await;
+            },
+        )
+        .await;
         assert!(failed(&response).is_empty());
         // a waited for b (60 ms apart, within the linger) but not for the slow one.
         assert_eq!(
@@ -370,15 +424,19 @@ mod tests {
         let recorder = Recorder::new();
         let outbox = Coalescing::new(recorder.clone(), Duration::from_secs(3600));
         let outbox_ref = &outbox;
-        let response =
-            for_each_message_coalescing(event(&["a", "quiet"]), &outbox, |id, _| async move {
+        let response = for_each_message_coalescing(
+            event(&["a", "quiet"]),
+            &outbox,
+            |r: Received| async move {
+                let id = r.message_id.as_str();
                 if id == "quiet" {
                     tokio::time::sleep(Duration::from_secs(5)).await;
                     return Ok(());
                 }
                 outbox_ref.send(&[start(1)]).await
-            })
-            .await;
+            },
+        )
+        .await;
         assert!(failed(&response).is_empty());
         assert_eq!(recorder.calls(), [(Duration::from_secs(5), 1)]);
     }

@@ -10,7 +10,9 @@
 //! # Layout
 //!
 //! - [`dynamo`]: the state store, the orders table and the expiry index.
-//! - [`sqs`]: sending messages; [`batch`]: consuming an SQS batch with partial failures.
+//! - [`sqs`]: sending messages; [`batch`]: consuming an SQS batch with partial failures;
+//!   [`depths`]: how many messages each queue holds.
+//! - [`waits`]: the consumers' reports of how long messages waited, in a DynamoDB table.
 //! - [`eventbridge`]: status events and alerts.
 //! - [`http`]: the remote service an agent calls.
 //! - [`system`]: the real clock, ids and randomness.
@@ -21,6 +23,7 @@
 pub mod api;
 pub mod batch;
 pub mod clients;
+pub mod depths;
 pub mod dynamo;
 mod errors;
 pub mod eventbridge;
@@ -29,3 +32,4 @@ pub mod settings;
 pub mod sqs;
 pub mod system;
 pub mod telemetry;
+pub mod waits;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sas_engine::config::EngineConfig;
+use sas_engine::ports::Destination;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, Result};
 
@@ -66,6 +67,28 @@ impl Env {
         let workflow = Workflow::from_json(&json, &agents)?;
         Ok((Arc::new(workflow), agents))
     }
+}
+
+impl Env {
+    /// Every queue of the system with its URL: `SCHEDULER_QUEUE_URL`, `REPLY_QUEUE_URL`, and
+    /// each agent's `AGENT_QUEUE_<AGENT>`.
+    pub fn queues(&self, agents: &[AgentName]) -> Result<Vec<(Destination, String)>> {
+        let mut queues = vec![
+            (Destination::Scheduler, self.required("SCHEDULER_QUEUE_URL")?),
+            (Destination::Replies, self.required("REPLY_QUEUE_URL")?),
+        ];
+        for agent in agents {
+            let url = self.required(&agent_queue_variable(agent))?;
+            queues.push((Destination::Agent(agent.clone()), url));
+        }
+        Ok(queues)
+    }
+}
+
+/// A name for this process in the reports it makes: its role and a fresh id, since every
+/// execution environment keeps its own figures.
+pub fn reporter_name(role: &str) -> String {
+    format!("{role}/{}", uuid::Uuid::new_v4())
 }
 
 /// Default of `SEND_LINGER_MS`.

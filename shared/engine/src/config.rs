@@ -41,6 +41,9 @@ pub struct EngineConfig {
     /// Entries kept in an order's timeline (the first, and the latest). Default 16.
     /// Env `TIMELINE_LIMIT`.
     pub timeline_limit: usize,
+    /// Longest a new order may expect its messages to wait in a queue before the door refuses
+    /// it (503 with Retry-After). Default 60 s; at least 1 s. Env `MAX_QUEUE_WAIT_SECONDS`.
+    pub max_queue_wait: Duration,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +58,7 @@ impl Default for EngineConfig {
             status_events: StatusKinds::default(),
             agent_retry: RetryPolicy::default(),
             timeline_limit: 16,
+            max_queue_wait: Duration::from_secs(60),
         }
     }
 }
@@ -87,6 +91,7 @@ impl EngineConfig {
                 max_calls: parse(&lookup, "AGENT_MAX_CALLS", d.agent_retry.max_calls)?,
             },
             timeline_limit: parse(&lookup, "TIMELINE_LIMIT", d.timeline_limit)?,
+            max_queue_wait: secs(&lookup, "MAX_QUEUE_WAIT_SECONDS", d.max_queue_wait)?,
         };
         config.validate()?;
         Ok(config)
@@ -116,6 +121,9 @@ impl EngineConfig {
         }
         if self.timeline_limit < 2 {
             return bad("TIMELINE_LIMIT must be at least 2");
+        }
+        if self.max_queue_wait < Duration::from_secs(1) {
+            return bad("MAX_QUEUE_WAIT_SECONDS must be at least 1");
         }
         Ok(())
     }

@@ -61,6 +61,15 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// The queues are too long for a new order to be served in time: it was refused, nothing
+    /// was written, and the client should come back after `retry_after`.
+    #[error("overloaded: a new order would wait about {}s on the {queue} queue", expected_wait.as_secs())]
+    Overloaded {
+        queue: String,
+        expected_wait: std::time::Duration,
+        retry_after: std::time::Duration,
+    },
+
     /// Some events of a batch were not accepted by the event bus.
     #[error("{failed} of {total} events were not published: {first_reason}")]
     PublishFailed { failed: usize, total: usize, first_reason: String },
@@ -70,7 +79,10 @@ impl Error {
     /// Whether the failed operation may succeed if tried again unchanged. Handlers use this to
     /// decide between reporting a message for redelivery and sending it to a dead-letter queue.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable { .. } | Error::PublishFailed { .. })
+        matches!(
+            self,
+            Error::Unavailable { .. } | Error::PublishFailed { .. } | Error::Overloaded { .. }
+        )
     }
 
     /// Wraps a transient adapter failure.

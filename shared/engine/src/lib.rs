@@ -13,7 +13,8 @@
 //! - Services: [`services`] (submission, scheduler, agent, supervisor, status), each generic over
 //!   the [`ports`] it needs.
 //! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts).
-//! - Policy: [`config`] (every tunable, with defaults), [`retry`].
+//! - Policy: [`config`] (every tunable, with defaults), [`retry`], [`load`] (queue waits and
+//!   depths, and what the supervisor and the door make of them).
 //! - [`memory`]: in-memory ports with the semantics of DynamoDB, SQS and EventBridge, for tests
 //!   and the simulation.
 //!
@@ -29,6 +30,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod ids;
+pub mod load;
 pub mod machine;
 pub mod memory;
 pub mod message;

@@ -19,12 +19,27 @@
 //! | Processing (undoing) | reply: done or failed | next undo leased and dispatched, or Error and alert |
 //! | Pending | reply of the current attempt | illegal: nothing was dispatched at that attempt |
 //! | Pending, Processing | reply of another attempt | ignored: stale |
-//! | Pending, Processing | expiry, CompleteBy passed, below threshold | Pending again with a later CompleteBy; start message after a wait |
-//! | Pending, Processing | expiry, CompleteBy passed, at threshold | compensation queued, or Error and alert |
 //! | Pending, Processing | expiry, CompleteBy not passed or changed | ignored |
+//! | Pending, Processing | expiry, CompleteBy passed by less than the horizon | ignored: its messages may still be waiting in a queue |
+//! | Pending | expiry, CompleteBy passed by the horizon, below threshold | FailureCount + 1; Pending at the same attempt with a later CompleteBy; start message again after a wait |
+//! | Processing | expiry, CompleteBy passed by the horizon, below threshold | FailureCount + 1; Pending at a new attempt with a later CompleteBy; start message after a wait |
+//! | Pending, Processing | expiry, CompleteBy passed by the horizon, at threshold | compensation queued, or Error and alert |
 //! | Error (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Processed, Error | anything else | ignored: terminal states never move |
+//!
+//! # When an expired lease counts as a failure
+//!
+//! A lease counts against FailureCount only when the supervisor acts on it, and it acts only
+//! once the lease has been expired for longer than the *horizon*: the longest time a message
+//! of an order in flight may currently still spend waiting in the queues, as their consumers
+//! report it ([`crate::load`]). Queues are roughly first in, first out, so a message that is
+//! still waiting is younger than the messages its consumers are taking: however long a backlog
+//! lasts, the leases it delays stay within the horizon and never count. A lost message is
+//! found all the same: once the messages sent after it have been taken, the horizon no longer
+//! covers it, and its lease is judged at most a horizon (and a sweep) after it ended. A reset
+//! of a Pending order keeps its attempt, so a start message that was only late still claims
+//! it; one of a Processing order takes a new attempt, since the old request is judged lost.
 
 use std::time::Duration;
 
@@ -53,8 +68,9 @@ pub enum Input<'a> {
     Claim { attempt: u64, owner: &'a str, message: &'a str },
     /// An agent replied (queue id `message`) for a step at `attempt`.
     Reply { attempt: u64, step: &'a StepRef, outcome: &'a StepOutcome, message: &'a str },
-    /// The supervisor found the record in the expiry index with this CompleteBy.
-    Expire { complete_by: Timestamp },
+    /// The supervisor found the record in the expiry index with this CompleteBy; the record's
+    /// messages may still be waiting in a queue for up to `horizon` after it.
+    Expire { complete_by: Timestamp, horizon: Duration },
     /// The order's alert was accepted by the event bus.
     AlertSent,
 }
@@ -90,6 +106,9 @@ pub enum Ignored {
     Stale { received: u64, current: u64 },
     /// The lease has not expired: the supervisor leaves the record alone.
     NotExpired { complete_by: Option<Timestamp> },
+    /// The lease ran out, but the queues are slow enough that its messages may still be on
+    /// their way until `until`: a late message is not a lost one.
+    Queued { until: Timestamp },
     /// The record changed since the index entry was written (eventual consistency).
     Moved,
     /// The alert was already recorded as sent.
@@ -156,8 +175,12 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
             Decision::Ignore(Ignored::Stale { received: attempt, current })
         }
 
-        (Pending | Processing, Input::Expire { complete_by }) => expire(record, complete_by, ctx),
-        (Error, Input::Expire { complete_by }) if record.alert == Some(AlertDelivery::Pending) => {
+        (Pending | Processing, Input::Expire { complete_by, horizon }) => {
+            expire(record, complete_by, horizon, ctx)
+        }
+        (Error, Input::Expire { complete_by, .. })
+            if record.alert == Some(AlertDelivery::Pending) =>
+        {
             retry_alert(record, complete_by, ctx)
         }
 
@@ -268,9 +291,13 @@ fn reply(
 }
 
 /// The supervisor found an expired record in flight.
-fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
+fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_>) -> Decision {
     if let Some(ignored) = not_expired(record, seen, ctx) {
         return Decision::Ignore(ignored);
+    }
+    let until = seen.plus(horizon);
+    if until > ctx.now {
+        return Decision::Ignore(Ignored::Queued { until });
     }
     let mut next = begin(record, ctx, InputRef::Expire);
     let failures = record.failure_count.saturating_add(1);
@@ -291,9 +318,14 @@ fn expire(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Decision {
         let wait = ctx.config.wait.wait(failures);
         let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
         next.failure_count = failures;
+        if record.process_state == ProcessState::Processing {
+            // The request (or its reply) is judged lost: a new lease fences it out.
+            next.attempt += 1;
+        }
+        // A Pending order keeps its attempt: should its start message only be late after all,
+        // it still claims the order, and the new one finds it claimed.
         next.process_state = ProcessState::Pending;
         next.locked_by = None;
-        next.attempt += 1;
         next.complete_by = Some(ctx.now.plus(wait).plus(ctx.config.claim_grace).plus(budget));
         next.note(ctx.now, Happening::RetryScheduled, Some(name), limit);
         return apply(next, vec![Effect::Kick { delay: wait }]);

@@ -7,6 +7,11 @@
 //! carries the order id, the attempt it expects to claim, and the correlation id: everything
 //! else is in the state record.
 //!
+//! Every message also says when it became due (`due_at`: when it was sent, plus any delay), so
+//! that its consumer can tell how long it waited in the queue (see [`crate::load`]), and a
+//! request says how long the agent may work on it (`budget_ms`), counted from when the agent
+//! takes it: time spent waiting in a queue is never taken from the work.
+//!
 //! Every envelope has `"v": 1`. Unknown fields are ignored, so a newer sender can add fields
 //! without breaking an older consumer; anything that changes a field's meaning takes a new
 //! version, which an older consumer rejects as a poison message rather than misreading.
@@ -43,6 +48,9 @@ pub struct Start {
     /// record still has it.
     pub attempt: u64,
     pub correlation_id: String,
+    /// When the message became due: sent, plus its delay. Absent from older senders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
 }
 
 /// Which step, and which way.
@@ -69,6 +77,13 @@ pub struct StepRequest {
     /// For an undo, the output of the step being undone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<serde_json::Value>,
+    /// When the request was sent. Absent from older senders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+    /// How long the agent may work on it, from when it takes it. Absent from older senders,
+    /// whose agents work until `complete_by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_ms: Option<u64>,
 }
 
 /// "This is how it went": sent by an agent to the scheduler, only before CompleteBy.
@@ -81,6 +96,9 @@ pub struct StepReply {
     pub complete_by: Timestamp,
     pub idempotency_key: String,
     pub outcome: StepOutcome,
+    /// When the reply was sent. Absent from older senders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
 }
 
 /// The result an agent reports.
@@ -175,6 +193,15 @@ impl Message {
         }
     }
 
+    /// When the message became due for its consumer, if its sender said.
+    pub fn due_at(&self) -> Option<Timestamp> {
+        match self {
+            Message::Start(m) => m.due_at,
+            Message::Request(m) => m.due_at,
+            Message::Reply(m) => m.due_at,
+        }
+    }
+
     pub fn correlation_id(&self) -> &str {
         match self {
             Message::Start(m) => &m.correlation_id,
@@ -191,7 +218,12 @@ mod tests {
 
     fn start() -> Message {
         let id = OrderId::for_key(&IdempotencyKey::parse("k1").unwrap());
-        Message::Start(Start { order_id: id, attempt: 3, correlation_id: "c-1".into() })
+        Message::Start(Start {
+            order_id: id,
+            attempt: 3,
+            correlation_id: "c-1".into(),
+            due_at: Some(Timestamp::from_millis(1_000)),
+        })
     }
 
     #[test]

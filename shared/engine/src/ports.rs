@@ -8,6 +8,8 @@
 //!   re-reads the record and writes with a condition.
 //! - [`Outbox`]: at-least-once queues. A message may be delivered twice, late, or out of order.
 //! - [`EventBus`]: publishing can fail for some events of a batch and not others.
+//! - [`QueueDepths`]: how many messages each queue holds (SQS's approximate counts).
+//! - [`WaitGauge`]: what the consumers report of how long messages waited for them.
 //! - [`Clock`], [`Ids`], [`Random`]: time, identifiers and randomness, injected so tests decide.
 //! - [`RemoteService`]: the business service behind one agent.
 //!
@@ -134,7 +136,7 @@ pub trait ExpiryIndex: Send + Sync {
 }
 
 /// Where a message goes.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Destination {
     /// The scheduler's queue of start messages.
     Scheduler,
@@ -142,6 +144,46 @@ pub enum Destination {
     Agent(AgentName),
     /// The scheduler's queue of agent replies.
     Replies,
+}
+
+impl Destination {
+    /// A stable name for storage and logs: `scheduler`, `replies`, `agent:<name>`.
+    pub fn name(&self) -> String {
+        match self {
+            Destination::Scheduler => "scheduler".into(),
+            Destination::Replies => "replies".into(),
+            Destination::Agent(a) => format!("agent:{}", a.as_str()),
+        }
+    }
+
+    /// The destination [`Destination::name`] gave this name.
+    pub fn parse(name: &str) -> Option<Destination> {
+        match name {
+            "scheduler" => Some(Destination::Scheduler),
+            "replies" => Some(Destination::Replies),
+            other => {
+                let agent = other.strip_prefix("agent:")?;
+                (!agent.is_empty()).then(|| Destination::Agent(AgentName::new(agent)))
+            }
+        }
+    }
+}
+
+/// A message as its consumer took it from the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming<'a> {
+    /// The id the queue gave the message; the same on every delivery of it.
+    pub message_id: &'a str,
+    /// How many times it has been received, this time included (SQS's
+    /// `ApproximateReceiveCount`): above 1, it came back after a consumer failed.
+    pub receive_count: u32,
+}
+
+impl<'a> Incoming<'a> {
+    /// A message received for the first time.
+    pub fn first(message_id: &'a str) -> Incoming<'a> {
+        Incoming { message_id, receive_count: 1 }
+    }
 }
 
 /// A message to send, possibly delayed (at most 15 minutes, as SQS allows).
@@ -169,6 +211,50 @@ pub trait Outbox: Send + Sync {
 pub trait EventBus: Send + Sync {
     /// Publishes a batch (at most 10 events); the report lists those that were not accepted.
     fn publish(&self, events: &[BusEvent]) -> impl Future<Output = Result<PublishReport>> + Send;
+}
+
+/// How many messages one queue holds, as SQS counts them (approximately).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Depth {
+    /// Visible: waiting for a consumer (`ApproximateNumberOfMessages`).
+    pub waiting: u64,
+    /// Received and not yet deleted (`ApproximateNumberOfMessagesNotVisible`).
+    pub in_flight: u64,
+    /// Sent with a delay that has not run out (`ApproximateNumberOfMessagesDelayed`).
+    pub delayed: u64,
+}
+
+/// The queues' depths.
+pub trait QueueDepths: Send + Sync {
+    /// The depth of every queue this port knows.
+    fn depths(&self) -> impl Future<Output = Result<Vec<(Destination, Depth)>>> + Send;
+}
+
+/// One consumer's report on one queue: how long the messages it took lately had waited.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaitReport {
+    pub queue: Destination,
+    /// The consumer process that made it; each has one report per queue, replaced by its next.
+    pub reporter: String,
+    /// The longest wait among the messages it took lately.
+    pub wait: Duration,
+    /// Messages it took per second since its previous report.
+    pub rate: f64,
+    /// When it was made.
+    pub at: Timestamp,
+    /// Until when `wait` stands: after that the wait is forgotten.
+    pub until: Timestamp,
+    /// When the whole report can be forgotten: once its wait lapsed and a newer report would
+    /// have come if its consumer still took messages.
+    pub expires: Timestamp,
+}
+
+/// Where consumers leave their wait reports for the supervisor and the door.
+pub trait WaitGauge: Send + Sync {
+    /// Stores `report`, replacing the same reporter's previous one for that queue.
+    fn report(&self, report: &WaitReport) -> impl Future<Output = Result<()>> + Send;
+    /// Every report that has not expired at `now`.
+    fn reports(&self, now: Timestamp) -> impl Future<Output = Result<Vec<WaitReport>>> + Send;
 }
 
 /// Time.
@@ -276,6 +362,21 @@ impl<T: Outbox + ?Sized> Outbox for std::sync::Arc<T> {
 impl<T: EventBus + ?Sized> EventBus for std::sync::Arc<T> {
     fn publish(&self, events: &[BusEvent]) -> impl Future<Output = Result<PublishReport>> + Send {
         (**self).publish(events)
+    }
+}
+
+impl<T: QueueDepths + ?Sized> QueueDepths for std::sync::Arc<T> {
+    fn depths(&self) -> impl Future<Output = Result<Vec<(Destination, Depth)>>> + Send {
+        (**self).depths()
+    }
+}
+
+impl<T: WaitGauge + ?Sized> WaitGauge for std::sync::Arc<T> {
+    fn report(&self, report: &WaitReport) -> impl Future<Output = Result<()>> + Send {
+        (**self).report(report)
+    }
+    fn reports(&self, now: Timestamp) -> impl Future<Output = Result<Vec<WaitReport>>> + Send {
+        (**self).reports(now)
     }
 }
 

@@ -294,7 +294,10 @@ proptest! {
         for input in [
             Input::Claim { attempt, owner: "s", message: "m" },
             Input::Reply { attempt, step: &step, outcome: &outcome, message: "m" },
-            Input::Expire { complete_by: record.complete_by.unwrap_or(t0) },
+            Input::Expire {
+                complete_by: record.complete_by.unwrap_or(t0),
+                horizon: std::time::Duration::ZERO,
+            },
             Input::AlertSent,
         ] {
             let _ = decide(&record, input, &ctx);

@@ -11,12 +11,15 @@ use std::time::Duration;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::StatusKinds;
 use sas_engine::ids::{Direction, step_key};
-use sas_engine::memory::{Behaviour, ManualClock, MemoryQueues, MemoryRemote, SplitMix};
+use sas_engine::load::{SLACK, WaitReporter};
+use sas_engine::memory::{
+    Behaviour, ManualClock, MemoryQueues, MemoryRemote, MemoryWaits, SplitMix,
+};
 use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    Clock, Created, Destination, Expected, ExpiryIndex, IndexEntry, OrderRecord, Read, Saved,
-    StateStore,
+    Clock, Created, Destination, Expected, ExpiryIndex, Incoming, IndexEntry, OrderRecord, Read,
+    Saved, StateStore, WaitGauge,
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{Agent, AgentOutcome, Handled, StatusService, Supervisor};
@@ -115,12 +118,29 @@ struct AgentBench {
     clock: ManualClock,
     remote: Arc<MemoryRemote<ManualClock>>,
     queues: Arc<MemoryQueues<ManualClock>>,
-    agent: Agent<
-        Arc<MemoryRemote<ManualClock>>,
-        Arc<MemoryQueues<ManualClock>>,
-        ManualClock,
-        SplitMix,
-    >,
+    waits: Arc<MemoryWaits>,
+    agent: BenchAgent<Arc<MemoryRemote<ManualClock>>>,
+}
+
+type BenchAgent<R> =
+    Agent<R, Arc<MemoryQueues<ManualClock>>, ManualClock, SplitMix, Arc<MemoryWaits>>;
+
+/// An agent of the payment service over these ports.
+fn payment_agent<R: sas_engine::ports::RemoteService>(
+    remote: R,
+    queues: Arc<MemoryQueues<ManualClock>>,
+    clock: ManualClock,
+    waits: Arc<MemoryWaits>,
+) -> BenchAgent<R> {
+    Agent::new(
+        remote,
+        queues,
+        clock,
+        SplitMix::seeded(7),
+        RetryPolicy::default(),
+        Destination::Agent(sas_engine::AgentName::new("payment")),
+        WaitReporter::new(waits, "agent-payment".into(), Duration::from_secs(30)),
+    )
 }
 
 impl AgentBench {
@@ -128,16 +148,12 @@ impl AgentBench {
         let clock = ManualClock::default();
         let remote = Arc::new(MemoryRemote::new(clock.clone()));
         let queues = Arc::new(MemoryQueues::new(clock.clone()));
-        let agent = Agent::new(
-            remote.clone(),
-            queues.clone(),
-            clock.clone(),
-            SplitMix::seeded(7),
-            RetryPolicy::default(),
-        );
-        AgentBench { clock, remote, queues, agent }
+        let waits = Arc::new(MemoryWaits::default());
+        let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), waits.clone());
+        AgentBench { clock, remote, queues, waits, agent }
     }
 
+    /// A request sent now, with `budget` to do it.
     fn request(&self, budget: Duration) -> StepRequest {
         let order_id = OrderId::for_key(&sas_engine::IdempotencyKey::parse("agent-1").unwrap());
         StepRequest {
@@ -150,7 +166,13 @@ impl AgentBench {
             idempotency_key: step_key(order_id, "charge-payment", Direction::Do),
             order: Order::from_json(order_body("agent-1").as_bytes()).unwrap(),
             input: None,
+            due_at: Some(self.clock.now()),
+            budget_ms: Some(budget.as_millis() as u64),
         }
+    }
+
+    async fn handle(&self, request: &StepRequest) -> Result<AgentOutcome> {
+        self.agent.handle(request, Incoming::first("request-1")).await
     }
 
     fn replies(&self) -> Vec<Message> {
@@ -168,7 +190,7 @@ async fn the_agent_retries_transient_faults_with_jittered_backoff() {
     b.remote.script("charge-payment", [Behaviour::Transient, Behaviour::Transient]);
     let req = b.request(Duration::from_secs(30));
     let start = b.clock.now();
-    let outcome = b.agent.handle(&req).await.unwrap();
+    let outcome = b.handle(&req).await.unwrap();
     assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 3 });
     let waited = start.until(b.clock.now());
     // Full jitter: each wait is at most its exponential ceiling (200 ms, then 400 ms).
@@ -183,14 +205,29 @@ async fn the_agent_retries_transient_faults_with_jittered_backoff() {
 }
 
 #[tokio::test]
-async fn the_agent_never_retries_past_complete_by_and_then_stays_silent() {
+async fn the_agent_never_retries_past_its_budget_and_then_stays_silent() {
     let b = AgentBench::new();
     b.remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100));
     let req = b.request(Duration::from_secs(3));
-    let outcome = b.agent.handle(&req).await.unwrap();
+    let outcome = b.handle(&req).await.unwrap();
     assert!(matches!(outcome, AgentOutcome::GaveUp { .. }), "{outcome:?}");
     assert!(b.clock.now() < req.complete_by, "stopped before the deadline, not after");
     assert!(b.replies().is_empty(), "no reply, not even an error");
+}
+
+#[tokio::test]
+async fn a_request_that_waited_in_a_backlog_still_gets_its_whole_budget() {
+    let b = AgentBench::new();
+    let req = b.request(Duration::from_secs(5));
+    // The request sat in the agent's queue for two minutes, far past its lease.
+    b.clock.advance(Duration::from_secs(120));
+    b.remote.script("charge-payment", [Behaviour::Slow(Duration::from_secs(4))]);
+    assert_eq!(b.handle(&req).await.unwrap(), AgentOutcome::Replied { done: true, calls: 1 });
+    assert_eq!(b.replies().len(), 1, "the late answer is sent: its attempt decides if it counts");
+    // How long it waited is reported for the payment queue, to stand until the work is done.
+    let report = b.waits.reports(b.clock.now()).await.unwrap().remove(0);
+    assert_eq!(report.wait, Duration::from_secs(120));
+    assert!(report.until >= req.complete_by.plus(Duration::from_secs(120)));
 }
 
 #[tokio::test]
@@ -198,17 +235,18 @@ async fn the_agent_stops_after_its_call_budget() {
     let b = AgentBench::new();
     b.remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100));
     let req = b.request(Duration::from_secs(900));
-    let outcome = b.agent.handle(&req).await.unwrap();
+    let outcome = b.handle(&req).await.unwrap();
     assert_eq!(outcome, AgentOutcome::GaveUp { calls: RetryPolicy::default().max_calls });
     assert!(b.replies().is_empty());
 }
 
 #[tokio::test]
-async fn an_expired_request_is_dropped_without_calling_the_service() {
+async fn a_request_of_an_older_scheduler_is_dropped_once_its_lease_is_over() {
     let b = AgentBench::new();
-    let req = b.request(Duration::from_secs(5));
+    // Without a budget of its own, a request is worked on until its CompleteBy.
+    let req = StepRequest { budget_ms: None, ..b.request(Duration::from_secs(5)) };
     b.clock.advance(Duration::from_secs(5));
-    assert_eq!(b.agent.handle(&req).await.unwrap(), AgentOutcome::Expired { calls: 0 });
+    assert_eq!(b.handle(&req).await.unwrap(), AgentOutcome::Expired { calls: 0 });
     assert_eq!(b.remote.calls(&req.idempotency_key), 0);
     assert!(b.replies().is_empty());
 }
@@ -218,7 +256,7 @@ async fn a_call_that_outlives_the_lease_sends_nothing() {
     let b = AgentBench::new();
     b.remote.script("charge-payment", [Behaviour::Slow(Duration::from_secs(40))]);
     let req = b.request(Duration::from_secs(30));
-    assert_eq!(b.agent.handle(&req).await.unwrap(), AgentOutcome::GaveUp { calls: 1 });
+    assert_eq!(b.handle(&req).await.unwrap(), AgentOutcome::GaveUp { calls: 1 });
     assert!(b.replies().is_empty());
 }
 
@@ -236,17 +274,19 @@ impl sas_engine::ports::RemoteService for LateRemote {
 }
 
 #[tokio::test]
-async fn an_answer_after_complete_by_is_not_sent() {
+async fn an_answer_after_the_budget_is_not_sent() {
     let b = AgentBench::new();
-    let late = Agent::new(
+    let late = payment_agent(
         LateRemote(b.clock.clone()),
         b.queues.clone(),
         b.clock.clone(),
-        SplitMix::seeded(1),
-        RetryPolicy::default(),
+        b.waits.clone(),
     );
     let req = b.request(Duration::from_secs(30));
-    assert_eq!(late.handle(&req).await.unwrap(), AgentOutcome::Expired { calls: 1 });
+    assert_eq!(
+        late.handle(&req, Incoming::first("request-1")).await.unwrap(),
+        AgentOutcome::Expired { calls: 1 }
+    );
     assert!(b.replies().is_empty());
 }
 
@@ -255,10 +295,7 @@ async fn a_permanent_fault_is_reported_while_the_lease_holds() {
     let b = AgentBench::new();
     b.remote.script("charge-payment", [Behaviour::Permanent("card declined".into())]);
     let req = b.request(Duration::from_secs(30));
-    assert_eq!(
-        b.agent.handle(&req).await.unwrap(),
-        AgentOutcome::Replied { done: false, calls: 1 }
-    );
+    assert_eq!(b.handle(&req).await.unwrap(), AgentOutcome::Replied { done: false, calls: 1 });
     let Message::Reply(reply) = &b.replies()[0] else { panic!() };
     assert_eq!(reply.outcome, StepOutcome::Failed { reason: "card declined".into() });
 }
@@ -268,13 +305,10 @@ async fn a_reply_that_cannot_be_sent_is_retried_without_a_second_effect() {
     let b = AgentBench::new();
     let req = b.request(Duration::from_secs(30));
     b.queues.fail_next_sends(1);
-    let err = b.agent.handle(&req).await.unwrap_err();
+    let err = b.handle(&req).await.unwrap_err();
     assert!(err.is_retryable());
     // The request comes back; the service sees the same key and answers from its ledger.
-    assert!(matches!(
-        b.agent.handle(&req).await.unwrap(),
-        AgentOutcome::Replied { done: true, .. }
-    ));
+    assert!(matches!(b.handle(&req).await.unwrap(), AgentOutcome::Replied { done: true, .. }));
     assert_eq!(b.remote.calls(&req.idempotency_key), 2);
     assert_eq!(b.remote.applications(&req.idempotency_key), 1);
     assert_eq!(b.replies().len(), 1);
@@ -351,8 +385,14 @@ impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {
     }
 }
 
-type TestSupervisor =
-    Supervisor<Yielding<world::Store>, world::Store, world::Queues, world::Bus, ManualClock>;
+type TestSupervisor = Supervisor<
+    Yielding<world::Store>,
+    world::Store,
+    world::Queues,
+    world::Bus,
+    ManualClock,
+    world::Load,
+>;
 
 fn racing_supervisor(w: &World) -> TestSupervisor {
     Supervisor::new(
@@ -361,9 +401,23 @@ fn racing_supervisor(w: &World) -> TestSupervisor {
         w.queues.clone(),
         w.bus.clone(),
         w.clock.clone(),
+        w.load(),
         w.config.clone(),
         w.workflow.clone(),
     )
+}
+
+/// Takes every message off `dest` for good, as a queue that loses them would.
+fn lose_all(w: &World, dest: &Destination) {
+    loop {
+        let batch = w.queues.receive(dest, 10);
+        if batch.is_empty() {
+            return;
+        }
+        for d in batch {
+            w.queues.delete(dest, &d.receipt).unwrap();
+        }
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -371,8 +425,8 @@ async fn two_supervisors_at_once_never_both_act_on_a_record() {
     let mut w = World::new();
     let id = w.submit("race-1").await.unwrap().order_id;
     // Lose the start message so the order expires.
-    w.queues.receive(&Destination::Scheduler, 10);
-    w.clock.advance(Duration::from_secs(61));
+    lose_all(&w, &Destination::Scheduler);
+    w.clock.advance(Duration::from_secs(60) + SLACK);
     let (a, b) = (racing_supervisor(&w), racing_supervisor(&w));
     let (ra, rb) = tokio::join!(a.sweep(), b.sweep());
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
@@ -380,7 +434,7 @@ async fn two_supervisors_at_once_never_both_act_on_a_record() {
     assert_eq!(ra.acted + rb.acted, 1);
     assert_eq!(ra.lost_races + rb.lost_races, 1);
     assert_eq!(w.state(id).failure_count, 1, "counted once");
-    // One new start message (the lost one is still invisible).
+    // One new start message.
     assert_eq!(w.queues.sent_count(&Destination::Scheduler), 2);
     w.run_for(Duration::from_secs(300)).await;
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
@@ -425,8 +479,8 @@ async fn a_sweep_is_bounded_and_the_rest_waits_for_the_next() {
         w.submit(&format!("bulk-{i}")).await.unwrap();
     }
     // Every start message lost.
-    while !w.queues.receive(&Destination::Scheduler, 10).is_empty() {}
-    w.clock.advance(Duration::from_secs(61));
+    lose_all(&w, &Destination::Scheduler);
+    w.clock.advance(Duration::from_secs(60) + SLACK);
     let first = w.sweep().await;
     assert!(first.acted <= 8, "{first:?}");
     let mut total = first.acted;
@@ -461,7 +515,7 @@ async fn a_lagging_index_entry_is_rechecked_against_the_table() {
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
     let entry = w.store.expired(id.shard(w.config.index_shards), w.clock.now(), 10).await.unwrap();
     assert_eq!(entry.len(), 1, "the index still lists the finished order");
-    let handled = w.supervisor.handle(entry[0]).await.unwrap();
+    let handled = w.supervisor.handle(entry[0], Duration::ZERO).await.unwrap();
     assert!(matches!(handled, Handled::Ignored(_)), "{handled:?}");
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
 }
@@ -475,7 +529,8 @@ async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
     w.settle().await;
     let cb = w.state(id).complete_by.unwrap();
     assert!(w.clock.now() < cb, "the agent gave up before the deadline");
-    w.clock.set(cb);
+    // The queues are quick: the lease is judged once the reports' own delay has passed too.
+    w.clock.set(cb.plus(SLACK));
     assert_eq!(w.sweep().await.acted, 1);
     w.clock.advance(w.config.wait.wait(1));
     w.settle().await;
@@ -483,11 +538,11 @@ async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
     let r = w.state(id);
     assert_eq!((r.failure_count, r.process_state), (1, ProcessState::Processing));
     let cb = r.complete_by.unwrap();
-    w.clock.set(cb.minus(Duration::from_millis(1)));
+    w.clock.set(cb.plus(SLACK).minus(Duration::from_millis(1)));
     assert_eq!(w.sweep().await.acted, 0);
     assert_eq!(w.state(id), r, "not a byte changed");
     // At the deadline it is acted on: the uncertain reservation is queued for release.
-    w.clock.set(cb);
+    w.clock.set(cb.plus(SLACK));
     assert_eq!(w.sweep().await.acted, 1);
     assert_eq!(w.state(id).phase, sas_engine::state::Phase::Compensating);
 }

@@ -21,13 +21,15 @@ use std::time::Duration;
 
 use sas_engine::config::EngineConfig;
 use sas_engine::events::ALERT_DETAIL_TYPE;
+use sas_engine::load::{Gauges, WaitReporter};
 use sas_engine::memory::{
-    Behaviour, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, SeqIds, SplitMix,
+    Behaviour, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits,
+    SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::ports::{
-    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, IndexEntry, OrderRecord, Outbox,
-    Outgoing, Random, Read, Saved, StateStore,
+    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, Incoming, IndexEntry,
+    OrderRecord, Outbox, Outgoing, Random, Read, Saved, StateStore,
 };
 use sas_engine::services::{Agent, Scheduler, Submission, Supervisor};
 use sas_engine::state::{InputRef, ProcessState, StateRecord, StepStatus};
@@ -112,6 +114,9 @@ impl<P: EventBus> EventBus for Crashy<P> {
 type Store = Crashy<Arc<MemoryStore<ManualClock>>>;
 type Queues = Crashy<Arc<MemoryQueues<ManualClock>>>;
 type Bus = Crashy<Arc<MemoryBus>>;
+type Waits = Arc<MemoryWaits>;
+type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
+type SimAgent = Agent<Arc<MemoryRemote<ManualClock>>, Queues, ManualClock, SplitMix, Waits>;
 
 /// A kind of fault the simulation can inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,10 +284,10 @@ struct Sim {
     remote: Arc<MemoryRemote<ManualClock>>,
     countdown: Arc<AtomicU32>,
     crashes: Arc<AtomicU32>,
-    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds>,
-    scheduler: Scheduler<Store, Queues, Bus, ManualClock>,
-    agent: Agent<Arc<MemoryRemote<ManualClock>>, Queues, ManualClock, SplitMix>,
-    supervisors: [Supervisor<Store, Store, Queues, Bus, ManualClock>; 2],
+    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
+    scheduler: Scheduler<Store, Queues, Bus, ManualClock, Waits>,
+    agents: HashMap<Destination, SimAgent>,
+    supervisors: [Supervisor<Store, Store, Queues, Bus, ManualClock, Load>; 2],
     accepted: Vec<OrderId>,
     terminal: HashMap<OrderId, StateRecord>,
     attempts: HashMap<OrderId, u64>,
@@ -318,6 +323,8 @@ impl Sim {
             memory.set_read_lag(Duration::from_secs(1));
         }
         let queues = Arc::new(MemoryQueues::new(clock.clone()));
+        let waits = Arc::new(MemoryWaits::default());
+        let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
         let bus = Arc::new(MemoryBus::new());
         let remote = Arc::new(MemoryRemote::new(clock.clone()));
         let countdown = Arc::new(AtomicU32::new(0));
@@ -359,6 +366,7 @@ impl Sim {
             events.clone(),
             clock.clone(),
             SeqIds::new("c"),
+            load(),
             config.clone(),
             workflow.clone(),
         );
@@ -367,17 +375,28 @@ impl Sim {
             outbox.clone(),
             events.clone(),
             clock.clone(),
+            waits.clone(),
             config.clone(),
             workflow.clone(),
             "scheduler".into(),
         );
-        let agent = Agent::new(
-            remote.clone(),
-            outbox.clone(),
-            clock.clone(),
-            SplitMix::seeded(seed),
-            config.agent_retry,
-        );
+        let agents = ["inventory", "payment", "shipping"]
+            .into_iter()
+            .enumerate()
+            .map(|(n, name)| {
+                let queue = Destination::Agent(AgentName::new(name));
+                let agent = Agent::new(
+                    remote.clone(),
+                    outbox.clone(),
+                    clock.clone(),
+                    SplitMix::seeded(seed.wrapping_add(n as u64)),
+                    config.agent_retry,
+                    queue.clone(),
+                    WaitReporter::new(waits.clone(), format!("agent-{name}"), config.claim_grace),
+                );
+                (queue, agent)
+            })
+            .collect();
         let supervisor = || {
             Supervisor::new(
                 store.clone(),
@@ -385,6 +404,7 @@ impl Sim {
                 outbox.clone(),
                 events.clone(),
                 clock.clone(),
+                load(),
                 config.clone(),
                 workflow.clone(),
             )
@@ -403,7 +423,7 @@ impl Sim {
             crashes,
             submission,
             scheduler,
-            agent,
+            agents,
             supervisors,
             accepted: Vec::new(),
             terminal: HashMap::new(),
@@ -502,9 +522,10 @@ impl Sim {
             self.maybe_crash();
             let message = Message::decode(&d.body).unwrap();
             let before = self.memory.peek(message.order_id());
+            let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
             let handled = match &message {
-                Message::Request(r) => self.agent.handle(r).await.map(|_| ()),
-                m => self.scheduler.handle(m, &d.message_id).await.map(|_| ()),
+                Message::Request(r) => self.agents[&dest].handle(r, incoming).await.map(|_| ()),
+                m => self.scheduler.handle(m, incoming).await.map(|_| ()),
             };
             self.disarm();
             // Whatever the faults, the system itself never produces a poison message.

@@ -6,7 +6,7 @@ mod world;
 use std::time::Duration;
 
 use sas_engine::memory::Behaviour;
-use sas_engine::ports::Destination;
+use sas_engine::ports::{Destination, Incoming};
 use sas_engine::services::Handled;
 use sas_engine::state::{Cause, Phase, ProcessState, StepStatus};
 use world::World;
@@ -176,7 +176,8 @@ async fn an_order_stuck_between_steps_is_rescheduled() {
     assert!(w.step(&inventory).await);
     w.queues.fail_next_sends(1);
     let reply = w.queues.receive(&Destination::Replies, 1).remove(0);
-    assert!(!w.deliver(&Destination::Replies, &reply.message_id, &reply.body).await);
+    let incoming = Incoming { message_id: &reply.message_id, receive_count: reply.receive_count };
+    assert!(!w.deliver(&Destination::Replies, incoming, &reply.body).await);
     w.queues.delete(&Destination::Replies, &reply.receipt).unwrap(); // and the reply is gone
     let r = w.state(id);
     assert_eq!((r.cursor, r.process_state), (1, ProcessState::Processing));
@@ -225,8 +226,8 @@ async fn duplicated_messages_change_nothing_twice() {
             for d in w.queues.receive(&dest, 10) {
                 any = true;
                 // Two copies of the message: another message id each.
-                w.deliver(&dest, &d.message_id, &d.body).await;
-                w.deliver(&dest, &format!("{}-copy", d.message_id), &d.body).await;
+                w.deliver(&dest, Incoming::first(&d.message_id), &d.body).await;
+                w.deliver(&dest, Incoming::first(&format!("{}-copy", d.message_id)), &d.body).await;
                 w.queues.delete(&dest, &d.receipt).unwrap();
             }
         }

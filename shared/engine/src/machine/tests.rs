@@ -89,8 +89,13 @@ impl Fixture {
     }
 
     fn expire(&self, record: &StateRecord, now: Timestamp) -> Transition {
-        self.apply(record, Input::Expire { complete_by: record.complete_by.unwrap() }, now)
+        self.apply(record, expiry(record.complete_by.unwrap()), now)
     }
+}
+
+/// The supervisor's input for an entry with this CompleteBy, with every queue empty.
+fn expiry(complete_by: Timestamp) -> Input<'static> {
+    Input::Expire { complete_by, horizon: Duration::ZERO }
 }
 
 fn step_ref(record: &StateRecord) -> StepRef {
@@ -419,7 +424,7 @@ fn terminal_states_ignore_late_and_duplicate_events() {
         Input::Claim { attempt: 0, owner: "x", message: "start-copy" },
         Input::Claim { attempt: processed.attempt, owner: "x", message: "start-copy" },
         Input::Reply { attempt: 1, step: &first, outcome: &done, message: "reply-x" },
-        Input::Expire { complete_by: T0 },
+        expiry(T0),
     ];
     for input in late {
         assert_eq!(
@@ -449,10 +454,9 @@ fn terminal_states_ignore_late_and_duplicate_events() {
     let sent = f.apply(&failed, Input::AlertSent, T0).next;
     assert_eq!(sent.alert, Some(AlertDelivery::Sent));
     assert_eq!(sent.complete_by, None, "leaves the index once the alert is out");
-    for input in [
-        Input::Claim { attempt: sent.attempt, owner: "x", message: "start-copy" },
-        Input::Expire { complete_by: T0 },
-    ] {
+    for input in
+        [Input::Claim { attempt: sent.attempt, owner: "x", message: "start-copy" }, expiry(T0)]
+    {
         assert_eq!(f.decide(&sent, input, far), Decision::Ignore(Ignored::Terminal));
     }
     assert_eq!(f.decide(&sent, Input::AlertSent, far), Decision::Ignore(Ignored::AlertAlreadySent));
@@ -481,15 +485,15 @@ fn the_supervisor_leaves_a_lease_alone_until_complete_by_passes() {
     let r = f.claim(&f.new_record(), T0);
     let cb = r.complete_by.unwrap();
     assert_eq!(
-        f.decide(&r, Input::Expire { complete_by: cb }, cb.minus(Duration::from_millis(1))),
+        f.decide(&r, expiry(cb), cb.minus(Duration::from_millis(1))),
         Decision::Ignore(Ignored::NotExpired { complete_by: Some(cb) })
     );
     // An index entry older than the record (the index lags) is not acted on.
     assert_eq!(
-        f.decide(&r, Input::Expire { complete_by: cb.minus(secs(5)) }, cb.plus(secs(5))),
+        f.decide(&r, expiry(cb.minus(secs(5))), cb.plus(secs(5))),
         Decision::Ignore(Ignored::Moved)
     );
-    assert!(matches!(f.decide(&r, Input::Expire { complete_by: cb }, cb), Decision::Apply(_)));
+    assert!(matches!(f.decide(&r, expiry(cb), cb), Decision::Apply(_)));
 }
 
 #[test]
@@ -519,7 +523,7 @@ fn an_expired_lease_is_reset_to_pending_with_a_wait_that_grows() {
 }
 
 #[test]
-fn an_unclaimed_pending_order_is_rescheduled() {
+fn an_unclaimed_pending_order_is_rescheduled_at_the_same_attempt() {
     // The start message was lost: nothing is running, the order just does not move.
     let f = Fixture::new();
     let r = f.new_record();
@@ -527,9 +531,55 @@ fn an_unclaimed_pending_order_is_rescheduled() {
     let t = f.expire(&r, now);
     assert_eq!(
         (t.next.process_state, t.next.failure_count, t.next.attempt),
-        (ProcessState::Pending, 1, 1)
+        (ProcessState::Pending, 1, 0)
     );
     assert_eq!(t.effects, vec![Effect::Kick { delay: f.config.wait.wait(1) }]);
+    // Had the first start message only been late, it still claims the order; the second then
+    // finds it claimed.
+    let claimed = f.apply(
+        &t.next,
+        Input::Claim { attempt: 0, owner: "scheduler-a", message: "the-late-one" },
+        now.plus(secs(2)),
+    );
+    let again = Input::Claim { attempt: 0, owner: "scheduler-b", message: "the-new-one" };
+    assert_eq!(
+        f.decide(&claimed.next, again, now.plus(secs(9))),
+        Decision::Ignore(Ignored::Stale { received: 0, current: 1 })
+    );
+}
+
+#[test]
+fn a_lease_within_the_horizon_of_the_queues_is_not_judged() {
+    // The queues hold messages that waited 90 s: a lease that ran out less than that ago may
+    // only be waiting for its request or its reply.
+    let f = Fixture::new();
+    let r = f.claim(&f.new_record(), T0);
+    let cb = r.complete_by.unwrap();
+    let horizon = secs(90);
+    let waiting = Input::Expire { complete_by: cb, horizon };
+    for now in [cb, cb.plus(secs(1)), cb.plus(secs(89))] {
+        assert_eq!(
+            f.decide(&r, waiting, now),
+            Decision::Ignore(Ignored::Queued { until: cb.plus(horizon) }),
+            "at {now}"
+        );
+    }
+    let t = f.apply(&r, waiting, cb.plus(horizon));
+    assert_eq!((t.next.process_state, t.next.failure_count), (ProcessState::Pending, 1));
+    // The same holds for an order whose start message waits in the scheduler's queue.
+    let pending = f.new_record();
+    let cb = pending.complete_by.unwrap();
+    assert!(matches!(
+        f.decide(&pending, Input::Expire { complete_by: cb, horizon }, cb.plus(secs(60))),
+        Decision::Ignore(Ignored::Queued { .. })
+    ));
+    // An alert waits on no queue: the horizon does not hold it back.
+    let failed = f.reply(&f.claim(&f.new_record(), T0), StepOutcome::failed("no"), T0).next;
+    let due = failed.complete_by.unwrap();
+    assert!(matches!(
+        f.decide(&failed, Input::Expire { complete_by: due, horizon }, due),
+        Decision::Apply(_)
+    ));
 }
 
 #[test]
@@ -543,10 +593,7 @@ fn at_the_threshold_a_step_with_nothing_to_undo_goes_to_error_with_one_alert() {
     assert_eq!(r.failure_count, f.config.failure_threshold - 1);
     let cb = r.complete_by.unwrap();
     // Last try, lease not over yet: left alone.
-    assert!(matches!(
-        f.decide(&r, Input::Expire { complete_by: cb }, cb.minus(secs(1))),
-        Decision::Ignore(_)
-    ));
+    assert!(matches!(f.decide(&r, expiry(cb), cb.minus(secs(1))), Decision::Ignore(_)));
     let t = f.expire(&r, cb);
     assert_eq!(t.next.process_state, ProcessState::Error);
     assert_eq!(t.next.failure_count, f.config.failure_threshold);
@@ -616,10 +663,7 @@ fn an_unconfirmed_alert_is_published_again_by_one_supervisor() {
     let f = Fixture::new();
     let failed = f.reply(&f.claim(&f.new_record(), T0), StepOutcome::failed("no"), T0).next;
     let due = failed.complete_by.unwrap();
-    assert!(matches!(
-        f.decide(&failed, Input::Expire { complete_by: due }, due.minus(secs(1))),
-        Decision::Ignore(_)
-    ));
+    assert!(matches!(f.decide(&failed, expiry(due), due.minus(secs(1))), Decision::Ignore(_)));
     let t = f.expire(&failed, due);
     assert_eq!(alerts(&t.effects), 1);
     assert_eq!(
@@ -628,10 +672,7 @@ fn an_unconfirmed_alert_is_published_again_by_one_supervisor() {
         "re-leased before publishing"
     );
     // A second supervisor holding the old index entry finds the record moved.
-    assert_eq!(
-        f.decide(&t.next, Input::Expire { complete_by: due }, due),
-        Decision::Ignore(Ignored::Moved)
-    );
+    assert_eq!(f.decide(&t.next, expiry(due), due), Decision::Ignore(Ignored::Moved));
 }
 
 #[test]
@@ -694,7 +735,7 @@ fn a_corrupt_record_is_refused_not_decided_on() {
     let done = StepOutcome::done(json!({}));
     for input in [
         Input::Reply { attempt: r.attempt, step: &step, outcome: &done, message: "m" },
-        Input::Expire { complete_by: r.complete_by.unwrap() },
+        expiry(r.complete_by.unwrap()),
         Input::Claim { attempt: r.attempt, owner: "s", message: "m" },
     ] {
         assert!(matches!(f.decide(&r, input, T0), Decision::Illegal(Illegal::Corrupt { .. })));

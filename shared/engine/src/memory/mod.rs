@@ -5,13 +5,15 @@
 //! does not hold, a transaction writes all or nothing, the expiry index is sparse and can lag
 //! behind the table, a queue message that is not deleted comes back after its visibility
 //! timeout and goes to a dead-letter queue after too many receives, and the bus can reject part
-//! of a batch. Faults can be injected into each.
+//! of a batch. Faults can be injected into each. The queues also report their depths, and the
+//! wait gauge keeps one report per consumer and queue, as their AWS adapters do.
 
 mod bus;
 mod clock;
 mod queue;
 mod remote;
 mod store;
+mod waits;
 
 pub use bus::{ENTRY_FAILURE, MAX_PUBLISH_BATCH, MAX_PUBLISH_BYTES, MemoryBus};
 pub use clock::{ManualClock, SeqIds, SplitMix};
@@ -21,3 +23,4 @@ pub use queue::{
 };
 pub use remote::{Behaviour, LedgerEntry, MemoryRemote, RemoteFaults};
 pub use store::{MemoryStore, StoreStats};
+pub use waits::MemoryWaits;

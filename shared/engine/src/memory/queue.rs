@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::ports::{Clock, Destination, Outbox, Outgoing};
+use crate::ports::{Clock, Depth, Destination, Outbox, Outgoing, QueueDepths};
 use crate::time::Timestamp;
 
 /// Largest message body SQS accepts, in bytes.
@@ -332,6 +332,33 @@ impl<C: Clock> Outbox for MemoryQueues<C> {
     }
 }
 
+impl<C: Clock> QueueDepths for MemoryQueues<C> {
+    /// Every queue that was configured or sent to, in a stable order.
+    async fn depths(&self) -> Result<Vec<(Destination, Depth)>> {
+        let now = self.clock.now();
+        let state = self.state();
+        let mut depths: Vec<(Destination, Depth)> = state
+            .queues
+            .iter()
+            .map(|(dest, q)| {
+                let mut d = Depth::default();
+                for m in &q.messages {
+                    if m.visible_at <= now {
+                        d.waiting += 1;
+                    } else if m.receive_count > 0 {
+                        d.in_flight += 1;
+                    } else {
+                        d.delayed += 1;
+                    }
+                }
+                (dest.clone(), d)
+            })
+            .collect();
+        depths.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(depths)
+    }
+}
+
 impl<C> fmt::Debug for MemoryQueues<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Bodies can be large and many; the sizes say enough to tell queues apart.
@@ -360,6 +387,7 @@ mod tests {
             order_id: OrderId::for_key(&IdempotencyKey::parse("k").unwrap()),
             attempt: n,
             correlation_id: format!("c-{n}"),
+            due_at: None,
         })
     }
 

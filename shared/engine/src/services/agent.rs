@@ -1,43 +1,62 @@
-//! An agent: performs one step (or undo) against its remote service, within the lease.
+//! An agent: performs one step (or undo) against its remote service, within its budget.
 //!
-//! It passes the step's idempotency key on every call, retries transient faults with backoff
-//! and full jitter, and never works past CompleteBy: once the lease is over, another attempt may
-//! already be running, so the agent stops and sends nothing, not even an error.
+//! It passes the step's idempotency key on every call, and retries transient faults with
+//! backoff and full jitter. Its budget counts from when it takes the request, not from when the
+//! request was sent: a request that waited in a backlog still gets its whole budget, so a slow
+//! queue never makes the work fail. Once the budget is spent the agent stops and sends nothing,
+//! not even an error; the supervisor finds the lease. A reply that arrives after the lease ran
+//! out is still worth sending: the attempt it carries, not the clock, decides whether it counts.
+
+use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
 use crate::error::Result;
+use crate::load::WaitReporter;
 use crate::message::{Message, StepOutcome, StepReply, StepRequest};
 use crate::ports::{
-    Clock, Destination, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
+    Clock, Destination, Incoming, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
+    WaitGauge,
 };
 use crate::retry::RetryPolicy;
+use crate::time::Timestamp;
 
 /// How an agent finished with a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AgentOutcome {
     /// A reply was sent: the action took effect (`done`), or was refused for good.
     Replied { done: bool, calls: u32 },
-    /// CompleteBy passed (before the first call, or before an answer came): nothing was sent.
+    /// The budget ran out (before the first call, or before an answer came): nothing was sent.
     Expired { calls: u32 },
-    /// Transient faults used up the retries, or the next wait would end after CompleteBy:
+    /// Transient faults used up the retries, or the next wait would end after the budget:
     /// nothing was sent; the supervisor will find the expired lease.
     GaveUp { calls: u32 },
 }
 
 /// An agent, over its ports.
 #[derive(Debug)]
-pub struct Agent<R, Q, C, X> {
+pub struct Agent<R, Q, C, X, W> {
     remote: R,
     outbox: Q,
     clock: C,
     random: X,
     retry: RetryPolicy,
+    queue: Destination,
+    waits: WaitReporter<W>,
 }
 
-impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
-    pub fn new(remote: R, outbox: Q, clock: C, random: X, retry: RetryPolicy) -> Self {
-        Agent { remote, outbox, clock, random, retry }
+impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q, C, X, W> {
+    /// The agent that takes requests from `queue`, reporting how long they waited to `waits`.
+    pub fn new(
+        remote: R,
+        outbox: Q,
+        clock: C,
+        random: X,
+        retry: RetryPolicy,
+        queue: Destination,
+        waits: WaitReporter<W>,
+    ) -> Self {
+        Agent { remote, outbox, clock, random, retry, queue, waits }
     }
 
     /// The outbox replies are sent through (a batch consumer may gather them).
@@ -47,7 +66,16 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
 
     /// Performs the request. An `Err` (the reply could not be sent) should make the request
     /// come back: calling the service again with the same key is harmless.
-    pub async fn handle(&self, request: &StepRequest) -> Result<AgentOutcome> {
+    pub async fn handle(
+        &self,
+        request: &StepRequest,
+        incoming: Incoming<'_>,
+    ) -> Result<AgentOutcome> {
+        let taken = self.clock.now();
+        let deadline = deadline(request, taken);
+        self.waits
+            .observe(&self.queue, request.due_at, incoming, taken, taken.until(deadline))
+            .await;
         let call = RemoteCall {
             order_id: request.order_id,
             action: request.action.clone(),
@@ -55,19 +83,22 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
             idempotency_key: request.idempotency_key.clone(),
             order: request.order.clone(),
             input: request.input.clone(),
-            deadline: request.complete_by,
+            deadline,
         };
         let mut calls = 0;
         loop {
-            if self.clock.now() >= request.complete_by {
-                info!(order_id = %request.order_id, calls, "lease over before the call: dropped");
+            if self.clock.now() >= deadline {
+                info!(order_id = %request.order_id, calls, "budget spent before the call: dropped");
                 return Ok(AgentOutcome::Expired { calls });
             }
             calls += 1;
             let fault = match self.remote.call(&call).await {
-                Ok(output) => return self.reply(request, StepOutcome::done(output), calls).await,
+                Ok(output) => {
+                    return self.reply(request, deadline, StepOutcome::done(output), calls).await;
+                }
                 Err(RemoteFault::Permanent(reason)) => {
-                    return self.reply(request, StepOutcome::failed(&reason), calls).await;
+                    let outcome = StepOutcome::failed(&reason);
+                    return self.reply(request, deadline, outcome, calls).await;
                 }
                 Err(RemoteFault::Transient(reason)) => reason,
             };
@@ -76,7 +107,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
                 return Ok(AgentOutcome::GaveUp { calls });
             }
             let delay = self.retry.delay(calls, self.random.unit());
-            if self.clock.now().plus(delay) >= request.complete_by {
+            if self.clock.now().plus(delay) >= deadline {
                 info!(order_id = %request.order_id, calls, %fault, "no time left for another try");
                 return Ok(AgentOutcome::GaveUp { calls });
             }
@@ -88,12 +119,15 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
     async fn reply(
         &self,
         request: &StepRequest,
+        deadline: Timestamp,
         outcome: StepOutcome,
         calls: u32,
     ) -> Result<AgentOutcome> {
-        if self.clock.now() >= request.complete_by {
-            // The answer came too late to matter: the scheduler has moved on or will.
-            info!(order_id = %request.order_id, calls, "answer after CompleteBy: not sent");
+        let now = self.clock.now();
+        if now >= deadline {
+            // The answer outlived the budget: the supervisor treats the step as silent, and
+            // the next attempt gets the recorded answer under the same key.
+            info!(order_id = %request.order_id, calls, "answer after the budget: not sent");
             return Ok(AgentOutcome::Expired { calls });
         }
         let done = matches!(outcome, StepOutcome::Done { .. });
@@ -105,8 +139,15 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random> Agent<R, Q, C, X> {
             complete_by: request.complete_by,
             idempotency_key: request.idempotency_key.clone(),
             outcome,
+            due_at: Some(now),
         };
         self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
         Ok(AgentOutcome::Replied { done, calls })
     }
+}
+
+/// When the agent must be done with `request`, taken at `taken`: its budget from then, or, for
+/// a request from an older scheduler that carries none, its CompleteBy.
+fn deadline(request: &StepRequest, taken: Timestamp) -> Timestamp {
+    request.budget_ms.map_or(request.complete_by, |ms| taken.plus(Duration::from_millis(ms)))
 }

@@ -15,6 +15,7 @@ use crate::ports::{
     Clock, Destination, EventBus, Expected, Outbox, Outgoing, Read, Saved, StateStore,
 };
 use crate::state::StateRecord;
+use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
 /// Conflicts tolerated while recording that an alert was sent; each one means another writer
@@ -44,13 +45,14 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
         let mut alert_at = None;
         for effect in effects {
             match effect {
-                Effect::Dispatch => outgoing.push(self.request(record).await?),
+                Effect::Dispatch => outgoing.push(self.request(record, now).await?),
                 Effect::Kick { delay } => outgoing.push(Outgoing {
                     to: Destination::Scheduler,
                     message: Message::Start(Start {
                         order_id: record.order_id,
                         attempt: record.attempt,
                         correlation_id: record.correlation_id.clone(),
+                        due_at: Some(now.plus(*delay)),
                     }),
                     delay: *delay,
                 }),
@@ -88,8 +90,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
         Ok(())
     }
 
-    /// Builds the request for the record's current step (or undo).
-    async fn request(&self, record: &StateRecord) -> Result<Outgoing> {
+    /// Builds the request for the record's current step (or undo), sent at `now`.
+    async fn request(&self, record: &StateRecord, now: Timestamp) -> Result<Outgoing> {
         let corrupt = |reason: String| Error::Corrupt { order_id: record.order_id, reason };
         let state = record
             .current_step()
@@ -101,7 +103,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
             .iter()
             .find(|s| s.name == state.name)
             .ok_or_else(|| corrupt(format!("step {:?} is not in the workflow", state.name)))?;
-        let (action, _) = step
+        let (action, budget) = step
             .action(direction)
             .ok_or_else(|| corrupt(format!("step {:?} has no compensation", state.name)))?;
         let complete_by =
@@ -126,6 +128,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
             idempotency_key: step_key(record.order_id, &state.name, direction),
             order: order.order,
             input: if direction == Direction::Undo { state.output.clone() } else { None },
+            due_at: Some(now),
+            budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
         };
         Ok(Outgoing::now(
             Destination::Agent(step.agent.clone()),
@@ -157,7 +161,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
 }
 
 /// The alert of an order in Error; `None` if the record has no failure cause.
-pub(crate) fn alert_for(record: &StateRecord, now: crate::time::Timestamp) -> Option<Alert> {
+pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
     let needs_manual_undo = record.needs_manual_undo();
     Some(Alert {
         alert_id: format!("{}/alert", record.order_id),

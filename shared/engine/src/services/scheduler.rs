@@ -2,6 +2,7 @@
 //! moves each order to its next step, to compensation, or to its end.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::{debug, info};
 
@@ -10,31 +11,42 @@ use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
+use crate::load::WaitReporter;
 use crate::machine::{Ctx, Decision, Input, Transition, decide};
 use crate::message::{Message, StepReply};
-use crate::ports::{Clock, EventBus, Expected, Outbox, Read, Saved, StateStore};
+use crate::ports::{
+    Clock, Destination, EventBus, Expected, Incoming, Outbox, Read, Saved, StateStore, WaitGauge,
+};
 use crate::state::StateRecord;
 use crate::workflow::Workflow;
 
 /// The scheduler, over its ports.
 #[derive(Debug)]
-pub struct Scheduler<S, Q, B, C> {
+pub struct Scheduler<S, Q, B, C, W> {
     ports: Effector<S, Q, B, C>,
+    waits: WaitReporter<W>,
     owner: String,
 }
 
-impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
-    /// `owner` identifies this scheduler instance; it is written to LockedBy when it claims.
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S, Q, B, C, W> {
+    /// `owner` identifies this scheduler instance; it is written to LockedBy when it claims,
+    /// and names its reports to `waits`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: S,
         outbox: Q,
         bus: B,
         clock: C,
+        waits: W,
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
         owner: String,
     ) -> Self {
-        Scheduler { ports: Effector { store, outbox, bus, clock, config, workflow }, owner }
+        Scheduler {
+            waits: WaitReporter::new(waits, owner.clone(), config.claim_grace),
+            ports: Effector { store, outbox, bus, clock, config, workflow },
+            owner,
+        }
     }
 
     /// The outbox this scheduler sends through (a batch consumer flushes it).
@@ -48,9 +60,18 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Scheduler<S, Q, B, C> {
     /// retryable `Err` means it should come back; a non-retryable one means it never will work
     /// (a request sent to the wrong queue, a corrupt record) and belongs in a dead-letter queue.
     ///
-    /// `message_id` is the id the queue gave the message; it stays the same when the message is
-    /// delivered again, which is how a redelivery is told from a duplicate.
-    pub async fn handle(&self, message: &Message, message_id: &str) -> Result<Handled> {
+    /// `incoming.message_id` is the id the queue gave the message; it stays the same when the
+    /// message is delivered again, which is how a redelivery is told from a duplicate. How long
+    /// the message waited is reported for its queue.
+    pub async fn handle(&self, message: &Message, incoming: Incoming<'_>) -> Result<Handled> {
+        let queue = match message {
+            Message::Start(_) => Destination::Scheduler,
+            _ => Destination::Replies,
+        };
+        let now = self.ports.clock.now();
+        // The scheduler acts on a message at once: no work follows the wait.
+        self.waits.observe(&queue, message.due_at(), incoming, now, Duration::ZERO).await;
+        let message_id = incoming.message_id;
         match message {
             Message::Start(start) => {
                 let input = Input::Claim {

@@ -1,20 +1,27 @@
 //! Submission: validates an order, writes it with its state record in one transaction, and
 //! kicks the scheduler. Idempotent on the client's key.
+//!
+//! It is also the door: before it writes, it checks that a new order would not wait in the
+//! queues longer than the deployment accepts ([`crate::load`]), and refuses it with a time to
+//! come back otherwise. Accepting an order it could only serve late would make every order
+//! later, and the backlog longer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::events::StatusKind;
 use crate::ids::{IdempotencyKey, OrderId};
+use crate::load::{Admission, Cached, LoadSource};
 use crate::machine::Effect;
 use crate::order::Order;
 use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, Read, StateStore};
 use crate::state::{InputRef, ProcessState, StateRecord};
+use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
 /// The result of a successful submission.
@@ -28,31 +35,49 @@ pub struct Accepted {
 
 /// The submission service, over its ports.
 #[derive(Debug)]
-pub struct Submission<S, Q, B, C, I> {
+pub struct Submission<S, Q, B, C, I, L> {
     ports: Effector<S, Q, B, C>,
     ids: I,
+    load: Cached<L>,
 }
 
-impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B, C, I> {
+impl<S, Q, B, C, I, L> Submission<S, Q, B, C, I, L>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    I: Ids,
+    L: LoadSource,
+{
+    /// `load` tells how long the queues are; it is read at most every few seconds.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: S,
         outbox: Q,
         bus: B,
         clock: C,
         ids: I,
+        load: L,
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
     ) -> Self {
-        Submission { ports: Effector { store, outbox, bus, clock, config, workflow }, ids }
+        Submission {
+            ports: Effector { store, outbox, bus, clock, config, workflow },
+            ids,
+            load: Cached::new(load),
+        }
     }
 
-    /// Accepts an order. Invalid input is rejected before anything is written. The same key
-    /// with the same order returns the existing order; with a different order it is refused.
+    /// Accepts an order. Invalid input is rejected before anything is written, and so is an
+    /// order that would wait too long in the queues ([`Error::Overloaded`]). The same key with
+    /// the same order returns the existing order; with a different order it is refused.
     pub async fn submit(&self, key: &str, body: &[u8]) -> Result<Accepted> {
         let key = IdempotencyKey::parse(key)?;
         let order = Order::from_json(body)?;
         let order_id = OrderId::for_key(&key);
         let now = self.ports.clock.now();
+        self.admit(now).await?;
         let state = StateRecord::new(
             order_id,
             &self.ports.workflow,
@@ -90,6 +115,26 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, I: Ids> Submission<S, Q, B
                     }
                 }
                 Ok(Accepted { order_id, created: false })
+            }
+        }
+    }
+
+    /// Refuses a new order while the queues would keep it waiting longer than
+    /// `max_queue_wait`. If the queues cannot be read, the order is let in: the door must not
+    /// turn away orders because a metric is missing.
+    async fn admit(&self, now: Timestamp) -> Result<()> {
+        let load = match self.load.load(now).await {
+            Ok(load) => load,
+            Err(e) => {
+                warn!(error = %e, "the queues' load is unknown: the order is let in");
+                return Ok(());
+            }
+        };
+        match load.admission(self.ports.config.max_queue_wait) {
+            Admission::Admit => Ok(()),
+            Admission::Refuse { queue, expected_wait, retry_after } => {
+                info!(queue = %queue.name(), expected_wait_s = expected_wait.as_secs(), "order refused at the door");
+                Err(Error::Overloaded { queue: queue.name(), expected_wait, retry_after })
             }
         }
     }

@@ -5,8 +5,14 @@
 //! and the decision is made on what the table says, then written on the condition that the
 //! record is still exactly that. Two supervisors sweeping at once therefore never both act on a
 //! record: the second write fails its condition.
+//!
+//! A late message is not a lost one. Before it sweeps, the supervisor reads how long messages
+//! currently wait in the queues ([`crate::load`]) and looks only at leases that ran out longer
+//! ago than that horizon: the others may only be waiting for their messages, and are neither
+//! read nor written. While a queue holds messages that no consumer takes, it judges nothing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use tracing::{debug, warn};
@@ -15,15 +21,23 @@ use super::Handled;
 use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::Result;
+use crate::load::{Horizon, LoadSource};
 use crate::machine::{Ctx, Decision, Input, decide};
 use crate::ports::{
     Clock, EventBus, Expected, ExpiryIndex, IndexEntry, Outbox, Read, Saved, StateStore,
 };
+use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SweepReport {
+    /// How long past its CompleteBy a lease was left alone, its messages possibly still
+    /// waiting in a queue.
+    pub horizon_ms: u64,
+    /// A queue that held messages nobody took: nothing was judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
     /// Index entries returned by the queries.
     pub found: usize,
     /// Records changed by this supervisor.
@@ -38,35 +52,59 @@ pub struct SweepReport {
 
 /// The supervisor, over its ports.
 #[derive(Debug)]
-pub struct Supervisor<S, X, Q, B, C> {
+pub struct Supervisor<S, X, Q, B, C, L> {
     ports: Effector<S, Q, B, C>,
     index: X,
+    load: L,
 }
 
-impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor<S, X, Q, B, C> {
+impl<S, X, Q, B, C, L> Supervisor<S, X, Q, B, C, L>
+where
+    S: StateStore,
+    X: ExpiryIndex,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    L: LoadSource,
+{
+    /// `load` tells how long messages wait in the queues.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: S,
         index: X,
         outbox: Q,
         bus: B,
         clock: C,
+        load: L,
         config: Arc<EngineConfig>,
         workflow: Arc<Workflow>,
     ) -> Self {
-        Supervisor { ports: Effector { store, outbox, bus, clock, config, workflow }, index }
+        Supervisor { ports: Effector { store, outbox, bus, clock, config, workflow }, index, load }
     }
 
     /// One sweep over every shard, at most `sweep_limit` records in all. Shards are queried and
-    /// handled concurrently. Fails only if no shard could be queried at all.
+    /// handled concurrently. Fails if the queues' load cannot be read (without it a late
+    /// message cannot be told from a lost one), or if no shard could be queried at all.
     pub async fn sweep(&self) -> Result<SweepReport> {
         let now = self.ports.clock.now();
+        let load = self.load.load(now).await?;
+        let horizon = match load.horizon(&self.ports.workflow) {
+            Horizon::Within(horizon) => horizon,
+            Horizon::Stalled(queue) => {
+                warn!(queue = %queue.name(), "messages wait and nobody takes them: no lease is judged");
+                return Ok(SweepReport { stalled: Some(queue.name()), ..SweepReport::default() });
+            }
+        };
+        let cutoff = now.minus(horizon);
         let shards = self.ports.config.index_shards;
         // An even share per shard keeps one busy shard from starving the others.
         let per_shard = self.ports.config.sweep_limit.div_ceil(usize::from(shards)).max(1);
         let results =
-            join_all((0..shards).map(|shard| self.sweep_shard(shard, now, per_shard))).await;
+            join_all((0..shards).map(|shard| self.sweep_shard(shard, cutoff, horizon, per_shard)))
+                .await;
 
-        let mut report = SweepReport::default();
+        let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
+        let mut report = SweepReport { horizon_ms, ..SweepReport::default() };
         let mut first_error = None;
         let mut failed_shards = 0;
         for result in results {
@@ -94,13 +132,14 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
     async fn sweep_shard(
         &self,
         shard: u16,
-        now: crate::time::Timestamp,
+        cutoff: Timestamp,
+        horizon: Duration,
         limit: usize,
     ) -> Result<SweepReport> {
-        let entries = self.index.expired(shard, now, limit).await?;
+        let entries = self.index.expired(shard, cutoff, limit).await?;
         let mut report = SweepReport { found: entries.len(), ..SweepReport::default() };
         for entry in entries {
-            match self.handle(entry).await {
+            match self.handle(entry, horizon).await {
                 Ok(Handled::Applied | Handled::Replayed) => report.acted += 1,
                 Ok(Handled::LostRace) => report.lost_races += 1,
                 Ok(_) => report.ignored += 1,
@@ -113,8 +152,9 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
         Ok(report)
     }
 
-    /// Handles one index entry: re-read, decide, write conditionally, then act.
-    pub async fn handle(&self, entry: IndexEntry) -> Result<Handled> {
+    /// Handles one index entry: re-read, decide, write conditionally, then act. `horizon` is
+    /// how long past its CompleteBy the record's messages may still be waiting in a queue.
+    pub async fn handle(&self, entry: IndexEntry, horizon: Duration) -> Result<Handled> {
         let Some(record) = self.ports.store.load(entry.order_id, Read::Consistent).await? else {
             return Ok(Handled::UnknownOrder);
         };
@@ -123,7 +163,8 @@ impl<S: StateStore, X: ExpiryIndex, Q: Outbox, B: EventBus, C: Clock> Supervisor
             config: &self.ports.config,
             workflow: &self.ports.workflow,
         };
-        match decide(&record, Input::Expire { complete_by: entry.complete_by }, &ctx) {
+        let input = Input::Expire { complete_by: entry.complete_by, horizon };
+        match decide(&record, input, &ctx) {
             Decision::Apply(t) => {
                 if self.ports.store.save(&t.next, Expected::of(&record)).await? == Saved::Conflict {
                     return Ok(Handled::LostRace);

@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use sas_engine::config::EngineConfig;
 use sas_engine::events::{ALERT_DETAIL_TYPE, STATUS_DETAIL_TYPE, StatusKinds};
+use sas_engine::load::{Gauges, WaitReporter};
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, SeqIds, SplitMix,
+    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
-use sas_engine::ports::Destination;
+use sas_engine::ports::{Destination, Incoming};
 use sas_engine::services::{
     Accepted, Agent, AgentOutcome, Handled, Scheduler, Submission, Supervisor, SweepReport,
 };
@@ -28,6 +29,8 @@ pub type Store = Arc<MemoryStore<Clock>>;
 pub type Queues = Arc<MemoryQueues<Clock>>;
 pub type Bus = Arc<MemoryBus>;
 pub type Remote = Arc<MemoryRemote<Clock>>;
+pub type Waits = Arc<MemoryWaits>;
+pub type Load = Gauges<Waits, Queues>;
 
 pub const AGENTS: [&str; 3] = ["inventory", "payment", "shipping"];
 
@@ -37,12 +40,13 @@ pub struct World {
     pub queues: Queues,
     pub bus: Bus,
     pub remote: Remote,
+    pub waits: Waits,
     pub config: Arc<EngineConfig>,
     pub workflow: Arc<Workflow>,
-    pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>>,
-    pub scheduler: Scheduler<Store, Queues, Bus, Clock>,
-    pub agents: HashMap<AgentName, Agent<Remote, Queues, Clock, Arc<SplitMix>>>,
-    pub supervisor: Supervisor<Store, Store, Queues, Bus, Clock>,
+    pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load>,
+    pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits>,
+    pub agents: HashMap<AgentName, Agent<Remote, Queues, Clock, Arc<SplitMix>, Waits>>,
+    pub supervisor: Supervisor<Store, Store, Queues, Bus, Clock, Load>,
     /// What each handler returned, in order, for assertions.
     pub handled: Vec<(String, Handled)>,
     pub agent_outcomes: Vec<AgentOutcome>,
@@ -63,6 +67,8 @@ impl World {
         let queues = Arc::new(MemoryQueues::new(clock.clone()));
         let bus = Arc::new(MemoryBus::new());
         let remote = Arc::new(MemoryRemote::new(clock.clone()));
+        let waits = Arc::new(MemoryWaits::default());
+        let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
         let config = Arc::new(config);
         let workflow = Arc::new(
             Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names()).unwrap(),
@@ -73,6 +79,7 @@ impl World {
             bus.clone(),
             clock.clone(),
             Arc::new(SeqIds::new("corr")),
+            load(),
             config.clone(),
             workflow.clone(),
         );
@@ -81,6 +88,7 @@ impl World {
             queues.clone(),
             bus.clone(),
             clock.clone(),
+            waits.clone(),
             config.clone(),
             workflow.clone(),
             "scheduler-1".into(),
@@ -89,12 +97,15 @@ impl World {
         let agents = agent_names()
             .into_iter()
             .map(|name| {
+                let reporter = format!("agent-{}", name.as_str());
                 let agent = Agent::new(
                     remote.clone(),
                     queues.clone(),
                     clock.clone(),
                     random.clone(),
                     config.agent_retry,
+                    Destination::Agent(name.clone()),
+                    WaitReporter::new(waits.clone(), reporter, config.claim_grace),
                 );
                 (name, agent)
             })
@@ -105,6 +116,7 @@ impl World {
             queues.clone(),
             bus.clone(),
             clock.clone(),
+            load(),
             config.clone(),
             workflow.clone(),
         );
@@ -114,6 +126,7 @@ impl World {
             queues,
             bus,
             remote,
+            waits,
             config,
             workflow,
             submission,
@@ -123,6 +136,11 @@ impl World {
             handled: Vec::new(),
             agent_outcomes: Vec::new(),
         }
+    }
+
+    /// The queues' load, as the supervisor and the door read it.
+    pub fn load(&self) -> Load {
+        Gauges { waits: self.waits.clone(), depths: self.queues.clone() }
     }
 
     pub async fn submit(&self, key: &str) -> Result<Accepted> {
@@ -149,7 +167,9 @@ impl World {
                 }
                 for d in batch {
                     delivered += 1;
-                    if self.deliver(&dest, &d.message_id, &d.body).await {
+                    let incoming =
+                        Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                    if self.deliver(&dest, incoming, &d.body).await {
                         self.queues.delete(&dest, &d.receipt).unwrap();
                     }
                 }
@@ -159,11 +179,16 @@ impl World {
     }
 
     /// Handles one message body as the function behind `dest` would; true if it may be deleted.
-    pub async fn deliver(&mut self, dest: &Destination, message_id: &str, body: &str) -> bool {
+    pub async fn deliver(
+        &mut self,
+        dest: &Destination,
+        incoming: Incoming<'_>,
+        body: &str,
+    ) -> bool {
         let Ok(message) = Message::decode(body) else { return false };
         match (dest, &message) {
             (Destination::Agent(name), Message::Request(request)) => {
-                match self.agents[name].handle(request).await {
+                match self.agents[name].handle(request, incoming).await {
                     Ok(outcome) => {
                         self.agent_outcomes.push(outcome);
                         true
@@ -172,7 +197,7 @@ impl World {
                 }
             }
             (Destination::Scheduler | Destination::Replies, _) => {
-                match self.scheduler.handle(&message, message_id).await {
+                match self.scheduler.handle(&message, incoming).await {
                     Ok(handled) => {
                         self.handled.push((kind(&message).into(), handled));
                         true
@@ -188,7 +213,8 @@ impl World {
     /// Returns whether it was handled; panics if the queue has nothing visible.
     pub async fn step(&mut self, dest: &Destination) -> bool {
         let d = self.queues.receive(dest, 1).pop().expect("a visible message");
-        let handled = self.deliver(dest, &d.message_id, &d.body).await;
+        let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+        let handled = self.deliver(dest, incoming, &d.body).await;
         if handled {
             self.queues.delete(dest, &d.receipt).unwrap();
         }
