@@ -23,7 +23,7 @@ use sas_engine::ports::{
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{Agent, AgentOutcome, Handled, StatusService, Supervisor};
-use sas_engine::state::{AlertDelivery, ProcessState, StateRecord};
+use sas_engine::state::{AlertDelivery, Happening, ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
 use world::{World, order_body};
 
@@ -110,6 +110,45 @@ async fn order_and_state_are_written_together_or_not_at_all() {
     assert_eq!(w.store.stats().transactions, 2);
     assert_eq!(w.store.orders().len(), 1);
     assert_eq!(w.store.records().len(), 1);
+}
+
+#[tokio::test]
+async fn the_door_refuses_orders_that_would_wait_too_long_and_writes_nothing() {
+    let config =
+        EngineConfig { max_queue_wait: Duration::from_secs(10), ..EngineConfig::default() };
+    let w = World::with(config);
+    // 150 start messages waiting and nobody taking them yet: at the assumed 10 a second, a new
+    // order would wait 15 s.
+    for i in 0..150 {
+        w.submit(&format!("early-{i}")).await.unwrap();
+    }
+    // The door read the queues with the first order; it reads them again 5 s later.
+    w.clock.advance(sas_engine::load::REPORT_EVERY);
+    let before = (w.store.stats().transactions, w.queues.sent_count(&Destination::Scheduler));
+    let err = w.submit("late").await.unwrap_err();
+    let Error::Overloaded { queue, expected_wait, retry_after } = &err else { panic!("{err}") };
+    assert_eq!((queue.as_str(), expected_wait.as_secs()), ("scheduler", 15));
+    assert_eq!(*retry_after, Duration::from_secs(5));
+    assert!(err.is_retryable());
+    assert_eq!(
+        (w.store.stats().transactions, w.queues.sent_count(&Destination::Scheduler)),
+        before,
+        "a refused order writes and sends nothing"
+    );
+}
+
+#[tokio::test]
+async fn the_door_reads_the_queues_at_most_every_few_seconds() {
+    let w = World::new();
+    for i in 0..20 {
+        w.submit(&format!("busy-{i}")).await.unwrap();
+    }
+    // One read for twenty orders in the same instant.
+    let reads = || w.queues.depth_reads();
+    assert_eq!(reads(), 1);
+    w.clock.advance(sas_engine::load::REPORT_EVERY);
+    w.submit("later").await.unwrap();
+    assert_eq!(reads(), 2);
 }
 
 // ---------------------------------------------------------------- agent
@@ -545,6 +584,98 @@ async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
     w.clock.set(cb.plus(SLACK));
     assert_eq!(w.sweep().await.acted, 1);
     assert_eq!(w.state(id).phase, sas_engine::state::Phase::Compensating);
+}
+
+/// The scheduler takes one start message; every other queue is handled at once.
+async fn slow_scheduler_step(w: &mut World) {
+    if let Some(d) = w.queues.receive(&Destination::Scheduler, 1).pop() {
+        let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+        assert!(w.deliver(&Destination::Scheduler, incoming, &d.body).await);
+        w.queues.delete(&Destination::Scheduler, &d.receipt).unwrap();
+    }
+    for dest in w.destinations().into_iter().filter(|d| *d != Destination::Scheduler) {
+        while let Some(d) = w.queues.receive(&dest, 1).pop() {
+            let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+            assert!(w.deliver(&dest, incoming, &d.body).await);
+            w.queues.delete(&dest, &d.receipt).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_backlog_delays_orders_but_never_counts_against_them() {
+    let mut w = World::new();
+    let ids: Vec<OrderId> = {
+        let mut ids = Vec::new();
+        for i in 0..30 {
+            ids.push(w.submit(&format!("queued-{i}")).await.unwrap().order_id);
+        }
+        ids
+    };
+    // The scheduler is slow: it takes one start message every 10 s, long past every claim
+    // grace, while the supervisor sweeps every 5 s.
+    let mut sweeps = Vec::new();
+    for _ in 0..40 {
+        slow_scheduler_step(&mut w).await;
+        w.clock.advance(Duration::from_secs(5));
+        sweeps.push(w.sweep().await);
+        w.clock.advance(Duration::from_secs(5));
+        sweeps.push(w.sweep().await);
+    }
+    assert!(ids.iter().all(|id| w.state(*id).process_state == ProcessState::Processed));
+    assert!(ids.iter().all(|id| w.state(*id).failure_count == 0), "a wait is not a failure");
+    assert_eq!(sweeps.iter().map(|r| r.acted).sum::<usize>(), 0, "nothing was reset");
+    assert_eq!(
+        w.queues.sent_count(&Destination::Scheduler),
+        30,
+        "recovery added no message to the backlog"
+    );
+    // The horizon followed the backlog: the last orders waited well over three minutes.
+    let longest = sweeps.iter().map(|r| r.horizon_ms).max().unwrap();
+    assert!(longest > 180_000, "{longest}");
+}
+
+#[tokio::test]
+async fn a_lost_message_is_still_found_once_the_queues_are_past_it() {
+    let mut w = World::new();
+    let lost = w.submit("lost").await.unwrap().order_id;
+    lose_all(&w, &Destination::Scheduler);
+    // A backlog that takes 200 s to clear, made of later orders.
+    for i in 0..20 {
+        w.submit(&format!("after-{i}")).await.unwrap();
+    }
+    let mut found_at = None;
+    for step in 0..60 {
+        slow_scheduler_step(&mut w).await;
+        w.clock.advance(Duration::from_secs(10));
+        if w.sweep().await.acted > 0 && found_at.is_none() {
+            found_at = Some(step);
+        }
+    }
+    let found_at = found_at.expect("the lost start message was never found");
+    // Not while later messages still waited (the first 20 steps), but soon after.
+    assert!((20..40).contains(&found_at), "found at step {found_at}");
+    w.run_for(Duration::from_secs(600)).await;
+    let r = w.state(lost);
+    assert_eq!(r.process_state, ProcessState::Processed);
+    let retries = r.timeline.iter().filter(|e| e.what == Happening::RetryScheduled).count();
+    assert_eq!(retries, 1, "one reset, for the one message lost");
+}
+
+#[tokio::test]
+async fn waiting_messages_nobody_takes_stop_every_judgement() {
+    let mut w = World::new();
+    let id = w.submit("stuck").await.unwrap().order_id;
+    // The scheduler never runs: its queue holds the start message and no consumer reported.
+    w.clock.advance(Duration::from_secs(3600));
+    let report = w.sweep().await;
+    assert_eq!(report.stalled.as_deref(), Some("scheduler"));
+    assert_eq!((report.found, report.acted), (0, 0));
+    assert_eq!(w.state(id).failure_count, 0);
+    // Once the scheduler runs, the order goes through untouched.
+    w.settle().await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    assert_eq!(w.state(id).failure_count, 0);
 }
 
 // ---------------------------------------------------------------- events

@@ -73,6 +73,7 @@ struct State {
     next_message: u64,
     next_receipt: u64,
     failing_sends: usize,
+    depth_reads: u64,
 }
 
 #[derive(Default)]
@@ -221,6 +222,11 @@ impl<C: Clock> MemoryQueues<C> {
         self.state().failing_sends = n;
     }
 
+    /// How many times [`QueueDepths::depths`] was called.
+    pub fn depth_reads(&self) -> u64 {
+        self.state().depth_reads
+    }
+
     /// Messages that a receive would return now (or redrive).
     pub fn visible_len(&self, dest: &Destination) -> usize {
         let now = self.clock.now();
@@ -336,7 +342,8 @@ impl<C: Clock> QueueDepths for MemoryQueues<C> {
     /// Every queue that was configured or sent to, in a stable order.
     async fn depths(&self) -> Result<Vec<(Destination, Depth)>> {
         let now = self.clock.now();
-        let state = self.state();
+        let mut state = self.state();
+        state.depth_reads += 1;
         let mut depths: Vec<(Destination, Depth)> = state
             .queues
             .iter()
