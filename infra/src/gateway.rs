@@ -1,9 +1,13 @@
 //! The HTTP API, emulated on loopback: requests matched against the template's routes become
 //! API Gateway payload format 2.0 events for the route's function, and its answer becomes the
 //! HTTP response. The same translation serves function URLs (one route that takes everything).
+//! Each route is throttled as the template's `DefaultRouteSettings` say: a token bucket of
+//! `ThrottlingBurstLimit` tokens refilled at `ThrottlingRateLimit` a second, a request without
+//! a token answered 429 before any function runs.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, to_bytes};
 use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode};
@@ -25,6 +29,38 @@ pub struct Route {
     pub path: String,
     pub function: RuntimeApi,
     pub timeout: Duration,
+    /// The route's throttle, if it has one.
+    pub throttle: Option<Throttle>,
+}
+
+/// A route's throttling limits: a steady rate per second, and a burst above it.
+#[derive(Clone, Debug)]
+pub struct Throttle {
+    rate: f64,
+    burst: f64,
+    bucket: Arc<Mutex<(f64, Instant)>>,
+}
+
+impl Throttle {
+    pub fn new(rate: f64, burst: f64) -> Throttle {
+        let burst = burst.max(1.0);
+        Throttle { rate, burst, bucket: Arc::new(Mutex::new((burst, Instant::now()))) }
+    }
+
+    /// Takes a token if one is left.
+    fn admit(&self) -> bool {
+        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let (tokens, since) = &mut *bucket;
+        let now = Instant::now();
+        *tokens = (*tokens + now.duration_since(*since).as_secs_f64() * self.rate).min(self.burst);
+        *since = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl Route {
@@ -81,6 +117,9 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
     else {
         return plain(StatusCode::NOT_FOUND, r#"{"message":"Not Found"}"#);
     };
+    if route.throttle.as_ref().is_some_and(|t| !t.admit()) {
+        return plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#);
+    }
     let Ok(bytes) = to_bytes(body, MAX_BODY).await else {
         return plain(StatusCode::PAYLOAD_TOO_LARGE, r#"{"message":"Request Entity Too Large"}"#);
     };
@@ -199,7 +238,18 @@ mod tests {
             path: path.into(),
             function: RuntimeApi::start("f", "us-east-1").await.unwrap(),
             timeout: Duration::from_secs(1),
+            throttle: None,
         }
+    }
+
+    #[test]
+    fn a_throttle_lets_a_burst_through_then_the_steady_rate() {
+        let t = Throttle::new(10.0, 3.0);
+        assert!((0..3).all(|_| t.admit()), "the burst");
+        assert!(!t.admit(), "then nothing until tokens come back");
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(t.admit(), "one token per 100 ms");
+        assert!(!t.admit());
     }
 
     #[tokio::test]

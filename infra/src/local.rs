@@ -18,7 +18,7 @@ use crate::Error;
 use crate::aws::{Clients, Endpoints};
 use crate::emulator::Moto;
 use crate::functions::{EventSource, FunctionSpec, functions, rate};
-use crate::gateway::{self, Route};
+use crate::gateway::{self, Route, Throttle};
 use crate::processes::{Managed, ProcessSpec};
 use crate::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::proxy::{Proxy, Upstreams};
@@ -169,6 +169,7 @@ impl LocalStack {
         // The event source mappings poll through the proxy like the functions: on AWS their
         // receives and deletes are billed too.
         let sqs = Clients::new(&Endpoints::single(&endpoint), &options.region).await.sqs;
+        let throttle = api_throttle(&template, &stack)?;
         let mut routes = Vec::new();
         for mut spec in functions(&template, &stack)? {
             for (id, name, value) in &options.overrides {
@@ -246,6 +247,8 @@ impl LocalStack {
                         path: path.clone(),
                         function: api.clone(),
                         timeout: spec.timeout.min(Duration::from_secs(30)),
+                        // Each route has a bucket of its own, as in API Gateway.
+                        throttle: throttle.map(|(rate, burst)| Throttle::new(rate, burst)),
                     }),
                 }
             }
@@ -255,6 +258,7 @@ impl LocalStack {
                     path: "/{proxy+}".into(),
                     function: api.clone(),
                     timeout: spec.timeout,
+                    throttle: None,
                 };
                 tasks.push(tokio::spawn(async move {
                     let _ = gateway::serve(listener, vec![route]).await;
@@ -268,6 +272,30 @@ impl LocalStack {
             let _ = gateway::serve(listener, routes).await;
         }));
         Ok(LocalStack { endpoint, emulators, api_url, stack, functions: running, proxy, tasks })
+    }
+}
+
+/// The HTTP API's throttling limits (rate, burst) from its `DefaultRouteSettings`, if set.
+fn api_throttle(template: &Template, stack: &Stack) -> Result<Option<(f64, f64)>, Error> {
+    let Some((id, api)) = template.of_kind("AWS::Serverless::HttpApi").next() else {
+        return Ok(None);
+    };
+    let settings =
+        stack.eval(api.properties.get("DefaultRouteSettings").unwrap_or(&Value::Null))?;
+    let number = |key: &str| -> Result<Option<f64>, Error> {
+        settings
+            .get(key)
+            .map(|v| {
+                crate::template::scalar_string(v)?
+                    .parse::<f64>()
+                    .map_err(|_| Error::Template(format!("{id}: {key} is not a number")))
+            })
+            .transpose()
+    };
+    match (number("ThrottlingRateLimit")?, number("ThrottlingBurstLimit")?) {
+        (Some(rate), Some(burst)) => Ok(Some((rate, burst))),
+        (None, None) => Ok(None),
+        _ => Err(Error::Template(format!("{id}: set both throttling limits, or neither"))),
     }
 }
 
@@ -324,5 +352,35 @@ fn process_spec(
         args: Vec::new(),
         environment,
         echo: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::dry_run;
+
+    fn stack(parameters: &[(&str, &str)]) -> (Template, Stack) {
+        let template = Template::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml"),
+        )
+        .unwrap();
+        let options = ProvisionOptions {
+            stack_name: "local".into(),
+            region: "us-east-1".into(),
+            parameters: parameters.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            attributes: HashMap::new(),
+        };
+        let stack = dry_run(&template, &options).unwrap();
+        (template, stack)
+    }
+
+    #[test]
+    fn the_api_is_throttled_as_its_parameters_say() {
+        let (template, s) = stack(&[]);
+        assert_eq!(api_throttle(&template, &s).unwrap(), Some((200.0, 400.0)), "the defaults");
+        let (template, s) =
+            stack(&[("ApiThrottlingRateLimit", "5"), ("ApiThrottlingBurstLimit", "9")]);
+        assert_eq!(api_throttle(&template, &s).unwrap(), Some((5.0, 9.0)));
     }
 }
