@@ -1,13 +1,21 @@
 //! The demo: the local stack under a few hundred orders while the remote services misbehave,
 //! with live progress and a summary that checks the system's promises: every order terminal,
-//! no remote effect applied twice, one alert per failed order.
+//! no remote effect applied twice, one alert per failed order, and every order that did not
+//! go through explained by a fault the simulated service injected into it.
+//!
+//! The clients behave as a client of the API should: an order refused at the door (503) is
+//! sent again after its `Retry-After`, a throttled one (429) after a second, each with the same
+//! idempotency key, and a little jitter so that clients refused together do not come back
+//! together.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use sas_engine::memory::SplitMix;
+use sas_engine::ports::Random;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
@@ -26,13 +34,20 @@ pub const DEMO_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
   {"name":"charge-payment","agent":"payment","budget_seconds":15,"compensation":{"action":"refund-payment","budget_seconds":15}},
   {"name":"ship","agent":"shipping","budget_seconds":15}]}"#;
 
-/// Template parameters for the demo: quick retries, and a sweep every minute (run faster).
+/// Steps of [`DEMO_WORKFLOW`]: an order that goes through sends and handles one start message
+/// and a request and a reply per step, and writes its state once at submission, once to claim,
+/// and once per step.
+const STEPS: f64 = 3.0;
+
+/// Template parameters for the demo: quick retries, a sweep every minute (run faster), and a
+/// door that keeps the local stack's queues under 20 s.
 pub fn demo_parameters() -> HashMap<String, String> {
     [
         ("ClaimGraceSeconds", "2"),
         ("RetryWaitBaseSeconds", "1"),
         ("RetryWaitMaxSeconds", "4"),
         ("FailureThreshold", "4"),
+        ("MaxQueueWaitSeconds", "20"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -47,6 +62,8 @@ pub struct Summary {
     pub compensated: usize,
     pub failed: usize,
     pub unfinished: usize,
+    /// Compensated or failed orders that no injected fault explains.
+    pub unexplained: usize,
     pub errors_without_alert: usize,
     pub max_applications: u64,
     /// Function processes killed during the run.
@@ -55,10 +72,14 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// The demo passes when every order is terminal, no effect was applied twice, and every
-    /// failed order raised its alert.
+    /// The demo passes when every order is terminal, no effect was applied twice, every failed
+    /// order raised its alert, and every order that did not go through was failed by a fault
+    /// the simulated service injected, not by load or delay.
     pub fn passed(&self) -> bool {
-        self.unfinished == 0 && self.max_applications <= 1 && self.errors_without_alert == 0
+        self.unfinished == 0
+            && self.max_applications <= 1
+            && self.errors_without_alert == 0
+            && self.unexplained == 0
     }
 }
 
@@ -74,8 +95,20 @@ pub struct Chaos {
 /// How long the killing goes on once every order has been accepted.
 const CHAOS_AFTER_ACCEPTED: Duration = Duration::from_secs(30);
 
-/// Submits `orders` orders through the HTTP API, at most `rate` a second if given, and follows
-/// them to the end (or `limit`), killing function processes meanwhile if `chaos` says so.
+/// How the clients fared at the door.
+#[derive(Debug, Default)]
+struct Door {
+    /// 503 answers: refused while the queues were long (or a dependency was unavailable).
+    refused: AtomicU64,
+    /// 429 answers: the route's throttling.
+    throttled: AtomicU64,
+    /// Anything else that was not a 202: errors, connections refused.
+    other: AtomicU64,
+}
+
+/// Submits `orders` orders through the HTTP API, at most `rate` new ones a second if given
+/// (otherwise as fast as 8 clients can), and follows them to the end (or `limit`), killing
+/// function processes meanwhile if `chaos` says so.
 pub async fn run(
     stack: &LocalStack,
     orders: usize,
@@ -84,24 +117,24 @@ pub async fn run(
     chaos: Option<Chaos>,
 ) -> Result<Summary, Error> {
     let accepted_at: OnceLock<Instant> = OnceLock::new();
+    let kills = AtomicU64::new(0);
     let killer = async {
-        let Some(chaos) = chaos else { return 0 };
+        let Some(chaos) = chaos else { return };
         let random = SplitMix::seeded(chaos.seed);
-        let mut kills = 0;
         while accepted_at.get().is_none_or(|at| at.elapsed() < CHAOS_AFTER_ACCEPTED) {
             tokio::time::sleep(chaos.every).await;
             if stack.kill_random(&random).is_some() {
-                kills += 1;
+                kills.fetch_add(1, Ordering::Relaxed);
             }
         }
-        kills
     };
-    let (summary, kills) = tokio::join!(follow(stack, orders, rate, limit, &accepted_at), killer);
+    let following = follow(stack, orders, rate, limit, &accepted_at, &kills);
+    let (summary, ()) = tokio::join!(following, killer);
     let mut summary = summary?;
     if chaos.is_some() {
-        summary.kills = kills;
         summary.text.push_str(&format!(
-            "chaos: {kills} function processes killed with SIGKILL, {} restarts\n",
+            "chaos: {} function processes killed with SIGKILL, {} restarts\n",
+            summary.kills,
             stack.restarts()
         ));
     }
@@ -114,20 +147,26 @@ async fn follow(
     rate: Option<f64>,
     limit: Duration,
     accepted_at: &OnceLock<Instant>,
+    kills: &AtomicU64,
 ) -> Result<Summary, Error> {
     let started = Instant::now();
+    let deadline = started + limit;
     let http = reqwest::Client::new();
-    let slots = Arc::new(Semaphore::new(8));
-    let mut submissions = Vec::new();
+    let door = Arc::new(Door::default());
+    // Unpaced, 8 clients send as fast as they are answered; paced, every order is a client of
+    // its own arriving on time, however slow the answers.
+    let slots = Arc::new(Semaphore::new(if rate.is_some() { orders.max(1) } else { 8 }));
     let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
+    let mut submissions = Vec::new();
     for i in 0..orders {
         if let Some(pace) = pace {
             tokio::time::sleep(pace).await;
         }
-        let (http, api, slots) = (http.clone(), stack.api_url.clone(), slots.clone());
+        let (http, api, slots, door) =
+            (http.clone(), stack.api_url.clone(), slots.clone(), door.clone());
         submissions.push(tokio::spawn(async move {
             let _slot = slots.acquire_owned().await;
-            submit(&http, &api, i).await
+            submit(&http, &api, i, deadline, &door).await
         }));
     }
     let mut ids = Vec::new();
@@ -137,16 +176,21 @@ async fn follow(
         }
     }
     let _ = accepted_at.set(Instant::now());
-    println!("demo: {} orders accepted in {:.1} s", ids.len(), started.elapsed().as_secs_f64());
+    println!(
+        "demo: {} orders accepted in {:.1} s ({} refused at the door and sent again, {} throttled)",
+        ids.len(),
+        started.elapsed().as_secs_f64(),
+        door.refused.load(Ordering::Relaxed),
+        door.throttled.load(Ordering::Relaxed)
+    );
 
     // Straight to the emulators: the demo's own reads are not the system's cost.
     let clients = Clients::new(&stack.emulators, "us-east-1").await;
-    let dynamodb = &clients.dynamodb;
     let table =
         stack.stack.reference("StateTable").ok_or_else(|| Error::Local("no StateTable".into()))?;
     let mut records;
     loop {
-        records = scan(dynamodb, &table).await?;
+        records = scan(&clients.dynamodb, &table).await?;
         let mut by_state: BTreeMap<String, usize> = BTreeMap::new();
         for r in &records {
             *by_state.entry(state_of(r)).or_default() += 1;
@@ -157,15 +201,26 @@ async fn follow(
             started.elapsed().as_secs_f64(),
             by_state.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join("  ")
         );
-        if settled == ids.len() && records.len() == ids.len() || started.elapsed() > limit {
+        if settled == ids.len() && records.len() == ids.len() || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    summarise(stack, &clients, &http, &records, ids.len(), started.elapsed()).await
+    let mut summary =
+        summarise(stack, &clients, &http, &records, ids.len(), started.elapsed(), &door, kills)
+            .await?;
+    summary.kills = u32::try_from(kills.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
+    Ok(summary)
 }
 
-async fn submit(http: &reqwest::Client, api: &str, i: usize) -> Option<String> {
+/// Sends order `i` until it is accepted or `deadline` passes; returns its id if accepted.
+async fn submit(
+    http: &reqwest::Client,
+    api: &str,
+    i: usize,
+    deadline: Instant,
+    door: &Door,
+) -> Option<String> {
     let body = format!(
         r#"{{"customer_id":"demo-{c}","currency":"EUR","items":[{{"sku":"BOOK-{s}","quantity":{q},"unit_price":1250}}],
             "ship_to":{{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}}}"#,
@@ -173,7 +228,8 @@ async fn submit(http: &reqwest::Client, api: &str, i: usize) -> Option<String> {
         s = i % 5,
         q = 1 + i % 3
     );
-    for _ in 0..30 {
+    let jitter = SplitMix::seeded(i as u64);
+    while Instant::now() < deadline {
         let answer = http
             .post(format!("{api}/orders"))
             .header("content-type", "application/json")
@@ -181,14 +237,33 @@ async fn submit(http: &reqwest::Client, api: &str, i: usize) -> Option<String> {
             .body(body.clone())
             .send()
             .await;
-        if let Ok(a) = answer {
-            if a.status() == 202 {
+        let wait = match answer {
+            Ok(a) if a.status() == 202 => {
                 let v: Value = a.json().await.ok()?;
                 return v["order_id"].as_str().map(str::to_owned);
             }
-        }
-        // A 5xx or a refused connection: retry with the same key, as a client should.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+            Ok(a) if a.status() == 503 => {
+                door.refused.fetch_add(1, Ordering::Relaxed);
+                let seconds = a
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(1);
+                Duration::from_secs(seconds)
+            }
+            Ok(a) if a.status() == 429 => {
+                door.throttled.fetch_add(1, Ordering::Relaxed);
+                Duration::from_secs(1)
+            }
+            // Anything else (a killed submission process, a refused connection): the same key
+            // again shortly, as a client should.
+            _ => {
+                door.other.fetch_add(1, Ordering::Relaxed);
+                Duration::from_millis(500)
+            }
+        };
+        tokio::time::sleep(wait.mul_f64(1.0 + 0.5 * jitter.unit())).await;
     }
     None
 }
@@ -223,6 +298,26 @@ fn body(r: &Item) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Whether what the simulated service did explains why an order did not go through:
+///
+/// - refused at a step: the service refused that step's key for good (or had undone it);
+/// - timed out at a step: the service met that step's key with an outage, a transient fault,
+///   throttling or a lost answer at least once, or function processes were being killed;
+/// - anything else (a step the workflow does not know): nothing explains it.
+fn explained(cause: &Value, order_id: &str, faulted: &Value, kills: u64) -> bool {
+    let step = cause["step"].as_str().unwrap_or_default();
+    let counts = &faulted[format!("{order_id}/{step}/do")];
+    let n = |k: &str| counts[k].as_u64().unwrap_or(0);
+    match cause["kind"].as_str() {
+        Some("step_rejected") => n("permanent") + n("tombstoned") > 0,
+        Some("step_timed_out") => {
+            kills > 0 || n("outage") + n("transient") + n("throttled") + n("lost_answer") > 0
+        }
+        _ => false,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn summarise(
     stack: &LocalStack,
     clients: &Clients,
@@ -230,10 +325,26 @@ async fn summarise(
     records: &[Item],
     accepted: usize,
     elapsed: Duration,
+    door: &Door,
+    kills: &AtomicU64,
 ) -> Result<Summary, Error> {
+    let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap_or_default();
+    let get = |path: &str| {
+        let url = format!("{remote}{path}");
+        async move {
+            match http.get(url).send().await {
+                Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            }
+        }
+    };
+    let (ledger, stats, faulted) = tokio::join!(get("ledger"), get("stats"), get("stats/keys"));
+    let kills = kills.load(Ordering::Relaxed);
+
     let mut s = Summary { orders: accepted, ..Summary::default() };
     let mut to_terminal = Vec::new();
     let (mut resets, mut error_ids) = (0usize, Vec::new());
+    let (mut compensated_unexplained, mut failed_unexplained) = (0, 0);
     for r in records {
         let b = body(r);
         let timeline = b["timeline"].as_array().cloned().unwrap_or_default();
@@ -245,27 +356,38 @@ async fn summarise(
         if let (Some(end), Some(created)) = (end, b["created_at"].as_i64()) {
             to_terminal.push(end["at"].as_i64().unwrap_or(created) - created);
         }
+        let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+        let why = explained(&b["cause"], &id, &faulted, kills);
         match (state_of(r).as_str(), end.and_then(|e| e["what"].as_str())) {
             ("Processed", _) => s.processed += 1,
-            ("Error", Some("compensated")) => s.compensated += 1,
-            ("Error", _) => s.failed += 1,
+            ("Error", Some("compensated")) => {
+                s.compensated += 1;
+                compensated_unexplained += usize::from(!why);
+            }
+            ("Error", _) => {
+                s.failed += 1;
+                failed_unexplained += usize::from(!why);
+            }
             _ => s.unfinished += 1,
         }
         if state_of(r) == "Error" {
-            if let Some(id) = r.get("OrderId").and_then(|v| v.as_s().ok()) {
-                error_ids.push(id.clone());
-            }
+            error_ids.push(id);
         }
     }
     s.unfinished += accepted.saturating_sub(records.len());
+    s.unexplained = compensated_unexplained + failed_unexplained;
 
     // Alerts, as an operator would read them: from the queue the alert rule feeds.
-    let sqs = &clients.sqs;
     let alerts_url = stack.stack.reference("AlertsQueue").unwrap_or_default();
-    let mut alerted: HashMap<String, usize> = HashMap::new();
+    let mut alerted: HashSet<String> = HashSet::new();
     loop {
-        let got =
-            sqs.receive_message().queue_url(&alerts_url).max_number_of_messages(10).send().await;
+        let got = clients
+            .sqs
+            .receive_message()
+            .queue_url(&alerts_url)
+            .max_number_of_messages(10)
+            .send()
+            .await;
         let messages = got.ok().and_then(|o| o.messages).unwrap_or_default();
         if messages.is_empty() {
             break;
@@ -274,9 +396,10 @@ async fn summarise(
             let event: Value =
                 serde_json::from_str(m.body().unwrap_or_default()).unwrap_or(Value::Null);
             if let Some(order) = event["detail"]["order_id"].as_str() {
-                *alerted.entry(order.to_owned()).or_default() += 1;
+                alerted.insert(order.to_owned());
             }
-            let _ = sqs
+            let _ = clients
+                .sqs
                 .delete_message()
                 .queue_url(&alerts_url)
                 .receipt_handle(m.receipt_handle().unwrap_or_default())
@@ -284,17 +407,7 @@ async fn summarise(
                 .await;
         }
     }
-    s.errors_without_alert = error_ids.iter().filter(|id| !alerted.contains_key(*id)).count();
-
-    let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap_or_default();
-    let ledger: Value = match http.get(format!("{remote}ledger")).send().await {
-        Ok(r) => r.json().await.unwrap_or(Value::Null),
-        Err(_) => Value::Null,
-    };
-    let stats: Value = match http.get(format!("{remote}stats")).send().await {
-        Ok(r) => r.json().await.unwrap_or(Value::Null),
-        Err(_) => Value::Null,
-    };
+    s.errors_without_alert = error_ids.iter().filter(|id| !alerted.contains(*id)).count();
     s.max_applications = ledger["max_applications"].as_u64().unwrap_or(u64::MAX);
 
     to_terminal.sort_unstable();
@@ -304,27 +417,63 @@ async fn summarise(
             .copied()
             .unwrap_or(0)
     };
-    let mut t = String::new();
+    let calls = stack.proxy.counts.snapshot();
     let n = accepted.max(1) as f64;
+    let seen = |service: &str, pick: &dyn Fn(&str) -> bool| -> (f64, f64) {
+        let (requests, messages) = calls
+            .iter()
+            .filter(|((s, op), _)| s == service && pick(op))
+            .fold((0, 0), |(r, m), (_, seen)| (r + seen.requests, m + seen.messages));
+        (requests as f64 / n, messages as f64 / n)
+    };
+    let (_, sent) = seen("sqs", &|op| {
+        op.starts_with("SendMessage")
+            && ["SchedulerQueue", "ReplyQueue", "InventoryQueue", "PaymentQueue", "ShippingQueue"]
+                .iter()
+                .any(|q| op.ends_with(q))
+    });
+    let (_, handled) = seen("sqs", &|op| op == "ReceiveMessage");
+    let (state_puts, _) = seen("dynamodb", &|op| op == "PutItem on StateTable");
+    let (transactions, _) = seen("dynamodb", &|op| op == "TransactWriteItems");
+    let writes = state_puts + transactions;
+    let (fault_free_messages, fault_free_writes) = (1.0 + 2.0 * STEPS, 2.0 + STEPS);
+
+    let mut t = String::new();
     t.push_str(&format!(
         "\n# Demo summary ({accepted} orders, {:.0} s)\n\n",
         elapsed.as_secs_f64()
     ));
     t.push_str(&format!(
-        "processed {}, compensated {}, failed {}, not finished {}\n",
-        s.processed, s.compensated, s.failed, s.unfinished
+        "processed {}, compensated {} ({} unexplained), failed {} ({} unexplained), not finished {}\n",
+        s.processed,
+        s.compensated,
+        compensated_unexplained,
+        s.failed,
+        failed_unexplained,
+        s.unfinished
     ));
     t.push_str(&format!(
         "alerts: {} orders in Error, {} alerted, {} without an alert\n",
         error_ids.len(),
-        error_ids.iter().filter(|id| alerted.contains_key(*id)).count(),
+        error_ids.iter().filter(|id| alerted.contains(*id)).count(),
         s.errors_without_alert
     ));
     t.push_str(&format!(
         "remote calls: {} ({} transient, {} throttled, {} during the outage, {} answers lost, {} refused for good); largest number of applications of one effect: {}\n",
         stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"], s.max_applications
     ));
-    t.push_str(&format!("supervisor resets: {resets}\n"));
+    t.push_str(&format!(
+        "door: {} refused while the queues were long (sent again after Retry-After), {} throttled, {} other errors\n",
+        door.refused.load(Ordering::Relaxed),
+        door.throttled.load(Ordering::Relaxed),
+        door.other.load(Ordering::Relaxed)
+    ));
+    t.push_str(&format!(
+        "supervisor resets: {resets}; per order: {sent:.2} messages sent, {handled:.2} handled, {writes:.2} state writes (amplification {:.2}, {:.2}, {:.2} against the fault-free {fault_free_messages}, {fault_free_messages}, {fault_free_writes})\n",
+        sent / fault_free_messages,
+        handled / fault_free_messages,
+        writes / fault_free_writes
+    ));
     t.push_str(&format!(
         "time to terminal: p50 {:.1} s, p95 {:.1} s, max {:.1} s\n\n",
         pct(0.5) as f64 / 1000.0,
@@ -335,9 +484,9 @@ async fn summarise(
     // AWS API calls per order, as counted by the proxy in front of the emulator.
     t.push_str("| service | operation | calls per order | list price (us-east-1, 2026-11-21) | per million orders |\n| --- | --- | ---: | --- | ---: |\n");
     let mut total = 0.0;
-    for ((service, operation), count) in stack.proxy.counts.snapshot() {
-        let per = count as f64 / n;
-        let (unit, note) = price(&service, &operation);
+    for ((service, operation), seen) in &calls {
+        let per = seen.requests as f64 / n;
+        let (unit, note) = price(service, operation);
         let cost = per * unit;
         total += cost;
         t.push_str(&format!("| {service} | {operation} | {per:.2} | {note} | ${cost:.2} |\n"));
@@ -377,7 +526,9 @@ async fn summarise(
 fn price(service: &str, operation: &str) -> (f64, &'static str) {
     match (service, operation) {
         ("dynamodb", "TransactWriteItems") => (4.0 * 0.625, "4 write units at $0.625 per million"),
-        ("dynamodb", "PutItem" | "UpdateItem" | "DeleteItem") => {
+        ("dynamodb", op)
+            if op.starts_with("PutItem") || op == "UpdateItem" || op == "DeleteItem" =>
+        {
             (0.625, "1 write unit at $0.625 per million")
         }
         ("dynamodb", "GetItem, consistent") => (0.125, "1 read unit at $0.125 per million"),
@@ -387,5 +538,29 @@ fn price(service: &str, operation: &str) -> (f64, &'static str) {
         ("sqs", _) => (0.40, "$0.40 per million requests"),
         ("eventbridge", "PutEvents") => (1.00, "$1.00 per million events"),
         (_, _) => (0.0, "not billed per call"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_failed_order_is_explained_only_by_what_the_service_did_to_its_step() {
+        let faulted = json!({
+            "o1/charge-payment/do": {"permanent": 1, "total": 2},
+            "o2/reserve-inventory/do": {"outage": 3, "total": 3},
+        });
+        let rejected = |step: &str| json!({"kind": "step_rejected", "step": step, "reason": "no"});
+        let timed_out = |step: &str| json!({"kind": "step_timed_out", "step": step, "failures": 4});
+        assert!(explained(&rejected("charge-payment"), "o1", &faulted, 0));
+        assert!(!explained(&rejected("ship"), "o1", &faulted, 0), "another step was refused");
+        assert!(explained(&timed_out("reserve-inventory"), "o2", &faulted, 0));
+        assert!(!explained(&timed_out("charge-payment"), "o1", &faulted, 0), "refused, not down");
+        // A step that timed out while nothing was done to it: only kills explain it.
+        assert!(!explained(&timed_out("ship"), "o3", &faulted, 0));
+        assert!(explained(&timed_out("ship"), "o3", &faulted, 5));
+        assert!(!explained(&json!({"kind": "unknown_step", "step": "x"}), "o3", &faulted, 5));
     }
 }

@@ -22,17 +22,28 @@ use serde_json::json;
 /// Path of the proxy's own control endpoint; no AWS API request uses it.
 pub const CONTROL_PATH: &str = "/_proxy/faults";
 
-/// Requests seen, by (service, operation).
+/// What the proxy saw of one kind of request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub requests: u64,
+    /// Messages carried: sent by `SendMessage(Batch)`, or received by `ReceiveMessage`.
+    pub messages: u64,
+}
+
+/// Requests seen, by (service, operation as counted).
 #[derive(Clone, Debug, Default)]
-pub struct Counts(Arc<Mutex<BTreeMap<(String, String), u64>>>);
+pub struct Counts(Arc<Mutex<BTreeMap<(String, String), Seen>>>);
 
 impl Counts {
-    pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
+    pub fn snapshot(&self) -> BTreeMap<(String, String), Seen> {
         lock(&self.0).clone()
     }
 
-    fn add(&self, service: &str, operation: &str) {
-        *lock(&self.0).entry((service.to_owned(), operation.to_owned())).or_default() += 1;
+    fn add(&self, call: &Call, messages: u64) {
+        let mut counts = lock(&self.0);
+        let seen = counts.entry((call.service.clone(), call.counted_as.clone())).or_default();
+        seen.requests += 1;
+        seen.messages += messages;
     }
 }
 
@@ -131,13 +142,14 @@ impl Upstreams {
     }
 }
 
-/// A request as the proxy sees it: the service, the API operation, and the name it is
-/// counted under (which says more where price or purpose differ).
+/// A request as the proxy sees it: the service, the API operation, the name it is counted
+/// under (which says more where price or purpose differ), and the messages it sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Call {
     pub service: String,
     pub operation: String,
     pub counted_as: String,
+    pub sends: u64,
 }
 
 /// The service and operation of an AWS API request, from its `X-Amz-Target` header (the JSON
@@ -152,6 +164,7 @@ pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
             service: "other".into(),
             operation: action.into(),
             counted_as: action.into(),
+            sends: 0,
         };
     };
     let (prefix, operation) = target.split_once('.').unwrap_or((target, ""));
@@ -161,22 +174,39 @@ pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
         p if p.starts_with("AWSEvents") => "eventbridge",
         other => other,
     };
-    let json = || serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+    let json = serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+    // Physical names end with the logical id: `<stack>-ReplyQueue`, `<stack>-StateTable`.
+    let logical = |name: &str| name.rsplit(['/', '-']).next().unwrap_or("?").to_owned();
+    let mut sends = 0;
     let counted_as = match (service, operation) {
         ("dynamodb", "GetItem") => {
-            let consistent = json()["ConsistentRead"].as_bool().unwrap_or(false);
+            let consistent = json["ConsistentRead"].as_bool().unwrap_or(false);
             format!("GetItem, {}", if consistent { "consistent" } else { "eventual" })
         }
+        ("dynamodb", "PutItem") => {
+            format!("PutItem on {}", logical(json["TableName"].as_str().unwrap_or("")))
+        }
         ("sqs", "SendMessage" | "SendMessageBatch" | "GetQueueAttributes") => {
-            // Physical names end with the logical id: `<stack>-ReplyQueue`.
-            let json = json();
-            let queue = json["QueueUrl"].as_str().unwrap_or("").rsplit(['/', '-']).next();
+            sends = match operation {
+                "SendMessage" => 1,
+                "SendMessageBatch" => json["Entries"].as_array().map_or(0, |e| e.len() as u64),
+                _ => 0,
+            };
+            let queue = logical(json["QueueUrl"].as_str().unwrap_or(""));
             let to = if operation == "GetQueueAttributes" { "of" } else { "to" };
-            format!("{operation} {to} {}", queue.unwrap_or("?"))
+            format!("{operation} {to} {queue}")
         }
         _ => operation.to_owned(),
     };
-    Call { service: service.to_owned(), operation: operation.to_owned(), counted_as }
+    Call { service: service.to_owned(), operation: operation.to_owned(), counted_as, sends }
+}
+
+/// Messages a `ReceiveMessage` answer hands out.
+fn received(answer: &[u8]) -> u64 {
+    serde_json::from_slice::<serde_json::Value>(answer)
+        .ok()
+        .and_then(|v| v["Messages"].as_array().map(|m| m.len() as u64))
+        .unwrap_or(0)
 }
 
 /// The proxy's shared parts: where it forwards, what it counts, which faults it injects.
@@ -212,10 +242,12 @@ impl Proxy {
         }
         let target = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
         let call = classify(target, &body);
-        self.counts.add(&call.service, &call.counted_as);
         match self.faults.take(&call.service, &call.operation) {
             Some(WireFault::Slow { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
-            Some(fault) => return error_response(&call.service, &fault),
+            Some(fault) => {
+                self.counts.add(&call, 0);
+                return error_response(&call.service, &fault);
+            }
             None => {}
         }
         let upstream = self.upstreams.of(&call.service);
@@ -228,6 +260,7 @@ impl Proxy {
         }
         match outgoing.send().await {
             Ok(answer) => {
+                let ok = answer.status().is_success();
                 let mut response = Response::builder().status(answer.status());
                 for (name, value) in answer.headers() {
                     if name != "content-length"
@@ -238,9 +271,18 @@ impl Proxy {
                     }
                 }
                 let bytes = answer.bytes().await.unwrap_or_default();
+                let messages = match call.operation.as_str() {
+                    "ReceiveMessage" if ok => received(&bytes),
+                    _ if ok => call.sends,
+                    _ => 0,
+                };
+                self.counts.add(&call, messages);
                 response.body(Body::from(bytes)).unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY))
             }
-            Err(_) => status(StatusCode::BAD_GATEWAY),
+            Err(_) => {
+                self.counts.add(&call, 0);
+                status(StatusCode::BAD_GATEWAY)
+            }
         }
     }
 
@@ -334,16 +376,20 @@ mod tests {
     #[test]
     fn requests_are_classified_by_target_or_action() {
         assert_eq!(
-            counted(Some("DynamoDB_20120810.PutItem"), b""),
-            ("dynamodb".into(), "PutItem".into())
+            counted(Some("DynamoDB_20120810.DeleteItem"), b""),
+            ("dynamodb".into(), "DeleteItem".into())
         );
+        let batch = classify(
+            Some("AmazonSQS.SendMessageBatch"),
+            br#"{"QueueUrl":"http://127.0.0.1:5000/123456789012/sas-local-ReplyQueue","Entries":[{},{}]}"#,
+        );
+        assert_eq!((batch.counted_as.as_str(), batch.sends), ("SendMessageBatch to ReplyQueue", 2));
         assert_eq!(
-            counted(
-                Some("AmazonSQS.SendMessageBatch"),
-                br#"{"QueueUrl":"http://127.0.0.1:5000/123456789012/sas-local-ReplyQueue","Entries":[]}"#
-            ),
-            ("sqs".into(), "SendMessageBatch to ReplyQueue".into())
+            counted(Some("DynamoDB_20120810.PutItem"), br#"{"TableName":"local-StateTable"}"#),
+            ("dynamodb".into(), "PutItem on StateTable".into())
         );
+        assert_eq!(received(br#"{"Messages":[{},{},{}]}"#), 3);
+        assert_eq!(received(b"{}"), 0);
         assert_eq!(
             counted(
                 Some("DynamoDB_20120810.GetItem"),

@@ -8,6 +8,7 @@
 //! | `GET /faults`, `PUT /faults` | the configuration (400 if the new one is invalid) |
 //! | `GET /ledger`, `GET /ledger/{key}` | every effect, or one (404 if none) |
 //! | `GET /stats` | calls counted by outcome |
+//! | `GET /stats/keys` | the same, for every key that met a fault |
 //! | `POST /reset` | empties the ledger and the statistics |
 //! | `GET /health` | 200 |
 //!
@@ -92,6 +93,7 @@ pub fn router(app: App) -> Router {
         // A wildcard, so a key is found whether its slashes are percent-encoded or not.
         .route("/ledger/{*key}", get(effect))
         .route("/stats", get(stats))
+        .route("/stats/keys", get(stats_by_key))
         .route("/reset", post(reset))
         .route("/health", get(health))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
@@ -200,6 +202,10 @@ async fn effect(State(app): State<App>, Path(key): Path<String>) -> Response {
 
 async fn stats(State(app): State<App>) -> Response {
     Json(app.sim().stats().clone()).into_response()
+}
+
+async fn stats_by_key(State(app): State<App>) -> Response {
+    Json(app.sim().stats().faulted_keys.clone()).into_response()
 }
 
 async fn reset(State(app): State<App>) -> Response {

@@ -114,6 +114,11 @@ pub struct Stats {
     #[serde(flatten)]
     pub all: Counts,
     pub actions: BTreeMap<String, Counts>,
+    /// Calls counted by outcome for every key that met a fault (a refusal, an outage, a
+    /// transient fault, throttling or a lost answer), so that a failed step can be traced to
+    /// what the service did to it. Keys that only ever succeeded are not kept.
+    #[serde(skip)]
+    pub faulted_keys: BTreeMap<String, Counts>,
 }
 
 /// The service: fault configuration, ledger and statistics. Starts empty with the given
@@ -165,6 +170,10 @@ impl Simulator {
         };
         self.stats.all.count(&outcome);
         self.stats.actions.entry(call.action.clone()).or_default().count(&outcome);
+        let faulted = !matches!(outcome, Outcome::Applied(_) | Outcome::Replayed(_));
+        if faulted || self.stats.faulted_keys.contains_key(&call.key) {
+            self.stats.faulted_keys.entry(call.key.clone()).or_default().count(&outcome);
+        }
         Answer { outcome, latency: faults.latency(&draws) }
     }
 
@@ -415,6 +424,21 @@ mod tests {
             let shown = serde_json::to_value(&counts).unwrap();
             assert_eq!(shown[outcome.kind()], json!(1), "{outcome:?}");
         }
+    }
+
+    #[test]
+    fn every_key_that_met_a_fault_is_traced() {
+        let mut sim = with(Faults {
+            outages: vec![Outage { start_s: 0.0, end_s: 1.0 }],
+            ..Faults::default()
+        });
+        sim.handle(&charge(), 0.5);
+        sim.handle(&charge(), 2.0);
+        sim.handle(&refund(), 2.0);
+        let keys = &sim.stats().faulted_keys;
+        assert_eq!(keys.len(), 1, "the refund never met a fault");
+        let charged = &keys[&charge().key];
+        assert_eq!((charged.outage, charged.ok, charged.total), (1, 1, 2));
     }
 
     #[test]

@@ -60,9 +60,10 @@ enum Command {
         /// Run the supervisor's schedule this many times faster than the template's rate.
         #[arg(long, default_value_t = 60.0)]
         speed: f64,
-        /// Give up waiting for the orders after this many seconds.
-        #[arg(long, default_value_t = 600)]
-        limit: u64,
+        /// Give up on the orders after this many seconds (default: 600, or half a second per
+        /// order if that is longer).
+        #[arg(long)]
+        limit: Option<u64>,
         /// Show every function's logs.
         #[arg(long)]
         logs: bool,
@@ -134,7 +135,13 @@ async fn main() -> ExitCode {
                 stack,
                 vec![remote_faults(&faults)],
                 speed,
-                Some((orders, rate, Duration::from_secs(limit), logs, chaos)),
+                Some((
+                    orders,
+                    rate,
+                    Duration::from_secs(limit.unwrap_or(600.max(orders as u64 / 2))),
+                    logs,
+                    chaos,
+                )),
             )
         }
     };
