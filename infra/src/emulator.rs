@@ -1,6 +1,7 @@
 //! Starting an AWS API emulator: moto's server, installed from PyPI into the project's `.venv`
 //! when missing, on a free loopback port, and stopped when the process that started it exits
-//! (even when that process is killed).
+//! (even when that process is killed). It is started through `infra/moto_server.py`, which
+//! keeps moto's transactions and bookkeeping from growing with the tables.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -39,9 +40,15 @@ impl Moto {
         let port = free_port()?;
         // The server must not outlive the tests, even when they are killed: a shell holds our
         // end of a pipe and stops the server when the pipe closes.
-        let script = r#"python="$1"; port="$2"; "$python" -m moto.server -H 127.0.0.1 -p "$port" >/dev/null 2>&1 & pid=$!; cat >/dev/null; kill $pid"#;
+        // moto exits on SIGTERM only once its request threads let it: a busy one may not, so
+        // it gets a few seconds, then SIGKILL.
+        let script = r#"python="$1"; launcher="$2"; port="$3"; "$python" "$launcher" -H 127.0.0.1 -p "$port" >/dev/null 2>&1 & pid=$!; cat >/dev/null; kill $pid; sleep 3; kill -9 $pid 2>/dev/null"#;
+        let launcher = workspace_root().join("infra").join("moto_server.py");
         let child = Command::new("sh")
-            .args(["-c", script, "sh", &python.display().to_string(), &port.to_string()])
+            .args(["-c", script, "sh"])
+            .arg(&python)
+            .arg(&launcher)
+            .arg(port.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

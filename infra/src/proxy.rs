@@ -71,7 +71,9 @@ pub enum WireFault {
 pub struct FaultRule {
     /// `dynamodb`, `sqs`, `eventbridge`, or `*` for any.
     pub service: String,
-    /// The API operation (`PutItem`, `SendMessageBatch`, ...); absent for any.
+    /// The API operation (`PutItem`, `SendMessageBatch`, ...), or the name it is counted
+    /// under, which also names its table or queue (`PutItem on StateTable`, `SendMessageBatch
+    /// to ReplyQueue`); absent for any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
     pub fault: WireFault,
@@ -81,9 +83,9 @@ pub struct FaultRule {
 }
 
 impl FaultRule {
-    fn matches(&self, service: &str, operation: &str) -> bool {
-        (self.service == "*" || self.service == service)
-            && self.operation.as_deref().is_none_or(|o| o == operation)
+    fn matches(&self, call: &Call) -> bool {
+        (self.service == "*" || self.service == call.service)
+            && self.operation.as_deref().is_none_or(|o| o == call.operation || o == call.counted_as)
             && self.times != Some(0)
     }
 }
@@ -113,9 +115,9 @@ impl WireFaults {
 
     /// The fault for this request, if a rule hits it; the first matching rule wins and is
     /// charged one hit.
-    fn take(&self, service: &str, operation: &str) -> Option<WireFault> {
+    fn take(&self, call: &Call) -> Option<WireFault> {
         let mut rules = lock(&self.0);
-        let rule = rules.iter_mut().find(|r| r.matches(service, operation))?;
+        let rule = rules.iter_mut().find(|r| r.matches(call))?;
         if let Some(n) = &mut rule.times {
             *n -= 1;
         }
@@ -242,7 +244,7 @@ impl Proxy {
         }
         let target = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
         let call = classify(target, &body);
-        match self.faults.take(&call.service, &call.operation) {
+        match self.faults.take(&call) {
             Some(WireFault::Slow { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
             Some(fault) => {
                 self.counts.add(&call, 0);
@@ -427,13 +429,23 @@ mod tests {
                 times: None,
             },
         ]);
-        assert_eq!(faults.take("dynamodb", "PutItem"), Some(WireFault::Throttle));
-        assert_eq!(faults.take("sqs", "ReceiveMessage"), Some(WireFault::Slow { ms: 5 }));
-        assert_eq!(faults.take("dynamodb", "PutItem"), Some(WireFault::Throttle));
+        let put = classify(Some("DynamoDB_20120810.PutItem"), br#"{"TableName":"s-StateTable"}"#);
+        let receive = classify(Some("AmazonSQS.ReceiveMessage"), b"{}");
+        assert_eq!(faults.take(&put), Some(WireFault::Throttle));
+        assert_eq!(faults.take(&receive), Some(WireFault::Slow { ms: 5 }));
+        assert_eq!(faults.take(&put), Some(WireFault::Throttle));
         // Spent: the next rule takes over.
-        assert_eq!(faults.take("dynamodb", "PutItem"), Some(WireFault::Slow { ms: 5 }));
+        assert_eq!(faults.take(&put), Some(WireFault::Slow { ms: 5 }));
+        // A rule can name the table (or queue) too.
+        faults.set(vec![FaultRule {
+            service: "dynamodb".into(),
+            operation: Some("PutItem on QueueWaitsTable".into()),
+            fault: WireFault::Throttle,
+            times: None,
+        }]);
+        assert_eq!(faults.take(&put), None);
         faults.clear();
-        assert_eq!(faults.take("dynamodb", "PutItem"), None);
+        assert_eq!(faults.take(&put), None);
     }
 
     #[test]

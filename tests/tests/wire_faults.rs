@@ -116,7 +116,12 @@ async fn a_throttled_state_write_leaves_its_message_for_redelivery() {
 
     // The claim's conditional write is throttled past the SDK's retries: the start message is
     // reported failed, so the queue keeps it, and the record is untouched.
-    proxy.faults.set(vec![rule("dynamodb", "PutItem", WireFault::Throttle, PAST_SDK_RETRIES)]);
+    proxy.faults.set(vec![rule(
+        "dynamodb",
+        "PutItem on StateTable",
+        WireFault::Throttle,
+        PAST_SDK_RETRIES,
+    )]);
     let event = system.t.receive("SchedulerQueue", 1).await;
     assert_eq!(event.len(), 1);
     let response = system.handle_batch("SchedulerQueue", sqs_event(&event)).await;
