@@ -1,0 +1,740 @@
+//! Load simulation: the real services on in-memory ports, in a world where work takes time.
+//!
+//! The fault simulation (`simulation.rs`) gives every handler all the capacity it wants; here
+//! each function has a fixed number of workers, each taking a batch from its queue, first in
+//! first out, and busy for the batch's service time; each remote service answers as many calls
+//! at once as its agent has workers, each after its latency. Orders arrive at a rate, and in
+//! bursts above what the system can serve; a remote service can slow down. Clients whose order
+//! is refused at the door send it again after its `Retry-After`. Time is a manual clock moved
+//! in ticks; each worker keeps a clock of its own, so that a batch's writes and messages happen
+//! when its work ends.
+//!
+//! What must hold, for every scenario and seed:
+//! - every order accepted ends, in a terminal state, with its alert sent if it failed;
+//! - every order that did not go through is explained by a fault the seed injected into it: a
+//!   step refused for good was refused by its service; a step that timed out had a message of
+//!   its order lost, or its service failed it. Load and delay explain nothing;
+//! - the work per order (messages sent and handled, state writes) stays within 1.25 times the
+//!   fault-free path's: recovery adds no work to a backlog;
+//! - after a burst, the backlog drains at capacity: orders finish at 90 % of the capacity or
+//!   more until it is gone.
+//!
+//! `SIM_LOAD_SEEDS=n` runs n seeds per scenario (default 2); `SEED=n` one seed of each.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sas_engine::config::EngineConfig;
+use sas_engine::ids::Direction;
+use sas_engine::load::{Gauges, WaitReporter};
+use sas_engine::memory::{
+    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds, SplitMix,
+};
+use sas_engine::message::Message;
+use sas_engine::ports::{
+    Clock, Destination, Incoming, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
+};
+use sas_engine::services::{Agent, Scheduler, Submission, Supervisor};
+use sas_engine::state::{AlertDelivery, Cause, Happening, ProcessState};
+use sas_engine::workflow::Workflow;
+use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
+
+const TICK: Duration = Duration::from_millis(100);
+const AGENTS: [&str; 3] = ["inventory", "payment", "shipping"];
+const STEPS: f64 = 3.0;
+/// What the fault-free path costs one order: a start message and a request and a reply per
+/// step, sent and handled; a state written at submission, at the claim and once per step.
+const FAULT_FREE_MESSAGES: f64 = 1.0 + 2.0 * STEPS;
+const FAULT_FREE_WRITES: f64 = 2.0 + STEPS;
+const MAX_AMPLIFICATION: f64 = 1.25;
+const MIN_GOODPUT: f64 = 0.9;
+
+/// How much work the system can do.
+#[derive(Clone, Copy, Debug)]
+struct Capacity {
+    /// Scheduler workers on each of its two queues, and their batch.
+    scheduler_workers: usize,
+    scheduler_batch: usize,
+    /// A scheduler batch takes this, plus `per_message` for each message in it.
+    per_batch: Duration,
+    per_message: Duration,
+    /// Workers of each agent: as many calls as its remote service answers at once.
+    agent_workers: usize,
+    /// A remote call's latency.
+    latency: Duration,
+    sweep_every: Duration,
+}
+
+const CAPACITY: Capacity = Capacity {
+    scheduler_workers: 2,
+    scheduler_batch: 10,
+    per_batch: Duration::from_millis(50),
+    per_message: Duration::from_millis(20),
+    agent_workers: 3,
+    latency: Duration::from_millis(200),
+    sweep_every: Duration::from_secs(10),
+};
+
+impl Capacity {
+    /// Orders a second the slowest stage can serve.
+    fn orders_per_second(&self) -> f64 {
+        let batch = self.per_batch + self.per_message * self.scheduler_batch as u32;
+        let scheduler =
+            (self.scheduler_workers * self.scheduler_batch) as f64 / batch.as_secs_f64();
+        // The reply queue carries one message per step, the start queue one per order.
+        let replies = scheduler / STEPS;
+        let agent = self.agent_workers as f64 / self.latency.as_secs_f64();
+        scheduler.min(replies).min(agent)
+    }
+}
+
+/// Orders arriving, services slowing, faults injected.
+#[derive(Clone, Debug)]
+struct Scenario {
+    name: &'static str,
+    /// Steady arrivals, as a share of capacity.
+    base: f64,
+    /// A burst: from `start` for `length`, arrivals at `factor` times capacity.
+    burst: Option<(Duration, Duration, f64)>,
+    /// A remote service slowing down: from `start` for `length`, its latency times `factor`.
+    slowdown: Option<(&'static str, Duration, Duration, f64)>,
+    /// Arrivals stop after this.
+    arrivals_for: Duration,
+    /// The door's longest accepted wait; `None` keeps it open (to let the backlog form).
+    door: Option<Duration>,
+    /// Probabilities: a delivered message lost, a remote call failing for now, a step's key
+    /// refused for good.
+    lost: f64,
+    transient: f64,
+    permanent: f64,
+}
+
+fn scenarios() -> Vec<Scenario> {
+    let open = Scenario {
+        name: "",
+        base: 0.5,
+        burst: None,
+        slowdown: None,
+        arrivals_for: Duration::from_secs(120),
+        door: None,
+        lost: 0.002,
+        transient: 0.03,
+        permanent: 0.02,
+    };
+    let burst =
+        |factor: f64, secs: u64| Some((Duration::from_secs(20), Duration::from_secs(secs), factor));
+    // Rarer faults while the backlog is measured: their retries and undos are work too, and
+    // would take from what the backlog can drain at.
+    let open = Scenario { lost: 0.001, transient: 0.01, permanent: 0.01, ..open };
+    vec![
+        Scenario {
+            name: "steady at 0.8x, with more faults",
+            base: 0.8,
+            lost: 0.01,
+            transient: 0.05,
+            permanent: 0.03,
+            ..open.clone()
+        },
+        Scenario { name: "burst 2x for 60 s, door open", burst: burst(2.0, 60), ..open.clone() },
+        Scenario { name: "burst 5x for 30 s, door open", burst: burst(5.0, 30), ..open.clone() },
+        Scenario { name: "burst 10x for 20 s, door open", burst: burst(10.0, 20), ..open.clone() },
+        Scenario {
+            name: "burst 10x for 20 s, door at 20 s",
+            burst: burst(10.0, 20),
+            door: Some(Duration::from_secs(20)),
+            ..open.clone()
+        },
+        Scenario {
+            name: "payment 4x slower for 60 s at 0.8x",
+            base: 0.8,
+            slowdown: Some(("payment", Duration::from_secs(20), Duration::from_secs(60), 4.0)),
+            ..open.clone()
+        },
+    ]
+}
+
+/// What the seed did to an order, for explaining its end.
+#[derive(Clone, Debug, Default)]
+struct Injected {
+    /// Actions refused for good.
+    refused: HashSet<String>,
+    /// Messages lost, and remote calls failed for now.
+    lost: u32,
+    transient: u32,
+}
+
+type Ledger = Arc<Mutex<HashMap<OrderId, Injected>>>;
+
+/// An outbox whose messages leave when the worker's work ends: sends made on a worker's clock
+/// ahead of the world's are delayed by the difference.
+#[derive(Clone, Debug)]
+struct WorkerOutbox {
+    queues: Arc<MemoryQueues<ManualClock>>,
+    world: ManualClock,
+    worker: ManualClock,
+}
+
+impl Outbox for WorkerOutbox {
+    async fn send(&self, messages: &[Outgoing]) -> Result<()> {
+        let ahead = self.world.now().until(self.worker.now());
+        let later: Vec<Outgoing> =
+            messages.iter().map(|m| Outgoing { delay: m.delay + ahead, ..m.clone() }).collect();
+        self.queues.send(&later).await
+    }
+}
+
+/// A remote service with latency, on the calling worker's clock, and seeded faults; effects
+/// go through the shared in-memory service, whose ledger checks they happen once.
+#[derive(Debug)]
+struct Remote {
+    inner: Arc<MemoryRemote<ManualClock>>,
+    worker: ManualClock,
+    agent: &'static str,
+    scenario: Scenario,
+    start: Timestamp,
+    seed: u64,
+    calls: AtomicU64,
+    injected: Ledger,
+}
+
+impl RemoteService for Remote {
+    async fn call(&self, call: &RemoteCall) -> std::result::Result<serde_json::Value, RemoteFault> {
+        let now = self.worker.now();
+        let mut latency = CAPACITY.latency;
+        if let Some((agent, from, length, factor)) = self.scenario.slowdown {
+            let t = self.start.until(now);
+            if agent == self.agent && t >= from && t < from + length {
+                latency = latency.mul_f64(factor);
+            }
+        }
+        if now.plus(latency) > call.deadline {
+            self.worker.set(call.deadline);
+            return Err(RemoteFault::Transient("timeout".into()));
+        }
+        self.worker.advance(latency);
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let draw = SplitMix::seeded(self.seed ^ n.wrapping_mul(0x9e37_79b9)).unit();
+        // The same key always gets the same answer, as a card declined stays declined.
+        let refused = call.direction == Direction::Do
+            && SplitMix::seeded(self.seed ^ fingerprint(&call.idempotency_key)).unit()
+                < self.scenario.permanent;
+        let mut injected = self.injected.lock().unwrap();
+        if refused {
+            injected.entry(call.order_id).or_default().refused.insert(call.action.clone());
+            return Err(RemoteFault::Permanent("refused".into()));
+        }
+        if draw < self.scenario.transient {
+            injected.entry(call.order_id).or_default().transient += 1;
+            return Err(RemoteFault::Transient("unavailable".into()));
+        }
+        drop(injected);
+        self.inner.call(call).await
+    }
+}
+
+fn fingerprint(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+type Store = Arc<MemoryStore<ManualClock>>;
+type Queues = Arc<MemoryQueues<ManualClock>>;
+type Bus = Arc<MemoryBus>;
+type Waits = Arc<MemoryWaits>;
+type Load = Gauges<Waits, Queues>;
+
+struct SchedulerWorker {
+    clock: ManualClock,
+    busy_until: Timestamp,
+    queue: Destination,
+    scheduler: Scheduler<Store, WorkerOutbox, Bus, ManualClock, Waits>,
+}
+
+struct AgentWorker {
+    clock: ManualClock,
+    busy_until: Timestamp,
+    queue: Destination,
+    agent: Agent<Arc<Remote>, WorkerOutbox, ManualClock, SplitMix, Waits>,
+}
+
+/// What a run measured.
+#[derive(Debug, Default)]
+struct Outcome {
+    accepted: usize,
+    refused: u64,
+    processed: usize,
+    compensated: usize,
+    failed: usize,
+    unexplained: Vec<(OrderId, Cause)>,
+    sent: f64,
+    handled: f64,
+    writes: f64,
+    /// Orders finished per second while the burst's backlog lasted, and how long it lasted.
+    goodput: Option<(f64, Duration)>,
+    longest_horizon: Duration,
+    resets: usize,
+    /// Time from acceptance to the end, median and 95th percentile.
+    to_end: (Duration, Duration),
+}
+
+struct World {
+    seed: u64,
+    scenario: Scenario,
+    clock: ManualClock,
+    start: Timestamp,
+    store: Store,
+    queues: Queues,
+    bus: Bus,
+    remote: Arc<MemoryRemote<ManualClock>>,
+    injected: Ledger,
+    rng: SplitMix,
+    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
+    supervisor: Supervisor<Store, Store, Queues, Bus, ManualClock, Load>,
+    schedulers: Vec<SchedulerWorker>,
+    agents: Vec<AgentWorker>,
+    handled: u64,
+}
+
+impl World {
+    fn new(scenario: &Scenario, seed: u64) -> World {
+        let clock = ManualClock::default();
+        let start = clock.now();
+        let store = Arc::new(MemoryStore::new(clock.clone()));
+        let queues = Arc::new(MemoryQueues::new(clock.clone()));
+        let bus = Arc::new(MemoryBus::new());
+        let waits = Arc::new(MemoryWaits::default());
+        let remote = Arc::new(MemoryRemote::new(clock.clone()));
+        let injected = Ledger::default();
+        let config = Arc::new(EngineConfig {
+            max_queue_wait: scenario.door.unwrap_or(Duration::from_secs(3600)),
+            ..EngineConfig::default()
+        });
+        let agent_names = AGENTS.map(AgentName::new);
+        let workflow =
+            Arc::new(Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names).unwrap());
+        let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
+        let submission = Submission::new(
+            store.clone(),
+            queues.clone(),
+            bus.clone(),
+            clock.clone(),
+            SeqIds::new("c"),
+            load(),
+            config.clone(),
+            workflow.clone(),
+        );
+        let supervisor = Supervisor::new(
+            store.clone(),
+            store.clone(),
+            queues.clone(),
+            bus.clone(),
+            clock.clone(),
+            load(),
+            config.clone(),
+            workflow.clone(),
+        );
+        let outbox = |worker: &ManualClock| WorkerOutbox {
+            queues: queues.clone(),
+            world: clock.clone(),
+            worker: worker.clone(),
+        };
+        let mut schedulers = Vec::new();
+        for queue in [Destination::Scheduler, Destination::Replies] {
+            for n in 0..CAPACITY.scheduler_workers {
+                let worker = ManualClock::at(start);
+                let scheduler = Scheduler::new(
+                    store.clone(),
+                    outbox(&worker),
+                    bus.clone(),
+                    worker.clone(),
+                    waits.clone(),
+                    config.clone(),
+                    workflow.clone(),
+                    format!("scheduler-{}-{n}", queue.name()),
+                );
+                schedulers.push(SchedulerWorker {
+                    clock: worker,
+                    busy_until: start,
+                    queue: queue.clone(),
+                    scheduler,
+                });
+            }
+        }
+        let mut agents = Vec::new();
+        for (a, name) in AGENTS.into_iter().enumerate() {
+            for n in 0..CAPACITY.agent_workers {
+                let worker = ManualClock::at(start);
+                let queue = Destination::Agent(AgentName::new(name));
+                let service = Arc::new(Remote {
+                    inner: remote.clone(),
+                    worker: worker.clone(),
+                    agent: name,
+                    scenario: scenario.clone(),
+                    start,
+                    seed: seed.wrapping_mul(31).wrapping_add((a * 7 + n) as u64),
+                    calls: AtomicU64::new(0),
+                    injected: injected.clone(),
+                });
+                let reporter = WaitReporter::new(
+                    waits.clone(),
+                    format!("agent-{name}-{n}"),
+                    config.claim_grace,
+                );
+                let agent = Agent::new(
+                    service,
+                    outbox(&worker),
+                    worker.clone(),
+                    SplitMix::seeded(seed ^ (a * 100 + n) as u64),
+                    config.agent_retry,
+                    queue.clone(),
+                    reporter,
+                );
+                agents.push(AgentWorker { clock: worker, busy_until: start, queue, agent });
+            }
+        }
+        World {
+            seed,
+            scenario: scenario.clone(),
+            clock,
+            start,
+            store,
+            queues,
+            bus,
+            remote,
+            injected,
+            rng: SplitMix::seeded(seed),
+            submission,
+            supervisor,
+            schedulers,
+            agents,
+            handled: 0,
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.start.until(self.clock.now())
+    }
+
+    /// Arrivals a second at `t`, as a share of capacity.
+    fn arrival_rate(&self, t: Duration) -> f64 {
+        let capacity = CAPACITY.orders_per_second();
+        match self.scenario.burst {
+            Some((from, length, factor)) if t >= from && t < from + length => factor * capacity,
+            _ if t < self.scenario.arrivals_for => self.scenario.base * capacity,
+            _ => 0.0,
+        }
+    }
+
+    /// Takes a delivery off `queue`, or loses it (as the seed says). Returns the ones kept.
+    fn take(&mut self, queue: &Destination, max: usize) -> Vec<sas_engine::memory::Delivery> {
+        let mut kept = Vec::new();
+        for d in self.queues.receive(queue, max) {
+            if self.rng.unit() < self.scenario.lost {
+                let order = Message::decode(&d.body).unwrap().order_id();
+                self.injected.lock().unwrap().entry(order).or_default().lost += 1;
+                self.queues.delete(queue, &d.receipt).unwrap();
+            } else {
+                kept.push(d);
+            }
+        }
+        kept
+    }
+
+    async fn work(&mut self) {
+        let now = self.clock.now();
+        for i in 0..self.schedulers.len() {
+            if self.schedulers[i].busy_until > now {
+                continue;
+            }
+            let queue = self.schedulers[i].queue.clone();
+            let batch = self.take(&queue, CAPACITY.scheduler_batch);
+            if batch.is_empty() {
+                continue;
+            }
+            let w = &mut self.schedulers[i];
+            // The batch's effects happen when its work ends.
+            w.clock.set(now);
+            w.clock.advance(CAPACITY.per_batch + CAPACITY.per_message * batch.len() as u32);
+            w.busy_until = w.clock.now();
+            for d in &batch {
+                let message = Message::decode(&d.body).unwrap();
+                let incoming =
+                    Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                match w.scheduler.handle(&message, incoming).await {
+                    Ok(_) => self.queues.delete(&queue, &d.receipt).unwrap(),
+                    Err(Error::InvalidMessage(why)) => {
+                        panic!("seed {}: a message the system sent was refused: {why}", self.seed)
+                    }
+                    Err(_) => {}
+                }
+            }
+            self.handled += batch.len() as u64;
+        }
+        for i in 0..self.agents.len() {
+            if self.agents[i].busy_until > now {
+                continue;
+            }
+            let queue = self.agents[i].queue.clone();
+            let Some(d) = self.take(&queue, 1).pop() else { continue };
+            let w = &mut self.agents[i];
+            w.clock.set(now);
+            let Message::Request(request) = Message::decode(&d.body).unwrap() else { panic!() };
+            let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+            if w.agent.handle(&request, incoming).await.is_ok() {
+                self.queues.delete(&queue, &d.receipt).unwrap();
+            }
+            w.busy_until = w.clock.now().max(now.plus(Duration::from_millis(1)));
+            self.handled += 1;
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.store.records().iter().all(|r| r.is_terminal() && r.complete_by.is_none())
+    }
+
+    fn waiting(&self) -> usize {
+        let mut all = vec![Destination::Scheduler, Destination::Replies];
+        all.extend(AGENTS.map(|a| Destination::Agent(AgentName::new(a))));
+        all.iter().map(|d| self.queues.visible_len(d)).sum()
+    }
+
+    async fn run(&mut self) -> Outcome {
+        let mut out = Outcome::default();
+        let mut owed = 0.0;
+        let mut next_order = 0usize;
+        // Orders refused at the door, with when they are sent again.
+        let mut retries: Vec<(Timestamp, usize)> = Vec::new();
+        let mut next_sweep = self.start.plus(CAPACITY.sweep_every);
+        let burst = self.scenario.burst.map(|(from, _, _)| self.start.plus(from));
+        let mut backlog_over: Option<Timestamp> = None;
+        let limit = Duration::from_secs(3600);
+        loop {
+            self.clock.advance(TICK);
+            let now = self.clock.now();
+            let t = self.elapsed();
+            assert!(
+                t < limit,
+                "seed {}: {}: orders still in flight after an hour",
+                self.seed,
+                self.scenario.name
+            );
+            owed += self.arrival_rate(t) * TICK.as_secs_f64();
+            let mut due: Vec<usize> = Vec::new();
+            while owed >= 1.0 {
+                owed -= 1.0;
+                due.push(next_order);
+                next_order += 1;
+            }
+            retries.retain(|(at, i)| {
+                if *at <= now {
+                    due.push(*i);
+                    false
+                } else {
+                    true
+                }
+            });
+            for i in due {
+                match self.submission.submit(&format!("load-{i}"), order_body(i).as_bytes()).await {
+                    Ok(a) => out.accepted += usize::from(a.created),
+                    Err(Error::Overloaded { retry_after, .. }) => {
+                        out.refused += 1;
+                        let jitter = retry_after.mul_f64(0.5 * self.rng.unit());
+                        retries.push((now.plus(retry_after + jitter), i));
+                    }
+                    Err(e) => panic!("seed {}: submission failed: {e}", self.seed),
+                }
+            }
+            self.work().await;
+            if now >= next_sweep {
+                let report = self.supervisor.sweep().await.unwrap();
+                out.longest_horizon =
+                    out.longest_horizon.max(Duration::from_millis(report.horizon_ms));
+                next_sweep = now.plus(CAPACITY.sweep_every);
+            }
+            // The backlog lasts from the burst until the queues are short again.
+            if let Some(b) = burst {
+                if backlog_over.is_none()
+                    && now > b.plus(Duration::from_secs(30))
+                    && self.waiting() < 10
+                {
+                    backlog_over = Some(now);
+                }
+            }
+            let arrivals_over = t > self.scenario.arrivals_for
+                && self.scenario.burst.is_none_or(|(from, length, _)| t > from + length);
+            // Looking at every record costs: once a second is enough.
+            let whole_second = t.as_millis() % 1000 == 0;
+            if arrivals_over && retries.is_empty() && whole_second && self.finished() {
+                break;
+            }
+        }
+        if let (Some(from), Some(to)) = (burst, backlog_over) {
+            let ends = self.store.records().into_iter().filter_map(|r| {
+                let end = r.timeline.iter().rev().find(|e| {
+                    matches!(
+                        e.what,
+                        Happening::Processed | Happening::Compensated | Happening::Failed
+                    )
+                })?;
+                Some(end.at)
+            });
+            let done = ends.filter(|at| *at >= from && *at < to).count();
+            let span = from.until(to);
+            out.goodput = Some((done as f64 / span.as_secs_f64(), span));
+        }
+        self.outcome(out)
+    }
+
+    fn outcome(&self, mut out: Outcome) -> Outcome {
+        let injected = self.injected.lock().unwrap();
+        let alerts = self.bus.of_type(sas_engine::events::ALERT_DETAIL_TYPE);
+        let mut to_end = Vec::new();
+        for r in self.store.records() {
+            if let Some(end) = r.timeline.iter().rev().find(|e| {
+                matches!(e.what, Happening::Processed | Happening::Compensated | Happening::Failed)
+            }) {
+                to_end.push(r.created_at.until(end.at));
+            }
+            out.resets += r.timeline.iter().filter(|e| e.what == Happening::RetryScheduled).count();
+            match r.process_state {
+                ProcessState::Processed => out.processed += 1,
+                ProcessState::Error => {
+                    assert_eq!(
+                        r.alert,
+                        Some(AlertDelivery::Sent),
+                        "seed {}: {} not alerted",
+                        self.seed,
+                        r.order_id
+                    );
+                    assert!(
+                        alerts.iter().any(|a| a["order_id"] == r.order_id.to_string()),
+                        "seed {}: no alert for {}",
+                        self.seed,
+                        r.order_id
+                    );
+                    if r.needs_manual_undo().is_empty() {
+                        out.compensated += 1;
+                    } else {
+                        out.failed += 1;
+                    }
+                    let cause = r.cause.clone().unwrap();
+                    let what = injected.get(&r.order_id).cloned().unwrap_or_default();
+                    let explained = match &cause {
+                        Cause::StepRejected { step, .. } => what.refused.contains(step),
+                        Cause::StepTimedOut { .. } => what.lost + what.transient > 0,
+                        Cause::UnknownStep { .. } => false,
+                    };
+                    if !explained {
+                        out.unexplained.push((r.order_id, cause));
+                    }
+                }
+                other => panic!("seed {}: {} ended {other:?}", self.seed, r.order_id),
+            }
+        }
+        to_end.sort_unstable();
+        let pct = |p: f64| to_end.get(((to_end.len() as f64 - 1.0) * p).round() as usize).copied();
+        out.to_end = (pct(0.5).unwrap_or_default(), pct(0.95).unwrap_or_default());
+        let n = out.accepted.max(1) as f64;
+        let mut all = vec![Destination::Scheduler, Destination::Replies];
+        all.extend(AGENTS.map(|a| Destination::Agent(AgentName::new(a))));
+        out.sent = all.iter().map(|d| self.queues.sent_count(d)).sum::<usize>() as f64 / n;
+        out.handled = self.handled as f64 / n;
+        let stats = self.store.stats();
+        out.writes = (stats.writes + stats.transactions) as f64 / n;
+        assert!(self.remote.max_applications() <= 1, "seed {}: an effect applied twice", self.seed);
+        out
+    }
+}
+
+fn order_body(i: usize) -> String {
+    format!(
+        r#"{{"customer_id":"c-{i}","currency":"EUR","items":[{{"sku":"SKU-{n}","quantity":1,"unit_price":100}}],
+            "ship_to":{{"name":"N","line1":"L","city":"C","postal_code":"1","country":"FR"}}}}"#,
+        n = i % 7
+    )
+}
+
+fn seeds() -> Vec<u64> {
+    if let Some(seed) = std::env::var("SEED").ok().and_then(|s| s.parse().ok()) {
+        return vec![seed];
+    }
+    let n: u64 = std::env::var("SIM_LOAD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    (1..=n).collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
+    let capacity = CAPACITY.orders_per_second();
+    println!("capacity: {capacity:.1} orders a second");
+    println!(
+        "| scenario | seed | accepted | refused at the door | processed | compensated | failed | unexplained | sent / handled / writes per order (x fault-free) | resets | accepted to end, p50 / p95 | goodput in the backlog | longest horizon |"
+    );
+    println!(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | ---: |"
+    );
+    let mut problems = Vec::new();
+    for scenario in scenarios() {
+        for seed in seeds() {
+            let mut world = World::new(&scenario, seed);
+            let out = world.run().await;
+            let amplification = [
+                out.sent / FAULT_FREE_MESSAGES,
+                out.handled / FAULT_FREE_MESSAGES,
+                out.writes / FAULT_FREE_WRITES,
+            ];
+            let goodput = out.goodput.map_or("n/a".to_owned(), |(g, span)| {
+                format!("{:.0} % of capacity over {} s", 100.0 * g / capacity, span.as_secs())
+            });
+            println!(
+                "| {} | {seed} | {} | {} | {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {} | {:.1} s / {:.1} s | {goodput} | {} s |",
+                scenario.name,
+                out.accepted,
+                out.refused,
+                out.processed,
+                out.compensated,
+                out.failed,
+                out.unexplained.len(),
+                amplification[0],
+                amplification[1],
+                amplification[2],
+                out.resets,
+                out.to_end.0.as_secs_f64(),
+                out.to_end.1.as_secs_f64(),
+                out.longest_horizon.as_secs()
+            );
+            if !out.unexplained.is_empty() {
+                problems.push(format!(
+                    "{} seed {seed}: {} orders failed for no injected cause, e.g. {:?}",
+                    scenario.name,
+                    out.unexplained.len(),
+                    &out.unexplained[..out.unexplained.len().min(3)]
+                ));
+            }
+            if let Some(worst) = amplification.iter().copied().find(|a| *a > MAX_AMPLIFICATION) {
+                problems.push(format!(
+                    "{} seed {seed}: {worst:.2} times the fault-free work per order",
+                    scenario.name
+                ));
+            }
+            if let Some((goodput, _)) = out.goodput {
+                if goodput < MIN_GOODPUT * capacity {
+                    problems.push(format!(
+                        "{} seed {seed}: the backlog drained at {:.0} % of capacity",
+                        scenario.name,
+                        100.0 * goodput / capacity
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_model_s_capacity_is_its_slowest_stage() {
+    // Agents: 3 workers at 200 ms a call; the scheduler's replies: 80 a second over 3 steps.
+    assert!((CAPACITY.orders_per_second() - 15.0).abs() < 1e-9);
+}
