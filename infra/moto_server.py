@@ -1,25 +1,39 @@
-"""Starts moto's server for the local stack and the tests, with two of its costs taken away.
+"""Starts moto's server for the local stack and the tests, with its worst costs taken away.
 
-moto keeps every model object it ever creates in a class-level list, so that its dashboard can
-show them: every message, every item, and every copy of a table. And it backs up a transaction
-by deep-copying each table the transaction touches, whatever their size. Together they make a
-transaction cost time and memory in proportion to the table, for ever: a few thousand orders
-take gigabytes and slow every other DynamoDB call, which share the interpreter's lock.
+moto is one Python process serving every request under one interpreter lock, and some of its
+work grows with the data it holds:
 
-Here, objects are not tracked (nothing in the local stack reads the dashboard), and a
-transaction backs up only the items it touches and puts them back if it is cancelled. What
-DynamoDB does is unchanged: the contract tests check it on this server.
+- it keeps every model object it ever creates in a class-level list, so that its dashboard can
+  show them: every message, every item, and every copy of a table;
+- it backs up a DynamoDB transaction by deep-copying each table the transaction touches,
+  whatever their size; with the above, a transaction costs time and memory in proportion to
+  the table, for ever: a few thousand orders take gigabytes;
+- an SQS queue's attributes are built whole (counting every message, three ways) each time one
+  of them is read, once per attribute asked for, and once per message received (to read its
+  retention period): receiving from a long queue costs the square of its length;
+- it looks for its own service modules on disk, and logs, for every request.
+
+Here, objects are not tracked (nothing in the local stack reads the dashboard); a transaction
+backs up only the items it touches and puts them back if it is cancelled; a queue's attributes
+are built once per call, and a message's retention is checked against the queue's setting
+directly; the list of modules is read once, and requests are not logged. What DynamoDB and SQS
+do is unchanged: the contract tests check it on this server.
 
 Usage: python moto_server.py -H 127.0.0.1 -p PORT (the arguments of moto.server).
 """
 
 import copy
+import logging
 import sys
+import threading
 
+import moto.backends
 from moto.core import common_models
+from moto.core.utils import unix_time
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.table import Table
 from moto.server import main
+from moto.sqs.models import Queue, SQSBackend
 
 
 def _untracked(cls, *args, **kwargs):
@@ -73,6 +87,44 @@ def transact_write_items(self, transact_items):
 
 
 DynamoDBBackend.transact_write_items = transact_write_items
+
+# A queue's attributes, built once per call of get_queue_attributes rather than once per name.
+_built = threading.local()
+_attributes = Queue.attributes.fget
+
+
+def _queue_attributes(queue):
+    memo = getattr(_built, "memo", None)
+    if memo is None:
+        return _attributes(queue)
+    if id(queue) not in memo:
+        memo[id(queue)] = _attributes(queue)
+    return memo[id(queue)]
+
+
+Queue.attributes = property(_queue_attributes)
+_get_queue_attributes = SQSBackend.get_queue_attributes
+
+
+def get_queue_attributes(self, queue_name, attribute_names):
+    _built.memo = {}
+    try:
+        return _get_queue_attributes(self, queue_name, attribute_names)
+    finally:
+        _built.memo = None
+
+
+def is_message_valid_based_on_retention_period(self, queue_name, message):
+    retention = int(self.get_queue(queue_name).message_retention_period)
+    return message.sent_timestamp / 1000 + retention > unix_time()
+
+
+SQSBackend.get_queue_attributes = get_queue_attributes
+SQSBackend.is_message_valid_based_on_retention_period = is_message_valid_based_on_retention_period
+
+_modules = frozenset(moto.backends.list_of_moto_modules())
+moto.backends.list_of_moto_modules = lambda: _modules
+logging.getLogger("werkzeug").disabled = True
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -4,9 +4,9 @@
 //! go through explained by a fault the simulated service injected into it.
 //!
 //! The clients behave as a client of the API should: an order refused at the door (503) is
-//! sent again after its `Retry-After`, a throttled one (429) after a second, each with the same
-//! idempotency key, and a little jitter so that clients refused together do not come back
-//! together.
+//! sent again, with the same idempotency key, after its `Retry-After` (and up to a fifth more,
+//! so that clients refused together do not come back together); a throttled one (429), or one
+//! that met an error, after a second, then twice as long each time, up to half a minute.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -157,55 +157,89 @@ async fn follow(
     // its own arriving on time, however slow the answers.
     let slots = Arc::new(Semaphore::new(if rate.is_some() { orders.max(1) } else { 8 }));
     let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
-    let mut submissions = Vec::new();
-    for i in 0..orders {
-        if let Some(pace) = pace {
-            tokio::time::sleep(pace).await;
-        }
-        let (http, api, slots, door) =
-            (http.clone(), stack.api_url.clone(), slots.clone(), door.clone());
-        submissions.push(tokio::spawn(async move {
-            let _slot = slots.acquire_owned().await;
-            submit(&http, &api, i, deadline, &door).await
-        }));
-    }
-    let mut ids = Vec::new();
-    for s in submissions {
-        if let Ok(Some(id)) = s.await {
-            ids.push(id);
-        }
-    }
-    let _ = accepted_at.set(Instant::now());
-    println!(
-        "demo: {} orders accepted in {:.1} s ({} refused at the door and sent again, {} throttled)",
-        ids.len(),
-        started.elapsed().as_secs_f64(),
-        door.refused.load(Ordering::Relaxed),
-        door.throttled.load(Ordering::Relaxed)
-    );
+    let submitting = {
+        let (http, api, door) = (http.clone(), stack.api_url.clone(), door.clone());
+        tokio::spawn(async move {
+            let mut submissions = Vec::new();
+            for i in 0..orders {
+                if let Some(pace) = pace {
+                    tokio::time::sleep(pace).await;
+                }
+                let (http, api, slots, door) =
+                    (http.clone(), api.clone(), slots.clone(), door.clone());
+                submissions.push(tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    submit(&http, &api, i, deadline, &door).await
+                }));
+            }
+            let mut ids = Vec::new();
+            for s in submissions {
+                if let Ok(Some(id)) = s.await {
+                    ids.push(id);
+                }
+            }
+            ids
+        })
+    };
 
     // Straight to the emulators: the demo's own reads are not the system's cost.
     let clients = Clients::new(&stack.emulators, "us-east-1").await;
     let table =
         stack.stack.reference("StateTable").ok_or_else(|| Error::Local("no StateTable".into()))?;
+    let mut ids: Option<Vec<String>> = None;
+    let mut submitting = Some(submitting);
     let mut records;
     loop {
+        if submitting.as_ref().is_some_and(|s| s.is_finished()) {
+            let accepted = submitting.take().map(|s| async { s.await.unwrap_or_default() });
+            if let Some(accepted) = accepted {
+                let accepted = accepted.await;
+                let _ = accepted_at.set(Instant::now());
+                println!(
+                    "demo: {} orders accepted in {:.1} s ({} refused at the door and sent again later, {} throttled)",
+                    accepted.len(),
+                    started.elapsed().as_secs_f64(),
+                    door.refused.load(Ordering::Relaxed),
+                    door.throttled.load(Ordering::Relaxed)
+                );
+                ids = Some(accepted);
+            }
+        }
         records = scan(&clients.dynamodb, &table).await?;
         let mut by_state: BTreeMap<String, usize> = BTreeMap::new();
         for r in &records {
             *by_state.entry(state_of(r)).or_default() += 1;
         }
         let settled = records.iter().filter(|r| settled(r)).count();
+        let refused = door.refused.load(Ordering::Relaxed);
         println!(
-            "demo: {:>5.1} s  {}",
+            "demo: {:>5.1} s  {}{}",
             started.elapsed().as_secs_f64(),
-            by_state.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join("  ")
+            by_state.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join("  "),
+            if ids.is_none() && refused > 0 {
+                format!("  (door: {refused} refused)")
+            } else {
+                String::new()
+            }
         );
-        if settled == ids.len() && records.len() == ids.len() || Instant::now() > deadline {
+        let done =
+            ids.as_ref().is_some_and(|ids| settled == ids.len() && records.len() == ids.len());
+        if done || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    let ids = match (ids, submitting) {
+        (Some(ids), _) => ids,
+        (None, Some(s)) => {
+            s.abort();
+            records
+                .iter()
+                .filter_map(|r| r.get("OrderId").and_then(|v| v.as_s().ok()).cloned())
+                .collect()
+        }
+        (None, None) => Vec::new(),
+    };
     let mut summary =
         summarise(stack, &clients, &http, &records, ids.len(), started.elapsed(), &door, kills)
             .await?;
@@ -229,6 +263,7 @@ async fn submit(
         q = 1 + i % 3
     );
     let jitter = SplitMix::seeded(i as u64);
+    let mut backoff = Duration::from_millis(500);
     while Instant::now() < deadline {
         let answer = http
             .post(format!("{api}/orders"))
@@ -242,7 +277,7 @@ async fn submit(
                 let v: Value = a.json().await.ok()?;
                 return v["order_id"].as_str().map(str::to_owned);
             }
-            Ok(a) if a.status() == 503 => {
+            Ok(a) if a.status() == 503 && a.headers().contains_key("retry-after") => {
                 door.refused.fetch_add(1, Ordering::Relaxed);
                 let seconds = a
                     .headers()
@@ -250,20 +285,27 @@ async fn submit(
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or(1);
-                Duration::from_secs(seconds)
+                Some(Duration::from_secs(seconds))
             }
             Ok(a) if a.status() == 429 => {
                 door.throttled.fetch_add(1, Ordering::Relaxed);
-                Duration::from_secs(1)
+                None
             }
             // Anything else (a killed submission process, a refused connection): the same key
             // again shortly, as a client should.
             _ => {
                 door.other.fetch_add(1, Ordering::Relaxed);
-                Duration::from_millis(500)
+                None
             }
         };
-        tokio::time::sleep(wait.mul_f64(1.0 + 0.5 * jitter.unit())).await;
+        let wait = match wait {
+            Some(retry_after) => retry_after,
+            None => {
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                backoff
+            }
+        };
+        tokio::time::sleep(wait.mul_f64(1.0 + 0.2 * jitter.unit())).await;
     }
     None
 }

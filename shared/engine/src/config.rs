@@ -41,8 +41,9 @@ pub struct EngineConfig {
     /// Entries kept in an order's timeline (the first, and the latest). Default 16.
     /// Env `TIMELINE_LIMIT`.
     pub timeline_limit: usize,
-    /// Longest a new order may expect its messages to wait in a queue before the door refuses
-    /// it (503 with Retry-After). Default 60 s; at least 1 s. Env `MAX_QUEUE_WAIT_SECONDS`.
+    /// Longest a new order may expect its messages to wait in the queues, all of them
+    /// together, before the door refuses it (503 with Retry-After). Default 60 s; at least
+    /// 1 s. Env `MAX_QUEUE_WAIT_SECONDS`.
     pub max_queue_wait: Duration,
 }
 

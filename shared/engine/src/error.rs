@@ -63,9 +63,9 @@ pub enum Error {
 
     /// The queues are too long for a new order to be served in time: it was refused, nothing
     /// was written, and the client should come back after `retry_after`.
-    #[error("overloaded: a new order would wait about {}s on the {queue} queue", expected_wait.as_secs())]
+    #[error("overloaded: a new order would wait about {}s in the queues, most on the {busiest} queue", expected_wait.as_secs())]
     Overloaded {
-        queue: String,
+        busiest: String,
         expected_wait: std::time::Duration,
         retry_after: std::time::Duration,
     },

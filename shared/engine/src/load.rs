@@ -23,9 +23,10 @@
 //! after it ended. A queue that holds waiting messages while no consumer has reported for a
 //! heartbeat is *stalled*: its waits are unknown, so no lease is judged at all.
 //!
-//! The door turns them into an [`Admission`]: the time a new order's messages would wait
-//! (a queue's waiting messages over the rate its consumers take them) against the longest the
-//! deployment accepts. Beyond it, new orders are refused with a time to come back.
+//! The door turns them into an [`Admission`]: the time a new order's messages would wait in
+//! all the queues they pass (each queue's waiting messages over the rate its consumers take
+//! them) against the longest the deployment accepts. Beyond it, new orders are refused with a
+//! time to come back.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -248,25 +249,72 @@ impl Load {
         Horizon::Within(longest + SLACK)
     }
 
-    /// Whether the door takes a new order, given the longest wait it accepts.
-    pub fn admission(&self, max_wait: Duration) -> Admission {
-        let worst = self
-            .queues
-            .iter()
-            .map(|(queue, q)| (queue, q.expected_wait()))
-            .max_by_key(|(_, wait)| *wait);
-        match worst {
-            Some((queue, wait)) if wait > max_wait => {
-                let retry_after =
-                    (wait - max_wait).max(Duration::from_secs(1)).min(MAX_RETRY_AFTER);
-                Admission::Refuse {
-                    queue: queue.clone(),
-                    expected_wait: wait,
-                    retry_after: Duration::from_secs(retry_after.as_secs_f64().ceil() as u64),
-                }
-            }
-            _ => Admission::Admit,
+    /// Whether the door takes a new order, given the longest it may expect to wait in the
+    /// queues in all: its start message, then a request and a reply for each step.
+    ///
+    /// What the door did since the queues were read counts too ([`DoorTally`]). The orders it
+    /// let in wait at the slowest queue of the path, ahead of a new one, so that a burst cannot
+    /// slip in between two reads. And the clients it refused will come back: a refused client
+    /// is asked to wait at least as long as the slowest queue needs to take the orders of
+    /// every client refused before it, so that they come back spread out rather than all at
+    /// once, again and again.
+    pub fn admission(
+        &self,
+        max_wait: Duration,
+        workflow: &Workflow,
+        tally: &DoorTally,
+    ) -> Admission {
+        let mut path = vec![Destination::Scheduler];
+        for step in workflow.steps() {
+            path.push(Destination::Agent(step.agent.clone()));
+            path.push(Destination::Replies);
         }
+        let waits: Vec<(Destination, Duration)> =
+            path.iter().map(|q| (q.clone(), self.of(q).expected_wait())).collect();
+        // Orders a second the slowest queue passes: a queue visited n times per order passes
+        // orders at 1/n of its messages' rate.
+        let slowest = path
+            .iter()
+            .map(|q| {
+                let visits = path.iter().filter(|p| *p == q).count() as f64;
+                self.of(q).rate.unwrap_or(0.0).max(NOMINAL_RATE) / visits
+            })
+            .fold(f64::INFINITY, f64::min);
+        let ahead = Duration::from_secs_f64(tally.admitted as f64 / slowest);
+        let total: Duration = waits.iter().map(|(_, w)| *w).sum::<Duration>() + ahead;
+        if total <= max_wait {
+            return Admission::Admit;
+        }
+        let busiest = waits.iter().max_by_key(|(_, w)| *w).map(|(q, _)| q.clone());
+        let spread = Duration::from_secs_f64((tally.refused + 1) as f64 / slowest);
+        let retry_after =
+            (total - max_wait).max(spread).max(Duration::from_secs(1)).min(MAX_RETRY_AFTER);
+        Admission::Refuse {
+            busiest: busiest.unwrap_or(Destination::Scheduler),
+            expected_wait: total,
+            retry_after: Duration::from_secs(retry_after.as_secs_f64().ceil() as u64),
+        }
+    }
+}
+
+/// What one door did since the load it uses was read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DoorTally {
+    /// When that load was read.
+    pub at: Option<Timestamp>,
+    /// Orders let in since.
+    pub admitted: u64,
+    /// Orders refused since.
+    pub refused: u64,
+}
+
+impl DoorTally {
+    /// The tally for `load`: kept if it counts since that same read, started afresh otherwise.
+    pub fn for_load(&mut self, load: &Load) -> DoorTally {
+        if self.at != Some(load.at) {
+            *self = DoorTally { at: Some(load.at), ..DoorTally::default() };
+        }
+        *self
     }
 }
 
@@ -347,9 +395,10 @@ pub enum Horizon {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
     Admit,
-    /// A new order would wait `expected_wait` on `queue`: come back after `retry_after`.
+    /// A new order would wait `expected_wait` in the queues, most of it on `busiest`: come
+    /// back after `retry_after`.
     Refuse {
-        queue: Destination,
+        busiest: Destination,
         expected_wait: Duration,
         retry_after: Duration,
     },
@@ -489,37 +538,65 @@ mod tests {
     }
 
     #[test]
-    fn the_door_refuses_when_a_queue_would_make_a_new_order_wait_too_long() {
+    fn the_door_refuses_when_a_new_order_would_wait_too_long_in_all() {
         let max = Duration::from_secs(30);
+        let w = workflow();
         let reports = [report(Destination::Scheduler, 1, 20.0, 0)];
         // A quiet queue's low rate is not taken as its capacity: 500 waiting at a reported
         // 2 a second count as 50 s, not 250 s.
         let slow = [report(Destination::Scheduler, 0, 2.0, 0)];
         let load = Load::new(at(1), &slow, &[(Destination::Scheduler, depth(500))]);
         assert!(matches!(
-            load.admission(max),
+            load.admission(max, &w, &DoorTally::default()),
             Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(50)
         ));
         // 400 waiting at 20 a second: 20 s, admitted.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(400))]);
-        assert_eq!(load.admission(max), Admission::Admit);
+        assert_eq!(load.admission(max, &w, &DoorTally::default()), Admission::Admit);
         // 1000 waiting: 50 s, refused, back in 20 s.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(1000))]);
         assert_eq!(
-            load.admission(max),
+            load.admission(max, &w, &DoorTally::default()),
             Admission::Refuse {
-                queue: Destination::Scheduler,
+                busiest: Destination::Scheduler,
                 expected_wait: Duration::from_secs(50),
                 retry_after: Duration::from_secs(20),
             }
         );
-        // A cold queue is assumed slow: 500 waiting with nobody heard from is 50 s.
-        let load = Load::new(at(1), &[], &[(Destination::Replies, depth(500))]);
-        assert!(matches!(load.admission(max), Admission::Refuse { .. }));
+        // The waits add up along an order's path: 100 waiting on each agent's queue and on the
+        // replies, at the nominal 10 a second, is 10 s a queue and 60 s in all (the replies
+        // are waited for once per step).
+        let mut depths: Vec<(Destination, Depth)> = ["inventory", "payment", "shipping"]
+            .map(|a| (Destination::Agent(AgentName::new(a)), depth(100)))
+            .to_vec();
+        depths.push((Destination::Replies, depth(100)));
+        let load = Load::new(at(1), &[], &depths);
+        assert!(matches!(
+            load.admission(max, &w, &DoorTally::default()),
+            Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(60)
+        ));
+        // Orders let in since the queues were read count too, at the slowest queue: here the
+        // replies, taken at the nominal 10 a second, three per order. 100 orders admitted are
+        // 30 s ahead of a new one.
+        let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(100))]);
+        assert_eq!(load.admission(max, &w, &DoorTally::default()), Admission::Admit);
+        let tally = DoorTally { admitted: 100, ..DoorTally::default() };
+        assert!(matches!(
+            load.admission(max, &w, &tally),
+            Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(35)
+        ));
+        // Clients refused since are asked to come back spread out: the 51st refused waits for
+        // the slowest queue to take the 50 orders before it and its own (51 at 3⅓ a second,
+        // 15.3 s), not only for the 5 s the queues are over.
+        let tally = DoorTally { admitted: 100, refused: 50, ..DoorTally::default() };
+        assert!(matches!(
+            load.admission(max, &w, &tally),
+            Admission::Refuse { retry_after, .. } if retry_after == Duration::from_secs(16)
+        ));
         // A huge backlog asks for at most a minute.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(1_000_000))]);
         assert!(matches!(
-            load.admission(max),
+            load.admission(max, &w, &DoorTally::default()),
             Admission::Refuse { retry_after, .. } if retry_after == MAX_RETRY_AFTER
         ));
     }

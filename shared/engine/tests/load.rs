@@ -505,11 +505,13 @@ impl World {
         let mut out = Outcome::default();
         let mut owed = 0.0;
         let mut next_order = 0usize;
-        // Orders refused at the door, with when they are sent again.
+        // Orders refused at the door, and when their clients send them again: after what
+        // Retry-After says, and up to a fifth more.
         let mut retries: Vec<(Timestamp, usize)> = Vec::new();
         let mut next_sweep = self.start.plus(CAPACITY.sweep_every);
         let burst = self.scenario.burst.map(|(from, _, _)| self.start.plus(from));
         let mut backlog_over: Option<Timestamp> = None;
+        let capacity = CAPACITY.orders_per_second();
         let limit = Duration::from_secs(3600);
         loop {
             self.clock.advance(TICK);
@@ -541,8 +543,8 @@ impl World {
                     Ok(a) => out.accepted += usize::from(a.created),
                     Err(Error::Overloaded { retry_after, .. }) => {
                         out.refused += 1;
-                        let jitter = retry_after.mul_f64(0.5 * self.rng.unit());
-                        retries.push((now.plus(retry_after + jitter), i));
+                        let wait = retry_after.mul_f64(1.0 + 0.2 * self.rng.unit());
+                        retries.push((now.plus(wait), i));
                     }
                     Err(e) => panic!("seed {}: submission failed: {e}", self.seed),
                 }
@@ -554,12 +556,10 @@ impl World {
                     out.longest_horizon.max(Duration::from_millis(report.horizon_ms));
                 next_sweep = now.plus(CAPACITY.sweep_every);
             }
-            // The backlog lasts from the burst until the queues are short again.
+            // The backlog lasts from the burst for as long as the queues hold two seconds of
+            // work or more (with the door, the rest of it waits with the clients).
             if let Some(b) = burst {
-                if backlog_over.is_none()
-                    && now > b.plus(Duration::from_secs(30))
-                    && self.waiting() < 10
-                {
+                if now > b && self.waiting() as f64 >= 2.0 * capacity * FAULT_FREE_MESSAGES {
                     backlog_over = Some(now);
                 }
             }

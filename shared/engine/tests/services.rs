@@ -117,24 +117,44 @@ async fn the_door_refuses_orders_that_would_wait_too_long_and_writes_nothing() {
     let config =
         EngineConfig { max_queue_wait: Duration::from_secs(10), ..EngineConfig::default() };
     let w = World::with(config);
-    // 150 start messages waiting and nobody taking them yet: at the assumed 10 a second, a new
-    // order would wait 15 s.
-    for i in 0..150 {
-        w.submit(&format!("early-{i}")).await.unwrap();
-    }
-    // The door read the queues with the first order; it reads them again 5 s later.
+    // Nobody takes the messages yet, and no consumer has said how fast it goes: the door
+    // counts what it let in since it read the queues, at the slowest queue of an order's path
+    // (the replies: three per order, at the assumed 10 a second).
+    let mut admitted = 0;
+    let err = loop {
+        match w.submit(&format!("early-{admitted}")).await {
+            Ok(_) => admitted += 1,
+            Err(e) => break e,
+        }
+    };
+    // 34 orders are 10.2 s of the slowest queue's work: the 35th is refused.
+    assert_eq!(admitted, 34);
+    let Error::Overloaded { expected_wait, retry_after, .. } = &err else { panic!("{err}") };
+    assert!(expected_wait.as_secs_f64() > 10.0, "{expected_wait:?}");
+    assert!(*retry_after >= Duration::from_secs(1));
+    assert!(err.is_retryable());
+    // Read again 5 s later: 34 start messages wait; still room for a little more.
     w.clock.advance(sas_engine::load::REPORT_EVERY);
     let before = (w.store.stats().transactions, w.queues.sent_count(&Destination::Scheduler));
-    let err = w.submit("late").await.unwrap_err();
-    let Error::Overloaded { queue, expected_wait, retry_after } = &err else { panic!("{err}") };
-    assert_eq!((queue.as_str(), expected_wait.as_secs()), ("scheduler", 15));
-    assert_eq!(*retry_after, Duration::from_secs(5));
-    assert!(err.is_retryable());
-    assert_eq!(
-        (w.store.stats().transactions, w.queues.sent_count(&Destination::Scheduler)),
-        before,
-        "a refused order writes and sends nothing"
-    );
+    assert_eq!(before.0, 34, "the refused order wrote nothing");
+    let mut more = 0;
+    while w.submit(&format!("later-{more}")).await.is_ok() {
+        more += 1;
+    }
+    assert!(more < 34, "the waiting messages count now: {more}");
+    // Each refused client is asked to wait longer, as more are refused.
+    let waits: Vec<Duration> = (0..3)
+        .map(|n| {
+            let err = futures_util::FutureExt::now_or_never(w.submit(&format!("refused-{n}")))
+                .unwrap()
+                .unwrap_err();
+            let Error::Overloaded { retry_after, .. } = err else { panic!("{err}") };
+            retry_after
+        })
+        .collect();
+    assert!(waits.windows(2).all(|p| p[0] <= p[1]), "{waits:?}");
+    let after = (w.store.stats().transactions, w.queues.sent_count(&Destination::Scheduler));
+    assert_eq!(after.1, before.1 + more, "a refused order sends nothing");
 }
 
 #[tokio::test]

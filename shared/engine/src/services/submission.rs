@@ -6,7 +6,7 @@
 //! come back otherwise. Accepting an order it could only serve late would make every order
 //! later, and the backlog longer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -16,7 +16,7 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::events::StatusKind;
 use crate::ids::{IdempotencyKey, OrderId};
-use crate::load::{Admission, Cached, LoadSource};
+use crate::load::{Admission, Cached, DoorTally, LoadSource};
 use crate::machine::Effect;
 use crate::order::Order;
 use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, Read, StateStore};
@@ -39,6 +39,8 @@ pub struct Submission<S, Q, B, C, I, L> {
     ports: Effector<S, Q, B, C>,
     ids: I,
     load: Cached<L>,
+    /// What this door did since the load in use was read.
+    tally: Mutex<DoorTally>,
 }
 
 impl<S, Q, B, C, I, L> Submission<S, Q, B, C, I, L>
@@ -66,6 +68,7 @@ where
             ports: Effector { store, outbox, bus, clock, config, workflow },
             ids,
             load: Cached::new(load),
+            tally: Mutex::default(),
         }
     }
 
@@ -120,7 +123,7 @@ where
     }
 
     /// Refuses a new order while the queues would keep it waiting longer than
-    /// `max_queue_wait`. If the queues cannot be read, the order is let in: the door must not
+    /// `max_queue_wait` in all. If the queues cannot be read, the order is let in: the door must not
     /// turn away orders because a metric is missing.
     async fn admit(&self, now: Timestamp) -> Result<()> {
         let load = match self.load.load(now).await {
@@ -130,11 +133,17 @@ where
                 return Ok(());
             }
         };
-        match load.admission(self.ports.config.max_queue_wait) {
-            Admission::Admit => Ok(()),
-            Admission::Refuse { queue, expected_wait, retry_after } => {
-                info!(queue = %queue.name(), expected_wait_s = expected_wait.as_secs(), "order refused at the door");
-                Err(Error::Overloaded { queue: queue.name(), expected_wait, retry_after })
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        let so_far = tally.for_load(&load);
+        match load.admission(self.ports.config.max_queue_wait, &self.ports.workflow, &so_far) {
+            Admission::Admit => {
+                tally.admitted += 1;
+                Ok(())
+            }
+            Admission::Refuse { busiest, expected_wait, retry_after } => {
+                tally.refused += 1;
+                info!(busiest = %busiest.name(), expected_wait_s = expected_wait.as_secs(), "order refused at the door");
+                Err(Error::Overloaded { busiest: busiest.name(), expected_wait, retry_after })
             }
         }
     }
