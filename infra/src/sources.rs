@@ -14,6 +14,9 @@ use tracing::warn;
 use crate::runtime_api::RuntimeApi;
 use crate::template::LOCAL_ACCOUNT;
 
+/// Longest a receive waits for a message (SQS's maximum).
+const LONG_POLL_SECONDS: i32 = 20;
+
 /// One SQS event source mapping.
 #[derive(Clone, Debug)]
 pub struct SqsMapping {
@@ -68,7 +71,9 @@ async fn gather(
     let started = std::time::Instant::now();
     let mut messages = Vec::new();
     loop {
-        let wait = if messages.is_empty() { 1 } else { 0 };
+        // Long polling, as Lambda's pollers do: an idle queue costs one receive every 20 s,
+        // and a message that arrives is returned at once.
+        let wait = if messages.is_empty() { LONG_POLL_SECONDS } else { 0 };
         let received = sqs
             .receive_message()
             .queue_url(&mapping.queue_url)
