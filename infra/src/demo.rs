@@ -343,8 +343,10 @@ fn body(r: &Item) -> Value {
 /// Whether what the simulated service did explains why an order did not go through:
 ///
 /// - refused at a step: the service refused that step's key for good (or had undone it);
-/// - timed out at a step: the service met that step's key with an outage, a transient fault,
-///   throttling or a lost answer at least once, or function processes were being killed;
+/// - timed out at a step, its lease expired N times: the service failed that step's key (an
+///   outage, a transient fault, throttling or a lost answer) at least N times, since a lease
+///   runs out only when its agent's calls keep failing; or function processes were being
+///   killed. A request dropped or held up in a queue meets no fault at all;
 /// - anything else (a step the workflow does not know): nothing explains it.
 fn explained(cause: &Value, order_id: &str, faulted: &Value, kills: u64) -> bool {
     let step = cause["step"].as_str().unwrap_or_default();
@@ -353,7 +355,8 @@ fn explained(cause: &Value, order_id: &str, faulted: &Value, kills: u64) -> bool
     match cause["kind"].as_str() {
         Some("step_rejected") => n("permanent") + n("tombstoned") > 0,
         Some("step_timed_out") => {
-            kills > 0 || n("outage") + n("transient") + n("throttled") + n("lost_answer") > 0
+            let failed = n("outage") + n("transient") + n("throttled") + n("lost_answer");
+            kills > 0 || failed >= cause["failures"].as_u64().unwrap_or(1)
         }
         _ => false,
     }
@@ -599,7 +602,8 @@ mod tests {
     fn a_failed_order_is_explained_only_by_what_the_service_did_to_its_step() {
         let faulted = json!({
             "o1/charge-payment/do": {"permanent": 1, "total": 2},
-            "o2/reserve-inventory/do": {"outage": 3, "total": 3},
+            "o2/reserve-inventory/do": {"outage": 3, "transient": 1, "total": 6},
+            "o4/ship/do": {"transient": 1, "total": 2},
         });
         let rejected = |step: &str| json!({"kind": "step_rejected", "step": step, "reason": "no"});
         let timed_out = |step: &str| json!({"kind": "step_timed_out", "step": step, "failures": 4});
@@ -607,7 +611,9 @@ mod tests {
         assert!(!explained(&rejected("ship"), "o1", &faulted, 0), "another step was refused");
         assert!(explained(&timed_out("reserve-inventory"), "o2", &faulted, 0));
         assert!(!explained(&timed_out("charge-payment"), "o1", &faulted, 0), "refused, not down");
-        // A step that timed out while nothing was done to it: only kills explain it.
+        // Four expired leases need four failed calls: one transient fault does not explain
+        // them, and a step nothing was done to is explained only by kills.
+        assert!(!explained(&timed_out("ship"), "o4", &faulted, 0));
         assert!(!explained(&timed_out("ship"), "o3", &faulted, 0));
         assert!(explained(&timed_out("ship"), "o3", &faulted, 5));
         assert!(!explained(&json!({"kind": "unknown_step", "step": "x"}), "o3", &faulted, 5));

@@ -11,9 +11,9 @@
 //!
 //! What must hold, for every scenario and seed:
 //! - every order accepted ends, in a terminal state, with its alert sent if it failed;
-//! - every order that did not go through is explained by a fault the seed injected into it: a
-//!   step refused for good was refused by its service; a step that timed out had a message of
-//!   its order lost, or its service failed it. Load and delay explain nothing;
+//! - every order that did not go through is explained by faults the seed injected into it: a
+//!   step refused for good was refused by its service; a step whose lease expired N times had
+//!   N messages of its order lost or calls failed. Load and delay explain nothing;
 //! - the work per order (messages sent and handled, state writes) stays within 1.25 times the
 //!   fault-free path's: recovery adds no work to a backlog;
 //! - after a burst, the backlog drains at capacity: orders finish at 90 % of the capacity or
@@ -624,7 +624,10 @@ impl World {
                     let what = injected.get(&r.order_id).cloned().unwrap_or_default();
                     let explained = match &cause {
                         Cause::StepRejected { step, .. } => what.refused.contains(step),
-                        Cause::StepTimedOut { .. } => what.lost + what.transient > 0,
+                        // Each expired lease needs a fault of its own.
+                        Cause::StepTimedOut { failures, .. } => {
+                            what.lost + what.transient >= *failures
+                        }
                         Cause::UnknownStep { .. } => false,
                     };
                     if !explained {

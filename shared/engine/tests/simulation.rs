@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use sas_engine::config::EngineConfig;
 use sas_engine::events::ALERT_DETAIL_TYPE;
-use sas_engine::load::{Gauges, WaitReporter};
+use sas_engine::load::{self, Gauges, WaitReporter};
 use sas_engine::memory::{
     Behaviour, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits,
     SeqIds, SplitMix,
@@ -766,10 +766,14 @@ fn remote_behaviour(draw: &mut SplitMix, action: &str, faults: Faults) -> Behavi
 
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
 /// every lease of every step and every undo may expire `failure_threshold` times, each costing
-/// at most the claim grace, the budget, the longest retry wait and one sweep interval; then the
+/// at most the claim grace, the budget, the longest retry wait, the reports' delay the horizon
+/// adds, and one sweep interval; the waits reported while faults ran may hold the horizon open
+/// for as long as they stand (the longest budget, the claim grace and one report); then the
 /// alert may need one republish.
 fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
-    let lease = |budget: Duration| config.claim_grace + budget + config.wait.max + SWEEP_EVERY;
+    let lease = |budget: Duration| {
+        config.claim_grace + budget + config.wait.max + load::SLACK + SWEEP_EVERY
+    };
     let leases: Duration = workflow
         .steps()
         .iter()
@@ -777,7 +781,9 @@ fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
             lease(s.budget) + s.compensation.as_ref().map_or(Duration::ZERO, |c| lease(c.budget))
         })
         .sum();
-    leases * config.failure_threshold + config.alert_retry_after + SWEEP_EVERY
+    let longest = workflow.steps().iter().map(|s| s.budget).max().unwrap_or_default();
+    let reported = longest + config.claim_grace + load::REPORT_EVERY;
+    leases * config.failure_threshold + reported + config.alert_retry_after + SWEEP_EVERY
 }
 
 fn seeds() -> Vec<u64> {
@@ -830,9 +836,10 @@ fn the_settle_bound_follows_from_the_configuration() {
     let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
     let workflow = Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap();
     let config = EngineConfig { failure_threshold: 3, ..EngineConfig::default() };
-    // Five leases (three steps, two undos), 30 s of claim grace, 300 s of longest wait and
-    // 5 s between sweeps each, plus the budgets (30 + 30 + 60 + 30 + 30), three times over;
-    // then one alert republish (120 s) and one more sweep.
-    let expected = 3 * (5 * (30 + 300 + 5) + 180) + 120 + 5;
+    // Five leases (three steps, two undos), 30 s of claim grace, 300 s of longest wait, 6 s of
+    // the reports' delay and 5 s between sweeps each, plus the budgets (30 + 30 + 60 + 30 +
+    // 30), three times over; the waits reported during the faults (60 + 30 + 5 s); then one
+    // alert republish (120 s) and one more sweep.
+    let expected = 3 * (5 * (30 + 300 + 6 + 5) + 180) + 95 + 120 + 5;
     assert_eq!(settle_bound(&config, &workflow), Duration::from_secs(expected));
 }
