@@ -15,12 +15,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
+
+/// Lambda's limit on a synchronous invocation's response; a function that answers more fails
+/// with `Function.ResponseSizeTooLarge`.
+pub const RESPONSE_LIMIT: usize = 6 * 1024 * 1024;
 
 /// How an invocation ended, when it did not return a response.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +81,8 @@ impl RuntimeApi {
             .route("/2018-06-01/runtime/invocation/{id}/response", post(response))
             .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
             .route("/2018-06-01/runtime/init/error", post(init_error))
+            // Lambda's own limit applies, not the web framework's 2 MB: see `response`.
+            .layer(DefaultBodyLimit::disable())
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
@@ -92,12 +99,12 @@ impl RuntimeApi {
         self.address.to_string()
     }
 
-    /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
     /// Invocations so far.
     pub fn invocations(&self) -> u64 {
         self.next_id.load(Ordering::Relaxed)
     }
 
+    /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
     pub async fn invoke(&self, payload: String, timeout: Duration) -> Result<String, InvokeError> {
         let id = format!(
             "{:08x}-local-{}",
@@ -164,6 +171,17 @@ async fn response(
     Path(id): Path<String>,
     body: Bytes,
 ) -> StatusCode {
+    if body.len() > RESPONSE_LIMIT {
+        let error = InvokeError::Function {
+            error_type: "Function.ResponseSizeTooLarge".to_owned(),
+            body: format!(
+                "response of {} bytes, over the limit of {RESPONSE_LIMIT} bytes",
+                body.len()
+            ),
+        };
+        finish(&shared, &id, Err(error));
+        return StatusCode::PAYLOAD_TOO_LARGE;
+    }
     finish(&shared, &id, Ok(String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -210,6 +228,15 @@ mod tests {
 
     /// A minimal runtime client, doing what `lambda_runtime` does.
     async fn serve_once(api: &str, answer: impl Fn(&str) -> Result<String, String>) {
+        let status = answer_once(api, answer).await;
+        assert_eq!(status, 202);
+    }
+
+    /// Takes one invocation and posts the answer; returns the Runtime API's status.
+    async fn answer_once(
+        api: &str,
+        answer: impl Fn(&str) -> Result<String, String>,
+    ) -> reqwest::StatusCode {
         let client = reqwest::Client::new();
         let next = client
             .get(format!("http://{api}/2018-06-01/runtime/invocation/next"))
@@ -224,8 +251,28 @@ mod tests {
             Err(_) => format!("http://{api}/2018-06-01/runtime/invocation/{id}/error"),
         };
         let body = answer(&event).unwrap_or_else(|e| e);
-        let status = client.post(url).body(body).send().await.unwrap().status();
-        assert_eq!(status, 202);
+        client.post(url).body(body).send().await.unwrap().status()
+    }
+
+    #[tokio::test]
+    async fn answers_are_limited_as_in_lambda_not_at_2_mb() {
+        let api = RuntimeApi::start("big", "us-east-1").await.unwrap();
+        let address = api.address();
+        let runtime = tokio::spawn(async move {
+            let fits =
+                answer_once(&address, |_| Ok(format!("\"{}\"", "x".repeat(5_000_000)))).await;
+            let over = answer_once(&address, |_| Ok("x".repeat(RESPONSE_LIMIT + 1))).await;
+            (fits, over)
+        });
+        let out = api.invoke("{}".into(), Duration::from_secs(10)).await.unwrap();
+        assert_eq!(out.len(), 5_000_002);
+        let err = api.invoke("{}".into(), Duration::from_secs(10)).await.unwrap_err();
+        assert!(
+            matches!(&err, InvokeError::Function { error_type, .. } if error_type == "Function.ResponseSizeTooLarge"),
+            "{err}"
+        );
+        let (fits, over) = runtime.await.unwrap();
+        assert_eq!((fits.as_u16(), over.as_u16()), (202, 413));
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@
 //! | `POST /actions/{action}` with `Idempotency-Key` | 200 output, 400, 409, 422, 429, 503 |
 //! | `GET /faults`, `PUT /faults` | the configuration (400 if the new one is invalid) |
 //! | `GET /ledger`, `GET /ledger/{key}` | every effect, or one (404 if none) |
-//! | `GET /stats` | calls counted by outcome |
+//! | `GET /stats` | calls counted by outcome; the ledger's size and its most applications of one key |
 //! | `GET /stats/keys` | the same, for every key that met a fault |
 //! | `POST /reset` | empties the ledger and the statistics |
 //! | `GET /health` | 200 |
@@ -200,8 +200,14 @@ async fn effect(State(app): State<App>, Path(key): Path<String>) -> Response {
     }
 }
 
+/// The counts, and what a caller checking for double effects needs of the ledger without
+/// reading all of it (its size grows with every call and would outgrow a Lambda response).
 async fn stats(State(app): State<App>) -> Response {
-    Json(app.sim().stats().clone()).into_response()
+    let sim = app.sim();
+    let mut body = json!(sim.stats());
+    body["effects"] = json!(sim.ledger().effects().len());
+    body["max_applications"] = json!(sim.ledger().max_applications());
+    Json(body).into_response()
 }
 
 async fn stats_by_key(State(app): State<App>) -> Response {

@@ -196,6 +196,7 @@ async fn the_router_serves_the_ledger_semantics_and_the_faults() {
         assert_eq!(&stats[name], count, "{name}: {stats}");
     }
     assert_eq!(stats["actions"]["charge-payment"]["permanent"], json!(2));
+    assert_eq!((&stats["effects"], &stats["max_applications"]), (&json!(7), &json!(1)));
 
     // Reset empties the ledger and the stats, and references start again.
     assert_eq!(send(&app, Method::POST, "/reset", None, None).await.status, StatusCode::OK);
