@@ -357,6 +357,7 @@ fn api_cases() -> Vec<(Request, Expected)> {
             accepted,
         ),
         (request("line2-null", edited(|o| o["ship_to"]["line2"] = Value::Null)), accepted),
+        (request("line2-blank", edited(|o| o["ship_to"]["line2"] = json!("  "))), accepted),
     ]
 }
 

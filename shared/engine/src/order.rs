@@ -178,11 +178,13 @@ impl OrderRequest {
         let ship_to = Address {
             name: v.text("ship_to.name", &a.name, 100),
             line1: v.text("ship_to.line1", &a.line1, 200),
+            // A blank second line is an empty form field, not a mistake: it is dropped before
+            // the text rules, which refuse blanks, are applied.
             line2: a
                 .line2
                 .as_deref()
-                .map(|l| v.text("ship_to.line2", l, 200))
-                .filter(|l| !l.is_empty()),
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| v.text("ship_to.line2", l, 200)),
             city: v.text("ship_to.city", &a.city, 100),
             postal_code: v.postal_code("ship_to.postal_code", &a.postal_code),
             country: v.upper_code(
@@ -300,6 +302,20 @@ mod tests {
         assert_eq!(order.ship_to.name, "Ada Lovelace");
         assert_eq!(order.total(), 2800);
         assert_eq!(order.items.len(), 2);
+    }
+
+    #[test]
+    fn a_blank_second_address_line_is_absent() {
+        for blank in ["", "   ", "\t"] {
+            let mut b = valid();
+            b["ship_to"]["line2"] = json!(blank);
+            assert_eq!(check(&b).unwrap().ship_to.line2, None, "{blank:?}");
+        }
+        let mut b = valid();
+        b["ship_to"]["line2"] = json!(" Flat 1 ");
+        assert_eq!(check(&b).unwrap().ship_to.line2.as_deref(), Some("Flat 1"));
+        b["ship_to"]["line2"] = json!("Flat\u{202E}1");
+        assert_eq!(fields(check(&b).unwrap_err()), ["ship_to.line2"]);
     }
 
     #[test]
