@@ -43,7 +43,9 @@ fn new_order(key: &str, config: &EngineConfig, at: Timestamp) -> (OrderRecord, S
     let key = IdempotencyKey::parse(key).unwrap();
     let id = OrderId::for_key(&key);
     let order = Order::from_json(order_json("c-1").as_bytes()).unwrap();
-    let state = StateRecord::new(id, &workflow(), config, "corr".into(), at);
+    let workflow = workflow();
+    let ctx = sas_engine::machine::Ctx { now: at, config, workflow: &workflow };
+    let state = sas_engine::machine::create(id, "corr".into(), &ctx).next;
     (OrderRecord { order_id: id, idempotency_key: key, order, created_at: at }, state)
 }
 

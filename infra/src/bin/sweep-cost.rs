@@ -130,7 +130,8 @@ fn record(key: &str, workflow: &Workflow, config: &EngineConfig, at: Timestamp) 
     let id = OrderId::for_key(
         &IdempotencyKey::parse(key).unwrap_or_else(|_| unreachable!("keys are plain")),
     );
-    StateRecord::new(id, workflow, config, format!("corr-{key}"), at)
+    let ctx = sas_engine::machine::Ctx { now: at, config, workflow };
+    sas_engine::machine::create(id, format!("corr-{key}"), &ctx).next
 }
 
 fn entry_size(item: &HashMap<String, AttributeValue>) -> usize {

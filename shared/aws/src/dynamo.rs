@@ -359,6 +359,7 @@ fn item_size(item: &Item) -> usize {
 mod tests {
     use super::*;
     use sas_engine::config::EngineConfig;
+    use sas_engine::machine::Ctx;
     use sas_engine::workflow::Workflow;
     use sas_engine::{AgentName, IdempotencyKey};
 
@@ -366,13 +367,9 @@ mod tests {
         let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
         let w = Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap();
         let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
-        StateRecord::new(
-            id,
-            &w,
-            &EngineConfig::default(),
-            "corr".into(),
-            Timestamp::from_millis(1_000),
-        )
+        let config = EngineConfig::default();
+        let ctx = Ctx { now: Timestamp::from_millis(1_000), config: &config, workflow: &w };
+        sas_engine::machine::create(id, "corr".into(), &ctx).next
     }
 
     #[test]

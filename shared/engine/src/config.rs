@@ -45,6 +45,11 @@ pub struct EngineConfig {
     /// together, before the door refuses it (503 with Retry-After). Default 60 s; at least
     /// 1 s. Env `MAX_QUEUE_WAIT_SECONDS`.
     pub max_queue_wait: Duration,
+    /// How long after it failed an order may still be redriven. A redrive reuses the keys of
+    /// steps whose outcome is unknown, so that the service answers what it did; past the time
+    /// the services remember keys, it could do such a step twice. Default 24 hours.
+    /// Env `REDRIVE_WINDOW_SECONDS`.
+    pub redrive_window: Duration,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +65,7 @@ impl Default for EngineConfig {
             agent_retry: RetryPolicy::default(),
             timeline_limit: 16,
             max_queue_wait: Duration::from_secs(60),
+            redrive_window: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -93,6 +99,7 @@ impl EngineConfig {
             },
             timeline_limit: parse(&lookup, "TIMELINE_LIMIT", d.timeline_limit)?,
             max_queue_wait: secs(&lookup, "MAX_QUEUE_WAIT_SECONDS", d.max_queue_wait)?,
+            redrive_window: secs(&lookup, "REDRIVE_WINDOW_SECONDS", d.redrive_window)?,
         };
         config.validate()?;
         Ok(config)

@@ -70,6 +70,14 @@ pub enum Error {
         retry_after: std::time::Duration,
     },
 
+    /// An operator command is malformed (its id, reason or caller); nothing was written.
+    #[error("invalid command: {0}")]
+    InvalidCommand(String),
+
+    /// An operator command does not apply to the order as it is; nothing was written.
+    #[error("order {order_id}: {refused}")]
+    Refused { order_id: OrderId, refused: crate::machine::Refused },
+
     /// Some events of a batch were not accepted by the event bus.
     #[error("{failed} of {total} events were not published: {first_reason}")]
     PublishFailed { failed: usize, total: usize, first_reason: String },

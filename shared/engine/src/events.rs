@@ -40,10 +40,12 @@ pub enum StatusKind {
     Compensated,
     /// The order failed and could not be fully undone, or nothing was done: terminal.
     Failed,
+    /// An operator cancelled the order and every completed step was undone: terminal.
+    Cancelled,
 }
 
 impl StatusKind {
-    pub const ALL: [StatusKind; 7] = [
+    pub const ALL: [StatusKind; 8] = [
         StatusKind::Received,
         StatusKind::Processing,
         StatusKind::StepDone,
@@ -51,6 +53,7 @@ impl StatusKind {
         StatusKind::Processed,
         StatusKind::Compensated,
         StatusKind::Failed,
+        StatusKind::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,11 +65,18 @@ impl StatusKind {
             StatusKind::Processed => "processed",
             StatusKind::Compensated => "compensated",
             StatusKind::Failed => "failed",
+            StatusKind::Cancelled => "cancelled",
         }
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, StatusKind::Processed | StatusKind::Compensated | StatusKind::Failed)
+        matches!(
+            self,
+            StatusKind::Processed
+                | StatusKind::Compensated
+                | StatusKind::Failed
+                | StatusKind::Cancelled
+        )
     }
 }
 
@@ -132,20 +142,34 @@ pub struct StatusEvent {
     pub correlation_id: String,
 }
 
-/// An order that needs an operator: it ended in `Error`.
+/// An order that needs an operator: it ended in `Error`. It carries what the operator needs
+/// to act without opening anything else first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alert {
-    /// Deterministic: the same order's alert always has the same id.
+    /// Deterministic: the same failure of the same order always has the same id (an order
+    /// redriven and failing again gets a new one).
     pub alert_id: String,
     pub order_id: OrderId,
     pub cause: Cause,
+    /// The step that failed; none for an order cancelled by an operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_step: Option<String>,
+    /// Steps that were done and have been undone.
+    #[serde(default)]
+    pub undone: Vec<String>,
     /// Whether every completed step was undone (nothing is left for the operator to revert).
     pub fully_compensated: bool,
-    /// Steps whose effects may still be in place and need a manual look.
+    /// Steps whose effects may still be in place and must be checked and reverted by hand.
     pub needs_manual_undo: Vec<String>,
     pub failure_count: u32,
+    /// How many times the order had been redriven before this failure.
+    #[serde(default)]
+    pub redrives: u32,
     pub at: Timestamp,
     pub correlation_id: String,
+    /// What to run next: the command that shows the order, and the one that would run it again.
+    pub show_command: String,
+    pub redrive_command: String,
 }
 
 /// One entry for the bus: what it is, a deterministic id, and its JSON detail.

@@ -159,8 +159,17 @@ impl Direction {
 
 /// The key a remote service uses to deduplicate one step (or its undo) of one order. It does
 /// not contain the attempt: every retry and re-dispatch of the step carries the same key.
-pub fn step_key(order: OrderId, step: &str, direction: Direction) -> String {
-    format!("{order}/{step}/{}", direction.as_str())
+///
+/// It does contain the step's generation once an operator's redrive has done the step again
+/// (`{order}/{step}/r{n}/do`): the first run's keys belong to an action that was undone or
+/// refused, and a service answers a known key with what it recorded (or, for a `do` whose
+/// `undo` it applied, refuses it for good), so reusing them would report the step done without
+/// doing it. Everything before the last `/` names one run of one step for both directions.
+pub fn step_key(order: OrderId, step: &str, direction: Direction, generation: u32) -> String {
+    match generation {
+        0 => format!("{order}/{step}/{}", direction.as_str()),
+        n => format!("{order}/{step}/r{n}/{}", direction.as_str()),
+    }
 }
 
 #[cfg(test)]
@@ -202,7 +211,19 @@ mod tests {
     #[test]
     fn step_keys_differ_by_direction_only() {
         let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
-        assert_eq!(step_key(id, "charge", Direction::Do), step_key(id, "charge", Direction::Do));
-        assert_ne!(step_key(id, "charge", Direction::Do), step_key(id, "charge", Direction::Undo));
+        let key = |d, g| step_key(id, "charge", d, g);
+        assert_eq!(key(Direction::Do, 0), key(Direction::Do, 0));
+        assert_ne!(key(Direction::Do, 0), key(Direction::Undo, 0));
+        assert_eq!(key(Direction::Do, 0), format!("{id}/charge/do"));
+    }
+
+    #[test]
+    fn a_redriven_run_has_keys_of_its_own_sharing_a_prefix_by_direction() {
+        let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
+        let (done, undone) =
+            (step_key(id, "charge", Direction::Do, 2), step_key(id, "charge", Direction::Undo, 2));
+        assert_eq!(done, format!("{id}/charge/r2/do"));
+        assert_ne!(done, step_key(id, "charge", Direction::Do, 1));
+        assert_eq!(done.rsplit_once('/').unwrap().0, undone.rsplit_once('/').unwrap().0);
     }
 }

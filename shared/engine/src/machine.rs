@@ -26,7 +26,32 @@
 //! | Pending, Processing | expiry, CompleteBy passed by the horizon, at threshold | compensation queued, or Error and alert |
 //! | Error (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error (alert pending) | alert sent | alert recorded, record leaves the expiry index |
-//! | Processed, Error | anything else | ignored: terminal states never move |
+//! | Pending | the submission again (same key, same order), never claimed | start message again |
+//! | Processed, Error, Cancelled | any message or expiry | ignored: terminal states move only by an operator's command |
+//! | Paused | any message or expiry | ignored: nothing of it is in flight |
+//!
+//! Operator commands (each with an id, the caller and a reason; a command id already applied
+//! changes nothing, and a command that does not fit the state is refused with the state named):
+//!
+//! | state | command | outcome |
+//! | --- | --- | --- |
+//! | Pending, Paused (forward) | cancel | completed steps queued for undo, last first, and started; nothing to undo: Cancelled |
+//! | Processing (forward) | cancel | the step in flight finishes; at its reply or its judged expiry, undo as above |
+//! | Pending | pause | Paused at once: its start message is fenced off |
+//! | Processing | pause | the step in flight finishes; the order is Paused where it would have gone on |
+//! | Paused | resume | Pending at a new attempt; start message |
+//! | Processing (pause waiting) | resume | the pause is withdrawn |
+//! | Error | redrive | Pending from the first step not done; undone and refused steps done again under new keys |
+//! | Error, undo failed | redrive_compensation | the failed undos queued again under their keys |
+//! | any other | any | refused, naming the state |
+//!
+//! A cancelled order whose undos all succeed ends Cancelled, with a status event and no alert
+//! (the operator asked for it); one whose undo fails, or whose step in flight could not be
+//! undone, ends in Error with an alert listing what is left. A cancel never outruns the step in
+//! flight: its reply is awaited, so a step that completes is undone, and if it was the last
+//! step the order is Processed (there was nothing left to stop). A cancelled step whose outcome
+//! is unknown (its lease had expired) is handled as any uncertain step: undone if it can be,
+//! reported if not.
 //!
 //! # When an expired lease counts as a failure
 //!
@@ -45,13 +70,18 @@ use std::time::Duration;
 
 use crate::config::EngineConfig;
 use crate::events::StatusKind;
-use crate::ids::Direction;
+use crate::ids::{Direction, OrderId};
 use crate::message::{StepOutcome, StepRef};
 use crate::state::{
-    AlertDelivery, Cause, Happening, InputRef, Phase, ProcessState, StateRecord, StepStatus,
+    AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Phase, ProcessState,
+    StateRecord, StepState, StepStatus, Stop,
 };
 use crate::time::Timestamp;
 use crate::workflow::{Step, Workflow};
+
+/// Operator commands remembered on a record for recognising a repeat; an older one sent again
+/// is judged on the record's state, which refuses or ignores nearly every repeat anyway.
+pub const COMMANDS_KEPT: usize = 16;
 
 /// What a decision needs besides the record and the input.
 #[derive(Clone, Copy, Debug)]
@@ -73,6 +103,10 @@ pub enum Input<'a> {
     Expire { complete_by: Timestamp, horizon: Duration },
     /// The order's alert was accepted by the event bus.
     AlertSent,
+    /// The order was submitted again with the same key and the same content.
+    Resubmit,
+    /// An operator's command, with its id (the same id is applied once), who gave it and why.
+    Command { command: CommandKind, id: &'a str, by: &'a str, reason: &'a str },
 }
 
 /// A side effect to perform after the decision's write succeeded. Effects are described, not
@@ -113,6 +147,43 @@ pub enum Ignored {
     Moved,
     /// The alert was already recorded as sent.
     AlertAlreadySent,
+    /// The submission was repeated after the order was first claimed: it is under way.
+    Started,
+    /// The order is paused: no message of its can be current.
+    Paused,
+    /// An operator command with this id was applied before.
+    AlreadyApplied,
+}
+
+/// Why an operator command was refused. Nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("the order is {state}: there is nothing left to {command}", state = .state.as_str(), command = .command.as_str())]
+    Finished { state: ProcessState, command: CommandKind },
+    #[error("the order is {state}; only an order in Error can be redriven", state = .state.as_str())]
+    NotFailed { state: ProcessState },
+    #[error("the order is being undone ({state}): it will end on its own", state = .state.as_str())]
+    Undoing { state: ProcessState },
+    #[error("a cancel is already waiting for the step in flight")]
+    Cancelling,
+    #[error("the order is already paused")]
+    AlreadyPaused,
+    #[error("a pause is already waiting for the step in flight")]
+    Pausing,
+    #[error("the order is {state}, not paused", state = .state.as_str())]
+    NotPaused { state: ProcessState },
+    #[error("the order was cancelled by {by}; it cannot be redriven")]
+    WasCancelled { by: String },
+    #[error("undoing {steps:?} failed: redrive the compensation first")]
+    UndoFailed { steps: Vec<String> },
+    #[error("no undo of this order failed: there is no compensation to redrive")]
+    NothingToUndo,
+    #[error("the order failed at {ended_at}, longer ago than the redrive window ({window_s} s)")]
+    TooLate { ended_at: Timestamp, window_s: u64 },
+    #[error("the workflow has no step {step:?} any more")]
+    UnknownStep { step: String },
+    #[error("command id {id:?} was used for a {earlier} command", earlier = .earlier.as_str())]
+    IdReused { id: String, earlier: CommandKind },
 }
 
 /// Inputs that cannot happen in a correct system: a bug, a forged message, or an incompatible
@@ -133,6 +204,27 @@ pub enum Illegal {
     Corrupt { reason: String },
 }
 
+/// What is done with an illegal input, by where it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Remedy {
+    /// A queue message: a poison message, left to fail until it reaches its dead-letter queue,
+    /// where an operator can look at it and move it back once the cause is fixed.
+    DeadLetter,
+    /// The supervisor's sweep, an alert's bookkeeping or an operator: nothing to set aside;
+    /// logged as an error and counted, and the caller is told.
+    Report,
+}
+
+/// The remedy for an illegal `input`.
+pub fn remedy(input: &Input<'_>) -> Remedy {
+    match input {
+        Input::Claim { .. } | Input::Reply { .. } => Remedy::DeadLetter,
+        Input::Expire { .. } | Input::AlertSent | Input::Resubmit | Input::Command { .. } => {
+            Remedy::Report
+        }
+    }
+}
+
 /// The outcome of [`decide`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
@@ -140,15 +232,66 @@ pub enum Decision {
     Replay(Vec<Effect>),
     Ignore(Ignored),
     Illegal(Illegal),
+    /// An operator command that does not apply to the record as it is.
+    Refuse(Refused),
 }
 
-/// Decides what `input` does to `record`. See the module documentation for the table.
+/// The record of a newly submitted order and what follows its creation: Pending at attempt 0,
+/// with a CompleteBy that gives the scheduler `claim_grace` to claim it and the first step its
+/// whole budget, and a start message.
+pub fn create(order_id: OrderId, correlation_id: String, ctx: &Ctx<'_>) -> Transition {
+    let first_budget = ctx.workflow.steps().first().map_or(Duration::ZERO, |s| s.budget);
+    let mut next = StateRecord {
+        order_id,
+        workflow: ctx.workflow.name().to_owned(),
+        process_state: ProcessState::Pending,
+        locked_by: None,
+        complete_by: Some(ctx.now.plus(ctx.config.claim_grace).plus(first_budget)),
+        failure_count: 0,
+        attempt: 0,
+        revision: 0,
+        phase: Phase::Forward,
+        cursor: 0,
+        steps: ctx.workflow.steps().iter().map(|s| StepState::new(&s.name)).collect(),
+        cause: None,
+        alert: None,
+        last_input: InputRef::Submit,
+        correlation_id,
+        shard: order_id.shard(ctx.config.index_shards),
+        created_at: ctx.now,
+        updated_at: ctx.now,
+        ended_at: None,
+        timeline: Vec::new(),
+        stop: None,
+        commands: Vec::new(),
+        redrives: 0,
+    };
+    next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
+    Transition { next, effects: started(ctx) }
+}
+
+/// What a new order owes the world: its start message, and its first status event.
+fn started(ctx: &Ctx<'_>) -> Vec<Effect> {
+    let mut effects = vec![Effect::Kick { delay: Duration::ZERO }];
+    effects.extend(status(ctx, StatusKind::Received, None));
+    effects
+}
+
+/// Decides what `input` does to `record`. See the module documentation for the tables.
 pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
-    use ProcessState::{Error, Pending, Processed, Processing};
     // Everything below may rely on the invariants (the cursor names a step, and so on).
     if let Err(reason) = record.check() {
         return Decision::Illegal(Illegal::Corrupt { reason });
     }
+    if let Input::Command { command, id, by, reason } = input {
+        return operate(record, Command { kind: command, id, by, reason }, ctx);
+    }
+    settle_stop(record, react(record, input, ctx), ctx)
+}
+
+/// What the system's own inputs do.
+fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
+    use ProcessState::{Cancelled, Error, Paused, Pending, Processed, Processing};
     let current = record.attempt;
     match (record.process_state, input) {
         // The same queue message again: its transition is written, its effects may not be.
@@ -158,9 +301,18 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
             Decision::Replay(replay(record, ctx))
         }
 
+        // The client submitted again, perhaps because the first submission died between its
+        // write and its start message: while nobody has claimed the order, start it again (a
+        // duplicate start leads to one claim).
+        (Pending, Input::Resubmit) if record.last_input == InputRef::Submit => {
+            Decision::Replay(started(ctx))
+        }
+        (_, Input::Resubmit) => Decision::Ignore(Ignored::Started),
+
         (Pending, Input::Claim { attempt, owner, message }) if attempt == current => {
             claim(record, owner, message, ctx)
         }
+        (Paused, Input::Claim { .. }) => Decision::Ignore(Ignored::Paused),
         (Pending | Processing, Input::Claim { attempt, .. }) => {
             Decision::Ignore(Ignored::Stale { received: attempt, current })
         }
@@ -168,16 +320,17 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
         (Processing, Input::Reply { attempt, step, outcome, message }) if attempt == current => {
             reply(record, step, outcome, message, ctx)
         }
-        (Pending, Input::Reply { attempt, .. }) if attempt == current => {
+        (Pending | Paused, Input::Reply { attempt, .. }) if attempt == current => {
             Decision::Illegal(Illegal::NotDispatched { attempt })
         }
-        (Pending | Processing, Input::Reply { attempt, .. }) => {
+        (Pending | Processing | Paused, Input::Reply { attempt, .. }) => {
             Decision::Ignore(Ignored::Stale { received: attempt, current })
         }
 
         (Pending | Processing, Input::Expire { complete_by, horizon }) => {
             expire(record, complete_by, horizon, ctx)
         }
+        (Paused, Input::Expire { .. }) => Decision::Ignore(Ignored::Moved),
         (Error, Input::Expire { complete_by, .. })
             if record.alert == Some(AlertDelivery::Pending) =>
         {
@@ -189,12 +342,24 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
             Some(AlertDelivery::Sent) => Decision::Ignore(Ignored::AlertAlreadySent),
             None => Decision::Illegal(Illegal::NoAlert),
         },
-        (Pending | Processing | Processed, Input::AlertSent) => Decision::Illegal(Illegal::NoAlert),
-
-        (Processed | Error, Input::Claim { .. } | Input::Reply { .. } | Input::Expire { .. }) => {
-            Decision::Ignore(Ignored::Terminal)
+        (Pending | Processing | Processed | Paused | Cancelled, Input::AlertSent) => {
+            Decision::Illegal(Illegal::NoAlert)
         }
+
+        (
+            Processed | Error | Cancelled,
+            Input::Claim { .. } | Input::Reply { .. } | Input::Expire { .. },
+        ) => Decision::Ignore(Ignored::Terminal),
+
+        (_, Input::Command { .. }) => unreachable_command(record),
     }
+}
+
+/// Commands are decided by [`operate`]; this arm only keeps the match exhaustive.
+fn unreachable_command(record: &StateRecord) -> Decision {
+    Decision::Illegal(Illegal::Corrupt {
+        reason: format!("{}: a command reached the message path", record.order_id),
+    })
 }
 
 /// Pending → Processing: take the lease on the current step (or undo) and dispatch it.
@@ -206,6 +371,7 @@ fn claim(record: &StateRecord, owner: &str, message: &str, ctx: &Ctx<'_>) -> Dec
     next.process_state = ProcessState::Processing;
     next.locked_by = Some(owner.to_owned());
     next.attempt += 1;
+    next.steps[next.cursor].dispatched = true;
     // A Pending deadline that still leaves the step its whole budget is kept: the lease is as
     // long as promised, and the expiry index entry is not rewritten (an index key change costs
     // two index writes).
@@ -249,26 +415,40 @@ fn reply(
             next.steps[c].output = Some(output.clone());
             next.failure_count = 0;
             next.note(ctx.now, Happening::StepDone, Some(name.clone()), limit);
-            let mut effects = status(ctx, StatusKind::StepDone, Some(name));
-            if c + 1 < next.steps.len() {
-                next.cursor = c + 1;
-                match lease(&mut next, ctx) {
-                    Some(()) => effects.push(Effect::Dispatch),
-                    None => return unknown_step(&next),
-                }
-            } else {
+            let effects = status(ctx, StatusKind::StepDone, Some(name));
+            let Some(following) = next_to_do(&next, c + 1) else {
+                // A cancel waiting for the last step comes too late: nothing is left to stop.
                 next.process_state = ProcessState::Processed;
                 next.locked_by = None;
                 next.complete_by = None;
+                next.ended_at = Some(ctx.now);
                 next.note(ctx.now, Happening::Processed, None, limit);
+                let mut effects = effects;
                 effects.extend(status(ctx, StatusKind::Processed, None));
+                return apply(next, effects);
+            };
+            if let Some(cause) = cancelled_by(record) {
+                // The cancel's safe point: the step is done, and is undone with the others.
+                next.cause = Some(cause);
+                return first(effects, compensate(next, ctx, Via::Lease));
             }
-            apply(next, effects)
+            next.cursor = following;
+            match lease(&mut next, ctx) {
+                Some(()) => {
+                    let mut effects = effects;
+                    effects.push(Effect::Dispatch);
+                    apply(next, effects)
+                }
+                None => unknown_step(&next),
+            }
         }
         (Phase::Forward, StepOutcome::Failed { reason }) => {
             next.steps[c].status = StepStatus::Failed;
             next.steps[c].detail = Some(reason.clone());
-            next.cause = Some(Cause::StepRejected { step: name.clone(), reason: reason.clone() });
+            next.cause = Some(cancelled_by(record).unwrap_or_else(|| Cause::StepRejected {
+                step: name.clone(),
+                reason: reason.clone(),
+            }));
             next.note(ctx.now, Happening::StepFailed, Some(name), limit);
             // The agent reported a permanent fault: the step took no effect, so only the steps
             // before it are undone.
@@ -313,7 +493,9 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
         return fail(next, ctx);
     };
 
-    if failures < ctx.config.failure_threshold {
+    // A cancel waiting for this step does not wait for a retry: the step is uncertain now.
+    let cancel = cancelled_by(record);
+    if failures < ctx.config.failure_threshold && cancel.is_none() {
         // Wait longer before each further try, in case the fault is not as transient as hoped.
         let wait = ctx.config.wait.wait(failures);
         let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
@@ -344,7 +526,7 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
                 StepStatus::Uncertain
             };
             next.steps[c].detail = Some(detail);
-            next.cause = Some(Cause::StepTimedOut { step: name, failures });
+            next.cause = Some(cancel.unwrap_or(Cause::StepTimedOut { step: name, failures }));
             compensate(next, ctx, Via::Kick)
         }
         Phase::Compensating => {
@@ -415,16 +597,10 @@ fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> 
     }
 }
 
-/// Ends the order in Error with its alert pending. The record stays in the expiry index until
-/// the alert is known to be published.
+/// Ends the order once nothing is left to undo: Cancelled if an operator cancelled it and
+/// nothing is left to revert by hand; otherwise Error with its alert pending, the record
+/// staying in the expiry index until the alert is known to be published.
 fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
-    let kind = if next.needs_manual_undo().is_empty()
-        && next.steps.iter().any(|s| s.status == StepStatus::Undone)
-    {
-        StatusKind::Compensated
-    } else {
-        StatusKind::Failed
-    };
     for s in &mut next.steps {
         // Only reachable when the workflow lost a step's compensation while the order was in
         // flight: what could not be undone is left to the operator.
@@ -432,13 +608,30 @@ fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
             s.status = StepStatus::Uncertain;
         }
     }
-    next.process_state = ProcessState::Error;
     next.locked_by = None;
+    next.ended_at = Some(ctx.now);
+    let limit = ctx.config.timeline_limit;
+    if let Some(Cause::Cancelled { by, reason }) = next.cause.clone() {
+        if next.needs_manual_undo().is_empty() {
+            next.process_state = ProcessState::Cancelled;
+            next.complete_by = None;
+            next.note_command(ctx.now, Happening::Cancelled, &by, &reason, limit);
+            return apply(next, status(ctx, StatusKind::Cancelled, None));
+        }
+    }
+    let kind = if next.needs_manual_undo().is_empty()
+        && next.steps.iter().any(|s| s.status == StepStatus::Undone)
+    {
+        StatusKind::Compensated
+    } else {
+        StatusKind::Failed
+    };
+    next.process_state = ProcessState::Error;
     next.alert = Some(AlertDelivery::Pending);
     next.complete_by = Some(ctx.now.plus(ctx.config.alert_retry_after));
     let happening =
         if kind == StatusKind::Compensated { Happening::Compensated } else { Happening::Failed };
-    next.note(ctx.now, happening, None, ctx.config.timeline_limit);
+    next.note(ctx.now, happening, None, limit);
     let mut effects = status(ctx, kind, None);
     effects.push(Effect::Alert);
     apply(next, effects)
@@ -473,8 +666,8 @@ fn alert_sent(record: &StateRecord, ctx: &Ctx<'_>) -> Decision {
 fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
     match record.process_state {
         ProcessState::Processing => vec![Effect::Dispatch],
-        ProcessState::Pending => Vec::new(),
-        ProcessState::Processed | ProcessState::Error => {
+        ProcessState::Pending | ProcessState::Paused => Vec::new(),
+        ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => {
             let mut effects = status(ctx, terminal_kind(record), None);
             if record.alert == Some(AlertDelivery::Pending) {
                 effects.push(Effect::Alert);
@@ -487,6 +680,7 @@ fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
 fn terminal_kind(record: &StateRecord) -> StatusKind {
     match record.process_state {
         ProcessState::Processed => StatusKind::Processed,
+        ProcessState::Cancelled => StatusKind::Cancelled,
         _ if record.needs_manual_undo().is_empty()
             && record.steps.iter().any(|s| s.status == StepStatus::Undone) =>
         {
@@ -512,6 +706,7 @@ fn lease(next: &mut StateRecord, ctx: &Ctx<'_>) -> Option<()> {
     let (_, budget) = leased_action(next, ctx)?;
     next.process_state = ProcessState::Processing;
     next.attempt += 1;
+    next.steps[next.cursor].dispatched = true;
     next.complete_by = Some(ctx.now.plus(budget));
     Some(())
 }
@@ -531,6 +726,311 @@ fn has_compensation(workflow: &Workflow, step: &str) -> bool {
 fn unknown_step(record: &StateRecord) -> Decision {
     let step = record.steps.get(record.cursor).map(|s| s.name.clone()).unwrap_or_default();
     Decision::Illegal(Illegal::UnknownStep { step })
+}
+
+/// An operator command as [`operate`] takes it.
+#[derive(Clone, Copy, Debug)]
+struct Command<'a> {
+    kind: CommandKind,
+    id: &'a str,
+    by: &'a str,
+    reason: &'a str,
+}
+
+/// Decides an operator command. See the second table of the module documentation.
+fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Decision {
+    if let Some(earlier) = record.commands.iter().find(|c| c.id == cmd.id) {
+        if earlier.command != cmd.kind {
+            return Decision::Refuse(Refused::IdReused {
+                id: cmd.id.to_owned(),
+                earlier: earlier.command,
+            });
+        }
+        // The command's write was the last one: its handler may have died before the effects.
+        if record.last_input == InputRef::Command(cmd.id.to_owned()) {
+            return Decision::Replay(match record.process_state {
+                ProcessState::Pending => vec![Effect::Kick { delay: Duration::ZERO }],
+                ProcessState::Processing | ProcessState::Paused => Vec::new(),
+                _ => replay(record, ctx),
+            });
+        }
+        return Decision::Ignore(Ignored::AlreadyApplied);
+    }
+    let state = record.process_state;
+    let decision = match cmd.kind {
+        CommandKind::Cancel => cancel(record, cmd, ctx),
+        CommandKind::Pause => pause(record, cmd, ctx),
+        CommandKind::Resume => resume(record, cmd, ctx),
+        CommandKind::Redrive | CommandKind::RedriveCompensation if state != ProcessState::Error => {
+            Err(match state {
+                ProcessState::Processed | ProcessState::Cancelled => {
+                    Refused::Finished { state, command: cmd.kind }
+                }
+                _ => Refused::NotFailed { state },
+            })
+        }
+        CommandKind::Redrive => redrive(record, cmd, ctx),
+        CommandKind::RedriveCompensation => redrive_compensation(record, cmd, ctx),
+    };
+    match decision {
+        Ok(Decision::Apply(mut t)) => {
+            t.next.commands.push(CommandEntry {
+                id: cmd.id.to_owned(),
+                command: cmd.kind,
+                by: cmd.by.to_owned(),
+                reason: cmd.reason.to_owned(),
+                at: ctx.now,
+            });
+            let excess = t.next.commands.len().saturating_sub(COMMANDS_KEPT);
+            t.next.commands.drain(..excess);
+            Decision::Apply(t)
+        }
+        Ok(other) => other,
+        Err(refused) => Decision::Refuse(refused),
+    }
+}
+
+/// Cancel: at once when no step is in flight, else when the step in flight is finished.
+fn cancel(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decision, Refused> {
+    let state = record.process_state;
+    if state.is_terminal() {
+        return Err(Refused::Finished { state, command: cmd.kind });
+    }
+    if record.phase == Phase::Compensating {
+        return Err(Refused::Undoing { state });
+    }
+    let limit = ctx.config.timeline_limit;
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    next.note_command(ctx.now, Happening::CancelRequested, cmd.by, cmd.reason, limit);
+    if state == ProcessState::Processing {
+        match &record.stop {
+            Some(stop) if stop.command == CommandKind::Cancel => return Err(Refused::Cancelling),
+            // A waiting pause gives way: the order is to stop for good.
+            _ => next.stop = Some(stop_of(cmd)),
+        }
+        return Ok(apply(next, Vec::new()));
+    }
+    // Pending or Paused. A step that was sent before (its lease expired, or an earlier run
+    // under the same keys timed out) may have taken effect all the same, its answer lost: it is
+    // as uncertain as a step in flight, and undone (or reported) too.
+    let c = next.cursor;
+    if next.steps[c].dispatched || record.failure_count > 0 {
+        let undoable = has_compensation(ctx.workflow, &next.steps[c].name);
+        next.steps[c].status = if undoable { StepStatus::ToUndo } else { StepStatus::Uncertain };
+        next.steps[c].detail = Some("cancelled while the step's outcome was unknown".into());
+    }
+    next.cause = Some(Cause::Cancelled { by: cmd.by.to_owned(), reason: cmd.reason.to_owned() });
+    Ok(compensate(next, ctx, Via::Kick))
+}
+
+/// Pause: at once when no step is in flight, else when the step in flight is finished.
+fn pause(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decision, Refused> {
+    let state = record.process_state;
+    let limit = ctx.config.timeline_limit;
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    match state {
+        ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => {
+            Err(Refused::Finished { state, command: cmd.kind })
+        }
+        ProcessState::Paused => Err(Refused::AlreadyPaused),
+        ProcessState::Processing => match &record.stop {
+            Some(stop) if stop.command == CommandKind::Cancel => Err(Refused::Cancelling),
+            Some(_) => Err(Refused::Pausing),
+            None => {
+                next.stop = Some(stop_of(cmd));
+                next.note_command(ctx.now, Happening::PauseRequested, cmd.by, cmd.reason, limit);
+                Ok(apply(next, Vec::new()))
+            }
+        },
+        ProcessState::Pending => {
+            hold(&mut next, ctx, cmd.by, cmd.reason);
+            Ok(apply(next, Vec::new()))
+        }
+    }
+}
+
+/// Resume: a paused order goes back to the scheduler; a waiting pause is withdrawn.
+fn resume(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decision, Refused> {
+    let state = record.process_state;
+    let limit = ctx.config.timeline_limit;
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    match (state, &record.stop) {
+        (ProcessState::Processing, Some(stop)) if stop.command == CommandKind::Pause => {
+            next.stop = None;
+            next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
+            Ok(apply(next, Vec::new()))
+        }
+        (ProcessState::Paused, _) => {
+            let Some((_, budget)) = leased_action(record, ctx) else {
+                let step = record.steps[record.cursor].name.clone();
+                return Err(Refused::UnknownStep { step });
+            };
+            next.process_state = ProcessState::Pending;
+            next.attempt += 1;
+            next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
+            next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
+            Ok(apply(next, vec![Effect::Kick { delay: Duration::ZERO }]))
+        }
+        _ => Err(Refused::NotPaused { state }),
+    }
+}
+
+/// Redrive: an order in Error runs again from its first step not done. Steps that were undone
+/// or refused are done again under keys of a new generation; a step whose outcome is unknown
+/// (it timed out and nothing could undo it) keeps its key, so that its service answers what it
+/// did rather than doing it twice.
+fn redrive(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decision, Refused> {
+    within_window(record, ctx)?;
+    if let Some(Cause::Cancelled { by, .. }) = &record.cause {
+        return Err(Refused::WasCancelled { by: by.clone() });
+    }
+    let undo_failed: Vec<String> = record
+        .steps
+        .iter()
+        .filter(|s| s.status == StepStatus::UndoFailed)
+        .map(|s| s.name.clone())
+        .collect();
+    if !undo_failed.is_empty() {
+        return Err(Refused::UndoFailed { steps: undo_failed });
+    }
+    if let Some(s) =
+        record.steps.iter().find(|s| !ctx.workflow.steps().iter().any(|w| w.name == s.name))
+    {
+        return Err(Refused::UnknownStep { step: s.name.clone() });
+    }
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    for s in &mut next.steps {
+        match s.status {
+            StepStatus::Done | StepStatus::NotStarted => continue,
+            StepStatus::Undone | StepStatus::Failed => {
+                s.generation += 1;
+                s.dispatched = false;
+            }
+            StepStatus::Uncertain | StepStatus::ToUndo | StepStatus::UndoFailed => {}
+        }
+        s.status = StepStatus::NotStarted;
+        s.output = None;
+        s.detail = None;
+    }
+    let Some(cursor) = next_to_do(&next, 0) else {
+        // Every step is done: an Error record never looks like this.
+        return Err(Refused::NotFailed { state: record.process_state });
+    };
+    next.cursor = cursor;
+    next.phase = Phase::Forward;
+    next.cause = None;
+    restart(next, ctx, cmd)
+}
+
+/// Redrive of the compensation: the undos that failed are queued again, under their keys (an
+/// undo is idempotent, and harmless where its step never took effect).
+fn redrive_compensation(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    within_window(record, ctx)?;
+    if !record.steps.iter().any(|s| s.status == StepStatus::UndoFailed) {
+        return Err(Refused::NothingToUndo);
+    }
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    for s in &mut next.steps {
+        if s.status == StepStatus::UndoFailed {
+            s.status = StepStatus::ToUndo;
+            s.detail = None;
+        }
+    }
+    next.phase = Phase::Compensating;
+    next.cursor = next.steps.iter().rposition(|s| s.status == StepStatus::ToUndo).unwrap_or(0);
+    restart(next, ctx, cmd)
+}
+
+/// Puts a redriven record back to Pending at a new attempt with its start message.
+fn restart(mut next: StateRecord, ctx: &Ctx<'_>, cmd: Command<'_>) -> Result<Decision, Refused> {
+    let Some((_, budget)) = leased_action(&next, ctx) else {
+        return Err(Refused::UnknownStep { step: next.steps[next.cursor].name.clone() });
+    };
+    next.process_state = ProcessState::Pending;
+    next.attempt += 1;
+    next.failure_count = 0;
+    next.alert = None;
+    next.ended_at = None;
+    next.redrives += 1;
+    next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
+    next.note_command(ctx.now, Happening::Redriven, cmd.by, cmd.reason, ctx.config.timeline_limit);
+    Ok(apply(next, vec![Effect::Kick { delay: Duration::ZERO }]))
+}
+
+fn within_window(record: &StateRecord, ctx: &Ctx<'_>) -> Result<(), Refused> {
+    let ended_at = record.ended_at.unwrap_or(record.updated_at);
+    if ended_at.plus(ctx.config.redrive_window) < ctx.now {
+        return Err(Refused::TooLate { ended_at, window_s: ctx.config.redrive_window.as_secs() });
+    }
+    Ok(())
+}
+
+/// A transition out of a Processing record ends the operator's stop waiting on it: a pause
+/// holds the order where it would have gone on (nothing is dispatched or kicked); a cancel was
+/// acted on by the transition itself. A transition that keeps the same lease (none does today
+/// but the command that set the stop) leaves it waiting.
+fn settle_stop(record: &StateRecord, decision: Decision, ctx: &Ctx<'_>) -> Decision {
+    let Some(stop) = &record.stop else {
+        return decision;
+    };
+    let Decision::Apply(mut t) = decision else {
+        return decision;
+    };
+    if t.next.process_state == ProcessState::Processing && t.next.attempt == record.attempt {
+        return Decision::Apply(t);
+    }
+    t.next.stop = None;
+    if stop.command == CommandKind::Pause && t.next.process_state.is_in_flight() {
+        // A step leased by this transition is not sent after all.
+        let c = t.next.cursor;
+        t.next.steps[c].dispatched = record.steps[c].dispatched;
+        hold(&mut t.next, ctx, &stop.by, &stop.reason);
+        t.effects.retain(|e| !matches!(e, Effect::Dispatch | Effect::Kick { .. }));
+    }
+    Decision::Apply(t)
+}
+
+/// Holds a record where it stands: Paused, out of the expiry index, at a new attempt so that
+/// no message sent before counts.
+fn hold(next: &mut StateRecord, ctx: &Ctx<'_>, by: &str, reason: &str) {
+    next.process_state = ProcessState::Paused;
+    next.locked_by = None;
+    next.complete_by = None;
+    next.attempt += 1;
+    next.note_command(ctx.now, Happening::Paused, by, reason, ctx.config.timeline_limit);
+}
+
+fn stop_of(cmd: Command<'_>) -> Stop {
+    Stop { command: cmd.kind, by: cmd.by.to_owned(), reason: cmd.reason.to_owned() }
+}
+
+/// The cause to record if an operator's cancel is waiting on `record`.
+fn cancelled_by(record: &StateRecord) -> Option<Cause> {
+    let stop = record.stop.as_ref().filter(|s| s.command == CommandKind::Cancel)?;
+    Some(Cause::Cancelled { by: stop.by.clone(), reason: stop.reason.clone() })
+}
+
+/// The first step at or after `from` that is not done (after a redrive, steps kept done may
+/// lie ahead of the cursor).
+fn next_to_do(record: &StateRecord, from: usize) -> Option<usize> {
+    (from..record.steps.len()).find(|&i| record.steps[i].status != StepStatus::Done)
+}
+
+/// `decision`, with `effects` performed before its own.
+fn first(effects: Vec<Effect>, decision: Decision) -> Decision {
+    match decision {
+        Decision::Apply(mut t) => {
+            let mut all = effects;
+            all.append(&mut t.effects);
+            t.effects = all;
+            Decision::Apply(t)
+        }
+        other => other,
+    }
 }
 
 /// A copy of the record for the next revision, stamped with the input that produced it.

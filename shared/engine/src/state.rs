@@ -14,17 +14,18 @@
 //! - `last_input` names the message whose handling produced this revision, so a redelivery of
 //!   that same message (its handler died after writing) can redo the lost side effects, while a
 //!   second copy of it changes nothing.
+//! - `stop` is an operator's cancel or pause that waits for the step in flight to finish;
+//!   `commands` lists the latest operator commands applied, by id, so that a command sent
+//!   twice is applied once; `redrives` counts how often the order was run again after failing.
+//! - Each step has a `generation`, part of its idempotency keys: a step done again after it was
+//!   undone (or refused) by a redrive is a new action for its service, not a repeat.
 //!
 //! [`StateRecord::check`] states the invariants; every transition keeps them.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
-use crate::config::EngineConfig;
 use crate::ids::{Direction, OrderId};
 use crate::time::Timestamp;
-use crate::workflow::Workflow;
 
 /// The pattern's process states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -35,8 +36,13 @@ pub enum ProcessState {
     Processing,
     /// Every step completed. Terminal.
     Processed,
-    /// The order failed; the alert says whether its effects were undone. Terminal.
+    /// The order failed; the alert says whether its effects were undone. Terminal until an
+    /// operator redrives it.
     Error,
+    /// An operator stopped it, at a point where no step was in flight: it resumes when told.
+    Paused,
+    /// An operator cancelled it and every completed step was undone. Terminal.
+    Cancelled,
 }
 
 impl ProcessState {
@@ -46,22 +52,32 @@ impl ProcessState {
             ProcessState::Processing => "Processing",
             ProcessState::Processed => "Processed",
             ProcessState::Error => "Error",
+            ProcessState::Paused => "Paused",
+            ProcessState::Cancelled => "Cancelled",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            ProcessState::Pending,
-            ProcessState::Processing,
-            ProcessState::Processed,
-            ProcessState::Error,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == s)
+        ProcessState::ALL.into_iter().find(|p| p.as_str() == s)
     }
 
+    pub const ALL: [ProcessState; 6] = [
+        ProcessState::Pending,
+        ProcessState::Processing,
+        ProcessState::Processed,
+        ProcessState::Error,
+        ProcessState::Paused,
+        ProcessState::Cancelled,
+    ];
+
+    /// Finished: nothing moves it but an operator's redrive (of an order in Error).
     pub fn is_terminal(self) -> bool {
-        matches!(self, ProcessState::Processed | ProcessState::Error)
+        matches!(self, ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled)
+    }
+
+    /// Pending or Processing: the supervisor watches it through its CompleteBy.
+    pub fn is_in_flight(self) -> bool {
+        matches!(self, ProcessState::Pending | ProcessState::Processing)
     }
 }
 
@@ -113,6 +129,35 @@ pub struct StepState {
     /// Why it failed, for failed steps and failed undos.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// Which run of the step its idempotency keys are for: 0 at first, one more each time a
+    /// redrive does it again after it was undone or refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
+    /// A request for the step may have reached its service under its current keys: it was
+    /// leased at least once since its generation began.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub dispatched: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl StepState {
+    pub(crate) fn new(name: &str) -> StepState {
+        StepState {
+            name: name.to_owned(),
+            status: StepStatus::NotStarted,
+            output: None,
+            detail: None,
+            generation: 0,
+            dispatched: false,
+        }
+    }
 }
 
 /// Why an order failed.
@@ -126,16 +171,90 @@ pub enum Cause {
     /// The record names a step the loaded workflow does not have (the workflow was changed
     /// incompatibly while the order was in flight).
     UnknownStep { step: String },
+    /// An operator cancelled the order.
+    Cancelled { by: String, reason: String },
 }
 
 impl Cause {
-    pub fn step(&self) -> &str {
+    /// The step that failed; none for a cancelled order.
+    pub fn step(&self) -> Option<&str> {
         match self {
             Cause::StepRejected { step, .. }
             | Cause::StepTimedOut { step, .. }
-            | Cause::UnknownStep { step } => step,
+            | Cause::UnknownStep { step } => Some(step),
+            Cause::Cancelled { .. } => None,
         }
     }
+
+    /// A short name for filters and tables: `step_rejected`, `step_timed_out`, ...
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Cause::StepRejected { .. } => "step_rejected",
+            Cause::StepTimedOut { .. } => "step_timed_out",
+            Cause::UnknownStep { .. } => "unknown_step",
+            Cause::Cancelled { .. } => "cancelled",
+        }
+    }
+}
+
+/// An operator command, as the machine takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandKind {
+    /// Stop the order at its next safe point and undo what it did.
+    Cancel,
+    /// Run an order in Error again from the step that failed.
+    Redrive,
+    /// Run the failed undos of an order in Error again.
+    RedriveCompensation,
+    /// Stop the order once its step in flight is finished.
+    Pause,
+    /// Let a paused order go on.
+    Resume,
+}
+
+impl CommandKind {
+    pub const ALL: [CommandKind; 5] = [
+        CommandKind::Cancel,
+        CommandKind::Redrive,
+        CommandKind::RedriveCompensation,
+        CommandKind::Pause,
+        CommandKind::Resume,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommandKind::Cancel => "cancel",
+            CommandKind::Redrive => "redrive",
+            CommandKind::RedriveCompensation => "redrive_compensation",
+            CommandKind::Pause => "pause",
+            CommandKind::Resume => "resume",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CommandKind> {
+        CommandKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// An operator command that was applied: kept on the record so the same command id is
+/// applied once, and shown with the timeline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandEntry {
+    pub id: String,
+    pub command: CommandKind,
+    /// The caller's identity (an IAM principal's ARN behind the admin API).
+    pub by: String,
+    pub reason: String,
+    pub at: Timestamp,
+}
+
+/// A cancel or pause that waits for the step in flight to finish.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stop {
+    pub command: CommandKind,
+    pub by: String,
+    pub reason: String,
 }
 
 /// Delivery of the one operator alert an `Error` record gets.
@@ -161,6 +280,8 @@ pub enum InputRef {
     Message(String),
     /// The supervisor acted on an expired lease.
     Expire,
+    /// The operator command with this id.
+    Command(String),
 }
 
 impl InputRef {
@@ -186,6 +307,12 @@ pub enum Happening {
     Compensated,
     Failed,
     AlertSent,
+    CancelRequested,
+    Cancelled,
+    PauseRequested,
+    Paused,
+    Resumed,
+    Redriven,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,6 +322,11 @@ pub struct TimelineEntry {
     pub attempt: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
+    /// For an operator's command: who gave it, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The state record. See the module documentation for the meaning of each field.
@@ -222,63 +354,34 @@ pub struct StateRecord {
     pub shard: u16,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// When the order last reached a terminal state; a redrive clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<Timestamp>,
     pub timeline: Vec<TimelineEntry>,
+    /// An operator's cancel or pause waiting for the step in flight (only while Processing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// The latest operator commands applied, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<CommandEntry>,
+    /// How many times an operator redrove the order (either way).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redrives: u32,
 }
 
 impl StateRecord {
-    /// The record of a newly submitted order: Pending at attempt 0, with a CompleteBy that gives
-    /// the scheduler `claim_grace` to claim it and the first step its whole budget.
-    pub fn new(
-        order_id: OrderId,
-        workflow: &Workflow,
-        config: &EngineConfig,
-        correlation_id: String,
-        now: Timestamp,
-    ) -> StateRecord {
-        let first_budget = workflow.steps().first().map_or(Duration::ZERO, |s| s.budget);
-        let mut record = StateRecord {
-            order_id,
-            workflow: workflow.name().to_owned(),
-            process_state: ProcessState::Pending,
-            locked_by: None,
-            complete_by: Some(now.plus(config.claim_grace).plus(first_budget)),
-            failure_count: 0,
-            attempt: 0,
-            revision: 0,
-            phase: Phase::Forward,
-            cursor: 0,
-            steps: workflow
-                .steps()
-                .iter()
-                .map(|s| StepState {
-                    name: s.name.clone(),
-                    status: StepStatus::NotStarted,
-                    output: None,
-                    detail: None,
-                })
-                .collect(),
-            cause: None,
-            alert: None,
-            last_input: InputRef::Submit,
-            correlation_id,
-            shard: order_id.shard(config.index_shards),
-            created_at: now,
-            updated_at: now,
-            timeline: Vec::new(),
-        };
-        record.note(now, Happening::Received, None, config.timeline_limit);
-        record
-    }
-
     pub fn is_terminal(&self) -> bool {
         self.process_state.is_terminal()
     }
 
-    /// The step being done or undone, while the order is in flight.
+    /// The step being done or undone (or to be, once resumed), while the order is in flight
+    /// or paused.
     pub fn current_step(&self) -> Option<&StepState> {
         match self.process_state {
-            ProcessState::Pending | ProcessState::Processing => self.steps.get(self.cursor),
-            ProcessState::Processed | ProcessState::Error => None,
+            ProcessState::Pending | ProcessState::Processing | ProcessState::Paused => {
+                self.steps.get(self.cursor)
+            }
+            ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => None,
         }
     }
 
@@ -305,7 +408,35 @@ impl StateRecord {
         step: Option<String>,
         limit: usize,
     ) {
-        self.timeline.push(TimelineEntry { at, what, attempt: self.attempt, step });
+        self.push_entry(
+            TimelineEntry { at, what, attempt: self.attempt, step, by: None, reason: None },
+            limit,
+        );
+    }
+
+    /// Appends an operator's command to the timeline, with who gave it and why.
+    pub(crate) fn note_command(
+        &mut self,
+        at: Timestamp,
+        what: Happening,
+        by: &str,
+        reason: &str,
+        limit: usize,
+    ) {
+        let step = self.current_step().map(|s| s.name.clone());
+        let entry = TimelineEntry {
+            at,
+            what,
+            attempt: self.attempt,
+            step,
+            by: Some(by.to_owned()),
+            reason: Some(reason.to_owned()),
+        };
+        self.push_entry(entry, limit);
+    }
+
+    fn push_entry(&mut self, entry: TimelineEntry, limit: usize) {
+        self.timeline.push(entry);
         let limit = limit.max(2);
         if self.timeline.len() > limit {
             let excess = self.timeline.len() - limit;
@@ -316,8 +447,6 @@ impl StateRecord {
     /// Checks the invariants every stored record satisfies. Adapters run it on what they read;
     /// tests and the simulation run it after every transition.
     pub fn check(&self) -> Result<(), String> {
-        let in_flight =
-            matches!(self.process_state, ProcessState::Pending | ProcessState::Processing);
         let fail = |msg: &str| {
             Err(format!(
                 "{} ({:?} attempt {}): {msg}",
@@ -327,79 +456,110 @@ impl StateRecord {
         if self.steps.is_empty() {
             return fail("no steps");
         }
-        if in_flight {
-            if self.complete_by.is_none() {
-                return fail("in flight without CompleteBy: the supervisor could never find it");
-            }
-            if self.cursor >= self.steps.len() {
-                return fail("cursor past the last step");
-            }
-            if (self.process_state == ProcessState::Processing) != self.locked_by.is_some() {
-                return fail("LockedBy must be set exactly while Processing");
-            }
-            if self.alert.is_some() {
-                return fail("alert on an order in flight");
-            }
-            let current = self.steps[self.cursor].status;
-            match self.phase {
-                Phase::Forward => {
-                    if self.cause.is_some() {
-                        return fail("moving forward with a failure cause");
-                    }
-                    if current != StepStatus::NotStarted
-                        || self.steps[..self.cursor].iter().any(|s| s.status != StepStatus::Done)
-                        || self.steps[self.cursor..]
-                            .iter()
-                            .any(|s| s.status != StepStatus::NotStarted)
-                    {
-                        return fail("forward progress out of order");
-                    }
+        if self.stop.is_some() && self.process_state != ProcessState::Processing {
+            return fail("an operator's stop waits only while a step is in flight");
+        }
+        if self.process_state.is_in_flight() && self.complete_by.is_none() {
+            return fail("in flight without CompleteBy: the supervisor could never find it");
+        }
+        if (self.process_state == ProcessState::Processing) != self.locked_by.is_some() {
+            return fail("LockedBy must be set exactly while Processing");
+        }
+        if self.process_state.is_terminal() != self.ended_at.is_some() {
+            return fail("EndedAt must be set exactly while terminal");
+        }
+        match self.process_state {
+            ProcessState::Pending | ProcessState::Processing | ProcessState::Paused => {
+                if self.process_state == ProcessState::Paused && self.complete_by.is_some() {
+                    return fail("paused with a CompleteBy: the supervisor would wake it");
                 }
-                Phase::Compensating => {
-                    if self.cause.is_none() {
-                        return fail("compensating without a cause");
+                if self.alert.is_some() {
+                    return fail("alert on an order in flight");
+                }
+                self.check_progress()
+            }
+            ProcessState::Processed => {
+                if self.complete_by.is_some() || self.alert.is_some() || self.cause.is_some() {
+                    return fail("processed order with CompleteBy, alert or cause");
+                }
+                if self.steps.iter().any(|s| s.status != StepStatus::Done) {
+                    return fail("processed with a step not done");
+                }
+                Ok(())
+            }
+            ProcessState::Cancelled => {
+                if self.complete_by.is_some() || self.alert.is_some() {
+                    return fail("cancelled order with CompleteBy or alert");
+                }
+                if !matches!(self.cause, Some(Cause::Cancelled { .. })) {
+                    return fail("cancelled without the operator's cancel as its cause");
+                }
+                if !self.needs_manual_undo().is_empty() {
+                    return fail("cancelled with effects left to revert: that is an Error");
+                }
+                Ok(())
+            }
+            ProcessState::Error => {
+                if self.cause.is_none() {
+                    return fail("error without a cause");
+                }
+                match self.alert {
+                    None => return fail("error without an alert"),
+                    Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
+                        return fail("alert pending but not in the expiry index");
                     }
-                    if current != StepStatus::ToUndo {
-                        return fail("undoing a step that is not queued for undo");
+                    Some(AlertDelivery::Sent) if self.complete_by.is_some() => {
+                        return fail("alert sent but still in the expiry index");
                     }
-                    if self.steps[self.cursor + 1..].iter().any(|s| s.status == StepStatus::ToUndo)
-                    {
-                        return fail("undo out of reverse order");
-                    }
+                    _ => {}
+                }
+                if self.steps.iter().any(|s| s.status == StepStatus::ToUndo) {
+                    return fail("compensation ended with steps still queued");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The cursor and the steps' statuses of an order in flight or paused.
+    fn check_progress(&self) -> Result<(), String> {
+        let fail = |msg: &str| {
+            Err(format!(
+                "{} ({:?} attempt {}): {msg}",
+                self.order_id, self.process_state, self.attempt
+            ))
+        };
+        if self.cursor >= self.steps.len() {
+            return fail("cursor past the last step");
+        }
+        let current = self.steps[self.cursor].status;
+        match self.phase {
+            Phase::Forward => {
+                if self.cause.is_some() {
+                    return fail("moving forward with a failure cause");
+                }
+                // After a redrive, a step that was kept (done, with nothing to undo it) may
+                // follow the cursor.
+                let later_ok = |s: &StepState| {
+                    s.status == StepStatus::NotStarted
+                        || (self.redrives > 0 && s.status == StepStatus::Done)
+                };
+                if current != StepStatus::NotStarted
+                    || self.steps[..self.cursor].iter().any(|s| s.status != StepStatus::Done)
+                    || !self.steps[self.cursor + 1..].iter().all(later_ok)
+                {
+                    return fail("forward progress out of order");
                 }
             }
-        } else {
-            if self.locked_by.is_some() {
-                return fail("finished order still locked");
-            }
-            match self.process_state {
-                ProcessState::Processed => {
-                    if self.complete_by.is_some() || self.alert.is_some() || self.cause.is_some() {
-                        return fail("processed order with CompleteBy, alert or cause");
-                    }
-                    if self.steps.iter().any(|s| s.status != StepStatus::Done) {
-                        return fail("processed with a step not done");
-                    }
+            Phase::Compensating => {
+                if self.cause.is_none() {
+                    return fail("compensating without a cause");
                 }
-                _ => {
-                    if self.cause.is_none() {
-                        return fail("error without a cause");
-                    }
-                    match self.alert {
-                        None => return fail("error without an alert"),
-                        Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
-                            return fail("alert pending but not in the expiry index");
-                        }
-                        Some(AlertDelivery::Sent) if self.complete_by.is_some() => {
-                            return fail("alert sent but still in the expiry index");
-                        }
-                        _ => {}
-                    }
-                    if self.steps.iter().any(|s| s.status == StepStatus::ToUndo)
-                        && self.phase == Phase::Compensating
-                    {
-                        return fail("compensation ended with steps still queued");
-                    }
+                if current != StepStatus::ToUndo {
+                    return fail("undoing a step that is not queued for undo");
+                }
+                if self.steps[self.cursor + 1..].iter().any(|s| s.status == StepStatus::ToUndo) {
+                    return fail("undo out of reverse order");
                 }
             }
         }

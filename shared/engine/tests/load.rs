@@ -628,7 +628,7 @@ impl World {
                         Cause::StepTimedOut { failures, .. } => {
                             what.lost + what.transient >= *failures
                         }
-                        Cause::UnknownStep { .. } => false,
+                        Cause::UnknownStep { .. } | Cause::Cancelled { .. } => false,
                     };
                     if !explained {
                         out.unexplained.push((r.order_id, cause));

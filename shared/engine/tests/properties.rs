@@ -13,7 +13,7 @@ use sas_engine::ids::{IdempotencyKey, OrderId};
 use sas_engine::machine::{Ctx, Input, decide};
 use sas_engine::message::{Message, StepOutcome, StepRef};
 use sas_engine::order::{MAX_ITEMS, MAX_QUANTITY, MAX_TOTAL, MAX_UNIT_PRICE, Order};
-use sas_engine::state::StateRecord;
+use sas_engine::state::{CommandKind, StateRecord};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Timestamp};
 use serde_json::{Value, json};
@@ -284,7 +284,8 @@ proptest! {
         let workflow = workflow();
         let config = EngineConfig::default();
         let t0 = Timestamp::from_millis(1_767_225_600_000);
-        let record = StateRecord::new(order_id(), &workflow, &config, "c".into(), t0);
+        let ctx0 = Ctx { now: t0, config: &config, workflow: &workflow };
+        let record = sas_engine::machine::create(order_id(), "c".into(), &ctx0).next;
         let body = mutate(&serde_json::to_value(&record).unwrap(), pick, with);
         let Ok(record) = serde_json::from_value::<StateRecord>(body) else { return Ok(()) };
         let _ = record.check();
@@ -299,7 +300,11 @@ proptest! {
                 horizon: std::time::Duration::ZERO,
             },
             Input::AlertSent,
-        ] {
+            Input::Resubmit,
+        ]
+        .into_iter()
+        .chain(CommandKind::ALL.map(|command| Input::Command { command, id: "cmd-1", by: "ops", reason: "why" }))
+        {
             let _ = decide(&record, input, &ctx);
         }
     }
@@ -313,13 +318,9 @@ fn the_valid_inputs_the_properties_start_from_are_valid() {
         assert_round_trips(&Message::decode(&m.to_string()).unwrap());
     }
     let workflow = workflow();
-    let record = StateRecord::new(
-        order_id(),
-        &workflow,
-        &EngineConfig::default(),
-        "c".into(),
-        Timestamp::from_millis(0),
-    );
+    let config = EngineConfig::default();
+    let ctx = Ctx { now: Timestamp::from_millis(0), config: &config, workflow: &workflow };
+    let record = sas_engine::machine::create(order_id(), "c".into(), &ctx).next;
     let back: StateRecord = serde_json::from_value(serde_json::to_value(&record).unwrap()).unwrap();
     back.check().unwrap();
 }

@@ -222,7 +222,7 @@ impl AgentBench {
             step: StepRef { index: 1, name: "charge-payment".into(), direction: Direction::Do },
             action: "charge-payment".into(),
             complete_by: self.clock.now().plus(budget),
-            idempotency_key: step_key(order_id, "charge-payment", Direction::Do),
+            idempotency_key: step_key(order_id, "charge-payment", Direction::Do, 0),
             order: Order::from_json(order_body("agent-1").as_bytes()).unwrap(),
             input: None,
             due_at: Some(self.clock.now()),

@@ -46,7 +46,7 @@ impl Fixture {
 
     fn new_record(&self) -> StateRecord {
         let id = OrderId::for_key(&IdempotencyKey::parse("order-1").unwrap());
-        StateRecord::new(id, &self.workflow, &self.config, "corr-1".into(), T0)
+        create(id, "corr-1".into(), &self.ctx(T0)).next
     }
 
     fn decide(&self, record: &StateRecord, input: Input<'_>, now: Timestamp) -> Decision {
@@ -741,3 +741,5 @@ fn a_corrupt_record_is_refused_not_decided_on() {
         assert!(matches!(f.decide(&r, input, T0), Decision::Illegal(Illegal::Corrupt { .. })));
     }
 }
+
+mod commands;

@@ -265,7 +265,7 @@ mod tests {
                 Direction::Undo => "refund".into(),
             },
             direction,
-            idempotency_key: step_key(order_id(), "charge", direction),
+            idempotency_key: step_key(order_id(), "charge", direction, 0),
             order: order(),
             input: None,
             deadline: now.plus(Duration::from_secs(60)),
@@ -273,11 +273,11 @@ mod tests {
     }
 
     fn do_key() -> String {
-        step_key(order_id(), "charge", Direction::Do)
+        step_key(order_id(), "charge", Direction::Do, 0)
     }
 
     fn undo_key() -> String {
-        step_key(order_id(), "charge", Direction::Undo)
+        step_key(order_id(), "charge", Direction::Undo, 0)
     }
 
     #[tokio::test]

@@ -14,7 +14,7 @@ use crate::message::{Message, Start, StepRef, StepRequest};
 use crate::ports::{
     Clock, Destination, EventBus, Expected, Outbox, Outgoing, Read, Saved, StateStore,
 };
-use crate::state::StateRecord;
+use crate::state::{StateRecord, StepStatus};
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
@@ -125,7 +125,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
             step: StepRef { index: record.cursor, name: state.name.clone(), direction },
             action: action.to_owned(),
             complete_by,
-            idempotency_key: step_key(record.order_id, &state.name, direction),
+            idempotency_key: step_key(record.order_id, &state.name, direction, state.generation),
             order: order.order,
             input: if direction == Direction::Undo { state.output.clone() } else { None },
             due_at: Some(now),
@@ -162,15 +162,38 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
 
 /// The alert of an order in Error; `None` if the record has no failure cause.
 pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
+    let cause = record.cause.clone()?;
     let needs_manual_undo = record.needs_manual_undo();
+    let id = record.order_id;
+    let redrive_command = if needs_manual_undo.is_empty()
+        || !record.steps.iter().any(|s| s.status == StepStatus::UndoFailed)
+    {
+        format!("sas redrive {id} --reason <why>")
+    } else {
+        format!("sas redrive {id} --compensation --reason <why>")
+    };
     Some(Alert {
-        alert_id: format!("{}/alert", record.order_id),
-        order_id: record.order_id,
-        cause: record.cause.clone()?,
+        // The first failure keeps the plain id it always had.
+        alert_id: match record.redrives {
+            0 => format!("{id}/alert"),
+            n => format!("{id}/alert/{n}"),
+        },
+        order_id: id,
+        failed_step: cause.step().map(str::to_owned),
+        cause,
+        undone: record
+            .steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Undone)
+            .map(|s| s.name.clone())
+            .collect(),
         fully_compensated: needs_manual_undo.is_empty(),
         needs_manual_undo,
         failure_count: record.failure_count,
+        redrives: record.redrives,
         at: now,
         correlation_id: record.correlation_id.clone(),
+        show_command: format!("sas show {id}"),
+        redrive_command,
     })
 }

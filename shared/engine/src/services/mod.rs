@@ -7,12 +7,14 @@
 
 mod agent;
 mod effects;
+mod operator;
 mod scheduler;
 mod status;
 mod submission;
 mod supervisor;
 
 pub use agent::{Agent, AgentOutcome};
+pub use operator::{Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
 pub use status::{OrderView, StatusService};
 pub use submission::{Accepted, Submission};

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, info};
+use tracing::{debug, error, info};
 
 use super::Handled;
 use super::effects::Effector;
@@ -12,7 +12,7 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::load::WaitReporter;
-use crate::machine::{Ctx, Decision, Input, Transition, decide};
+use crate::machine::{Ctx, Decision, Input, Remedy, Transition, decide, remedy};
 use crate::message::{Message, StepReply};
 use crate::ports::{
     Clock, Destination, EventBus, Expected, Incoming, Outbox, Read, Saved, StateStore, WaitGauge,
@@ -130,11 +130,22 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
                 debug!(%order_id, ?why, "ignored");
                 Ok(Handled::Ignored(why))
             }
-            // A correct system never sends this message for this record: a poison message.
-            Decision::Illegal(why) => Err(Error::InvalidMessage(format!(
-                "cannot apply to order {order_id} (attempt {}): {why:?}",
-                record.attempt
-            ))),
+            // A correct system never sends this message for this record.
+            Decision::Illegal(why) => {
+                let what = format!(
+                    "cannot apply to order {order_id} (attempt {}): {why:?}",
+                    record.attempt
+                );
+                match remedy(&input) {
+                    Remedy::DeadLetter => Err(Error::InvalidMessage(what)),
+                    Remedy::Report => {
+                        error!(%order_id, ?why, "illegal input");
+                        Ok(Handled::Illegal(why))
+                    }
+                }
+            }
+            // Only operator commands are refused, and none comes this way.
+            Decision::Refuse(why) => Err(Error::InvalidMessage(format!("{order_id}: {why}"))),
         }
     }
 

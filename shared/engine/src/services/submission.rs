@@ -7,20 +7,17 @@
 //! later, and the backlog longer.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tracing::{info, warn};
 
 use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::events::StatusKind;
 use crate::ids::{IdempotencyKey, OrderId};
 use crate::load::{Admission, Cached, DoorTally, LoadSource};
-use crate::machine::Effect;
+use crate::machine::{self, Ctx, Decision, Input, decide};
 use crate::order::Order;
 use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, Read, StateStore};
-use crate::state::{InputRef, ProcessState, StateRecord};
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
@@ -81,19 +78,14 @@ where
         let order_id = OrderId::for_key(&key);
         let now = self.ports.clock.now();
         self.admit(now).await?;
-        let state = StateRecord::new(
-            order_id,
-            &self.ports.workflow,
-            &self.ports.config,
-            self.ids.new_id(),
-            now,
-        );
+        let ctx = Ctx { now, config: &self.ports.config, workflow: &self.ports.workflow };
+        let created = machine::create(order_id, self.ids.new_id(), &ctx);
         let record = OrderRecord { order_id, idempotency_key: key, order, created_at: now };
 
-        match self.ports.store.create(&record, &state).await? {
+        match self.ports.store.create(&record, &created.next).await? {
             Created::Created => {
                 info!(%order_id, "order accepted");
-                self.kick(&state).await?;
+                self.ports.perform(&created.next, &created.effects).await?;
                 Ok(Accepted { order_id, created: true })
             }
             Created::AlreadyExists => {
@@ -107,14 +99,14 @@ where
                 if existing.order != record.order {
                     return Err(Error::KeyReused { existing: order_id });
                 }
-                // The first submission may have died between its write and its start message:
-                // while the order has not been claimed even once, send it again (a duplicate
-                // start leads to one claim).
                 if let Some(current) = self.ports.store.load(order_id, Read::Consistent).await? {
-                    if current.process_state == ProcessState::Pending
-                        && current.last_input == InputRef::Submit
-                    {
-                        self.kick(&current).await?;
+                    let ctx = Ctx {
+                        now: self.ports.clock.now(),
+                        config: &self.ports.config,
+                        workflow: &self.ports.workflow,
+                    };
+                    if let Decision::Replay(effects) = decide(&current, Input::Resubmit, &ctx) {
+                        self.ports.perform(&current, &effects).await?;
                     }
                 }
                 Ok(Accepted { order_id, created: false })
@@ -146,13 +138,5 @@ where
                 Err(Error::Overloaded { busiest: busiest.name(), expected_wait, retry_after })
             }
         }
-    }
-
-    async fn kick(&self, state: &StateRecord) -> Result<()> {
-        let mut effects = vec![Effect::Kick { delay: Duration::ZERO }];
-        if self.ports.config.status_events.contains(StatusKind::Received) {
-            effects.push(Effect::Status { kind: StatusKind::Received, step: None });
-        }
-        self.ports.perform(state, &effects).await
     }
 }

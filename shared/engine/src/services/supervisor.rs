@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use super::Handled;
 use super::effects::Effector;
@@ -44,6 +44,9 @@ pub struct SweepReport {
     pub acted: usize,
     /// Entries with nothing to do (not expired after all, moved on, finished).
     pub ignored: usize,
+    /// Records the machine cannot judge (corrupt, or naming a step the workflow lost); each is
+    /// logged as an error.
+    pub illegal: usize,
     /// Records another writer changed first.
     pub lost_races: usize,
     /// Records that could not be handled; they stay in the index for the next sweep.
@@ -113,6 +116,7 @@ where
                     report.found += r.found;
                     report.acted += r.acted;
                     report.ignored += r.ignored;
+                    report.illegal += r.illegal;
                     report.lost_races += r.lost_races;
                     report.errors += r.errors;
                 }
@@ -142,6 +146,7 @@ where
             match self.handle(entry, horizon).await {
                 Ok(Handled::Applied | Handled::Replayed) => report.acted += 1,
                 Ok(Handled::LostRace) => report.lost_races += 1,
+                Ok(Handled::Illegal(_)) => report.illegal += 1,
                 Ok(_) => report.ignored += 1,
                 Err(e) => {
                     warn!(order_id = %entry.order_id, error = %e, "could not handle an expired record");
@@ -176,7 +181,15 @@ where
             }
             Decision::Replay(_) => Ok(Handled::Ignored(crate::machine::Ignored::Moved)),
             Decision::Ignore(why) => Ok(Handled::Ignored(why)),
-            Decision::Illegal(why) => Ok(Handled::Illegal(why)),
+            // The machine's remedy for an illegal expiry is a report: there is no message to
+            // set aside, and the record stays in the index for a look.
+            Decision::Illegal(why) => {
+                error!(order_id = %entry.order_id, ?why, "an expired record cannot be judged");
+                Ok(Handled::Illegal(why))
+            }
+            Decision::Refuse(why) => Ok(Handled::Illegal(crate::machine::Illegal::Corrupt {
+                reason: format!("an expiry was refused: {why}"),
+            })),
         }
     }
 }

@@ -1,0 +1,149 @@
+//! Operator commands applied to one order: cancel, redrive (forward or its compensation),
+//! pause and resume.
+//!
+//! A command is an input of the state machine like any message: the record is read, the
+//! machine decides, the new record is written on the condition that it is still the one read,
+//! and the side effects follow. A command carries an id chosen by the caller; the same id sent
+//! again (a retried HTTP call, a script run twice) is applied once, and a command that does
+//! not fit the order's state is refused with the state named and nothing written.
+
+use tracing::info;
+
+use super::effects::Effector;
+use crate::error::{Error, Result};
+use crate::ids::OrderId;
+use crate::machine::{Ctx, Decision, Input, decide};
+use crate::ports::{Clock, EventBus, Expected, Outbox, Read, Saved, StateStore};
+use crate::state::{CommandKind, StateRecord};
+
+/// Longest command id, caller and reason accepted, in characters.
+pub const MAX_COMMAND_ID_LEN: usize = 64;
+pub const MAX_CALLER_LEN: usize = 256;
+pub const MAX_REASON_LEN: usize = 300;
+
+/// Writes tried before a command gives up on an order that keeps changing under it. Each lost
+/// race means the order moved on its own; a handful is already unusual.
+const COMMAND_TRIES: usize = 5;
+
+/// A validated operator command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    pub kind: CommandKind,
+    /// Chosen by the caller, the same on every retry of one intent.
+    pub id: String,
+    /// Who gave it: the caller's authenticated identity.
+    pub by: String,
+    /// Why, in the operator's words.
+    pub reason: String,
+}
+
+impl Command {
+    /// Checks the parts of a command; nothing about the order is looked at yet.
+    pub fn new(kind: CommandKind, id: &str, by: &str, reason: &str) -> Result<Command> {
+        let bad = |m: String| Err(Error::InvalidCommand(m));
+        if id.is_empty() || id.chars().count() > MAX_COMMAND_ID_LEN {
+            return bad(format!("the command id must have 1 to {MAX_COMMAND_ID_LEN} characters"));
+        }
+        if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) {
+            return bad(
+                "the command id may only contain A-Z, a-z, 0-9, '-', '_', '.' and ':'".into()
+            );
+        }
+        let by = by.trim();
+        if by.is_empty() || by.chars().count() > MAX_CALLER_LEN || by.chars().any(char::is_control)
+        {
+            return bad("the caller's identity is missing or malformed".into());
+        }
+        let reason = reason.trim();
+        if reason.is_empty() {
+            return bad("a reason is required: it is kept in the order's timeline".into());
+        }
+        if reason.chars().count() > MAX_REASON_LEN {
+            return bad(format!("the reason must be at most {MAX_REASON_LEN} characters"));
+        }
+        if reason.chars().any(char::is_control) {
+            return bad("the reason must not contain control characters".into());
+        }
+        Ok(Command { kind, id: id.to_owned(), by: by.to_owned(), reason: reason.to_owned() })
+    }
+
+    fn input(&self) -> Input<'_> {
+        Input::Command { command: self.kind, id: &self.id, by: &self.by, reason: &self.reason }
+    }
+}
+
+/// Whether a command changed the order now or had been applied before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Now,
+    Before,
+}
+
+/// What a command did, with the order as it stands after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Commanded {
+    pub applied: Applied,
+    pub record: StateRecord,
+}
+
+/// The operator service, over its ports.
+#[derive(Debug)]
+pub struct Operator<S, Q, B, C> {
+    ports: Effector<S, Q, B, C>,
+}
+
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
+    pub fn new(
+        store: S,
+        outbox: Q,
+        bus: B,
+        clock: C,
+        config: std::sync::Arc<crate::config::EngineConfig>,
+        workflow: std::sync::Arc<crate::workflow::Workflow>,
+    ) -> Self {
+        Operator { ports: Effector { store, outbox, bus, clock, config, workflow } }
+    }
+
+    /// Applies `command` to the order, or says why not ([`Error::Refused`]). `None` if there
+    /// is no such order.
+    pub async fn command(&self, order_id: OrderId, command: &Command) -> Result<Option<Commanded>> {
+        for _ in 0..COMMAND_TRIES {
+            let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
+                return Ok(None);
+            };
+            let ctx = Ctx {
+                now: self.ports.clock.now(),
+                config: &self.ports.config,
+                workflow: &self.ports.workflow,
+            };
+            match decide(&record, command.input(), &ctx) {
+                Decision::Apply(t) => {
+                    if self.ports.store.save(&t.next, Expected::of(&record)).await?
+                        == Saved::Conflict
+                    {
+                        continue;
+                    }
+                    info!(%order_id, command = command.kind.as_str(), by = %command.by,
+                          state = t.next.process_state.as_str(), "operator command applied");
+                    self.ports.perform(&t.next, &t.effects).await?;
+                    return Ok(Some(Commanded { applied: Applied::Now, record: t.next }));
+                }
+                Decision::Replay(effects) => {
+                    self.ports.perform(&record, &effects).await?;
+                    return Ok(Some(Commanded { applied: Applied::Before, record }));
+                }
+                Decision::Ignore(_) => {
+                    return Ok(Some(Commanded { applied: Applied::Before, record }));
+                }
+                Decision::Refuse(refused) => return Err(Error::Refused { order_id, refused }),
+                Decision::Illegal(why) => {
+                    return Err(Error::Corrupt { order_id, reason: format!("{why:?}") });
+                }
+            }
+        }
+        Err(Error::unavailable(
+            "state store",
+            "the order kept changing under the command; try again",
+        ))
+    }
+}
