@@ -547,10 +547,19 @@ enum Via {
 }
 
 /// Queues every completed step that has a compensation for undoing, last first, and starts.
+/// A step not reached in this run but sent under its current keys before (a redrive kept the
+/// keys of a step whose outcome was unknown) is as uncertain as ever: undone if it can be,
+/// otherwise left on the operator's list.
 fn compensate(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
     for s in &mut next.steps {
-        if s.status == StepStatus::Done && has_compensation(ctx.workflow, &s.name) {
-            s.status = StepStatus::ToUndo;
+        let undoable = has_compensation(ctx.workflow, &s.name);
+        match s.status {
+            StepStatus::Done if undoable => s.status = StepStatus::ToUndo,
+            StepStatus::NotStarted if s.dispatched => {
+                s.status = if undoable { StepStatus::ToUndo } else { StepStatus::Uncertain };
+                s.detail = Some("sent in an earlier run; its outcome is unknown".into());
+            }
+            _ => {}
         }
     }
     if !next.steps.iter().any(|s| s.status == StepStatus::ToUndo) {

@@ -5,7 +5,10 @@
 //! its calls (the port call fails and the handler stops there, its message not deleted);
 //! throttled writes; remote services failing transiently, refusing for good, applying an effect
 //! and losing the answer, or answering too late; supervisors sweeping at once; an expiry index
-//! lagging behind the table. After the faults stop, every order must reach a terminal state.
+//! lagging behind the table. An operator acts on random orders at random moments all the while
+//! (cancel, pause, resume, redrive, redrive of the compensation; sometimes the same command
+//! twice, sometimes crashing halfway). After the faults stop, the operator resumes what it
+//! paused, and every order must reach a terminal state.
 //!
 //! `SEED=n cargo test -p sas-engine --test simulation` replays one seed exactly;
 //! `SIM_SEEDS=n` runs n seeds (default 2000). Every kind of fault can be switched off:
@@ -21,6 +24,7 @@ use std::time::Duration;
 
 use sas_engine::config::EngineConfig;
 use sas_engine::events::ALERT_DETAIL_TYPE;
+use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges, WaitReporter};
 use sas_engine::memory::{
     Behaviour, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits,
@@ -31,8 +35,10 @@ use sas_engine::ports::{
     Clock, Created, Destination, EventBus, Expected, ExpiryIndex, Incoming, IndexEntry,
     OrderRecord, Outbox, Outgoing, Random, Read, Saved, StateStore,
 };
-use sas_engine::services::{Agent, Scheduler, Submission, Supervisor};
-use sas_engine::state::{InputRef, ProcessState, StateRecord, StepStatus};
+use sas_engine::services::{Agent, Command, Operator, Scheduler, Submission, Supervisor};
+use sas_engine::state::{
+    AlertDelivery, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
+};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
 
@@ -147,10 +153,12 @@ enum Fault {
     LostAnswer,
     /// A remote call answering after the caller's deadline, its effect applied.
     Timeout,
+    /// An operator's command on a random order.
+    Operator,
 }
 
 impl Fault {
-    const ALL: [Fault; 13] = [
+    const ALL: [Fault; 14] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -164,6 +172,7 @@ impl Fault {
         Fault::RemotePermanent,
         Fault::LostAnswer,
         Fault::Timeout,
+        Fault::Operator,
     ];
 
     fn name(self) -> &'static str {
@@ -181,6 +190,7 @@ impl Fault {
             Fault::RemotePermanent => "remote-permanent",
             Fault::LostAnswer => "lost-answer",
             Fault::Timeout => "timeout",
+            Fault::Operator => "operator",
         }
     }
 
@@ -238,6 +248,11 @@ struct Tally {
     races_lost: u64,
     /// Longest simulated time from the faults stopping to every order finished.
     longest_settle: Duration,
+    /// Operator commands that changed an order, and those refused for its state.
+    commands_applied: u64,
+    commands_refused: u64,
+    /// Orders that reached Processed after an operator's redrive.
+    redriven_to_the_end: u64,
 }
 
 impl Tally {
@@ -257,6 +272,9 @@ impl std::ops::AddAssign for Tally {
         }
         self.races_lost += o.races_lost;
         self.longest_settle = self.longest_settle.max(o.longest_settle);
+        self.commands_applied += o.commands_applied;
+        self.commands_refused += o.commands_refused;
+        self.redriven_to_the_end += o.redriven_to_the_end;
     }
 }
 
@@ -267,8 +285,11 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; longest settle {} s",
             self.races_lost,
+            self.commands_applied,
+            self.commands_refused,
+            self.redriven_to_the_end,
             self.longest_settle.as_secs()
         )
     }
@@ -288,6 +309,15 @@ struct Sim {
     scheduler: Scheduler<Store, Queues, Bus, ManualClock, Waits>,
     agents: HashMap<Destination, SimAgent>,
     supervisors: [Supervisor<Store, Store, Queues, Bus, ManualClock, Load>; 2],
+    operator: Operator<Store, Queues, Bus, ManualClock>,
+    /// Command ids handed out so far, and the last command sent for each order.
+    commands: u64,
+    last_command: HashMap<OrderId, (CommandKind, String)>,
+    /// How many times each order reached Error, and how many of those times its alert was
+    /// seen recorded as sent. Each time owes one distinct alert, unless an operator's redrive
+    /// came before it was published.
+    errors: HashMap<OrderId, usize>,
+    alerted: HashMap<OrderId, usize>,
     accepted: Vec<OrderId>,
     terminal: HashMap<OrderId, StateRecord>,
     attempts: HashMap<OrderId, u64>,
@@ -410,6 +440,14 @@ impl Sim {
             )
         };
         let supervisors = [supervisor(), supervisor()];
+        let operator = Operator::new(
+            store.clone(),
+            outbox.clone(),
+            events.clone(),
+            clock.clone(),
+            config.clone(),
+            workflow.clone(),
+        );
         let settle_bound = settle_bound(&config, &workflow);
         Sim {
             seed,
@@ -425,6 +463,11 @@ impl Sim {
             scheduler,
             agents,
             supervisors,
+            operator,
+            commands: 0,
+            last_command: HashMap::new(),
+            errors: HashMap::new(),
+            alerted: HashMap::new(),
             accepted: Vec::new(),
             terminal: HashMap::new(),
             attempts: HashMap::new(),
@@ -571,6 +614,68 @@ impl Sim {
         }
     }
 
+    /// An operator's command on a random accepted order. Now and then it is a command sent
+    /// before, again (a tool retrying a call it is unsure went through).
+    async fn operate(&mut self) {
+        if self.accepted.is_empty() {
+            return;
+        }
+        let id = self.accepted[self.pick(self.accepted.len())];
+        // Mostly what the order's state calls for, sometimes anything at all.
+        let state = self.memory.peek(id).map(|r| {
+            let undo_failed = r.steps.iter().any(|s| s.status == StepStatus::UndoFailed);
+            (r.process_state, undo_failed)
+        });
+        let fitting = match state {
+            Some((ProcessState::Error, true)) => Some(CommandKind::RedriveCompensation),
+            Some((ProcessState::Error, false)) => Some(CommandKind::Redrive),
+            Some((ProcessState::Paused, _)) => Some(CommandKind::Resume),
+            Some((ProcessState::Pending | ProcessState::Processing, _)) => {
+                Some(if self.pick(2) == 0 { CommandKind::Cancel } else { CommandKind::Pause })
+            }
+            _ => None,
+        };
+        let anything = CommandKind::ALL[self.pick(CommandKind::ALL.len())];
+        let fresh = match fitting {
+            Some(kind) if self.pick(4) != 0 => kind,
+            _ => anything,
+        };
+        let repeat = self.pick(4) == 0;
+        let (kind, command_id) = match self.last_command.get(&id) {
+            Some(earlier) if repeat => earlier.clone(),
+            _ => {
+                self.commands += 1;
+                (fresh, format!("op-{}", self.commands))
+            }
+        };
+        self.last_command.insert(id, (kind, command_id.clone()));
+        self.maybe_crash();
+        self.command(id, kind, &command_id).await;
+        self.disarm();
+    }
+
+    async fn command(&mut self, id: OrderId, kind: CommandKind, command_id: &str) {
+        let command = Command::new(kind, command_id, "sim-operator", "simulated").unwrap();
+        match self.operator.command(id, &command).await {
+            Ok(Some(_)) => self.tally.commands_applied += 1,
+            Ok(None) => panic!("seed {}: accepted order {id} not found", self.seed),
+            Err(Error::Refused { .. }) => self.tally.commands_refused += 1,
+            // The operator's handler died (an injected crash) or lost its write races.
+            Err(e) => assert!(e.is_retryable(), "seed {}: command failed: {e}", self.seed),
+        }
+    }
+
+    /// Once the faults stop, the operator resumes every order it paused.
+    async fn resume_paused(&mut self) {
+        for r in self.memory.records() {
+            if r.process_state == ProcessState::Paused {
+                self.commands += 1;
+                let command_id = format!("op-{}", self.commands);
+                self.command(r.order_id, CommandKind::Resume, &command_id).await;
+            }
+        }
+    }
+
     /// The invariants, after every event.
     fn check(&mut self) {
         let seed = self.seed;
@@ -602,19 +707,65 @@ impl Sim {
             if r.process_state == ProcessState::Processing {
                 self.leases.insert(*id, (r.attempt, r.complete_by.unwrap()));
             }
-            // Terminal states never move (an Error record only records its alert as sent).
+            // Terminal states move only by an operator's redrive (an Error record otherwise
+            // only records its alert as sent).
             if let Some(before) = self.terminal.get(id) {
-                assert_eq!(
-                    r.process_state, before.process_state,
-                    "seed {seed}: {id} left a terminal state"
-                );
-                assert_eq!(r.steps, before.steps, "seed {seed}: {id} changed after it ended");
+                if r.is_terminal() {
+                    assert_eq!(
+                        r.process_state, before.process_state,
+                        "seed {seed}: {id} left a terminal state"
+                    );
+                    assert_eq!(r.steps, before.steps, "seed {seed}: {id} changed after it ended");
+                    if r.alert == Some(AlertDelivery::Sent) && before.alert != r.alert {
+                        *self.alerted.entry(*id).or_default() += 1;
+                        self.terminal.insert(*id, r.clone());
+                    }
+                } else {
+                    assert!(
+                        r.redrives > before.redrives
+                            && matches!(r.last_input, InputRef::Command(_)),
+                        "seed {seed}: {id} left {:?} without an operator's redrive",
+                        before.process_state
+                    );
+                    self.terminal.remove(id);
+                }
             } else if r.is_terminal() {
+                if r.process_state == ProcessState::Error {
+                    *self.errors.entry(*id).or_default() += 1;
+                    if r.alert == Some(AlertDelivery::Sent) {
+                        *self.alerted.entry(*id).or_default() += 1;
+                    }
+                }
+                if r.redrives > 0 && r.process_state == ProcessState::Processed {
+                    self.tally.redriven_to_the_end += 1;
+                }
                 self.terminal.insert(*id, r.clone());
             }
         }
         // At most one effect per order, step and direction.
         assert!(self.remote.max_applications() <= 1, "seed {seed}: an effect applied twice");
+        // And across redrives: of all the runs of one step, at most one has its effect in
+        // place (done, and not undone).
+        let mut live: HashMap<String, Vec<String>> = HashMap::new();
+        for key in self.live_effects() {
+            live.entry(step_of(&key)).or_default().push(key);
+        }
+        for (step, keys) in live {
+            assert!(keys.len() <= 1, "seed {seed}: {step} took effect in several runs: {keys:?}");
+        }
+    }
+
+    /// The `do` keys whose effect is in place: applied, and their run's `undo` never recorded.
+    fn live_effects(&self) -> Vec<String> {
+        let ledger = self.remote.ledger();
+        let undone: HashSet<&str> =
+            ledger.iter().filter_map(|e| e.key.strip_suffix("/undo")).collect();
+        ledger
+            .iter()
+            .filter_map(|e| e.key.strip_suffix("/do").map(|run| (run, &e.key)))
+            .filter(|(run, _)| !undone.contains(run))
+            .map(|(_, key)| key.clone())
+            .collect()
     }
 
     async fn run(&mut self) -> Tally {
@@ -639,6 +790,10 @@ impl Sim {
                 _ => self.sweep().await,
             }
             self.check();
+            if self.chance(Fault::Operator, 0.04) {
+                self.operate().await;
+                self.check();
+            }
         }
         // Faults stop (the remote services keep their scripted behaviour): the system must
         // finish every order within the bound.
@@ -646,6 +801,8 @@ impl Sim {
         let stopped = self.clock.now();
         let stop = stopped.plus(self.settle_bound);
         while !self.finished() {
+            self.resume_paused().await;
+            self.check();
             assert!(
                 self.clock.now() < stop,
                 "seed {}: orders still in flight {:?} after the faults stopped: {:?}",
@@ -687,16 +844,16 @@ impl Sim {
             .collect()
     }
 
-    /// What the business sees at the end: processed orders kept every effect; compensated
-    /// ones undid every effect; every Error has exactly one distinct alert.
+    /// What the business sees at the end: processed orders kept every effect of their last run
+    /// and nothing of earlier ones; compensated and cancelled ones undid every effect; each
+    /// time an order reached Error it raised one distinct alert, and a cancelled order none of
+    /// its own.
     fn check_outcomes(&self) {
         let seed = self.seed;
         let ledger = self.remote.ledger();
-        let applied = |id: OrderId, step: &str, dir: &str| {
-            ledger
-                .iter()
-                .any(|e| e.key == format!("{id}/{step}/{dir}") && e.output.get("noop").is_none())
-        };
+        let applied =
+            |key: String| ledger.iter().any(|e| e.key == key && e.output.get("noop").is_none());
+        let live = self.live_effects();
         let alerts = self.bus.of_type(ALERT_DETAIL_TYPE);
         for r in self.memory.records() {
             let id = r.order_id;
@@ -705,47 +862,85 @@ impl Sim {
                 .filter(|a| a["order_id"] == id.to_string())
                 .map(|a| a["alert_id"].as_str().unwrap_or_default().to_owned())
                 .collect();
+            let errors = self.errors.get(&id).copied().unwrap_or(0);
+            let alerted = self.alerted.get(&id).copied().unwrap_or(0);
+            assert!(
+                alerted <= ids.len() && ids.len() <= errors,
+                "seed {seed}: {id} reached Error {errors} times ({alerted} recorded alerted), {} distinct alerts",
+                ids.len(),
+            );
+            let key = |s: &sas_engine::state::StepState, d| step_key(id, &s.name, d, s.generation);
+            let live_for =
+                |step: &str| live.iter().filter(|k| step_of(k) == format!("{id}/{step}")).count();
             match r.process_state {
                 ProcessState::Processed => {
-                    assert!(ids.is_empty(), "seed {seed}: processed order {id} alerted");
-                    for step in ["reserve-inventory", "charge-payment", "ship"] {
+                    for s in &r.steps {
                         assert!(
-                            applied(id, step, "do"),
-                            "seed {seed}: {id} processed without {step}"
+                            applied(key(s, Direction::Do)),
+                            "seed {seed}: {id} processed without {}",
+                            s.name
                         );
-                    }
-                    for step in ["reserve-inventory", "charge-payment"] {
                         assert!(
-                            !applied(id, step, "undo"),
-                            "seed {seed}: {id} processed but {step} undone"
+                            !applied(key(s, Direction::Undo)),
+                            "seed {seed}: {id} processed but {} undone",
+                            s.name
+                        );
+                        assert_eq!(
+                            live_for(&s.name),
+                            1,
+                            "seed {seed}: {id} {} not in place once",
+                            s.name
                         );
                     }
                 }
-                ProcessState::Error => {
-                    assert_eq!(
-                        ids.len(),
-                        1,
-                        "seed {seed}: {id} in Error has {} distinct alerts",
-                        ids.len()
-                    );
+                ProcessState::Error | ProcessState::Cancelled => {
                     for s in &r.steps {
                         if s.status == StepStatus::Undone {
                             assert!(
-                                applied(id, &s.name, "undo") || !applied(id, &s.name, "do"),
+                                applied(key(s, Direction::Undo)) || !applied(key(s, Direction::Do)),
                                 "seed {seed}: {id} {} marked undone",
                                 s.name
                             );
                         }
                         assert!(
                             !(s.status == StepStatus::Done && s.name != "ship"),
-                            "seed {seed}: {id} ended in Error with {} done and not undone",
+                            "seed {seed}: {id} ended {:?} with {} done and not undone",
+                            r.process_state,
                             s.name
                         );
+                        // Whatever is in place is on the operator's list.
+                        if live_for(&s.name) > 0 {
+                            assert!(
+                                r.needs_manual_undo().contains(&s.name),
+                                "seed {seed}: {id} ended {:?} with {} in place and unreported\n{}\n{:#?}",
+                                r.process_state,
+                                s.name,
+                                serde_json::to_string_pretty(&r).unwrap(),
+                                ledger
+                                    .iter()
+                                    .filter(|e| e.key.starts_with(&id.to_string()))
+                                    .map(|e| (&e.key, &e.output))
+                                    .collect::<Vec<_>>()
+                            );
+                        }
                     }
                 }
                 other => panic!("seed {seed}: {id} ended {other:?}"),
             }
         }
+    }
+}
+
+/// The step a key belongs to, whichever run: `{order}/{step}` of `{order}/{step}[/r{n}]/{dir}`.
+fn step_of(key: &str) -> String {
+    let run = key.rsplit_once('/').map_or(key, |(run, _)| run);
+    match run.rsplit_once('/') {
+        Some((step, run_no))
+            if run_no.strip_prefix('r').is_some_and(|n| n.parse::<u32>().is_ok()) =>
+        {
+            step.to_owned()
+        }
+        _ => run.to_owned(),
     }
 }
 
@@ -819,6 +1014,10 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         }
         if faults.on(Fault::DoubleSweep) {
             assert!(total.races_lost > 0, "the supervisors never raced for a record");
+        }
+        if faults.on(Fault::Operator) {
+            assert!(total.commands_refused > 0, "no operator command was ever refused");
+            assert!(total.redriven_to_the_end > 0, "no redriven order was ever processed");
         }
     }
 }

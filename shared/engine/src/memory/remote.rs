@@ -5,6 +5,10 @@
 //! deduplicates on the idempotency key (a repeated key returns the first answer and applies
 //! nothing), an undo leaves a tombstone so a late `do` of the same step is refused instead of
 //! re-applying what was compensated, and an undo of something never done is a successful no-op.
+//! Its refusals are decisions about new keys, and are kept: a key that already took effect is
+//! answered with its recorded output, a key once refused is refused again with the same reason
+//! (as Stripe replays a declined charge for its key), and a call whose key is still being worked
+//! on by an earlier call is told to come back (a transient fault, as Stripe's 409).
 //! And it has the faults a real one has, scripted per action: unavailability, refusal, an
 //! answer lost after the effect was applied, and slowness that outlasts the caller's deadline
 //! while the effect still lands.
@@ -73,6 +77,10 @@ struct State {
     ledger: Vec<LedgerEntry>,
     by_key: HashMap<String, usize>,
     calls: HashMap<String, u32>,
+    // Keys whose slow call has not finished yet.
+    in_progress: std::collections::HashSet<String>,
+    // Keys refused for good, with the reason given.
+    refused: HashMap<String, String>,
     faults: RemoteFaults,
     next_ref: u64,
 }
@@ -182,11 +190,24 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
                 // The caller gives up before sending, so the script is left for real calls.
                 return Err(transient("deadline passed"));
             }
-            state
+            if state.in_progress.contains(&call.idempotency_key) {
+                return Err(transient("a call with this key is in progress"));
+            }
+            if let Some(reason) = state.refused.get(&call.idempotency_key) {
+                return Err(RemoteFault::Permanent(reason.clone()));
+            }
+            let scripted = state
                 .scripts
                 .get_mut(&call.action)
                 .and_then(VecDeque::pop_front)
-                .unwrap_or(Behaviour::Succeed)
+                .unwrap_or(Behaviour::Succeed);
+            match scripted {
+                // Refusing is a decision about a new action: a known key gets its answer.
+                Behaviour::Permanent(_) if state.by_key.contains_key(&call.idempotency_key) => {
+                    Behaviour::Succeed
+                }
+                other => other,
+            }
         };
         match behaviour {
             Behaviour::Succeed => self.state().apply(call),
@@ -195,7 +216,9 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
                 Err(transient("unavailable"))
             }
             Behaviour::Permanent(reason) => {
-                self.state().faults.permanent += 1;
+                let mut state = self.state();
+                state.faults.permanent += 1;
+                state.refused.insert(call.idempotency_key.clone(), reason.clone());
                 Err(RemoteFault::Permanent(reason))
             }
             Behaviour::ApplyThenLoseAnswer => {
@@ -205,8 +228,10 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
                 Err(transient("answer lost"))
             }
             Behaviour::Slow(duration) => {
+                self.state().in_progress.insert(call.idempotency_key.clone());
                 self.clock.sleep(duration).await;
                 let mut state = self.state();
+                state.in_progress.remove(&call.idempotency_key);
                 let answer = state.apply(call);
                 if call.deadline <= self.clock.now() {
                     // The service finished after the caller stopped waiting: the effect is in
@@ -385,11 +410,72 @@ mod tests {
             RemoteFault::Permanent("card declined".into())
         );
         assert!(!remote.applied(&do_key()));
-        assert_eq!(remote.call(&c).await.unwrap(), json!({ "ref": "charge-1" }));
+        // The refusal stands for that key; a new key is a new decision.
+        assert_eq!(
+            remote.call(&c).await.unwrap_err(),
+            RemoteFault::Permanent("card declined".into())
+        );
         assert_eq!(remote.calls(&do_key()), 3);
+        let other = RemoteCall { idempotency_key: format!("{}-other", do_key()), ..c.clone() };
+        assert_eq!(remote.call(&other).await.unwrap(), json!({ "ref": "charge-1" }));
         assert!(!remote.applied(&undo_key()));
         assert_eq!(remote.calls(&undo_key()), 0);
         assert_eq!(remote.applications("unknown"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_only_ever_for_a_new_key() {
+        let (clock, remote) = setup();
+        remote.script("charge", [Behaviour::ApplyThenLoseAnswer]);
+        remote.script("charge", [Behaviour::Permanent("card declined".into())]);
+        let c = call(Direction::Do, clock.now());
+        assert!(remote.call(&c).await.is_err());
+        // The charge went through: a retry learns so, whatever the service would say to a
+        // new charge.
+        assert_eq!(remote.call(&c).await.unwrap(), json!({ "ref": "charge-1" }));
+    }
+
+    /// A clock whose sleeps last until the test lets them end.
+    struct GatedClock {
+        clock: ManualClock,
+        gate: tokio::sync::Notify,
+    }
+
+    impl Clock for GatedClock {
+        fn now(&self) -> Timestamp {
+            self.clock.now()
+        }
+        async fn sleep(&self, duration: Duration) {
+            self.gate.notified().await;
+            self.clock.advance(duration);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_meeting_a_slow_one_with_its_key_is_told_to_come_back() {
+        let clock = std::sync::Arc::new(GatedClock {
+            clock: ManualClock::default(),
+            gate: tokio::sync::Notify::new(),
+        });
+        let remote = std::sync::Arc::new(MemoryRemote::new(clock.clone()));
+        remote.script("charge", [Behaviour::Slow(Duration::from_secs(90))]);
+        remote.script("charge", [Behaviour::Permanent("card declined".into())]);
+        let c = call(Direction::Do, clock.now());
+        let slow = tokio::spawn({
+            let (remote, c) = (remote.clone(), c.clone());
+            async move { remote.call(&c).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(
+            remote.call(&c).await.unwrap_err(),
+            RemoteFault::Transient("a call with this key is in progress".into())
+        );
+        clock.gate.notify_one();
+        assert!(slow.await.unwrap().is_err(), "the first call outlasted its deadline");
+        // The refusal in the script was not used up by the call that met the slow one, and it
+        // does not apply to a key that took effect.
+        let retry = call(Direction::Do, clock.now());
+        assert_eq!(remote.call(&retry).await.unwrap(), json!({ "ref": "charge-1" }));
     }
 
     #[test]

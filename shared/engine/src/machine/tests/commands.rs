@@ -538,3 +538,21 @@ fn a_redriven_step_of_unknown_outcome_is_reported_if_the_order_is_then_cancelled
     p = f.order(&p, CommandKind::Cancel, "c-1", T0.plus(secs(4005))).next;
     assert_eq!(p.steps[2].status, StepStatus::Uncertain);
 }
+
+#[test]
+fn a_step_of_unknown_outcome_stays_on_the_list_when_its_redrive_fails_before_it() {
+    let f = Fixture::new();
+    let e = f.shipping_timed_out();
+    assert_eq!(e.needs_manual_undo(), ["ship"]);
+    let mut p = f.order(&e, CommandKind::Redrive, "d-1", T0.plus(secs(4000))).next;
+    p = f.claim(&p, T0.plus(secs(4001)));
+    p = f.done(&p, T0.plus(secs(4002)));
+    p = f.failed(&p, "card declined", T0.plus(secs(4003)));
+    p = f.done(&p, T0.plus(secs(4004)));
+    assert_eq!(p.process_state, ProcessState::Error);
+    assert_eq!(
+        p.needs_manual_undo(),
+        ["ship"],
+        "the first run's shipment is still unaccounted for"
+    );
+}
