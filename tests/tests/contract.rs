@@ -19,16 +19,20 @@ use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::waits::DynamoWaits;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::{BusEvent, StatusKind};
+use sas_engine::ids::Direction;
+use sas_engine::machine::{Ctx, Decision, Input, decide};
 use sas_engine::memory::{
     ManualClock, MemoryBus, MemoryQueues, MemoryStore, MemoryWaits, QueueSettings,
 };
 use sas_engine::message::{Message, Start};
+use sas_engine::message::{StepOutcome, StepRef};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, OrderRecord, Outbox, Outgoing,
-    QueueDepths, Read, Saved, StateStore, WaitGauge, WaitReport,
+    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, ListPage, ListQuery, Listing,
+    OrderFinder, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved, StateStore, WaitGauge,
+    WaitReport,
 };
-use sas_engine::state::{ProcessState, StateRecord, StepStatus};
+use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, IdempotencyKey, OrderId, Timestamp};
 use sas_tests::TestStack;
@@ -146,6 +150,150 @@ async fn memory_store_keeps_the_store_contract() {
 async fn dynamodb_store_keeps_the_store_contract() {
     let t = TestStack::new("contract-store").await;
     store_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
+}
+
+// ---------------------------------------------------------------- order finder
+
+/// Drives `record` through `inputs`, each at `at`, as the services would, writing each step.
+async fn drive<S: StateStore>(
+    store: &S,
+    mut record: StateRecord,
+    inputs: &[Input<'_>],
+    at: Timestamp,
+) -> StateRecord {
+    let workflow = workflow();
+    let config = EngineConfig::default();
+    for input in inputs {
+        let ctx = Ctx { now: at, config: &config, workflow: &workflow };
+        let Decision::Apply(t) = decide(&record, *input, &ctx) else {
+            panic!("{input:?} did not apply")
+        };
+        assert_eq!(store.save(&t.next, Expected::of(&record)).await.unwrap(), Saved::Saved);
+        record = t.next;
+    }
+    record
+}
+
+/// Orders in Error and paused are listed newest first, filtered by step and cause, a page at
+/// a time; orders in flight by age; nothing else is.
+async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) {
+    let config = EngineConfig::default();
+    let at = |s: u64| t0.plus(Duration::from_secs(s));
+    let mut ids = Vec::new();
+    let mut records = Vec::new();
+    for (n, name) in
+        ["refused-pay", "refused-stock", "paused", "old", "young", "done"].iter().enumerate()
+    {
+        let (order, state) = new_order(&key(&format!("finder-{name}")), &config, at(n as u64));
+        assert_eq!(store.create(&order, &state).await.unwrap(), Created::Created);
+        ids.push(order.order_id);
+        records.push(state);
+    }
+    let claim = |a| Input::Claim { attempt: a, owner: "s", message: "m-claim" };
+    let reply = |a, i: usize, name: &str, d, outcome| {
+        (a, StepRef { index: i, name: name.into(), direction: d }, outcome)
+    };
+    let done = StepOutcome::done(serde_json::json!({"ref": "r"}));
+    let refused = StepOutcome::failed("refused");
+    // Payment refused, inventory released: Error at t0+10, failed at charge-payment.
+    let r = drive(store, records[0].clone(), &[claim(0)], at(10)).await;
+    let (a, s, o) = reply(r.attempt, 0, "reserve-inventory", Direction::Do, done.clone());
+    let r = drive(
+        store,
+        r,
+        &[Input::Reply { attempt: a, step: &s, outcome: &o, message: "m1" }],
+        at(10),
+    )
+    .await;
+    let (a, s, o) = reply(r.attempt, 1, "charge-payment", Direction::Do, refused.clone());
+    let r = drive(
+        store,
+        r,
+        &[Input::Reply { attempt: a, step: &s, outcome: &o, message: "m2" }],
+        at(10),
+    )
+    .await;
+    let (a, s, o) = reply(r.attempt, 0, "reserve-inventory", Direction::Undo, done.clone());
+    let r = drive(
+        store,
+        r,
+        &[Input::Reply { attempt: a, step: &s, outcome: &o, message: "m3" }],
+        at(10),
+    )
+    .await;
+    assert_eq!(r.process_state, ProcessState::Error);
+    // Stock refused: Error at t0+20.
+    let r = drive(store, records[1].clone(), &[claim(0)], at(20)).await;
+    let (a, s, o) = reply(r.attempt, 0, "reserve-inventory", Direction::Do, refused.clone());
+    drive(store, r, &[Input::Reply { attempt: a, step: &s, outcome: &o, message: "m4" }], at(20))
+        .await;
+    // Paused at t0+30.
+    let pause = Input::Command { command: CommandKind::Pause, id: "p", by: "ops", reason: "check" };
+    drive(store, records[2].clone(), &[pause], at(30)).await;
+    // Processed.
+    let mut r = drive(store, records[5].clone(), &[claim(0)], at(40)).await;
+    for (i, name) in ["reserve-inventory", "charge-payment", "ship"].iter().enumerate() {
+        let (a, s, o) = reply(r.attempt, i, name, Direction::Do, done.clone());
+        r = drive(
+            store,
+            r,
+            &[Input::Reply { attempt: a, step: &s, outcome: &o, message: &format!("m{}", 10 + i) }],
+            at(40),
+        )
+        .await;
+    }
+    assert_eq!(r.process_state, ProcessState::Processed);
+
+    let query = |listing| ListQuery {
+        listing,
+        step: None,
+        cause: None,
+        now: at(100),
+        shards: config.index_shards,
+        limit: 10,
+        after: None,
+    };
+    let listed = |page: &ListPage| page.orders.iter().map(|l| l.order_id).collect::<Vec<_>>();
+    let failed = store.find(&query(Listing::Failed)).await.unwrap();
+    assert_eq!(listed(&failed), [ids[1], ids[0]], "newest failure first");
+    assert_eq!(failed.next, None);
+    assert_eq!(failed.orders[1].step.as_deref(), Some("charge-payment"));
+    assert_eq!(failed.orders[1].cause.as_deref(), Some("step_rejected"));
+    assert_eq!(failed.orders[1].since, at(10));
+    let by_step = ListQuery { step: Some("charge-payment".into()), ..query(Listing::Failed) };
+    assert_eq!(listed(&store.find(&by_step).await.unwrap()), [ids[0]], "{failed:?}");
+    let by_cause = ListQuery { cause: Some("step_timed_out".into()), ..query(Listing::Failed) };
+    assert!(store.find(&by_cause).await.unwrap().orders.is_empty());
+    let first = store.find(&ListQuery { limit: 1, ..query(Listing::Failed) }).await.unwrap();
+    assert_eq!(listed(&first), [ids[1]]);
+    let second = ListQuery { limit: 1, after: first.next.clone(), ..query(Listing::Failed) };
+    let second = store.find(&second).await.unwrap();
+    assert_eq!((listed(&second), second.next), (vec![ids[0]], None));
+    let paused = store.find(&query(Listing::Paused)).await.unwrap();
+    assert_eq!(listed(&paused), [ids[2]]);
+    assert_eq!(paused.orders[0].step.as_deref(), Some("reserve-inventory"));
+    // Accepted at t0+3 and t0+4, still Pending; at t0+100, 97 s old or more is only the first.
+    let old = Listing::InFlight { older_than: Duration::from_secs(97) };
+    let in_flight = store.find(&query(old)).await.unwrap();
+    assert_eq!(listed(&in_flight), [ids[3]]);
+    assert_eq!(in_flight.orders[0].since, at(3));
+    let both =
+        store.find(&query(Listing::InFlight { older_than: Duration::from_secs(1) })).await.unwrap();
+    assert_eq!(listed(&both), [ids[4], ids[3]]);
+    let bad = ListQuery { after: Some("not-a-cursor".into()), ..query(Listing::Failed) };
+    assert!(store.find(&bad).await.is_err());
+}
+
+#[tokio::test]
+async fn memory_store_keeps_the_finder_contract() {
+    let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
+    finder_contract(&MemoryStore::new(clock.clone()), clock.now()).await;
+}
+
+#[tokio::test]
+async fn dynamodb_store_keeps_the_finder_contract() {
+    let t = TestStack::new("contract-finder").await;
+    finder_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
 }
 
 // ---------------------------------------------------------------- queues

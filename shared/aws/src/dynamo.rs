@@ -9,7 +9,13 @@
 //! `FailureCount` (N), `Attempt` (N), `Revision` (N), and `ExpiryShard` (N), the index's
 //! partition key. Everything else (steps, outputs, timeline, ...) is one JSON document in
 //! `Body` (S). An item whose `CompleteBy` is removed drops out of the index: finished orders
-//! cost the sweep nothing.
+//! cost the sweep nothing. `CreatedAt` (N) is projected into that index too, so orders in
+//! flight for long are listed from it without reading the table.
+//!
+//! A second sparse index, `ByAttention`, holds only the orders an operator must look at: an
+//! item in Error or Paused carries `Attention` (S, the state) and `AttentionAt` (N, since when),
+//! with `AttentionStep` and `CauseKind` projected for filtering. Entering costs one index write
+//! and leaving one; orders that never fail never enter it.
 //!
 //! Orders table, key `OrderId` (S): `IdempotencyKey` (S), `Order` (S, JSON), `CreatedAt` (N).
 //!
@@ -29,7 +35,8 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 use sas_engine::ports::{
-    Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Read, Saved, StateStore,
+    Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing, OrderFinder,
+    OrderRecord, Read, Saved, StateStore, page_cursor, parse_cursor,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -40,6 +47,8 @@ use crate::errors::classify;
 const SERVICE: &str = "dynamodb";
 /// Name of the expiry index; the template defines it with the same name.
 pub const EXPIRY_INDEX: &str = "ByCompleteBy";
+/// Name of the index of orders needing an operator.
+pub const ATTENTION_INDEX: &str = "ByAttention";
 
 /// A DynamoDB item.
 pub type Item = HashMap<String, AttributeValue>;
@@ -181,6 +190,157 @@ impl ExpiryIndex for DynamoStore {
     }
 }
 
+impl OrderFinder for DynamoStore {
+    async fn find(&self, query: &ListQuery) -> Result<ListPage> {
+        let after = match &query.after {
+            Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
+                Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
+            })?),
+            None => None,
+        };
+        let limit = query.limit.clamp(1, 1000);
+        let mut orders = match query.listing {
+            Listing::Failed => self.attention(ProcessState::Error, query, after, limit).await?,
+            Listing::Paused => self.attention(ProcessState::Paused, query, after, limit).await?,
+            Listing::InFlight { older_than } => {
+                self.in_flight(query, query.now.minus(older_than), after, limit).await?
+            }
+        };
+        let next = (orders.len() > limit).then(|| page_cursor(&orders[limit - 1]));
+        orders.truncate(limit);
+        Ok(ListPage { orders, next })
+    }
+}
+
+impl DynamoStore {
+    /// Up to `limit + 1` orders of `ByAttention` in `state`, newest first, after `after`. The
+    /// filters are applied by DynamoDB to what it reads, so a narrow filter reads more of the
+    /// partition than it returns.
+    async fn attention(
+        &self,
+        state: ProcessState,
+        query: &ListQuery,
+        after: Option<(Timestamp, OrderId)>,
+        limit: usize,
+    ) -> Result<Vec<Listed>> {
+        let mut filters = Vec::new();
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.state_table)
+            .index_name(ATTENTION_INDEX)
+            .key_condition_expression("Attention = :a")
+            .expression_attribute_values(":a", AttributeValue::S(state.as_str().into()))
+            .scan_index_forward(false);
+        if let Some(step) = &query.step {
+            filters.push("AttentionStep = :step");
+            request = request.expression_attribute_values(":step", AttributeValue::S(step.clone()));
+        }
+        if let Some(cause) = &query.cause {
+            filters.push("CauseKind = :cause");
+            request =
+                request.expression_attribute_values(":cause", AttributeValue::S(cause.clone()));
+        }
+        if !filters.is_empty() {
+            request = request.filter_expression(filters.join(" AND "));
+        }
+        let page_size = if filters.is_empty() { limit + 1 } else { 100 };
+        let mut start = after.map(|(at, id)| {
+            Item::from([
+                ("OrderId".into(), AttributeValue::S(id.to_string())),
+                ("Attention".into(), AttributeValue::S(state.as_str().into())),
+                ("AttentionAt".into(), number(at.as_millis())),
+            ])
+        });
+        let mut found = Vec::new();
+        loop {
+            let out = request
+                .clone()
+                .set_exclusive_start_key(start.take())
+                .limit(i32::try_from(page_size).unwrap_or(100))
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            for item in out.items() {
+                let raw = string(item, "OrderId")?;
+                found.push(Listed {
+                    order_id: raw.parse().map_err(|_| corrupt_index(raw))?,
+                    since: Timestamp::from_millis(parse_number(item, "AttentionAt")?),
+                    step: item.get("AttentionStep").and_then(|v| v.as_s().ok()).cloned(),
+                    cause: item.get("CauseKind").and_then(|v| v.as_s().ok()).cloned(),
+                });
+            }
+            match out.last_evaluated_key {
+                Some(key) if found.len() <= limit => start = Some(key),
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// Up to `limit + 1` orders in flight accepted at or before `cutoff`, newest first, after
+    /// `after`. Every shard of the expiry index is read (it holds only what is in flight or
+    /// awaiting an alert, a few bytes per order), then only the records listed are read, to
+    /// drop the few in Error and to say which step each is at.
+    async fn in_flight(
+        &self,
+        query: &ListQuery,
+        cutoff: Timestamp,
+        after: Option<(Timestamp, OrderId)>,
+        limit: usize,
+    ) -> Result<Vec<Listed>> {
+        let mut candidates = Vec::new();
+        for shard in 0..query.shards.max(1) {
+            let mut start = None;
+            loop {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.state_table)
+                    .index_name(EXPIRY_INDEX)
+                    .key_condition_expression("ExpiryShard = :s")
+                    .filter_expression("CreatedAt <= :cutoff")
+                    .expression_attribute_values(":s", number(shard))
+                    .expression_attribute_values(":cutoff", number(cutoff.as_millis()))
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| classify(SERVICE, e))?;
+                for item in out.items() {
+                    let raw = string(item, "OrderId")?;
+                    let id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
+                    let created = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
+                    candidates.push((created, id));
+                }
+                start = out.last_evaluated_key;
+                if start.is_none() {
+                    break;
+                }
+            }
+        }
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.dedup();
+        if let Some(after) = after {
+            candidates.retain(|c| *c < after);
+        }
+        let mut found = Vec::new();
+        for (created, id) in candidates {
+            if found.len() > limit {
+                break;
+            }
+            let Some(record) = self.load(id, Read::Eventual).await? else { continue };
+            let step = record.current_step().map(|s| s.name.clone());
+            if !record.process_state.is_in_flight()
+                || query.step.as_ref().is_some_and(|s| step.as_ref() != Some(s))
+                || query.cause.is_some()
+            {
+                continue;
+            }
+            found.push(Listed { order_id: id, since: created, step, cause: None });
+        }
+        Ok(found)
+    }
+}
+
 /// Why a transaction was cancelled, from its per-item reasons.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Cancelled {
@@ -247,6 +407,17 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
     if let Some(cb) = r.complete_by {
         // The index needs both of its keys: without CompleteBy the item is not in it.
         item.insert("CompleteBy".into(), number(cb.as_millis()));
+    }
+    item.insert("CreatedAt".into(), number(r.created_at.as_millis()));
+    if let Some(a) = r.attention() {
+        item.insert("Attention".into(), AttributeValue::S(a.state.as_str().into()));
+        item.insert("AttentionAt".into(), number(a.since.as_millis()));
+        if let Some(step) = a.step {
+            item.insert("AttentionStep".into(), AttributeValue::S(step));
+        }
+        if let Some(cause) = a.cause {
+            item.insert("CauseKind".into(), AttributeValue::S(cause.into()));
+        }
     }
     item.insert("Body".into(), AttributeValue::S(body.to_string()));
     Ok(item)

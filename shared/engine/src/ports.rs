@@ -6,6 +6,8 @@
 //! - [`ExpiryIndex`]: a sparse, sharded index of records by CompleteBy, queried one shard at a
 //!   time. Eventually consistent: it may lag behind the table, so whoever acts on an entry
 //!   re-reads the record and writes with a condition.
+//! - [`OrderFinder`]: the orders that need an operator (in Error, paused, or in flight for
+//!   long), newest first and a page at a time, found through sparse indexes, never a scan.
 //! - [`Outbox`]: at-least-once queues. A message may be delivered twice, late, or out of order.
 //! - [`EventBus`]: publishing can fail for some events of a batch and not others.
 //! - [`QueueDepths`]: how many messages each queue holds (SQS's approximate counts).
@@ -133,6 +135,69 @@ pub trait ExpiryIndex: Send + Sync {
         now: Timestamp,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send;
+}
+
+/// Which orders an operator asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listing {
+    /// In Error, newest failure first.
+    Failed,
+    /// Paused, most recently paused first.
+    Paused,
+    /// In flight (Pending or Processing) and accepted at least this long ago, newest first.
+    InFlight { older_than: Duration },
+}
+
+/// A page of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListQuery {
+    pub listing: Listing,
+    /// Only orders that failed at (or are paused at) this step.
+    pub step: Option<String>,
+    /// Only orders whose failure cause is of this kind (`step_rejected`, ...).
+    pub cause: Option<String>,
+    pub now: Timestamp,
+    /// Partitions of the expiry index (in-flight listings query each).
+    pub shards: u16,
+    /// At most this many orders.
+    pub limit: usize,
+    /// Where the previous page ended (its `next`).
+    pub after: Option<String>,
+}
+
+/// One order of a listing, as the index knows it: enough to choose, not to act.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub order_id: OrderId,
+    /// Since when it is on the list: its failure, its pause, or (in flight) its acceptance.
+    pub since: Timestamp,
+    pub step: Option<String>,
+    pub cause: Option<String>,
+}
+
+/// A page of orders, and where the next one starts if there is more.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListPage {
+    pub orders: Vec<Listed>,
+    pub next: Option<String>,
+}
+
+/// Finds the orders that need an operator. Eventually consistent: an order may be listed a
+/// moment after it left the list, so whoever acts re-reads it (commands do).
+pub trait OrderFinder: Send + Sync {
+    fn find(&self, query: &ListQuery) -> impl Future<Output = Result<ListPage>> + Send;
+}
+
+/// A page cursor: the last order listed, as `{since_ms}.{order_id}`. Listings are ordered by
+/// (since, order id), newest first.
+pub fn page_cursor(last: &Listed) -> String {
+    format!("{}.{}", last.since.as_millis(), last.order_id)
+}
+
+/// The (since, order id) a cursor names; `None` if it was not made by [`page_cursor`].
+pub fn parse_cursor(cursor: &str) -> Option<(Timestamp, OrderId)> {
+    let (at, id) = cursor.split_once('.')?;
+    Some((Timestamp::from_millis(at.parse().ok()?), id.parse().ok()?))
 }
 
 /// Where a message goes.
@@ -350,6 +415,12 @@ impl<T: ExpiryIndex + ?Sized> ExpiryIndex for std::sync::Arc<T> {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send {
         (**self).expired(shard, now, limit)
+    }
+}
+
+impl<T: OrderFinder + ?Sized> OrderFinder for std::sync::Arc<T> {
+    fn find(&self, query: &ListQuery) -> impl Future<Output = Result<ListPage>> + Send {
+        (**self).find(query)
     }
 }
 

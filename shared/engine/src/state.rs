@@ -249,6 +249,15 @@ pub struct CommandEntry {
     pub at: Timestamp,
 }
 
+/// Why an order is on an operator's list. See [`StateRecord::attention`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attention {
+    pub state: ProcessState,
+    pub since: Timestamp,
+    pub step: Option<String>,
+    pub cause: Option<&'static str>,
+}
+
 /// A cancel or pause that waits for the step in flight to finish.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stop {
@@ -382,6 +391,32 @@ impl StateRecord {
                 self.steps.get(self.cursor)
             }
             ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => None,
+        }
+    }
+
+    /// Whether the order is on an operator's list, and why: in Error (since it ended, with
+    /// the step that failed and the kind of cause), or paused (since it was paused, at its
+    /// current step). Orders in flight are found through the expiry index instead.
+    pub fn attention(&self) -> Option<Attention> {
+        match self.process_state {
+            ProcessState::Error => Some(Attention {
+                state: ProcessState::Error,
+                since: self.ended_at.unwrap_or(self.updated_at),
+                step: self.cause.as_ref().and_then(Cause::step).map(str::to_owned),
+                cause: self.cause.as_ref().map(Cause::kind),
+            }),
+            ProcessState::Paused => Some(Attention {
+                state: ProcessState::Paused,
+                since: self
+                    .timeline
+                    .iter()
+                    .rev()
+                    .find(|e| e.what == Happening::Paused)
+                    .map_or(self.updated_at, |e| e.at),
+                step: self.current_step().map(|s| s.name.clone()),
+                cause: None,
+            }),
+            _ => None,
         }
     }
 

@@ -12,6 +12,9 @@
 //!   measured on the store's clock, so a sweep can see entries that are already out of date and
 //!   miss ones that are new.
 //!
+//! - The finder lists what an operator's indexes would hold: orders in Error or paused by
+//!   [`StateRecord::attention`], and orders in flight by their acceptance time.
+//!
 //! Every record written is also checked against [`StateRecord::check`], so a transition that
 //! breaks an invariant fails loudly in tests instead of being stored.
 
@@ -22,7 +25,8 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::ports::{
-    Clock, Created, Expected, ExpiryIndex, IndexEntry, OrderRecord, Read, Saved, StateStore,
+    Clock, Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
+    OrderFinder, OrderRecord, Read, Saved, StateStore, page_cursor, parse_cursor,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -289,4 +293,61 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
             .map(|&(_, complete_by, order_id)| IndexEntry { order_id, complete_by })
             .collect())
     }
+}
+
+impl<C: Clock> OrderFinder for MemoryStore<C> {
+    async fn find(&self, query: &ListQuery) -> Result<ListPage> {
+        let after = match &query.after {
+            Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
+                Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
+            })?),
+            None => None,
+        };
+        let mut rows: Vec<Listed> =
+            self.lock().states.values().filter_map(|r| listed(r, query)).collect();
+        rows.sort_by_key(|l| std::cmp::Reverse((l.since, l.order_id)));
+        if let Some(after) = after {
+            rows.retain(|l| (l.since, l.order_id) < after);
+        }
+        let limit = query.limit.max(1);
+        let next = (rows.len() > limit).then(|| page_cursor(&rows[limit - 1]));
+        rows.truncate(limit);
+        Ok(ListPage { orders: rows, next })
+    }
+}
+
+/// The row `record` makes in `query`'s listing, if it is in it.
+fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
+    let row = match query.listing {
+        Listing::Failed | Listing::Paused => {
+            let wanted = if query.listing == Listing::Failed {
+                crate::state::ProcessState::Error
+            } else {
+                crate::state::ProcessState::Paused
+            };
+            let a = record.attention().filter(|a| a.state == wanted)?;
+            Listed {
+                order_id: record.order_id,
+                since: a.since,
+                step: a.step,
+                cause: a.cause.map(str::to_owned),
+            }
+        }
+        Listing::InFlight { older_than } => {
+            if !record.process_state.is_in_flight()
+                || record.created_at > query.now.minus(older_than)
+            {
+                return None;
+            }
+            Listed {
+                order_id: record.order_id,
+                since: record.created_at,
+                step: record.current_step().map(|s| s.name.clone()),
+                cause: None,
+            }
+        }
+    };
+    let keep = query.step.as_ref().is_none_or(|s| row.step.as_ref() == Some(s))
+        && query.cause.as_ref().is_none_or(|c| row.cause.as_ref() == Some(c));
+    keep.then_some(row)
 }
