@@ -167,9 +167,6 @@ pub struct Alert {
     pub redrives: u32,
     pub at: Timestamp,
     pub correlation_id: String,
-    /// What to run next: the command that shows the order, and the one that would run it again.
-    pub show_command: String,
-    pub redrive_command: String,
 }
 
 /// One entry for the bus: what it is, a deterministic id, and its JSON detail.

@@ -165,13 +165,6 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
     let cause = record.cause.clone()?;
     let needs_manual_undo = record.needs_manual_undo();
     let id = record.order_id;
-    let redrive_command = if needs_manual_undo.is_empty()
-        || !record.steps.iter().any(|s| s.status == StepStatus::UndoFailed)
-    {
-        format!("sas redrive {id} --reason <why>")
-    } else {
-        format!("sas redrive {id} --compensation --reason <why>")
-    };
     Some(Alert {
         // The first failure keeps the plain id it always had.
         alert_id: match record.redrives {
@@ -193,7 +186,5 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
         redrives: record.redrives,
         at: now,
         correlation_id: record.correlation_id.clone(),
-        show_command: format!("sas show {id}"),
-        redrive_command,
     })
 }
