@@ -36,7 +36,7 @@ use aws_sdk_dynamodb::types::{
 };
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing, OrderFinder,
-    OrderRecord, Read, Saved, StateStore, page_cursor, parse_cursor,
+    OrderRecord, Read, Saved, StateStore, page_cursor,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -192,12 +192,7 @@ impl ExpiryIndex for DynamoStore {
 
 impl OrderFinder for DynamoStore {
     async fn find(&self, query: &ListQuery) -> Result<ListPage> {
-        let after = match &query.after {
-            Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
-                Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
-            })?),
-            None => None,
-        };
+        let after = query.start()?;
         let limit = query.limit.clamp(1, 1000);
         let mut orders = match query.listing {
             Listing::Failed => self.attention(ProcessState::Error, query, after, limit).await?,

@@ -165,6 +165,20 @@ pub struct ListQuery {
     pub after: Option<String>,
 }
 
+impl ListQuery {
+    /// Where the page starts: the (since, order id) of the previous page's last order.
+    pub fn start(&self) -> Result<Option<(Timestamp, OrderId)>> {
+        self.after
+            .as_deref()
+            .map(|cursor| {
+                parse_cursor(cursor).ok_or_else(|| {
+                    crate::Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
+                })
+            })
+            .transpose()
+    }
+}
+
 /// One order of a listing, as the index knows it: enough to choose, not to act.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Listed {

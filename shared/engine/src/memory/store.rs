@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::ports::{
     Clock, Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
-    OrderFinder, OrderRecord, Read, Saved, StateStore, page_cursor, parse_cursor,
+    OrderFinder, OrderRecord, Read, Saved, StateStore, page_cursor,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -297,12 +297,7 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
 
 impl<C: Clock> OrderFinder for MemoryStore<C> {
     async fn find(&self, query: &ListQuery) -> Result<ListPage> {
-        let after = match &query.after {
-            Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
-                Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
-            })?),
-            None => None,
-        };
+        let after = query.start()?;
         let mut rows: Vec<Listed> =
             self.lock().states.values().filter_map(|r| listed(r, query)).collect();
         rows.sort_by_key(|l| std::cmp::Reverse((l.since, l.order_id)));
