@@ -127,6 +127,7 @@ async fn store_contract<S: StateStore + ExpiryIndex>(store: &S, t0: Timestamp) {
     done.process_state = ProcessState::Processed;
     done.locked_by = None;
     done.complete_by = None;
+    done.ended_at = Some(done.updated_at);
     for s in &mut done.steps {
         s.status = StepStatus::Done;
     }

@@ -63,6 +63,7 @@ async fn main() -> Result<(), Error> {
             );
             r.process_state = ProcessState::Processed;
             r.complete_by = None;
+            r.ended_at = Some(r.created_at);
             for s in &mut r.steps {
                 s.status = StepStatus::Done;
             }

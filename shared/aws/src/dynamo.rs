@@ -552,6 +552,7 @@ mod tests {
         let mut r = record();
         r.process_state = ProcessState::Processed;
         r.complete_by = None;
+        r.ended_at = Some(r.created_at);
         for s in &mut r.steps {
             s.status = sas_engine::state::StepStatus::Done;
         }
