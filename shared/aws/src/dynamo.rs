@@ -36,7 +36,7 @@ use aws_sdk_dynamodb::types::{
 };
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing, OrderFinder,
-    OrderRecord, Read, Saved, StateStore, page_cursor,
+    OrderRecord, Read, Saved, StateStore,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -193,17 +193,15 @@ impl ExpiryIndex for DynamoStore {
 impl OrderFinder for DynamoStore {
     async fn find(&self, query: &ListQuery) -> Result<ListPage> {
         let after = query.start()?;
-        let limit = query.limit.clamp(1, 1000);
-        let mut orders = match query.listing {
+        let limit = query.page_size();
+        let orders = match query.listing {
             Listing::Failed => self.attention(ProcessState::Error, query, after, limit).await?,
             Listing::Paused => self.attention(ProcessState::Paused, query, after, limit).await?,
             Listing::InFlight { older_than } => {
                 self.in_flight(query, query.now.minus(older_than), after, limit).await?
             }
         };
-        let next = (orders.len() > limit).then(|| page_cursor(&orders[limit - 1]));
-        orders.truncate(limit);
-        Ok(ListPage { orders, next })
+        Ok(ListPage::cut(orders, limit))
     }
 }
 
@@ -283,6 +281,10 @@ impl DynamoStore {
         after: Option<(Timestamp, OrderId)>,
         limit: usize,
     ) -> Result<Vec<Listed>> {
+        if query.cause.is_some() {
+            // An order in flight has no failure cause: nothing can match.
+            return Ok(Vec::new());
+        }
         let mut candidates = Vec::new();
         for shard in 0..query.shards.max(1) {
             let mut start = None;
@@ -326,7 +328,6 @@ impl DynamoStore {
             let step = record.current_step().map(|s| s.name.clone());
             if !record.process_state.is_in_flight()
                 || query.step.as_ref().is_some_and(|s| step.as_ref() != Some(s))
-                || query.cause.is_some()
             {
                 continue;
             }

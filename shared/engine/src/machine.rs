@@ -595,15 +595,20 @@ fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> 
             lease(next, ctx)?;
             Some(Effect::Dispatch)
         }
-        Via::Kick => {
-            let (_, budget) = leased_action(next, ctx)?;
-            next.process_state = ProcessState::Pending;
-            next.locked_by = None;
-            next.attempt += 1;
-            next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
-            Some(Effect::Kick { delay: Duration::ZERO })
-        }
+        Via::Kick => requeue(next, ctx),
     }
+}
+
+/// Hands the cursor's step (or undo) back to the scheduler: Pending at a new attempt, with the
+/// claim grace and the action's whole budget before CompleteBy, and a start message. `None` if
+/// the workflow has no such step.
+fn requeue(next: &mut StateRecord, ctx: &Ctx<'_>) -> Option<Effect> {
+    let (_, budget) = leased_action(next, ctx)?;
+    next.process_state = ProcessState::Pending;
+    next.locked_by = None;
+    next.attempt += 1;
+    next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
+    Some(Effect::Kick { delay: Duration::ZERO })
 }
 
 /// Ends the order once nothing is left to undo: Cancelled if an operator cancelled it and
@@ -870,15 +875,12 @@ fn resume(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decis
             Ok(apply(next, Vec::new()))
         }
         (ProcessState::Paused, _) => {
-            let Some((_, budget)) = leased_action(record, ctx) else {
+            let Some(kick) = requeue(&mut next, ctx) else {
                 let step = record.steps[record.cursor].name.clone();
                 return Err(Refused::UnknownStep { step });
             };
-            next.process_state = ProcessState::Pending;
-            next.attempt += 1;
-            next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
             next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
-            Ok(apply(next, vec![Effect::Kick { delay: Duration::ZERO }]))
+            Ok(apply(next, vec![kick]))
         }
         _ => Err(Refused::NotPaused { state }),
     }
@@ -956,18 +958,15 @@ fn redrive_compensation(
 
 /// Puts a redriven record back to Pending at a new attempt with its start message.
 fn restart(mut next: StateRecord, ctx: &Ctx<'_>, cmd: Command<'_>) -> Result<Decision, Refused> {
-    let Some((_, budget)) = leased_action(&next, ctx) else {
+    let Some(kick) = requeue(&mut next, ctx) else {
         return Err(Refused::UnknownStep { step: next.steps[next.cursor].name.clone() });
     };
-    next.process_state = ProcessState::Pending;
-    next.attempt += 1;
     next.failure_count = 0;
     next.alert = None;
     next.ended_at = None;
     next.redrives += 1;
-    next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
     next.note_command(ctx.now, Happening::Redriven, cmd.by, cmd.reason, ctx.config.timeline_limit);
-    Ok(apply(next, vec![Effect::Kick { delay: Duration::ZERO }]))
+    Ok(apply(next, vec![kick]))
 }
 
 fn within_window(record: &StateRecord, ctx: &Ctx<'_>) -> Result<(), Refused> {
@@ -980,8 +979,8 @@ fn within_window(record: &StateRecord, ctx: &Ctx<'_>) -> Result<(), Refused> {
 
 /// A transition out of a Processing record ends the operator's stop waiting on it: a pause
 /// holds the order where it would have gone on (nothing is dispatched or kicked); a cancel was
-/// acted on by the transition itself. A transition that keeps the same lease (none does today
-/// but the command that set the stop) leaves it waiting.
+/// acted on by the transition itself. A transition that kept the same lease would leave the
+/// stop waiting; none of the system's inputs makes one today.
 fn settle_stop(record: &StateRecord, decision: Decision, ctx: &Ctx<'_>) -> Decision {
     let Some(stop) = &record.stop else {
         return decision;

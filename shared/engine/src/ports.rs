@@ -166,6 +166,11 @@ pub struct ListQuery {
 }
 
 impl ListQuery {
+    /// How many orders the page holds: the limit asked for, within 1 to 1,000.
+    pub fn page_size(&self) -> usize {
+        self.limit.clamp(1, 1000)
+    }
+
     /// Where the page starts: the (since, order id) of the previous page's last order.
     pub fn start(&self) -> Result<Option<(Timestamp, OrderId)>> {
         self.after
@@ -202,14 +207,24 @@ pub trait OrderFinder: Send + Sync {
     fn find(&self, query: &ListQuery) -> impl Future<Output = Result<ListPage>> + Send;
 }
 
+impl ListPage {
+    /// The first `limit` of `rows` (ordered newest first, fetched one past the page to tell
+    /// whether more follow), with the cursor of the next page if there is one.
+    pub fn cut(mut rows: Vec<Listed>, limit: usize) -> ListPage {
+        let next = (rows.len() > limit).then(|| page_cursor(&rows[limit - 1]));
+        rows.truncate(limit);
+        ListPage { orders: rows, next }
+    }
+}
+
 /// A page cursor: the last order listed, as `{since_ms}.{order_id}`. Listings are ordered by
 /// (since, order id), newest first.
-pub fn page_cursor(last: &Listed) -> String {
+fn page_cursor(last: &Listed) -> String {
     format!("{}.{}", last.since.as_millis(), last.order_id)
 }
 
 /// The (since, order id) a cursor names; `None` if it was not made by [`page_cursor`].
-pub fn parse_cursor(cursor: &str) -> Option<(Timestamp, OrderId)> {
+fn parse_cursor(cursor: &str) -> Option<(Timestamp, OrderId)> {
     let (at, id) = cursor.split_once('.')?;
     Some((Timestamp::from_millis(at.parse().ok()?), id.parse().ok()?))
 }

@@ -482,74 +482,68 @@ impl StateRecord {
     /// Checks the invariants every stored record satisfies. Adapters run it on what they read;
     /// tests and the simulation run it after every transition.
     pub fn check(&self) -> Result<(), String> {
-        let fail = |msg: &str| {
-            Err(format!(
-                "{} ({:?} attempt {}): {msg}",
-                self.order_id, self.process_state, self.attempt
-            ))
-        };
         if self.steps.is_empty() {
-            return fail("no steps");
+            return self.broken("no steps");
         }
         if self.stop.is_some() && self.process_state != ProcessState::Processing {
-            return fail("an operator's stop waits only while a step is in flight");
+            return self.broken("an operator's stop waits only while a step is in flight");
         }
         if self.process_state.is_in_flight() && self.complete_by.is_none() {
-            return fail("in flight without CompleteBy: the supervisor could never find it");
+            return self.broken("in flight without CompleteBy: the supervisor could never find it");
         }
         if (self.process_state == ProcessState::Processing) != self.locked_by.is_some() {
-            return fail("LockedBy must be set exactly while Processing");
+            return self.broken("LockedBy must be set exactly while Processing");
         }
         if self.process_state.is_terminal() != self.ended_at.is_some() {
-            return fail("EndedAt must be set exactly while terminal");
+            return self.broken("EndedAt must be set exactly while terminal");
         }
         match self.process_state {
             ProcessState::Pending | ProcessState::Processing | ProcessState::Paused => {
                 if self.process_state == ProcessState::Paused && self.complete_by.is_some() {
-                    return fail("paused with a CompleteBy: the supervisor would wake it");
+                    return self.broken("paused with a CompleteBy: the supervisor would wake it");
                 }
                 if self.alert.is_some() {
-                    return fail("alert on an order in flight");
+                    return self.broken("alert on an order in flight");
                 }
                 self.check_progress()
             }
             ProcessState::Processed => {
                 if self.complete_by.is_some() || self.alert.is_some() || self.cause.is_some() {
-                    return fail("processed order with CompleteBy, alert or cause");
+                    return self.broken("processed order with CompleteBy, alert or cause");
                 }
                 if self.steps.iter().any(|s| s.status != StepStatus::Done) {
-                    return fail("processed with a step not done");
+                    return self.broken("processed with a step not done");
                 }
                 Ok(())
             }
             ProcessState::Cancelled => {
                 if self.complete_by.is_some() || self.alert.is_some() {
-                    return fail("cancelled order with CompleteBy or alert");
+                    return self.broken("cancelled order with CompleteBy or alert");
                 }
                 if !matches!(self.cause, Some(Cause::Cancelled { .. })) {
-                    return fail("cancelled without the operator's cancel as its cause");
+                    return self.broken("cancelled without the operator's cancel as its cause");
                 }
                 if !self.needs_manual_undo().is_empty() {
-                    return fail("cancelled with effects left to revert: that is an Error");
+                    return self.broken("cancelled with effects left to revert: that is an Error");
                 }
                 Ok(())
             }
             ProcessState::Error => {
                 if self.cause.is_none() {
-                    return fail("error without a cause");
+                    return self.broken("error without a cause");
                 }
                 match self.alert {
-                    None => return fail("error without an alert"),
+                    None => return self.broken("error without an alert"),
                     Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
-                        return fail("alert pending but not in the expiry index");
+                        return self.broken("alert pending but not in the expiry index");
                     }
                     Some(AlertDelivery::Sent) if self.complete_by.is_some() => {
-                        return fail("alert sent but still in the expiry index");
+                        return self.broken("alert sent but still in the expiry index");
                     }
                     _ => {}
                 }
                 if self.steps.iter().any(|s| s.status == StepStatus::ToUndo) {
-                    return fail("compensation ended with steps still queued");
+                    return self.broken("compensation ended with steps still queued");
                 }
                 Ok(())
             }
@@ -558,20 +552,14 @@ impl StateRecord {
 
     /// The cursor and the steps' statuses of an order in flight or paused.
     fn check_progress(&self) -> Result<(), String> {
-        let fail = |msg: &str| {
-            Err(format!(
-                "{} ({:?} attempt {}): {msg}",
-                self.order_id, self.process_state, self.attempt
-            ))
-        };
         if self.cursor >= self.steps.len() {
-            return fail("cursor past the last step");
+            return self.broken("cursor past the last step");
         }
         let current = self.steps[self.cursor].status;
         match self.phase {
             Phase::Forward => {
                 if self.cause.is_some() {
-                    return fail("moving forward with a failure cause");
+                    return self.broken("moving forward with a failure cause");
                 }
                 // After a redrive, a step that was kept (done, with nothing to undo it) may
                 // follow the cursor.
@@ -583,21 +571,26 @@ impl StateRecord {
                     || self.steps[..self.cursor].iter().any(|s| s.status != StepStatus::Done)
                     || !self.steps[self.cursor + 1..].iter().all(later_ok)
                 {
-                    return fail("forward progress out of order");
+                    return self.broken("forward progress out of order");
                 }
             }
             Phase::Compensating => {
                 if self.cause.is_none() {
-                    return fail("compensating without a cause");
+                    return self.broken("compensating without a cause");
                 }
                 if current != StepStatus::ToUndo {
-                    return fail("undoing a step that is not queued for undo");
+                    return self.broken("undoing a step that is not queued for undo");
                 }
                 if self.steps[self.cursor + 1..].iter().any(|s| s.status == StepStatus::ToUndo) {
-                    return fail("undo out of reverse order");
+                    return self.broken("undo out of reverse order");
                 }
             }
         }
         Ok(())
+    }
+
+    /// A broken invariant, named with the record it was found on.
+    fn broken(&self, msg: &str) -> Result<(), String> {
+        Err(format!("{} ({:?} attempt {}): {msg}", self.order_id, self.process_state, self.attempt))
     }
 }

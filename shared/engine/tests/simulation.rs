@@ -318,6 +318,8 @@ struct Sim {
     /// came before it was published.
     errors: HashMap<OrderId, usize>,
     alerted: HashMap<OrderId, usize>,
+    /// Ledger entries the check of effects in place has seen: it runs again only on new ones.
+    ledger_checked: usize,
     accepted: Vec<OrderId>,
     terminal: HashMap<OrderId, StateRecord>,
     attempts: HashMap<OrderId, u64>,
@@ -468,6 +470,7 @@ impl Sim {
             last_command: HashMap::new(),
             errors: HashMap::new(),
             alerted: HashMap::new(),
+            ledger_checked: 0,
             accepted: Vec::new(),
             terminal: HashMap::new(),
             attempts: HashMap::new(),
@@ -667,7 +670,10 @@ impl Sim {
 
     /// Once the faults stop, the operator resumes every order it paused.
     async fn resume_paused(&mut self) {
-        for r in self.memory.records() {
+        // In order of id: the store's own order changes from run to run, and a seed must not.
+        let mut records = self.memory.records();
+        records.sort_by_key(|r| r.order_id);
+        for r in records {
             if r.process_state == ProcessState::Paused {
                 self.commands += 1;
                 let command_id = format!("op-{}", self.commands);
@@ -745,7 +751,12 @@ impl Sim {
         // At most one effect per order, step and direction.
         assert!(self.remote.max_applications() <= 1, "seed {seed}: an effect applied twice");
         // And across redrives: of all the runs of one step, at most one has its effect in
-        // place (done, and not undone).
+        // place (done, and not undone). Only a new ledger entry can change that.
+        let ledger_len = self.remote.ledger_len();
+        if ledger_len == self.ledger_checked {
+            return;
+        }
+        self.ledger_checked = ledger_len;
         let mut live: HashMap<String, Vec<String>> = HashMap::new();
         for key in self.live_effects() {
             live.entry(step_of(&key)).or_default().push(key);

@@ -131,6 +131,11 @@ impl<C: Clock> MemoryRemote<C> {
     pub fn ledger(&self) -> Vec<LedgerEntry> {
         self.state().ledger.clone()
     }
+
+    /// How many effects the ledger holds; it only ever grows.
+    pub fn ledger_len(&self) -> usize {
+        self.state().ledger.len()
+    }
 }
 
 impl State {

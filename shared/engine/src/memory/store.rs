@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::ports::{
     Clock, Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
-    OrderFinder, OrderRecord, Read, Saved, StateStore, page_cursor,
+    OrderFinder, OrderRecord, Read, Saved, StateStore,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -304,10 +304,7 @@ impl<C: Clock> OrderFinder for MemoryStore<C> {
         if let Some(after) = after {
             rows.retain(|l| (l.since, l.order_id) < after);
         }
-        let limit = query.limit.max(1);
-        let next = (rows.len() > limit).then(|| page_cursor(&rows[limit - 1]));
-        rows.truncate(limit);
-        Ok(ListPage { orders: rows, next })
+        Ok(ListPage::cut(rows, query.page_size()))
     }
 }
 
