@@ -44,8 +44,8 @@ pub enum EventSource {
     },
     /// An EventBridge schedule (`rate(...)` or `cron(...)`).
     Schedule { name: String, expression: String },
-    /// An HTTP API route.
-    HttpApi { name: String, method: String, path: String },
+    /// An HTTP API route, and its authorizer (`AWS_IAM`) if it has one.
+    HttpApi { name: String, method: String, path: String, authorizer: Option<String> },
 }
 
 /// Every function of `template` whose condition holds, resolved against `stack`.
@@ -115,6 +115,11 @@ pub fn functions(template: &Template, stack: &Stack) -> Result<Vec<FunctionSpec>
                     name: name.clone(),
                     method: text("Method")?.unwrap_or_else(|| "ANY".into()).to_ascii_uppercase(),
                     path: text("Path")?.unwrap_or_else(|| "/".into()),
+                    authorizer: props
+                        .pointer("/Auth/Authorizer")
+                        .map(scalar_string)
+                        .transpose()?
+                        .filter(|a| a != "NONE"),
                 }),
                 other => {
                     return Err(bad(&format!(
@@ -206,8 +211,17 @@ mod tests {
             [EventSource::HttpApi {
                 name: "PostOrder".into(),
                 method: "POST".into(),
-                path: "/orders".into()
+                path: "/orders".into(),
+                authorizer: None,
             }]
+        );
+        let admin = by_id("AdminFunction");
+        assert!(admin.events.len() >= 6);
+        assert!(
+            admin.events.iter().all(
+                |e| matches!(e, EventSource::HttpApi { authorizer: Some(a), .. } if a == "AWS_IAM")
+            ),
+            "every admin route is behind IAM"
         );
         let supervisor = by_id("SupervisorFunction");
         assert!(

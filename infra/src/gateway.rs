@@ -4,6 +4,11 @@
 //! Each route is throttled as the template's `DefaultRouteSettings` say: a token bucket of
 //! `ThrottlingBurstLimit` tokens refilled at `ThrottlingRateLimit` a second, a request without
 //! a token answered 429 before any function runs.
+//!
+//! A route whose authorizer is `AWS_IAM` takes only requests signed with SigV4, as API Gateway
+//! does, and hands the function the caller in `requestContext.authorizer.iam`. Locally the
+//! signature itself is not verified: the access key id it names stands for the principal
+//! (`arn:aws:iam::<account>:user/<access key id>`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,6 +36,8 @@ pub struct Route {
     pub timeout: Duration,
     /// The route's throttle, if it has one.
     pub throttle: Option<Throttle>,
+    /// `AWS_IAM` if only signed requests may call it.
+    pub authorizer: Option<String>,
 }
 
 /// A route's throttling limits: a steady rate per second, and a burst above it.
@@ -117,6 +124,20 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
     else {
         return plain(StatusCode::NOT_FOUND, r#"{"message":"Not Found"}"#);
     };
+    let caller = match route.authorizer.as_deref() {
+        Some("AWS_IAM") => match parts.headers.get("authorization").and_then(|v| v.to_str().ok()) {
+            Some(authorization) => match iam_caller(authorization) {
+                Some(caller) => Some(caller),
+                None => return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#),
+            },
+            None => return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#),
+        },
+        Some(other) => {
+            warn!(authorizer = other, "authorizer not emulated locally; refusing the request");
+            return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#);
+        }
+        None => None,
+    };
     if route.throttle.as_ref().is_some_and(|t| !t.admit()) {
         return plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#);
     }
@@ -169,6 +190,9 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
     if !bytes.is_empty() {
         event["body"] = Value::String(body);
     }
+    if let Some(caller) = caller {
+        event["requestContext"]["authorizer"] = json!({ "iam": caller });
+    }
     if !params.is_empty() && route_key != "$default" {
         event["pathParameters"] = Value::Object(params);
     }
@@ -189,6 +213,25 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
             plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#)
         }
     }
+}
+
+/// The caller that API Gateway's IAM authorizer would describe for a SigV4 `Authorization`
+/// header, or `None` if the header is not one.
+fn iam_caller(authorization: &str) -> Option<Value> {
+    let rest = authorization.strip_prefix("AWS4-HMAC-SHA256 ")?;
+    let credential =
+        rest.split(',').map(str::trim).find_map(|part| part.strip_prefix("Credential="))?;
+    let access_key = credential.split('/').next().filter(|k| !k.is_empty())?;
+    let valid = access_key.bytes().all(|b| b.is_ascii_alphanumeric());
+    (valid && rest.contains("Signature=")).then(|| {
+        json!({
+            "accessKey": access_key,
+            "accountId": LOCAL_ACCOUNT,
+            "callerId": access_key,
+            "userArn": format!("arn:aws:iam::{LOCAL_ACCOUNT}:user/{access_key}"),
+            "userId": access_key,
+        })
+    })
 }
 
 /// Turns a function's answer into a response, as API Gateway does for payload format 2.0.
@@ -239,7 +282,18 @@ mod tests {
             function: RuntimeApi::start("f", "us-east-1").await.unwrap(),
             timeout: Duration::from_secs(1),
             throttle: None,
+            authorizer: None,
         }
+    }
+
+    #[test]
+    fn a_sigv4_header_names_the_caller() {
+        let header = "AWS4-HMAC-SHA256 Credential=AKIDOPS1/20261122/us-east-1/execute-api/aws4_request, SignedHeaders=host;x-amz-date, Signature=abc";
+        let caller = iam_caller(header).unwrap();
+        assert_eq!(caller["userArn"], format!("arn:aws:iam::{LOCAL_ACCOUNT}:user/AKIDOPS1"));
+        assert!(iam_caller("Bearer x").is_none());
+        assert!(iam_caller("AWS4-HMAC-SHA256 Credential=/x, Signature=a").is_none());
+        assert!(iam_caller("AWS4-HMAC-SHA256 Credential=AK/x").is_none(), "no signature");
     }
 
     #[test]

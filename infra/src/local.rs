@@ -242,9 +242,10 @@ impl LocalStack {
                             options.region.clone(),
                         ));
                     }
-                    EventSource::HttpApi { method, path, .. } => routes.push(Route {
+                    EventSource::HttpApi { method, path, authorizer, .. } => routes.push(Route {
                         method: method.clone(),
                         path: path.clone(),
+                        authorizer: authorizer.clone(),
                         function: api.clone(),
                         timeout: spec.timeout.min(Duration::from_secs(30)),
                         // Each route has a bucket of its own, as in API Gateway.
@@ -259,6 +260,7 @@ impl LocalStack {
                     function: api.clone(),
                     timeout: spec.timeout,
                     throttle: None,
+                    authorizer: None,
                 };
                 tasks.push(tokio::spawn(async move {
                     let _ = gateway::serve(listener, vec![route]).await;

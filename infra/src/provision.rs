@@ -77,7 +77,7 @@ fn not_created(kind: &str) -> Option<&'static str> {
         "AWS::Serverless::HttpApi" | "AWS::ApiGatewayV2::Api" => {
             "served by the local stack on 127.0.0.1"
         }
-        "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" => {
+        "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" | "AWS::IAM::ManagedPolicy" => {
             "access policies are not enforced locally"
         }
         "AWS::SNS::Topic" => "alerts are read from the alerts queue locally",

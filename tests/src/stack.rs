@@ -11,7 +11,9 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_http::http::{HeaderValue, Method, Request};
 use lambda_http::{Body, RequestExt, Response};
+use sas_admin::Admin;
 use sas_aws::batch::Coalescing;
+use sas_aws::dead_letters::{DeadLetterQueue, DeadLetters};
 use sas_aws::depths::SqsDepths;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
@@ -25,7 +27,9 @@ use sas_engine::load::{Gauges, WaitReporter};
 use sas_engine::memory::{ManualClock, SplitMix};
 use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
-use sas_engine::services::{Agent, Scheduler, StatusService, Submission, Supervisor, SweepReport};
+use sas_engine::services::{
+    Agent, Operator, Scheduler, StatusService, Submission, Supervisor, SweepReport,
+};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Timestamp};
@@ -214,6 +218,19 @@ impl RemoteService {
     pub async fn stats(&self) -> Value {
         self.http.get(format!("{}/stats", self.url)).send().await.unwrap().json().await.unwrap()
     }
+
+    /// Replaces the service's fault configuration (a service recovering, or breaking).
+    pub async fn set_faults(&self, faults: &str) {
+        let response = self
+            .http
+            .put(format!("{}/faults", self.url))
+            .header("content-type", "application/json")
+            .body(faults.to_owned())
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success(), "{}", response.text().await.unwrap());
+    }
 }
 
 type Store = DynamoStore;
@@ -239,6 +256,7 @@ pub struct System {
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock, Load>,
+    admin: Admin<Store, Outbox, Bus, ManualClock>,
     /// Whether a failed message comes back at once, as if its visibility timeout had passed.
     pub fast_redelivery: std::sync::atomic::AtomicBool,
     /// The proxy between the system and moto, when started with [`System::behind_proxy`].
@@ -348,13 +366,40 @@ impl System {
         let supervisor = Supervisor::new(
             t.store(),
             t.store(),
-            SqsOutbox::new(t.sqs.clone(), to_scheduler),
+            SqsOutbox::new(t.sqs.clone(), to_scheduler.clone()),
             bus(),
             clock.clone(),
             load(),
             config.clone(),
-            workflow,
+            workflow.clone(),
         );
+        let dead_letter_queues = [
+            ("scheduler", "SchedulerDeadLetterQueue", "SchedulerQueue"),
+            ("replies", "ReplyDeadLetterQueue", "ReplyQueue"),
+            ("inventory", "InventoryDeadLetterQueue", "InventoryQueue"),
+            ("payment", "PaymentDeadLetterQueue", "PaymentQueue"),
+            ("shipping", "ShippingDeadLetterQueue", "ShippingQueue"),
+        ]
+        .map(|(name, dlq, source)| DeadLetterQueue {
+            name: name.into(),
+            url: t.name(dlq),
+            source_url: t.name(source),
+        });
+        let admin = Admin {
+            status: StatusService::new(t.store()),
+            operator: Operator::new(
+                t.store(),
+                SqsOutbox::new(t.sqs.clone(), to_scheduler),
+                bus(),
+                clock.clone(),
+                config.clone(),
+                workflow,
+            ),
+            finder: t.store(),
+            clock: clock.clone(),
+            shards: config.index_shards,
+            dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues.to_vec()),
+        };
         let status = StatusService::new(t.store());
         System {
             t,
@@ -366,6 +411,7 @@ impl System {
             scheduler,
             agents,
             supervisor,
+            admin,
             fast_redelivery: Default::default(),
             proxy: None,
         }
@@ -416,6 +462,46 @@ impl System {
             .unwrap()
             .with_path_parameters(HashMap::from([("id".to_owned(), id.to_owned())]));
         decode(sas_status::handle(&self.status, request).await)
+    }
+
+    /// A request to the admin API (`path` with its query string), as API Gateway hands it to
+    /// the admin function: `caller` is the IAM principal its authorizer found, if any.
+    pub async fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        caller: Option<&str>,
+    ) -> (u16, Value) {
+        let (raw_path, query) = path.split_once('?').unwrap_or((path, ""));
+        let parameters: HashMap<&str, &str> =
+            query.split('&').filter_map(|kv| kv.split_once('=')).collect();
+        let mut event = serde_json::json!({
+            "version": "2.0",
+            "routeKey": format!("{method} {raw_path}"),
+            "rawPath": raw_path,
+            "rawQueryString": query,
+            "headers": {"content-type": "application/json", "host": "admin.test"},
+            "requestContext": {
+                "accountId": "123456789012", "apiId": "test", "domainName": "admin.test",
+                "http": {"method": method, "path": raw_path, "protocol": "HTTP/1.1",
+                         "sourceIp": "127.0.0.1", "userAgent": "test"},
+                "requestId": "r", "routeKey": format!("{method} {raw_path}"), "stage": "$default",
+                "time": "22/Nov/2026:00:00:00 +0000", "timeEpoch": 0
+            },
+            "isBase64Encoded": false,
+        });
+        if !query.is_empty() {
+            event["queryStringParameters"] = serde_json::json!(parameters);
+        }
+        if let Some(body) = body {
+            event["body"] = Value::String(body.to_string());
+        }
+        if let Some(caller) = caller {
+            event["requestContext"]["authorizer"] = serde_json::json!({"iam": {"userArn": caller}});
+        }
+        let request = lambda_http::request::from_str(&event.to_string()).unwrap();
+        decode(sas_admin::handle(&self.admin, request).await)
     }
 
     /// One round of the event sources: every queue's visible messages, in batches, to their

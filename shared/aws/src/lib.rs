@@ -12,6 +12,7 @@
 //! - [`dynamo`]: the state store, the orders table and the expiry index.
 //! - [`sqs`]: sending messages; [`batch`]: consuming an SQS batch with partial failures;
 //!   [`depths`]: how many messages each queue holds.
+//! - [`dead_letters`]: the dead-letter queues, read and moved back by operators.
 //! - [`waits`]: the consumers' reports of how long messages waited, in a DynamoDB table.
 //! - [`eventbridge`]: status events and alerts.
 //! - [`http`]: the remote service an agent calls.
@@ -23,6 +24,7 @@
 pub mod api;
 pub mod batch;
 pub mod clients;
+pub mod dead_letters;
 pub mod depths;
 pub mod dynamo;
 mod errors;

@@ -14,6 +14,8 @@ use sas_engine::ports::Destination;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, Result};
 
+use crate::dead_letters::DeadLetterQueue;
+
 /// A source of settings: the process environment, or a map in tests.
 #[derive(Clone, Debug, Default)]
 pub struct Env {
@@ -82,6 +84,26 @@ impl Env {
             queues.push((Destination::Agent(agent.clone()), url));
         }
         Ok(queues)
+    }
+}
+
+impl Env {
+    /// Every dead-letter queue with the queue it serves: `DEAD_LETTER_QUEUE_<NAME>` for the
+    /// scheduler's queue (`SCHEDULER`), the reply queue (`REPLIES`) and each agent's queue,
+    /// named as operators name them (`scheduler`, `replies`, the agent's name).
+    pub fn dead_letter_queues(&self, agents: &[AgentName]) -> Result<Vec<DeadLetterQueue>> {
+        let mut out = Vec::new();
+        for (destination, source_url) in self.queues(agents)? {
+            let name = match &destination {
+                Destination::Scheduler => "scheduler".to_owned(),
+                Destination::Replies => "replies".to_owned(),
+                Destination::Agent(agent) => agent.as_str().to_owned(),
+            };
+            let variable =
+                format!("DEAD_LETTER_QUEUE_{}", name.to_ascii_uppercase().replace('-', "_"));
+            out.push(DeadLetterQueue { url: self.required(&variable)?, name, source_url });
+        }
+        Ok(out)
     }
 }
 

@@ -76,7 +76,12 @@ pub enum Error {
 
     /// An operator command does not apply to the order as it is; nothing was written.
     #[error("order {order_id}: {refused}")]
-    Refused { order_id: OrderId, refused: crate::machine::Refused },
+    Refused {
+        order_id: OrderId,
+        /// The order's state when the command was refused.
+        state: crate::state::ProcessState,
+        refused: crate::machine::Refused,
+    },
 
     /// Some events of a batch were not accepted by the event bus.
     #[error("{failed} of {total} events were not published: {first_reason}")]

@@ -186,6 +186,27 @@ pub enum Refused {
     IdReused { id: String, earlier: CommandKind },
 }
 
+impl Refused {
+    /// A stable name for the refusal, for programs that act on it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refused::Finished { .. } => "finished",
+            Refused::NotFailed { .. } => "not_failed",
+            Refused::Undoing { .. } => "undoing",
+            Refused::Cancelling => "cancelling",
+            Refused::AlreadyPaused => "already_paused",
+            Refused::Pausing => "pausing",
+            Refused::NotPaused { .. } => "not_paused",
+            Refused::WasCancelled { .. } => "was_cancelled",
+            Refused::UndoFailed { .. } => "undo_failed",
+            Refused::NothingToUndo => "nothing_to_undo",
+            Refused::TooLate { .. } => "too_late",
+            Refused::UnknownStep { .. } => "unknown_step",
+            Refused::IdReused { .. } => "command_id_reused",
+        }
+    }
+}
+
 /// Inputs that cannot happen in a correct system: a bug, a forged message, or an incompatible
 /// change of workflow. They change nothing and are logged as errors.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,7 +16,7 @@ mod supervisor;
 pub use agent::{Agent, AgentOutcome};
 pub use operator::{Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
-pub use status::{OrderView, StatusService};
+pub use status::{OperatorView, OrderView, StatusService};
 pub use submission::{Accepted, Submission};
 pub use supervisor::{Supervisor, SweepReport};
 

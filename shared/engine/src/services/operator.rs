@@ -135,7 +135,10 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
                 Decision::Ignore(_) => {
                     return Ok(Some(Commanded { applied: Applied::Before, record }));
                 }
-                Decision::Refuse(refused) => return Err(Error::Refused { order_id, refused }),
+                Decision::Refuse(refused) => {
+                    let state = record.process_state;
+                    return Err(Error::Refused { order_id, state, refused });
+                }
                 Decision::Illegal(why) => {
                     return Err(Error::Corrupt { order_id, reason: format!("{why:?}") });
                 }

@@ -1,4 +1,5 @@
-//! The status view of one order: what `GET /orders/{id}` returns.
+//! The views of one order: what `GET /orders/{id}` returns to its client, and what an operator
+//! reads (the same, with the commands, alert and redrives the record keeps).
 
 use serde::Serialize;
 
@@ -6,7 +7,10 @@ use crate::error::Result;
 use crate::ids::OrderId;
 use crate::order::Order;
 use crate::ports::{Read, StateStore};
-use crate::state::{Cause, Phase, ProcessState, StepState, TimelineEntry};
+use crate::state::{
+    AlertDelivery, Cause, CommandEntry, Phase, ProcessState, StateRecord, StepState, Stop,
+    TimelineEntry,
+};
 
 /// An order with its state, steps and timeline, as shown to clients.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -27,6 +31,27 @@ pub struct OrderView {
     pub updated_at: String,
 }
 
+/// An order as an operator sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OperatorView {
+    #[serde(flatten)]
+    pub view: OrderView,
+    pub correlation_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// Steps whose effect is still in place after a failure or cancel and must be reverted by
+    /// hand (or by redriving the compensation).
+    pub needs_manual_undo: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alert: Option<AlertDelivery>,
+    /// A cancel or pause waiting for the step in flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// The latest operator commands applied, oldest first.
+    pub commands: Vec<CommandEntry>,
+    pub redrives: u32,
+}
+
 /// Reads order views.
 #[derive(Debug)]
 pub struct StatusService<S> {
@@ -40,25 +65,47 @@ impl<S: StateStore> StatusService<S> {
 
     /// The view of an order, or `None` if there is no such order.
     pub async fn get(&self, order_id: OrderId) -> Result<Option<OrderView>> {
+        Ok(self.load(order_id).await?.map(|(view, _)| view))
+    }
+
+    /// The operator's view of an order, or `None` if there is no such order.
+    pub async fn operator_view(&self, order_id: OrderId) -> Result<Option<OperatorView>> {
+        let Some((view, state)) = self.load(order_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(OperatorView {
+            view,
+            needs_manual_undo: state.needs_manual_undo(),
+            correlation_id: state.correlation_id,
+            ended_at: state.ended_at.map(|t| t.to_rfc3339()),
+            alert: state.alert,
+            stop: state.stop,
+            commands: state.commands,
+            redrives: state.redrives,
+        }))
+    }
+
+    async fn load(&self, order_id: OrderId) -> Result<Option<(OrderView, StateRecord)>> {
         let Some(order) = self.store.load_order(order_id, Read::Consistent).await? else {
             return Ok(None);
         };
         let Some(state) = self.store.load(order_id, Read::Consistent).await? else {
             return Ok(None);
         };
-        Ok(Some(OrderView {
+        let view = OrderView {
             order_id,
             process_state: state.process_state,
             phase: state.phase,
             failure_count: state.failure_count,
             attempt: state.attempt,
             complete_by: state.complete_by.map(|t| t.to_rfc3339()),
-            cause: state.cause,
-            steps: state.steps,
-            timeline: state.timeline,
+            cause: state.cause.clone(),
+            steps: state.steps.clone(),
+            timeline: state.timeline.clone(),
             order: order.order,
             created_at: state.created_at.to_rfc3339(),
             updated_at: state.updated_at.to_rfc3339(),
-        }))
+        };
+        Ok(Some((view, state)))
     }
 }

@@ -1,0 +1,361 @@
+//! The admin API under `/admin/`: operators find the orders that need them, read one, give it
+//! a command, and look at and move back dead letters.
+//!
+//! Every route sits behind `AWS_IAM` authorisation. The caller's principal, which API Gateway
+//! puts in the request context, is who a command is recorded as; a request without one is
+//! refused (403), so a route left open by mistake still changes nothing.
+//!
+//! | Route | Does |
+//! |---|---|
+//! | `GET /admin/orders?list=failed\|paused\|in-flight` | a page of orders (filters: `older_than` seconds, `step`, `cause`; `limit`, `after`) |
+//! | `GET /admin/orders/{id}` | the order with its timeline, commands and what is left to undo |
+//! | `POST /admin/orders/{id}/{cancel\|pause\|resume\|redrive}` | a command: `{"command_id", "reason", "compensation"?}` |
+//! | `GET /admin/dead-letters` | each dead-letter queue's depth |
+//! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
+//! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue |
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use lambda_http::http::{Method, StatusCode};
+use lambda_http::request::RequestContext;
+use lambda_http::{Body, Request, RequestExt, Response};
+use sas_aws::api;
+use sas_aws::dead_letters::DeadLetters;
+use sas_engine::machine::Refused;
+use sas_engine::ports::{Clock, EventBus, ListQuery, Listing, OrderFinder, Outbox, StateStore};
+use sas_engine::services::{Applied, Command, Operator, StatusService};
+use sas_engine::state::CommandKind;
+use sas_engine::{Error, OrderId};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tracing::error;
+
+/// Orders on one page unless the caller asks otherwise, and the most it may ask for.
+pub const DEFAULT_PAGE: usize = 25;
+pub const MAX_PAGE: usize = 100;
+/// Longest step or cause filter accepted.
+const MAX_FILTER_LEN: usize = 64;
+/// Largest command body accepted.
+const MAX_BODY_BYTES: usize = 4 * 1024;
+/// Most dead letters one redrive call copies where SQS's move task is not available, and the
+/// time it may take (the function's timeout is 30 s).
+const COPY_MAX: u64 = 1_000;
+const COPY_BUDGET: Duration = Duration::from_secs(20);
+
+/// What the admin API works with.
+#[derive(Debug)]
+pub struct Admin<S, Q, B, C> {
+    pub status: StatusService<S>,
+    pub operator: Operator<S, Q, B, C>,
+    pub finder: S,
+    pub clock: C,
+    /// Partitions of the expiry index, which an in-flight listing reads.
+    pub shards: u16,
+    pub dead_letters: DeadLetters,
+}
+
+/// A command's body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommandBody {
+    command_id: String,
+    reason: String,
+    #[serde(default)]
+    compensation: bool,
+}
+
+/// Handles one request routed to `/admin/...`.
+pub async fn handle<S, Q, B, C>(admin: &Admin<S, Q, B, C>, request: Request) -> Response<Body>
+where
+    S: StateStore + OrderFinder,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+{
+    let Some(caller) = caller(&request) else {
+        return api::error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "no caller identity: the admin API needs AWS_IAM (SigV4-signed) requests",
+            json!({}),
+        );
+    };
+    let path = request.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let method = request.method().clone();
+    let query = request.query_string_parameters();
+    let query: HashMap<&str, &str> = query.iter().collect();
+    match (method, segments.as_slice()) {
+        (Method::GET, ["admin", "orders"]) => list(admin, &query).await,
+        (Method::GET, ["admin", "orders", id]) => show(admin, id).await,
+        (Method::POST, ["admin", "orders", id, command]) => {
+            order_command(admin, id, command, &caller, request.body()).await
+        }
+        (Method::GET, ["admin", "dead-letters"]) => match admin.dead_letters.summaries().await {
+            Ok(queues) => api::json(StatusCode::OK, &json!({ "queues": queues })),
+            Err(e) => failure(&e),
+        },
+        (Method::GET, ["admin", "dead-letters", queue]) => {
+            let Some(dlq) = admin.dead_letters.queue(queue) else {
+                return unknown_queue(admin, queue);
+            };
+            let limit = match number(&query, "limit", 10, 1, 10) {
+                Ok(l) => l,
+                Err(message) => return bad_request(&message),
+            };
+            match admin.dead_letters.peek(dlq, limit).await {
+                Ok(messages) => {
+                    api::json(StatusCode::OK, &json!({ "queue": queue, "messages": messages }))
+                }
+                Err(e) => failure(&e),
+            }
+        }
+        (Method::POST, ["admin", "dead-letters", queue, "redrive"]) => {
+            let Some(dlq) = admin.dead_letters.queue(queue) else {
+                return unknown_queue(admin, queue);
+            };
+            match admin.dead_letters.redrive(dlq, COPY_MAX, COPY_BUDGET).await {
+                Ok(moved) => {
+                    tracing::info!(queue, by = %caller, "dead letters redriven");
+                    let mut body = serde_json::to_value(&moved).unwrap_or(Value::Null);
+                    body["queue"] = Value::String((*queue).to_owned());
+                    api::json(StatusCode::OK, &body)
+                }
+                Err(e) => failure(&e),
+            }
+        }
+        _ => api::error(StatusCode::NOT_FOUND, "not_found", "no such admin route", json!({})),
+    }
+}
+
+/// The caller's IAM principal, as API Gateway's IAM authoriser gives it.
+fn caller(request: &Request) -> Option<String> {
+    let RequestContext::ApiGatewayV2(context) = request.request_context_ref()? else {
+        return None;
+    };
+    let iam = context.authorizer.as_ref()?.iam.as_ref()?;
+    iam.user_arn.clone().filter(|arn| !arn.trim().is_empty())
+}
+
+async fn list<S, Q, B, C>(admin: &Admin<S, Q, B, C>, query: &HashMap<&str, &str>) -> Response<Body>
+where
+    S: StateStore + OrderFinder,
+    C: Clock,
+{
+    let older_than = match number(query, "older_than", 0, 0, 366 * 86_400) {
+        Ok(s) => Duration::from_secs(s as u64),
+        Err(message) => return bad_request(&message),
+    };
+    let listing = match query.get("list").copied().unwrap_or("failed") {
+        "failed" => Listing::Failed,
+        "paused" => Listing::Paused,
+        "in-flight" => Listing::InFlight { older_than },
+        other => {
+            return bad_request(&format!("list={other:?}: must be failed, paused or in-flight"));
+        }
+    };
+    let limit = match number(query, "limit", DEFAULT_PAGE, 1, MAX_PAGE) {
+        Ok(l) => l,
+        Err(message) => return bad_request(&message),
+    };
+    let mut filters = [("step", None), ("cause", None)];
+    for (name, value) in &mut filters {
+        if let Some(v) = query.get(*name) {
+            let ok = !v.is_empty()
+                && v.len() <= MAX_FILTER_LEN
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+            if !ok {
+                return bad_request(&format!(
+                    "{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'"
+                ));
+            }
+            *value = Some((*v).to_owned());
+        }
+    }
+    let [(_, step), (_, cause)] = filters;
+    let request = ListQuery {
+        listing,
+        step,
+        cause,
+        now: admin.clock.now(),
+        shards: admin.shards,
+        limit,
+        after: query.get("after").map(|a| (*a).to_owned()),
+    };
+    match admin.finder.find(&request).await {
+        Ok(page) => {
+            let orders: Vec<Value> = page
+                .orders
+                .iter()
+                .map(|o| {
+                    json!({
+                        "order_id": o.order_id,
+                        "since": o.since.to_rfc3339(),
+                        "step": o.step,
+                        "cause": o.cause,
+                    })
+                })
+                .collect();
+            api::json(StatusCode::OK, &json!({ "orders": orders, "next": page.next }))
+        }
+        Err(Error::InvalidCommand(message)) => bad_request(&message),
+        Err(e) => failure(&e),
+    }
+}
+
+async fn show<S, Q, B, C>(admin: &Admin<S, Q, B, C>, id: &str) -> Response<Body>
+where
+    S: StateStore,
+{
+    let Ok(order_id) = id.parse::<OrderId>() else {
+        return bad_request("the order id must be a UUID");
+    };
+    match admin.status.operator_view(order_id).await {
+        Ok(Some(view)) => match serde_json::to_value(&view) {
+            Ok(body) => api::json(StatusCode::OK, &body),
+            Err(e) => failure(&Error::rejected("admin", e)),
+        },
+        Ok(None) => not_found(),
+        Err(e) => failure(&e),
+    }
+}
+
+async fn order_command<S, Q, B, C>(
+    admin: &Admin<S, Q, B, C>,
+    id: &str,
+    command: &str,
+    caller: &str,
+    body: &Body,
+) -> Response<Body>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+{
+    let Ok(order_id) = id.parse::<OrderId>() else {
+        return bad_request("the order id must be a UUID");
+    };
+    let bytes: &[u8] = match body {
+        Body::Text(text) => text.as_bytes(),
+        Body::Binary(bytes) => bytes,
+        _ => b"",
+    };
+    if bytes.len() > MAX_BODY_BYTES {
+        return bad_request(&format!("the body must be at most {MAX_BODY_BYTES} bytes"));
+    }
+    let body: CommandBody = match serde_json::from_slice(bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            return bad_request(&format!(
+                "the body must be {{\"command_id\", \"reason\", \"compensation\"?}}: {e}"
+            ));
+        }
+    };
+    let kind = match (command, body.compensation) {
+        ("cancel", false) => CommandKind::Cancel,
+        ("pause", false) => CommandKind::Pause,
+        ("resume", false) => CommandKind::Resume,
+        ("redrive", false) => CommandKind::Redrive,
+        ("redrive", true) => CommandKind::RedriveCompensation,
+        ("cancel" | "pause" | "resume", true) => {
+            return bad_request("compensation applies to redrive only");
+        }
+        _ => {
+            return api::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such command: cancel, pause, resume or redrive",
+                json!({}),
+            );
+        }
+    };
+    let command = match Command::new(kind, &body.command_id, caller, &body.reason) {
+        Ok(c) => c,
+        Err(Error::InvalidCommand(message)) => return bad_request(&message),
+        Err(e) => return failure(&e),
+    };
+    match admin.operator.command(order_id, &command).await {
+        Ok(Some(done)) => {
+            let r = &done.record;
+            api::json(
+                StatusCode::OK,
+                &json!({
+                    "order_id": order_id,
+                    "command": kind.as_str(),
+                    "command_id": command.id,
+                    "applied": match done.applied { Applied::Now => "now", Applied::Before => "before" },
+                    "process_state": r.process_state.as_str(),
+                    "phase": r.phase,
+                    "waiting": r.stop.as_ref().map(|s| s.command.as_str()),
+                }),
+            )
+        }
+        Ok(None) => not_found(),
+        Err(Error::Refused { state, refused, .. }) => refusal(state.as_str(), &refused),
+        Err(e) => failure(&e),
+    }
+}
+
+/// 409: the command does not fit the order's state; nothing was written.
+fn refusal(state: &str, refused: &Refused) -> Response<Body> {
+    api::error(
+        StatusCode::CONFLICT,
+        refused.code(),
+        &refused.to_string(),
+        json!({ "state": state }),
+    )
+}
+
+/// A whole number query parameter within bounds, or why not.
+fn number(
+    query: &HashMap<&str, &str>,
+    name: &str,
+    default: usize,
+    min: usize,
+    max: usize,
+) -> Result<usize, String> {
+    match query.get(name) {
+        None => Ok(default),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(format!("{name} must be a whole number from {min} to {max}")),
+        },
+    }
+}
+
+fn unknown_queue<S, Q, B, C>(admin: &Admin<S, Q, B, C>, queue: &str) -> Response<Body> {
+    api::error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        &format!(
+            "no dead-letter queue {queue:?}: one of {}",
+            admin.dead_letters.names().join(", ")
+        ),
+        json!({}),
+    )
+}
+
+fn bad_request(message: &str) -> Response<Body> {
+    api::error(StatusCode::BAD_REQUEST, "invalid_request", message, json!({}))
+}
+
+fn not_found() -> Response<Body> {
+    api::error(StatusCode::NOT_FOUND, "not_found", "no order with this id", json!({}))
+}
+
+/// A failure of the system rather than of the request: 503 if it may pass, 500 otherwise.
+fn failure(e: &Error) -> Response<Body> {
+    if e.is_retryable() {
+        error!(error = %e, "dependency unavailable");
+        return api::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "temporarily unavailable; retry (a command with the same command_id)",
+            json!({}),
+        );
+    }
+    error!(error = %e, "admin request failed");
+    api::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error", json!({}))
+}

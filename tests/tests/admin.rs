@@ -1,0 +1,336 @@
+//! The admin API on a moto server: the real admin handler with the real adapters, driving
+//! orders that the real submission, scheduler, agent and supervisor handlers run. Each command
+//! is seen through the API as an operator sees it, and its outcome in the table, the remote
+//! service's ledger and the events.
+
+#![allow(clippy::unwrap_used)]
+
+use sas_engine::OrderId;
+use sas_engine::state::ProcessState;
+use sas_tests::stack::{System, order_json};
+use serde_json::{Value, json};
+
+const OPERATOR: &str = "arn:aws:iam::123456789012:user/ops-ada";
+
+fn order_id(body: &Value) -> OrderId {
+    body["order_id"].as_str().unwrap().parse().unwrap()
+}
+
+async fn submit(s: &System, key: &str) -> OrderId {
+    let (status, body) = s.post(Some(key), "application/json", &order_json("c-admin")).await;
+    assert_eq!(status, 202, "{body}");
+    order_id(&body)
+}
+
+async fn command(s: &System, id: OrderId, verb: &str, body: Value) -> (u16, Value) {
+    s.admin("POST", &format!("/admin/orders/{id}/{verb}"), Some(body), Some(OPERATOR)).await
+}
+
+fn listed(page: &Value) -> Vec<String> {
+    page["orders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["order_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn statuses(events: &[Value], id: OrderId) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["detail"]["order_id"] == id.to_string())
+        .map(|e| e["detail"]["status"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The ledger's effects of one order as `action` strings, in the order they were applied.
+async fn effects(s: &System, id: OrderId) -> Vec<String> {
+    let ledger = s.remote.ledger().await;
+    ledger["effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["key"].as_str().unwrap_or_default().starts_with(&id.to_string()))
+        .map(|e| e["action"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failed_order_is_found_shown_and_redriven_once_its_service_is_back() {
+    let s = System::start(
+        "admin-redrive",
+        r#"{"actions": {"charge-payment": {"permanent_rate": 1.0}}}"#,
+    )
+    .await;
+    let id = submit(&s, "admin-redrive-1").await;
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Error);
+
+    let (status, page) = s.admin("GET", "/admin/orders?list=failed", None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(listed(&page), [id.to_string()]);
+    assert_eq!(page["orders"][0]["step"], "charge-payment");
+    assert_eq!(page["orders"][0]["cause"], "step_rejected");
+    let (_, page) =
+        s.admin("GET", "/admin/orders?list=failed&step=ship", None, Some(OPERATOR)).await;
+    assert!(listed(&page).is_empty(), "filtered out by step: {page}");
+
+    let (status, view) = s.admin("GET", &format!("/admin/orders/{id}"), None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["process_state"], "Error");
+    assert_eq!(view["needs_manual_undo"], json!([]), "the reservation was released");
+    assert_eq!(view["alert"], "sent");
+
+    // The card is fixed; the operator redrives. The same request sent twice is applied once.
+    s.remote.set_faults("{}").await;
+    let redrive = json!({"command_id": "redrive-1", "reason": "card limit raised"});
+    let (status, done) = command(&s, id, "redrive", redrive.clone()).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        (done["applied"].as_str(), done["process_state"].as_str()),
+        (Some("now"), Some("Pending"))
+    );
+    let (status, again) = command(&s, id, "redrive", redrive).await;
+    assert_eq!((status, again["applied"].as_str()), (200, Some("before")), "{again}");
+    s.settle().await;
+
+    let r = s.state(id).await;
+    assert_eq!((r.process_state, r.redrives), (ProcessState::Processed, 1));
+    // The undone reservation is made again under a new key; every effect applied once.
+    assert_eq!(
+        effects(&s, id).await,
+        ["reserve-inventory", "release-inventory", "reserve-inventory", "charge-payment", "ship"]
+    );
+    assert_eq!(s.remote.ledger().await["max_applications"], 1);
+    let entry = r.timeline.iter().find(|e| e.by.is_some()).unwrap();
+    assert_eq!(
+        (entry.by.as_deref(), entry.reason.as_deref()),
+        (Some(OPERATOR), Some("card limit raised"))
+    );
+    let (_, page) = s.admin("GET", "/admin/orders?list=failed", None, Some(OPERATOR)).await;
+    assert!(listed(&page).is_empty(), "a processed order needs nobody: {page}");
+
+    // A redrive of a processed order is refused, naming the state, and writes nothing.
+    let revision = s.state(id).await.revision;
+    let (status, refused) =
+        command(&s, id, "redrive", json!({"command_id": "redrive-2", "reason": "again"})).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "finished");
+    assert_eq!(refused["error"]["state"], "Processed");
+    assert_eq!(s.state(id).await.revision, revision);
+}
+
+#[tokio::test]
+async fn a_cancel_that_meets_a_reply_on_its_way_undoes_the_step_once_the_reply_lands() {
+    let s = System::start("admin-cancel", "{}").await;
+    let id = submit(&s, "admin-cancel-1").await;
+    // The reservation is dispatched and performed; its reply waits in the reply queue.
+    assert_eq!(s.pump_queue("SchedulerQueue").await, 1);
+    assert_eq!(s.pump_queue("InventoryQueue").await, 1);
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processing);
+
+    let (status, done) =
+        command(&s, id, "cancel", json!({"command_id": "c-1", "reason": "customer called"})).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["process_state"], "Processing");
+    assert_eq!(done["waiting"], "cancel", "the cancel waits for the step in flight");
+    let (status, refused) =
+        command(&s, id, "pause", json!({"command_id": "p-1", "reason": "x"})).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("cancelling")));
+
+    s.settle().await;
+    let r = s.state(id).await;
+    assert_eq!(r.process_state, ProcessState::Cancelled);
+    assert_eq!(effects(&s, id).await, ["reserve-inventory", "release-inventory"]);
+    let events = s.t.drain("OrderEventsQueue").await;
+    assert_eq!(statuses(&events, id).last().map(String::as_str), Some("cancelled"));
+    assert!(s.t.drain("AlertsQueue").await.is_empty(), "the operator asked for it: no alert");
+    let (_, view) = s.admin("GET", &format!("/admin/orders/{id}"), None, Some(OPERATOR)).await;
+    assert_eq!(view["commands"][0]["by"], OPERATOR);
+    assert_eq!(view["commands"][0]["command"], "cancel");
+}
+
+#[tokio::test]
+async fn a_paused_order_is_listed_waits_and_finishes_once_resumed() {
+    let s = System::start("admin-pause", "{}").await;
+    let id = submit(&s, "admin-pause-1").await;
+    let (status, in_flight) =
+        s.admin("GET", "/admin/orders?list=in-flight", None, Some(OPERATOR)).await;
+    assert_eq!((status, listed(&in_flight)), (200, vec![id.to_string()]), "{in_flight}");
+    let (_, old) =
+        s.admin("GET", "/admin/orders?list=in-flight&older_than=3600", None, Some(OPERATOR)).await;
+    assert!(listed(&old).is_empty(), "accepted a moment ago: {old}");
+
+    let (status, done) =
+        command(&s, id, "pause", json!({"command_id": "p-1", "reason": "stock check"})).await;
+    assert_eq!((status, done["process_state"].as_str()), (200, Some("Paused")), "{done}");
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Paused, "its start message is void");
+    let (_, paused) = s.admin("GET", "/admin/orders?list=paused", None, Some(OPERATOR)).await;
+    assert_eq!(listed(&paused), [id.to_string()]);
+
+    let (status, done) =
+        command(&s, id, "resume", json!({"command_id": "r-1", "reason": "stock ok"})).await;
+    assert_eq!((status, done["process_state"].as_str()), (200, Some("Pending")), "{done}");
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processed);
+    assert_eq!(effects(&s, id).await, ["reserve-inventory", "charge-payment", "ship"]);
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_and_write_nothing() {
+    let s = System::start("admin-bad", "{}").await;
+    let id = submit(&s, "admin-bad-1").await;
+    let before = s.state(id).await;
+    let path = format!("/admin/orders/{id}/cancel");
+    let good = json!({"command_id": "c-1", "reason": "test"});
+    // (what, path, body, caller, status, error code)
+    type Case<'a> = (&'a str, String, Option<Value>, Option<&'a str>, u16, &'a str);
+    let cases: Vec<Case> = vec![
+        ("no caller", path.clone(), Some(good.clone()), None, 403, "forbidden"),
+        ("no body", path.clone(), None, Some(OPERATOR), 400, "invalid_request"),
+        (
+            "no reason",
+            path.clone(),
+            Some(json!({"command_id": "c-1"})),
+            Some(OPERATOR),
+            400,
+            "invalid_request",
+        ),
+        (
+            "blank reason",
+            path.clone(),
+            Some(json!({"command_id": "c-1", "reason": " "})),
+            Some(OPERATOR),
+            400,
+            "invalid_request",
+        ),
+        (
+            "bad command id",
+            path.clone(),
+            Some(json!({"command_id": "a b", "reason": "x"})),
+            Some(OPERATOR),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown field",
+            path.clone(),
+            Some(json!({"command_id": "c", "reason": "x", "force": true})),
+            Some(OPERATOR),
+            400,
+            "invalid_request",
+        ),
+        (
+            "compensation on cancel",
+            path.clone(),
+            Some(json!({"command_id": "c", "reason": "x", "compensation": true})),
+            Some(OPERATOR),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown verb",
+            format!("/admin/orders/{id}/terminate"),
+            Some(good.clone()),
+            Some(OPERATOR),
+            404,
+            "not_found",
+        ),
+        (
+            "malformed id",
+            "/admin/orders/not-a-uuid/cancel".into(),
+            Some(good.clone()),
+            Some(OPERATOR),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown order",
+            format!("/admin/orders/{}/cancel", "7b0a4c2e-3f55-4a9e-9d0e-2b8f1c6d5e4a"),
+            Some(good.clone()),
+            Some(OPERATOR),
+            404,
+            "not_found",
+        ),
+        (
+            "redrive in flight",
+            format!("/admin/orders/{id}/redrive"),
+            Some(good.clone()),
+            Some(OPERATOR),
+            409,
+            "not_failed",
+        ),
+    ];
+    for (name, path, body, caller, status, code) in cases {
+        let (got, answer) = s.admin("POST", &path, body, caller).await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{name}: {answer}"
+        );
+    }
+    for (path, code) in [
+        ("/admin/orders?list=everything", "invalid_request"),
+        ("/admin/orders?list=failed&limit=0", "invalid_request"),
+        ("/admin/orders?list=failed&after=garbage", "invalid_request"),
+        ("/admin/orders?list=failed&step=a%20b", "invalid_request"),
+        ("/admin/dead-letters/nowhere", "not_found"),
+    ] {
+        let (status, answer) = s.admin("GET", path, None, Some(OPERATOR)).await;
+        assert!(status == 400 || status == 404, "{path}: {status} {answer}");
+        assert_eq!(answer["error"]["code"], code, "{path}");
+    }
+    assert_eq!(s.state(id).await, before, "nothing was written");
+}
+
+#[tokio::test]
+async fn dead_letters_are_described_and_moved_back_to_their_queue() {
+    let s = System::start("admin-dlq", "{}").await;
+    let id = submit(&s, "admin-dlq-1").await;
+    // The start message, parked as if its consumer had failed it five times, and a poison one.
+    let start = s.t.drain_raw("SchedulerQueue").await;
+    assert_eq!(start.len(), 1);
+    s.t.send_raw("SchedulerDeadLetterQueue", &start[0]).await;
+    s.t.send_raw("SchedulerDeadLetterQueue", "{not json").await;
+
+    let (status, queues) = s.admin("GET", "/admin/dead-letters", None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{queues}");
+    let scheduler =
+        queues["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "scheduler").unwrap();
+    assert_eq!(scheduler["messages"], 2, "{queues}");
+
+    let (status, peek) =
+        s.admin("GET", "/admin/dead-letters/scheduler", None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{peek}");
+    let messages = peek["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{peek}");
+    let start_letter = messages.iter().find(|m| m["kind"] == "start").unwrap();
+    assert_eq!(start_letter["order_id"], id.to_string());
+    assert!(start_letter["receive_count"].as_u64().unwrap() >= 1);
+    let poison = messages.iter().find(|m| m.get("kind").is_none()).unwrap();
+    assert!(poison["undecodable"].as_str().unwrap().contains("not JSON"), "{poison}");
+
+    let (status, moved) =
+        s.admin("POST", "/admin/dead-letters/scheduler/redrive", None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{moved}");
+    // moto has no message move task: the messages are copied back.
+    assert_eq!(
+        (moved["method"].as_str(), moved["moved"].as_u64()),
+        (Some("copy"), Some(2)),
+        "{moved}"
+    );
+    assert_eq!(moved["more"], false);
+    let (_, queues) = s.admin("GET", "/admin/dead-letters", None, Some(OPERATOR)).await;
+    let scheduler =
+        queues["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "scheduler").unwrap();
+    assert_eq!(
+        (scheduler["messages"].as_u64(), scheduler["in_flight"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // Back in its queue, the start message runs the order; the poison one is dead-lettered
+    // again by the scheduler (its handler's verdict, not the redrive's).
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processed);
+}
