@@ -127,6 +127,9 @@ async fn a_permanent_fault_is_compensated_and_an_operator_alerted() {
     assert_eq!(alerts[0]["detail-type"], "OrderNeedsAttention");
     assert_eq!(alerts[0]["detail"]["order_id"], id.to_string());
     assert_eq!(alerts[0]["detail"]["fully_compensated"], true);
+    assert_eq!(alerts[0]["detail"]["failed_step"], "charge-payment");
+    assert_eq!(alerts[0]["detail"]["undone"], serde_json::json!(["reserve-inventory"]));
+    assert_eq!(alerts[0]["detail"]["show_command"], format!("sas show {id}"));
     assert_eq!(alerts[0]["detail"]["cause"]["kind"], "step_rejected");
     let events = s.t.drain("OrderEventsQueue").await;
     let seen = statuses(&events, id);

@@ -206,7 +206,13 @@ impl DeadLetters {
             let body = m.body().unwrap_or_default();
             match Message::decode(body) {
                 Ok(message) => describe(&mut letter, &message),
-                Err(e) => letter.undecodable = Some(format!("{e}: {}", truncate(body, BODY_SHOWN))),
+                Err(e) => {
+                    // A malformed message may still say which order it was about.
+                    letter.order_id = serde_json::from_str::<serde_json::Value>(body)
+                        .ok()
+                        .and_then(|v| v.get("order_id")?.as_str().map(|s| truncate(s, 64)));
+                    letter.undecodable = Some(format!("{e}: {}", truncate(body, BODY_SHOWN)));
+                }
             }
             letters.push(letter);
         }

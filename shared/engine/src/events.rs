@@ -167,6 +167,13 @@ pub struct Alert {
     pub redrives: u32,
     pub at: Timestamp,
     pub correlation_id: String,
+    /// The operator's CLI command that shows the order with its timeline.
+    #[serde(default)]
+    pub show_command: String,
+    /// The command that runs the order again once the cause is fixed: a redrive of its
+    /// compensation if an undo failed, of the order otherwise.
+    #[serde(default)]
+    pub redrive_command: String,
 }
 
 /// One entry for the bus: what it is, a deterministic id, and its JSON detail.

@@ -181,6 +181,12 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
             .map(|s| s.name.clone())
             .collect(),
         fully_compensated: needs_manual_undo.is_empty(),
+        show_command: format!("sas show {id}"),
+        redrive_command: if needs_manual_undo.is_empty() {
+            format!("sas redrive {id} --reason '<what was fixed>'")
+        } else {
+            format!("sas redrive {id} --compensation --reason '<what was fixed>'")
+        },
         needs_manual_undo,
         failure_count: record.failure_count,
         redrives: record.redrives,

@@ -1,0 +1,544 @@
+//! `sas`: the operators' command line. It finds the orders that need attention, shows one with
+//! its timeline, cancels, pauses, resumes or redrives orders one by one or by filter, and
+//! lists, peeks at and moves back dead letters, all through the stack's admin API.
+//!
+//! Exit status: 0 when everything asked for was done (or had been done before), 1 when an
+//! order refused a command or a call failed, 2 for a usage error.
+
+mod client;
+mod render;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use client::{Api, CliError};
+use serde_json::{Value, json};
+
+/// Orders on one page of the admin API's listing, the most it gives.
+const PAGE: usize = 100;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sas",
+    version,
+    about = "Operate the order system: find orders that need attention, read their timeline, cancel, pause, resume or redrive them, and move dead letters back.",
+    after_help = "Credentials come from the standard AWS chain (AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, roles); the caller needs the stack's OperatorPolicy."
+)]
+struct Cli {
+    /// Base URL of the stack's HTTP API: its `ApiUrl` output, or the local stack's URL.
+    #[arg(long, env = "SAS_API_URL", global = true)]
+    api: Option<String>,
+    /// Region to sign for (default: the AWS chain's, else the one in the API URL).
+    #[arg(long, global = true)]
+    region: Option<String>,
+    /// Readable tables, or the API's JSON for scripts.
+    #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
+    output: Format,
+    #[command(subcommand)]
+    command: Verb,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Verb {
+    /// List orders that need attention, newest first.
+    List {
+        #[command(flatten)]
+        filter: Filter,
+        /// Most orders to list.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Show one order: its state, cause, steps, what is left to undo, and its timeline.
+    Show { order_id: String },
+    /// Stop orders: what they did is undone in reverse order; they end Cancelled.
+    Cancel(Act),
+    /// Hold orders after the step in flight, until resumed.
+    Pause(Act),
+    /// Let paused orders go on from where they stopped.
+    Resume(Act),
+    /// Run failed orders again from the step that failed (or, with --compensation, retry
+    /// their failed undos).
+    Redrive {
+        #[command(flatten)]
+        act: Act,
+        /// Retry the undos that failed instead of going forward.
+        #[arg(long)]
+        compensation: bool,
+    },
+    /// Dead-letter queues: messages no handler could process.
+    Dlq {
+        #[command(subcommand)]
+        command: Dlq,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Dlq {
+    /// Each dead-letter queue with the messages it holds.
+    List,
+    /// Show up to 10 messages of a queue and what each was for (they stay where they are).
+    Peek {
+        /// scheduler, replies, or an agent's name (inventory, payment, shipping).
+        queue: String,
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+    },
+    /// Move a queue's messages back to the queue they came from.
+    Redrive { queue: String },
+}
+
+/// Which orders a listing or a bulk command selects.
+#[derive(Clone, Debug, Args)]
+struct Filter {
+    /// failed (in Error), paused, or in-flight (Pending or Processing).
+    #[arg(value_enum, default_value = "failed")]
+    list: Listing,
+    /// In flight for at least this long (for in-flight): 90s, 15m, 2h, 3d.
+    #[arg(long, value_parser = parse_age)]
+    older_than: Option<u64>,
+    /// Only orders that failed (or are paused) at this step.
+    #[arg(long)]
+    step: Option<String>,
+    /// Only orders whose failure is of this kind: step_rejected, step_timed_out, ...
+    #[arg(long)]
+    cause: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Listing {
+    Failed,
+    Paused,
+    InFlight,
+}
+
+/// A command for some orders: named by id, or selected by a filter.
+#[derive(Debug, Args)]
+struct Act {
+    /// The orders, by id. Without ids, --select chooses them.
+    order_ids: Vec<String>,
+    /// Why; kept in each order's timeline with who gave the command.
+    #[arg(long)]
+    reason: String,
+    /// Select the orders by filter instead of by id: failed, paused or in-flight.
+    #[arg(long, value_enum, conflicts_with = "order_ids")]
+    select: Option<Listing>,
+    #[arg(long, value_parser = parse_age, requires = "select")]
+    older_than: Option<u64>,
+    #[arg(long, requires = "select")]
+    step: Option<String>,
+    #[arg(long, requires = "select")]
+    cause: Option<String>,
+    /// Act on the orders a filter selects (without it, they are only listed).
+    #[arg(long)]
+    yes: bool,
+    /// Most orders a filter may select.
+    #[arg(long, default_value_t = 1000)]
+    max: usize,
+    /// Commands per second, at most.
+    #[arg(long, default_value_t = 5.0)]
+    rate: f64,
+    /// The command's id: the same id sent again is applied once per order (default: a new one
+    /// per run; pass the printed one to repeat a run safely).
+    #[arg(long)]
+    command_id: Option<String>,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sas: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let base = cli.api.clone().ok_or_else(|| {
+        CliError::Usage(
+            "the API URL is needed: --api URL or SAS_API_URL (the stack's ApiUrl output)".into(),
+        )
+    })?;
+    let api = Api::connect(&base, cli.region.clone()).await?;
+    let json_out = cli.output == Format::Json;
+    match cli.command {
+        Verb::List { filter, limit } => {
+            let orders = select(&api, &filter, limit).await?;
+            if json_out {
+                print_json(&json!({ "orders": orders }));
+            } else if orders.is_empty() {
+                println!("no orders");
+            } else {
+                print!("{}", order_table(&orders));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Verb::Show { order_id } => {
+            let view = api.get(&format!("/admin/orders/{order_id}")).await?;
+            if json_out {
+                print_json(&view);
+            } else {
+                print!("{}", render::order(&view));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Verb::Cancel(act) => command(&api, "cancel", false, act, json_out).await,
+        Verb::Pause(act) => command(&api, "pause", false, act, json_out).await,
+        Verb::Resume(act) => command(&api, "resume", false, act, json_out).await,
+        Verb::Redrive { act, compensation } => {
+            command(&api, "redrive", compensation, act, json_out).await
+        }
+        Verb::Dlq { command } => dead_letters(&api, command, json_out).await,
+    }
+}
+
+/// The orders a filter selects, page after page, up to `max`.
+async fn select(api: &Api, filter: &Filter, max: usize) -> Result<Vec<Value>, CliError> {
+    let mut query = format!("list={}", listing_name(filter.list));
+    if let Some(age) = filter.older_than {
+        query.push_str(&format!("&older_than={age}"));
+    }
+    for (name, value) in [("step", &filter.step), ("cause", &filter.cause)] {
+        if let Some(v) = value {
+            query.push_str(&format!("&{name}={}", encode(v)));
+        }
+    }
+    let mut orders = Vec::new();
+    let mut after: Option<String> = None;
+    while orders.len() < max {
+        let limit = (max - orders.len()).min(PAGE);
+        let mut path = format!("/admin/orders?{query}&limit={limit}");
+        if let Some(cursor) = &after {
+            path.push_str(&format!("&after={}", encode(cursor)));
+        }
+        let page = api.get(&path).await?;
+        orders.extend(page["orders"].as_array().cloned().unwrap_or_default());
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    orders.truncate(max);
+    Ok(orders)
+}
+
+async fn command(
+    api: &Api,
+    verb: &str,
+    compensation: bool,
+    act: Act,
+    json_out: bool,
+) -> Result<ExitCode, CliError> {
+    if !(act.rate > 0.0 && act.rate <= 50.0) {
+        return Err(CliError::Usage("--rate must be above 0 and at most 50 per second".into()));
+    }
+    let ids: Vec<String> = match act.select {
+        Some(list) => {
+            let filter = Filter {
+                list,
+                older_than: act.older_than,
+                step: act.step.clone(),
+                cause: act.cause.clone(),
+            };
+            let orders = select(api, &filter, act.max).await?;
+            if !act.yes {
+                if json_out {
+                    print_json(&json!({ "orders": orders, "acted": false }));
+                } else {
+                    print!("{}", order_table(&orders));
+                    println!(
+                        "{} orders selected; nothing was changed. Add --yes to {verb} them.",
+                        orders.len()
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            orders.iter().filter_map(|o| o["order_id"].as_str().map(str::to_owned)).collect()
+        }
+        None if act.order_ids.is_empty() => {
+            return Err(CliError::Usage(format!(
+                "name the orders to {verb}, or select them with --select"
+            )));
+        }
+        None => act.order_ids.clone(),
+    };
+    let command_id = act
+        .command_id
+        .clone()
+        .unwrap_or_else(|| format!("{verb}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+    let mut body = json!({ "command_id": command_id, "reason": act.reason });
+    if compensation {
+        body["compensation"] = Value::Bool(true);
+    }
+    let interval = Duration::from_secs_f64(1.0 / act.rate);
+    let mut results = Vec::new();
+    let mut failed = 0;
+    for (n, id) in ids.iter().enumerate() {
+        if n > 0 {
+            tokio::time::sleep(interval).await;
+        }
+        let outcome = api.post(&format!("/admin/orders/{}/{verb}", encode(id)), &body).await;
+        let result = match outcome {
+            Ok(done) => done,
+            Err(CliError::Api { status, message, body, .. }) => {
+                failed += 1;
+                json!({ "order_id": id, "status": status, "error": body.get("error").cloned()
+                        .unwrap_or_else(|| json!({ "message": message })) })
+            }
+            Err(e) => {
+                failed += 1;
+                json!({ "order_id": id, "error": { "message": e.to_string() } })
+            }
+        };
+        if !json_out {
+            println!("{}", describe_result(id, &result));
+        }
+        results.push(result);
+    }
+    if json_out {
+        print_json(&json!({ "command_id": command_id, "results": results }));
+    } else {
+        println!(
+            "{verb}: {} of {} orders done (command id {command_id}).",
+            ids.len() - failed,
+            ids.len()
+        );
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn describe_result(id: &str, result: &Value) -> String {
+    if let Some(error) = result.get("error") {
+        let state = error.get("state").and_then(Value::as_str);
+        let code = error.get("code").and_then(Value::as_str).unwrap_or("error");
+        let message = error.get("message").and_then(Value::as_str).unwrap_or_default();
+        return match state {
+            Some(state) => format!("{id}  refused ({code}, {state}): {message}"),
+            None => format!("{id}  failed ({code}): {message}"),
+        };
+    }
+    let applied = match result["applied"].as_str() {
+        Some("before") => "already applied",
+        _ => "applied",
+    };
+    let state = result["process_state"].as_str().unwrap_or("-");
+    match result["waiting"].as_str() {
+        Some(waiting) => {
+            format!("{id}  {applied}: {state}, {waiting} waits for the step in flight")
+        }
+        None => format!("{id}  {applied}: now {state}"),
+    }
+}
+
+async fn dead_letters(api: &Api, command: Dlq, json_out: bool) -> Result<ExitCode, CliError> {
+    match command {
+        Dlq::List => {
+            let answer = api.get("/admin/dead-letters").await?;
+            if json_out {
+                print_json(&answer);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = answer["queues"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|q| {
+                    let task = q.get("move_task").map_or_else(
+                        || "-".to_owned(),
+                        |t| format!("{} ({} moved)", render::cell(t, "status"), t["moved"]),
+                    );
+                    vec![
+                        render::cell(q, "queue"),
+                        q["messages"].to_string(),
+                        q["in_flight"].to_string(),
+                        task,
+                    ]
+                })
+                .collect();
+            print!("{}", render::table(&["queue", "messages", "in flight", "last move"], &rows));
+        }
+        Dlq::Peek { queue, limit } => {
+            let answer =
+                api.get(&format!("/admin/dead-letters/{}?limit={limit}", encode(&queue))).await?;
+            if json_out {
+                print_json(&answer);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let messages = answer["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
+            if messages.is_empty() {
+                println!("no messages in {queue}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = messages
+                .iter()
+                .map(|m| {
+                    let what = match m.get("undecodable").and_then(Value::as_str) {
+                        Some(why) => format!("unreadable: {why}"),
+                        None => [
+                            render::cell(m, "kind"),
+                            render::cell(m, "step"),
+                            render::cell(m, "direction"),
+                        ]
+                        .into_iter()
+                        .filter(|s| s != "-")
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    };
+                    vec![
+                        render::cell(m, "order_id"),
+                        what,
+                        m["attempt"].as_u64().map_or("-".into(), |a| a.to_string()),
+                        m["receive_count"].to_string(),
+                        render::cell(m, "sent_at"),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                render::table(&["order", "message", "attempt", "receives", "sent"], &rows)
+            );
+        }
+        Dlq::Redrive { queue } => {
+            let path = format!("/admin/dead-letters/{}/redrive", encode(&queue));
+            let mut moved = 0;
+            loop {
+                let answer = api.post(&path, &json!({})).await?;
+                if answer["method"] == "move_task" {
+                    if json_out {
+                        print_json(&answer);
+                    } else {
+                        println!(
+                            "{queue}: SQS is moving the messages back (task {}); `sas dlq list` shows its progress.",
+                            render::cell(&answer, "task_handle")
+                        );
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                moved += answer["moved"].as_u64().unwrap_or(0);
+                if answer["more"] != Value::Bool(true) {
+                    break;
+                }
+            }
+            if json_out {
+                print_json(&json!({ "queue": queue, "method": "copy", "moved": moved }));
+            } else {
+                println!("{queue}: {moved} messages moved back to their queue.");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn order_table(orders: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = orders
+        .iter()
+        .map(|o| {
+            vec![
+                render::cell(o, "order_id"),
+                render::cell(o, "since"),
+                render::cell(o, "step"),
+                render::cell(o, "cause"),
+            ]
+        })
+        .collect();
+    render::table(&["order", "since", "step", "cause"], &rows)
+}
+
+fn listing_name(list: Listing) -> &'static str {
+    match list {
+        Listing::Failed => "failed",
+        Listing::Paused => "paused",
+        Listing::InFlight => "in-flight",
+    }
+}
+
+fn print_json(value: &Value) {
+    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+}
+
+/// Percent-encodes what is not unreserved in a URL component.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An age: whole seconds, or a number with s, m, h or d.
+fn parse_age(s: &str) -> Result<u64, String> {
+    let (number, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 =
+        number.parse().map_err(|_| format!("{s:?} is not an age such as 90s, 15m, 2h or 3d"))?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    Ok(n * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_read_with_their_unit() {
+        assert_eq!(parse_age("90"), Ok(90));
+        assert_eq!(parse_age("15m"), Ok(900));
+        assert_eq!(parse_age("2h"), Ok(7200));
+        assert_eq!(parse_age("3d"), Ok(259_200));
+        assert!(parse_age("2w").is_err() && parse_age("h").is_err());
+    }
+
+    #[test]
+    fn url_components_are_encoded() {
+        assert_eq!(encode("1700000000000.ab-c"), "1700000000000.ab-c");
+        assert_eq!(encode("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        let cli = Cli::try_parse_from([
+            "sas",
+            "--api",
+            "http://x",
+            "redrive",
+            "--select",
+            "failed",
+            "--step",
+            "ship",
+            "--reason",
+            "carrier back",
+            "--yes",
+            "--compensation",
+        ])
+        .unwrap();
+        let Verb::Redrive { act, compensation } = cli.command else { panic!() };
+        assert!(compensation && act.yes && act.order_ids.is_empty());
+        assert!(Cli::try_parse_from(["sas", "cancel", "o-1"]).is_err(), "a reason is required");
+        assert!(
+            Cli::try_parse_from(["sas", "cancel", "o-1", "--reason", "x", "--select", "failed"])
+                .is_err(),
+            "ids or a filter, not both"
+        );
+    }
+}

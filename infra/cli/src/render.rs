@@ -1,0 +1,164 @@
+//! What the CLI prints in a terminal: aligned tables and an order's timeline. Scripts ask
+//! for `-o json` instead, which prints the API's answers as they are.
+
+use serde_json::Value;
+
+/// Left-aligned columns, each as wide as its widest cell, two spaces apart.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> =
+            cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        padded.join("  ").trim_end().to_owned() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// A cell for an optional string field.
+pub fn cell(value: &Value, key: &str) -> String {
+    value.get(key).and_then(Value::as_str).unwrap_or("-").to_owned()
+}
+
+/// An order as `show` prints it: state, cause, steps, what is left to undo, the commands
+/// given, and the timeline.
+pub fn order(view: &Value) -> String {
+    let text = |key: &str| view.get(key).and_then(Value::as_str).unwrap_or("-");
+    let mut out = format!(
+        "order     {}\nstate     {} ({})\naccepted  {}\n",
+        text("order_id"),
+        text("process_state"),
+        text("phase"),
+        text("created_at")
+    );
+    if let Some(ended) = view.get("ended_at").and_then(Value::as_str) {
+        out.push_str(&format!("ended     {ended}\n"));
+    }
+    if let Some(cause) = view.get("cause") {
+        out.push_str(&format!("cause     {}\n", describe_cause(cause)));
+    }
+    if let Some(stop) = view.get("stop") {
+        out.push_str(&format!(
+            "waiting   {} by {}: {}\n",
+            cell(stop, "command"),
+            cell(stop, "by"),
+            cell(stop, "reason")
+        ));
+    }
+    let redrives = view.get("redrives").and_then(Value::as_u64).unwrap_or(0);
+    if redrives > 0 {
+        out.push_str(&format!("redrives  {redrives}\n"));
+    }
+    let manual: Vec<&str> =
+        list(view, "needs_manual_undo").iter().filter_map(|v| v.as_str()).collect();
+    out.push_str(&format!(
+        "undo by hand  {}\n",
+        if manual.is_empty() { "nothing".to_owned() } else { manual.join(", ") }
+    ));
+
+    out.push_str("\nsteps\n");
+    let steps: Vec<Vec<String>> = list(view, "steps")
+        .iter()
+        .map(|s| {
+            let generation = s.get("generation").and_then(Value::as_u64).unwrap_or(0);
+            vec![
+                format!("  {}", cell(s, "name")),
+                cell(s, "status"),
+                if generation > 0 { format!("run {}", generation + 1) } else { String::new() },
+                s.get("detail").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["  step", "status", "", "detail"], &steps));
+
+    out.push_str("\ntimeline\n");
+    let entries: Vec<Vec<String>> = list(view, "timeline")
+        .iter()
+        .map(|e| {
+            let mut what = cell(e, "what").replace('_', " ");
+            if let Some(step) = e.get("step").and_then(Value::as_str) {
+                what = format!("{what} {step}");
+            }
+            let mut note = String::new();
+            if let Some(by) = e.get("by").and_then(Value::as_str) {
+                note = format!("by {by}");
+            }
+            if let Some(reason) = e.get("reason").and_then(Value::as_str) {
+                note = format!("{note}: {reason:?}");
+            }
+            vec![format!("  {}", time(&e["at"])), what, note]
+        })
+        .collect();
+    out.push_str(&table(&["  at", "what", ""], &entries));
+    out
+}
+
+/// A time as the API gives it (RFC 3339, or milliseconds since the epoch), in UTC.
+fn time(value: &Value) -> String {
+    match value {
+        Value::Number(n) => n
+            .as_i64()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map_or_else(|| n.to_string(), |t| t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()),
+        Value::String(s) => s.clone(),
+        _ => "-".into(),
+    }
+}
+
+fn describe_cause(cause: &Value) -> String {
+    let step = cause.get("step").and_then(Value::as_str).unwrap_or("-");
+    match cause.get("kind").and_then(Value::as_str).unwrap_or_default() {
+        "step_rejected" => format!("{step} was refused: {}", cell(cause, "reason")),
+        "step_timed_out" => format!(
+            "{step} timed out {} times",
+            cause.get("failures").and_then(Value::as_u64).unwrap_or(0)
+        ),
+        "unknown_step" => format!("the workflow no longer has step {step}"),
+        "cancelled" => format!("cancelled by {}: {}", cell(cause, "by"), cell(cause, "reason")),
+        other => other.to_owned(),
+    }
+}
+
+fn list<'a>(value: &'a Value, key: &str) -> &'a [Value] {
+    value.get(key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_their_columns() {
+        let t = table(
+            &["id", "state"],
+            &[vec!["a".into(), "Error".into()], vec!["bbb".into(), "-".into()]],
+        );
+        assert_eq!(t, "id   state\na    Error\nbbb  -\n");
+    }
+
+    #[test]
+    fn an_order_reads_as_a_timeline() {
+        let view = serde_json::json!({
+            "order_id": "o-1", "process_state": "Error", "phase": "compensating",
+            "created_at": "2026-11-22T10:00:00Z",
+            "cause": {"kind": "step_rejected", "step": "charge-payment", "reason": "card declined"},
+            "needs_manual_undo": [],
+            "steps": [{"name": "reserve-inventory", "status": "undone"}],
+            "timeline": [{"at": 1795370898424_i64, "what": "redriven", "attempt": 4,
+                          "by": "arn:aws:iam::1:user/ada", "reason": "fixed"}]
+        });
+        let text = order(&view);
+        assert!(text.contains("charge-payment was refused: card declined"), "{text}");
+        assert!(text.contains("undo by hand  nothing"), "{text}");
+        assert!(text.contains("2026-11-22 18:08:18.424  redriven"), "{text}");
+        assert!(text.contains("redriven  by arn:aws:iam::1:user/ada: \"fixed\""), "{text}");
+    }
+}
