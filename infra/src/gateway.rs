@@ -222,7 +222,7 @@ fn iam_caller(authorization: &str) -> Option<Value> {
     let credential =
         rest.split(',').map(str::trim).find_map(|part| part.strip_prefix("Credential="))?;
     let access_key = credential.split('/').next().filter(|k| !k.is_empty())?;
-    let valid = access_key.bytes().all(|b| b.is_ascii_alphanumeric());
+    let valid = access_key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
     (valid && rest.contains("Signature=")).then(|| {
         json!({
             "accessKey": access_key,

@@ -248,6 +248,21 @@ async fn main() -> ExitCode {
     ] {
         println!("local-stack: {what}: {command}");
     }
+    let api = &stack.api_url;
+    println!(
+        "local-stack: operate it (any access key stands for the caller): SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY=local cargo run -q -p sas-cli -- list"
+    );
+    if let Some(url) = stack
+        .stack
+        .context
+        .attributes
+        .get(&("RemoteSimFunctionUrl".to_owned(), "FunctionUrl".to_owned()))
+        .and_then(|v| v.as_str())
+    {
+        println!(
+            "local-stack: change the simulated service's faults: curl -X PUT {url}faults -H 'content-type: application/json' -d '{{}}'"
+        );
+    }
     stopped().await;
     println!("local-stack: stopping");
     drop(stack);
