@@ -615,3 +615,21 @@ pub fn order_json(customer: &str) -> String {
     })
     .to_string()
 }
+
+/// The order id of a submission's answer.
+pub fn order_id(body: &Value) -> OrderId {
+    body["order_id"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or_else(|_| panic!("no order id in {body}"))
+}
+
+/// The statuses of one order's status events, in the order they were read.
+pub fn statuses(events: &[Value], id: OrderId) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["detail"]["order_id"] == id.to_string())
+        .map(|e| e["detail"]["status"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}

@@ -7,14 +7,10 @@
 
 use sas_engine::OrderId;
 use sas_engine::state::ProcessState;
-use sas_tests::stack::{System, order_json};
+use sas_tests::stack::{System, order_id, order_json, statuses};
 use serde_json::{Value, json};
 
 const OPERATOR: &str = "arn:aws:iam::123456789012:user/ops-ada";
-
-fn order_id(body: &Value) -> OrderId {
-    body["order_id"].as_str().unwrap().parse().unwrap()
-}
 
 async fn submit(s: &System, key: &str) -> OrderId {
     let (status, body) = s.post(Some(key), "application/json", &order_json("c-admin")).await;
@@ -32,14 +28,6 @@ fn listed(page: &Value) -> Vec<String> {
         .unwrap()
         .iter()
         .map(|o| o["order_id"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-fn statuses(events: &[Value], id: OrderId) -> Vec<String> {
-    events
-        .iter()
-        .filter(|e| e["detail"]["order_id"] == id.to_string())
-        .map(|e| e["detail"]["status"].as_str().unwrap_or_default().to_owned())
         .collect()
 }
 

@@ -6,22 +6,9 @@
 
 use std::time::Duration;
 
-use sas_engine::OrderId;
 use sas_engine::state::{Phase, ProcessState, StepStatus};
-use sas_tests::stack::{System, order_json};
+use sas_tests::stack::{System, order_id, order_json, statuses};
 use serde_json::Value;
-
-fn order_id(body: &Value) -> OrderId {
-    body["order_id"].as_str().unwrap().parse().unwrap()
-}
-
-fn statuses(events: &[Value], id: OrderId) -> Vec<String> {
-    events
-        .iter()
-        .filter(|e| e["detail"]["order_id"] == id.to_string())
-        .map(|e| e["detail"]["status"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
 
 #[tokio::test]
 async fn an_order_runs_through_the_three_steps() {
