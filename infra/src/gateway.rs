@@ -125,18 +125,18 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
         return plain(StatusCode::NOT_FOUND, r#"{"message":"Not Found"}"#);
     };
     let caller = match route.authorizer.as_deref() {
-        Some("AWS_IAM") => match parts.headers.get("authorization").and_then(|v| v.to_str().ok()) {
-            Some(authorization) => match iam_caller(authorization) {
+        None => None,
+        Some("AWS_IAM") => {
+            let header = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
+            match header.and_then(iam_caller) {
                 Some(caller) => Some(caller),
                 None => return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#),
-            },
-            None => return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#),
-        },
+            }
+        }
         Some(other) => {
             warn!(authorizer = other, "authorizer not emulated locally; refusing the request");
             return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#);
         }
-        None => None,
     };
     if route.throttle.as_ref().is_some_and(|t| !t.admit()) {
         return plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#);

@@ -159,21 +159,21 @@ where
         Ok(l) => l,
         Err(message) => return bad_request(&message),
     };
-    let mut filters = [("step", None), ("cause", None)];
-    for (name, value) in &mut filters {
-        if let Some(v) = query.get(*name) {
-            let ok = !v.is_empty()
+    let filter = |name: &str| match query.get(name) {
+        None => Ok(None),
+        Some(v)
+            if !v.is_empty()
                 && v.len() <= MAX_FILTER_LEN
-                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
-            if !ok {
-                return bad_request(&format!(
-                    "{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'"
-                ));
-            }
-            *value = Some((*v).to_owned());
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) =>
+        {
+            Ok(Some((*v).to_owned()))
         }
-    }
-    let [(_, step), (_, cause)] = filters;
+        Some(_) => Err(format!("{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'")),
+    };
+    let (step, cause) = match (filter("step"), filter("cause")) {
+        (Ok(step), Ok(cause)) => (step, cause),
+        (Err(message), _) | (_, Err(message)) => return bad_request(&message),
+    };
     let request = ListQuery {
         listing,
         step,
@@ -237,11 +237,7 @@ where
     let Ok(order_id) = id.parse::<OrderId>() else {
         return bad_request("the order id must be a UUID");
     };
-    let bytes: &[u8] = match body {
-        Body::Text(text) => text.as_bytes(),
-        Body::Binary(bytes) => bytes,
-        _ => b"",
-    };
+    let bytes = api::body_bytes(body);
     if bytes.len() > MAX_BODY_BYTES {
         return bad_request(&format!("the body must be at most {MAX_BODY_BYTES} bytes"));
     }

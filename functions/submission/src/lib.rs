@@ -41,12 +41,7 @@ where
             json!({}),
         );
     }
-    let body: &[u8] = match request.body() {
-        Body::Empty => b"",
-        Body::Text(text) => text.as_bytes(),
-        Body::Binary(bytes) => bytes,
-        _ => b"",
-    };
+    let body = api::body_bytes(request.body());
     if body.len() > MAX_BODY_BYTES {
         return api::error(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -11,6 +11,15 @@ use sas_engine::order::FieldError;
 use serde_json::{Value, json};
 use tracing::error;
 
+/// A request body's bytes, whether API Gateway passed it as text or as base64.
+pub fn body_bytes(body: &Body) -> &[u8] {
+    match body {
+        Body::Text(text) => text.as_bytes(),
+        Body::Binary(bytes) => bytes,
+        _ => b"",
+    }
+}
+
 /// A JSON response.
 pub fn json(status: StatusCode, body: &Value) -> Response<Body> {
     let mut response = Response::new(Body::Text(body.to_string()));

@@ -176,19 +176,13 @@ impl DeadLetters {
             .send()
             .await
             .map_err(|e| classify(SERVICE, e))?;
-        let mut seen = Vec::new();
         let mut letters = Vec::new();
         for m in out.messages() {
-            let id = m.message_id().unwrap_or_default().to_owned();
-            if seen.contains(&id) {
-                continue;
-            }
-            seen.push(id.clone());
             let attribute = |name: MessageSystemAttributeName| {
                 m.attributes().and_then(|a| a.get(&name)).cloned()
             };
             let mut letter = DeadLetter {
-                message_id: id,
+                message_id: m.message_id().unwrap_or_default().to_owned(),
                 kind: None,
                 order_id: None,
                 step: None,
@@ -233,10 +227,7 @@ impl DeadLetters {
             .start_message_move_task()
             .source_arn(&arn)
             .customize()
-            // An endpoint without the operation answers 5xx; retrying it only delays the copy.
-            .config_override(
-                aws_sdk_sqs::config::Builder::default().retry_config(RetryConfig::disabled()),
-            )
+            .config_override(no_retries())
             .send()
             .await;
         match started {
@@ -361,9 +352,7 @@ impl DeadLetters {
             .source_arn(arn)
             .max_results(1)
             .customize()
-            .config_override(
-                aws_sdk_sqs::config::Builder::default().retry_config(RetryConfig::disabled()),
-            )
+            .config_override(no_retries())
             .send()
             .await
             .ok()?;
@@ -375,6 +364,12 @@ impl DeadLetters {
             failure: task.failure_reason().map(str::to_owned),
         })
     }
+}
+
+/// For the move-task calls: an endpoint without the operation answers 5xx, and retrying it
+/// only delays the fallback.
+fn no_retries() -> aws_sdk_sqs::config::Builder {
+    aws_sdk_sqs::config::Builder::default().retry_config(RetryConfig::disabled())
 }
 
 fn describe(letter: &mut DeadLetter, message: &Message) {

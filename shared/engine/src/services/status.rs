@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::ids::OrderId;
 use crate::order::Order;
-use crate::ports::{Read, StateStore};
+use crate::ports::{OrderRecord, Read, StateStore};
 use crate::state::{
     AlertDelivery, Cause, CommandEntry, Phase, ProcessState, StateRecord, StepState, Stop,
     TimelineEntry,
@@ -65,47 +65,50 @@ impl<S: StateStore> StatusService<S> {
 
     /// The view of an order, or `None` if there is no such order.
     pub async fn get(&self, order_id: OrderId) -> Result<Option<OrderView>> {
-        Ok(self.load(order_id).await?.map(|(view, _)| view))
+        Ok(self.load(order_id).await?.map(|(order, state)| view(order, state)))
     }
 
     /// The operator's view of an order, or `None` if there is no such order.
     pub async fn operator_view(&self, order_id: OrderId) -> Result<Option<OperatorView>> {
-        let Some((view, state)) = self.load(order_id).await? else {
+        let Some((order, mut state)) = self.load(order_id).await? else {
             return Ok(None);
         };
         Ok(Some(OperatorView {
-            view,
             needs_manual_undo: state.needs_manual_undo(),
-            correlation_id: state.correlation_id,
+            correlation_id: std::mem::take(&mut state.correlation_id),
             ended_at: state.ended_at.map(|t| t.to_rfc3339()),
             alert: state.alert,
-            stop: state.stop,
-            commands: state.commands,
+            stop: state.stop.take(),
+            commands: std::mem::take(&mut state.commands),
             redrives: state.redrives,
+            view: view(order, state),
         }))
     }
 
-    async fn load(&self, order_id: OrderId) -> Result<Option<(OrderView, StateRecord)>> {
+    async fn load(&self, order_id: OrderId) -> Result<Option<(OrderRecord, StateRecord)>> {
         let Some(order) = self.store.load_order(order_id, Read::Consistent).await? else {
             return Ok(None);
         };
         let Some(state) = self.store.load(order_id, Read::Consistent).await? else {
             return Ok(None);
         };
-        let view = OrderView {
-            order_id,
-            process_state: state.process_state,
-            phase: state.phase,
-            failure_count: state.failure_count,
-            attempt: state.attempt,
-            complete_by: state.complete_by.map(|t| t.to_rfc3339()),
-            cause: state.cause.clone(),
-            steps: state.steps.clone(),
-            timeline: state.timeline.clone(),
-            order: order.order,
-            created_at: state.created_at.to_rfc3339(),
-            updated_at: state.updated_at.to_rfc3339(),
-        };
-        Ok(Some((view, state)))
+        Ok(Some((order, state)))
+    }
+}
+
+fn view(order: OrderRecord, state: StateRecord) -> OrderView {
+    OrderView {
+        order_id: state.order_id,
+        process_state: state.process_state,
+        phase: state.phase,
+        failure_count: state.failure_count,
+        attempt: state.attempt,
+        complete_by: state.complete_by.map(|t| t.to_rfc3339()),
+        cause: state.cause,
+        steps: state.steps,
+        timeline: state.timeline,
+        order: order.order,
+        created_at: state.created_at.to_rfc3339(),
+        updated_at: state.updated_at.to_rfc3339(),
     }
 }
