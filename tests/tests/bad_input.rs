@@ -399,6 +399,10 @@ async fn every_malformed_request_gets_its_error_and_writes_nothing() {
             (status, code),
             "GET {id:?}: {answer}"
         );
+        // Exactly what the OpenAPI document allows: a code and a message, nothing else.
+        let keys: Vec<&String> =
+            answer["error"].as_object().map(|e| e.keys().collect()).unwrap_or_default();
+        assert_eq!(keys, ["code", "message"], "GET {id:?}: {answer}");
     }
     // Only the accepted orders were started.
     s.settle().await;

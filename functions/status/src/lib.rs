@@ -16,7 +16,7 @@ pub async fn handle<S: StateStore>(status: &StatusService<S>, request: Request) 
             StatusCode::BAD_REQUEST,
             "invalid_order_id",
             "the order id must be a UUID",
-            json!({ "fields": [{ "field": "id", "reason": "must be a UUID" }] }),
+            json!({}),
         );
     };
     match status.get(order_id).await {
