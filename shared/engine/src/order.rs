@@ -179,11 +179,12 @@ impl OrderRequest {
             name: v.text("ship_to.name", &a.name, 100),
             line1: v.text("ship_to.line1", &a.line1, 200),
             // A blank second line is an empty form field, not a mistake: it is dropped before
-            // the text rules, which refuse blanks, are applied.
+            // the text rules, which refuse blanks, are applied (unless it is longer than any
+            // line may be, as the schema says).
             line2: a
                 .line2
                 .as_deref()
-                .filter(|l| !l.trim().is_empty())
+                .filter(|l| !l.trim().is_empty() || l.chars().count() > 200)
                 .map(|l| v.text("ship_to.line2", l, 200)),
             city: v.text("ship_to.city", &a.city, 100),
             postal_code: v.postal_code("ship_to.postal_code", &a.postal_code),
@@ -213,14 +214,15 @@ impl Validator {
         self.errors.push(FieldError { field: field.into(), reason: reason.into() });
     }
 
-    /// Free text: trimmed, non-empty, at most `max` characters, no control or bidirectional
-    /// formatting characters (those can make a stored value display as something else).
+    /// Free text: at most `max` characters as sent (so that the limit is the one a JSON schema
+    /// states), non-blank, no control or bidirectional formatting characters (those can make a
+    /// stored value display as something else); stored trimmed.
     fn text(&mut self, field: &str, raw: &str, max: usize) -> String {
         let t = raw.trim();
-        if t.is_empty() {
-            self.fail(field, "must not be blank");
-        } else if t.chars().count() > max {
+        if raw.chars().count() > max {
             self.fail(field, format!("must be at most {max} characters"));
+        } else if t.is_empty() {
+            self.fail(field, "must not be blank");
         } else if t.chars().any(is_disallowed_char) {
             self.fail(field, "must not contain control or text-direction characters");
         }
@@ -315,6 +317,22 @@ mod tests {
         b["ship_to"]["line2"] = json!(" Flat 1 ");
         assert_eq!(check(&b).unwrap().ship_to.line2.as_deref(), Some("Flat 1"));
         b["ship_to"]["line2"] = json!("Flat\u{202E}1");
+        assert_eq!(fields(check(&b).unwrap_err()), ["ship_to.line2"]);
+    }
+
+    #[test]
+    fn text_limits_count_the_characters_as_sent() {
+        let mut b = valid();
+        b["ship_to"]["name"] = json!("é".repeat(100));
+        assert!(check(&b).is_ok());
+        // Trimming would bring it within the limit, but the limit is the one the schema states.
+        b["ship_to"]["name"] = json!(format!(" {}", "é".repeat(100)));
+        assert_eq!(fields(check(&b).unwrap_err()), ["ship_to.name"]);
+        // A blank second line is absent only within the limit of a line.
+        b["ship_to"]["name"] = json!("Ada");
+        b["ship_to"]["line2"] = json!(" ".repeat(200));
+        assert_eq!(check(&b).unwrap().ship_to.line2, None);
+        b["ship_to"]["line2"] = json!(" ".repeat(201));
         assert_eq!(fields(check(&b).unwrap_err()), ["ship_to.line2"]);
     }
 

@@ -54,17 +54,17 @@ impl Command {
         {
             return bad("the caller's identity is missing or malformed".into());
         }
-        let reason = reason.trim();
-        if reason.is_empty() {
+        if reason.trim().is_empty() {
             return bad("a reason is required: it is kept in the order's timeline".into());
         }
+        // Counted as sent, as the API's schema counts it.
         if reason.chars().count() > MAX_REASON_LEN {
             return bad(format!("the reason must be at most {MAX_REASON_LEN} characters"));
         }
         if reason.chars().any(char::is_control) {
             return bad("the reason must not contain control characters".into());
         }
-        Ok(Command { kind, id: id.to_owned(), by: by.to_owned(), reason: reason.to_owned() })
+        Ok(Command { kind, id: id.to_owned(), by: by.to_owned(), reason: reason.trim().to_owned() })
     }
 
     fn input(&self) -> Input<'_> {
@@ -148,5 +148,24 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
             "state store",
             "the order kept changing under the command; try again",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_is_checked_as_the_api_schema_states() {
+        let new = |reason: &str| Command::new(CommandKind::Cancel, "c-1", "arn:ops", reason);
+        assert_eq!(new("  customer called ").unwrap().reason, "customer called");
+        assert!(new(&"r".repeat(MAX_REASON_LEN)).is_ok());
+        // The limit counts the characters as sent, padding included.
+        assert!(new(&format!(" {}", "r".repeat(MAX_REASON_LEN))).is_err());
+        for bad in ["", "   ", "line\nbreak", "\u{7}"] {
+            assert!(matches!(new(bad), Err(Error::InvalidCommand(_))), "{bad:?}");
+        }
+        assert!(Command::new(CommandKind::Cancel, "bad id", "arn:ops", "why").is_err());
+        assert!(Command::new(CommandKind::Cancel, "c-1", " ", "why").is_err());
     }
 }
