@@ -129,10 +129,13 @@ struct Act {
     /// Select the orders by filter instead of by id: failed, paused or in-flight.
     #[arg(long, value_enum, conflicts_with = "order_ids")]
     select: Option<Listing>,
+    /// With --select in-flight: only orders in flight for at least this long (90s, 15m, 2h, 3d).
     #[arg(long, value_parser = parse_age, requires = "select")]
     older_than: Option<u64>,
+    /// With --select: only orders that failed (or are paused) at this step.
     #[arg(long, requires = "select")]
     step: Option<String>,
+    /// With --select: only orders whose failure is of this kind.
     #[arg(long, requires = "select")]
     cause: Option<String>,
     /// Act on the orders a filter selects (without it, they are only listed).
