@@ -95,37 +95,42 @@ fn python() -> Result<PathBuf, String> {
     if let Ok(p) = std::env::var("MOTO_PYTHON") {
         return Ok(PathBuf::from(p));
     }
-    let venv = workspace_root().join(".venv");
-    let python = venv.join("bin/python");
-    if has_moto(&python) {
+    python_with(".venv", MOTO_REQUIREMENT, "moto.server")
+}
+
+/// The Python interpreter of the virtual environment `venv` (a folder of the workspace root),
+/// made and given `requirement` from PyPI when `module` cannot be imported from it.
+pub fn python_with(venv: &str, requirement: &str, module: &str) -> Result<PathBuf, String> {
+    let python = workspace_root().join(venv).join("bin/python");
+    if can_import(&python, module) {
         return Ok(python);
     }
     // Install into a private directory, then move it into place, so that two test processes
     // installing at once cannot leave a half-made venv behind.
-    let staging = workspace_root().join(format!(".venv.installing.{}", std::process::id()));
+    let staging = workspace_root().join(format!("{venv}.installing.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     run(Command::new("python3").args(["-m", "venv"]).arg(&staging))?;
     run(Command::new(staging.join("bin/pip")).args([
         "install",
         "--quiet",
         "--disable-pip-version-check",
-        MOTO_REQUIREMENT,
+        requirement,
     ]))?;
-    if std::fs::rename(&staging, &venv).is_err() {
+    if std::fs::rename(&staging, workspace_root().join(venv)).is_err() {
         // Another process won the race; use its venv.
         let _ = std::fs::remove_dir_all(&staging);
     }
-    if has_moto(&python) {
+    if can_import(&python, module) {
         Ok(python)
     } else {
-        Err(format!("moto is not importable from {}", python.display()))
+        Err(format!("{module} is not importable from {}", python.display()))
     }
 }
 
-fn has_moto(python: &Path) -> bool {
+fn can_import(python: &Path, module: &str) -> bool {
     python.exists()
         && Command::new(python)
-            .args(["-c", "import moto.server"])
+            .args(["-c", &format!("import {module}")])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()

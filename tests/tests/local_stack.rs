@@ -1,21 +1,31 @@
 //! End to end on the local stack: the real function binaries behind a local Runtime API, event
-//! sources emulated, resources from `template.yaml` on moto. Orders are submitted over HTTP while
-//! function processes are killed with SIGKILL at random moments; every order must still end in
-//! a terminal state, with no remote effect applied twice.
+//! sources emulated, resources from `template.yaml` on moto.
+//!
+//! - Orders submitted over HTTP while function processes are killed with SIGKILL at random
+//!   moments all end in a terminal state, with no remote effect applied twice.
+//! - Orders failed by a long outage of the payment service are redriven with the `sas` CLI once
+//!   it is back, and all end Processed with every effect applied exactly once.
+//! - An order cancelled while its payment call is in flight ends Cancelled, with what was done
+//!   undone.
+//! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
+//!   generates requests from it and checks every answer.
 //!
 //! The function binaries are built for it into `e2e` inside the target directory (a target
-//! directory of its own: the one `cargo test` runs from stays locked while tests run).
+//! directory of its own: the one `cargo test` runs from stays locked while tests run). A stack is
+//! a dozen processes: the tests here take turns.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use sas_engine::memory::SplitMix;
 use sas_engine::ports::Random;
-use sas_infra::emulator::{Moto, workspace_root};
+use sas_infra::emulator::{Moto, python_with, workspace_root};
 use sas_infra::local::{LocalStack, Options};
-use serde_json::Value;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
 
 /// The reference workflow with short budgets, so that a killed step's lease runs out in
 /// seconds rather than minutes.
@@ -24,44 +34,58 @@ const FAST_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
   {"name":"charge-payment","agent":"payment","budget_seconds":2,"compensation":{"action":"refund-payment","budget_seconds":2}},
   {"name":"ship","agent":"shipping","budget_seconds":2}]}"#;
 
-const ENGINE_FUNCTIONS: [&str; 4] =
-    ["SubmissionFunction", "SchedulerFunction", "SupervisorFunction", "StatusFunction"];
+const ENGINE_FUNCTIONS: [&str; 5] = [
+    "SubmissionFunction",
+    "SchedulerFunction",
+    "SupervisorFunction",
+    "StatusFunction",
+    "AdminFunction",
+];
 
-/// Builds the function binaries as they ship (`cargo build --bins`), and returns their folder.
-fn build_binaries() -> std::path::PathBuf {
-    let root = workspace_root();
-    // Beside the target directory this test was built in, wherever CARGO_TARGET_DIR or cargo's
-    // configuration put it.
-    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+/// The simulated services as the tests start them: sound, 20 ms a call.
+const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
+
+/// The schemathesis release the contract check is written against.
+const SCHEMATHESIS: &str = "schemathesis>=4.32,<5";
+
+/// One stack at a time.
+static TURN: Mutex<()> = Mutex::const_new(());
+
+/// Where the function binaries are built: beside the target directory this test was built in,
+/// wherever CARGO_TARGET_DIR or cargo's configuration put it.
+fn e2e_target() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
-        .map_or_else(|| root.join("target"), std::path::Path::to_path_buf)
-        .join("e2e");
+        .map_or_else(|| workspace_root().join("target"), std::path::Path::to_path_buf)
+        .join("e2e")
+}
+
+/// Builds the function binaries (and `sas`) as they ship (`cargo build --bins`), and returns
+/// their folder.
+fn build_binaries() -> std::path::PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .current_dir(&root)
+        .current_dir(workspace_root())
         .args(["build", "--workspace", "--bins", "--quiet", "--target-dir"])
-        .arg(&target)
+        .arg(e2e_target())
         .status()
         .unwrap();
     assert!(status.success(), "building the function binaries failed");
-    target.join("debug")
+    e2e_target().join("debug")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orders_finish_while_function_processes_are_killed() {
-    let root = workspace_root();
-    let bin_dir = build_binaries();
+/// A stack on the shared moto server with the fast workflow, the simulated services' faults,
+/// and policies scaled down from minutes to seconds (`failure_threshold` expired leases of a
+/// step before its order is compensated).
+async fn start(name: &str, faults: &str, failure_threshold: u32) -> LocalStack {
+    let bin_dir = tokio::task::spawn_blocking(build_binaries).await.unwrap();
     let overrides = ENGINE_FUNCTIONS
         .iter()
         .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), FAST_WORKFLOW.to_owned()))
-        .chain([(
-            "RemoteSimFunction".to_owned(),
-            "FAULTS".to_owned(),
-            r#"{"default":{"latency_ms":20}}"#.to_owned(),
-        )])
+        .chain([("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), faults.to_owned())])
         .collect();
     let options = Options {
-        template: root.join("template.yaml"),
+        template: workspace_root().join("template.yaml"),
         endpoint: Some(Moto::shared().endpoint.clone()),
         split_emulators: false,
         bin_dir,
@@ -69,31 +93,37 @@ async fn orders_finish_while_function_processes_are_killed() {
         // The supervisor's one-minute rate, every second.
         schedule_speed: 60.0,
         max_instances: 2,
-        stack_name: format!("e2e-{}", std::process::id()),
+        stack_name: format!("{name}-{}", std::process::id()),
         region: "us-east-1".into(),
         parameters: HashMap::from([
             ("ClaimGraceSeconds".to_owned(), "1".to_owned()),
             ("RetryWaitBaseSeconds".to_owned(), "1".to_owned()),
             ("RetryWaitMaxSeconds".to_owned(), "2".to_owned()),
-            ("FailureThreshold".to_owned(), "5".to_owned()),
+            ("FailureThreshold".to_owned(), failure_threshold.to_string()),
         ]),
         overrides,
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };
-    let stack = LocalStack::up(&options).await.unwrap();
+    LocalStack::up(&options).await.unwrap()
+}
+
+fn seed() -> u64 {
+    std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_121)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_finish_while_function_processes_are_killed() {
+    let _turn = TURN.lock().await;
+    let stack = start("e2e-kills", SOUND, 5).await;
     let http = reqwest::Client::new();
-    let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
-                  "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
 
     // Kill a random function process (never the simulated remote service, which stands for
     // the outside world) every few hundred milliseconds while orders flow.
-    let random = SplitMix::seeded(
-        std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_121),
-    );
+    let random = SplitMix::seeded(seed());
     let mut ids = Vec::new();
     let mut kills = 0;
     for i in 0..24 {
-        let submitted = submit(&http, &stack.api_url, &format!("e2e-order-{i}"), body).await;
+        let submitted = submit(&http, &stack.api_url, &format!("e2e-order-{i}")).await;
         ids.push(submitted);
         if i % 2 == 0 && stack.kill_random(&random).is_some() {
             kills += 1;
@@ -102,46 +132,220 @@ async fn orders_finish_while_function_processes_are_killed() {
     }
     assert!(kills >= 10);
 
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut states: HashMap<String, String> = HashMap::new();
-    while Instant::now() < deadline {
-        states.clear();
-        for id in &ids {
-            let view: Value = http
-                .get(format!("{}/orders/{id}", stack.api_url))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap_or(Value::Null);
-            let state = view["process_state"].as_str().unwrap_or("unknown").to_owned();
-            states.insert(id.clone(), state);
-        }
-        if states.values().all(|s| s == "Processed" || s == "Error") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let states = wait_for(&http, &stack, &ids, &["Processed", "Error"], 180).await;
     let unfinished: Vec<_> =
         states.iter().filter(|(_, s)| *s != "Processed" && *s != "Error").collect();
     assert!(unfinished.is_empty(), "orders not terminal after the kills: {unfinished:?}");
 
-    let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
-    let ledger: Value =
-        http.get(format!("{remote}ledger")).send().await.unwrap().json().await.unwrap();
+    let ledger = ledger(&http, &stack).await;
     assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
     println!("{kills} kills, {} restarts, states: {:?}", stack.restarts(), count(&states));
 }
 
-async fn submit(http: &reqwest::Client, api: &str, key: &str, body: &str) -> String {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_failed_by_a_long_outage_are_redriven_with_the_cli_once_it_is_over() {
+    let _turn = TURN.lock().await;
+    // The payment service answers every charge with 503 until the outage is over.
+    let outage =
+        r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"transient_rate":1.0}}}"#;
+    let stack = start("e2e-redrive", outage, 2).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(submit(&http, &stack.api_url, &format!("e2e-outage-{i}")).await);
+    }
+    let states = wait_for(&http, &stack, &ids, &["Processed", "Error"], 120).await;
+    assert!(states.values().all(|s| s == "Error"), "before the redrive: {states:?}");
+    for id in &ids {
+        // Compensated: the reservation was released, nothing was charged.
+        assert_eq!(
+            effects(&ledger(&http, &stack).await, id),
+            ["reserve-inventory", "release-inventory"]
+        );
+    }
+
+    // The operator finds them, sees the outage is over, and redrives them all.
+    let listed = sas(&stack, &["list", "failed", "--step", "charge-payment", "-o", "json"]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    let page: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let mut failed: Vec<&str> = page["orders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["order_id"].as_str().unwrap())
+        .collect();
+    failed.sort_unstable();
+    let mut expected: Vec<&str> = ids.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(failed, expected);
+
+    put_faults(&http, &stack, SOUND).await;
+    let redriven = sas(
+        &stack,
+        &[
+            "redrive",
+            "--select",
+            "failed",
+            "--step",
+            "charge-payment",
+            "--reason",
+            "payment provider back",
+            "--yes",
+            "--rate",
+            "50",
+        ],
+    );
+    println!("{}", text(&redriven));
+    assert!(redriven.status.success(), "{}", text(&redriven));
+
+    let states = wait_for(&http, &stack, &ids, &["Processed", "Error", "Cancelled"], 120).await;
+    assert!(states.values().all(|s| s == "Processed"), "after the redrive: {states:?}");
+    let ledger = ledger(&http, &stack).await;
+    assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
+    for id in &ids {
+        // The released reservation is made again (under a new key), then the order goes on.
+        assert_eq!(
+            effects(&ledger, id),
+            [
+                "reserve-inventory",
+                "release-inventory",
+                "reserve-inventory",
+                "charge-payment",
+                "ship"
+            ]
+        );
+        let view = operator_view(&http, &stack, id).await;
+        let redrive =
+            view["commands"].as_array().unwrap().iter().find(|c| c["command"] == "redrive");
+        let redrive = redrive.unwrap_or_else(|| panic!("no redrive recorded: {view}"));
+        assert_eq!(redrive["by"], "arn:aws:iam::123456789012:user/ops-e2e", "{view}");
+        assert_eq!(redrive["reason"], "payment provider back", "{view}");
+    }
+    let left = sas(&stack, &["list", "failed", "-o", "json"]);
+    let page: Value = serde_json::from_slice(&left.stdout).unwrap();
+    assert_eq!(page["orders"], json!([]), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_cancelled_while_its_payment_is_in_flight_ends_cancelled_with_it_undone() {
+    let _turn = TURN.lock().await;
+    // A slow payment service: the charge takes 1.5 s of its 2 s budget.
+    let slow = r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"latency_ms":1500}}}"#;
+    let stack = start("e2e-cancel", slow, 2).await;
+    let http = reqwest::Client::new();
+    let id = submit(&http, &stack.api_url, "e2e-cancel-1").await;
+
+    // Wait until the charge is dispatched and its answer not back yet.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = order(&http, &stack, &id).await;
+        let charge = &view["steps"][1];
+        if view["process_state"] == "Processing"
+            && charge["dispatched"] == true
+            && charge["status"] == "not_started"
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the charge was never in flight: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The agent takes the request off its queue within a few hundred milliseconds and the
+    // service answers after 1.5 s: cancel in between, while the call is on the wire.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let cancelled = sas(&stack, &["cancel", &id, "--reason", "customer called"]);
+    println!("{}", text(&cancelled));
+    assert!(cancelled.status.success(), "{}", text(&cancelled));
+
+    let states = wait_for(
+        &http,
+        &stack,
+        std::slice::from_ref(&id),
+        &["Processed", "Error", "Cancelled"],
+        60,
+    )
+    .await;
+    assert_eq!(states[&id], "Cancelled");
+    let ledger = ledger(&http, &stack).await;
+    assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
+    // Either the charge took effect before the cancel reached it, and it is refunded before the
+    // reservation is released, or the refund came first and the service refused the late
+    // charge; in both, nothing is shipped and nothing stays charged or reserved.
+    let applied = effects(&ledger, &id);
+    println!("effects: {applied:?}");
+    assert!(
+        applied == ["reserve-inventory", "charge-payment", "refund-payment", "release-inventory"]
+            || applied == ["reserve-inventory", "release-inventory"],
+        "{applied:?}"
+    );
+    let view = operator_view(&http, &stack, &id).await;
+    assert_eq!(view["alert"], Value::Null, "a cancelled order raises no alert: {view}");
+    assert_eq!(view["needs_manual_undo"], json!([]), "{view}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_keeps_its_openapi_contract() {
+    let python =
+        tokio::task::spawn_blocking(|| python_with(".venv-contract", SCHEMATHESIS, "schemathesis"))
+            .await
+            .unwrap()
+            .unwrap();
+    let _turn = TURN.lock().await;
+    let stack = start("e2e-contract", SOUND, 5).await;
+    let root = workspace_root();
+    let mut command = std::process::Command::new(python);
+    command
+        // Hypothesis keeps a folder of its own in the working directory.
+        .current_dir(env!("CARGO_TARGET_TMPDIR"))
+        .args(["-m", "schemathesis.cli", "--no-color", "--config-file"])
+        .arg(root.join("tests/schemathesis.toml"))
+        .arg("run")
+        .arg(root.join("infra/openapi.yaml"))
+        .args(["--url", &stack.api_url, "--max-examples", "40", "--seed", &seed().to_string()])
+        // Admin routes need a SigV4 Authorization header; the local gateway takes its access
+        // key as the caller.
+        .args(["--header", SIGNED]);
+    let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().unwrap();
+    println!("{}", text(&output));
+    assert!(output.status.success(), "the API does not keep its OpenAPI document");
+}
+
+/// An Authorization header of the shape API Gateway's AWS_IAM authorizer takes.
+const SIGNED: &str = "Authorization: AWS4-HMAC-SHA256 \
+    Credential=ops-e2e/20261122/us-east-1/execute-api/aws4_request, \
+    SignedHeaders=host;x-amz-date, Signature=0000";
+
+/// Runs the `sas` binary against the stack as the caller `ops-e2e`.
+fn sas(stack: &LocalStack, args: &[&str]) -> Output {
+    std::process::Command::new(e2e_target().join("debug").join("sas"))
+        .args(args)
+        .env("SAS_API_URL", &stack.api_url)
+        .env("AWS_ACCESS_KEY_ID", "ops-e2e")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_SESSION_TOKEN")
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+async fn submit(http: &reqwest::Client, api: &str, key: &str) -> String {
+    let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
+                  "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
     // A killed submission process fails its request; a client retries with the same key.
     for _ in 0..20 {
         let response = http
             .post(format!("{api}/orders"))
             .header("content-type", "application/json")
             .header("idempotency-key", key)
-            .body(body.to_owned())
+            .body(body)
             .send()
             .await;
         if let Ok(r) = response {
@@ -153,6 +357,81 @@ async fn submit(http: &reqwest::Client, api: &str, key: &str, body: &str) -> Str
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     panic!("order {key} was never accepted");
+}
+
+/// `GET /orders/{id}`, or null while it cannot be read.
+async fn order(http: &reqwest::Client, stack: &LocalStack, id: &str) -> Value {
+    let response = http.get(format!("{}/orders/{id}", stack.api_url)).send().await;
+    match response {
+        Ok(r) => r.json().await.unwrap_or(Value::Null),
+        Err(_) => Value::Null,
+    }
+}
+
+/// `GET /admin/orders/{id}`, signed as the caller `ops-e2e`.
+async fn operator_view(http: &reqwest::Client, stack: &LocalStack, id: &str) -> Value {
+    let (name, value) = SIGNED.split_once(": ").unwrap();
+    let response = http
+        .get(format!("{}/admin/orders/{id}", stack.api_url))
+        .header(name, value)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+/// The orders' process states once all are in one of `terminal`, or as they stand after
+/// `seconds`.
+async fn wait_for(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    ids: &[String],
+    terminal: &[&str],
+    seconds: u64,
+) -> HashMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut states = HashMap::new();
+    loop {
+        for id in ids {
+            let view = order(http, stack, id).await;
+            let state = view["process_state"].as_str().unwrap_or("unknown").to_owned();
+            states.insert(id.clone(), state);
+        }
+        if states.values().all(|s| terminal.contains(&s.as_str())) || Instant::now() > deadline {
+            return states;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn ledger(http: &reqwest::Client, stack: &LocalStack) -> Value {
+    let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
+    http.get(format!("{remote}ledger")).send().await.unwrap().json().await.unwrap()
+}
+
+/// The actions the service applied for one order, in the order it applied them (an undo of
+/// a step that never took effect changes nothing, and is left out).
+fn effects(ledger: &Value, order_id: &str) -> Vec<String> {
+    ledger["effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["order_id"] == order_id && e["output"]["noop"] != true)
+        .map(|e| e["action"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str) {
+    let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
+    let response = http
+        .put(format!("{remote}faults"))
+        .header("content-type", "application/json")
+        .body(faults.to_owned())
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "PUT faults: {}", response.status());
 }
 
 fn count(states: &HashMap<String, String>) -> HashMap<&str, usize> {
