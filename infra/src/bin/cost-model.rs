@@ -17,10 +17,11 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::{order_item_size, state_item_size};
 use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
+use sas_aws::system::UuidIds;
 use sas_engine::config::EngineConfig;
 use sas_engine::load::{Gauges, WaitReporter};
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds, SplitMix,
+    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::ports::{
@@ -260,7 +261,8 @@ async fn run(
         outbox(),
         bus.clone(),
         clock.clone(),
-        SeqIds::new("c"),
+        // Correlation ids as long as the deployed functions' (a UUID): they are stored.
+        UuidIds,
         Gauges { waits: waits.clone(), depths },
         config.clone(),
         workflow.clone(),
@@ -340,7 +342,10 @@ where
             let mut event = SqsEvent::default();
             for d in &batch {
                 let mut record = SqsMessage::default();
-                record.message_id = Some(d.message_id.clone());
+                // As long as SQS's (a UUID), since the record keeps the last one it handled;
+                // derived from the queue's own id, so a redelivery keeps it.
+                let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, d.message_id.as_bytes());
+                record.message_id = Some(id.to_string());
                 record.body = Some(d.body.clone());
                 event.records.push(record);
             }
