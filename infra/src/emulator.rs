@@ -95,27 +95,35 @@ fn python() -> Result<PathBuf, String> {
     if let Ok(p) = std::env::var("MOTO_PYTHON") {
         return Ok(PathBuf::from(p));
     }
-    python_with(".venv", MOTO_REQUIREMENT, "moto.server")
+    python_with(".venv", &[MOTO_REQUIREMENT], "moto.server")
 }
 
 /// The Python interpreter of the virtual environment `venv` (a folder of the workspace root),
-/// made and given `requirement` from PyPI when `module` cannot be imported from it.
-pub fn python_with(venv: &str, requirement: &str, module: &str) -> Result<PathBuf, String> {
+/// made and given `requirements` from PyPI when `module` cannot be imported from it.
+pub fn python_with(venv: &str, requirements: &[&str], module: &str) -> Result<PathBuf, String> {
     let python = workspace_root().join(venv).join("bin/python");
     if can_import(&python, module) {
         return Ok(python);
+    }
+    if python.exists() {
+        // Made for an older list of requirements: add what is missing in place.
+        run(Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(requirements))?;
+        return if can_import(&python, module) {
+            Ok(python)
+        } else {
+            Err(format!("{module} is not importable from {}", python.display()))
+        };
     }
     // Install into a private directory, then move it into place, so that two test processes
     // installing at once cannot leave a half-made venv behind.
     let staging = workspace_root().join(format!("{venv}.installing.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     run(Command::new("python3").args(["-m", "venv"]).arg(&staging))?;
-    run(Command::new(staging.join("bin/pip")).args([
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        requirement,
-    ]))?;
+    run(Command::new(staging.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .args(requirements))?;
     if std::fs::rename(&staging, workspace_root().join(venv)).is_err() {
         // Another process won the race; use its venv.
         let _ = std::fs::remove_dir_all(&staging);

@@ -29,6 +29,7 @@ pub mod processes;
 pub mod provision;
 pub mod proxy;
 pub mod runtime_api;
+pub mod sigv4;
 pub mod sources;
 pub mod template;
 

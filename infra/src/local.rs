@@ -18,7 +18,7 @@ use crate::Error;
 use crate::aws::{Clients, Endpoints};
 use crate::emulator::Moto;
 use crate::functions::{EventSource, FunctionSpec, functions, rate};
-use crate::gateway::{self, Route, Throttle};
+use crate::gateway::{self, Authorizer, Route, Throttle};
 use crate::processes::{Managed, ProcessSpec};
 use crate::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::proxy::{Proxy, Upstreams};
@@ -245,7 +245,10 @@ impl LocalStack {
                     EventSource::HttpApi { method, path, authorizer, .. } => routes.push(Route {
                         method: method.clone(),
                         path: path.clone(),
-                        authorizer: authorizer.clone(),
+                        authorizer: authorizer.as_deref().map(|a| match a {
+                            "AWS_IAM" => Authorizer::Iam { region: options.region.clone() },
+                            other => Authorizer::Unsupported(other.to_owned()),
+                        }),
                         function: api.clone(),
                         timeout: spec.timeout.min(Duration::from_secs(30)),
                         // Each route has a bucket of its own, as in API Gateway.

@@ -24,6 +24,7 @@ use sas_engine::memory::SplitMix;
 use sas_engine::ports::Random;
 use sas_infra::emulator::{Moto, python_with, workspace_root};
 use sas_infra::local::{LocalStack, Options};
+use sas_infra::sigv4::LOCAL_SECRET_KEY;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -45,8 +46,9 @@ const ENGINE_FUNCTIONS: [&str; 5] = [
 /// The simulated services as the tests start them: sound, 20 ms a call.
 const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
 
-/// The schemathesis release the contract check is written against.
-const SCHEMATHESIS: &str = "schemathesis>=4.32,<5";
+/// What the contract check runs: the schemathesis release it is written against, and botocore,
+/// whose SigV4 signer signs the admin requests (`tests/schemathesis_sigv4.py`).
+const CONTRACT_TOOLS: [&str; 2] = ["schemathesis>=4.32,<5", "botocore>=1.34,<2"];
 
 /// One stack at a time.
 static TURN: Mutex<()> = Mutex::const_new(());
@@ -164,6 +166,10 @@ async fn orders_failed_by_a_long_outage_are_redriven_with_the_cli_once_it_is_ove
         );
     }
 
+    // Requests signed with another secret key are refused, as API Gateway refuses them.
+    let forged = sas_with_secret(&stack, "not-the-key", &["list", "failed"]);
+    assert!(!forged.status.success() && text(&forged).contains("403"), "{}", text(&forged));
+
     // The operator finds them, sees the outage is over, and redrives them all.
     let listed = sas(&stack, &["list", "failed", "--step", "charge-payment", "-o", "json"]);
     assert!(listed.status.success(), "{}", text(&listed));
@@ -214,7 +220,7 @@ async fn orders_failed_by_a_long_outage_are_redriven_with_the_cli_once_it_is_ove
                 "ship"
             ]
         );
-        let view = operator_view(&http, &stack, id).await;
+        let view = operator_view(&stack, id);
         let redrive =
             view["commands"].as_array().unwrap().iter().find(|c| c["command"] == "redrive");
         let redrive = redrive.unwrap_or_else(|| panic!("no redrive recorded: {view}"));
@@ -277,18 +283,19 @@ async fn an_order_cancelled_while_its_payment_is_in_flight_ends_cancelled_with_i
             || applied == ["reserve-inventory", "release-inventory"],
         "{applied:?}"
     );
-    let view = operator_view(&http, &stack, &id).await;
+    let view = operator_view(&stack, &id);
     assert_eq!(view["alert"], Value::Null, "a cancelled order raises no alert: {view}");
     assert_eq!(view["needs_manual_undo"], json!([]), "{view}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_keeps_its_openapi_contract() {
-    let python =
-        tokio::task::spawn_blocking(|| python_with(".venv-contract", SCHEMATHESIS, "schemathesis"))
-            .await
-            .unwrap()
-            .unwrap();
+    let python = tokio::task::spawn_blocking(|| {
+        python_with(".venv-contract", &CONTRACT_TOOLS, "schemathesis, botocore")
+    })
+    .await
+    .unwrap()
+    .unwrap();
     let _turn = TURN.lock().await;
     let stack = start("e2e-contract", SOUND, 5).await;
     let root = workspace_root();
@@ -301,26 +308,30 @@ async fn the_api_keeps_its_openapi_contract() {
         .arg("run")
         .arg(root.join("infra/openapi.yaml"))
         .args(["--url", &stack.api_url, "--max-examples", "40", "--seed", &seed().to_string()])
-        // Admin routes need a SigV4 Authorization header; the local gateway takes its access
-        // key as the caller.
-        .args(["--header", SIGNED]);
+        // Every request asks to be signed, and the hook signs it as the caller `ops-contract`
+        // (the local gateway checks the signature on the admin routes).
+        .args(["--header", "Authorization: SigV4"])
+        .env("SCHEMATHESIS_HOOKS", root.join("tests/schemathesis_sigv4.py"))
+        .env("SIGV4_ACCESS_KEY_ID", "ops-contract")
+        .env("SIGV4_SECRET_ACCESS_KEY", LOCAL_SECRET_KEY)
+        .env("SIGV4_REGION", "us-east-1");
     let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().unwrap();
     println!("{}", text(&output));
     assert!(output.status.success(), "the API does not keep its OpenAPI document");
 }
 
-/// An Authorization header of the shape API Gateway's AWS_IAM authorizer takes.
-const SIGNED: &str = "Authorization: AWS4-HMAC-SHA256 \
-    Credential=ops-e2e/20261122/us-east-1/execute-api/aws4_request, \
-    SignedHeaders=host;x-amz-date, Signature=0000";
-
 /// Runs the `sas` binary against the stack as the caller `ops-e2e`.
 fn sas(stack: &LocalStack, args: &[&str]) -> Output {
+    sas_with_secret(stack, LOCAL_SECRET_KEY, args)
+}
+
+/// Runs `sas` as `ops-e2e`, signing with `secret`.
+fn sas_with_secret(stack: &LocalStack, secret: &str, args: &[&str]) -> Output {
     std::process::Command::new(e2e_target().join("debug").join("sas"))
         .args(args)
         .env("SAS_API_URL", &stack.api_url)
         .env("AWS_ACCESS_KEY_ID", "ops-e2e")
-        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_SECRET_ACCESS_KEY", secret)
         .env("AWS_REGION", "us-east-1")
         .env_remove("AWS_PROFILE")
         .env_remove("AWS_SESSION_TOKEN")
@@ -368,17 +379,11 @@ async fn order(http: &reqwest::Client, stack: &LocalStack, id: &str) -> Value {
     }
 }
 
-/// `GET /admin/orders/{id}`, signed as the caller `ops-e2e`.
-async fn operator_view(http: &reqwest::Client, stack: &LocalStack, id: &str) -> Value {
-    let (name, value) = SIGNED.split_once(": ").unwrap();
-    let response = http
-        .get(format!("{}/admin/orders/{id}", stack.api_url))
-        .header(name, value)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    response.json().await.unwrap()
+/// The order as an operator sees it (`sas show -o json`).
+fn operator_view(stack: &LocalStack, id: &str) -> Value {
+    let shown = sas(stack, &["show", id, "-o", "json"]);
+    assert!(shown.status.success(), "{}", text(&shown));
+    serde_json::from_slice(&shown.stdout).unwrap()
 }
 
 /// The orders' process states once all are in one of `terminal`, or as they stand after

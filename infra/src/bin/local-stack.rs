@@ -249,8 +249,9 @@ async fn main() -> ExitCode {
         println!("local-stack: {what}: {command}");
     }
     let api = &stack.api_url;
+    let secret = sas_infra::sigv4::LOCAL_SECRET_KEY;
     println!(
-        "local-stack: operate it (any access key stands for the caller): SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY=local cargo run -q -p sas-cli -- list"
+        "local-stack: operate it (any access key id names the caller; the secret key is always `{secret}`): SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- list"
     );
     if let Some(url) = stack
         .stack
