@@ -114,6 +114,15 @@ const ENGINE_FUNCTIONS: [&str; 4] =
 async fn main() -> ExitCode {
     let (stack_args, mut overrides, speed, demo) = match Cli::parse().command {
         Command::Up { stack, faults, speed } => {
+            // What the stack itself has to say (a request the gateway refused, and why), on
+            // stderr beside the functions' logs. The demo keeps its output to its report.
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_target(false)
+                .without_time()
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_writer(std::io::stderr)
+                .init();
             (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
         }
         Command::Demo { stack, orders, rate, faults, speed, limit, logs, kill_every, seed } => {
