@@ -138,19 +138,15 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
     let Ok(bytes) = to_bytes(body, MAX_BODY).await else {
         return plain(StatusCode::PAYLOAD_TOO_LARGE, r#"{"message":"Request Entity Too Large"}"#);
     };
+    let received = header_values(&parts.headers);
     let caller = match &route.authorizer {
         None => None,
         Some(Authorizer::Iam { region }) => {
-            let headers: Vec<(String, String)> = parts
-                .headers
-                .iter()
-                .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-                .collect();
             let signed = sigv4::Signed {
                 method: &method,
                 raw_path: &path,
                 raw_query: parts.uri.query().unwrap_or_default(),
-                headers: &headers,
+                headers: &received,
                 body: &bytes,
             };
             match sigv4::verify(&signed, region, chrono::Utc::now()) {
@@ -170,18 +166,14 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
         return plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#);
     }
     let mut headers = Map::new();
-    for (name, value) in &parts.headers {
-        if let Ok(v) = value.to_str() {
-            // API Gateway joins repeated headers with commas and lower-cases names.
-            let entry = headers
-                .entry(name.as_str().to_owned())
-                .or_insert_with(|| Value::String(String::new()));
-            if let Value::String(s) = entry {
-                if !s.is_empty() {
-                    s.push(',');
-                }
-                s.push_str(v);
+    for (name, value) in received {
+        // API Gateway joins repeated headers with commas and lower-cases names.
+        let entry = headers.entry(name).or_insert_with(|| Value::String(String::new()));
+        if let Value::String(s) = entry {
+            if !s.is_empty() {
+                s.push(',');
             }
+            s.push_str(&value);
         }
     }
     let query = parts.uri.query().unwrap_or_default().to_owned();
@@ -238,6 +230,15 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
             plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#)
         }
     }
+}
+
+/// Every header as a (lower-case name, value) pair. A value that is not plain ASCII is passed
+/// on as text, not dropped, so that the function's own validation answers for it.
+fn header_values(headers: &axum::http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect()
 }
 
 /// The caller as API Gateway's IAM authorizer describes it, for a verified access key id.
@@ -332,6 +333,17 @@ mod tests {
         let any = route("ANY", "/{proxy+}").await;
         assert_eq!(any.matches("PUT", "/actions/charge").unwrap()["proxy"], "actions/charge");
         assert_eq!(any.route_key(), "$default");
+    }
+
+    #[test]
+    fn header_values_that_are_not_ascii_are_passed_on() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("idempotency-key", HeaderValue::from_bytes("clé-1".as_bytes()).unwrap());
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        let values = header_values(&headers);
+        assert!(values.contains(&("idempotency-key".into(), "clé-1".into())), "{values:?}");
+        assert_eq!(values.iter().filter(|(n, _)| n == "x-a").count(), 2);
     }
 
     #[test]
