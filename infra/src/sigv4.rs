@@ -46,7 +46,7 @@ pub struct Signed<'a> {
     pub method: &'a str,
     pub raw_path: &'a str,
     pub raw_query: &'a str,
-    /// Every header, names in any case; repeated names appear once each.
+    /// Every header, names in any case; a repeated header once per value.
     pub headers: &'a [(String, String)],
     pub body: &'a [u8],
 }
@@ -99,19 +99,18 @@ pub fn verify(request: &Signed<'_>, region: &str, now: DateTime<Utc>) -> Result<
     let key = signing_key(LOCAL_SECRET_KEY, date, region).ok_or(Refusal::Mismatch)?;
     // Clients differ in whether the path is encoded once or twice before signing (only S3 says
     // once); either is taken.
-    let expected =
-        [canonical_path(request.raw_path, true), canonical_path(request.raw_path, false)]
-            .into_iter()
-            .any(|path| {
-                let canonical = canonical_request(request, &path, &names, signed_headers);
-                let to_sign = format!(
-                    "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-                    hex::encode(Sha256::digest(canonical.as_bytes()))
-                );
-                let Ok(wanted) = hex::decode(signature) else { return false };
-                hmac(&key, to_sign.as_bytes()).is_some_and(|mac| mac.verify_slice(&wanted).is_ok())
-            });
-    if expected { Ok(access_key.to_owned()) } else { Err(Refusal::Mismatch) }
+    let matches = [canonical_path(request.raw_path, true), canonical_path(request.raw_path, false)]
+        .into_iter()
+        .any(|path| {
+            let canonical = canonical_request(request, &path, &names, signed_headers);
+            let to_sign = format!(
+                "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+                hex::encode(Sha256::digest(canonical.as_bytes()))
+            );
+            let Ok(wanted) = hex::decode(signature) else { return false };
+            hmac(&key, to_sign.as_bytes()).is_some_and(|mac| mac.verify_slice(&wanted).is_ok())
+        });
+    if matches { Ok(access_key.to_owned()) } else { Err(Refusal::Mismatch) }
 }
 
 fn canonical_request(request: &Signed<'_>, path: &str, names: &[&str], signed: &str) -> String {
