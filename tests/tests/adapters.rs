@@ -16,7 +16,7 @@ use sas_engine::order::Order;
 use sas_engine::ports::{Destination, EventBus, OrderRecord, Outbox, Outgoing};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
-use sas_engine::{AgentName, IdempotencyKey, OrderId, Timestamp};
+use sas_engine::{AgentName, IdempotencyKey, OrderId, Owner, Timestamp};
 use sas_tests::TestStack;
 use sas_tests::stack::order_json;
 
@@ -34,7 +34,16 @@ fn new_order(key: &str, config: &EngineConfig) -> (OrderRecord, StateRecord) {
     let workflow = workflow();
     let ctx = sas_engine::machine::Ctx { now: T0, config, workflow: &workflow };
     let state = sas_engine::machine::create(id, "corr".into(), &ctx).next;
-    (OrderRecord { order_id: id, idempotency_key: key, order, created_at: T0 }, state)
+    (
+        OrderRecord {
+            order_id: id,
+            owner: Owner::anonymous(),
+            idempotency_key: key,
+            order,
+            created_at: T0,
+        },
+        state,
+    )
 }
 
 #[tokio::test]

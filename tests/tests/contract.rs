@@ -34,7 +34,7 @@ use sas_engine::ports::{
 };
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
-use sas_engine::{AgentName, IdempotencyKey, OrderId, Timestamp};
+use sas_engine::{AgentName, IdempotencyKey, OrderId, Owner, Timestamp};
 use sas_tests::TestStack;
 use sas_tests::stack::order_json;
 
@@ -50,7 +50,16 @@ fn new_order(key: &str, config: &EngineConfig, at: Timestamp) -> (OrderRecord, S
     let workflow = workflow();
     let ctx = sas_engine::machine::Ctx { now: at, config, workflow: &workflow };
     let state = sas_engine::machine::create(id, "corr".into(), &ctx).next;
-    (OrderRecord { order_id: id, idempotency_key: key, order, created_at: at }, state)
+    (
+        OrderRecord {
+            order_id: id,
+            owner: Owner::anonymous(),
+            idempotency_key: key,
+            order,
+            created_at: at,
+        },
+        state,
+    )
 }
 
 /// A key that differs between runs on the shared moto server.

@@ -19,7 +19,11 @@ pub async fn handle<S: StateStore>(status: &StatusService<S>, request: Request) 
             json!({}),
         );
     };
-    match status.get(order_id).await {
+    let caller = match api::caller(&request) {
+        Ok(caller) => caller,
+        Err(e) => return api::from_error(&e),
+    };
+    match status.get(order_id, &caller).await {
         Ok(Some(view)) => match serde_json::to_value(&view) {
             Ok(body) => api::json(StatusCode::OK, &body),
             Err(e) => api::from_error(&sas_engine::Error::rejected("status", e)),

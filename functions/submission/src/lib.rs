@@ -60,7 +60,11 @@ where
     };
     // A header that is not visible ASCII cannot be a valid key; the engine says why.
     let key = key.to_str().unwrap_or("\u{fffd}");
-    match submission.submit(key, body).await {
+    let owner = match api::caller(&request) {
+        Ok(owner) => owner,
+        Err(e) => return api::from_error(&e),
+    };
+    match submission.submit_as(&owner, key, body).await {
         Ok(accepted) => api::accepted(&accepted.order_id.to_string(), accepted.created),
         Err(e) => api::from_error(&e),
     }

@@ -5,11 +5,32 @@
 
 use lambda_http::http::StatusCode;
 use lambda_http::http::header::{CONTENT_TYPE, HeaderValue, LOCATION, RETRY_AFTER};
-use lambda_http::{Body, Response};
-use sas_engine::Error;
+use lambda_http::request::RequestContext;
+use lambda_http::{Body, Request, RequestExt, Response};
 use sas_engine::order::FieldError;
+use sas_engine::{Error, Owner};
 use serde_json::{Value, json};
 use tracing::error;
+
+/// The caller, as the route's authorizer names it: an IAM principal, a JWT's issuer and
+/// subject, or the anonymous caller on a route without an authorizer. A route with an
+/// authorizer that names no one is refused rather than taken as anonymous.
+pub fn caller(request: &Request) -> Result<Owner, Error> {
+    let Some(RequestContext::ApiGatewayV2(context)) = request.request_context_ref() else {
+        return Ok(Owner::anonymous());
+    };
+    let Some(authorizer) = context.authorizer.as_ref() else {
+        return Ok(Owner::anonymous());
+    };
+    if let Some(arn) = authorizer.iam.as_ref().and_then(|iam| iam.user_arn.as_deref()) {
+        return Owner::iam(arn);
+    }
+    if let Some(jwt) = authorizer.jwt.as_ref() {
+        let claim = |name: &str| jwt.claims.get(name).map(String::as_str).unwrap_or_default();
+        return Owner::jwt(claim("iss"), claim("sub"));
+    }
+    Err(Error::InvalidCaller("the authorizer named no caller".into()))
+}
 
 /// A request body's bytes, whether API Gateway passed it as text or as base64.
 pub fn body_bytes(body: &Body) -> &[u8] {
@@ -69,6 +90,15 @@ pub fn from_error(e: &Error) -> Response<Body> {
             &format!("Idempotency-Key {reason}"),
             json!({ "fields": [{ "field": "Idempotency-Key", "reason": reason }] }),
         ),
+        Error::InvalidCaller(why) => {
+            error!(%why, "the authorizer's caller cannot own orders");
+            error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "the caller could not be identified",
+                json!({}),
+            )
+        }
         Error::KeyReused { existing } => error(
             StatusCode::CONFLICT,
             "idempotency_key_reused",

@@ -462,6 +462,7 @@ fn order_item(o: &OrderRecord) -> Item {
     let order = serde_json::to_string(&o.order).unwrap_or_default();
     Item::from([
         ("OrderId".into(), AttributeValue::S(o.order_id.to_string())),
+        ("Owner".into(), AttributeValue::S(o.owner.as_str().to_owned())),
         ("IdempotencyKey".into(), AttributeValue::S(o.idempotency_key.as_str().to_owned())),
         ("Order".into(), AttributeValue::S(order)),
         ("CreatedAt".into(), number(o.created_at.as_millis())),
@@ -472,8 +473,16 @@ fn order_from_item(id: OrderId, item: &Item) -> Result<OrderRecord> {
     let corrupt = |reason: String| Error::Corrupt { order_id: id, reason };
     let key = string(item, "IdempotencyKey").map_err(|e| corrupt(e.to_string()))?;
     let order = string(item, "Order").map_err(|e| corrupt(e.to_string()))?;
+    // Orders taken before owners were kept belong to the anonymous caller, whose ids they have.
+    let owner = match item.get("Owner").and_then(|v| v.as_s().ok()) {
+        Some(raw) => {
+            sas_engine::Owner::try_from(raw.clone()).map_err(|e| corrupt(e.to_string()))?
+        }
+        None => sas_engine::Owner::anonymous(),
+    };
     Ok(OrderRecord {
         order_id: id,
+        owner,
         idempotency_key: sas_engine::IdempotencyKey::parse(key)
             .map_err(|e| corrupt(e.to_string()))?,
         order: serde_json::from_str(order).map_err(|e| corrupt(format!("Order: {e}")))?,

@@ -22,6 +22,10 @@ pub enum Error {
     #[error("invalid idempotency key: {0}")]
     InvalidKey(&'static str),
 
+    /// The authorizer named the caller in a way that cannot own orders; nothing was written.
+    #[error("invalid caller: {0}")]
+    InvalidCaller(String),
+
     /// The idempotency key was already used for a different order; nothing was written.
     #[error("idempotency key already used for a different order ({existing})")]
     KeyReused { existing: OrderId },

@@ -26,9 +26,23 @@ pub const MAX_KEY_LEN: usize = 128;
 pub struct OrderId(Uuid);
 
 impl OrderId {
-    /// The order id a client key maps to.
+    /// The order id a client key maps to on an API without authorization (the anonymous
+    /// owner's keys).
     pub fn for_key(key: &IdempotencyKey) -> Self {
         OrderId(Uuid::new_v5(&ORDER_NAMESPACE, key.0.as_bytes()))
+    }
+
+    /// The order id an owner's key maps to. Keys are the owner's own: two owners may use the
+    /// same key for two orders. The anonymous owner's ids are [`OrderId::for_key`]'s, so that an
+    /// API that gains authorization keeps the ids of the orders taken before.
+    pub fn for_owner_key(owner: &Owner, key: &IdempotencyKey) -> Self {
+        if owner.is_anonymous() {
+            return OrderId::for_key(key);
+        }
+        // The owner never holds a NUL (it is refused as a control character), so the pair
+        // cannot be spelled two ways.
+        let name = format!("{}\0{}", owner.0, key.0);
+        OrderId(Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes()))
     }
 
     pub fn from_uuid(id: Uuid) -> Self {
@@ -66,6 +80,84 @@ impl FromStr for OrderId {
         Uuid::parse_str(s)
             .map(OrderId)
             .map_err(|_| Error::InvalidMessage(format!("not an order id: {s:?}")))
+    }
+}
+
+/// Who submitted an order, as the API's authorizer names the caller: an IAM principal's ARN,
+/// a JWT's issuer and subject, or `anonymous` on an API without authorization. An order is
+/// shown only to its owner, and an owner's idempotency keys are its own.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Owner(String);
+
+/// Longest owner accepted, in bytes (an IAM ARN is at most 2,048 characters; a JWT subject at
+/// most 255 by most issuers).
+pub const MAX_OWNER_LEN: usize = 2048;
+
+impl Owner {
+    const ANONYMOUS: &'static str = "anonymous";
+
+    /// The caller on an API without authorization.
+    pub fn anonymous() -> Owner {
+        Owner(Owner::ANONYMOUS.to_owned())
+    }
+
+    /// An IAM principal, by the ARN API Gateway's IAM authorizer gives.
+    pub fn iam(user_arn: &str) -> Result<Owner, Error> {
+        if !user_arn.starts_with("arn:") {
+            return Err(Error::InvalidCaller(format!("not an ARN: {user_arn:?}")));
+        }
+        Owner::parse(user_arn)
+    }
+
+    /// A JWT's issuer and subject: a subject is unique only within its issuer.
+    pub fn jwt(issuer: &str, subject: &str) -> Result<Owner, Error> {
+        if issuer.is_empty() || subject.is_empty() {
+            return Err(Error::InvalidCaller("a token needs an issuer and a subject".into()));
+        }
+        Owner::parse(&format!("jwt:{issuer}#{subject}"))
+    }
+
+    fn parse(raw: &str) -> Result<Owner, Error> {
+        if raw.is_empty() || raw.len() > MAX_OWNER_LEN || raw.chars().any(char::is_control) {
+            return Err(Error::InvalidCaller(format!(
+                "a caller is 1 to {MAX_OWNER_LEN} bytes without control characters"
+            )));
+        }
+        Ok(Owner(raw.to_owned()))
+    }
+
+    pub fn is_anonymous(&self) -> bool {
+        self.0 == Owner::ANONYMOUS
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Owner {
+    type Error = Error;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        if value == Owner::ANONYMOUS { Ok(Owner::anonymous()) } else { Owner::parse(&value) }
+    }
+}
+
+impl From<Owner> for String {
+    fn from(o: Owner) -> String {
+        o.0
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -175,6 +267,30 @@ pub fn step_key(order: OrderId, step: &str, direction: Direction, generation: u3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owners_keys_are_its_own_and_the_anonymous_ids_do_not_change() {
+        let key = IdempotencyKey::parse("order-1001").unwrap();
+        let ada = Owner::iam("arn:aws:iam::123456789012:user/ada").unwrap();
+        let bob = Owner::jwt("https://issuer.example", "bob").unwrap();
+        let ids = [&ada, &bob, &Owner::anonymous()].map(|o| OrderId::for_owner_key(o, &key));
+        assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2]);
+        assert_eq!(ids[2], OrderId::for_key(&key));
+        assert_eq!(ids[0], OrderId::for_owner_key(&ada.clone(), &key));
+    }
+
+    #[test]
+    fn callers_that_cannot_own_orders_are_refused() {
+        assert!(Owner::iam("ada").is_err(), "not an ARN");
+        assert!(Owner::iam("arn:aws:iam::1:user/a\u{0}b").is_err());
+        assert!(Owner::iam(&format!("arn:{}", "x".repeat(MAX_OWNER_LEN))).is_err());
+        assert!(Owner::jwt("", "bob").is_err() && Owner::jwt("https://i", "").is_err());
+        // Stored and read back as the same owner.
+        let ada: Owner = serde_json::from_str("\"arn:aws:iam::1:user/ada\"").unwrap();
+        assert_eq!(ada, Owner::iam("arn:aws:iam::1:user/ada").unwrap());
+        let anonymous: Owner = serde_json::from_str("\"anonymous\"").unwrap();
+        assert!(anonymous.is_anonymous());
+    }
 
     #[test]
     fn order_id_is_a_pure_function_of_the_key() {

@@ -43,5 +43,5 @@ pub mod time;
 pub mod workflow;
 
 pub use error::{Error, Result};
-pub use ids::{AgentName, Direction, IdempotencyKey, OrderId};
+pub use ids::{AgentName, Direction, IdempotencyKey, OrderId, Owner};
 pub use time::Timestamp;

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::events::{BusEvent, PublishReport};
-use crate::ids::{AgentName, Direction, IdempotencyKey, OrderId};
+use crate::ids::{AgentName, Direction, IdempotencyKey, OrderId, Owner};
 use crate::message::Message;
 use crate::order::Order;
 use crate::state::{ProcessState, StateRecord};
@@ -36,6 +36,8 @@ use crate::time::Timestamp;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderRecord {
     pub order_id: OrderId,
+    /// Who submitted it: the only caller it is shown to.
+    pub owner: Owner,
     pub idempotency_key: IdempotencyKey,
     pub order: Order,
     pub created_at: Timestamp,

@@ -24,7 +24,7 @@ use sas_engine::ports::{
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{Agent, AgentOutcome, Handled, StatusService, Supervisor};
 use sas_engine::state::{AlertDelivery, Happening, ProcessState, StateRecord};
-use sas_engine::{Error, OrderId, Result, Timestamp};
+use sas_engine::{Error, OrderId, Owner, Result, Timestamp};
 use world::{World, order_body};
 
 // ---------------------------------------------------------------- submission
@@ -755,7 +755,7 @@ async fn the_status_view_shows_steps_and_timeline() {
     let id = w.submit("view").await.unwrap().order_id;
     w.settle().await;
     let status = StatusService::new(w.store.clone());
-    let view = status.get(id).await.unwrap().unwrap();
+    let view = status.get(id, &Owner::anonymous()).await.unwrap().unwrap();
     assert_eq!(view.process_state, ProcessState::Processed);
     assert_eq!(view.steps.len(), 3);
     assert!(view.timeline.len() >= 5);
@@ -763,5 +763,28 @@ async fn the_status_view_shows_steps_and_timeline() {
     assert_eq!(json["process_state"], "Processed");
     assert_eq!(json["order"]["currency"], "EUR");
     let unknown = OrderId::for_key(&sas_engine::IdempotencyKey::parse("nobody").unwrap());
-    assert!(status.get(unknown).await.unwrap().is_none());
+    assert!(status.get(unknown, &Owner::anonymous()).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_order_is_its_owners_and_so_are_its_keys() {
+    let w = World::new();
+    let ada = Owner::iam("arn:aws:iam::123456789012:user/ada").unwrap();
+    let bob = Owner::jwt("https://issuer.example", "bob").unwrap();
+    let body = world::order_body("shared-key");
+    let a = w.submission.submit_as(&ada, "shared-key", body.as_bytes()).await.unwrap();
+    // The same key is Bob's own: a new order, not a conflict that would tell him Ada used it.
+    let other = world::order_body("another order");
+    let b = w.submission.submit_as(&bob, "shared-key", other.as_bytes()).await.unwrap();
+    assert!(a.created && b.created && a.order_id != b.order_id);
+    // Each sees their own order; to anyone else it does not exist.
+    let status = StatusService::new(w.store.clone());
+    assert!(status.get(a.order_id, &ada).await.unwrap().is_some());
+    for stranger in [&bob, &Owner::anonymous()] {
+        assert_eq!(status.get(a.order_id, stranger).await.unwrap(), None, "{stranger}");
+    }
+    // Ada sending her key again with another order is refused; Bob's order is untouched.
+    let reused = w.submission.submit_as(&ada, "shared-key", other.as_bytes()).await;
+    assert!(matches!(reused, Err(Error::KeyReused { .. })), "{reused:?}");
+    assert!(status.get(b.order_id, &bob).await.unwrap().is_some());
 }

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::ids::OrderId;
+use crate::ids::{OrderId, Owner};
 use crate::order::Order;
 use crate::ports::{OrderRecord, Read, StateStore};
 use crate::state::{
@@ -36,6 +36,8 @@ pub struct OrderView {
 pub struct OperatorView {
     #[serde(flatten)]
     pub view: OrderView,
+    /// Who submitted it.
+    pub owner: Owner,
     pub correlation_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,
@@ -63,9 +65,15 @@ impl<S: StateStore> StatusService<S> {
         StatusService { store }
     }
 
-    /// The view of an order, or `None` if there is no such order.
-    pub async fn get(&self, order_id: OrderId) -> Result<Option<OrderView>> {
-        Ok(self.load(order_id).await?.map(|(order, state)| view(order, state)))
+    /// The view of an order for `caller`, or `None` if there is no such order or it is
+    /// someone else's: the two answers must not be told apart, or an id would say that an
+    /// order exists.
+    pub async fn get(&self, order_id: OrderId, caller: &Owner) -> Result<Option<OrderView>> {
+        Ok(self
+            .load(order_id)
+            .await?
+            .filter(|(order, _)| order.owner == *caller)
+            .map(|(order, state)| view(order, state)))
     }
 
     /// The operator's view of an order, or `None` if there is no such order.
@@ -74,6 +82,7 @@ impl<S: StateStore> StatusService<S> {
             return Ok(None);
         };
         Ok(Some(OperatorView {
+            owner: order.owner.clone(),
             needs_manual_undo: state.needs_manual_undo(),
             correlation_id: std::mem::take(&mut state.correlation_id),
             ended_at: state.ended_at.map(|t| t.to_rfc3339()),

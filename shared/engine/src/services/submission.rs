@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::effects::Effector;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::ids::{IdempotencyKey, OrderId};
+use crate::ids::{IdempotencyKey, OrderId, Owner};
 use crate::load::{Admission, Cached, DoorTally, LoadSource};
 use crate::machine::{self, Ctx, Decision, Input, decide};
 use crate::order::Order;
@@ -73,14 +73,25 @@ where
     /// order that would wait too long in the queues ([`Error::Overloaded`]). The same key with
     /// the same order returns the existing order; with a different order it is refused.
     pub async fn submit(&self, key: &str, body: &[u8]) -> Result<Accepted> {
+        self.submit_as(&Owner::anonymous(), key, body).await
+    }
+
+    /// Accepts an order for `owner`, whose keys are its own (see [`Submission::submit`]).
+    pub async fn submit_as(&self, owner: &Owner, key: &str, body: &[u8]) -> Result<Accepted> {
         let key = IdempotencyKey::parse(key)?;
         let order = Order::from_json(body)?;
-        let order_id = OrderId::for_key(&key);
+        let order_id = OrderId::for_owner_key(owner, &key);
         let now = self.ports.clock.now();
         self.admit(now).await?;
         let ctx = Ctx { now, config: &self.ports.config, workflow: &self.ports.workflow };
         let created = machine::create(order_id, self.ids.new_id(), &ctx);
-        let record = OrderRecord { order_id, idempotency_key: key, order, created_at: now };
+        let record = OrderRecord {
+            order_id,
+            owner: owner.clone(),
+            idempotency_key: key,
+            order,
+            created_at: now,
+        };
 
         match self.ports.store.create(&record, &created.next).await? {
             Created::Created => {
