@@ -19,7 +19,12 @@ pub fn caller(request: &Request) -> Result<Owner, Error> {
     let Some(RequestContext::ApiGatewayV2(context)) = request.request_context_ref() else {
         return Ok(Owner::anonymous());
     };
-    let Some(authorizer) = context.authorizer.as_ref() else {
+    // An empty authorizer description is the same as none.
+    let Some(authorizer) = context
+        .authorizer
+        .as_ref()
+        .filter(|a| a.iam.is_some() || a.jwt.is_some() || !a.fields.is_empty())
+    else {
         return Ok(Owner::anonymous());
     };
     if let Some(arn) = authorizer.iam.as_ref().and_then(|iam| iam.user_arn.as_deref()) {
@@ -134,6 +139,52 @@ pub fn from_error(e: &Error) -> Response<Body> {
         e => {
             error!(error = %e, "request failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error", json!({}))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(authorizer: Option<Value>) -> Request {
+        let mut event = json!({
+            "version": "2.0", "routeKey": "GET /orders/{id}", "rawPath": "/orders/x",
+            "rawQueryString": "", "headers": {"host": "api.test"},
+            "requestContext": {
+                "accountId": "123456789012", "apiId": "test", "domainName": "api.test",
+                "http": {"method": "GET", "path": "/orders/x", "protocol": "HTTP/1.1",
+                         "sourceIp": "127.0.0.1", "userAgent": "test"},
+                "requestId": "r", "routeKey": "GET /orders/{id}", "stage": "$default",
+                "time": "22/Nov/2026:00:00:00 +0000", "timeEpoch": 0
+            },
+            "isBase64Encoded": false,
+        });
+        if let Some(authorizer) = authorizer {
+            event["requestContext"]["authorizer"] = authorizer;
+        }
+        lambda_http::request::from_str(&event.to_string()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_caller_is_whom_the_authorizer_names() {
+        let iam = json!({"iam": {"userArn": "arn:aws:iam::123456789012:user/ada"}});
+        let owner = caller(&request(Some(iam))).map(|o| o.to_string());
+        assert_eq!(owner.ok().as_deref(), Some("arn:aws:iam::123456789012:user/ada"));
+        let jwt = json!({"jwt": {"claims": {"iss": "https://issuer.example", "sub": "bob"}}});
+        let owner = caller(&request(Some(jwt))).map(|o| o.to_string());
+        assert_eq!(owner.ok().as_deref(), Some("jwt:https://issuer.example#bob"));
+        for open in [None, Some(json!({})), Some(Value::Null)] {
+            assert!(caller(&request(open.clone())).is_ok_and(|o| o.is_anonymous()), "{open:?}");
+        }
+        // An authorizer that names no one usable is refused, never taken as anonymous.
+        for nobody in [
+            json!({"iam": {}}),
+            json!({"jwt": {"claims": {"iss": "https://issuer.example"}}}),
+            json!({"lambda": {"tenant": "t-1"}}),
+        ] {
+            let got = caller(&request(Some(nobody.clone())));
+            assert!(matches!(got, Err(Error::InvalidCaller(_))), "{nobody}: {got:?}");
         }
     }
 }
