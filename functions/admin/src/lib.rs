@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use lambda_http::http::{Method, StatusCode};
-use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
@@ -73,7 +72,10 @@ where
     B: EventBus,
     C: Clock,
 {
-    let Some(caller) = caller(&request) else {
+    // Only a named principal may act: the anonymous caller of a route left without its
+    // authorizer by mistake changes nothing.
+    let Some(caller) = api::caller(&request).ok().filter(|c| !c.is_anonymous()).map(String::from)
+    else {
         return api::error(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -127,15 +129,6 @@ where
         }
         _ => api::error(StatusCode::NOT_FOUND, "not_found", "no such admin route", json!({})),
     }
-}
-
-/// The caller's IAM principal, as API Gateway's IAM authoriser gives it.
-fn caller(request: &Request) -> Option<String> {
-    let RequestContext::ApiGatewayV2(context) = request.request_context_ref()? else {
-        return None;
-    };
-    let iam = context.authorizer.as_ref()?.iam.as_ref()?;
-    iam.user_arn.clone().filter(|arn| !arn.trim().is_empty())
 }
 
 async fn list<S, Q, B, C>(admin: &Admin<S, Q, B, C>, query: &HashMap<&str, &str>) -> Response<Body>
