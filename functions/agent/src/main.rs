@@ -1,12 +1,16 @@
 //! An agent function: wires configuration, clients and the handler. One binary serves every
-//! agent; `AGENT_NAME` and `SERVICE_URL` say which service this deployment wraps.
+//! agent; `AGENT_NAME` and `SERVICE_URL` say which service this deployment wraps, and
+//! `SERVICE_AUTH` how it authenticates there (in any case): `sigv4` (signed for `SERVICE_SIGNING_NAME`, by
+//! default `lambda` for function URLs and `execute-api` otherwise), `bearer` or `api-key` (the
+//! text of the secret `SERVICE_SECRET_ARN`, read once per cold start), or `none`.
 
 use std::time::Duration;
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use sas_aws::batch::Coalescing;
-use sas_aws::http::HttpRemote;
+use sas_aws::http::{HttpRemote, ServiceAuth};
 use sas_aws::settings::{Env, reporter_name};
+use sas_aws::signing::SigV4;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::system::{Jitter, SystemClock};
 use sas_aws::waits::DynamoWaits;
@@ -41,7 +45,8 @@ async fn main() -> Result<(), Error> {
     let (sqs, dynamodb) = (clients::sqs(&sdk), clients::dynamodb(&sdk));
     clients::warm_up(clients::touch_queue(&sqs, &replies)).await;
 
-    let remote = HttpRemote::new(&service_url, Duration::from_millis(timeout_ms))?;
+    let auth = service_auth(&env, &sdk, &service_url).await?;
+    let remote = HttpRemote::new(&service_url, Duration::from_millis(timeout_ms))?.with_auth(auth);
     let replies = QueueUrls::default().with(Destination::Replies, replies);
     let outbox = Coalescing::new(SqsOutbox::new(sqs, replies), linger);
     let waits = WaitReporter::new(
@@ -59,10 +64,45 @@ async fn main() -> Result<(), Error> {
         queue,
         waits,
     );
-    tracing::info!(agent = %name, %service_url, "agent ready");
+    tracing::info!(agent = %name, %service_url, auth = %env.get("SERVICE_AUTH").unwrap_or_default(), "agent ready");
     let agent = &agent;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
         Ok::<_, Error>(sas_agent::handle(agent, event.payload).await)
     }))
     .await
+}
+
+/// How calls to the service authenticate, from `SERVICE_AUTH` and its companions.
+async fn service_auth(
+    env: &Env,
+    sdk: &aws_config::SdkConfig,
+    service_url: &str,
+) -> Result<ServiceAuth, Error> {
+    let secret = || async {
+        let arn = env.required("SERVICE_SECRET_ARN")?;
+        sas_aws::clients::secret_text(sdk, &arn).await.map_err(Error::from)
+    };
+    // The template passes its parameter's spelling (SIGV4, API_KEY, ...).
+    let kind = env.get("SERVICE_AUTH").unwrap_or_default().to_ascii_lowercase().replace('_', "-");
+    Ok(match kind.as_str() {
+        "none" | "" => ServiceAuth::None,
+        "sigv4" => {
+            let name = env.get("SERVICE_SIGNING_NAME").unwrap_or_else(|| {
+                let function_url = service_url.contains(".lambda-url.");
+                if function_url { "lambda" } else { "execute-api" }.to_owned()
+            });
+            ServiceAuth::SigV4(
+                SigV4::from_config(sdk, &name)
+                    .ok_or("SERVICE_AUTH=sigv4 needs AWS credentials and a region to sign with")?,
+            )
+        }
+        "bearer" => ServiceAuth::bearer(&secret().await?)?,
+        "api-key" => ServiceAuth::header("x-api-key", &secret().await?)?,
+        other => {
+            return Err(format!(
+                "SERVICE_AUTH={other:?} is not one of sigv4, bearer, api-key, none"
+            )
+            .into());
+        }
+    })
 }

@@ -15,6 +15,26 @@ pub fn dynamodb(config: &SdkConfig) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::new(config)
 }
 
+/// The text of a Secrets Manager secret's current version. Errors name the secret, never its
+/// value.
+pub async fn secret_text(config: &SdkConfig, secret_id: &str) -> Result<String, String> {
+    let answer = aws_sdk_secretsmanager::Client::new(config)
+        .get_secret_value()
+        .secret_id(secret_id)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "reading secret {secret_id}: {}",
+                aws_sdk_secretsmanager::error::DisplayErrorContext(e)
+            )
+        })?;
+    answer
+        .secret_string()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("secret {secret_id} holds no text"))
+}
+
 pub fn sqs(config: &SdkConfig) -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(config)
 }

@@ -3,16 +3,53 @@
 //! `POST {service_url}/actions/{action}` with the step's idempotency key in the
 //! `Idempotency-Key` header and `{order_id, direction, order, input}` as JSON. A 2xx answer is
 //! the step's output. 408, 429, 5xx, timeouts and connection failures are transient (the
-//! effect may or may not have happened; the retry carries the same key). Any other 4xx is a
-//! permanent refusal.
+//! effect may or may not have happened; the retry carries the same key). 401 and 403 are
+//! transient too: the agent's own credentials were refused, which an operator fixes, not a
+//! refusal of the order. Any other 4xx is a permanent refusal.
+//!
+//! Calls authenticate as [`ServiceAuth`] says: signed with SigV4 for services behind IAM, or
+//! with a token read from Secrets Manager at cold start, in a header marked sensitive so that
+//! it is never printed.
 
 use std::time::Duration;
 
+use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{Client, StatusCode};
 use sas_engine::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
 use serde_json::{Value, json};
 
+use crate::signing::SigV4;
 use crate::system::SystemClock;
+
+/// How an agent authenticates to its service.
+#[derive(Clone, Debug, Default)]
+pub enum ServiceAuth {
+    /// No credentials.
+    #[default]
+    None,
+    /// Each request signed with SigV4.
+    SigV4(SigV4),
+    /// A fixed header on each request (`Authorization: Bearer ...`, or an API key header).
+    Header { name: HeaderName, value: HeaderValue },
+}
+
+impl ServiceAuth {
+    /// A bearer token, as `Authorization: Bearer <token>`.
+    pub fn bearer(token: &str) -> Result<ServiceAuth, String> {
+        ServiceAuth::header("authorization", &format!("Bearer {}", token.trim()))
+    }
+
+    /// A secret sent as the value of header `name`.
+    pub fn header(name: &str, secret: &str) -> Result<ServiceAuth, String> {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a header name"))?;
+        // The error names neither the secret nor any part of it.
+        let mut value = HeaderValue::from_str(secret.trim())
+            .map_err(|_| "the secret is not a valid header value".to_owned())?;
+        value.set_sensitive(true);
+        Ok(ServiceAuth::Header { name, value })
+    }
+}
 
 /// Longest error text kept from a response body.
 const MAX_ERROR_TEXT: usize = 300;
@@ -25,6 +62,7 @@ pub struct HttpRemote<C = SystemClock> {
     base_url: String,
     call_timeout: Duration,
     clock: C,
+    auth: ServiceAuth,
 }
 
 impl HttpRemote {
@@ -42,7 +80,13 @@ impl<C: Clock> HttpRemote<C> {
     ) -> Result<Self, reqwest::Error> {
         let client = Client::builder().connect_timeout(Duration::from_secs(3)).build()?;
         let base_url = base_url.trim_end_matches('/').to_owned();
-        Ok(HttpRemote { client, base_url, call_timeout, clock })
+        Ok(HttpRemote { client, base_url, call_timeout, clock, auth: ServiceAuth::None })
+    }
+
+    /// Calls authenticated as `auth` says.
+    pub fn with_auth(mut self, auth: ServiceAuth) -> Self {
+        self.auth = auth;
+        self
     }
 }
 
@@ -58,13 +102,27 @@ impl<C: Clock> RemoteService for HttpRemote<C> {
             "order": call.order,
             "input": call.input,
         });
-        let response = self
+        let mut request = self
             .client
             .post(format!("{}/actions/{}", self.base_url, call.action))
             .header("Idempotency-Key", &call.idempotency_key)
             .timeout(left.min(self.call_timeout))
             .json(&body)
-            .send()
+            .build()
+            .map_err(|e| RemoteFault::Transient(format!("building the request: {e}")))?;
+        match &self.auth {
+            ServiceAuth::None => {}
+            ServiceAuth::SigV4(signer) => signer
+                .sign(&mut request)
+                .await
+                .map_err(|e| RemoteFault::Transient(e.to_string()))?,
+            ServiceAuth::Header { name, value } => {
+                request.headers_mut().insert(name.clone(), value.clone());
+            }
+        }
+        let response = self
+            .client
+            .execute(request)
             .await
             .map_err(|e| RemoteFault::Transient(format!("request failed: {e}")))?;
         let status = response.status();
@@ -77,14 +135,18 @@ impl<C: Clock> RemoteService for HttpRemote<C> {
                 Ok(Value::String(sas_engine::message::truncate(&text, MAX_ERROR_TEXT)))
             });
         }
-        let detail = format!("{status}: {}", sas_engine::message::truncate(&text, MAX_ERROR_TEXT));
         if status == StatusCode::REQUEST_TIMEOUT
             || status == StatusCode::TOO_MANY_REQUESTS
+            || status == StatusCode::UNAUTHORIZED
+            || status == StatusCode::FORBIDDEN
             || status.is_server_error()
         {
-            Err(RemoteFault::Transient(detail))
+            // Only the status: transient faults are logged, and a body may echo the order.
+            Err(RemoteFault::Transient(status.to_string()))
         } else {
-            Err(RemoteFault::Permanent(detail))
+            // A refusal's text is the order's failure cause, kept with the order.
+            let text = sas_engine::message::truncate(&text, MAX_ERROR_TEXT);
+            Err(RemoteFault::Permanent(format!("{status}: {text}")))
         }
     }
 }

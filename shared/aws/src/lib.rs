@@ -15,7 +15,7 @@
 //! - [`dead_letters`]: the dead-letter queues, read and moved back by operators.
 //! - [`waits`]: the consumers' reports of how long messages waited, in a DynamoDB table.
 //! - [`eventbridge`]: status events and alerts.
-//! - [`http`]: the remote service an agent calls.
+//! - [`http`]: the remote service an agent calls; [`signing`]: SigV4 for outgoing requests.
 //! - [`system`]: the real clock, ids and randomness.
 //! - [`settings`]: configuration read from the environment; [`clients`]: SDK clients.
 //! - [`api`]: the HTTP API's answers (statuses and JSON errors).
@@ -31,6 +31,7 @@ mod errors;
 pub mod eventbridge;
 pub mod http;
 pub mod settings;
+pub mod signing;
 pub mod sqs;
 pub mod system;
 pub mod telemetry;
