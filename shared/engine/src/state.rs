@@ -186,6 +186,21 @@ impl Cause {
         }
     }
 
+    /// The cause without the text that came from outside (a service's refusal, an operator's
+    /// reason), which may name the customer: alerts leave the system, and carry only this.
+    pub fn without_text(&self) -> Cause {
+        const SEE_ORDER: &str = "not carried in alerts: see the order (sas show)";
+        match self {
+            Cause::StepRejected { step, .. } => {
+                Cause::StepRejected { step: step.clone(), reason: SEE_ORDER.into() }
+            }
+            Cause::Cancelled { by, .. } => {
+                Cause::Cancelled { by: by.clone(), reason: SEE_ORDER.into() }
+            }
+            other => other.clone(),
+        }
+    }
+
     /// A short name for filters and tables: `step_rejected`, `step_timed_out`, ...
     pub fn kind(&self) -> &'static str {
         match self {

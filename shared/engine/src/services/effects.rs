@@ -162,7 +162,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
 
 /// The alert of an order in Error; `None` if the record has no failure cause.
 pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
-    let cause = record.cause.clone()?;
+    let cause = record.cause.as_ref()?.without_text();
     let needs_manual_undo = record.needs_manual_undo();
     let id = record.order_id;
     Some(Alert {
