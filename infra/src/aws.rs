@@ -1,10 +1,14 @@
 //! SDK clients for a local stack: which endpoint serves each service, and clients of the three
-//! services pointed there, with the region and the fixed credentials every emulator accepts.
-//! Everything that talks to an emulator (provisioning, the demo, the tools, the tests) builds
-//! its clients here.
+//! services pointed there, with the region and credentials every emulator accepts (any access
+//! key id, the secret key `local`). Everything that talks to an emulator (provisioning, the
+//! demo, the tools, the tests) builds its clients here, as the stack itself
+//! ([`STACK_ACCESS_KEY_ID`]) or on behalf of a function (its logical id, which the local
+//! stack's proxy checks against that function's policy).
 
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
+
+use crate::sigv4::LOCAL_SECRET_KEY;
 
 /// The endpoint of each service.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +26,10 @@ impl Endpoints {
     }
 }
 
+/// The access key id of the stack's own clients: no function's, so the proxy lets their
+/// requests through unchecked.
+pub const STACK_ACCESS_KEY_ID: &str = "local";
+
 /// A client of each service.
 #[derive(Clone, Debug)]
 pub struct Clients {
@@ -31,11 +39,19 @@ pub struct Clients {
 }
 
 impl Clients {
-    /// Clients for `endpoints` in `region`.
+    /// Clients for `endpoints` in `region`, as the stack itself.
     pub async fn new(endpoints: &Endpoints, region: &str) -> Clients {
+        Clients::signing_as(endpoints, region, STACK_ACCESS_KEY_ID).await
+    }
+
+    /// Clients for `endpoints` in `region` that sign with `access_key_id`: a function's logical
+    /// id to act on its behalf.
+    pub async fn signing_as(endpoints: &Endpoints, region: &str, access_key_id: &str) -> Clients {
+        let credentials =
+            Credentials::new(access_key_id, LOCAL_SECRET_KEY, None, None, "local-stack");
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .region(Region::new(region.to_owned()))
-            .credentials_provider(Credentials::new("local", "local", None, None, "local"))
+            .credentials_provider(credentials)
             .load()
             .await;
         Clients {

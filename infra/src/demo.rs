@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use sas_aws::signing::SigV4;
 use sas_engine::memory::SplitMix;
 use sas_engine::ports::Random;
 use serde_json::Value;
@@ -22,6 +23,7 @@ use tokio::sync::Semaphore;
 use crate::Error;
 use crate::aws::Clients;
 use crate::local::LocalStack;
+use crate::sigv4;
 
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
 /// calls, an outage from 15 s to 25 s after start, and payments declined for good now and then.
@@ -38,6 +40,9 @@ pub const DEMO_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
 /// and a request and a reply per step, and writes its state once at submission, once to claim,
 /// and once per step.
 const STEPS: f64 = 3.0;
+
+/// The access key the demo's client signs with: its orders belong to this caller.
+const DEMO_CLIENT: &str = "demo-client";
 
 /// Template parameters for the demo: quick retries, a sweep every minute (run faster), and a
 /// door that keeps the local stack's queues under 20 s.
@@ -142,6 +147,8 @@ pub async fn run(
             stack.restarts()
         ));
     }
+    // A call a function's policy refused fails the demo, however the orders went.
+    stack.check_access(&mut summary.text)?;
     Ok(summary)
 }
 
@@ -163,17 +170,20 @@ async fn follow(
     let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
     let submitting = {
         let (http, api, door) = (http.clone(), stack.api_url.clone(), door.clone());
+        // The demo's client signs its orders, as the API's default authorizer wants.
+        let signer =
+            sigv4::local_signer(DEMO_CLIENT, &stack.stack.context.region, sigv4::EXECUTE_API);
         tokio::spawn(async move {
             let mut submissions = Vec::new();
             for i in 0..orders {
                 if let Some(pace) = pace {
                     tokio::time::sleep(pace).await;
                 }
-                let (http, api, slots, door) =
-                    (http.clone(), api.clone(), slots.clone(), door.clone());
+                let (http, api, slots, door, signer) =
+                    (http.clone(), api.clone(), slots.clone(), door.clone(), signer.clone());
                 submissions.push(tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    submit(&http, &api, i, deadline, &door).await
+                    submit(&http, &signer, &api, i, deadline, &door).await
                 }));
             }
             let mut ids = Vec::new();
@@ -258,6 +268,7 @@ async fn follow(
 /// Sends order `i` until it is accepted or `deadline` passes; returns its id if accepted.
 async fn submit(
     http: &reqwest::Client,
+    signer: &SigV4,
     api: &str,
     i: usize,
     deadline: Instant,
@@ -273,13 +284,12 @@ async fn submit(
     let jitter = SplitMix::seeded(i as u64);
     let mut backoff = Duration::from_millis(500);
     while Instant::now() < deadline {
-        let answer = http
+        let request = http
             .post(format!("{api}/orders"))
             .header("content-type", "application/json")
             .header("idempotency-key", format!("demo-order-{i:05}"))
-            .body(body.clone())
-            .send()
-            .await;
+            .body(body.clone());
+        let answer = signer.send(http, request).await;
         let wait = match answer {
             Ok(a) if a.status() == 202 => {
                 let v: Value = a.json().await.ok()?;
@@ -383,10 +393,13 @@ async fn summarise(
 ) -> Result<Summary, Error> {
     let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap_or_default();
     // Without the service's own account there is nothing to judge the orders against.
+    let signer = sigv4::local_signer(DEMO_CLIENT, &stack.stack.context.region, sigv4::LAMBDA);
     let get = |path: &'static str| {
         let url = format!("{remote}{path}");
+        let signer = &signer;
         async move {
-            let answer = http.get(url).send().await.and_then(|r| r.error_for_status());
+            let answer = signer.send(http, http.get(url)).await.map_err(|e| e.to_string());
+            let answer = answer.and_then(|r| r.error_for_status().map_err(|e| e.to_string()));
             match answer {
                 Ok(r) => r.json::<Value>().await.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),

@@ -1,6 +1,8 @@
 //! The functions a template declares, as a local runner needs them: which binary, with which
 //! environment (globals merged, references resolved to the provisioned resources), timeout,
-//! memory, and event sources (SQS mappings, schedules, HTTP API routes).
+//! memory, and event sources (SQS mappings, schedules, HTTP API routes). Routes are read both
+//! from SAM's `HttpApi` events and from API Gateway's own `AWS::ApiGatewayV2::Route` resources
+//! (with their integrations and authorizers).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,7 +11,7 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::provision::Stack;
-use crate::template::{Template, scalar_string};
+use crate::template::{Resource, Template, scalar_string};
 
 /// Lambda's default timeout, when neither the function nor the globals set one.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -25,8 +27,8 @@ pub struct FunctionSpec {
     pub timeout: Duration,
     pub memory_mb: u32,
     pub reserved_concurrency: Option<u32>,
-    /// Whether it is reached through a function URL.
-    pub function_url: bool,
+    /// How its function URL is authenticated (`None`: no URL; `Some(None)`: `AuthType: NONE`).
+    pub function_url: Option<Option<RouteAuth>>,
     pub events: Vec<EventSource>,
 }
 
@@ -44,8 +46,29 @@ pub enum EventSource {
     },
     /// An EventBridge schedule (`rate(...)` or `cron(...)`).
     Schedule { name: String, expression: String },
-    /// An HTTP API route, and its authorizer (`AWS_IAM`) if it has one.
-    HttpApi { name: String, method: String, path: String, authorizer: Option<String> },
+    /// An HTTP API route, and its authorizer if it has one.
+    HttpApi { name: String, method: String, path: String, authorizer: Option<RouteAuth> },
+}
+
+/// Who may call a route.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RouteAuth {
+    /// `AWS_IAM`: SigV4-signed requests.
+    Iam,
+    /// `JWT`: bearer tokens of `issuer` for one of `audience`.
+    Jwt { issuer: String, audience: Vec<String> },
+    /// Any other kind, named as the template names it.
+    Other(String),
+}
+
+impl RouteAuth {
+    fn named(kind: &str) -> Option<RouteAuth> {
+        match kind {
+            "NONE" => None,
+            "AWS_IAM" => Some(RouteAuth::Iam),
+            other => Some(RouteAuth::Other(other.to_owned())),
+        }
+    }
 }
 
 /// Every function of `template` whose condition holds, resolved against `stack`.
@@ -119,7 +142,7 @@ pub fn functions(template: &Template, stack: &Stack) -> Result<Vec<FunctionSpec>
                         .pointer("/Auth/Authorizer")
                         .map(scalar_string)
                         .transpose()?
-                        .filter(|a| a != "NONE"),
+                        .and_then(|a| RouteAuth::named(&a)),
                 }),
                 other => {
                     return Err(bad(&format!(
@@ -138,9 +161,108 @@ pub fn functions(template: &Template, stack: &Stack) -> Result<Vec<FunctionSpec>
                 .unwrap_or(DEFAULT_MEMORY_MB),
             reserved_concurrency: number("ReservedConcurrentExecutions")?
                 .and_then(|m| u32::try_from(m).ok()),
-            function_url: p.get("FunctionUrlConfig").is_some(),
+            function_url: p
+                .get("FunctionUrlConfig")
+                .map(|url| {
+                    let kind = url.get("AuthType").map(scalar_string).transpose()?;
+                    Ok::<_, Error>(RouteAuth::named(kind.as_deref().unwrap_or("AWS_IAM")))
+                })
+                .transpose()?,
             events,
         });
+    }
+    for (function, route) in api_routes(template, stack)? {
+        match out.iter_mut().find(|f| f.logical_id == function) {
+            Some(f) => f.events.push(route),
+            None => {
+                return Err(Error::Template(format!(
+                    "a route integrates {function}, which is not a function of the template"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The `AWS::ApiGatewayV2::Route` resources whose condition holds, each with the logical id of
+/// the function its integration invokes.
+fn api_routes(template: &Template, stack: &Stack) -> Result<Vec<(String, EventSource)>, Error> {
+    // Refs and ARNs as resolved in this stack, back to logical ids.
+    fn by_ref<'t>(
+        template: &'t Template,
+        stack: &Stack,
+        kind: &'t str,
+        reference: &str,
+    ) -> Option<&'t Resource> {
+        template
+            .of_kind(kind)
+            .find(|(id, _)| stack.reference(id).as_deref() == Some(reference))
+            .map(|(_, r)| r)
+    }
+    let mut out = Vec::new();
+    for (id, resource) in template.of_kind("AWS::ApiGatewayV2::Route") {
+        if !stack.context.holds(resource.condition.as_deref()) {
+            continue;
+        }
+        let bad = |m: &str| Error::Template(format!("{id}: {m}"));
+        let p = stack.eval(&resource.properties)?;
+        let text = |v: &Value, k: &str| v.get(k).map(scalar_string).transpose();
+        let key = text(&p, "RouteKey")?.ok_or_else(|| bad("no RouteKey"))?;
+        let (method, path) = match key.as_str() {
+            "$default" => ("ANY".to_owned(), "/{proxy+}".to_owned()),
+            key => key
+                .split_once(' ')
+                .map(|(m, p)| (m.to_ascii_uppercase(), p.to_owned()))
+                .ok_or_else(|| bad(&format!("route key {key:?} is not METHOD /path")))?,
+        };
+        let target = text(&p, "Target")?.ok_or_else(|| bad("no Target"))?;
+        let integration = target
+            .strip_prefix("integrations/")
+            .and_then(|r| by_ref(template, stack, "AWS::ApiGatewayV2::Integration", r))
+            .ok_or_else(|| bad(&format!("target {target:?} is no integration of the template")))?;
+        let uri = text(&stack.eval(&integration.properties)?, "IntegrationUri")?
+            .ok_or_else(|| bad("its integration has no IntegrationUri"))?;
+        let function = template
+            .of_kind("AWS::Serverless::Function")
+            .map(|(f, _)| f)
+            .find(|f| stack.attribute(f, "Arn").as_deref() == Some(uri.as_str()))
+            .ok_or_else(|| bad(&format!("its integration invokes {uri}, not a function")))?;
+        let kind = text(&p, "AuthorizationType")?.unwrap_or_else(|| "NONE".into());
+        let authorizer = match kind.as_str() {
+            "JWT" => {
+                let reference = text(&p, "AuthorizerId")?
+                    .ok_or_else(|| bad("a JWT route without an AuthorizerId"))?;
+                let authorizer =
+                    by_ref(template, stack, "AWS::ApiGatewayV2::Authorizer", &reference)
+                        .ok_or_else(|| bad(&format!("authorizer {reference:?} is not declared")))?;
+                let config = stack.eval(&authorizer.properties)?;
+                let issuer = config
+                    .pointer("/JwtConfiguration/Issuer")
+                    .map(scalar_string)
+                    .transpose()?
+                    .unwrap_or_default();
+                let audience: Vec<String> = match config.pointer("/JwtConfiguration/Audience") {
+                    Some(Value::Array(list)) => {
+                        list.iter().map(scalar_string).collect::<Result<_, _>>()?
+                    }
+                    Some(one) => vec![scalar_string(one)?],
+                    None => Vec::new(),
+                };
+                let audience: Vec<String> =
+                    audience.into_iter().filter(|a| !a.is_empty()).collect();
+                if issuer.is_empty() || audience.is_empty() {
+                    return Err(bad(
+                        "a JWT authorizer needs an issuer and an audience (JwtIssuer and JwtAudience)",
+                    ));
+                }
+                Some(RouteAuth::Jwt { issuer, audience })
+            }
+            other => RouteAuth::named(other),
+        };
+        out.push((
+            function.to_owned(),
+            EventSource::HttpApi { name: id.to_owned(), method, path, authorizer },
+        ));
     }
     Ok(out)
 }
@@ -209,18 +331,20 @@ mod tests {
         assert_eq!(
             submission.events,
             [EventSource::HttpApi {
-                name: "PostOrder".into(),
+                name: "OrdersPostRoute".into(),
                 method: "POST".into(),
                 path: "/orders".into(),
-                authorizer: None,
-            }]
+                authorizer: Some(RouteAuth::Iam),
+            }],
+            "orders are submitted through IAM by default"
         );
         let admin = by_id("AdminFunction");
         assert!(admin.events.len() >= 6);
         assert!(
-            admin.events.iter().all(
-                |e| matches!(e, EventSource::HttpApi { authorizer: Some(a), .. } if a == "AWS_IAM")
-            ),
+            admin.events.iter().all(|e| matches!(
+                e,
+                EventSource::HttpApi { authorizer: Some(RouteAuth::Iam), .. }
+            )),
             "every admin route is behind IAM"
         );
         let supervisor = by_id("SupervisorFunction");
@@ -228,7 +352,69 @@ mod tests {
             matches!(&supervisor.events[..], [EventSource::Schedule { expression, .. }] if rate(expression) == Some(Duration::from_secs(60)))
         );
         assert_eq!(by_id("RemoteSimFunction").reserved_concurrency, Some(1));
-        assert!(by_id("RemoteSimFunction").function_url && !scheduler.function_url);
+        assert_eq!(by_id("RemoteSimFunction").function_url, Some(Some(RouteAuth::Iam)));
+        assert_eq!(scheduler.function_url, None);
+    }
+
+    /// The authorizer of the order routes and of the admin routes under `parameters`.
+    fn order_and_admin_auth(
+        parameters: &[(&str, &str)],
+    ) -> Result<(Option<RouteAuth>, Option<RouteAuth>), Error> {
+        let options = Options {
+            stack_name: "local".into(),
+            region: "us-east-1".into(),
+            parameters: parameters.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+            attributes: HashMap::from([(
+                ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
+                Value::String("http://127.0.0.1:9999/".into()),
+            )]),
+        };
+        let t = template();
+        let fns = functions(&t, &dry_run(&t, &options)?)?;
+        let auth = |id: &str, route: &str| {
+            fns.iter()
+                .flat_map(|f| f.events.iter().map(move |e| (f, e)))
+                .find_map(|(f, e)| match e {
+                    EventSource::HttpApi { name, authorizer, .. }
+                        if f.logical_id == id && name == route =>
+                    {
+                        Some(authorizer.clone())
+                    }
+                    _ => None,
+                })
+                .unwrap()
+        };
+        Ok((auth("StatusFunction", "OrderGetRoute"), auth("AdminFunction", "AdminListOrdersRoute")))
+    }
+
+    #[test]
+    fn the_order_routes_take_the_authorizer_the_parameters_choose() {
+        let (orders, admin) = order_and_admin_auth(&[]).unwrap();
+        assert_eq!((orders, admin.clone()), (Some(RouteAuth::Iam), Some(RouteAuth::Iam)));
+
+        let jwt = [
+            ("ApiAuth", "JWT"),
+            ("JwtIssuer", "https://issuer.example"),
+            ("JwtAudience", "orders, web"),
+        ];
+        let (orders, admin) = order_and_admin_auth(&jwt).unwrap();
+        assert_eq!(
+            orders,
+            Some(RouteAuth::Jwt {
+                issuer: "https://issuer.example".into(),
+                audience: vec!["orders".into(), "web".into()],
+            })
+        );
+        assert_eq!(admin, Some(RouteAuth::Iam), "operators always sign");
+
+        let (orders, admin) = order_and_admin_auth(&[("ApiAuth", "NONE")]).unwrap();
+        assert_eq!((orders, admin), (None, Some(RouteAuth::Iam)));
+
+        let no_issuer = order_and_admin_auth(&[("ApiAuth", "JWT"), ("JwtAudience", "orders")]);
+        assert!(
+            matches!(&no_issuer, Err(Error::Template(m)) if m.contains("JwtIssuer")),
+            "{no_issuer:?}"
+        );
     }
 
     #[test]

@@ -21,9 +21,10 @@ use base64::Engine;
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
+use crate::policy::{Access, Need};
 use crate::runtime_api::{InvokeError, RuntimeApi};
-use crate::sigv4;
 use crate::template::LOCAL_ACCOUNT;
+use crate::{jwt, sigv4};
 
 /// API Gateway's limit on a request body.
 const MAX_BODY: usize = 10 * 1024 * 1024;
@@ -40,13 +41,27 @@ pub struct Route {
     pub throttle: Option<Throttle>,
     /// Who may call it, if not everyone.
     pub authorizer: Option<Authorizer>,
+    /// For a function URL: the function, whose invokers' policies must allow the call.
+    pub invoked: Option<Invoked>,
+}
+
+/// A function behind an `AWS_IAM` function URL. Its callers are themselves functions of the
+/// stack, signing as their logical ids: their policies must allow `lambda:InvokeFunctionUrl`
+/// and `lambda:InvokeFunction` on it, as Lambda requires.
+#[derive(Clone, Debug)]
+pub struct Invoked {
+    pub access: Access,
+    pub function_arn: String,
 }
 
 /// A route's authorizer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Authorizer {
-    /// `AWS_IAM`: requests signed with SigV4 for `execute-api` in this region.
-    Iam { region: String },
+    /// `AWS_IAM`: requests signed with SigV4 for `service` in this region (`execute-api` for
+    /// the HTTP API, `lambda` for function URLs).
+    Iam { region: String, service: String },
+    /// `JWT`: bearer tokens of `issuer` for one of `audience`.
+    Jwt { issuer: String, audience: Vec<String> },
     /// One the local stack does not emulate: every request is refused.
     Unsupported(String),
 }
@@ -141,7 +156,7 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
     let received = header_values(&parts.headers);
     let caller = match &route.authorizer {
         None => None,
-        Some(Authorizer::Iam { region }) => {
+        Some(Authorizer::Iam { region, service }) => {
             let signed = sigv4::Signed {
                 method: &method,
                 raw_path: &path,
@@ -149,11 +164,34 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
                 headers: &received,
                 body: &bytes,
             };
-            match sigv4::verify(&signed, region, chrono::Utc::now()) {
-                Ok(access_key) => Some(iam_caller(&access_key)),
+            match sigv4::verify(&signed, region, service, chrono::Utc::now()) {
+                Ok(access_key) => {
+                    if let Some(Invoked { access, function_arn }) = &route.invoked {
+                        let needs = ["lambda:InvokeFunctionUrl", "lambda:InvokeFunction"]
+                            .map(|action| Need::new(action, function_arn.as_str()));
+                        if access.authorize_needs(&access_key, "InvokeFunctionUrl", &needs).is_err()
+                        {
+                            return plain(StatusCode::FORBIDDEN, r#"{"Message":"Forbidden"}"#);
+                        }
+                    }
+                    Some(json!({ "iam": iam_caller(&access_key) }))
+                }
                 Err(refusal) => {
                     warn!(%method, %path, %refusal, "request refused by the AWS_IAM authorizer");
                     return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#);
+                }
+            }
+        }
+        Some(Authorizer::Jwt { issuer, audience }) => {
+            let authorization = received
+                .iter()
+                .find(|(name, _)| name == "authorization")
+                .map(|(_, value)| value.as_str());
+            match jwt::verify(authorization, issuer, audience, chrono::Utc::now()) {
+                Ok(claims) => Some(json!({ "jwt": { "claims": claims, "scopes": null } })),
+                Err(refusal) => {
+                    warn!(%method, %path, %refusal, "request refused by the JWT authorizer");
+                    return plain(StatusCode::UNAUTHORIZED, r#"{"message":"Unauthorized"}"#);
                 }
             }
         }
@@ -208,7 +246,7 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
         event["body"] = Value::String(body);
     }
     if let Some(caller) = caller {
-        event["requestContext"]["authorizer"] = json!({ "iam": caller });
+        event["requestContext"]["authorizer"] = caller;
     }
     if !params.is_empty() && route_key != "$default" {
         event["pathParameters"] = Value::Object(params);
@@ -301,6 +339,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             throttle: None,
             authorizer: None,
+            invoked: None,
         }
     }
 

@@ -13,10 +13,13 @@
 //! - [`runtime_api`]: the Lambda Runtime API, so real function binaries run locally.
 //! - [`processes`]: running those binaries, restarted when they exit.
 //! - [`sources`]: SQS event source mappings and schedules.
-//! - [`gateway`]: the HTTP API and function URLs.
+//! - [`gateway`]: the HTTP API and function URLs, with their authorizers ([`sigv4`], [`jwt`]).
 //! - [`local`]: all of it together: the local stack.
 //! - [`proxy`]: the proxy between the functions and the emulators: it routes each service to
-//!   its emulator, counts the calls, and injects the faults AWS produces when asked.
+//!   its emulator, counts the calls, checks each function's calls against its policy, and
+//!   injects the faults AWS produces when asked.
+//! - [`policy`]: each function's permissions from the template, what each request needs, and
+//!   IAM's verdict: least privilege, checked on every local run.
 //! - [`demo`]: orders under misbehaving services, with a summary that checks the promises.
 
 pub mod aws;
@@ -24,7 +27,9 @@ pub mod demo;
 pub mod emulator;
 pub mod functions;
 pub mod gateway;
+pub mod jwt;
 pub mod local;
+pub mod policy;
 pub mod processes;
 pub mod provision;
 pub mod proxy;

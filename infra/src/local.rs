@@ -17,12 +17,14 @@ use tokio::task::JoinHandle;
 use crate::Error;
 use crate::aws::{Clients, Endpoints};
 use crate::emulator::Moto;
-use crate::functions::{EventSource, FunctionSpec, functions, rate};
+use crate::functions::{EventSource, FunctionSpec, RouteAuth, functions, rate};
 use crate::gateway::{self, Authorizer, Route, Throttle};
+use crate::policy::{self, Access, AccessReport};
 use crate::processes::{Managed, ProcessSpec};
 use crate::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::proxy::{Proxy, Upstreams};
 use crate::runtime_api::RuntimeApi;
+use crate::sigv4;
 use crate::sources::{self, SqsMapping};
 use crate::template::Template;
 
@@ -74,7 +76,7 @@ pub struct LocalStack {
     pub api_url: String,
     pub stack: Stack,
     pub functions: Vec<RunningFunction>,
-    /// The proxy's call counts and fault rules.
+    /// The proxy's call counts, fault rules and access checks.
     pub proxy: Proxy,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -117,6 +119,26 @@ impl LocalStack {
         self.functions.iter().flat_map(|f| f.processes.iter().map(Managed::restarts)).sum()
     }
 
+    /// What the proxy's access checks found so far: the calls each function's policy refused,
+    /// and the grants of the template no call used. Its `Display` is a short report.
+    pub fn access(&self) -> AccessReport {
+        self.proxy.access.as_ref().map(Access::report).unwrap_or_default()
+    }
+
+    /// Appends the access report in brief to `report`; an error naming the denials if any call was
+    /// denied, so that a run that needed a permission the template does not grant fails.
+    pub fn check_access(&self, report: &mut String) -> Result<(), Error> {
+        let access = self.access();
+        report.push_str(&access.brief());
+        if access.denials.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Local(format!(
+                "the functions' policies refused calls they made (template.yaml lacks a permission):\n{access}"
+            )))
+        }
+    }
+
     /// Creates the resources and starts every function and event source.
     pub async fn up(options: &Options) -> Result<LocalStack, Error> {
         let emulators = match &options.endpoint {
@@ -152,6 +174,8 @@ impl LocalStack {
 
         let mut running = Vec::new();
         let mut tasks = Vec::new();
+        // Every function signs with an access key of its own, checked against its policy.
+        let access = Access::new(policy::policies(&template, &stack)?);
         let proxy = Proxy::new(Upstreams {
             default: emulators.sqs_and_events.clone(),
             by_service: HashMap::from([
@@ -159,16 +183,17 @@ impl LocalStack {
                 ("sqs".to_owned(), emulators.sqs_and_events.clone()),
                 ("eventbridge".to_owned(), emulators.sqs_and_events.clone()),
             ]),
-        });
+        })
+        .with_access(access);
         let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
         let endpoint = format!("http://{}", listener.local_addr().map_err(io)?);
         let serving = proxy.clone();
         tasks.push(tokio::spawn(async move {
             let _ = serving.serve(listener).await;
         }));
-        // The event source mappings poll through the proxy like the functions: on AWS their
-        // receives and deletes are billed too.
-        let sqs = Clients::new(&Endpoints::single(&endpoint), &options.region).await.sqs;
+        // The event source mappings poll through the proxy like the functions, on their behalf:
+        // on AWS their receives and deletes are billed too, and allowed by the function's role.
+        let pollers = Endpoints::single(&endpoint);
         let throttle = api_throttle(&template, &stack)?;
         let mut routes = Vec::new();
         for mut spec in functions(&template, &stack)? {
@@ -227,7 +252,10 @@ impl LocalStack {
                             timeout: spec.timeout,
                             region: options.region.clone(),
                         };
-                        tasks.push(sources::poll_sqs(sqs.clone(), mapping, api.clone(), limit));
+                        let sqs = Clients::signing_as(&pollers, &options.region, &spec.logical_id)
+                            .await
+                            .sqs;
+                        tasks.push(sources::poll_sqs(sqs, mapping, api.clone(), limit));
                     }
                     EventSource::Schedule { expression, .. } => {
                         let period = rate(expression).ok_or_else(|| {
@@ -245,14 +273,14 @@ impl LocalStack {
                     EventSource::HttpApi { method, path, authorizer, .. } => routes.push(Route {
                         method: method.clone(),
                         path: path.clone(),
-                        authorizer: authorizer.as_deref().map(|a| match a {
-                            "AWS_IAM" => Authorizer::Iam { region: options.region.clone() },
-                            other => Authorizer::Unsupported(other.to_owned()),
-                        }),
+                        authorizer: authorizer
+                            .as_ref()
+                            .map(|a| gateway_authorizer(a, &options.region, sigv4::EXECUTE_API)),
                         function: api.clone(),
                         timeout: spec.timeout.min(Duration::from_secs(30)),
                         // Each route has a bucket of its own, as in API Gateway.
                         throttle: throttle.map(|(rate, burst)| Throttle::new(rate, burst)),
+                        invoked: None,
                     }),
                 }
             }
@@ -263,7 +291,16 @@ impl LocalStack {
                     function: api.clone(),
                     timeout: spec.timeout,
                     throttle: None,
-                    authorizer: None,
+                    authorizer: spec
+                        .function_url
+                        .clone()
+                        .flatten()
+                        .map(|a| gateway_authorizer(&a, &options.region, sigv4::LAMBDA)),
+                    invoked: proxy
+                        .access
+                        .clone()
+                        .zip(stack.attribute(&spec.logical_id, "Arn"))
+                        .map(|(access, function_arn)| gateway::Invoked { access, function_arn }),
                 };
                 tasks.push(tokio::spawn(async move {
                     let _ = gateway::serve(listener, vec![route]).await;
@@ -280,9 +317,27 @@ impl LocalStack {
     }
 }
 
-/// The HTTP API's throttling limits (rate, burst) from its `DefaultRouteSettings`, if set.
+/// How the gateway checks a route's callers.
+fn gateway_authorizer(auth: &RouteAuth, region: &str, service: &str) -> Authorizer {
+    match auth {
+        RouteAuth::Iam => {
+            Authorizer::Iam { region: region.to_owned(), service: service.to_owned() }
+        }
+        RouteAuth::Jwt { issuer, audience } => {
+            Authorizer::Jwt { issuer: issuer.clone(), audience: audience.clone() }
+        }
+        RouteAuth::Other(kind) => Authorizer::Unsupported(kind.clone()),
+    }
+}
+
+/// The HTTP API's throttling limits (rate, burst) from the `DefaultRouteSettings` of its SAM
+/// declaration or of its stage.
 fn api_throttle(template: &Template, stack: &Stack) -> Result<Option<(f64, f64)>, Error> {
-    let Some((id, api)) = template.of_kind("AWS::Serverless::HttpApi").next() else {
+    let Some((id, api)) = template
+        .of_kind("AWS::Serverless::HttpApi")
+        .chain(template.of_kind("AWS::ApiGatewayV2::Stage"))
+        .next()
+    else {
         return Ok(None);
     };
     let settings =
@@ -341,8 +396,9 @@ fn process_spec(
         ("AWS_ENDPOINT_URL", endpoint.to_owned()),
         ("AWS_REGION", region.to_owned()),
         ("AWS_DEFAULT_REGION", region.to_owned()),
-        ("AWS_ACCESS_KEY_ID", "local".to_owned()),
-        ("AWS_SECRET_ACCESS_KEY", "local".to_owned()),
+        // Credentials of its own: the proxy knows the function by its access key id.
+        ("AWS_ACCESS_KEY_ID", name.clone()),
+        ("AWS_SECRET_ACCESS_KEY", crate::sigv4::LOCAL_SECRET_KEY.to_owned()),
         ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
         ("LOG_FORMAT", "text".to_owned()),
     ] {

@@ -74,11 +74,15 @@ fn not_created(kind: &str) -> Option<&'static str> {
         "AWS::Serverless::Function" | "AWS::Lambda::Function" => {
             "run by the local stack as a process"
         }
-        "AWS::Serverless::HttpApi" | "AWS::ApiGatewayV2::Api" => {
-            "served by the local stack on 127.0.0.1"
-        }
+        "AWS::Serverless::HttpApi"
+        | "AWS::ApiGatewayV2::Api"
+        | "AWS::ApiGatewayV2::Stage"
+        | "AWS::ApiGatewayV2::Route"
+        | "AWS::ApiGatewayV2::Integration"
+        | "AWS::ApiGatewayV2::Authorizer" => "served by the local stack on 127.0.0.1",
+        "AWS::Lambda::Permission" => "the local stack invokes the functions itself",
         "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" | "AWS::IAM::ManagedPolicy" => {
-            "access policies are not enforced locally"
+            "resource and managed policies are not enforced locally (the functions' own policies are, by the AWS proxy)"
         }
         "AWS::SNS::Topic" => "alerts are read from the alerts queue locally",
         "AWS::SNS::Subscription" => "e-mail is not delivered locally",

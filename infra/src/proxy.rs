@@ -9,6 +9,14 @@
 //! clear them). They are answered in each service's own wire format, so the SDK parses them as
 //! it would parse AWS's, retries what it retries, and hands the rest to the adapters: what is
 //! tested through the proxy is the real error path, not a mock of it.
+//!
+//! Given the functions' policies ([`Access`]), it also checks every request a function signs
+//! (the access key id of its `Authorization` header names the function; the signature itself
+//! is not verified) against that function's permissions before anything else, and answers a
+//! request they do not allow as AWS does: an access-denied error in the service's own format,
+//! naming the action and the resource. Requests signed with any other key (the stack's own
+//! provisioning, tools and tests) go through unchecked. What was denied, and which grants no
+//! request used, is read back from Rust or at `/_proxy/access` (`GET`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,8 +27,13 @@ use axum::http::{Method, Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::policy::{Access, Denial};
+
 /// Path of the proxy's own control endpoint; no AWS API request uses it.
 pub const CONTROL_PATH: &str = "/_proxy/faults";
+
+/// Path of the access checks' report (an [`crate::policy::AccessReport`] as JSON).
+pub const ACCESS_PATH: &str = "/_proxy/access";
 
 /// What the proxy saw of one kind of request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -211,17 +224,26 @@ fn received(answer: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-/// The proxy's shared parts: where it forwards, what it counts, which faults it injects.
+/// The proxy's shared parts: where it forwards, what it counts, which faults it injects, and
+/// whose requests it checks.
 #[derive(Clone, Debug)]
 pub struct Proxy {
     pub upstreams: Upstreams,
     pub counts: Counts,
     pub faults: WireFaults,
+    /// The functions' permissions, if requests are checked against them.
+    pub access: Option<Access>,
 }
 
 impl Proxy {
     pub fn new(upstreams: Upstreams) -> Proxy {
-        Proxy { upstreams, counts: Counts::default(), faults: WireFaults::default() }
+        Proxy { upstreams, counts: Counts::default(), faults: WireFaults::default(), access: None }
+    }
+
+    /// Checks every request signed by a function against that function's permissions.
+    pub fn with_access(mut self, access: Access) -> Proxy {
+        self.access = Some(access);
+        self
     }
 
     /// Serves the proxy on `listener` until the task is dropped.
@@ -242,8 +264,18 @@ impl Proxy {
         if parts.uri.path() == CONTROL_PATH {
             return self.control(&parts.method, &body);
         }
+        if parts.uri.path() == ACCESS_PATH {
+            return self.access_report(&parts.method);
+        }
         let target = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
         let call = classify(target, &body);
+        // Authorisation comes first, as on AWS: a refused request is neither throttled nor
+        // billed, so it is not counted either.
+        if let (Some(access), Some(key)) = (&self.access, access_key_id(&parts.headers)) {
+            if let Err(denial) = access.authorize(key, target, &body) {
+                return denied(&call.service, &denial);
+            }
+        }
         match self.faults.take(&call) {
             Some(WireFault::Slow { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
             Some(fault) => {
@@ -308,6 +340,67 @@ impl Proxy {
             .insert("content-type", axum::http::HeaderValue::from_static("application/json"));
         r
     }
+
+    fn access_report(&self, method: &Method) -> Response<Body> {
+        if *method != Method::GET {
+            return status(StatusCode::METHOD_NOT_ALLOWED);
+        }
+        let report = self.access.as_ref().map(Access::report).unwrap_or_default();
+        let mut r = Response::new(Body::from(serde_json::to_string(&report).unwrap_or_default()));
+        r.headers_mut()
+            .insert("content-type", axum::http::HeaderValue::from_static("application/json"));
+        r
+    }
+}
+
+/// The access key id a request is signed with: `Credential=<key>/<scope>` in a SigV4
+/// `Authorization` header.
+fn access_key_id(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let authorization = headers.get("authorization")?.to_str().ok()?;
+    let credential = authorization.split_once("Credential=")?.1;
+    credential.split(['/', ',', ' ']).next().filter(|k| !k.is_empty())
+}
+
+/// AWS's answer to a request the caller's policy does not allow, in the service's protocol:
+/// DynamoDB's `AccessDeniedException` (status 400); SQS's JSON protocol with the query-protocol
+/// code `AccessDenied` in `x-amzn-query-error`, which the SDK takes as the error code (status
+/// 403); `AccessDeniedException` (status 400) for the other JSON services; and the query
+/// protocol's XML for a request without `X-Amz-Target`.
+fn denied(service: &str, denial: &Denial) -> Response<Body> {
+    let message = denial.message();
+    let typed = |code: &str, key: &str| json!({ "__type": code, key: message }).to_string();
+    let (body, http_status, content_type) = match service {
+        "dynamodb" => (
+            typed("com.amazonaws.dynamodb.v20120810#AccessDeniedException", "Message"),
+            400,
+            "application/x-amz-json-1.0",
+        ),
+        "sqs" => (
+            typed("com.amazon.coral.service#AccessDeniedException", "message"),
+            403,
+            "application/x-amz-json-1.0",
+        ),
+        "other" => (
+            format!(
+                "<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>{}</Message></Error><RequestId>local</RequestId></ErrorResponse>",
+                message.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+            ),
+            403,
+            "text/xml",
+        ),
+        _ => (typed("AccessDeniedException", "Message"), 400, "application/x-amz-json-1.1"),
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = StatusCode::from_u16(http_status).unwrap_or(StatusCode::FORBIDDEN);
+    let headers = response.headers_mut();
+    headers.insert("content-type", axum::http::HeaderValue::from_static(content_type));
+    if service == "sqs" {
+        headers.insert(
+            "x-amzn-query-error",
+            axum::http::HeaderValue::from_static("AccessDenied;Sender"),
+        );
+    }
+    response
 }
 
 /// The answer AWS gives for `fault` on `service`, in that service's JSON protocol: the error
@@ -477,5 +570,130 @@ mod tests {
         let r = error_response("sqs", &WireFault::ServerError { status: 503 });
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()["x-amzn-query-error"], "InternalServerError;Receiver");
+    }
+
+    #[test]
+    fn the_access_key_id_is_read_from_the_credential() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert_eq!(access_key_id(&headers), None);
+        headers.insert(
+            "authorization",
+            axum::http::HeaderValue::from_static(
+                "AWS4-HMAC-SHA256 Credential=SchedulerFunction/20261121/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00",
+            ),
+        );
+        assert_eq!(access_key_id(&headers), Some("SchedulerFunction"));
+    }
+
+    /// One function `F` that may read one table, and nothing else.
+    const READER: &str = r#"
+Resources:
+  Table:
+    Type: AWS::DynamoDB::Table
+  Queue:
+    Type: AWS::SQS::Queue
+  F:
+    Type: AWS::Serverless::Function
+    Properties:
+      Policies:
+        - Statement:
+            - Effect: Allow
+              Action: dynamodb:GetItem
+              Resource:
+                Fn::GetAtt: [Table, Arn]
+"#;
+
+    #[tokio::test]
+    async fn denials_reach_the_sdk_as_each_service_s_access_denied() {
+        use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+        use aws_sdk_dynamodb::types::AttributeValue;
+
+        use crate::aws::{Clients, Endpoints};
+        use crate::policy::{AccessReport, policies};
+        use crate::provision::{Options, dry_run};
+        use crate::template::Template;
+
+        let template = Template::parse(READER).unwrap();
+        let options =
+            Options { stack_name: "t".into(), region: "us-east-1".into(), ..Options::default() };
+        let stack = dry_run(&template, &options).unwrap();
+        let access = Access::new(policies(&template, &stack).unwrap());
+        // The emulator behind the proxy answers whatever reaches it with an empty success.
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream_url = format!("http://{}", upstream.local_addr().unwrap());
+        let empty = axum::Router::new()
+            .fallback(|| async { ([("content-type", "application/x-amz-json-1.0")], "{}") });
+        tokio::spawn(async move { axum::serve(upstream, empty).await });
+        let proxy = Proxy::new(Upstreams::single(upstream_url)).with_access(access);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(proxy.clone().serve(listener));
+        let endpoints = Endpoints::single(&endpoint);
+        let f = Clients::signing_as(&endpoints, "us-east-1", "F").await;
+        let key = || AttributeValue::S("1".into());
+
+        f.dynamodb.get_item().table_name("t-Table").key("k", key()).send().await.unwrap();
+        let put =
+            f.dynamodb.put_item().table_name("t-Table").item("k", key()).send().await.unwrap_err();
+        assert!(put.as_service_error().is_some(), "{put:?}");
+        assert_eq!(put.code(), Some("AccessDeniedException"));
+        assert_eq!(
+            put.message(),
+            Some(
+                "User: arn:aws:sts::123456789012:assumed-role/FRole/F is not authorized to perform: dynamodb:PutItem on resource: arn:aws:dynamodb:us-east-1:123456789012:table/t-Table because no identity-based policy allows the dynamodb:PutItem action"
+            )
+        );
+        let send = f
+            .sqs
+            .send_message()
+            .queue_url(format!("{endpoint}/123456789012/t-Queue"))
+            .message_body("x")
+            .send()
+            .await
+            .unwrap_err();
+        assert!(send.as_service_error().is_some(), "{send:?}");
+        assert_eq!(send.code(), Some("AccessDenied"));
+        assert!(
+            send.message().is_some_and(|m| m.contains(
+                "sqs:SendMessage on resource: arn:aws:sqs:us-east-1:123456789012:t-Queue"
+            )),
+            "{send:?}"
+        );
+        let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+            .source("s")
+            .detail_type("d")
+            .detail("{}")
+            .build();
+        let publish = f.events.put_events().entries(entry).send().await.unwrap_err();
+        assert!(publish.as_service_error().is_some(), "{publish:?}");
+        assert_eq!(publish.code(), Some("AccessDeniedException"));
+
+        // The stack's own clients are not a function: they pass unchecked.
+        let stack_clients = Clients::new(&endpoints, "us-east-1").await;
+        stack_clients
+            .dynamodb
+            .put_item()
+            .table_name("t-Table")
+            .item("k", key())
+            .send()
+            .await
+            .unwrap();
+
+        let report: AccessReport =
+            reqwest::get(format!("{endpoint}{ACCESS_PATH}")).await.unwrap().json().await.unwrap();
+        let denied: Vec<(&str, &str)> =
+            report.denials.iter().map(|d| (d.function.as_str(), d.action.as_str())).collect();
+        assert_eq!(
+            denied,
+            [("F", "dynamodb:PutItem"), ("F", "sqs:SendMessage"), ("F", "events:PutEvents")]
+        );
+        assert_eq!(report.checked["F"], 4);
+        assert!(report.unused.is_empty(), "the one grant was used: {report:?}");
+        let counted = proxy.counts.snapshot();
+        assert_eq!(
+            counted.values().map(|s| s.requests).sum::<u64>(),
+            2,
+            "denied calls are not billed"
+        );
     }
 }

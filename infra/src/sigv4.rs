@@ -1,4 +1,5 @@
-//! SigV4 verification, as API Gateway's `AWS_IAM` authorizer does it for `execute-api`: the
+//! SigV4 verification, as API Gateway's `AWS_IAM` authorizer (service `execute-api`) and
+//! function URLs with `AWS_IAM` auth (service `lambda`) do it: the
 //! request is put in canonical form, the string to sign is built from it and the credential
 //! scope, and the signature must be the one the caller's secret key gives. A signature more
 //! than five minutes away from the gateway's clock is expired.
@@ -16,7 +17,21 @@ use sha2::{Digest, Sha256};
 pub const LOCAL_SECRET_KEY: &str = "local";
 
 /// The service name a request to an HTTP API is signed for.
-const SERVICE: &str = "execute-api";
+pub const EXECUTE_API: &str = "execute-api";
+/// The service name a request to a function URL is signed for.
+pub const LAMBDA: &str = "lambda";
+
+/// A signer for `caller` on the local stack, for `service` (`execute-api` for the HTTP API,
+/// `lambda` for function URLs).
+pub fn local_signer(caller: &str, region: &str, service: &str) -> sas_aws::signing::SigV4 {
+    let credentials =
+        aws_credential_types::Credentials::new(caller, LOCAL_SECRET_KEY, None, None, "local stack");
+    sas_aws::signing::SigV4::new(
+        aws_credential_types::provider::SharedCredentialsProvider::new(credentials),
+        region,
+        service,
+    )
+}
 
 /// How far a request's signing time may be from the gateway's clock.
 const MAX_SKEW_SECONDS: i64 = 5 * 60;
@@ -30,8 +45,8 @@ pub enum Refusal {
     Malformed(&'static str),
     #[error("Credential should be scoped to a valid region, not '{0}'")]
     WrongRegion(String),
-    #[error("Credential should be scoped to correct service: '{SERVICE}'")]
-    WrongService,
+    #[error("Credential should be scoped to correct service: '{0}'")]
+    WrongService(String),
     #[error("Signature expired: the request was signed at {0}")]
     Expired(String),
     #[error(
@@ -51,8 +66,13 @@ pub struct Signed<'a> {
     pub body: &'a [u8],
 }
 
-/// The access key id of a request correctly signed for `region` at about `now`.
-pub fn verify(request: &Signed<'_>, region: &str, now: DateTime<Utc>) -> Result<String, Refusal> {
+/// The access key id of a request correctly signed for `service` in `region` at about `now`.
+pub fn verify(
+    request: &Signed<'_>,
+    region: &str,
+    service: &str,
+    now: DateTime<Utc>,
+) -> Result<String, Refusal> {
     let authorization = header(request.headers, "authorization").ok_or(Refusal::Unsigned)?;
     let fields = authorization
         .strip_prefix("AWS4-HMAC-SHA256 ")
@@ -65,7 +85,7 @@ pub fn verify(request: &Signed<'_>, region: &str, now: DateTime<Utc>) -> Result<
         field("SignedHeaders").ok_or(Refusal::Malformed("'SignedHeaders' parameter"))?;
     let signature = field("Signature").ok_or(Refusal::Malformed("'Signature' parameter"))?;
 
-    let [access_key, date, scope_region, service, terminator] =
+    let [access_key, date, scope_region, scope_service, terminator] =
         credential.split('/').collect::<Vec<_>>()[..]
     else {
         return Err(Refusal::Malformed("a credential of five parts"));
@@ -76,8 +96,8 @@ pub fn verify(request: &Signed<'_>, region: &str, now: DateTime<Utc>) -> Result<
     if scope_region != region {
         return Err(Refusal::WrongRegion(scope_region.to_owned()));
     }
-    if service != SERVICE {
-        return Err(Refusal::WrongService);
+    if scope_service != service {
+        return Err(Refusal::WrongService(service.to_owned()));
     }
     let amz_date = header(request.headers, "x-amz-date")
         .ok_or(Refusal::Malformed("an 'X-Amz-Date' header"))?;
@@ -95,8 +115,8 @@ pub fn verify(request: &Signed<'_>, region: &str, now: DateTime<Utc>) -> Result<
         return Err(Refusal::Malformed("the 'host' header to be signed"));
     }
 
-    let scope = format!("{date}/{region}/{SERVICE}/aws4_request");
-    let key = signing_key(LOCAL_SECRET_KEY, date, region).ok_or(Refusal::Mismatch)?;
+    let scope = format!("{date}/{region}/{service}/aws4_request");
+    let key = signing_key(LOCAL_SECRET_KEY, date, region, service).ok_or(Refusal::Mismatch)?;
     // Clients differ in whether the path is encoded once or twice before signing (only S3 says
     // once); either is taken.
     let matches = [canonical_path(request.raw_path, true), canonical_path(request.raw_path, false)]
@@ -174,8 +194,8 @@ fn decode(text: &str) -> String {
     percent_decode_str(text).decode_utf8_lossy().into_owned()
 }
 
-fn signing_key(secret: &str, date: &str, region: &str) -> Option<Vec<u8>> {
-    [date, region, SERVICE, "aws4_request"]
+fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> Option<Vec<u8>> {
+    [date, region, service, "aws4_request"]
         .iter()
         .try_fold(format!("AWS4{secret}").into_bytes(), |key, part| {
             Some(hmac(&key, part.as_bytes())?.finalize().into_bytes().to_vec())
@@ -246,7 +266,7 @@ mod tests {
         now: DateTime<Utc>,
     ) -> Result<String, Refusal> {
         let request = Signed { method, raw_path: path, raw_query: query, headers, body };
-        verify(&request, "us-east-1", now)
+        verify(&request, "us-east-1", EXECUTE_API, now)
     }
 
     const LOCAL: (&str, &str, &str) = (LOCAL_SECRET_KEY, "us-east-1", "execute-api");
@@ -314,7 +334,7 @@ mod tests {
                 "",
                 &body[..],
                 signed("POST", path, body, (LOCAL_SECRET_KEY, "us-east-1", "lambda"), now),
-                Refusal::WrongService,
+                Refusal::WrongService(EXECUTE_API.into()),
             ),
             (
                 "no signature",

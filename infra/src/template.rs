@@ -188,10 +188,17 @@ impl Context {
                     Error::Template(format!("parameter {name} has no default and no value"))
                 })?,
             };
-            // CloudFormation passes every parameter as a string.
+            // CloudFormation passes every parameter as a string, and a list parameter as the
+            // list of its comma-separated parts.
             let value = match value {
                 Value::Number(n) => Value::String(n.to_string()),
                 v => v,
+            };
+            let value = match (spec.get("Type").and_then(Value::as_str), value) {
+                (Some("CommaDelimitedList"), Value::String(s)) => {
+                    Value::Array(s.split(',').map(|p| Value::String(p.trim().to_owned())).collect())
+                }
+                (_, v) => v,
             };
             ctx.parameters.insert(name.clone(), value);
         }

@@ -8,15 +8,20 @@
 //!
 //! `local-stack demo` does the same, then submits orders while the remote services misbehave,
 //! follows them to the end, and prints a summary; it exits 0 only if every order reached a
-//! terminal state with no remote effect applied twice and every failed order raised its alert.
+//! terminal state with no remote effect applied twice and every failed order raised its alert,
+//! and no function made a call its policy in the template does not allow.
+//!
+//! Every function's AWS calls are checked against its policy: `up` logs each refused call on
+//! stderr as it happens, and reports when it stops the permissions no call used.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use sas_infra::demo::{self, Chaos, DEMO_FAULTS, DEMO_WORKFLOW};
 use sas_infra::emulator::workspace_root;
+use sas_infra::jwt;
 use sas_infra::local::{LocalStack, Options};
 
 #[derive(Debug, Parser)]
@@ -75,6 +80,22 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Print a token of the local JWT issuer, for a stack run with `--parameter ApiAuth=JWT`
+    /// (send it as `Authorization: Bearer <token>`).
+    Token {
+        /// The token's issuer (`iss`): the stack's JwtIssuer to be taken.
+        #[arg(long)]
+        issuer: String,
+        /// The token's audience (`aud`): one of the stack's JwtAudience to be taken.
+        #[arg(long)]
+        audience: String,
+        /// Whom the token names (`sub`): the caller who owns the orders it submits.
+        #[arg(long)]
+        subject: String,
+        /// Minutes the token stays valid.
+        #[arg(long, default_value_t = 60)]
+        minutes: i64,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +145,12 @@ async fn main() -> ExitCode {
                 .with_writer(std::io::stderr)
                 .init();
             (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
+        }
+        Command::Token { issuer, audience, subject, minutes } => {
+            let now = chrono::Utc::now();
+            let ttl = chrono::Duration::minutes(minutes);
+            println!("{}", jwt::mint(&jwt::claims(&issuer, &audience, &subject, now, ttl)));
+            return ExitCode::SUCCESS;
         }
         Command::Demo { stack, orders, rate, faults, speed, limit, logs, kill_every, seed } => {
             if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
@@ -197,12 +224,22 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // One line per reason: the API alone is a dozen resources.
+    let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (id, kind, why) in &stack.stack.skipped {
         if !kind.starts_with("AWS::Serverless::") {
-            println!("local-stack: not created locally: {id} ({kind}): {why}");
+            skipped.entry(why.as_str()).or_default().push(id.as_str());
         }
     }
+    for (why, ids) in skipped {
+        println!("local-stack: not created locally ({why}): {}", ids.join(", "));
+    }
     println!("local-stack: AWS API at {} (a proxy in front of moto)", stack.endpoint);
+    println!(
+        "local-stack: each function signs with its logical id as access key id, and the proxy checks its calls against its policy in the template (what it found: curl {}{})",
+        stack.endpoint,
+        sas_infra::proxy::ACCESS_PATH
+    );
     println!("local-stack: HTTP API at {}", stack.api_url);
     for f in &stack.functions {
         println!(
@@ -259,6 +296,10 @@ async fn main() -> ExitCode {
     }
     let api = &stack.api_url;
     let secret = sas_infra::sigv4::LOCAL_SECRET_KEY;
+    let region = &stack.stack.context.region;
+    println!(
+        "local-stack: submit an order (signed as the caller `me`): curl --aws-sigv4 'aws:amz:{region}:execute-api' --user 'me:{secret}' -X POST {api}/orders -H 'content-type: application/json' -H 'Idempotency-Key: my-first-order' -d '<order JSON, see the README>'"
+    );
     println!(
         "local-stack: operate it (any access key id names the caller; the secret key is always `{secret}`): SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- list"
     );
@@ -270,11 +311,12 @@ async fn main() -> ExitCode {
         .and_then(|v| v.as_str())
     {
         println!(
-            "local-stack: change the simulated service's faults: curl -X PUT {url}faults -H 'content-type: application/json' -d '{{}}'"
+            "local-stack: change the simulated service's faults: curl --aws-sigv4 'aws:amz:{region}:lambda' --user 'ops:{secret}' -X PUT {url}faults -H 'content-type: application/json' -d '{{}}'"
         );
     }
     stopped().await;
     println!("local-stack: stopping");
+    print!("{}", stack.access());
     drop(stack);
     ExitCode::SUCCESS
 }
