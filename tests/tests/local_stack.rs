@@ -7,6 +7,8 @@
 //!   it is back, and all end Processed with every effect applied exactly once.
 //! - An order cancelled while its payment call is in flight ends Cancelled, with what was done
 //!   undone.
+//! - The API lets in only whom it should, in each of its three auth modes, and a refused
+//!   request writes nothing.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -20,11 +22,12 @@ use std::collections::HashMap;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use sas_aws::signing::SigV4;
 use sas_engine::memory::SplitMix;
 use sas_engine::ports::Random;
 use sas_infra::emulator::{Moto, python_with, workspace_root};
 use sas_infra::local::{LocalStack, Options};
-use sas_infra::sigv4::LOCAL_SECRET_KEY;
+use sas_infra::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -49,6 +52,9 @@ const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
 /// What the contract check runs: the schemathesis release it is written against, and botocore,
 /// whose SigV4 signer signs the admin requests (`tests/schemathesis_sigv4.py`).
 const CONTRACT_TOOLS: [&str; 2] = ["schemathesis>=4.32,<5", "botocore>=1.34,<2"];
+
+/// The access key the tests' client signs orders with.
+const CLIENT: &str = "e2e-client";
 
 /// One stack at a time.
 static TURN: Mutex<()> = Mutex::const_new(());
@@ -80,6 +86,16 @@ fn build_binaries() -> std::path::PathBuf {
 /// and policies scaled down from minutes to seconds (`failure_threshold` expired leases of a
 /// step before its order is compensated).
 async fn start(name: &str, faults: &str, failure_threshold: u32) -> LocalStack {
+    start_with(name, faults, failure_threshold, &[]).await
+}
+
+/// As [`start`], with more template parameters.
+async fn start_with(
+    name: &str,
+    faults: &str,
+    failure_threshold: u32,
+    parameters: &[(&str, &str)],
+) -> LocalStack {
     let bin_dir = tokio::task::spawn_blocking(build_binaries).await.unwrap();
     let overrides = ENGINE_FUNCTIONS
         .iter()
@@ -102,7 +118,10 @@ async fn start(name: &str, faults: &str, failure_threshold: u32) -> LocalStack {
             ("RetryWaitBaseSeconds".to_owned(), "1".to_owned()),
             ("RetryWaitMaxSeconds".to_owned(), "2".to_owned()),
             ("FailureThreshold".to_owned(), failure_threshold.to_string()),
-        ]),
+        ])
+        .into_iter()
+        .chain(parameters.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
+        .collect(),
         overrides,
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };
@@ -288,6 +307,180 @@ async fn an_order_cancelled_while_its_payment_is_in_flight_ends_cancelled_with_i
     assert_eq!(view["needs_manual_undo"], json!([]), "{view}");
 }
 
+/// An order's body, and another one.
+const ORDER: &str = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
+    "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
+const OTHER_ORDER: &str = r#"{"customer_id":"c-2","currency":"EUR","items":[{"sku":"BOOK-2","quantity":3,"unit_price":990}],
+    "ship_to":{"name":"Bo","line1":"2 Side St","city":"Lyon","postal_code":"69001","country":"FR"}}"#;
+
+/// How a test request authenticates.
+enum Auth<'a> {
+    Unsigned,
+    /// Signed as this caller, with the right secret key, now.
+    As(&'a str),
+    /// Signed as this caller with another secret key.
+    WrongKey(&'a str),
+    /// Signed as this caller ten minutes ago.
+    Stale(&'a str),
+    /// `Authorization: Bearer` and this token.
+    Token(String),
+}
+
+/// Sends a request to the stack's API as `auth` says; returns the status and the JSON body.
+async fn call(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    auth: &Auth<'_>,
+    method: &str,
+    path: &str,
+    key_and_body: Option<(&str, &str)>,
+) -> (u16, Value) {
+    let url = format!("{}{path}", stack.api_url);
+    let mut builder = match method {
+        "POST" => http.post(url),
+        _ => http.get(url),
+    };
+    if let Some((key, body)) = key_and_body {
+        builder = builder
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(body.to_owned());
+    }
+    if let Auth::Token(token) = auth {
+        builder = builder.bearer_auth(token);
+    }
+    let mut request = builder.build().unwrap();
+    let signed = |caller: &str, secret: &str| {
+        let credentials =
+            aws_credential_types::Credentials::new(caller, secret, None, None, "test");
+        SigV4::new(
+            aws_credential_types::provider::SharedCredentialsProvider::new(credentials),
+            "us-east-1",
+            EXECUTE_API,
+        )
+    };
+    match auth {
+        Auth::Unsigned | Auth::Token(_) => {}
+        Auth::As(caller) => signed(caller, LOCAL_SECRET_KEY).sign(&mut request).await.unwrap(),
+        Auth::WrongKey(caller) => signed(caller, "not-the-key").sign(&mut request).await.unwrap(),
+        Auth::Stale(caller) => {
+            let then = std::time::SystemTime::now() - Duration::from_secs(600);
+            signed(caller, LOCAL_SECRET_KEY).sign_at(&mut request, then).await.unwrap();
+        }
+    }
+    let response = http.execute(request).await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Orders stored so far, read from the emulator.
+async fn orders_stored(stack: &LocalStack) -> i32 {
+    let clients = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let table = stack.stack.reference("OrdersTable").unwrap();
+    let scan = clients.dynamodb.scan().table_name(table).consistent_read(true).send().await;
+    scan.unwrap().count()
+}
+
+/// One refused case: its status, and nothing stored.
+async fn refused(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    case: &str,
+    auth: &Auth<'_>,
+    status: u16,
+) {
+    let before = orders_stored(stack).await;
+    let (got, body) = call(http, stack, auth, "POST", "/orders", Some((case, ORDER))).await;
+    assert_eq!(got, status, "{case}: {body}");
+    assert_eq!(orders_stored(stack).await, before, "{case}: a refused request wrote an order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_lets_in_only_whom_it_should_in_each_auth_mode() {
+    let _turn = TURN.lock().await;
+    let http = reqwest::Client::new();
+
+    // AWS_IAM, the default.
+    let stack = start("e2e-auth-iam", SOUND, 5).await;
+    refused(&http, &stack, "unsigned", &Auth::Unsigned, 403).await;
+    refused(&http, &stack, "wrong-signature", &Auth::WrongKey("ada"), 403).await;
+    refused(&http, &stack, "expired-signature", &Auth::Stale("ada"), 403).await;
+    let (status, mine) =
+        call(&http, &stack, &Auth::As("ada"), "POST", "/orders", Some(("k-1", ORDER))).await;
+    assert_eq!(status, 202, "{mine}");
+    let id = mine["order_id"].as_str().unwrap().to_owned();
+    let path = format!("/orders/{id}");
+    let (status, view) = call(&http, &stack, &Auth::As("ada"), "GET", &path, None).await;
+    assert_eq!((status, view["order_id"].as_str()), (200, Some(id.as_str())), "{view}");
+    let (status, _) = call(&http, &stack, &Auth::Unsigned, "GET", &path, None).await;
+    assert_eq!(status, 403, "an unsigned read");
+    let (status, theirs) = call(&http, &stack, &Auth::As("bob"), "GET", &path, None).await;
+    assert_eq!(status, 404, "another caller reads nothing of ada's order: {theirs}");
+    let unknown = "/orders/00000000-0000-5000-8000-000000000000";
+    let (_, never) = call(&http, &stack, &Auth::As("bob"), "GET", unknown, None).await;
+    assert_eq!(theirs, never, "someone else's order answers exactly as an unknown id");
+    // Keys are each caller's own: bob's k-1 is an order of bob's, even with another body,
+    // and ada's k-1 with another body is a conflict only for ada.
+    let stored = orders_stored(&stack).await;
+    let (status, bobs) =
+        call(&http, &stack, &Auth::As("bob"), "POST", "/orders", Some(("k-1", OTHER_ORDER))).await;
+    assert_eq!((status, &bobs["created"]), (202, &json!(true)), "{bobs}");
+    assert_ne!(bobs["order_id"], mine["order_id"]);
+    assert_eq!(orders_stored(&stack).await, stored + 1);
+    let before = orders_stored(&stack).await;
+    let (status, conflict) =
+        call(&http, &stack, &Auth::As("ada"), "POST", "/orders", Some(("k-1", OTHER_ORDER))).await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(orders_stored(&stack).await, before, "a conflict writes nothing");
+    let view = operator_view(&stack, &id);
+    assert_eq!(view["owner"], format!("arn:aws:iam::123456789012:user/ada"), "{view}");
+    drop(stack);
+
+    // JWT, against the local issuer.
+    let issuer = "https://issuer.example";
+    let jwt = [("ApiAuth", "JWT"), ("JwtIssuer", issuer), ("JwtAudience", "orders")];
+    let stack = start_with("e2e-auth-jwt", SOUND, 5, &jwt).await;
+    let now = chrono::Utc::now();
+    let token = |iss: &str, aud: &str, sub: &str, ttl: i64| {
+        sas_infra::jwt::mint(&sas_infra::jwt::claims(
+            iss,
+            aud,
+            sub,
+            now,
+            chrono::Duration::seconds(ttl),
+        ))
+    };
+    refused(&http, &stack, "no-token", &Auth::Unsigned, 401).await;
+    let wrong_audience = Auth::Token(token(issuer, "elsewhere", "ada", 300));
+    refused(&http, &stack, "wrong-audience", &wrong_audience, 401).await;
+    let wrong_issuer = Auth::Token(token("https://other.example", "orders", "ada", 300));
+    refused(&http, &stack, "wrong-issuer", &wrong_issuer, 401).await;
+    refused(&http, &stack, "expired-token", &Auth::Token(token(issuer, "orders", "ada", -60)), 401)
+        .await;
+    refused(&http, &stack, "signed-not-token", &Auth::As("ada"), 401).await;
+    let ada = Auth::Token(token(issuer, "orders", "ada", 300));
+    let (status, mine) = call(&http, &stack, &ada, "POST", "/orders", Some(("k-1", ORDER))).await;
+    assert_eq!(status, 202, "{mine}");
+    let path = format!("/orders/{}", mine["order_id"].as_str().unwrap());
+    assert_eq!(call(&http, &stack, &ada, "GET", &path, None).await.0, 200);
+    let bob = Auth::Token(token(issuer, "orders", "bob", 300));
+    assert_eq!(call(&http, &stack, &bob, "GET", &path, None).await.0, 404);
+    let view = operator_view(&stack, mine["order_id"].as_str().unwrap());
+    assert_eq!(view["owner"], format!("jwt:{issuer}#ada"), "{view}");
+    drop(stack);
+
+    // NONE, chosen explicitly: everyone is the same anonymous caller.
+    let stack = start_with("e2e-auth-none", SOUND, 5, &[("ApiAuth", "NONE")]).await;
+    let (status, anyone) =
+        call(&http, &stack, &Auth::Unsigned, "POST", "/orders", Some(("k-1", ORDER))).await;
+    assert_eq!(status, 202, "{anyone}");
+    let path = format!("/orders/{}", anyone["order_id"].as_str().unwrap());
+    assert_eq!(call(&http, &stack, &Auth::Unsigned, "GET", &path, None).await.0, 200);
+    // The admin API stays behind IAM whatever the order routes take.
+    let (status, _) = call(&http, &stack, &Auth::Unsigned, "GET", "/admin/orders", None).await;
+    assert_eq!(status, 403);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_keeps_its_openapi_contract() {
     let python = tokio::task::spawn_blocking(|| {
@@ -347,18 +540,23 @@ fn text(output: &Output) -> String {
     )
 }
 
+/// The client the tests submit orders as, signing for the HTTP API (`execute-api`) or the
+/// simulated service's URL (`lambda`).
+fn signer(service: &str) -> SigV4 {
+    local_signer(CLIENT, "us-east-1", service)
+}
+
 async fn submit(http: &reqwest::Client, api: &str, key: &str) -> String {
     let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
                   "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
     // A killed submission process fails its request; a client retries with the same key.
     for _ in 0..20 {
-        let response = http
+        let request = http
             .post(format!("{api}/orders"))
             .header("content-type", "application/json")
             .header("idempotency-key", key)
-            .body(body)
-            .send()
-            .await;
+            .body(body);
+        let response = signer(EXECUTE_API).send(http, request).await;
         if let Ok(r) = response {
             if r.status() == 202 {
                 let v: Value = r.json().await.unwrap();
@@ -372,7 +570,8 @@ async fn submit(http: &reqwest::Client, api: &str, key: &str) -> String {
 
 /// `GET /orders/{id}`, or null while it cannot be read.
 async fn order(http: &reqwest::Client, stack: &LocalStack, id: &str) -> Value {
-    let response = http.get(format!("{}/orders/{id}", stack.api_url)).send().await;
+    let request = http.get(format!("{}/orders/{id}", stack.api_url));
+    let response = signer(EXECUTE_API).send(http, request).await;
     match response {
         Ok(r) => r.json().await.unwrap_or(Value::Null),
         Err(_) => Value::Null,
@@ -412,7 +611,8 @@ async fn wait_for(
 
 async fn ledger(http: &reqwest::Client, stack: &LocalStack) -> Value {
     let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
-    http.get(format!("{remote}ledger")).send().await.unwrap().json().await.unwrap()
+    let request = http.get(format!("{remote}ledger"));
+    signer(LAMBDA).send(http, request).await.unwrap().json().await.unwrap()
 }
 
 /// The actions the service applied for one order, in the order it applied them (an undo of
@@ -429,13 +629,11 @@ fn effects(ledger: &Value, order_id: &str) -> Vec<String> {
 
 async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str) {
     let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
-    let response = http
+    let request = http
         .put(format!("{remote}faults"))
         .header("content-type", "application/json")
-        .body(faults.to_owned())
-        .send()
-        .await
-        .unwrap();
+        .body(faults.to_owned());
+    let response = signer(LAMBDA).send(http, request).await.unwrap();
     assert!(response.status().is_success(), "PUT faults: {}", response.status());
 }
 

@@ -1,0 +1,396 @@
+//! Least privilege on the local stack: each function signs its AWS calls with credentials of
+//! its own, and the stack's proxy checks every call against that function's policy in the
+//! template, refusing what it does not allow as AWS would.
+//!
+//! - With `template.yaml` as it is, orders run to the end (one of them failed by an outage of
+//!   the payment service, swept by the supervisor, and redriven by an operator once the service
+//!   is back), the status and admin routes answer, and no call is refused; the permissions no
+//!   call used are printed.
+//! - With one permission taken out of a copy of the template (the scheduler's
+//!   `dynamodb:PutItem` on the state table), the scheduler's first write is refused, the denial
+//!   is reported with the function, action and resource (from Rust and at `/_proxy/access`),
+//!   and the order never leaves Pending: no step request is ever sent.
+//!
+//! The function binaries are built as `local_stack.rs` builds them, into the same folder. A
+//! stack is a dozen processes: the tests here take turns.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use sas_infra::aws::Clients;
+use sas_infra::emulator::{Moto, workspace_root};
+use sas_infra::local::{LocalStack, Options};
+use sas_infra::policy::{AccessReport, Cause};
+use sas_infra::proxy::ACCESS_PATH;
+use sas_infra::sigv4::{EXECUTE_API, LAMBDA, local_signer};
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+/// The reference workflow with short budgets.
+const FAST_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
+  {"name":"reserve-inventory","agent":"inventory","budget_seconds":2,"compensation":{"action":"release-inventory","budget_seconds":2}},
+  {"name":"charge-payment","agent":"payment","budget_seconds":2,"compensation":{"action":"refund-payment","budget_seconds":2}},
+  {"name":"ship","agent":"shipping","budget_seconds":2}]}"#;
+
+const ENGINE_FUNCTIONS: [&str; 5] = [
+    "SubmissionFunction",
+    "SchedulerFunction",
+    "SupervisorFunction",
+    "StatusFunction",
+    "AdminFunction",
+];
+
+/// Every function that calls AWS in a run of orders.
+const CALLERS: [&str; 8] = [
+    "SubmissionFunction",
+    "StatusFunction",
+    "SchedulerFunction",
+    "InventoryAgentFunction",
+    "PaymentAgentFunction",
+    "ShippingAgentFunction",
+    "SupervisorFunction",
+    "AdminFunction",
+];
+
+/// The simulated services: sound, 20 ms a call.
+const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
+
+/// The payment service answers every charge with 503.
+const PAYMENT_OUTAGE: &str =
+    r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"transient_rate":1.0}}}"#;
+
+const REGION: &str = "us-east-1";
+
+/// One stack at a time.
+static TURN: Mutex<()> = Mutex::const_new(());
+
+/// The folder `local_stack.rs` builds the function binaries into: beside the target directory
+/// this test was built in.
+fn e2e_target() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map_or_else(|| workspace_root().join("target"), Path::to_path_buf)
+        .join("e2e")
+}
+
+/// Builds the function binaries as they ship, and returns their folder.
+fn build_binaries() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(workspace_root())
+        .args(["build", "--workspace", "--bins", "--quiet", "--target-dir"])
+        .arg(e2e_target())
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the function binaries failed");
+    e2e_target().join("debug")
+}
+
+/// A stack of `template` on the shared moto server, with the fast workflow and sound services;
+/// with `sweeps`, the supervisor sweeps every second and an order fails after two expired
+/// leases of a step, otherwise it does not sweep while a test runs.
+async fn start(name: &str, template: PathBuf, sweeps: bool) -> LocalStack {
+    let bin_dir = tokio::task::spawn_blocking(build_binaries).await.unwrap();
+    let overrides = ENGINE_FUNCTIONS
+        .iter()
+        .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), FAST_WORKFLOW.to_owned()))
+        .chain([("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), SOUND.to_owned())])
+        .collect();
+    let options = Options {
+        template,
+        endpoint: Some(Moto::shared().endpoint.clone()),
+        split_emulators: false,
+        bin_dir,
+        api_port: 0,
+        schedule_speed: if sweeps { 60.0 } else { 1.0 },
+        max_instances: 2,
+        stack_name: format!("{name}-{}", std::process::id()),
+        region: REGION.into(),
+        parameters: if sweeps {
+            [
+                ("ClaimGraceSeconds", "1"),
+                ("RetryWaitBaseSeconds", "1"),
+                ("RetryWaitMaxSeconds", "2"),
+                ("FailureThreshold", "2"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+        } else {
+            HashMap::new()
+        },
+        overrides,
+        show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
+    };
+    LocalStack::up(&options).await.unwrap()
+}
+
+/// Submits an order as the client `lp-client` (signed, as the API's default authorizer wants)
+/// and returns its id.
+async fn submit(http: &reqwest::Client, stack: &LocalStack, key: &str) -> String {
+    let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
+                  "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
+    let signer = local_signer("lp-client", REGION, EXECUTE_API);
+    let mut last = String::new();
+    // The first requests may meet functions still starting.
+    for _ in 0..20 {
+        let request = http
+            .post(format!("{}/orders", stack.api_url))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(body);
+        match signer.send(http, request).await {
+            Ok(r) if r.status() == 202 => {
+                let v: Value = r.json().await.unwrap();
+                return v["order_id"].as_str().unwrap().to_owned();
+            }
+            Ok(r) => last = format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("order {key} was never accepted; last answer {last}");
+}
+
+/// `GET path` on the HTTP API, signed as `caller`: its status and body.
+async fn get(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    caller: &str,
+    path: &str,
+) -> (u16, String) {
+    let signer = local_signer(caller, REGION, EXECUTE_API);
+    let answer = signer.send(http, http.get(format!("{}{path}", stack.api_url))).await.unwrap();
+    (answer.status().as_u16(), answer.text().await.unwrap_or_default())
+}
+
+/// `POST path` on the HTTP API with a JSON body, signed as `caller`: its status and body.
+async fn post(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    caller: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    let signer = local_signer(caller, REGION, EXECUTE_API);
+    let request = http
+        .post(format!("{}{path}", stack.api_url))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    let answer = signer.send(http, request).await.unwrap();
+    (answer.status().as_u16(), answer.text().await.unwrap_or_default())
+}
+
+/// Sets the simulated services' faults (its function URL takes signed requests).
+async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str) {
+    let url = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
+    let request = http
+        .put(format!("{url}faults"))
+        .header("content-type", "application/json")
+        .body(faults.to_owned());
+    let answer = local_signer("lp-tester", REGION, LAMBDA).send(http, request).await.unwrap();
+    assert!(answer.status().is_success(), "PUT faults: {}", answer.status());
+}
+
+/// Waits until every order is in `state`, for at most `seconds`.
+async fn wait_for(stack: &LocalStack, ids: &[String], state: &str, seconds: u64) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    loop {
+        let mut states = Vec::new();
+        for id in ids {
+            states.push(process_state(stack, id).await);
+        }
+        if states.iter().all(|s| s.as_deref() == Some(state)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "orders not {state} in time: {states:?}\n{}",
+            stack.access()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The order's process state as its record holds it, read straight from the emulator.
+async fn process_state(stack: &LocalStack, id: &str) -> Option<String> {
+    let clients = Clients::new(&stack.emulators, REGION).await;
+    let item = clients
+        .dynamodb
+        .get_item()
+        .table_name(stack.stack.reference("StateTable").unwrap())
+        .key("OrderId", AttributeValue::S(id.to_owned()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item?;
+    item.get("ProcessState").and_then(|v| v.as_s().ok()).cloned()
+}
+
+/// `template.yaml` with `old` replaced by `new` inside the resource `resource`, written where
+/// a stack can be started from it.
+fn template_without(resource: &str, old: &str, new: &str) -> PathBuf {
+    let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
+    let header = format!("\n  {resource}:\n");
+    let start = text.find(&header).unwrap_or_else(|| panic!("no {resource} in the template"))
+        + header.len();
+    // The resource ends where the next line at its indentation begins.
+    let end = text[start..]
+        .match_indices("\n  ")
+        .map(|(i, _)| start + i)
+        .find(|&i| text[i + 3..].starts_with(|c: char| c.is_ascii_alphanumeric()))
+        .unwrap_or(text.len());
+    let section = &text[start..end];
+    assert_eq!(section.matches(old).count(), 1, "{resource} must hold {old:?} exactly once");
+    let changed = format!("{}{}{}", &text[..start], section.replacen(old, new, 1), &text[end..]);
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("least-privilege-{}-{resource}.yaml", std::process::id()));
+    std::fs::write(&path, changed).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_run_to_the_end_with_no_call_refused() {
+    let _turn = TURN.lock().await;
+    let stack = start("lp-real", workspace_root().join("template.yaml"), true).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(submit(&http, &stack, &format!("lp-order-{i}")).await);
+    }
+    wait_for(&stack, &ids, "Processed", 90).await;
+    // A key used again reads the order back.
+    assert_eq!(submit(&http, &stack, "lp-order-0").await, ids[0]);
+    // The routes that read: the submitter's own order, and the operators' views.
+    assert_eq!(get(&http, &stack, "lp-client", &format!("/orders/{}", ids[0])).await.0, 200);
+    for path in [
+        "/admin/orders".to_owned(),
+        "/admin/orders?list=in-flight".to_owned(),
+        format!("/admin/orders/{}", ids[0]),
+        "/admin/dead-letters".to_owned(),
+    ] {
+        let (status, body) = get(&http, &stack, "ops-lp", &path).await;
+        assert_eq!(status, 200, "GET {path}: {body}");
+    }
+
+    // An outage fails an order: its leases expire, the supervisor retries, then compensates.
+    put_faults(&http, &stack, PAYMENT_OUTAGE).await;
+    let failed = vec![submit(&http, &stack, "lp-outage").await];
+    wait_for(&stack, &failed, "Error", 120).await;
+    // The service is back: an operator redrives the order, and the dead letters of a queue.
+    put_faults(&http, &stack, SOUND).await;
+    let command = r#"{"command_id":"lp-redrive","reason":"payment service back"}"#;
+    let path = format!("/admin/orders/{}/redrive", failed[0]);
+    let (status, body) = post(&http, &stack, "ops-lp", &path, command).await;
+    assert_eq!(status, 200, "POST {path}: {body}");
+    wait_for(&stack, &failed, "Processed", 120).await;
+    let path = "/admin/dead-letters/replies/redrive";
+    let (status, body) = post(&http, &stack, "ops-lp", path, "").await;
+    assert_eq!(status, 200, "POST {path}: {body}");
+
+    let access = stack.access();
+    println!("{access}");
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
+    for function in CALLERS {
+        assert!(
+            access.checked.get(function).copied().unwrap_or(0) > 0,
+            "no call of {function} was checked:\n{access}"
+        );
+    }
+    // The transaction of each submission used the PutItem grant on the state table.
+    let state = stack.stack.attribute("StateTable", "Arn").unwrap();
+    assert!(
+        !access.unused.iter().any(|g| g.function == "SubmissionFunction"
+            && g.action == "dynamodb:PutItem"
+            && g.resource == state),
+        "{access}"
+    );
+    let mut report = String::new();
+    stack.check_access(&mut report).unwrap();
+    assert!(report.contains("0 denied"), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_taken_out_of_the_template_is_refused_and_the_order_goes_no_further() {
+    let _turn = TURN.lock().await;
+    // The scheduler may still read the state table, but no longer write it.
+    let template = template_without(
+        "SchedulerFunction",
+        "                - dynamodb:GetItem\n                - dynamodb:PutItem\n              Resource:\n                Fn::GetAtt: [StateTable, Arn]\n",
+        "                - dynamodb:GetItem\n              Resource:\n                Fn::GetAtt: [StateTable, Arn]\n",
+    );
+    let stack = start("lp-denied", template, false).await;
+    let http = reqwest::Client::new();
+    let id = submit(&http, &stack, "lp-denied-1").await;
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut access = stack.access();
+    while access.denials.is_empty() {
+        assert!(Instant::now() < deadline, "no denial was reported:\n{access}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        access = stack.access();
+    }
+    // Time for anything that would follow the claim, were it allowed.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let access = stack.access();
+    println!("{access}");
+    let state = stack.stack.attribute("StateTable", "Arn").unwrap();
+    let denied: Vec<(&str, &str, &str, &str, &Cause)> = access
+        .denials
+        .iter()
+        .map(|d| {
+            (
+                d.function.as_str(),
+                d.operation.as_str(),
+                d.action.as_str(),
+                d.resource.as_str(),
+                &d.cause,
+            )
+        })
+        .collect();
+    assert_eq!(
+        denied,
+        [("SchedulerFunction", "PutItem", "dynamodb:PutItem", state.as_str(), &Cause::NoAllow)],
+        "{access}"
+    );
+    assert_eq!(
+        access.denials[0].message(),
+        format!(
+            "User: arn:aws:sts::123456789012:assumed-role/SchedulerFunctionRole/SchedulerFunction is not authorized to perform: dynamodb:PutItem on resource: {state} because no identity-based policy allows the dynamodb:PutItem action"
+        )
+    );
+    // Other processes read the same at the proxy's control path.
+    let served: AccessReport = http
+        .get(format!("{}{ACCESS_PATH}", stack.endpoint))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(served.denials.len(), 1);
+    assert_eq!(
+        (served.denials[0].function.as_str(), served.denials[0].action.as_str()),
+        ("SchedulerFunction", "dynamodb:PutItem")
+    );
+    let mut report = String::new();
+    let failed = stack.check_access(&mut report).unwrap_err().to_string();
+    assert!(failed.contains("DENIED SchedulerFunction: dynamodb:PutItem"), "{failed}");
+
+    // The order was accepted, and went no further: never claimed, no step ever requested.
+    assert_eq!(process_state(&stack, &id).await.as_deref(), Some("Pending"));
+    let sent: Vec<String> = stack
+        .proxy
+        .counts
+        .snapshot()
+        .into_keys()
+        .filter(|(service, op)| service == "sqs" && op.starts_with("SendMessage"))
+        .map(|(_, op)| op)
+        .collect();
+    assert_eq!(sent, ["SendMessageBatch to SchedulerQueue"], "only the start message was sent");
+}
