@@ -116,3 +116,102 @@ async fn published_events_reach_the_queues_subscribed_by_rules() {
         Err(e) => assert!(!e.to_string().is_empty()),
     }
 }
+
+/// What a service behind an agent received: method, path, headers and body of each call.
+type Received =
+    std::sync::Arc<std::sync::Mutex<Vec<(String, String, Vec<(String, String)>, Vec<u8>)>>>;
+
+/// A service that answers every action with `{"ok": true}` and keeps what it received.
+async fn recording_service() -> (String, Received) {
+    let received: Received = Received::default();
+    let keep = received.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let keep = keep.clone();
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = axum::body::to_bytes(body, 1 << 20).await.unwrap().to_vec();
+            let headers = parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+                .collect();
+            keep.lock().unwrap().push((
+                parts.method.to_string(),
+                parts.uri.path().to_owned(),
+                headers,
+                body,
+            ));
+            axum::Json(serde_json::json!({"ok": true}))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, received)
+}
+
+fn remote_call() -> sas_engine::ports::RemoteCall {
+    let config = EngineConfig::default();
+    let (record, _) = new_order("auth-1", &config);
+    sas_engine::ports::RemoteCall {
+        order_id: record.order_id,
+        action: "reserve-inventory".into(),
+        direction: sas_engine::Direction::Do,
+        idempotency_key: "key-1".into(),
+        order: record.order,
+        input: None,
+        deadline: Timestamp::from_millis(i64::MAX / 2),
+    }
+}
+
+#[tokio::test]
+async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed() {
+    use sas_aws::http::{HttpRemote, ServiceAuth};
+    use sas_engine::ports::RemoteService;
+
+    let (url, received) = recording_service().await;
+    // The token, stored as a deployer would store it, read as the agent does at cold start.
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(&sas_infra::emulator::Moto::shared().endpoint)
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_credential_types::Credentials::new(
+            "local", "local", None, None, "test",
+        ))
+        .load()
+        .await;
+    let created = aws_sdk_secretsmanager::Client::new(&sdk)
+        .create_secret()
+        .name(format!("inventory-token-{}", std::process::id()))
+        .secret_string("s3cr3t-token\n")
+        .send()
+        .await
+        .unwrap();
+    let token = sas_aws::clients::secret_text(&sdk, created.arn().unwrap()).await.unwrap();
+    let missing = sas_aws::clients::secret_text(&sdk, "no-such-secret").await.unwrap_err();
+    assert!(missing.contains("no-such-secret"), "{missing}");
+
+    let bearer = ServiceAuth::bearer(&token).unwrap();
+    assert!(!format!("{bearer:?}").contains("s3cr3t"), "the token is never printed");
+    let remote = HttpRemote::new(&url, Duration::from_secs(5)).unwrap().with_auth(bearer);
+    assert_eq!(remote.call(&remote_call()).await.unwrap(), serde_json::json!({"ok": true}));
+    let api_key = ServiceAuth::header("x-api-key", &token).unwrap();
+    let remote = HttpRemote::new(&url, Duration::from_secs(5)).unwrap().with_auth(api_key);
+    remote.call(&remote_call()).await.unwrap();
+    let signer = sas_infra::sigv4::local_signer("InventoryAgentFunction", "us-east-1", "lambda");
+    let remote = HttpRemote::new(&url, Duration::from_secs(5))
+        .unwrap()
+        .with_auth(ServiceAuth::SigV4(signer));
+    remote.call(&remote_call()).await.unwrap();
+
+    let calls = received.lock().unwrap().clone();
+    let header =
+        |n: usize, name: &str| calls[n].2.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    assert_eq!(header(0, "authorization").as_deref(), Some("Bearer s3cr3t-token"));
+    assert_eq!(header(1, "x-api-key").as_deref(), Some("s3cr3t-token"));
+    assert_eq!(header(1, "authorization"), None);
+    // The signed call is one a function URL with AWS_IAM auth takes, from this caller.
+    let (method, path, headers, body) = &calls[2];
+    let signed = sas_infra::sigv4::Signed { method, raw_path: path, raw_query: "", headers, body };
+    let caller = sas_infra::sigv4::verify(&signed, "us-east-1", "lambda", chrono::Utc::now());
+    assert_eq!(caller.as_deref(), Ok("InventoryAgentFunction"));
+}
