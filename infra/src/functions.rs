@@ -284,29 +284,13 @@ pub fn rate(expression: &str) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
-    use crate::provision::{Options, dry_run};
-
-    fn template() -> Template {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
-        Template::load(&path).unwrap()
-    }
+    use crate::provision::{local_dry_run, project_template};
 
     #[test]
     fn the_template_declares_every_function_with_its_sources_and_environment() {
-        let t = template();
-        let options = Options {
-            stack_name: "local".into(),
-            region: "us-east-1".into(),
-            parameters: HashMap::new(),
-            attributes: HashMap::from([(
-                ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
-                Value::String("http://127.0.0.1:9999/".into()),
-            )]),
-        };
-        let stack = dry_run(&t, &options).unwrap();
+        let t = project_template();
+        let stack = local_dry_run(&t, &[]);
         let fns = functions(&t, &stack).unwrap();
         let by_id = |id: &str| fns.iter().find(|f| f.logical_id == id).unwrap();
 
@@ -360,17 +344,8 @@ mod tests {
     fn order_and_admin_auth(
         parameters: &[(&str, &str)],
     ) -> Result<(Option<RouteAuth>, Option<RouteAuth>), Error> {
-        let options = Options {
-            stack_name: "local".into(),
-            region: "us-east-1".into(),
-            parameters: parameters.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
-            attributes: HashMap::from([(
-                ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
-                Value::String("http://127.0.0.1:9999/".into()),
-            )]),
-        };
-        let t = template();
-        let fns = functions(&t, &dry_run(&t, &options)?)?;
+        let t = project_template();
+        let fns = functions(&t, &local_dry_run(&t, parameters))?;
         let auth = |id: &str, route: &str| {
             fns.iter()
                 .flat_map(|f| f.events.iter().map(move |e| (f, e)))

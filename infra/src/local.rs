@@ -419,20 +419,11 @@ fn process_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::dry_run;
+    use crate::provision::{local_dry_run, project_template};
 
     fn stack(parameters: &[(&str, &str)]) -> (Template, Stack) {
-        let template = Template::load(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml"),
-        )
-        .unwrap();
-        let options = ProvisionOptions {
-            stack_name: "local".into(),
-            region: "us-east-1".into(),
-            parameters: parameters.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            attributes: HashMap::new(),
-        };
-        let stack = dry_run(&template, &options).unwrap();
+        let template = project_template();
+        let stack = local_dry_run(&template, parameters);
         (template, stack)
     }
 

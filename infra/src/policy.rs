@@ -715,13 +715,8 @@ impl AccessReport {
     /// The report in a few lines: denials in full, unused grants counted by function.
     pub fn brief(&self) -> String {
         let mut text = String::new();
-        let full = self.to_string();
-        // The lines before the unused grants: the count and every denial.
-        for line in full.lines().take_while(|l| !l.starts_with("access: ") || l.contains("checked"))
-        {
-            text.push_str(line);
-            text.push('\n');
-        }
+        // Writing to a String cannot fail.
+        let _ = self.write_checks(&mut text);
         if self.unused.is_empty() {
             text.push_str("access: every permission the template grants was used\n");
         } else {
@@ -738,10 +733,9 @@ impl AccessReport {
         }
         text
     }
-}
 
-impl fmt::Display for AccessReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// The calls checked, and every denial.
+    fn write_checks(&self, f: &mut impl fmt::Write) -> fmt::Result {
         let checked: u64 = self.checked.values().sum();
         let denied: u64 = self.denials.iter().map(|d| d.count).sum();
         writeln!(
@@ -760,27 +754,30 @@ impl fmt::Display for AccessReport {
                 d.function, d.action, d.resource, d.operation, d.count
             )?;
         }
+        Ok(())
+    }
+}
+
+/// A heading with the number of `grants`, then one grant a line.
+fn write_grants(f: &mut fmt::Formatter<'_>, heading: &str, grants: &[Grant]) -> fmt::Result {
+    writeln!(f, "access: {} {heading}:", grants.len())?;
+    grants.iter().try_for_each(|g| writeln!(f, "  {g}"))
+}
+
+impl fmt::Display for AccessReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_checks(f)?;
         if self.unused.is_empty() {
             writeln!(f, "access: every permission the template grants was used")?;
         } else {
-            writeln!(
-                f,
-                "access: {} permissions the template grants were not used:",
-                self.unused.len()
-            )?;
-            for g in &self.unused {
-                writeln!(f, "  {g}")?;
-            }
+            write_grants(f, "permissions the template grants were not used", &self.unused)?;
         }
         if !self.unchecked.is_empty() {
-            writeln!(
+            write_grants(
                 f,
-                "access: {} permissions of services the local checks do not see:",
-                self.unchecked.len()
+                "permissions of services the local checks do not see",
+                &self.unchecked,
             )?;
-            for g in &self.unchecked {
-                writeln!(f, "  {g}")?;
-            }
         }
         Ok(())
     }
@@ -979,27 +976,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
-    use crate::provision::{Options, dry_run};
+    use crate::provision::{local_dry_run, project_template};
 
     fn stack_of(template: &Template) -> Stack {
-        let options = Options {
-            stack_name: "local".into(),
-            region: "us-east-1".into(),
-            parameters: HashMap::new(),
-            attributes: HashMap::from([(
-                ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
-                Value::String("http://127.0.0.1:9999/".into()),
-            )]),
-        };
-        dry_run(template, &options).unwrap()
+        local_dry_run(template, &[])
     }
 
     fn real() -> (Stack, Policies) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
-        let template = Template::load(&path).unwrap();
+        let template = project_template();
         let stack = stack_of(&template);
         let policies = policies(&template, &stack).unwrap();
         (stack, policies)

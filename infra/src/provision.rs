@@ -200,6 +200,29 @@ pub fn dry_run(template: &Template, options: &Options) -> Result<Stack, Error> {
     Ok(Stack { context, created: Vec::new(), skipped: Vec::new() })
 }
 
+/// The project's `template.yaml`, for tests of what it declares.
+#[cfg(test)]
+pub(crate) fn project_template() -> Template {
+    Template::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml"))
+        .unwrap()
+}
+
+/// A dry run of `template` as the local stack names things (stack `local` in us-east-1, the
+/// simulated service's URL on a made-up port), with `parameters`: for tests.
+#[cfg(test)]
+pub(crate) fn local_dry_run(template: &Template, parameters: &[(&str, &str)]) -> Stack {
+    let options = Options {
+        stack_name: "local".into(),
+        region: "us-east-1".into(),
+        parameters: parameters.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        attributes: HashMap::from([(
+            ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
+            Value::String("http://127.0.0.1:9999/".into()),
+        )]),
+    };
+    dry_run(template, &options).unwrap()
+}
+
 /// References to resources that are not created still resolve, to what they would be named.
 fn stand_in(ctx: &mut Context, id: &str, kind: &str, options: &Options) {
     let name = physical_name(&options.stack_name, id);

@@ -26,23 +26,10 @@ use sas_infra::emulator::{Moto, workspace_root};
 use sas_infra::local::{LocalStack, Options};
 use sas_infra::policy::{AccessReport, Cause};
 use sas_infra::proxy::ACCESS_PATH;
-use sas_infra::sigv4::{EXECUTE_API, LAMBDA, local_signer};
+use sas_infra::sigv4::{EXECUTE_API, local_signer};
+use sas_tests::e2e::{SOUND, build_binaries, overrides, put_faults};
 use serde_json::Value;
 use tokio::sync::Mutex;
-
-/// The reference workflow with short budgets.
-const FAST_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
-  {"name":"reserve-inventory","agent":"inventory","budget_seconds":2,"compensation":{"action":"release-inventory","budget_seconds":2}},
-  {"name":"charge-payment","agent":"payment","budget_seconds":2,"compensation":{"action":"refund-payment","budget_seconds":2}},
-  {"name":"ship","agent":"shipping","budget_seconds":2}]}"#;
-
-const ENGINE_FUNCTIONS: [&str; 5] = [
-    "SubmissionFunction",
-    "SchedulerFunction",
-    "SupervisorFunction",
-    "StatusFunction",
-    "AdminFunction",
-];
 
 /// Every function that calls AWS in a run of orders.
 const CALLERS: [&str; 8] = [
@@ -56,9 +43,6 @@ const CALLERS: [&str; 8] = [
     "AdminFunction",
 ];
 
-/// The simulated services: sound, 20 ms a call.
-const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
-
 /// The payment service answers every charge with 503.
 const PAYMENT_OUTAGE: &str =
     r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"transient_rate":1.0}}}"#;
@@ -68,38 +52,12 @@ const REGION: &str = "us-east-1";
 /// One stack at a time.
 static TURN: Mutex<()> = Mutex::const_new(());
 
-/// The folder `local_stack.rs` builds the function binaries into: beside the target directory
-/// this test was built in.
-fn e2e_target() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .map_or_else(|| workspace_root().join("target"), Path::to_path_buf)
-        .join("e2e")
-}
-
-/// Builds the function binaries as they ship, and returns their folder.
-fn build_binaries() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .current_dir(workspace_root())
-        .args(["build", "--workspace", "--bins", "--quiet", "--target-dir"])
-        .arg(e2e_target())
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the function binaries failed");
-    e2e_target().join("debug")
-}
-
 /// A stack of `template` on the shared moto server, with the fast workflow and sound services;
 /// with `sweeps`, the supervisor sweeps every second and an order fails after two expired
 /// leases of a step, otherwise it does not sweep while a test runs.
 async fn start(name: &str, template: PathBuf, sweeps: bool) -> LocalStack {
-    let bin_dir = tokio::task::spawn_blocking(build_binaries).await.unwrap();
-    let overrides = ENGINE_FUNCTIONS
-        .iter()
-        .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), FAST_WORKFLOW.to_owned()))
-        .chain([("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), SOUND.to_owned())])
-        .collect();
+    let tmpdir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let bin_dir = tokio::task::spawn_blocking(|| build_binaries(tmpdir)).await.unwrap();
     let options = Options {
         template,
         endpoint: Some(Moto::shared().endpoint.clone()),
@@ -123,7 +81,7 @@ async fn start(name: &str, template: PathBuf, sweeps: bool) -> LocalStack {
         } else {
             HashMap::new()
         },
-        overrides,
+        overrides: overrides(SOUND),
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };
     LocalStack::up(&options).await.unwrap()
@@ -183,17 +141,6 @@ async fn post(
         .body(body.to_owned());
     let answer = signer.send(http, request).await.unwrap();
     (answer.status().as_u16(), answer.text().await.unwrap_or_default())
-}
-
-/// Sets the simulated services' faults (its function URL takes signed requests).
-async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str) {
-    let url = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
-    let request = http
-        .put(format!("{url}faults"))
-        .header("content-type", "application/json")
-        .body(faults.to_owned());
-    let answer = local_signer("lp-tester", REGION, LAMBDA).send(http, request).await.unwrap();
-    assert!(answer.status().is_success(), "PUT faults: {}", answer.status());
 }
 
 /// Waits until every order is in `state`, for at most `seconds`.

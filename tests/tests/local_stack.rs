@@ -28,59 +28,22 @@ use sas_engine::ports::Random;
 use sas_infra::emulator::{Moto, python_with, workspace_root};
 use sas_infra::local::{LocalStack, Options};
 use sas_infra::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
+use sas_tests::e2e::{SOUND, build_binaries, e2e_target, overrides, put_faults};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
-
-/// The reference workflow with short budgets, so that a killed step's lease runs out in
-/// seconds rather than minutes.
-const FAST_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
-  {"name":"reserve-inventory","agent":"inventory","budget_seconds":2,"compensation":{"action":"release-inventory","budget_seconds":2}},
-  {"name":"charge-payment","agent":"payment","budget_seconds":2,"compensation":{"action":"refund-payment","budget_seconds":2}},
-  {"name":"ship","agent":"shipping","budget_seconds":2}]}"#;
-
-const ENGINE_FUNCTIONS: [&str; 5] = [
-    "SubmissionFunction",
-    "SchedulerFunction",
-    "SupervisorFunction",
-    "StatusFunction",
-    "AdminFunction",
-];
-
-/// The simulated services as the tests start them: sound, 20 ms a call.
-const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
 
 /// What the contract check runs: the schemathesis release it is written against, and botocore,
 /// whose SigV4 signer signs the admin requests (`tests/schemathesis_sigv4.py`).
 const CONTRACT_TOOLS: [&str; 2] = ["schemathesis>=4.32,<5", "botocore>=1.34,<2"];
+
+/// This test binary's scratch folder, beside which the function binaries are built.
+const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
 
 /// The access key the tests' client signs orders with.
 const CLIENT: &str = "e2e-client";
 
 /// One stack at a time.
 static TURN: Mutex<()> = Mutex::const_new(());
-
-/// Where the function binaries are built: beside the target directory this test was built in,
-/// wherever CARGO_TARGET_DIR or cargo's configuration put it.
-fn e2e_target() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .map_or_else(|| workspace_root().join("target"), std::path::Path::to_path_buf)
-        .join("e2e")
-}
-
-/// Builds the function binaries (and `sas`) as they ship (`cargo build --bins`), and returns
-/// their folder.
-fn build_binaries() -> std::path::PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .current_dir(workspace_root())
-        .args(["build", "--workspace", "--bins", "--quiet", "--target-dir"])
-        .arg(e2e_target())
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the function binaries failed");
-    e2e_target().join("debug")
-}
 
 /// A stack on the shared moto server with the fast workflow, the simulated services' faults,
 /// and policies scaled down from minutes to seconds (`failure_threshold` expired leases of a
@@ -96,12 +59,8 @@ async fn start_with(
     failure_threshold: u32,
     parameters: &[(&str, &str)],
 ) -> LocalStack {
-    let bin_dir = tokio::task::spawn_blocking(build_binaries).await.unwrap();
-    let overrides = ENGINE_FUNCTIONS
-        .iter()
-        .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), FAST_WORKFLOW.to_owned()))
-        .chain([("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), faults.to_owned())])
-        .collect();
+    let bin_dir =
+        tokio::task::spawn_blocking(|| build_binaries(TARGET_TMPDIR.as_ref())).await.unwrap();
     let options = Options {
         template: workspace_root().join("template.yaml"),
         endpoint: Some(Moto::shared().endpoint.clone()),
@@ -122,7 +81,7 @@ async fn start_with(
         .into_iter()
         .chain(parameters.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
         .collect(),
-        overrides,
+        overrides: overrides(faults),
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };
     LocalStack::up(&options).await.unwrap()
@@ -520,7 +479,7 @@ fn sas(stack: &LocalStack, args: &[&str]) -> Output {
 
 /// Runs `sas` as `ops-e2e`, signing with `secret`.
 fn sas_with_secret(stack: &LocalStack, secret: &str, args: &[&str]) -> Output {
-    std::process::Command::new(e2e_target().join("debug").join("sas"))
+    std::process::Command::new(e2e_target(TARGET_TMPDIR.as_ref()).join("debug").join("sas"))
         .args(args)
         .env("SAS_API_URL", &stack.api_url)
         .env("AWS_ACCESS_KEY_ID", "ops-e2e")
@@ -625,16 +584,6 @@ fn effects(ledger: &Value, order_id: &str) -> Vec<String> {
         .filter(|e| e["order_id"] == order_id && e["output"]["noop"] != true)
         .map(|e| e["action"].as_str().unwrap().to_owned())
         .collect()
-}
-
-async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str) {
-    let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
-    let request = http
-        .put(format!("{remote}faults"))
-        .header("content-type", "application/json")
-        .body(faults.to_owned());
-    let response = signer(LAMBDA).send(http, request).await.unwrap();
-    assert!(response.status().is_success(), "PUT faults: {}", response.status());
 }
 
 fn count(states: &HashMap<String, String>) -> HashMap<&str, usize> {

@@ -1,0 +1,75 @@
+//! What the end-to-end tests on the local stack share: the function binaries built as they
+//! ship, the fast reference workflow, and the simulated services' fault knobs.
+
+use std::path::{Path, PathBuf};
+
+use sas_infra::emulator::workspace_root;
+use sas_infra::local::LocalStack;
+use sas_infra::sigv4::{LAMBDA, local_signer};
+
+/// The reference workflow with short budgets, so that a killed step's lease runs out in
+/// seconds rather than minutes.
+pub const FAST_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
+  {"name":"reserve-inventory","agent":"inventory","budget_seconds":2,"compensation":{"action":"release-inventory","budget_seconds":2}},
+  {"name":"charge-payment","agent":"payment","budget_seconds":2,"compensation":{"action":"refund-payment","budget_seconds":2}},
+  {"name":"ship","agent":"shipping","budget_seconds":2}]}"#;
+
+/// The functions that run the engine, and so read the workflow.
+pub const ENGINE_FUNCTIONS: [&str; 5] = [
+    "SubmissionFunction",
+    "SchedulerFunction",
+    "SupervisorFunction",
+    "StatusFunction",
+    "AdminFunction",
+];
+
+/// The simulated services as the tests start them: sound, 20 ms a call.
+pub const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
+
+/// Where the function binaries are built: `e2e` beside the target directory a test was built
+/// in (`target_tmpdir` is its `CARGO_TARGET_TMPDIR`), wherever CARGO_TARGET_DIR or cargo's
+/// configuration put it. A target directory of its own: the one `cargo test` runs from stays
+/// locked while tests run.
+pub fn e2e_target(target_tmpdir: &Path) -> PathBuf {
+    target_tmpdir
+        .parent()
+        .map_or_else(|| workspace_root().join("target"), Path::to_path_buf)
+        .join("e2e")
+}
+
+/// Builds the function binaries (and `sas`) as they ship (`cargo build --bins`), and returns
+/// their folder.
+pub fn build_binaries(target_tmpdir: &Path) -> PathBuf {
+    let target = e2e_target(target_tmpdir);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(workspace_root())
+        .args(["build", "--workspace", "--bins", "--quiet", "--target-dir"])
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the function binaries failed");
+    target.join("debug")
+}
+
+/// Environment overrides: the fast workflow for the engine's functions, `faults` for the
+/// simulated services.
+pub fn overrides(faults: &str) -> Vec<(String, String, String)> {
+    ENGINE_FUNCTIONS
+        .iter()
+        .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), FAST_WORKFLOW.to_owned()))
+        .chain([("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), faults.to_owned())])
+        .collect()
+}
+
+/// Sets the simulated services' faults (their function URL takes signed requests only).
+pub async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str) {
+    let url = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
+    let request = http
+        .put(format!("{url}faults"))
+        .header("content-type", "application/json")
+        .body(faults.to_owned());
+    let signer = local_signer("e2e-tester", &stack.stack.context.region, LAMBDA);
+    let answer = signer.send(http, request).await.unwrap();
+    assert!(answer.status().is_success(), "PUT faults: {}", answer.status());
+}
