@@ -10,6 +10,12 @@
 //! `requestContext.authorizer.iam`: the access key id stands for the principal
 //! (`arn:aws:iam::<account>:user/<access key id>`). Any other request gets 403, and the reason
 //! is logged.
+//!
+//! HTTP does not allow control characters in header values, and neither `http` nor
+//! `lambda_http` can hold one, so no function could answer for such a request: the gateway
+//! reads each request's head before hyper parses it and refuses one that carries such a value
+//! with a 400 naming the header, where hyper would close with an empty 400. To read every
+//! head, each connection takes one request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,7 +24,11 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, to_bytes};
 use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use base64::Engine;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{Map, Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tracing::warn;
 
 use crate::policy::{Access, Need};
@@ -28,6 +38,11 @@ use crate::{jwt, sigv4};
 
 /// API Gateway's limit on a request body.
 const MAX_BODY: usize = 10 * 1024 * 1024;
+/// How much of a request's head is read before hyper takes over; API Gateway's limit on the
+/// request line and headers together is lower.
+const MAX_HEAD: usize = 64 * 1024;
+/// How long a connection may take to send its request's head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One route: `METHOD /path/{param}` to a function. Method `ANY` and a final `{name+}`
 /// segment match anything, as in API Gateway.
@@ -133,12 +148,95 @@ impl Route {
 }
 
 /// Serves `routes` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, routes: Vec<Route>) -> std::io::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, routes: Vec<Route>) {
     let app = axum::Router::new().fallback(move |request: Request<Body>| {
         let routes = routes.clone();
         async move { handle(&routes, request).await }
     });
-    axum::serve(listener, app).await
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(connection(stream, app.clone()));
+            }
+            Err(e) => {
+                // Out of descriptors, most likely: wait for some to be closed.
+                warn!(error = %e, "the gateway could not accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// One connection, one request: its head is screened, then hyper serves it.
+async fn connection(stream: TcpStream, app: axum::Router) {
+    let (mut reader, mut writer) = stream.into_split();
+    let Ok(Ok(head)) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut reader)).await else {
+        return;
+    };
+    if let Some(header) = control_character_in(&head) {
+        let body = format!(
+            r#"{{"message":"Bad Request: the value of the {header} header has a control character, which HTTP does not allow"}}"#
+        );
+        let answer = format!(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        if writer.write_all(answer.as_bytes()).await.is_ok() && writer.shutdown().await.is_ok() {
+            // Read what the client still sends, so that closing does not reset the connection
+            // before it has read the answer.
+            let (mut rest, mut sink) = (reader.take(MAX_BODY as u64), tokio::io::sink());
+            let drain = tokio::io::copy(&mut rest, &mut sink);
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        }
+        return;
+    }
+    let io = tokio::io::join(std::io::Cursor::new(head).chain(reader), writer);
+    let _ = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
+        .await;
+}
+
+/// Reads until the end of the request's head (or `MAX_HEAD` bytes, or the end of the stream),
+/// and returns all it read.
+async fn read_head(reader: &mut (impl tokio::io::AsyncRead + Unpin)) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    while head_end(&head).is_none() && head.len() < MAX_HEAD {
+        let n = reader.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..n]);
+    }
+    Ok(head)
+}
+
+/// Where the head ends: after the empty line (CRLF, or LF alone, as hyper also takes).
+fn head_end(bytes: &[u8]) -> Option<usize> {
+    let crlf = bytes.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+    let lf = bytes.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The lower-case name of the first header whose value has a control character (other than
+/// a tab), if any.
+fn control_character_in(head: &[u8]) -> Option<String> {
+    let head = &head[..head_end(head).unwrap_or(head.len())];
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f).then(|| {
+            match HeaderName::from_bytes(name) {
+                Ok(name) => name.as_str().to_owned(),
+                Err(_) => "unnamed".to_owned(),
+            }
+        })
+    })
 }
 
 async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
@@ -383,6 +481,64 @@ mod tests {
         let values = header_values(&headers);
         assert!(values.contains(&("idempotency-key".into(), "clé-1".into())), "{values:?}");
         assert_eq!(values.iter().filter(|(n, _)| n == "x-a").count(), 2);
+    }
+
+    #[test]
+    fn a_control_character_is_found_in_header_values_only() {
+        let head = |headers: &[u8], body: &[u8]| {
+            [b"POST /orders HTTP/1.1\r\nhost: x\r\n".as_slice(), headers, b"\r\n", body].concat()
+        };
+        let key = head(b"Idempotency-Key: k\x01\r\n", b"");
+        assert_eq!(control_character_in(&key).as_deref(), Some("idempotency-key"));
+        let bare_cr = head(b"x-a: 1\r2\r\n", b"");
+        assert_eq!(control_character_in(&bare_cr).as_deref(), Some("x-a"));
+        let delete = head(b"x-b: \x7f\n", b"");
+        assert_eq!(control_character_in(&delete).as_deref(), Some("x-b"));
+        for fine in [
+            head(b"x-tab: a\tb\r\nidempotency-key: cl\xc3\xa9\r\n", b""),
+            head(b"x-a: 1\r\n", b"{\"name\":\"\x01\"}"),
+            b"GET /\x01 HTTP/1.1\r\n\r\n".to_vec(),
+        ] {
+            assert_eq!(control_character_in(&fine), None, "{}", String::from_utf8_lossy(&fine));
+        }
+    }
+
+    /// Sends `request` on a connection of its own and reads the whole answer.
+    async fn exchange(address: std::net::SocketAddr, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        answer
+    }
+
+    #[tokio::test]
+    async fn a_header_http_does_not_allow_gets_a_clear_400_and_others_get_through() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Vec::new()));
+        let body = r#"{"a":1}"#;
+        let refused = exchange(
+            address,
+            format!(
+                "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: k\x01\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert!(refused.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{refused}");
+        let json: Value = serde_json::from_str(refused.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert!(json["message"].as_str().unwrap().contains("idempotency-key"), "{json}");
+
+        // Anything else is hyper's to serve, one request per connection.
+        let passed =
+            exchange(address, b"GET /nowhere HTTP/1.1\r\nhost: x\r\nx-tab: a\tb\r\n\r\n").await;
+        assert!(passed.starts_with("HTTP/1.1 404 Not Found\r\n"), "{passed}");
+        assert!(passed.to_ascii_lowercase().contains("connection: close"), "{passed}");
+        assert!(passed.ends_with(r#"{"message":"Not Found"}"#), "{passed}");
+        server.abort();
     }
 
     #[test]

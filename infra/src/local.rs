@@ -303,7 +303,7 @@ impl LocalStack {
                         .map(|(access, function_arn)| gateway::Invoked { access, function_arn }),
                 };
                 tasks.push(tokio::spawn(async move {
-                    let _ = gateway::serve(listener, vec![route]).await;
+                    gateway::serve(listener, vec![route]).await;
                 }));
             }
             running.push(RunningFunction { spec, api, processes });
@@ -311,7 +311,7 @@ impl LocalStack {
         let listener = TcpListener::bind(("127.0.0.1", options.api_port)).await.map_err(io)?;
         let api_url = format!("http://{}", listener.local_addr().map_err(io)?);
         tasks.push(tokio::spawn(async move {
-            let _ = gateway::serve(listener, routes).await;
+            gateway::serve(listener, routes).await;
         }));
         Ok(LocalStack { endpoint, emulators, api_url, stack, functions: running, proxy, tasks })
     }

@@ -8,7 +8,8 @@
 //! - An order cancelled while its payment call is in flight ends Cancelled, with what was done
 //!   undone.
 //! - The API lets in only whom it should, in each of its three auth modes, and a refused
-//!   request writes nothing.
+//!   request writes nothing; header values reach the function's own validation, and one HTTP
+//!   does not allow gets the gateway's reason.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -332,6 +333,26 @@ async fn call(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// Posts an order over a plain TCP connection with `key` as its bytes, which no HTTP client
+/// library would send; returns the status and the JSON body.
+async fn post_raw(stack: &LocalStack, key: &[u8], body: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = stack.api_url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nidempotency-key: ",
+        body.len()
+    );
+    let request = [head.as_bytes(), key, b"\r\n\r\n", body.as_bytes()].concat();
+    stream.write_all(&request).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
 /// Orders stored so far, read from the emulator.
 async fn orders_stored(stack: &LocalStack) -> i32 {
     let clients = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await;
@@ -364,6 +385,18 @@ async fn the_api_lets_in_only_whom_it_should_in_each_auth_mode() {
     refused(&http, &stack, "unsigned", &Auth::Unsigned, 403).await;
     refused(&http, &stack, "wrong-signature", &Auth::WrongKey("ada"), 403).await;
     refused(&http, &stack, "expired-signature", &Auth::Stale("ada"), 403).await;
+    // Header values reach the function as API Gateway passes them, so that its own validation
+    // answers; a value HTTP does not allow is refused by the gateway, which says why.
+    let before = orders_stored(&stack).await;
+    let (status, answer) =
+        call(&http, &stack, &Auth::As("ada"), "POST", "/orders", Some(("clé", ORDER))).await;
+    let code = answer["error"]["code"].as_str();
+    assert_eq!((status, code), (400, Some("invalid_idempotency_key")), "{answer}");
+    let (status, answer) = post_raw(&stack, b"k\x01", ORDER).await;
+    assert_eq!(status, 400, "{answer}");
+    let reason = answer["message"].as_str().unwrap_or_default();
+    assert!(reason.contains("idempotency-key") && reason.contains("control"), "{answer}");
+    assert_eq!(orders_stored(&stack).await, before, "a refused key wrote an order");
     let (status, mine) =
         call(&http, &stack, &Auth::As("ada"), "POST", "/orders", Some(("k-1", ORDER))).await;
     assert_eq!(status, 202, "{mine}");
