@@ -14,6 +14,8 @@
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue |
 
+pub mod settings;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -1,50 +1,41 @@
-//! The admin function: wires configuration, clients and the handler.
+//! The admin function: its settings, the ports they name, and the handler.
 
 use lambda_http::{Error, Request, service_fn};
 use sas_admin::Admin;
+use sas_admin::settings::Settings;
+use sas_aws::clients;
 use sas_aws::dead_letters::DeadLetters;
-use sas_aws::dynamo::DynamoStore;
-use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::settings::Env;
-use sas_aws::sqs::{QueueUrls, SqsOutbox};
+use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
-use sas_aws::{clients, telemetry};
+use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
 use sas_engine::services::{Operator, StatusService};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    telemetry::init();
-    let env = Env::process();
-    let config = env.engine_config()?;
-    let (workflow, agents) = env.workflow()?;
-    let (state_table, orders_table) = (env.required("STATE_TABLE")?, env.required("ORDERS_TABLE")?);
-    let (queue, bus) = (env.required("SCHEDULER_QUEUE_URL")?, env.required("EVENT_BUS_NAME")?);
-    let dead_letter_queues = env.dead_letter_queues(&agents)?;
-
-    let sdk = clients::sdk_config().await;
-    let (dynamodb, sqs, events) =
-        (clients::dynamodb(&sdk), clients::sqs(&sdk), clients::eventbridge(&sdk));
-    clients::warm_up(clients::touch_table(&dynamodb, &state_table)).await;
-    let store = DynamoStore::new(dynamodb, state_table, orders_table);
+    let wiring = Wiring::start("admin").await;
+    let s = Settings::from_env(&Env::process())?;
+    clients::warm_up(clients::touch_table(wiring.dynamodb(), &s.tables.state)).await;
+    let store = wiring.store(&s.tables);
     let admin = Admin {
         status: StatusService::new(store.clone()),
         operator: Operator::new(
             store.clone(),
-            SqsOutbox::new(sqs.clone(), QueueUrls::default().with(Destination::Scheduler, queue)),
-            EventBridgeBus::new(events, bus),
+            wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
+            wiring.bus(&s.bus),
             SystemClock,
-            config.clone(),
-            workflow,
+            s.engine.config.clone(),
+            s.engine.workflow,
         ),
         finder: store,
         clock: SystemClock,
-        shards: config.index_shards,
-        dead_letters: DeadLetters::new(sqs, dead_letter_queues),
+        shards: s.engine.config.index_shards,
+        dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };
-    let admin = &admin;
+    let (admin, wiring) = (&admin, &wiring);
     lambda_http::run(service_fn(move |request: Request| async move {
-        Ok::<_, Error>(sas_admin::handle(admin, request).await)
+        Ok::<_, Error>(wiring.invocation(sas_admin::handle(admin, request)).await)
     }))
     .await
 }

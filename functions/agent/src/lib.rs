@@ -4,6 +4,8 @@
 //! leave up to the linger after the agent checked CompleteBy; like any delay in delivery, that
 //! is harmless, because its attempt number, not the clock, decides whether it still counts.
 
+pub mod settings;
+
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::Error;

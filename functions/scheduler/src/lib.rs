@@ -3,6 +3,8 @@
 //! requests the batch dispatches are sent together (one `SendMessageBatch` per agent queue
 //! rather than one request per message).
 
+pub mod settings;
+
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::message::Message;

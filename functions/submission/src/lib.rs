@@ -3,6 +3,8 @@
 //! [`Submission`] service and turns its outcome into a response. Every rejection happens
 //! before anything is written.
 
+pub mod settings;
+
 use lambda_http::http::StatusCode;
 use lambda_http::http::header::CONTENT_TYPE;
 use lambda_http::{Body, Request, Response};
@@ -17,8 +19,27 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The header carrying the client's idempotency key.
 pub const KEY_HEADER: &str = "idempotency-key";
 
-/// Handles one request routed to `POST /orders`.
+/// Handles one request routed to `POST /orders`, and counts a refusal by its error code.
 pub async fn handle<S, Q, B, C, I, L>(
+    submission: &Submission<S, Q, B, C, I, L>,
+    request: Request,
+) -> Response<Body>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    I: Ids,
+    L: LoadSource,
+{
+    let response = answer(submission, request).await;
+    if !response.status().is_success() {
+        sas_engine::metrics::refused(api::error_code(&response).unwrap_or("unknown"));
+    }
+    response
+}
+
+async fn answer<S, Q, B, C, I, L>(
     submission: &Submission<S, Q, B, C, I, L>,
     request: Request,
 ) -> Response<Body>

@@ -1,57 +1,41 @@
-//! The submission function: wires configuration, clients and the handler.
+//! The submission function: its settings, the ports they name, and the handler.
 
 use lambda_http::{Error, Request, service_fn};
-use sas_aws::depths::SqsDepths;
-use sas_aws::dynamo::DynamoStore;
-use sas_aws::eventbridge::EventBridgeBus;
+use sas_aws::clients;
 use sas_aws::settings::Env;
-use sas_aws::sqs::{QueueUrls, SqsOutbox};
+use sas_aws::sqs::QueueUrls;
 use sas_aws::system::{SystemClock, UuidIds};
-use sas_aws::waits::DynamoWaits;
-use sas_aws::{clients, telemetry};
-use sas_engine::load::Gauges;
+use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
 use sas_engine::services::Submission;
+use sas_submission::settings::Settings;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    telemetry::init();
-    let env = Env::process();
-    let config = env.engine_config()?;
-    let (workflow, agents) = env.workflow()?;
-    let (state_table, orders_table) = (env.required("STATE_TABLE")?, env.required("ORDERS_TABLE")?);
-    let (queue, bus) = (env.required("SCHEDULER_QUEUE_URL")?, env.required("EVENT_BUS_NAME")?);
-    let (queues, waits_table) = (env.queues(&agents)?, env.required("QUEUE_WAITS_TABLE")?);
-
-    let sdk = clients::sdk_config().await;
-    let (dynamodb, sqs, events) =
-        (clients::dynamodb(&sdk), clients::sqs(&sdk), clients::eventbridge(&sdk));
+    let wiring = Wiring::start("submission").await;
+    let s = Settings::from_env(&Env::process())?;
     clients::warm_up(async {
         tokio::join!(
-            clients::touch_table(&dynamodb, &state_table),
-            clients::touch_queue(&sqs, &queue),
-            clients::touch_bus(&events, &bus)
+            clients::touch_table(wiring.dynamodb(), &s.tables.state),
+            clients::touch_queue(wiring.sqs(), &s.scheduler_queue),
+            clients::touch_bus(wiring.eventbridge(), &s.bus)
         );
     })
     .await;
 
-    let load = Gauges {
-        waits: DynamoWaits::new(dynamodb.clone(), waits_table),
-        depths: SqsDepths::new(sqs.clone(), queues),
-    };
     let submission = Submission::new(
-        DynamoStore::new(dynamodb, state_table, orders_table),
-        SqsOutbox::new(sqs, QueueUrls::default().with(Destination::Scheduler, queue)),
-        EventBridgeBus::new(events, bus),
+        wiring.store(&s.tables),
+        wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
+        wiring.bus(&s.bus),
         SystemClock,
         UuidIds,
-        load,
-        config,
-        workflow,
+        wiring.gauges(&s.waits_table, s.queues),
+        s.engine.config,
+        s.engine.workflow,
     );
-    let submission = &submission;
+    let (submission, wiring) = (&submission, &wiring);
     lambda_http::run(service_fn(move |request: Request| async move {
-        Ok::<_, Error>(sas_submission::handle(submission, request).await)
+        Ok::<_, Error>(wiring.invocation(sas_submission::handle(submission, request)).await)
     }))
     .await
 }

@@ -1,5 +1,7 @@
 //! The supervisor function's handler: one sweep of the expiry index per scheduled invocation.
 
+pub mod settings;
+
 use sas_engine::load::LoadSource;
 use sas_engine::ports::{Clock, EventBus, ExpiryIndex, Outbox, StateStore};
 use sas_engine::services::{Supervisor, SweepReport};

@@ -63,6 +63,30 @@ pub fn error(status: StatusCode, code: &str, message: &str, extra: Value) -> Res
     json(status, &json!({ "error": err }))
 }
 
+/// Every error code submission answers with.
+const ERROR_CODES: [&str; 11] = [
+    "invalid_order",
+    "malformed_json",
+    "missing_idempotency_key",
+    "invalid_idempotency_key",
+    "idempotency_key_reused",
+    "unsupported_media_type",
+    "payload_too_large",
+    "forbidden",
+    "overloaded",
+    "unavailable",
+    "internal",
+];
+
+/// The `code` of an error answer made by [`error`], if it is one of submission's.
+pub fn error_code(response: &Response<Body>) -> Option<&'static str> {
+    let Body::Text(text) = response.body() else { return None };
+    let value: Value = serde_json::from_str(text).ok()?;
+    let code = value.get("error")?.get("code")?.as_str()?;
+    // Only the codes the API documents become metric labels, so their number stays fixed.
+    ERROR_CODES.iter().find(|c| **c == code).copied()
+}
+
 /// 202 for an accepted (or already accepted) order, with its status link.
 pub fn accepted(order_id: &str, created: bool) -> Response<Body> {
     let link = format!("/orders/{order_id}");

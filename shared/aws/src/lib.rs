@@ -19,7 +19,7 @@
 //! - [`system`]: the real clock, ids and randomness.
 //! - [`settings`]: configuration read from the environment; [`clients`]: SDK clients.
 //! - [`api`]: the HTTP API's answers (statuses and JSON errors).
-//! - [`telemetry`]: logging setup.
+//! - [`telemetry`]: logs and metrics; [`wiring`]: what every function builds at cold start.
 
 pub mod api;
 pub mod batch;
@@ -36,3 +36,4 @@ pub mod sqs;
 pub mod system;
 pub mod telemetry;
 pub mod waits;
+pub mod wiring;

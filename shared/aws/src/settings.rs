@@ -71,6 +71,33 @@ impl Env {
     }
 }
 
+/// The two tables every engine function reads: `STATE_TABLE` and `ORDERS_TABLE`.
+#[derive(Clone, Debug)]
+pub struct Tables {
+    pub state: String,
+    pub orders: String,
+}
+
+/// What every function that runs the workflow reads: the engine's tunables, the workflow and
+/// the agents it is checked against.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    pub config: Arc<EngineConfig>,
+    pub workflow: Arc<Workflow>,
+    pub agents: Vec<AgentName>,
+}
+
+impl Env {
+    pub fn tables(&self) -> Result<Tables> {
+        Ok(Tables { state: self.required("STATE_TABLE")?, orders: self.required("ORDERS_TABLE")? })
+    }
+
+    pub fn engine(&self) -> Result<Engine> {
+        let (workflow, agents) = self.workflow()?;
+        Ok(Engine { config: self.engine_config()?, workflow, agents })
+    }
+}
+
 impl Env {
     /// Every queue of the system with its URL: `SCHEDULER_QUEUE_URL`, `REPLY_QUEUE_URL`, and
     /// each agent's `AGENT_QUEUE_<AGENT>`.

@@ -1,5 +1,9 @@
 //! Logging: structured JSON lines (what CloudWatch Logs Insights queries), or plain text with
 //! `LOG_FORMAT=text` for a terminal. The level comes from `RUST_LOG` (default `info`).
+//!
+//! Metrics: the engine's (see `sas_engine::metrics`) printed in CloudWatch's embedded metric
+//! format, which CloudWatch turns into metrics as it ingests the logs: no API call, no extra
+//! permission. Each function's metrics carry its role as the `Function` dimension.
 
 use tracing_subscriber::EnvFilter;
 
@@ -20,4 +24,19 @@ pub fn init() {
             .without_time()
             .init();
     }
+}
+
+/// Installs the recorder that prints metrics in the embedded metric format under `namespace`,
+/// with `function` as a dimension of every metric. `None` if a recorder is already installed.
+pub fn metrics(
+    namespace: &str,
+    function: &str,
+) -> Option<&'static metrics_cloudwatch_embedded::Collector> {
+    let collector = metrics_cloudwatch_embedded::Builder::new()
+        .cloudwatch_namespace(namespace.to_owned())
+        .with_dimension("Function", function.to_owned())
+        .init()
+        .ok()?;
+    sas_engine::metrics::describe();
+    Some(collector)
 }

@@ -15,6 +15,7 @@
 //! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts).
 //! - Policy: [`config`] (every tunable, with defaults), [`retry`], [`load`] (queue waits and
 //!   depths, and what the supervisor and the door make of them).
+//! - [`metrics`]: what the services count and time, through the `metrics` facade.
 //! - [`memory`]: in-memory ports with the semantics of DynamoDB, SQS and EventBridge, for tests
 //!   and the simulation.
 //!
@@ -34,6 +35,7 @@ pub mod load;
 pub mod machine;
 pub mod memory;
 pub mod message;
+pub mod metrics;
 pub mod order;
 pub mod ports;
 pub mod retry;

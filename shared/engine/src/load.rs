@@ -335,7 +335,9 @@ impl<G: WaitGauge, D: QueueDepths> LoadSource for Gauges<G, D> {
     async fn load(&self, now: Timestamp) -> Result<Load> {
         let (reports, depths) =
             futures_util::future::join(self.waits.reports(now), self.depths.depths()).await;
-        Ok(Load::new(now, &reports?, &depths?))
+        let load = Load::new(now, &reports?, &depths?);
+        crate::metrics::load(&load);
+        Ok(load)
     }
 }
 

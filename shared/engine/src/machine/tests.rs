@@ -743,3 +743,84 @@ fn a_corrupt_record_is_refused_not_decided_on() {
 }
 
 mod commands;
+
+/// One recorded metric: its name, its labels, and its value as text.
+type Recorded = (String, Vec<(String, String)>, String);
+
+/// What `crate::metrics` recorded for each transition's (before, after) pair.
+fn recorded(pairs: &[(&StateRecord, &StateRecord)]) -> Vec<Recorded> {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        for (before, after) in pairs {
+            crate::metrics::saved(before, after);
+        }
+    });
+    let mut out: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let labels = key.labels().map(|l| (l.key().to_owned(), l.value().to_owned())).collect();
+            let value = match value {
+                DebugValue::Counter(n) => n.to_string(),
+                DebugValue::Gauge(g) => g.to_string(),
+                DebugValue::Histogram(h) => format!("{h:?}"),
+            };
+            (key.name().to_owned(), labels, value)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+#[test]
+fn each_transition_is_counted_and_timed_from_the_timeline_it_adds() {
+    let f = Fixture::new();
+    let new = f.new_record();
+    let claimed = f.claim(&new, T0);
+    let reserved = f.done(&claimed, T0.plus(secs(1)));
+    let refused = f.reply(&reserved, StepOutcome::failed("card declined"), T0.plus(secs(3))).next;
+    let released = f.reply(&refused, StepOutcome::done(json!({})), T0.plus(secs(7))).next;
+    assert_eq!(released.process_state, ProcessState::Error);
+    let got = recorded(&[
+        (&new, &claimed),
+        (&claimed, &reserved),
+        (&reserved, &refused),
+        (&refused, &released),
+    ]);
+    let seconds = |s: f64| format!("[{s:?}]");
+    assert_eq!(
+        got,
+        vec![
+            ("OrdersEnded".into(), labels(&[("outcome", "compensated")]), "1".into()),
+            (
+                "StepDuration".into(),
+                labels(&[("step", "charge-payment"), ("outcome", "refused")]),
+                seconds(2.0)
+            ),
+            (
+                "StepDuration".into(),
+                labels(&[("step", "reserve-inventory"), ("outcome", "done")]),
+                seconds(1.0)
+            ),
+            (
+                "StepDuration".into(),
+                labels(&[("step", "reserve-inventory"), ("outcome", "undone")]),
+                seconds(4.0)
+            ),
+            ("TimeToTerminal".into(), labels(&[("outcome", "compensated")]), seconds(7.0)),
+        ]
+    );
+
+    // A lease that expires with every queue empty counts against the step.
+    let t = f.expire(&claimed, claimed.complete_by.unwrap().plus(secs(1)));
+    let got = recorded(&[(&claimed, &t.next)]);
+    assert_eq!(got, vec![("LeaseExpiries".into(), labels(&[("counted", "yes")]), "1".into())]);
+}

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::error::Result;
 use crate::load::WaitReporter;
 use crate::message::{Message, StepOutcome, StepReply, StepRequest};
+use crate::metrics;
 use crate::ports::{
     Clock, Destination, Incoming, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
     WaitGauge,
@@ -89,26 +90,37 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
         loop {
             if self.clock.now() >= deadline {
                 info!(order_id = %request.order_id, calls, "budget spent before the call: dropped");
+                metrics::agent_finished("expired");
                 return Ok(AgentOutcome::Expired { calls });
             }
             calls += 1;
-            let fault = match self.remote.call(&call).await {
+            let started = self.clock.now();
+            let answer = self.remote.call(&call).await;
+            let took = started.until(self.clock.now());
+            let fault = match answer {
                 Ok(output) => {
+                    metrics::remote_call("ok", took);
                     return self.reply(request, deadline, StepOutcome::done(output), calls).await;
                 }
                 Err(RemoteFault::Permanent(reason)) => {
+                    metrics::remote_call("refused", took);
                     let outcome = StepOutcome::failed(&reason);
                     return self.reply(request, deadline, outcome, calls).await;
                 }
-                Err(RemoteFault::Transient(reason)) => reason,
+                Err(RemoteFault::Transient(reason)) => {
+                    metrics::remote_call("transient", took);
+                    reason
+                }
             };
             if calls >= self.retry.max_calls {
                 warn!(order_id = %request.order_id, calls, %fault, "retries exhausted");
+                metrics::agent_finished("gave_up");
                 return Ok(AgentOutcome::GaveUp { calls });
             }
             let delay = self.retry.delay(calls, self.random.unit());
             if self.clock.now().plus(delay) >= deadline {
                 info!(order_id = %request.order_id, calls, %fault, "no time left for another try");
+                metrics::agent_finished("gave_up");
                 return Ok(AgentOutcome::GaveUp { calls });
             }
             debug!(order_id = %request.order_id, calls, ?delay, %fault, "transient fault, retrying");
@@ -128,6 +140,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             // The answer outlived the budget: the supervisor treats the step as silent, and
             // the next attempt gets the recorded answer under the same key.
             info!(order_id = %request.order_id, calls, "answer after the budget: not sent");
+            metrics::agent_finished("expired");
             return Ok(AgentOutcome::Expired { calls });
         }
         let done = matches!(outcome, StepOutcome::Done { .. });
@@ -142,6 +155,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             due_at: Some(now),
         };
         self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
+        metrics::agent_finished("replied");
         Ok(AgentOutcome::Replied { done, calls })
     }
 }

@@ -35,6 +35,16 @@ pub(crate) struct Effector<S, Q, B, C> {
 }
 
 impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
+    /// Writes `next` over `record`, expecting it unchanged, and counts what the transition
+    /// did if the write took.
+    pub async fn save(&self, record: &StateRecord, next: &StateRecord) -> Result<Saved> {
+        let saved = self.store.save(next, Expected::of(record)).await?;
+        if saved == Saved::Saved {
+            crate::metrics::saved(record, next);
+        }
+        Ok(saved)
+    }
+
     /// Performs `effects` of `record` (the record as written): messages first, then events. Any
     /// failure is returned, so the input is retried and the effects replayed; duplicates are
     /// harmless by design.
@@ -146,7 +156,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
                 debug!(order_id = %record.order_id, "alert already recorded");
                 return Ok(());
             };
-            if self.store.save(&t.next, Expected::of(&record)).await? == Saved::Saved {
+            if self.save(&record, &t.next).await? == Saved::Saved {
                 return Ok(());
             }
             match self.store.load(record.order_id, Read::Consistent).await? {

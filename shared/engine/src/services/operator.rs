@@ -13,7 +13,7 @@ use super::effects::Effector;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::machine::{Ctx, Decision, Input, decide};
-use crate::ports::{Clock, EventBus, Expected, Outbox, Read, Saved, StateStore};
+use crate::ports::{Clock, EventBus, Outbox, Read, Saved, StateStore};
 use crate::state::{CommandKind, StateRecord};
 
 /// Longest command id, caller and reason accepted, in characters.
@@ -118,9 +118,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
             };
             match decide(&record, command.input(), &ctx) {
                 Decision::Apply(t) => {
-                    if self.ports.store.save(&t.next, Expected::of(&record)).await?
-                        == Saved::Conflict
-                    {
+                    if self.ports.save(&record, &t.next).await? == Saved::Conflict {
                         continue;
                     }
                     info!(%order_id, command = command.kind.as_str(), by = %command.by,

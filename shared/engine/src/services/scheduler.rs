@@ -15,7 +15,7 @@ use crate::load::WaitReporter;
 use crate::machine::{Ctx, Decision, Input, Remedy, Transition, decide, remedy};
 use crate::message::{Message, StepReply};
 use crate::ports::{
-    Clock, Destination, EventBus, Expected, Incoming, Outbox, Read, Saved, StateStore, WaitGauge,
+    Clock, Destination, EventBus, Incoming, Outbox, Read, Saved, StateStore, WaitGauge,
 };
 use crate::state::StateRecord;
 use crate::workflow::Workflow;
@@ -159,7 +159,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
 
     /// Writes a transition over `record` and, if the write took, performs its effects.
     async fn apply(&self, record: &StateRecord, t: &Transition) -> Result<Saved> {
-        let saved = self.ports.store.save(&t.next, Expected::of(record)).await?;
+        let saved = self.ports.save(record, &t.next).await?;
         if saved == Saved::Saved {
             debug!(order_id = %record.order_id, state = t.next.process_state.as_str(), attempt = t.next.attempt, "transition");
             self.ports.perform(&t.next, &t.effects).await?;

@@ -96,6 +96,7 @@ where
         match self.ports.store.create(&record, &created.next).await? {
             Created::Created => {
                 info!(%order_id, "order accepted");
+                crate::metrics::accepted();
                 self.ports.perform(&created.next, &created.effects).await?;
                 Ok(Accepted { order_id, created: true })
             }

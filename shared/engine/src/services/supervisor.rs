@@ -23,9 +23,7 @@ use crate::config::EngineConfig;
 use crate::error::Result;
 use crate::load::{Horizon, LoadSource};
 use crate::machine::{Ctx, Decision, Input, decide};
-use crate::ports::{
-    Clock, EventBus, Expected, ExpiryIndex, IndexEntry, Outbox, Read, Saved, StateStore,
-};
+use crate::ports::{Clock, EventBus, ExpiryIndex, IndexEntry, Outbox, Read, Saved, StateStore};
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
@@ -127,6 +125,7 @@ where
                 }
             }
         }
+        crate::metrics::swept(report.found, report.acted, report.lost_races);
         match first_error {
             Some(e) if failed_shards == usize::from(shards) => Err(e),
             _ => Ok(report),
@@ -171,7 +170,7 @@ where
         let input = Input::Expire { complete_by: entry.complete_by, horizon };
         match decide(&record, input, &ctx) {
             Decision::Apply(t) => {
-                if self.ports.store.save(&t.next, Expected::of(&record)).await? == Saved::Conflict {
+                if self.ports.save(&record, &t.next).await? == Saved::Conflict {
                     return Ok(Handled::LostRace);
                 }
                 debug!(order_id = %entry.order_id, state = t.next.process_state.as_str(),

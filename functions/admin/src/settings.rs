@@ -1,0 +1,27 @@
+//! What the admin function reads from its environment, all of it at cold start.
+
+use sas_aws::dead_letters::DeadLetterQueue;
+use sas_aws::settings::{Engine, Env, Tables};
+use sas_engine::Result;
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub engine: Engine,
+    pub tables: Tables,
+    pub scheduler_queue: String,
+    pub bus: String,
+    pub dead_letter_queues: Vec<DeadLetterQueue>,
+}
+
+impl Settings {
+    pub fn from_env(env: &Env) -> Result<Settings> {
+        let engine = env.engine()?;
+        Ok(Settings {
+            tables: env.tables()?,
+            scheduler_queue: env.required("SCHEDULER_QUEUE_URL")?,
+            bus: env.required("EVENT_BUS_NAME")?,
+            dead_letter_queues: env.dead_letter_queues(&engine.agents)?,
+            engine,
+        })
+    }
+}

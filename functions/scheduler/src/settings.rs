@@ -1,0 +1,39 @@
+//! What the scheduler reads from its environment, all of it at cold start.
+
+use std::time::Duration;
+
+use sas_aws::settings::{Engine, Env, Tables, agent_queue_variable};
+use sas_aws::sqs::QueueUrls;
+use sas_engine::Result;
+use sas_engine::ports::Destination;
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub engine: Engine,
+    pub tables: Tables,
+    pub bus: String,
+    pub waits_table: String,
+    /// How long a request may wait for others to share a send (`SEND_LINGER_MS`).
+    pub linger: Duration,
+    /// Each agent's request queue.
+    pub agent_queues: QueueUrls,
+}
+
+impl Settings {
+    pub fn from_env(env: &Env) -> Result<Settings> {
+        let engine = env.engine()?;
+        let mut agent_queues = QueueUrls::default();
+        for agent in &engine.agents {
+            let url = env.required(&agent_queue_variable(agent))?;
+            agent_queues = agent_queues.with(Destination::Agent(agent.clone()), url);
+        }
+        Ok(Settings {
+            tables: env.tables()?,
+            bus: env.required("EVENT_BUS_NAME")?,
+            waits_table: env.required("QUEUE_WAITS_TABLE")?,
+            linger: env.send_linger()?,
+            agent_queues,
+            engine,
+        })
+    }
+}

@@ -1,0 +1,212 @@
+//! What the engine counts and times, through the `metrics` facade. The function that runs a
+//! service installs a recorder (on Lambda, one that prints CloudWatch's embedded metric
+//! format); without one, as in the simulation, every call here does nothing.
+//!
+//! Names are fixed here, and every label takes a handful of values (a step, an outcome, a
+//! queue), so that each metric stays a few CloudWatch series: the cost of a metric is per
+//! series, not per sample. Times come from the services' injected clock, so a test with a
+//! manual clock sees exact durations.
+
+use std::time::Duration;
+
+use crate::load::Load;
+use crate::state::{Happening, StateRecord, TimelineEntry};
+use crate::time::Timestamp;
+
+/// Orders written by submission (a repeated request with the same key is not counted again).
+pub const ORDERS_ACCEPTED: &str = "OrdersAccepted";
+/// Requests to submit refused, by `reason` (the API's error code).
+pub const ORDERS_REFUSED: &str = "OrdersRefused";
+/// Orders that reached an end, by `outcome`: processed, compensated, failed, cancelled.
+pub const ORDERS_ENDED: &str = "OrdersEnded";
+/// Seconds from acceptance (or the latest redrive) to the end, by `outcome`.
+pub const TIME_TO_TERMINAL: &str = "TimeToTerminal";
+/// Seconds from when a step (or its undo) was leased to its reply, waits in queues included,
+/// by `step` and `outcome`: done, refused, undone, undo_failed.
+pub const STEP_DURATION: &str = "StepDuration";
+/// Seconds one call to a remote service took, by `outcome`: ok, refused, transient.
+pub const REMOTE_CALL_DURATION: &str = "RemoteCallDuration";
+/// How an agent finished with a request, by `outcome`: replied, expired, gave_up.
+pub const AGENT_REQUESTS: &str = "AgentRequests";
+/// Leases the supervisor found expired, by `counted`: yes if the expiry counted against the
+/// step's FailureCount, no if waiting messages explained it.
+pub const LEASE_EXPIRIES: &str = "LeaseExpiries";
+/// Expired records a sweep found (one sample per sweep).
+pub const SWEEP_SIZE: &str = "SweepSize";
+/// Records a sweep reset, compensated or failed.
+pub const SUPERVISOR_RESETS: &str = "SupervisorResets";
+/// Records a sweep lost to another writer (the scheduler got there first).
+pub const SWEEP_RACES_LOST: &str = "SweepRacesLost";
+/// Messages waiting in a queue, one sample each time its depth is read, by `queue`.
+pub const QUEUE_BACKLOG: &str = "QueueBacklog";
+/// Seconds a message sent now would wait in a queue, by `queue`.
+pub const QUEUE_WAIT: &str = "QueueWait";
+
+/// Describes every metric to the installed recorder, with its unit. Call once, after
+/// installing it.
+pub fn describe() {
+    use metrics::Unit::{Count, Seconds};
+    let counts = [
+        (ORDERS_ACCEPTED, "orders written by submission"),
+        (ORDERS_REFUSED, "submissions refused, by reason"),
+        (ORDERS_ENDED, "orders ended, by outcome"),
+        (AGENT_REQUESTS, "requests an agent finished with, by outcome"),
+        (LEASE_EXPIRIES, "expired leases, by whether they counted"),
+        (SWEEP_SIZE, "expired records found by one sweep"),
+        (SUPERVISOR_RESETS, "records a sweep acted on"),
+        (SWEEP_RACES_LOST, "records a sweep lost to another writer"),
+    ];
+    for (name, what) in counts {
+        metrics::describe_counter!(name, Count, what);
+    }
+    metrics::describe_histogram!(QUEUE_BACKLOG, Count, "messages waiting in a queue, when read");
+    let times = [
+        (TIME_TO_TERMINAL, "time from acceptance to the end"),
+        (STEP_DURATION, "time from a step's lease to its reply"),
+        (REMOTE_CALL_DURATION, "time of one call to a remote service"),
+        (QUEUE_WAIT, "expected wait of a message sent now"),
+    ];
+    for (name, what) in times {
+        metrics::describe_histogram!(name, Seconds, what);
+    }
+}
+
+/// Counts and times what a saved transition from `before` to `after` did, from the timeline
+/// entries it added.
+pub fn saved(before: &StateRecord, after: &StateRecord) {
+    let added = added_entries(&before.timeline, &after.timeline);
+    let first_new = after.timeline.len() - added.len();
+    for (offset, entry) in added.iter().enumerate() {
+        let earlier = &after.timeline[..first_new + offset];
+        match entry.what {
+            Happening::LeaseExpired => {
+                let counted = if after.failure_count > before.failure_count { "yes" } else { "no" };
+                metrics::counter!(LEASE_EXPIRIES, "counted" => counted).increment(1);
+            }
+            Happening::StepDone
+            | Happening::StepFailed
+            | Happening::StepUndone
+            | Happening::UndoFailed => {
+                let Some(step) = entry.step.clone() else { continue };
+                if let Some(started) = run_start(earlier, &step) {
+                    let outcome = step_outcome(entry.what);
+                    metrics::histogram!(STEP_DURATION, "step" => step, "outcome" => outcome)
+                        .record(seconds(started, entry.at));
+                }
+            }
+            Happening::Processed
+            | Happening::Compensated
+            | Happening::Failed
+            | Happening::Cancelled => {
+                let outcome = end_outcome(entry.what);
+                metrics::counter!(ORDERS_ENDED, "outcome" => outcome).increment(1);
+                let started = earlier
+                    .iter()
+                    .rev()
+                    .find(|e| matches!(e.what, Happening::Received | Happening::Redriven))
+                    .map_or(after.created_at, |e| e.at);
+                metrics::histogram!(TIME_TO_TERMINAL, "outcome" => outcome)
+                    .record(seconds(started, entry.at));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// An order was written by submission.
+pub fn accepted() {
+    metrics::counter!(ORDERS_ACCEPTED).increment(1);
+}
+
+/// A submission was refused for `reason`, one of the API's error codes.
+pub fn refused(reason: &str) {
+    metrics::counter!(ORDERS_REFUSED, "reason" => reason.to_owned()).increment(1);
+}
+
+/// One call to a remote service, and how it ended.
+pub fn remote_call(outcome: &'static str, took: Duration) {
+    metrics::histogram!(REMOTE_CALL_DURATION, "outcome" => outcome).record(took.as_secs_f64());
+}
+
+/// How an agent finished with a request.
+pub fn agent_finished(outcome: &'static str) {
+    metrics::counter!(AGENT_REQUESTS, "outcome" => outcome).increment(1);
+}
+
+/// What one sweep found and did.
+pub fn swept(found: usize, acted: usize, lost_races: usize) {
+    metrics::counter!(SWEEP_SIZE).increment(found as u64);
+    metrics::counter!(SUPERVISOR_RESETS).increment(acted as u64);
+    metrics::counter!(SWEEP_RACES_LOST).increment(lost_races as u64);
+}
+
+/// Every queue's backlog and expected wait, as just read.
+pub fn load(load: &Load) {
+    for (queue, q) in &load.queues {
+        if let Some(depth) = q.depth {
+            // A sample per read, not a gauge: a gauge would be printed again after every
+            // invocation, read or not.
+            metrics::histogram!(QUEUE_BACKLOG, "queue" => queue.name())
+                .record(depth.waiting as f64);
+        }
+        metrics::histogram!(QUEUE_WAIT, "queue" => queue.name())
+            .record(q.expected_wait().as_secs_f64());
+    }
+}
+
+/// The entries of `after` that `before` does not have. The timeline only grows at its end
+/// (trimming drops entries after the first), so they follow the last entry the two share.
+fn added_entries<'a>(before: &[TimelineEntry], after: &'a [TimelineEntry]) -> &'a [TimelineEntry] {
+    match before.last() {
+        None => after,
+        Some(last) => match after.iter().rposition(|e| e == last) {
+            Some(i) => &after[i + 1..],
+            // Nothing shared: a record that did not come from `before`; count nothing.
+            None => &[],
+        },
+    }
+}
+
+/// When `step` was first leased in its current run: its earliest claim since the entry that
+/// began the run, or, when the step was leased in the same write that ended the step before
+/// it (or began compensation), that entry's time.
+fn run_start(earlier: &[TimelineEntry], step: &str) -> Option<Timestamp> {
+    let mut claimed = None;
+    for e in earlier.iter().rev() {
+        match e.what {
+            Happening::Claimed if e.step.as_deref() == Some(step) => claimed = Some(e.at),
+            Happening::StepDone
+            | Happening::StepFailed
+            | Happening::StepUndone
+            | Happening::UndoFailed
+            | Happening::CompensationStarted
+            | Happening::Received
+            | Happening::Resumed
+            | Happening::Redriven => return claimed.or(Some(e.at)),
+            _ => {}
+        }
+    }
+    claimed
+}
+
+fn step_outcome(what: Happening) -> &'static str {
+    match what {
+        Happening::StepDone => "done",
+        Happening::StepFailed => "refused",
+        Happening::StepUndone => "undone",
+        _ => "undo_failed",
+    }
+}
+
+fn end_outcome(what: Happening) -> &'static str {
+    match what {
+        Happening::Processed => "processed",
+        Happening::Compensated => "compensated",
+        Happening::Cancelled => "cancelled",
+        _ => "failed",
+    }
+}
+
+fn seconds(from: Timestamp, to: Timestamp) -> f64 {
+    from.until(to).as_secs_f64()
+}
