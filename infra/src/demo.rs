@@ -72,6 +72,8 @@ pub struct Summary {
     pub errors_without_alert: usize,
     /// Finished orders whose time to terminal could not be read from their records.
     pub untimed: usize,
+    /// Whether the orders the functions' metrics count as ended differ from those found ended.
+    pub metrics_disagree: bool,
     pub max_applications: u64,
     /// Function processes killed during the run.
     pub kills: u32,
@@ -89,6 +91,7 @@ impl Summary {
             && self.errors_without_alert == 0
             && self.unexplained == 0
             && self.untimed == 0
+            && !self.metrics_disagree
     }
 }
 
@@ -452,6 +455,8 @@ async fn summarise(
     }
     s.unfinished += accepted.saturating_sub(records.len());
     s.unexplained = compensated_unexplained + failed_unexplained;
+    let metrics = ended_in_metrics(stack, [s.processed, s.compensated, s.failed]).await;
+    s.metrics_disagree = metrics.ended != [s.processed, s.compensated, s.failed];
 
     // Alerts, as an operator would read them: from the queue the alert rule feeds.
     let alerts_url = stack.stack.reference("AlertsQueue").unwrap_or_default();
@@ -562,6 +567,7 @@ async fn summarise(
         }
     ));
 
+    t.push_str(&metrics.text(&s));
     // AWS API calls per order, as counted by the proxy in front of the emulator.
     t.push_str("| service | operation | calls per order | list price (us-east-1, 2026-11-21) | per million orders |\n| --- | --- | ---: | --- | ---: |\n");
     let mut total = 0.0;
@@ -601,6 +607,16 @@ async fn summarise(
     t.push_str(&format!(
         "| apigateway | HTTP API requests | {:.2} | $1.00 per million | ${gateway:.2} |\n",
         api_requests as f64 / n
+    ));
+    // Metric lines are log lines: CloudWatch Logs ingestion is what they cost per order (the
+    // metrics themselves cost per series and month, whatever the traffic).
+    let (metric_lines, metric_bytes) = stack.metrics.lines();
+    let metric_cost = metric_bytes as f64 / n * 1e6 / 1e9 * 0.50;
+    total += metric_cost;
+    t.push_str(&format!(
+        "| cloudwatch | metric lines ({:.0} bytes per order) | {:.2} | $0.50 per GB of logs ingested | ${metric_cost:.2} |\n",
+        metric_bytes as f64 / n,
+        metric_lines as f64 / n
     ));
     t.push_str(&format!("| **total** | | | | **${total:.2}** |\n\n"));
     t.push_str("Per-order figures include the supervisor's sweeps (Query, and its reads of the queues' load: Scan and\n");
@@ -657,4 +673,68 @@ mod tests {
         assert!(explained(&timed_out("ship"), "o3", &faulted, 5));
         assert!(!explained(&json!({"kind": "unknown_step", "step": "x"}), "o3", &faulted, 5));
     }
+}
+
+/// What the functions' metrics said, and what printing them costs.
+struct MetricsSeen {
+    /// Orders ended: processed, compensated, failed.
+    ended: [usize; 3],
+    text: String,
+}
+
+impl MetricsSeen {
+    fn text(&self, s: &Summary) -> String {
+        let mut t = self.text.clone();
+        if s.metrics_disagree {
+            t.push_str(&format!(
+                "METRICS DISAGREE: they count {:?} ended (processed, compensated, failed), the records {:?}\n",
+                self.ended,
+                [s.processed, s.compensated, s.failed]
+            ));
+        }
+        t.push('\n');
+        t
+    }
+}
+
+/// Reads the metrics the functions printed, waiting a little for the last invocations' lines
+/// to reach `expected` ended orders.
+async fn ended_in_metrics(stack: &LocalStack, expected: [usize; 3]) -> MetricsSeen {
+    let m = &stack.metrics;
+    let ended = || {
+        let by = m.by(sas_engine::metrics::ORDERS_ENDED, "outcome");
+        let sum = |o: &str| by.get(o).map_or(0, |s| s.sum as usize);
+        [sum("processed"), sum("compensated"), sum("failed")]
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ended() != expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ended = ended();
+    let mut t = String::new();
+    let times = m.by(sas_engine::metrics::TIME_TO_TERMINAL, "outcome");
+    let processed = times.get("processed").cloned().unwrap_or_default();
+    let calls = m.by(sas_engine::metrics::REMOTE_CALL_DURATION, "outcome");
+    let count = |o: &str| calls.get(o).map_or(0, |s| s.count);
+    let expiries = m.by(sas_engine::metrics::LEASE_EXPIRIES, "counted");
+    let expired = |c: &str| expiries.get(c).map_or(0, |s| s.sum as u64);
+    let resets = m.by(sas_engine::metrics::SUPERVISOR_RESETS, "");
+    let (lines, _) = m.lines();
+    t.push_str(&format!(
+        "metrics (the functions' own, from their embedded-metric lines): ended {} processed, {} compensated, {} failed; processed in p50 {:.2} s, p95 {:.2} s; remote calls {} ok, {} refused, {} transient; lease expiries {} counted, {} not; supervisor resets {}; {} series in {} lines\n",
+        ended[0],
+        ended[1],
+        ended[2],
+        processed.quantile(0.5).unwrap_or(0.0),
+        processed.quantile(0.95).unwrap_or(0.0),
+        count("ok"),
+        count("refused"),
+        count("transient"),
+        expired("yes"),
+        expired("no"),
+        resets.get("").map_or(0, |s| s.sum as u64),
+        m.snapshot().len(),
+        lines,
+    ));
+    MetricsSeen { ended, text: t }
 }

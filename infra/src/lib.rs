@@ -11,7 +11,8 @@
 //! - [`functions`]: the functions a template declares, with their environment and event sources.
 //! - [`emulator`]: starting moto's server on loopback.
 //! - [`runtime_api`]: the Lambda Runtime API, so real function binaries run locally.
-//! - [`processes`]: running those binaries, restarted when they exit.
+//! - [`processes`]: running those binaries, restarted when they exit; [`metrics`]: the
+//!   metric lines they print, added up.
 //! - [`sources`]: SQS event source mappings and schedules.
 //! - [`gateway`]: the HTTP API and function URLs, with their authorizers ([`sigv4`], [`jwt`]).
 //! - [`local`]: all of it together: the local stack.
@@ -29,6 +30,7 @@ pub mod functions;
 pub mod gateway;
 pub mod jwt;
 pub mod local;
+pub mod metrics;
 pub mod policy;
 pub mod processes;
 pub mod provision;

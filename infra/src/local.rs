@@ -19,6 +19,7 @@ use crate::aws::{Clients, Endpoints};
 use crate::emulator::Moto;
 use crate::functions::{EventSource, FunctionSpec, RouteAuth, functions, rate};
 use crate::gateway::{self, Authorizer, Route, Throttle};
+use crate::metrics::Metrics;
 use crate::policy::{self, Access, AccessReport};
 use crate::processes::{Managed, ProcessSpec};
 use crate::provision::{Options as ProvisionOptions, Stack, provision};
@@ -78,6 +79,8 @@ pub struct LocalStack {
     pub functions: Vec<RunningFunction>,
     /// The proxy's call counts, fault rules and access checks.
     pub proxy: Proxy,
+    /// What the functions' metric lines reported.
+    pub metrics: Metrics,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -174,6 +177,7 @@ impl LocalStack {
 
         let mut running = Vec::new();
         let mut tasks = Vec::new();
+        let metrics = Metrics::default();
         // Every function signs with an access key of its own, checked against its policy.
         let access = Access::new(policy::policies(&template, &stack)?);
         let proxy = Proxy::new(Upstreams {
@@ -220,6 +224,7 @@ impl LocalStack {
                     let mut process =
                         process_spec(&spec, &program, &api, &endpoint, &options.region, n);
                     process.echo = options.show_logs;
+                    process.metrics = Some(metrics.clone());
                     Managed::start(process)
                 })
                 .collect();
@@ -313,7 +318,16 @@ impl LocalStack {
         tasks.push(tokio::spawn(async move {
             gateway::serve(listener, routes).await;
         }));
-        Ok(LocalStack { endpoint, emulators, api_url, stack, functions: running, proxy, tasks })
+        Ok(LocalStack {
+            endpoint,
+            emulators,
+            api_url,
+            stack,
+            functions: running,
+            proxy,
+            metrics,
+            tasks,
+        })
     }
 }
 
@@ -413,6 +427,7 @@ fn process_spec(
         args: Vec::new(),
         environment,
         echo: true,
+        metrics: None,
     }
 }
 

@@ -1,7 +1,8 @@
 //! Running a function's real binary as local processes: the environment Lambda would give it
 //! (the template's variables, plus the Runtime API address and the standard `AWS_LAMBDA_*`
 //! variables), its output prefixed with its name, and a restart whenever it exits, as Lambda
-//! replaces a crashed execution environment.
+//! replaces a crashed execution environment. Lines in the embedded metric format go to the
+//! stack's [`Metrics`] instead, as CloudWatch takes them out of a function's logs.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,6 +14,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tracing::warn;
+
+use crate::metrics::Metrics;
 
 /// Pause before restarting a process that exited, so a binary that cannot start does not spin.
 const RESTART_DELAY: Duration = Duration::from_millis(500);
@@ -27,6 +30,8 @@ pub struct ProcessSpec {
     pub environment: BTreeMap<String, String>,
     /// Whether its output is copied to ours (prefixed), or dropped.
     pub echo: bool,
+    /// Where its metric lines go, if anywhere.
+    pub metrics: Option<Metrics>,
 }
 
 /// A process kept running until the handle is dropped.
@@ -87,7 +92,8 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 }
 
 fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
-    let output = || if spec.echo { Stdio::piped() } else { Stdio::null() };
+    let read = spec.echo || spec.metrics.is_some();
+    let output = || if read { Stdio::piped() } else { Stdio::null() };
     let mut child = Command::new(&spec.program)
         .args(&spec.args)
         .envs(&spec.environment)
@@ -97,19 +103,25 @@ fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
         .kill_on_drop(true)
         .spawn()?;
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(prefix_lines(out, spec.label.clone()));
+        tokio::spawn(read_lines(out, spec.clone()));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(prefix_lines(err, spec.label.clone()));
+        tokio::spawn(read_lines(err, spec.clone()));
     }
     Ok(child)
 }
 
-/// Copies a process's output to ours, a line at a time, behind its label.
-async fn prefix_lines(stream: impl AsyncRead + Unpin, label: String) {
+/// Reads a process's output a line at a time: metric lines to the metrics, the others to our
+/// output behind its label (if it is echoed).
+async fn read_lines(stream: impl AsyncRead + Unpin, spec: ProcessSpec) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        println!("[{label}] {line}");
+        if spec.metrics.as_ref().is_some_and(|m| m.ingest(&line)) {
+            continue;
+        }
+        if spec.echo {
+            println!("[{}] {line}", spec.label);
+        }
     }
 }
 
@@ -125,6 +137,7 @@ mod tests {
             args: vec!["-c".into(), "echo \"hello $GREETING\"; sleep 0.1".into()],
             environment: BTreeMap::from([("GREETING".into(), "world".into())]),
             echo: true,
+            metrics: None,
         };
         let managed = Managed::start(spec);
         tokio::time::sleep(Duration::from_millis(1_800)).await;
