@@ -648,33 +648,6 @@ fn price(service: &str, operation: &str) -> (f64, &'static str) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_failed_order_is_explained_only_by_what_the_service_did_to_its_step() {
-        let faulted = json!({
-            "o1/charge-payment/do": {"permanent": 1, "total": 2},
-            "o2/reserve-inventory/do": {"outage": 3, "transient": 1, "total": 6},
-            "o4/ship/do": {"transient": 1, "total": 2},
-        });
-        let rejected = |step: &str| json!({"kind": "step_rejected", "step": step, "reason": "no"});
-        let timed_out = |step: &str| json!({"kind": "step_timed_out", "step": step, "failures": 4});
-        assert!(explained(&rejected("charge-payment"), "o1", &faulted, 0));
-        assert!(!explained(&rejected("ship"), "o1", &faulted, 0), "another step was refused");
-        assert!(explained(&timed_out("reserve-inventory"), "o2", &faulted, 0));
-        assert!(!explained(&timed_out("charge-payment"), "o1", &faulted, 0), "refused, not down");
-        // Four expired leases need four failed calls: one transient fault does not explain
-        // them, and a step nothing was done to is explained only by kills.
-        assert!(!explained(&timed_out("ship"), "o4", &faulted, 0));
-        assert!(!explained(&timed_out("ship"), "o3", &faulted, 0));
-        assert!(explained(&timed_out("ship"), "o3", &faulted, 5));
-        assert!(!explained(&json!({"kind": "unknown_step", "step": "x"}), "o3", &faulted, 5));
-    }
-}
-
 /// What the functions' metrics said, and what printing them costs.
 struct MetricsSeen {
     /// Orders ended: processed, compensated, failed.
@@ -737,4 +710,31 @@ async fn ended_in_metrics(stack: &LocalStack, expected: [usize; 3]) -> MetricsSe
         lines,
     ));
     MetricsSeen { ended, text: t }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_failed_order_is_explained_only_by_what_the_service_did_to_its_step() {
+        let faulted = json!({
+            "o1/charge-payment/do": {"permanent": 1, "total": 2},
+            "o2/reserve-inventory/do": {"outage": 3, "transient": 1, "total": 6},
+            "o4/ship/do": {"transient": 1, "total": 2},
+        });
+        let rejected = |step: &str| json!({"kind": "step_rejected", "step": step, "reason": "no"});
+        let timed_out = |step: &str| json!({"kind": "step_timed_out", "step": step, "failures": 4});
+        assert!(explained(&rejected("charge-payment"), "o1", &faulted, 0));
+        assert!(!explained(&rejected("ship"), "o1", &faulted, 0), "another step was refused");
+        assert!(explained(&timed_out("reserve-inventory"), "o2", &faulted, 0));
+        assert!(!explained(&timed_out("charge-payment"), "o1", &faulted, 0), "refused, not down");
+        // Four expired leases need four failed calls: one transient fault does not explain
+        // them, and a step nothing was done to is explained only by kills.
+        assert!(!explained(&timed_out("ship"), "o4", &faulted, 0));
+        assert!(!explained(&timed_out("ship"), "o3", &faulted, 0));
+        assert!(explained(&timed_out("ship"), "o3", &faulted, 5));
+        assert!(!explained(&json!({"kind": "unknown_step", "step": "x"}), "o3", &faulted, 5));
+    }
 }
