@@ -130,6 +130,12 @@ async fn store_contract<S: StateStore + ExpiryIndex>(store: &S, t0: Timestamp) {
         seen += ours(&entries);
     }
     assert_eq!(seen, records.len());
+    // Each shard tells when its oldest watched order was accepted.
+    for shard in 0..2 {
+        let want =
+            records.iter().filter(|r| r.order_id.shard(2) == shard).map(|r| r.created_at).min();
+        assert_eq!(store.oldest(shard).await.unwrap(), want, "oldest of shard {shard}");
+    }
     // A finished record leaves the index.
     let mut done = next.clone();
     done.revision += 1;

@@ -188,6 +188,33 @@ impl ExpiryIndex for DynamoStore {
             })
             .collect()
     }
+
+    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
+        let mut oldest: Option<Timestamp> = None;
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.state_table)
+                .index_name(EXPIRY_INDEX)
+                .key_condition_expression("ExpiryShard = :s")
+                .expression_attribute_values(":s", number(shard))
+                .projection_expression("CreatedAt")
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            for item in out.items() {
+                let created = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
+                oldest = Some(oldest.map_or(created, |o| o.min(created)));
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(oldest);
+            }
+        }
+    }
 }
 
 impl OrderFinder for DynamoStore {

@@ -37,6 +37,9 @@ pub const SWEEP_SIZE: &str = "SweepSize";
 pub const SUPERVISOR_RESETS: &str = "SupervisorResets";
 /// Records a sweep lost to another writer (the scheduler got there first).
 pub const SWEEP_RACES_LOST: &str = "SweepRacesLost";
+/// Seconds since the oldest order the supervisor watches (in flight, or failed with its alert
+/// not yet confirmed) was accepted; 0 when there is none. One sample per sweep, stalled or not.
+pub const OLDEST_IN_FLIGHT_AGE: &str = "OldestInFlightAge";
 /// Messages waiting in a queue, one sample each time its depth is read, by `queue`.
 pub const QUEUE_BACKLOG: &str = "QueueBacklog";
 /// Seconds a message sent now would wait in a queue, by `queue`.
@@ -65,6 +68,7 @@ pub fn describe() {
         (STEP_DURATION, "time from a step's lease to its reply"),
         (REMOTE_CALL_DURATION, "time of one call to a remote service"),
         (QUEUE_WAIT, "expected wait of a message sent now"),
+        (OLDEST_IN_FLIGHT_AGE, "age of the oldest order being watched"),
     ];
     for (name, what) in times {
         metrics::describe_histogram!(name, Seconds, what);
@@ -138,6 +142,11 @@ pub fn swept(found: usize, acted: usize, lost_races: usize) {
     metrics::counter!(SWEEP_SIZE).increment(found as u64);
     metrics::counter!(SUPERVISOR_RESETS).increment(acted as u64);
     metrics::counter!(SWEEP_RACES_LOST).increment(lost_races as u64);
+}
+
+/// How long ago the oldest order being watched was accepted.
+pub fn oldest_in_flight(age: Duration) {
+    metrics::histogram!(OLDEST_IN_FLIGHT_AGE).record(age.as_secs_f64());
 }
 
 /// Every queue's backlog and expected wait, as just read.

@@ -137,6 +137,11 @@ pub trait ExpiryIndex: Send + Sync {
         now: Timestamp,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send;
+
+    /// When the oldest order of `shard` still in the index was accepted, if the shard holds
+    /// any. Reads the whole shard: one small index item per order being watched. Eventually
+    /// consistent.
+    fn oldest(&self, shard: u16) -> impl Future<Output = Result<Option<Timestamp>>> + Send;
 }
 
 /// Which orders an operator asks for.
@@ -446,6 +451,10 @@ impl<T: ExpiryIndex + ?Sized> ExpiryIndex for std::sync::Arc<T> {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send {
         (**self).expired(shard, now, limit)
+    }
+
+    fn oldest(&self, shard: u16) -> impl Future<Output = Result<Option<Timestamp>>> + Send {
+        (**self).oldest(shard)
     }
 }
 

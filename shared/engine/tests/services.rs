@@ -442,6 +442,10 @@ impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {
     async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
         self.0.expired(shard, now, limit).await
     }
+
+    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
+        self.0.oldest(shard).await
+    }
 }
 
 type TestSupervisor = Supervisor<
@@ -562,6 +566,7 @@ async fn finished_orders_leave_the_index_so_sweeps_cost_what_has_expired() {
     w.clock.advance(Duration::from_secs(3600));
     let r = w.sweep().await;
     assert_eq!((r.found, r.acted), (0, 0));
+    assert_eq!(r.oldest_ms, Some(0), "nothing is in flight");
 }
 
 #[tokio::test]
@@ -691,6 +696,8 @@ async fn waiting_messages_nobody_takes_stop_every_judgement() {
     let report = w.sweep().await;
     assert_eq!(report.stalled.as_deref(), Some("scheduler"));
     assert_eq!((report.found, report.acted), (0, 0));
+    // A stalled sweep judges nothing, but still tells how long the order has waited.
+    assert_eq!(report.oldest_ms, Some(3_600_000));
     assert_eq!(w.state(id).failure_count, 0);
     // Once the scheduler runs, the order goes through untouched.
     w.settle().await;

@@ -98,6 +98,11 @@ impl<P: ExpiryIndex> ExpiryIndex for Crashy<P> {
         tokio::task::yield_now().await;
         self.inner.expired(shard, now, limit).await
     }
+
+    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
+        tokio::task::yield_now().await;
+        self.inner.oldest(shard).await
+    }
 }
 
 impl<P: Outbox> Outbox for Crashy<P> {

@@ -293,6 +293,20 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
             .map(|&(_, complete_by, order_id)| IndexEntry { order_id, complete_by })
             .collect())
     }
+
+    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
+        let clock_now = self.clock.now();
+        let mut inner = self.lock();
+        inner.stats.index_queries += 1;
+        inner.catch_up(clock_now);
+        let inner = &*inner;
+        Ok(inner
+            .index
+            .iter()
+            .filter(|(s, _, _)| *s == shard)
+            .filter_map(|(_, _, id)| inner.states.get(id).map(|r| r.created_at))
+            .min())
+    }
 }
 
 impl<C: Clock> OrderFinder for MemoryStore<C> {

@@ -49,6 +49,10 @@ pub struct SweepReport {
     pub lost_races: usize,
     /// Records that could not be handled; they stay in the index for the next sweep.
     pub errors: usize,
+    /// How long ago the oldest order the index holds was accepted; absent if a shard could
+    /// not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_ms: Option<u64>,
 }
 
 /// The supervisor, over its ports.
@@ -88,12 +92,19 @@ where
     /// message cannot be told from a lost one), or if no shard could be queried at all.
     pub async fn sweep(&self) -> Result<SweepReport> {
         let now = self.ports.clock.now();
+        // Read before anything can stop the sweep: an order held up by a stalled queue is
+        // exactly what this figure must show.
+        let oldest_ms = self.oldest(now).await;
         let load = self.load.load(now).await?;
         let horizon = match load.horizon(&self.ports.workflow) {
             Horizon::Within(horizon) => horizon,
             Horizon::Stalled(queue) => {
                 warn!(queue = %queue.name(), "messages wait and nobody takes them: no lease is judged");
-                return Ok(SweepReport { stalled: Some(queue.name()), ..SweepReport::default() });
+                return Ok(SweepReport {
+                    stalled: Some(queue.name()),
+                    oldest_ms,
+                    ..SweepReport::default()
+                });
             }
         };
         let cutoff = now.minus(horizon);
@@ -105,7 +116,7 @@ where
                 .await;
 
         let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
-        let mut report = SweepReport { horizon_ms, ..SweepReport::default() };
+        let mut report = SweepReport { horizon_ms, oldest_ms, ..SweepReport::default() };
         let mut first_error = None;
         let mut failed_shards = 0;
         for result in results {
@@ -130,6 +141,27 @@ where
             Some(e) if failed_shards == usize::from(shards) => Err(e),
             _ => Ok(report),
         }
+    }
+
+    /// How long ago the oldest order in the index was accepted (0 if it holds none), recorded
+    /// as a metric. `None`, and nothing recorded, if a shard could not be read: a partial
+    /// figure could hide the very order it is for.
+    async fn oldest(&self, now: Timestamp) -> Option<u64> {
+        let shards = self.ports.config.index_shards;
+        let results = join_all((0..shards).map(|shard| self.index.oldest(shard))).await;
+        let mut oldest: Option<Timestamp> = None;
+        for result in results {
+            match result {
+                Ok(found) => oldest = oldest.into_iter().chain(found).min(),
+                Err(e) => {
+                    warn!(error = %e, "could not read the oldest order being watched");
+                    return None;
+                }
+            }
+        }
+        let age = oldest.map_or(Duration::ZERO, |at| at.until(now));
+        crate::metrics::oldest_in_flight(age);
+        Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
     }
 
     async fn sweep_shard(
