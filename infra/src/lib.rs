@@ -13,7 +13,8 @@
 //! - [`runtime_api`]: the Lambda Runtime API, so real function binaries run locally.
 //! - [`processes`]: running those binaries, restarted when they exit; [`metrics`]: the
 //!   metric lines they print, added up.
-//! - [`sources`]: SQS event source mappings and schedules.
+//! - [`sources`]: SQS event source mappings and schedules; [`dead_letters`]: what reaches a
+//!   dead-letter queue, reported as it arrives.
 //! - [`gateway`]: the HTTP API and function URLs, with their authorizers ([`sigv4`], [`jwt`]).
 //! - [`local`]: all of it together: the local stack.
 //! - [`proxy`]: the proxy between the functions and the emulators: it routes each service to
@@ -24,6 +25,7 @@
 //! - [`demo`]: orders under misbehaving services, with a summary that checks the promises.
 
 pub mod aws;
+pub mod dead_letters;
 pub mod demo;
 pub mod emulator;
 pub mod functions;

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::aws::{Clients, Endpoints};
+use crate::dead_letters::{self, DeadLetters};
 use crate::emulator::Moto;
 use crate::functions::{EventSource, FunctionSpec, RouteAuth, functions, rate};
 use crate::gateway::{self, Authorizer, Route, Throttle};
@@ -81,6 +82,8 @@ pub struct LocalStack {
     pub proxy: Proxy,
     /// What the functions' metric lines reported.
     pub metrics: Metrics,
+    /// What reached a dead-letter queue, and why.
+    pub dead_letters: DeadLetters,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -178,6 +181,10 @@ impl LocalStack {
         let mut running = Vec::new();
         let mut tasks = Vec::new();
         let metrics = Metrics::default();
+        let dead_letters = DeadLetters::new(true);
+        let redrives = dead_letters::redrives(&template, &stack)?;
+        // Straight to the emulator: watching is not the system's cost.
+        tasks.push(dead_letters.watch(clients.sqs.clone(), redrives.clone()));
         // Every function signs with an access key of its own, checked against its policy.
         let access = Access::new(policy::policies(&template, &stack)?);
         let proxy = Proxy::new(Upstreams {
@@ -225,6 +232,7 @@ impl LocalStack {
                         process_spec(&spec, &program, &api, &endpoint, &options.region, n);
                     process.echo = options.show_logs;
                     process.metrics = Some(metrics.clone());
+                    process.dead_letters = Some(dead_letters.clone());
                     Managed::start(process)
                 })
                 .collect();
@@ -249,13 +257,18 @@ impl LocalStack {
                         };
                         let mapping = SqsMapping {
                             function: spec.logical_id.clone(),
-                            queue_url,
+                            queue_url: queue_url.clone(),
                             queue_arn: queue_arn.clone(),
                             batch_size: i32::try_from(*batch_size).unwrap_or(10),
                             batching_window: *batching_window,
                             report_batch_item_failures: *report_batch_item_failures,
                             timeout: spec.timeout,
                             region: options.region.clone(),
+                            max_receive_count: redrives
+                                .iter()
+                                .find(|r| r.queue_url == queue_url)
+                                .map(|r| r.max_receive_count),
+                            dead_letters: Some(dead_letters.clone()),
                         };
                         let sqs = Clients::signing_as(&pollers, &options.region, &spec.logical_id)
                             .await
@@ -326,6 +339,7 @@ impl LocalStack {
             functions: running,
             proxy,
             metrics,
+            dead_letters,
             tasks,
         })
     }
@@ -414,7 +428,6 @@ fn process_spec(
         ("AWS_ACCESS_KEY_ID", name.clone()),
         ("AWS_SECRET_ACCESS_KEY", crate::sigv4::LOCAL_SECRET_KEY.to_owned()),
         ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
-        ("LOG_FORMAT", "text".to_owned()),
     ] {
         environment.insert(k.to_owned(), v);
     }
@@ -428,6 +441,7 @@ fn process_spec(
         environment,
         echo: true,
         metrics: None,
+        dead_letters: None,
     }
 }
 

@@ -15,6 +15,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tracing::warn;
 
+use crate::dead_letters::DeadLetters;
 use crate::metrics::Metrics;
 
 /// Pause before restarting a process that exited, so a binary that cannot start does not spin.
@@ -32,6 +33,8 @@ pub struct ProcessSpec {
     pub echo: bool,
     /// Where its metric lines go, if anywhere.
     pub metrics: Option<Metrics>,
+    /// What its log lines tell about messages that failed, if anyone listens.
+    pub dead_letters: Option<DeadLetters>,
 }
 
 /// A process kept running until the handle is dropped.
@@ -92,7 +95,7 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 }
 
 fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
-    let read = spec.echo || spec.metrics.is_some();
+    let read = spec.echo || spec.metrics.is_some() || spec.dead_letters.is_some();
     let output = || if read { Stdio::piped() } else { Stdio::null() };
     let mut child = Command::new(&spec.program)
         .args(&spec.args)
@@ -111,23 +114,67 @@ fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
     Ok(child)
 }
 
-/// Reads a process's output a line at a time: metric lines to the metrics, the others to our
-/// output behind its label (if it is echoed).
+/// Reads a process's output a line at a time: metric lines to the metrics, the others to the
+/// dead-letter reasons and to our output behind its label (if it is echoed), a JSON log line
+/// shown as text.
 async fn read_lines(stream: impl AsyncRead + Unpin, spec: ProcessSpec) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         if spec.metrics.as_ref().is_some_and(|m| m.ingest(&line)) {
             continue;
         }
+        if let Some(d) = &spec.dead_letters {
+            d.note_log(&line);
+        }
         if spec.echo {
-            println!("[{}] {line}", spec.label);
+            println!("[{}] {}", spec.label, as_text(&line));
         }
     }
+}
+
+/// A JSON log line as a line of text: level, message, then its fields and its span's;
+/// anything else as it is.
+fn as_text(line: &str) -> String {
+    use serde_json::Value;
+    let Some(Value::Object(map)) =
+        line.starts_with('{').then(|| serde_json::from_str(line).ok()).flatten()
+    else {
+        return line.to_owned();
+    };
+    let show = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut out = format!(
+        "{:>5} {}",
+        map.get("level").map(show).unwrap_or_default(),
+        map.get("message").map(show).unwrap_or_default()
+    );
+    for (k, v) in &map {
+        if !matches!(k.as_str(), "level" | "message" | "span" | "spans" | "target") {
+            out.push_str(&format!(" {k}={}", show(v)));
+        }
+    }
+    if let Some(Value::Object(span)) = map.get("span") {
+        for (k, v) in span {
+            if k != "name" {
+                out.push_str(&format!(" {k}={}", show(v)));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_log_line_is_shown_as_text() {
+        let line = r#"{"level":"WARN","error":"boom","message":"will be retried","span":{"message_id":"m","name":"message"}}"#;
+        assert_eq!(as_text(line), " WARN will be retried error=boom message_id=m");
+        assert_eq!(as_text("plain"), "plain");
+    }
 
     #[tokio::test]
     async fn a_process_that_exits_is_started_again() {
@@ -138,6 +185,7 @@ mod tests {
             environment: BTreeMap::from([("GREETING".into(), "world".into())]),
             echo: true,
             metrics: None,
+            dead_letters: None,
         };
         let managed = Managed::start(spec);
         tokio::time::sleep(Duration::from_millis(1_800)).await;

@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+use crate::dead_letters::DeadLetters;
 use crate::runtime_api::RuntimeApi;
 use crate::template::LOCAL_ACCOUNT;
 
@@ -30,6 +31,10 @@ pub struct SqsMapping {
     pub report_batch_item_failures: bool,
     pub timeout: Duration,
     pub region: String,
+    /// The queue's `maxReceiveCount`, if it has a dead-letter queue.
+    pub max_receive_count: Option<u32>,
+    /// Told of every failed delivery, to report what reaches the dead-letter queue.
+    pub dead_letters: Option<DeadLetters>,
 }
 
 /// Polls the queue and invokes the function with batches, never more at once than `limit`
@@ -106,20 +111,39 @@ async fn deliver(
     let records: Vec<Value> = messages.iter().map(|m| record(m, mapping)).collect();
     let event = json!({ "Records": records }).to_string();
     let ids: Vec<&str> = messages.iter().map(|m| m.message_id().unwrap_or_default()).collect();
+    let note = |m: &aws_sdk_sqs::types::Message, why: Option<&str>| {
+        if let Some(d) = &mapping.dead_letters {
+            d.note_failed_delivery(&mapping.queue_url, mapping.max_receive_count, m, why);
+        }
+    };
     let failed: Vec<String> = match api.invoke(event, mapping.timeout).await {
         Ok(answer) if mapping.report_batch_item_failures => {
             match reported_failures(&answer, &ids) {
                 Some(failed) => failed,
                 // An answer Lambda cannot read fails the whole batch.
-                None => ids.iter().map(|s| (*s).to_owned()).collect(),
+                None => {
+                    let why = format!(
+                        "{} answered with no batch response it could read",
+                        mapping.function
+                    );
+                    messages.iter().for_each(|m| note(m, Some(&why)));
+                    return;
+                }
             }
         }
         Ok(_) => Vec::new(),
         Err(e) => {
             warn!(function = %mapping.function, error = %e, "invocation failed; the batch will be retried");
+            let why = format!("the invocation of {} failed: {e}", mapping.function);
+            messages.iter().for_each(|m| note(m, Some(&why)));
             return;
         }
     };
+    for m in &messages {
+        if failed.iter().any(|f| Some(f.as_str()) == m.message_id()) {
+            note(m, None);
+        }
+    }
     let entries: Vec<DeleteMessageBatchRequestEntry> = messages
         .iter()
         .enumerate()

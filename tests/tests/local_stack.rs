@@ -10,6 +10,8 @@
 //! - The API lets in only whom it should, in each of its three auth modes, and a refused
 //!   request writes nothing; header values reach the function's own validation, and one HTTP
 //!   does not allow gets the gateway's reason.
+//! - A message that reaches a dead-letter queue is reported as it arrives, with its order and
+//!   the error its function logged for it.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -503,6 +505,47 @@ async fn the_api_keeps_its_openapi_contract() {
     let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().unwrap();
     println!("{}", text(&output));
     assert!(output.status.success(), "the API does not keep its OpenAPI document");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_dead_letter_is_reported_as_it_arrives_with_its_order_and_reason() {
+    let _turn = TURN.lock().await;
+    let stack = start("e2e-dead-letters", SOUND, 5).await;
+    let sqs = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    let queue = stack.stack.reference("SchedulerQueue").unwrap();
+    // Redelivery in a second instead of the template's minute: five failed receives, quickly.
+    sqs.set_queue_attributes()
+        .queue_url(&queue)
+        .attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "1")
+        .send()
+        .await
+        .unwrap();
+    let order = "6c1f0c5e-4b7a-4a39-8a8e-0f5d2e1b9c3a";
+    let poison = [
+        "not a message".to_owned(),
+        json!({"v": 1, "type": "start", "order_id": order, "attempt": -1, "correlation_id": "c"})
+            .to_string(),
+    ];
+    for body in &poison {
+        sqs.send_message().queue_url(&queue).message_body(body).send().await.unwrap();
+    }
+    let started = Instant::now();
+    while stack.dead_letters.arrivals().len() < 2 && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let arrivals = stack.dead_letters.arrivals();
+    assert_eq!(arrivals.len(), 2, "{arrivals:#?}");
+    for a in &arrivals {
+        assert_eq!(
+            (a.queue.as_str(), a.dead_letter_queue.as_str()),
+            ("SchedulerQueue", "SchedulerDeadLetterQueue")
+        );
+        assert_eq!(a.receives, Some(5), "{a}");
+        assert!(a.reason.contains("cannot be handled"), "the scheduler's own reason: {a}");
+    }
+    let with_order: Vec<_> = arrivals.iter().filter_map(|a| a.order_id.as_deref()).collect();
+    assert_eq!(with_order, [order], "the order a readable body names");
+    assert!(arrivals.iter().any(|a| a.kind.as_deref() == Some("start")));
 }
 
 /// Runs the `sas` binary against the stack as the caller `ops-e2e`.
