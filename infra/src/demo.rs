@@ -24,6 +24,7 @@ use crate::Error;
 use crate::aws::Clients;
 use crate::local::LocalStack;
 use crate::sigv4;
+use crate::traces::OrderTraces;
 
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
 /// calls, an outage from 15 s to 25 s after start, and payments declined for good now and then.
@@ -74,6 +75,8 @@ pub struct Summary {
     pub untimed: usize,
     /// Whether the orders the functions' metrics count as ended differ from those found ended.
     pub metrics_disagree: bool,
+    /// Orders whose hops were not all in one trace named by the order, or had no trace.
+    pub traces_broken: usize,
     pub max_applications: u64,
     /// Function processes killed during the run.
     pub kills: u32,
@@ -92,6 +95,7 @@ impl Summary {
             && self.unexplained == 0
             && self.untimed == 0
             && !self.metrics_disagree
+            && self.traces_broken == 0
     }
 }
 
@@ -457,6 +461,8 @@ async fn summarise(
     s.unexplained = compensated_unexplained + failed_unexplained;
     let metrics = ended_in_metrics(stack, [s.processed, s.compensated, s.failed]).await;
     s.metrics_disagree = metrics.ended != [s.processed, s.compensated, s.failed];
+    let traces = traces_seen(stack, records);
+    s.traces_broken = traces.broken;
 
     // Alerts, as an operator would read them: from the queue the alert rule feeds.
     let alerts_url = stack.stack.reference("AlertsQueue").unwrap_or_default();
@@ -568,6 +574,7 @@ async fn summarise(
     ));
 
     t.push_str(&metrics.text(&s));
+    t.push_str(&traces.text);
     // AWS API calls per order, as counted by the proxy in front of the emulator.
     t.push_str("| service | operation | calls per order | list price (us-east-1, 2026-11-21) | per million orders |\n| --- | --- | ---: | --- | ---: |\n");
     let mut total = 0.0;
@@ -649,6 +656,35 @@ fn price(service: &str, operation: &str) -> (f64, &'static str) {
 }
 
 /// What the functions' metrics said, and what printing them costs.
+struct TracesSeen {
+    broken: usize,
+    text: String,
+}
+
+/// Whether every order's hops are in one trace, the one its correlation id names, as the
+/// segments the functions sent to the local X-Ray daemon say.
+fn traces_seen(stack: &LocalStack, records: &[Item]) -> TracesSeen {
+    let seen = OrderTraces::of(&stack.traces.segments());
+    let (mut whole, mut broken, mut hops) = (0, 0, 0);
+    for r in records {
+        let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+        let correlation = body(r)["correlation_id"].as_str().unwrap_or_default().to_owned();
+        match seen.by_order.get(&id) {
+            Some((traces, n)) if traces == &[correlation] => {
+                whole += 1;
+                hops += n;
+            }
+            _ => broken += 1,
+        }
+    }
+    let text = format!(
+        "traces: {whole} orders each in one trace of its own ({:.2} hops each on average), {broken} split or missing; {} hops whose parent segment was not received\n",
+        hops as f64 / whole.max(1) as f64,
+        seen.orphans
+    );
+    TracesSeen { broken, text }
+}
+
 struct MetricsSeen {
     /// Orders ended: processed, compensated, failed.
     ended: [usize; 3],

@@ -16,6 +16,7 @@
 //! - [`sources`]: SQS event source mappings and schedules; [`dead_letters`]: what reaches a
 //!   dead-letter queue, reported as it arrives.
 //! - [`gateway`]: the HTTP API and function URLs, with their authorizers ([`sigv4`], [`jwt`]).
+//! - [`traces`]: the trace segments the functions send, received as X-Ray's daemon would.
 //! - [`local`]: all of it together: the local stack.
 //! - [`proxy`]: the proxy between the functions and the emulators: it routes each service to
 //!   its emulator, counts the calls, checks each function's calls against its policy, and
@@ -41,6 +42,7 @@ pub mod runtime_api;
 pub mod sigv4;
 pub mod sources;
 pub mod template;
+pub mod traces;
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

@@ -29,6 +29,7 @@ use crate::runtime_api::RuntimeApi;
 use crate::sigv4;
 use crate::sources::{self, SqsMapping};
 use crate::template::Template;
+use crate::traces::Traces;
 
 /// The simulated remote service's function: part of the stack, but not of the system under test.
 pub const REMOTE_SERVICE: &str = "RemoteSimFunction";
@@ -84,6 +85,8 @@ pub struct LocalStack {
     pub metrics: Metrics,
     /// What reached a dead-letter queue, and why.
     pub dead_letters: DeadLetters,
+    /// The trace segments the functions sent.
+    pub traces: Traces,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -185,6 +188,10 @@ impl LocalStack {
         let redrives = dead_letters::redrives(&template, &stack)?;
         // Straight to the emulator: watching is not the system's cost.
         tasks.push(dead_letters.watch(clients.sqs.clone(), redrives.clone()));
+        let traces = Traces::default();
+        let daemon = tokio::net::UdpSocket::bind("127.0.0.1:0").await.map_err(io)?;
+        let daemon_address = daemon.local_addr().map_err(io)?.to_string();
+        tasks.push(traces.listen(daemon));
         // Every function signs with an access key of its own, checked against its policy.
         let access = Access::new(policy::policies(&template, &stack)?);
         let proxy = Proxy::new(Upstreams {
@@ -233,6 +240,9 @@ impl LocalStack {
                     process.echo = options.show_logs;
                     process.metrics = Some(metrics.clone());
                     process.dead_letters = Some(dead_letters.clone());
+                    process
+                        .environment
+                        .insert("AWS_XRAY_DAEMON_ADDRESS".into(), daemon_address.clone());
                     Managed::start(process)
                 })
                 .collect();
@@ -340,6 +350,7 @@ impl LocalStack {
             proxy,
             metrics,
             dead_letters,
+            traces,
             tasks,
         })
     }

@@ -4,7 +4,8 @@ use lambda_http::{Error, Request, service_fn};
 use sas_aws::clients;
 use sas_aws::settings::Env;
 use sas_aws::sqs::QueueUrls;
-use sas_aws::system::{SystemClock, UuidIds};
+use sas_aws::system::SystemClock;
+use sas_aws::trace::TraceIds;
 use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
 use sas_engine::services::Submission;
@@ -28,7 +29,7 @@ async fn main() -> Result<(), Error> {
         wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
         wiring.bus(&s.bus),
         SystemClock,
-        UuidIds,
+        TraceIds,
         wiring.gauges(&s.waits_table, s.queues),
         s.engine.config,
         s.engine.workflow,

@@ -25,6 +25,8 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{Instrument, error, info_span, warn};
 
+use crate::trace;
+
 tokio::task_local! {
     /// The batch the message being handled belongs to, inside a coalescing batch.
     static BATCH: Arc<Gate>;
@@ -168,6 +170,8 @@ pub struct Received {
     pub body: String,
     /// SQS's `ApproximateReceiveCount`: 1 on the first delivery (and when SQS did not say).
     pub receive_count: u32,
+    /// The `AWSTraceHeader` it was sent with, if any.
+    pub trace_header: Option<String>,
 }
 
 impl Received {
@@ -181,7 +185,13 @@ impl Received {
             message_id: record.message_id.unwrap_or_default(),
             body: record.body.unwrap_or_default(),
             receive_count,
+            trace_header: record.attributes.get(trace::ATTRIBUTE).cloned(),
         }
+    }
+
+    /// Begins its hop of its order's trace.
+    fn begin_hop(&self) -> trace::Hop {
+        trace::Hop::begin(self.trace_header.as_deref(), trace::About::of(&self.body))
     }
 
     /// The message as the engine's services take it.
@@ -198,7 +208,7 @@ where
 {
     let results = join_all(event.records.into_iter().map(|record| {
         let received = Received::from_record(record);
-        handle_one(received.message_id.clone(), handle(received))
+        handle_one(received.begin_hop(), received.message_id.clone(), handle(received))
     }))
     .await;
     response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
@@ -219,8 +229,9 @@ where
     let gate = Arc::new(Gate::new(event.records.len()));
     let handlers = join_all(event.records.into_iter().map(|record| {
         let received = Received::from_record(record);
-        let work =
-            BATCH.scope(gate.clone(), handle_one(received.message_id.clone(), handle(received)));
+        let hop = received.begin_hop();
+        let work = BATCH
+            .scope(gate.clone(), handle_one(hop, received.message_id.clone(), handle(received)));
         let gate = gate.clone();
         async move {
             let result = work.await;
@@ -232,9 +243,22 @@ where
     response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
 }
 
-/// Runs one message's handling in its span and logs a failure; returns (id, succeeded).
-async fn handle_one(id: String, work: impl Future<Output = Result<()>>) -> (String, bool) {
-    let span = info_span!("message", message_id = %id, order_id = tracing::field::Empty);
+/// Runs one message's handling in its span, as a hop of its order's trace, and logs a failure;
+/// returns (id, succeeded). Every line logged while handling it names the message, the order,
+/// its correlation id and the trace.
+async fn handle_one(
+    hop: trace::Hop,
+    id: String,
+    work: impl Future<Output = Result<()>>,
+) -> (String, bool) {
+    let about = hop.about();
+    let span = info_span!(
+        "message",
+        message_id = %id,
+        order_id = about.order_id.as_deref(),
+        correlation_id = about.correlation_id.as_deref(),
+        trace_id = hop.trace_id(),
+    );
     let ok = async move {
         match work.await {
             Ok(()) => true,
@@ -246,6 +270,7 @@ async fn handle_one(id: String, work: impl Future<Output = Result<()>>) -> (Stri
     }
     .instrument(span)
     .await;
+    hop.end(!ok);
     (id, ok)
 }
 

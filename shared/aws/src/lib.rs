@@ -35,5 +35,6 @@ pub mod signing;
 pub mod sqs;
 pub mod system;
 pub mod telemetry;
+pub mod trace;
 pub mod waits;
 pub mod wiring;

@@ -5,15 +5,31 @@
 use std::collections::HashMap;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use aws_sdk_sqs::types::{
+    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, SendMessageBatchRequestEntry,
+};
 use sas_engine::ports::{Destination, Outbox, Outgoing};
 use sas_engine::{Error, Result};
 
 use crate::errors::classify;
+use crate::trace;
 
 const SERVICE: &str = "sqs";
 /// Most entries in one SendMessageBatch call.
 const BATCH: usize = 10;
+
+/// The order's trace, as the `AWSTraceHeader` system attribute (see [`crate::trace`]).
+fn trace_attribute(
+    message: &sas_engine::message::Message,
+) -> Option<HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue>> {
+    let header = trace::header_for(message.correlation_id())?;
+    let value = MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(header.to_string())
+        .build()
+        .ok()?;
+    Some(HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)]))
+}
 
 /// Queue URLs by destination.
 #[derive(Clone, Debug, Default)]
@@ -66,6 +82,7 @@ impl Outbox for SqsOutbox {
                             .id(i.to_string())
                             .message_body(m.message.encode())
                             .delay_seconds(i32::try_from(m.delay.as_secs().min(900)).unwrap_or(900))
+                            .set_message_system_attributes(trace_attribute(&m.message))
                             .build()
                             .map_err(|e| Error::rejected(SERVICE, e))
                     })

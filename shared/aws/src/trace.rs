@@ -1,0 +1,316 @@
+//! One X-Ray trace per order, across every queue hop.
+//!
+//! An order's correlation id is an X-Ray trace id (`1-<seconds, 8 hex>-<96 random bits, 24
+//! hex>`), made by [`TraceIds`] when the order is accepted. Every message of the order carries
+//! it, so every sender, the supervisor included, knows the order's trace without storing
+//! anything more: each send sets SQS's `AWSTraceHeader` system attribute to the trace, with
+//! the segment of the hop that sent it as parent ([`header_for`]). Each consumer continues it:
+//! the handling of one message is a segment ([`Hop`]) in the trace its header names, child of
+//! the sender's segment, with the order and correlation ids as annotations, sent to the X-Ray
+//! daemon that Lambda runs beside the function (`AWS_XRAY_DAEMON_ADDRESS`) when it ends. No
+//! daemon, no segments; the headers are set regardless.
+//!
+//! Lambda's own segments for an invocation belong to the invocation's trace, not the order's:
+//! a batch holds messages of many orders.
+
+use std::collections::HashMap;
+use std::net::UdpSocket;
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sas_engine::ports::Ids;
+use serde::Serialize;
+use serde_json::Value;
+
+/// The system attribute SQS carries a trace header in.
+pub const ATTRIBUTE: &str = "AWSTraceHeader";
+
+/// Correlation ids that are X-Ray trace ids.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TraceIds;
+
+impl Ids for TraceIds {
+    fn new_id(&self) -> String {
+        let seconds = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let random = uuid::Uuid::new_v4().simple().to_string();
+        format!("1-{:08x}-{}", seconds & 0xffff_ffff, &random[..24])
+    }
+}
+
+/// Whether `id` is an X-Ray trace id (orders accepted before correlation ids were trace ids
+/// have UUIDs: they get no trace).
+pub fn is_trace_id(id: &str) -> bool {
+    let parts: Vec<&str> = id.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    parts.len() == 3 && parts[0] == "1" && hex(parts[1], 8) && hex(parts[2], 24)
+}
+
+/// An `AWSTraceHeader` value's parts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceHeader {
+    pub root: String,
+    pub parent: Option<String>,
+    pub sampled: bool,
+}
+
+impl TraceHeader {
+    /// Reads `Root=...;Parent=...;Sampled=...`; `None` without a valid root.
+    pub fn parse(value: &str) -> Option<TraceHeader> {
+        let mut header = TraceHeader { root: String::new(), parent: None, sampled: true };
+        for part in value.split(';') {
+            match part.trim().split_once('=') {
+                Some(("Root", root)) => header.root = root.to_owned(),
+                Some(("Parent", parent)) => header.parent = Some(parent.to_owned()),
+                Some(("Sampled", s)) => header.sampled = s != "0",
+                _ => {}
+            }
+        }
+        is_trace_id(&header.root).then_some(header)
+    }
+}
+
+impl std::fmt::Display for TraceHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Root={}", self.root)?;
+        if let Some(parent) = &self.parent {
+            write!(f, ";Parent={parent}")?;
+        }
+        write!(f, ";Sampled={}", u8::from(self.sampled))
+    }
+}
+
+/// The segments open in this process, by trace: a message sent for an order while one of its
+/// hops is being handled here is that hop's child. A batch's sends go out together, from
+/// another task than the handlers', so this cannot be a task-local.
+fn open_hops() -> &'static Mutex<HashMap<String, String>> {
+    static OPEN: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    OPEN.get_or_init(Mutex::default)
+}
+
+/// The `AWSTraceHeader` for a message of the order with `correlation_id`, if it has a trace.
+pub fn header_for(correlation_id: &str) -> Option<TraceHeader> {
+    if !is_trace_id(correlation_id) {
+        return None;
+    }
+    let parent = open_hops().lock().unwrap_or_else(|e| e.into_inner()).get(correlation_id).cloned();
+    Some(TraceHeader { root: correlation_id.to_owned(), parent, sampled: true })
+}
+
+/// What the body of a message says about its order, read without parsing it as a message (a
+/// poison body still gets its hop).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct About {
+    pub order_id: Option<String>,
+    pub correlation_id: Option<String>,
+    /// `start`, `request` or `reply`.
+    pub kind: Option<String>,
+    pub step: Option<String>,
+}
+
+impl About {
+    pub fn of(body: &str) -> About {
+        let Ok(v) = serde_json::from_str::<Value>(body) else { return About::default() };
+        let text = |key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
+        About {
+            order_id: text("order_id"),
+            correlation_id: text("correlation_id"),
+            kind: text("type"),
+            step: v.pointer("/step/name").and_then(Value::as_str).map(str::to_owned),
+        }
+    }
+}
+
+/// The handling of one message: a segment of its order's trace.
+#[derive(Debug)]
+pub struct Hop {
+    trace: Option<TraceHeader>,
+    id: String,
+    about: About,
+    started: f64,
+}
+
+impl Hop {
+    /// Begins the hop of a message that arrived with `header` (its `AWSTraceHeader`, if any).
+    /// Without one, the order's correlation id names the trace.
+    pub fn begin(header: Option<&str>, about: About) -> Hop {
+        let trace = header.and_then(TraceHeader::parse).or_else(|| {
+            about.correlation_id.as_deref().filter(|c| is_trace_id(c)).map(|c| TraceHeader {
+                root: c.to_owned(),
+                parent: None,
+                sampled: true,
+            })
+        });
+        let id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
+        if let Some(t) = &trace {
+            open_hops()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(t.root.clone(), id.clone());
+        }
+        Hop { trace, id, about, started: now() }
+    }
+
+    /// The trace this hop belongs to.
+    pub fn trace_id(&self) -> Option<&str> {
+        self.trace.as_ref().map(|t| t.root.as_str())
+    }
+
+    pub fn about(&self) -> &About {
+        &self.about
+    }
+
+    /// Ends the hop and sends its segment; `failed` marks it as a fault.
+    pub fn end(self, failed: bool) {
+        let Some(trace) = &self.trace else { return };
+        {
+            let mut open = open_hops().lock().unwrap_or_else(|e| e.into_inner());
+            if open.get(&trace.root) == Some(&self.id) {
+                open.remove(&trace.root);
+            }
+        }
+        if !trace.sampled {
+            return;
+        }
+        let segment = Segment {
+            name: segment_name(),
+            id: &self.id,
+            trace_id: &trace.root,
+            parent_id: trace.parent.as_deref(),
+            start_time: self.started,
+            end_time: now(),
+            fault: failed,
+            annotations: Annotations {
+                order_id: self.about.order_id.as_deref(),
+                correlation_id: self.about.correlation_id.as_deref(),
+                message: self.about.kind.as_deref(),
+                step: self.about.step.as_deref(),
+            },
+        };
+        emit(&segment);
+    }
+}
+
+/// An X-Ray segment document, as the daemon takes it.
+#[derive(Debug, Serialize)]
+struct Segment<'a> {
+    name: &'a str,
+    id: &'a str,
+    trace_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_id: Option<&'a str>,
+    start_time: f64,
+    end_time: f64,
+    fault: bool,
+    annotations: Annotations<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct Annotations<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    order_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    correlation_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<&'a str>,
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The function's name, as X-Ray shows the service.
+fn segment_name() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| {
+        std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "sas".to_owned())
+    })
+}
+
+/// The daemon's UDP address: `AWS_XRAY_DAEMON_ADDRESS` is `host:port`, or
+/// `tcp:host:port udp:host:port`.
+fn daemon_address(value: &str) -> Option<String> {
+    let udp = value.split_whitespace().find_map(|p| p.strip_prefix("udp:"));
+    let address = udp.unwrap_or(value).trim();
+    (!address.is_empty() && !address.contains(' ')).then(|| address.to_owned())
+}
+
+/// Sends a segment to the daemon: one datagram, fire and forget, as the X-Ray SDKs do. A
+/// segment that cannot be sent is not worth failing a message for.
+fn emit(segment: &Segment<'_>) {
+    static SOCKET: OnceLock<Option<(UdpSocket, String)>> = OnceLock::new();
+    let socket = SOCKET.get_or_init(|| {
+        let address = daemon_address(&std::env::var("AWS_XRAY_DAEMON_ADDRESS").ok()?)?;
+        let socket = UdpSocket::bind("0.0.0.0:0").ok()?;
+        socket.set_nonblocking(true).ok()?;
+        Some((socket, address))
+    });
+    let Some((socket, address)) = socket else { return };
+    let Ok(document) = serde_json::to_string(segment) else { return };
+    let datagram = format!("{{\"format\":\"json\",\"version\":1}}\n{document}");
+    let _ = socket.send_to(datagram.as_bytes(), address.as_str());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_correlation_id_is_a_trace_id() {
+        let id = TraceIds.new_id();
+        assert!(is_trace_id(&id), "{id}");
+        assert_ne!(id, TraceIds.new_id());
+        assert!(!is_trace_id("98f0c25b-d07c-4996-8a28-a93fbfee6967"), "a UUID is not one");
+    }
+
+    #[test]
+    fn a_header_is_read_and_written_back() {
+        let text = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let header = TraceHeader::parse(text).unwrap();
+        assert_eq!(header.parent.as_deref(), Some("53995c3f42cd8ad8"));
+        assert_eq!(header.to_string(), text);
+        assert!(
+            !TraceHeader::parse("Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=0")
+                .unwrap()
+                .sampled
+        );
+        assert_eq!(TraceHeader::parse("Root=nonsense"), None);
+    }
+
+    #[test]
+    fn a_send_during_a_hop_is_its_child_and_continues_its_trace() {
+        let root = TraceIds.new_id();
+        assert_eq!(header_for(&root).unwrap().parent, None, "no hop of this order is open");
+        let incoming = format!("Root={root};Parent=1111222233334444;Sampled=1");
+        let hop = Hop::begin(Some(&incoming), About::default());
+        assert_eq!(hop.trace_id(), Some(root.as_str()));
+        let sent = header_for(&root).unwrap();
+        assert_eq!(
+            (sent.root.as_str(), sent.parent.as_deref()),
+            (root.as_str(), Some(hop.id.as_str()))
+        );
+        hop.end(false);
+        assert_eq!(header_for(&root).unwrap().parent, None, "closed");
+        assert!(header_for("98f0c25b-d07c-4996-8a28-a93fbfee6967").is_none());
+    }
+
+    #[test]
+    fn the_daemon_address_takes_both_forms() {
+        assert_eq!(daemon_address("169.254.79.129:2000").as_deref(), Some("169.254.79.129:2000"));
+        assert_eq!(
+            daemon_address("tcp:127.0.0.1:2000 udp:127.0.0.1:2001").as_deref(),
+            Some("127.0.0.1:2001")
+        );
+    }
+
+    #[test]
+    fn a_body_tells_its_order_even_when_it_is_not_a_message() {
+        let about = About::of(
+            r#"{"type":"reply","order_id":"o","correlation_id":"c","step":{"name":"ship"}}"#,
+        );
+        assert_eq!(about.order_id.as_deref(), Some("o"));
+        assert_eq!(about.step.as_deref(), Some("ship"));
+        assert_eq!(About::of("not json"), About::default());
+    }
+}
