@@ -87,7 +87,7 @@ fn not_created(kind: &str) -> Option<&'static str> {
         "AWS::SNS::Topic" => "alerts are read from the alerts queue locally",
         "AWS::SNS::Subscription" => "e-mail is not delivered locally",
         "AWS::CloudWatch::Alarm" => {
-            "alarms are CloudWatch's; locally the functions' metrics are read from their output (the demo prints them) and dead letters are listed by `sas dlq list`"
+            "alarms are CloudWatch's; locally, dead letters are reported as they arrive and the demo checks the functions' metrics"
         }
         "AWS::CloudWatch::Dashboard" => {
             "dashboards are CloudWatch's; locally the demo prints a summary of the functions' metrics"

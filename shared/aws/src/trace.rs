@@ -87,13 +87,30 @@ fn open_hops() -> &'static Mutex<HashMap<String, String>> {
     OPEN.get_or_init(Mutex::default)
 }
 
+/// Whether the order with trace `root` is traced, out of `percent` of all orders. Decided
+/// from the trace id alone, so that every hop of an order decides the same way without
+/// being told.
+pub fn sampled(root: &str, percent: u8) -> bool {
+    let tail = root.get(root.len().saturating_sub(6)..).unwrap_or_default();
+    u32::from_str_radix(tail, 16).is_ok_and(|n| n % 100 < u32::from(percent.min(100)))
+}
+
+/// The share of orders traced: `TRACE_SAMPLE_PERCENT` (0 to 100), all of them if unset.
+fn sample_percent() -> u8 {
+    static PERCENT: OnceLock<u8> = OnceLock::new();
+    *PERCENT.get_or_init(|| {
+        std::env::var("TRACE_SAMPLE_PERCENT").ok().and_then(|p| p.parse().ok()).unwrap_or(100)
+    })
+}
+
 /// The `AWSTraceHeader` for a message of the order with `correlation_id`, if it has a trace.
 pub fn header_for(correlation_id: &str) -> Option<TraceHeader> {
     if !is_trace_id(correlation_id) {
         return None;
     }
     let parent = open_hops().lock().unwrap_or_else(|e| e.into_inner()).get(correlation_id).cloned();
-    Some(TraceHeader { root: correlation_id.to_owned(), parent, sampled: true })
+    let sampled = sampled(correlation_id, sample_percent());
+    Some(TraceHeader { root: correlation_id.to_owned(), parent, sampled })
 }
 
 /// What the body of a message says about its order, read without parsing it as a message (a
@@ -137,7 +154,7 @@ impl Hop {
             about.correlation_id.as_deref().filter(|c| is_trace_id(c)).map(|c| TraceHeader {
                 root: c.to_owned(),
                 parent: None,
-                sampled: true,
+                sampled: sampled(c, sample_percent()),
             })
         });
         let id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
@@ -293,6 +310,16 @@ mod tests {
         hop.end(false);
         assert_eq!(header_for(&root).unwrap().parent, None, "closed");
         assert!(header_for("98f0c25b-d07c-4996-8a28-a93fbfee6967").is_none());
+    }
+
+    #[test]
+    fn sampling_is_decided_by_the_trace_id_alone() {
+        let ids: Vec<String> = (0..2000).map(|_| TraceIds.new_id()).collect();
+        let share = |p| ids.iter().filter(|id| sampled(id, p)).count();
+        assert_eq!((share(0), share(100)), (0, 2000));
+        let tenth = share(10);
+        assert!((100..300).contains(&tenth), "about a tenth: {tenth}");
+        assert!(ids.iter().all(|id| sampled(id, 10) == sampled(id, 10)));
     }
 
     #[test]
