@@ -24,6 +24,8 @@
 //! - [`policy`]: each function's permissions from the template, what each request needs, and
 //!   IAM's verdict: least privilege, checked on every local run.
 //! - [`demo`]: orders under misbehaving services, with a summary that checks the promises.
+//! - [`view`]: what an operator sees of a run: charts and tables on a page, served live or
+//!   written as a report.
 
 pub mod aws;
 pub mod dead_letters;
@@ -43,6 +45,7 @@ pub mod sigv4;
 pub mod sources;
 pub mod template;
 pub mod traces;
+pub mod view;
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

@@ -1,10 +1,12 @@
 //! What the end-to-end tests on the local stack share: the function binaries built as they
-//! ship, the fast reference workflow, and the simulated services' fault knobs.
+//! ship, the fast reference workflow, the simulated services' fault knobs, and a stack started
+//! with them.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use sas_infra::emulator::workspace_root;
-use sas_infra::local::LocalStack;
+use sas_infra::emulator::{Moto, workspace_root};
+use sas_infra::local::{LocalStack, Options};
 use sas_infra::sigv4::{LAMBDA, local_signer};
 
 /// The reference workflow with short budgets, so that a killed step's lease runs out in
@@ -72,4 +74,44 @@ pub async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str
     let signer = local_signer("e2e-tester", &stack.stack.context.region, LAMBDA);
     let answer = signer.send(http, request).await.unwrap();
     assert!(answer.status().is_success(), "PUT faults: {}", answer.status());
+}
+
+/// A stack on the shared moto server with the fast workflow, the simulated services' faults,
+/// policies scaled down from minutes to seconds (`failure_threshold` expired leases of a step
+/// before its order is compensated), and `parameters` on top. The function binaries are built
+/// beside `target_tmpdir`, the test binary's `CARGO_TARGET_TMPDIR`.
+pub async fn start_stack(
+    target_tmpdir: &Path,
+    name: &str,
+    faults: &str,
+    failure_threshold: u32,
+    parameters: &[(&str, &str)],
+) -> LocalStack {
+    let target_tmpdir = target_tmpdir.to_owned();
+    let bin_dir =
+        tokio::task::spawn_blocking(move || build_binaries(&target_tmpdir)).await.unwrap();
+    let options = Options {
+        template: workspace_root().join("template.yaml"),
+        endpoint: Some(Moto::shared().endpoint.clone()),
+        split_emulators: false,
+        bin_dir,
+        api_port: 0,
+        // The supervisor's one-minute rate, every second.
+        schedule_speed: 60.0,
+        max_instances: 2,
+        stack_name: format!("{name}-{}", std::process::id()),
+        region: "us-east-1".into(),
+        parameters: HashMap::from([
+            ("ClaimGraceSeconds".to_owned(), "1".to_owned()),
+            ("RetryWaitBaseSeconds".to_owned(), "1".to_owned()),
+            ("RetryWaitMaxSeconds".to_owned(), "2".to_owned()),
+            ("FailureThreshold".to_owned(), failure_threshold.to_string()),
+        ])
+        .into_iter()
+        .chain(parameters.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
+        .collect(),
+        overrides: overrides(faults),
+        show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
+    };
+    LocalStack::up(&options).await.unwrap()
 }

@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 use sas_aws::signing::SigV4;
 use sas_engine::memory::SplitMix;
 use sas_engine::ports::Random;
-use sas_infra::emulator::{Moto, python_with, workspace_root};
-use sas_infra::local::{LocalStack, Options};
+use sas_infra::emulator::{python_with, workspace_root};
+use sas_infra::local::LocalStack;
 use sas_infra::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
-use sas_tests::e2e::{SOUND, build_binaries, e2e_target, overrides, put_faults};
+use sas_tests::e2e::{SOUND, e2e_target, put_faults, start_stack};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -62,32 +62,7 @@ async fn start_with(
     failure_threshold: u32,
     parameters: &[(&str, &str)],
 ) -> LocalStack {
-    let bin_dir =
-        tokio::task::spawn_blocking(|| build_binaries(TARGET_TMPDIR.as_ref())).await.unwrap();
-    let options = Options {
-        template: workspace_root().join("template.yaml"),
-        endpoint: Some(Moto::shared().endpoint.clone()),
-        split_emulators: false,
-        bin_dir,
-        api_port: 0,
-        // The supervisor's one-minute rate, every second.
-        schedule_speed: 60.0,
-        max_instances: 2,
-        stack_name: format!("{name}-{}", std::process::id()),
-        region: "us-east-1".into(),
-        parameters: HashMap::from([
-            ("ClaimGraceSeconds".to_owned(), "1".to_owned()),
-            ("RetryWaitBaseSeconds".to_owned(), "1".to_owned()),
-            ("RetryWaitMaxSeconds".to_owned(), "2".to_owned()),
-            ("FailureThreshold".to_owned(), failure_threshold.to_string()),
-        ])
-        .into_iter()
-        .chain(parameters.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
-        .collect(),
-        overrides: overrides(faults),
-        show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
-    };
-    LocalStack::up(&options).await.unwrap()
+    start_stack(TARGET_TMPDIR.as_ref(), name, faults, failure_threshold, parameters).await
 }
 
 fn seed() -> u64 {

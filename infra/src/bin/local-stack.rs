@@ -4,12 +4,15 @@
 //! emulator (moto, installed into `.venv` and started on a free port, or any endpoint given
 //! with `--endpoint` or `AWS_ENDPOINT_URL`), runs each function as its real binary, and
 //! emulates its event sources: SQS mappings, the supervisor's schedule, the HTTP API on
-//! 127.0.0.1:3000 and the simulated remote service's function URL.
+//! 127.0.0.1:3000 and the simulated remote service's function URL. A page on 127.0.0.1:3001
+//! shows the run as it goes: orders by state, time to terminal, queue depths, alerts, dead
+//! letters, and each order's timeline.
 //!
 //! `local-stack demo` does the same, then submits orders while the remote services misbehave,
 //! follows them to the end, and prints a summary; it exits 0 only if every order reached a
 //! terminal state with no remote effect applied twice and every failed order raised its alert,
-//! and no function made a call its policy in the template does not allow.
+//! and no function made a call its policy in the template does not allow. It writes the same
+//! page, with everything it shows embedded, to `demo-report.html` in the target directory.
 //!
 //! Every function's AWS calls are checked against its policy: `up` logs each refused call on
 //! stderr as it happens, and reports when it stops the permissions no call used.
@@ -23,6 +26,7 @@ use sas_infra::demo::{self, Chaos, DEMO_FAULTS, DEMO_WORKFLOW};
 use sas_infra::emulator::workspace_root;
 use sas_infra::jwt;
 use sas_infra::local::{LocalStack, Options};
+use sas_infra::view::Observer;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -47,6 +51,9 @@ enum Command {
         /// Run the supervisor's schedule this many times faster than the template's rate.
         #[arg(long, default_value_t = 1.0)]
         speed: f64,
+        /// Port on 127.0.0.1 of the page that shows the run (0: any free port).
+        #[arg(long, default_value_t = 3001)]
+        view_port: u16,
     },
     /// Run the stack under load while the remote services misbehave, then summarise.
     Demo {
@@ -133,8 +140,10 @@ const ENGINE_FUNCTIONS: [&str; 4] =
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let mut view_port = None;
     let (stack_args, mut overrides, speed, demo) = match Cli::parse().command {
-        Command::Up { stack, faults, speed } => {
+        Command::Up { stack, faults, speed, view_port: port } => {
+            view_port = Some(port);
             // What the stack itself has to say (a request the gateway refused, and why), on
             // stderr beside the functions' logs. The demo keeps its output to its report.
             tracing_subscriber::fmt()
@@ -207,7 +216,7 @@ async fn main() -> ExitCode {
         template: root.join("template.yaml"),
         endpoint: stack_args.endpoint,
         split_emulators: !stack_args.one_emulator,
-        bin_dir,
+        bin_dir: bin_dir.clone(),
         api_port: stack_args.port,
         schedule_speed: speed,
         max_instances: stack_args.instances.max(1),
@@ -241,6 +250,20 @@ async fn main() -> ExitCode {
         sas_infra::proxy::ACCESS_PATH
     );
     println!("local-stack: HTTP API at {}", stack.api_url);
+    let observer = match view_port {
+        Some(port) => match watch(&stack, port).await {
+            Ok((observer, url)) => {
+                println!("local-stack: the run, live, at {url}");
+                Some(observer)
+            }
+            Err(e) => {
+                eprintln!("local-stack: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        // The demo's report is written from its own observer, started below.
+        None => None,
+    };
     for f in &stack.functions {
         println!(
             "local-stack: {} runs {} ({} process(es))",
@@ -251,9 +274,24 @@ async fn main() -> ExitCode {
     }
 
     if let Some((orders, rate, limit, _, chaos)) = demo {
-        return match demo::run(&stack, orders, rate, limit, chaos).await {
+        let observer = match Observer::start(&stack).await {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("local-stack: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let outcome = demo::run(&stack, orders, rate, limit, chaos).await;
+        // Next to the binaries: `target/demo-report.html` for a debug build.
+        let report = bin_dir.parent().unwrap_or(&bin_dir).join("demo-report.html");
+        let written = std::fs::write(&report, observer.report().await);
+        return match outcome {
             Ok(summary) => {
-                println!("{}", summary.text);
+                print!("{}", summary.text);
+                match written {
+                    Ok(()) => println!("report: {}\n", report.display()),
+                    Err(e) => println!("report: not written to {}: {e}\n", report.display()),
+                }
                 if summary.passed() {
                     println!("demo: passed");
                     ExitCode::SUCCESS
@@ -315,10 +353,25 @@ async fn main() -> ExitCode {
         );
     }
     stopped().await;
+    drop(observer);
     println!("local-stack: stopping");
     print!("{}", stack.access());
     drop(stack);
     ExitCode::SUCCESS
+}
+
+/// Starts observing `stack` and serves its page on `port`; returns the page's URL.
+async fn watch(stack: &LocalStack, port: u16) -> Result<(Observer, String), String> {
+    let mut observer = Observer::start(stack).await.map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("the view's port {port}: {e}"))?;
+    let url = listener
+        .local_addr()
+        .map(|a| format!("http://{a}/"))
+        .map_err(|e| format!("the view's port: {e}"))?;
+    observer.serve(listener);
+    Ok((observer, url))
 }
 
 fn remote_faults(faults: &str) -> (String, String, String) {
