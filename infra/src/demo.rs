@@ -573,8 +573,8 @@ async fn summarise(
         }
     ));
 
-    t.push_str(&metrics.text(&s));
     t.push_str(&traces.text);
+    t.push_str(&metrics.text(&s));
     // AWS API calls per order, as counted by the proxy in front of the emulator.
     t.push_str("| service | operation | calls per order | list price (us-east-1, 2026-11-21) | per million orders |\n| --- | --- | ---: | --- | ---: |\n");
     let mut total = 0.0;

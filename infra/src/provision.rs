@@ -90,7 +90,7 @@ fn not_created(kind: &str) -> Option<&'static str> {
             "alarms are CloudWatch's; locally, dead letters are reported as they arrive and the demo checks the functions' metrics"
         }
         "AWS::CloudWatch::Dashboard" => {
-            "dashboards are CloudWatch's; locally the demo prints a summary of the functions' metrics"
+            "dashboards are CloudWatch's; locally, `local-stack up` serves a live page and the demo writes a report"
         }
         _ => "this resource type is not supported locally",
     })
