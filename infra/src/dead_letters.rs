@@ -20,7 +20,7 @@ use tracing::warn;
 
 use crate::Error;
 use crate::provision::Stack;
-use crate::template::{Template, scalar_string};
+use crate::template::{Resource, Template, scalar_string};
 
 /// Most reasons remembered: the messages that failed lately, not all that ever did.
 const REASONS_KEPT: usize = 10_000;
@@ -257,6 +257,16 @@ impl DeadLetters {
     }
 }
 
+/// A queue's redrive policy, evaluated; `Null` if it has none.
+pub(crate) fn redrive_policy(stack: &Stack, queue: &Resource) -> Result<Value, Error> {
+    let policy = stack.eval(queue.properties.get("RedrivePolicy").unwrap_or(&Value::Null))?;
+    // CloudFormation takes the redrive policy as an object or as its JSON text.
+    Ok(match policy {
+        Value::String(text) => serde_json::from_str(&text).unwrap_or(Value::Null),
+        other => other,
+    })
+}
+
 /// Every queue of `stack` with a redrive policy, with its dead-letter queue.
 pub fn redrives(template: &Template, stack: &Stack) -> Result<Vec<Redrive>, Error> {
     let mut out = Vec::new();
@@ -264,13 +274,7 @@ pub fn redrives(template: &Template, stack: &Stack) -> Result<Vec<Redrive>, Erro
         if !stack.context.holds(resource.condition.as_deref()) {
             continue;
         }
-        let policy =
-            stack.eval(resource.properties.get("RedrivePolicy").unwrap_or(&Value::Null))?;
-        // CloudFormation takes the redrive policy as an object or as its JSON text.
-        let policy = match policy {
-            Value::String(text) => serde_json::from_str(&text).unwrap_or(Value::Null),
-            other => other,
-        };
+        let policy = redrive_policy(stack, resource)?;
         let Some(target) = policy.get("deadLetterTargetArn").map(scalar_string).transpose()? else {
             continue;
         };

@@ -219,13 +219,7 @@ pub fn policies(template: &Template, stack: &Stack) -> Result<Policies, Error> {
         if !stack.context.holds(resource.condition.as_deref()) {
             continue;
         }
-        let redrive =
-            stack.eval(resource.properties.get("RedrivePolicy").unwrap_or(&Value::Null))?;
-        // CloudFormation takes the redrive policy as an object or as its JSON text.
-        let redrive = match redrive {
-            Value::String(text) => serde_json::from_str(&text).unwrap_or(Value::Null),
-            other => other,
-        };
+        let redrive = crate::dead_letters::redrive_policy(stack, resource)?;
         let target = redrive.get("deadLetterTargetArn").map(scalar_string).transpose()?;
         if let (Some(dlq), Some(arn)) = (target, stack.attribute(id, "Arn")) {
             scope.redrive_sources.entry(dlq).or_default().push(arn);

@@ -121,7 +121,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
                     if self.ports.save(&record, &t.next).await? == Saved::Conflict {
                         continue;
                     }
-                    info!(%order_id, command = command.kind.as_str(), by = %command.by,
+                    info!(%order_id, correlation_id = %record.correlation_id,
+                          command = command.kind.as_str(), by = %command.by,
                           state = t.next.process_state.as_str(), "operator command applied");
                     self.ports.perform(&t.next, &t.effects).await?;
                     return Ok(Some(Commanded { applied: Applied::Now, record: t.next }));

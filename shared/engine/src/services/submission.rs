@@ -95,7 +95,7 @@ where
 
         match self.ports.store.create(&record, &created.next).await? {
             Created::Created => {
-                info!(%order_id, "order accepted");
+                info!(%order_id, correlation_id = %created.next.correlation_id, "order accepted");
                 crate::metrics::accepted();
                 self.ports.perform(&created.next, &created.effects).await?;
                 Ok(Accepted { order_id, created: true })

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tracing::{debug, error, warn};
+use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::Handled;
 use super::effects::Effector;
@@ -191,9 +191,21 @@ where
     /// Handles one index entry: re-read, decide, write conditionally, then act. `horizon` is
     /// how long past its CompleteBy the record's messages may still be waiting in a queue.
     pub async fn handle(&self, entry: IndexEntry, horizon: Duration) -> Result<Handled> {
+        // What is logged about a record names its order and correlation id, as the handling
+        // of a message does.
+        let span = info_span!(
+            "record",
+            order_id = %entry.order_id,
+            correlation_id = tracing::field::Empty
+        );
+        self.judge(entry, horizon).instrument(span).await
+    }
+
+    async fn judge(&self, entry: IndexEntry, horizon: Duration) -> Result<Handled> {
         let Some(record) = self.ports.store.load(entry.order_id, Read::Consistent).await? else {
             return Ok(Handled::UnknownOrder);
         };
+        tracing::Span::current().record("correlation_id", record.correlation_id.as_str());
         let ctx = Ctx {
             now: self.ports.clock.now(),
             config: &self.ports.config,
