@@ -245,7 +245,13 @@ impl DeadLetters {
             loop {
                 ticks.tick().await;
                 for redrive in &redrives {
-                    let Some(depth) = depth(&sqs, &redrive.dead_letter_url).await else { continue };
+                    let depth = match depth(&sqs, &redrive.dead_letter_url).await {
+                        Ok(depth) => depth,
+                        Err(e) => {
+                            warn!(queue = %redrive.dead_letter_url, error = %e, "cannot read a dead-letter queue's depth");
+                            continue;
+                        }
+                    };
                     let seen = depths.insert(redrive.dead_letter_url.clone(), depth).unwrap_or(0);
                     // Fewer than before: some were moved back or deleted; nothing arrived.
                     if depth > seen {
@@ -312,30 +318,21 @@ pub fn redrives(template: &Template, stack: &Stack) -> Result<Vec<Redrive>, Erro
 }
 
 /// Messages in a queue, visible or not.
-async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> Option<u64> {
+pub(crate) async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<u64, String> {
     let out = sqs
         .get_queue_attributes()
         .queue_url(url)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
         .send()
-        .await;
-    match out {
-        Ok(out) => {
-            let attributes = out.attributes.unwrap_or_default();
-            let n = |name: QueueAttributeName| {
-                attributes.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-            };
-            Some(
-                n(QueueAttributeName::ApproximateNumberOfMessages)
-                    + n(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-            )
-        }
-        Err(e) => {
-            warn!(queue = url, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "cannot read a dead-letter queue's depth");
-            None
-        }
-    }
+        .await
+        .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
+    let attributes = out.attributes.unwrap_or_default();
+    let n = |name: QueueAttributeName| {
+        attributes.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    Ok(n(QueueAttributeName::ApproximateNumberOfMessages)
+        + n(QueueAttributeName::ApproximateNumberOfMessagesNotVisible))
 }
 
 /// The message id a JSON log line is about: a field of its own, or of its span(s).

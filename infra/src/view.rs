@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_sqs::types::QueueAttributeName;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
@@ -26,7 +25,7 @@ use tracing::warn;
 
 use crate::Error;
 use crate::aws::Clients;
-use crate::dead_letters::{Arrival, DeadLetters};
+use crate::dead_letters::{self, Arrival, DeadLetters};
 use crate::local::LocalStack;
 use crate::metrics::Metrics;
 
@@ -359,7 +358,7 @@ impl Shared {
         };
         let mut queues = BTreeMap::new();
         for (id, url) in &self.queues {
-            if let Some(depth) = depth(&self.clients.sqs, url).await {
+            if let Ok(depth) = dead_letters::depth(&self.clients.sqs, url).await {
                 queues.insert(id.clone(), depth);
             }
         }
@@ -494,26 +493,6 @@ fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Bod
         r.headers_mut().insert(header::CACHE_CONTROL, v);
     }
     r
-}
-
-/// Visible and in-flight messages of a queue: what is waiting or being worked on.
-async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> Option<u64> {
-    let got = sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .ok()?;
-    let attributes = got.attributes()?;
-    let n = |name: QueueAttributeName| {
-        attributes.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    };
-    Some(
-        n(QueueAttributeName::ApproximateNumberOfMessages)
-            + n(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-    )
 }
 
 fn metrics_summary(m: &Metrics) -> MetricsSummary {

@@ -190,30 +190,7 @@ impl ExpiryIndex for DynamoStore {
     }
 
     async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
-        let mut oldest: Option<Timestamp> = None;
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.state_table)
-                .index_name(EXPIRY_INDEX)
-                .key_condition_expression("ExpiryShard = :s")
-                .expression_attribute_values(":s", number(shard))
-                .projection_expression("CreatedAt")
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| classify(SERVICE, e))?;
-            for item in out.items() {
-                let created = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
-                oldest = Some(oldest.map_or(created, |o| o.min(created)));
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok(oldest);
-            }
-        }
+        Ok(self.watched(shard, None).await?.into_iter().map(|(created, _)| created).min())
     }
 }
 
@@ -297,6 +274,44 @@ impl DynamoStore {
         }
     }
 
+    /// Every order of `shard` of the expiry index, accepted at or before `accepted_by` if
+    /// given, with when it was accepted: the whole shard, page after page.
+    async fn watched(
+        &self,
+        shard: u16,
+        accepted_by: Option<Timestamp>,
+    ) -> Result<Vec<(Timestamp, OrderId)>> {
+        let mut found = Vec::new();
+        let mut start = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.state_table)
+                .index_name(EXPIRY_INDEX)
+                .key_condition_expression("ExpiryShard = :s")
+                .expression_attribute_values(":s", number(shard))
+                .projection_expression("OrderId, CreatedAt")
+                .set_exclusive_start_key(start);
+            if let Some(cutoff) = accepted_by {
+                query = query
+                    .filter_expression("CreatedAt <= :cutoff")
+                    .expression_attribute_values(":cutoff", number(cutoff.as_millis()));
+            }
+            let out = query.send().await.map_err(|e| classify(SERVICE, e))?;
+            for item in out.items() {
+                let raw = string(item, "OrderId")?;
+                let id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
+                let created = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
+                found.push((created, id));
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
     /// Up to `limit + 1` orders in flight accepted at or before `cutoff`, newest first, after
     /// `after`. Every shard of the expiry index is read (it holds only what is in flight or
     /// awaiting an alert, a few bytes per order), then only the records listed are read, to
@@ -314,32 +329,7 @@ impl DynamoStore {
         }
         let mut candidates = Vec::new();
         for shard in 0..query.shards.max(1) {
-            let mut start = None;
-            loop {
-                let out = self
-                    .client
-                    .query()
-                    .table_name(&self.state_table)
-                    .index_name(EXPIRY_INDEX)
-                    .key_condition_expression("ExpiryShard = :s")
-                    .filter_expression("CreatedAt <= :cutoff")
-                    .expression_attribute_values(":s", number(shard))
-                    .expression_attribute_values(":cutoff", number(cutoff.as_millis()))
-                    .set_exclusive_start_key(start)
-                    .send()
-                    .await
-                    .map_err(|e| classify(SERVICE, e))?;
-                for item in out.items() {
-                    let raw = string(item, "OrderId")?;
-                    let id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
-                    let created = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
-                    candidates.push((created, id));
-                }
-                start = out.last_evaluated_key;
-                if start.is_none() {
-                    break;
-                }
-            }
+            candidates.extend(self.watched(shard, Some(cutoff)).await?);
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         candidates.dedup();

@@ -98,6 +98,34 @@ impl Env {
     }
 }
 
+/// What the functions that start orders and weigh the queues' load read (submission and the
+/// supervisor): the engine and its tables, the scheduler queue orders start on, the bus, every
+/// queue (whose depth the door reads, and which tells the supervisor a late message from a
+/// lost one), and the table of the consumers' wait reports.
+#[derive(Clone, Debug)]
+pub struct Starter {
+    pub engine: Engine,
+    pub tables: Tables,
+    pub scheduler_queue: String,
+    pub bus: String,
+    pub queues: Vec<(Destination, String)>,
+    pub waits_table: String,
+}
+
+impl Starter {
+    pub fn from_env(env: &Env) -> Result<Starter> {
+        let engine = env.engine()?;
+        Ok(Starter {
+            tables: env.tables()?,
+            scheduler_queue: env.required("SCHEDULER_QUEUE_URL")?,
+            bus: env.required("EVENT_BUS_NAME")?,
+            queues: env.queues(&engine.agents)?,
+            waits_table: env.required("QUEUE_WAITS_TABLE")?,
+            engine,
+        })
+    }
+}
+
 impl Env {
     /// Every queue of the system with its URL: `SCHEDULER_QUEUE_URL`, `REPLY_QUEUE_URL`, and
     /// each agent's `AGENT_QUEUE_<AGENT>`.
