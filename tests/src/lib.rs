@@ -9,6 +9,7 @@
 
 #![allow(clippy::unwrap_used)] // a harness that cannot set up should fail the test loudly
 
+pub mod browser;
 pub mod e2e;
 pub mod stack;
 

@@ -9,12 +9,13 @@
 //! - an order's link leads to its timeline (a page of its own live, a section of the report),
 //!   which names the order and shows its first timeline entry.
 //!
-//! Chromium must be installed (`apt-get install chromium`): without it the test fails.
+//! The browser is the machine's Chromium, or one the test installs into `.chromium/` itself
+//! (see `sas_tests::browser`).
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use sas_infra::aws::Clients;
@@ -23,6 +24,7 @@ use sas_infra::emulator::workspace_root;
 use sas_infra::local::LocalStack;
 use sas_infra::template::Template;
 use sas_infra::view::Observer;
+use sas_tests::browser::Chromium;
 use sas_tests::e2e::start_stack;
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -35,30 +37,12 @@ const FAULTS: &str =
 
 const ORDERS: usize = 10;
 
-/// The browser, from PATH.
-fn chromium() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("chromium"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("chromium is not on PATH: this test needs it (apt-get install chromium)")
-        })
-}
-
 /// The DOM of `url` once its scripts have run (ten seconds of the page's own time: five
 /// refreshes of the live page).
-async fn dump(browser: &Path, url: &str) -> String {
-    let run = tokio::process::Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            url,
-        ])
+async fn dump(browser: &Chromium, url: &str) -> String {
+    let run = browser
+        .headless()
+        .args(["--virtual-time-budget=10000", "--dump-dom", url])
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(90), run)
@@ -188,7 +172,7 @@ fn check_charts(page: &str, truth: &Truth, which: &str) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_the_run_live_and_as_a_report() {
-    let browser = chromium();
+    let browser = Chromium::find_or_install().unwrap();
     let stack = start_stack(TARGET_TMPDIR.as_ref(), "e2e-view", FAULTS, 5, &[]).await;
     let mut observer = Observer::start(&stack).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
