@@ -123,6 +123,12 @@ impl LocalStack {
         killed.then(|| (function.to_owned(), pid))
     }
 
+    /// Invocations of any function that got no answer in time (see
+    /// [`RuntimeApi::unanswered`]).
+    pub fn unanswered(&self) -> u64 {
+        self.functions.iter().map(|f| f.api.unanswered()).sum()
+    }
+
     /// How many times function processes were started again after exiting or being killed.
     pub fn restarts(&self) -> u32 {
         self.functions.iter().flat_map(|f| f.processes.iter().map(Managed::restarts)).sum()

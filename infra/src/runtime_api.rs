@@ -56,6 +56,8 @@ pub struct RuntimeApi {
     submit: mpsc::UnboundedSender<Invocation>,
     shared: Arc<Shared>,
     next_id: Arc<AtomicU64>,
+    /// Invocations that got no answer in time: their process died, or ran out of time.
+    unanswered: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RuntimeApi {
@@ -91,7 +93,13 @@ impl RuntimeApi {
                 warn!(error = %e, "runtime API server stopped");
             }
         });
-        Ok(RuntimeApi { address, submit, shared, next_id: Arc::default() })
+        Ok(RuntimeApi {
+            address,
+            submit,
+            shared,
+            next_id: Arc::default(),
+            unanswered: Arc::default(),
+        })
     }
 
     /// The value for the function's `AWS_LAMBDA_RUNTIME_API` variable.
@@ -102,6 +110,12 @@ impl RuntimeApi {
     /// Invocations so far.
     pub fn invocations(&self) -> u64 {
         self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// Invocations so far that got no answer in time (a process killed while it held one,
+    /// or one that ran past its timeout): what they did after their last output is lost.
+    pub fn unanswered(&self) -> u64 {
+        self.unanswered.load(Ordering::Relaxed)
     }
 
     /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
@@ -121,6 +135,7 @@ impl RuntimeApi {
             Ok(Ok(result)) => result,
             _ => {
                 self.shared.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                self.unanswered.fetch_add(1, Ordering::Relaxed);
                 Err(InvokeError::Timeout(timeout))
             }
         }

@@ -5,6 +5,9 @@
 //! format, which CloudWatch turns into metrics as it ingests the logs: no API call, no extra
 //! permission. Each function's metrics carry its role as the `Function` dimension.
 
+use std::io::Write;
+use std::sync::OnceLock;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. Call once, first thing in `main`.
@@ -26,8 +29,15 @@ pub fn init() {
     }
 }
 
+/// The recorder's collector, once installed.
+static COLLECTOR: OnceLock<&'static metrics_cloudwatch_embedded::Collector> = OnceLock::new();
+
 /// Installs the recorder that prints metrics in the embedded metric format under `namespace`,
 /// with `function` as a dimension of every metric. `None` if a recorder is already installed.
+///
+/// Metrics are printed when each invocation ends ([`print_metrics`]), and at once after a write
+/// that ended an order, so that the count of ended orders is lost only if the process dies in
+/// the instant between the write and the print (see `sas_engine::metrics::print_ends_at_once`).
 pub fn metrics(
     namespace: &str,
     function: &str,
@@ -37,6 +47,18 @@ pub fn metrics(
         .with_dimension("Function", function.to_owned())
         .init()
         .ok()?;
+    let _ = COLLECTOR.set(collector);
     sas_engine::metrics::describe();
+    sas_engine::metrics::print_ends_at_once(print_metrics);
     Some(collector)
+}
+
+/// Prints the metrics recorded since the last print as one block of embedded-metric lines,
+/// written at once so that no log line lands in the middle of one.
+pub fn print_metrics() {
+    let Some(collector) = COLLECTOR.get() else { return };
+    let mut lines = Vec::new();
+    if collector.flush(&mut lines).is_ok() && !lines.is_empty() {
+        let _ = std::io::stdout().lock().write_all(&lines);
+    }
 }

@@ -4,7 +4,6 @@
 //! hands them to its service; nothing else is repeated between functions.
 
 use std::future::Future;
-use std::io::Write;
 
 use aws_config::SdkConfig;
 use sas_engine::load::Gauges;
@@ -100,15 +99,11 @@ impl Wiring {
         Gauges { waits: self.waits(waits_table), depths: SqsDepths::new(self.sqs.clone(), queues) }
     }
 
-    /// Runs one invocation's work, then prints the metrics it recorded as one block of
-    /// embedded-metric lines (so that no log line lands in the middle of one).
+    /// Runs one invocation's work, then prints the metrics it recorded.
     pub async fn invocation<T>(&self, work: impl Future<Output = T>) -> T {
         let out = work.await;
-        if let Some(metrics) = self.metrics {
-            let mut lines = Vec::new();
-            if metrics.flush(&mut lines).is_ok() && !lines.is_empty() {
-                let _ = std::io::stdout().lock().write_all(&lines);
-            }
+        if self.metrics.is_some() {
+            telemetry::print_metrics();
         }
         out
     }

@@ -7,6 +7,7 @@
 //! series, not per sample. Times come from the services' injected clock, so a test with a
 //! manual clock sees exact durations.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::load::Load;
@@ -80,6 +81,7 @@ pub fn describe() {
 pub fn saved(before: &StateRecord, after: &StateRecord) {
     let added = added_entries(&before.timeline, &after.timeline);
     let first_new = after.timeline.len() - added.len();
+    let mut ended = false;
     for (offset, entry) in added.iter().enumerate() {
         let earlier = &after.timeline[..first_new + offset];
         match entry.what {
@@ -103,7 +105,6 @@ pub fn saved(before: &StateRecord, after: &StateRecord) {
             | Happening::Failed
             | Happening::Cancelled => {
                 let outcome = end_outcome(entry.what);
-                metrics::counter!(ORDERS_ENDED, "outcome" => outcome).increment(1);
                 let started = earlier
                     .iter()
                     .rev()
@@ -111,10 +112,31 @@ pub fn saved(before: &StateRecord, after: &StateRecord) {
                     .map_or(after.created_at, |e| e.at);
                 metrics::histogram!(TIME_TO_TERMINAL, "outcome" => outcome)
                     .record(seconds(started, entry.at));
+                metrics::counter!(ORDERS_ENDED, "outcome" => outcome).increment(1);
+                ended = true;
             }
             _ => {}
         }
     }
+    if ended && let Some(print) = PRINT_NOW.get() {
+        print();
+    }
+}
+
+/// What prints the metrics recorded so far, set by the function's wiring (see [`print_ends_at_once`]).
+static PRINT_NOW: OnceLock<fn()> = OnceLock::new();
+
+/// Has `print` called right after a saved write that ended an order has been counted, rather
+/// than when the invocation ends.
+///
+/// What the end counts promise: each order that ends is counted once, by the invocation
+/// whose write ended it, and never otherwise (a redelivered message that finds the order
+/// ended counts nothing). An invocation that dies between that write and the printing of its
+/// lines (killed, crashed, timed out) loses them, so `OrdersEnded` can fall short of the
+/// table, never exceed it. Printing at once shrinks that window from the rest of the
+/// invocation (its sends, other messages of its batch) to the instant after the write.
+pub fn print_ends_at_once(print: fn()) {
+    let _ = PRINT_NOW.set(print);
 }
 
 /// An order was written by submission.

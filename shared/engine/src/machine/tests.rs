@@ -824,3 +824,50 @@ fn each_transition_is_counted_and_timed_from_the_timeline_it_adds() {
     let got = recorded(&[(&claimed, &t.next)]);
     assert_eq!(got, vec![("LeaseExpiries".into(), labels(&[("counted", "yes")]), "1".into())]);
 }
+
+#[test]
+fn an_ended_order_is_printed_at_once_with_its_end_already_counted() {
+    use metrics_util::debugging::DebuggingRecorder;
+    use std::cell::RefCell;
+    thread_local! {
+        /// What the recorder held at each print on this thread: how many `OrdersEnded` and
+        /// `TimeToTerminal` series.
+        static PRINTS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+        static SNAPSHOTTER: RefCell<Option<metrics_util::debugging::Snapshotter>> =
+            const { RefCell::new(None) };
+    }
+    fn print() {
+        let ends = SNAPSHOTTER.with_borrow(|s| {
+            s.as_ref().map_or(0, |s| {
+                s.snapshot()
+                    .into_vec()
+                    .iter()
+                    .filter(|(k, ..)| ["OrdersEnded", "TimeToTerminal"].contains(&k.key().name()))
+                    .count()
+            })
+        });
+        PRINTS.with_borrow_mut(|p| p.push(ends));
+    }
+    crate::metrics::print_ends_at_once(print);
+
+    let f = Fixture::new();
+    let new = f.new_record();
+    let claimed = f.claim(&new, T0);
+    let reserved = f.done(&claimed, T0.plus(secs(1)));
+    let refused = f.reply(&reserved, StepOutcome::failed("card declined"), T0.plus(secs(3))).next;
+    let released = f.reply(&refused, StepOutcome::done(json!({})), T0.plus(secs(7))).next;
+    let recorder = DebuggingRecorder::new();
+    SNAPSHOTTER.with_borrow_mut(|s| *s = Some(recorder.snapshotter()));
+    metrics::with_local_recorder(&recorder, || {
+        for (before, after) in [(&new, &claimed), (&claimed, &reserved), (&reserved, &refused)] {
+            crate::metrics::saved(before, after);
+        }
+        assert_eq!(PRINTS.with_borrow(Vec::len), 0, "no order ended yet: nothing printed early");
+        crate::metrics::saved(&refused, &released);
+    });
+    assert_eq!(
+        PRINTS.with_borrow(Vec::clone),
+        vec![2],
+        "one print, right after the write that ended the order, with its count and time in it"
+    );
+}
