@@ -335,7 +335,25 @@ mod tests {
         assert!(
             matches!(&supervisor.events[..], [EventSource::Schedule { expression, .. }] if rate(expression) == Some(Duration::from_secs(60)))
         );
-        assert_eq!(by_id("RemoteSimFunction").reserved_concurrency, Some(1));
+        // Off at the defaults, so that a new account with 10 concurrent executions can deploy.
+        assert_eq!(by_id("RemoteSimFunction").reserved_concurrency, None);
+        let reserving = local_dry_run(&t, &[(crate::local::SIM_RESERVATION, "true")]);
+        let sim = functions(&t, &reserving).unwrap();
+        let sim = sim.iter().find(|f| f.logical_id == "RemoteSimFunction").unwrap();
+        assert_eq!(sim.reserved_concurrency, Some(1));
+        let own_services = local_dry_run(
+            &t,
+            &[
+                ("InventoryServiceUrl", "https://inventory.example"),
+                ("PaymentServiceUrl", "https://payment.example"),
+                ("ShippingServiceUrl", "https://shipping.example"),
+            ],
+        );
+        let deployed = functions(&t, &own_services).unwrap();
+        assert!(
+            deployed.iter().all(|f| f.logical_id != "RemoteSimFunction"),
+            "every agent has a service of its own: the simulated one is not deployed"
+        );
         assert_eq!(by_id("RemoteSimFunction").function_url, Some(Some(RouteAuth::Iam)));
         assert_eq!(scheduler.function_url, None);
     }

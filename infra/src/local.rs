@@ -34,6 +34,9 @@ use crate::traces::Traces;
 /// The simulated remote service's function: part of the stack, but not of the system under test.
 pub const REMOTE_SERVICE: &str = "RemoteSimFunction";
 
+/// The parameter that reserves one instance for the simulated service.
+pub const SIM_RESERVATION: &str = "RemoteSimReservedConcurrency";
+
 /// How to run the stack.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -179,10 +182,14 @@ impl LocalStack {
                 url_listeners.insert(id.to_owned(), listener);
             }
         }
+        let mut parameters = options.parameters.clone();
+        // The simulated service keeps its ledger of keys in one process's memory; a laptop has
+        // no account quota to spare the reservation from, so it is on unless asked otherwise.
+        parameters.entry(SIM_RESERVATION.to_owned()).or_insert_with(|| "true".to_owned());
         let provision_options = ProvisionOptions {
             stack_name: options.stack_name.clone(),
             region: options.region.clone(),
-            parameters: options.parameters.clone(),
+            parameters,
             attributes,
         };
         let stack = provision(&template, &clients, &provision_options).await?;

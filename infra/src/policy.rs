@@ -1,23 +1,23 @@
 //! Least privilege, checked on every local run: each function's permissions as `template.yaml`
 //! grants them, what each AWS API request needs, and the verdict IAM would give.
 //!
-//! A function's permissions are the inline statements of its `Policies`, evaluated against the
-//! provisioned stack (so their ARNs are the ones the requests name), plus what SAM attaches by
-//! itself that the local stack exercises: for a function with an SQS event source, the managed
-//! policy `AWSLambdaSQSQueueExecutionRole`, which allows `sqs:ReceiveMessage`,
-//! `sqs:DeleteMessage` and `sqs:GetQueueAttributes` on every queue (`*`), as the pollers need.
-//! Permissions SAM adds for Lambda's own calls that no function code makes through the proxy
-//! (logs, tracing, a function's dead-letter queue, destinations) are left out: leaving them out
-//! can only refuse a call AWS would allow, never the other way round.
+//! A function's permissions are those of its role, evaluated against the provisioned stack (so
+//! their ARNs are the ones the requests name). A role the template declares
+//! (`Role: {Fn::GetAtt: [<role>, Arn]}`) grants its inline policies and nothing else. A role SAM
+//! makes grants the function's `Policies` plus what SAM attaches by itself that the local stack
+//! exercises: for a function with an SQS event source, the managed policy
+//! `AWSLambdaSQSQueueExecutionRole`, which allows `sqs:ReceiveMessage`, `sqs:DeleteMessage` and
+//! `sqs:GetQueueAttributes` on every queue (`*`), as the pollers need. (SAM also attaches logs
+//! and X-Ray on `*`, which no function code calls through the proxy.)
 //!
 //! Evaluation is IAM's for identity-based policies: an explicit `Deny` wins, then any `Allow`;
 //! otherwise the request is denied. Actions match case-insensitively, resources
 //! case-sensitively, both with the wildcards `*` and `?`. What cannot be evaluated exactly is
 //! refused when the policies are read, never skipped: managed policies, SAM policy templates,
-//! conditions, `NotAction`/`NotResource` in an `Allow`, an explicit `Role`, a permissions
-//! boundary. A request is mapped to every (action, resource ARN) pair IAM authorises it by (a
-//! transaction by its item actions, a batch by its single action); a request that cannot be
-//! mapped is denied.
+//! conditions (but on an `Allow` of services no local request reaches), `NotAction` and
+//! `NotResource` in an `Allow`, a role given by ARN, a permissions boundary. A request is mapped
+//! to every (action, resource ARN) pair IAM authorises it by (a transaction by its item
+//! actions, a batch by its single action); a request that cannot be mapped is denied.
 //!
 //! [`Access`] applies this to live requests: it knows each function by the access key id its
 //! processes sign with (the function's logical id), records every denial and every grant a
@@ -181,36 +181,23 @@ pub fn policies(template: &Template, stack: &Stack) -> Result<Policies, Error> {
         }
         let bad = |m: String| Error::Template(format!("{id}: {m}"));
         let properties = &resource.properties;
-        for (key, why) in [
-            ("Role", "the policies of a role given by ARN are not read locally; use Policies"),
-            ("PermissionsBoundary", "a permissions boundary is not evaluated locally"),
-        ] {
-            if properties.get(key).is_some() || globals.get(key).is_some() {
-                return Err(bad(format!("{key}: {why}")));
-            }
-        }
-        let declared = stack.eval(properties.get("Policies").unwrap_or(&Value::Null))?;
-        let mut statements = Vec::new();
-        for document in documents(&declared).map_err(&bad)? {
-            for s in document {
-                statements.push(statement(s).map_err(|m| bad(format!("statement {s}: {m}")))?);
-            }
-        }
-        let events = properties.get("Events").and_then(Value::as_object);
-        if events
-            .into_iter()
-            .flatten()
-            .any(|(_, e)| e.get("Type").and_then(Value::as_str) == Some("SQS"))
+        if properties.get("PermissionsBoundary").is_some()
+            || globals.get("PermissionsBoundary").is_some()
         {
-            statements.push(Statement {
-                effect: Effect::Allow,
-                actions: SQS_EVENT_SOURCE_ACTIONS.map(str::to_owned).to_vec(),
-                not_action: false,
-                resources: vec!["*".to_owned()],
-                not_resource: false,
-                origin: Origin::Implied(SQS_EVENT_SOURCE_POLICY.to_owned()),
-            });
+            return Err(bad(
+                "PermissionsBoundary: a permissions boundary is not evaluated locally".into(),
+            ));
         }
+        let role = properties.get("Role").or_else(|| globals.get("Role"));
+        let statements = match role {
+            Some(role) => {
+                if properties.get("Policies").is_some() {
+                    return Err(bad("Policies: SAM ignores them beside a Role".into()));
+                }
+                role_statements(template, stack, role).map_err(bad)?
+            }
+            None => made_by_sam(stack, properties).map_err(bad)?,
+        };
         functions.insert(id.to_owned(), Permissions { statements });
     }
 
@@ -245,6 +232,73 @@ pub fn policies(template: &Template, stack: &Stack) -> Result<Policies, Error> {
     Ok(Policies { functions, scope, names })
 }
 
+/// The statements of a role the template declares (`Role: {Fn::GetAtt: [<id>, Arn]}` naming
+/// an `AWS::IAM::Role`): its inline `Policies`. Managed policies and boundaries are refused.
+fn role_statements(
+    template: &Template,
+    stack: &Stack,
+    role: &Value,
+) -> Result<Vec<Statement>, String> {
+    let id = role
+        .get("Fn::GetAtt")
+        .and_then(Value::as_array)
+        .filter(|a| a.len() == 2 && a[1] == "Arn")
+        .and_then(|a| a[0].as_str())
+        .ok_or("Role: only a role of the template (Fn::GetAtt: [<role>, Arn]) is read locally")?;
+    let (_, resource) = template
+        .resources
+        .iter()
+        .find(|(r, res)| r == id && res.kind == "AWS::IAM::Role")
+        .ok_or_else(|| format!("Role: {id} is not an AWS::IAM::Role of the template"))?;
+    let properties = stack.eval(&resource.properties).map_err(|e| e.to_string())?;
+    for key in ["ManagedPolicyArns", "PermissionsBoundary"] {
+        if properties.get(key).is_some() {
+            return Err(format!("{id}: {key} is not read locally; write its statements inline"));
+        }
+    }
+    let mut statements = Vec::new();
+    for policy in properties.get("Policies").and_then(Value::as_array).into_iter().flatten() {
+        let document = policy
+            .get("PolicyDocument")
+            .ok_or_else(|| format!("{id}: a policy without a PolicyDocument"))?;
+        for s in document_statements(document).map_err(|m| format!("{id}: {m}"))? {
+            statements.push(statement(s).map_err(|m| format!("{id}: statement {s}: {m}"))?);
+        }
+    }
+    Ok(statements)
+}
+
+/// What a role SAM makes for the function grants: its `Policies`, and the managed policies SAM
+/// attaches by itself that the local stack exercises (for an SQS event source,
+/// `AWSLambdaSQSQueueExecutionRole`, on every queue of the account).
+fn made_by_sam(stack: &Stack, properties: &Value) -> Result<Vec<Statement>, String> {
+    let declared = stack
+        .eval(properties.get("Policies").unwrap_or(&Value::Null))
+        .map_err(|e| e.to_string())?;
+    let mut statements = Vec::new();
+    for document in documents(&declared)? {
+        for s in document {
+            statements.push(statement(s).map_err(|m| format!("statement {s}: {m}"))?);
+        }
+    }
+    let events = properties.get("Events").and_then(Value::as_object);
+    if events
+        .into_iter()
+        .flatten()
+        .any(|(_, e)| e.get("Type").and_then(Value::as_str) == Some("SQS"))
+    {
+        statements.push(Statement {
+            effect: Effect::Allow,
+            actions: SQS_EVENT_SOURCE_ACTIONS.map(str::to_owned).to_vec(),
+            not_action: false,
+            resources: vec!["*".to_owned()],
+            not_resource: false,
+            origin: Origin::Implied(SQS_EVENT_SOURCE_POLICY.to_owned()),
+        });
+    }
+    Ok(statements)
+}
+
 impl Policies {
     /// `arn` by the logical id of the resource it is (or is part of), if the template has it.
     fn name(&self, arn: &str) -> Option<String> {
@@ -277,15 +331,7 @@ fn document(policy: &Value) -> Result<Vec<&Value>, String> {
             "Policies: the managed policy {name} is not read locally; write its statements inline"
         )),
         Value::Object(map) if map.contains_key("Statement") => {
-            let known = |k: &&String| matches!(k.as_str(), "Statement" | "Version" | "Id");
-            if let Some(key) = map.keys().find(|k| !known(k)) {
-                return Err(format!("Policies: {key} is not part of a policy document"));
-            }
-            match &map["Statement"] {
-                Value::Array(statements) => Ok(statements.iter().collect()),
-                one @ Value::Object(_) => Ok(vec![one]),
-                other => Err(format!("Policies: Statement is not a statement or a list: {other}")),
-            }
+            document_statements(policy).map_err(|m| format!("Policies: {m}"))
         }
         Value::Object(map) if map.len() == 1 => Err(format!(
             "Policies: the SAM policy template {} is not expanded locally; write its statements \
@@ -293,6 +339,20 @@ fn document(policy: &Value) -> Result<Vec<&Value>, String> {
             map.keys().next().map_or("", String::as_str)
         )),
         other => Err(format!("Policies: {other} is not an inline policy document")),
+    }
+}
+
+/// The statements of a policy document (`Version`, `Id` and `Statement`, nothing else).
+fn document_statements(document: &Value) -> Result<Vec<&Value>, String> {
+    let map = document.as_object().ok_or("a policy document is a mapping")?;
+    let known = |k: &&String| matches!(k.as_str(), "Statement" | "Version" | "Id");
+    if let Some(key) = map.keys().find(|k| !known(k)) {
+        return Err(format!("{key} is not part of a policy document"));
+    }
+    match map.get("Statement") {
+        Some(Value::Array(statements)) => Ok(statements.iter().collect()),
+        Some(one @ Value::Object(_)) => Ok(vec![one]),
+        other => Err(format!("Statement is not a statement or a list: {other:?}")),
     }
 }
 
@@ -311,8 +371,18 @@ fn statement(value: &Value) -> Result<Statement, String> {
         Some("Deny") => Effect::Deny,
         other => return Err(format!("Effect must be Allow or Deny, not {other:?}")),
     };
+    // A condition is not evaluated locally. On an Allow for services the proxy never maps (a
+    // KMS decrypt Secrets Manager makes for the caller) it changes nothing local; anywhere else
+    // it would, so it is refused.
     if map.contains_key("Condition") {
-        return Err("conditions are not evaluated locally".into());
+        let actions = strings(map.get("Action").unwrap_or(&Value::Null)).unwrap_or_default();
+        let unseen = |a: &String| {
+            let service = a.split_once(':').map_or(a.as_str(), |(s, _)| s).to_ascii_lowercase();
+            !service.contains(['*', '?']) && !PROXY_SERVICES.contains(&service.as_str())
+        };
+        if effect == Effect::Deny || actions.is_empty() || !actions.iter().all(unseen) {
+            return Err("conditions are not evaluated locally".into());
+        }
     }
     let pair = |positive: &str, negative: &str| -> Result<(Vec<String>, bool), String> {
         match (map.get(positive), map.get(negative)) {
@@ -1263,10 +1333,10 @@ Resources:
     }
 
     #[test]
-    fn an_sqs_event_source_implies_what_sam_attaches_for_it() {
+    fn each_poller_may_read_its_own_queues_and_no_other() {
         let (stack, policies) = real();
-        let receive = |function: &str| {
-            let url = stack.reference("SchedulerQueue").unwrap();
+        let receive = |function: &str, queue: &str| {
+            let url = stack.reference(queue).unwrap();
             request(
                 &policies,
                 function,
@@ -1274,12 +1344,26 @@ Resources:
                 serde_json::json!({ "QueueUrl": url }),
             )
         };
-        assert!(matches!(receive("SchedulerFunction"), Decision::Allowed(_)));
-        assert!(
-            denied(&receive("StatusFunction")).is_some(),
-            "no SQS event source, no poller grant"
-        );
-        let implied = policies.functions["InventoryAgentFunction"].statements.last().unwrap();
+        assert!(matches!(receive("SchedulerFunction", "SchedulerQueue"), Decision::Allowed(_)));
+        assert!(matches!(receive("SchedulerFunction", "ReplyQueue"), Decision::Allowed(_)));
+        assert!(denied(&receive("SchedulerFunction", "PaymentQueue")).is_some());
+        assert!(matches!(receive("PaymentAgentFunction", "PaymentQueue"), Decision::Allowed(_)));
+        assert!(denied(&receive("PaymentAgentFunction", "ShippingQueue")).is_some());
+        assert!(denied(&receive("StatusFunction", "SchedulerQueue")).is_some(), "no event source");
+        for (function, permissions) in &policies.functions {
+            assert!(
+                permissions.statements.iter().all(|s| s.origin == Origin::Template),
+                "{function} has a role of its own: nothing is attached behind the template's back"
+            );
+        }
+    }
+
+    #[test]
+    fn a_role_sam_makes_for_an_sqs_event_source_reads_every_queue() {
+        let text = "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n  F:\n    Type: AWS::Serverless::Function\n    Properties:\n      Events:\n        E:\n          Type: SQS\n          Properties:\n            Queue: {Fn::GetAtt: [Q, Arn]}\n";
+        let template = Template::parse(text).unwrap();
+        let policies = policies(&template, &stack_of(&template)).unwrap();
+        let implied = policies.functions["F"].statements.last().unwrap();
         assert_eq!(implied.origin, Origin::Implied(SQS_EVENT_SOURCE_POLICY.into()));
         assert_eq!(implied.resources, ["*"], "the managed policy names no queue");
     }
@@ -1481,10 +1565,12 @@ Resources:
             let statements = &policies.functions[function].statements;
             assert!(statements.iter().any(|s| s.origin == Origin::Template), "{function}");
         }
-        assert_eq!(
-            policies.functions["RemoteSimFunction"],
-            Permissions::default(),
-            "no AWS calls at all"
+        let sim = &policies.functions["RemoteSimFunction"].statements;
+        assert!(
+            sim.iter()
+                .flat_map(|s| &s.actions)
+                .all(|a| a.starts_with("logs:") || a.starts_with("xray:")),
+            "no AWS calls of its own, only its logs and traces: {sim:?}"
         );
     }
 }

@@ -84,6 +84,10 @@ fn not_created(kind: &str) -> Option<&'static str> {
         "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" | "AWS::IAM::ManagedPolicy" => {
             "resource and managed policies are not enforced locally (the functions' own policies are, by the AWS proxy)"
         }
+        "AWS::IAM::Role" => {
+            "each function's role is checked on every call by the AWS proxy, not created"
+        }
+        "AWS::Logs::LogGroup" => "the local stack prints the functions' logs itself",
         "AWS::SNS::Topic" => "alerts are read from the alerts queue locally",
         "AWS::SNS::Subscription" => "e-mail is not delivered locally",
         "AWS::CloudWatch::Alarm" => {
