@@ -717,7 +717,7 @@ impl MetricsSeen {
             ));
         } else if self.short(records) > 0 {
             t.push_str(&format!(
-                "metrics: {} ended orders not counted, their invocations killed right after the write that ended them ({} invocations died in all)\n",
+                "metrics: {} ended orders not counted, their invocations killed between the write that ended them and its print ({} invocations died in all)\n",
                 self.short(records),
                 self.died
             ));

@@ -134,7 +134,7 @@ static PRINT_NOW: OnceLock<fn()> = OnceLock::new();
 /// ended counts nothing). An invocation that dies between that write and the printing of its
 /// lines (killed, crashed, timed out) loses them, so `OrdersEnded` can fall short of the
 /// table, never exceed it. Printing at once shrinks that window from the rest of the
-/// invocation (its sends, other messages of its batch) to the instant after the write.
+/// invocation (its sends, other messages of its batch) to the write's answer on its way back.
 pub fn print_ends_at_once(print: fn()) {
     let _ = PRINT_NOW.set(print);
 }
