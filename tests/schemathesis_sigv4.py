@@ -1,5 +1,6 @@
 """Schemathesis hook: signs requests with SigV4 for `execute-api`, with botocore's signer (the
-one boto3 and the AWS CLI use), so that the local gateway checks what a real client sends.
+one boto3 and the AWS CLI use), so that the local gateway checks what a real client sends: the
+admin routes as an operator, the order routes as a client.
 
 A request is signed only if it carries an Authorization header (the test passes a placeholder
 with `--header`): schemathesis removes it from the requests that check an unsigned call is
@@ -14,7 +15,10 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-CREDENTIALS = Credentials(os.environ["SIGV4_ACCESS_KEY_ID"], os.environ["SIGV4_SECRET_ACCESS_KEY"])
+SECRET = os.environ["SIGV4_SECRET_ACCESS_KEY"]
+# A client's policy allows the order routes and an operator's the admin routes, as on AWS.
+CLIENT = Credentials(os.environ["SIGV4_ACCESS_KEY_ID"], SECRET)
+OPERATOR = Credentials(os.environ["SIGV4_OPERATOR_ACCESS_KEY_ID"], SECRET)
 REGION = os.environ["SIGV4_REGION"]
 
 
@@ -29,7 +33,9 @@ class SignWhenAsked(requests.auth.AuthBase):
             data=request.body or b"",
             headers={k: v for k, v in request.headers.items() if k.lower() == "content-type"},
         )
-        SigV4Auth(CREDENTIALS, "execute-api", REGION).add_auth(signed)
+        path = requests.utils.urlparse(request.url).path
+        credentials = OPERATOR if path.startswith("/admin/") else CLIENT
+        SigV4Auth(credentials, "execute-api", REGION).add_auth(signed)
         for name in ("Authorization", "X-Amz-Date"):
             request.headers[name] = signed.headers[name]
         return request

@@ -8,8 +8,9 @@
 //! A route whose authorizer is `AWS_IAM` takes only requests signed with SigV4 for the stack's
 //! region (see [`crate::sigv4`]), as API Gateway does, and hands the function the caller in
 //! `requestContext.authorizer.iam`: the access key id stands for the principal
-//! (`arn:aws:iam::<account>:user/<access key id>`). Any other request gets 403, and the reason
-//! is logged.
+//! (`arn:aws:iam::<account>:user/<access key id>`). The caller's policy must allow the call, as
+//! IAM's must on AWS (see [`crate::callers`]). Any other request gets 403, and the reason is
+//! logged.
 //!
 //! HTTP does not allow control characters in header values, and neither `http` nor
 //! `lambda_http` can hold one, so no function could answer for such a request: the gateway
@@ -31,6 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::warn;
 
+use crate::callers::Callers;
 use crate::policy::{Access, Need};
 use crate::runtime_api::{InvokeError, RuntimeApi};
 use crate::template::LOCAL_ACCOUNT;
@@ -58,6 +60,9 @@ pub struct Route {
     pub authorizer: Option<Authorizer>,
     /// For a function URL: the function, whose invokers' policies must allow the call.
     pub invoked: Option<Invoked>,
+    /// For an `AWS_IAM` route of the HTTP API: the policy each signed caller holds, which must
+    /// allow the call.
+    pub callers: Option<Arc<Callers>>,
 }
 
 /// A function behind an `AWS_IAM` function URL. Its callers are themselves functions of the
@@ -272,6 +277,12 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
                             return plain(StatusCode::FORBIDDEN, r#"{"Message":"Forbidden"}"#);
                         }
                     }
+                    if let Some(Err(refusal)) =
+                        route.callers.as_ref().map(|c| c.allows(&access_key, &method, &path))
+                    {
+                        warn!(%method, %path, %refusal, "request refused by the caller's policy");
+                        return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#);
+                    }
                     Some(json!({ "iam": iam_caller(&access_key) }))
                 }
                 Err(refusal) => {
@@ -438,6 +449,7 @@ mod tests {
             throttle: None,
             authorizer: None,
             invoked: None,
+            callers: None,
         }
     }
 

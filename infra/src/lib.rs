@@ -28,6 +28,7 @@
 //!   written as a report.
 
 pub mod aws;
+pub mod callers;
 pub mod dead_letters;
 pub mod demo;
 pub mod emulator;

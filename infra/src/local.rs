@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::aws::{Clients, Endpoints};
+use crate::callers::Callers;
 use crate::dead_letters::{self, DeadLetters};
 use crate::emulator::Moto;
 use crate::functions::{EventSource, FunctionSpec, RouteAuth, functions, rate};
@@ -60,6 +61,9 @@ pub struct Options {
     pub parameters: HashMap<String, String>,
     /// Environment variables added to (or replacing) one function's: (logical id, name, value).
     pub overrides: Vec<(String, String, String)>,
+    /// Managed policies of the template given to callers of the HTTP API: (access key id,
+    /// policy). Others hold the default of [`crate::callers`].
+    pub callers: Vec<(String, String)>,
     /// Whether the functions' logs are shown, each line behind the function's name.
     pub show_logs: bool,
 }
@@ -193,6 +197,7 @@ impl LocalStack {
             attributes,
         };
         let stack = provision(&template, &clients, &provision_options).await?;
+        let callers = Arc::new(Callers::read(&template, &stack, &options.callers)?);
 
         let mut running = Vec::new();
         let mut tasks = Vec::new();
@@ -322,6 +327,7 @@ impl LocalStack {
                         // Each route has a bucket of its own, as in API Gateway.
                         throttle: throttle.map(|(rate, burst)| Throttle::new(rate, burst)),
                         invoked: None,
+                        callers: Some(callers.clone()),
                     }),
                 }
             }
@@ -342,6 +348,7 @@ impl LocalStack {
                         .clone()
                         .zip(stack.attribute(&spec.logical_id, "Arn"))
                         .map(|(access, function_arn)| gateway::Invoked { access, function_arn }),
+                    callers: None,
                 };
                 tasks.push(tokio::spawn(async move {
                     gateway::serve(listener, vec![route]).await;

@@ -342,6 +342,14 @@ fn document(policy: &Value) -> Result<Vec<&Value>, String> {
     }
 }
 
+/// The statements of a policy document, each read as [`statement`] reads it.
+pub fn read_document(document: &Value) -> Result<Vec<Statement>, String> {
+    document_statements(document)?
+        .into_iter()
+        .map(|s| statement(s).map_err(|m| format!("statement {s}: {m}")))
+        .collect()
+}
+
 /// The statements of a policy document (`Version`, `Id` and `Statement`, nothing else).
 fn document_statements(document: &Value) -> Result<Vec<&Value>, String> {
     let map = document.as_object().ok_or("a policy document is a mapping")?;

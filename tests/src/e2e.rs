@@ -111,6 +111,7 @@ pub async fn start_stack(
         .chain(parameters.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
         .collect(),
         overrides: overrides(faults),
+        callers: Vec::new(),
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };
     LocalStack::up(&options).await.unwrap()

@@ -82,6 +82,7 @@ async fn start(name: &str, template: PathBuf, sweeps: bool) -> LocalStack {
             HashMap::new()
         },
         overrides: overrides(SOUND),
+        callers: Vec::new(),
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };
     LocalStack::up(&options).await.unwrap()

@@ -403,6 +403,20 @@ async fn the_api_lets_in_only_whom_it_should_in_each_auth_mode() {
     assert_eq!(orders_stored(&stack).await, before, "a conflict writes nothing");
     let view = operator_view(&stack, &id);
     assert_eq!(view["owner"], format!("arn:aws:iam::123456789012:user/ada"), "{view}");
+    // Each signed caller holds a policy, as on AWS: clients hold ClientPolicy, which has no
+    // admin route, and operators (`ops*` keys) OperatorPolicy, which has no order route.
+    let admin = format!("/admin/orders/{id}");
+    let (status, _) = call(&http, &stack, &Auth::As("bob"), "GET", &admin, None).await;
+    assert_eq!(status, 403, "a client reads no order through the operators' routes");
+    let cancel = format!("{admin}/cancel");
+    let (status, _) =
+        call(&http, &stack, &Auth::As("bob"), "POST", &cancel, Some(("c-1", r#"{"reason":"x"}"#)))
+            .await;
+    assert_eq!(status, 403, "a client commands nothing");
+    assert_eq!(operator_view(&stack, &id)["commands"], view["commands"], "the order is as it was");
+    let (status, shown) = call(&http, &stack, &Auth::As("ops-carol"), "GET", &admin, None).await;
+    assert_eq!((status, shown["order_id"].as_str()), (200, Some(id.as_str())), "{shown}");
+    refused(&http, &stack, "operator-submits", &Auth::As("ops-carol"), 403).await;
     drop(stack);
 
     // JWT, against the local issuer.
@@ -474,7 +488,8 @@ async fn the_api_keeps_its_openapi_contract() {
         // (the local gateway checks the signature on the admin routes).
         .args(["--header", "Authorization: SigV4"])
         .env("SCHEMATHESIS_HOOKS", root.join("tests/schemathesis_sigv4.py"))
-        .env("SIGV4_ACCESS_KEY_ID", "ops-contract")
+        .env("SIGV4_ACCESS_KEY_ID", "contract-client")
+        .env("SIGV4_OPERATOR_ACCESS_KEY_ID", "ops-contract")
         .env("SIGV4_SECRET_ACCESS_KEY", LOCAL_SECRET_KEY)
         .env("SIGV4_REGION", "us-east-1");
     let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().unwrap();

@@ -123,6 +123,11 @@ struct StackArgs {
     /// A template parameter, as NAME=VALUE (repeatable).
     #[arg(long = "parameter", value_parser = key_value)]
     parameters: Vec<(String, String)>,
+    /// The managed policy of the template that a caller of the HTTP API holds, as
+    /// ACCESS_KEY_ID=POLICY (repeatable; POLICY `none` grants nothing). Without it, a key that
+    /// begins with `ops` holds OperatorPolicy and any other ClientPolicy.
+    #[arg(long = "caller", value_parser = key_value)]
+    callers: Vec<(String, String)>,
     /// Use the binaries as they are instead of running `cargo build` first.
     #[arg(long)]
     no_build: bool,
@@ -224,6 +229,7 @@ async fn main() -> ExitCode {
         region: std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
         parameters,
         overrides,
+        callers: stack_args.callers,
         show_logs: demo.as_ref().is_none_or(|(_, _, _, logs, _)| *logs),
     };
     let stack = match LocalStack::up(&options).await {
@@ -336,10 +342,10 @@ async fn main() -> ExitCode {
     let secret = sas_infra::sigv4::LOCAL_SECRET_KEY;
     let region = &stack.stack.context.region;
     println!(
-        "local-stack: submit an order (signed as the caller `me`): curl --aws-sigv4 'aws:amz:{region}:execute-api' --user 'me:{secret}' -X POST {api}/orders -H 'content-type: application/json' -H 'Idempotency-Key: my-first-order' -d '<order JSON, see the README>'"
+        "local-stack: submit an order (signed as the client `me`, which holds ClientPolicy): curl --aws-sigv4 'aws:amz:{region}:execute-api' --user 'me:{secret}' -X POST {api}/orders -H 'content-type: application/json' -H 'Idempotency-Key: my-first-order' -d '<order JSON, see the README>'"
     );
     println!(
-        "local-stack: operate it (any access key id names the caller; the secret key is always `{secret}`): SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- list"
+        "local-stack: operate it (an access key id names the caller, and one that begins with `ops` holds OperatorPolicy; the secret key is always `{secret}`): SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- list"
     );
     if let Some(url) = stack
         .stack
