@@ -1,0 +1,398 @@
+"""A deploy check beyond lint: `template.yaml` at its defaults and at each documented choice is
+expanded with SAM's own translator, checked for what neither cfn-lint nor moto sees, and created
+in moto's CloudFormation.
+
+Checked on the expanded template, with the choice's parameters and conditions resolved:
+- `Rules` use only the functions CloudFormation allows there (`Ref` and the rule functions);
+- no `ReservedConcurrentExecutions` that is not behind a condition (a new account with 10
+  concurrent executions refuses any reservation);
+- every IAM grant names the stack's own resources (or a resource a parameter names, such as a
+  secret): no managed policy on any role, no `*` but for actions that take no resource
+  (X-Ray's writes) or a grant held by a condition that scopes it (a decrypt through Secrets
+  Manager for one secret);
+- each SQS event source mapping's queue keeps a message invisible at least six times its
+  function's timeout plus its batching window, as AWS advises.
+
+Then the expanded template is created in moto's CloudFormation (at `MOTO_URL`), and what moto
+did not create is listed: moto skips several resource types, so the creation checks the wiring
+(references, conditions, the parameters), not a deploy.
+
+Usage: deploy_check.py TEMPLATE. Prints one block per choice; exits 1 if any check failed.
+"""
+
+import copy
+import io
+import json
+import os
+import re
+import sys
+import time
+import zipfile
+
+import boto3
+import yaml
+from samtranslator.translator.transform import transform
+
+SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:{}-AbCdEf"
+OWN_URLS = {
+    "InventoryServiceUrl": "https://inventory.example.com",
+    "PaymentServiceUrl": "https://payment.example.com",
+    "ShippingServiceUrl": "https://shipping.example.com",
+}
+# The defaults, and each choice the README documents.
+CHOICES = {
+    "defaults": {},
+    "ApiAuth JWT": {"ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders"},
+    "ApiAuth NONE": {"ApiAuth": "NONE"},
+    "own service URLs": dict(OWN_URLS),
+    "secrets": {
+        **OWN_URLS,
+        "InventoryServiceAuth": "BEARER",
+        "InventoryServiceSecretArn": SECRET.format("inventory"),
+        "PaymentServiceAuth": "API_KEY",
+        "PaymentServiceSecretArn": SECRET.format("payment"),
+        "ShippingServiceAuth": "NONE",
+    },
+    "lean and reserved": {
+        "CreateDashboard": "false",
+        "KeepOrdersOnDelete": "false",
+        "RemoteSimReservedConcurrency": "true",
+        "SchedulerBatchingWindowSeconds": "10",
+        "LogRetentionDays": "7",
+    },
+}
+# What CloudFormation allows inside Rules.
+RULE_FUNCTIONS = {
+    "Ref", "Fn::And", "Fn::Contains", "Fn::EachMemberEquals", "Fn::EachMemberIn", "Fn::Equals",
+    "Fn::If", "Fn::Not", "Fn::Or", "Fn::RefAll", "Fn::ValueOf", "Fn::ValueOfAll",
+}
+# Actions that take no resource, so that only `*` can grant them.
+RESOURCELESS = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+PSEUDO = {"AWS::Region", "AWS::AccountId", "AWS::Partition", "AWS::StackName", "AWS::URLSuffix", "AWS::StackId"}
+
+
+class NoManagedPolicies:
+    """SAM asks for the account's managed policies only to expand a policy named in `Policies`;
+    this template names none, and a template that did would fail here, offline."""
+
+    def load(self):
+        return {}
+
+
+class Choice:
+    """The template's parameters and conditions as one choice of parameters sets them."""
+
+    def __init__(self, template, overrides):
+        self.parameters = {k: str(v.get("Default", "")) for k, v in template.get("Parameters", {}).items()}
+        self.parameters.update(overrides)
+        self.conditions = {}
+        for name, value in template.get("Conditions", {}).items():
+            self.conditions[name] = value
+        self.resolved = {}
+
+    def holds(self, name):
+        if name not in self.resolved:
+            self.resolved[name] = self.truth(self.conditions[name])
+        return self.resolved[name]
+
+    def truth(self, value):
+        ((function, arg),) = value.items()
+        if function == "Condition":
+            return self.holds(arg)
+        if function == "Fn::Not":
+            return not self.truth(arg[0])
+        if function == "Fn::And":
+            return all(self.truth(a) for a in arg)
+        if function == "Fn::Or":
+            return any(self.truth(a) for a in arg)
+        if function == "Fn::Equals":
+            return self.scalar(arg[0]) == self.scalar(arg[1])
+        raise ValueError(f"condition function {function}")
+
+    def scalar(self, value):
+        if isinstance(value, dict) and "Ref" in value:
+            return self.parameters[value["Ref"]]
+        return str(value)
+
+    def resolve_ifs(self, value):
+        """`value` with every `Fn::If` taken its way and `AWS::NoValue` dropped."""
+        if isinstance(value, dict):
+            if set(value) == {"Fn::If"}:
+                name, yes, no = value["Fn::If"]
+                return self.resolve_ifs(yes if self.holds(name) else no)
+            if value == {"Ref": "AWS::NoValue"}:
+                return None
+            out = {}
+            for k, v in value.items():
+                v = self.resolve_ifs(v)
+                if v is not None:
+                    out[k] = v
+            return out
+        if isinstance(value, list):
+            return [v for v in (self.resolve_ifs(v) for v in value) if v is not None]
+        return value
+
+
+def functions_used(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "Ref" or k.startswith("Fn::") or k == "Condition":
+                yield k
+            yield from functions_used(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from functions_used(v)
+
+
+def check_rules(template):
+    problems = []
+    for name, rule in template.get("Rules", {}).items():
+        for function in functions_used(rule):
+            if function not in RULE_FUNCTIONS:
+                problems.append(f"rule {name} uses {function}, which CloudFormation does not allow in Rules")
+    return problems
+
+
+def check_reservations(expanded):
+    problems = []
+    for rid, r in expanded["Resources"].items():
+        if r["Type"] != "AWS::Lambda::Function":
+            continue
+        reserved = r.get("Properties", {}).get("ReservedConcurrentExecutions")
+        if reserved is not None and not (isinstance(reserved, dict) and "Fn::If" in reserved):
+            problems.append(f"{rid} reserves concurrency with no condition: a new account with 10 concurrent executions cannot deploy it")
+    return problems
+
+
+def names_stack_or_parameter(resource, template):
+    """Whether `resource` (a statement's Resource item) names a resource of the stack or one a
+    parameter names."""
+    known = set(template["Resources"]) | set(template.get("Parameters", {})) | PSEUDO
+    if isinstance(resource, str):
+        return False  # a literal: `*`, or an ARN of something outside the stack
+    ((function, arg),) = resource.items()
+    if function == "Ref":
+        return arg in known and arg not in PSEUDO
+    if function == "Fn::GetAtt":
+        target = arg[0] if isinstance(arg, list) else arg.split(".")[0]
+        return target in template["Resources"]
+    if function == "Fn::Sub":
+        text = arg if isinstance(arg, str) else arg[0]
+        names = [n.split(".")[0] for n in re.findall(r"\$\{([^}!]+)\}", text)]
+        owned = [n for n in names if n not in PSEUDO]
+        return bool(owned) and all(n in known for n in owned)
+    return False
+
+
+def check_grants(expanded, choice):
+    problems = []
+    for rid, r in expanded["Resources"].items():
+        if r["Type"] not in ("AWS::IAM::Role", "AWS::IAM::Policy"):
+            continue
+        if r.get("Condition") and not choice.holds(r["Condition"]):
+            continue
+        props = choice.resolve_ifs(r.get("Properties", {}))
+        for arn in props.get("ManagedPolicyArns", []):
+            problems.append(f"{rid} has the managed policy {json.dumps(arn)}: its grants are not the stack's to scope")
+        documents = [p.get("PolicyDocument", {}) for p in props.get("Policies", [])]
+        if "PolicyDocument" in props:
+            documents.append(props["PolicyDocument"])
+        for document in documents:
+            statements = document.get("Statement", [])
+            for s in statements if isinstance(statements, list) else [statements]:
+                if s.get("Effect") != "Allow" or "AssumeRole" in str(s.get("Action")):
+                    continue
+                actions = s.get("Action", [])
+                actions = actions if isinstance(actions, list) else [actions]
+                resources = s.get("Resource", [])
+                resources = resources if isinstance(resources, list) else [resources]
+                for resource in resources:
+                    if names_stack_or_parameter(resource, expanded):
+                        continue
+                    if resource == "*" and set(actions) <= RESOURCELESS:
+                        continue
+                    if resource == "*" and actions == ["kms:Decrypt"] and "kms:EncryptionContext:SecretARN" in json.dumps(s.get("Condition", {})):
+                        continue
+                    problems.append(f"{rid} grants {actions} on {json.dumps(resource)}, which is not a resource of the stack")
+    return problems
+
+
+def number(value, choice, default):
+    if value is None:
+        return default
+    if isinstance(value, dict) and "Ref" in value:
+        return float(choice.parameters[value["Ref"]])
+    return float(value)
+
+
+def check_visibility(expanded, choice):
+    problems = []
+    resources = expanded["Resources"]
+    for rid, r in resources.items():
+        if r["Type"] != "AWS::Lambda::EventSourceMapping":
+            continue
+        p = r["Properties"]
+        source = p.get("EventSourceArn")
+        if not (isinstance(source, dict) and "Fn::GetAtt" in source):
+            continue
+        queue = resources[source["Fn::GetAtt"][0]]
+        if queue["Type"] != "AWS::SQS::Queue":
+            continue
+        function = resources[p["FunctionName"]["Ref"]]
+        timeout = number(function["Properties"].get("Timeout"), choice, 3)
+        window = number(p.get("MaximumBatchingWindowInSeconds"), choice, 0)
+        visibility = number(queue.get("Properties", {}).get("VisibilityTimeout"), choice, 30)
+        if visibility < 6 * timeout + window:
+            problems.append(
+                f"{rid}: {source['Fn::GetAtt'][0]} hides a message {visibility:g} s, under 6 x {timeout:g} s + {window:g} s"
+            )
+    return problems
+
+
+def expand(template, overrides):
+    sam = copy.deepcopy(template)
+    # SAM needs the code in S3, as `sam package` leaves it; the local build is not the point.
+    sam.get("Globals", {}).get("Function", {}).pop("CodeUri", None)
+    for r in sam["Resources"].values():
+        if r["Type"] == "AWS::Serverless::Function":
+            r["Properties"]["CodeUri"] = "s3://deploy-check/code.zip"
+    parameters = {k: str(v.get("Default", "")) for k, v in sam.get("Parameters", {}).items()}
+    parameters.update(overrides)
+    return transform(sam, parameters, NoManagedPolicies())
+
+
+# Resource types whose attributes moto cannot give: a reference to one fails the whole stack
+# there, so moto's copy reads a stand-in URL instead, and leaves out the outputs (named).
+NO_ATTRIBUTES_IN_MOTO = {"AWS::Lambda::Url"}
+
+
+def for_moto(expanded, choice):
+    body = copy.deepcopy(expanded)
+    # moto refuses a reference in a branch of Fn::If that the choice does not take (to a
+    # resource its condition leaves out), which CloudFormation allows: take the branches here.
+    body["Resources"] = {
+        rid: choice.resolve_ifs(r)
+        for rid, r in body["Resources"].items()
+        if not r.get("Condition") or choice.holds(r["Condition"])
+    }
+    body["Outputs"] = {
+        name: choice.resolve_ifs(o)
+        for name, o in body.get("Outputs", {}).items()
+        if not o.get("Condition") or choice.holds(o["Condition"])
+    }
+    # moto hands a rule the bus object for `Ref: <bus>`, where AWS gives its name; the bus's
+    # `Name` attribute is the same name on AWS.
+    for r in body["Resources"].values():
+        bus = r.get("Properties", {}).get("EventBusName") if r["Type"] == "AWS::Events::Rule" else None
+        if isinstance(bus, dict) and "Ref" in bus:
+            r["Properties"]["EventBusName"] = {"Fn::GetAtt": [bus["Ref"], "Name"]}
+    unreadable = {rid for rid, r in body["Resources"].items() if r["Type"] in NO_ATTRIBUTES_IN_MOTO}
+
+    def stand_in(value):
+        if isinstance(value, dict):
+            getatt = value.get("Fn::GetAtt")
+            if isinstance(getatt, list) and getatt[0] in unreadable:
+                return f"https://{getatt[0]}.{getatt[1]}.invalid/"
+            return {k: stand_in(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [stand_in(v) for v in value]
+        return value
+
+    body["Resources"] = stand_in(body["Resources"])
+    left_out = []
+    for name, output in list(body.get("Outputs", {}).items()):
+        targets = [m.split(".")[0] for m in re.findall(r"\$\{([^}!]+)\}", json.dumps(output))]
+        targets += [a[0] for a in find_getatts(output)]
+        if any(body["Resources"].get(t, {}).get("Type") in NO_ATTRIBUTES_IN_MOTO for t in targets):
+            del body["Outputs"][name]
+            left_out.append(name)
+    return body, left_out
+
+
+def find_getatts(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "Fn::GetAtt":
+                yield v if isinstance(v, list) else v.split(".")
+            else:
+                yield from find_getatts(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from find_getatts(v)
+
+
+def create(cloudformation, name, expanded, overrides, choice):
+    parameters = [{"ParameterKey": k, "ParameterValue": v} for k, v in overrides.items()]
+    body, left_out = for_moto(expanded, choice)
+    if left_out:
+        print(f"moto: outputs left out (moto cannot read their attributes): {', '.join(left_out)}")
+    cloudformation.create_stack(
+        StackName=name,
+        TemplateBody=json.dumps(body),
+        Parameters=parameters,
+        Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"],
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        status = cloudformation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
+        if not status.endswith("IN_PROGRESS"):
+            break
+        time.sleep(1)
+    events = cloudformation.describe_stack_events(StackName=name)["StackEvents"]
+    failures = [f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason')}" for e in events if e["ResourceStatus"].endswith("FAILED")]
+    created = {r["LogicalResourceId"] for r in cloudformation.list_stack_resources(StackName=name)["StackResourceSummaries"]}
+    return status, failures, created
+
+
+def main():
+    # SAM's translator fills the pseudo parameters from the session's region.
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    template = yaml.safe_load(open(sys.argv[1]))
+    session = boto3.session.Session(aws_access_key_id="deploy-check", aws_secret_access_key="local", region_name="us-east-1")
+    endpoint = os.environ.get("MOTO_URL")
+    if endpoint:
+        s3 = session.client("s3", endpoint_url=endpoint)
+        s3.create_bucket(Bucket="deploy-check")
+        code = io.BytesIO()
+        with zipfile.ZipFile(code, "w") as z:
+            z.writestr("bootstrap", "")
+        s3.put_object(Bucket="deploy-check", Key="code.zip", Body=code.getvalue())
+        cloudformation = session.client("cloudformation", endpoint_url=endpoint)
+    failed = False
+    for n, (choice_name, overrides) in enumerate(CHOICES.items()):
+        choice = Choice(template, overrides)
+        print(f"== {choice_name}: {json.dumps(overrides) if overrides else 'the defaults'}")
+        problems = check_rules(template)
+        try:
+            expanded = expand(template, overrides)
+        except Exception as e:  # SAM's own refusal, with its reasons
+            print(f"FAILED: SAM's translator refused the template: {e}")
+            failed = True
+            continue
+        problems += check_reservations(expanded)
+        problems += check_grants(expanded, choice)
+        problems += check_visibility(expanded, choice)
+        resources = expanded["Resources"]
+        expected = {rid for rid, r in resources.items() if not r.get("Condition") or choice.holds(r["Condition"])}
+        print(f"expanded: {len(resources)} resources, {len(expected)} of them in this choice")
+        if endpoint:
+            try:
+                status, failures, created = create(cloudformation, f"deploy-check-{n}", expanded, overrides, choice)
+            except Exception as e:
+                status, failures, created = f"refused ({e})", [], set()
+            skipped = sorted(expected - created)
+            kinds = sorted({resources[rid]["Type"] for rid in skipped})
+            print(f"moto: {status}, {len(created & expected)} of {len(expected)} created; not created by moto: {len(skipped)} ({', '.join(kinds) or 'none'})")
+            if status != "CREATE_COMPLETE":
+                problems.append(f"moto's CloudFormation ended {status}: {'; '.join(failures[:5])}")
+        for p in problems:
+            print(f"FAILED: {p}")
+        failed |= bool(problems)
+        if not problems:
+            print("checks: rules, reservations, grants, visibility timeouts: all hold")
+    print("deploy check: " + ("FAILED" if failed else "passed"))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
