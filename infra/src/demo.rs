@@ -123,7 +123,8 @@ struct Door {
 }
 
 /// Submits `orders` orders through the HTTP API, at most `rate` new ones a second if given
-/// (otherwise as fast as 8 clients can), and follows them to the end (or `limit`), killing
+/// (otherwise as fast as 8 clients can), and follows them to the end (or `limit` after the last
+/// is accepted; submitting gives up `limit` after the start), killing
 /// function processes meanwhile if `chaos` says so.
 pub async fn run(
     stack: &LocalStack,
@@ -249,7 +250,10 @@ async fn follow(
         );
         let done =
             ids.as_ref().is_some_and(|ids| settled == ids.len() && records.len() == ids.len());
-        if done || Instant::now() > deadline {
+        // Orders accepted late (a run paced slower than its door, or held back by kills) get the
+        // whole limit after the last acceptance to end, as the first ones did.
+        let ending_by = accepted_at.get().map_or(deadline, |at| *at + limit);
+        if done || Instant::now() > ending_by {
             break;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;

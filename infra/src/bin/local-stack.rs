@@ -72,7 +72,8 @@ enum Command {
         /// Run the supervisor's schedule this many times faster than the template's rate.
         #[arg(long, default_value_t = 60.0)]
         speed: f64,
-        /// Give up on the orders after this many seconds (default: 600, or half a second per
+        /// Give up on the orders this many seconds after the last one was accepted, and on
+        /// submitting this many seconds after the start (default: 600, or half a second per
         /// order if that is longer).
         #[arg(long)]
         limit: Option<u64>,
