@@ -780,14 +780,21 @@ fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
 }
 
-#[test]
-fn each_transition_is_counted_and_timed_from_the_timeline_it_adds() {
-    let f = Fixture::new();
+/// An order's records through a reservation (1 s), a payment refused (2 s later) and the
+/// reservation released (4 s later): new, claimed, reserved, refused, released.
+fn declined_and_released(f: &Fixture) -> [StateRecord; 5] {
     let new = f.new_record();
     let claimed = f.claim(&new, T0);
     let reserved = f.done(&claimed, T0.plus(secs(1)));
     let refused = f.reply(&reserved, StepOutcome::failed("card declined"), T0.plus(secs(3))).next;
     let released = f.reply(&refused, StepOutcome::done(json!({})), T0.plus(secs(7))).next;
+    [new, claimed, reserved, refused, released]
+}
+
+#[test]
+fn each_transition_is_counted_and_timed_from_the_timeline_it_adds() {
+    let f = Fixture::new();
+    let [new, claimed, reserved, refused, released] = declined_and_released(&f);
     assert_eq!(released.process_state, ProcessState::Error);
     let got = recorded(&[
         (&new, &claimed),
@@ -851,11 +858,7 @@ fn an_ended_order_is_printed_at_once_with_its_end_already_counted() {
     crate::metrics::print_ends_at_once(print);
 
     let f = Fixture::new();
-    let new = f.new_record();
-    let claimed = f.claim(&new, T0);
-    let reserved = f.done(&claimed, T0.plus(secs(1)));
-    let refused = f.reply(&reserved, StepOutcome::failed("card declined"), T0.plus(secs(3))).next;
-    let released = f.reply(&refused, StepOutcome::done(json!({})), T0.plus(secs(7))).next;
+    let [new, claimed, reserved, refused, released] = declined_and_released(&f);
     let recorder = DebuggingRecorder::new();
     SNAPSHOTTER.with_borrow_mut(|s| *s = Some(recorder.snapshotter()));
     metrics::with_local_recorder(&recorder, || {
