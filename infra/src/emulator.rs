@@ -101,6 +101,10 @@ fn python() -> Result<PathBuf, String> {
 /// The Python interpreter of the virtual environment `venv` (a folder of the workspace root),
 /// made and given `requirements` from PyPI when `module` cannot be imported from it.
 pub fn python_with(venv: &str, requirements: &[&str], module: &str) -> Result<PathBuf, String> {
+    // Tests of one binary run on threads of one process, which share the staging folder's name
+    // below: one install at a time within a process (other processes have names of their own).
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
     let python = workspace_root().join(venv).join("bin/python");
     if can_import(&python, module) {
         return Ok(python);
