@@ -34,33 +34,34 @@ import yaml
 from samtranslator.translator.transform import transform
 
 SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:{}-AbCdEf"
-OWN_URLS = {
-    "InventoryServiceUrl": "https://inventory.example.com",
-    "PaymentServiceUrl": "https://payment.example.com",
-    "ShippingServiceUrl": "https://shipping.example.com",
-}
-# The defaults, and each choice the README documents.
-CHOICES = {
-    "defaults": {},
-    "ApiAuth JWT": {"ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders"},
-    "ApiAuth NONE": {"ApiAuth": "NONE"},
-    "own service URLs": dict(OWN_URLS),
-    "secrets": {
-        **OWN_URLS,
-        "InventoryServiceAuth": "BEARER",
-        "InventoryServiceSecretArn": SECRET.format("inventory"),
-        "PaymentServiceAuth": "API_KEY",
-        "PaymentServiceSecretArn": SECRET.format("payment"),
-        "ShippingServiceAuth": "NONE",
-    },
-    "lean and reserved": {
-        "CreateDashboard": "false",
-        "KeepOrdersOnDelete": "false",
-        "RemoteSimReservedConcurrency": "true",
-        "SchedulerBatchingWindowSeconds": "10",
-        "LogRetentionDays": "7",
-    },
-}
+
+
+def choices(template):
+    """The defaults, and each choice the README documents. Each agent's parameters are found
+    in the template (<Agent>ServiceUrl, <Agent>ServiceAuth, <Agent>ServiceSecretArn), so an
+    agent added there is covered without a change here."""
+    agents = [p[: -len("ServiceUrl")] for p in template.get("Parameters", {}) if p.endswith("ServiceUrl")]
+    own_urls = {f"{a}ServiceUrl": f"https://{a.lower()}.example.com" for a in agents}
+    secrets = dict(own_urls)
+    for n, a in enumerate(agents):
+        secrets[f"{a}ServiceAuth"] = ["BEARER", "API_KEY"][n % 2]
+        secrets[f"{a}ServiceSecretArn"] = SECRET.format(a.lower())
+    return {
+        "defaults": {},
+        "ApiAuth JWT": {"ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders"},
+        "ApiAuth NONE": {"ApiAuth": "NONE"},
+        "own service URLs": own_urls,
+        "secrets": secrets,
+        "lean and reserved": {
+            "CreateDashboard": "false",
+            "KeepOrdersOnDelete": "false",
+            "RemoteSimReservedConcurrency": "true",
+            "SchedulerBatchingWindowSeconds": "10",
+            "LogRetentionDays": "7",
+        },
+    }
+
+
 # What CloudFormation allows inside Rules.
 RULE_FUNCTIONS = {
     "Ref", "Fn::And", "Fn::Contains", "Fn::EachMemberEquals", "Fn::EachMemberIn", "Fn::Equals",
@@ -359,7 +360,7 @@ def main():
         s3.put_object(Bucket="deploy-check", Key="code.zip", Body=code.getvalue())
         cloudformation = session.client("cloudformation", endpoint_url=endpoint)
     failed = False
-    for n, (choice_name, overrides) in enumerate(CHOICES.items()):
+    for n, (choice_name, overrides) in enumerate(choices(template).items()):
         choice = Choice(template, overrides)
         print(f"== {choice_name}: {json.dumps(overrides) if overrides else 'the defaults'}")
         problems = check_rules(template)
