@@ -102,6 +102,8 @@ pub struct Redrive {
     pub queue_url: String,
     pub dead_letter_url: String,
     pub max_receive_count: u32,
+    /// How long a received message stays hidden (SQS's default when the template sets none).
+    pub visibility_timeout: Duration,
 }
 
 impl DeadLetters {
@@ -301,6 +303,12 @@ pub fn redrives(template: &Template, stack: &Stack) -> Result<Vec<Redrive>, Erro
             .ok_or_else(|| {
                 Error::Local(format!("{id}: no dead-letter queue {target} was created"))
             })?;
+        let visibility_timeout = stack
+            .eval(resource.properties.get("VisibilityTimeout").unwrap_or(&Value::from(30)))
+            .and_then(|v| scalar_string(&v))?
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|_| Error::Template(format!("{id}: VisibilityTimeout is not a number")))?;
         let url = |logical_id: &str| {
             stack
                 .reference(logical_id)
@@ -312,6 +320,7 @@ pub fn redrives(template: &Template, stack: &Stack) -> Result<Vec<Redrive>, Erro
             queue: id.to_owned(),
             dead_letter_queue,
             max_receive_count,
+            visibility_timeout,
         });
     }
     Ok(out)
@@ -375,6 +384,7 @@ mod tests {
             queue_url: "http://q/reply".into(),
             dead_letter_url: "http://q/reply-dlq".into(),
             max_receive_count: 5,
+            visibility_timeout: Duration::from_secs(71),
         }
     }
 
@@ -418,5 +428,24 @@ mod tests {
         d.arrived(&redrive(), 1);
         let a = &d.arrivals()[0];
         assert_eq!((a.order_id.as_deref(), a.reason.as_str()), (None, "the function timed out"));
+    }
+
+    #[test]
+    fn every_work_queue_leaves_receives_for_a_message_to_be_sent_again() {
+        let template = crate::provision::project_template();
+        let stack = crate::provision::local_dry_run(&template, &[]);
+        let found = redrives(&template, &stack).unwrap();
+        assert_eq!(found.len(), 5, "{found:?}");
+        for r in found {
+            // A message kept back by a passing cause is sent again on this receive; if that
+            // send fails too, later receives must still be left before the dead-letter queue.
+            assert!(
+                r.max_receive_count > sas_aws::batch::REQUEUE_FROM_RECEIVE + 1,
+                "{}: maxReceiveCount {} leaves no receive to spare",
+                r.queue,
+                r.max_receive_count
+            );
+            assert!(r.visibility_timeout >= Duration::from_secs(60), "{}", r.queue);
+        }
     }
 }

@@ -80,6 +80,8 @@ pub struct Summary {
     pub max_applications: u64,
     /// Function processes killed during the run.
     pub kills: u32,
+    /// Messages that reached a dead-letter queue.
+    pub dead_lettered: usize,
     pub text: String,
 }
 
@@ -87,9 +89,11 @@ impl Summary {
     /// The demo passes when every order is terminal, no effect was applied twice, every failed
     /// order raised its alert, and every order that did not go through was failed by a fault
     /// the simulated service injected, not by load or delay; and the figures it reports cover
-    /// every finished order.
+    /// every finished order; and no message reached a dead-letter queue (neither crashes nor
+    /// throttling are a reason for one).
     pub fn passed(&self) -> bool {
         self.unfinished == 0
+            && self.dead_lettered == 0
             && self.max_applications <= 1
             && self.errors_without_alert == 0
             && self.unexplained == 0
@@ -559,6 +563,14 @@ async fn summarise(
         door.refused.load(Ordering::Relaxed),
         door.throttled.load(Ordering::Relaxed),
         door.other.load(Ordering::Relaxed)
+    ));
+    s.dead_lettered = stack.dead_letters.arrivals().len();
+    t.push_str(&format!(
+        "throttling: {} invocations throttled{}, {} AWS requests failed by injected faults; dead-lettered: {} messages\n",
+        stack.account.as_ref().map_or(0, |a| a.throttled()),
+        stack.account.as_ref().map_or(String::new(), |a| format!(" (account quota {})", a.quota())),
+        stack.proxy.faults.hits(),
+        s.dead_lettered
     ));
     t.push_str(&format!(
         "supervisor resets: {resets}; per order: {sent:.2} messages sent, {handled:.2} handled, {writes:.2} state writes (amplification {:.2}, {:.2}, {:.2} against the fault-free {fault_free_messages}, {fault_free_messages}, {fault_free_writes})\n",

@@ -372,6 +372,10 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
         Err(InvokeError::Timeout(_)) => {
             plain(StatusCode::SERVICE_UNAVAILABLE, r#"{"message":"Service Unavailable"}"#)
         }
+        // Lambda's throttling reaches the client as a 429, which it retries like the API's own.
+        Err(InvokeError::Throttled(_)) => {
+            plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#)
+        }
         Err(e) => {
             warn!(error = %e, "function failed");
             plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#)

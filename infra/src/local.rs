@@ -26,7 +26,7 @@ use crate::policy::{self, Access, AccessReport};
 use crate::processes::{Managed, ProcessSpec};
 use crate::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::proxy::{Proxy, Upstreams};
-use crate::runtime_api::RuntimeApi;
+use crate::runtime_api::{AccountConcurrency, RuntimeApi};
 use crate::sigv4;
 use crate::sources::{self, SqsMapping};
 use crate::template::Template;
@@ -55,6 +55,9 @@ pub struct Options {
     pub schedule_speed: f64,
     /// Most processes per function (a function's reserved concurrency, if lower, wins).
     pub max_instances: usize,
+    /// The account's quota of concurrent executions, shared by the stack's functions (not the
+    /// simulated service, which stands for the outside world); `None` for no quota.
+    pub account_concurrency: Option<usize>,
     pub stack_name: String,
     pub region: String,
     /// Template parameter values.
@@ -94,6 +97,8 @@ pub struct LocalStack {
     pub dead_letters: DeadLetters,
     /// The trace segments the functions sent.
     pub traces: Traces,
+    /// The account's concurrency quota, if one is emulated, and its throttles.
+    pub account: Option<AccountConcurrency>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -207,6 +212,7 @@ impl LocalStack {
         // Straight to the emulator: watching is not the system's cost.
         tasks.push(dead_letters.watch(clients.sqs.clone(), redrives.clone()));
         let traces = Traces::default();
+        let account = options.account_concurrency.map(AccountConcurrency::new);
         let daemon = tokio::net::UdpSocket::bind("127.0.0.1:0").await.map_err(io)?;
         let daemon_address = daemon.local_addr().map_err(io)?.to_string();
         tasks.push(traces.listen(daemon));
@@ -246,7 +252,10 @@ impl LocalStack {
                     program.display()
                 )));
             }
-            let api = RuntimeApi::start(&spec.logical_id, &options.region).await.map_err(io)?;
+            let mut api = RuntimeApi::start(&spec.logical_id, &options.region).await.map_err(io)?;
+            if let Some(account) = account.as_ref().filter(|_| spec.logical_id != REMOTE_SERVICE) {
+                api = api.within(account.clone());
+            }
             let instances = spec
                 .reserved_concurrency
                 .map_or(options.max_instances, |r| r as usize)
@@ -296,6 +305,10 @@ impl LocalStack {
                                 .iter()
                                 .find(|r| r.queue_url == queue_url)
                                 .map(|r| r.max_receive_count),
+                            visibility_timeout: redrives
+                                .iter()
+                                .find(|r| r.queue_url == queue_url)
+                                .map_or(Duration::from_secs(30), |r| r.visibility_timeout),
                             dead_letters: Some(dead_letters.clone()),
                         };
                         let sqs = Clients::signing_as(&pollers, &options.region, &spec.logical_id)
@@ -371,6 +384,7 @@ impl LocalStack {
             metrics,
             dead_letters,
             traces,
+            account,
             tasks,
         })
     }

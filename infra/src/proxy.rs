@@ -93,19 +93,43 @@ pub struct FaultRule {
     /// How many requests it hits before it is spent; absent for every request until cleared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub times: Option<u32>,
+    /// Whose requests it hits: a function's logical id (its access key id locally); absent
+    /// for anyone's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
+    /// Hits one matching request in this many (the first, then every n-th); absent for all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u32>,
+    /// Matching requests seen so far, to space the hits.
+    #[serde(skip)]
+    pub seen: u64,
 }
 
 impl FaultRule {
-    fn matches(&self, call: &Call) -> bool {
+    /// A rule that hits every request of `service` and `operation` with `fault`.
+    pub fn new(service: &str, operation: Option<&str>, fault: WireFault) -> FaultRule {
+        FaultRule {
+            service: service.into(),
+            operation: operation.map(str::to_owned),
+            fault,
+            times: None,
+            caller: None,
+            every: None,
+            seen: 0,
+        }
+    }
+
+    fn matches(&self, call: &Call, caller: Option<&str>) -> bool {
         (self.service == "*" || self.service == call.service)
             && self.operation.as_deref().is_none_or(|o| o == call.operation || o == call.counted_as)
+            && self.caller.as_deref().is_none_or(|c| Some(c) == caller)
             && self.times != Some(0)
     }
 }
 
 /// The proxy's fault rules. Clones share them.
 #[derive(Clone, Debug, Default)]
-pub struct WireFaults(Arc<Mutex<Vec<FaultRule>>>);
+pub struct WireFaults(Arc<Mutex<Vec<FaultRule>>>, Arc<std::sync::atomic::AtomicU64>);
 
 impl WireFaults {
     /// Replaces the rules.
@@ -128,13 +152,23 @@ impl WireFaults {
 
     /// The fault for this request, if a rule hits it; the first matching rule wins and is
     /// charged one hit.
-    fn take(&self, call: &Call) -> Option<WireFault> {
+    fn take(&self, call: &Call, caller: Option<&str>) -> Option<WireFault> {
         let mut rules = lock(&self.0);
-        let rule = rules.iter_mut().find(|r| r.matches(call))?;
+        let rule = rules.iter_mut().find(|r| r.matches(call, caller))?;
+        rule.seen += 1;
+        if rule.every.is_some_and(|n| (rule.seen - 1) % u64::from(n.max(1)) != 0) {
+            return None;
+        }
         if let Some(n) = &mut rule.times {
             *n -= 1;
         }
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(rule.fault.clone())
+    }
+
+    /// Requests the rules have hit so far.
+    pub fn hits(&self) -> u64 {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -276,7 +310,7 @@ impl Proxy {
                 return denied(&call.service, &denial);
             }
         }
-        match self.faults.take(&call) {
+        match self.faults.take(&call, access_key_id(&parts.headers)) {
             Some(WireFault::Slow { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
             Some(fault) => {
                 self.counts.add(&call, 0);
@@ -508,37 +542,39 @@ mod tests {
     #[test]
     fn a_rule_hits_its_service_and_operation_as_often_as_it_says() {
         let faults = WireFaults::default();
-        faults.set(vec![
-            FaultRule {
-                service: "dynamodb".into(),
-                operation: Some("PutItem".into()),
-                fault: WireFault::Throttle,
-                times: Some(2),
-            },
-            FaultRule {
-                service: "*".into(),
-                operation: None,
-                fault: WireFault::Slow { ms: 5 },
-                times: None,
-            },
-        ]);
         let put = classify(Some("DynamoDB_20120810.PutItem"), br#"{"TableName":"s-StateTable"}"#);
         let receive = classify(Some("AmazonSQS.ReceiveMessage"), b"{}");
-        assert_eq!(faults.take(&put), Some(WireFault::Throttle));
-        assert_eq!(faults.take(&receive), Some(WireFault::Slow { ms: 5 }));
-        assert_eq!(faults.take(&put), Some(WireFault::Throttle));
+        faults.set(vec![
+            FaultRule {
+                times: Some(2),
+                ..FaultRule::new("dynamodb", Some("PutItem"), WireFault::Throttle)
+            },
+            FaultRule::new("*", None, WireFault::Slow { ms: 5 }),
+        ]);
+        assert_eq!(faults.take(&put, None), Some(WireFault::Throttle));
+        assert_eq!(faults.take(&receive, None), Some(WireFault::Slow { ms: 5 }));
+        assert_eq!(faults.take(&put, None), Some(WireFault::Throttle));
         // Spent: the next rule takes over.
-        assert_eq!(faults.take(&put), Some(WireFault::Slow { ms: 5 }));
+        assert_eq!(faults.take(&put, None), Some(WireFault::Slow { ms: 5 }));
         // A rule can name the table (or queue) too.
+        faults.set(vec![FaultRule::new(
+            "dynamodb",
+            Some("PutItem on QueueWaitsTable"),
+            WireFault::Throttle,
+        )]);
+        assert_eq!(faults.take(&put, None), None);
+        // And whose requests it hits, and how many of them.
         faults.set(vec![FaultRule {
-            service: "dynamodb".into(),
-            operation: Some("PutItem on QueueWaitsTable".into()),
-            fault: WireFault::Throttle,
-            times: None,
+            caller: Some("SchedulerFunction".into()),
+            every: Some(3),
+            ..FaultRule::new("dynamodb", Some("PutItem on StateTable"), WireFault::Throttle)
         }]);
-        assert_eq!(faults.take(&put), None);
+        assert_eq!(faults.take(&put, Some("SupervisorFunction")), None);
+        let hits: Vec<bool> =
+            (0..6).map(|_| faults.take(&put, Some("SchedulerFunction")).is_some()).collect();
+        assert_eq!(hits, [true, false, false, true, false, false]);
         faults.clear();
-        assert_eq!(faults.take(&put), None);
+        assert_eq!(faults.take(&put, None), None);
     }
 
     #[test]
@@ -554,7 +590,14 @@ mod tests {
         );
         assert!(
             serde_json::from_str::<Vec<FaultRule>>(
-                r#"[{"service":"sqs","fault":{"kind":"throttle"},"every":2}]"#
+                r#"[{"service":"sqs","fault":{"kind":"throttle"},"often":2}]"#
+            )
+            .is_err()
+        );
+        // What it counts is its own.
+        assert!(
+            serde_json::from_str::<Vec<FaultRule>>(
+                r#"[{"service":"sqs","fault":{"kind":"throttle"},"seen":2}]"#
             )
             .is_err()
         );

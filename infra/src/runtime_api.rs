@@ -6,6 +6,10 @@
 //! it, which is how a concurrency limit is emulated. An invocation not answered within the
 //! function's timeout fails, as it would in Lambda (the process may have crashed or hung); an
 //! invocation still waiting when its deadline passes is never handed out.
+//!
+//! Functions may share an [`AccountConcurrency`]: Lambda's account-wide quota of concurrent
+//! executions. An invocation that finds it all in use is throttled at once, as Lambda answers
+//! `TooManyRequestsException`; what happens next is the invoker's to decide, as on AWS.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,6 +38,41 @@ pub enum InvokeError {
     Timeout(Duration),
     #[error("the function failed: {error_type}: {body}")]
     Function { error_type: String, body: String },
+    #[error("throttled: all {0} concurrent executions of the account are in use")]
+    Throttled(usize),
+}
+
+/// An account's quota of concurrent executions, shared by every function that holds a clone.
+#[derive(Clone, Debug)]
+pub struct AccountConcurrency {
+    quota: usize,
+    in_use: Arc<tokio::sync::Semaphore>,
+    throttled: Arc<AtomicU64>,
+}
+
+impl AccountConcurrency {
+    pub fn new(quota: usize) -> AccountConcurrency {
+        AccountConcurrency {
+            quota,
+            in_use: Arc::new(tokio::sync::Semaphore::new(quota)),
+            throttled: Arc::default(),
+        }
+    }
+
+    pub fn quota(&self) -> usize {
+        self.quota
+    }
+
+    /// Invocations refused so far, across the functions.
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(Ordering::Relaxed)
+    }
+
+    /// Takes `n` executions, as other functions of the account would, until the permit is
+    /// dropped; `None` if fewer are free.
+    pub fn occupy(&self, n: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.in_use.clone().try_acquire_many_owned(n).ok()
+    }
 }
 
 struct Invocation {
@@ -58,6 +97,9 @@ pub struct RuntimeApi {
     next_id: Arc<AtomicU64>,
     /// Invocations that got no answer in time: their process died, or ran out of time.
     unanswered: Arc<AtomicU64>,
+    account: Option<AccountConcurrency>,
+    /// Invocations of this function the account's quota refused.
+    throttled: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RuntimeApi {
@@ -99,7 +141,15 @@ impl RuntimeApi {
             shared,
             next_id: Arc::default(),
             unanswered: Arc::default(),
+            account: None,
+            throttled: Arc::default(),
         })
+    }
+
+    /// Counts this function's invocations against `account`'s quota.
+    pub fn within(mut self, account: AccountConcurrency) -> RuntimeApi {
+        self.account = Some(account);
+        self
     }
 
     /// The value for the function's `AWS_LAMBDA_RUNTIME_API` variable.
@@ -118,8 +168,25 @@ impl RuntimeApi {
         self.unanswered.load(Ordering::Relaxed)
     }
 
+    /// Invocations of this function throttled so far.
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(Ordering::Relaxed)
+    }
+
     /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
     pub async fn invoke(&self, payload: String, timeout: Duration) -> Result<String, InvokeError> {
+        // Held until the invocation ends: a concurrent execution of the account.
+        let _execution = match &self.account {
+            Some(account) => match account.in_use.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    account.throttled.fetch_add(1, Ordering::Relaxed);
+                    self.throttled.fetch_add(1, Ordering::Relaxed);
+                    return Err(InvokeError::Throttled(account.quota));
+                }
+            },
+            None => None,
+        };
         let id = format!(
             "{:08x}-local-{}",
             std::process::id(),

@@ -1,6 +1,8 @@
 //! Event sources, emulated the way AWS runs them: SQS event source mappings (batches, partial
 //! batch failures, a concurrency limit; redelivery and dead-lettering are the queue's own) and
-//! EventBridge schedules.
+//! EventBridge schedules. A throttled invocation is retried as Lambda does: a mapping's batch
+//! with backoff until its messages' visibility timeout runs out (then they come back, counted
+//! one more receive), a schedule's event until it goes through.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +11,10 @@ use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeN
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::dead_letters::DeadLetters;
-use crate::runtime_api::RuntimeApi;
+use crate::runtime_api::{InvokeError, RuntimeApi};
 use crate::template::LOCAL_ACCOUNT;
 
 /// Longest a receive waits for a message (SQS's maximum).
@@ -33,6 +35,8 @@ pub struct SqsMapping {
     pub region: String,
     /// The queue's `maxReceiveCount`, if it has a dead-letter queue.
     pub max_receive_count: Option<u32>,
+    /// How long a received message stays hidden: the time a throttled batch is retried for.
+    pub visibility_timeout: Duration,
     /// Told of every failed delivery, to report what reaches the dead-letter queue.
     pub dead_letters: Option<DeadLetters>,
 }
@@ -102,6 +106,32 @@ async fn gather(
     }
 }
 
+/// First and longest pause between tries of a throttled invocation.
+const THROTTLE_BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(8));
+
+/// Invokes the function with a batch received just now, trying again with backoff while it is
+/// throttled, as long as an invocation could still end before the messages become visible again.
+async fn invoke_unless_throttled_out(
+    api: &RuntimeApi,
+    mapping: &SqsMapping,
+    event: String,
+) -> Result<String, InvokeError> {
+    let received = std::time::Instant::now();
+    let mut pause = THROTTLE_BACKOFF.0;
+    loop {
+        match api.invoke(event.clone(), mapping.timeout).await {
+            Err(InvokeError::Throttled(quota))
+                if received.elapsed() + pause + mapping.timeout < mapping.visibility_timeout =>
+            {
+                debug!(function = %mapping.function, quota, "throttled; trying the batch again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(THROTTLE_BACKOFF.1);
+            }
+            other => return other,
+        }
+    }
+}
+
 async fn deliver(
     sqs: &aws_sdk_sqs::Client,
     mapping: &SqsMapping,
@@ -116,7 +146,7 @@ async fn deliver(
             d.note_failed_delivery(&mapping.queue_url, mapping.max_receive_count, m, why);
         }
     };
-    let failed: Vec<String> = match api.invoke(event, mapping.timeout).await {
+    let failed: Vec<String> = match invoke_unless_throttled_out(api, mapping, event).await {
         Ok(answer) if mapping.report_batch_item_failures => {
             match reported_failures(&answer, &ids) {
                 Some(failed) => failed,
@@ -233,8 +263,24 @@ pub fn schedule(
                 "resources": [format!("arn:aws:events:{region}:{LOCAL_ACCOUNT}:rule/{function}-schedule")],
                 "detail": {},
             });
-            if let Err(e) = api.invoke(event.to_string(), timeout).await {
-                warn!(%function, error = %e, "scheduled invocation failed");
+            // EventBridge invokes asynchronously: Lambda keeps a throttled event and tries
+            // again, here until it goes through or the next one is due.
+            let mut pause = THROTTLE_BACKOFF.0;
+            let given_up = std::time::Instant::now() + period;
+            loop {
+                match api.invoke(event.to_string(), timeout).await {
+                    Err(InvokeError::Throttled(_))
+                        if std::time::Instant::now() + pause < given_up =>
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(THROTTLE_BACKOFF.1);
+                    }
+                    Err(e) => {
+                        warn!(%function, error = %e, "scheduled invocation failed");
+                        break;
+                    }
+                    Ok(_) => break,
+                }
             }
         }
     })

@@ -87,6 +87,18 @@ pub async fn start_stack(
     failure_threshold: u32,
     parameters: &[(&str, &str)],
 ) -> LocalStack {
+    start_stack_within(target_tmpdir, name, faults, failure_threshold, parameters, None).await
+}
+
+/// As [`start_stack`], in an account whose concurrent executions are limited to `quota`.
+pub async fn start_stack_within(
+    target_tmpdir: &Path,
+    name: &str,
+    faults: &str,
+    failure_threshold: u32,
+    parameters: &[(&str, &str)],
+    quota: Option<usize>,
+) -> LocalStack {
     let target_tmpdir = target_tmpdir.to_owned();
     let bin_dir =
         tokio::task::spawn_blocking(move || build_binaries(&target_tmpdir)).await.unwrap();
@@ -99,6 +111,7 @@ pub async fn start_stack(
         // The supervisor's one-minute rate, every second.
         schedule_speed: 60.0,
         max_instances: 2,
+        account_concurrency: quota,
         stack_name: format!("{name}-{}", std::process::id()),
         region: "us-east-1".into(),
         parameters: HashMap::from([

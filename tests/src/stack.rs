@@ -313,7 +313,10 @@ impl System {
         let workflow =
             Arc::new(Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names).unwrap());
         let bus = || EventBridgeBus::new(t.events.clone(), t.name("EventBus"));
-        let mut agent_urls = QueueUrls::default();
+        // The scheduler's outbox, as its settings make it: the agents' queues and its own two.
+        let mut agent_urls = QueueUrls::default()
+            .with(Destination::Scheduler, t.name("SchedulerQueue"))
+            .with(Destination::Replies, t.name("ReplyQueue"));
         for (agent, queue) in AGENT_QUEUES {
             agent_urls = agent_urls.with(Destination::Agent(AgentName::new(agent)), t.name(queue));
         }
@@ -348,8 +351,9 @@ impl System {
                 let remote =
                     HttpRemote::with_clock(&remote.url, Duration::from_secs(5), clock.clone())
                         .unwrap();
-                let outbox =
-                    Coalescing::new(SqsOutbox::new(t.sqs.clone(), to_replies.clone()), LINGER);
+                let own = Destination::Agent(AgentName::new(*agent));
+                let urls = to_replies.clone().with(own, t.name(queue));
+                let outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), urls), LINGER);
                 let reporter = format!("agent-{agent}/test");
                 let a = Agent::new(
                     remote,

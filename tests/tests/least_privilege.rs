@@ -66,6 +66,7 @@ async fn start(name: &str, template: PathBuf, sweeps: bool) -> LocalStack {
         api_port: 0,
         schedule_speed: if sweeps { 60.0 } else { 1.0 },
         max_instances: 2,
+        account_concurrency: None,
         stack_name: format!("{name}-{}", std::process::id()),
         region: REGION.into(),
         parameters: if sweeps {

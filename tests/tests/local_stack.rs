@@ -12,6 +12,9 @@
 //!   does not allow gets the gateway's reason.
 //! - A message that reaches a dead-letter queue is reported as it arrives, with its order and
 //!   the error its function logged for it.
+//! - Throttling delays orders and fails none: in an account with a small concurrency quota,
+//!   with every write of the scheduler throttled for longer than the queues' receive counts
+//!   would last, every order is processed and no message reaches a dead-letter queue.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -29,9 +32,11 @@ use sas_aws::signing::SigV4;
 use sas_engine::memory::SplitMix;
 use sas_engine::ports::Random;
 use sas_infra::emulator::{python_with, workspace_root};
+use sas_infra::functions::EventSource;
 use sas_infra::local::LocalStack;
+use sas_infra::proxy::{FaultRule, WireFault};
 use sas_infra::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
-use sas_tests::e2e::{SOUND, e2e_target, put_faults, start_stack};
+use sas_tests::e2e::{SOUND, e2e_target, put_faults, start_stack, start_stack_within};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -538,6 +543,74 @@ async fn each_dead_letter_is_reported_as_it_arrives_with_its_order_and_reason() 
     let with_order: Vec<_> = arrivals.iter().filter_map(|a| a.order_id.as_deref()).collect();
     assert_eq!(with_order, [order], "the order a readable body names");
     assert!(arrivals.iter().any(|a| a.kind.as_deref() == Some("start")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_delays_orders_and_dead_letters_none() {
+    let _turn = TURN.lock().await;
+    // Three concurrent executions for nine functions of two processes each.
+    let stack =
+        start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-throttled", SOUND, 5, &[], Some(3)).await;
+    let http = reqwest::Client::new();
+    let sqs = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    // Redelivery every 2 s instead of the template's minute: five receives, and what would be
+    // the dead-letter queue's, within seconds.
+    const VISIBILITY_SECONDS: u64 = 2;
+    for queue in ["SchedulerQueue", "ReplyQueue"] {
+        sqs.set_queue_attributes()
+            .queue_url(stack.stack.reference(queue).unwrap())
+            .attributes(
+                aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+                VISIBILITY_SECONDS.to_string(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    // A receive already waiting (long polls last 20 s) hides what it gets for the old minute.
+    tokio::time::sleep(Duration::from_secs(21)).await;
+
+    // DynamoDB throttles every write of the scheduler (an index partition, a table still
+    // ramping up), past anything the SDK's retries absorb, for three times as long as the
+    // queues' five receives take.
+    let throttled_for = Duration::from_secs(3 * 5 * VISIBILITY_SECONDS);
+    stack.proxy.faults.set(vec![FaultRule {
+        caller: Some("SchedulerFunction".into()),
+        ..FaultRule::new("dynamodb", Some("PutItem on StateTable"), WireFault::Throttle)
+    }]);
+    let began = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(submit(&http, &stack.api_url, &format!("e2e-throttled-{i}")).await);
+    }
+    tokio::time::sleep(throttled_for.saturating_sub(began.elapsed())).await;
+    let refused = stack.proxy.faults.hits();
+    stack.proxy.faults.clear();
+    // Then, while the orders catch up, other functions of the account take two of its three
+    // executions for a while: the queues' pollers are throttled.
+    let others = stack.account.as_ref().unwrap().occupy(2);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    drop(others);
+
+    let states = wait_for(&http, &stack, &ids, &["Processed"], 240).await;
+    let arrivals = stack.dead_letters.arrivals();
+    assert!(arrivals.is_empty(), "throttling dead-lettered messages: {arrivals:#?}");
+    assert!(states.values().all(|s| s == "Processed"), "{states:?}");
+    let polled_throttles: u64 = stack
+        .functions
+        .iter()
+        .filter(|f| f.spec.events.iter().any(|e| matches!(e, EventSource::Sqs { .. })))
+        .map(|f| f.api.throttled())
+        .sum();
+    let lambda_throttles = stack.account.as_ref().unwrap().throttled();
+    // What the test claims to show must have happened.
+    assert!(refused >= 10, "the scheduler's writes were refused only {refused} times");
+    assert!(polled_throttles > 0, "no queue's poller was throttled by the account's quota");
+    let ledger = ledger(&http, &stack).await;
+    assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
+    println!(
+        "{refused} writes throttled; {lambda_throttles} invocations throttled, {polled_throttles} of them by queues' pollers"
+    );
 }
 
 /// Runs the `sas` binary against the stack as the caller `ops-e2e`.

@@ -11,12 +11,7 @@ use sas_infra::proxy::{FaultRule, WireFault};
 use sas_tests::stack::{System, order_json};
 
 fn rule(service: &str, operation: &str, fault: WireFault, times: u32) -> FaultRule {
-    FaultRule {
-        service: service.into(),
-        operation: Some(operation.into()),
-        fault,
-        times: Some(times),
-    }
+    FaultRule { times: Some(times), ..FaultRule::new(service, Some(operation), fault) }
 }
 
 /// More hits than the SDK's own attempts (three in its standard retry mode), so the fault
@@ -168,12 +163,7 @@ async fn a_send_that_fails_on_the_server_is_replayed_from_the_written_state() {
 async fn slow_answers_make_an_order_slower_not_different() {
     let system = System::behind_proxy("wire-slow", "{}").await;
     let proxy = system.proxy.as_ref().unwrap();
-    proxy.faults.set(vec![FaultRule {
-        service: "*".into(),
-        operation: None,
-        fault: WireFault::Slow { ms: 150 },
-        times: None,
-    }]);
+    proxy.faults.set(vec![FaultRule::new("*", None, WireFault::Slow { ms: 150 })]);
     let started = std::time::Instant::now();
     let (status, _, body) = post(&system, "wire-slow").await;
     assert_eq!(status, 202, "{body}");

@@ -26,7 +26,9 @@ where
     X: Random,
     W: WaitGauge,
 {
-    for_each_message_coalescing(event, agent.outbox(), |received| async move {
+    // A request kept back by a passing cause goes back to this agent's own queue.
+    let home = |m: &Message| matches!(m, Message::Request(_)).then(|| agent.queue().clone());
+    for_each_message_coalescing(event, agent.outbox(), home, |received| async move {
         let Message::Request(request) = Message::decode(&received.body)? else {
             return Err(Error::InvalidMessage(
                 "only step requests belong on an agent's queue".into(),

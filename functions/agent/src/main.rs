@@ -24,7 +24,10 @@ async fn main() -> Result<(), Error> {
 
     let auth = service_auth(&wiring, &s.auth).await?;
     let remote = HttpRemote::new(&s.service_url, s.call_timeout)?.with_auth(auth);
-    let replies = QueueUrls::default().with(Destination::Replies, s.reply_queue);
+    let own = Destination::Agent(AgentName::new(&s.name));
+    let queues = QueueUrls::default()
+        .with(Destination::Replies, s.reply_queue)
+        .with(own.clone(), s.own_queue);
     let waits = WaitReporter::new(
         wiring.waits(&s.waits_table),
         reporter_name(&format!("agent-{}", s.name)),
@@ -32,11 +35,11 @@ async fn main() -> Result<(), Error> {
     );
     let agent = Agent::new(
         remote,
-        Coalescing::new(wiring.outbox(replies), s.linger),
+        Coalescing::new(wiring.outbox(queues), s.linger),
         SystemClock,
         Jitter::default(),
         s.config.agent_retry,
-        Destination::Agent(AgentName::new(&s.name)),
+        own,
         waits,
     );
     tracing::info!(agent = %s.name, service_url = %s.service_url, auth = ?s.auth, "agent ready");

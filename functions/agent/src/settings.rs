@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sas_aws::settings::Env;
+use sas_aws::settings::{Env, agent_queue_variable};
 use sas_engine::config::EngineConfig;
-use sas_engine::{Error, Result};
+use sas_engine::{AgentName, Error, Result};
 
 /// Default cap on one call to the remote service.
 const DEFAULT_CALL_TIMEOUT_MS: u64 = 10_000;
@@ -23,6 +23,9 @@ pub struct Settings {
     /// Cap on one call (`CALL_TIMEOUT_MS`).
     pub call_timeout: Duration,
     pub reply_queue: String,
+    /// Its own request queue (`AGENT_QUEUE_<NAME>`), where a request kept back by a passing
+    /// cause is sent again.
+    pub own_queue: String,
     pub waits_table: String,
     /// How long a reply may wait for others to share a send (`SEND_LINGER_MS`).
     pub linger: Duration,
@@ -55,9 +58,11 @@ impl Settings {
             None => DEFAULT_CALL_TIMEOUT_MS,
         };
         let service_url = env.required("SERVICE_URL")?;
+        let name = env.required("AGENT_NAME")?;
         Ok(Settings {
             config: env.engine_config()?,
-            name: env.required("AGENT_NAME")?,
+            own_queue: env.required(&agent_queue_variable(&AgentName::new(&name)))?,
+            name,
             auth: auth(env, &service_url)?,
             service_url,
             call_timeout: Duration::from_millis(call_timeout_ms),

@@ -8,7 +8,7 @@ pub mod settings;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::message::Message;
-use sas_engine::ports::{Clock, EventBus, Outbox, StateStore, WaitGauge};
+use sas_engine::ports::{Clock, Destination, EventBus, Outbox, StateStore, WaitGauge};
 use sas_engine::services::Scheduler;
 use tracing::{Span, debug};
 
@@ -24,7 +24,7 @@ where
     C: Clock,
     W: WaitGauge,
 {
-    for_each_message_coalescing(event, scheduler.outbox(), |received| async move {
+    for_each_message_coalescing(event, scheduler.outbox(), home, |received| async move {
         let message = Message::decode(&received.body)?;
         Span::current().record("order_id", tracing::field::display(message.order_id()));
         let handled = scheduler.handle(&message, received.incoming()).await?;
@@ -32,4 +32,13 @@ where
         Ok(())
     })
     .await
+}
+
+/// The queue each kind of message the scheduler takes comes from.
+fn home(message: &Message) -> Option<Destination> {
+    match message {
+        Message::Start(_) => Some(Destination::Scheduler),
+        Message::Reply(_) => Some(Destination::Replies),
+        Message::Request(_) => None,
+    }
 }

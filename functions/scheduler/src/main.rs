@@ -25,7 +25,7 @@ async fn main() -> Result<(), Error> {
     let owner = reporter_name("scheduler");
     let scheduler = Scheduler::new(
         wiring.store(&s.tables),
-        Coalescing::new(wiring.outbox(s.agent_queues), s.linger),
+        Coalescing::new(wiring.outbox(s.queues), s.linger),
         wiring.bus(&s.bus),
         SystemClock,
         wiring.waits(&s.waits_table),

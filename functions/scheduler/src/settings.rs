@@ -15,24 +15,27 @@ pub struct Settings {
     pub waits_table: String,
     /// How long a request may wait for others to share a send (`SEND_LINGER_MS`).
     pub linger: Duration,
-    /// Each agent's request queue.
-    pub agent_queues: QueueUrls,
+    /// Each agent's request queue, and its own two queues (`SCHEDULER_QUEUE_URL`,
+    /// `REPLY_QUEUE_URL`), where a message kept back by a passing cause is sent again.
+    pub queues: QueueUrls,
 }
 
 impl Settings {
     pub fn from_env(env: &Env) -> Result<Settings> {
         let engine = env.engine()?;
-        let mut agent_queues = QueueUrls::default();
+        let mut queues = QueueUrls::default()
+            .with(Destination::Scheduler, env.required("SCHEDULER_QUEUE_URL")?)
+            .with(Destination::Replies, env.required("REPLY_QUEUE_URL")?);
         for agent in &engine.agents {
             let url = env.required(&agent_queue_variable(agent))?;
-            agent_queues = agent_queues.with(Destination::Agent(agent.clone()), url);
+            queues = queues.with(Destination::Agent(agent.clone()), url);
         }
         Ok(Settings {
             tables: env.tables()?,
             bus: env.required("EVENT_BUS_NAME")?,
             waits_table: env.required("QUEUE_WAITS_TABLE")?,
             linger: env.send_linger()?,
-            agent_queues,
+            queues,
             engine,
         })
     }

@@ -26,6 +26,7 @@ use sas_infra::demo::{self, Chaos, DEMO_FAULTS, DEMO_WORKFLOW};
 use sas_infra::emulator::workspace_root;
 use sas_infra::jwt;
 use sas_infra::local::{LocalStack, Options};
+use sas_infra::proxy::FaultRule;
 use sas_infra::view::Observer;
 
 #[derive(Debug, Parser)]
@@ -132,6 +133,19 @@ struct StackArgs {
     /// Use the binaries as they are instead of running `cargo build` first.
     #[arg(long)]
     no_build: bool,
+    /// Lambda's account-wide quota of concurrent executions, shared by the stack's functions:
+    /// an invocation beyond it is throttled, and retried as Lambda retries it (default: none).
+    #[arg(long)]
+    account_concurrency: Option<usize>,
+    /// A fault the AWS proxy injects once the stack is up, as a JSON rule (repeatable), e.g.
+    /// '{"service":"dynamodb","operation":"PutItem on StateTable","caller":"SchedulerFunction","every":2,"fault":{"kind":"throttle"}}'
+    /// (more: `PUT /_proxy/faults` on the AWS endpoint).
+    #[arg(long = "wire-fault", value_parser = wire_fault)]
+    wire_faults: Vec<FaultRule>,
+}
+
+fn wire_fault(s: &str) -> Result<FaultRule, String> {
+    serde_json::from_str(s).map_err(|e| format!("not a fault rule: {e}"))
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -226,6 +240,7 @@ async fn main() -> ExitCode {
         api_port: stack_args.port,
         schedule_speed: speed,
         max_instances: stack_args.instances.max(1),
+        account_concurrency: stack_args.account_concurrency,
         stack_name: "local".into(),
         region: std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
         parameters,
@@ -240,6 +255,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    stack.proxy.faults.set(stack_args.wire_faults);
     // One line per reason: the API alone is a dozen resources.
     let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (id, kind, why) in &stack.stack.skipped {

@@ -12,6 +12,14 @@
 //! their ten replies in one. A slow handler holds the others back by the linger at most. Each
 //! handler still learns whether its own messages were sent, so a failed send fails exactly the
 //! messages that needed it, and their redelivery sends again.
+//!
+//! A passing cause (throttling, a service's 5xx, a timeout) must delay a message, never
+//! dead-letter it, however long it lasts; but SQS counts every receive against the queue's
+//! `maxReceiveCount` whatever the cause. So a message that fails for such a cause on its
+//! [`REQUEUE_FROM_RECEIVE`]th receive or later is sent again to its own queue, as a new message
+//! with a fresh count, [`REQUEUE_DELAY`] later, and the old one is deleted. Only a message that
+//! cannot be handled at all reaches the dead-letter queue. The queues' `maxReceiveCount` must be
+//! above [`REQUEUE_FROM_RECEIVE`], so that a failed resend still has receives to spare.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,13 +27,21 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use futures_util::future::join_all;
-use sas_engine::ports::{Incoming, Outbox, Outgoing};
+use sas_engine::message::Message;
+use sas_engine::ports::{Destination, Incoming, Outbox, Outgoing};
 use sas_engine::{Error, Result};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
-use tracing::{Instrument, error, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::trace;
+
+/// From this receive on, a message failing for a passing cause is sent again instead of being
+/// left for redelivery (see the module's documentation).
+pub const REQUEUE_FROM_RECEIVE: u32 = 3;
+
+/// How long a message sent again waits before it is delivered.
+pub const REQUEUE_DELAY: Duration = Duration::from_secs(60);
 
 tokio::task_local! {
     /// The batch the message being handled belongs to, inside a coalescing batch.
@@ -215,14 +231,17 @@ where
 }
 
 /// Like [`for_each_message`], with what the handlers send through `outbox` gathered into as
-/// few sends as the linger allows.
-pub async fn for_each_message_coalescing<Q, F, Fut>(
+/// few sends as the linger allows. `home` names the queue a message is consumed from, where it
+/// is sent again when it keeps failing for a passing cause.
+pub async fn for_each_message_coalescing<Q, H, F, Fut>(
     event: SqsEvent,
     outbox: &Coalescing<Q>,
+    home: H,
     handle: F,
 ) -> SqsBatchResponse
 where
     Q: Outbox,
+    H: Fn(&Message) -> Option<Destination>,
     F: Fn(Received) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
@@ -230,8 +249,19 @@ where
     let handlers = join_all(event.records.into_iter().map(|record| {
         let received = Received::from_record(record);
         let hop = received.begin_hop();
-        let work = BATCH
-            .scope(gate.clone(), handle_one(hop, received.message_id.clone(), handle(received)));
+        let (id, body, receive_count) =
+            (received.message_id.clone(), received.body.clone(), received.receive_count);
+        let handled = handle(received);
+        let home = &home;
+        let work = async move {
+            match handled.await {
+                Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
+                    requeue(outbox, &body, home, receive_count, e).await
+                }
+                other => other,
+            }
+        };
+        let work = BATCH.scope(gate.clone(), handle_one(hop, id, work));
         let gate = gate.clone();
         async move {
             let result = work.await;
@@ -241,6 +271,31 @@ where
     }));
     let (results, ()) = tokio::join!(handlers, gate.serve(&outbox.inner, outbox.linger));
     response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
+}
+
+/// Sends a message that failed with `error` again, as a new message, to the queue `home` names
+/// for it: done if the send worked, else the error stands and the queue redelivers it.
+async fn requeue<Q: Outbox>(
+    outbox: &Coalescing<Q>,
+    body: &str,
+    home: impl Fn(&Message) -> Option<Destination>,
+    receive_count: u32,
+    error: Error,
+) -> Result<()> {
+    let Some((message, to)) = Message::decode(body).ok().and_then(|m| Some((m.clone(), home(&m)?)))
+    else {
+        return Err(error);
+    };
+    match outbox.send(&[Outgoing { to, message, delay: REQUEUE_DELAY }]).await {
+        Ok(()) => {
+            info!(%error, receive_count, delay_s = REQUEUE_DELAY.as_secs(), "sent again as a new message, so that a passing cause delays it and never dead-letters it");
+            Ok(())
+        }
+        Err(resend) => {
+            warn!(%resend, "could not send it again; it stays in its queue");
+            Err(error)
+        }
+    }
 }
 
 /// Runs one message's handling in its span, as a hop of its order's trace, and logs a failure;
@@ -330,6 +385,7 @@ mod tests {
     /// Records each call it passes on: when, and how many messages.
     #[derive(Debug)]
     struct Recorder {
+        clock: ManualClock,
         queues: MemoryQueues<ManualClock>,
         calls: Mutex<Vec<(Duration, usize)>>,
         began: Instant,
@@ -337,8 +393,10 @@ mod tests {
 
     impl Recorder {
         fn new() -> Arc<Self> {
+            let clock = ManualClock::default();
             Arc::new(Recorder {
-                queues: MemoryQueues::new(ManualClock::default()),
+                queues: MemoryQueues::new(clock.clone()),
+                clock,
                 calls: Mutex::default(),
                 began: Instant::now(),
             })
@@ -354,6 +412,10 @@ mod tests {
             self.calls.lock().unwrap().push((at, messages.len()));
             self.queues.send(messages).await
         }
+    }
+
+    fn nowhere(_: &Message) -> Option<Destination> {
+        None
     }
 
     fn failed(response: &SqsBatchResponse) -> Vec<&str> {
@@ -381,6 +443,7 @@ mod tests {
         let response = for_each_message_coalescing(
             event(&["a", "b", "c"]),
             &outbox,
+            nowhere,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 outbox_ref.send(&[start(1), start(2)]).await?;
@@ -405,6 +468,7 @@ mod tests {
         let response = for_each_message_coalescing(
             event(&["a", "b", "quiet"]),
             &outbox,
+            nowhere,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 if id != "quiet" {
@@ -425,6 +489,7 @@ mod tests {
         let response = for_each_message_coalescing(
             event(&["a", "b", "slow"]),
             &outbox,
+            nowhere,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 if id == "slow" {
@@ -452,6 +517,7 @@ mod tests {
         let response = for_each_message_coalescing(
             event(&["a", "quiet"]),
             &outbox,
+            nowhere,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 if id == "quiet" {
@@ -464,5 +530,69 @@ mod tests {
         .await;
         assert!(failed(&response).is_empty());
         assert_eq!(recorder.calls(), [(Duration::from_secs(5), 1)]);
+    }
+
+    fn received_as(id: &str, body: &str, receive_count: u32) -> SqsEvent {
+        let mut m = SqsMessage::default();
+        m.message_id = Some(id.to_owned());
+        m.body = Some(body.to_owned());
+        m.attributes.insert("ApproximateReceiveCount".into(), receive_count.to_string());
+        let mut event = SqsEvent::default();
+        event.records.push(m);
+        event
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_failing_for_a_passing_cause_is_sent_again_before_it_runs_out_of_receives() {
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(10));
+        let body = start(1).message.encode();
+        let throttled = |_: Received| async {
+            Err(Error::unavailable("dynamodb", "ThrottlingException: rate exceeded"))
+        };
+        let home = |_: &Message| Some(Destination::Scheduler);
+        // Early receives are left to the queue's own redelivery.
+        for count in 1..REQUEUE_FROM_RECEIVE {
+            let response = for_each_message_coalescing(
+                received_as("m", &body, count),
+                &outbox,
+                home,
+                throttled,
+            )
+            .await;
+            assert_eq!(failed(&response), ["m"], "receive {count}");
+        }
+        assert_eq!(recorder.queues.sent_count(&Destination::Scheduler), 0);
+        // Then it goes back as a new message, later, and the old one is done with.
+        let response = for_each_message_coalescing(
+            received_as("m", &body, REQUEUE_FROM_RECEIVE),
+            &outbox,
+            home,
+            throttled,
+        )
+        .await;
+        assert!(failed(&response).is_empty());
+        assert_eq!(recorder.queues.sent_count(&Destination::Scheduler), 1);
+        assert!(recorder.queues.receive(&Destination::Scheduler, 10).is_empty(), "came early");
+        recorder.clock.advance(REQUEUE_DELAY);
+        let later = recorder.queues.receive(&Destination::Scheduler, 10);
+        let later: Vec<_> = later.iter().map(|m| (m.body.as_str(), m.receive_count)).collect();
+        assert_eq!(later, [(body.as_str(), 1)]);
+
+        // A message that cannot be handled is not sent again: it is for the dead-letter queue.
+        let poison = |_: Received| async { Err(Error::InvalidMessage("poison".into())) };
+        let response =
+            for_each_message_coalescing(received_as("p", &body, 4), &outbox, home, poison).await;
+        assert_eq!(failed(&response), ["p"]);
+        // Nor is one whose home is unknown, or one whose resend fails.
+        let response =
+            for_each_message_coalescing(received_as("n", &body, 4), &outbox, nowhere, throttled)
+                .await;
+        assert_eq!(failed(&response), ["n"]);
+        recorder.queues.fail_next_sends(1);
+        let response =
+            for_each_message_coalescing(received_as("f", &body, 4), &outbox, home, throttled).await;
+        assert_eq!(failed(&response), ["f"]);
+        assert_eq!(recorder.queues.sent_count(&Destination::Scheduler), 1);
     }
 }

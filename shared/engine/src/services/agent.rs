@@ -65,6 +65,11 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
         &self.outbox
     }
 
+    /// The queue it takes its requests from.
+    pub fn queue(&self) -> &Destination {
+        &self.queue
+    }
+
     /// Performs the request. An `Err` (the reply could not be sent) should make the request
     /// come back: calling the service again with the same key is harmless.
     pub async fn handle(
