@@ -364,20 +364,24 @@ mod tests {
     ) -> Result<(Option<RouteAuth>, Option<RouteAuth>), Error> {
         let t = project_template();
         let fns = functions(&t, &local_dry_run(&t, parameters))?;
+        // One route per path and method, whichever of its resources the parameters choose.
         let auth = |id: &str, route: &str| {
-            fns.iter()
+            let routes: Vec<_> = fns
+                .iter()
                 .flat_map(|f| f.events.iter().map(move |e| (f, e)))
-                .find_map(|(f, e)| match e {
-                    EventSource::HttpApi { name, authorizer, .. }
-                        if f.logical_id == id && name == route =>
+                .filter_map(|(f, e)| match e {
+                    EventSource::HttpApi { method, path, authorizer, .. }
+                        if f.logical_id == id && format!("{method} {path}") == route =>
                     {
                         Some(authorizer.clone())
                     }
                     _ => None,
                 })
-                .unwrap()
+                .collect();
+            assert_eq!(routes.len(), 1, "{route} under {parameters:?}");
+            routes[0].clone()
         };
-        Ok((auth("StatusFunction", "OrderGetRoute"), auth("AdminFunction", "AdminListOrdersRoute")))
+        Ok((auth("StatusFunction", "GET /orders/{id}"), auth("AdminFunction", "GET /admin/orders")))
     }
 
     #[test]
