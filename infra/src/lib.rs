@@ -17,7 +17,8 @@
 //!   dead-letter queue, reported as it arrives.
 //! - [`gateway`]: the HTTP API and function URLs, with their authorizers ([`sigv4`], [`jwt`]).
 //! - [`traces`]: the trace segments the functions send, received as X-Ray's daemon would.
-//! - [`local`]: all of it together: the local stack.
+//! - [`local`]: all of it together: the local stack; [`sam_local`]: the `--env-vars` file that
+//!   points `sam local` at it.
 //! - [`proxy`]: the proxy between the functions and the emulators: it routes each service to
 //!   its emulator, counts the calls, checks each function's calls against its policy, and
 //!   injects the faults AWS produces when asked.
@@ -42,6 +43,7 @@ pub mod processes;
 pub mod provision;
 pub mod proxy;
 pub mod runtime_api;
+pub mod sam_local;
 pub mod sigv4;
 pub mod sources;
 pub mod template;

@@ -375,6 +375,16 @@ async fn main() -> ExitCode {
             "local-stack: change the simulated service's faults: curl --aws-sigv4 'aws:amz:{region}:lambda' --user 'ops:{secret}' -X PUT {url}faults -H 'content-type: application/json' -d '{{}}'"
         );
     }
+    // For those with Docker: the functions under `sam local`, against this stack.
+    let env_vars = bin_dir.parent().unwrap_or(&bin_dir).join("sam-env-vars.json");
+    match sas_infra::sam_local::write_env_vars(&options.template, &stack, &env_vars) {
+        Ok(()) => println!(
+            "local-stack: sam local against this stack (after `sam build`; on Linux, where the container must share the host's loopback): sam local invoke SchedulerFunction -e functions/scheduler/events/start.json --env-vars {} --docker-network host (or `sam local start-api --env-vars {} --docker-network host --port 3001`)",
+            env_vars.display(),
+            env_vars.display()
+        ),
+        Err(e) => eprintln!("local-stack: {e}"),
+    }
     stopped().await;
     drop(observer);
     println!("local-stack: stopping");
