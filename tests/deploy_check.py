@@ -250,6 +250,35 @@ def check_visibility(expanded, choice):
     return problems
 
 
+# Concurrent executions of a new account, all of which are unreserved.
+NEW_ACCOUNT_CONCURRENCY = 10
+
+
+def check_pollers(expanded, choice):
+    """The queues' pollers, at their most, fit in a new account: each SQS mapping has a
+    MaximumConcurrency (without one it grows towards a thousand), and together they ask for no
+    more than the account has."""
+    problems = []
+    total = 0
+    resources = expanded["Resources"]
+    for rid, r in resources.items():
+        if r["Type"] != "AWS::Lambda::EventSourceMapping":
+            continue
+        source = r["Properties"].get("EventSourceArn")
+        if not (isinstance(source, dict) and "Fn::GetAtt" in source):
+            continue
+        if resources[source["Fn::GetAtt"][0]]["Type"] != "AWS::SQS::Queue":
+            continue
+        most = r["Properties"].get("ScalingConfig", {}).get("MaximumConcurrency")
+        if most is None:
+            problems.append(f"{rid} has no MaximumConcurrency: its poller grows until the account throttles everything else")
+            continue
+        total += number(most, choice, 0)
+    if total > NEW_ACCOUNT_CONCURRENCY:
+        problems.append(f"the queues' pollers ask for {total:g} concurrent executions, more than a new account's {NEW_ACCOUNT_CONCURRENCY}")
+    return problems
+
+
 def expand(template, overrides):
     sam = copy.deepcopy(template)
     # SAM needs the code in S3, as `sam package` leaves it; the local build is not the point.
@@ -373,6 +402,7 @@ def main():
         problems += check_reservations(expanded)
         problems += check_grants(expanded, choice)
         problems += check_visibility(expanded, choice)
+        problems += check_pollers(expanded, choice)
         resources = expanded["Resources"]
         expected = {rid for rid, r in resources.items() if not r.get("Condition") or choice.holds(r["Condition"])}
         print(f"expanded: {len(resources)} resources, {len(expected)} of them in this choice")
@@ -390,7 +420,7 @@ def main():
             print(f"FAILED: {p}")
         failed |= bool(problems)
         if not problems:
-            print("checks: rules, reservations, grants, visibility timeouts: all hold")
+            print("checks: rules, reservations, grants, visibility timeouts, pollers: all hold")
     print("deploy check: " + ("FAILED" if failed else "passed"))
     sys.exit(1 if failed else 0)
 

@@ -1,7 +1,7 @@
 //! A first `sam deploy`, as close as a machine without an AWS account gets: `template.yaml` at
 //! its defaults and at each documented choice is expanded with SAM's translator, checked for
 //! what neither cfn-lint nor moto sees (functions in `Rules`, unconditional reservations,
-//! grants outside the stack, visibility timeouts), and created in moto's CloudFormation
+//! grants outside the stack, visibility timeouts, the pollers' concurrency), and created in moto's CloudFormation
 //! (`tests/deploy_check.py`, with its Python tools from PyPI in `.venv-deploy`). Then copies of
 //! the template with one known deploy fault each must fail the same check, naming the fault.
 
@@ -93,6 +93,12 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
             "      VisibilityTimeout: 71 # SchedulerFunction: 6 x 10 s, the longest batching window (10 s), and a second\n      SqsManagedSseEnabled: true\n      RedrivePolicy:\n        deadLetterTargetArn:\n          Fn::GetAtt: [SchedulerDeadLetterQueue, Arn]",
             "      VisibilityTimeout: 61\n      SqsManagedSseEnabled: true\n      RedrivePolicy:\n        deadLetterTargetArn:\n          Fn::GetAtt: [SchedulerDeadLetterQueue, Arn]",
             "SchedulerQueue hides a message 61 s, under 6 x 10 s + 10 s",
+        ),
+        (
+            "pollers-too-many",
+            "    Type: Number\n    Default: 2\n    MinValue: 2\n    MaxValue: 1000\n",
+            "    Type: Number\n    Default: 10\n    MinValue: 2\n    MaxValue: 1000\n",
+            "the queues' pollers ask for 50 concurrent executions",
         ),
     ];
     for (name, old, new, named) in cases {

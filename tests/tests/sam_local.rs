@@ -150,22 +150,23 @@ async fn each_function_runs_its_sample_event_as_sam_local_invoke_would_against_t
         }
     }
 
-    // The sample order: submitted, then each function with its events, in the order the
-    // system would call them. The local stack's own functions run too, on the same queues.
+    // The sample order is submitted first (the other events follow it), then every other
+    // function runs its events. The local stack's own functions run too, on the same queues.
     let order = sample_order();
-    let order_of_calls = [
-        "SubmissionFunction",
-        "StatusFunction",
-        "SchedulerFunction",
-        "InventoryAgentFunction",
-        "PaymentAgentFunction",
-        "ShippingAgentFunction",
-        "SupervisorFunction",
-        "AdminFunction",
-        "RemoteSimFunction",
-    ];
+    let submits = |f: &&sas_infra::local::RunningFunction| {
+        f.spec.events.iter().any(|e| {
+            matches!(e, EventSource::HttpApi { method, path, .. } if method == "POST" && path == "/orders")
+        })
+    };
+    let order_of_calls: Vec<&str> = stack
+        .functions
+        .iter()
+        .filter(submits)
+        .chain(stack.functions.iter().filter(|f| !submits(f)))
+        .map(|f| f.spec.logical_id.as_str())
+        .collect();
     let mut invoked = Vec::new();
-    for id in order_of_calls {
+    for &id in &order_of_calls {
         let f = stack.functions.iter().find(|f| f.spec.logical_id == id).unwrap();
         let environment = sam[id]["environment"].as_object().unwrap();
         for event in sample_events(&f.spec.binary, &f.spec.environment) {
