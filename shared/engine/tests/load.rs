@@ -196,7 +196,10 @@ struct Remote {
     agent: &'static str,
     scenario: Scenario,
     start: Timestamp,
+    /// This worker's draws of transient faults.
     seed: u64,
+    /// The world's, shared by every worker: which keys the business refuses.
+    refusals: u64,
     calls: AtomicU64,
     injected: Ledger,
 }
@@ -218,9 +221,11 @@ impl RemoteService for Remote {
         self.worker.advance(latency);
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let draw = SplitMix::seeded(self.seed ^ n.wrapping_mul(0x9e37_79b9)).unit();
-        // The same key always gets the same answer, as a card declined stays declined.
+        // The same key always gets the same answer, whichever worker calls, as a card declined
+        // stays declined; and a key that took effect is answered with its effect, never refused.
         let refused = call.direction == Direction::Do
-            && SplitMix::seeded(self.seed ^ fingerprint(&call.idempotency_key)).unit()
+            && !self.inner.applied(&call.idempotency_key)
+            && SplitMix::seeded(self.refusals ^ fingerprint(&call.idempotency_key)).unit()
                 < self.scenario.permanent;
         let mut injected = self.injected.lock().unwrap();
         if refused {
@@ -289,6 +294,8 @@ struct World {
     queues: Queues,
     bus: Bus,
     remote: Arc<MemoryRemote<ManualClock>>,
+    /// Each step's action and its undo's, to count effects in place as the business does.
+    steps: Vec<(String, Option<String>)>,
     injected: Ledger,
     rng: SplitMix,
     submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
@@ -375,6 +382,7 @@ impl World {
                     scenario: scenario.clone(),
                     start,
                     seed: seed.wrapping_mul(31).wrapping_add((a * 7 + n) as u64),
+                    refusals: seed,
                     calls: AtomicU64::new(0),
                     injected: injected.clone(),
                 });
@@ -404,6 +412,11 @@ impl World {
             queues,
             bus,
             remote,
+            steps: workflow
+                .steps()
+                .iter()
+                .map(|s| (s.name.clone(), s.compensation.as_ref().map(|c| c.action.clone())))
+                .collect(),
             injected,
             rng: SplitMix::seeded(seed),
             submission,
@@ -591,8 +604,33 @@ impl World {
     fn outcome(&self, mut out: Outcome) -> Outcome {
         let injected = self.injected.lock().unwrap();
         let alerts = self.bus.of_type(sas_engine::events::ALERT_DETAIL_TYPE);
+        let in_place = self.remote.in_place(&self.steps);
         let mut to_end = Vec::new();
         for r in self.store.records() {
+            // What the business holds for the order, whatever keys its calls came with: a
+            // processed order every step once; one in Error nothing, but what is on the
+            // operator's list to undo by hand.
+            for (step, _) in &self.steps {
+                let n = in_place.get(&(r.order_id, step.clone())).copied().unwrap_or(0);
+                let expected = match r.process_state {
+                    ProcessState::Processed => 1..=1,
+                    _ if r.needs_manual_undo().contains(step) => 0..=1,
+                    _ => 0..=0,
+                };
+                assert!(
+                    expected.contains(&n),
+                    "seed {}: {} ended {:?} with {step} in place {n} times\n{:#?}\n{}",
+                    self.seed,
+                    r.order_id,
+                    r.process_state,
+                    self.remote
+                        .ledger()
+                        .iter()
+                        .filter(|e| e.order_id == r.order_id)
+                        .collect::<Vec<_>>(),
+                    serde_json::to_string_pretty(&r).unwrap()
+                );
+            }
             if let Some(end) = r.timeline.iter().rev().find(|e| {
                 matches!(e.what, Happening::Processed | Happening::Compensated | Happening::Failed)
             }) {

@@ -325,6 +325,8 @@ struct Sim {
     alerted: HashMap<OrderId, usize>,
     /// Ledger entries the check of effects in place has seen: it runs again only on new ones.
     ledger_checked: usize,
+    /// Each step's action and its undo's, to count effects in place as the business does.
+    steps: Vec<(String, Option<String>)>,
     accepted: Vec<OrderId>,
     terminal: HashMap<OrderId, StateRecord>,
     attempts: HashMap<OrderId, u64>,
@@ -456,6 +458,11 @@ impl Sim {
             workflow.clone(),
         );
         let settle_bound = settle_bound(&config, &workflow);
+        let steps = workflow
+            .steps()
+            .iter()
+            .map(|s| (s.name.clone(), s.compensation.as_ref().map(|c| c.action.clone())))
+            .collect();
         Sim {
             seed,
             rng,
@@ -476,6 +483,7 @@ impl Sim {
             errors: HashMap::new(),
             alerted: HashMap::new(),
             ledger_checked: 0,
+            steps,
             accepted: Vec::new(),
             terminal: HashMap::new(),
             attempts: HashMap::new(),
@@ -753,35 +761,21 @@ impl Sim {
                 self.terminal.insert(*id, r.clone());
             }
         }
-        // At most one effect per order, step and direction.
-        assert!(self.remote.max_applications() <= 1, "seed {seed}: an effect applied twice");
-        // And across redrives: of all the runs of one step, at most one has its effect in
-        // place (done, and not undone). Only a new ledger entry can change that.
+        // Of all the runs of one step of one order, whatever their keys, at most one has its
+        // effect in place (done, and not undone). Only a ledger change can change that.
         let ledger_len = self.remote.ledger_len();
-        if ledger_len == self.ledger_checked {
-            return;
+        if ledger_len != self.ledger_checked {
+            self.ledger_checked = ledger_len;
+            for ((order, step), n) in self.remote.in_place(&self.steps) {
+                assert!(
+                    (0..=1).contains(&n),
+                    "seed {seed}: {order} has {step} in place {n} times\n{:#?}",
+                    self.remote.ledger().iter().filter(|e| e.order_id == order).collect::<Vec<_>>()
+                );
+            }
         }
-        self.ledger_checked = ledger_len;
-        let mut live: HashMap<String, Vec<String>> = HashMap::new();
-        for key in self.live_effects() {
-            live.entry(step_of(&key)).or_default().push(key);
-        }
-        for (step, keys) in live {
-            assert!(keys.len() <= 1, "seed {seed}: {step} took effect in several runs: {keys:?}");
-        }
-    }
-
-    /// The `do` keys whose effect is in place: applied, and their run's `undo` never recorded.
-    fn live_effects(&self) -> Vec<String> {
-        let ledger = self.remote.ledger();
-        let undone: HashSet<&str> =
-            ledger.iter().filter_map(|e| e.key.strip_suffix("/undo")).collect();
-        ledger
-            .iter()
-            .filter_map(|e| e.key.strip_suffix("/do").map(|run| (run, &e.key)))
-            .filter(|(run, _)| !undone.contains(run))
-            .map(|(_, key)| key.clone())
-            .collect()
+        // And each key took effect at most once.
+        assert!(self.remote.max_applications() <= 1, "seed {seed}: an effect applied twice");
     }
 
     async fn run(&mut self) -> Tally {
@@ -869,7 +863,7 @@ impl Sim {
         let ledger = self.remote.ledger();
         let applied =
             |key: String| ledger.iter().any(|e| e.key == key && e.output.get("noop").is_none());
-        let live = self.live_effects();
+        let in_place = self.remote.in_place(&self.steps);
         let alerts = self.bus.of_type(ALERT_DETAIL_TYPE);
         for r in self.memory.records() {
             let id = r.order_id;
@@ -886,8 +880,7 @@ impl Sim {
                 ids.len(),
             );
             let key = |s: &sas_engine::state::StepState, d| step_key(id, &s.name, d, s.generation);
-            let live_for =
-                |step: &str| live.iter().filter(|k| step_of(k) == format!("{id}/{step}")).count();
+            let live_for = |step: &str| in_place.get(&(id, step.to_owned())).copied().unwrap_or(0);
             match r.process_state {
                 ProcessState::Processed => {
                     for s in &r.steps {
@@ -944,19 +937,6 @@ impl Sim {
                 other => panic!("seed {seed}: {id} ended {other:?}"),
             }
         }
-    }
-}
-
-/// The step a key belongs to, whichever run: `{order}/{step}` of `{order}/{step}[/r{n}]/{dir}`.
-fn step_of(key: &str) -> String {
-    let run = key.rsplit_once('/').map_or(key, |(run, _)| run);
-    match run.rsplit_once('/') {
-        Some((step, run_no))
-            if run_no.strip_prefix('r').is_some_and(|n| n.parse::<u32>().is_ok()) =>
-        {
-            step.to_owned()
-        }
-        _ => run.to_owned(),
     }
 }
 
@@ -1044,6 +1024,39 @@ async fn a_fault_kind_switched_off_is_never_injected() {
         let total = run_seeds(&[1, 2, 3, 4], Faults::all().without(fault)).await;
         assert_eq!(total.count(fault), 0, "{} injected while switched off", fault.name());
     }
+}
+
+/// Runs seeds until one fails, with services that apply a repeated key again; the panic's
+/// message, or `None` if every seed passed.
+fn first_failure_with_forgetful_services(seeds: std::ops::RangeInclusive<u64>) -> Option<String> {
+    for seed in seeds {
+        // A thread of its own, whose panic is the expected outcome.
+        let outcome = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            runtime.block_on(async {
+                let mut sim = Sim::new(seed, Faults::all());
+                sim.remote.forget_keys();
+                sim.run().await
+            })
+        })
+        .join();
+        if let Err(panic) = outcome {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()));
+            return Some(text.unwrap_or_default());
+        }
+    }
+    None
+}
+
+#[test]
+fn the_double_effect_check_fails_a_run_whose_services_apply_a_repeated_key_again() {
+    let failure = first_failure_with_forgetful_services(1..=5)
+        .expect("five runs passed with services that apply every repeated call again");
+    // The business count fails first: a step in place twice, whatever the keys.
+    assert!(failure.contains(" in place 2 times"), "{failure}");
 }
 
 #[test]

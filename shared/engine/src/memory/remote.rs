@@ -47,8 +47,9 @@ pub struct LedgerEntry {
     pub order_id: OrderId,
     pub action: String,
     pub direction: Direction,
-    /// How many times the effect took place. Deduplication keeps it at 1; anything more is a
-    /// bug in this service, which [`MemoryRemote::max_applications`] exists to catch.
+    /// How many times the effect took place: every application is counted. Deduplication
+    /// keeps it at 1; a service whose deduplication is off ([`MemoryRemote::forget_keys`])
+    /// applies a repeated key again.
     pub applications: u32,
     /// What the service answered when it applied the effect, and answers to every repeat.
     pub output: serde_json::Value,
@@ -83,6 +84,8 @@ struct State {
     refused: HashMap<String, String>,
     faults: RemoteFaults,
     next_ref: u64,
+    // Deduplication off: a repeated key applies its effect again.
+    forgetful: bool,
 }
 
 impl<C: Clock> MemoryRemote<C> {
@@ -115,6 +118,35 @@ impl<C: Clock> MemoryRemote<C> {
     /// The most applications of any one key; a test asserts it is at most 1.
     pub fn max_applications(&self) -> u32 {
         self.state().ledger.iter().map(|e| e.applications).max().unwrap_or(0)
+    }
+
+    /// Turns deduplication off, as a broken service would have it: a repeated key applies its
+    /// effect again. For tests that must show their checks catch a double effect.
+    pub fn forget_keys(&self) {
+        self.state().forgetful = true;
+    }
+
+    /// The effects in place, as the business counts them, whatever keys they came with: for
+    /// each order and each `(action, undo action)` pair in `steps`, the applications of the
+    /// action minus the applications of its undo that undid something (an undo of nothing is a
+    /// no-op). 1 is a step in effect, 0 one never done or undone; anything else is wrong.
+    pub fn in_place(&self, steps: &[(String, Option<String>)]) -> HashMap<(OrderId, String), i64> {
+        let mut counts: HashMap<(OrderId, String), i64> = HashMap::new();
+        for e in &self.state().ledger {
+            if e.output.get("noop").is_some() {
+                continue;
+            }
+            let step = steps.iter().find(|(action, undo)| match e.direction {
+                Direction::Do => *action == e.action,
+                Direction::Undo => undo.as_deref() == Some(e.action.as_str()),
+            });
+            if let Some((action, _)) = step {
+                let sign = if e.direction == Direction::Do { 1 } else { -1 };
+                *counts.entry((e.order_id, action.clone())).or_default() +=
+                    sign * i64::from(e.applications);
+            }
+        }
+        counts
     }
 
     /// Whether the effect of `key` took place (a no-op undo counts: it is recorded).
@@ -159,7 +191,12 @@ impl State {
                 !counterpart(Direction::Do).is_some_and(|k| self.by_key.contains_key(&k))
             }
         };
-        if let Some(effect) = self.by_key.get(key).and_then(|&at| self.ledger.get(at)) {
+        if let Some(&at) = self.by_key.get(key) {
+            let forgetful = self.forgetful;
+            let effect = &mut self.ledger[at];
+            if forgetful {
+                effect.applications += 1;
+            }
             return Ok(effect.output.clone());
         }
         self.next_ref += 1;
@@ -487,5 +524,43 @@ mod tests {
     fn the_remote_can_be_shared_between_threads() {
         fn shared<T: Send + Sync>() {}
         shared::<MemoryRemote<ManualClock>>();
+    }
+
+    #[tokio::test]
+    async fn effects_in_place_are_counted_per_step_whatever_their_keys() {
+        let (clock, remote) = setup();
+        let steps = [("charge".to_owned(), Some("refund".to_owned()))];
+        let in_place = |remote: &MemoryRemote<ManualClock>| {
+            remote.in_place(&steps).get(&(order_id(), "charge".to_owned())).copied().unwrap_or(0)
+        };
+        // An undo of nothing is a no-op: nothing in place, nothing owed.
+        remote.call(&call(Direction::Undo, clock.now())).await.unwrap();
+        assert_eq!(in_place(&remote), 0);
+
+        let (clock, remote) = setup();
+        remote.call(&call(Direction::Do, clock.now())).await.unwrap();
+        remote.call(&call(Direction::Do, clock.now())).await.unwrap();
+        assert_eq!(in_place(&remote), 1, "a repeated key is one charge");
+        // The same step under another key is a second charge, which no key-based count sees.
+        let mut rekeyed = call(Direction::Do, clock.now());
+        rekeyed.idempotency_key = step_key(order_id(), "charge", Direction::Do, 1);
+        remote.call(&rekeyed).await.unwrap();
+        assert_eq!(remote.max_applications(), 1);
+        assert_eq!(in_place(&remote), 2);
+        // Refunding the first run leaves one in place.
+        remote.call(&call(Direction::Undo, clock.now())).await.unwrap();
+        assert_eq!(in_place(&remote), 1);
+    }
+
+    #[tokio::test]
+    async fn a_service_that_forgets_keys_applies_a_repeat_again_and_it_shows() {
+        let (clock, remote) = setup();
+        remote.forget_keys();
+        let first = remote.call(&call(Direction::Do, clock.now())).await.unwrap();
+        let again = remote.call(&call(Direction::Do, clock.now())).await.unwrap();
+        assert_eq!(again, first);
+        assert_eq!(remote.applications(&do_key()), 2);
+        let steps = [("charge".to_owned(), Some("refund".to_owned()))];
+        assert_eq!(remote.in_place(&steps)[&(order_id(), "charge".to_owned())], 2);
     }
 }
