@@ -11,6 +11,7 @@
 
 pub mod browser;
 pub mod e2e;
+pub mod effects;
 pub mod stack;
 
 pub use sas_infra::emulator::{self as moto, Moto};

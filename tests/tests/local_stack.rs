@@ -36,7 +36,10 @@ use sas_infra::functions::EventSource;
 use sas_infra::local::LocalStack;
 use sas_infra::proxy::{FaultRule, WireFault};
 use sas_infra::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
-use sas_tests::e2e::{SOUND, e2e_target, put_faults, start_stack, start_stack_within};
+use sas_tests::e2e::{
+    FAST_WORKFLOW, SOUND, e2e_target, put_faults, start_stack, start_stack_within,
+};
+use sas_tests::effects::assert_effects_match;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -102,6 +105,7 @@ async fn orders_finish_while_function_processes_are_killed() {
 
     let ledger = ledger(&http, &stack).await;
     assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
+    assert_effects_match(&ledger, FAST_WORKFLOW, &states);
     println!("{kills} kills, {} restarts, states: {:?}", stack.restarts(), count(&states));
 }
 
@@ -169,6 +173,7 @@ async fn orders_failed_by_a_long_outage_are_redriven_with_the_cli_once_it_is_ove
     assert!(states.values().all(|s| s == "Processed"), "after the redrive: {states:?}");
     let ledger = ledger(&http, &stack).await;
     assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
+    assert_effects_match(&ledger, FAST_WORKFLOW, &states);
     for id in &ids {
         // The released reservation is made again (under a new key), then the order goes on.
         assert_eq!(
@@ -234,6 +239,7 @@ async fn an_order_cancelled_while_its_payment_is_in_flight_ends_cancelled_with_i
     assert_eq!(states[&id], "Cancelled");
     let ledger = ledger(&http, &stack).await;
     assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
+    assert_effects_match(&ledger, FAST_WORKFLOW, &states);
     // Either the charge took effect before the cancel reached it, and it is refunded before the
     // reservation is released, or the refund came first and the service refused the late
     // charge; in both, nothing is shipped and nothing stays charged or reserved.
@@ -608,6 +614,7 @@ async fn throttling_delays_orders_and_dead_letters_none() {
     assert!(polled_throttles > 0, "no queue's poller was throttled by the account's quota");
     let ledger = ledger(&http, &stack).await;
     assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
+    assert_effects_match(&ledger, FAST_WORKFLOW, &states);
     println!(
         "{refused} writes throttled; {lambda_throttles} invocations throttled, {polled_throttles} of them by queues' pollers"
     );

@@ -7,6 +7,8 @@
 use std::time::Duration;
 
 use sas_engine::state::{Phase, ProcessState, StepStatus};
+use sas_engine::workflow::Workflow;
+use sas_tests::effects::{assert_effects_match, ended};
 use sas_tests::stack::{System, order_id, order_json, statuses};
 use serde_json::Value;
 
@@ -27,6 +29,7 @@ async fn an_order_runs_through_the_three_steps() {
     let ledger = s.remote.ledger().await;
     assert_eq!(ledger["effects"].as_array().unwrap().len(), 3);
     assert_eq!(ledger["max_applications"], 1);
+    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
 
     let (status, view) = s.get(&id.to_string()).await;
     assert_eq!(status, 200);
@@ -53,13 +56,15 @@ async fn transient_faults_of_the_remote_service_are_absorbed_by_the_agents() {
         ids.push(order_id(&body));
     }
     s.settle().await;
-    for id in ids {
+    for &id in &ids {
         assert_eq!(s.state(id).await.process_state, ProcessState::Processed, "{id}");
     }
     let stats = s.remote.stats().await;
     assert!(stats["transient"].as_u64().unwrap() > 0, "{stats}");
     assert!(stats["lost_answer"].as_u64().unwrap() > 0, "{stats}");
-    assert_eq!(s.remote.ledger().await["max_applications"], 1);
+    let ledger = s.remote.ledger().await;
+    assert_eq!(ledger["max_applications"], 1);
+    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended(ids, "Processed"));
 }
 
 #[tokio::test]
@@ -148,7 +153,9 @@ async fn duplicate_and_stale_replies_change_nothing() {
     s.t.send_raw("ReplyQueue", &first_reply).await;
     s.settle().await;
     assert_eq!(s.state(id).await, finished, "not a byte changed");
-    assert_eq!(s.remote.ledger().await["max_applications"], 1);
+    let ledger = s.remote.ledger().await;
+    assert_eq!(ledger["max_applications"], 1);
+    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
 }
 
 #[tokio::test]

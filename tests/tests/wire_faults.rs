@@ -6,8 +6,10 @@
 
 use sas_engine::ports::{Read, StateStore};
 use sas_engine::state::ProcessState;
+use sas_engine::workflow::Workflow;
 use sas_engine::{IdempotencyKey, OrderId};
 use sas_infra::proxy::{FaultRule, WireFault};
+use sas_tests::effects::{assert_effects_match, ended};
 use sas_tests::stack::{System, order_json};
 
 fn rule(service: &str, operation: &str, fault: WireFault, times: u32) -> FaultRule {
@@ -157,6 +159,7 @@ async fn a_send_that_fails_on_the_server_is_replayed_from_the_written_state() {
     assert_eq!(done.attempt, claimed.attempt + 2);
     let ledger = system.remote.ledger().await;
     assert_eq!(ledger["max_applications"], 1);
+    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
 }
 
 #[tokio::test]

@@ -54,8 +54,8 @@ pub struct Effect {
     pub order_id: String,
     pub action: String,
     pub direction: Direction,
-    /// How many times the effect took place: 1, unless deduplication is broken, which is what
-    /// `max_applications` exists to catch.
+    /// How many times the effect took place, every application counted: 1, unless
+    /// deduplication is broken, which is what `max_applications` exists to catch.
     pub applications: u32,
     /// What the service answered when it applied the effect, and answers to every repeat.
     pub output: Value,
@@ -123,12 +123,14 @@ impl Ledger {
         }
     }
 
-    /// Records the effect of a new key and returns its output: `{"ref": "{action}-{n}"}`, with
-    /// `"noop": true` for a no-op undo. A key already recorded is not recorded again (its
-    /// output is returned instead), so even a caller that skipped [`Ledger::check`] cannot
-    /// apply a key twice.
+    /// Records an effect and returns its output: `{"ref": "{action}-{n}"}`, with
+    /// `"noop": true` for a no-op undo. Every application is counted: the service's logic
+    /// ([`Ledger::check`]) applies a key once, and a caller that skipped it and applied a known
+    /// key again would show as a second application, answered with the first output.
     pub fn apply(&mut self, call: &Call, noop: bool) -> Value {
-        if let Some(effect) = self.effect(&call.key) {
+        if let Some(&at) = self.by_key.get(&call.key) {
+            let effect = &mut self.effects[at];
+            effect.applications = effect.applications.saturating_add(1);
             return effect.output.clone();
         }
         self.last_ref += 1;
@@ -269,5 +271,15 @@ mod tests {
         assert_eq!(ledger.max_applications(), 0);
         let again = serve(&mut ledger, &call("charge-payment", Direction::Do)).unwrap();
         assert_eq!(again, json!({ "ref": "charge-payment-1" }));
+    }
+
+    #[test]
+    fn an_application_that_skipped_the_check_is_counted() {
+        let mut ledger = Ledger::default();
+        let charge = call("charge-payment", Direction::Do);
+        let first = ledger.apply(&charge, false);
+        assert_eq!(ledger.apply(&charge, false), first);
+        assert_eq!(ledger.max_applications(), 2);
+        assert_eq!(ledger.effects().len(), 1);
     }
 }
