@@ -33,7 +33,7 @@ const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
 
 /// Some payments declined for good, so that the run has alerts and compensated orders too.
 const FAULTS: &str =
-    r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"permanent_rate":0.3}}}"#;
+    r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"permanent_rate":0.5}}}"#;
 
 const ORDERS: usize = 10;
 
@@ -184,6 +184,9 @@ async fn the_page_shows_the_run_live_and_as_a_report() {
     observer.refresh().await;
     let truth = truth(&stack).await;
     assert!(truth.processed > 0, "some orders went through");
+    // The page's checks of alert rows prove nothing without an order in Error (half the
+    // payments are refused: all ten going through has odds of one in a thousand).
+    assert!(truth.errors > 0, "no order failed, so the alert rows went unchecked");
     println!("{} processed, {} in Error, of {ORDERS}", truth.processed, truth.errors);
 
     // Live: the page fetches the view; each order has a page of its own.

@@ -874,3 +874,16 @@ fn an_ended_order_is_printed_at_once_with_its_end_already_counted() {
         "one print, right after the write that ended the order, with its count and time in it"
     );
 }
+
+#[test]
+fn a_record_whose_step_the_workflow_no_longer_has_is_refused_naming_it() {
+    // A record written under a workflow whose step was since renamed or removed.
+    let f = Fixture::new();
+    let mut r = f.new_record();
+    r.steps[0].name = "renamed-away".into();
+    let claim = Input::Claim { attempt: r.attempt, owner: "scheduler-a", message: "start-0" };
+    assert_eq!(
+        f.decide(&r, claim, T0),
+        Decision::Illegal(Illegal::UnknownStep { step: "renamed-away".into() })
+    );
+}
