@@ -286,6 +286,7 @@ impl LocalStack {
                         ..
                     } => {
                         let queue_url = queue_url(&stack, queue_arn)?;
+                        let redrive = redrives.iter().find(|r| r.queue_url == queue_url);
                         let limit = match max_concurrency {
                             Some(m) if (*m as usize) < instances => {
                                 Arc::new(Semaphore::new(*m as usize))
@@ -301,13 +302,8 @@ impl LocalStack {
                             report_batch_item_failures: *report_batch_item_failures,
                             timeout: spec.timeout,
                             region: options.region.clone(),
-                            max_receive_count: redrives
-                                .iter()
-                                .find(|r| r.queue_url == queue_url)
-                                .map(|r| r.max_receive_count),
-                            visibility_timeout: redrives
-                                .iter()
-                                .find(|r| r.queue_url == queue_url)
+                            max_receive_count: redrive.map(|r| r.max_receive_count),
+                            visibility_timeout: redrive
                                 .map_or(Duration::from_secs(30), |r| r.visibility_timeout),
                             dead_letters: Some(dead_letters.clone()),
                         };

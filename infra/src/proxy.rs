@@ -129,31 +129,35 @@ impl FaultRule {
 
 /// The proxy's fault rules. Clones share them.
 #[derive(Clone, Debug, Default)]
-pub struct WireFaults(Arc<Mutex<Vec<FaultRule>>>, Arc<std::sync::atomic::AtomicU64>);
+pub struct WireFaults {
+    rules: Arc<Mutex<Vec<FaultRule>>>,
+    /// Requests the rules have hit.
+    hits: Arc<std::sync::atomic::AtomicU64>,
+}
 
 impl WireFaults {
     /// Replaces the rules.
     pub fn set(&self, rules: Vec<FaultRule>) {
-        *lock(&self.0) = rules;
+        *lock(&self.rules) = rules;
     }
 
     /// Adds a rule after the others.
     pub fn add(&self, rule: FaultRule) {
-        lock(&self.0).push(rule);
+        lock(&self.rules).push(rule);
     }
 
     pub fn clear(&self) {
-        lock(&self.0).clear();
+        lock(&self.rules).clear();
     }
 
     pub fn rules(&self) -> Vec<FaultRule> {
-        lock(&self.0).clone()
+        lock(&self.rules).clone()
     }
 
     /// The fault for this request, if a rule hits it; the first matching rule wins and is
     /// charged one hit.
     fn take(&self, call: &Call, caller: Option<&str>) -> Option<WireFault> {
-        let mut rules = lock(&self.0);
+        let mut rules = lock(&self.rules);
         let rule = rules.iter_mut().find(|r| r.matches(call, caller))?;
         rule.seen += 1;
         if rule.every.is_some_and(|n| (rule.seen - 1) % u64::from(n.max(1)) != 0) {
@@ -162,13 +166,13 @@ impl WireFaults {
         if let Some(n) = &mut rule.times {
             *n -= 1;
         }
-        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(rule.fault.clone())
     }
 
     /// Requests the rules have hit so far.
     pub fn hits(&self) -> u64 {
-        self.1.load(std::sync::atomic::Ordering::Relaxed)
+        self.hits.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

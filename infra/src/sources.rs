@@ -109,21 +109,21 @@ async fn gather(
 /// First and longest pause between tries of a throttled invocation.
 const THROTTLE_BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(8));
 
-/// Invokes the function with a batch received just now, trying again with backoff while it is
-/// throttled, as long as an invocation could still end before the messages become visible again.
-async fn invoke_unless_throttled_out(
+/// Invokes the function, trying again with backoff while it is throttled and the next try
+/// would still start before `give_up_at`; the last answer otherwise.
+async fn invoke_through_throttling(
     api: &RuntimeApi,
-    mapping: &SqsMapping,
-    event: String,
+    payload: &str,
+    timeout: Duration,
+    give_up_at: std::time::Instant,
 ) -> Result<String, InvokeError> {
-    let received = std::time::Instant::now();
     let mut pause = THROTTLE_BACKOFF.0;
     loop {
-        match api.invoke(event.clone(), mapping.timeout).await {
+        match api.invoke(payload.to_owned(), timeout).await {
             Err(InvokeError::Throttled(quota))
-                if received.elapsed() + pause + mapping.timeout < mapping.visibility_timeout =>
+                if std::time::Instant::now() + pause < give_up_at =>
             {
-                debug!(function = %mapping.function, quota, "throttled; trying the batch again");
+                debug!(quota, "throttled; trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(THROTTLE_BACKOFF.1);
             }
@@ -146,7 +146,18 @@ async fn deliver(
             d.note_failed_delivery(&mapping.queue_url, mapping.max_receive_count, m, why);
         }
     };
-    let failed: Vec<String> = match invoke_unless_throttled_out(api, mapping, event).await {
+    // A throttled batch is tried again as long as an invocation could still end before its
+    // messages become visible again.
+    let give_up_at =
+        std::time::Instant::now() + mapping.visibility_timeout.saturating_sub(mapping.timeout);
+    let failed: Vec<String> = match invoke_through_throttling(
+        api,
+        &event,
+        mapping.timeout,
+        give_up_at,
+    )
+    .await
+    {
         Ok(answer) if mapping.report_batch_item_failures => {
             match reported_failures(&answer, &ids) {
                 Some(failed) => failed,
@@ -265,22 +276,10 @@ pub fn schedule(
             });
             // EventBridge invokes asynchronously: Lambda keeps a throttled event and tries
             // again, here until it goes through or the next one is due.
-            let mut pause = THROTTLE_BACKOFF.0;
-            let given_up = std::time::Instant::now() + period;
-            loop {
-                match api.invoke(event.to_string(), timeout).await {
-                    Err(InvokeError::Throttled(_))
-                        if std::time::Instant::now() + pause < given_up =>
-                    {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(THROTTLE_BACKOFF.1);
-                    }
-                    Err(e) => {
-                        warn!(%function, error = %e, "scheduled invocation failed");
-                        break;
-                    }
-                    Ok(_) => break,
-                }
+            let give_up_at = std::time::Instant::now() + period;
+            let payload = event.to_string();
+            if let Err(e) = invoke_through_throttling(&api, &payload, timeout, give_up_at).await {
+                warn!(%function, error = %e, "scheduled invocation failed");
             }
         }
     })

@@ -282,8 +282,7 @@ async fn requeue<Q: Outbox>(
     receive_count: u32,
     error: Error,
 ) -> Result<()> {
-    let Some((message, to)) = Message::decode(body).ok().and_then(|m| Some((m.clone(), home(&m)?)))
-    else {
+    let Some((to, message)) = Message::decode(body).ok().and_then(|m| Some((home(&m)?, m))) else {
         return Err(error);
     };
     match outbox.send(&[Outgoing { to, message, delay: REQUEUE_DELAY }]).await {
