@@ -10,7 +10,7 @@
 use proptest::prelude::*;
 use sas_engine::config::EngineConfig;
 use sas_engine::ids::{IdempotencyKey, OrderId};
-use sas_engine::machine::{Ctx, Input, decide};
+use sas_engine::machine::{Ctx, Decision, Illegal, Input, decide};
 use sas_engine::message::{Message, StepOutcome, StepRef};
 use sas_engine::order::{MAX_ITEMS, MAX_QUANTITY, MAX_TOTAL, MAX_UNIT_PRICE, Order};
 use sas_engine::state::{CommandKind, StateRecord};
@@ -288,7 +288,7 @@ proptest! {
         let record = sas_engine::machine::create(order_id(), "c".into(), &ctx0).next;
         let body = mutate(&serde_json::to_value(&record).unwrap(), pick, with);
         let Ok(record) = serde_json::from_value::<StateRecord>(body) else { return Ok(()) };
-        let _ = record.check();
+        let sound = record.check();
         let ctx = Ctx { now: Timestamp::from_millis(t0.as_millis() + now_offset), config: &config, workflow: &workflow };
         let step = StepRef { index: 0, name: "reserve-inventory".into(), direction: sas_engine::ids::Direction::Do };
         let outcome = StepOutcome::done(json!({"ref": "r"}));
@@ -305,7 +305,23 @@ proptest! {
         .into_iter()
         .chain(CommandKind::ALL.map(|command| Input::Command { command, id: "cmd-1", by: "ops", reason: "why" }))
         {
-            let _ = decide(&record, input, &ctx);
+            // A damaged record is refused whole, whatever the input; a sound one only ever
+            // moves to a sound record, one revision on.
+            match (decide(&record, input, &ctx), &sound) {
+                (Decision::Illegal(Illegal::Corrupt { .. }), Err(_)) => {}
+                (decision, Err(why)) => {
+                    prop_assert!(false, "a damaged record ({why}) gave {decision:?}");
+                }
+                (Decision::Illegal(Illegal::Corrupt { reason }), Ok(())) => {
+                    prop_assert!(false, "a sound record refused as corrupt: {reason}");
+                }
+                (Decision::Apply(t), Ok(())) => {
+                    prop_assert!(t.next.check().is_ok(), "{:?} wrote a damaged record: {:?}", input, t.next.check());
+                    prop_assert_eq!(Some(t.next.revision), record.revision.checked_add(1));
+                    prop_assert_eq!(t.next.order_id, record.order_id);
+                }
+                (_, Ok(())) => {}
+            }
         }
     }
 }
