@@ -16,6 +16,7 @@
 //! - Policy: [`config`] (every tunable, with defaults), [`retry`], [`load`] (queue waits and
 //!   depths, and what the supervisor and the door make of them).
 //! - [`metrics`]: what the services count and time, through the `metrics` facade.
+//! - [`mutants`]: guards broken on purpose, switched on only by tests.
 //! - [`memory`]: in-memory ports with the semantics of DynamoDB, SQS and EventBridge, for tests
 //!   and the simulation.
 //!
@@ -36,6 +37,7 @@ pub mod machine;
 pub mod memory;
 pub mod message;
 pub mod metrics;
+pub mod mutants;
 pub mod order;
 pub mod ports;
 pub mod retry;

@@ -72,6 +72,7 @@ use crate::config::EngineConfig;
 use crate::events::StatusKind;
 use crate::ids::{Direction, OrderId};
 use crate::message::{StepOutcome, StepRef};
+use crate::mutants::{self, Mutant};
 use crate::state::{
     AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Phase, ProcessState,
     StateRecord, StepState, StepStatus, Stop,
@@ -338,7 +339,10 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             Decision::Ignore(Ignored::Stale { received: attempt, current })
         }
 
-        (Processing, Input::Reply { attempt, step, outcome, message }) if attempt == current => {
+        (Processing, Input::Reply { attempt, step, outcome, message })
+            if attempt == current
+                || mutants::on(Mutant::ReplyFromPreviousAttempt) && attempt + 1 == current =>
+        {
             reply(record, step, outcome, message, ctx)
         }
         (Pending | Paused, Input::Reply { attempt, .. }) if attempt == current => {
@@ -521,7 +525,9 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
         let wait = ctx.config.wait.wait(failures);
         let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
         next.failure_count = failures;
-        if record.process_state == ProcessState::Processing {
+        if record.process_state == ProcessState::Processing
+            || mutants::on(Mutant::PendingResetTakesNewAttempt)
+        {
             // The request (or its reply) is judged lost: a new lease fences it out.
             next.attempt += 1;
         }
@@ -935,6 +941,10 @@ fn redrive(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Deci
         match s.status {
             StepStatus::Done | StepStatus::NotStarted => continue,
             StepStatus::Undone | StepStatus::Failed => {
+                s.generation += 1;
+                s.dispatched = false;
+            }
+            StepStatus::Uncertain if mutants::on(Mutant::NewKeysForUncertainSteps) => {
                 s.generation += 1;
                 s.dispatched = false;
             }

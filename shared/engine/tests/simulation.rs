@@ -31,11 +31,14 @@ use sas_engine::memory::{
     SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
+use sas_engine::mutants::{self, Mutant};
 use sas_engine::ports::{
     Clock, Created, Destination, EventBus, Expected, ExpiryIndex, Incoming, IndexEntry,
     OrderRecord, Outbox, Outgoing, Random, Read, Saved, StateStore,
 };
-use sas_engine::services::{Agent, Command, Operator, Scheduler, Submission, Supervisor};
+use sas_engine::services::{
+    Agent, Command, Operator, Scheduler, Submission, Supervisor, SweepReport,
+};
 use sas_engine::state::{
     AlertDelivery, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
 };
@@ -330,8 +333,10 @@ struct Sim {
     accepted: Vec<OrderId>,
     terminal: HashMap<OrderId, StateRecord>,
     attempts: HashMap<OrderId, u64>,
-    /// The lease each order last held: (attempt, CompleteBy).
-    leases: HashMap<OrderId, (u64, Timestamp)>,
+    /// Each order's revision and CompleteBy at the last check: a supervisor's write must find
+    /// the deadline it replaces passed, whether a Processing lease, a Pending claim or an
+    /// alert's retry.
+    deadlines: HashMap<OrderId, (u64, Option<Timestamp>)>,
     tally: Tally,
     /// The kinds switched on for this run.
     faults: Faults,
@@ -352,6 +357,11 @@ fn destination(name: &str) -> Destination {
 
 impl Sim {
     fn new(seed: u64, faults: Faults) -> Sim {
+        Sim::breaking(seed, faults, Duration::ZERO)
+    }
+
+    /// A run whose supervisors' clocks read `ahead` of everyone else's.
+    fn breaking(seed: u64, faults: Faults, ahead: Duration) -> Sim {
         let rng = SplitMix::seeded(seed);
         let clock = ManualClock::default();
         let memory = Arc::new(MemoryStore::new(clock.clone()));
@@ -442,7 +452,7 @@ impl Sim {
                 store.clone(),
                 outbox.clone(),
                 events.clone(),
-                clock.clone(),
+                clock.ahead_by(ahead),
                 load(),
                 config.clone(),
                 workflow.clone(),
@@ -487,7 +497,7 @@ impl Sim {
             accepted: Vec::new(),
             terminal: HashMap::new(),
             attempts: HashMap::new(),
-            leases: HashMap::new(),
+            deadlines: HashMap::new(),
             tally: Tally::default(),
             faults,
             faults_on: true,
@@ -620,14 +630,34 @@ impl Sim {
             // interleave.
             let (a, b) = (&self.supervisors[0], &self.supervisors[1]);
             let (ra, rb) = futures_util::future::join(a.sweep(), b.sweep()).await;
-            for report in [ra, rb].into_iter().flatten() {
-                self.tally.races_lost += report.lost_races as u64;
-            }
+            self.judge(ra);
+            self.judge(rb);
         } else {
             self.maybe_crash();
-            let _ = self.supervisors[0].sweep().await;
+            let report = self.supervisors[0].sweep().await;
             self.disarm();
+            self.judge(report);
         }
+    }
+
+    /// A sweep never meets a record it cannot judge, and fails (whole or on some records) only
+    /// while faults are injected.
+    fn judge(&mut self, report: Result<SweepReport>) {
+        let seed = self.seed;
+        let report = match report {
+            Ok(report) => report,
+            Err(e) => {
+                assert!(self.faults_on && e.is_retryable(), "seed {seed}: sweep failed: {e}");
+                return;
+            }
+        };
+        assert_eq!(report.illegal, 0, "seed {seed}: a record the machine cannot judge: {report:?}");
+        assert!(
+            self.faults_on || report.errors == 0,
+            "seed {seed}: a sweep without faults failed on records: {report:?}"
+        );
+        assert!(report.ignored + report.acted + report.lost_races + report.errors <= report.found);
+        self.tally.races_lost += report.lost_races as u64;
     }
 
     /// An operator's command on a random accepted order. Now and then it is a command sent
@@ -713,19 +743,18 @@ impl Sim {
             let last = self.attempts.entry(*id).or_insert(0);
             assert!(r.attempt >= *last, "seed {seed}: {id} attempt went back");
             *last = r.attempt;
-            // At most one live lease: the supervisor may take a lease away (reset, or move on
-            // to compensation) only once its CompleteBy has passed.
-            if let Some(&(attempt, complete_by)) = self.leases.get(id) {
-                if r.attempt > attempt && r.last_input == InputRef::Expire {
+            // At most one live lease: the supervisor may take a lease or a claim away (reset,
+            // retry, or move on to compensation) only once its CompleteBy has passed.
+            if let Some(&(revision, deadline)) = self.deadlines.get(id) {
+                if r.revision > revision && r.last_input == InputRef::Expire {
                     assert!(
-                        complete_by <= self.clock.now(),
-                        "seed {seed}: {id}'s lease of attempt {attempt} was taken before its CompleteBy"
+                        deadline.is_some_and(|d| d <= self.clock.now()),
+                        "seed {seed}: {id} expired at revision {} before its CompleteBy {deadline:?}",
+                        r.revision
                     );
                 }
             }
-            if r.process_state == ProcessState::Processing {
-                self.leases.insert(*id, (r.attempt, r.complete_by.unwrap()));
-            }
+            self.deadlines.insert(*id, (r.revision, r.complete_by));
             // Terminal states move only by an operator's redrive (an Error record otherwise
             // only records its alert as sent).
             if let Some(before) = self.terminal.get(id) {
@@ -1026,16 +1055,38 @@ async fn a_fault_kind_switched_off_is_never_injected() {
     }
 }
 
-/// Runs seeds until one fails, with services that apply a repeated key again; the panic's
-/// message, or `None` if every seed passed.
-fn first_failure_with_forgetful_services(seeds: std::ops::RangeInclusive<u64>) -> Option<String> {
+/// What a run breaks on purpose, to show that the checks notice.
+#[derive(Clone, Copy, Debug)]
+enum Breakage {
+    /// The remote services apply a repeated key again.
+    ForgetfulServices,
+    /// Guards of the engine broken (see `sas_engine::mutants`).
+    Mutants(&'static [Mutant]),
+    /// Supervisors whose clocks run this far ahead.
+    SupervisorAhead(Duration),
+}
+
+/// Runs seeds under `breakage` until one fails: the panic's message, or `None` if every seed
+/// passed.
+fn first_failure(seeds: std::ops::RangeInclusive<u64>, breakage: Breakage) -> Option<String> {
     for seed in seeds {
-        // A thread of its own, whose panic is the expected outcome.
+        // A thread of its own, whose panic is the expected outcome; the mutants' switches are
+        // per thread.
         let outcome = std::thread::spawn(move || {
+            let _switched = match breakage {
+                Breakage::Mutants(mutants) => Some(mutants::switch_on(mutants)),
+                _ => None,
+            };
+            let ahead = match breakage {
+                Breakage::SupervisorAhead(by) => by,
+                _ => Duration::ZERO,
+            };
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
             runtime.block_on(async {
-                let mut sim = Sim::new(seed, Faults::all());
-                sim.remote.forget_keys();
+                let mut sim = Sim::breaking(seed, Faults::all(), ahead);
+                if let Breakage::ForgetfulServices = breakage {
+                    sim.remote.forget_keys();
+                }
                 sim.run().await
             })
         })
@@ -1053,9 +1104,36 @@ fn first_failure_with_forgetful_services(seeds: std::ops::RangeInclusive<u64>) -
 
 #[test]
 fn the_double_effect_check_fails_a_run_whose_services_apply_a_repeated_key_again() {
-    let failure = first_failure_with_forgetful_services(1..=5)
+    let failure = first_failure(1..=5, Breakage::ForgetfulServices)
         .expect("five runs passed with services that apply every repeated call again");
     // The business count fails first: a step in place twice, whatever the keys.
+    assert!(failure.contains(" in place 2 times"), "{failure}");
+}
+
+#[test]
+fn a_reply_guard_off_by_one_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::ReplyFromPreviousAttempt]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed taking replies of the previous attempt");
+    // Either the old reply moves the order, or it names a step the order has left behind.
+    let noticed = failure.contains("a reply of attempt") || failure.contains("WrongStep");
+    assert!(noticed, "{failure}");
+}
+
+#[test]
+fn a_supervisor_whose_clock_runs_ahead_fails_the_simulation() {
+    // Its index query and the machine's own checks both read its clock, so both guards give.
+    let breakage = Breakage::SupervisorAhead(Duration::from_secs(20));
+    let failure =
+        first_failure(1..=20, breakage).expect("twenty runs passed with a supervisor 20 s ahead");
+    assert!(failure.contains("before its CompleteBy"), "{failure}");
+}
+
+#[test]
+fn a_redrive_giving_new_keys_to_steps_of_unknown_outcome_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::NewKeysForUncertainSteps]);
+    let failure = first_failure(1..=400, breakage)
+        .expect("400 runs passed with redrives that run an uncertain step again under new keys");
     assert!(failure.contains(" in place 2 times"), "{failure}");
 }
 

@@ -12,11 +12,18 @@ use crate::time::Timestamp;
 #[derive(Clone, Debug)]
 pub struct ManualClock {
     now: Arc<Mutex<Timestamp>>,
+    /// How far this clone reads ahead of the time it shares (a host whose clock runs fast).
+    ahead: Duration,
 }
 
 impl ManualClock {
     pub fn at(start: Timestamp) -> Self {
-        ManualClock { now: Arc::new(Mutex::new(start)) }
+        ManualClock { now: Arc::new(Mutex::new(start)), ahead: Duration::ZERO }
+    }
+
+    /// A clone that reads `by` ahead of this clock, and moves with it.
+    pub fn ahead_by(&self, by: Duration) -> Self {
+        ManualClock { now: self.now.clone(), ahead: self.ahead + by }
     }
 
     /// Moves the clock forward.
@@ -41,7 +48,7 @@ impl Default for ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        *self.now.lock().unwrap_or_else(|e| e.into_inner())
+        self.now.lock().unwrap_or_else(|e| e.into_inner()).plus(self.ahead)
     }
 
     async fn sleep(&self, duration: Duration) {

@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::load::WaitReporter;
 use crate::message::{Message, StepOutcome, StepReply, StepRequest};
 use crate::metrics;
+use crate::mutants::{self, Mutant};
 use crate::ports::{
     Clock, Destination, Incoming, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
     WaitGauge,
@@ -168,5 +169,8 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
 /// When the agent must be done with `request`, taken at `taken`: its budget from then, or, for
 /// a request from an older scheduler that carries none, its CompleteBy.
 fn deadline(request: &StepRequest, taken: Timestamp) -> Timestamp {
+    if mutants::on(Mutant::AgentDeadlineFromCompleteBy) {
+        return request.complete_by;
+    }
     request.budget_ms.map_or(request.complete_by, |ms| taken.plus(Duration::from_millis(ms)))
 }

@@ -23,6 +23,7 @@ use crate::config::EngineConfig;
 use crate::error::Result;
 use crate::load::{Horizon, LoadSource};
 use crate::machine::{Ctx, Decision, Input, decide};
+use crate::mutants::{self, Mutant};
 use crate::ports::{Clock, EventBus, ExpiryIndex, IndexEntry, Outbox, Read, Saved, StateStore};
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
@@ -97,6 +98,7 @@ where
         let oldest_ms = self.oldest(now).await;
         let load = self.load.load(now).await?;
         let horizon = match load.horizon(&self.ports.workflow) {
+            _ if mutants::on(Mutant::NoHorizon) => Duration::ZERO,
             Horizon::Within(horizon) => horizon,
             Horizon::Stalled(queue) => {
                 warn!(queue = %queue.name(), "messages wait and nobody takes them: no lease is judged");
