@@ -57,9 +57,14 @@ pub fn build_binaries(target_tmpdir: &Path) -> PathBuf {
 /// Environment overrides: the fast workflow for the engine's functions, `faults` for the
 /// simulated services.
 pub fn overrides(faults: &str) -> Vec<(String, String, String)> {
+    overrides_running(FAST_WORKFLOW, faults)
+}
+
+/// As [`overrides`], with `workflow` (JSON) for the engine's functions.
+pub fn overrides_running(workflow: &str, faults: &str) -> Vec<(String, String, String)> {
     ENGINE_FUNCTIONS
         .iter()
-        .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), FAST_WORKFLOW.to_owned()))
+        .map(|f| ((*f).to_owned(), "WORKFLOW_JSON".to_owned(), workflow.to_owned()))
         .chain([("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), faults.to_owned())])
         .collect()
 }
@@ -87,17 +92,33 @@ pub async fn start_stack(
     failure_threshold: u32,
     parameters: &[(&str, &str)],
 ) -> LocalStack {
-    start_stack_within(target_tmpdir, name, faults, failure_threshold, parameters, None).await
+    let setup = Setup::default();
+    start_stack_within(target_tmpdir, name, faults, failure_threshold, parameters, setup).await
 }
 
-/// As [`start_stack`], in an account whose concurrent executions are limited to `quota`.
+/// What a stack may change from [`start_stack`]'s.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup<'a> {
+    /// The account's limit of concurrent executions; none by default.
+    pub quota: Option<usize>,
+    /// The workflow the engine runs (JSON); [`FAST_WORKFLOW`] by default.
+    pub workflow: &'a str,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Setup { quota: None, workflow: FAST_WORKFLOW }
+    }
+}
+
+/// As [`start_stack`], set up as `setup` says.
 pub async fn start_stack_within(
     target_tmpdir: &Path,
     name: &str,
     faults: &str,
     failure_threshold: u32,
     parameters: &[(&str, &str)],
-    quota: Option<usize>,
+    setup: Setup<'_>,
 ) -> LocalStack {
     let target_tmpdir = target_tmpdir.to_owned();
     let bin_dir =
@@ -111,7 +132,7 @@ pub async fn start_stack_within(
         // The supervisor's one-minute rate, every second.
         schedule_speed: 60.0,
         max_instances: 2,
-        account_concurrency: quota,
+        account_concurrency: setup.quota,
         stack_name: format!("{name}-{}", std::process::id()),
         region: "us-east-1".into(),
         parameters: HashMap::from([
@@ -123,7 +144,7 @@ pub async fn start_stack_within(
         .into_iter()
         .chain(parameters.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
         .collect(),
-        overrides: overrides(faults),
+        overrides: overrides_running(setup.workflow, faults),
         callers: Vec::new(),
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };

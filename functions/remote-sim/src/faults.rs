@@ -70,6 +70,16 @@ pub struct Faults {
     pub outages: Vec<Outage>,
     /// Seed of every random decision. Default 0.
     pub seed: u64,
+    /// Whether the service forgets the keys it applied, so that a repeated key takes effect
+    /// again (and counts a second application). Its deduplication off: only for showing that
+    /// a double-effect check fails. Default `false`.
+    pub forget_keys: bool,
+    /// A file: while it exists, every call of the action waits before it answers (its effect,
+    /// if any, already in place), and the service writes the call's key to `{file}.held`. A
+    /// test holds a call on the wire for as long as it needs; for a service on the test's own
+    /// machine. Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_while: Option<String>,
 }
 
 /// Knobs of one action that differ from the default; `None` keeps the default's value.
@@ -94,6 +104,10 @@ pub struct FaultsOverride {
     pub outages: Option<Vec<Outage>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forget_keys: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_while: Option<String>,
 }
 
 /// The whole configuration: default knobs, and overrides by action name. The default value
@@ -169,6 +183,8 @@ impl Faults {
             lost_answer_rate: o.lost_answer_rate.unwrap_or(d.lost_answer_rate),
             outages: o.outages.clone().unwrap_or_else(|| d.outages.clone()),
             seed: o.seed.unwrap_or(d.seed),
+            forget_keys: o.forget_keys.unwrap_or(d.forget_keys),
+            hold_while: o.hold_while.clone().or_else(|| d.hold_while.clone()),
         }
     }
 
@@ -190,6 +206,9 @@ impl Faults {
             return Err(invalid(format!(
                 "latency_ms + latency_jitter_ms must be at most {MAX_LATENCY_MS}"
             )));
+        }
+        if self.hold_while.as_deref().is_some_and(|f| f.trim().is_empty()) {
+            return Err(invalid("hold_while must name a file".to_owned()));
         }
         for w in &self.outages {
             if !(w.start_s.is_finite() && w.end_s.is_finite() && w.start_s <= w.end_s) {

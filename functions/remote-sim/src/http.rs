@@ -141,6 +141,9 @@ async fn action(
         "call"
     );
     // The lock is released before waiting, so a slow call holds up no other.
+    if let Some(file) = &answer.hold_while {
+        hold(file, &call.key).await;
+    }
     if !answer.latency.is_zero() {
         tokio::time::sleep(answer.latency).await;
     }
@@ -159,6 +162,22 @@ async fn action(
         Outcome::LostAnswer => error(StatusCode::SERVICE_UNAVAILABLE, "answer lost"),
         Outcome::Outage => error(StatusCode::SERVICE_UNAVAILABLE, "outage"),
     }
+}
+
+/// Waits while `file` exists, having written `key` to `{file}.held` for the test that holds it;
+/// never longer than a caller could wait.
+async fn hold(file: &str, key: &str) {
+    let held = format!("{file}.held");
+    if let Err(e) = std::fs::write(&held, key) {
+        tracing::warn!(%held, error = %e, "cannot say a call is held: not holding it");
+        return;
+    }
+    let until = Instant::now() + std::time::Duration::from_millis(crate::faults::MAX_LATENCY_MS);
+    // Tiny calls on a local file: blocking the runtime for them costs nothing worth a thread.
+    while std::path::Path::new(file).exists() && Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _ = std::fs::remove_file(&held);
 }
 
 async fn get_faults(State(app): State<App>) -> Response {

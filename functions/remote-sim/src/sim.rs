@@ -8,7 +8,7 @@
 //! 2. throttling (429, nothing applied);
 //! 3. a transient fault (503, nothing applied);
 //! 4. the ledger: a `do` of an undone step is refused (tombstone); a key already applied
-//!    answers its recorded output;
+//!    answers its recorded output (or, with `forget_keys`, takes effect again);
 //! 5. a permanent refusal of the key (422, nothing applied), only for keys not yet applied,
 //!    since a service that did something says so rather than declining it afterwards;
 //! 6. the effect is applied; then the answer may be lost (503, effect in place).
@@ -72,6 +72,8 @@ pub struct Answer {
     /// caller that gives up in the meantime still leaves it in place, as with a real service
     /// that is slow to answer.
     pub latency: Duration,
+    /// A file whose existence holds the answer back (see [`crate::faults::Faults::hold_while`]).
+    pub hold_while: Option<String>,
 }
 
 /// Calls counted by outcome. All zero by default.
@@ -150,6 +152,10 @@ impl Simulator {
         } else {
             match self.ledger.check(call) {
                 Check::Tombstoned => Outcome::Tombstoned,
+                // Deduplication off: the known key takes effect again.
+                Check::Replay(_) if faults.forget_keys => {
+                    Outcome::Applied(self.ledger.apply(call, false))
+                }
                 Check::Replay(_) if faults.loses_answer(&draws) => Outcome::LostAnswer,
                 Check::Replay(output) => Outcome::Replayed(output),
                 Check::New { .. } if faults.refuses(&call.key, call.direction) => {
@@ -174,7 +180,7 @@ impl Simulator {
         if faulted || self.stats.faulted_keys.contains_key(&call.key) {
             self.stats.faulted_keys.entry(call.key.clone()).or_default().count(&outcome);
         }
-        Answer { outcome, latency: faults.latency(&draws) }
+        Answer { outcome, latency: faults.latency(&draws), hold_while: faults.hold_while }
     }
 
     /// The configuration in force.
@@ -230,6 +236,27 @@ mod tests {
 
     fn with(default: Faults) -> Simulator {
         Simulator::new(FaultConfig { default, ..FaultConfig::default() })
+    }
+
+    #[test]
+    fn a_service_that_forgets_keys_applies_a_repeated_key_again() {
+        let mut sim = with(Faults { forget_keys: true, ..Faults::default() });
+        sim.handle(&charge(), 0.0);
+        let again = sim.handle(&charge(), 0.0);
+        assert_eq!(again.outcome, Outcome::Applied(json!({"ref": "charge-payment-1"})));
+        assert_eq!(sim.ledger().max_applications(), 2);
+    }
+
+    #[test]
+    fn a_held_action_says_so_in_its_answer_and_others_do_not() {
+        let held = FaultsOverride { hold_while: Some("/tmp/hold".into()), ..Default::default() };
+        let config = FaultConfig {
+            actions: [("charge-payment".to_owned(), held)].into(),
+            ..FaultConfig::default()
+        };
+        let mut sim = Simulator::new(config);
+        assert_eq!(sim.handle(&charge(), 0.0).hold_while.as_deref(), Some("/tmp/hold"));
+        assert_eq!(sim.handle(&refund(), 0.0).hold_while, None);
     }
 
     #[test]

@@ -77,6 +77,40 @@ async fn put_faults(app: &Router, faults: Value) -> Reply {
 }
 
 #[tokio::test]
+async fn a_held_call_takes_effect_at_once_and_answers_once_its_file_is_gone() {
+    let dir = std::env::temp_dir().join(format!("remote-sim-hold-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("charge");
+    std::fs::write(&file, "").unwrap();
+    let faults = json!({"actions": {"charge-payment": {"hold_while": file}}});
+    let (app, _) = service(FaultConfig::from_json(&faults.to_string()).unwrap());
+
+    let held = tokio::spawn({
+        let app = app.clone();
+        async move { call(&app, "charge-payment", "o1", "charge", "do").await }
+    });
+    let marker = dir.join("charge.held");
+    while !marker.exists() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "o1/charge/do");
+    // On the wire: the effect is in place, and the answer waits.
+    let ledger = get(&app, "/ledger").await.body;
+    assert_eq!(ledger["effects"][0]["key"], "o1/charge/do", "{ledger}");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!held.is_finished(), "the call answered while held");
+    // Another action is not held.
+    assert_eq!(call(&app, "ship", "o1", "ship", "do").await.status, StatusCode::OK);
+
+    std::fs::remove_file(&file).unwrap();
+    let answer = held.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.body, json!({"ref": "charge-payment-1"}));
+    assert!(!marker.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
 async fn the_router_serves_the_ledger_semantics_and_the_faults() {
     let (app, now) = service(FaultConfig::default());
     assert_eq!(get(&app, "/health").await.status, StatusCode::OK);
@@ -210,7 +244,7 @@ fn default_faults() -> Value {
     json!({
         "latency_ms": 0, "latency_jitter_ms": 0, "transient_rate": 0.0, "throttle_rate": 0.0,
         "permanent_rate": 0.0, "permanent_undo": false, "lost_answer_rate": 0.0, "outages": [],
-        "seed": 0,
+        "seed": 0, "forget_keys": false,
     })
 }
 
