@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sas_engine::state::{Phase, ProcessState, StepStatus};
 use sas_engine::workflow::Workflow;
-use sas_tests::effects::{assert_effects_match, ended};
+use sas_tests::effects::{assert_effects_match, ended, mismatches};
 use sas_tests::stack::{System, order_id, order_json, statuses};
 use serde_json::Value;
 
@@ -39,6 +39,34 @@ async fn an_order_runs_through_the_three_steps() {
     let events = s.t.drain("OrderEventsQueue").await;
     assert_eq!(statuses(&events, id).last().map(String::as_str), Some("processed"));
     assert!(s.t.drain("AlertsQueue").await.is_empty());
+}
+
+#[tokio::test]
+async fn the_business_count_fails_when_the_service_applies_a_repeated_key_again() {
+    // Lost answers make the agents call again with the same key; a service that forgets its
+    // keys applies each of those again, and the count of effects in place must say so.
+    let s = System::start(
+        "forgetful",
+        r#"{"default": {"lost_answer_rate": 0.5, "forget_keys": true, "seed": 5}}"#,
+    )
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let key = format!("order-forgetful-{i}");
+        let (status, body) = s.post(Some(&key), "application/json", &order_json("c-2")).await;
+        assert_eq!(status, 202);
+        ids.push(order_id(&body));
+    }
+    s.settle().await;
+    for &id in &ids {
+        assert_eq!(s.state(id).await.process_state, ProcessState::Processed, "{id}");
+    }
+    let stats = s.remote.stats().await;
+    assert!(stats["lost_answer"].as_u64().unwrap() > 0, "no answer was lost: {stats}");
+    let ledger = s.remote.ledger().await;
+    let wrong = mismatches(&ledger, Workflow::order_fulfilment_json(), &ended(ids, "Processed"));
+    println!("{}", wrong.join("\n"));
+    assert!(wrong.iter().any(|w| w.contains(" in place 2 times")), "{wrong:?}\n{ledger}");
 }
 
 #[tokio::test]
