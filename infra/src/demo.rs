@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 
 use crate::Error;
 use crate::aws::Clients;
+use crate::effects;
 use crate::local::LocalStack;
 use crate::sigv4;
 use crate::traces::OrderTraces;
@@ -77,7 +78,9 @@ pub struct Summary {
     pub metrics_disagree: bool,
     /// Orders whose hops were not all in one trace named by the order, or had no trace.
     pub traces_broken: usize,
-    pub max_applications: u64,
+    /// What the simulated service holds that the orders' ends do not explain (a step in place
+    /// twice, a processed order missing a step, a compensated one keeping one), one line each.
+    pub effects_wrong: Vec<String>,
     /// Function processes killed during the run.
     pub kills: u32,
     /// Messages that reached a dead-letter queue.
@@ -86,7 +89,8 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// The demo passes when every order is terminal, no effect was applied twice, every failed
+    /// The demo passes when every order is terminal, the service holds exactly what the
+    /// orders' ends say (see [`crate::effects`]), every failed
     /// order raised its alert, and every order that did not go through was failed by a fault
     /// the simulated service injected, not by load or delay; and the figures it reports cover
     /// every finished order; and no message reached a dead-letter queue (neither crashes nor
@@ -94,7 +98,7 @@ impl Summary {
     pub fn passed(&self) -> bool {
         self.unfinished == 0
             && self.dead_lettered == 0
-            && self.max_applications <= 1
+            && self.effects_wrong.is_empty()
             && self.errors_without_alert == 0
             && self.unexplained == 0
             && self.untimed == 0
@@ -422,8 +426,12 @@ async fn summarise(
             .map_err(|e| Error::Local(format!("reading the simulated service's /{path}: {e}")))
         }
     };
-    let (stats, faulted) = tokio::join!(get("stats"), get("stats/keys"));
-    let (stats, faulted) = (stats?, faulted?);
+    let (stats, faulted, ledger) = tokio::join!(get("stats"), get("stats/keys"), get("ledger"));
+    let (stats, faulted, ledger) = (stats?, faulted?, ledger?);
+    // Each order's end, for the orders whose end says exactly what the service must hold: a
+    // processed order every step once, a compensated one nothing. An order failed with steps
+    // left to undo by hand may keep those; the count still holds it to at most one each.
+    let mut ends = HashMap::new();
     let kills = kills.load(Ordering::Relaxed);
 
     let mut s = Summary { orders: accepted, ..Summary::default() };
@@ -450,9 +458,13 @@ async fn summarise(
         let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
         let why = explained(&b["cause"], &id, &faulted, kills);
         match (state_of(r).as_str(), end.and_then(|e| e["what"].as_str())) {
-            ("Processed", _) => s.processed += 1,
+            ("Processed", _) => {
+                s.processed += 1;
+                ends.insert(id.clone(), "Processed".to_owned());
+            }
             ("Error", Some("compensated")) => {
                 s.compensated += 1;
+                ends.insert(id.clone(), "Compensated".to_owned());
                 compensated_unexplained += usize::from(!why);
             }
             ("Error", _) => {
@@ -504,7 +516,7 @@ async fn summarise(
         }
     }
     s.errors_without_alert = error_ids.iter().filter(|id| !alerted.contains(*id)).count();
-    s.max_applications = stats["max_applications"].as_u64().unwrap_or(u64::MAX);
+    s.effects_wrong = effects::mismatches(&ledger, DEMO_WORKFLOW, &ends);
 
     to_terminal.sort_unstable();
     let pct = |p: f64| {
@@ -555,8 +567,14 @@ async fn summarise(
         s.errors_without_alert
     ));
     t.push_str(&format!(
-        "remote calls: {} ({} transient, {} throttled, {} during the outage, {} answers lost, {} refused for good); largest number of applications of one effect: {}\n",
-        stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"], s.max_applications
+        "remote calls: {} ({} transient, {} throttled, {} during the outage, {} answers lost, {} refused for good)\n",
+        stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"]
+    ));
+    t.push_str(&format!(
+        "effects in place, per order and step: {} wrong ({} processed or compensated orders held to their end, every order to at most once a step){}\n",
+        s.effects_wrong.len(),
+        ends.len(),
+        s.effects_wrong.iter().take(5).map(|w| format!("\n  {w}")).collect::<String>()
     ));
     t.push_str(&format!(
         "door: {} refused while the queues were long (sent again after Retry-After), {} throttled, {} other errors\n",

@@ -24,7 +24,8 @@
 //!   injects the faults AWS produces when asked.
 //! - [`policy`]: each function's permissions from the template, what each request needs, and
 //!   IAM's verdict: least privilege, checked on every local run.
-//! - [`demo`]: orders under misbehaving services, with a summary that checks the promises.
+//! - [`demo`]: orders under misbehaving services, with a summary that checks the promises;
+//!   [`effects`]: what the simulated service's ledger says the business holds, per step.
 //! - [`view`]: what an operator sees of a run: charts and tables on a page, served live or
 //!   written as a report.
 
@@ -32,6 +33,7 @@ pub mod aws;
 pub mod callers;
 pub mod dead_letters;
 pub mod demo;
+pub mod effects;
 pub mod emulator;
 pub mod functions;
 pub mod gateway;

@@ -264,6 +264,25 @@ async fn an_order_cancelled_while_its_payment_is_in_flight_ends_cancelled_with_i
     assert_eq!(view["needs_manual_undo"], json!([]), "{view}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_fails_when_the_service_applies_a_repeated_key_again() {
+    let _turn = TURN.lock().await;
+    // Lost answers make the agents call again with the same key, and this service forgets its
+    // keys: the orders all go through, but the business holds some steps twice.
+    let forgetful = r#"{"default":{"lost_answer_rate":0.3,"forget_keys":true,"latency_ms":20}}"#;
+    let stack = start("e2e-forgetful", forgetful, 2).await;
+    let summary =
+        sas_infra::demo::run(&stack, 10, None, Duration::from_secs(120), None).await.unwrap();
+    println!("{}", summary.text);
+    assert_eq!(summary.processed, 10, "{}", summary.text);
+    assert!(!summary.passed(), "the demo passed with steps in place twice");
+    assert!(
+        summary.effects_wrong.iter().any(|w| w.contains(" in place 2 times")),
+        "{:?}",
+        summary.effects_wrong
+    );
+}
+
 /// An order's body, and another one.
 const ORDER: &str = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
     "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
