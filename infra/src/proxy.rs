@@ -2,7 +2,8 @@
 //! request unchanged to the emulator that serves its service, counts requests by service and
 //! operation (so the demo can report what an order really costs), and, when asked, answers in
 //! place of the emulator with the faults AWS itself produces: throttling, server errors,
-//! transactions cancelled for given reasons, and slow answers.
+//! transactions cancelled for given reasons, slow answers, and batches (`SendMessageBatch`,
+//! `PutEvents`) that succeed with one entry failed.
 //!
 //! Faults are [`FaultRule`]s, set from Rust through [`WireFaults`] or over HTTP at
 //! `/_proxy/faults` (`PUT` a JSON list to replace them, `GET` to read them back, `DELETE` to
@@ -76,6 +77,72 @@ pub enum WireFault {
     Cancel { reasons: Vec<String> },
     /// The request is forwarded after this many milliseconds.
     Slow { ms: u64 },
+    /// The entry at `index` of a `SendMessageBatch` or `PutEvents` fails on the service's side
+    /// while the others are accepted: it is taken out of the request before the rest is
+    /// forwarded, and the answer (status 200) reports it as AWS does. SQS lists it under
+    /// `Failed` with code `InternalError` and `SenderFault: false`; EventBridge puts an entry
+    /// with `ErrorCode: InternalFailure` at its position and counts it in `FailedEntryCount`.
+    /// Any other request, or one without that entry, is forwarded unchanged.
+    FailEntry { index: usize },
+}
+
+/// The error code of a failed batch entry, by service.
+fn entry_failure_code(service: &str) -> &'static str {
+    if service == "sqs" { "InternalError" } else { "InternalFailure" }
+}
+
+/// A batch request with one entry taken out.
+struct Taken {
+    /// The request without the entry.
+    rest: Vec<u8>,
+    entry: serde_json::Value,
+    /// Entries left in `rest`.
+    left: usize,
+}
+
+/// Takes entry `index` out of a batch request's `Entries`, if it has one.
+fn take_entry(body: &[u8], index: usize) -> Option<Taken> {
+    let mut request: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let entries = request.get_mut("Entries")?.as_array_mut()?;
+    if index >= entries.len() {
+        return None;
+    }
+    let entry = entries.remove(index);
+    let left = entries.len();
+    Some(Taken { rest: serde_json::to_vec(&request).ok()?, entry, left })
+}
+
+/// `answer` (the service's answer to the request without the entry; `None` if nothing was
+/// left to forward) with `entry`, once at `index`, reported failed in `service`'s format.
+fn with_failed_entry(
+    service: &str,
+    answer: Option<&[u8]>,
+    index: usize,
+    entry: &serde_json::Value,
+) -> Option<Vec<u8>> {
+    let code = entry_failure_code(service);
+    let message = format!("{code} (injected by the local stack's proxy)");
+    let mut answer: serde_json::Value = match answer {
+        Some(bytes) => serde_json::from_slice(bytes).ok()?,
+        None => json!({}),
+    };
+    let fields = answer.as_object_mut()?;
+    if service == "sqs" {
+        fields.entry("Successful").or_insert_with(|| json!([]));
+        let failed = fields.entry("Failed").or_insert_with(|| json!([]));
+        failed.as_array_mut()?.push(json!({
+            "Id": entry["Id"], "SenderFault": false, "Code": code, "Message": message,
+        }));
+    } else {
+        let entries = fields.entry("Entries").or_insert_with(|| json!([])).as_array_mut()?;
+        entries.insert(
+            index.min(entries.len()),
+            json!({ "ErrorCode": code, "ErrorMessage": message }),
+        );
+        let count = fields.get("FailedEntryCount").and_then(serde_json::Value::as_u64);
+        fields.insert("FailedEntryCount".into(), json!(count.unwrap_or(0) + 1));
+    }
+    serde_json::to_vec(&answer).ok()
 }
 
 /// Which requests a fault hits, and how many times.
@@ -296,7 +363,7 @@ impl Proxy {
 
     async fn handle(&self, client: &reqwest::Client, request: Request<Body>) -> Response<Body> {
         let (parts, body) = request.into_parts();
-        let Ok(body) = to_bytes(body, 64 * 1024 * 1024).await else {
+        let Ok(mut body) = to_bytes(body, 64 * 1024 * 1024).await else {
             return status(StatusCode::PAYLOAD_TOO_LARGE);
         };
         if parts.uri.path() == CONTROL_PATH {
@@ -306,7 +373,7 @@ impl Proxy {
             return self.access_report(&parts.method);
         }
         let target = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
-        let call = classify(target, &body);
+        let mut call = classify(target, &body);
         // Authorisation comes first, as on AWS: a refused request is neither throttled nor
         // billed, so it is not counted either.
         if let (Some(access), Some(key)) = (&self.access, access_key_id(&parts.headers)) {
@@ -314,8 +381,27 @@ impl Proxy {
                 return denied(&call.service, &denial);
             }
         }
+        // The entry a `FailEntry` fault took out, and its index.
+        let mut failed_entry = None;
         match self.faults.take(&call, access_key_id(&parts.headers)) {
             Some(WireFault::Slow { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Some(WireFault::FailEntry { index }) => {
+                let batch = matches!(
+                    (call.service.as_str(), call.operation.as_str()),
+                    ("sqs", "SendMessageBatch") | ("eventbridge", "PutEvents")
+                );
+                if let Some(taken) = take_entry(&body, index).filter(|_| batch) {
+                    call.sends = call.sends.saturating_sub(1);
+                    if taken.left == 0 {
+                        // Nothing left to forward: the service would refuse an empty batch.
+                        self.counts.add(&call, 0);
+                        let answer = with_failed_entry(&call.service, None, index, &taken.entry);
+                        return batch_answer(&call.service, answer.unwrap_or_default());
+                    }
+                    body = taken.rest.into();
+                    failed_entry = Some((index, taken.entry));
+                }
+            }
             Some(fault) => {
                 self.counts.add(&call, 0);
                 return error_response(&call.service, &fault);
@@ -342,7 +428,14 @@ impl Proxy {
                         response = response.header(name, value);
                     }
                 }
-                let bytes = answer.bytes().await.unwrap_or_default();
+                let mut bytes = answer.bytes().await.unwrap_or_default();
+                if let Some((index, entry)) = failed_entry.as_ref().filter(|_| ok) {
+                    if let Some(with) =
+                        with_failed_entry(&call.service, Some(&bytes), *index, entry)
+                    {
+                        bytes = with.into();
+                    }
+                }
                 let messages = match call.operation.as_str() {
                     "ReceiveMessage" if ok => received(&bytes),
                     _ if ok => call.sends,
@@ -453,7 +546,9 @@ fn error_response(service: &str, fault: &WireFault) -> Response<Body> {
             400,
             json!({ "CancellationReasons": reasons.iter().map(|r| json!({ "Code": r })).collect::<Vec<_>>() }),
         ),
-        WireFault::Slow { .. } => ("InternalServerError", 500, json!({})),
+        WireFault::Slow { .. } | WireFault::FailEntry { .. } => {
+            ("InternalServerError", 500, json!({}))
+        }
     };
     let typed = match service {
         "dynamodb" => format!("com.amazonaws.dynamodb.v20120810#{code}"),
@@ -484,6 +579,17 @@ fn error_response(service: &str, fault: &WireFault) -> Response<Body> {
             headers.insert("x-amzn-query-error", v);
         }
     }
+    response
+}
+
+/// A batch answer of `service` with status 200, made by the proxy alone.
+fn batch_answer(service: &str, body: Vec<u8>) -> Response<Body> {
+    let content_type =
+        if service == "sqs" { "application/x-amz-json-1.0" } else { "application/x-amz-json-1.1" };
+    let mut response = Response::new(Body::from(body));
+    response
+        .headers_mut()
+        .insert("content-type", axum::http::HeaderValue::from_static(content_type));
     response
 }
 
@@ -617,6 +723,43 @@ mod tests {
         let r = error_response("sqs", &WireFault::ServerError { status: 503 });
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()["x-amzn-query-error"], "InternalServerError;Receiver");
+    }
+
+    #[test]
+    fn a_failed_entry_is_reported_in_each_services_batch_answer() {
+        let rule: FaultRule = serde_json::from_str(
+            r#"{"service":"sqs","operation":"SendMessageBatch","fault":{"kind":"fail_entry","index":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(rule.fault, WireFault::FailEntry { index: 1 });
+        let json = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).unwrap();
+
+        let request = br#"{"QueueUrl":"q","Entries":[{"Id":"0"},{"Id":"1"},{"Id":"2"}]}"#;
+        assert!(take_entry(request, 3).is_none());
+        let taken = take_entry(request, 1).unwrap();
+        assert_eq!((taken.entry["Id"].as_str(), taken.left), (Some("1"), 2));
+        assert_eq!(json(&taken.rest)["Entries"], json!([{"Id": "0"}, {"Id": "2"}]));
+        let answer = br#"{"Successful":[{"Id":"0","MessageId":"a"},{"Id":"2","MessageId":"c"}]}"#;
+        let sqs = json(&with_failed_entry("sqs", Some(answer), 1, &taken.entry).unwrap());
+        assert_eq!(sqs["Successful"].as_array().unwrap().len(), 2);
+        assert_eq!(sqs["Failed"][0]["Id"], "1");
+        assert_eq!(
+            (&sqs["Failed"][0]["Code"], &sqs["Failed"][0]["SenderFault"]),
+            (&json!("InternalError"), &json!(false))
+        );
+        // Nothing forwarded: the proxy answers alone.
+        let alone = json(&with_failed_entry("sqs", None, 0, &taken.entry).unwrap());
+        assert_eq!(
+            (alone["Successful"].as_array().unwrap().len(), alone["Failed"][0]["Id"].as_str()),
+            (0, Some("1"))
+        );
+
+        let answer = br#"{"FailedEntryCount":0,"Entries":[{"EventId":"a"},{"EventId":"c"}]}"#;
+        let events = json(&with_failed_entry("eventbridge", Some(answer), 1, &json!({})).unwrap());
+        assert_eq!(events["FailedEntryCount"], 1);
+        assert_eq!(events["Entries"][0]["EventId"], "a");
+        assert_eq!(events["Entries"][1]["ErrorCode"], "InternalFailure");
+        assert_eq!(events["Entries"][2]["EventId"], "c");
     }
 
     #[test]

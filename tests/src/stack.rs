@@ -90,6 +90,13 @@ impl TestStack {
         TestStack { dynamodb, sqs, events, stack }
     }
 
+    /// Provisions with every call going through the local stack's proxy, whose fault rules the
+    /// test sets.
+    pub async fn behind_proxy(name: &str) -> (TestStack, Proxy) {
+        let (proxy, endpoint) = proxy_to_moto().await;
+        (TestStack::on(&endpoint, name, HashMap::new()).await, proxy)
+    }
+
     pub fn name(&self, logical_id: &str) -> String {
         self.stack.reference(logical_id).unwrap_or_else(|| panic!("{logical_id} not provisioned"))
     }
@@ -194,6 +201,16 @@ impl TestStack {
     }
 }
 
+/// The local stack's AWS proxy in front of the shared moto server, served in-process on a free
+/// loopback port, and its endpoint.
+pub async fn proxy_to_moto() -> (Proxy, String) {
+    let proxy = Proxy::new(Upstreams::single(&Moto::shared().endpoint));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(proxy.clone().serve(listener));
+    (proxy, endpoint)
+}
+
 /// The simulated remote service, served in-process on a free loopback port.
 #[derive(Debug)]
 pub struct RemoteService {
@@ -290,10 +307,7 @@ impl System {
     /// The system with every AWS call going through the local stack's proxy, whose fault
     /// rules the test sets (`system.proxy`).
     pub async fn behind_proxy(name: &str, faults: &str) -> System {
-        let proxy = Proxy::new(Upstreams::single(&Moto::shared().endpoint));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(proxy.clone().serve(listener));
+        let (proxy, url) = proxy_to_moto().await;
         let mut system = System::on(&url, name, faults, test_config()).await;
         system.proxy = Some(proxy);
         system

@@ -1,12 +1,16 @@
 //! One contract per port, checked on both of its implementations: the in-memory one the engine's
 //! tests and the simulation run on, and the AWS adapter, on moto with resources from
-//! `template.yaml`. What the simulation proves holds only as far as the memory ports behave like
-//! the adapters; each contract below states a semantic the engine relies on, once, and both
-//! implementations must keep it.
+//! `template.yaml`, behind the local stack's AWS proxy where a contract needs a failure AWS
+//! produces and moto does not. What the simulation proves holds only as far as the memory ports
+//! behave like the adapters; each contract below states a semantic the engine relies on, once,
+//! and both implementations must keep it, in failure as in success: a record refused, an
+//! event refused, a message failed alone, a delay refused.
 //!
 //! Where the two may differ on purpose, the contract asks only for what both promise: an
-//! eventually consistent read may be stale in memory (it is made harsher there), and SQS
-//! counts depths approximately.
+//! eventually consistent read may be stale only where a read lag is set (the memory store's
+//! harsher world; moto, like the memory store without a lag, sees the latest write); a delay
+//! of a fraction of a second may run to the next whole second on SQS; and SQS counts depths
+//! approximately.
 
 #![allow(clippy::unwrap_used)]
 
@@ -18,23 +22,24 @@ use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::waits::DynamoWaits;
 use sas_engine::config::EngineConfig;
-use sas_engine::events::{BusEvent, StatusKind};
+use sas_engine::events::{BusEvent, STATUS_DETAIL_TYPE, StatusKind};
 use sas_engine::ids::Direction;
 use sas_engine::machine::{Ctx, Decision, Input, decide};
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryStore, MemoryWaits, QueueSettings,
+    ENTRY_FAILURE, ManualClock, MemoryBus, MemoryQueues, MemoryStore, MemoryWaits, QueueSettings,
 };
 use sas_engine::message::{Message, Start};
 use sas_engine::message::{StepOutcome, StepRef};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, ListPage, ListQuery, Listing,
-    OrderFinder, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved, StateStore, WaitGauge,
-    WaitReport,
+    Clock, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex, ListPage, ListQuery,
+    Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved,
+    StateStore, WaitGauge, WaitReport,
 };
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
-use sas_engine::{AgentName, IdempotencyKey, OrderId, Owner, Timestamp};
+use sas_engine::{AgentName, Error, IdempotencyKey, OrderId, Owner, Timestamp};
+use sas_infra::proxy::{FaultRule, Proxy, WireFault};
 use sas_tests::TestStack;
 use sas_tests::stack::order_json;
 
@@ -69,10 +74,24 @@ fn key(name: &str) -> String {
 
 // ---------------------------------------------------------------- state store and index
 
+/// What an eventually consistent read of a store may miss.
+enum Eventual<'a> {
+    /// Nothing: it sees the latest write (moto; the memory store without a read lag).
+    Latest,
+    /// The writes of the last `lag` on `clock` (the memory store with a read lag).
+    Lagging { lag: Duration, clock: &'a ManualClock },
+}
+
 /// Creation is all or nothing; writes are conditional on the record as read; a failed condition
-/// is an outcome, not an error; the index holds only records with a CompleteBy, per shard,
-/// earliest first, up to a limit.
-async fn store_contract<S: StateStore + ExpiryIndex>(store: &S, t0: Timestamp) {
+/// is an outcome, not an error; a record that breaks an invariant is refused before anything is
+/// written; the index holds only records with a CompleteBy, per shard, earliest first, up to a
+/// limit; an eventual read sees the latest write unless a lag is set, and then an older version
+/// of the same order, or none, until the lag has passed.
+async fn store_contract<S: StateStore + ExpiryIndex>(
+    store: &S,
+    t0: Timestamp,
+    eventual: Eventual<'_>,
+) {
     let config = EngineConfig { index_shards: 2, ..EngineConfig::default() };
     let (order, state) = new_order(&key("create"), &config, t0);
     assert_eq!(store.create(&order, &state).await.unwrap(), Created::Created);
@@ -102,6 +121,24 @@ async fn store_contract<S: StateStore + ExpiryIndex>(store: &S, t0: Timestamp) {
     assert_eq!(store.save(&later, wrong_attempt).await.unwrap(), Saved::Conflict);
     let wrong_state = Expected { process_state: ProcessState::Pending, ..Expected::of(&next) };
     assert_eq!(store.save(&later, wrong_state).await.unwrap(), Saved::Conflict);
+    assert_eq!(store.load(order.order_id, Read::Consistent).await.unwrap().unwrap(), next);
+    // A broken record is refused where it is made, not found on a later read: on create (a
+    // Pending order holding a lock), on save (Processing without one), and a revision skipped.
+    let (locked_order, mut locked) = new_order(&key("invalid"), &config, t0);
+    locked.locked_by = Some("scheduler/a".into());
+    let refused = store.create(&locked_order, &locked).await;
+    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
+    assert!(store.load(locked_order.order_id, Read::Consistent).await.unwrap().is_none());
+    assert!(store.load_order(locked_order.order_id, Read::Consistent).await.unwrap().is_none());
+    let mut unlocked = next.clone();
+    unlocked.revision += 1;
+    unlocked.locked_by = None;
+    let refused = store.save(&unlocked, Expected::of(&next)).await;
+    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
+    let mut skipping = next.clone();
+    skipping.revision += 2;
+    let refused = store.save(&skipping, Expected::of(&next)).await;
+    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
     assert_eq!(store.load(order.order_id, Read::Consistent).await.unwrap().unwrap(), next);
     let (_, ghost) = new_order(&key("ghost"), &config, t0);
     let mut ghost_next = ghost.clone();
@@ -150,22 +187,45 @@ async fn store_contract<S: StateStore + ExpiryIndex>(store: &S, t0: Timestamp) {
     let shard = done.order_id.shard(2);
     let entries = store.expired(shard, last_due, 1000).await.unwrap();
     assert!(entries.iter().all(|e| e.order_id != done.order_id), "a finished record left");
-    assert_eq!(store.expired(shard, last_due, 1).await.unwrap().len(), 1, "the limit holds");
-    // An eventual read returns a stored version (possibly an older one), never another order's.
-    let seen = store.load(order.order_id, Read::Eventual).await.unwrap();
-    assert!(seen.is_none_or(|r| r.order_id == order.order_id));
+    // Keys carry the process id, so which shard holds more of them changes from run to run.
+    let fuller = (0..2)
+        .max_by_key(|s| records.iter().skip(1).filter(|r| r.order_id.shard(2) == *s).count())
+        .unwrap();
+    assert_eq!(store.expired(fuller, last_due, 1).await.unwrap().len(), 1, "the limit holds");
+    // An eventual read may miss writes only where a lag hides them, and never shows another
+    // order's record or a version newer than the latest.
+    if let Eventual::Lagging { lag, clock } = eventual {
+        let seen = store.load(order.order_id, Read::Eventual).await.unwrap();
+        assert!(
+            seen.is_none_or(|r| r.order_id == order.order_id && r.revision < done.revision),
+            "an older version, or none"
+        );
+        clock.advance(lag);
+    }
+    assert_eq!(store.load(order.order_id, Read::Eventual).await.unwrap(), Some(done));
+    assert_eq!(store.load_order(order.order_id, Read::Eventual).await.unwrap(), Some(order));
 }
 
 #[tokio::test]
 async fn memory_store_keeps_the_store_contract() {
     let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
-    store_contract(&MemoryStore::new(clock.clone()), clock.now()).await;
+    store_contract(&MemoryStore::new(clock.clone()), clock.now(), Eventual::Latest).await;
+}
+
+#[tokio::test]
+async fn memory_store_with_stale_reads_keeps_the_store_contract() {
+    let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
+    let store = MemoryStore::new(clock.clone());
+    let lag = Duration::from_secs(1);
+    store.set_read_lag(lag);
+    store_contract(&store, clock.now(), Eventual::Lagging { lag, clock: &clock }).await;
+    assert!(store.stats().stale_reads > 0, "the lag hid a write");
 }
 
 #[tokio::test]
 async fn dynamodb_store_keeps_the_store_contract() {
     let t = TestStack::new("contract-store").await;
-    store_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
+    store_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000), Eventual::Latest).await;
 }
 
 // ---------------------------------------------------------------- order finder
@@ -314,7 +374,8 @@ async fn dynamodb_store_keeps_the_finder_contract() {
 
 // ---------------------------------------------------------------- queues
 
-/// The consumer side of a queue, as an event source mapping uses it.
+/// The consumer side of a queue, as an event source mapping uses it, and the one fault of the
+/// sending side that needs a hand from outside.
 trait Consumer {
     /// Up to ten visible messages: (message id, receipt, body, receive count).
     async fn receive(&self) -> Vec<(String, String, String, u32)>;
@@ -325,6 +386,9 @@ trait Consumer {
     async fn pass(&self, d: Duration);
     /// Bodies moved to the dead-letter queue.
     async fn dead_letters(&self) -> Vec<String>;
+    /// Makes the next send fail its message at `index` alone, on its first `tries` tries, as
+    /// SQS fails one entry of a batch on its side.
+    fn fail_entry(&self, index: usize, tries: u32);
 }
 
 fn start(n: u64, at: Timestamp) -> Message {
@@ -344,9 +408,12 @@ fn attempts(got: &[(String, String, String, u32)]) -> Vec<u64> {
     out
 }
 
-/// Sent messages are delivered whole, a delayed one only after its delay; a message not
-/// deleted comes back, with the same id and a higher receive count, and after too many
-/// receives it goes to the dead-letter queue; the depths count what waits, what is in flight
+/// Sent messages are delivered whole; a delayed one never before its delay, and by the next
+/// whole second after it; a delay SQS does not take fails the whole send. A message the queue
+/// fails alone is sent again alone, and if it keeps failing the send fails, retryably, with
+/// every other message delivered once. A message not deleted comes back, with the same id and
+/// a higher receive count; a receipt of an earlier receive still deletes it; after too many
+/// receives it goes to the dead-letter queue. The depths count what waits, what is in flight
 /// and what is delayed.
 async fn queue_contract<Q: Outbox + QueueDepths, C: Consumer>(
     outbox: &Q,
@@ -355,34 +422,49 @@ async fn queue_contract<Q: Outbox + QueueDepths, C: Consumer>(
     max_receive_count: u32,
 ) {
     let dest = Destination::Scheduler;
-    let mut batch: Vec<Outgoing> =
-        (1..=3).map(|n| Outgoing::now(dest.clone(), start(n, now))).collect();
-    batch.push(Outgoing {
-        to: dest.clone(),
-        message: start(9, now),
-        delay: Duration::from_secs(2),
-    });
-    outbox.send(&batch).await.unwrap();
-    let depth = |d: &[(Destination, sas_engine::ports::Depth)]| {
-        d.iter().find(|(q, _)| *q == dest).map(|(_, depth)| *depth).unwrap_or_default()
+    let delayed = |n, delay| Outgoing { to: dest.clone(), message: start(n, now), delay };
+    let depth = async || {
+        let depths = outbox.depths().await.unwrap();
+        depths.iter().find(|(q, _)| *q == dest).map(|(_, depth)| *depth).unwrap_or_default()
     };
-    let before = depth(&outbox.depths().await.unwrap());
-    assert_eq!((before.waiting, before.delayed), (3, 1), "{before:?}");
+    let too_long = delayed(21, MAX_DELAY + Duration::from_secs(1));
+    let refused = outbox.send(&[delayed(20, Duration::ZERO), too_long]).await.unwrap_err();
+    assert!(matches!(refused, Error::Rejected { .. }), "{refused}");
+
+    let mut batch: Vec<Outgoing> = (1..=3).map(|n| delayed(n, Duration::ZERO)).collect();
+    batch.push(delayed(8, Duration::from_millis(1500)));
+    batch.push(delayed(9, Duration::from_secs(2)));
+    outbox.send(&batch).await.unwrap();
+    let before = depth().await;
+    assert_eq!((before.waiting, before.delayed), (3, 2), "{before:?}");
 
     let got = consumer.receive().await;
-    assert_eq!(attempts(&got), [1, 2, 3], "the delayed message is not visible yet");
+    assert_eq!(attempts(&got), [1, 2, 3], "nothing of the refused send, nothing delayed yet");
     assert!(got.iter().all(|(_, _, _, count)| *count == 1));
-    assert_eq!(depth(&outbox.depths().await.unwrap()).in_flight, 3);
+    assert_eq!(depth().await.in_flight, 3);
     // Two handled, one failed: it comes back after its visibility timeout, same id.
     consumer.delete(&got[0].1).await;
     consumer.delete(&got[1].1).await;
-    consumer.hide_for(&got[2].1, Duration::from_secs(1)).await;
+    consumer.hide_for(&got[2].1, Duration::from_secs(2)).await;
     assert!(consumer.receive().await.is_empty(), "hidden while its timeout runs");
-    consumer.pass(Duration::from_millis(2100)).await;
+    consumer.pass(Duration::from_millis(1100)).await;
+    assert!(consumer.receive().await.is_empty(), "1.5 s is not cut to 1 s");
+    consumer.pass(Duration::from_millis(1000)).await;
     let again = consumer.receive().await;
-    assert_eq!(attempts(&again), [attempts(&got[2..])[0], 9]);
+    assert_eq!(attempts(&again), [attempts(&got[2..])[0], 8, 9]);
     let back = again.iter().find(|(id, ..)| *id == got[2].0).expect("the same message id");
     assert_eq!(back.3, 2, "received twice");
+    // SQS answers a delete with a receipt of an earlier receive with success, and may or may
+    // not delete the message: moto does, and so does the memory queue, the answer under which
+    // the consumer holding the message can lose it.
+    let message = |n: u64| again.iter().find(|m| attempts(std::slice::from_ref(m)) == [n]);
+    let nine = message(9).unwrap();
+    consumer.hide_for(&nine.1, Duration::ZERO).await;
+    assert_eq!(attempts(&consumer.receive().await), [9]);
+    let held = depth().await.in_flight;
+    consumer.delete(&nine.1).await;
+    assert_eq!(depth().await.in_flight, held - 1, "deleted by its earlier receipt");
+    consumer.delete(&message(8).unwrap().1).await;
     // Received too many times: dead-lettered, never delivered again.
     let mut receipt = back.1.clone();
     for _ in back.3..max_receive_count {
@@ -393,6 +475,25 @@ async fn queue_contract<Q: Outbox + QueueDepths, C: Consumer>(
     let after = consumer.receive().await;
     assert!(after.iter().all(|(id, ..)| *id != got[2].0), "redriven, not delivered");
     assert_eq!(consumer.dead_letters().await.len(), 1);
+
+    // One message failed once: sent again alone, so every message arrives once.
+    let three = |from| (from..from + 3).map(|n| delayed(n, Duration::ZERO)).collect::<Vec<_>>();
+    consumer.fail_entry(1, 1);
+    outbox.send(&three(30)).await.unwrap();
+    let got = consumer.receive().await;
+    assert_eq!(attempts(&got), [30, 31, 32], "the others were not sent again");
+    for (_, receipt, ..) in &got {
+        consumer.delete(receipt).await;
+    }
+    // Failed on every try: the send fails, worth retrying, and the others arrived once.
+    consumer.fail_entry(1, ENTRY_TRIES);
+    let failed = outbox.send(&three(40)).await.unwrap_err();
+    assert!(failed.is_retryable(), "{failed}");
+    let got = consumer.receive().await;
+    assert_eq!(attempts(&got), [40, 42]);
+    for (_, receipt, ..) in &got {
+        consumer.delete(receipt).await;
+    }
 }
 
 struct MemoryConsumer {
@@ -420,9 +521,13 @@ impl Consumer for MemoryConsumer {
     async fn dead_letters(&self) -> Vec<String> {
         self.queues.dead_letters(&Destination::Scheduler)
     }
+    fn fail_entry(&self, index: usize, tries: u32) {
+        self.queues.fail_entry(index, tries);
+    }
 }
 
-struct SqsConsumer<'a>(&'a TestStack);
+/// The test stack's queues, through the proxy that fails their entries.
+struct SqsConsumer<'a>(&'a TestStack, &'a Proxy);
 
 impl Consumer for SqsConsumer<'_> {
     async fn receive(&self) -> Vec<(String, String, String, u32)> {
@@ -463,6 +568,18 @@ impl Consumer for SqsConsumer<'_> {
     async fn dead_letters(&self) -> Vec<String> {
         self.0.drain_raw("SchedulerDeadLetterQueue").await
     }
+    fn fail_entry(&self, index: usize, tries: u32) {
+        // The first try carries the whole batch; each later one only the failed message.
+        let rule = |index, times| FaultRule {
+            times: Some(times),
+            ..FaultRule::new("sqs", Some("SendMessageBatch"), WireFault::FailEntry { index })
+        };
+        let mut rules = vec![rule(index, 1)];
+        if tries > 1 {
+            rules.push(rule(0, tries - 1));
+        }
+        self.1.faults.set(rules);
+    }
 }
 
 #[tokio::test]
@@ -494,42 +611,103 @@ impl QueueDepths for SqsQueues {
 
 #[tokio::test]
 async fn sqs_queues_keep_the_queue_contract() {
-    let t = TestStack::new("contract-queues").await;
+    let (t, proxy) = TestStack::behind_proxy("contract-queues").await;
     let outbox = SqsOutbox::new(
         t.sqs.clone(),
         QueueUrls::default().with(Destination::Scheduler, t.name("SchedulerQueue")),
     );
     let now = sas_aws::system::SystemClock.now();
-    queue_contract(&SqsQueues(outbox, t.depths()), &SqsConsumer(&t), now, 5).await;
+    queue_contract(&SqsQueues(outbox, t.depths()), &SqsConsumer(&t, &proxy), now, 5).await;
+    assert!(proxy.faults.rules().iter().all(|r| r.times == Some(0)), "every fault was used");
 }
 
 // ---------------------------------------------------------------- event bus
 
-/// A batch of events is accepted whole or reports, by position, the entries it refused.
-async fn bus_contract<B: EventBus>(bus: &B, at: Timestamp) {
+/// The bus side the contract cannot reach through the port.
+trait Subscriber {
+    /// Makes the next publish fail its entry at `index`, as EventBridge fails one on its side.
+    fn refuse_entry(&self, index: usize);
+    /// The statuses of the status events delivered since the last call, sorted.
+    async fn delivered(&self) -> Vec<String>;
+}
+
+/// A batch of events is accepted whole, or the answer lists by position the entries refused,
+/// and every other entry is delivered once.
+async fn bus_contract<B: EventBus, S: Subscriber>(bus: &B, subscriber: &S, at: Timestamp) {
     let (_, state) = new_order(&key("bus"), &EngineConfig::default(), at);
-    let events: Vec<BusEvent> = [StatusKind::Processing, StatusKind::Processed]
-        .into_iter()
-        .map(|k| BusEvent::status(&state, k, None, at))
-        .collect();
-    let report = bus.publish(&events).await.unwrap();
+    let events = |kinds: &[StatusKind]| -> Vec<BusEvent> {
+        kinds.iter().map(|k| BusEvent::status(&state, *k, None, at)).collect()
+    };
+    use StatusKind::{Compensating, Failed, Processed, Processing};
+    let report = bus.publish(&events(&[Processing, Processed])).await.unwrap();
     assert!(report.failed.is_empty(), "{report:?}");
     assert!(bus.publish(&[]).await.unwrap().failed.is_empty(), "nothing to publish is fine");
+    assert_eq!(subscriber.delivered().await, ["processed", "processing"]);
+
+    subscriber.refuse_entry(1);
+    let report = bus.publish(&events(&[Processing, Compensating, Failed])).await.unwrap();
+    let failed: Vec<usize> = report.failed.iter().map(|(i, _)| *i).collect();
+    assert_eq!(failed, [1], "{report:?}");
+    assert!(report.failed[0].1.contains(ENTRY_FAILURE), "the service's code: {report:?}");
+    assert_eq!(subscriber.delivered().await, ["failed", "processing"], "the others went");
+    // The refusal was of one entry of one call, not of the event.
+    assert!(bus.publish(&events(&[Compensating])).await.unwrap().failed.is_empty());
+    assert_eq!(subscriber.delivered().await, ["compensating"]);
+}
+
+/// The statuses of status events, sorted.
+fn statuses<'a>(details: impl Iterator<Item = &'a serde_json::Value>) -> Vec<String> {
+    let mut out: Vec<String> =
+        details.map(|d| d["status"].as_str().unwrap_or_default().to_owned()).collect();
+    out.sort();
+    out
+}
+
+/// The memory bus, and how many of its events were already seen.
+struct MemorySubscriber<'a>(&'a MemoryBus, std::sync::Mutex<usize>);
+
+impl Subscriber for MemorySubscriber<'_> {
+    fn refuse_entry(&self, index: usize) {
+        self.0.reject_entry_at(index);
+    }
+    async fn delivered(&self) -> Vec<String> {
+        let all = self.0.of_type(STATUS_DETAIL_TYPE);
+        let mut seen = self.1.lock().unwrap();
+        let new = statuses(all[*seen..].iter());
+        *seen = all.len();
+        new
+    }
+}
+
+/// The queue the template subscribes to status events, and the proxy in front of EventBridge.
+struct QueueSubscriber<'a>(&'a TestStack, &'a Proxy);
+
+impl Subscriber for QueueSubscriber<'_> {
+    fn refuse_entry(&self, index: usize) {
+        let fault = WireFault::FailEntry { index };
+        let rule = FaultRule::new("eventbridge", Some("PutEvents"), fault);
+        self.1.faults.set(vec![FaultRule { times: Some(1), ..rule }]);
+    }
+    async fn delivered(&self) -> Vec<String> {
+        let events = self.0.drain("OrderEventsQueue").await;
+        statuses(events.iter().map(|e| &e["detail"]))
+    }
 }
 
 #[tokio::test]
 async fn memory_bus_keeps_the_bus_contract() {
     let bus = MemoryBus::new();
-    bus_contract(&bus, Timestamp::from_millis(1_800_000_000_000)).await;
-    assert_eq!(bus.count(), 2);
+    let subscriber = MemorySubscriber(&bus, Default::default());
+    bus_contract(&bus, &subscriber, Timestamp::from_millis(1_800_000_000_000)).await;
 }
 
 #[tokio::test]
 async fn eventbridge_keeps_the_bus_contract() {
-    let t = TestStack::new("contract-bus").await;
+    let (t, proxy) = TestStack::behind_proxy("contract-bus").await;
     let bus = EventBridgeBus::new(t.events.clone(), t.name("EventBus"));
-    bus_contract(&bus, Timestamp::from_millis(1_800_000_000_000)).await;
-    assert_eq!(t.drain("OrderEventsQueue").await.len(), 2, "the rule delivered both");
+    let subscriber = QueueSubscriber(&t, &proxy);
+    bus_contract(&bus, &subscriber, Timestamp::from_millis(1_800_000_000_000)).await;
+    assert!(proxy.faults.rules().iter().all(|r| r.times == Some(0)), "the fault was used");
 }
 
 // ---------------------------------------------------------------- wait gauge

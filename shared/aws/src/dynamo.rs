@@ -24,6 +24,8 @@
 //! Every state change is one `PutItem` on the condition
 //! `ProcessState = :ps AND Attempt = :a AND Revision = :r`: the record exactly as it was read. A
 //! new order is one `TransactWriteItems` of two puts, each on `attribute_not_exists(OrderId)`.
+//! A record is checked before it is written ([`check_write`], as the in-memory store does) and
+//! again when it is read: a broken one is refused where it was made, with nothing written.
 
 use std::collections::HashMap;
 
@@ -36,7 +38,7 @@ use aws_sdk_dynamodb::types::{
 };
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing, OrderFinder,
-    OrderRecord, Read, Saved, StateStore,
+    OrderRecord, Read, Saved, StateStore, check_write,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -69,6 +71,7 @@ impl DynamoStore {
 
 impl StateStore for DynamoStore {
     async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
+        check_write(state, None)?;
         let put = |table: &str, item: Item| -> Result<TransactWriteItem> {
             let put = Put::builder()
                 .table_name(table)
@@ -135,6 +138,7 @@ impl StateStore for DynamoStore {
     }
 
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
+        check_write(next, Some(expected))?;
         let result = self
             .client
             .put_item()

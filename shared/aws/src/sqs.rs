@@ -1,14 +1,21 @@
 //! Sending messages with SQS: each destination is a queue URL from configuration; messages are
-//! sent in batches of up to ten per queue, and a batch with any failed entry is an error (the
-//! caller's input is retried, and duplicates are harmless by design).
+//! sent in batches of up to ten per queue. A delay SQS would refuse fails the send before
+//! anything is sent; a delay is rounded up to whole seconds, so a message is never early.
+//!
+//! `SendMessageBatch` answers 200 even when some entries failed. An entry failed on SQS's side
+//! is sent again by itself (the others were accepted: sending them again would only duplicate
+//! them), up to [`ENTRY_TRIES`] tries; one still failing, or failed as the sender's fault, fails
+//! the send, so the caller's input is retried, and duplicates are harmless by design.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
-    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, SendMessageBatchRequestEntry,
+    BatchResultErrorEntry, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+    SendMessageBatchRequestEntry,
 };
-use sas_engine::ports::{Destination, Outbox, Outgoing};
+use sas_engine::ports::{Destination, ENTRY_TRIES, MAX_DELAY, Outbox, Outgoing};
 use sas_engine::{Error, Result};
 
 use crate::errors::classify;
@@ -67,50 +74,116 @@ impl Outbox for SqsOutbox {
         let mut by_queue: Vec<(&str, Vec<&Outgoing>)> = Vec::new();
         for m in messages {
             let url = self.urls.url(&m.to)?;
+            delay_seconds(m.delay)?;
             match by_queue.iter_mut().find(|(u, _)| *u == url) {
                 Some((_, list)) => list.push(m),
                 None => by_queue.push((url, vec![m])),
             }
         }
+        // A batch whose entries failed for good does not stop the others, as SQS does not stop
+        // a batch at its failed entries; the failure is reported once they are sent, the
+        // sender's fault first, since retrying will not mend it.
+        let mut failed: Option<Error> = None;
         for (url, list) in by_queue {
             for chunk in list.chunks(BATCH) {
-                let entries = chunk
-                    .iter()
-                    .enumerate()
-                    .map(|(i, m)| {
-                        SendMessageBatchRequestEntry::builder()
-                            .id(i.to_string())
-                            .message_body(m.message.encode())
-                            .delay_seconds(i32::try_from(m.delay.as_secs().min(900)).unwrap_or(900))
-                            .set_message_system_attributes(trace_attribute(&m.message))
-                            .build()
-                            .map_err(|e| Error::rejected(SERVICE, e))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let out = self
-                    .client
-                    .send_message_batch()
-                    .queue_url(url)
-                    .set_entries(Some(entries))
-                    .send()
-                    .await
-                    .map_err(|e| classify(SERVICE, e))?;
-                if let Some(f) = out.failed().first() {
-                    let reason = format!(
-                        "{} of {} messages not sent: {} {}",
-                        out.failed().len(),
-                        chunk.len(),
-                        f.code(),
-                        f.message().unwrap_or_default()
-                    );
-                    return Err(if f.sender_fault() {
-                        Error::rejected(SERVICE, reason)
-                    } else {
-                        Error::unavailable(SERVICE, reason)
-                    });
+                if let Some(e) = self.send_batch(url, chunk).await? {
+                    if failed.as_ref().is_none_or(Error::is_retryable) {
+                        failed = Some(e);
+                    }
                 }
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+impl SqsOutbox {
+    /// Sends one batch, then again, alone, the entries SQS failed on its side. An error is a
+    /// call that failed whole; `Some` is the failure of entries that failed for good.
+    async fn send_batch(&self, url: &str, chunk: &[&Outgoing]) -> Result<Option<Error>> {
+        // An entry's id is its position in the chunk, so a failed entry names its message.
+        let mut pending: Vec<usize> = (0..chunk.len()).collect();
+        for tried in 1..=ENTRY_TRIES {
+            let entries = pending
+                .iter()
+                .map(|&i| {
+                    let m = chunk[i];
+                    SendMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .message_body(m.message.encode())
+                        .delay_seconds(delay_seconds(m.delay)?)
+                        .set_message_system_attributes(trace_attribute(&m.message))
+                        .build()
+                        .map_err(|e| Error::rejected(SERVICE, e))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let out = self
+                .client
+                .send_message_batch()
+                .queue_url(url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            let failed = out.failed();
+            let Some(first) = failed.first() else {
+                return Ok(None);
+            };
+            let reason = |f: &BatchResultErrorEntry| {
+                format!(
+                    "{} of {} messages not sent (try {tried} of {ENTRY_TRIES}): {} {}",
+                    failed.len(),
+                    pending.len(),
+                    f.code(),
+                    f.message().unwrap_or_default()
+                )
+            };
+            // The sender's fault fails the same way every time.
+            if let Some(f) = failed.iter().find(|f| f.sender_fault()) {
+                return Ok(Some(Error::rejected(SERVICE, reason(f))));
+            }
+            let again: Option<Vec<usize>> = failed
+                .iter()
+                .map(|f| f.id().parse().ok().filter(|i| pending.contains(i)))
+                .collect();
+            match again {
+                Some(again) if tried < ENTRY_TRIES => pending = again,
+                // Either out of tries, or SQS named an entry not sent: which to send again is
+                // unknown, and the caller's retry sends them all.
+                _ => return Ok(Some(Error::unavailable(SERVICE, reason(first)))),
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// `DelaySeconds` for `delay`: whole seconds, rounded up so that SQS never delivers early;
+/// above [`MAX_DELAY`] SQS would refuse it, and so does this.
+fn delay_seconds(delay: Duration) -> Result<i32> {
+    let seconds = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+    if seconds > MAX_DELAY.as_secs() {
+        return Err(Error::rejected(
+            SERVICE,
+            format!("delay {delay:?} is above SQS's maximum of {} s", MAX_DELAY.as_secs()),
+        ));
+    }
+    i32::try_from(seconds).map_err(|e| Error::rejected(SERVICE, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_are_whole_seconds_rounded_up_and_at_most_fifteen_minutes() {
+        let secs = |ms: u64| delay_seconds(Duration::from_millis(ms)).ok();
+        assert_eq!(secs(0), Some(0));
+        assert_eq!(secs(1), Some(1));
+        assert_eq!(secs(1500), Some(2));
+        assert_eq!(secs(2000), Some(2));
+        assert_eq!(secs(900_000), Some(900));
+        assert_eq!(secs(900_001), None);
+        let err = delay_seconds(Duration::from_secs(901)).unwrap_err();
+        assert!(!err.is_retryable(), "{err}");
     }
 }

@@ -88,9 +88,23 @@ pub enum Read {
     Eventual,
 }
 
+/// Refuses a state record no store may write, as [`Error::Corrupt`](crate::Error::Corrupt):
+/// one that breaks an invariant of [`StateRecord::check`], or, for a save (`expected` given),
+/// one whose revision is not `expected.revision + 1`. Every store calls it before writing, so
+/// a broken transition fails where it was made, never on a later read.
+pub fn check_write(next: &StateRecord, expected: Option<Expected>) -> Result<()> {
+    let corrupt = |reason: String| crate::Error::Corrupt { order_id: next.order_id, reason };
+    next.check().map_err(corrupt)?;
+    if expected.is_some_and(|e| next.revision != e.revision + 1) {
+        return Err(corrupt("revision must grow by one per write".into()));
+    }
+    Ok(())
+}
+
 /// The state table and the orders table.
 pub trait StateStore: Send + Sync {
-    /// Writes the order and its state record in one transaction, only if neither exists.
+    /// Writes the order and its state record in one transaction, only if neither exists. A
+    /// record [`check_write`] refuses is an error, and nothing is written.
     fn create(
         &self,
         order: &OrderRecord,
@@ -111,8 +125,9 @@ pub trait StateStore: Send + Sync {
         read: Read,
     ) -> impl Future<Output = Result<Option<OrderRecord>>> + Send;
 
-    /// Replaces a state record if, and only if, it is still as `expected`. The new record's
-    /// revision must be `expected.revision + 1`.
+    /// Replaces a state record if, and only if, it is still as `expected`. A record
+    /// [`check_write`] refuses (its revision must be `expected.revision + 1`) is an error, and
+    /// nothing is written.
     fn save(
         &self,
         next: &StateRecord,
@@ -287,7 +302,17 @@ impl<'a> Incoming<'a> {
     }
 }
 
-/// A message to send, possibly delayed (at most 15 minutes, as SQS allows).
+/// Longest delay a message can be sent with: SQS takes 0 to 900 whole seconds.
+pub const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
+
+/// Tries a message gets within one [`Outbox::send`] when the queue fails it alone, for a
+/// passing cause (one failed entry of an SQS batch): 3, as many as the SDK's standard retry
+/// mode gives a failed request.
+pub const ENTRY_TRIES: u32 = 3;
+
+/// A message to send, possibly delayed by up to [`MAX_DELAY`]. It is never delivered before
+/// its delay has run out; SQS counts delays in whole seconds, so a fraction of a second may add
+/// up to one second more.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outgoing {
     pub to: Destination,
@@ -303,8 +328,12 @@ impl Outgoing {
 
 /// Sending side of the queues.
 pub trait Outbox: Send + Sync {
-    /// Sends every message, or fails. On failure some may have been sent: callers rely on
-    /// redelivery and on duplicates being harmless, never on all-or-nothing.
+    /// Sends every message, or fails. A message the queue would refuse (a delay above
+    /// [`MAX_DELAY`]) fails the call before anything is sent. A message the queue fails alone,
+    /// for a passing cause, is sent again by itself, never with the messages already accepted,
+    /// up to [`ENTRY_TRIES`] tries in all; if it still fails, the call fails as unavailable,
+    /// the other messages sent once. On any failure some messages may have been sent: callers
+    /// rely on redelivery and on duplicates being harmless, never on all-or-nothing.
     fn send(&self, messages: &[Outgoing]) -> impl Future<Output = Result<()>> + Send;
 }
 

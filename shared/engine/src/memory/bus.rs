@@ -33,6 +33,7 @@ pub struct MemoryBus {
 struct State {
     published: Vec<BusEvent>,
     rejecting_entries: usize,
+    rejecting_at: Option<usize>,
     failing_calls: usize,
 }
 
@@ -50,6 +51,13 @@ impl MemoryBus {
     /// recorded, and the calls that carried them still succeed. Replaces any count set before.
     pub fn reject_next_entries(&self, n: usize) {
         self.state().rejecting_entries = n;
+    }
+
+    /// Fails the entry at `index` of the next call that has one, as [`Self::reject_next_entries`]
+    /// fails an entry, whatever the other entries of that call: for a test that must say which
+    /// entry of a batch EventBridge refuses.
+    pub fn reject_entry_at(&self, index: usize) {
+        self.state().rejecting_at = Some(index);
     }
 
     /// Makes the next `n` calls fail as unavailable, recording nothing. Replaces any count set
@@ -108,8 +116,14 @@ impl EventBus for MemoryBus {
             return Err(Error::unavailable(SERVICE, "injected PutEvents failure"));
         }
         let mut report = PublishReport::default();
+        let rejecting_at = state.rejecting_at.filter(|&i| i < events.len());
+        if rejecting_at.is_some() {
+            state.rejecting_at = None;
+        }
         for (index, event) in events.iter().enumerate() {
-            if state.rejecting_entries > 0 {
+            if rejecting_at == Some(index) {
+                report.failed.push((index, ENTRY_FAILURE.to_owned()));
+            } else if state.rejecting_entries > 0 {
                 state.rejecting_entries -= 1;
                 report.failed.push((index, ENTRY_FAILURE.to_owned()));
             } else {
@@ -126,6 +140,7 @@ impl fmt::Debug for MemoryBus {
         f.debug_struct("MemoryBus")
             .field("published", &state.published.len())
             .field("rejecting_entries", &state.rejecting_entries)
+            .field("rejecting_at", &state.rejecting_at)
             .field("failing_calls", &state.failing_calls)
             .finish()
     }
@@ -206,6 +221,17 @@ mod tests {
         let third = bus.publish(&batch(5..6)).await.unwrap();
         assert!(third.failed.is_empty());
         assert_eq!(bus.count(), 3);
+    }
+
+    #[tokio::test]
+    async fn an_entry_is_rejected_by_position_in_the_first_call_that_has_it() {
+        let bus = MemoryBus::new();
+        bus.reject_entry_at(1);
+        assert!(bus.publish(&batch(0..1)).await.unwrap().failed.is_empty());
+        let report = bus.publish(&batch(1..4)).await.unwrap();
+        assert_eq!(report.failed, [(1, ENTRY_FAILURE.to_owned())]);
+        assert_eq!(ids(&bus), ["e-0", "e-1", "e-3"]);
+        assert!(bus.publish(&batch(4..6)).await.unwrap().failed.is_empty(), "spent");
     }
 
     #[tokio::test]

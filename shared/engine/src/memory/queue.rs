@@ -3,13 +3,18 @@
 //! drives on AWS.
 //!
 //! What is kept from SQS because the engine's correctness depends on it: a message can be
-//! delayed (at most 15 minutes); receiving it hides it for the queue's visibility timeout rather
-//! than removing it, so a consumer that does not delete it in time sees it again; only the
-//! receipt of the latest receive can delete it; and a message received too many times goes to
-//! the queue's dead-letter list instead of being delivered again. Bodies are the encoded JSON
-//! strings a real queue would carry, limited to 256 KiB. What is simplified: ordering is exact
-//! (earliest visible first, then in sending order) where SQS is only roughly ordered, and every
-//! visible message is returned, where SQS may sample a subset of its servers.
+//! delayed (at most 15 minutes; a longer delay refuses the whole send); receiving it hides it
+//! for the queue's visibility timeout rather than removing it, so a consumer that does not
+//! delete it in time sees it again; a receipt from an earlier receive of a message received
+//! again still deletes it (SQS may or may not; this is the answer that can pull a message from
+//! under the consumer still working on it), but only the latest receipt changes its visibility;
+//! and a message received too many times goes to the queue's dead-letter list instead of being
+//! delivered again. A send can fail one message alone, which is tried again by itself, as the
+//! SQS adapter does with a failed entry of a batch. Bodies are the encoded JSON strings a real
+//! queue would carry, limited to 256 KiB. What is simplified: delays are exact where SQS counts
+//! whole seconds (the adapter rounds up, so a message is never early on either); ordering is
+//! exact (earliest visible first, then in sending order) where SQS is only roughly ordered; and
+//! every visible message is returned, where SQS may sample a subset of its servers.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,13 +22,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::ports::{Clock, Depth, Destination, Outbox, Outgoing, QueueDepths};
+pub use crate::ports::MAX_DELAY;
+use crate::ports::{Clock, Depth, Destination, ENTRY_TRIES, Outbox, Outgoing, QueueDepths};
 use crate::time::Timestamp;
 
 /// Largest message body SQS accepts, in bytes.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
-/// Longest delay SQS accepts for a message.
-pub const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 /// Longest visibility timeout SQS accepts.
 pub const MAX_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(12 * 60 * 60);
 /// Most messages one receive returns.
@@ -52,7 +56,7 @@ impl Default for QueueSettings {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
     pub message_id: String,
-    /// Names this receive: only the latest receipt of a message can delete it or change its
+    /// Names this receive: any receipt of a message deletes it, only the latest changes its
     /// visibility.
     pub receipt: String,
     pub body: String,
@@ -73,6 +77,8 @@ struct State {
     next_message: u64,
     next_receipt: u64,
     failing_sends: usize,
+    /// The next send's message that fails alone: (its index, how many tries fail).
+    failing_entry: Option<(usize, u32)>,
     depth_reads: u64,
 }
 
@@ -94,6 +100,8 @@ struct Stored {
     visible_at: Timestamp,
     receive_count: u32,
     receipt: Option<String>,
+    /// Receipts of the earlier receives, which still delete it.
+    old_receipts: Vec<String>,
 }
 
 impl<C: Clock> MemoryQueues<C> {
@@ -158,7 +166,9 @@ impl<C: Clock> MemoryQueues<C> {
             let receipt = format!("{}#r-{}", message.id, next_receipt);
             message.receive_count += 1;
             message.visible_at = now.plus(settings.visibility_timeout);
-            message.receipt = Some(receipt.clone());
+            if let Some(old) = message.receipt.replace(receipt.clone()) {
+                message.old_receipts.push(old);
+            }
             deliveries.push(Delivery {
                 message_id: message.id.clone(),
                 receipt,
@@ -176,17 +186,20 @@ impl<C: Clock> MemoryQueues<C> {
         deliveries
     }
 
-    /// Deletes the message `receipt` was issued for, if it is still that message's latest
-    /// receipt. Otherwise (unknown, already deleted, or superseded by a later receive) the
-    /// call is rejected and the message stays.
+    /// Deletes the message `receipt` was issued for, by whichever of its receives, even one a
+    /// later receive superseded while another consumer holds the message. A receipt never
+    /// issued, or of a message no longer on the queue, is rejected.
     pub fn delete(&self, dest: &Destination, receipt: &str) -> Result<()> {
         let mut state = self.state();
-        let queue = state.queues.get_mut(dest).ok_or_else(|| unknown_receipt(receipt))?;
+        let queue =
+            state.queues.get_mut(dest).ok_or_else(|| unknown_receipt(receipt, "a receipt"))?;
         let at = queue
             .messages
             .iter()
-            .position(|m| m.receipt.as_deref() == Some(receipt))
-            .ok_or_else(|| unknown_receipt(receipt))?;
+            .position(|m| {
+                m.receipt.as_deref() == Some(receipt) || m.old_receipts.iter().any(|r| r == receipt)
+            })
+            .ok_or_else(|| unknown_receipt(receipt, "a receipt"))?;
         queue.messages.remove(at);
         Ok(())
     }
@@ -211,7 +224,7 @@ impl<C: Clock> MemoryQueues<C> {
             .queues
             .get_mut(dest)
             .and_then(|q| q.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)))
-            .ok_or_else(|| unknown_receipt(receipt))?;
+            .ok_or_else(|| unknown_receipt(receipt, "the latest receipt"))?;
         message.visible_at = now.plus(timeout);
         Ok(())
     }
@@ -220,6 +233,14 @@ impl<C: Clock> MemoryQueues<C> {
     /// Replaces any count set before.
     pub fn fail_next_sends(&self, n: usize) {
         self.state().failing_sends = n;
+    }
+
+    /// Makes the message at `index` of the next [`Outbox::send`] that has one fail alone on its
+    /// first `tries` tries, as SQS fails one entry of a batch on its side: the send tries it
+    /// again by itself, up to [`ENTRY_TRIES`] tries, and the other messages go once. Replaces
+    /// any entry fault set before.
+    pub fn fail_entry(&self, index: usize, tries: u32) {
+        self.state().failing_entry = Some((index, tries));
     }
 
     /// How many times [`QueueDepths::depths`] was called.
@@ -291,6 +312,7 @@ impl State {
             visible_at,
             receive_count: 0,
             receipt: None,
+            old_receipts: Vec::new(),
         });
         id
     }
@@ -306,23 +328,19 @@ fn check_body(body: &str) -> Result<()> {
     Ok(())
 }
 
-fn unknown_receipt(receipt: &str) -> Error {
+/// `which`: the receipts that would have done.
+fn unknown_receipt(receipt: &str, which: &str) -> Error {
     Error::rejected(
         SERVICE,
-        format!("receipt {receipt:?} is not the latest receipt of any message on the queue"),
+        format!("receipt {receipt:?} is not {which} of any message on the queue"),
     )
 }
 
 impl<C: Clock> Outbox for MemoryQueues<C> {
-    /// Sends in order and stops at the first message SQS would reject (delay above 15 minutes,
-    /// body above 256 KiB): those before it stay sent, as the port warns callers they may.
+    /// Refuses the whole send, sending nothing, if any message is one SQS would reject (delay
+    /// above 15 minutes, body above 256 KiB), as the SQS adapter checks before it sends.
     async fn send(&self, messages: &[Outgoing]) -> Result<()> {
-        let now = self.clock.now();
-        let mut state = self.state();
-        if state.failing_sends > 0 {
-            state.failing_sends -= 1;
-            return Err(Error::unavailable(SERVICE, "injected send failure"));
-        }
+        let mut bodies = Vec::with_capacity(messages.len());
         for outgoing in messages {
             if outgoing.delay > MAX_DELAY {
                 return Err(Error::rejected(
@@ -332,9 +350,39 @@ impl<C: Clock> Outbox for MemoryQueues<C> {
             }
             let body = outgoing.message.encode();
             check_body(&body)?;
-            state.push(&outgoing.to, body, now, now.plus(outgoing.delay));
+            bodies.push(body);
         }
-        Ok(())
+        let now = self.clock.now();
+        let mut state = self.state();
+        if state.failing_sends > 0 {
+            state.failing_sends -= 1;
+            return Err(Error::unavailable(SERVICE, "injected send failure"));
+        }
+        let failing = state.failing_entry.filter(|&(index, _)| index < messages.len());
+        if failing.is_some() {
+            state.failing_entry = None;
+        }
+        // The failed message's tries go out after the batch that carried it, as the adapter's do.
+        let mut retried = None;
+        for (index, (outgoing, body)) in messages.iter().zip(bodies).enumerate() {
+            match failing {
+                Some((at, tries)) if at == index => retried = Some((outgoing, body, tries)),
+                _ => {
+                    state.push(&outgoing.to, body, now, now.plus(outgoing.delay));
+                }
+            }
+        }
+        match retried {
+            Some((outgoing, _, tries)) if tries >= ENTRY_TRIES => Err(Error::unavailable(
+                SERVICE,
+                format!("a message to {:?} failed {ENTRY_TRIES} tries (injected)", outgoing.to),
+            )),
+            Some((outgoing, body, _)) => {
+                state.push(&outgoing.to, body, now, now.plus(outgoing.delay));
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -443,12 +491,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_send_stops_at_the_first_rejected_message() {
+    async fn a_send_with_a_message_sqs_would_reject_sends_nothing() {
         let (_, q) = setup();
         let ok = Outgoing::now(S, start(1));
         let bad = Outgoing { delay: Duration::from_secs(901), ..ok.clone() };
         assert!(q.send(&[ok.clone(), bad, ok]).await.is_err());
-        assert_eq!(q.sent_count(&S), 1);
+        assert_eq!(q.sent_count(&S), 0);
+    }
+
+    #[tokio::test]
+    async fn a_message_failing_alone_is_tried_again_alone() {
+        let (_, q) = setup();
+        let batch: Vec<Outgoing> = (1..=3).map(|n| Outgoing::now(S, start(n))).collect();
+        q.fail_entry(1, ENTRY_TRIES - 1);
+        q.send(&batch).await.unwrap();
+        let sent: Vec<u64> = q.receive(&S, 10).iter().map(|d| attempt(&d.body)).collect();
+        assert_eq!(sent, [1, 3, 2], "once each, the failed one after the others");
+
+        q.fail_entry(1, ENTRY_TRIES);
+        let err = q.send(&batch).await.unwrap_err();
+        assert!(err.is_retryable(), "{err}");
+        let sent: Vec<u64> = q.receive(&S, 10).iter().map(|d| attempt(&d.body)).collect();
+        assert_eq!(sent, [1, 3]);
+        q.send(&batch).await.unwrap();
+        assert_eq!(q.visible_len(&S), 3, "the fault was spent");
     }
 
     #[tokio::test]
@@ -468,20 +534,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_the_latest_receipt_deletes() {
+    async fn any_receipt_of_a_message_deletes_it() {
         let (clock, q) = setup();
         send(&q, 1, Duration::ZERO).await.unwrap();
         let stale = q.receive(&S, 1).remove(0).receipt;
         clock.advance(Duration::from_secs(30));
         let latest = q.receive(&S, 1).remove(0).receipt;
-        let err = q.delete(&S, &stale).unwrap_err();
-        assert!(matches!(err, Error::Rejected { .. }), "{err}");
         assert!(q.delete(&S, "nonsense").is_err());
         assert!(q.delete(&Destination::Replies, &latest).is_err());
+        assert!(q.change_visibility(&S, &stale, Duration::ZERO).is_err(), "only the latest");
         assert_eq!(q.len(&S), 1);
-        q.delete(&S, &latest).unwrap();
+        // Superseded while another consumer holds the message, and still it deletes it.
+        q.delete(&S, &stale).unwrap();
         assert!(q.is_empty(&S));
-        assert!(q.delete(&S, &latest).is_err());
+        let err = q.delete(&S, &latest).unwrap_err();
+        assert!(matches!(err, Error::Rejected { .. }), "gone: {err}");
         assert_eq!(q.sent_count(&S), 1);
     }
 

@@ -15,8 +15,8 @@
 //! - The finder lists what an operator's indexes would hold: orders in Error or paused by
 //!   [`StateRecord::attention`], and orders in flight by their acceptance time.
 //!
-//! Every record written is also checked against [`StateRecord::check`], so a transition that
-//! breaks an invariant fails loudly in tests instead of being stored.
+//! Every record written is first checked by [`check_write`], as the DynamoDB adapter checks it,
+//! so a transition that breaks an invariant fails loudly instead of being stored.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::ports::{
     Clock, Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
-    OrderFinder, OrderRecord, Read, Saved, StateStore,
+    OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -195,13 +195,9 @@ fn check_size<T: serde::Serialize>(item: &T) -> Result<()> {
     Ok(())
 }
 
-fn check_record(record: &StateRecord) -> Result<()> {
-    record.check().map_err(|reason| Error::Corrupt { order_id: record.order_id, reason })
-}
-
 impl<C: Clock> StateStore for MemoryStore<C> {
     async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
-        check_record(state)?;
+        check_write(state, None)?;
         check_size(order)?;
         check_size(state)?;
         let now = self.clock.now();
@@ -248,14 +244,8 @@ impl<C: Clock> StateStore for MemoryStore<C> {
     }
 
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
-        check_record(next)?;
+        check_write(next, Some(expected))?;
         check_size(next)?;
-        if next.revision != expected.revision + 1 {
-            return Err(Error::Corrupt {
-                order_id: next.order_id,
-                reason: "revision must grow by one per write".into(),
-            });
-        }
         let now = self.clock.now();
         let mut inner = self.lock();
         inner.take_write_fault()?;
