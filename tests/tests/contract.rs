@@ -212,6 +212,22 @@ async fn memory_store_keeps_the_store_contract() {
     store_contract(&MemoryStore::new(clock.clone()), clock.now(), Eventual::Latest).await;
 }
 
+#[test]
+fn a_store_whose_condition_checks_the_revision_only_fails_the_store_contract() {
+    // A thread of its own, whose panic is the expected outcome.
+    let outcome = std::thread::spawn(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
+            let store = MemoryStore::new(clock.clone());
+            store.condition_on_revision_only();
+            store_contract(&store, clock.now(), Eventual::Latest).await;
+        });
+    })
+    .join();
+    assert!(outcome.is_err(), "the contract passed a store that ignores state and attempt");
+}
+
 #[tokio::test]
 async fn memory_store_with_stale_reads_keeps_the_store_contract() {
     let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));

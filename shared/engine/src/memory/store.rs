@@ -74,12 +74,20 @@ struct Inner {
     index: BTreeSet<(u16, Timestamp, OrderId)>,
     indexed: HashMap<OrderId, (u16, Timestamp)>,
     failing_writes: u32,
+    /// The condition broken on purpose: a save checks the revision only.
+    revision_only: bool,
     stats: StoreStats,
 }
 
 impl<C: Clock> MemoryStore<C> {
     pub fn new(clock: C) -> Self {
         MemoryStore { inner: Arc::default(), clock }
+    }
+
+    /// Breaks the store's condition on purpose: a save then checks the expected revision only,
+    /// not the process state and attempt, for showing that the store contract notices.
+    pub fn condition_on_revision_only(&self) {
+        self.lock().revision_only = true;
     }
 
     /// Makes index updates visible only this long after the write.
@@ -249,10 +257,11 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         let now = self.clock.now();
         let mut inner = self.lock();
         inner.take_write_fault()?;
-        let matches = inner
-            .states
-            .get(&next.order_id)
-            .is_some_and(|current| Expected::of(current) == expected);
+        let revision_only = inner.revision_only;
+        let matches = inner.states.get(&next.order_id).is_some_and(|current| {
+            let seen = Expected::of(current);
+            seen == expected || revision_only && seen.revision == expected.revision
+        });
         if !matches {
             inner.stats.conflicts += 1;
             return Ok(Saved::Conflict);
