@@ -306,8 +306,9 @@ impl<'a> Incoming<'a> {
 pub const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 
 /// Tries a message gets within one [`Outbox::send`] when the queue fails it alone, for a
-/// passing cause (one failed entry of an SQS batch): 3, as many as the SDK's standard retry
-/// mode gives a failed request.
+/// passing cause (one failed entry of an SQS batch), and an event within one publication when
+/// the bus refuses it alone (one failed entry of `PutEvents`): 3, as many as the SDK's standard
+/// retry mode gives a failed request.
 pub const ENTRY_TRIES: u32 = 3;
 
 /// A message to send, possibly delayed by up to [`MAX_DELAY`]. It is never delivered before
@@ -339,7 +340,8 @@ pub trait Outbox: Send + Sync {
 
 /// The event bus.
 pub trait EventBus: Send + Sync {
-    /// Publishes a batch (at most 10 events); the report lists those that were not accepted.
+    /// Publishes a batch (at most 10 events); the report lists those that were not accepted, by
+    /// position. The engine publishes those again, alone.
     fn publish(&self, events: &[BusEvent]) -> impl Future<Output = Result<PublishReport>> + Send;
 }
 

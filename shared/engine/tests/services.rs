@@ -18,8 +18,8 @@ use sas_engine::memory::{
 use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    Clock, Created, Destination, Expected, ExpiryIndex, Incoming, IndexEntry, OrderRecord, Read,
-    Saved, StateStore, WaitGauge,
+    Clock, Created, Destination, ENTRY_TRIES, Expected, ExpiryIndex, Incoming, IndexEntry,
+    OrderRecord, Read, Saved, StateStore, WaitGauge,
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{Agent, AgentOutcome, Handled, StatusService, Supervisor};
@@ -715,13 +715,30 @@ async fn a_rejected_alert_is_an_error_and_is_delivered_on_redelivery() {
     let inventory = Destination::Agent(sas_engine::AgentName::new("inventory"));
     w.step(&Destination::Scheduler).await;
     w.step(&inventory).await;
-    // The bus accepts the status event but drops the alert.
-    w.bus.reject_next_entries(2);
+    // The bus refuses the entries, and then each try of them alone.
+    w.bus.reject_next_entries(2 * ENTRY_TRIES as usize);
     assert!(!w.step(&Destination::Replies).await, "a dropped alert fails the handler");
     assert_eq!(w.state(id).alert, Some(AlertDelivery::Pending));
     assert!(w.alerts().is_empty());
     w.clock.advance(Duration::from_secs(31));
     w.settle().await;
+    assert_eq!(w.alerts().len(), 1);
+    assert_eq!(w.state(id).alert, Some(AlertDelivery::Sent));
+}
+
+#[tokio::test]
+async fn an_event_the_bus_refuses_alone_is_published_again_alone() {
+    let mut w = World::new();
+    w.remote.script("reserve-inventory", [Behaviour::Permanent("no stock".into())]);
+    let id = w.submit("alert-3").await.unwrap().order_id;
+    let inventory = Destination::Agent(sas_engine::AgentName::new("inventory"));
+    w.step(&Destination::Scheduler).await;
+    w.step(&inventory).await;
+    // The reply publishes the order's status and its alert; the bus refuses the second entry.
+    w.bus.reject_entry_at(1);
+    let before = w.bus.count();
+    assert!(w.step(&Destination::Replies).await, "a refusal the retry mended failed the handler");
+    assert_eq!(w.bus.count(), before + 2, "each event once: {:?}", w.bus.published());
     assert_eq!(w.alerts().len(), 1);
     assert_eq!(w.state(id).alert, Some(AlertDelivery::Sent));
 }

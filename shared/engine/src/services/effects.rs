@@ -12,7 +12,7 @@ use crate::ids::{Direction, step_key};
 use crate::machine::{Ctx, Decision, Effect, Input, decide};
 use crate::message::{Message, Start, StepRef, StepRequest};
 use crate::ports::{
-    Clock, Destination, EventBus, Expected, Outbox, Outgoing, Read, Saved, StateStore,
+    Clock, Destination, ENTRY_TRIES, EventBus, Expected, Outbox, Outgoing, Read, Saved, StateStore,
 };
 use crate::state::{StateRecord, StepStatus};
 use crate::time::Timestamp;
@@ -85,19 +85,41 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
         if events.is_empty() {
             return Ok(());
         }
-        let report = self.bus.publish(&events).await?;
-        let alert_published = alert_at.is_some_and(|i| !report.failed.iter().any(|(f, _)| *f == i));
+        let refused = self.publish_each_once(&events).await?;
+        let alert_published = alert_at.is_some_and(|i| !refused.iter().any(|(f, _)| *f == i));
         if alert_published {
             self.record_alert_sent(record).await?;
         }
-        if let Some((_, reason)) = report.failed.first() {
+        if let Some((_, reason)) = refused.first() {
             return Err(Error::PublishFailed {
-                failed: report.failed.len(),
+                failed: refused.len(),
                 total: events.len(),
                 first_reason: reason.clone(),
             });
         }
         Ok(())
+    }
+
+    /// Publishes `events`, then again, alone, the entries the bus refused, up to
+    /// [`ENTRY_TRIES`] tries: publishing the accepted ones again would only duplicate them.
+    /// Returns the entries (by position in `events`) still refused, with the bus's reason.
+    async fn publish_each_once(&self, events: &[BusEvent]) -> Result<Vec<(usize, String)>> {
+        let mut pending: Vec<usize> = (0..events.len()).collect();
+        let mut refused = Vec::new();
+        for _ in 0..ENTRY_TRIES {
+            let batch: Vec<BusEvent> = pending.iter().map(|&i| events[i].clone()).collect();
+            let report = self.bus.publish(&batch).await?;
+            refused = report
+                .failed
+                .into_iter()
+                .filter_map(|(at, why)| pending.get(at).map(|&i| (i, why)))
+                .collect();
+            if refused.is_empty() {
+                break;
+            }
+            pending = refused.iter().map(|(i, _)| *i).collect();
+        }
+        Ok(refused)
     }
 
     /// Builds the request for the record's current step (or undo), sent at `now`.
