@@ -10,7 +10,7 @@ use sas_engine::workflow::Workflow;
 use sas_engine::{IdempotencyKey, OrderId};
 use sas_infra::proxy::{FaultRule, WireFault};
 use sas_tests::effects::{assert_effects_match, ended};
-use sas_tests::stack::{System, order_json};
+use sas_tests::stack::{System, order_json, statuses};
 
 fn rule(service: &str, operation: &str, fault: WireFault, times: u32) -> FaultRule {
     FaultRule { times: Some(times), ..FaultRule::new(service, Some(operation), fault) }
@@ -160,6 +160,36 @@ async fn a_send_that_fails_on_the_server_is_replayed_from_the_written_state() {
     let ledger = system.remote.ledger().await;
     assert_eq!(ledger["max_applications"], 1);
     assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
+}
+
+#[tokio::test]
+async fn an_event_eventbridge_refuses_alone_is_published_again_alone() {
+    let system = System::behind_proxy(
+        "wire-event",
+        r#"{"actions": {"charge-payment": {"permanent_rate": 1.0}}}"#,
+    )
+    .await;
+    let proxy = system.proxy.as_ref().unwrap();
+    // Every PutEvents call with a second entry has it refused (a 200 naming it failed).
+    let fail_second = WireFault::FailEntry { index: 1 };
+    proxy.faults.set(vec![FaultRule::new("eventbridge", Some("PutEvents"), fail_second)]);
+    let (status, _, body) = post(&system, "wire-event").await;
+    assert_eq!(status, 202, "{body}");
+    let id: OrderId = body["order_id"].as_str().unwrap().parse().unwrap();
+    system.settle().await;
+    proxy.faults.clear();
+    assert!(proxy.faults.hits() > 0, "no entry was refused");
+
+    let record = system.state(id).await;
+    assert_eq!(record.process_state, ProcessState::Error);
+    assert_eq!(record.alert, Some(sas_engine::state::AlertDelivery::Sent));
+    // Each event once: the refused ones again, alone, and the accepted ones not again.
+    let alerts = system.t.drain("AlertsQueue").await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    let events = system.t.drain("OrderEventsQueue").await;
+    let seen = statuses(&events, id);
+    let once = ["received", "processing", "step_done", "compensating", "compensated"];
+    assert_eq!(seen, once, "{events:?}");
 }
 
 #[tokio::test]
