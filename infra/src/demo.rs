@@ -32,13 +32,27 @@ use crate::traces::OrderTraces;
 pub const DEMO_FAULTS: &str = r#"{"default":{"transient_rate":0.15,"lost_answer_rate":0.03,"latency_ms":20,"latency_jitter_ms":40,
   "outages":[{"start_s":15,"end_s":25}]},"actions":{"charge-payment":{"permanent_rate":0.04}}}"#;
 
-/// The reference workflow with budgets short enough for a demo.
-pub const DEMO_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
-  {"name":"reserve-inventory","agent":"inventory","budget_seconds":15,"compensation":{"action":"release-inventory","budget_seconds":15}},
-  {"name":"charge-payment","agent":"payment","budget_seconds":15,"compensation":{"action":"refund-payment","budget_seconds":15}},
-  {"name":"ship","agent":"shipping","budget_seconds":15}]}"#;
+/// The reference workflow (`shared/workflows/`) with budgets short enough for a demo.
+pub fn demo_workflow() -> String {
+    with_budgets(sas_workflows::order_fulfilment(), 15)
+}
 
-/// Steps of [`DEMO_WORKFLOW`]: an order that goes through sends and handles one start message
+/// `workflow_json` with every step's and every compensation's budget set to `seconds`: the
+/// workflow as it is, on a clock a test or a demo can wait for.
+pub fn with_budgets(workflow_json: &str, seconds: u64) -> String {
+    let mut workflow: Value = serde_json::from_str(workflow_json).unwrap_or(Value::Null);
+    if let Some(steps) = workflow["steps"].as_array_mut() {
+        for step in steps {
+            step["budget_seconds"] = seconds.into();
+            if let Some(undo) = step.get_mut("compensation").filter(|c| c.is_object()) {
+                undo["budget_seconds"] = seconds.into();
+            }
+        }
+    }
+    workflow.to_string()
+}
+
+/// Steps of [`demo_workflow`]: an order that goes through sends and handles one start message
 /// and a request and a reply per step, and writes its state once at submission, once to claim,
 /// and once per step.
 const STEPS: f64 = 3.0;
@@ -516,7 +530,7 @@ async fn summarise(
         }
     }
     s.errors_without_alert = error_ids.iter().filter(|id| !alerted.contains(*id)).count();
-    s.effects_wrong = effects::mismatches(&ledger, DEMO_WORKFLOW, &ends);
+    s.effects_wrong = effects::mismatches(&ledger, &demo_workflow(), &ends);
 
     to_terminal.sort_unstable();
     let pct = |p: f64| {

@@ -4,17 +4,17 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
+use sas_infra::demo::with_budgets;
 use sas_infra::emulator::{Moto, workspace_root};
 use sas_infra::local::{LocalStack, Options};
 use sas_infra::sigv4::{LAMBDA, local_signer};
 
-/// The reference workflow with short budgets, so that a killed step's lease runs out in
+/// The reference workflow with budgets of 2 s, so that a killed step's lease runs out in
 /// seconds rather than minutes.
-pub const FAST_WORKFLOW: &str = r#"{"name":"order-fulfilment","steps":[
-  {"name":"reserve-inventory","agent":"inventory","budget_seconds":2,"compensation":{"action":"release-inventory","budget_seconds":2}},
-  {"name":"charge-payment","agent":"payment","budget_seconds":2,"compensation":{"action":"refund-payment","budget_seconds":2}},
-  {"name":"ship","agent":"shipping","budget_seconds":2}]}"#;
+pub static FAST_WORKFLOW: LazyLock<String> =
+    LazyLock::new(|| with_budgets(sas_workflows::order_fulfilment(), 2));
 
 /// The functions that run the engine, and so read the workflow.
 pub const ENGINE_FUNCTIONS: [&str; 5] = [
@@ -57,7 +57,7 @@ pub fn build_binaries(target_tmpdir: &Path) -> PathBuf {
 /// Environment overrides: the fast workflow for the engine's functions, `faults` for the
 /// simulated services.
 pub fn overrides(faults: &str) -> Vec<(String, String, String)> {
-    overrides_running(FAST_WORKFLOW, faults)
+    overrides_running(&FAST_WORKFLOW, faults)
 }
 
 /// As [`overrides`], with `workflow` (JSON) for the engine's functions.
@@ -107,7 +107,7 @@ pub struct Setup<'a> {
 
 impl Default for Setup<'_> {
     fn default() -> Self {
-        Setup { quota: None, workflow: FAST_WORKFLOW }
+        Setup { quota: None, workflow: &FAST_WORKFLOW }
     }
 }
 

@@ -325,7 +325,7 @@ impl System {
         let agent_names: Vec<AgentName> =
             AGENT_QUEUES.iter().map(|(a, _)| AgentName::new(*a)).collect();
         let workflow =
-            Arc::new(Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names).unwrap());
+            Arc::new(Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap());
         let bus = || EventBridgeBus::new(t.events.clone(), t.name("EventBus"));
         // The scheduler's outbox, as its settings make it: the agents' queues and its own two.
         let mut agent_urls = QueueUrls::default()

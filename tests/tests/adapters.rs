@@ -24,7 +24,7 @@ const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 
 fn workflow() -> Workflow {
     let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-    Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap()
+    Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
 }
 
 fn new_order(key: &str, config: &EngineConfig) -> (OrderRecord, StateRecord) {

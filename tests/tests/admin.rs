@@ -7,7 +7,6 @@
 
 use sas_engine::OrderId;
 use sas_engine::state::ProcessState;
-use sas_engine::workflow::Workflow;
 use sas_tests::effects::{assert_effects_match, ended};
 use sas_tests::stack::{System, order_id, order_json, statuses};
 use serde_json::{Value, json};
@@ -93,7 +92,7 @@ async fn a_failed_order_is_found_shown_and_redriven_once_its_service_is_back() {
     );
     let ledger = s.remote.ledger().await;
     assert_eq!(ledger["max_applications"], 1);
-    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
+    assert_effects_match(&ledger, sas_workflows::order_fulfilment(), &ended([id], "Processed"));
     let entry = r.timeline.iter().find(|e| e.by.is_some()).unwrap();
     assert_eq!(
         (entry.by.as_deref(), entry.reason.as_deref()),

@@ -45,7 +45,7 @@ use sas_tests::stack::order_json;
 
 fn workflow() -> Workflow {
     let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-    Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap()
+    Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
 }
 
 fn new_order(key: &str, config: &EngineConfig, at: Timestamp) -> (OrderRecord, StateRecord) {

@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use sas_engine::state::{Phase, ProcessState, StepStatus};
-use sas_engine::workflow::Workflow;
 use sas_tests::effects::{assert_effects_match, ended, mismatches};
 use sas_tests::stack::{System, order_id, order_json, statuses};
 use serde_json::Value;
@@ -29,7 +28,7 @@ async fn an_order_runs_through_the_three_steps() {
     let ledger = s.remote.ledger().await;
     assert_eq!(ledger["effects"].as_array().unwrap().len(), 3);
     assert_eq!(ledger["max_applications"], 1);
-    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
+    assert_effects_match(&ledger, sas_workflows::order_fulfilment(), &ended([id], "Processed"));
 
     let (status, view) = s.get(&id.to_string()).await;
     assert_eq!(status, 200);
@@ -64,7 +63,7 @@ async fn the_business_count_fails_when_the_service_applies_a_repeated_key_again(
     let stats = s.remote.stats().await;
     assert!(stats["lost_answer"].as_u64().unwrap() > 0, "no answer was lost: {stats}");
     let ledger = s.remote.ledger().await;
-    let wrong = mismatches(&ledger, Workflow::order_fulfilment_json(), &ended(ids, "Processed"));
+    let wrong = mismatches(&ledger, sas_workflows::order_fulfilment(), &ended(ids, "Processed"));
     println!("{}", wrong.join("\n"));
     assert!(wrong.iter().any(|w| w.contains(" in place 2 times")), "{wrong:?}\n{ledger}");
 }
@@ -92,7 +91,7 @@ async fn transient_faults_of_the_remote_service_are_absorbed_by_the_agents() {
     assert!(stats["lost_answer"].as_u64().unwrap() > 0, "{stats}");
     let ledger = s.remote.ledger().await;
     assert_eq!(ledger["max_applications"], 1);
-    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended(ids, "Processed"));
+    assert_effects_match(&ledger, sas_workflows::order_fulfilment(), &ended(ids, "Processed"));
 }
 
 #[tokio::test]
@@ -183,7 +182,7 @@ async fn duplicate_and_stale_replies_change_nothing() {
     assert_eq!(s.state(id).await, finished, "not a byte changed");
     let ledger = s.remote.ledger().await;
     assert_eq!(ledger["max_applications"], 1);
-    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
+    assert_effects_match(&ledger, sas_workflows::order_fulfilment(), &ended([id], "Processed"));
 }
 
 #[tokio::test]

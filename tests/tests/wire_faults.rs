@@ -6,7 +6,6 @@
 
 use sas_engine::ports::{Read, StateStore};
 use sas_engine::state::ProcessState;
-use sas_engine::workflow::Workflow;
 use sas_engine::{IdempotencyKey, OrderId};
 use sas_infra::proxy::{FaultRule, WireFault};
 use sas_tests::effects::{assert_effects_match, ended};
@@ -159,7 +158,7 @@ async fn a_send_that_fails_on_the_server_is_replayed_from_the_written_state() {
     assert_eq!(done.attempt, claimed.attempt + 2);
     let ledger = system.remote.ledger().await;
     assert_eq!(ledger["max_applications"], 1);
-    assert_effects_match(&ledger, Workflow::order_fulfilment_json(), &ended([id], "Processed"));
+    assert_effects_match(&ledger, sas_workflows::order_fulfilment(), &ended([id], "Processed"));
 }
 
 #[tokio::test]

@@ -221,7 +221,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         },
         Scenario {
             name: "three steps",
-            workflow: Workflow::order_fulfilment_json().into(),
+            workflow: sas_workflows::order_fulfilment().into(),
             agents: vec!["inventory", "payment", "shipping"],
             sfn_transitions: 5.0,
         },

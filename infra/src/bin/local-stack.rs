@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use sas_infra::demo::{self, Chaos, DEMO_FAULTS, DEMO_WORKFLOW};
+use sas_infra::demo::{self, Chaos, DEMO_FAULTS};
 use sas_infra::emulator::workspace_root;
 use sas_infra::jwt;
 use sas_infra::local::{LocalStack, Options};
@@ -228,7 +228,7 @@ async fn main() -> ExitCode {
         parameters.extend(demo::demo_parameters());
         overrides.extend(
             ENGINE_FUNCTIONS
-                .map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), DEMO_WORKFLOW.to_owned())),
+                .map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), demo::demo_workflow())),
         );
     }
     parameters.extend(stack_args.parameters);

@@ -37,7 +37,7 @@ async fn main() -> Result<(), Error> {
     let client = &clients.dynamodb;
     let config = EngineConfig::default();
     let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-    let workflow = Workflow::from_json(Workflow::order_fulfilment_json(), &agents)?;
+    let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents)?;
 
     println!(
         "| finished orders | expired orders | items in the table | index entries read | read units billed |"

@@ -567,7 +567,7 @@ mod tests {
 
     fn record() -> StateRecord {
         let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-        let w = Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap();
+        let w = Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap();
         let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
         let config = EngineConfig::default();
         let ctx = Ctx { now: Timestamp::from_millis(1_000), config: &config, workflow: &w };

@@ -13,6 +13,7 @@ use sas_engine::config::EngineConfig;
 use sas_engine::ports::Destination;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, Result};
+use sas_workflows::WorkflowFile;
 
 use crate::dead_letters::DeadLetterQueue;
 
@@ -53,8 +54,9 @@ impl Env {
         EngineConfig::from_lookup(|k| self.get(k)).map(Arc::new)
     }
 
-    /// The deployed agents (`AGENTS`, comma-separated) and the workflow (`WORKFLOW_JSON`, or the
-    /// built-in order-fulfilment workflow), validated against each other.
+    /// The deployed agents (`AGENTS`, comma-separated) and the workflow, validated against each
+    /// other: the workflow file built in from `shared/workflows/` (see [`built_in_workflow`]),
+    /// or `WORKFLOW_JSON` where set (the tests and the demo shorten budgets with it).
     pub fn workflow(&self) -> Result<(Arc<Workflow>, Vec<AgentName>)> {
         let agents: Vec<AgentName> = self
             .required("AGENTS")?
@@ -63,12 +65,45 @@ impl Env {
             .filter(|a| !a.is_empty())
             .map(AgentName::new)
             .collect();
-        let json = self
-            .get("WORKFLOW_JSON")
-            .unwrap_or_else(|| Workflow::order_fulfilment_json().to_owned());
-        let workflow = Workflow::from_json(&json, &agents)?;
+        let workflow = match self.get("WORKFLOW_JSON") {
+            Some(json) => Workflow::from_json(&json, &agents)?,
+            None => built_in_workflow(&agents)?,
+        };
         Ok((Arc::new(workflow), agents))
     }
+}
+
+/// The workflow a stack runs: the one file of `shared/workflows/`, checked against the deployed
+/// `agents`. A stack runs one workflow, so a folder holding another file is an error that says
+/// so.
+pub fn built_in_workflow(agents: &[AgentName]) -> Result<Workflow> {
+    match sas_workflows::FILES {
+        [file] => load_workflow_file(file, agents),
+        files => Err(Error::InvalidWorkflow(format!(
+            "a stack runs one workflow, and shared/workflows/ holds {}: {}",
+            files.len(),
+            files.iter().map(|f| f.path).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// One workflow file, checked against the deployed `agents`; an error names the file, and the
+/// field where the file has one wrong.
+pub fn load_workflow_file(file: &WorkflowFile, agents: &[AgentName]) -> Result<Workflow> {
+    let in_file = |e: Error| match e {
+        Error::InvalidWorkflow(why) => Error::InvalidWorkflow(format!("{}: {why}", file.path)),
+        other => other,
+    };
+    let workflow = Workflow::from_json(file.json, agents).map_err(in_file)?;
+    if workflow.name() != file.name {
+        return Err(Error::InvalidWorkflow(format!(
+            "{}: name: the workflow is named {:?}, and its file must be named after it ({}.json)",
+            file.path,
+            workflow.name(),
+            workflow.name()
+        )));
+    }
+    Ok(workflow)
 }
 
 /// The two tables every engine function reads: `STATE_TABLE` and `ORDERS_TABLE`.
@@ -198,6 +233,42 @@ pub fn agent_queue_variable(agent: &AgentName) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workflow_file_s_errors_name_the_file_and_the_field() {
+        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+        let file = |name, json| WorkflowFile { name, path: "shared/workflows/x.json", json };
+        let cases = [
+            (
+                file(
+                    "w",
+                    r#"{"name":"w","steps":[{"name":"a","agent":"payment","budget_seconds":"30"}]}"#,
+                ),
+                "shared/workflows/x.json: steps[0].budget_seconds: invalid type",
+            ),
+            (
+                file("w", r#"{"name":"w","steps":[{"name":"a","agent":"fax"}]}"#),
+                "shared/workflows/x.json: w: step \"a\" names agent \"fax\", which is not deployed",
+            ),
+            (
+                file("x", r#"{"name":"w","steps":[{"name":"a","agent":"payment"}]}"#),
+                "shared/workflows/x.json: name: the workflow is named \"w\", and its file must be named after it (w.json)",
+            ),
+        ];
+        for (f, expected) in cases {
+            let err = load_workflow_file(&f, &agents).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err}");
+        }
+    }
+
+    #[test]
+    fn every_workflow_file_loads_against_the_reference_agents() {
+        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+        for file in sas_workflows::FILES {
+            load_workflow_file(file, &agents).unwrap();
+        }
+        assert_eq!(built_in_workflow(&agents).unwrap().name(), "order-fulfilment");
+    }
 
     #[test]
     fn missing_variables_are_named() {

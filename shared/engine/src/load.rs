@@ -426,7 +426,7 @@ mod tests {
 
     fn workflow() -> Workflow {
         let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-        Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap()
+        Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
     }
 
     async fn take(r: &WaitReporter<Arc<MemoryWaits>>, waited: u64, now: Timestamp) {

@@ -89,8 +89,14 @@ impl Workflow {
     /// Parses and validates a workflow. `agents` lists the agents that are deployed; a step
     /// naming any other is an error.
     pub fn from_json(json: &str, agents: &[AgentName]) -> Result<Workflow, Error> {
+        // The path names the field at fault (`steps[1].budget_seconds`), as a reader of the file
+        // needs it.
         let spec: WorkflowSpec =
-            serde_json::from_str(json).map_err(|e| Error::InvalidWorkflow(e.to_string()))?;
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(json))
+                .map_err(|e| match e.path().to_string().as_str() {
+                    "." => Error::InvalidWorkflow(e.inner().to_string()),
+                    path => Error::InvalidWorkflow(format!("{path}: {}", e.inner())),
+                })?;
         let invalid = |msg: String| Error::InvalidWorkflow(format!("{}: {msg}", spec.name));
 
         check_name(&spec.name).map_err(|e| Error::InvalidWorkflow(format!("workflow name {e}")))?;
@@ -157,21 +163,6 @@ impl Workflow {
         }
         seen
     }
-
-    /// The order-fulfilment workflow used by the demo and the tests: reserve inventory, charge
-    /// payment, ship; the first two are undone by releasing the stock and refunding.
-    pub fn order_fulfilment_json() -> &'static str {
-        r#"{
-  "name": "order-fulfilment",
-  "steps": [
-    {"name": "reserve-inventory", "agent": "inventory", "budget_seconds": 30,
-     "compensation": {"action": "release-inventory", "budget_seconds": 30}},
-    {"name": "charge-payment", "agent": "payment", "budget_seconds": 30,
-     "compensation": {"action": "refund-payment", "budget_seconds": 30}},
-    {"name": "ship", "agent": "shipping", "budget_seconds": 60}
-  ]
-}"#
-    }
 }
 
 fn parse_budget(seconds: Option<u64>) -> Result<Duration, String> {
@@ -205,7 +196,7 @@ mod tests {
 
     #[test]
     fn the_fulfilment_workflow_loads() {
-        let w = Workflow::from_json(Workflow::order_fulfilment_json(), &agents()).unwrap();
+        let w = Workflow::from_json(sas_workflows::order_fulfilment(), &agents()).unwrap();
         assert_eq!(w.steps().len(), 3);
         assert_eq!(
             w.step(1).unwrap().action(Direction::Undo),
@@ -250,7 +241,7 @@ mod tests {
             ),
             (
                 r#"{"name":"w","steps":[{"name":"a","agent":"payment","retries":3}]}"#,
-                "unknown field",
+                "steps[0].retries: unknown field `retries`",
             ),
             (r#"{"name":"","steps":[{"name":"a","agent":"payment"}]}"#, "workflow name"),
         ];

@@ -336,7 +336,7 @@ impl World {
         });
         let agent_names = AGENTS.map(AgentName::new);
         let workflow =
-            Arc::new(Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names).unwrap());
+            Arc::new(Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap());
         let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
         let submission = Submission::new(
             store.clone(),

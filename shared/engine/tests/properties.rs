@@ -150,7 +150,7 @@ fn assert_within_limits(order: &Order) {
 
 fn workflow() -> Workflow {
     let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-    Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap()
+    Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
 }
 
 fn order_id() -> OrderId {

@@ -399,7 +399,7 @@ impl Sim {
         });
         let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
         let workflow =
-            Arc::new(Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap());
+            Arc::new(Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap());
         // Every remote behaviour is drawn from the seed, before the run starts.
         let mut draw = SplitMix::seeded(seed ^ 0x5eed);
         for action in
@@ -1140,7 +1140,7 @@ fn a_redrive_giving_new_keys_to_steps_of_unknown_outcome_fails_the_simulation() 
 #[test]
 fn the_settle_bound_follows_from_the_configuration() {
     let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-    let workflow = Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap();
+    let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap();
     let config = EngineConfig { failure_threshold: 3, ..EngineConfig::default() };
     // Five leases (three steps, two undos), 30 s of claim grace, 300 s of longest wait, 6 s of
     // the reports' delay and 5 s between sweeps each, plus the budgets (30 + 30 + 60 + 30 +

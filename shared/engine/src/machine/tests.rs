@@ -26,7 +26,7 @@ impl Fixture {
             ..EngineConfig::default()
         };
         let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-        let workflow = Workflow::from_json(Workflow::order_fulfilment_json(), &agents).unwrap();
+        let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap();
         Fixture { config, workflow }
     }
 

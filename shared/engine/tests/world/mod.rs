@@ -71,7 +71,7 @@ impl World {
         let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
         let config = Arc::new(config);
         let workflow = Arc::new(
-            Workflow::from_json(Workflow::order_fulfilment_json(), &agent_names()).unwrap(),
+            Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names()).unwrap(),
         );
         let submission = Submission::new(
             store.clone(),
