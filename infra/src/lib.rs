@@ -26,6 +26,7 @@
 //!   IAM's verdict: least privilege, checked on every local run.
 //! - [`demo`]: orders under misbehaving services, with a summary that checks the promises;
 //!   [`effects`]: what the simulated service's ledger says the business holds, per step.
+//! - [`workflows`]: the repository's workflow files checked against the template.
 //! - [`view`]: what an operator sees of a run: charts and tables on a page, served live or
 //!   written as a report.
 
@@ -51,6 +52,7 @@ pub mod sources;
 pub mod template;
 pub mod traces;
 pub mod view;
+pub mod workflows;
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

@@ -90,15 +90,21 @@ pub fn built_in_workflow(agents: &[AgentName]) -> Result<Workflow> {
 /// One workflow file, checked against the deployed `agents`; an error names the file, and the
 /// field where the file has one wrong.
 pub fn load_workflow_file(file: &WorkflowFile, agents: &[AgentName]) -> Result<Workflow> {
+    load_workflow(file.path, file.name, file.json, agents)
+}
+
+/// The workflow in `json`, read from the file at `path` whose name without `.json` is `name`,
+/// checked against the deployed `agents`; an error names the file, the field where the file has
+/// one wrong, and what to do.
+pub fn load_workflow(path: &str, name: &str, json: &str, agents: &[AgentName]) -> Result<Workflow> {
     let in_file = |e: Error| match e {
-        Error::InvalidWorkflow(why) => Error::InvalidWorkflow(format!("{}: {why}", file.path)),
+        Error::InvalidWorkflow(why) => Error::InvalidWorkflow(format!("{path}: {why}")),
         other => other,
     };
-    let workflow = Workflow::from_json(file.json, agents).map_err(in_file)?;
-    if workflow.name() != file.name {
+    let workflow = Workflow::from_json(json, agents).map_err(in_file)?;
+    if workflow.name() != name {
         return Err(Error::InvalidWorkflow(format!(
-            "{}: name: the workflow is named {:?}, and its file must be named after it ({}.json)",
-            file.path,
+            "{path}: name: the workflow is named {:?}, and its file must be named after it ({}.json)",
             workflow.name(),
             workflow.name()
         )));

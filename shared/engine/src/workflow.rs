@@ -115,9 +115,12 @@ impl Workflow {
             }
             let agent = AgentName::new(&s.agent);
             if !agents.contains(&agent) {
+                let deployed: Vec<&str> = agents.iter().map(AgentName::as_str).collect();
                 return Err(invalid(format!(
-                    "step {:?} names agent {:?}, which is not deployed",
-                    s.name, s.agent
+                    "step {:?} names agent {:?}, which is not deployed: name one of {}, or deploy it",
+                    s.name,
+                    s.agent,
+                    deployed.join(", ")
                 )));
             }
             let budget = parse_budget(s.budget_seconds)

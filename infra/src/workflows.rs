@@ -1,0 +1,146 @@
+//! The workflow files of the repository against the template: every file loads (an error names
+//! the file, the field and what to do), every agent a step names is deployed, and every
+//! deployed agent is used by some workflow. `check-workflows` runs it for a workflow's author
+//! before a build; the suite runs it on every change; the functions check again at cold start.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use sas_aws::settings::load_workflow;
+use sas_engine::AgentName;
+use serde_json::Value;
+
+use crate::Error;
+use crate::functions::functions;
+use crate::provision::{Options, dry_run};
+use crate::template::Template;
+
+/// A workflow file as read from disk.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub path: String,
+    pub json: String,
+}
+
+impl Source {
+    /// Every `*.json` file of `dir`, in order of name.
+    pub fn all_in(dir: &Path) -> std::io::Result<Vec<Source>> {
+        let mut paths: Vec<_> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        paths.iter().map(|p| Source::read(p)).collect()
+    }
+
+    pub fn read(path: &Path) -> std::io::Result<Source> {
+        Ok(Source { path: path.display().to_string(), json: std::fs::read_to_string(path)? })
+    }
+
+    /// The file's name without `.json`: the name its workflow must have.
+    fn name(&self) -> &str {
+        let file = self.path.rsplit('/').next().unwrap_or(&self.path);
+        file.strip_suffix(".json").unwrap_or(file)
+    }
+}
+
+/// The agents the template deploys at its defaults: each agent function's `AGENT_NAME`.
+pub fn deployed_agents(template: &Template) -> Result<Vec<AgentName>, Error> {
+    let options = Options {
+        stack_name: "check".into(),
+        region: "us-east-1".into(),
+        parameters: HashMap::new(),
+        // The simulated service's URL is only known once it runs; any stands in for it.
+        attributes: HashMap::from([(
+            ("RemoteSimFunctionUrl".into(), "FunctionUrl".into()),
+            Value::String("http://127.0.0.1/".into()),
+        )]),
+    };
+    let stack = dry_run(template, &options)?;
+    let names: BTreeSet<String> = functions(template, &stack)?
+        .into_iter()
+        .filter_map(|f| f.environment.get("AGENT_NAME").cloned())
+        .collect();
+    Ok(names.iter().map(AgentName::new).collect())
+}
+
+/// What is wrong with `sources` against the deployed `agents`, one line each; empty if nothing.
+pub fn problems(sources: &[Source], agents: &[AgentName]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let mut used = BTreeSet::new();
+    if sources.is_empty() {
+        wrong.push("no workflow file: a stack needs one in shared/workflows/".to_owned());
+    }
+    for source in sources {
+        match load_workflow(&source.path, source.name(), &source.json, agents) {
+            Ok(workflow) => used.extend(workflow.agents().into_iter().cloned()),
+            // The message starts with the file, as a compiler's does.
+            Err(sas_engine::Error::InvalidWorkflow(why)) => wrong.push(why),
+            Err(e) => wrong.push(format!("{}: {e}", source.path)),
+        }
+    }
+    // An agent nobody uses still costs its function, queues and alarms, and usually means a
+    // step was renamed in one place only.
+    if wrong.is_empty() {
+        for agent in agents.iter().filter(|a| !used.contains(*a)) {
+            wrong.push(format!(
+                "agent {:?} is deployed by template.yaml but no workflow uses it: give a step to it, or take it out of the template",
+                agent.as_str()
+            ));
+        }
+    }
+    wrong
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emulator::workspace_root;
+
+    fn template() -> Template {
+        Template::load(&workspace_root().join("template.yaml")).unwrap()
+    }
+
+    #[test]
+    fn the_repository_s_workflows_fit_the_template() {
+        let agents = deployed_agents(&template()).unwrap();
+        let names: Vec<&str> = agents.iter().map(AgentName::as_str).collect();
+        assert_eq!(names, ["inventory", "payment", "shipping"]);
+        let sources = Source::all_in(&workspace_root().join("shared/workflows")).unwrap();
+        assert_eq!(
+            sources.len(),
+            sas_workflows::FILES.len(),
+            "the built-in files are the folder's"
+        );
+        assert_eq!(problems(&sources, &agents), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_wrong_file_or_an_unused_agent_is_named_with_what_to_do() {
+        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+        let source = |path: &str, json: &str| Source { path: path.into(), json: json.into() };
+        let broken = source(
+            "shared/workflows/w.json",
+            r#"{"name":"w","steps":[{"name":"a","agent":"payment","budget_seconds":-1}]}"#,
+        );
+        let wrong = problems(&[broken], &agents);
+        assert_eq!(wrong.len(), 1, "{wrong:?}");
+        assert!(
+            wrong[0].starts_with("shared/workflows/w.json: steps[0].budget_seconds: "),
+            "{wrong:?}"
+        );
+
+        let partial = source(
+            "shared/workflows/w.json",
+            r#"{"name":"w","steps":[{"name":"a","agent":"payment"}]}"#,
+        );
+        let wrong = problems(&[partial], &agents);
+        assert_eq!(wrong.len(), 2, "{wrong:?}");
+        assert!(
+            wrong[0].contains(
+                "agent \"inventory\" is deployed by template.yaml but no workflow uses it"
+            )
+        );
+        assert!(problems(&[], &agents)[0].contains("no workflow file"));
+    }
+}
