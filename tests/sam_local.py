@@ -4,12 +4,16 @@ Docker for this part. Prints JSON.
     sam_local.py env TEMPLATE ENV_VARS_FILE   the environment `sam local invoke --env-vars`
                                               gives each function (and the names it declares)
     sam_local.py routes TEMPLATE              the routes `sam local start-api` serves
+    sam_local.py expand TEMPLATE STACK        the template with its `Fn::ForEach` loops
+                                              expanded by SAM CLI's language extensions
 """
 
 import json
 import sys
 
 from samcli.commands.local.lib.local_lambda import LocalLambdaRunner
+from samcli.lib.cfn_language_extensions.api import process_template
+from samcli.lib.cfn_language_extensions.models import PseudoParameterValues
 from samcli.lib.providers.api_provider import ApiProvider
 from samcli.lib.providers.sam_function_provider import SamFunctionProvider
 from samcli.lib.providers.sam_stack_provider import SamLocalStackProvider
@@ -60,12 +64,23 @@ def routes(template):
     return sorted(out, key=lambda r: r["route"])
 
 
+def expand(template, stack_name):
+    with open(template) as f:
+        parsed = json.load(f)
+    pseudo = PseudoParameterValues(
+        region="us-east-1", account_id="123456789012", stack_name=stack_name
+    )
+    return process_template(parsed, pseudo_parameters=pseudo)
+
+
 if __name__ == "__main__":
     command, template, *rest = sys.argv[1:]
     if command == "env":
         result = environments(template, rest[0])
     elif command == "routes":
         result = routes(template)
+    elif command == "expand":
+        result = expand(template, rest[0])
     else:
         sys.exit(f"unknown command {command}")
     json.dump(result, sys.stdout, indent=1, default=str)

@@ -5,7 +5,8 @@
 //! indexes, queues, dead-letter queues, buses and rules from it, so nothing can drift from what
 //! `sam deploy` creates. Resource types that have no local equivalent are reported by name.
 //!
-//! - [`template`]: parsing and evaluating the template (parameters, conditions, intrinsics).
+//! - [`template`]: parsing and evaluating the template (parameters, conditions, intrinsics);
+//!   [`foreach`]: its `Fn::ForEach` loops expanded.
 //! - [`aws`]: SDK clients pointed at the endpoint that serves each service.
 //! - [`provision`]: creating its resources.
 //! - [`functions`]: the functions a template declares, with their environment and event sources.
@@ -36,6 +37,7 @@ pub mod dead_letters;
 pub mod demo;
 pub mod effects;
 pub mod emulator;
+pub mod foreach;
 pub mod functions;
 pub mod gateway;
 pub mod jwt;

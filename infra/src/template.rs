@@ -4,10 +4,10 @@
 //! ...): the short `!Ref` tags are YAML tags, which a plain YAML reader would silently turn
 //! into strings, so the template is checked for them and refused with a clear message.
 //!
-//! Evaluation resolves parameters (defaults, or overrides), pseudo parameters, conditions,
-//! `Ref`, `Fn::GetAtt`, `Fn::Sub`, `Fn::If`, `Fn::Join`, `Fn::Select`, `Fn::Equals`,
-//! `Fn::Not`, `Fn::And`, `Fn::Or`, and `AWS::NoValue`, against the physical ids of the
-//! resources created so far.
+//! `Fn::ForEach` loops are expanded first ([`crate::foreach`]). Evaluation resolves parameters
+//! (defaults, or overrides), pseudo parameters, conditions, `Ref`, `Fn::GetAtt`, `Fn::Sub`,
+//! `Fn::If`, `Fn::Join`, `Fn::Select`, `Fn::FindInMap`, `Fn::Equals`, `Fn::Not`, `Fn::And`,
+//! `Fn::Or`, and `AWS::NoValue`, against the physical ids of the resources created so far.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,10 +24,11 @@ pub const LOCAL_ACCOUNT: &str = "123456789012";
 pub struct Template {
     pub parameters: BTreeMap<String, Value>,
     pub conditions: BTreeMap<String, Value>,
-    /// Resources in the order they are written.
+    /// Resources, in order of logical id.
     pub resources: Vec<(String, Resource)>,
     pub outputs: BTreeMap<String, Value>,
     pub globals: Value,
+    pub mappings: Map<String, Value>,
 }
 
 /// One resource: its type, its (unevaluated) properties, and its condition if any.
@@ -81,6 +82,7 @@ impl Template {
         }
         let docs = YamlLoader::load_from_str(text).map_err(|e| Error::Template(e.to_string()))?;
         let root = docs.into_iter().next().map(to_json).transpose()?.unwrap_or(Value::Null);
+        let root = crate::foreach::expand(&root)?;
         let section =
             |name: &str| root.get(name).and_then(Value::as_object).cloned().unwrap_or_default();
         let mut resources = Vec::new();
@@ -105,6 +107,7 @@ impl Template {
             resources,
             outputs: section("Outputs").into_iter().collect(),
             globals: root.get("Globals").cloned().unwrap_or(Value::Null),
+            mappings: section("Mappings"),
         })
     }
 
@@ -163,6 +166,7 @@ pub struct Context {
     /// `Fn::GetAtt` values: (resource, attribute) → value.
     pub attributes: HashMap<(String, String), Value>,
     conditions: HashMap<String, bool>,
+    mappings: Map<String, Value>,
 }
 
 /// Marks a value to drop (`AWS::NoValue`).
@@ -179,6 +183,7 @@ impl Context {
         let mut ctx = Context {
             stack_name: stack_name.to_owned(),
             region: region.to_owned(),
+            mappings: template.mappings.clone(),
             ..Context::default()
         };
         for (name, spec) in &template.parameters {
@@ -287,16 +292,22 @@ impl Context {
     fn intrinsic(&self, name: &str, arg: &Value) -> Result<Value, Error> {
         match name {
             "Ref" => {
-                let target =
-                    arg.as_str().ok_or_else(|| Error::Template("Ref takes a name".into()))?;
-                self.reference(target)
+                // A loop writes a name made from its item as `{Fn::Sub: ...}`.
+                let target = match arg {
+                    Value::String(s) => s.clone(),
+                    Value::Object(_) => str_of(&self.eval_inner(arg)?)?,
+                    _ => return Err(Error::Template("Ref takes a name".into())),
+                };
+                self.reference(&target)
             }
             "Fn::GetAtt" => {
                 let (resource, attribute) = match arg {
                     Value::String(s) => {
                         s.split_once('.').map(|(a, b)| (a.to_owned(), b.to_owned()))
                     }
-                    Value::Array(a) if a.len() == 2 => Some((str_of(&a[0])?, str_of(&a[1])?)),
+                    Value::Array(a) if a.len() == 2 => {
+                        Some((str_of(&self.eval_inner(&a[0])?)?, str_of(&self.eval_inner(&a[1])?)?))
+                    }
                     _ => None,
                 }
                 .ok_or_else(|| Error::Template(format!("malformed Fn::GetAtt {arg}")))?;
@@ -349,6 +360,21 @@ impl Context {
                     .get(index)
                     .cloned()
                     .ok_or_else(|| Error::Template("Fn::Select out of range".into()))
+            }
+            "Fn::FindInMap" => {
+                let keys = list(arg)?
+                    .iter()
+                    .map(|k| str_of(&self.eval_inner(k)?))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let [map, top, second] = keys.as_slice() else {
+                    return Err(Error::Template("Fn::FindInMap takes three keys".into()));
+                };
+                self.mappings
+                    .get(map)
+                    .and_then(|m| m.get(top))
+                    .and_then(|m| m.get(second))
+                    .cloned()
+                    .ok_or_else(|| Error::Template(format!("no {map}.{top}.{second} in Mappings")))
             }
             other => Err(Error::Template(format!("unsupported intrinsic function {other}"))),
         }
@@ -445,6 +471,8 @@ pub fn scalar_string(v: &Value) -> Result<String, Error> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     const T: &str = r#"
@@ -492,6 +520,43 @@ Resources:
         )
         .unwrap();
         assert!(with_email.holds(Some("HasEmail")));
+    }
+
+    #[test]
+    fn loops_expand_and_their_names_and_mappings_evaluate() {
+        let t = Template::parse(
+            r#"
+Mappings:
+  Agents:
+    inventory: {Url: "http://inventory"}
+    payment: {Url: "http://payment"}
+Resources:
+  Fn::ForEach::Agents:
+    - Agent
+    - [inventory, payment]
+    - ${Agent}Queue:
+        Type: AWS::SQS::Queue
+        Properties:
+          Url:
+            Fn::FindInMap: [Agents, {Ref: Agent}, Url]
+      ${Agent}Policy:
+        Type: AWS::IAM::Policy
+        Properties:
+          Queue: {Ref: {Fn::Sub: "${Agent}Queue"}}
+          Arn:
+            Fn::GetAtt: [{Fn::Sub: "${Agent}Queue"}, Arn]
+"#,
+        )
+        .unwrap();
+        let ids: Vec<&str> = t.resources.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["inventoryPolicy", "inventoryQueue", "paymentPolicy", "paymentQueue"]);
+        let mut ctx = Context::new(&t, "s", "us-east-1", &HashMap::new()).unwrap();
+        ctx.refs.insert("paymentQueue".into(), "https://q/payment".into());
+        ctx.attributes.insert(("paymentQueue".into(), "Arn".into()), "arn:payment".into());
+        let queue = ctx.eval(&t.resource("paymentQueue").unwrap().properties).unwrap();
+        assert_eq!(queue["Url"], "http://payment");
+        let policy = ctx.eval(&t.resource("paymentPolicy").unwrap().properties).unwrap();
+        assert_eq!(policy, json!({"Queue": "https://q/payment", "Arn": "arn:payment"}));
     }
 
     #[test]

@@ -242,3 +242,60 @@ fn sam_local_start_api_serves_the_routes_of_the_template() {
     routes.sort();
     assert_eq!(served, routes);
 }
+
+/// A template of loops, nested and not, with their items in keys, `Ref`s, `Fn::Sub`s (one with
+/// a pseudo parameter), `Fn::FindInMap` and `Fn::GetAtt` of a name made by `Fn::Sub`.
+const LOOPS: &str = r#"{
+ "Transform": ["AWS::LanguageExtensions", "AWS::Serverless-2016-10-31"],
+ "Mappings": {"Agents": {"inventory": {"Url": "http://inventory"}, "payment": {"Url": "http://payment"}}},
+ "Resources": {
+  "Bus": {"Type": "AWS::Events::EventBus", "Properties": {"Name": {"Fn::Sub": "${AWS::StackName}-bus"}}},
+  "Fn::ForEach::Agents": ["Agent", ["inventory", "payment"], {
+   "${Agent}Queue": {"Type": "AWS::SQS::Queue", "Properties": {
+     "QueueName": {"Fn::Sub": "${AWS::StackName}-${Agent}"},
+     "Url": {"Fn::FindInMap": ["Agents", {"Ref": "Agent"}, "Url"]},
+     "Tags": [{"Key": "agent", "Value": {"Ref": "Agent"}}]}},
+   "&{Agent}Policy": {"Type": "AWS::IAM::Policy", "Properties": {
+     "Queue": {"Fn::GetAtt": [{"Fn::Sub": "${Agent}Queue"}, "Arn"]},
+     "Fn::ForEach::Levels": ["Level", ["warn", "page"], {
+       "Threshold${Level}": {"Fn::Sub": "${Agent}-${Level}"}}]}}}]},
+ "Outputs": {
+  "Fn::ForEach::Urls": ["Agent", ["inventory", "payment"], {
+   "${Agent}QueueArn": {"Value": {"Fn::GetAtt": [{"Fn::Sub": "${Agent}Queue"}, "Arn"]}}}]}
+}"#;
+
+#[test]
+fn loops_expand_as_sam_cli_s_language_extensions_expand_them() {
+    let path = Path::new(TARGET_TMPDIR).join("loops.json");
+    std::fs::write(&path, LOOPS).unwrap();
+    let theirs = sam_local(&["expand", path.to_str().unwrap(), "loops"]);
+    let ours = Template::parse(LOOPS).unwrap();
+    let ids = |t: &Template| t.resources.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>();
+    let expanded = Template::parse(&theirs.to_string()).unwrap();
+    assert_eq!(ids(&ours), ids(&expanded));
+    assert_eq!(
+        ours.outputs.keys().collect::<Vec<_>>(),
+        expanded.outputs.keys().collect::<Vec<_>>()
+    );
+    // SAM CLI resolves some intrinsics and keeps others: both sides evaluated alike must agree.
+    let mut ctx =
+        sas_infra::template::Context::new(&ours, "loops", "us-east-1", &Default::default())
+            .unwrap();
+    for agent in ["inventory", "payment"] {
+        let queue = format!("{agent}Queue");
+        ctx.attributes.insert((queue.clone(), "Arn".into()), format!("arn:{agent}").into());
+    }
+    for (id, resource) in &ours.resources {
+        let mine = ctx.eval(&resource.properties).unwrap();
+        let sam = ctx.eval(&expanded.resource(id).unwrap().properties).unwrap();
+        assert_eq!(mine, sam, "{id}");
+    }
+    let policy = ctx.eval(&ours.resource("paymentPolicy").unwrap().properties).unwrap();
+    assert_eq!(
+        policy,
+        serde_json::json!({"Queue": "arn:payment", "Thresholdwarn": "payment-warn", "Thresholdpage": "payment-page"})
+    );
+    for (name, output) in &ours.outputs {
+        assert_eq!(ctx.eval(output).unwrap(), ctx.eval(&expanded.outputs[name]).unwrap(), "{name}");
+    }
+}
