@@ -21,7 +21,8 @@ use sas_infra::template::Template;
 use sas_tests::e2e::{SOUND, build_binaries, start_stack};
 use serde_json::Value;
 
-const SAM_CLI: &str = "aws-sam-cli>=1.140,<2";
+/// From 1.170, a release that has the language extensions module the loop test reads.
+const SAM_CLI: &str = "aws-sam-cli>=1.170,<2";
 const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
 
 /// Runs `tests/sam_local.py` with `args`, in an environment with nothing of this shell's.
