@@ -156,11 +156,12 @@ fn remote_call() -> sas_engine::ports::RemoteCall {
     let (record, _) = new_order("auth-1", &config);
     sas_engine::ports::RemoteCall {
         order_id: record.order_id,
-        action: "reserve-inventory".into(),
+        action: "charge-payment".into(),
         direction: sas_engine::Direction::Do,
         idempotency_key: "key-1".into(),
         order: record.order,
         input: None,
+        outputs: [("reserve-inventory".to_owned(), serde_json::json!({"ref": "r-1"}))].into(),
         deadline: Timestamp::from_millis(i64::MAX / 2),
     }
 }
@@ -215,4 +216,12 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     let signed = sas_infra::sigv4::Signed { method, raw_path: path, raw_query: "", headers, body };
     let caller = sas_infra::sigv4::verify(&signed, "us-east-1", "lambda", chrono::Utc::now());
     assert_eq!(caller.as_deref(), Ok("InventoryAgentFunction"));
+    // The body: what the service needs of the order and of the steps before.
+    let (_, path, _, body) = &calls[0];
+    assert_eq!(path, "/actions/charge-payment");
+    let body: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(body["direction"], "do");
+    assert_eq!(body["outputs"], serde_json::json!({"reserve-inventory": {"ref": "r-1"}}));
+    assert_eq!(body["input"], serde_json::Value::Null);
+    assert_eq!(body["order"]["currency"], "EUR");
 }

@@ -1,8 +1,9 @@
 //! The remote service behind an agent, over HTTP.
 //!
 //! `POST {service_url}/actions/{action}` with the step's idempotency key in the
-//! `Idempotency-Key` header and `{order_id, direction, order, input}` as JSON. A 2xx answer is
-//! the step's output. 408, 429, 5xx, timeouts and connection failures are transient (the
+//! `Idempotency-Key` header and `{order_id, direction, order, input, outputs}` as JSON (`input`:
+//! for an undo, the output of the step it undoes; `outputs`: for a step, those of the steps done
+//! before it, by name). A 2xx answer is the step's output. 408, 429, 5xx, timeouts and connection failures are transient (the
 //! effect may or may not have happened; the retry carries the same key). 401 and 403 are
 //! transient too: the agent's own credentials were refused, which an operator fixes, not a
 //! refusal of the order. Any other 4xx is a permanent refusal.
@@ -101,6 +102,7 @@ impl<C: Clock> RemoteService for HttpRemote<C> {
             "direction": call.direction,
             "order": call.order,
             "input": call.input,
+            "outputs": call.outputs,
         });
         let mut request = self
             .client

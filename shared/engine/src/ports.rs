@@ -415,7 +415,10 @@ pub struct RemoteCall {
     /// The service deduplicates on this: the same key must never take effect twice.
     pub idempotency_key: String,
     pub order: Order,
+    /// For an undo, the output of the step it undoes.
     pub input: Option<serde_json::Value>,
+    /// For a step, the outputs of the steps done before it, by step name.
+    pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
     /// The call must give up by then (the adapter turns it into a timeout).
     pub deadline: Timestamp,
 }

@@ -225,6 +225,7 @@ impl AgentBench {
             idempotency_key: step_key(order_id, "charge-payment", Direction::Do, 0),
             order: Order::from_json(order_body("agent-1").as_bytes()).unwrap(),
             input: None,
+            outputs: Default::default(),
             due_at: Some(self.clock.now()),
             budget_ms: Some(budget.as_millis() as u64),
         }
@@ -703,6 +704,46 @@ async fn waiting_messages_nobody_takes_stop_every_judgement() {
     w.settle().await;
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
     assert_eq!(w.state(id).failure_count, 0);
+}
+
+/// The request waiting on `dest`, left there for its agent.
+fn waiting_request(w: &World, dest: &Destination) -> StepRequest {
+    let d = w.queues.receive(dest, 1).pop().expect("a request waits");
+    w.queues.change_visibility(dest, &d.receipt, Duration::ZERO).unwrap();
+    match Message::decode(&d.body).unwrap() {
+        Message::Request(r) => *r,
+        other => panic!("not a request: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn each_step_is_asked_with_the_outputs_of_the_steps_before_it() {
+    let mut w = World::new();
+    w.remote.script("ship", [Behaviour::Permanent("no carrier".into())]);
+    let id = w.submit("outputs-1").await.unwrap().order_id;
+    let agent = |name| Destination::Agent(sas_engine::AgentName::new(name));
+    w.step(&Destination::Scheduler).await;
+    assert!(waiting_request(&w, &agent("inventory")).outputs.is_empty());
+    w.step(&agent("inventory")).await;
+    w.step(&Destination::Replies).await;
+    let reserved = w.state(id).steps[0].output.clone().unwrap();
+    let charge = waiting_request(&w, &agent("payment"));
+    assert_eq!(charge.outputs, [("reserve-inventory".to_owned(), reserved.clone())].into());
+    w.step(&agent("payment")).await;
+    w.step(&Destination::Replies).await;
+    let charged = w.state(id).steps[1].output.clone().unwrap();
+    let ship = waiting_request(&w, &agent("shipping"));
+    let before = [
+        ("reserve-inventory".to_owned(), reserved),
+        ("charge-payment".to_owned(), charged.clone()),
+    ];
+    assert_eq!(ship.outputs, before.into());
+    // Shipping is refused: the refund is asked with the charge's own output, and nothing else.
+    w.step(&agent("shipping")).await;
+    w.step(&Destination::Replies).await;
+    let refund = waiting_request(&w, &agent("payment"));
+    assert_eq!((refund.action.as_str(), refund.input), ("refund-payment", Some(charged)));
+    assert!(refund.outputs.is_empty());
 }
 
 // ---------------------------------------------------------------- events

@@ -335,6 +335,7 @@ mod tests {
             idempotency_key: step_key(order_id(), "charge", direction, 0),
             order: order(),
             input: None,
+            outputs: Default::default(),
             deadline: now.plus(Duration::from_secs(60)),
         }
     }

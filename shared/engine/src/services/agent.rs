@@ -90,6 +90,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             idempotency_key: request.idempotency_key.clone(),
             order: request.order.clone(),
             input: request.input.clone(),
+            outputs: request.outputs.clone(),
             deadline,
         };
         let mut calls = 0;

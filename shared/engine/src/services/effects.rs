@@ -1,6 +1,7 @@
 //! Performing the side effects of a decision: messages to queues, events to the bus, and the
 //! bookkeeping of the one alert an order in Error gets.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tracing::{debug, warn};
@@ -160,6 +161,11 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
             idempotency_key: step_key(record.order_id, &state.name, direction, state.generation),
             order: order.order,
             input: if direction == Direction::Undo { state.output.clone() } else { None },
+            outputs: if direction == Direction::Do {
+                outputs_before(record)
+            } else {
+                Default::default()
+            },
             due_at: Some(now),
             budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
         };
@@ -225,4 +231,13 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
         at: now,
         correlation_id: record.correlation_id.clone(),
     })
+}
+
+/// The outputs of the steps done before the cursor's, by step name.
+fn outputs_before(record: &StateRecord) -> BTreeMap<String, serde_json::Value> {
+    record.steps[..record.cursor.min(record.steps.len())]
+        .iter()
+        .filter(|s| s.status == StepStatus::Done)
+        .filter_map(|s| Some((s.name.clone(), s.output.clone()?)))
+        .collect()
 }
