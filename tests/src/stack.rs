@@ -542,7 +542,7 @@ impl System {
     /// Hands `event` to the handler of the function that consumes `queue` (by logical id).
     pub async fn handle_batch(&self, queue: &str, event: SqsEvent) -> SqsBatchResponse {
         match self.agents.iter().find(|(q, _)| q == queue) {
-            Some((_, agent)) => sas_agent::handle(agent, event).await,
+            Some((_, agent)) => sas_agent_kit::handle(agent, event).await,
             None => sas_scheduler::handle(&self.scheduler, event).await,
         }
     }

@@ -1,34 +1,24 @@
-//! What an agent reads from its environment, all of it at cold start. `AGENT_NAME` and
-//! `SERVICE_URL` say which service this deployment wraps; `SERVICE_AUTH` (in any case) how it
-//! authenticates there: `sigv4` (signed for `SERVICE_SIGNING_NAME`, by default `lambda` for
-//! function URLs and `execute-api` otherwise), `bearer` or `api-key` (the text of the secret
-//! `SERVICE_SECRET_ARN`, read once per cold start), or `none`.
+//! Where the HTTP agent's service is and how it authenticates there, read at cold start (the
+//! rest of an agent's settings are the kit's). `SERVICE_URL` says which service this deployment
+//! wraps; `SERVICE_AUTH` (in any case) how it authenticates there: `sigv4` (signed for
+//! `SERVICE_SIGNING_NAME`, by default `lambda` for function URLs and `execute-api` otherwise),
+//! `bearer` or `api-key` (the text of the secret `SERVICE_SECRET_ARN`, read once per cold
+//! start), or `none`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use sas_aws::settings::{Env, agent_queue_variable};
-use sas_engine::config::EngineConfig;
-use sas_engine::{AgentName, Error, Result};
+use sas_aws::settings::Env;
+use sas_engine::{Error, Result};
 
 /// Default cap on one call to the remote service.
 const DEFAULT_CALL_TIMEOUT_MS: u64 = 10_000;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub config: Arc<EngineConfig>,
-    pub name: String,
     pub service_url: String,
     pub auth: Auth,
     /// Cap on one call (`CALL_TIMEOUT_MS`).
     pub call_timeout: Duration,
-    pub reply_queue: String,
-    /// Its own request queue (`AGENT_QUEUE_<NAME>`), where a request kept back by a passing
-    /// cause is sent again.
-    pub own_queue: String,
-    pub waits_table: String,
-    /// How long a reply may wait for others to share a send (`SEND_LINGER_MS`).
-    pub linger: Duration,
 }
 
 /// How calls to the service authenticate.
@@ -58,17 +48,10 @@ impl Settings {
             None => DEFAULT_CALL_TIMEOUT_MS,
         };
         let service_url = env.required("SERVICE_URL")?;
-        let name = env.required("AGENT_NAME")?;
         Ok(Settings {
-            config: env.engine_config()?,
-            own_queue: env.required(&agent_queue_variable(&AgentName::new(&name)))?,
-            name,
             auth: auth(env, &service_url)?,
             service_url,
             call_timeout: Duration::from_millis(call_timeout_ms),
-            reply_queue: env.required("REPLY_QUEUE_URL")?,
-            waits_table: env.required("QUEUE_WAITS_TABLE")?,
-            linger: env.send_linger()?,
         })
     }
 }

@@ -397,7 +397,7 @@ impl Handler
     >
 {
     async fn batch(&self, event: SqsEvent) -> SqsBatchResponse {
-        sas_agent::handle(self, event).await
+        sas_agent_kit::handle(self, event).await
     }
 }
 

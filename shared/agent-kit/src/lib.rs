@@ -1,0 +1,119 @@
+//! An agent, whatever service it calls. A team implements [`RemoteService`] for its service
+//! (the call names the action, carries the order, the outputs of the steps before, the
+//! idempotency key and the deadline; the answer is done with an output, refused with a
+//! reason, or a passing fault to try again) and writes a `main.rs` that calls [`run`]:
+//!
+//! ```no_run
+//! use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService, run};
+//! use serde_json::{Value, json};
+//!
+//! struct Greeter;
+//!
+//! impl RemoteService for Greeter {
+//!     async fn call(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
+//!         Ok(json!({ "greeted": call.order_id.to_string() }))
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     run(async |_wiring, _settings| Ok(Greeter)).await
+//! }
+//! ```
+//!
+//! Everything else is the kit's: the request queue and its batches, retries with backoff
+//! within the step's budget, the reply (sent only while the lease holds, fenced by its attempt
+//! number), requests sent again when a passing cause keeps them back, the wait reports the
+//! supervisor reads, traces, metrics and logs.
+
+pub mod settings;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use lambda_runtime::{LambdaEvent, service_fn};
+use sas_aws::batch::{Coalescing, for_each_message_coalescing};
+use sas_aws::clients;
+use sas_aws::settings::{Env, reporter_name};
+use sas_aws::sqs::QueueUrls;
+use sas_aws::system::{Jitter, SystemClock};
+use sas_aws::wiring::Wiring;
+use sas_engine::load::WaitReporter;
+use sas_engine::message::Message;
+use sas_engine::ports::{Clock, Destination, Outbox, Random, WaitGauge};
+use sas_engine::services::Agent;
+use sas_engine::{AgentName, Error};
+use tracing::{Span, info};
+
+pub use sas_engine::Direction;
+pub use sas_engine::ports::{RemoteCall, RemoteFault, RemoteService};
+pub use settings::AgentSettings;
+
+/// Runs the agent of this deployment (`AGENT_NAME`) on the service `build` makes, until the
+/// Lambda runtime stops it. `build` runs once per cold start, with the clients and the
+/// settings, for whatever the service needs (an SDK client, a secret read once).
+pub async fn run<R, B>(build: B) -> Result<(), lambda_runtime::Error>
+where
+    R: RemoteService,
+    B: AsyncFnOnce(&Wiring, &AgentSettings) -> Result<R, lambda_runtime::Error>,
+{
+    let s = AgentSettings::from_env(&Env::process())?;
+    let wiring = Wiring::start(&format!("agent-{}", s.name)).await;
+    clients::warm_up(clients::touch_queue(wiring.sqs(), &s.reply_queue)).await;
+    let remote = build(&wiring, &s).await?;
+
+    let own = Destination::Agent(AgentName::new(&s.name));
+    let queues = QueueUrls::default()
+        .with(Destination::Replies, s.reply_queue.clone())
+        .with(own.clone(), s.own_queue.clone());
+    let waits = WaitReporter::new(
+        wiring.waits(&s.waits_table),
+        reporter_name(&format!("agent-{}", s.name)),
+        s.config.claim_grace,
+    );
+    let agent = Agent::new(
+        remote,
+        Coalescing::new(wiring.outbox(queues), s.linger),
+        SystemClock,
+        Jitter::default(),
+        s.config.agent_retry,
+        own,
+        waits,
+    );
+    info!(agent = %s.name, "agent ready");
+    let (agent, wiring) = (&agent, &wiring);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
+        Ok::<_, lambda_runtime::Error>(wiring.invocation(handle(agent, event.payload)).await)
+    }))
+    .await
+}
+
+/// Handles an SQS batch of step requests, each handed to the engine's [`Agent`]; the failed
+/// messages are reported for redelivery. Replies whose calls end close together share one
+/// `SendMessageBatch`; none waits longer than the linger for the others. A reply can therefore
+/// leave up to the linger after the agent checked CompleteBy; like any delay in delivery, that
+/// is harmless, because its attempt number, not the clock, decides whether it still counts.
+pub async fn handle<R, Q, C, X, W>(
+    agent: &Agent<R, Coalescing<Q>, C, X, W>,
+    event: SqsEvent,
+) -> SqsBatchResponse
+where
+    R: RemoteService,
+    Q: Outbox,
+    C: Clock,
+    X: Random,
+    W: WaitGauge,
+{
+    // A request kept back by a passing cause goes back to this agent's own queue.
+    let home = |m: &Message| matches!(m, Message::Request(_)).then(|| agent.queue().clone());
+    for_each_message_coalescing(event, agent.outbox(), home, |received| async move {
+        let Message::Request(request) = Message::decode(&received.body)? else {
+            return Err(Error::InvalidMessage(
+                "only step requests belong on an agent's queue".into(),
+            ));
+        };
+        Span::current().record("order_id", tracing::field::display(request.order_id));
+        let outcome = agent.handle(&request, received.incoming()).await?;
+        info!(action = %request.action, attempt = request.attempt, ?outcome, "step handled");
+        Ok(())
+    })
+    .await
+}

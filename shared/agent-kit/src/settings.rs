@@ -1,0 +1,58 @@
+//! What every agent reads from its environment at cold start, whatever its service: its name
+//! (`AGENT_NAME`), its own queue (`AGENT_QUEUE_<NAME>`, where a request kept back by a passing
+//! cause is sent again), the reply queue, the wait reports' table, the engine's tunables and
+//! the send linger.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sas_aws::settings::{Env, agent_queue_variable};
+use sas_engine::config::EngineConfig;
+use sas_engine::{AgentName, Result};
+
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    pub config: Arc<EngineConfig>,
+    pub name: String,
+    pub reply_queue: String,
+    pub own_queue: String,
+    pub waits_table: String,
+    /// How long a reply may wait for others to share a send (`SEND_LINGER_MS`).
+    pub linger: Duration,
+}
+
+impl AgentSettings {
+    pub fn from_env(env: &Env) -> Result<AgentSettings> {
+        let name = env.required("AGENT_NAME")?;
+        Ok(AgentSettings {
+            config: env.engine_config()?,
+            own_queue: env.required(&agent_queue_variable(&AgentName::new(&name)))?,
+            name,
+            reply_queue: env.required("REPLY_QUEUE_URL")?,
+            waits_table: env.required("QUEUE_WAITS_TABLE")?,
+            linger: env.send_linger()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_finds_its_own_queue_by_its_name_and_a_missing_one_is_named() {
+        let env = |extra: &[(&'static str, &'static str)]| {
+            let base = [
+                ("AGENT_NAME", "payment"),
+                ("REPLY_QUEUE_URL", "https://q/replies"),
+                ("QUEUE_WAITS_TABLE", "waits"),
+            ];
+            Env::from_pairs(base.into_iter().chain(extra.iter().copied()))
+        };
+        let s =
+            AgentSettings::from_env(&env(&[("AGENT_QUEUE_PAYMENT", "https://q/payment")])).unwrap();
+        assert_eq!((s.name.as_str(), s.own_queue.as_str()), ("payment", "https://q/payment"));
+        let missing = AgentSettings::from_env(&env(&[])).unwrap_err().to_string();
+        assert!(missing.contains("AGENT_QUEUE_PAYMENT"), "{missing}");
+    }
+}
