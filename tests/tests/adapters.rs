@@ -23,7 +23,7 @@ use sas_tests::stack::order_json;
 const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 
 fn workflow() -> Workflow {
-    let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+    let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
     Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
 }
 

@@ -44,7 +44,7 @@ use sas_tests::TestStack;
 use sas_tests::stack::order_json;
 
 fn workflow() -> Workflow {
-    let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+    let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
     Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
 }
 

@@ -199,7 +199,6 @@ impl QueueDepths for MeteredDepths {
 struct Scenario {
     name: &'static str,
     workflow: String,
-    agents: Vec<&'static str>,
     /// State transitions of the equivalent Step Functions Standard workflow.
     sfn_transitions: f64,
 }
@@ -216,13 +215,11 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             workflow: r#"{"name":"charge","steps":[{"name":"charge-payment","agent":"payment","budget_seconds":30,
                           "compensation":{"action":"refund-payment"}}]}"#
                 .into(),
-            agents: vec!["payment"],
             sfn_transitions: 3.0,
         },
         Scenario {
             name: "three steps",
             workflow: sas_workflows::order_fulfilment().into(),
-            agents: vec!["inventory", "payment", "shipping"],
             sfn_transitions: 5.0,
         },
     ];
@@ -249,7 +246,8 @@ async fn run(
     let outbox = || Arc::new(MeteredOutbox { inner: queues.clone(), meter: meter.clone() });
     let bus = Arc::new(MemoryBus::new());
     let config = Arc::new(EngineConfig::default());
-    let agents: Vec<AgentName> = s.agents.iter().copied().map(AgentName::new).collect();
+    // Every agent the workflow names is deployed.
+    let agents: Vec<AgentName> = Workflow::agents_in(&s.workflow);
     let workflow = Arc::new(Workflow::from_json(&s.workflow, &agents)?);
     let mut destinations = vec![Destination::Scheduler, Destination::Replies];
     destinations.extend(agents.iter().cloned().map(Destination::Agent));

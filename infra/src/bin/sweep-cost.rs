@@ -16,7 +16,7 @@ use sas_aws::dynamo::{EXPIRY_INDEX, state_item};
 use sas_engine::config::EngineConfig;
 use sas_engine::state::{ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
-use sas_engine::{AgentName, IdempotencyKey, OrderId, Timestamp};
+use sas_engine::{IdempotencyKey, OrderId, Timestamp};
 use sas_infra::aws::{Clients, Endpoints};
 use sas_infra::emulator::{Moto, workspace_root};
 use sas_infra::provision::{Options, provision};
@@ -36,7 +36,7 @@ async fn main() -> Result<(), Error> {
     let template = Template::load(&workspace_root().join("template.yaml"))?;
     let client = &clients.dynamodb;
     let config = EngineConfig::default();
-    let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+    let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
     let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents)?;
 
     println!(

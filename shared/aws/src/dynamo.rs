@@ -560,13 +560,13 @@ fn item_size(item: &Item) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sas_engine::IdempotencyKey;
     use sas_engine::config::EngineConfig;
     use sas_engine::machine::Ctx;
     use sas_engine::workflow::Workflow;
-    use sas_engine::{AgentName, IdempotencyKey};
 
     fn record() -> StateRecord {
-        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+        let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
         let w = Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap();
         let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
         let config = EngineConfig::default();

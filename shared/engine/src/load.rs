@@ -425,7 +425,7 @@ mod tests {
     }
 
     fn workflow() -> Workflow {
-        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+        let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
         Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
     }
 

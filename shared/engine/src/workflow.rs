@@ -144,6 +144,21 @@ impl Workflow {
         Ok(Workflow { name: spec.name, steps })
     }
 
+    /// The agents the steps of the workflow in `json` name, each once, in order of first use,
+    /// read without checking anything else: for tools and tests that deploy whatever a
+    /// workflow needs. Empty if `json` is not a workflow's shape.
+    pub fn agents_in(json: &str) -> Vec<AgentName> {
+        let spec: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+        let mut agents: Vec<AgentName> = Vec::new();
+        let steps = spec["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
+        for agent in steps.iter().filter_map(|s| s["agent"].as_str()).map(AgentName::new) {
+            if !agents.contains(&agent) {
+                agents.push(agent);
+            }
+        }
+        agents
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -207,6 +222,12 @@ mod tests {
         );
         assert_eq!(w.step(2).unwrap().action(Direction::Undo), None);
         assert_eq!(w.agents().len(), 3);
+        let named: Vec<String> = Workflow::agents_in(sas_workflows::order_fulfilment())
+            .iter()
+            .map(|a| a.as_str().to_owned())
+            .collect();
+        assert_eq!(named, ["inventory", "payment", "shipping"]);
+        assert!(Workflow::agents_in("not json").is_empty());
     }
 
     #[test]

@@ -46,7 +46,6 @@ use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
 
 const TICK: Duration = Duration::from_millis(100);
-const AGENTS: [&str; 3] = ["inventory", "payment", "shipping"];
 const STEPS: f64 = 3.0;
 /// What the fault-free path costs one order: a start message and a request and a reply per
 /// step, sent and handled; a state written at submission, at the claim and once per step.
@@ -203,7 +202,7 @@ impl Outbox for WorkerOutbox {
 struct Remote {
     inner: Arc<MemoryRemote<ManualClock>>,
     worker: ManualClock,
-    agent: &'static str,
+    agent: AgentName,
     scenario: Scenario,
     start: Timestamp,
     /// This worker's draws of transient faults.
@@ -220,7 +219,7 @@ impl RemoteService for Remote {
         let mut latency = CAPACITY.latency;
         if let Some((agent, from, length, factor)) = self.scenario.slowdown {
             let t = self.start.until(now);
-            if agent == self.agent && t >= from && t < from + length {
+            if agent == self.agent.as_str() && t >= from && t < from + length {
                 latency = latency.mul_f64(factor);
             }
         }
@@ -318,6 +317,8 @@ struct World {
     schedulers: Vec<SchedulerWorker>,
     agents: Vec<AgentWorker>,
     handled: u64,
+    /// Every queue: the scheduler's two, then each agent's.
+    destinations: Vec<Destination>,
 }
 
 impl World {
@@ -334,9 +335,9 @@ impl World {
             max_queue_wait: scenario.door.unwrap_or(Duration::from_secs(3600)),
             ..EngineConfig::default()
         });
-        let agent_names = AGENTS.map(AgentName::new);
-        let workflow =
-            Arc::new(Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap());
+        let json = sas_workflows::order_fulfilment();
+        let agent_names = Workflow::agents_in(json);
+        let workflow = Arc::new(Workflow::from_json(json, &agent_names).unwrap());
         let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
         let submission = Submission::new(
             store.clone(),
@@ -386,14 +387,14 @@ impl World {
             }
         }
         let mut agents = Vec::new();
-        for (a, name) in AGENTS.into_iter().enumerate() {
+        for (a, name) in agent_names.iter().enumerate() {
             for n in 0..CAPACITY.agent_workers {
                 let worker = ManualClock::at(start);
-                let queue = Destination::Agent(AgentName::new(name));
+                let queue = Destination::Agent(name.clone());
                 let service = Arc::new(Remote {
                     inner: remote.clone(),
                     worker: worker.clone(),
-                    agent: name,
+                    agent: name.clone(),
                     scenario: scenario.clone(),
                     start,
                     seed: seed.wrapping_mul(31).wrapping_add((a * 7 + n) as u64),
@@ -439,6 +440,10 @@ impl World {
             schedulers,
             agents,
             handled: 0,
+            destinations: [Destination::Scheduler, Destination::Replies]
+                .into_iter()
+                .chain(agent_names.into_iter().map(Destination::Agent))
+                .collect(),
         }
     }
 
@@ -544,9 +549,7 @@ impl World {
     }
 
     fn waiting(&self) -> usize {
-        let mut all = vec![Destination::Scheduler, Destination::Replies];
-        all.extend(AGENTS.map(|a| Destination::Agent(AgentName::new(a))));
-        all.iter().map(|d| self.queues.visible_len(d)).sum()
+        self.destinations.iter().map(|d| self.queues.visible_len(d)).sum()
     }
 
     async fn run(&mut self) -> Outcome {
@@ -714,9 +717,8 @@ impl World {
         let pct = |p: f64| to_end.get(((to_end.len() as f64 - 1.0) * p).round() as usize).copied();
         out.to_end = (pct(0.5).unwrap_or_default(), pct(0.95).unwrap_or_default());
         let n = out.accepted.max(1) as f64;
-        let mut all = vec![Destination::Scheduler, Destination::Replies];
-        all.extend(AGENTS.map(|a| Destination::Agent(AgentName::new(a))));
-        out.sent = all.iter().map(|d| self.queues.sent_count(d)).sum::<usize>() as f64 / n;
+        let sent: usize = self.destinations.iter().map(|d| self.queues.sent_count(d)).sum();
+        out.sent = sent as f64 / n;
         out.handled = self.handled as f64 / n;
         let stats = self.store.stats();
         out.writes = (stats.writes + stats.transactions) as f64 / n;

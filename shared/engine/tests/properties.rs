@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use proptest::prelude::*;
+use sas_engine::Timestamp;
 use sas_engine::config::EngineConfig;
 use sas_engine::ids::{IdempotencyKey, OrderId};
 use sas_engine::machine::{Ctx, Decision, Illegal, Input, decide};
@@ -15,7 +16,6 @@ use sas_engine::message::{Message, StepOutcome, StepRef};
 use sas_engine::order::{MAX_ITEMS, MAX_QUANTITY, MAX_TOTAL, MAX_UNIT_PRICE, Order};
 use sas_engine::state::{CommandKind, StateRecord};
 use sas_engine::workflow::Workflow;
-use sas_engine::{AgentName, Timestamp};
 use serde_json::{Value, json};
 
 /// Field names the decoders know, so that generated objects often get past the first check.
@@ -149,7 +149,7 @@ fn assert_within_limits(order: &Order) {
 }
 
 fn workflow() -> Workflow {
-    let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+    let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
     Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
 }
 

@@ -43,7 +43,7 @@ use sas_engine::state::{
     AlertDelivery, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
 };
 use sas_engine::workflow::Workflow;
-use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
+use sas_engine::{Error, OrderId, Result, Timestamp};
 
 const ORDERS: usize = 12;
 const FAULTY_EVENTS: usize = 600;
@@ -343,16 +343,8 @@ struct Sim {
     /// False once the faulty part of the run is over.
     faults_on: bool,
     settle_bound: Duration,
-}
-
-const DESTINATIONS: [&str; 5] = ["scheduler", "replies", "inventory", "payment", "shipping"];
-
-fn destination(name: &str) -> Destination {
-    match name {
-        "scheduler" => Destination::Scheduler,
-        "replies" => Destination::Replies,
-        agent => Destination::Agent(AgentName::new(agent)),
-    }
+    /// Every queue: the scheduler's two, then each agent's.
+    destinations: Vec<Destination>,
 }
 
 impl Sim {
@@ -397,14 +389,16 @@ impl Sim {
             index_shards: 4,
             ..EngineConfig::default()
         });
-        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-        let workflow =
-            Arc::new(Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap());
-        // Every remote behaviour is drawn from the seed, before the run starts.
+        let json = sas_workflows::order_fulfilment();
+        let workflow = Arc::new(Workflow::from_json(json, &Workflow::agents_in(json)).unwrap());
+        // Every remote behaviour is drawn from the seed, before the run starts: the steps'
+        // actions first, then their undos.
         let mut draw = SplitMix::seeded(seed ^ 0x5eed);
-        for action in
-            ["reserve-inventory", "charge-payment", "ship", "release-inventory", "refund-payment"]
-        {
+        let actions = workflow.steps().iter().map(|s| s.name.clone()).chain(
+            workflow.steps().iter().filter_map(|s| Some(s.compensation.as_ref()?.action.clone())),
+        );
+        for action in actions.collect::<Vec<_>>() {
+            let action = action.as_str();
             let script: Vec<Behaviour> =
                 (0..4000).map(|_| remote_behaviour(&mut draw, action, faults)).collect();
             remote.script(action, script);
@@ -429,11 +423,12 @@ impl Sim {
             workflow.clone(),
             "scheduler".into(),
         );
-        let agents = ["inventory", "payment", "shipping"]
+        let agents = workflow
+            .agents()
             .into_iter()
             .enumerate()
             .map(|(n, name)| {
-                let queue = Destination::Agent(AgentName::new(name));
+                let queue = Destination::Agent(name.clone());
                 let agent = Agent::new(
                     remote.clone(),
                     outbox.clone(),
@@ -468,6 +463,10 @@ impl Sim {
             workflow.clone(),
         );
         let settle_bound = settle_bound(&config, &workflow);
+        let destinations = [Destination::Scheduler, Destination::Replies]
+            .into_iter()
+            .chain(workflow.agents().into_iter().map(|a| Destination::Agent(a.clone())))
+            .collect();
         let steps = workflow
             .steps()
             .iter()
@@ -502,6 +501,7 @@ impl Sim {
             faults,
             faults_on: true,
             settle_bound,
+            destinations,
         }
     }
 
@@ -558,9 +558,9 @@ impl Sim {
 
     /// Delivers one message from a random queue, with the faults the seed chooses.
     async fn deliver(&mut self) -> bool {
-        let start = self.pick(DESTINATIONS.len());
-        for k in 0..DESTINATIONS.len() {
-            let dest = destination(DESTINATIONS[(start + k) % DESTINATIONS.len()]);
+        let start = self.pick(self.destinations.len());
+        for k in 0..self.destinations.len() {
+            let dest = self.destinations[(start + k) % self.destinations.len()].clone();
             let mut batch = self.queues.receive(&dest, 10);
             if batch.is_empty() {
                 continue;
@@ -1139,8 +1139,8 @@ fn a_redrive_giving_new_keys_to_steps_of_unknown_outcome_fails_the_simulation() 
 
 #[test]
 fn the_settle_bound_follows_from_the_configuration() {
-    let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
-    let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap();
+    let json = sas_workflows::order_fulfilment();
+    let workflow = Workflow::from_json(json, &Workflow::agents_in(json)).unwrap();
     let config = EngineConfig { failure_threshold: 3, ..EngineConfig::default() };
     // Five leases (three steps, two undos), 30 s of claim grace, 300 s of longest wait, 6 s of
     // the reports' delay and 5 s between sweeps each, plus the budgets (30 + 30 + 60 + 30 +

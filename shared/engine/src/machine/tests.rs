@@ -25,7 +25,7 @@ impl Fixture {
             status_events: crate::events::StatusKinds::all(),
             ..EngineConfig::default()
         };
-        let agents = ["inventory", "payment", "shipping"].map(AgentName::new);
+        let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
         let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap();
         Fixture { config, workflow }
     }

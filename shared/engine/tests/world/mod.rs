@@ -32,8 +32,6 @@ pub type Remote = Arc<MemoryRemote<Clock>>;
 pub type Waits = Arc<MemoryWaits>;
 pub type Load = Gauges<Waits, Queues>;
 
-pub const AGENTS: [&str; 3] = ["inventory", "payment", "shipping"];
-
 pub struct World {
     pub clock: Clock,
     pub store: Store,
@@ -52,8 +50,9 @@ pub struct World {
     pub agent_outcomes: Vec<AgentOutcome>,
 }
 
+/// The agents the reference workflow names, all deployed.
 pub fn agent_names() -> Vec<AgentName> {
-    AGENTS.map(AgentName::new).to_vec()
+    Workflow::agents_in(sas_workflows::order_fulfilment())
 }
 
 impl World {
