@@ -548,11 +548,22 @@ async fn summarise(
             .fold((0, 0), |(r, m), (_, seen)| (r + seen.requests, m + seen.messages));
         (requests as f64 / n, messages as f64 / n)
     };
+    // The work queues are those the functions consume; physical names end with the logical
+    // id, by which the proxy names a queue.
+    let work_queues: Vec<&str> = stack
+        .functions
+        .iter()
+        .flat_map(|f| &f.spec.events)
+        .filter_map(|e| match e {
+            crate::functions::EventSource::Sqs { queue_arn, .. } => {
+                queue_arn.rsplit([':', '-']).next()
+            }
+            _ => None,
+        })
+        .collect();
     let (_, sent) = seen("sqs", &|op| {
         op.starts_with("SendMessage")
-            && ["SchedulerQueue", "ReplyQueue", "InventoryQueue", "PaymentQueue", "ShippingQueue"]
-                .iter()
-                .any(|q| op.ends_with(q))
+            && work_queues.iter().any(|q| op.ends_with(&format!(" to {q}")))
     });
     let (_, handled) = seen("sqs", &|op| op == "ReceiveMessage");
     let (state_puts, _) = seen("dynamodb", &|op| op == "PutItem on StateTable");

@@ -41,9 +41,9 @@ use serde_json::Value;
 
 use crate::moto::{Moto, workspace_root};
 
-/// The agents of the reference workflow, with the logical ids of their queues.
-pub const AGENT_QUEUES: [(&str, &str); 3] =
-    [("inventory", "InventoryQueue"), ("payment", "PaymentQueue"), ("shipping", "ShippingQueue")];
+/// The scheduler's two queues, by logical id, and how operators name them.
+const SCHEDULER_QUEUES: [(&str, &str); 2] =
+    [("SchedulerQueue", "scheduler"), ("ReplyQueue", "replies")];
 
 static STACKS: AtomicU32 = AtomicU32::new(0);
 
@@ -51,6 +51,7 @@ static STACKS: AtomicU32 = AtomicU32::new(0);
 #[derive(Debug)]
 pub struct TestStack {
     pub stack: Stack,
+    pub template: Template,
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub events: aws_sdk_eventbridge::Client,
@@ -87,7 +88,7 @@ impl TestStack {
         };
         let stack = provision(&template, &clients, &options).await.unwrap();
         let Clients { dynamodb, sqs, events } = clients;
-        TestStack { dynamodb, sqs, events, stack }
+        TestStack { dynamodb, sqs, events, stack, template }
     }
 
     /// Provisions with every call going through the local stack's proxy, whose fault rules the
@@ -105,15 +106,44 @@ impl TestStack {
         DynamoStore::new(self.dynamodb.clone(), self.name("StateTable"), self.name("OrdersTable"))
     }
 
+    /// The template's agents, each with the logical id of the queue its function reads: every
+    /// function with an `AGENT_NAME`, and its SQS event source.
+    pub fn agent_queues(&self) -> Vec<(AgentName, String)> {
+        let mut out = Vec::new();
+        for (id, function) in self.template.of_kind("AWS::Serverless::Function") {
+            let p = &function.properties;
+            let Some(agent) = p["Environment"]["Variables"]["AGENT_NAME"].as_str() else {
+                continue;
+            };
+            let events = p["Events"].as_object().into_iter().flat_map(|e| e.values());
+            let queue = events
+                .filter(|e| e["Type"] == "SQS")
+                .find_map(|e| e["Properties"]["Queue"]["Fn::GetAtt"][0].as_str())
+                .unwrap_or_else(|| panic!("{id} reads no queue"));
+            out.push((AgentName::new(agent), queue.to_owned()));
+        }
+        out
+    }
+
+    /// Every work queue by logical id: the scheduler's two, then each agent's.
+    pub fn work_queues(&self) -> Vec<(Destination, String)> {
+        let scheduler = [Destination::Scheduler, Destination::Replies]
+            .into_iter()
+            .zip(SCHEDULER_QUEUES.map(|(queue, _)| queue.to_owned()));
+        let agents = self.agent_queues().into_iter().map(|(a, q)| (Destination::Agent(a), q));
+        scheduler.chain(agents).collect()
+    }
+
+    /// The dead-letter queue of a work queue (by logical id), from its redrive policy.
+    fn dead_letter_queue_of(&self, queue: &str) -> String {
+        let resource = self.template.resource(queue).unwrap_or_else(|| panic!("no {queue}"));
+        let target = &resource.properties["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0];
+        target.as_str().unwrap_or_else(|| panic!("{queue} has no dead-letter queue")).to_owned()
+    }
+
     /// The depths of every queue of the system.
     pub fn depths(&self) -> SqsDepths {
-        let mut queues = vec![
-            (Destination::Scheduler, self.name("SchedulerQueue")),
-            (Destination::Replies, self.name("ReplyQueue")),
-        ];
-        for (agent, queue) in AGENT_QUEUES {
-            queues.push((Destination::Agent(AgentName::new(agent)), self.name(queue)));
-        }
+        let queues = self.work_queues().into_iter().map(|(d, q)| (d, self.name(&q))).collect();
         SqsDepths::new(self.sqs.clone(), queues)
     }
 
@@ -322,8 +352,8 @@ impl System {
         let t = TestStack::on(endpoint, name, attributes).await;
         let clock = ManualClock::at(sas_engine::ports::Clock::now(&sas_aws::system::SystemClock));
         let config = Arc::new(config);
-        let agent_names: Vec<AgentName> =
-            AGENT_QUEUES.iter().map(|(a, _)| AgentName::new(*a)).collect();
+        let agent_queues = t.agent_queues();
+        let agent_names: Vec<AgentName> = agent_queues.iter().map(|(a, _)| a.clone()).collect();
         let workflow =
             Arc::new(Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap());
         let bus = || EventBridgeBus::new(t.events.clone(), t.name("EventBus"));
@@ -331,8 +361,8 @@ impl System {
         let mut agent_urls = QueueUrls::default()
             .with(Destination::Scheduler, t.name("SchedulerQueue"))
             .with(Destination::Replies, t.name("ReplyQueue"));
-        for (agent, queue) in AGENT_QUEUES {
-            agent_urls = agent_urls.with(Destination::Agent(AgentName::new(agent)), t.name(queue));
+        for (agent, queue) in &agent_queues {
+            agent_urls = agent_urls.with(Destination::Agent(agent.clone()), t.name(queue));
         }
         let to_scheduler =
             QueueUrls::default().with(Destination::Scheduler, t.name("SchedulerQueue"));
@@ -359,13 +389,13 @@ impl System {
             workflow.clone(),
             "scheduler/test".into(),
         );
-        let agents = AGENT_QUEUES
+        let agents = agent_queues
             .iter()
             .map(|(agent, queue)| {
                 let remote =
                     HttpRemote::with_clock(&remote.url, Duration::from_secs(5), clock.clone())
                         .unwrap();
-                let own = Destination::Agent(AgentName::new(*agent));
+                let own = Destination::Agent(agent.clone());
                 let urls = to_replies.clone().with(own, t.name(queue));
                 let outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), urls), LINGER);
                 let reporter = format!("agent-{agent}/test");
@@ -375,10 +405,10 @@ impl System {
                     clock.clone(),
                     SplitMix::seeded(3),
                     config.agent_retry,
-                    Destination::Agent(AgentName::new(*agent)),
+                    Destination::Agent(agent.clone()),
                     WaitReporter::new(waits(), reporter, config.claim_grace),
                 );
-                ((*queue).to_owned(), a)
+                (queue.clone(), a)
             })
             .collect();
         let supervisor = Supervisor::new(
@@ -391,18 +421,21 @@ impl System {
             config.clone(),
             workflow.clone(),
         );
-        let dead_letter_queues = [
-            ("scheduler", "SchedulerDeadLetterQueue", "SchedulerQueue"),
-            ("replies", "ReplyDeadLetterQueue", "ReplyQueue"),
-            ("inventory", "InventoryDeadLetterQueue", "InventoryQueue"),
-            ("payment", "PaymentDeadLetterQueue", "PaymentQueue"),
-            ("shipping", "ShippingDeadLetterQueue", "ShippingQueue"),
-        ]
-        .map(|(name, dlq, source)| DeadLetterQueue {
-            name: name.into(),
-            url: t.name(dlq),
-            source_url: t.name(source),
-        });
+        // Named as operators name them: the scheduler's two queues, then each agent's.
+        let names = SCHEDULER_QUEUES
+            .map(|(_, name)| name.to_owned())
+            .into_iter()
+            .chain(agent_names.iter().map(|a| a.as_str().to_owned()));
+        let dead_letter_queues: Vec<DeadLetterQueue> = t
+            .work_queues()
+            .into_iter()
+            .zip(names)
+            .map(|((_, queue), name)| DeadLetterQueue {
+                name,
+                url: t.name(&t.dead_letter_queue_of(&queue)),
+                source_url: t.name(&queue),
+            })
+            .collect();
         let admin = Admin {
             status: StatusService::new(t.store()),
             operator: Operator::new(
@@ -416,7 +449,7 @@ impl System {
             finder: t.store(),
             clock: clock.clone(),
             shards: config.index_shards,
-            dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues.to_vec()),
+            dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
         };
         let status = StatusService::new(t.store());
         System {
@@ -526,10 +559,8 @@ impl System {
     /// handler. Returns how many messages were delivered.
     pub async fn pump(&self) -> usize {
         let mut delivered = 0;
-        for queue in
-            ["SchedulerQueue", "ReplyQueue", "InventoryQueue", "PaymentQueue", "ShippingQueue"]
-        {
-            delivered += self.pump_queue(queue).await;
+        for (_, queue) in self.t.work_queues() {
+            delivered += self.pump_queue(&queue).await;
         }
         delivered
     }
