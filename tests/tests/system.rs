@@ -40,6 +40,23 @@ async fn an_order_runs_through_the_three_steps() {
     assert!(s.t.drain("AlertsQueue").await.is_empty());
 }
 
+/// Submits `n` orders under keys `{prefix}-{i}`, settles the system, and requires each of them
+/// Processed.
+async fn processed_orders(s: &System, prefix: &str, n: usize) -> Vec<sas_engine::OrderId> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let key = format!("{prefix}-{i}");
+        let (status, body) = s.post(Some(&key), "application/json", &order_json("c-2")).await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(order_id(&body));
+    }
+    s.settle().await;
+    for &id in &ids {
+        assert_eq!(s.state(id).await.process_state, ProcessState::Processed, "{id}");
+    }
+    ids
+}
+
 #[tokio::test]
 async fn the_business_count_fails_when_the_service_applies_a_repeated_key_again() {
     // Lost answers make the agents call again with the same key; a service that forgets its
@@ -49,17 +66,7 @@ async fn the_business_count_fails_when_the_service_applies_a_repeated_key_again(
         r#"{"default": {"lost_answer_rate": 0.5, "forget_keys": true, "seed": 5}}"#,
     )
     .await;
-    let mut ids = Vec::new();
-    for i in 0..4 {
-        let key = format!("order-forgetful-{i}");
-        let (status, body) = s.post(Some(&key), "application/json", &order_json("c-2")).await;
-        assert_eq!(status, 202);
-        ids.push(order_id(&body));
-    }
-    s.settle().await;
-    for &id in &ids {
-        assert_eq!(s.state(id).await.process_state, ProcessState::Processed, "{id}");
-    }
+    let ids = processed_orders(&s, "order-forgetful", 4).await;
     let stats = s.remote.stats().await;
     assert!(stats["lost_answer"].as_u64().unwrap() > 0, "no answer was lost: {stats}");
     let ledger = s.remote.ledger().await;
@@ -75,17 +82,7 @@ async fn transient_faults_of_the_remote_service_are_absorbed_by_the_agents() {
         r#"{"default": {"transient_rate": 0.4, "lost_answer_rate": 0.4, "seed": 5}}"#,
     )
     .await;
-    let mut ids = Vec::new();
-    for i in 0..4 {
-        let (status, body) =
-            s.post(Some(&format!("order-flaky-{i}")), "application/json", &order_json("c-2")).await;
-        assert_eq!(status, 202);
-        ids.push(order_id(&body));
-    }
-    s.settle().await;
-    for &id in &ids {
-        assert_eq!(s.state(id).await.process_state, ProcessState::Processed, "{id}");
-    }
+    let ids = processed_orders(&s, "order-flaky", 4).await;
     let stats = s.remote.stats().await;
     assert!(stats["transient"].as_u64().unwrap() > 0, "{stats}");
     assert!(stats["lost_answer"].as_u64().unwrap() > 0, "{stats}");
