@@ -520,7 +520,8 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
 
     // A cancel waiting for this step does not wait for a retry: the step is uncertain now.
     let cancel = cancelled_by(record);
-    if failures < ctx.config.failure_threshold && cancel.is_none() {
+    let threshold = step.expired_leases.unwrap_or(ctx.config.failure_threshold);
+    if failures < threshold && cancel.is_none() {
         // Wait longer before each further try, in case the fault is not as transient as hoped.
         let wait = ctx.config.wait.wait(failures);
         let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);

@@ -21,6 +21,8 @@ pub const MAX_BUDGET: Duration = Duration::from_secs(900);
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30);
 /// Most steps in a workflow; keeps a state record well under one DynamoDB write unit.
 pub const MAX_STEPS: usize = 16;
+/// Most expired leases a step may be given before it fails.
+pub const MAX_EXPIRED_LEASES: u32 = 10;
 
 /// A loaded, validated workflow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +40,9 @@ pub struct Step {
     /// How long one attempt of the step may take: its CompleteBy is this far in the future.
     pub budget: Duration,
     pub compensation: Option<Compensation>,
+    /// How many times its lease (or its undo's) may run out before the step fails; `None`:
+    /// the stack's `FAILURE_THRESHOLD`.
+    pub expired_leases: Option<u32>,
 }
 
 /// The action that undoes a step, run by the step's agent.
@@ -75,6 +80,8 @@ struct StepSpec {
     budget_seconds: Option<u64>,
     #[serde(default)]
     compensation: Option<CompensationSpec>,
+    #[serde(default)]
+    expired_leases: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -139,7 +146,19 @@ impl Workflow {
                     Some(Compensation { action: c.action.clone(), budget })
                 }
             };
-            steps.push(Step { name: s.name.clone(), agent, budget, compensation });
+            if s.expired_leases.is_some_and(|n| !(1..=MAX_EXPIRED_LEASES).contains(&n)) {
+                return Err(invalid(format!(
+                    "step {:?}: expired_leases must be from 1 to {MAX_EXPIRED_LEASES}",
+                    s.name
+                )));
+            }
+            steps.push(Step {
+                name: s.name.clone(),
+                agent,
+                budget,
+                compensation,
+                expired_leases: s.expired_leases,
+            });
         }
         Ok(Workflow { name: spec.name, steps })
     }
@@ -268,6 +287,14 @@ mod tests {
                 "steps[0].retries: unknown field `retries`",
             ),
             (r#"{"name":"","steps":[{"name":"a","agent":"payment"}]}"#, "workflow name"),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment","expired_leases":0}]}"#,
+                "expired_leases must be from 1 to 10",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment","expired_leases":11}]}"#,
+                "expired_leases must be from 1 to 10",
+            ),
         ];
         for (json, expected) in cases {
             let err = Workflow::from_json(json, &agents()).unwrap_err().to_string();

@@ -985,9 +985,9 @@ fn remote_behaviour(draw: &mut SplitMix, action: &str, faults: Faults) -> Behavi
 }
 
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
-/// every lease of every step and every undo may expire `failure_threshold` times, each costing
-/// at most the claim grace, the budget, the longest retry wait, the reports' delay the horizon
-/// adds, and one sweep interval; the waits reported while faults ran may hold the horizon open
+/// every lease of every step and every undo may expire its step's `expired_leases` times (by
+/// default `failure_threshold`), each costing at most the claim grace, the budget, the longest
+/// retry wait, the reports' delay the horizon adds, and one sweep interval; the waits reported while faults ran may hold the horizon open
 /// for as long as they stand (the longest budget, the claim grace and one report); then the
 /// alert may need one republish.
 fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
@@ -998,12 +998,14 @@ fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
         .steps()
         .iter()
         .map(|s| {
-            lease(s.budget) + s.compensation.as_ref().map_or(Duration::ZERO, |c| lease(c.budget))
+            let both = lease(s.budget)
+                + s.compensation.as_ref().map_or(Duration::ZERO, |c| lease(c.budget));
+            both * s.expired_leases.unwrap_or(config.failure_threshold)
         })
         .sum();
     let longest = workflow.steps().iter().map(|s| s.budget).max().unwrap_or_default();
     let reported = longest + config.claim_grace + load::REPORT_EVERY;
-    leases * config.failure_threshold + reported + config.alert_retry_after + SWEEP_EVERY
+    leases + reported + config.alert_retry_after + SWEEP_EVERY
 }
 
 fn seeds() -> Vec<u64> {

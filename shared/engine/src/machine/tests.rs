@@ -611,6 +611,21 @@ fn at_the_threshold_a_step_with_nothing_to_undo_goes_to_error_with_one_alert() {
 }
 
 #[test]
+fn a_step_s_own_count_of_expired_leases_takes_the_place_of_the_stack_s() {
+    let mut f = Fixture::one_step();
+    f.workflow = Workflow::from_json(
+        r#"{"name":"notify","steps":[{"name":"ship","agent":"shipping","expired_leases":1}]}"#,
+        &[AgentName::new("shipping")],
+    )
+    .unwrap();
+    assert!(f.config.failure_threshold > 1);
+    let r = f.claim(&f.new_record(), T0);
+    let t = f.expire(&r, r.complete_by.unwrap());
+    assert_eq!(t.next.process_state, ProcessState::Error, "no second lease");
+    assert_eq!(t.next.cause, Some(Cause::StepTimedOut { step: "ship".into(), failures: 1 }));
+}
+
+#[test]
 fn at_the_threshold_completed_steps_and_the_uncertain_one_are_compensated() {
     let f = Fixture::new();
     let mut r = f.claim(&f.new_record(), T0);
