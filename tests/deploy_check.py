@@ -1,17 +1,21 @@
 """A deploy check beyond lint: `template.yaml` at its defaults and at each documented choice is
-expanded with SAM's own translator, checked for what neither cfn-lint nor moto sees, and created
-in moto's CloudFormation.
+expanded as CloudFormation would (its `Fn::ForEach` loops by SAM CLI's own language extensions,
+then SAM's own translator), checked for what neither cfn-lint nor moto sees, and created in
+moto's CloudFormation.
 
 Checked on the expanded template, with the choice's parameters and conditions resolved:
 - `Rules` use only the functions CloudFormation allows there (`Ref` and the rule functions);
 - no `ReservedConcurrentExecutions` that is not behind a condition (a new account with 10
   concurrent executions refuses any reservation);
 - every IAM grant names the stack's own resources (or a resource a parameter names, such as a
-  secret): no managed policy on any role, no `*` but for actions that take no resource
+  secret, or one named after the stack, `${AWS::StackName}/...`): no managed policy on any
+  role, no policy (`AWS::IAM::RolePolicy`, `AWS::IAM::Policy`) on a role that is not the
+  stack's, no `NotAction` or `NotResource`, no `*` but for actions that take no resource
   (X-Ray's writes) or a grant held by a condition that scopes it (a decrypt through Secrets
-  Manager for one secret);
+  Manager for the stack's own secrets);
 - each SQS event source mapping's queue keeps a message invisible at least six times its
-  function's timeout plus its batching window, as AWS advises.
+  function's timeout plus its batching window, as AWS advises;
+- the queues' pollers fit in a new account's concurrency.
 
 Then the expanded template is created in moto's CloudFormation (at `MOTO_URL`), and what moto
 did not create is listed: moto skips several resource types, so the creation checks the wiring
@@ -31,21 +35,39 @@ import zipfile
 
 import boto3
 import yaml
+from samcli.lib.cfn_language_extensions import (
+    ProcessingPipeline,
+    TemplateParsingProcessor,
+    create_default_intrinsic_resolver,
+)
+from samcli.lib.cfn_language_extensions.models import ResolutionMode, TemplateProcessingContext
+from samcli.lib.cfn_language_extensions.processors import ForEachProcessor
 from samtranslator.translator.transform import transform
 
-SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:{}-AbCdEf"
+LANGUAGE_EXTENSIONS = "AWS::LanguageExtensions"
+
+
+def agent_loop(template):
+    """The `Fn::ForEach` loop of Resources that declares the agents (the one whose body has a
+    function), as (its key, its literal list of agents)."""
+    for key, value in template.get("Resources", {}).items():
+        if not key.startswith("Fn::ForEach::"):
+            continue
+        _, collection, body = value
+        if any(isinstance(r, dict) and r.get("Type") == "AWS::Serverless::Function" for r in body.values()):
+            if not (isinstance(collection, list) and all(isinstance(a, str) for a in collection)):
+                raise ValueError(f"{key} takes its agents from {json.dumps(collection)}, not a literal list")
+            return key, collection
+    raise ValueError("no Fn::ForEach loop of Resources declares a function: the agents cannot be found")
 
 
 def choices(template):
-    """The defaults, and each choice the README documents. Each agent's parameters are found
-    in the template (<Agent>ServiceUrl, <Agent>ServiceAuth, <Agent>ServiceSecretArn), so an
-    agent added there is covered without a change here."""
-    agents = [p[: -len("ServiceUrl")] for p in template.get("Parameters", {}) if p.endswith("ServiceUrl")]
-    own_urls = {f"{a}ServiceUrl": f"https://{a.lower()}.example.com" for a in agents}
+    """The defaults, and each choice the README documents. The agents are the entries of the
+    template's agent loop, so an agent added there is covered without a change here."""
+    _, agents = agent_loop(template)
+    own_urls = {"ServiceUrls": ",".join(f"{a}=https://{a}.example.com" for a in agents)}
     secrets = dict(own_urls)
-    for n, a in enumerate(agents):
-        secrets[f"{a}ServiceAuth"] = ["BEARER", "API_KEY"][n % 2]
-        secrets[f"{a}ServiceSecretArn"] = SECRET.format(a.lower())
+    secrets["ServiceAuth"] = ",".join(f"{a}={['BEARER', 'API_KEY'][n % 2]}" for n, a in enumerate(agents))
     return {
         "defaults": {},
         "ApiAuth JWT": {"ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders"},
@@ -60,6 +82,68 @@ def choices(template):
             "LogRetentionDays": "7",
         },
     }
+
+
+def expand_loops(template, overrides):
+    """`template` with its `Fn::ForEach` loops expanded by SAM CLI's language extensions, and
+    what the loops leave that only the AWS::LanguageExtensions transform reads (a logical id
+    written with `Fn::Sub` in a `Ref` or `Fn::GetAtt`, `Fn::FindInMap` with a `DefaultValue`)
+    resolved by SAM CLI's own resolvers, with the choice's parameters. Nothing else is resolved:
+    SAM CLI's whole pipeline (`process_template`) would also take every `Fn::If` its way, put
+    the parameters' values in place of their `Ref`s, and turn each `Fn::Sub` it cannot finish
+    (`${StateTable.Arn}/index/...`, `${AWS::StackName}-...`) into a plain string, which the
+    checks below and CloudFormation must see as it is written."""
+    context = TemplateProcessingContext(
+        fragment=copy.deepcopy(template),
+        parameter_values=dict(overrides),
+        resolution_mode=ResolutionMode.PARTIAL,
+    )
+    resolver = create_default_intrinsic_resolver(context)
+    expanded = ProcessingPipeline([TemplateParsingProcessor(), ForEachProcessor(intrinsic_resolver=resolver)]).process_template(context)
+
+    def extension_only(value):
+        if isinstance(value, dict):
+            if len(value) == 1:
+                ((function, arg),) = value.items()
+                if (
+                    (function == "Ref" and not isinstance(arg, str))
+                    or (function == "Fn::GetAtt" and isinstance(arg, list) and not isinstance(arg[0], str))
+                    or (function == "Fn::FindInMap" and isinstance(arg, list) and len(arg) == 4)
+                ):
+                    return resolver.resolve_value(value)
+            return {k: extension_only(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [extension_only(v) for v in value]
+        return value
+
+    for section in ("Resources", "Outputs"):
+        if section in expanded:
+            expanded[section] = extension_only(expanded[section])
+    left = [k for section in ("Conditions", "Resources", "Outputs") for k in expanded.get(section, {}) if k.startswith("Fn::ForEach")]
+    left += [json.dumps(t) for t in references(expanded.get("Resources", {})) if not isinstance(t, str)]
+    if left:
+        raise ValueError(f"left unexpanded: {', '.join(left)}")
+    # The transforms left to run after AWS::LanguageExtensions, as CloudFormation runs them.
+    transforms = expanded.pop("Transform", [])
+    transforms = [t for t in (transforms if isinstance(transforms, list) else [transforms]) if t != LANGUAGE_EXTENSIONS]
+    if transforms:
+        expanded["Transform"] = transforms[0] if len(transforms) == 1 else transforms
+    return expanded
+
+
+def references(value):
+    """The logical ids `value` names in `Ref` and `Fn::GetAtt`."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "Ref":
+                yield v
+            elif k == "Fn::GetAtt":
+                yield v[0] if isinstance(v, list) else v.split(".")[0]
+            else:
+                yield from references(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from references(v)
 
 
 # What CloudFormation allows inside Rules.
@@ -84,11 +168,13 @@ class Choice:
     """The template's parameters and conditions as one choice of parameters sets them."""
 
     def __init__(self, template, overrides):
-        self.parameters = {k: str(v.get("Default", "")) for k, v in template.get("Parameters", {}).items()}
+        declared = template.get("Parameters", {})
+        self.parameters = {k: str(v.get("Default", "")) for k, v in declared.items()}
         self.parameters.update(overrides)
-        self.conditions = {}
-        for name, value in template.get("Conditions", {}).items():
-            self.conditions[name] = value
+        # A list parameter (CommaDelimitedList, List<...>) is its text split at the commas: an
+        # empty one is the list of one empty string, as in CloudFormation.
+        self.lists = {k for k, v in declared.items() if v.get("Type") == "CommaDelimitedList" or "List<" in v.get("Type", "")}
+        self.conditions = dict(template.get("Conditions", {}))
         self.resolved = {}
 
     def holds(self, name):
@@ -111,8 +197,21 @@ class Choice:
         raise ValueError(f"condition function {function}")
 
     def scalar(self, value):
-        if isinstance(value, dict) and "Ref" in value:
-            return self.parameters[value["Ref"]]
+        """A value of a condition: a literal, a parameter, or a `Fn::Join` of them."""
+        if isinstance(value, dict):
+            ((function, arg),) = value.items()
+            if function == "Ref":
+                text = self.parameters[arg]
+                return text.split(",") if arg in self.lists else text
+            if function == "Fn::Join":
+                separator, items = arg
+                items = self.scalar(items)
+                if not isinstance(items, list):
+                    raise ValueError(f"Fn::Join of {json.dumps(arg[1])}, which is not a list")
+                return separator.join(self.scalar(i) for i in items)
+            raise ValueError(f"function {function} in a condition's value")
+        if isinstance(value, list):
+            return [self.scalar(v) for v in value]
         return str(value)
 
     def resolve_ifs(self, value):
@@ -165,12 +264,24 @@ def check_reservations(expanded):
     return problems
 
 
+# An ARN of this account and region whose name begins with the stack's name and a character no
+# stack name has (`/`, `.`), after the resource type (`secret:`, `table/`, ...): the stack's own
+# namespace, which no other stack's names enter. (`-` would not do: `<stack>-x` may be another
+# stack's name.)
+NAMED_AFTER_STACK = re.compile(
+    r"arn:\$\{AWS::Partition\}:[a-z0-9-]+:\$\{AWS::Region\}:\$\{AWS::AccountId\}:"
+    r"(?:[A-Za-z0-9-]+[:/])?\$\{AWS::StackName\}[/.]"
+)
+
+
 def names_stack_or_parameter(resource, template):
-    """Whether `resource` (a statement's Resource item) names a resource of the stack or one a
-    parameter names."""
+    """Whether `resource` (a statement's Resource item) names a resource of the stack, one a
+    parameter names, or one named after the stack (`NAMED_AFTER_STACK`)."""
     known = set(template["Resources"]) | set(template.get("Parameters", {})) | PSEUDO
     if isinstance(resource, str):
         return False  # a literal: `*`, or an ARN of something outside the stack
+    if not (isinstance(resource, dict) and len(resource) == 1):
+        return False
     ((function, arg),) = resource.items()
     if function == "Ref":
         return arg in known and arg not in PSEUDO
@@ -181,27 +292,87 @@ def names_stack_or_parameter(resource, template):
         text = arg if isinstance(arg, str) else arg[0]
         names = [n.split(".")[0] for n in re.findall(r"\$\{([^}!]+)\}", text)]
         owned = [n for n in names if n not in PSEUDO]
-        return bool(owned) and all(n in known for n in owned)
+        if not all(n in known for n in owned):
+            return False
+        return bool(owned) or bool(NAMED_AFTER_STACK.match(text))
     return False
 
 
+def names_role_of_stack(role, template, choice):
+    """Whether `role` (a policy's RoleName or Roles item) is a `Ref` to a role of the template
+    that this choice creates."""
+    if not (isinstance(role, dict) and set(role) == {"Ref"} and isinstance(role["Ref"], str)):
+        return False
+    target = template["Resources"].get(role["Ref"], {})
+    if target.get("Type") != "AWS::IAM::Role":
+        return False
+    return not target.get("Condition") or choice.holds(target["Condition"])
+
+
+# Condition operators that confine a key to the values they list (an `...IfExists` one lets a
+# request without the key through; `Not...` ones let everything else through).
+CONFINING = {"StringEquals", "StringLike", "ArnEquals", "ArnLike"}
+
+
+def confined_to(condition, key):
+    """The values a statement's `condition` confines `key` to, or None where it does not. The
+    operators of a condition all hold together, so one that lists the key confines it."""
+    for operator, keys in (condition or {}).items():
+        if operator in CONFINING and isinstance(keys, dict) and key in keys:
+            values = keys[key]
+            return values if isinstance(values, list) else [values]
+    return None
+
+
+def decrypts_stack_secrets_only(statement, template):
+    """Whether a statement's condition holds its `kms:Decrypt` on `*` to Secrets Manager's calls
+    for secrets of the stack (or ones a parameter names): the key of a secret is the account's,
+    not the stack's, so no Resource can say it."""
+    via = confined_to(statement.get("Condition"), "kms:ViaService")
+    secrets = confined_to(statement.get("Condition"), "kms:EncryptionContext:SecretARN")
+    return (
+        bool(via)
+        and all(isinstance(v, str) and v.startswith("secretsmanager.") for v in via)
+        and bool(secrets)
+        and all(names_stack_or_parameter(v, template) for v in secrets)
+    )
+
+
+# The resources that grant permissions to the stack's roles; `AWS::IAM::ManagedPolicy` is the
+# stack's offer to principals outside it, not a grant of its own.
+GRANTS = {"AWS::IAM::Role", "AWS::IAM::Policy", "AWS::IAM::RolePolicy"}
+
+
 def check_grants(expanded, choice):
+    """Each grant of the stack's roles, and how many statements were read, by resource type."""
     problems = []
+    read = {}
     for rid, r in expanded["Resources"].items():
-        if r["Type"] not in ("AWS::IAM::Role", "AWS::IAM::Policy"):
+        if r["Type"] not in GRANTS:
             continue
         if r.get("Condition") and not choice.holds(r["Condition"]):
             continue
         props = choice.resolve_ifs(r.get("Properties", {}))
         for arn in props.get("ManagedPolicyArns", []):
             problems.append(f"{rid} has the managed policy {json.dumps(arn)}: its grants are not the stack's to scope")
+        roles = {"AWS::IAM::RolePolicy": [props.get("RoleName")], "AWS::IAM::Policy": props.get("Roles", [])}.get(r["Type"], [])
+        for role in roles:
+            if not names_role_of_stack(role, expanded, choice):
+                problems.append(f"{rid} grants to the role {json.dumps(role)}, which is not a role of the stack")
+        for other in ("Users", "Groups"):
+            if props.get(other):
+                problems.append(f"{rid} grants to {other.lower()} {json.dumps(props[other])}, which are not the stack's")
         documents = [p.get("PolicyDocument", {}) for p in props.get("Policies", [])]
         if "PolicyDocument" in props:
             documents.append(props["PolicyDocument"])
         for document in documents:
             statements = document.get("Statement", [])
             for s in statements if isinstance(statements, list) else [statements]:
-                if s.get("Effect") != "Allow" or "AssumeRole" in str(s.get("Action")):
+                read[r["Type"]] = read.get(r["Type"], 0) + 1
+                if s.get("Effect") != "Allow":
+                    continue
+                if "NotAction" in s or "NotResource" in s:
+                    problems.append(f"{rid} grants with NotAction or NotResource, which grant what they do not name")
                     continue
                 actions = s.get("Action", [])
                 actions = actions if isinstance(actions, list) else [actions]
@@ -210,12 +381,12 @@ def check_grants(expanded, choice):
                 for resource in resources:
                     if names_stack_or_parameter(resource, expanded):
                         continue
-                    if resource == "*" and set(actions) <= RESOURCELESS:
+                    if resource == "*" and actions and set(actions) <= RESOURCELESS:
                         continue
-                    if resource == "*" and actions == ["kms:Decrypt"] and "kms:EncryptionContext:SecretARN" in json.dumps(s.get("Condition", {})):
+                    if resource == "*" and actions == ["kms:Decrypt"] and decrypts_stack_secrets_only(s, expanded):
                         continue
                     problems.append(f"{rid} grants {actions} on {json.dumps(resource)}, which is not a resource of the stack")
-    return problems
+    return problems, read
 
 
 def number(value, choice, default):
@@ -389,23 +560,39 @@ def main():
         s3.put_object(Bucket="deploy-check", Key="code.zip", Body=code.getvalue())
         cloudformation = session.client("cloudformation", endpoint_url=endpoint)
     failed = False
-    for n, (choice_name, overrides) in enumerate(choices(template).items()):
-        choice = Choice(template, overrides)
+    try:
+        loop, agents = agent_loop(template)
+        documented = choices(template)
+    except Exception as e:
+        print(f"FAILED: {e}")
+        documented, failed = {}, True
+    for n, (choice_name, overrides) in enumerate(documented.items()):
         print(f"== {choice_name}: {json.dumps(overrides) if overrides else 'the defaults'}")
         problems = check_rules(template)
         try:
-            expanded = expand(template, overrides)
+            looped = expand_loops(template, overrides)
+        except Exception as e:  # SAM CLI's own refusal, with its reasons
+            print(f"FAILED: SAM CLI's language extensions refused the template: {e}")
+            failed = True
+            continue
+        made = sorted(set(looped["Resources"]) - set(template["Resources"]))
+        print(f"loops: {loop} made {len(made)} resources for {', '.join(agents)}")
+        choice = Choice(looped, overrides)
+        try:
+            expanded = expand(looped, overrides)
         except Exception as e:  # SAM's own refusal, with its reasons
             print(f"FAILED: SAM's translator refused the template: {e}")
             failed = True
             continue
         problems += check_reservations(expanded)
-        problems += check_grants(expanded, choice)
+        grant_problems, read = check_grants(expanded, choice)
+        problems += grant_problems
         problems += check_visibility(expanded, choice)
         problems += check_pollers(expanded, choice)
         resources = expanded["Resources"]
         expected = {rid for rid, r in resources.items() if not r.get("Condition") or choice.holds(r["Condition"])}
         print(f"expanded: {len(resources)} resources, {len(expected)} of them in this choice")
+        print(f"grants: {sum(read.values())} statements read ({', '.join(f'{k} {v}' for k, v in sorted(read.items()))})")
         if endpoint:
             try:
                 status, failures, created = create(cloudformation, f"deploy-check-{n}", expanded, overrides, choice)

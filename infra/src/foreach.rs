@@ -67,7 +67,7 @@ fn expand_loop(name: &str, spec: &Value) -> Result<Vec<(String, Value)>, Error> 
             }
             copy.insert(in_key(key, id, item), substitute(value, id, item));
         }
-        match expand(&Value::Object(copy))? {
+        match plain_names(expand(&Value::Object(copy))?) {
             Value::Object(expanded) => copies.extend(expanded),
             _ => unreachable!("a map expands to a map"),
         }
@@ -119,6 +119,30 @@ fn substitute(value: &Value, id: &str, item: &str) -> Value {
     }
 }
 
+/// `value` with each `Ref` or `Fn::GetAtt` whose name is a `Fn::Sub` with nothing left to
+/// substitute (as a loop writes `{Fn::Sub: "${Agent}Queue"}`) naming it plainly, as
+/// CloudFormation reads it: whoever reads the expanded template finds `Ref: paymentQueue`.
+fn plain_names(value: Value) -> Value {
+    let plain = |v: &Value| {
+        v.get("Fn::Sub").and_then(Value::as_str).filter(|s| !s.contains("${")).map(str::to_owned)
+    };
+    match value {
+        Value::Object(mut map) => {
+            if let Some(name) = map.get("Ref").and_then(plain) {
+                map.insert("Ref".into(), Value::String(name));
+            }
+            if let Some(Value::Array(target)) = map.get_mut("Fn::GetAtt")
+                && let Some(name) = target.first().and_then(plain)
+            {
+                target[0] = Value::String(name);
+            }
+            Value::Object(map.into_iter().map(|(k, v)| (k, plain_names(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(plain_names).collect()),
+        other => other,
+    }
+}
+
 fn sub(text: String) -> Value {
     Value::Object(Map::from_iter([("Fn::Sub".to_owned(), Value::String(text))]))
 }
@@ -142,7 +166,9 @@ mod tests {
                     "${Agent}Queue": {"Type": "AWS::SQS::Queue", "Properties": {
                         "QueueName": {"Fn::Sub": "${AWS::StackName}-${Agent}"},
                         "Tags": [{"Key": "agent", "Value": {"Ref": "Agent"}}],
-                        "Url": {"Fn::FindInMap": ["Agents", {"Ref": "Agent"}, "Url"]}
+                        "Url": {"Fn::FindInMap": ["Agents", {"Ref": "Agent"}, "Url"]},
+                        "Bus": {"Fn::GetAtt": [{"Fn::Sub": "${Agent}Bus"}, "Arn"]},
+                        "Own": {"Ref": {"Fn::Sub": "${Agent}Queue"}}
                     }},
                     "&{Agent}Alarm": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
                         "Fn::ForEach::Levels": ["Level", ["warn", "page"], {
@@ -164,6 +190,8 @@ mod tests {
         assert_eq!(queue["QueueName"], json!({"Fn::Sub": "${AWS::StackName}-payment"}));
         assert_eq!(queue["Tags"][0]["Value"], "payment");
         assert_eq!(queue["Url"], json!({"Fn::FindInMap": ["Agents", "payment", "Url"]}));
+        assert_eq!(queue["Bus"], json!({"Fn::GetAtt": ["paymentBus", "Arn"]}), "named plainly");
+        assert_eq!(queue["Own"], json!({"Ref": "paymentQueue"}));
         let alarm = &resources["inventoryAlarm"]["Properties"];
         assert_eq!(alarm["Thresholdpage"], json!({"Fn::Sub": "inventory-page"}));
         assert_eq!(alarm.as_object().unwrap().len(), 2);

@@ -81,12 +81,14 @@ pub fn functions(template: &Template, stack: &Stack) -> Result<Vec<FunctionSpec>
         }
         let p = stack.eval(&resource.properties)?;
         let bad = |m: &str| Error::Template(format!("{id}: {m}"));
+        // A loop's function may find its binary in a mapping (Fn::FindInMap).
         let binary = resource
             .metadata
             .pointer("/BuildProperties/Binary")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad("no Metadata.BuildProperties.Binary names its binary"))?
-            .to_owned();
+            .map(|b| stack.eval(b))
+            .transpose()?
+            .and_then(|b| b.as_str().map(str::to_owned))
+            .ok_or_else(|| bad("no Metadata.BuildProperties.Binary names its binary"))?;
         let setting = |key: &str| p.get(key).or_else(|| globals.get(key));
         let number = |key: &str| {
             setting(key)
@@ -304,11 +306,17 @@ mod tests {
         assert_eq!(scheduler.environment["STATE_TABLE"], stack.reference("StateTable").unwrap());
         assert_eq!(scheduler.environment["RUST_LOG"], "info", "globals are merged in");
 
-        let agent = by_id("PaymentAgentFunction");
+        let agent = by_id("paymentAgentFunction");
         assert_eq!((agent.binary.as_str(), agent.timeout), ("agent", Duration::from_secs(90)));
+        assert_eq!(agent.environment["AGENT_NAME"], "payment");
         assert_eq!(
-            agent.environment["SERVICE_URL"], "http://127.0.0.1:9999/",
+            agent.environment["SIMULATED_SERVICE_URL"], "http://127.0.0.1:9999/",
             "the simulated service by default"
+        );
+        assert_eq!(
+            agent.environment["AGENT_QUEUE_URL_PREFIX"].clone() + "payment",
+            stack.reference("paymentQueue").unwrap(),
+            "every function finds an agent's queue by its name"
         );
 
         let submission = by_id("SubmissionFunction");
@@ -343,11 +351,10 @@ mod tests {
         assert_eq!(sim.reserved_concurrency, Some(1));
         let own_services = local_dry_run(
             &t,
-            &[
-                ("InventoryServiceUrl", "https://inventory.example"),
-                ("PaymentServiceUrl", "https://payment.example"),
-                ("ShippingServiceUrl", "https://shipping.example"),
-            ],
+            &[(
+                "ServiceUrls",
+                "inventory=https://inventory.example,payment=https://payment.example,shipping=https://shipping.example",
+            )],
         );
         let deployed = functions(&t, &own_services).unwrap();
         assert!(

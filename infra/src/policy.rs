@@ -243,7 +243,7 @@ fn role_statements(
         .get("Fn::GetAtt")
         .and_then(Value::as_array)
         .filter(|a| a.len() == 2 && a[1] == "Arn")
-        .and_then(|a| a[0].as_str())
+        .and_then(|a| logical_id(&a[0]))
         .ok_or("Role: only a role of the template (Fn::GetAtt: [<role>, Arn]) is read locally")?;
     let (_, resource) = template
         .resources
@@ -265,7 +265,32 @@ fn role_statements(
             statements.push(statement(s).map_err(|m| format!("{id}: statement {s}: {m}"))?);
         }
     }
+    // Policies the template adds to the role as resources of their own (each agent's grants
+    // on the other functions' roles).
+    for (policy_id, policy) in template.of_kind("AWS::IAM::RolePolicy") {
+        let role_name = policy.properties.get("RoleName").and_then(|r| r.get("Ref"));
+        if role_name.and_then(logical_id) != Some(id)
+            || !stack.context.holds(policy.condition.as_deref())
+        {
+            continue;
+        }
+        let properties = stack.eval(&policy.properties).map_err(|e| e.to_string())?;
+        let document = properties
+            .get("PolicyDocument")
+            .ok_or_else(|| format!("{policy_id}: a policy without a PolicyDocument"))?;
+        for s in document_statements(document).map_err(|m| format!("{policy_id}: {m}"))? {
+            statements.push(statement(s).map_err(|m| format!("{policy_id}: statement {s}: {m}"))?);
+        }
+    }
     Ok(statements)
+}
+
+/// The logical id a `Ref` or `Fn::GetAtt` names: a string, or the `{Fn::Sub: ...}` a loop
+/// writes with its item already in place.
+fn logical_id(name: &Value) -> Option<&str> {
+    name.as_str()
+        .or_else(|| name.get("Fn::Sub").and_then(Value::as_str))
+        .filter(|n| !n.contains("${"))
 }
 
 /// What a role SAM makes for the function grants: its `Policies`, and the managed policies SAM
@@ -1354,9 +1379,21 @@ Resources:
         };
         assert!(matches!(receive("SchedulerFunction", "SchedulerQueue"), Decision::Allowed(_)));
         assert!(matches!(receive("SchedulerFunction", "ReplyQueue"), Decision::Allowed(_)));
-        assert!(denied(&receive("SchedulerFunction", "PaymentQueue")).is_some());
-        assert!(matches!(receive("PaymentAgentFunction", "PaymentQueue"), Decision::Allowed(_)));
-        assert!(denied(&receive("PaymentAgentFunction", "ShippingQueue")).is_some());
+        assert!(denied(&receive("SchedulerFunction", "paymentQueue")).is_some());
+        assert!(matches!(receive("paymentAgentFunction", "paymentQueue"), Decision::Allowed(_)));
+        assert!(denied(&receive("paymentAgentFunction", "shippingQueue")).is_some());
+        // The grants each agent adds to the other functions' roles are read with them.
+        let send = |function: &str, queue: &str| {
+            let url = stack.reference(queue).unwrap();
+            request(
+                &policies,
+                function,
+                "AmazonSQS.SendMessage",
+                serde_json::json!({ "QueueUrl": url }),
+            )
+        };
+        assert!(matches!(send("SchedulerFunction", "shippingQueue"), Decision::Allowed(_)));
+        assert!(denied(&send("SupervisorFunction", "shippingQueue")).is_some());
         assert!(denied(&receive("StatusFunction", "SchedulerQueue")).is_some(), "no event source");
         for (function, permissions) in &policies.functions {
             assert!(

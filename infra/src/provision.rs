@@ -19,7 +19,7 @@ use serde_json::Value;
 use tracing::debug;
 
 use crate::Error;
-use crate::template::{Context, LOCAL_ACCOUNT, Template, scalar_string};
+use crate::template::{Context, LOCAL_ACCOUNT, Resource, Template, scalar_string};
 
 /// How to provision.
 #[derive(Clone, Debug, Default)]
@@ -84,8 +84,8 @@ fn not_created(kind: &str) -> Option<&'static str> {
         "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" | "AWS::IAM::ManagedPolicy" => {
             "resource and managed policies are not enforced locally (the functions' own policies are, by the AWS proxy)"
         }
-        "AWS::IAM::Role" => {
-            "each function's role is checked on every call by the AWS proxy, not created"
+        "AWS::IAM::Role" | "AWS::IAM::RolePolicy" => {
+            "each function's role and the policies added to it are checked on every call by the AWS proxy, not created"
         }
         "AWS::Logs::LogGroup" => "the local stack prints the functions' logs itself",
         "AWS::SNS::Topic" => "alerts are read from the alerts queue locally",
@@ -120,7 +120,7 @@ pub async fn provision(
         match not_created(&resource.kind) {
             None => pending.push((id.as_str(), resource)),
             Some(reason) => {
-                stand_in(&mut stack.context, id, &resource.kind, options);
+                stand_in(&mut stack.context, id, resource, options);
                 stack.skipped.push((id.clone(), resource.kind.clone(), reason.to_owned()));
             }
         }
@@ -203,7 +203,7 @@ pub fn dry_run(template: &Template, options: &Options) -> Result<Stack, Error> {
     context.attributes.extend(options.attributes.clone());
     for (id, resource) in &template.resources {
         if context.holds(resource.condition.as_deref()) {
-            stand_in(&mut context, id, &resource.kind, options);
+            stand_in(&mut context, id, resource, options);
         }
     }
     Ok(Stack { context, created: Vec::new(), skipped: Vec::new() })
@@ -233,11 +233,18 @@ pub(crate) fn local_dry_run(template: &Template, parameters: &[(&str, &str)]) ->
 }
 
 /// References to resources that are not created still resolve, to what they would be named.
-fn stand_in(ctx: &mut Context, id: &str, kind: &str, options: &Options) {
+fn stand_in(ctx: &mut Context, id: &str, resource: &Resource, options: &Options) {
+    let kind = resource.kind.as_str();
     let name = physical_name(&options.stack_name, id);
     let region = &options.region;
     let (reference, arn) = match kind {
         "AWS::SQS::Queue" => {
+            // A queue the template names keeps its name (agents' queues are found by theirs).
+            let named = resource.properties.get("QueueName").map(|n| ctx.eval(n));
+            let name = match named {
+                Some(Ok(n)) => scalar_string(&n).unwrap_or(name),
+                _ => name,
+            };
             ctx.attributes.insert((id.to_owned(), "QueueName".into()), Value::String(name.clone()));
             (
                 format!("https://sqs.{region}.amazonaws.com/{LOCAL_ACCOUNT}/{name}"),

@@ -362,19 +362,33 @@ impl Context {
                     .ok_or_else(|| Error::Template("Fn::Select out of range".into()))
             }
             "Fn::FindInMap" => {
-                let keys = list(arg)?
+                // Three keys, and with AWS::LanguageExtensions a fourth item
+                // `{DefaultValue: ...}` for keys the map does not hold.
+                let items = list(arg)?;
+                let (keys, default) = match items.as_slice() {
+                    [keys @ .., last] if last.get("DefaultValue").is_some() => {
+                        (keys, Some(&last["DefaultValue"]))
+                    }
+                    keys => (keys, None),
+                };
+                let keys = keys
                     .iter()
                     .map(|k| str_of(&self.eval_inner(k)?))
                     .collect::<Result<Vec<_>, _>>()?;
                 let [map, top, second] = keys.as_slice() else {
                     return Err(Error::Template("Fn::FindInMap takes three keys".into()));
                 };
-                self.mappings
+                let found = self
+                    .mappings
                     .get(map)
-                    .and_then(|m| m.get(top))
-                    .and_then(|m| m.get(second))
-                    .cloned()
-                    .ok_or_else(|| Error::Template(format!("no {map}.{top}.{second} in Mappings")))
+                    .ok_or_else(|| Error::Template(format!("no mapping {map} in Mappings")))?;
+                match (found.get(top).and_then(|m| m.get(second)), default) {
+                    (Some(value), _) => Ok(value.clone()),
+                    (None, Some(default)) => self.eval_inner(default),
+                    (None, None) => {
+                        Err(Error::Template(format!("no {map}.{top}.{second} in Mappings")))
+                    }
+                }
             }
             other => Err(Error::Template(format!("unsupported intrinsic function {other}"))),
         }

@@ -199,7 +199,7 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     let api_key = ServiceAuth::header("x-api-key", &token).unwrap();
     let remote = HttpRemote::new(&url, Duration::from_secs(5)).unwrap().with_auth(api_key);
     remote.call(&remote_call()).await.unwrap();
-    let signer = sas_infra::sigv4::local_signer("InventoryAgentFunction", "us-east-1", "lambda");
+    let signer = sas_infra::sigv4::local_signer("inventoryAgentFunction", "us-east-1", "lambda");
     let remote = HttpRemote::new(&url, Duration::from_secs(5))
         .unwrap()
         .with_auth(ServiceAuth::SigV4(signer));
@@ -215,7 +215,7 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     let (method, path, headers, body) = &calls[2];
     let signed = sas_infra::sigv4::Signed { method, raw_path: path, raw_query: "", headers, body };
     let caller = sas_infra::sigv4::verify(&signed, "us-east-1", "lambda", chrono::Utc::now());
-    assert_eq!(caller.as_deref(), Ok("InventoryAgentFunction"));
+    assert_eq!(caller.as_deref(), Ok("inventoryAgentFunction"));
     // The body: what the service needs of the order and of the steps before.
     let (_, path, _, body) = &calls[0];
     assert_eq!(path, "/actions/charge-payment");

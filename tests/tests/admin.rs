@@ -117,7 +117,7 @@ async fn a_cancel_that_meets_a_reply_on_its_way_undoes_the_step_once_the_reply_l
     let id = submit(&s, "admin-cancel-1").await;
     // The reservation is dispatched and performed; its reply waits in the reply queue.
     assert_eq!(s.pump_queue("SchedulerQueue").await, 1);
-    assert_eq!(s.pump_queue("InventoryQueue").await, 1);
+    assert_eq!(s.pump_queue("inventoryQueue").await, 1);
     assert_eq!(s.state(id).await.process_state, ProcessState::Processing);
 
     let (status, done) =

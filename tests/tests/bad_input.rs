@@ -529,7 +529,7 @@ async fn malformed_scheduler_messages_fail_alone_and_change_nothing() {
     assert!(claimed.batch_item_failures.is_empty());
     let before = s.state(processing).await;
     assert_eq!(before.process_state, ProcessState::Processing);
-    s.t.drain_raw("InventoryQueue").await;
+    s.t.drain_raw("inventoryQueue").await;
 
     let poison = scheduler_poison(processing, before.attempt);
     // Batches of ten, as the mapping delivers them: nine poison messages and one good start.
@@ -547,7 +547,7 @@ async fn malformed_scheduler_messages_fail_alone_and_change_nothing() {
         assert_eq!(failed, expected, "exactly the poison messages fail");
         assert_eq!(s.state(good).await.process_state, ProcessState::Processing);
         // The good start dispatched its one request; the poison nothing.
-        let requests = s.t.drain_raw("InventoryQueue").await;
+        let requests = s.t.drain_raw("inventoryQueue").await;
         assert_eq!(requests.len(), 1, "{requests:?}");
         assert!(requests[0].contains(&good.to_string()));
     }
@@ -561,8 +561,8 @@ async fn malformed_agent_messages_fail_alone_and_call_nothing() {
     let s = System::start("bad-agent-messages", "{}").await;
     let (id, start) = submitted(&s, "agent-beside-poison").await;
     s.handle_batch("SchedulerQueue", batch(&[("m-0".into(), start.clone())])).await;
-    let request = s.t.receive("InventoryQueue", 0).await;
-    s.t.delete("InventoryQueue", request[0].receipt_handle().unwrap()).await;
+    let request = s.t.receive("inventoryQueue", 0).await;
+    s.t.delete("inventoryQueue", request[0].receipt_handle().unwrap()).await;
     let request: Value = serde_json::from_str(request[0].body().unwrap()).unwrap();
     let without = |field: &str| {
         let mut r = request.clone();
@@ -593,7 +593,7 @@ async fn malformed_agent_messages_fail_alone_and_call_nothing() {
     let mut messages: Vec<(String, String)> =
         poison.iter().map(|(name, body)| ((*name).to_owned(), body.clone())).collect();
     messages.push(("good".into(), request.to_string()));
-    let response = s.handle_batch("InventoryQueue", batch(&messages)).await;
+    let response = s.handle_batch("inventoryQueue", batch(&messages)).await;
     let mut failed: Vec<&str> =
         response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     failed.sort_unstable();
@@ -621,7 +621,7 @@ async fn every_poison_message_ends_in_its_dead_letter_queue() {
     for body in &poison {
         s.t.send_raw("SchedulerQueue", body).await;
     }
-    s.t.send_raw("InventoryQueue", "not a request").await;
+    s.t.send_raw("inventoryQueue", "not a request").await;
     let (_, body) =
         s.post(Some("order-among-poison"), "application/json", &order_json("c-9")).await;
     let id: OrderId = body["order_id"].as_str().unwrap().parse().unwrap();
@@ -633,5 +633,5 @@ async fn every_poison_message_ends_in_its_dead_letter_queue() {
     let mut expected = poison.clone();
     expected.sort();
     assert_eq!(dead, expected);
-    assert_eq!(s.t.drain_raw("InventoryDeadLetterQueue").await, ["not a request"]);
+    assert_eq!(s.t.drain_raw("inventoryDeadLetterQueue").await, ["not a request"]);
 }

@@ -11,6 +11,11 @@
 //!   is reported with the function, action and resource (from Rust and at `/_proxy/access`),
 //!   and the order never leaves Pending: no step request is ever sent.
 //!
+//! - With a fourth agent added to a copy of the template (one more entry in the agents' list)
+//!   and a step using it added to the workflow, orders run through all four agents with no
+//!   call refused: the new agent's queues, function, grants, alarms and dashboard all come from
+//!   that one entry.
+//!
 //! The function binaries are built as `local_stack.rs` builds them, into the same folder. A
 //! stack is a dozen processes: the tests here take turns.
 
@@ -27,7 +32,8 @@ use sas_infra::local::{LocalStack, Options};
 use sas_infra::policy::{AccessReport, Cause};
 use sas_infra::proxy::ACCESS_PATH;
 use sas_infra::sigv4::{EXECUTE_API, local_signer};
-use sas_tests::e2e::{SOUND, build_binaries, overrides, put_faults};
+use sas_infra::template::Template;
+use sas_tests::e2e::{FAST_WORKFLOW, SOUND, build_binaries, overrides_running, put_faults};
 use serde_json::Value;
 use tokio::sync::Mutex;
 
@@ -44,6 +50,11 @@ static TURN: Mutex<()> = Mutex::const_new(());
 /// with `sweeps`, the supervisor sweeps every second and an order fails after two expired
 /// leases of a step, otherwise it does not sweep while a test runs.
 async fn start(name: &str, template: PathBuf, sweeps: bool) -> LocalStack {
+    start_running(name, template, sweeps, &FAST_WORKFLOW).await
+}
+
+/// As [`start`], the engine running `workflow` (JSON).
+async fn start_running(name: &str, template: PathBuf, sweeps: bool, workflow: &str) -> LocalStack {
     let tmpdir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let bin_dir = tokio::task::spawn_blocking(|| build_binaries(tmpdir)).await.unwrap();
     let options = Options {
@@ -70,7 +81,7 @@ async fn start(name: &str, template: PathBuf, sweeps: bool) -> LocalStack {
         } else {
             HashMap::new()
         },
-        overrides: overrides(SOUND),
+        overrides: overrides_running(workflow, SOUND),
         callers: Vec::new(),
         show_logs: std::env::var_os("LOCAL_STACK_LOGS").is_some(),
     };
@@ -333,4 +344,85 @@ async fn a_permission_taken_out_of_the_template_is_refused_and_the_order_goes_no
         .map(|(_, op)| op)
         .collect();
     assert_eq!(sent, ["SendMessageBatch to SchedulerQueue"], "only the start message was sent");
+}
+
+/// The agents' list as `template.yaml` writes it.
+const AGENTS: &str = "    - [inventory, payment, shipping]\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_agent_added_in_one_entry_runs_with_its_own_grants_alarms_and_dashboard() {
+    let _turn = TURN.lock().await;
+    let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
+    assert_eq!(text.matches(AGENTS).count(), 1, "template.yaml lists its agents once");
+    let text = text.replace(AGENTS, "    - [inventory, payment, shipping, email]\n");
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("least-privilege-{}-email.yaml", std::process::id()));
+    std::fs::write(&path, &text).unwrap();
+
+    // Everything per agent follows from the entry.
+    let template = Template::parse(&text).unwrap();
+    for (id, kind) in [
+        ("emailQueue", "AWS::SQS::Queue"),
+        ("emailDeadLetterQueue", "AWS::SQS::Queue"),
+        ("emailAgentFunction", "AWS::Serverless::Function"),
+        ("emailAgentFunctionRole", "AWS::IAM::Role"),
+        ("emailSchedulerGrant", "AWS::IAM::RolePolicy"),
+        ("emailSubmissionGrant", "AWS::IAM::RolePolicy"),
+        ("emailSupervisorGrant", "AWS::IAM::RolePolicy"),
+        ("emailAdminGrant", "AWS::IAM::RolePolicy"),
+        ("emailDeadLetterAlarm", "AWS::CloudWatch::Alarm"),
+        ("emailBacklogAlarm", "AWS::CloudWatch::Alarm"),
+        ("emailErrorRateAlarm", "AWS::CloudWatch::Alarm"),
+        ("emailThrottlesAlarm", "AWS::CloudWatch::Alarm"),
+        ("emailDashboard", "AWS::CloudWatch::Dashboard"),
+    ] {
+        let resource = template.resource(id).unwrap_or_else(|| panic!("no {id}"));
+        assert_eq!(resource.kind, kind, "{id}");
+    }
+    // The alarms are named so that the topic policy lets them publish.
+    let ctx = sas_infra::template::Context::new(&template, "st", REGION, &HashMap::new()).unwrap();
+    let policy =
+        serde_json::to_string(&template.resource("AlertsTopicPolicy").unwrap().properties).unwrap();
+    assert!(policy.contains(":alarm:${AWS::StackName}.*"), "{policy}");
+    for alarm in ["DeadLetter", "Backlog", "ErrorRate", "Throttles"] {
+        let name =
+            &template.resource(&format!("email{alarm}Alarm")).unwrap().properties["AlarmName"];
+        let name = ctx.eval(name).unwrap();
+        assert!(name.as_str().unwrap().starts_with("st.email."), "{name}");
+    }
+    let dashboard = &template.resource("emailDashboard").unwrap().properties["DashboardBody"];
+    let body = serde_json::to_string(dashboard).unwrap();
+    assert!(body.contains("Agent email: dead letters"), "{body}");
+    assert!(body.contains(r#"["emailDeadLetterQueue","QueueName"]"#), "its own queues: {body}");
+
+    // A step using it, at the end of the workflow: orders go through all four agents.
+    let mut workflow: Value = serde_json::from_str(&FAST_WORKFLOW).unwrap();
+    workflow["steps"].as_array_mut().unwrap().push(serde_json::json!(
+        {"name": "send-confirmation", "agent": "email", "budget_seconds": 2}
+    ));
+    let stack = start_running("lp-email", path, false, &workflow.to_string()).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(submit(&http, &stack, &format!("lp-email-{i}")).await);
+    }
+    wait_for(&stack, &ids, "Processed", 90).await;
+    for id in &ids {
+        let (status, body) = get(&http, &stack, "ops-lp", &format!("/admin/orders/{id}")).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("send-confirmation"), "the order went through the new step: {body}");
+    }
+
+    let access = stack.access();
+    println!("{access}");
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
+    assert!(access.checked.get("emailAgentFunction").copied().unwrap_or(0) > 0, "{access}");
+    // The scheduler sent to the new queue with the grant the entry made.
+    let queue = stack.stack.attribute("emailQueue", "Arn").unwrap();
+    assert!(
+        !access.unused.iter().any(|g| g.function == "SchedulerFunction"
+            && g.action == "sqs:SendMessage"
+            && g.resource == queue),
+        "{access}"
+    );
 }

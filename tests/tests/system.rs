@@ -164,7 +164,7 @@ async fn duplicate_and_stale_replies_change_nothing() {
     let id = order_id(&body);
     // Run up to the first reply and keep a copy of it.
     assert_eq!(s.pump_queue("SchedulerQueue").await, 1);
-    assert_eq!(s.pump_queue("InventoryQueue").await, 1);
+    assert_eq!(s.pump_queue("inventoryQueue").await, 1);
     let replies = s.t.receive("ReplyQueue", 0).await;
     let first_reply = replies[0].body().unwrap().to_owned();
     s.t.release("ReplyQueue", replies[0].receipt_handle().unwrap()).await;

@@ -150,7 +150,7 @@ async fn a_send_that_fails_on_the_server_is_replayed_from_the_written_state() {
     assert_eq!(system.pump_queue("SchedulerQueue").await, 1);
     let claimed = system.state(id).await;
     assert_eq!(claimed.process_state, ProcessState::Processing);
-    assert!(system.t.receive("InventoryQueue", 0).await.is_empty(), "nothing was sent");
+    assert!(system.t.receive("inventoryQueue", 0).await.is_empty(), "nothing was sent");
     system.settle().await;
     let done = system.state(id).await;
     assert_eq!(done.process_state, ProcessState::Processed);

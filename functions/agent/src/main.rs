@@ -27,13 +27,13 @@ async fn service_auth(wiring: &Wiring, auth: &Auth) -> Result<ServiceAuth, Error
         Auth::None => ServiceAuth::None,
         Auth::SigV4 { signing_name } => ServiceAuth::SigV4(
             SigV4::from_config(sdk, signing_name)
-                .ok_or("SERVICE_AUTH=sigv4 needs AWS credentials and a region to sign with")?,
+                .ok_or("SigV4 needs AWS credentials and a region to sign with")?,
         ),
-        Auth::Bearer { secret_arn } => {
-            ServiceAuth::bearer(&clients::secret_text(sdk, secret_arn).await?)?
+        Auth::Bearer { secret_id } => {
+            ServiceAuth::bearer(&clients::secret_text(sdk, secret_id).await?)?
         }
-        Auth::ApiKey { secret_arn } => {
-            ServiceAuth::header("x-api-key", &clients::secret_text(sdk, secret_arn).await?)?
+        Auth::ApiKey { secret_id } => {
+            ServiceAuth::header("x-api-key", &clients::secret_text(sdk, secret_id).await?)?
         }
     })
 }

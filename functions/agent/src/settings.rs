@@ -1,9 +1,12 @@
 //! Where the HTTP agent's service is and how it authenticates there, read at cold start (the
-//! rest of an agent's settings are the kit's). `SERVICE_URL` says which service this deployment
-//! wraps; `SERVICE_AUTH` (in any case) how it authenticates there: `sigv4` (signed for
-//! `SERVICE_SIGNING_NAME`, by default `lambda` for function URLs and `execute-api` otherwise),
-//! `bearer` or `api-key` (the text of the secret `SERVICE_SECRET_ARN`, read once per cold
-//! start), or `none`.
+//! rest of an agent's settings are the kit's). Every HTTP agent of a stack gets the same two
+//! lists and takes its own entry, found by its `AGENT_NAME`: `SERVICE_URLS` (`agent=url`
+//! entries, comma-separated; the stack's ServiceUrls) and `SERVICE_AUTH` (`agent=kind`
+//! entries; ServiceAuth). An agent without a URL calls `SIMULATED_SERVICE_URL`, the demo
+//! service deployed while no URL is set, signed for Lambda. The kinds are `sigv4` (the
+//! default; signed for `lambda` on function URLs and `execute-api` otherwise), `bearer` or
+//! `api-key` (the text of the secret `SERVICE_SECRET_ID`, read once per cold start), or `none`,
+//! in any case.
 
 use std::time::Duration;
 
@@ -31,11 +34,11 @@ pub enum Auth {
     },
     /// `Authorization: Bearer` and the secret's text.
     Bearer {
-        secret_arn: String,
+        secret_id: String,
     },
     /// `x-api-key` and the secret's text.
     ApiKey {
-        secret_arn: String,
+        secret_id: String,
     },
 }
 
@@ -47,32 +50,58 @@ impl Settings {
             })?,
             None => DEFAULT_CALL_TIMEOUT_MS,
         };
-        let service_url = env.required("SERVICE_URL")?;
-        Ok(Settings {
-            auth: auth(env, &service_url)?,
-            service_url,
-            call_timeout: Duration::from_millis(call_timeout_ms),
-        })
+        let agent = env.required("AGENT_NAME")?;
+        let (service_url, auth) = match entry(env, "SERVICE_URLS", &agent)? {
+            Some(url) => {
+                let auth = auth(env, &agent, &url)?;
+                (url, auth)
+            }
+            None => match env.get("SIMULATED_SERVICE_URL") {
+                Some(url) => (url, Auth::SigV4 { signing_name: "lambda".into() }),
+                None => {
+                    return Err(Error::Config(format!(
+                        "agent {agent} has no URL in SERVICE_URLS, and no simulated service is deployed: add {agent}=https://... to the stack's ServiceUrls"
+                    )));
+                }
+            },
+        };
+        Ok(Settings { auth, service_url, call_timeout: Duration::from_millis(call_timeout_ms) })
     }
 }
 
-fn auth(env: &Env, service_url: &str) -> Result<Auth> {
-    let secret_arn = || env.required("SERVICE_SECRET_ARN");
+/// The value of `agent`'s entry in the `agent=value` list `variable`, if it has one.
+fn entry(env: &Env, variable: &str, agent: &str) -> Result<Option<String>> {
+    let list = env.get(variable).unwrap_or_default();
+    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((name, value)) = item.split_once('=') else {
+            return Err(Error::Config(format!("{variable}: {item:?} is not an agent=value entry")));
+        };
+        if name.trim() == agent {
+            return Ok(Some(value.trim().to_owned()));
+        }
+    }
+    Ok(None)
+}
+
+fn auth(env: &Env, agent: &str, service_url: &str) -> Result<Auth> {
+    let secret_id = || env.required("SERVICE_SECRET_ID");
     // The template passes its parameter's spelling (SIGV4, API_KEY, ...).
-    let kind = env.get("SERVICE_AUTH").unwrap_or_default().to_ascii_lowercase().replace('_', "-");
-    Ok(match kind.as_str() {
-        "none" | "" => Auth::None,
+    let kind = entry(env, "SERVICE_AUTH", agent)?.unwrap_or_else(|| "sigv4".into());
+    Ok(match kind.to_ascii_lowercase().replace('_', "-").as_str() {
+        "none" => Auth::None,
         "sigv4" => Auth::SigV4 {
-            signing_name: env.get("SERVICE_SIGNING_NAME").unwrap_or_else(|| {
-                let function_url = service_url.contains(".lambda-url.");
-                if function_url { "lambda" } else { "execute-api" }.to_owned()
-            }),
+            signing_name: if service_url.contains(".lambda-url.") {
+                "lambda"
+            } else {
+                "execute-api"
+            }
+            .to_owned(),
         },
-        "bearer" => Auth::Bearer { secret_arn: secret_arn()? },
-        "api-key" => Auth::ApiKey { secret_arn: secret_arn()? },
-        other => {
+        "bearer" => Auth::Bearer { secret_id: secret_id()? },
+        "api-key" => Auth::ApiKey { secret_id: secret_id()? },
+        _ => {
             return Err(Error::Config(format!(
-                "SERVICE_AUTH={other:?} is not one of sigv4, bearer, api-key, none"
+                "SERVICE_AUTH: {agent}={kind} is not one of SIGV4, BEARER, API_KEY, NONE"
             )));
         }
     })
@@ -82,24 +111,35 @@ fn auth(env: &Env, service_url: &str) -> Result<Auth> {
 mod tests {
     use super::*;
 
-    fn auth_of(pairs: &[(&str, &str)]) -> Result<Auth> {
-        auth(&Env::from_pairs(pairs.iter().copied()), "https://abc.lambda-url.us-east-1.on.aws/")
+    fn settings(pairs: &[(&str, &str)]) -> Result<Settings> {
+        let base = [("AGENT_NAME", "payment"), ("SERVICE_SECRET_ID", "st/payment")];
+        Settings::from_env(&Env::from_pairs(base.iter().chain(pairs).copied()))
     }
 
     #[test]
-    fn the_auth_kind_is_read_in_the_templates_spelling_or_any_case() {
-        assert_eq!(auth_of(&[]).unwrap(), Auth::None);
+    fn an_agent_takes_its_own_entries_in_the_template_s_spelling() {
+        let urls = ("SERVICE_URLS", "inventory=https://i.example, payment=https://p.lambda-url.x/");
+        let s = settings(&[urls]).unwrap();
+        assert_eq!(s.service_url, "https://p.lambda-url.x/");
+        assert_eq!(s.auth, Auth::SigV4 { signing_name: "lambda".into() });
+        let auth = |kind| settings(&[urls, ("SERVICE_AUTH", kind)]).map(|s| s.auth);
         assert_eq!(
-            auth_of(&[("SERVICE_AUTH", "SIGV4")]).unwrap(),
-            Auth::SigV4 { signing_name: "lambda".into() }
+            auth("payment=API_KEY").unwrap(),
+            Auth::ApiKey { secret_id: "st/payment".into() }
         );
-        assert_eq!(
-            auth_of(&[("SERVICE_AUTH", "API_KEY"), ("SERVICE_SECRET_ARN", "arn:s")]).unwrap(),
-            Auth::ApiKey { secret_arn: "arn:s".into() }
-        );
-        let missing = auth_of(&[("SERVICE_AUTH", "bearer")]).unwrap_err().to_string();
-        assert!(missing.contains("SERVICE_SECRET_ARN"), "{missing}");
-        let unknown = auth_of(&[("SERVICE_AUTH", "basic")]).unwrap_err().to_string();
-        assert!(unknown.contains("basic"), "{unknown}");
+        assert_eq!(auth("inventory=NONE,payment=none").unwrap(), Auth::None);
+        let unknown = auth("payment=basic").unwrap_err().to_string();
+        assert!(unknown.contains("payment=basic"), "{unknown}");
+        let malformed = auth("payment").unwrap_err().to_string();
+        assert!(malformed.contains("agent=value"), "{malformed}");
+    }
+
+    #[test]
+    fn without_a_url_the_agent_calls_the_simulated_service_or_names_what_is_missing() {
+        let sim = settings(&[("SIMULATED_SERVICE_URL", "http://127.0.0.1:9/")]).unwrap();
+        assert_eq!(sim.service_url, "http://127.0.0.1:9/");
+        assert_eq!(sim.auth, Auth::SigV4 { signing_name: "lambda".into() });
+        let err = settings(&[("SERVICE_URLS", "inventory=https://i.example")]).unwrap_err();
+        assert!(err.to_string().contains("add payment=https://"), "{err}");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use sas_aws::settings::{Engine, Env, Tables, agent_queue_variable};
+use sas_aws::settings::{Engine, Env, Tables};
 use sas_aws::sqs::QueueUrls;
 use sas_engine::Result;
 use sas_engine::ports::Destination;
@@ -27,8 +27,7 @@ impl Settings {
             .with(Destination::Scheduler, env.required("SCHEDULER_QUEUE_URL")?)
             .with(Destination::Replies, env.required("REPLY_QUEUE_URL")?);
         for agent in &engine.agents {
-            let url = env.required(&agent_queue_variable(agent))?;
-            queues = queues.with(Destination::Agent(agent.clone()), url);
+            queues = queues.with(Destination::Agent(agent.clone()), env.agent_queue(agent)?);
         }
         Ok(Settings {
             tables: env.tables()?,

@@ -1,12 +1,12 @@
 //! What every agent reads from its environment at cold start, whatever its service: its name
-//! (`AGENT_NAME`), its own queue (`AGENT_QUEUE_<NAME>`, where a request kept back by a passing
+//! (`AGENT_NAME`), its own queue (found by its name, where a request kept back by a passing
 //! cause is sent again), the reply queue, the wait reports' table, the engine's tunables and
 //! the send linger.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sas_aws::settings::{Env, agent_queue_variable};
+use sas_aws::settings::Env;
 use sas_engine::config::EngineConfig;
 use sas_engine::{AgentName, Result};
 
@@ -26,7 +26,7 @@ impl AgentSettings {
         let name = env.required("AGENT_NAME")?;
         Ok(AgentSettings {
             config: env.engine_config()?,
-            own_queue: env.required(&agent_queue_variable(&AgentName::new(&name)))?,
+            own_queue: env.agent_queue(&AgentName::new(&name))?,
             name,
             reply_queue: env.required("REPLY_QUEUE_URL")?,
             waits_table: env.required("QUEUE_WAITS_TABLE")?,
@@ -50,9 +50,9 @@ mod tests {
             Env::from_pairs(base.into_iter().chain(extra.iter().copied()))
         };
         let s =
-            AgentSettings::from_env(&env(&[("AGENT_QUEUE_PAYMENT", "https://q/payment")])).unwrap();
-        assert_eq!((s.name.as_str(), s.own_queue.as_str()), ("payment", "https://q/payment"));
+            AgentSettings::from_env(&env(&[("AGENT_QUEUE_URL_PREFIX", "https://q/st-")])).unwrap();
+        assert_eq!((s.name.as_str(), s.own_queue.as_str()), ("payment", "https://q/st-payment"));
         let missing = AgentSettings::from_env(&env(&[])).unwrap_err().to_string();
-        assert!(missing.contains("AGENT_QUEUE_PAYMENT"), "{missing}");
+        assert!(missing.contains("AGENT_QUEUE_URL_PREFIX"), "{missing}");
     }
 }

@@ -54,31 +54,26 @@ impl Env {
         EngineConfig::from_lookup(|k| self.get(k)).map(Arc::new)
     }
 
-    /// The deployed agents (`AGENTS`, comma-separated) and the workflow, validated against each
-    /// other: the workflow file built in from `shared/workflows/` (see [`built_in_workflow`]),
-    /// or `WORKFLOW_JSON` where set (the tests and the demo shorten budgets with it).
+    /// The workflow and the agents its steps name: the workflow file built in from
+    /// `shared/workflows/` (see [`built_in_workflow`]), or `WORKFLOW_JSON` where set (the tests
+    /// and the demo shorten budgets with it). That every agent is deployed is checked before a
+    /// deploy (`check-workflows`, and the suite), and at cold start by the functions that reach
+    /// the agents' queues.
     pub fn workflow(&self) -> Result<(Arc<Workflow>, Vec<AgentName>)> {
-        let agents: Vec<AgentName> = self
-            .required("AGENTS")?
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(AgentName::new)
-            .collect();
         let workflow = match self.get("WORKFLOW_JSON") {
-            Some(json) => Workflow::from_json(&json, &agents)?,
-            None => built_in_workflow(&agents)?,
+            Some(json) => Workflow::from_json(&json, &Workflow::agents_in(&json))?,
+            None => built_in_workflow()?,
         };
+        let agents = workflow.agents().into_iter().cloned().collect();
         Ok((Arc::new(workflow), agents))
     }
 }
 
-/// The workflow a stack runs: the one file of `shared/workflows/`, checked against the deployed
-/// `agents`. A stack runs one workflow, so a folder holding another file is an error that says
-/// so.
-pub fn built_in_workflow(agents: &[AgentName]) -> Result<Workflow> {
+/// The workflow a stack runs: the one file of `shared/workflows/`. A stack runs one workflow,
+/// so a folder holding another file is an error that says so.
+pub fn built_in_workflow() -> Result<Workflow> {
     match sas_workflows::FILES {
-        [file] => load_workflow_file(file, agents),
+        [file] => load_workflow_file(file, &Workflow::agents_in(file.json)),
         files => Err(Error::InvalidWorkflow(format!(
             "a stack runs one workflow, and shared/workflows/ holds {}: {}",
             files.len(),
@@ -169,24 +164,37 @@ impl Starter {
 
 impl Env {
     /// Every queue of the system with its URL: `SCHEDULER_QUEUE_URL`, `REPLY_QUEUE_URL`, and
-    /// each agent's `AGENT_QUEUE_<AGENT>`.
+    /// each agent's (see [`Env::agent_queue`]).
     pub fn queues(&self, agents: &[AgentName]) -> Result<Vec<(Destination, String)>> {
         let mut queues = vec![
             (Destination::Scheduler, self.required("SCHEDULER_QUEUE_URL")?),
             (Destination::Replies, self.required("REPLY_QUEUE_URL")?),
         ];
         for agent in agents {
-            let url = self.required(&agent_queue_variable(agent))?;
-            queues.push((Destination::Agent(agent.clone()), url));
+            queues.push((Destination::Agent(agent.clone()), self.agent_queue(agent)?));
         }
         Ok(queues)
     }
+
+    /// An agent's request queue: named `<stack>-<agent>` by the template, so its URL is
+    /// `AGENT_QUEUE_URL_PREFIX` and the agent's name. A loop declares each agent, and cannot
+    /// list them all in another function's settings: the name is what they share.
+    pub fn agent_queue(&self, agent: &AgentName) -> Result<String> {
+        Ok(format!("{}{}", self.required(AGENT_QUEUE_URL_PREFIX)?, agent.as_str()))
+    }
 }
 
+/// The variable that, followed by an agent's name, makes the URL of its request queue.
+pub const AGENT_QUEUE_URL_PREFIX: &str = "AGENT_QUEUE_URL_PREFIX";
+
+/// What follows an agent's queue name in the name of its dead-letter queue.
+pub const DEAD_LETTERS_SUFFIX: &str = "-dead-letters";
+
 impl Env {
-    /// Every dead-letter queue with the queue it serves: `DEAD_LETTER_QUEUE_<NAME>` for the
-    /// scheduler's queue (`SCHEDULER`), the reply queue (`REPLIES`) and each agent's queue,
-    /// named as operators name them (`scheduler`, `replies`, the agent's name).
+    /// Every dead-letter queue with the queue it serves, named as operators name them
+    /// (`scheduler`, `replies`, the agent's name): `DEAD_LETTER_QUEUE_SCHEDULER` and
+    /// `DEAD_LETTER_QUEUE_REPLIES`, and for an agent its queue's URL followed by
+    /// [`DEAD_LETTERS_SUFFIX`].
     pub fn dead_letter_queues(&self, agents: &[AgentName]) -> Result<Vec<DeadLetterQueue>> {
         let mut out = Vec::new();
         for (destination, source_url) in self.queues(agents)? {
@@ -195,9 +203,11 @@ impl Env {
                 Destination::Replies => "replies".to_owned(),
                 Destination::Agent(agent) => agent.as_str().to_owned(),
             };
-            let variable =
-                format!("DEAD_LETTER_QUEUE_{}", name.to_ascii_uppercase().replace('-', "_"));
-            out.push(DeadLetterQueue { url: self.required(&variable)?, name, source_url });
+            let url = match &destination {
+                Destination::Agent(_) => format!("{source_url}{DEAD_LETTERS_SUFFIX}"),
+                _ => self.required(&format!("DEAD_LETTER_QUEUE_{}", name.to_ascii_uppercase()))?,
+            };
+            out.push(DeadLetterQueue { url, name, source_url });
         }
         Ok(out)
     }
@@ -228,12 +238,6 @@ impl Env {
             ))),
         }
     }
-}
-
-/// The variable holding an agent's request queue URL: `AGENT_QUEUE_` and the agent's name in
-/// upper case with `-` as `_` (`AGENT_QUEUE_INVENTORY`).
-pub fn agent_queue_variable(agent: &AgentName) -> String {
-    format!("AGENT_QUEUE_{}", agent.as_str().to_ascii_uppercase().replace('-', "_"))
 }
 
 #[cfg(test)]
@@ -273,7 +277,7 @@ mod tests {
         for file in sas_workflows::FILES {
             load_workflow_file(file, &agents).unwrap();
         }
-        assert_eq!(built_in_workflow(&agents).unwrap().name(), "order-fulfilment");
+        assert_eq!(built_in_workflow().unwrap().name(), "order-fulfilment");
     }
 
     #[test]
@@ -284,13 +288,22 @@ mod tests {
     }
 
     #[test]
-    fn the_workflow_is_checked_against_the_deployed_agents() {
-        let env = Env::from_pairs([("AGENTS", "inventory, payment,shipping")]);
+    fn agents_come_from_the_workflow_and_their_queues_from_their_names() {
+        let env = Env::from_pairs([
+            ("AGENT_QUEUE_URL_PREFIX", "https://sqs.r.amazonaws.com/1/st-"),
+            ("SCHEDULER_QUEUE_URL", "https://q/s"),
+            ("REPLY_QUEUE_URL", "https://q/r"),
+            ("DEAD_LETTER_QUEUE_SCHEDULER", "https://q/sd"),
+            ("DEAD_LETTER_QUEUE_REPLIES", "https://q/rd"),
+        ]);
         let (w, agents) = env.workflow().unwrap();
         assert_eq!((w.steps().len(), agents.len()), (3, 3));
-        let env = Env::from_pairs([("AGENTS", "inventory,payment")]);
-        assert!(env.workflow().unwrap_err().to_string().contains("shipping"));
-        assert_eq!(agent_queue_variable(&AgentName::new("gift-wrap")), "AGENT_QUEUE_GIFT_WRAP");
+        let dead = env.dead_letter_queues(&agents).unwrap();
+        let payment = dead.iter().find(|q| q.name == "payment").unwrap();
+        assert_eq!(payment.source_url, "https://sqs.r.amazonaws.com/1/st-payment");
+        assert_eq!(payment.url, "https://sqs.r.amazonaws.com/1/st-payment-dead-letters");
+        let missing = Env::from_pairs([]).agent_queue(&agents[0]).unwrap_err().to_string();
+        assert!(missing.contains("AGENT_QUEUE_URL_PREFIX"), "{missing}");
     }
 
     #[test]

@@ -120,6 +120,8 @@ impl Workflow {
             if !names.insert(s.name.as_str()) {
                 return Err(invalid(format!("step {:?} appears twice", s.name)));
             }
+            check_agent_name(&s.agent)
+                .map_err(|e| invalid(format!("step {:?}: agent {e}", s.name)))?;
             let agent = AgentName::new(&s.agent);
             if !agents.contains(&agent) {
                 let deployed: Vec<&str> = agents.iter().map(AgentName::as_str).collect();
@@ -222,6 +224,24 @@ fn check_name(name: &str) -> Result<(), String> {
         && !name.starts_with('-');
     if ok { Ok(()) } else { Err(format!("{name:?} must be 1 to 40 of a-z, 0-9 and '-'")) }
 }
+
+/// An agent's name also names its resources in the template (`<agent>Queue`, the queue
+/// `<stack>-<agent>`), where CloudFormation takes letters and digits only.
+fn check_agent_name(name: &str) -> Result<(), String> {
+    let ok = name.len() <= MAX_AGENT_NAME
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} must be 1 to {MAX_AGENT_NAME} of a-z and 0-9, starting with a letter (it names the agent's resources in the template)"
+        ))
+    }
+}
+
+/// Longest agent name: its queues are named `<stack>-<agent>-dead-letters`, at most 80.
+pub const MAX_AGENT_NAME: usize = 32;
 
 #[cfg(test)]
 mod tests {
