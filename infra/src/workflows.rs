@@ -71,12 +71,40 @@ pub fn problems(sources: &[Source], agents: &[AgentName]) -> Vec<String> {
     if sources.is_empty() {
         wrong.push("no workflow file: a stack needs one in shared/workflows/".to_owned());
     }
+    let mut loaded = Vec::new();
     for source in sources {
         match load_workflow(&source.path, source.name(), &source.json, agents) {
-            Ok(workflow) => used.extend(workflow.agents().into_iter().cloned()),
+            Ok(workflow) => {
+                used.extend(workflow.agents().into_iter().cloned());
+                loaded.push((source, workflow));
+            }
             // The message starts with the file, as a compiler's does.
             Err(sas_engine::Error::InvalidWorkflow(why)) => wrong.push(why),
             Err(e) => wrong.push(format!("{}: {e}", source.path)),
+        }
+    }
+    // A version kept for the orders that started on it is older than the one new orders take.
+    for (source, kept) in loaded.iter().filter(|(s, w)| s.name() != w.name()) {
+        let current = loaded.iter().find(|(s, w)| s.name() == w.name() && w.name() == kept.name());
+        match current {
+            None => wrong.push(format!(
+                "{}: keeps version {} of {}, but there is no {}.json with the version new orders take",
+                source.path,
+                kept.version(),
+                kept.name(),
+                kept.name()
+            )),
+            Some((current_source, current)) if current.version() <= kept.version() => {
+                wrong.push(format!(
+                    "{}: keeps version {} of {}, which is not older than the version {} of {}: give the current file a higher version",
+                    source.path,
+                    kept.version(),
+                    kept.name(),
+                    current.version(),
+                    current_source.path
+                ))
+            }
+            Some(_) => {}
         }
     }
     // An agent nobody uses still costs its function, queues and alarms, and usually means a
@@ -142,5 +170,34 @@ mod tests {
             )
         );
         assert!(problems(&[], &agents)[0].contains("no workflow file"));
+    }
+}
+
+#[cfg(test)]
+mod versions {
+    use super::*;
+
+    fn source(path: &str, json: &str) -> Source {
+        Source { path: path.into(), json: json.into() }
+    }
+
+    fn workflow(version: u32) -> String {
+        format!(r#"{{"name":"w","version":{version},"steps":[{{"name":"a","agent":"payment"}}]}}"#)
+    }
+
+    #[test]
+    fn a_kept_version_must_be_older_than_the_current_one_and_have_one() {
+        let agents = [AgentName::new("payment")];
+        let current = source("shared/workflows/w.json", &workflow(2));
+        let kept = source("shared/workflows/w.v1.json", &workflow(1));
+        assert_eq!(problems(&[current.clone(), kept.clone()], &agents), Vec::<String>::new());
+        let newer = source("shared/workflows/w.v3.json", &workflow(3));
+        let wrong = problems(&[current, newer], &agents);
+        assert!(
+            wrong[0].contains("w.v3.json: keeps version 3 of w, which is not older"),
+            "{wrong:?}"
+        );
+        let wrong = problems(&[kept], &agents);
+        assert!(wrong[0].contains("but there is no w.json"), "{wrong:?}");
     }
 }

@@ -21,6 +21,7 @@ use sas_aws::http::HttpRemote;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::system::UuidIds;
 use sas_aws::waits::DynamoWaits;
+use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::StatusKinds;
 use sas_engine::load::{Gauges, WaitReporter};
@@ -355,7 +356,8 @@ impl System {
         let agent_queues = t.agent_queues();
         let agent_names: Vec<AgentName> = agent_queues.iter().map(|(a, _)| a.clone()).collect();
         let workflow =
-            Arc::new(Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap());
+            Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap();
+        let workflow = Arc::new(Catalogue::single(workflow));
         let bus = || EventBridgeBus::new(t.events.clone(), t.name("EventBus"));
         // The scheduler's outbox, as its settings make it: the agents' queues and its own two.
         let mut agent_urls = QueueUrls::default()

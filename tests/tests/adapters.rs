@@ -30,7 +30,7 @@ fn workflow() -> Workflow {
 fn new_order(key: &str, config: &EngineConfig) -> (OrderRecord, StateRecord) {
     let key = IdempotencyKey::parse(key).unwrap();
     let id = OrderId::for_key(&key);
-    let order = Order::from_json(order_json("c-1").as_bytes()).unwrap();
+    let order = Order(serde_json::from_str(&order_json("c-1")).unwrap());
     let workflow = workflow();
     let ctx = sas_engine::machine::Ctx { now: T0, config, workflow: &workflow };
     let state = sas_engine::machine::create(id, "corr".into(), &ctx).next;

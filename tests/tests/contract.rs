@@ -51,7 +51,7 @@ fn workflow() -> Workflow {
 fn new_order(key: &str, config: &EngineConfig, at: Timestamp) -> (OrderRecord, StateRecord) {
     let key = IdempotencyKey::parse(key).unwrap();
     let id = OrderId::for_key(&key);
-    let order = Order::from_json(order_json("c-1").as_bytes()).unwrap();
+    let order = Order(serde_json::from_str(&order_json("c-1")).unwrap());
     let workflow = workflow();
     let ctx = sas_engine::machine::Ctx { now: at, config, workflow: &workflow };
     let state = sas_engine::machine::create(id, "corr".into(), &ctx).next;
@@ -340,6 +340,7 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
         listing,
         step: None,
         cause: None,
+        workflow: None,
         now: at(100),
         shards: config.index_shards,
         limit: 10,
@@ -356,6 +357,19 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     assert_eq!(listed(&store.find(&by_step).await.unwrap()), [ids[0]], "{failed:?}");
     let by_cause = ListQuery { cause: Some("step_timed_out".into()), ..query(Listing::Failed) };
     assert!(store.find(&by_cause).await.unwrap().orders.is_empty());
+    // Each order names its workflow and version, and a listing can keep one workflow's.
+    assert_eq!(
+        (failed.orders[0].workflow.as_str(), failed.orders[0].workflow_version),
+        ("order-fulfilment", 1)
+    );
+    let workflow =
+        |name: &str, listing| ListQuery { workflow: Some(name.into()), ..query(listing) };
+    let ours = store.find(&workflow("order-fulfilment", Listing::Failed)).await.unwrap();
+    assert_eq!(listed(&ours), listed(&failed));
+    assert!(store.find(&workflow("trip", Listing::Failed)).await.unwrap().orders.is_empty());
+    let any_age = Listing::InFlight { older_than: Duration::from_secs(1) };
+    assert!(store.find(&workflow("trip", any_age)).await.unwrap().orders.is_empty());
+    assert_eq!(store.find(&workflow("order-fulfilment", any_age)).await.unwrap().orders.len(), 2);
     let first = store.find(&ListQuery { limit: 1, ..query(Listing::Failed) }).await.unwrap();
     assert_eq!(listed(&first), [ids[1]]);
     let second = ListQuery { limit: 1, after: first.next.clone(), ..query(Listing::Failed) };

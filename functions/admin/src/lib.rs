@@ -165,14 +165,17 @@ where
         }
         Some(_) => Err(format!("{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'")),
     };
-    let (step, cause) = match (filter("step"), filter("cause")) {
-        (Ok(step), Ok(cause)) => (step, cause),
-        (Err(message), _) | (_, Err(message)) => return bad_request(&message),
+    let (step, cause, workflow) = match (filter("step"), filter("cause"), filter("workflow")) {
+        (Ok(step), Ok(cause), Ok(workflow)) => (step, cause, workflow),
+        (Err(message), _, _) | (_, Err(message), _) | (_, _, Err(message)) => {
+            return bad_request(&message);
+        }
     };
     let request = ListQuery {
         listing,
         step,
         cause,
+        workflow,
         now: admin.clock.now(),
         shards: admin.shards,
         limit,
@@ -186,6 +189,8 @@ where
                 .map(|o| {
                     json!({
                         "order_id": o.order_id,
+                        "workflow": o.workflow,
+                        "workflow_version": o.workflow_version,
                         "since": o.since.to_rfc3339(),
                         "step": o.step,
                         "cause": o.cause,
@@ -338,6 +343,15 @@ fn not_found() -> Response<Body> {
 
 /// A failure of the system rather than of the request: 503 if it may pass, 500 otherwise.
 fn failure(e: &Error) -> Response<Body> {
+    if let Error::WorkflowGone { workflow, version, .. } = e {
+        // Nothing can drive the order until that version is deployed again.
+        return api::error(
+            StatusCode::CONFLICT,
+            "workflow_version_gone",
+            &e.to_string(),
+            json!({ "workflow": workflow, "workflow_version": version }),
+        );
+    }
     if e.is_retryable() {
         error!(error = %e, "dependency unavailable");
         return api::error(

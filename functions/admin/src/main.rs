@@ -26,7 +26,7 @@ async fn main() -> Result<(), Error> {
             wiring.bus(&s.bus),
             SystemClock,
             s.engine.config.clone(),
-            s.engine.workflow,
+            s.engine.catalogue,
         ),
         finder: store,
         clock: SystemClock,

@@ -30,7 +30,7 @@ async fn main() -> Result<(), Error> {
         SystemClock,
         wiring.waits(&s.waits_table),
         s.engine.config,
-        s.engine.workflow,
+        s.engine.catalogue,
         owner,
     );
     let (scheduler, wiring) = (&scheduler, &wiring);

@@ -7,14 +7,15 @@ pub mod settings;
 
 use lambda_http::http::StatusCode;
 use lambda_http::http::header::CONTENT_TYPE;
-use lambda_http::{Body, Request, Response};
+use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_engine::load::LoadSource;
 use sas_engine::ports::{Clock, EventBus, Ids, Outbox, StateStore};
 use sas_engine::services::Submission;
 use serde_json::json;
 
-/// Largest request body accepted. An order at its limits (50 lines) is well under 16 KiB.
+/// Largest request body accepted: an order's input, which every step's request carries (with
+/// the outputs of the steps before it) in an SQS message of at most 256 KiB.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The header carrying the client's idempotency key.
 pub const KEY_HEADER: &str = "idempotency-key";
@@ -85,7 +86,10 @@ where
         Ok(owner) => owner,
         Err(e) => return api::from_error(&e),
     };
-    match submission.submit_as(&owner, key, body).await {
+    // `?workflow=<name>` picks the workflow; without it, the stack's default one.
+    let query = request.query_string_parameters();
+    let workflow = query.first("workflow");
+    match submission.submit_to(&owner, workflow, key, body).await {
         Ok(accepted) => api::accepted(&accepted.order_id.to_string(), accepted.created),
         Err(e) => api::from_error(&e),
     }

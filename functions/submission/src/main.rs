@@ -32,7 +32,7 @@ async fn main() -> Result<(), Error> {
         TraceIds,
         wiring.gauges(&s.waits_table, s.queues),
         s.engine.config,
-        s.engine.workflow,
+        s.engine.catalogue,
     );
     let (submission, wiring) = (&submission, &wiring);
     lambda_http::run(service_fn(move |request: Request| async move {

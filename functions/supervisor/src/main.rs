@@ -23,7 +23,7 @@ async fn main() -> Result<(), Error> {
         SystemClock,
         wiring.gauges(&s.waits_table, s.queues),
         s.engine.config,
-        s.engine.workflow,
+        s.engine.catalogue,
     );
     let (supervisor, wiring) = (&supervisor, &wiring);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {

@@ -110,6 +110,9 @@ struct Filter {
     /// Only orders whose failure is of this kind: step_rejected, step_timed_out, ...
     #[arg(long)]
     cause: Option<String>,
+    /// Only orders of this workflow (any version).
+    #[arg(long)]
+    workflow: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -139,6 +142,9 @@ struct Act {
     /// With --select: only orders whose failure is of this kind.
     #[arg(long, requires = "select")]
     cause: Option<String>,
+    /// With --select: only orders of this workflow (any version).
+    #[arg(long, requires = "select")]
+    workflow: Option<String>,
     /// Act on the orders a filter selects (without it, they are only listed).
     #[arg(long)]
     yes: bool,
@@ -211,7 +217,9 @@ async fn select(api: &Api, filter: &Filter, max: usize) -> Result<Vec<Value>, Cl
     if let Some(age) = filter.older_than {
         query.push_str(&format!("&older_than={age}"));
     }
-    for (name, value) in [("step", &filter.step), ("cause", &filter.cause)] {
+    for (name, value) in
+        [("step", &filter.step), ("cause", &filter.cause), ("workflow", &filter.workflow)]
+    {
         if let Some(v) = value {
             query.push_str(&format!("&{name}={}", encode(v)));
         }
@@ -252,6 +260,7 @@ async fn command(
                 older_than: act.older_than,
                 step: act.step.clone(),
                 cause: act.cause.clone(),
+                workflow: act.workflow.clone(),
             };
             let orders = select(api, &filter, act.max).await?;
             if !act.yes {
@@ -449,13 +458,14 @@ fn order_table(orders: &[Value]) -> String {
         .map(|o| {
             vec![
                 render::cell(o, "order_id"),
+                render::workflow(o),
                 render::cell(o, "since"),
                 render::cell(o, "step"),
                 render::cell(o, "cause"),
             ]
         })
         .collect();
-    render::table(&["order", "since", "step", "cause"], &rows)
+    render::table(&["order", "workflow", "since", "step", "cause"], &rows)
 }
 
 fn listing_name(list: Listing) -> &'static str {

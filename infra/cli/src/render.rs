@@ -28,13 +28,22 @@ pub fn cell(value: &Value, key: &str) -> String {
     value.get(key).and_then(Value::as_str).unwrap_or("-").to_owned()
 }
 
+/// An order's workflow and the version it runs: `order-fulfilment v2`.
+pub fn workflow(value: &Value) -> String {
+    match value.get("workflow_version").and_then(Value::as_u64) {
+        Some(version) => format!("{} v{version}", cell(value, "workflow")),
+        None => cell(value, "workflow"),
+    }
+}
+
 /// An order as `show` prints it: state, cause, steps, what is left to undo, the commands
 /// given, and the timeline.
 pub fn order(view: &Value) -> String {
     let text = |key: &str| view.get(key).and_then(Value::as_str).unwrap_or("-");
     let mut out = format!(
-        "order     {}\nstate     {} ({})\naccepted  {}\n",
+        "order     {}\nworkflow  {}\nstate     {} ({})\naccepted  {}\n",
         text("order_id"),
+        workflow(view),
         text("process_state"),
         text("phase"),
         text("created_at")
@@ -147,7 +156,8 @@ mod tests {
     #[test]
     fn an_order_reads_as_a_timeline() {
         let view = serde_json::json!({
-            "order_id": "o-1", "process_state": "Error", "phase": "compensating",
+            "order_id": "o-1", "workflow": "trip", "workflow_version": 3,
+            "process_state": "Error", "phase": "compensating",
             "created_at": "2026-11-22T10:00:00Z",
             "cause": {"kind": "step_rejected", "step": "charge-payment", "reason": "card declined"},
             "needs_manual_undo": [],
@@ -156,6 +166,7 @@ mod tests {
                           "by": "arn:aws:iam::1:user/ada", "reason": "fixed"}]
         });
         let text = order(&view);
+        assert!(text.contains("workflow  trip v3\n"), "{text}");
         assert!(text.contains("charge-payment was refused: card declined"), "{text}");
         assert!(text.contains("undo by hand  nothing"), "{text}");
         assert!(text.contains("2026-11-22 18:08:18.424  redriven"), "{text}");

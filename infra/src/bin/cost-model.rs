@@ -18,6 +18,7 @@ use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::{order_item_size, state_item_size};
 use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_aws::system::UuidIds;
+use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::load::{Gauges, WaitReporter};
 use sas_engine::memory::{
@@ -249,6 +250,7 @@ async fn run(
     // Every agent the workflow names is deployed.
     let agents: Vec<AgentName> = Workflow::agents_in(&s.workflow);
     let workflow = Arc::new(Workflow::from_json(&s.workflow, &agents)?);
+    let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
     let mut destinations = vec![Destination::Scheduler, Destination::Replies];
     destinations.extend(agents.iter().cloned().map(Destination::Agent));
     let waits = Arc::new(MeteredWaits { inner: MemoryWaits::default(), meter: meter.clone() });
@@ -263,7 +265,7 @@ async fn run(
         UuidIds,
         Gauges { waits: waits.clone(), depths },
         config.clone(),
-        workflow.clone(),
+        catalogue.clone(),
     );
     // The scheduler and the agents gather what a batch sends, as their functions do.
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
@@ -274,7 +276,7 @@ async fn run(
         clock.clone(),
         waits.clone(),
         config.clone(),
-        workflow.clone(),
+        catalogue.clone(),
         "s".into(),
     );
     let remote = Arc::new(MemoryRemote::new(clock.clone()));

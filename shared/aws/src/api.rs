@@ -104,8 +104,14 @@ pub fn accepted(order_id: &str, created: bool) -> Response<Body> {
 pub fn from_error(e: &Error) -> Response<Body> {
     match e {
         Error::InvalidOrder(rejection) => {
-            let malformed = matches!(rejection.errors.as_slice(), [FieldError { reason, .. }] if reason.starts_with("malformed JSON"));
-            let code = if malformed { "malformed_json" } else { "invalid_order" };
+            let code = match rejection.errors.as_slice() {
+                [FieldError { reason, .. }] if reason.starts_with("malformed JSON") => {
+                    "malformed_json"
+                }
+                // The `workflow` query parameter names no workflow of the stack.
+                [FieldError { field, .. }] if field == "workflow" => "unknown_workflow",
+                _ => "invalid_order",
+            };
             error(
                 StatusCode::BAD_REQUEST,
                 code,

@@ -242,6 +242,11 @@ impl DynamoStore {
             request =
                 request.expression_attribute_values(":cause", AttributeValue::S(cause.clone()));
         }
+        if let Some(workflow) = &query.workflow {
+            filters.push("Workflow = :workflow");
+            request = request
+                .expression_attribute_values(":workflow", AttributeValue::S(workflow.clone()));
+        }
         if !filters.is_empty() {
             request = request.filter_expression(filters.join(" AND "));
         }
@@ -266,6 +271,15 @@ impl DynamoStore {
                 let raw = string(item, "OrderId")?;
                 found.push(Listed {
                     order_id: raw.parse().map_err(|_| corrupt_index(raw))?,
+                    workflow: item
+                        .get("Workflow")
+                        .and_then(|v| v.as_s().ok())
+                        .cloned()
+                        .unwrap_or_default(),
+                    workflow_version: match item.get("WorkflowVersion") {
+                        Some(_) => parse_number(item, "WorkflowVersion")?,
+                        None => 1,
+                    },
                     since: Timestamp::from_millis(parse_number(item, "AttentionAt")?),
                     step: item.get("AttentionStep").and_then(|v| v.as_s().ok()).cloned(),
                     cause: item.get("CauseKind").and_then(|v| v.as_s().ok()).cloned(),
@@ -349,10 +363,18 @@ impl DynamoStore {
             let step = record.current_step().map(|s| s.name.clone());
             if !record.process_state.is_in_flight()
                 || query.step.as_ref().is_some_and(|s| step.as_ref() != Some(s))
+                || query.workflow.as_ref().is_some_and(|w| *w != record.workflow)
             {
                 continue;
             }
-            found.push(Listed { order_id: id, since: created, step, cause: None });
+            found.push(Listed {
+                order_id: id,
+                workflow: record.workflow,
+                workflow_version: record.workflow_version,
+                since: created,
+                step,
+                cause: None,
+            });
         }
         Ok(found)
     }
@@ -439,6 +461,9 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         if let Some(cause) = a.cause {
             item.insert("CauseKind".into(), AttributeValue::S(cause.into()));
         }
+        // Listings show an order's workflow, and filter on it, from the index alone.
+        item.insert("Workflow".into(), AttributeValue::S(r.workflow.clone()));
+        item.insert("WorkflowVersion".into(), number(r.workflow_version));
     }
     item.insert("Body".into(), AttributeValue::S(body.to_string()));
     Ok(item)

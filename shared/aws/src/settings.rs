@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::ports::Destination;
 use sas_engine::workflow::Workflow;
@@ -54,32 +55,43 @@ impl Env {
         EngineConfig::from_lookup(|k| self.get(k)).map(Arc::new)
     }
 
-    /// The workflow and the agents its steps name: the workflow file built in from
-    /// `shared/workflows/` (see [`built_in_workflow`]), or `WORKFLOW_JSON` where set (the tests
-    /// and the demo shorten budgets with it). That every agent is deployed is checked before a
-    /// deploy (`check-workflows`, and the suite), and at cold start by the functions that reach
-    /// the agents' queues.
-    pub fn workflow(&self) -> Result<(Arc<Workflow>, Vec<AgentName>)> {
-        let workflow = match self.get("WORKFLOW_JSON") {
-            Some(json) => Workflow::from_json(&json, &Workflow::agents_in(&json))?,
-            None => built_in_workflow()?,
+    /// The workflows the stack runs and the agents their steps name: every workflow file
+    /// built in from `shared/workflows/` (see [`built_in_catalogue`]), or `WORKFLOW_JSON` where
+    /// set, one workflow or a list of them (the tests and the demo shorten budgets with it).
+    /// That every agent is deployed is checked before a deploy (`check-workflows`, and the
+    /// suite), and at cold start by the functions that reach the agents' queues.
+    pub fn catalogue(&self) -> Result<(Arc<Catalogue>, Vec<AgentName>)> {
+        let catalogue = match self.get("WORKFLOW_JSON") {
+            Some(json) => {
+                let value: serde_json::Value = serde_json::from_str(&json)
+                    .map_err(|e| Error::InvalidWorkflow(format!("WORKFLOW_JSON: {e}")))?;
+                let list = match value {
+                    serde_json::Value::Array(list) => list,
+                    one => vec![one],
+                };
+                let workflows = list
+                    .iter()
+                    .map(|w| {
+                        let json = w.to_string();
+                        Workflow::from_json(&json, &Workflow::agents_in(&json))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Catalogue::new(workflows)?
+            }
+            None => built_in_catalogue()?,
         };
-        let agents = workflow.agents().into_iter().cloned().collect();
-        Ok((Arc::new(workflow), agents))
+        let agents = catalogue.agents();
+        Ok((Arc::new(catalogue), agents))
     }
 }
 
-/// The workflow a stack runs: the one file of `shared/workflows/`. A stack runs one workflow,
-/// so a folder holding another file is an error that says so.
-pub fn built_in_workflow() -> Result<Workflow> {
-    match sas_workflows::FILES {
-        [file] => load_workflow_file(file, &Workflow::agents_in(file.json)),
-        files => Err(Error::InvalidWorkflow(format!(
-            "a stack runs one workflow, and shared/workflows/ holds {}: {}",
-            files.len(),
-            files.iter().map(|f| f.path).collect::<Vec<_>>().join(", ")
-        ))),
-    }
+/// The workflows a stack runs: every file of `shared/workflows/`, each version kept.
+pub fn built_in_catalogue() -> Result<Catalogue> {
+    let workflows = sas_workflows::FILES
+        .iter()
+        .map(|file| load_workflow_file(file, &Workflow::agents_in(file.json)))
+        .collect::<Result<Vec<_>>>()?;
+    Catalogue::new(workflows)
 }
 
 /// One workflow file, checked against the deployed `agents`; an error names the file, and the
@@ -90,16 +102,19 @@ pub fn load_workflow_file(file: &WorkflowFile, agents: &[AgentName]) -> Result<W
 
 /// The workflow in `json`, read from the file at `path` whose name without `.json` is `name`,
 /// checked against the deployed `agents`; an error names the file, the field where the file has
-/// one wrong, and what to do.
+/// one wrong, and what to do. A file is named after its workflow (`<name>.json`, the version
+/// new orders take), or after its workflow and version (`<name>.v<version>.json`, an older
+/// version kept for the orders that started on it).
 pub fn load_workflow(path: &str, name: &str, json: &str, agents: &[AgentName]) -> Result<Workflow> {
     let in_file = |e: Error| match e {
         Error::InvalidWorkflow(why) => Error::InvalidWorkflow(format!("{path}: {why}")),
         other => other,
     };
     let workflow = Workflow::from_json(json, agents).map_err(in_file)?;
-    if workflow.name() != name {
+    let kept = format!("{}.v{}", workflow.name(), workflow.version());
+    if workflow.name() != name && kept != name {
         return Err(Error::InvalidWorkflow(format!(
-            "{path}: name: the workflow is named {:?}, and its file must be named after it ({}.json)",
+            "{path}: name: the workflow is named {:?}, and its file must be named after it ({}.json, or {kept}.json for an older version kept)",
             workflow.name(),
             workflow.name()
         )));
@@ -114,12 +129,12 @@ pub struct Tables {
     pub orders: String,
 }
 
-/// What every function that runs the workflow reads: the engine's tunables, the workflow and
-/// the agents it is checked against.
+/// What every function that runs workflows reads: the engine's tunables, the workflows and
+/// the agents they use.
 #[derive(Clone, Debug)]
 pub struct Engine {
     pub config: Arc<EngineConfig>,
-    pub workflow: Arc<Workflow>,
+    pub catalogue: Arc<Catalogue>,
     pub agents: Vec<AgentName>,
 }
 
@@ -129,8 +144,8 @@ impl Env {
     }
 
     pub fn engine(&self) -> Result<Engine> {
-        let (workflow, agents) = self.workflow()?;
-        Ok(Engine { config: self.engine_config()?, workflow, agents })
+        let (catalogue, agents) = self.catalogue()?;
+        Ok(Engine { config: self.engine_config()?, catalogue, agents })
     }
 }
 
@@ -262,13 +277,24 @@ mod tests {
             ),
             (
                 file("x", r#"{"name":"w","steps":[{"name":"a","agent":"payment"}]}"#),
-                "shared/workflows/x.json: name: the workflow is named \"w\", and its file must be named after it (w.json)",
+                "shared/workflows/x.json: name: the workflow is named \"w\", and its file must be named after it (w.json, or w.v1.json for an older version kept)",
+            ),
+            (
+                file(
+                    "w",
+                    r#"{"name":"w","steps":[{"name":"a","agent":"payment"}],"input_schema":{"type":"nope"}}"#,
+                ),
+                "shared/workflows/x.json: w: input_schema is not a JSON Schema",
             ),
         ];
         for (f, expected) in cases {
             let err = load_workflow_file(&f, &agents).unwrap_err().to_string();
             assert!(err.contains(expected), "{err}");
         }
+        // An older version is kept in a file named after the workflow and its version.
+        let kept =
+            file("w.v2", r#"{"name":"w","version":2,"steps":[{"name":"a","agent":"payment"}]}"#);
+        assert_eq!(load_workflow_file(&kept, &agents).unwrap().version(), 2);
     }
 
     #[test]
@@ -277,7 +303,8 @@ mod tests {
         for file in sas_workflows::FILES {
             load_workflow_file(file, &agents).unwrap();
         }
-        assert_eq!(built_in_workflow().unwrap().name(), "order-fulfilment");
+        let catalogue = built_in_catalogue().unwrap();
+        assert!(catalogue.current("order-fulfilment").is_some());
     }
 
     #[test]
@@ -296,8 +323,9 @@ mod tests {
             ("DEAD_LETTER_QUEUE_SCHEDULER", "https://q/sd"),
             ("DEAD_LETTER_QUEUE_REPLIES", "https://q/rd"),
         ]);
-        let (w, agents) = env.workflow().unwrap();
-        assert_eq!((w.steps().len(), agents.len()), (3, 3));
+        let (catalogue, agents) = env.catalogue().unwrap();
+        assert!(agents.len() >= 3, "{agents:?}");
+        assert_eq!(catalogue.for_new_order(None).unwrap().name(), "order-fulfilment");
         let dead = env.dead_letter_queues(&agents).unwrap();
         let payment = dead.iter().find(|q| q.name == "payment").unwrap();
         assert_eq!(payment.source_url, "https://sqs.r.amazonaws.com/1/st-payment");

@@ -42,6 +42,13 @@ pub enum Error {
     #[error("invalid message: {0}")]
     InvalidMessage(String),
 
+    /// The order runs a version of its workflow this deployment no longer has (its file was
+    /// removed). Retrying cannot help until that version is deployed again.
+    #[error(
+        "order {order_id} runs {workflow} version {version}, which this deployment does not have: deploy that version again (keep its file in shared/workflows/) to go on with the order"
+    )]
+    WorkflowGone { order_id: OrderId, workflow: String, version: u32 },
+
     /// A stored record does not satisfy the engine's invariants (hand-edited, or written by
     /// an incompatible version). Retrying cannot help; an operator must look.
     #[error("corrupt record for order {order_id}: {reason}")]

@@ -133,6 +133,11 @@ impl FromStr for StatusKinds {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusEvent {
     pub order_id: OrderId,
+    /// The order's workflow and the version it runs.
+    #[serde(default)]
+    pub workflow: String,
+    #[serde(default)]
+    pub workflow_version: u32,
     pub status: StatusKind,
     /// The step concerned, for `step_done`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,6 +155,11 @@ pub struct Alert {
     /// redriven and failing again gets a new one).
     pub alert_id: String,
     pub order_id: OrderId,
+    /// The order's workflow and the version it runs.
+    #[serde(default)]
+    pub workflow: String,
+    #[serde(default)]
+    pub workflow_version: u32,
     pub cause: Cause,
     /// The step that failed; none for an order cancelled by an operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,6 +213,8 @@ impl BusEvent {
     ) -> BusEvent {
         let event = StatusEvent {
             order_id: record.order_id,
+            workflow: record.workflow.clone(),
+            workflow_version: record.workflow_version,
             status,
             step,
             attempt: record.attempt,

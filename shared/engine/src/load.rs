@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
+use crate::catalogue::Catalogue;
 use crate::error::Result;
 use crate::ports::{Depth, Destination, Incoming, QueueDepths, WaitGauge, WaitReport};
 use crate::time::Timestamp;
@@ -232,17 +233,17 @@ impl Load {
     }
 
     /// How long past its CompleteBy a lease may still be explained by waiting messages.
-    pub fn horizon(&self, workflow: &Workflow) -> Horizon {
+    pub fn horizon(&self, catalogue: &Catalogue) -> Horizon {
         if let Some((queue, _)) = self.queues.iter().find(|(_, q)| q.stalled()) {
             return Horizon::Stalled(queue.clone());
         }
         // A Pending order waits on its start message; an order in flight on its request, then
         // on the reply.
         let replies = self.of(&Destination::Replies).wait;
-        let longest = workflow
+        let longest = catalogue
             .agents()
             .into_iter()
-            .map(|a| self.of(&Destination::Agent(a.clone())).wait + replies)
+            .map(|a| self.of(&Destination::Agent(a)).wait + replies)
             .chain([self.of(&Destination::Scheduler).wait])
             .max()
             .unwrap_or_default();
@@ -429,6 +430,10 @@ mod tests {
         Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap()
     }
 
+    fn catalogue() -> Catalogue {
+        Catalogue::single(workflow())
+    }
+
     async fn take(r: &WaitReporter<Arc<MemoryWaits>>, waited: u64, now: Timestamp) {
         let due = now.minus(Duration::from_secs(waited));
         r.observe(&Destination::Scheduler, Some(due), Incoming::first("m"), now, Duration::ZERO)
@@ -519,24 +524,24 @@ mod tests {
         ];
         let load = Load::new(at(10), &reports, &[(Destination::Scheduler, depth(100))]);
         // inventory then replies (30 + 20) is longer than the scheduler queue's 40.
-        assert_eq!(load.horizon(&workflow()), Horizon::Within(Duration::from_secs(50) + SLACK));
+        assert_eq!(load.horizon(&catalogue()), Horizon::Within(Duration::from_secs(50) + SLACK));
         // Once the reports lapse, only the slack is left.
         let later = Load::new(at(100), &reports, &[]);
-        assert_eq!(later.horizon(&workflow()), Horizon::Within(SLACK));
+        assert_eq!(later.horizon(&catalogue()), Horizon::Within(SLACK));
     }
 
     #[test]
     fn waiting_messages_without_a_consumer_stall_the_horizon() {
         let payment = Destination::Agent(AgentName::new("payment"));
         let load = Load::new(at(0), &[], &[(payment.clone(), depth(3))]);
-        assert_eq!(load.horizon(&workflow()), Horizon::Stalled(payment.clone()));
+        assert_eq!(load.horizon(&catalogue()), Horizon::Stalled(payment.clone()));
         // A consumer heard from lately, even idle, means the queue is being taken.
         let heard = [report(payment.clone(), 0, 0.5, 0)];
         let load = Load::new(at(30), &heard, &[(payment.clone(), depth(3))]);
-        assert_eq!(load.horizon(&workflow()), Horizon::Within(SLACK));
+        assert_eq!(load.horizon(&catalogue()), Horizon::Within(SLACK));
         // An empty queue cannot stall.
         let load = Load::new(at(0), &[], &[(payment, depth(0))]);
-        assert_eq!(load.horizon(&workflow()), Horizon::Within(SLACK));
+        assert_eq!(load.horizon(&catalogue()), Horizon::Within(SLACK));
     }
 
     #[test]

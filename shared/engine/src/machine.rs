@@ -266,6 +266,7 @@ pub fn create(order_id: OrderId, correlation_id: String, ctx: &Ctx<'_>) -> Trans
     let mut next = StateRecord {
         order_id,
         workflow: ctx.workflow.name().to_owned(),
+        workflow_version: ctx.workflow.version(),
         process_state: ProcessState::Pending,
         locked_by: None,
         complete_by: Some(ctx.now.plus(ctx.config.claim_grace).plus(first_budget)),

@@ -178,6 +178,8 @@ pub struct ListQuery {
     pub step: Option<String>,
     /// Only orders whose failure cause is of this kind (`step_rejected`, ...).
     pub cause: Option<String>,
+    /// Only orders of this workflow (any version).
+    pub workflow: Option<String>,
     pub now: Timestamp,
     /// Partitions of the expiry index (in-flight listings query each).
     pub shards: u16,
@@ -210,6 +212,9 @@ impl ListQuery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Listed {
     pub order_id: OrderId,
+    /// The order's workflow and the version it runs.
+    pub workflow: String,
+    pub workflow_version: u32,
     /// Since when it is on the list: its failure, its pause, or (in flight) its acceptance.
     pub since: Timestamp,
     pub step: Option<String>,

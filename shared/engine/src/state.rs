@@ -353,11 +353,19 @@ pub struct TimelineEntry {
     pub reason: Option<String>,
 }
 
+fn first_version() -> u32 {
+    1
+}
+
 /// The state record. See the module documentation for the meaning of each field.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateRecord {
     pub order_id: OrderId,
     pub workflow: String,
+    /// The version of the workflow the order started on, which it keeps to its end (records
+    /// written before versions existed ran version 1).
+    #[serde(default = "first_version")]
+    pub workflow_version: u32,
     pub process_state: ProcessState,
     pub locked_by: Option<String>,
     pub complete_by: Option<Timestamp>,

@@ -1,17 +1,22 @@
 //! Workflows as data: an ordered list of steps, each run by an agent within a time budget, and
-//! optionally undone by a compensating action on the same agent.
+//! optionally undone by a compensating action on the same agent; a version; and the JSON
+//! Schema its orders' input must satisfy.
 //!
 //! A workflow is loaded and validated once, at cold start. Everything that could make it fail
 //! at run time (an agent nobody deployed, two steps with one name, an empty list, a budget no
-//! agent could honour) is an error at load instead.
+//! agent could honour, a schema that is not one) is an error at load instead.
 
 use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::error::Error;
 use crate::ids::{AgentName, Direction};
+use crate::order::{FieldError, Order, Rejection};
 
 /// Shortest budget a step may have: below this an agent cannot make even one remote call.
 pub const MIN_BUDGET: Duration = Duration::from_secs(1);
@@ -28,7 +33,47 @@ pub const MAX_EXPIRED_LEASES: u32 = 10;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workflow {
     name: String,
+    version: u32,
     steps: Vec<Step>,
+    input: InputSchema,
+}
+
+/// The JSON Schema of a workflow's input, compiled once.
+#[derive(Clone)]
+pub struct InputSchema {
+    schema: Value,
+    validator: Arc<jsonschema::Validator>,
+}
+
+impl InputSchema {
+    fn compile(schema: Value) -> Result<InputSchema, String> {
+        let validator = jsonschema::validator_for(&schema).map_err(|e| e.to_string())?;
+        Ok(InputSchema { schema, validator: Arc::new(validator) })
+    }
+
+    /// The schema as written.
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+}
+
+impl PartialEq for InputSchema {
+    fn eq(&self, other: &Self) -> bool {
+        self.schema == other.schema
+    }
+}
+
+impl Eq for InputSchema {}
+
+impl fmt::Debug for InputSchema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "InputSchema({})", self.schema)
+    }
+}
+
+/// The input a workflow without `input_schema` takes: any JSON object.
+fn any_object() -> Value {
+    serde_json::json!({"type": "object"})
 }
 
 /// One step of a workflow.
@@ -68,6 +113,10 @@ impl Step {
 #[serde(deny_unknown_fields)]
 struct WorkflowSpec {
     name: String,
+    #[serde(default)]
+    version: Option<u32>,
+    #[serde(default)]
+    input_schema: Option<Value>,
     steps: Vec<StepSpec>,
 }
 
@@ -162,7 +211,43 @@ impl Workflow {
                 expired_leases: s.expired_leases,
             });
         }
-        Ok(Workflow { name: spec.name, steps })
+        let version = spec.version.unwrap_or(1);
+        if version == 0 {
+            return Err(invalid("version must be 1 or more".into()));
+        }
+        let input = InputSchema::compile(spec.input_schema.unwrap_or_else(any_object))
+            .map_err(|e| invalid(format!("input_schema is not a JSON Schema: {e}")))?;
+        Ok(Workflow { name: spec.name, version, steps, input })
+    }
+
+    /// Decodes an order's input and checks it against the workflow's schema. Every problem is
+    /// named by its JSON pointer (`/items/2/quantity`; the whole input is the empty pointer),
+    /// without the value it was found in.
+    pub fn input(&self, body: &[u8]) -> Result<Order, Rejection> {
+        let value = strict::parse(body).map_err(|e| Rejection {
+            errors: vec![FieldError {
+                field: String::new(),
+                reason: format!("malformed JSON: {e}"),
+            }],
+        })?;
+        let errors: Vec<FieldError> = self
+            .input
+            .validator
+            .iter_errors(&value)
+            .map(|e| FieldError {
+                field: e.instance_path().to_string(),
+                reason: e.masked().to_string(),
+            })
+            .collect();
+        if errors.is_empty() { Ok(Order(value)) } else { Err(Rejection { errors }) }
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn input_schema(&self) -> &InputSchema {
+        &self.input
     }
 
     /// The agents the steps of the workflow in `json` name, each once, in order of first use,
@@ -319,6 +404,108 @@ mod tests {
         for (json, expected) in cases {
             let err = Workflow::from_json(json, &agents()).unwrap_err().to_string();
             assert!(err.contains(expected), "{json}: {err}");
+        }
+    }
+}
+
+/// JSON decoded as `serde_json` does, but for a name given twice in one object: `serde_json`
+/// keeps the last value, another reader of the same body may keep the first, so such a body is
+/// refused rather than read one way here and another way elsewhere.
+mod strict {
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Value};
+
+    pub fn parse(body: &[u8]) -> Result<Value, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let value = Strict.deserialize(&mut de)?;
+        de.end()?;
+        Ok(value)
+    }
+
+    struct Strict;
+
+    impl<'de> DeserializeSeed<'de> for Strict {
+        type Value = Value;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Strict {
+        type Value = Value;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+        }
+
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_owned()))
+        }
+
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(v) = seq.next_element_seed(Strict)? {
+                out.push(v);
+            }
+            Ok(Value::Array(out))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut out = Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    return Err(de::Error::custom(format!(
+                        "the name {key:?} appears twice in one object"
+                    )));
+                }
+                let value = map.next_value_seed(Strict)?;
+                out.insert(key, value);
+            }
+            Ok(Value::Object(out))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_name_given_twice_is_refused_and_anything_else_reads_as_serde_json_reads_it() {
+            let err = parse(br#"{"a":{"b":1,"b":2}}"#).unwrap_err().to_string();
+            assert!(err.contains("\"b\" appears twice"), "{err}");
+            for body in [&br#"{"a":[1,-2,3.5,"x",null,true,{"b":{}}]}"#[..], b"12", b"\"s\""] {
+                let ours = parse(body).unwrap();
+                assert_eq!(ours, serde_json::from_slice::<Value>(body).unwrap());
+            }
+            assert!(parse(b"{} x").is_err());
+            assert!(parse(&[b'['; 200]).is_err(), "serde_json's depth limit still holds");
         }
     }
 }

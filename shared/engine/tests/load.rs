@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::ids::Direction;
 use sas_engine::load::{Gauges, WaitReporter};
@@ -338,6 +339,7 @@ impl World {
         let json = sas_workflows::order_fulfilment();
         let agent_names = Workflow::agents_in(json);
         let workflow = Arc::new(Workflow::from_json(json, &agent_names).unwrap());
+        let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
         let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
         let submission = Submission::new(
             store.clone(),
@@ -347,7 +349,7 @@ impl World {
             SeqIds::new("c"),
             load(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
         );
         let supervisor = Supervisor::new(
             store.clone(),
@@ -357,7 +359,7 @@ impl World {
             clock.clone(),
             load(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
         );
         let outbox = |worker: &ManualClock| WorkerOutbox {
             queues: queues.clone(),
@@ -375,7 +377,7 @@ impl World {
                     worker.clone(),
                     waits.clone(),
                     config.clone(),
-                    workflow.clone(),
+                    catalogue.clone(),
                     format!("scheduler-{}-{n}", queue.name()),
                 );
                 schedulers.push(SchedulerWorker {

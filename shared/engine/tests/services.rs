@@ -59,7 +59,7 @@ async fn the_same_key_with_another_order_is_refused_and_writes_nothing() {
     assert_eq!((w.store.stats().writes, w.queues.sent_count(&Destination::Scheduler)), before);
     assert_eq!(
         w.store.orders()[0].order,
-        Order::from_json(order_body("key-2").as_bytes()).unwrap()
+        Order(serde_json::from_str(&order_body("key-2")).unwrap())
     );
 }
 
@@ -223,7 +223,7 @@ impl AgentBench {
             action: "charge-payment".into(),
             complete_by: self.clock.now().plus(budget),
             idempotency_key: step_key(order_id, "charge-payment", Direction::Do, 0),
-            order: Order::from_json(order_body("agent-1").as_bytes()).unwrap(),
+            order: Order(serde_json::from_str(&order_body("agent-1")).unwrap()),
             input: None,
             outputs: Default::default(),
             due_at: Some(self.clock.now()),
@@ -467,7 +467,7 @@ fn racing_supervisor(w: &World) -> TestSupervisor {
         w.clock.clone(),
         w.load(),
         w.config.clone(),
-        w.workflow.clone(),
+        w.catalogue.clone(),
     )
 }
 

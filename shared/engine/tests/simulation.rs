@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::ALERT_DETAIL_TYPE;
 use sas_engine::ids::{Direction, step_key};
@@ -391,6 +392,7 @@ impl Sim {
         });
         let json = sas_workflows::order_fulfilment();
         let workflow = Arc::new(Workflow::from_json(json, &Workflow::agents_in(json)).unwrap());
+        let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
         // Every remote behaviour is drawn from the seed, before the run starts: the steps'
         // actions first, then their undos.
         let mut draw = SplitMix::seeded(seed ^ 0x5eed);
@@ -411,7 +413,7 @@ impl Sim {
             SeqIds::new("c"),
             load(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
         );
         let scheduler = Scheduler::new(
             store.clone(),
@@ -420,7 +422,7 @@ impl Sim {
             clock.clone(),
             waits.clone(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
             "scheduler".into(),
         );
         let agents = workflow
@@ -450,7 +452,7 @@ impl Sim {
                 clock.ahead_by(ahead),
                 load(),
                 config.clone(),
-                workflow.clone(),
+                catalogue.clone(),
             )
         };
         let supervisors = [supervisor(), supervisor()];
@@ -460,7 +462,7 @@ impl Sim {
             events.clone(),
             clock.clone(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
         );
         let settle_bound = settle_bound(&config, &workflow);
         let destinations = [Destination::Scheduler, Destination::Replies]

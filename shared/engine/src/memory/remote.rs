@@ -104,6 +104,11 @@ impl<C: Clock> MemoryRemote<C> {
         self.state().scripts.entry(action.to_owned()).or_default().extend(behaviours);
     }
 
+    /// Drops what is left of `action`'s script: its calls succeed from now on.
+    pub fn unscript(&self, action: &str) {
+        self.state().scripts.remove(action);
+    }
+
     /// How many calls carried `key`, including those that failed or came too late.
     pub fn calls(&self, key: &str) -> u32 {
         self.state().calls.get(key).copied().unwrap_or(0)
@@ -315,7 +320,7 @@ mod tests {
             "ship_to": {"name": "Ada Lovelace", "line1": "12 St James's Square",
                         "city": "London", "postal_code": "SW1Y 4JH", "country": "GB"}
         });
-        Order::from_json(body.to_string().as_bytes()).unwrap()
+        Order(body)
     }
 
     fn setup() -> (ManualClock, MemoryRemote<ManualClock>) {

@@ -333,6 +333,8 @@ fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
             let a = record.attention().filter(|a| a.state == wanted)?;
             Listed {
                 order_id: record.order_id,
+                workflow: record.workflow.clone(),
+                workflow_version: record.workflow_version,
                 since: a.since,
                 step: a.step,
                 cause: a.cause.map(str::to_owned),
@@ -346,6 +348,8 @@ fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
             }
             Listed {
                 order_id: record.order_id,
+                workflow: record.workflow.clone(),
+                workflow_version: record.workflow_version,
                 since: record.created_at,
                 step: record.current_step().map(|s| s.name.clone()),
                 cause: None,
@@ -353,6 +357,7 @@ fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
         }
     };
     let keep = query.step.as_ref().is_none_or(|s| row.step.as_ref() == Some(s))
-        && query.cause.as_ref().is_none_or(|c| row.cause.as_ref() == Some(c));
+        && query.cause.as_ref().is_none_or(|c| row.cause.as_ref() == Some(c))
+        && query.workflow.as_ref().is_none_or(|w| *w == row.workflow);
     keep.then_some(row)
 }

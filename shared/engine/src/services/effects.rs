@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tracing::{debug, warn};
 
+use crate::catalogue::Catalogue;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::events::{Alert, BusEvent};
@@ -17,7 +18,6 @@ use crate::ports::{
 };
 use crate::state::{StateRecord, StepStatus};
 use crate::time::Timestamp;
-use crate::workflow::Workflow;
 
 /// Conflicts tolerated while recording that an alert was sent; each one means another writer
 /// touched the record, which can only happen a few times.
@@ -32,10 +32,20 @@ pub(crate) struct Effector<S, Q, B, C> {
     pub bus: B,
     pub clock: C,
     pub config: Arc<EngineConfig>,
-    pub workflow: Arc<Workflow>,
+    pub catalogue: Arc<Catalogue>,
 }
 
 impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
+    /// What the machine decides `record`'s next transition with, now: the version of its
+    /// workflow it started on.
+    pub fn ctx(&self, record: &StateRecord) -> Result<Ctx<'_>> {
+        Ok(Ctx {
+            now: self.clock.now(),
+            config: &self.config,
+            workflow: self.catalogue.of(record)?,
+        })
+    }
+
     /// Writes `next` over `record`, expecting it unchanged, and counts what the transition
     /// did if the write took.
     pub async fn save(&self, record: &StateRecord, next: &StateRecord) -> Result<Saved> {
@@ -131,7 +141,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
             .ok_or_else(|| corrupt("dispatch of an order not in flight".into()))?;
         let direction = record.phase.direction();
         let step = self
-            .workflow
+            .catalogue
+            .of(record)?
             .steps()
             .iter()
             .find(|s| s.name == state.name)
@@ -179,7 +190,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
     async fn record_alert_sent(&self, written: &StateRecord) -> Result<()> {
         let mut record = written.clone();
         for _ in 0..ALERT_RECORD_TRIES {
-            let ctx = Ctx { now: self.clock.now(), config: &self.config, workflow: &self.workflow };
+            let ctx = self.ctx(&record)?;
             let Decision::Apply(t) = decide(&record, Input::AlertSent, &ctx) else {
                 debug!(order_id = %record.order_id, "alert already recorded");
                 return Ok(());
@@ -210,6 +221,8 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
             n => format!("{id}/alert/{n}"),
         },
         order_id: id,
+        workflow: record.workflow.clone(),
+        workflow_version: record.workflow_version,
         failed_step: cause.step().map(str::to_owned),
         cause,
         undone: record

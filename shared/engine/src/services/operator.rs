@@ -12,7 +12,7 @@ use tracing::info;
 use super::effects::Effector;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
-use crate::machine::{Ctx, Decision, Input, decide};
+use crate::machine::{Decision, Input, decide};
 use crate::ports::{Clock, EventBus, Outbox, Read, Saved, StateStore};
 use crate::state::{CommandKind, StateRecord};
 
@@ -99,9 +99,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
         bus: B,
         clock: C,
         config: std::sync::Arc<crate::config::EngineConfig>,
-        workflow: std::sync::Arc<crate::workflow::Workflow>,
+        catalogue: std::sync::Arc<crate::catalogue::Catalogue>,
     ) -> Self {
-        Operator { ports: Effector { store, outbox, bus, clock, config, workflow } }
+        Operator { ports: Effector { store, outbox, bus, clock, config, catalogue } }
     }
 
     /// Applies `command` to the order, or says why not ([`Error::Refused`]). `None` if there
@@ -111,11 +111,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
             let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
                 return Ok(None);
             };
-            let ctx = Ctx {
-                now: self.ports.clock.now(),
-                config: &self.ports.config,
-                workflow: &self.ports.workflow,
-            };
+            let ctx = self.ports.ctx(&record)?;
             match decide(&record, command.input(), &ctx) {
                 Decision::Apply(t) => {
                     if self.ports.save(&record, &t.next).await? == Saved::Conflict {

@@ -8,17 +8,17 @@ use tracing::{debug, error, info};
 
 use super::Handled;
 use super::effects::Effector;
+use crate::catalogue::Catalogue;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::load::WaitReporter;
-use crate::machine::{Ctx, Decision, Input, Remedy, Transition, decide, remedy};
+use crate::machine::{Decision, Input, Remedy, Transition, decide, remedy};
 use crate::message::{Message, StepReply};
 use crate::ports::{
     Clock, Destination, EventBus, Incoming, Outbox, Read, Saved, StateStore, WaitGauge,
 };
 use crate::state::StateRecord;
-use crate::workflow::Workflow;
 
 /// The scheduler, over its ports.
 #[derive(Debug)]
@@ -39,12 +39,12 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
         clock: C,
         waits: W,
         config: Arc<EngineConfig>,
-        workflow: Arc<Workflow>,
+        catalogue: Arc<Catalogue>,
         owner: String,
     ) -> Self {
         Scheduler {
             waits: WaitReporter::new(waits, owner.clone(), config.claim_grace),
-            ports: Effector { store, outbox, bus, clock, config, workflow },
+            ports: Effector { store, outbox, bus, clock, config, catalogue },
             owner,
         }
     }
@@ -105,7 +105,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
         // a message that looks stale, repeated or impossible against the copy) is judged again
         // on a consistent read.
         if let Some(record) = self.ports.store.load(order_id, Read::Eventual).await? {
-            if let Decision::Apply(t) = decide(&record, input, &self.ctx()) {
+            if let Decision::Apply(t) = decide(&record, input, &self.ports.ctx(&record)?) {
                 if self.apply(&record, &t).await? == Saved::Saved {
                     return Ok(Handled::Applied);
                 }
@@ -116,7 +116,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
             // misrouted: a poison message, for the dead-letter queue and an operator.
             return Err(Error::InvalidMessage(format!("order {order_id} does not exist")));
         };
-        match decide(&record, input, &self.ctx()) {
+        match decide(&record, input, &self.ports.ctx(&record)?) {
             Decision::Apply(t) => match self.apply(&record, &t).await? {
                 Saved::Saved => Ok(Handled::Applied),
                 Saved::Conflict => Ok(Handled::LostRace),
@@ -146,14 +146,6 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
             }
             // Only operator commands are refused, and none comes this way.
             Decision::Refuse(why) => Err(Error::InvalidMessage(format!("{order_id}: {why}"))),
-        }
-    }
-
-    fn ctx(&self) -> Ctx<'_> {
-        Ctx {
-            now: self.ports.clock.now(),
-            config: &self.ports.config,
-            workflow: &self.ports.workflow,
         }
     }
 

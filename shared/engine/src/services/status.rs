@@ -16,6 +16,9 @@ use crate::state::{
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct OrderView {
     pub order_id: OrderId,
+    /// The workflow the order runs, and the version it started on and keeps.
+    pub workflow: String,
+    pub workflow_version: u32,
     pub process_state: ProcessState,
     pub phase: Phase,
     pub failure_count: u32,
@@ -108,6 +111,8 @@ impl<S: StateStore> StatusService<S> {
 fn view(order: OrderRecord, state: StateRecord) -> OrderView {
     OrderView {
         order_id: state.order_id,
+        workflow: state.workflow,
+        workflow_version: state.workflow_version,
         process_state: state.process_state,
         phase: state.phase,
         failure_count: state.failure_count,

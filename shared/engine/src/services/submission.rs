@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 use super::effects::Effector;
+use crate::catalogue::Catalogue;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::ids::{IdempotencyKey, OrderId, Owner};
 use crate::load::{Admission, Cached, DoorTally, LoadSource};
 use crate::machine::{self, Ctx, Decision, Input, decide};
-use crate::order::Order;
+use crate::order::Rejection;
 use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, Read, StateStore};
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
@@ -59,10 +60,10 @@ where
         ids: I,
         load: L,
         config: Arc<EngineConfig>,
-        workflow: Arc<Workflow>,
+        catalogue: Arc<Catalogue>,
     ) -> Self {
         Submission {
-            ports: Effector { store, outbox, bus, clock, config, workflow },
+            ports: Effector { store, outbox, bus, clock, config, catalogue },
             ids,
             load: Cached::new(load),
             tally: Mutex::default(),
@@ -78,12 +79,30 @@ where
 
     /// Accepts an order for `owner`, whose keys are its own (see [`Submission::submit`]).
     pub async fn submit_as(&self, owner: &Owner, key: &str, body: &[u8]) -> Result<Accepted> {
+        self.submit_to(owner, None, key, body).await
+    }
+
+    /// Accepts an order of the workflow `workflow` (its newest version), or of the default
+    /// workflow if it names none (see [`Catalogue::for_new_order`]), for `owner`. Its input is
+    /// checked against that workflow's schema.
+    pub async fn submit_to(
+        &self,
+        owner: &Owner,
+        workflow: Option<&str>,
+        key: &str,
+        body: &[u8],
+    ) -> Result<Accepted> {
         let key = IdempotencyKey::parse(key)?;
-        let order = Order::from_json(body)?;
+        let workflow: &Workflow = self
+            .ports
+            .catalogue
+            .for_new_order(workflow)
+            .map_err(|why| Error::InvalidOrder(Rejection::one("workflow", why)))?;
+        let order = workflow.input(body)?;
         let order_id = OrderId::for_owner_key(owner, &key);
         let now = self.ports.clock.now();
-        self.admit(now).await?;
-        let ctx = Ctx { now, config: &self.ports.config, workflow: &self.ports.workflow };
+        self.admit(now, workflow).await?;
+        let ctx = Ctx { now, config: &self.ports.config, workflow };
         let created = machine::create(order_id, self.ids.new_id(), &ctx);
         let record = OrderRecord {
             order_id,
@@ -112,11 +131,12 @@ where
                     return Err(Error::KeyReused { existing: order_id });
                 }
                 if let Some(current) = self.ports.store.load(order_id, Read::Consistent).await? {
-                    let ctx = Ctx {
-                        now: self.ports.clock.now(),
-                        config: &self.ports.config,
-                        workflow: &self.ports.workflow,
-                    };
+                    if current.workflow != workflow.name() {
+                        return Err(Error::KeyReused { existing: order_id });
+                    }
+                    let workflow = self.ports.catalogue.of(&current)?;
+                    let ctx =
+                        Ctx { now: self.ports.clock.now(), config: &self.ports.config, workflow };
                     if let Decision::Replay(effects) = decide(&current, Input::Resubmit, &ctx) {
                         self.ports.perform(&current, &effects).await?;
                     }
@@ -129,7 +149,7 @@ where
     /// Refuses a new order while the queues would keep it waiting longer than
     /// `max_queue_wait` in all. If the queues cannot be read, the order is let in: the door must not
     /// turn away orders because a metric is missing.
-    async fn admit(&self, now: Timestamp) -> Result<()> {
+    async fn admit(&self, now: Timestamp, workflow: &Workflow) -> Result<()> {
         let load = match self.load.load(now).await {
             Ok(load) => load,
             Err(e) => {
@@ -139,7 +159,7 @@ where
         };
         let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
         let so_far = tally.for_load(&load);
-        match load.admission(self.ports.config.max_queue_wait, &self.ports.workflow, &so_far) {
+        match load.admission(self.ports.config.max_queue_wait, workflow, &so_far) {
             Admission::Admit => {
                 tally.admitted += 1;
                 Ok(())

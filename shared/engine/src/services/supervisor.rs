@@ -19,14 +19,14 @@ use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::Handled;
 use super::effects::Effector;
+use crate::catalogue::Catalogue;
 use crate::config::EngineConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::load::{Horizon, LoadSource};
-use crate::machine::{Ctx, Decision, Input, decide};
+use crate::machine::{Decision, Input, decide};
 use crate::mutants::{self, Mutant};
 use crate::ports::{Clock, EventBus, ExpiryIndex, IndexEntry, Outbox, Read, Saved, StateStore};
 use crate::time::Timestamp;
-use crate::workflow::Workflow;
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -83,9 +83,9 @@ where
         clock: C,
         load: L,
         config: Arc<EngineConfig>,
-        workflow: Arc<Workflow>,
+        catalogue: Arc<Catalogue>,
     ) -> Self {
-        Supervisor { ports: Effector { store, outbox, bus, clock, config, workflow }, index, load }
+        Supervisor { ports: Effector { store, outbox, bus, clock, config, catalogue }, index, load }
     }
 
     /// One sweep over every shard, at most `sweep_limit` records in all. Shards are queried and
@@ -97,7 +97,7 @@ where
         // exactly what this figure must show.
         let oldest_ms = self.oldest(now).await;
         let load = self.load.load(now).await?;
-        let horizon = match load.horizon(&self.ports.workflow) {
+        let horizon = match load.horizon(&self.ports.catalogue) {
             _ if mutants::on(Mutant::NoHorizon) => Duration::ZERO,
             Horizon::Within(horizon) => horizon,
             Horizon::Stalled(queue) => {
@@ -208,10 +208,16 @@ where
             return Ok(Handled::UnknownOrder);
         };
         tracing::Span::current().record("correlation_id", record.correlation_id.as_str());
-        let ctx = Ctx {
-            now: self.ports.clock.now(),
-            config: &self.ports.config,
-            workflow: &self.ports.workflow,
+        let ctx = match self.ports.ctx(&record) {
+            Ok(ctx) => ctx,
+            // Its workflow's version was removed: nothing can judge it until it is back.
+            Err(e @ Error::WorkflowGone { .. }) => {
+                error!(order_id = %entry.order_id, error = %e, "an expired record cannot be judged");
+                return Ok(Handled::Illegal(crate::machine::Illegal::Corrupt {
+                    reason: e.to_string(),
+                }));
+            }
+            Err(e) => return Err(e),
         };
         let input = Input::Expire { complete_by: entry.complete_by, horizon };
         match decide(&record, input, &ctx) {

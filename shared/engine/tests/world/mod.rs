@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::{ALERT_DETAIL_TYPE, STATUS_DETAIL_TYPE, StatusKinds};
 use sas_engine::load::{Gauges, WaitReporter};
@@ -41,6 +42,7 @@ pub struct World {
     pub waits: Waits,
     pub config: Arc<EngineConfig>,
     pub workflow: Arc<Workflow>,
+    pub catalogue: Arc<Catalogue>,
     pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load>,
     pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits>,
     pub agents: HashMap<AgentName, Agent<Remote, Queues, Clock, Arc<SplitMix>, Waits>>,
@@ -72,6 +74,7 @@ impl World {
         let workflow = Arc::new(
             Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names()).unwrap(),
         );
+        let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
         let submission = Submission::new(
             store.clone(),
             queues.clone(),
@@ -80,7 +83,7 @@ impl World {
             Arc::new(SeqIds::new("corr")),
             load(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
         );
         let scheduler = Scheduler::new(
             store.clone(),
@@ -89,7 +92,7 @@ impl World {
             clock.clone(),
             waits.clone(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
             "scheduler-1".into(),
         );
         let random = Arc::new(SplitMix::seeded(42));
@@ -117,7 +120,7 @@ impl World {
             clock.clone(),
             load(),
             config.clone(),
-            workflow.clone(),
+            catalogue.clone(),
         );
         World {
             clock,
@@ -128,6 +131,7 @@ impl World {
             waits,
             config,
             workflow,
+            catalogue,
             submission,
             scheduler,
             agents,
@@ -135,6 +139,43 @@ impl World {
             handled: Vec::new(),
             agent_outcomes: Vec::new(),
         }
+    }
+
+    /// A deploy: the services start again running `catalogue`, over the same store, queues,
+    /// bus and services; what is in flight stays where it is.
+    pub fn deploy(&mut self, catalogue: Catalogue) {
+        let catalogue = Arc::new(catalogue);
+        self.submission = Submission::new(
+            self.store.clone(),
+            self.queues.clone(),
+            self.bus.clone(),
+            self.clock.clone(),
+            Arc::new(SeqIds::new("corr-deployed")),
+            self.load(),
+            self.config.clone(),
+            catalogue.clone(),
+        );
+        self.scheduler = Scheduler::new(
+            self.store.clone(),
+            self.queues.clone(),
+            self.bus.clone(),
+            self.clock.clone(),
+            self.waits.clone(),
+            self.config.clone(),
+            catalogue.clone(),
+            "scheduler-2".into(),
+        );
+        self.supervisor = Supervisor::new(
+            self.store.clone(),
+            self.store.clone(),
+            self.queues.clone(),
+            self.bus.clone(),
+            self.clock.clone(),
+            self.load(),
+            self.config.clone(),
+            catalogue.clone(),
+        );
+        self.catalogue = catalogue;
     }
 
     /// The queues' load, as the supervisor and the door read it.

@@ -1,0 +1,149 @@
+//! The workflows a stack runs: every version of every workflow deployed with it. New orders
+//! take a workflow's newest version; an order keeps the version it started on to its end, its
+//! compensation, its cancellation and its redrive, for as long as that version is deployed.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::ids::AgentName;
+use crate::state::StateRecord;
+use crate::workflow::Workflow;
+
+/// The workflow an order names when it names none, if the stack runs it: the reference
+/// workflow, whose clients predate the choice.
+pub const REFERENCE_WORKFLOW: &str = "order-fulfilment";
+
+#[derive(Clone, Debug)]
+pub struct Catalogue {
+    workflows: Vec<Arc<Workflow>>,
+}
+
+impl Catalogue {
+    /// The catalogue of `workflows`; two with one name and version are an error.
+    pub fn new(workflows: Vec<Workflow>) -> Result<Catalogue> {
+        if workflows.is_empty() {
+            return Err(Error::InvalidWorkflow("a stack runs at least one workflow".into()));
+        }
+        let mut out: Vec<Arc<Workflow>> = Vec::with_capacity(workflows.len());
+        for w in workflows {
+            if out.iter().any(|o| o.name() == w.name() && o.version() == w.version()) {
+                return Err(Error::InvalidWorkflow(format!(
+                    "{} version {} is defined twice",
+                    w.name(),
+                    w.version()
+                )));
+            }
+            out.push(Arc::new(w));
+        }
+        Ok(Catalogue { workflows: out })
+    }
+
+    /// A catalogue of one workflow.
+    pub fn single(workflow: Workflow) -> Catalogue {
+        Catalogue { workflows: vec![Arc::new(workflow)] }
+    }
+
+    /// Every workflow, every version.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Workflow>> {
+        self.workflows.iter()
+    }
+
+    /// The newest version of the workflow `name`: what a new order takes.
+    pub fn current(&self, name: &str) -> Option<&Arc<Workflow>> {
+        self.workflows.iter().filter(|w| w.name() == name).max_by_key(|w| w.version())
+    }
+
+    /// The workflow an order names, or the default one when it names none: the reference
+    /// workflow if the stack runs it, else the stack's only workflow. An error says which
+    /// names a request may use.
+    pub fn for_new_order(&self, name: Option<&str>) -> std::result::Result<&Arc<Workflow>, String> {
+        let names = self.names();
+        let found = match name {
+            Some(name) => self.current(name),
+            None => self.current(REFERENCE_WORKFLOW).or(match names.as_slice() {
+                [only] => self.current(only),
+                _ => None,
+            }),
+        };
+        found.ok_or_else(|| match name {
+            Some(name) => format!("no workflow {name:?}: name one of {}", names.join(", ")),
+            None => format!("name the order's workflow: one of {}", names.join(", ")),
+        })
+    }
+
+    /// The version of its workflow an order started on.
+    pub fn version(&self, name: &str, version: u32) -> Option<&Arc<Workflow>> {
+        self.workflows.iter().find(|w| w.name() == name && w.version() == version)
+    }
+
+    /// The workflow `record` runs; an error if this deployment no longer has its version.
+    pub fn of(&self, record: &StateRecord) -> Result<&Arc<Workflow>> {
+        self.version(&record.workflow, record.workflow_version).ok_or_else(|| Error::WorkflowGone {
+            order_id: record.order_id,
+            workflow: record.workflow.clone(),
+            version: record.workflow_version,
+        })
+    }
+
+    /// The workflows' names, each once, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.workflows.iter().map(|w| w.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// Every agent any version of any workflow uses, each once, in order of first use.
+    pub fn agents(&self) -> Vec<AgentName> {
+        let mut agents: Vec<AgentName> = Vec::new();
+        for agent in self.workflows.iter().flat_map(|w| w.agents()) {
+            if !agents.contains(agent) {
+                agents.push(agent.clone());
+            }
+        }
+        agents
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workflow(name: &str, version: u32, agent: &str) -> Workflow {
+        let json = format!(
+            r#"{{"name":"{name}","version":{version},"steps":[{{"name":"a","agent":"{agent}"}}]}}"#
+        );
+        Workflow::from_json(&json, &[AgentName::new(agent)]).unwrap()
+    }
+
+    #[test]
+    fn new_orders_take_the_newest_version_and_old_ones_keep_theirs() {
+        let c = Catalogue::new(vec![
+            workflow("order-fulfilment", 1, "payment"),
+            workflow("order-fulfilment", 2, "shipping"),
+            workflow("account-opening", 1, "ledger"),
+        ])
+        .unwrap();
+        assert_eq!(c.for_new_order(None).unwrap().version(), 2);
+        assert_eq!(c.for_new_order(Some("account-opening")).unwrap().name(), "account-opening");
+        assert_eq!(c.version("order-fulfilment", 1).unwrap().agents()[0].as_str(), "payment");
+        assert_eq!(c.names(), ["account-opening", "order-fulfilment"]);
+        assert_eq!(c.agents().len(), 3);
+        let unknown = c.for_new_order(Some("x")).unwrap_err();
+        assert!(unknown.contains("account-opening, order-fulfilment"), "{unknown}");
+    }
+
+    #[test]
+    fn without_the_reference_workflow_an_order_must_name_one_of_several() {
+        let one = Catalogue::new(vec![workflow("account-opening", 1, "ledger")]).unwrap();
+        assert_eq!(one.for_new_order(None).unwrap().name(), "account-opening");
+        let two = Catalogue::new(vec![
+            workflow("account-opening", 1, "ledger"),
+            workflow("trip", 1, "hotel"),
+        ])
+        .unwrap();
+        assert!(two.for_new_order(None).unwrap_err().contains("name the order's workflow"));
+        let twice = Catalogue::new(vec![workflow("trip", 1, "hotel"), workflow("trip", 1, "car")]);
+        assert!(twice.unwrap_err().to_string().contains("trip version 1 is defined twice"));
+    }
+}
