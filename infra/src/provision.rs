@@ -237,14 +237,15 @@ fn stand_in(ctx: &mut Context, id: &str, resource: &Resource, options: &Options)
     let kind = resource.kind.as_str();
     let name = physical_name(&options.stack_name, id);
     let region = &options.region;
+    // A queue or table the template names keeps its name (agents find theirs by name).
+    let named = ["QueueName", "TableName"]
+        .iter()
+        .find_map(|key| resource.properties.get(*key))
+        .and_then(|n| ctx.eval(n).ok())
+        .and_then(|n| scalar_string(&n).ok());
+    let name = named.unwrap_or(name);
     let (reference, arn) = match kind {
         "AWS::SQS::Queue" => {
-            // A queue the template names keeps its name (agents' queues are found by theirs).
-            let named = resource.properties.get("QueueName").map(|n| ctx.eval(n));
-            let name = match named {
-                Some(Ok(n)) => scalar_string(&n).unwrap_or(name),
-                _ => name,
-            };
             ctx.attributes.insert((id.to_owned(), "QueueName".into()), Value::String(name.clone()));
             (
                 format!("https://sqs.{region}.amazonaws.com/{LOCAL_ACCOUNT}/{name}"),

@@ -77,8 +77,11 @@ mod tests {
 
     #[test]
     fn the_endpoint_is_declared_for_every_function_and_the_rest_is_their_own() {
-        let declared = declared_variables(&crate::provision::project_template());
-        assert_eq!(declared.len(), 9, "{declared:?}");
+        let template = crate::provision::project_template();
+        let declared = declared_variables(&template);
+        // The six functions of the stack, and one per agent.
+        let agents = crate::workflows::deployed_agents(&template).unwrap();
+        assert_eq!(declared.len(), 6 + agents.len(), "{declared:?}");
         for (function, names) in &declared {
             assert!(names.iter().any(|n| n == ENDPOINT_VARIABLE), "{function}: {names:?}");
         }

@@ -347,14 +347,15 @@ async fn a_permission_taken_out_of_the_template_is_refused_and_the_order_goes_no
 }
 
 /// The agents' list as `template.yaml` writes it.
-const AGENTS: &str = "    - [inventory, payment, shipping]\n";
+const AGENTS: &str = "    - [inventory, payment, shipping, ledger, notify]\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fourth_agent_added_in_one_entry_runs_with_its_own_grants_alarms_and_dashboard() {
     let _turn = TURN.lock().await;
     let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
     assert_eq!(text.matches(AGENTS).count(), 1, "template.yaml lists its agents once");
-    let text = text.replace(AGENTS, "    - [inventory, payment, shipping, email]\n");
+    let text =
+        text.replace(AGENTS, "    - [inventory, payment, shipping, ledger, notify, email]\n");
     let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("least-privilege-{}-email.yaml", std::process::id()));
     std::fs::write(&path, &text).unwrap();

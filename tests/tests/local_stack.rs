@@ -15,6 +15,12 @@
 //! - Throttling delays orders and fails none: in an account with a small concurrency quota,
 //!   with every write of the scheduler throttled for longer than the queues' receive counts
 //!   would last, every order is processed and no message reaches a dead-letter queue.
+//! - Two workflows run side by side, each with its own input schema: the reference one on
+//!   its three HTTP agents, and account-opening on the ledger agent, written in Rust, which
+//!   opens accounts in a DynamoDB table of its own through the AWS SDK, and on an HTTP agent.
+//!   Each order keeps its workflow and version; a refusal after the account was opened closes
+//!   it; an input its schema refuses gets the JSON pointer of the fault; no call is refused by
+//!   the functions' policies.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -768,4 +774,177 @@ fn count(states: &HashMap<String, String>) -> HashMap<&str, usize> {
         *c.entry(s.as_str()).or_default() += 1;
     }
     c
+}
+
+/// An account-opening order's input.
+fn account(name: &str, deposit: u64) -> String {
+    json!({
+        "customer": {"name": name, "email": format!("{}@example.com", name.to_lowercase())},
+        "plan": "basic",
+        "initial_deposit": deposit
+    })
+    .to_string()
+}
+
+/// Submits `body` to `workflow` (none: the default), signed as the client; the status and body.
+async fn submit_to(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    workflow: Option<&str>,
+    key: &str,
+    body: &str,
+) -> (u16, Value) {
+    let query = workflow.map(|w| format!("?workflow={w}")).unwrap_or_default();
+    for _ in 0..20 {
+        let request = http
+            .post(format!("{}/orders{query}", stack.api_url))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(body.to_owned());
+        if let Ok(r) = signer(EXECUTE_API).send(http, request).await {
+            // The first requests may meet functions still starting.
+            if r.status().as_u16() != 502 && r.status().as_u16() != 503 {
+                let status = r.status().as_u16();
+                return (status, r.json().await.unwrap_or(Value::Null));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("order {key} was never answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_dynamodb() {
+    let _turn = TURN.lock().await;
+    let fast = |name: &str| -> Value {
+        let json = sas_workflows::file(name).unwrap().json;
+        serde_json::from_str(&sas_infra::demo::with_budgets(json, 2)).unwrap()
+    };
+    let workflows = json!([fast("order-fulfilment"), fast("account-opening")]).to_string();
+    let setup = Setup { workflow: &workflows, ..Setup::default() };
+    let stack = start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-two", SOUND, 2, &[], setup).await;
+    let http = reqwest::Client::new();
+
+    // A shop order names no workflow, as its clients always did; accounts name theirs.
+    let (status, shop) = submit_to(&http, &stack, None, "shop-1", ORDER).await;
+    assert_eq!(status, 202, "{shop}");
+    let mut accounts = Vec::new();
+    for (i, name) in ["Ada", "Grace", "Edsger"].iter().enumerate() {
+        let body = account(name, 1000 * (i as u64 + 1));
+        let (status, answer) =
+            submit_to(&http, &stack, Some("account-opening"), &format!("acct-{i}"), &body).await;
+        assert_eq!(status, 202, "{answer}");
+        accounts.push(answer["order_id"].as_str().unwrap().to_owned());
+    }
+    // The ledger refuses a first deposit above its limit: nothing was opened.
+    let (_, big) = submit_to(
+        &http,
+        &stack,
+        Some("account-opening"),
+        "acct-big",
+        &account("Barbara", 200_000_000),
+    )
+    .await;
+    let big = big["order_id"].as_str().unwrap().to_owned();
+    let shop = shop["order_id"].as_str().unwrap().to_owned();
+
+    // Input each workflow's schema refuses, and a workflow the stack does not run.
+    let (status, refused) = submit_to(
+        &http,
+        &stack,
+        Some("account-opening"),
+        "acct-bad",
+        r#"{"customer":{"name":"Ada","email":"nope"},"plan":"gold"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    let fields: Vec<&str> = refused["error"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"/customer/email") && fields.contains(&"/plan"), "{refused}");
+    let (status, unknown) = submit_to(&http, &stack, Some("trip"), "trip-1", "{}").await;
+    assert_eq!(
+        (status, unknown["error"]["code"].as_str()),
+        (400, Some("unknown_workflow")),
+        "{unknown}"
+    );
+    // An account's input is not a shop order, nor the other way round.
+    let (status, _) = submit_to(&http, &stack, None, "shop-as-account", &account("Ada", 1)).await;
+    assert_eq!(status, 400);
+
+    let mut all = accounts.clone();
+    all.extend([shop.clone(), big.clone()]);
+    let states = wait_for(&http, &stack, &all, &["Processed", "Compensated", "Error"], 90).await;
+    for id in accounts.iter().chain([&shop]) {
+        assert_eq!(states[id], "Processed", "{states:?}");
+    }
+    // A refused first step has nothing to undo: the order fails, and its cause names the
+    // ledger's reason.
+    assert_eq!(states[&big], "Error", "{states:?}");
+    let view = order(&http, &stack, &big).await;
+    assert_eq!(view["cause"]["kind"], "step_rejected", "{view}");
+    assert!(view.to_string().contains("needs a branch"), "{view}");
+
+    // Each order names its workflow and version; an account's steps are the account's.
+    let view = order(&http, &stack, &accounts[0]).await;
+    assert_eq!(
+        (view["workflow"].as_str(), view["workflow_version"].as_u64()),
+        (Some("account-opening"), Some(1)),
+        "{view}"
+    );
+    let steps: Vec<&str> =
+        view["steps"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(steps, ["open-account", "send-welcome"]);
+    let view = order(&http, &stack, &shop).await;
+    assert_eq!(view["workflow"].as_str(), Some("order-fulfilment"), "{view}");
+    // The welcome got the account the first step opened.
+    let sim = ledger(&http, &stack).await;
+    let welcome = sim["effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["order_id"] == accounts[0].as_str() && e["action"] == "send-welcome")
+        .unwrap_or_else(|| panic!("no welcome sent: {sim}"));
+    let opened = &welcome["outputs"]["open-account"]["account_id"];
+    assert!(opened.as_str().is_some_and(|a| a.starts_with("ACC-")), "{welcome}");
+
+    // The ledger's table holds one open account per order processed, and none for the refused one.
+    let clients = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let table = format!("{}-ledger-accounts", stack.stack.context.stack_name);
+    let items = clients.dynamodb.scan().table_name(&table).send().await.unwrap();
+    let open: Vec<_> =
+        items.items().iter().filter(|i| i["Status"].as_s().unwrap() == "open").collect();
+    assert_eq!((items.count(), open.len()), (3, 3), "{items:?}");
+    assert!(open.iter().any(|i| i["Holder"].as_s().unwrap() == "Grace"));
+
+    // A welcome refused after the account was opened closes it (the compensation, on the
+    // ledger agent, with the step's own output).
+    put_faults(
+        &http,
+        &stack,
+        r#"{"default":{"latency_ms":20},"actions":{"send-welcome":{"permanent_rate":1.0}}}"#,
+    )
+    .await;
+    let (_, closed) =
+        submit_to(&http, &stack, Some("account-opening"), "acct-closed", &account("Alan", 10))
+            .await;
+    let closed = closed["order_id"].as_str().unwrap().to_owned();
+    let states =
+        wait_for(&http, &stack, std::slice::from_ref(&closed), &["Compensated", "Error"], 90).await;
+    // Refused, it ends in Error with everything undone and its alert sent.
+    assert_eq!(states[&closed], "Error", "{states:?}");
+    let view = order(&http, &stack, &closed).await;
+    assert_eq!(view["steps"][0]["status"], "undone", "{view}");
+    let items = clients.dynamodb.scan().table_name(&table).send().await.unwrap();
+    let alan: Vec<_> =
+        items.items().iter().filter(|i| i["Holder"].as_s().unwrap() == "Alan").collect();
+    assert_eq!(alan.len(), 1, "{items:?}");
+    assert_eq!(alan[0]["Status"].as_s().unwrap(), "closed");
+
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
+    assert!(access.checked.get("ledgerAgentFunction").copied().unwrap_or(0) > 0, "{access}");
 }

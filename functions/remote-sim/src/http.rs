@@ -77,11 +77,14 @@ impl fmt::Debug for App {
 }
 
 /// The body of `POST /actions/{action}`. Other fields (`order`, `input`, ...) are accepted
-/// and ignored: the simulated effect does not depend on them.
+/// and ignored: the simulated effect does not depend on them. The outputs of the steps before
+/// are kept in the ledger, to show what a step was given.
 #[derive(Debug, Deserialize)]
 struct ActionRequest {
     order_id: String,
     direction: Direction,
+    #[serde(default)]
+    outputs: Value,
 }
 
 /// The router of every endpoint, on this state.
@@ -129,6 +132,10 @@ async fn action(
         order_id: request.order_id,
         action,
         direction: request.direction,
+        outputs: match request.outputs {
+            Value::Object(map) if map.is_empty() => Value::Null,
+            other => other,
+        },
     };
     let now = (app.clock)();
     let answer = app.sim().handle(&call, now);

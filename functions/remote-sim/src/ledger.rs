@@ -44,6 +44,8 @@ pub struct Call {
     /// The action called (`charge-payment`, ...); it names the reference of the effect.
     pub action: String,
     pub direction: Direction,
+    /// The outputs of the order's steps before this one, as the call carried them.
+    pub outputs: Value,
 }
 
 /// One effect applied by the service, as shown by `GET /ledger`.
@@ -61,6 +63,9 @@ pub struct Effect {
     pub output: Value,
     /// How many calls carried this key, including failed and refused ones.
     pub calls: u32,
+    /// What the call that applied it carried of the steps before (absent if nothing).
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub outputs: Value,
 }
 
 /// What the ledger says about a call before anything is applied.
@@ -149,6 +154,7 @@ impl Ledger {
             applications: 1,
             output: output.clone(),
             calls: self.calls(&call.key),
+            outputs: call.outputs.clone(),
         });
         output
     }
@@ -185,6 +191,7 @@ mod tests {
 
     fn call(action: &str, direction: Direction) -> Call {
         Call {
+            outputs: Value::Null,
             key: format!("order-1/charge/{}", direction.as_str()),
             order_id: "order-1".into(),
             action: action.into(),

@@ -223,6 +223,7 @@ mod tests {
             order_id: "order-1".into(),
             action: action.into(),
             direction,
+            outputs: serde_json::Value::Null,
         }
     }
 

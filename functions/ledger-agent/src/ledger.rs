@@ -1,0 +1,123 @@
+//! Accounts in a DynamoDB table, one item per order: `open-account` creates it, open, with the
+//! holder and plan of the order's input; `close-account` (the undo) marks it closed. Both are
+//! idempotent on the step's key, as every agent's actions must be: a call repeated after a lost
+//! answer finds its own effect and answers the same.
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::types::AttributeValue;
+use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService};
+use serde_json::{Value, json};
+
+/// Largest first deposit the ledger takes, in minor units: above it, opening is refused.
+pub const MAX_DEPOSIT: i64 = 100_000_000;
+
+pub struct Ledger {
+    client: Client,
+    table: String,
+}
+
+impl Ledger {
+    pub fn new(client: Client, table: String) -> Self {
+        Ledger { client, table }
+    }
+
+    async fn open(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
+        let input = call.order.input();
+        let holder = input["customer"]["name"].as_str().unwrap_or_default();
+        let deposit = input["initial_deposit"].as_i64().unwrap_or(0);
+        if deposit > MAX_DEPOSIT {
+            return Err(RemoteFault::Permanent(format!(
+                "a first deposit above {MAX_DEPOSIT} needs a branch"
+            )));
+        }
+        let account = account_number(&call.order_id.to_string());
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("AccountId", AttributeValue::S(account.clone()))
+            .item("StepKey", AttributeValue::S(call.idempotency_key.clone()))
+            .item("Holder", AttributeValue::S(holder.to_owned()))
+            .item("Plan", AttributeValue::S(input["plan"].as_str().unwrap_or("basic").to_owned()))
+            .item("Balance", AttributeValue::N(deposit.to_string()))
+            .item("Status", AttributeValue::S("open".into()))
+            // Opened once per key: the same call again finds its own account.
+            .condition_expression("attribute_not_exists(AccountId) OR StepKey = :key")
+            .expression_attribute_values(":key", AttributeValue::S(call.idempotency_key.clone()))
+            .send()
+            .await;
+        match put {
+            Ok(_) => Ok(json!({ "account_id": account })),
+            Err(e) if e.code() == Some("ConditionalCheckFailedException") => {
+                Err(RemoteFault::Permanent(format!("account {account} was opened by another call")))
+            }
+            Err(e) => Err(fault(e)),
+        }
+    }
+
+    async fn close(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
+        // The account the step opened, from its output; an account never opened is closed.
+        let Some(account) = call.input.as_ref().and_then(|o| o["account_id"].as_str()) else {
+            return Ok(json!({ "closed": false }));
+        };
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("AccountId", AttributeValue::S(account.to_owned()))
+            .update_expression("SET #s = :closed, CloseKey = :key")
+            .condition_expression("attribute_exists(AccountId)")
+            .expression_attribute_names("#s", "Status")
+            .expression_attribute_values(":closed", AttributeValue::S("closed".into()))
+            .expression_attribute_values(":key", AttributeValue::S(call.idempotency_key.clone()))
+            .send()
+            .await;
+        match update {
+            Ok(_) => Ok(json!({ "closed": true, "account_id": account })),
+            Err(e) if e.code() == Some("ConditionalCheckFailedException") => {
+                Ok(json!({ "closed": false, "account_id": account }))
+            }
+            Err(e) => Err(fault(e)),
+        }
+    }
+}
+
+impl RemoteService for Ledger {
+    async fn call(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
+        match call.action.as_str() {
+            "open-account" => self.open(call).await,
+            "close-account" => self.close(call).await,
+            other => Err(RemoteFault::Permanent(format!("the ledger has no action {other}"))),
+        }
+    }
+}
+
+/// An account number a person can read back, fixed by the order: a retry opens the same one.
+fn account_number(order_id: &str) -> String {
+    let digits: String = order_id.chars().filter(char::is_ascii_hexdigit).take(12).collect();
+    format!("ACC-{}", digits.to_ascii_uppercase())
+}
+
+/// A failed SDK call, as the kit retries it: whatever the cause, the agent tries again within
+/// the step's budget, then the supervisor's policy decides. A refusal is the ledger's own
+/// answer, never an SDK error: a misconfigured table or role must not undo customers' orders.
+fn fault<E: ProvideErrorMetadata + std::fmt::Debug>(e: E) -> RemoteFault {
+    RemoteFault::Transient(format!(
+        "DynamoDB: {} {}",
+        e.code().unwrap_or("error"),
+        e.message().unwrap_or_default()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_account_number_is_fixed_by_its_order() {
+        let id = "0b6e8f3c-5d0a-5c4e-9a51-6f1f6f3f1b2a";
+        assert_eq!(account_number(id), "ACC-0B6E8F3C5D0A");
+        assert_eq!(account_number(id), account_number(id));
+    }
+}
