@@ -141,6 +141,20 @@ impl LocalStack {
         self.functions.iter().map(|f| f.api.unanswered()).sum()
     }
 
+    /// A deploy that changes one setting of `function` (a new workflow version, say): its
+    /// processes start again with `name` set to `value`.
+    pub fn redeploy(&self, function: &str, name: &str, value: &str) -> Result<(), Error> {
+        let running = self
+            .functions
+            .iter()
+            .find(|f| f.spec.logical_id == function)
+            .ok_or_else(|| Error::Local(format!("no function {function}")))?;
+        for process in &running.processes {
+            process.redeploy(name, value);
+        }
+        Ok(())
+    }
+
     /// How many times function processes were started again after exiting or being killed.
     pub fn restarts(&self) -> u32 {
         self.functions.iter().flat_map(|f| f.processes.iter().map(Managed::restarts)).sum()

@@ -42,6 +42,8 @@ pub struct ProcessSpec {
 pub struct Managed {
     pid: Arc<Mutex<Option<u32>>>,
     restarts: Arc<AtomicU32>,
+    /// The environment each (re)start gets; a change takes effect at the next start.
+    environment: Arc<Mutex<BTreeMap<String, String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -50,9 +52,12 @@ impl Managed {
     pub fn start(spec: ProcessSpec) -> Managed {
         let pid = Arc::new(Mutex::new(None));
         let restarts = Arc::new(AtomicU32::new(0));
-        let (pid_slot, counter) = (pid.clone(), restarts.clone());
+        let environment = Arc::new(Mutex::new(spec.environment.clone()));
+        let (pid_slot, counter, env) = (pid.clone(), restarts.clone(), environment.clone());
         let task = tokio::spawn(async move {
+            let mut spec = spec;
             loop {
+                spec.environment = env.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 match spawn(&spec) {
                     Ok(mut child) => {
                         *pid_slot.lock().unwrap_or_else(|e| e.into_inner()) = child.id();
@@ -66,7 +71,19 @@ impl Managed {
                 tokio::time::sleep(RESTART_DELAY).await;
             }
         });
-        Managed { pid, restarts, task }
+        Managed { pid, restarts, environment, task }
+    }
+
+    /// Starts the process again with `name` set to `value` in its environment, as Lambda
+    /// starts new execution environments after a function's configuration changes. The one
+    /// running is stopped now, as a crash would stop it.
+    pub fn redeploy(&self, name: &str, value: &str) {
+        let mut environment = self.environment.lock().unwrap_or_else(|e| e.into_inner());
+        environment.insert(name.to_owned(), value.to_owned());
+        drop(environment);
+        if let Some(pid) = self.pid() {
+            let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
     }
 
     /// The current process id, if it is running.

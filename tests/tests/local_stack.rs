@@ -21,6 +21,8 @@
 //!   Each order keeps its workflow and version; a refusal after the account was opened closes
 //!   it; an input its schema refuses gets the JSON pointer of the fault; no call is refused by
 //!   the functions' policies.
+//! - A new version of a workflow is deployed while orders run: the functions start again on
+//!   it, new orders take it, and the orders in flight finish on the version they started on.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -947,4 +949,68 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
     let access = stack.access();
     assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
     assert!(access.checked.get("ledgerAgentFunction").copied().unwrap_or(0) > 0, "{access}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own() {
+    let _turn = TURN.lock().await;
+    // Every charge is held open while this file exists, so that orders are in flight when the
+    // new version comes.
+    let hold =
+        std::path::Path::new(TARGET_TMPDIR).join(format!("hold-version-{}", std::process::id()));
+    std::fs::write(&hold, "").unwrap();
+    let held = hold.with_extension("held");
+    let _ = std::fs::remove_file(&held);
+    let faults = json!({"actions": {"charge-payment": {"hold_while": hold}}}).to_string();
+    let mut v1: Value = serde_json::from_str(&FAST_WORKFLOW).unwrap();
+    v1["steps"][1]["budget_seconds"] = json!(60);
+    let mut v2 = v1.clone();
+    v2["version"] = json!(2);
+    v2["steps"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "confirm", "agent": "shipping", "budget_seconds": 2}));
+    let before = json!([v1]).to_string();
+    let setup = Setup { workflow: &before, ..Setup::default() };
+    let stack =
+        start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-version", &faults, 2, &[], setup).await;
+    let http = reqwest::Client::new();
+    let mut old = Vec::new();
+    for i in 0..3 {
+        old.push(submit(&http, &stack.api_url, &format!("e2e-v1-{i}")).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !held.exists() {
+        assert!(Instant::now() < deadline, "no charge reached the service");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The deploy: every function that runs the engine starts again with both versions.
+    let after = json!([v1, v2]).to_string();
+    for function in sas_tests::e2e::ENGINE_FUNCTIONS {
+        stack.redeploy(function, "WORKFLOW_JSON", &after).unwrap();
+    }
+    let mut new = Vec::new();
+    for i in 0..2 {
+        new.push(submit(&http, &stack.api_url, &format!("e2e-v2-{i}")).await);
+    }
+    std::fs::remove_file(&hold).unwrap();
+
+    let all: Vec<String> = old.iter().chain(&new).cloned().collect();
+    let states = wait_for(&http, &stack, &all, &["Processed", "Error"], 120).await;
+    assert!(states.values().all(|s| s == "Processed"), "{states:?}");
+    let sim = ledger(&http, &stack).await;
+    for (ids, version, steps) in [
+        (&old, 1, vec!["reserve-inventory", "charge-payment", "ship"]),
+        (&new, 2, vec!["reserve-inventory", "charge-payment", "ship", "confirm"]),
+    ] {
+        for id in ids {
+            let view = order(&http, &stack, id).await;
+            assert_eq!(view["workflow_version"], version, "{view}");
+            assert_eq!(effects(&sim, id), steps, "{id}");
+        }
+    }
+    assert!(stack.restarts() >= 5, "the engine's functions started again");
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "{access}");
 }
