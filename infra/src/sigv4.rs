@@ -118,22 +118,34 @@ pub fn verify(
     let scope = format!("{date}/{region}/{service}/aws4_request");
     let key = signing_key(LOCAL_SECRET_KEY, date, region, service).ok_or(Refusal::Mismatch)?;
     // Clients differ in whether the path is encoded once or twice before signing (only S3 says
-    // once); either is taken.
-    let matches = [canonical_path(request.raw_path, true), canonical_path(request.raw_path, false)]
-        .into_iter()
-        .any(|path| {
-            let canonical = canonical_request(request, &path, &names, signed_headers);
+    // once), and in the query's `+`: botocore signs a prepared URL's query as it stands, other
+    // clients encode it afresh, reading a `+` as itself or (as a form encoder wrote it) as a
+    // space. Each is taken.
+    let paths = [canonical_path(request.raw_path, true), canonical_path(request.raw_path, false)];
+    let raw = request.raw_query;
+    let queries =
+        [canonical_query(raw), canonical_query(&raw.replace('+', "%20")), query_as_sent(raw)];
+    let matches = paths.iter().flat_map(|path| queries.iter().map(move |query| (path, query))).any(
+        |(path, query)| {
+            let canonical = canonical_request(request, path, query, &names, signed_headers);
             let to_sign = format!(
                 "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
                 hex::encode(Sha256::digest(canonical.as_bytes()))
             );
             let Ok(wanted) = hex::decode(signature) else { return false };
             hmac(&key, to_sign.as_bytes()).is_some_and(|mac| mac.verify_slice(&wanted).is_ok())
-        });
+        },
+    );
     if matches { Ok(access_key.to_owned()) } else { Err(Refusal::Mismatch) }
 }
 
-fn canonical_request(request: &Signed<'_>, path: &str, names: &[&str], signed: &str) -> String {
+fn canonical_request(
+    request: &Signed<'_>,
+    path: &str,
+    query: &str,
+    names: &[&str],
+    signed: &str,
+) -> String {
     let headers: String = names
         .iter()
         .map(|name| {
@@ -149,7 +161,7 @@ fn canonical_request(request: &Signed<'_>, path: &str, names: &[&str], signed: &
     format!(
         "{}\n{path}\n{}\n{headers}\n{signed}\n{}",
         request.method.to_ascii_uppercase(),
-        canonical_query(request.raw_query),
+        query,
         hex::encode(Sha256::digest(request.body))
     )
 }
@@ -177,6 +189,17 @@ fn canonical_query(raw: &str) -> String {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             (encode(&decode(k)), encode(&decode(v)))
         })
+        .collect();
+    pairs.sort();
+    pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
+}
+
+/// The query's pairs sorted, each as it was sent.
+fn query_as_sent(raw: &str) -> String {
+    let mut pairs: Vec<(&str, &str)> = raw
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
         .collect();
     pairs.sort();
     pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
@@ -287,6 +310,22 @@ mod tests {
         let minute = chrono::Duration::seconds(60);
         assert!(check("POST", path, "", body, &h, now + minute).is_ok());
         assert!(check("POST", path, "", body, &h, now - minute).is_ok());
+    }
+
+    #[test]
+    fn a_plus_in_the_query_is_taken_however_the_client_put_it_in_the_canonical_form() {
+        let now = Utc::now();
+        let query = "list=failed&after=a+b%C2%84";
+        let h = signed("GET", &format!("/admin/orders?{query}"), b"", LOCAL, now);
+        assert_eq!(check("GET", "/admin/orders", query, b"", &h, now), Ok("ops-ada".into()));
+        // botocore signs the query as sent, pairs sorted; the SDK reads the `+` as a space.
+        assert_eq!(query_as_sent(query), "after=a+b%C2%84&list=failed");
+        assert_eq!(canonical_query(query), "after=a%2Bb%C2%84&list=failed");
+        // A `+` changed after signing is still refused.
+        assert_eq!(
+            check("GET", "/admin/orders", "list=failed&after=a-b%C2%84", b"", &h, now),
+            Err(Refusal::Mismatch)
+        );
     }
 
     #[test]
