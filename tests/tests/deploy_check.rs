@@ -147,8 +147,8 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
         (
             "pollers-too-many",
             "    Type: Number\n    Default: 2\n    MinValue: 2\n    MaxValue: 1000\n",
-            "    Type: Number\n    Default: 10\n    MinValue: 2\n    MaxValue: 1000\n",
-            "the queues' pollers ask for 50 concurrent executions",
+            "    Type: Number\n    Default: 200\n    MinValue: 2\n    MaxValue: 1000\n",
+            "concurrent executions, more than an account's 1000",
         ),
     ];
     for (name, old, new, named) in cases {
