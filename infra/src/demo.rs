@@ -37,6 +37,43 @@ pub fn demo_workflow() -> String {
     with_budgets(sas_workflows::order_fulfilment(), 15)
 }
 
+/// The workflows the demo runs side by side, with budgets short enough for a demo: the
+/// reference one and account-opening (as `WORKFLOW_JSON`, a list).
+pub fn demo_workflows() -> String {
+    let account = sas_workflows::file(ACCOUNT_WORKFLOW).map_or("", |f| f.json);
+    let both: Vec<Value> = [demo_workflow(), with_budgets(account, 15)]
+        .iter()
+        .filter_map(|w| serde_json::from_str(w).ok())
+        .collect();
+    Value::Array(both).to_string()
+}
+
+/// The second workflow: every [`ACCOUNT_EVERY`]th order of the demo opens an account, where the
+/// stack runs it.
+const ACCOUNT_WORKFLOW: &str = "account-opening";
+const ACCOUNT_EVERY: usize = 4;
+
+/// The workflows the stack's submission runs, by name, as JSON: its `WORKFLOW_JSON` (one or a
+/// list), or the files built in.
+fn workflows_run(stack: &LocalStack) -> Vec<(String, String)> {
+    let set = stack
+        .functions
+        .iter()
+        .find(|f| f.spec.logical_id == "SubmissionFunction")
+        .and_then(|f| f.spec.environment.get("WORKFLOW_JSON"))
+        .and_then(|json| serde_json::from_str::<Value>(json).ok());
+    let list = match set {
+        Some(Value::Array(list)) => list,
+        Some(one) => vec![one],
+        None => sas_workflows::FILES
+            .iter()
+            .filter(|f| f.name.split('.').count() == 1)
+            .filter_map(|f| serde_json::from_str(f.json).ok())
+            .collect(),
+    };
+    list.iter().filter_map(|w| Some((w["name"].as_str()?.to_owned(), w.to_string()))).collect()
+}
+
 /// `workflow_json` with every step's and every compensation's budget set to `seconds`: the
 /// workflow as it is, on a clock a test or a demo can wait for.
 pub fn with_budgets(workflow_json: &str, seconds: u64) -> String {
@@ -51,11 +88,6 @@ pub fn with_budgets(workflow_json: &str, seconds: u64) -> String {
     }
     workflow.to_string()
 }
-
-/// Steps of [`demo_workflow`]: an order that goes through sends and handles one start message
-/// and a request and a reply per step, and writes its state once at submission, once to claim,
-/// and once per step.
-const STEPS: f64 = 3.0;
 
 /// The access key the demo's client signs with: its orders belong to this caller.
 const DEMO_CLIENT: &str = "demo-client";
@@ -200,6 +232,7 @@ async fn follow(
     let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
     let submitting = {
         let (http, api, door) = (http.clone(), stack.api_url.clone(), door.clone());
+        let accounts = workflows_run(stack).iter().any(|(name, _)| name == ACCOUNT_WORKFLOW);
         // The demo's client signs its orders, as the API's default authorizer wants.
         let signer =
             sigv4::local_signer(DEMO_CLIENT, &stack.stack.context.region, sigv4::EXECUTE_API);
@@ -213,7 +246,7 @@ async fn follow(
                     (http.clone(), api.clone(), slots.clone(), door.clone(), signer.clone());
                 submissions.push(tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    submit(&http, &signer, &api, i, deadline, &door).await
+                    submit(&http, &signer, &api, i, accounts, deadline, &door).await
                 }));
             }
             let mut ids = Vec::new();
@@ -299,26 +332,40 @@ async fn follow(
 }
 
 /// Sends order `i` until it is accepted or `deadline` passes; returns its id if accepted.
+/// Submits the demo's `i`th order: a shop order, or (with `accounts`, one in
+/// [`ACCOUNT_EVERY`]) an account to open.
 async fn submit(
     http: &reqwest::Client,
     signer: &SigV4,
     api: &str,
     i: usize,
+    accounts: bool,
     deadline: Instant,
     door: &Door,
 ) -> Option<String> {
-    let body = format!(
-        r#"{{"customer_id":"demo-{c}","currency":"EUR","items":[{{"sku":"BOOK-{s}","quantity":{q},"unit_price":1250}}],
+    let account = accounts && i % ACCOUNT_EVERY == ACCOUNT_EVERY - 1;
+    let (path, body) = if account {
+        let body = serde_json::json!({
+            "customer": {"name": format!("Holder {i}"), "email": format!("holder-{i}@example.com")},
+            "plan": if i % 2 == 0 { "basic" } else { "premium" },
+            "initial_deposit": 1000 * (i % 50)
+        });
+        (format!("{api}/orders?workflow={ACCOUNT_WORKFLOW}"), body.to_string())
+    } else {
+        let body = format!(
+            r#"{{"customer_id":"demo-{c}","currency":"EUR","items":[{{"sku":"BOOK-{s}","quantity":{q},"unit_price":1250}}],
             "ship_to":{{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}}}"#,
-        c = i % 37,
-        s = i % 5,
-        q = 1 + i % 3
-    );
+            c = i % 37,
+            s = i % 5,
+            q = 1 + i % 3
+        );
+        (format!("{api}/orders"), body)
+    };
     let jitter = SplitMix::seeded(i as u64);
     let mut backoff = Duration::from_millis(500);
     while Instant::now() < deadline {
         let request = http
-            .post(format!("{api}/orders"))
+            .post(&path)
             .header("content-type", "application/json")
             .header("idempotency-key", format!("demo-order-{i:05}"))
             .body(body.clone());
@@ -450,6 +497,11 @@ async fn summarise(
 
     let mut s = Summary { orders: accepted, ..Summary::default() };
     let mut to_terminal = Vec::new();
+    // Steps of the orders, by workflow: an order that goes through sends and handles one start
+    // message and a request and a reply per step, and writes its state once at submission,
+    // once to claim, and once per step.
+    let mut steps = 0usize;
+    let mut by_workflow: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let (mut resets, mut error_ids) = (0usize, Vec::new());
     let (mut compensated_unexplained, mut failed_unexplained) = (0, 0);
     for r in records {
@@ -471,14 +523,19 @@ async fn summarise(
         }
         let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
         let why = explained(&b["cause"], &id, &faulted, kills);
+        let workflow = b["workflow"].as_str().unwrap_or_default().to_owned();
+        steps += b["steps"].as_array().map_or(0, Vec::len);
+        let tally = by_workflow.entry(workflow.clone()).or_default();
+        tally.0 += 1;
         match (state_of(r).as_str(), end.and_then(|e| e["what"].as_str())) {
             ("Processed", _) => {
                 s.processed += 1;
-                ends.insert(id.clone(), "Processed".to_owned());
+                tally.1 += 1;
+                ends.insert(id.clone(), (workflow, "Processed".to_owned()));
             }
             ("Error", Some("compensated")) => {
                 s.compensated += 1;
-                ends.insert(id.clone(), "Compensated".to_owned());
+                ends.insert(id.clone(), (workflow, "Compensated".to_owned()));
                 compensated_unexplained += usize::from(!why);
             }
             ("Error", _) => {
@@ -530,7 +587,27 @@ async fn summarise(
         }
     }
     s.errors_without_alert = error_ids.iter().filter(|id| !alerted.contains(*id)).count();
-    s.effects_wrong = effects::mismatches(&ledger, &demo_workflow(), &ends);
+    // The ledger agent's effects are in its own table: an open account is its step in place,
+    // a closed one that step undone.
+    let mut ledger = ledger;
+    let accounts = format!("{}-ledger-accounts", stack.stack.context.stack_name);
+    if let Ok(items) = scan(&clients.dynamodb, &accounts).await {
+        let effects = ledger["effects"].as_array_mut();
+        let effects = effects.ok_or_else(|| Error::Local("the ledger has no effects".into()))?;
+        for item in items {
+            let key = item.get("StepKey").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+            let order = key.split('/').next().unwrap_or_default().to_owned();
+            let effect = |action: &str, direction: &str| {
+                serde_json::json!({"order_id": order, "action": action, "direction": direction,
+                                   "applications": 1, "output": {}})
+            };
+            effects.push(effect("open-account", "do"));
+            if item.get("Status").and_then(|v| v.as_s().ok()).is_some_and(|s| s == "closed") {
+                effects.push(effect("close-account", "undo"));
+            }
+        }
+    }
+    s.effects_wrong = effects::mismatches_of(&ledger, &workflows_run(stack), &ends);
 
     to_terminal.sort_unstable();
     let pct = |p: f64| {
@@ -569,7 +646,8 @@ async fn summarise(
     let (state_puts, _) = seen("dynamodb", &|op| op == "PutItem on StateTable");
     let (transactions, _) = seen("dynamodb", &|op| op == "TransactWriteItems");
     let writes = state_puts + transactions;
-    let (fault_free_messages, fault_free_writes) = (1.0 + 2.0 * STEPS, 2.0 + STEPS);
+    let steps = steps as f64 / records.len().max(1) as f64;
+    let (fault_free_messages, fault_free_writes) = (1.0 + 2.0 * steps, 2.0 + steps);
 
     let mut t = String::new();
     t.push_str(&format!(
@@ -584,6 +662,14 @@ async fn summarise(
         s.failed,
         failed_unexplained,
         s.unfinished
+    ));
+    t.push_str(&format!(
+        "workflows: {}\n",
+        by_workflow
+            .iter()
+            .map(|(w, (orders, processed))| format!("{w} {orders} ({processed} processed)"))
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
     t.push_str(&format!(
         "alerts: {} orders in Error, {} alerted, {} without an alert\n",
@@ -616,7 +702,7 @@ async fn summarise(
         s.dead_lettered
     ));
     t.push_str(&format!(
-        "supervisor resets: {resets}; per order: {sent:.2} messages sent, {handled:.2} handled, {writes:.2} state writes (amplification {:.2}, {:.2}, {:.2} against the fault-free {fault_free_messages}, {fault_free_messages}, {fault_free_writes})\n",
+        "supervisor resets: {resets}; per order: {sent:.2} messages sent, {handled:.2} handled, {writes:.2} state writes (amplification {:.2}, {:.2}, {:.2} against the fault-free {fault_free_messages:.2}, {fault_free_messages:.2}, {fault_free_writes:.2})\n",
         sent / fault_free_messages,
         handled / fault_free_messages,
         writes / fault_free_writes

@@ -23,7 +23,10 @@ fn steps(workflow_json: &str) -> Vec<(String, Option<String>)> {
 
 /// (order id, step) → effects in place, for every order the ledger names.
 pub fn in_place(ledger: &Value, workflow_json: &str) -> BTreeMap<(String, String), i64> {
-    let steps = steps(workflow_json);
+    count(ledger, &steps(workflow_json))
+}
+
+fn count(ledger: &Value, steps: &[(String, Option<String>)]) -> BTreeMap<(String, String), i64> {
     let mut counts = BTreeMap::new();
     let effects = ledger["effects"].as_array().map(Vec::as_slice).unwrap_or_default();
     for e in effects {
@@ -53,7 +56,20 @@ pub fn mismatches(
     workflow_json: &str,
     ends: &HashMap<String, String>,
 ) -> Vec<String> {
-    let counts = in_place(ledger, workflow_json);
+    let name = "workflow".to_owned();
+    let ends = ends.iter().map(|(o, e)| (o.clone(), (name.clone(), e.clone()))).collect();
+    mismatches_of(ledger, &[(name, workflow_json.to_owned())], &ends)
+}
+
+/// As [`mismatches`], for orders of several workflows: `workflows` by name, and each order's
+/// workflow with its end. The workflows' actions must not share names.
+pub fn mismatches_of(
+    ledger: &Value,
+    workflows: &[(String, String)],
+    ends: &HashMap<String, (String, String)>,
+) -> Vec<String> {
+    let all: Vec<_> = workflows.iter().flat_map(|(_, json)| steps(json)).collect();
+    let counts = count(ledger, &all);
     let mut wrong = Vec::new();
     for ((order, step), n) in &counts {
         if !(0..=1).contains(n) {
@@ -62,8 +78,12 @@ pub fn mismatches(
     }
     let mut ends: Vec<_> = ends.iter().collect();
     ends.sort();
-    for (order, state) in ends {
-        for (step, _) in steps(workflow_json) {
+    for (order, (workflow, state)) in ends {
+        let Some((_, json)) = workflows.iter().find(|(name, _)| name == workflow) else {
+            wrong.push(format!("{order} runs {workflow}, which the count does not know"));
+            continue;
+        };
+        for (step, _) in steps(json) {
             let n = counts.get(&(order.clone(), step.clone())).copied().unwrap_or(0);
             if n != i64::from(state == "Processed") {
                 wrong.push(format!("{order} ended {state} with {step} in place {n} times"));
@@ -112,6 +132,29 @@ mod tests {
             effect("o1", "charge", "do", 1, false),
         ]});
         assert_eq!(mismatches(&ledger, WORKFLOW, &HashMap::new()), ["o1: charge in place 2 times"]);
+    }
+
+    #[test]
+    fn each_order_is_held_to_its_own_workflow_s_steps() {
+        let other = r#"{"steps":[{"name":"open","compensation":{"action":"close"}}]}"#;
+        let ledger = json!({"effects": [
+            effect("o1", "charge", "do", 1, false),
+            effect("o1", "ship", "do", 1, false),
+            effect("o2", "open", "do", 1, false),
+            effect("o3", "open", "do", 1, false),
+            effect("o3", "close", "undo", 1, false),
+        ]});
+        let workflows =
+            [("shop".to_owned(), WORKFLOW.to_owned()), ("bank".to_owned(), other.to_owned())];
+        let end = |w: &str, e: &str| (w.to_owned(), e.to_owned());
+        let ends = HashMap::from([
+            ("o1".to_owned(), end("shop", "Processed")),
+            ("o2".to_owned(), end("bank", "Processed")),
+            ("o3".to_owned(), end("bank", "Compensated")),
+        ]);
+        assert_eq!(mismatches_of(&ledger, &workflows, &ends), Vec::<String>::new());
+        let wrong = HashMap::from([("o2".to_owned(), end("shop", "Processed"))]);
+        assert_eq!(mismatches_of(&ledger, &workflows, &wrong).len(), 2, "charge and ship missing");
     }
 
     #[test]

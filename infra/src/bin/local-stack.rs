@@ -228,7 +228,7 @@ async fn main() -> ExitCode {
         parameters.extend(demo::demo_parameters());
         overrides.extend(
             ENGINE_FUNCTIONS
-                .map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), demo::demo_workflow())),
+                .map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), demo::demo_workflows())),
         );
     }
     parameters.extend(stack_args.parameters);
