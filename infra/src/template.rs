@@ -69,6 +69,52 @@ impl Template {
         Template::parse(&text)
     }
 
+    /// The template at `path` as CloudFormation would have it once `AWS::LanguageExtensions`
+    /// ran: its loops expanded, that transform taken off, and every relative `CodeUri` made
+    /// absolute (the file may be written anywhere). For tools that take no loops: `sam local
+    /// start-api`, which SAM CLI 1.170 cannot run on this template with its language
+    /// extensions on.
+    pub fn expanded_document(path: &std::path::Path) -> Result<Value, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| Error::Read { path: path.display().to_string(), source })?;
+        let docs = YamlLoader::load_from_str(&text).map_err(|e| Error::Template(e.to_string()))?;
+        let root = docs.into_iter().next().map(to_json).transpose()?.unwrap_or(Value::Null);
+        let mut root = crate::foreach::expand(&root)?;
+        if let Some(Value::Array(transforms)) = root.get_mut("Transform") {
+            transforms.retain(|t| t != "AWS::LanguageExtensions");
+        }
+        let base = path.parent().unwrap_or(std::path::Path::new("."));
+        let base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_owned());
+        let absolute = |uri: &mut Value| {
+            if let Some(relative) = uri.as_str().filter(|u| !u.contains("://")) {
+                *uri = Value::String(base.join(relative).display().to_string());
+            }
+        };
+        if let Some(uri) = root.pointer_mut("/Globals/Function/CodeUri") {
+            absolute(uri);
+        }
+        // A binary found in a mapping with a default is the transform's to resolve too.
+        let mappings = root.get("Mappings").cloned().unwrap_or(Value::Null);
+        if let Some(Value::Object(resources)) = root.get_mut("Resources") {
+            for r in resources.values_mut() {
+                if let Some(uri) = r.pointer_mut("/Properties/CodeUri") {
+                    absolute(uri);
+                }
+                if let Some(binary) = r.pointer_mut("/Metadata/BuildProperties/Binary")
+                    && let Some([map, key, attribute, default]) =
+                        binary.get("Fn::FindInMap").and_then(Value::as_array).map(Vec::as_slice)
+                {
+                    let found = [map, key, attribute]
+                        .iter()
+                        .try_fold(&mappings, |at, k| at.get(k.as_str()?))
+                        .cloned();
+                    *binary = found.unwrap_or_else(|| default["DefaultValue"].clone());
+                }
+            }
+        }
+        Ok(root)
+    }
+
     pub fn parse(text: &str) -> Result<Template, Error> {
         for (n, line) in text.lines().enumerate() {
             let code = line.split(" #").next().unwrap_or_default();

@@ -122,6 +122,52 @@ async fn wait_until_processed(stack: &LocalStack, order: &str) -> String {
     }
 }
 
+/// The queues with a dead-letter queue that still hold a message (visible, in flight or
+/// delayed), and the dead-letter queues that hold one, once the queues have had `within` to
+/// drain. A message whose handling fails stays in its queue, hidden, and comes back after its
+/// visibility timeout until SQS moves it to the dead-letter queue (minutes later): whatever is
+/// left in a queue after less than its visibility timeout is a message that failed, and ends
+/// in a dead-letter queue.
+async fn left_in_queues(stack: &LocalStack, template: &Template, within: Duration) -> Vec<String> {
+    use aws_sdk_sqs::types::QueueAttributeName::{
+        ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed,
+        ApproximateNumberOfMessagesNotVisible,
+    };
+    let sqs = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    let redrives = sas_infra::dead_letters::redrives(template, &stack.stack).unwrap();
+    assert!(!redrives.is_empty(), "no queue with a dead-letter queue");
+    let shortest = redrives.iter().map(|r| r.visibility_timeout).min().unwrap();
+    assert!(within < shortest, "{within:?}: a failed message may come back within it");
+    let started = Instant::now();
+    loop {
+        let mut left = Vec::new();
+        for r in &redrives {
+            for (id, url) in [(&r.queue, &r.queue_url), (&r.dead_letter_queue, &r.dead_letter_url)]
+            {
+                let attributes = sqs
+                    .get_queue_attributes()
+                    .queue_url(url)
+                    .attribute_names(ApproximateNumberOfMessages)
+                    .attribute_names(ApproximateNumberOfMessagesNotVisible)
+                    .attribute_names(ApproximateNumberOfMessagesDelayed)
+                    .send()
+                    .await
+                    .unwrap()
+                    .attributes
+                    .unwrap_or_default();
+                let count: u64 = attributes.values().map(|v| v.parse::<u64>().unwrap()).sum();
+                if count > 0 {
+                    left.push(format!("{id}: {count} message(s) ({attributes:?})"));
+                }
+            }
+        }
+        if left.is_empty() || started.elapsed() > within {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_function_runs_its_sample_event_as_sam_local_invoke_would_against_the_local_stack() {
     let stack = start_stack(TARGET_TMPDIR.as_ref(), "sam-local", SOUND, 5, &[]).await;
@@ -197,17 +243,30 @@ async fn each_function_runs_its_sample_event_as_sam_local_invoke_would_against_t
     invoked.dedup();
     assert_eq!(invoked, order_of_calls, "a function without a sample event");
     assert_eq!(wait_until_processed(&stack, &order).await, "Processed");
+    // Every message the sample events led to (the agents' replies among them) was taken: none
+    // is left to fail again and end in a dead-letter queue.
+    let template = Template::load(&template_path).unwrap();
+    let left = left_in_queues(&stack, &template, Duration::from_secs(30)).await;
+    assert!(left.is_empty(), "left to end in a dead-letter queue: {left:#?}");
 }
 
 #[test]
 fn sam_local_start_api_serves_the_routes_of_the_template() {
     let template_path = workspace_root().join("template.yaml");
-    let served = sam_local(&["routes", template_path.to_str().unwrap()]);
+    // SAM CLI 1.170's language extensions resolve the template's conditions as they expand it,
+    // leaving the JWT authorizer without its API and the routes without their integrations, so
+    // `sam local start-api` runs on the template with its loop expanded beforehand
+    // (`local-stack expand`, as the README says).
+    let expanded = Path::new(TARGET_TMPDIR).join("template-expanded.json");
+    let document = Template::expanded_document(&template_path).unwrap();
+    std::fs::write(&expanded, serde_json::to_string_pretty(&document).unwrap()).unwrap();
+    let served = sam_local(&["routes", expanded.to_str().unwrap()]);
     let served: Vec<(String, String)> = served
         .as_array()
         .unwrap()
         .iter()
         .map(|r| {
+            assert!(r["function"].is_string(), "sam local start-api finds no function for {r}");
             assert_eq!(r["payload"], "2.0", "{r}");
             (r["route"].as_str().unwrap().to_owned(), r["function"].as_str().unwrap().to_owned())
         })

@@ -42,6 +42,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Write `template.yaml` with its agents' loop expanded, for tools that take no loops
+    /// (`sam local start-api`; see the README).
+    Expand {
+        /// Where to write it (JSON).
+        #[arg(long, short, default_value = "target/template-expanded.json")]
+        output: std::path::PathBuf,
+    },
     /// Create the resources, start every function and event source, and run until Ctrl-C.
     Up {
         #[command(flatten)]
@@ -174,6 +181,25 @@ async fn main() -> ExitCode {
                 .with_writer(std::io::stderr)
                 .init();
             (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
+        }
+        Command::Expand { output } => {
+            let expanded = sas_infra::template::Template::expanded_document(
+                &workspace_root().join("template.yaml"),
+            );
+            let written = expanded.map_err(|e| e.to_string()).and_then(|document| {
+                let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
+                std::fs::write(&output, text + "\n").map_err(|e| e.to_string())
+            });
+            return match written {
+                Ok(()) => {
+                    println!("local-stack: wrote {}", output.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("local-stack: {e}");
+                    ExitCode::FAILURE
+                }
+            };
         }
         Command::Token { issuer, audience, subject, minutes } => {
             let now = chrono::Utc::now();
