@@ -524,7 +524,7 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
     let threshold = step.expired_leases.unwrap_or(ctx.config.failure_threshold);
     if failures < threshold && cancel.is_none() {
         // Wait longer before each further try, in case the fault is not as transient as hoped.
-        let wait = ctx.config.wait.wait(failures);
+        let wait = step.waits(ctx.config.wait).wait(failures);
         let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
         next.failure_count = failures;
         if record.process_state == ProcessState::Processing

@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::error::Error;
 use crate::ids::{AgentName, Direction};
 use crate::order::{FieldError, Order, Rejection};
+use crate::retry::WaitPolicy;
 
 /// Shortest budget a step may have: below this an agent cannot make even one remote call.
 pub const MIN_BUDGET: Duration = Duration::from_secs(1);
@@ -88,6 +89,9 @@ pub struct Step {
     /// How many times its lease (or its undo's) may run out before the step fails; `None`:
     /// the stack's `FAILURE_THRESHOLD`.
     pub expired_leases: Option<u32>,
+    /// The wait after its first expired lease, doubling with each further one; `None`: the
+    /// stack's `RETRY_WAIT_BASE_SECONDS`.
+    pub retry_wait: Option<Duration>,
 }
 
 /// The action that undoes a step, run by the step's agent.
@@ -98,6 +102,16 @@ pub struct Compensation {
 }
 
 impl Step {
+    /// How long the step waits after each expired lease before it is tried again: its own
+    /// first wait if it has one, doubling up to the stack's cap (or its own first wait, if
+    /// longer), else the stack's policy.
+    pub fn waits(&self, stack: WaitPolicy) -> WaitPolicy {
+        match self.retry_wait {
+            Some(base) => WaitPolicy { base, max: stack.max.max(base) },
+            None => stack,
+        }
+    }
+
     /// The remote action and budget for driving this step in `direction`; `None` when asked to
     /// undo a step that has no compensation.
     pub fn action(&self, direction: Direction) -> Option<(&str, Duration)> {
@@ -131,6 +145,8 @@ struct StepSpec {
     compensation: Option<CompensationSpec>,
     #[serde(default)]
     expired_leases: Option<u32>,
+    #[serde(default)]
+    retry_wait_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -203,12 +219,21 @@ impl Workflow {
                     s.name
                 )));
             }
+            // The wait rides on an SQS delivery delay, 15 minutes at most.
+            if s.retry_wait_seconds.is_some_and(|w| w > MAX_BUDGET.as_secs()) {
+                return Err(invalid(format!(
+                    "step {:?}: retry_wait_seconds must be from 0 to {}",
+                    s.name,
+                    MAX_BUDGET.as_secs()
+                )));
+            }
             steps.push(Step {
                 name: s.name.clone(),
                 agent,
                 budget,
                 compensation,
                 expired_leases: s.expired_leases,
+                retry_wait: s.retry_wait_seconds.map(Duration::from_secs),
             });
         }
         let version = spec.version.unwrap_or(1);

@@ -993,15 +993,17 @@ fn remote_behaviour(draw: &mut SplitMix, action: &str, faults: Faults) -> Behavi
 /// for as long as they stand (the longest budget, the claim grace and one report); then the
 /// alert may need one republish.
 fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
-    let lease = |budget: Duration| {
-        config.claim_grace + budget + config.wait.max + load::SLACK + SWEEP_EVERY
+    // Each lease, with the longest wait the step may take after it.
+    let lease = |budget: Duration, wait: Duration| {
+        config.claim_grace + budget + wait + load::SLACK + SWEEP_EVERY
     };
     let leases: Duration = workflow
         .steps()
         .iter()
         .map(|s| {
-            let both = lease(s.budget)
-                + s.compensation.as_ref().map_or(Duration::ZERO, |c| lease(c.budget));
+            let wait = s.waits(config.wait).max;
+            let both = lease(s.budget, wait)
+                + s.compensation.as_ref().map_or(Duration::ZERO, |c| lease(c.budget, wait));
             both * s.expired_leases.unwrap_or(config.failure_threshold)
         })
         .sum();

@@ -626,6 +626,29 @@ fn a_step_s_own_count_of_expired_leases_takes_the_place_of_the_stack_s() {
 }
 
 #[test]
+fn a_step_s_own_first_wait_takes_the_place_of_the_stack_s_and_doubles() {
+    let mut f = Fixture::one_step();
+    f.workflow = Workflow::from_json(
+        r#"{"name":"notify","steps":[{"name":"ship","agent":"shipping","retry_wait_seconds":60}]}"#,
+        &[AgentName::new("shipping")],
+    )
+    .unwrap();
+    assert!(f.config.failure_threshold >= 3 && f.config.wait.base < secs(60));
+    let r = f.claim(&f.new_record(), T0);
+    let t = f.expire(&r, r.complete_by.unwrap());
+    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(60) }));
+    let now = t.next.complete_by.unwrap();
+    let r = f.claim(&t.next, now.minus(f.workflow.steps()[0].budget));
+    let t = f.expire(&r, r.complete_by.unwrap());
+    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(120) }));
+    // Beyond the 15 minutes an SQS delay can carry, a file is refused.
+    let long =
+        r#"{"name":"n","steps":[{"name":"ship","agent":"shipping","retry_wait_seconds":901}]}"#;
+    let err = Workflow::from_json(long, &[AgentName::new("shipping")]).unwrap_err();
+    assert!(err.to_string().contains("retry_wait_seconds must be from 0 to 900"), "{err}");
+}
+
+#[test]
 fn at_the_threshold_completed_steps_and_the_uncertain_one_are_compensated() {
     let f = Fixture::new();
     let mut r = f.claim(&f.new_record(), T0);
