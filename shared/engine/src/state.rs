@@ -445,13 +445,15 @@ impl StateRecord {
 
     /// Steps whose effects may still be in place after a failure and that nothing will undo.
     pub fn needs_manual_undo(&self) -> Vec<String> {
+        // Once an order has a cause to stop (a failure, a cancel), a step still done is one
+        // that has no undo: its effect stays in place.
+        let stopped = self.cause.is_some();
         self.steps
             .iter()
-            .filter(|s| {
-                matches!(
-                    s.status,
-                    StepStatus::Uncertain | StepStatus::UndoFailed | StepStatus::ToUndo
-                )
+            .filter(|s| match s.status {
+                StepStatus::Uncertain | StepStatus::UndoFailed | StepStatus::ToUndo => true,
+                StepStatus::Done => stopped,
+                _ => false,
             })
             .map(|s| s.name.clone())
             .collect()
