@@ -1008,12 +1008,20 @@ fn workflow_of(seed: u64) -> Workflow {
         _ => {
             let draw = SplitMix::seeded(seed ^ 0x5a4e);
             let pick = |n: usize| ((draw.unit() * n as f64) as usize).min(n - 1);
-            let agents = ["inventory", "payment", "shipping", "ledger", "notify"];
+            // The agents the repository's workflows use.
+            let mut agents: Vec<String> = Vec::new();
+            for file in sas_workflows::FILES {
+                for agent in Workflow::agents_in(file.json) {
+                    if !agents.iter().any(|a| a == agent.as_str()) {
+                        agents.push(agent.as_str().to_owned());
+                    }
+                }
+            }
             let steps: Vec<serde_json::Value> = (0..1 + pick(5))
                 .map(|k| {
                     let mut step = serde_json::json!({
                         "name": format!("step-{k}"),
-                        "agent": agents[pick(agents.len())],
+                        "agent": agents[pick(agents.len())].as_str(),
                         "budget_seconds": 5 + 5 * pick(12),
                     });
                     if draw.unit() < 0.6 {
