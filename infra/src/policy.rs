@@ -243,7 +243,7 @@ fn role_statements(
         .get("Fn::GetAtt")
         .and_then(Value::as_array)
         .filter(|a| a.len() == 2 && a[1] == "Arn")
-        .and_then(|a| logical_id(&a[0]))
+        .and_then(|a| a[0].as_str())
         .ok_or("Role: only a role of the template (Fn::GetAtt: [<role>, Arn]) is read locally")?;
     let (_, resource) = template
         .resources
@@ -269,7 +269,7 @@ fn role_statements(
     // on the other functions' roles).
     for (policy_id, policy) in template.of_kind("AWS::IAM::RolePolicy") {
         let role_name = policy.properties.get("RoleName").and_then(|r| r.get("Ref"));
-        if role_name.and_then(logical_id) != Some(id)
+        if role_name.and_then(Value::as_str) != Some(id)
             || !stack.context.holds(policy.condition.as_deref())
         {
             continue;
@@ -283,14 +283,6 @@ fn role_statements(
         }
     }
     Ok(statements)
-}
-
-/// The logical id a `Ref` or `Fn::GetAtt` names: a string, or the `{Fn::Sub: ...}` a loop
-/// writes with its item already in place.
-fn logical_id(name: &Value) -> Option<&str> {
-    name.as_str()
-        .or_else(|| name.get("Fn::Sub").and_then(Value::as_str))
-        .filter(|n| !n.contains("${"))
 }
 
 /// What a role SAM makes for the function grants: its `Policies`, and the managed policies SAM

@@ -212,12 +212,7 @@ async fn an_order_cancelled_while_its_payment_is_in_flight_ends_cancelled_with_i
     // The payment service holds every charge open, its effect in place, for as long as this
     // file exists; the charge's budget is long enough that the answer, not the supervisor,
     // ends the step.
-    let hold =
-        std::path::Path::new(TARGET_TMPDIR).join(format!("hold-charge-{}", std::process::id()));
-    std::fs::write(&hold, "").unwrap();
-    let held = hold.with_extension("held");
-    let _ = std::fs::remove_file(&held);
-    let faults = json!({"actions": {"charge-payment": {"hold_while": hold}}}).to_string();
+    let (hold, held, faults) = holding_charges("hold-charge");
     let mut workflow: Value = serde_json::from_str(&FAST_WORKFLOW).unwrap();
     assert_eq!(workflow["steps"][1]["name"], "charge-payment");
     workflow["steps"][1]["budget_seconds"] = json!(60);
@@ -956,12 +951,7 @@ async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own
     let _turn = TURN.lock().await;
     // Every charge is held open while this file exists, so that orders are in flight when the
     // new version comes.
-    let hold =
-        std::path::Path::new(TARGET_TMPDIR).join(format!("hold-version-{}", std::process::id()));
-    std::fs::write(&hold, "").unwrap();
-    let held = hold.with_extension("held");
-    let _ = std::fs::remove_file(&held);
-    let faults = json!({"actions": {"charge-payment": {"hold_while": hold}}}).to_string();
+    let (hold, held, faults) = holding_charges("hold-version");
     let mut v1: Value = serde_json::from_str(&FAST_WORKFLOW).unwrap();
     v1["steps"][1]["budget_seconds"] = json!(60);
     let mut v2 = v1.clone();
@@ -1013,4 +1003,16 @@ async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own
     assert!(stack.restarts() >= 5, "the engine's functions started again");
     let access = stack.access();
     assert!(access.denials.is_empty(), "{access}");
+}
+
+/// A file that holds every charge of the simulated payment service open while it exists (its
+/// effect in place, its answer not sent), the file the service writes once it holds one, and
+/// the faults that say so.
+fn holding_charges(name: &str) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let hold = std::path::Path::new(TARGET_TMPDIR).join(format!("{name}-{}", std::process::id()));
+    std::fs::write(&hold, "").unwrap();
+    let held = hold.with_extension("held");
+    let _ = std::fs::remove_file(&held);
+    let faults = json!({"actions": {"charge-payment": {"hold_while": hold}}}).to_string();
+    (hold, held, faults)
 }

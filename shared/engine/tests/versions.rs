@@ -6,14 +6,13 @@
 
 mod world;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sas_engine::Error;
 use sas_engine::catalogue::Catalogue;
-use sas_engine::memory::{Behaviour, ManualClock};
+use sas_engine::memory::Behaviour;
 use sas_engine::ports::Destination;
-use sas_engine::services::{Command, Operator};
+use sas_engine::services::Command;
 use sas_engine::state::{CommandKind, ProcessState};
 use sas_engine::workflow::Workflow;
 use world::{World, agent_names};
@@ -84,7 +83,7 @@ async fn a_failed_order_is_redriven_on_its_version_while_that_version_is_kept() 
     w.deploy(Catalogue::new(vec![version(1, &[]), version(2, &["confirm"])]).unwrap());
     w.remote.unscript("reserve-inventory");
     let redrive = Command::new(CommandKind::Redrive, "r-1", "arn:ops", "stock back").unwrap();
-    operator(&w).command(id, &redrive).await.unwrap().unwrap();
+    w.operator().command(id, &redrive).await.unwrap().unwrap();
     w.run_for(Duration::from_secs(120)).await;
     let record = w.state(id);
     assert_eq!((record.process_state, record.workflow_version), (ProcessState::Processed, 1));
@@ -116,29 +115,11 @@ async fn an_order_whose_version_is_gone_is_refused_naming_it_and_nothing_else_st
     assert_eq!((report.illegal, report.errors), (1, 0), "{report:?}");
     // An operator's command says which version is missing.
     let cancel = Command::new(CommandKind::Cancel, "c-1", "arn:ops", "stuck").unwrap();
-    let err = operator(&w).command(old, &cancel).await.unwrap_err();
+    let err = w.operator().command(old, &cancel).await.unwrap_err();
     assert!(matches!(&err, Error::WorkflowGone { version: 1, .. }), "{err}");
     assert!(err.to_string().contains("order-fulfilment version 1"), "{err}");
     // Deployed again, it goes on where it stopped.
     w.deploy(Catalogue::new(vec![version(1, &[]), version(2, &["confirm"])]).unwrap());
     w.run_for(Duration::from_secs(120)).await;
     assert_eq!(w.state(old).process_state, ProcessState::Processed);
-}
-
-type MemoryOperator = Operator<
-    Arc<sas_engine::memory::MemoryStore<ManualClock>>,
-    Arc<sas_engine::memory::MemoryQueues<ManualClock>>,
-    Arc<sas_engine::memory::MemoryBus>,
-    ManualClock,
->;
-
-fn operator(w: &World) -> MemoryOperator {
-    Operator::new(
-        w.store.clone(),
-        w.queues.clone(),
-        w.bus.clone(),
-        w.clock.clone(),
-        w.config.clone(),
-        w.catalogue.clone(),
-    )
 }

@@ -19,7 +19,8 @@ use sas_engine::memory::{
 use sas_engine::message::Message;
 use sas_engine::ports::{Destination, Incoming};
 use sas_engine::services::{
-    Accepted, Agent, AgentOutcome, Handled, Scheduler, Submission, Supervisor, SweepReport,
+    Accepted, Agent, AgentOutcome, Handled, Operator, Scheduler, Submission, Supervisor,
+    SweepReport,
 };
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
@@ -176,6 +177,18 @@ impl World {
             catalogue.clone(),
         );
         self.catalogue = catalogue;
+    }
+
+    /// An operator's service on this world, running its current catalogue.
+    pub fn operator(&self) -> Operator<Store, Queues, Bus, Clock> {
+        Operator::new(
+            self.store.clone(),
+            self.queues.clone(),
+            self.bus.clone(),
+            self.clock.clone(),
+            self.config.clone(),
+            self.catalogue.clone(),
+        )
     }
 
     /// The queues' load, as the supervisor and the door read it.
