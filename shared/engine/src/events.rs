@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::ids::OrderId;
-use crate::state::{Cause, StateRecord};
+use crate::state::{Cause, ProcessState, StateRecord};
 use crate::time::Timestamp;
 
 /// `detail-type` of status events.
@@ -147,8 +147,9 @@ pub struct StatusEvent {
     pub correlation_id: String,
 }
 
-/// An order that needs an operator: it ended in `Error`. It carries what the operator needs
-/// to act without opening anything else first.
+/// An order that needs an operator: it ended in `Error`, or it was processed with a step whose
+/// failure its workflow only reports. It carries what the operator needs to act without
+/// opening anything else first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alert {
     /// Deterministic: the same failure of the same order always has the same id (an order
@@ -160,7 +161,15 @@ pub struct Alert {
     pub workflow: String,
     #[serde(default)]
     pub workflow_version: u32,
+    /// How the order ended: `Error`, or `Processed` when only reported failures are left.
+    #[serde(default = "error_state")]
+    pub state: ProcessState,
+    /// Why the order stopped; for a processed order, its first reported failure.
     pub cause: Cause,
+    /// The failures of steps the order went on without, each naming its step: what an
+    /// operator may have to finish by hand.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reported: Vec<Cause>,
     /// The step that failed; none for an order cancelled by an operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_step: Option<String>,
@@ -181,9 +190,13 @@ pub struct Alert {
     #[serde(default)]
     pub show_command: String,
     /// The command that runs the order again once the cause is fixed: a redrive of its
-    /// compensation if an undo failed, of the order otherwise.
-    #[serde(default)]
+    /// compensation if an undo failed, of the order otherwise; none for a processed order.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub redrive_command: String,
+}
+
+fn error_state() -> ProcessState {
+    ProcessState::Error
 }
 
 /// One entry for the bus: what it is, a deterministic id, and its JSON detail.

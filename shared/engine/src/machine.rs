@@ -15,7 +15,8 @@
 //! | any | the queue message that produced the current revision, again | replay its side effects |
 //! | Pending, Processing | claim of another attempt | ignored: stale or duplicate |
 //! | Processing | reply of the current attempt: done | next step leased and dispatched, or Processed |
-//! | Processing | reply of the current attempt: failed | compensation leased and dispatched, or Error and alert |
+//! | Processing | reply of the current attempt: failed, or done with an output too large | compensation leased and dispatched, or Error and alert |
+//! | Processing | the same, for a step whose failures are only reported | the failure recorded on the step; next step leased and dispatched, or Processed and alert |
 //! | Processing (undoing) | reply: done or failed | next undo leased and dispatched, or Error and alert |
 //! | Pending | reply of the current attempt | illegal: nothing was dispatched at that attempt |
 //! | Pending, Processing | reply of another attempt | ignored: stale |
@@ -24,8 +25,9 @@
 //! | Pending | expiry, CompleteBy passed by the horizon, below threshold | FailureCount + 1; Pending at the same attempt with a later CompleteBy; start message again after a wait |
 //! | Processing | expiry, CompleteBy passed by the horizon, below threshold | FailureCount + 1; Pending at a new attempt with a later CompleteBy; start message after a wait |
 //! | Pending, Processing | expiry, CompleteBy passed by the horizon, at threshold | compensation queued, or Error and alert |
-//! | Error (alert pending) | expiry, CompleteBy passed | alert published again |
-//! | Error (alert pending) | alert sent | alert recorded, record leaves the expiry index |
+//! | Pending, Processing | the same, for a step whose failures are only reported | the step left uncertain and passed; next step queued, or Processed and alert |
+//! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
+//! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
 //! | Processed, Error, Cancelled | any message or expiry | ignored: terminal states move only by an operator's command |
 //! | Paused | any message or expiry | ignored: nothing of it is in flight |
@@ -53,6 +55,12 @@
 //! is unknown (its lease had expired) is handled as any uncertain step: undone if it can be,
 //! reported if not.
 //!
+//! A step whose failures are only reported does not stop the order when it fails: the cause is
+//! recorded on the step, the order goes on, and once it is Processed the operators get an
+//! alert naming what was left undone. An operator's cancel waiting on the step takes
+//! precedence (the order stops as asked), and should the order stop later for another cause,
+//! a reported step whose outcome is unknown is undone with the others.
+//!
 //! # When an expired lease counts as a failure
 //!
 //! A lease counts against FailureCount only when the supervisor acts on it, and it acts only
@@ -71,14 +79,14 @@ use std::time::Duration;
 use crate::config::EngineConfig;
 use crate::events::StatusKind;
 use crate::ids::{Direction, OrderId};
-use crate::message::{StepOutcome, StepRef};
+use crate::message::{MAX_OUTPUT_LEN, StepOutcome, StepRef, output_len};
 use crate::mutants::{self, Mutant};
 use crate::state::{
     AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Phase, ProcessState,
     StateRecord, StepState, StepStatus, Stop,
 };
 use crate::time::Timestamp;
-use crate::workflow::{Step, Workflow};
+use crate::workflow::{OnFailure, Step, Workflow};
 
 /// Operator commands remembered on a record for recognising a repeat; an older one sent again
 /// is judged on the record's state, which refuses or ignores nearly every repeat anyway.
@@ -357,18 +365,18 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             expire(record, complete_by, horizon, ctx)
         }
         (Paused, Input::Expire { .. }) => Decision::Ignore(Ignored::Moved),
-        (Error, Input::Expire { complete_by, .. })
+        (Error | Processed, Input::Expire { complete_by, .. })
             if record.alert == Some(AlertDelivery::Pending) =>
         {
             retry_alert(record, complete_by, ctx)
         }
 
-        (Error, Input::AlertSent) => match record.alert {
+        (Error | Processed, Input::AlertSent) => match record.alert {
             Some(AlertDelivery::Pending) => alert_sent(record, ctx),
             Some(AlertDelivery::Sent) => Decision::Ignore(Ignored::AlertAlreadySent),
             None => Decision::Illegal(Illegal::NoAlert),
         },
-        (Pending | Processing | Processed | Paused | Cancelled, Input::AlertSent) => {
+        (Pending | Processing | Paused | Cancelled, Input::AlertSent) => {
             Decision::Illegal(Illegal::NoAlert)
         }
 
@@ -435,52 +443,42 @@ fn reply(
     let c = record.cursor;
     let name = leased.name.clone();
     let limit = ctx.config.timeline_limit;
+    // An agent of this version answers TooLarge itself; one of another may not.
+    let too_large = match outcome {
+        StepOutcome::Done { output } => output_len(output),
+        StepOutcome::TooLarge { bytes } => Some(*bytes),
+        StepOutcome::Failed { .. } => None,
+    };
     match (record.phase, outcome) {
-        (Phase::Forward, StepOutcome::Done { output }) => {
+        (Phase::Forward, StepOutcome::Done { output }) if too_large.is_none() => {
             next.steps[c].status = StepStatus::Done;
             next.steps[c].output = Some(output.clone());
             next.failure_count = 0;
             next.note(ctx.now, Happening::StepDone, Some(name.clone()), limit);
             let effects = status(ctx, StatusKind::StepDone, Some(name));
-            let Some(following) = next_to_do(&next, c + 1) else {
-                // A cancel waiting for the last step comes too late: nothing is left to stop.
-                next.process_state = ProcessState::Processed;
-                next.locked_by = None;
-                next.complete_by = None;
-                next.ended_at = Some(ctx.now);
-                next.note(ctx.now, Happening::Processed, None, limit);
-                let mut effects = effects;
-                effects.extend(status(ctx, StatusKind::Processed, None));
-                return apply(next, effects);
-            };
-            if let Some(cause) = cancelled_by(record) {
-                // The cancel's safe point: the step is done, and is undone with the others.
-                next.cause = Some(cause);
-                return first(effects, compensate(next, ctx, Via::Lease));
-            }
-            next.cursor = following;
-            match lease(&mut next, ctx) {
-                Some(()) => {
-                    let mut effects = effects;
-                    effects.push(Effect::Dispatch);
-                    apply(next, effects)
-                }
-                None => unknown_step(&next),
-            }
+            advance(next, record, effects, ctx, Via::Lease)
+        }
+        (Phase::Forward, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
+            // The effect is in place but its output cannot be carried: the step is done,
+            // without its output, and fails; undone with the others, its undo is told nothing.
+            let bytes = too_large.unwrap_or_default();
+            let limit = MAX_OUTPUT_LEN as u64;
+            next.steps[c].status = StepStatus::Done;
+            next.steps[c].detail = Some(format!(
+                "its output of {bytes} bytes is larger than the {limit} bytes a step may return"
+            ));
+            let cause = Cause::OutputTooLarge { step: name, bytes, limit };
+            failed(next, record, cause, ctx, Via::Lease)
         }
         (Phase::Forward, StepOutcome::Failed { reason }) => {
             next.steps[c].status = StepStatus::Failed;
             next.steps[c].detail = Some(reason.clone());
-            next.cause = Some(cancelled_by(record).unwrap_or_else(|| Cause::StepRejected {
-                step: name.clone(),
-                reason: reason.clone(),
-            }));
-            next.note(ctx.now, Happening::StepFailed, Some(name), limit);
             // The agent reported a permanent fault: the step took no effect, so only the steps
             // before it are undone.
-            compensate(next, ctx, Via::Lease)
+            let cause = Cause::StepRejected { step: name, reason: reason.clone() };
+            failed(next, record, cause, ctx, Via::Lease)
         }
-        (Phase::Compensating, StepOutcome::Done { .. }) => {
+        (Phase::Compensating, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
             next.steps[c].status = StepStatus::Undone;
             next.note(ctx.now, Happening::StepUndone, Some(name), limit);
             continue_undo(next, ctx, Via::Lease)
@@ -494,6 +492,85 @@ fn reply(
             continue_undo(next, ctx, Via::Lease)
         }
     }
+}
+
+/// The cursor's step failed for good, for `cause`, its status already set. A step whose
+/// failures are only reported is passed, and the order goes on; any other failure (or any
+/// failure while a cancel waits) stops the order and undoes what it did.
+fn failed(
+    mut next: StateRecord,
+    record: &StateRecord,
+    cause: Cause,
+    ctx: &Ctx<'_>,
+    via: Via,
+) -> Decision {
+    let c = record.cursor;
+    let name = record.steps[c].name.clone();
+    let limit = ctx.config.timeline_limit;
+    let cancel = cancelled_by(record);
+    let policy = ctx.workflow.steps().iter().find(|s| s.name == name).map(|s| s.on_failure);
+    if policy == Some(OnFailure::Report) && cancel.is_none() {
+        next.steps[c].reported = Some(cause);
+        next.failure_count = 0;
+        next.note(ctx.now, Happening::StepReported, Some(name), limit);
+        return advance(next, record, Vec::new(), ctx, via);
+    }
+    if !matches!(cause, Cause::StepTimedOut { .. }) {
+        // An expiry is on the timeline already.
+        next.note(ctx.now, Happening::StepFailed, Some(name), limit);
+    }
+    next.cause = Some(cancel.unwrap_or(cause));
+    compensate(next, ctx, via)
+}
+
+/// Goes on past the cursor's step, done or reported: leases the next step to do (or hands it
+/// to the scheduler), or ends the order Processed. A cancel waiting for the step takes effect
+/// here instead, unless nothing is left to stop.
+fn advance(
+    mut next: StateRecord,
+    record: &StateRecord,
+    mut effects: Vec<Effect>,
+    ctx: &Ctx<'_>,
+    via: Via,
+) -> Decision {
+    let Some(following) = next_to_do(&next, record.cursor + 1) else {
+        // A cancel waiting for the last step comes too late: nothing is left to stop.
+        return processed(next, effects, ctx);
+    };
+    if let Some(cause) = cancelled_by(record) {
+        // The cancel's safe point: the step is done, and is undone with the others.
+        next.cause = Some(cause);
+        return first(effects, compensate(next, ctx, via));
+    }
+    next.cursor = following;
+    let started = match via {
+        Via::Lease => lease(&mut next, ctx).map(|()| Effect::Dispatch),
+        Via::Kick => requeue(&mut next, ctx),
+    };
+    match started {
+        Some(effect) => {
+            effects.push(effect);
+            apply(next, effects)
+        }
+        None => unknown_step(&next),
+    }
+}
+
+/// Every step is done or reported: Processed. A report owes the operators an alert, which
+/// keeps the record in the expiry index until it is known to be published.
+fn processed(mut next: StateRecord, mut effects: Vec<Effect>, ctx: &Ctx<'_>) -> Decision {
+    next.process_state = ProcessState::Processed;
+    next.locked_by = None;
+    next.complete_by = None;
+    next.ended_at = Some(ctx.now);
+    next.note(ctx.now, Happening::Processed, None, ctx.config.timeline_limit);
+    effects.extend(status(ctx, StatusKind::Processed, None));
+    if next.steps.iter().any(|s| s.reported.is_some()) {
+        next.alert = Some(AlertDelivery::Pending);
+        next.complete_by = Some(ctx.now.plus(ctx.config.alert_retry_after));
+        effects.push(Effect::Alert);
+    }
+    apply(next, effects)
 }
 
 /// The supervisor found an expired record in flight.
@@ -548,15 +625,12 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
         Phase::Forward => {
             // The step may have taken effect with its answer lost: undo it too if it can be
             // undone (compensations must tolerate undoing what never happened), otherwise
-            // leave it to the operator.
-            next.steps[c].status = if step.compensation.is_some() {
-                StepStatus::ToUndo
-            } else {
-                StepStatus::Uncertain
-            };
+            // leave it to the operator. Passed on a report, it stays as it may be.
+            let undo = step.compensation.is_some()
+                && (step.on_failure == OnFailure::Undo || cancel.is_some());
+            next.steps[c].status = if undo { StepStatus::ToUndo } else { StepStatus::Uncertain };
             next.steps[c].detail = Some(detail);
-            next.cause = Some(cancel.unwrap_or(Cause::StepTimedOut { step: name, failures }));
-            compensate(next, ctx, Via::Kick)
+            failed(next, record, Cause::StepTimedOut { step: name, failures }, ctx, Via::Kick)
         }
         Phase::Compensating => {
             next.steps[c].status = StepStatus::UndoFailed;
@@ -584,6 +658,10 @@ fn compensate(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
         let undoable = has_compensation(ctx.workflow, &s.name);
         match s.status {
             StepStatus::Done if undoable => s.status = StepStatus::ToUndo,
+            // Passed on a report while its outcome was unknown: now the order stops after all.
+            StepStatus::Uncertain if undoable && s.reported.is_some() => {
+                s.status = StepStatus::ToUndo;
+            }
             StepStatus::NotStarted if s.dispatched => {
                 s.status = if undoable { StepStatus::ToUndo } else { StepStatus::Uncertain };
                 s.detail = Some("sent in an earlier run; its outcome is unknown".into());
@@ -955,6 +1033,7 @@ fn redrive(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Deci
         s.status = StepStatus::NotStarted;
         s.output = None;
         s.detail = None;
+        s.reported = None;
     }
     let Some(cursor) = next_to_do(&next, 0) else {
         // Every step is done: an Error record never looks like this.
@@ -1058,7 +1137,7 @@ fn cancelled_by(record: &StateRecord) -> Option<Cause> {
 /// The first step at or after `from` that is not done (after a redrive, steps kept done may
 /// lie ahead of the cursor).
 fn next_to_do(record: &StateRecord, from: usize) -> Option<usize> {
-    (from..record.steps.len()).find(|&i| record.steps[i].status != StepStatus::Done)
+    (from..record.steps.len()).find(|&i| !record.steps[i].passed())
 }
 
 /// `decision`, with `effects` performed before its own.

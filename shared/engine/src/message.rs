@@ -29,8 +29,9 @@ use crate::time::Timestamp;
 pub const VERSION: u32 = 1;
 /// Longest failure reason kept from an agent, in bytes; longer ones are cut.
 pub const MAX_REASON_LEN: usize = 300;
-/// Largest step output kept, in bytes of JSON; a larger one is replaced by a marker, because
-/// the output lives in the state record, which must stay small.
+/// Largest step output kept, in bytes of JSON, because the output lives in the state record,
+/// which must stay small, and rides in every later step's request. A step whose output is
+/// larger fails (or, if its workflow says so, is reported) with its effect in place.
 pub const MAX_OUTPUT_LEN: usize = 512;
 
 /// Any message, tagged by `type`.
@@ -116,16 +117,17 @@ pub enum StepOutcome {
     Done { output: serde_json::Value },
     /// The remote service refused for good (not a transient fault); the action took no effect.
     Failed { reason: String },
+    /// The remote action took effect, but its output of `bytes` bytes of JSON is larger than
+    /// [`MAX_OUTPUT_LEN`]: the order records that, and does not carry the output.
+    TooLarge { bytes: u64 },
 }
 
 impl StepOutcome {
-    /// Builds a `Done` outcome, replacing an output too large to keep by a marker.
+    /// Builds a `Done` outcome, or `TooLarge` for an output too large to keep.
     pub fn done(output: serde_json::Value) -> StepOutcome {
-        let len = serde_json::to_string(&output).map_or(usize::MAX, |s| s.len());
-        if len > MAX_OUTPUT_LEN {
-            StepOutcome::Done { output: serde_json::json!({ "truncated_bytes": len }) }
-        } else {
-            StepOutcome::Done { output }
+        match output_len(&output) {
+            Some(bytes) => StepOutcome::TooLarge { bytes },
+            None => StepOutcome::Done { output },
         }
     }
 
@@ -133,6 +135,12 @@ impl StepOutcome {
     pub fn failed(reason: &str) -> StepOutcome {
         StepOutcome::Failed { reason: truncate(reason, MAX_REASON_LEN) }
     }
+}
+
+/// The size of `output` in bytes of JSON if it is larger than [`MAX_OUTPUT_LEN`].
+pub fn output_len(output: &serde_json::Value) -> Option<u64> {
+    let len = serde_json::to_string(output).map_or(u64::MAX, |s| s.len() as u64);
+    (len > MAX_OUTPUT_LEN as u64).then_some(len)
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
@@ -306,7 +314,7 @@ mod tests {
     fn outcomes_are_bounded() {
         let big = serde_json::json!({ "blob": "x".repeat(600) });
         assert!(
-            matches!(StepOutcome::done(big), StepOutcome::Done { output } if output.get("truncated_bytes").is_some())
+            matches!(StepOutcome::done(big), StepOutcome::TooLarge { bytes } if bytes > MAX_OUTPUT_LEN as u64)
         );
         let StepOutcome::Failed { reason } = StepOutcome::failed(&"é".repeat(400)) else {
             panic!()

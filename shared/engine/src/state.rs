@@ -137,6 +137,10 @@ pub struct StepState {
     /// leased at least once since its generation began.
     #[serde(default, skip_serializing_if = "is_false")]
     pub dispatched: bool,
+    /// Why it failed, for a step whose failures are only reported: the order went on without
+    /// it, and the operators were told. Its status still says what became of its effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported: Option<Cause>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -148,6 +152,12 @@ fn is_false(b: &bool) -> bool {
 }
 
 impl StepState {
+    /// Whether the order may go on past this step: it is done, or its failure is only
+    /// reported.
+    pub fn passed(&self) -> bool {
+        self.status == StepStatus::Done || self.reported.is_some()
+    }
+
     pub(crate) fn new(name: &str) -> StepState {
         StepState {
             name: name.to_owned(),
@@ -156,6 +166,7 @@ impl StepState {
             detail: None,
             generation: 0,
             dispatched: false,
+            reported: None,
         }
     }
 }
@@ -171,6 +182,9 @@ pub enum Cause {
     /// The record names a step the loaded workflow does not have (the workflow was changed
     /// incompatibly while the order was in flight).
     UnknownStep { step: String },
+    /// The step took effect, but what its service answered is larger than a step's output
+    /// may be, so it could not be kept.
+    OutputTooLarge { step: String, bytes: u64, limit: u64 },
     /// An operator cancelled the order.
     Cancelled { by: String, reason: String },
 }
@@ -181,6 +195,7 @@ impl Cause {
         match self {
             Cause::StepRejected { step, .. }
             | Cause::StepTimedOut { step, .. }
+            | Cause::OutputTooLarge { step, .. }
             | Cause::UnknownStep { step } => Some(step),
             Cause::Cancelled { .. } => None,
         }
@@ -206,6 +221,7 @@ impl Cause {
         match self {
             Cause::StepRejected { .. } => "step_rejected",
             Cause::StepTimedOut { .. } => "step_timed_out",
+            Cause::OutputTooLarge { .. } => "output_too_large",
             Cause::UnknownStep { .. } => "unknown_step",
             Cause::Cancelled { .. } => "cancelled",
         }
@@ -322,6 +338,8 @@ pub enum Happening {
     Claimed,
     StepDone,
     StepFailed,
+    /// A step failed, and its workflow only reports such a failure: the order went on.
+    StepReported,
     LeaseExpired,
     RetryScheduled,
     CompensationStarted,
@@ -446,12 +464,14 @@ impl StateRecord {
     /// Steps whose effects may still be in place after a failure and that nothing will undo.
     pub fn needs_manual_undo(&self) -> Vec<String> {
         // Once an order has a cause to stop (a failure, a cancel), a step still done is one
-        // that has no undo: its effect stays in place.
+        // that has no undo: its effect stays in place. An uncertain step whose failure was
+        // only reported was meant to stay, unless the order stopped after all.
         let stopped = self.cause.is_some();
         self.steps
             .iter()
             .filter(|s| match s.status {
-                StepStatus::Uncertain | StepStatus::UndoFailed | StepStatus::ToUndo => true,
+                StepStatus::UndoFailed | StepStatus::ToUndo => true,
+                StepStatus::Uncertain => stopped || s.reported.is_none(),
                 StepStatus::Done => stopped,
                 _ => false,
             })
@@ -533,13 +553,25 @@ impl StateRecord {
                 self.check_progress()
             }
             ProcessState::Processed => {
-                if self.complete_by.is_some() || self.alert.is_some() || self.cause.is_some() {
-                    return self.broken("processed order with CompleteBy, alert or cause");
+                if self.cause.is_some() {
+                    return self.broken("processed order with a cause");
                 }
-                if self.steps.iter().any(|s| s.status != StepStatus::Done) {
-                    return self.broken("processed with a step not done");
+                if self.steps.iter().any(|s| !s.passed()) {
+                    return self.broken("processed with a step neither done nor reported");
                 }
-                Ok(())
+                // Its alert is owed exactly when some step's failure was only reported.
+                let reported = self.steps.iter().any(|s| s.reported.is_some());
+                match self.alert {
+                    None if reported => self.broken("processed with a report but no alert"),
+                    Some(_) if !reported => self.broken("processed with an alert and no report"),
+                    Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
+                        self.broken("alert pending but not in the expiry index")
+                    }
+                    Some(AlertDelivery::Sent) | None if self.complete_by.is_some() => {
+                        self.broken("processed order with CompleteBy and no alert pending")
+                    }
+                    _ => Ok(()),
+                }
             }
             ProcessState::Cancelled => {
                 if self.complete_by.is_some() || self.alert.is_some() {
@@ -593,7 +625,7 @@ impl StateRecord {
                         || (self.redrives > 0 && s.status == StepStatus::Done)
                 };
                 if current != StepStatus::NotStarted
-                    || self.steps[..self.cursor].iter().any(|s| s.status != StepStatus::Done)
+                    || self.steps[..self.cursor].iter().any(|s| !s.passed())
                     || !self.steps[self.cursor + 1..].iter().all(later_ok)
                 {
                     return self.broken("forward progress out of order");

@@ -1,6 +1,7 @@
-//! Workflows as data: an ordered list of steps, each run by an agent within a time budget, and
-//! optionally undone by a compensating action on the same agent; a version; and the JSON
-//! Schema its orders' input must satisfy.
+//! Workflows as data: an ordered list of steps, each run by an agent within a time budget,
+//! optionally undone by a compensating action on the same agent, and either undoing the order
+//! or only reported when it fails; a version; and the JSON Schema its orders' input must
+//! satisfy.
 //!
 //! A workflow is loaded and validated once, at cold start. Everything that could make it fail
 //! at run time (an agent nobody deployed, two steps with one name, an empty list, a budget no
@@ -92,6 +93,21 @@ pub struct Step {
     /// The wait after its first expired lease, doubling with each further one; `None`: the
     /// stack's `RETRY_WAIT_BASE_SECONDS`.
     pub retry_wait: Option<Duration>,
+    /// What its failure does to the order.
+    pub on_failure: OnFailure,
+}
+
+/// What a step's failure (a refusal, its leases run out, an output too large) does to the
+/// order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// The order stops and every step done is undone, last first.
+    #[default]
+    Undo,
+    /// The failure is recorded on the order and sent to the operators; the order goes on
+    /// without it (a welcome email that could not be sent does not close the account).
+    Report,
 }
 
 /// The action that undoes a step, run by the step's agent.
@@ -147,6 +163,8 @@ struct StepSpec {
     expired_leases: Option<u32>,
     #[serde(default)]
     retry_wait_seconds: Option<u64>,
+    #[serde(default)]
+    on_failure: OnFailure,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -234,6 +252,7 @@ impl Workflow {
                 compensation,
                 expired_leases: s.expired_leases,
                 retry_wait: s.retry_wait_seconds.map(Duration::from_secs),
+                on_failure: s.on_failure,
             });
         }
         let version = spec.version.unwrap_or(1);
@@ -388,6 +407,11 @@ mod tests {
         .unwrap();
         assert_eq!(w.step(0).unwrap().budget, DEFAULT_BUDGET);
         assert_eq!(w.step(0).unwrap().compensation.as_ref().unwrap().budget, DEFAULT_BUDGET);
+        assert_eq!(w.step(0).unwrap().on_failure, OnFailure::Undo);
+        let reported =
+            r#"{"name":"w","steps":[{"name":"a","agent":"payment","on_failure":"report"}]}"#;
+        let w = Workflow::from_json(reported, &agents()).unwrap();
+        assert_eq!(w.step(0).unwrap().on_failure, OnFailure::Report);
     }
 
     #[test]
@@ -424,6 +448,10 @@ mod tests {
             (
                 r#"{"name":"w","steps":[{"name":"a","agent":"payment","expired_leases":11}]}"#,
                 "expired_leases must be from 1 to 10",
+            ),
+            (
+                r#"{"name":"w","steps":[{"name":"a","agent":"payment","on_failure":"ignore"}]}"#,
+                "steps[0].on_failure: unknown variant `ignore`, expected `undo` or `report`",
             ),
         ];
         for (json, expected) in cases {

@@ -706,7 +706,10 @@ impl World {
                         Cause::StepTimedOut { step, failures } => {
                             what.lease_faults.get(step).copied().unwrap_or(0) >= *failures
                         }
-                        Cause::UnknownStep { .. } | Cause::Cancelled { .. } => false,
+                        // The load simulation's services answer small outputs.
+                        Cause::OutputTooLarge { .. }
+                        | Cause::UnknownStep { .. }
+                        | Cause::Cancelled { .. } => false,
                     };
                     if !explained {
                         out.unexplained.push((r.order_id, cause));

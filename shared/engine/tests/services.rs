@@ -361,6 +361,40 @@ async fn a_permanent_fault_is_reported_while_the_lease_holds() {
 }
 
 #[tokio::test]
+async fn an_output_too_large_is_answered_as_such_not_carried() {
+    let b = AgentBench::new();
+    b.remote.script("charge-payment", [Behaviour::Oversize]);
+    let req = b.request(Duration::from_secs(30));
+    assert!(matches!(b.handle(&req).await.unwrap(), AgentOutcome::Replied { done: true, .. }));
+    let Message::Reply(reply) = &b.replies()[0] else { panic!() };
+    assert!(matches!(reply.outcome, StepOutcome::TooLarge { bytes } if bytes > 512));
+    let size = Message::Reply(reply.clone()).encode().len();
+    assert!(size < 2048, "the reply stays small: {size} bytes");
+}
+
+#[tokio::test]
+async fn an_order_whose_step_answers_too_much_records_why_and_undoes_the_step_too() {
+    let mut w = World::new();
+    w.remote.script("charge-payment", [Behaviour::Oversize]);
+    let id = w.submit("too-much").await.unwrap().order_id;
+    w.run_for(Duration::from_secs(300)).await;
+    let r = w.state(id);
+    assert_eq!(r.process_state, ProcessState::Error);
+    assert!(
+        matches!(&r.cause, Some(sas_engine::state::Cause::OutputTooLarge { step, bytes, limit: 512 })
+            if step == "charge-payment" && *bytes > 512),
+        "{:?}",
+        r.cause
+    );
+    // The charge went through: it is refunded, and the stock released; no message was poison.
+    assert!(w.remote.applied(&World::key(id, "charge-payment", "undo")));
+    assert!(w.remote.applied(&World::key(id, "reserve-inventory", "undo")));
+    assert!(w.handled.iter().all(|(_, h)| !matches!(h, Handled::Illegal(_))), "{:?}", w.handled);
+    assert_eq!(w.statuses(id).last().map(String::as_str), Some("compensated"));
+    assert_eq!(w.alerts().len(), 1);
+}
+
+#[tokio::test]
 async fn a_reply_that_cannot_be_sent_is_retried_without_a_second_effect() {
     let b = AgentBench::new();
     let req = b.request(Duration::from_secs(30));

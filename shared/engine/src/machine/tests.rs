@@ -781,6 +781,7 @@ fn a_corrupt_record_is_refused_not_decided_on() {
 }
 
 mod commands;
+mod reports;
 
 /// One recorded metric: its name, its labels, and its value as text.
 type Recorded = (String, Vec<(String, String)>, String);

@@ -37,6 +37,8 @@ pub enum Behaviour {
     /// Takes this long, then behaves as `Succeed`; if that ends at or after the caller's
     /// deadline, the effect is still applied but the caller sees a timeout.
     Slow(Duration),
+    /// Applies the effect and answers more than a step may return.
+    Oversize,
 }
 
 /// One effect applied by the service.
@@ -63,6 +65,8 @@ pub struct RemoteFaults {
     pub lost_answers: u32,
     /// Slow calls that outlasted the caller's deadline, their effect applied all the same.
     pub timeouts: u32,
+    /// Effects applied with an answer larger than a step may return.
+    pub oversize: u32,
 }
 
 /// A scripted business service with an effect ledger.
@@ -178,6 +182,15 @@ impl<C: Clock> MemoryRemote<C> {
 impl State {
     /// Carries out the call's effect once per key, as the service's own logic would.
     fn apply(&mut self, call: &RemoteCall) -> Result<serde_json::Value, RemoteFault> {
+        self.apply_answering(call, false)
+    }
+
+    /// As [`State::apply`], a new effect answering `oversize` output if asked to.
+    fn apply_answering(
+        &mut self,
+        call: &RemoteCall,
+        oversize: bool,
+    ) -> Result<serde_json::Value, RemoteFault> {
         let key = call.idempotency_key.as_str();
         // The step's other direction shares everything in the key up to the last '/'.
         let counterpart = |direction: Direction| {
@@ -206,11 +219,14 @@ impl State {
         }
         self.next_ref += 1;
         let reference = format!("{}-{}", call.action, self.next_ref);
-        let output = if noop {
+        let mut output = if noop {
             json!({ "ref": reference, "noop": true })
         } else {
             json!({ "ref": reference })
         };
+        if oversize {
+            output["statement"] = "x".repeat(crate::message::MAX_OUTPUT_LEN).into();
+        }
         self.by_key.insert(key.to_owned(), self.ledger.len());
         self.ledger.push(LedgerEntry {
             key: key.to_owned(),
@@ -267,6 +283,11 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
                 state.faults.permanent += 1;
                 state.refused.insert(call.idempotency_key.clone(), reason.clone());
                 Err(RemoteFault::Permanent(reason))
+            }
+            Behaviour::Oversize => {
+                let mut state = self.state();
+                state.faults.oversize += 1;
+                state.apply_answering(call, true)
             }
             Behaviour::ApplyThenLoseAnswer => {
                 let mut state = self.state();

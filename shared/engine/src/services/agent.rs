@@ -150,7 +150,14 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             metrics::agent_finished("expired");
             return Ok(AgentOutcome::Expired { calls });
         }
-        let done = matches!(outcome, StepOutcome::Done { .. });
+        let done = match outcome {
+            StepOutcome::Done { .. } => true,
+            StepOutcome::TooLarge { bytes } => {
+                warn!(order_id = %request.order_id, bytes, "the service's answer is too large to carry");
+                true
+            }
+            StepOutcome::Failed { .. } => false,
+        };
         let reply = StepReply {
             order_id: request.order_id,
             attempt: request.attempt,

@@ -16,7 +16,7 @@ use crate::message::{Message, Start, StepRef, StepRequest};
 use crate::ports::{
     Clock, Destination, ENTRY_TRIES, EventBus, Expected, Outbox, Outgoing, Read, Saved, StateStore,
 };
-use crate::state::{StateRecord, StepStatus};
+use crate::state::{Cause, ProcessState, StateRecord, StepStatus};
 use crate::time::Timestamp;
 
 /// Conflicts tolerated while recording that an alert was sent; each one means another writer
@@ -209,9 +209,16 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
     }
 }
 
-/// The alert of an order in Error; `None` if the record has no failure cause.
+/// The alert of an order in Error, or processed with reported failures; `None` if the record
+/// has neither a cause nor a report.
 pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
-    let cause = record.cause.as_ref()?.without_text();
+    let reported: Vec<Cause> =
+        record.steps.iter().filter_map(|s| s.reported.as_ref()).map(Cause::without_text).collect();
+    let cause = match &record.cause {
+        Some(cause) => cause.without_text(),
+        None => reported.first()?.clone(),
+    };
+    let processed = record.process_state == ProcessState::Processed;
     let needs_manual_undo = record.needs_manual_undo();
     let id = record.order_id;
     Some(Alert {
@@ -231,9 +238,13 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
             .filter(|s| s.status == StepStatus::Undone)
             .map(|s| s.name.clone())
             .collect(),
-        fully_compensated: needs_manual_undo.is_empty(),
+        state: record.process_state,
+        reported,
+        fully_compensated: !processed && needs_manual_undo.is_empty(),
         show_command: format!("sas show {id}"),
-        redrive_command: if needs_manual_undo.is_empty() {
+        redrive_command: if processed {
+            String::new()
+        } else if needs_manual_undo.is_empty() {
             format!("sas redrive {id} --reason '<what was fixed>'")
         } else {
             format!("sas redrive {id} --compensation --reason '<what was fixed>'")
