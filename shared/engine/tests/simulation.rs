@@ -4,11 +4,16 @@
 //! Faults: lost, duplicated, delayed and reordered messages; a handler dying between any two of
 //! its calls (the port call fails and the handler stops there, its message not deleted);
 //! throttled writes; remote services failing transiently, refusing for good, applying an effect
-//! and losing the answer, or answering too late; supervisors sweeping at once; an expiry index
-//! lagging behind the table. An operator acts on random orders at random moments all the while
-//! (cancel, pause, resume, redrive, redrive of the compensation; sometimes the same command
-//! twice, sometimes crashing halfway). After the faults stop, the operator resumes what it
-//! paused, and every order must reach a terminal state.
+//! and losing the answer, answering too late, or answering more than a step may keep;
+//! supervisors sweeping at once; an expiry index lagging behind the table. An operator acts on
+//! random orders at random moments all the while (cancel, pause, resume, redrive, redrive of the
+//! compensation; sometimes the same command twice, sometimes crashing halfway). After the faults
+//! stop, the operator resumes what it paused, and every order must reach a terminal state.
+//!
+//! Each seed runs one workflow (the repository's two, or a random shape whose steps may only
+//! report their failures), and on a fifth of the seeds a new version of it is deployed halfway
+//! through the faults: every order must keep the version it started on, and its steps, to its
+//! end.
 //!
 //! `SEED=n cargo test -p sas-engine --test simulation` replays one seed exactly;
 //! `SIM_SEEDS=n` runs n seeds (default 2000). Every kind of fault can be switched off:
@@ -41,9 +46,9 @@ use sas_engine::services::{
     Agent, Command, Operator, Scheduler, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{
-    AlertDelivery, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
+    AlertDelivery, Cause, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
 };
-use sas_engine::workflow::Workflow;
+use sas_engine::workflow::{OnFailure, Workflow};
 use sas_engine::{Error, OrderId, Result, Timestamp};
 
 const ORDERS: usize = 12;
@@ -162,12 +167,14 @@ enum Fault {
     LostAnswer,
     /// A remote call answering after the caller's deadline, its effect applied.
     Timeout,
+    /// A remote effect applied, answered with more than a step may return.
+    OversizeOutput,
     /// An operator's command on a random order.
     Operator,
 }
 
 impl Fault {
-    const ALL: [Fault; 14] = [
+    const ALL: [Fault; 15] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -181,6 +188,7 @@ impl Fault {
         Fault::RemotePermanent,
         Fault::LostAnswer,
         Fault::Timeout,
+        Fault::OversizeOutput,
         Fault::Operator,
     ];
 
@@ -199,6 +207,7 @@ impl Fault {
             Fault::RemotePermanent => "remote-permanent",
             Fault::LostAnswer => "lost-answer",
             Fault::Timeout => "timeout",
+            Fault::OversizeOutput => "oversize-output",
             Fault::Operator => "operator",
         }
     }
@@ -262,6 +271,10 @@ struct Tally {
     commands_refused: u64,
     /// Orders that reached Processed after an operator's redrive.
     redriven_to_the_end: u64,
+    /// Orders processed with a step's failure only reported.
+    processed_with_reports: u64,
+    /// Orders that ended on the version before a deploy, after it.
+    ended_on_old_version: u64,
 }
 
 impl Tally {
@@ -284,6 +297,8 @@ impl std::ops::AddAssign for Tally {
         self.commands_applied += o.commands_applied;
         self.commands_refused += o.commands_refused;
         self.redriven_to_the_end += o.redriven_to_the_end;
+        self.processed_with_reports += o.processed_with_reports;
+        self.ended_on_old_version += o.ended_on_old_version;
     }
 }
 
@@ -294,13 +309,83 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
             self.redriven_to_the_end,
+            self.processed_with_reports,
+            self.ended_on_old_version,
             self.longest_settle.as_secs()
         )
+    }
+}
+
+/// What the services of a run are built on: built once at the start, and again at a deploy.
+struct Ports {
+    store: Store,
+    outbox: Queues,
+    events: Bus,
+    clock: ManualClock,
+    waits: Waits,
+    queues: Arc<MemoryQueues<ManualClock>>,
+    config: Arc<EngineConfig>,
+    /// How far ahead of everyone else's the supervisors' clocks read.
+    ahead: Duration,
+}
+
+type Services = (
+    Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
+    Scheduler<Store, Queues, Bus, ManualClock, Waits>,
+    [Supervisor<Store, Store, Queues, Bus, ManualClock, Load>; 2],
+    Operator<Store, Queues, Bus, ManualClock>,
+);
+
+impl Ports {
+    /// The services that run `catalogue`; `ids` starts their correlation ids.
+    fn services(&self, catalogue: Arc<Catalogue>, ids: &str) -> Services {
+        let load = || Gauges { waits: self.waits.clone(), depths: self.queues.clone() };
+        let submission = Submission::new(
+            self.store.clone(),
+            self.outbox.clone(),
+            self.events.clone(),
+            self.clock.clone(),
+            SeqIds::new(ids),
+            load(),
+            self.config.clone(),
+            catalogue.clone(),
+        );
+        let scheduler = Scheduler::new(
+            self.store.clone(),
+            self.outbox.clone(),
+            self.events.clone(),
+            self.clock.clone(),
+            self.waits.clone(),
+            self.config.clone(),
+            catalogue.clone(),
+            format!("scheduler-{ids}"),
+        );
+        let supervisor = || {
+            Supervisor::new(
+                self.store.clone(),
+                self.store.clone(),
+                self.outbox.clone(),
+                self.events.clone(),
+                self.clock.ahead_by(self.ahead),
+                load(),
+                self.config.clone(),
+                catalogue.clone(),
+            )
+        };
+        let operator = Operator::new(
+            self.store.clone(),
+            self.outbox.clone(),
+            self.events.clone(),
+            self.clock.clone(),
+            self.config.clone(),
+            catalogue.clone(),
+        );
+        (submission, scheduler, [supervisor(), supervisor()], operator)
     }
 }
 
@@ -308,6 +393,15 @@ struct Sim {
     seed: u64,
     /// The workflow of this run (see [`workflow_of`]).
     workflow: Arc<Workflow>,
+    /// The version deployed halfway through the faults on some seeds (see [`next_version`]),
+    /// and the event at which it is.
+    next: Option<(Arc<Workflow>, usize)>,
+    /// The ports the services are built on, to build them again at a deploy.
+    ports: Ports,
+    /// Whether the next version is deployed yet.
+    deployed: bool,
+    /// The version each order must keep: the current one when it was accepted.
+    versions: HashMap<OrderId, u32>,
     rng: SplitMix,
     clock: ManualClock,
     memory: Arc<MemoryStore<ManualClock>>,
@@ -324,9 +418,9 @@ struct Sim {
     /// Command ids handed out so far, and the last command sent for each order.
     commands: u64,
     last_command: HashMap<OrderId, (CommandKind, String)>,
-    /// How many times each order reached Error, and how many of those times its alert was
-    /// seen recorded as sent. Each time owes one distinct alert, unless an operator's redrive
-    /// came before it was published.
+    /// How many times each order ended owing an alert (in Error, or Processed with a reported
+    /// failure), and how many of those times its alert was seen recorded as sent. Each time
+    /// owes one distinct alert, unless an operator's redrive came before it was published.
     errors: HashMap<OrderId, usize>,
     alerted: HashMap<OrderId, usize>,
     /// Ledger entries the check of effects in place has seen: it runs again only on new ones.
@@ -368,7 +462,6 @@ impl Sim {
         }
         let queues = Arc::new(MemoryQueues::new(clock.clone()));
         let waits = Arc::new(MemoryWaits::default());
-        let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
         let bus = Arc::new(MemoryBus::new());
         let remote = Arc::new(MemoryRemote::new(clock.clone()));
         let countdown = Arc::new(AtomicU32::new(0));
@@ -394,40 +487,29 @@ impl Sim {
         });
         let workflow = Arc::new(workflow_of(seed));
         let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
+        let next = next_version(seed, &workflow).map(|v2| (Arc::new(v2), FAULTY_EVENTS / 2));
         // Every remote behaviour is drawn from the seed, before the run starts: the steps'
-        // actions first, then their undos.
+        // actions first, then their undos, then those a later version adds.
         let mut draw = SplitMix::seeded(seed ^ 0x5eed);
-        let actions = workflow.steps().iter().map(|s| (s.name.clone(), false)).chain(
-            workflow
-                .steps()
-                .iter()
-                .filter_map(|s| Some((s.compensation.as_ref()?.action.clone(), true))),
-        );
-        for (action, undo) in actions.collect::<Vec<_>>() {
+        let actions_of = |w: &Workflow| -> Vec<(String, bool)> {
+            let steps = w.steps().iter();
+            steps
+                .clone()
+                .map(|s| (s.name.clone(), false))
+                .chain(steps.filter_map(|s| Some((s.compensation.as_ref()?.action.clone(), true))))
+                .collect()
+        };
+        let mut actions = actions_of(&workflow);
+        if let Some((v2, _)) = &next {
+            actions.extend(
+                actions_of(v2).into_iter().filter(|a| !actions.contains(a)).collect::<Vec<_>>(),
+            );
+        }
+        for (action, undo) in actions {
             let script: Vec<Behaviour> =
                 (0..4000).map(|_| remote_behaviour(&mut draw, undo, faults)).collect();
             remote.script(&action, script);
         }
-        let submission = Submission::new(
-            store.clone(),
-            outbox.clone(),
-            events.clone(),
-            clock.clone(),
-            SeqIds::new("c"),
-            load(),
-            config.clone(),
-            catalogue.clone(),
-        );
-        let scheduler = Scheduler::new(
-            store.clone(),
-            outbox.clone(),
-            events.clone(),
-            clock.clone(),
-            waits.clone(),
-            config.clone(),
-            catalogue.clone(),
-            "scheduler".into(),
-        );
         let agents = workflow
             .agents()
             .into_iter()
@@ -446,33 +528,27 @@ impl Sim {
                 (queue, agent)
             })
             .collect();
-        let supervisor = || {
-            Supervisor::new(
-                store.clone(),
-                store.clone(),
-                outbox.clone(),
-                events.clone(),
-                clock.ahead_by(ahead),
-                load(),
-                config.clone(),
-                catalogue.clone(),
-            )
+        let ports = Ports {
+            store,
+            outbox,
+            events,
+            clock: clock.clone(),
+            waits: waits.clone(),
+            queues: queues.clone(),
+            config: config.clone(),
+            ahead,
         };
-        let supervisors = [supervisor(), supervisor()];
-        let operator = Operator::new(
-            store.clone(),
-            outbox.clone(),
-            events.clone(),
-            clock.clone(),
-            config.clone(),
-            catalogue.clone(),
-        );
-        let settle_bound = settle_bound(&config, &workflow);
+        let (submission, scheduler, supervisors, operator) = ports.services(catalogue, "c");
+        let settle_bound = settle_bound(&config, &workflow)
+            .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)));
         let destinations = [Destination::Scheduler, Destination::Replies]
             .into_iter()
             .chain(workflow.agents().into_iter().map(|a| Destination::Agent(a.clone())))
             .collect();
-        let steps = workflow
+        // A later version keeps every step of the first (it may add some).
+        let steps = next
+            .as_ref()
+            .map_or(&workflow, |(v2, _)| v2)
             .steps()
             .iter()
             .map(|s| (s.name.clone(), s.compensation.as_ref().map(|c| c.action.clone())))
@@ -480,6 +556,10 @@ impl Sim {
         Sim {
             seed,
             workflow: workflow.clone(),
+            next,
+            ports,
+            deployed: false,
+            versions: HashMap::new(),
             rng,
             clock,
             memory,
@@ -508,6 +588,28 @@ impl Sim {
             faults_on: true,
             settle_bound,
             destinations,
+        }
+    }
+
+    /// Deploys the run's next version: the services start again with both versions, the new
+    /// one current; what is in flight stays where it is.
+    fn deploy(&mut self) {
+        let Some((v2, _)) = &self.next else { return };
+        let catalogue = Catalogue::new(vec![(*self.workflow).clone(), (**v2).clone()]).unwrap();
+        let (submission, scheduler, supervisors, operator) =
+            self.ports.services(Arc::new(catalogue), "d");
+        self.submission = submission;
+        self.scheduler = scheduler;
+        self.supervisors = supervisors;
+        self.operator = operator;
+        self.deployed = true;
+    }
+
+    /// The version of the run's workflow `version` names.
+    fn workflow_of_version(&self, version: u32) -> &Workflow {
+        match &self.next {
+            Some((v2, _)) if v2.version() == version => v2,
+            _ => &self.workflow,
         }
     }
 
@@ -563,6 +665,11 @@ impl Sim {
             self.disarm();
             if let Ok(accepted) = result {
                 self.accepted.push(accepted.order_id);
+                let current = match &self.next {
+                    Some((v2, _)) if self.deployed => v2.version(),
+                    _ => self.workflow.version(),
+                };
+                self.versions.insert(accepted.order_id, current);
                 return;
             }
         }
@@ -752,6 +859,18 @@ impl Sim {
         }
         for (id, r) in &records {
             r.check().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            // An order keeps the version it started on, and that version's steps.
+            if let Some(&version) = self.versions.get(id) {
+                assert_eq!(r.workflow_version, version, "seed {seed}: {id} changed version");
+                let names: Vec<&str> = self
+                    .workflow_of_version(version)
+                    .steps()
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect();
+                let steps: Vec<&str> = r.steps.iter().map(|s| s.name.as_str()).collect();
+                assert_eq!(steps, names, "seed {seed}: {id} runs steps of another version");
+            }
             // Leases only move forward: a stale attempt never writes.
             let last = self.attempts.entry(*id).or_insert(0);
             assert!(r.attempt >= *last, "seed {seed}: {id} attempt went back");
@@ -791,7 +910,7 @@ impl Sim {
                     self.terminal.remove(id);
                 }
             } else if r.is_terminal() {
-                if r.process_state == ProcessState::Error {
+                if r.alert.is_some() {
                     *self.errors.entry(*id).or_default() += 1;
                     if r.alert == Some(AlertDelivery::Sent) {
                         *self.alerted.entry(*id).or_default() += 1;
@@ -799,6 +918,12 @@ impl Sim {
                 }
                 if r.redrives > 0 && r.process_state == ProcessState::Processed {
                     self.tally.redriven_to_the_end += 1;
+                }
+                if r.process_state == ProcessState::Processed && r.alert.is_some() {
+                    self.tally.processed_with_reports += 1;
+                }
+                if self.deployed && r.workflow_version == self.workflow.version() {
+                    self.tally.ended_on_old_version += 1;
                 }
                 self.terminal.insert(*id, r.clone());
             }
@@ -827,6 +952,9 @@ impl Sim {
         let (burst, spread) = (ORDERS / 2, FAULTY_EVENTS - 40);
         let mut submitted = 0;
         for event in 0..FAULTY_EVENTS {
+            if self.next.as_ref().is_some_and(|(_, at)| *at == event) {
+                self.deploy();
+            }
             while submitted < ORDERS
                 && (submitted < burst || event >= (submitted - burst) * spread / (ORDERS - burst))
             {
@@ -880,6 +1008,7 @@ impl Sim {
         self.tally.add(Fault::RemotePermanent, remote.permanent.into());
         self.tally.add(Fault::LostAnswer, remote.lost_answers.into());
         self.tally.add(Fault::Timeout, remote.timeouts.into());
+        self.tally.add(Fault::OversizeOutput, remote.oversize.into());
         self.tally
     }
 
@@ -925,7 +1054,33 @@ impl Sim {
             let live_for = |step: &str| in_place.get(&(id, step.to_owned())).copied().unwrap_or(0);
             match r.process_state {
                 ProcessState::Processed => {
-                    for s in &r.steps {
+                    assert_eq!(
+                        r.alert.is_some(),
+                        r.steps.iter().any(|s| s.reported.is_some()),
+                        "seed {seed}: {id} processed: an alert exactly when a failure was reported"
+                    );
+                    for s in r.steps.iter().filter(|s| s.reported.is_some()) {
+                        // Passed on a report: refused, it took no effect; left uncertain, it is
+                        // in place at most once (checked throughout); done, it is kept.
+                        let in_place = live_for(&s.name);
+                        match s.status {
+                            StepStatus::Failed => assert_eq!(
+                                in_place, 0,
+                                "seed {seed}: {id} {} refused but in place",
+                                s.name
+                            ),
+                            StepStatus::Done => assert_eq!(
+                                in_place, 1,
+                                "seed {seed}: {id} {} not in place once",
+                                s.name
+                            ),
+                            StepStatus::Uncertain => {}
+                            other => {
+                                panic!("seed {seed}: {id} processed with {} {other:?}", s.name)
+                            }
+                        }
+                    }
+                    for s in r.steps.iter().filter(|s| s.reported.is_none()) {
                         assert!(
                             applied(key(s, Direction::Do)),
                             "seed {seed}: {id} processed without {}",
@@ -945,6 +1100,16 @@ impl Sim {
                     }
                 }
                 ProcessState::Error | ProcessState::Cancelled => {
+                    // Only a step whose failures undo the order stops it.
+                    if let Some(step) = r.cause.as_ref().and_then(Cause::step) {
+                        let workflow = self.workflow_of_version(r.workflow_version);
+                        let policy = workflow.steps().iter().find(|s| s.name == step);
+                        assert_eq!(
+                            policy.map(|s| s.on_failure),
+                            Some(OnFailure::Undo),
+                            "seed {seed}: {id} stopped by {step}, whose failures are only reported"
+                        );
+                    }
                     for s in &r.steps {
                         if s.status == StepStatus::Undone {
                             assert!(
@@ -992,6 +1157,7 @@ fn remote_behaviour(draw: &mut SplitMix, undo: bool, faults: Faults) -> Behaviou
         // Longer than most budgets: the effect lands after the caller gave up.
         x if x < 0.16 => (Fault::Timeout, Behaviour::Slow(Duration::from_secs(40))),
         x if x < 0.17 && !undo => (Fault::RemotePermanent, Behaviour::Permanent("refused".into())),
+        x if x < 0.18 && !undo => (Fault::OversizeOutput, Behaviour::Oversize),
         _ => return Behaviour::Succeed,
     };
     if faults.on(fault) { behaviour } else { Behaviour::Succeed }
@@ -1000,9 +1166,38 @@ fn remote_behaviour(draw: &mut SplitMix, undo: bool, faults: Faults) -> Behaviou
 /// The workflow a seed runs: the two examples of `shared/workflows/` (the reference one on half
 /// the seeds, which the checks that break the engine on purpose rely on), and shapes drawn from
 /// the seed on a quarter: one to five steps on any of five agents, each with or without an undo,
-/// some with their own count of expired leases or their own wait.
+/// some with their own count of expired leases or their own wait, some only reported when they
+/// fail.
 fn workflow_of(seed: u64) -> Workflow {
-    let json = match seed % 4 {
+    let json = workflow_json(seed);
+    Workflow::from_json(&json, &Workflow::agents_in(&json)).unwrap()
+}
+
+/// The version deployed halfway through the faults, on a fifth of the seeds: the run's
+/// workflow with the opposite failure policy on its first step and one more step at the end,
+/// on the first step's agent, with an undo. Orders accepted before it keep the first version
+/// to their end (their undos and redrives included); orders accepted after take this one.
+fn next_version(seed: u64, first: &Workflow) -> Option<Workflow> {
+    if seed % 5 != 2 {
+        return None;
+    }
+    let mut spec: serde_json::Value = serde_json::from_str(&workflow_json(seed)).unwrap();
+    spec["version"] = (first.version() + 1).into();
+    let steps = spec["steps"].as_array_mut().unwrap();
+    let flipped = if steps[0]["on_failure"] == "report" { "undo" } else { "report" };
+    steps[0]["on_failure"] = flipped.into();
+    let agent = steps[0]["agent"].clone();
+    steps.push(serde_json::json!({
+        "name": "audit-v2", "agent": agent, "budget_seconds": 10,
+        "compensation": {"action": "unaudit-v2", "budget_seconds": 10}
+    }));
+    let json = spec.to_string();
+    Some(Workflow::from_json(&json, &Workflow::agents_in(&json)).unwrap())
+}
+
+/// The JSON of the workflow a seed runs first (see [`workflow_of`]).
+fn workflow_json(seed: u64) -> String {
+    match seed % 4 {
         0 | 1 => sas_workflows::order_fulfilment().to_owned(),
         2 => sas_workflows::file("account-opening").unwrap().json.to_owned(),
         _ => {
@@ -1034,13 +1229,15 @@ fn workflow_of(seed: u64) -> Workflow {
                     if draw.unit() < 0.2 {
                         step["retry_wait_seconds"] = (pick(30)).into();
                     }
+                    if draw.unit() < 0.3 {
+                        step["on_failure"] = "report".into();
+                    }
                     step
                 })
                 .collect();
             serde_json::json!({"name": format!("shape-{seed}"), "steps": steps}).to_string()
         }
-    };
-    Workflow::from_json(&json, &Workflow::agents_in(&json)).unwrap()
+    }
 }
 
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
@@ -1107,6 +1304,10 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
             assert!(total.commands_refused > 0, "no operator command was ever refused");
             assert!(total.redriven_to_the_end > 0, "no redriven order was ever processed");
         }
+        if faults.on(Fault::RemotePermanent) {
+            assert!(total.processed_with_reports > 0, "no order went on past a reported failure");
+        }
+        assert!(total.ended_on_old_version > 0, "no order in flight at a deploy ever ended");
     }
 }
 
