@@ -30,7 +30,7 @@ use crate::traces::OrderTraces;
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
 /// calls, an outage from 15 s to 25 s after start, and payments declined for good now and then.
 pub const DEMO_FAULTS: &str = r#"{"default":{"transient_rate":0.15,"lost_answer_rate":0.03,"latency_ms":20,"latency_jitter_ms":40,
-  "outages":[{"start_s":15,"end_s":25}]},"actions":{"charge-payment":{"permanent_rate":0.04}}}"#;
+  "outages":[{"start_s":15,"end_s":25}]},"actions":{"charge-payment":{"permanent_rate":0.04},"send-welcome":{"permanent_rate":0.08}}}"#;
 
 /// The reference workflow (`shared/workflows/`) with budgets short enough for a demo.
 pub fn demo_workflow() -> String {
@@ -114,9 +114,12 @@ pub struct Summary {
     pub processed: usize,
     pub compensated: usize,
     pub failed: usize,
+    /// Processed orders with a step whose failure its workflow only reports.
+    pub reported: usize,
     pub unfinished: usize,
-    /// Compensated or failed orders that no injected fault explains.
+    /// Compensated or failed orders, and reported failures, that no injected fault explains.
     pub unexplained: usize,
+    /// Orders in Error, or processed with a report, that raised no alert.
     pub errors_without_alert: usize,
     /// Finished orders whose time to terminal could not be read from their records.
     pub untimed: usize,
@@ -460,6 +463,20 @@ fn explained(cause: &Value, order_id: &str, faulted: &Value, kills: u64) -> bool
     }
 }
 
+/// The steps of an order (its record's body) whose failures were only reported, with their
+/// status.
+fn reported_steps(body: &Value) -> Vec<(String, String)> {
+    let steps = body["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
+    steps
+        .iter()
+        .filter(|st| st.get("reported").is_some())
+        .map(|st| {
+            let field = |k: &str| st[k].as_str().unwrap_or_default().to_owned();
+            (field("name"), field("status"))
+        })
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn summarise(
     stack: &LocalStack,
@@ -504,6 +521,7 @@ async fn summarise(
     let mut by_workflow: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let (mut resets, mut error_ids) = (0usize, Vec::new());
     let (mut compensated_unexplained, mut failed_unexplained) = (0, 0);
+    let (mut reported_ids, mut reported_unexplained) = (Vec::new(), 0);
     for r in records {
         let b = body(r);
         let timeline = b["timeline"].as_array().cloned().unwrap_or_default();
@@ -531,11 +549,24 @@ async fn summarise(
             ("Processed", _) => {
                 s.processed += 1;
                 tally.1 += 1;
-                ends.insert(id.clone(), (workflow, "Processed".to_owned()));
+                let reported = reported_steps(&b);
+                if !reported.is_empty() {
+                    s.reported += 1;
+                    reported_ids.push(id.clone());
+                    // A report must be what the service did to that step, as a failure must.
+                    let causes = b["steps"].as_array().cloned().unwrap_or_default();
+                    let why = causes
+                        .iter()
+                        .filter_map(|st| st.get("reported"))
+                        .all(|cause| explained(cause, &id, &faulted, kills));
+                    reported_unexplained += usize::from(!why);
+                }
+                let end = effects::End { reported, ..effects::End::new(&workflow, "Processed") };
+                ends.insert(id.clone(), end);
             }
             ("Error", Some("compensated")) => {
                 s.compensated += 1;
-                ends.insert(id.clone(), (workflow, "Compensated".to_owned()));
+                ends.insert(id.clone(), effects::End::new(&workflow, "Compensated"));
                 compensated_unexplained += usize::from(!why);
             }
             ("Error", _) => {
@@ -549,7 +580,7 @@ async fn summarise(
         }
     }
     s.unfinished += accepted.saturating_sub(records.len());
-    s.unexplained = compensated_unexplained + failed_unexplained;
+    s.unexplained = compensated_unexplained + failed_unexplained + reported_unexplained;
     let ended = [s.processed, s.compensated, s.failed];
     let metrics = ended_in_metrics(stack, ended, stack.unanswered()).await;
     s.metrics_disagree = !metrics.keeps_promise(ended);
@@ -586,7 +617,8 @@ async fn summarise(
                 .await;
         }
     }
-    s.errors_without_alert = error_ids.iter().filter(|id| !alerted.contains(*id)).count();
+    s.errors_without_alert = error_ids.iter().filter(|id| !alerted.contains(*id)).count()
+        + reported_ids.iter().filter(|id| !alerted.contains(*id)).count();
     // The ledger agent's effects are in its own table: an open account is its step in place,
     // a closed one that step undone.
     let mut ledger = ledger;
@@ -655,8 +687,10 @@ async fn summarise(
         elapsed.as_secs_f64()
     ));
     t.push_str(&format!(
-        "processed {}, compensated {} ({} unexplained), failed {} ({} unexplained), not finished {}\n",
+        "processed {} ({} with a step's failure only reported, {} unexplained), compensated {} ({} unexplained), failed {} ({} unexplained), not finished {}\n",
         s.processed,
+        s.reported,
+        reported_unexplained,
         s.compensated,
         compensated_unexplained,
         s.failed,
@@ -672,9 +706,10 @@ async fn summarise(
             .join(", ")
     ));
     t.push_str(&format!(
-        "alerts: {} orders in Error, {} alerted, {} without an alert\n",
+        "alerts: {} orders in Error and {} processed with a report, {} alerted, {} without an alert\n",
         error_ids.len(),
-        error_ids.iter().filter(|id| alerted.contains(*id)).count(),
+        reported_ids.len(),
+        error_ids.iter().chain(&reported_ids).filter(|id| alerted.contains(*id)).count(),
         s.errors_without_alert
     ));
     t.push_str(&format!(

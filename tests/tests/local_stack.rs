@@ -817,7 +817,12 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
         let json = sas_workflows::file(name).unwrap().json;
         serde_json::from_str(&sas_infra::demo::with_budgets(json, 2)).unwrap()
     };
-    let workflows = json!([fast("order-fulfilment"), fast("account-opening")]).to_string();
+    // The repository's account-opening only reports a welcome that fails; a stricter copy
+    // undoes the account for it.
+    let mut strict = fast("account-opening");
+    strict["name"] = json!("account-opening-strict");
+    strict["steps"][1]["on_failure"] = json!("undo");
+    let workflows = json!([fast("order-fulfilment"), fast("account-opening"), strict]).to_string();
     let setup = Setup { workflow: &workflows, ..Setup::default() };
     let stack = start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-two", SOUND, 2, &[], setup).await;
     let http = reqwest::Client::new();
@@ -917,29 +922,53 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
     assert_eq!((items.count(), open.len()), (3, 3), "{items:?}");
     assert!(open.iter().any(|i| i["Holder"].as_s().unwrap() == "Grace"));
 
-    // A welcome refused after the account was opened closes it (the compensation, on the
-    // ledger agent, with the step's own output).
+    // Every welcome is refused from now on. Where the workflow only reports it, the account
+    // stays open, the order is Processed, and the operators are told; where it undoes the
+    // order, the account is closed (the compensation, on the ledger agent, with the step's
+    // own output).
     put_faults(
         &http,
         &stack,
         r#"{"default":{"latency_ms":20},"actions":{"send-welcome":{"permanent_rate":1.0}}}"#,
     )
     .await;
-    let (_, closed) =
-        submit_to(&http, &stack, Some("account-opening"), "acct-closed", &account("Alan", 10))
-            .await;
+    let (_, kept) =
+        submit_to(&http, &stack, Some("account-opening"), "acct-kept", &account("Alan", 10)).await;
+    let (_, closed) = submit_to(
+        &http,
+        &stack,
+        Some("account-opening-strict"),
+        "acct-closed",
+        &account("Ken", 10),
+    )
+    .await;
+    let kept = kept["order_id"].as_str().unwrap().to_owned();
     let closed = closed["order_id"].as_str().unwrap().to_owned();
-    let states =
-        wait_for(&http, &stack, std::slice::from_ref(&closed), &["Compensated", "Error"], 90).await;
-    // Refused, it ends in Error with everything undone and its alert sent.
-    assert_eq!(states[&closed], "Error", "{states:?}");
+    let both = [kept.clone(), closed.clone()];
+    let states = wait_for(&http, &stack, &both, &["Processed", "Compensated", "Error"], 90).await;
+    assert_eq!((states[&kept].as_str(), states[&closed].as_str()), ("Processed", "Error"));
+    let view = order(&http, &stack, &kept).await;
+    assert_eq!(view["steps"][1]["status"], "failed", "{view}");
+    assert_eq!(view["steps"][1]["reported"]["kind"], "step_rejected", "{view}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while operator_view(&stack, &kept)["alert"] != "sent" {
+        assert!(Instant::now() < deadline, "the report was never alerted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shown = sas(&stack, &["show", &kept]);
+    assert!(text(&shown).contains("send-welcome  failed (reported)"), "{}", text(&shown));
     let view = order(&http, &stack, &closed).await;
     assert_eq!(view["steps"][0]["status"], "undone", "{view}");
     let items = clients.dynamodb.scan().table_name(&table).send().await.unwrap();
-    let alan: Vec<_> =
-        items.items().iter().filter(|i| i["Holder"].as_s().unwrap() == "Alan").collect();
-    assert_eq!(alan.len(), 1, "{items:?}");
-    assert_eq!(alan[0]["Status"].as_s().unwrap(), "closed");
+    let holder = |name: &str| -> Vec<String> {
+        items
+            .items()
+            .iter()
+            .filter(|i| i["Holder"].as_s().unwrap() == name)
+            .map(|i| i["Status"].as_s().unwrap().clone())
+            .collect()
+    };
+    assert_eq!((holder("Alan"), holder("Ken")), (vec!["open".into()], vec!["closed".into()]));
 
     let access = stack.access();
     assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");

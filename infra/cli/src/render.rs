@@ -66,6 +66,11 @@ pub fn order(view: &Value) -> String {
     if redrives > 0 {
         out.push_str(&format!("redrives  {redrives}\n"));
     }
+    for step in list(view, "steps") {
+        if let Some(cause) = step.get("reported") {
+            out.push_str(&format!("reported  {} (the order went on)\n", describe_cause(cause)));
+        }
+    }
     let manual: Vec<&str> =
         list(view, "needs_manual_undo").iter().filter_map(|v| v.as_str()).collect();
     out.push_str(&format!(
@@ -80,7 +85,10 @@ pub fn order(view: &Value) -> String {
             let generation = s.get("generation").and_then(Value::as_u64).unwrap_or(0);
             vec![
                 format!("  {}", cell(s, "name")),
-                cell(s, "status"),
+                match s.get("reported") {
+                    Some(_) => format!("{} (reported)", cell(s, "status")),
+                    None => cell(s, "status"),
+                },
                 if generation > 0 { format!("run {}", generation + 1) } else { String::new() },
                 s.get("detail").and_then(Value::as_str).unwrap_or_default().to_owned(),
             ]
@@ -130,6 +138,11 @@ fn describe_cause(cause: &Value) -> String {
             "{step} timed out {} times",
             cause.get("failures").and_then(Value::as_u64).unwrap_or(0)
         ),
+        "output_too_large" => format!(
+            "{step} answered {} bytes, more than the {} a step may return",
+            cause.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+            cause.get("limit").and_then(Value::as_u64).unwrap_or(0)
+        ),
         "unknown_step" => format!("the workflow no longer has step {step}"),
         "cancelled" => format!("cancelled by {}: {}", cell(cause, "by"), cell(cause, "reason")),
         other => other.to_owned(),
@@ -171,5 +184,26 @@ mod tests {
         assert!(text.contains("undo by hand  nothing"), "{text}");
         assert!(text.contains("2026-11-22 18:08:18.424  redriven"), "{text}");
         assert!(text.contains("redriven  by arn:aws:iam::1:user/ada: \"fixed\""), "{text}");
+    }
+
+    #[test]
+    fn a_step_whose_failure_was_only_reported_says_so() {
+        let view = serde_json::json!({
+            "order_id": "o-2", "process_state": "Processed", "phase": "forward",
+            "steps": [
+                {"name": "open-account", "status": "done"},
+                {"name": "send-welcome", "status": "failed",
+                 "reported": {"kind": "step_rejected", "step": "send-welcome", "reason": "bounced"}},
+                {"name": "statement", "status": "done",
+                 "reported": {"kind": "output_too_large", "step": "statement", "bytes": 900, "limit": 512}}
+            ]
+        });
+        let text = order(&view);
+        assert!(
+            text.contains("reported  send-welcome was refused: bounced (the order went on)"),
+            "{text}"
+        );
+        assert!(text.contains("statement answered 900 bytes, more than the 512"), "{text}");
+        assert!(text.contains("send-welcome  failed (reported)"), "{text}");
     }
 }
