@@ -25,7 +25,7 @@ use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
 use sas_engine::machine::Refused;
 use sas_engine::ports::{Clock, EventBus, ListQuery, Listing, OrderFinder, Outbox, StateStore};
-use sas_engine::services::{Applied, Command, Operator, StatusService};
+use sas_engine::services::{Applied, Command, Commanded, Operator, StatusService};
 use sas_engine::state::CommandKind;
 use sas_engine::{Error, OrderId};
 use serde::Deserialize;
@@ -273,6 +273,9 @@ where
         Err(e) => return failure(&e),
     };
     match admin.operator.command(order_id, &command).await {
+        Ok(Some(Commanded { applied: Applied::Refused(refused), record })) => {
+            refusal(record.process_state.as_str(), &refused)
+        }
         Ok(Some(done)) => {
             let r = &done.record;
             api::json(
@@ -281,7 +284,7 @@ where
                     "order_id": order_id,
                     "command": kind.as_str(),
                     "command_id": command.id,
-                    "applied": match done.applied { Applied::Now => "now", Applied::Before => "before" },
+                    "applied": if done.applied == Applied::Now { "now" } else { "before" },
                     "process_state": r.process_state.as_str(),
                     "phase": r.phase,
                     "waiting": r.stop.as_ref().map(|s| s.command.as_str()),
@@ -289,7 +292,6 @@ where
             )
         }
         Ok(None) => not_found(),
-        Err(Error::Refused { state, refused, .. }) => refusal(state.as_str(), &refused),
         Err(e) => failure(&e),
     }
 }

@@ -6,6 +6,7 @@
 //! must react to, and every variant says whether trying again can help.
 
 use crate::OrderId;
+use crate::ids::InvalidId;
 use crate::order::Rejection;
 
 /// A boxed source error from an adapter, kept so that logs show the whole chain.
@@ -85,15 +86,6 @@ pub enum Error {
     #[error("invalid command: {0}")]
     InvalidCommand(String),
 
-    /// An operator command does not apply to the order as it is; nothing was written.
-    #[error("order {order_id}: {refused}")]
-    Refused {
-        order_id: OrderId,
-        /// The order's state when the command was refused.
-        state: crate::state::ProcessState,
-        refused: crate::machine::Refused,
-    },
-
     /// Some events of a batch were not accepted by the event bus.
     #[error("{failed} of {total} events were not published: {first_reason}")]
     PublishFailed { failed: usize, total: usize, first_reason: String },
@@ -122,3 +114,13 @@ impl Error {
 
 /// Shorthand used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<InvalidId> for Error {
+    fn from(e: InvalidId) -> Error {
+        match e {
+            InvalidId::OrderId(_) => Error::InvalidMessage(e.to_string()),
+            InvalidId::Caller(reason) => Error::InvalidCaller(reason),
+            InvalidId::Key(reason) => Error::InvalidKey(reason),
+        }
+    }
+}

@@ -43,7 +43,7 @@ use sas_engine::ports::{
     OrderRecord, Outbox, Outgoing, Random, Read, Saved, StateStore,
 };
 use sas_engine::services::{
-    Agent, Command, Operator, Scheduler, Submission, Supervisor, SweepReport,
+    Agent, Applied, Command, Commanded, Operator, Scheduler, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
@@ -823,9 +823,11 @@ impl Sim {
     async fn command(&mut self, id: OrderId, kind: CommandKind, command_id: &str) {
         let command = Command::new(kind, command_id, "sim-operator", "simulated").unwrap();
         match self.operator.command(id, &command).await {
+            Ok(Some(Commanded { applied: Applied::Refused(_), .. })) => {
+                self.tally.commands_refused += 1;
+            }
             Ok(Some(_)) => self.tally.commands_applied += 1,
             Ok(None) => panic!("seed {}: accepted order {id} not found", self.seed),
-            Err(Error::Refused { .. }) => self.tally.commands_refused += 1,
             // The operator's handler died (an injected crash) or lost its write races.
             Err(e) => assert!(e.is_retryable(), "seed {}: command failed: {e}", self.seed),
         }

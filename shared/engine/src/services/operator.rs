@@ -12,7 +12,7 @@ use tracing::info;
 use super::effects::Effector;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
-use crate::machine::{Decision, Input, decide};
+use crate::machine::{Decision, Input, Refused, decide};
 use crate::ports::{Clock, EventBus, Outbox, Read, Saved, StateStore};
 use crate::state::{CommandKind, StateRecord};
 
@@ -72,14 +72,16 @@ impl Command {
     }
 }
 
-/// Whether a command changed the order now or had been applied before.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a command did: it changed the order now, had been applied before, or does not fit
+/// the order's state (nothing was written; the refusal names the state).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Applied {
     Now,
     Before,
+    Refused(Refused),
 }
 
-/// What a command did, with the order as it stands after it.
+/// What a command did, with the order as it stands after it (as it is, if refused).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Commanded {
     pub applied: Applied,
@@ -104,8 +106,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
         Operator { ports: Effector { store, outbox, bus, clock, config, catalogue } }
     }
 
-    /// Applies `command` to the order, or says why not ([`Error::Refused`]). `None` if there
-    /// is no such order.
+    /// Applies `command` to the order, or says why not ([`Applied::Refused`]). `None` if
+    /// there is no such order.
     pub async fn command(&self, order_id: OrderId, command: &Command) -> Result<Option<Commanded>> {
         for _ in 0..COMMAND_TRIES {
             let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
@@ -131,8 +133,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
                     return Ok(Some(Commanded { applied: Applied::Before, record }));
                 }
                 Decision::Refuse(refused) => {
-                    let state = record.process_state;
-                    return Err(Error::Refused { order_id, state, refused });
+                    return Ok(Some(Commanded { applied: Applied::Refused(refused), record }));
                 }
                 Decision::Illegal(why) => {
                     return Err(Error::Corrupt { order_id, reason: format!("{why:?}") });
