@@ -28,11 +28,11 @@ pub fn caller(request: &Request) -> Result<Owner, Error> {
         return Ok(Owner::anonymous());
     };
     if let Some(arn) = authorizer.iam.as_ref().and_then(|iam| iam.user_arn.as_deref()) {
-        return Owner::iam(arn);
+        return Ok(Owner::iam(arn)?);
     }
     if let Some(jwt) = authorizer.jwt.as_ref() {
         let claim = |name: &str| jwt.claims.get(name).map(String::as_str).unwrap_or_default();
-        return Owner::jwt(claim("iss"), claim("sub"));
+        return Ok(Owner::jwt(claim("iss"), claim("sub"))?);
     }
     Err(Error::InvalidCaller("the authorizer named no caller".into()))
 }

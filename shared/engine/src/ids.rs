@@ -11,7 +11,6 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::error::Error;
 
 /// Namespace for deriving order ids from client keys. Changing it would give existing keys new
 /// order ids, so it is fixed forever.
@@ -74,13 +73,23 @@ impl fmt::Debug for OrderId {
 }
 
 impl FromStr for OrderId {
-    type Err = Error;
+    type Err = InvalidId;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Uuid::parse_str(s)
-            .map(OrderId)
-            .map_err(|_| Error::InvalidMessage(format!("not an order id: {s:?}")))
+        Uuid::parse_str(s).map(OrderId).map_err(|_| InvalidId::OrderId(s.to_owned()))
     }
+}
+
+/// An identifier that does not parse. The engine's [`Error`](crate::Error) turns each into
+/// the error its callers answer with (a malformed message, a bad caller, a bad key).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidId {
+    #[error("not an order id: {0:?}")]
+    OrderId(String),
+    #[error("{0}")]
+    Caller(String),
+    #[error("{0}")]
+    Key(&'static str),
 }
 
 /// Who submitted an order, as the API's authorizer names the caller: an IAM principal's ARN,
@@ -103,24 +112,24 @@ impl Owner {
     }
 
     /// An IAM principal, by the ARN API Gateway's IAM authorizer gives.
-    pub fn iam(user_arn: &str) -> Result<Owner, Error> {
+    pub fn iam(user_arn: &str) -> Result<Owner, InvalidId> {
         if !user_arn.starts_with("arn:") {
-            return Err(Error::InvalidCaller(format!("not an ARN: {user_arn:?}")));
+            return Err(InvalidId::Caller(format!("not an ARN: {user_arn:?}")));
         }
         Owner::parse(user_arn)
     }
 
     /// A JWT's issuer and subject: a subject is unique only within its issuer.
-    pub fn jwt(issuer: &str, subject: &str) -> Result<Owner, Error> {
+    pub fn jwt(issuer: &str, subject: &str) -> Result<Owner, InvalidId> {
         if issuer.is_empty() || subject.is_empty() {
-            return Err(Error::InvalidCaller("a token needs an issuer and a subject".into()));
+            return Err(InvalidId::Caller("a token needs an issuer and a subject".into()));
         }
         Owner::parse(&format!("jwt:{issuer}#{subject}"))
     }
 
-    fn parse(raw: &str) -> Result<Owner, Error> {
+    fn parse(raw: &str) -> Result<Owner, InvalidId> {
         if raw.is_empty() || raw.len() > MAX_OWNER_LEN || raw.chars().any(char::is_control) {
-            return Err(Error::InvalidCaller(format!(
+            return Err(InvalidId::Caller(format!(
                 "a caller is 1 to {MAX_OWNER_LEN} bytes without control characters"
             )));
         }
@@ -137,7 +146,7 @@ impl Owner {
 }
 
 impl TryFrom<String> for Owner {
-    type Error = Error;
+    type Error = InvalidId;
     fn try_from(value: String) -> Result<Self, Self::Error> {
         if value == Owner::ANONYMOUS { Ok(Owner::anonymous()) } else { Owner::parse(&value) }
     }
@@ -168,15 +177,15 @@ impl fmt::Display for Owner {
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    pub fn parse(raw: &str) -> Result<Self, Error> {
+    pub fn parse(raw: &str) -> Result<Self, InvalidId> {
         if raw.is_empty() {
-            return Err(Error::InvalidKey("must not be empty"));
+            return Err(InvalidId::Key("must not be empty"));
         }
         if raw.len() > MAX_KEY_LEN {
-            return Err(Error::InvalidKey("must be at most 128 characters"));
+            return Err(InvalidId::Key("must be at most 128 characters"));
         }
         if !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) {
-            return Err(Error::InvalidKey("may only contain A-Z, a-z, 0-9, '-', '_', '.' and ':'"));
+            return Err(InvalidId::Key("may only contain A-Z, a-z, 0-9, '-', '_', '.' and ':'"));
         }
         Ok(IdempotencyKey(raw.to_owned()))
     }
@@ -187,7 +196,7 @@ impl IdempotencyKey {
 }
 
 impl TryFrom<String> for IdempotencyKey {
-    type Error = Error;
+    type Error = InvalidId;
     fn try_from(value: String) -> Result<Self, Self::Error> {
         IdempotencyKey::parse(&value)
     }

@@ -337,7 +337,10 @@ impl<G: WaitGauge, D: QueueDepths> LoadSource for Gauges<G, D> {
         let (reports, depths) =
             futures_util::future::join(self.waits.reports(now), self.depths.depths()).await;
         let load = Load::new(now, &reports?, &depths?);
-        crate::metrics::load(&load);
+        for (queue, q) in &load.queues {
+            let waiting = q.depth.map(|d| d.waiting as f64);
+            crate::metrics::queue_load(queue.name(), waiting, q.expected_wait());
+        }
         Ok(load)
     }
 }

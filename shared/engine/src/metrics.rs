@@ -10,7 +10,6 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::load::Load;
 use crate::state::{Happening, StateRecord, TimelineEntry};
 use crate::time::Timestamp;
 
@@ -171,18 +170,14 @@ pub fn oldest_in_flight(age: Duration) {
     metrics::histogram!(OLDEST_IN_FLIGHT_AGE).record(age.as_secs_f64());
 }
 
-/// Every queue's backlog and expected wait, as just read.
-pub fn load(load: &Load) {
-    for (queue, q) in &load.queues {
-        if let Some(depth) = q.depth {
-            // A sample per read, not a gauge: a gauge would be printed again after every
-            // invocation, read or not.
-            metrics::histogram!(QUEUE_BACKLOG, "queue" => queue.name())
-                .record(depth.waiting as f64);
-        }
-        metrics::histogram!(QUEUE_WAIT, "queue" => queue.name())
-            .record(q.expected_wait().as_secs_f64());
+/// One queue's backlog (if it was read) and expected wait, as just read.
+pub fn queue_load(queue: String, waiting: Option<f64>, expected_wait: Duration) {
+    if let Some(waiting) = waiting {
+        // A sample per read, not a gauge: a gauge would be printed again after every
+        // invocation, read or not.
+        metrics::histogram!(QUEUE_BACKLOG, "queue" => queue.clone()).record(waiting);
     }
+    metrics::histogram!(QUEUE_WAIT, "queue" => queue).record(expected_wait.as_secs_f64());
 }
 
 /// The entries of `after` that `before` does not have. The timeline only grows at its end
