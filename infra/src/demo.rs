@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use sas_aws::signing::SigV4;
-use sas_engine::memory::SplitMix;
-use sas_engine::ports::Random;
+use sas_rng::SplitMix;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 

@@ -38,7 +38,6 @@ use std::time::{Duration, Instant};
 
 use sas_aws::signing::SigV4;
 use sas_engine::memory::SplitMix;
-use sas_engine::ports::Random;
 use sas_infra::emulator::{python_with, workspace_root};
 use sas_infra::functions::EventSource;
 use sas_infra::local::LocalStack;

@@ -6,7 +6,7 @@
 //! `{"default": {"latency_ms": 50}, "actions": {"charge-payment": {"permanent_rate": 0.2}}}`
 //! keeps the 50 ms for `charge-payment`. Everything is zero (a perfect service) unless set.
 //!
-//! Decisions are deterministic (see [`crate::rng`]): the permanent refusal of a key depends on
+//! Decisions are deterministic (see [`sas_rng`]): the permanent refusal of a key depends on
 //! the seed and the key alone, so every retry of a refused key is refused again, as a real
 //! service that declines a card keeps declining it; per-call faults depend on the seed, the key
 //! and the number of the call, so the same calls reproduce the same faults.
@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::Direction;
-use crate::rng::SplitMix64;
+use sas_rng::SplitMix;
 
 /// The longest latency (base plus jitter) accepted: 15 minutes, the longest a Lambda function
 /// (and so any caller in this project) can wait.
@@ -233,12 +233,12 @@ impl Faults {
         // The rate is checked first so that a zero rate never consumes a draw.
         applies
             && self.permanent_rate > 0.0
-            && SplitMix64::for_key(self.seed, key, PERMANENT_SALT).unit() < self.permanent_rate
+            && SplitMix::for_key(self.seed, key, PERMANENT_SALT).unit() < self.permanent_rate
     }
 
     /// The random draws of the `nth` call (1-based) carrying `key`.
     pub fn draws(&self, key: &str, nth: u32) -> CallDraws {
-        let mut rng = SplitMix64::for_key(self.seed, key, u64::from(nth));
+        let rng = SplitMix::for_key(self.seed, key, u64::from(nth));
         CallDraws {
             throttle: rng.unit(),
             transient: rng.unit(),

@@ -9,7 +9,6 @@
 pub mod faults;
 pub mod http;
 pub mod ledger;
-pub mod rng;
 pub mod sim;
 
 pub use faults::{FaultConfig, Faults, FaultsOverride, Outage};

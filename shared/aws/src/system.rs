@@ -3,8 +3,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sas_engine::Timestamp;
-use sas_engine::memory::SplitMix;
 use sas_engine::ports::{Clock, Ids, Random};
+use sas_rng::SplitMix;
 
 /// Wall-clock time; sleeps on the tokio timer.
 #[derive(Clone, Copy, Debug, Default)]

@@ -11,7 +11,6 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-
 /// Namespace for deriving order ids from client keys. Changing it would give existing keys new
 /// order ids, so it is fixed forever.
 const ORDER_NAMESPACE: Uuid = Uuid::from_u128(0x5a5d_1f2e_8c1b_4e7a_9b60_3d2f_44c1_7e09);

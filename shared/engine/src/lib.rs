@@ -17,8 +17,8 @@
 //!   depths, and what the supervisor and the door make of them).
 //! - [`metrics`]: what the services count and time, through the `metrics` facade.
 //! - [`mutants`]: guards broken on purpose, switched on only by tests.
-//! - [`memory`]: in-memory ports with the semantics of DynamoDB, SQS and EventBridge, for tests
-//!   and the simulation.
+//! - `memory` (feature `memory`): in-memory ports with the semantics of DynamoDB, SQS and
+//!   EventBridge, for tests, the simulations and tools; production builds leave it out.
 //!
 //! # Guarantees
 //!
@@ -35,6 +35,7 @@ pub mod events;
 pub mod ids;
 pub mod load;
 pub mod machine;
+#[cfg(feature = "memory")]
 pub mod memory;
 pub mod message;
 pub mod metrics;

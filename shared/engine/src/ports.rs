@@ -411,6 +411,12 @@ pub trait Random: Send + Sync {
     fn unit(&self) -> f64;
 }
 
+impl Random for sas_rng::SplitMix {
+    fn unit(&self) -> f64 {
+        sas_rng::SplitMix::unit(self)
+    }
+}
+
 /// One call to a remote service.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RemoteCall {

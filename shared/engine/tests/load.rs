@@ -39,7 +39,7 @@ use sas_engine::memory::{
 use sas_engine::message::Message;
 use sas_engine::mutants::{self, Mutant};
 use sas_engine::ports::{
-    Clock, Destination, Incoming, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
+    Clock, Destination, Incoming, Outbox, Outgoing, RemoteCall, RemoteFault, RemoteService,
 };
 use sas_engine::services::{Agent, AgentOutcome, Scheduler, Submission, Supervisor};
 use sas_engine::state::{AlertDelivery, Cause, Happening, ProcessState};

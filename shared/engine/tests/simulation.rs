@@ -40,7 +40,7 @@ use sas_engine::message::Message;
 use sas_engine::mutants::{self, Mutant};
 use sas_engine::ports::{
     Clock, Created, Destination, EventBus, Expected, ExpiryIndex, Incoming, IndexEntry,
-    OrderRecord, Outbox, Outgoing, Random, Read, Saved, StateStore,
+    OrderRecord, Outbox, Outgoing, Read, Saved, StateStore,
 };
 use sas_engine::services::{
     Agent, Applied, Command, Commanded, Operator, Scheduler, Submission, Supervisor, SweepReport,

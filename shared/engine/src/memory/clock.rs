@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::ports::{Clock, Ids, Random};
+use crate::ports::{Clock, Ids};
 use crate::time::Timestamp;
 
 /// A manual clock. `sleep` advances it by the duration and returns at once, so code that waits
@@ -75,34 +75,7 @@ impl Ids for SeqIds {
     }
 }
 
-/// SplitMix64: a tiny, well-distributed generator; the same seed gives the same sequence.
-#[derive(Debug)]
-pub struct SplitMix {
-    state: AtomicU64,
-}
-
-impl SplitMix {
-    pub fn seeded(seed: u64) -> Self {
-        SplitMix { state: AtomicU64::new(seed) }
-    }
-
-    pub fn next_u64(&self) -> u64 {
-        let mut z = self
-            .state
-            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-impl Random for SplitMix {
-    fn unit(&self) -> f64 {
-        // 53 random bits: every value is exactly representable and below 1.
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+pub use sas_rng::SplitMix;
 
 #[cfg(test)]
 mod tests {
@@ -115,15 +88,5 @@ mod tests {
         assert_eq!(c.now().as_millis(), 15);
         c.set(Timestamp::from_millis(1));
         assert_eq!(c.now().as_millis(), 15);
-    }
-
-    #[test]
-    fn split_mix_is_reproducible_and_in_range() {
-        let (a, b) = (SplitMix::seeded(7), SplitMix::seeded(7));
-        for _ in 0..1000 {
-            let x = a.unit();
-            assert_eq!(x, b.unit());
-            assert!((0.0..1.0).contains(&x));
-        }
     }
 }
