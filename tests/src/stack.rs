@@ -29,7 +29,7 @@ use sas_engine::memory::{ManualClock, SplitMix};
 use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
 use sas_engine::services::{
-    Agent, Operator, Scheduler, StatusService, Submission, Supervisor, SweepReport,
+    Agent, Operator, Ports, Scheduler, StatusService, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
@@ -371,24 +371,27 @@ impl System {
         let to_replies = QueueUrls::default().with(Destination::Replies, t.name("ReplyQueue"));
         let waits = || DynamoWaits::new(t.dynamodb.clone(), t.name("QueueWaitsTable"));
         let load = || Gauges { waits: waits(), depths: t.depths() };
-        let submission = Submission::new(
-            t.store(),
-            SqsOutbox::new(t.sqs.clone(), to_scheduler.clone()),
-            bus(),
-            clock.clone(),
-            UuidIds,
-            load(),
-            config.clone(),
-            workflow.clone(),
-        );
+        let ports = |outbox| Ports {
+            store: t.store(),
+            outbox,
+            bus: bus(),
+            clock: clock.clone(),
+            config: config.clone(),
+            catalogue: workflow.clone(),
+        };
+        let to_scheduler_outbox = || SqsOutbox::new(t.sqs.clone(), to_scheduler.clone());
+        let submission = Submission::new(ports(to_scheduler_outbox()), UuidIds, load());
+        let scheduler_outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), agent_urls), LINGER);
         let scheduler = Scheduler::new(
-            t.store(),
-            Coalescing::new(SqsOutbox::new(t.sqs.clone(), agent_urls), LINGER),
-            bus(),
-            clock.clone(),
+            Ports {
+                store: t.store(),
+                outbox: scheduler_outbox,
+                bus: bus(),
+                clock: clock.clone(),
+                config: config.clone(),
+                catalogue: workflow.clone(),
+            },
             waits(),
-            config.clone(),
-            workflow.clone(),
             "scheduler/test".into(),
         );
         let agents = agent_queues
@@ -413,16 +416,7 @@ impl System {
                 (queue.clone(), a)
             })
             .collect();
-        let supervisor = Supervisor::new(
-            t.store(),
-            t.store(),
-            SqsOutbox::new(t.sqs.clone(), to_scheduler.clone()),
-            bus(),
-            clock.clone(),
-            load(),
-            config.clone(),
-            workflow.clone(),
-        );
+        let supervisor = Supervisor::new(ports(to_scheduler_outbox()), t.store(), load());
         // Named as operators name them: the scheduler's two queues, then each agent's.
         let names = SCHEDULER_QUEUES
             .map(|(_, name)| name.to_owned())
@@ -440,14 +434,7 @@ impl System {
             .collect();
         let admin = Admin {
             status: StatusService::new(t.store()),
-            operator: Operator::new(
-                t.store(),
-                SqsOutbox::new(t.sqs.clone(), to_scheduler),
-                bus(),
-                clock.clone(),
-                config.clone(),
-                workflow,
-            ),
+            operator: Operator::new(ports(to_scheduler_outbox())),
             finder: t.store(),
             clock: clock.clone(),
             shards: config.index_shards,

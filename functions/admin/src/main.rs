@@ -10,7 +10,7 @@ use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
-use sas_engine::services::{Operator, StatusService};
+use sas_engine::services::{Operator, Ports, StatusService};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -20,14 +20,15 @@ async fn main() -> Result<(), Error> {
     let store = wiring.store(&s.tables);
     let admin = Admin {
         status: StatusService::new(store.clone()),
-        operator: Operator::new(
-            store.clone(),
-            wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
-            wiring.bus(&s.bus),
-            SystemClock,
-            s.engine.config.clone(),
-            s.engine.catalogue,
-        ),
+        operator: Operator::new(Ports {
+            store: store.clone(),
+            outbox: wiring
+                .outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
+            bus: wiring.bus(&s.bus),
+            clock: SystemClock,
+            config: s.engine.config.clone(),
+            catalogue: s.engine.catalogue,
+        }),
         finder: store,
         clock: SystemClock,
         shards: s.engine.config.index_shards,

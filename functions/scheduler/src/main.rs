@@ -6,7 +6,7 @@ use sas_aws::clients;
 use sas_aws::settings::{Env, reporter_name};
 use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
-use sas_engine::services::Scheduler;
+use sas_engine::services::{Ports, Scheduler};
 use sas_scheduler::settings::Settings;
 
 #[tokio::main]
@@ -23,16 +23,15 @@ async fn main() -> Result<(), Error> {
 
     // LockedBy names the instance: this execution environment, for as long as it lives.
     let owner = reporter_name("scheduler");
-    let scheduler = Scheduler::new(
-        wiring.store(&s.tables),
-        Coalescing::new(wiring.outbox(s.queues), s.linger),
-        wiring.bus(&s.bus),
-        SystemClock,
-        wiring.waits(&s.waits_table),
-        s.engine.config,
-        s.engine.catalogue,
-        owner,
-    );
+    let ports = Ports {
+        store: wiring.store(&s.tables),
+        outbox: Coalescing::new(wiring.outbox(s.queues), s.linger),
+        bus: wiring.bus(&s.bus),
+        clock: SystemClock,
+        config: s.engine.config,
+        catalogue: s.engine.catalogue,
+    };
+    let scheduler = Scheduler::new(ports, wiring.waits(&s.waits_table), owner);
     let (scheduler, wiring) = (&scheduler, &wiring);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
         Ok::<_, Error>(wiring.invocation(sas_scheduler::handle(scheduler, event.payload)).await)

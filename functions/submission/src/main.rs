@@ -8,7 +8,7 @@ use sas_aws::system::SystemClock;
 use sas_aws::trace::TraceIds;
 use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
-use sas_engine::services::Submission;
+use sas_engine::services::{Ports, Submission};
 use sas_submission::settings::Settings;
 
 #[tokio::main]
@@ -24,16 +24,15 @@ async fn main() -> Result<(), Error> {
     })
     .await;
 
-    let submission = Submission::new(
-        wiring.store(&s.tables),
-        wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
-        wiring.bus(&s.bus),
-        SystemClock,
-        TraceIds,
-        wiring.gauges(&s.waits_table, s.queues),
-        s.engine.config,
-        s.engine.catalogue,
-    );
+    let ports = Ports {
+        store: wiring.store(&s.tables),
+        outbox: wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
+        bus: wiring.bus(&s.bus),
+        clock: SystemClock,
+        config: s.engine.config,
+        catalogue: s.engine.catalogue,
+    };
+    let submission = Submission::new(ports, TraceIds, wiring.gauges(&s.waits_table, s.queues));
     let (submission, wiring) = (&submission, &wiring);
     lambda_http::run(service_fn(move |request: Request| async move {
         Ok::<_, Error>(wiring.invocation(sas_submission::handle(submission, request)).await)

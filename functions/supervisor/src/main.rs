@@ -7,7 +7,7 @@ use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
-use sas_engine::services::Supervisor;
+use sas_engine::services::{Ports, Supervisor};
 use sas_supervisor::settings::Settings;
 
 #[tokio::main]
@@ -15,16 +15,15 @@ async fn main() -> Result<(), Error> {
     let wiring = Wiring::start("supervisor").await;
     let s = Settings::from_env(&Env::process())?;
     let store = wiring.store(&s.tables);
-    let supervisor = Supervisor::new(
-        store.clone(),
-        store,
-        wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
-        wiring.bus(&s.bus),
-        SystemClock,
-        wiring.gauges(&s.waits_table, s.queues),
-        s.engine.config,
-        s.engine.catalogue,
-    );
+    let ports = Ports {
+        store: store.clone(),
+        outbox: wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
+        bus: wiring.bus(&s.bus),
+        clock: SystemClock,
+        config: s.engine.config,
+        catalogue: s.engine.catalogue,
+    };
+    let supervisor = Supervisor::new(ports, store, wiring.gauges(&s.waits_table, s.queues));
     let (supervisor, wiring) = (&supervisor, &wiring);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {
         wiring.invocation(sas_supervisor::handle(supervisor)).await.map_err(Error::from)

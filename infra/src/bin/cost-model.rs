@@ -29,7 +29,7 @@ use sas_engine::ports::{
     Created, Depth, Destination, Expected, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved,
     StateStore, WaitGauge, WaitReport,
 };
-use sas_engine::services::{Agent, Scheduler, Submission};
+use sas_engine::services::{Agent, Ports, Scheduler, Submission};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
@@ -256,27 +256,29 @@ async fn run(
     let waits = Arc::new(MeteredWaits { inner: MemoryWaits::default(), meter: meter.clone() });
     let depths =
         MeteredDepths { inner: queues.clone(), queues: destinations.len(), meter: meter.clone() };
-    let submission = Submission::new(
-        store.clone(),
-        outbox(),
-        bus.clone(),
-        clock.clone(),
-        // Correlation ids as long as the deployed functions' (a UUID): they are stored.
-        UuidIds,
-        Gauges { waits: waits.clone(), depths },
-        config.clone(),
-        catalogue.clone(),
-    );
+    let ports = |outbox| Ports {
+        store: store.clone(),
+        outbox,
+        bus: bus.clone(),
+        clock: clock.clone(),
+        config: config.clone(),
+        catalogue: catalogue.clone(),
+    };
+    // Correlation ids as long as the deployed functions' (a UUID): they are stored.
+    let load = Gauges { waits: waits.clone(), depths };
+    let submission = Submission::new(ports(outbox()), UuidIds, load);
     // The scheduler and the agents gather what a batch sends, as their functions do.
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
     let scheduler = Scheduler::new(
-        store.clone(),
-        Coalescing::new(outbox(), linger),
-        bus.clone(),
-        clock.clone(),
+        Ports {
+            store: store.clone(),
+            outbox: Coalescing::new(outbox(), linger),
+            bus: bus.clone(),
+            clock: clock.clone(),
+            config: config.clone(),
+            catalogue: catalogue.clone(),
+        },
         waits.clone(),
-        config.clone(),
-        catalogue.clone(),
         "s".into(),
     );
     let remote = Arc::new(MemoryRemote::new(clock.clone()));

@@ -41,7 +41,7 @@ use sas_engine::mutants::{self, Mutant};
 use sas_engine::ports::{
     Clock, Destination, Incoming, Outbox, Outgoing, RemoteCall, RemoteFault, RemoteService,
 };
-use sas_engine::services::{Agent, AgentOutcome, Scheduler, Submission, Supervisor};
+use sas_engine::services::{Agent, AgentOutcome, Ports, Scheduler, Submission, Supervisor};
 use sas_engine::state::{AlertDelivery, Cause, Happening, ProcessState};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
@@ -341,26 +341,16 @@ impl World {
         let workflow = Arc::new(Workflow::from_json(json, &agent_names).unwrap());
         let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
         let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
-        let submission = Submission::new(
-            store.clone(),
-            queues.clone(),
-            bus.clone(),
-            clock.clone(),
-            SeqIds::new("c"),
-            load(),
-            config.clone(),
-            catalogue.clone(),
-        );
-        let supervisor = Supervisor::new(
-            store.clone(),
-            store.clone(),
-            queues.clone(),
-            bus.clone(),
-            clock.clone(),
-            load(),
-            config.clone(),
-            catalogue.clone(),
-        );
+        let ports = Ports {
+            store: store.clone(),
+            outbox: queues.clone(),
+            bus: bus.clone(),
+            clock: clock.clone(),
+            config: config.clone(),
+            catalogue: catalogue.clone(),
+        };
+        let submission = Submission::new(ports.clone(), SeqIds::new("c"), load());
+        let supervisor = Supervisor::new(ports, store.clone(), load());
         let outbox = |worker: &ManualClock| WorkerOutbox {
             queues: queues.clone(),
             world: clock.clone(),
@@ -370,16 +360,16 @@ impl World {
         for queue in [Destination::Scheduler, Destination::Replies] {
             for n in 0..CAPACITY.scheduler_workers {
                 let worker = ManualClock::at(start);
-                let scheduler = Scheduler::new(
-                    store.clone(),
-                    outbox(&worker),
-                    bus.clone(),
-                    worker.clone(),
-                    waits.clone(),
-                    config.clone(),
-                    catalogue.clone(),
-                    format!("scheduler-{}-{n}", queue.name()),
-                );
+                let ports = Ports {
+                    store: store.clone(),
+                    outbox: outbox(&worker),
+                    bus: bus.clone(),
+                    clock: worker.clone(),
+                    config: config.clone(),
+                    catalogue: catalogue.clone(),
+                };
+                let owner = format!("scheduler-{}-{n}", queue.name());
+                let scheduler = Scheduler::new(ports, waits.clone(), owner);
                 schedulers.push(SchedulerWorker {
                     clock: worker,
                     busy_until: start,

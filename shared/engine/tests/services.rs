@@ -22,7 +22,7 @@ use sas_engine::ports::{
     OrderRecord, Read, Saved, StateStore, WaitGauge,
 };
 use sas_engine::retry::RetryPolicy;
-use sas_engine::services::{Agent, AgentOutcome, Handled, StatusService, Supervisor};
+use sas_engine::services::{Agent, AgentOutcome, Handled, Ports, StatusService, Supervisor};
 use sas_engine::state::{AlertDelivery, Happening, ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Owner, Result, Timestamp};
 use world::{World, order_body};
@@ -493,16 +493,17 @@ type TestSupervisor = Supervisor<
 >;
 
 fn racing_supervisor(w: &World) -> TestSupervisor {
-    Supervisor::new(
-        Yielding(w.store.clone()),
-        w.store.clone(),
-        w.queues.clone(),
-        w.bus.clone(),
-        w.clock.clone(),
-        w.load(),
-        w.config.clone(),
-        w.catalogue.clone(),
-    )
+    let load = w.load();
+    let p = w.ports();
+    let ports = Ports {
+        store: Yielding(p.store.clone()),
+        outbox: p.outbox,
+        bus: p.bus,
+        clock: p.clock,
+        config: p.config,
+        catalogue: p.catalogue,
+    };
+    Supervisor::new(ports, p.store, load)
 }
 
 /// Takes every message off `dest` for good, as a queue that loses them would.

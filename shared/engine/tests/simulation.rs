@@ -43,7 +43,8 @@ use sas_engine::ports::{
     OrderRecord, Outbox, Outgoing, Read, Saved, StateStore,
 };
 use sas_engine::services::{
-    Agent, Applied, Command, Commanded, Operator, Scheduler, Submission, Supervisor, SweepReport,
+    Agent, Applied, Command, Commanded, Operator, Ports, Scheduler, Submission, Supervisor,
+    SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
@@ -322,7 +323,7 @@ impl std::fmt::Display for Tally {
 }
 
 /// What the services of a run are built on: built once at the start, and again at a deploy.
-struct Ports {
+struct Wiring {
     store: Store,
     outbox: Queues,
     events: Bus,
@@ -341,50 +342,29 @@ type Services = (
     Operator<Store, Queues, Bus, ManualClock>,
 );
 
-impl Ports {
+impl Wiring {
     /// The services that run `catalogue`; `ids` starts their correlation ids.
     fn services(&self, catalogue: Arc<Catalogue>, ids: &str) -> Services {
         let load = || Gauges { waits: self.waits.clone(), depths: self.queues.clone() };
-        let submission = Submission::new(
-            self.store.clone(),
-            self.outbox.clone(),
-            self.events.clone(),
-            self.clock.clone(),
-            SeqIds::new(ids),
-            load(),
-            self.config.clone(),
-            catalogue.clone(),
-        );
+        let ports = |clock: ManualClock| Ports {
+            store: self.store.clone(),
+            outbox: self.outbox.clone(),
+            bus: self.events.clone(),
+            clock,
+            config: self.config.clone(),
+            catalogue: catalogue.clone(),
+        };
+        let submission = Submission::new(ports(self.clock.clone()), SeqIds::new(ids), load());
         let scheduler = Scheduler::new(
-            self.store.clone(),
-            self.outbox.clone(),
-            self.events.clone(),
-            self.clock.clone(),
+            ports(self.clock.clone()),
             self.waits.clone(),
-            self.config.clone(),
-            catalogue.clone(),
             format!("scheduler-{ids}"),
         );
         let supervisor = || {
-            Supervisor::new(
-                self.store.clone(),
-                self.store.clone(),
-                self.outbox.clone(),
-                self.events.clone(),
-                self.clock.ahead_by(self.ahead),
-                load(),
-                self.config.clone(),
-                catalogue.clone(),
-            )
+            let clock = self.clock.ahead_by(self.ahead);
+            Supervisor::new(ports(clock), self.store.clone(), load())
         };
-        let operator = Operator::new(
-            self.store.clone(),
-            self.outbox.clone(),
-            self.events.clone(),
-            self.clock.clone(),
-            self.config.clone(),
-            catalogue.clone(),
-        );
+        let operator = Operator::new(ports(self.clock.clone()));
         (submission, scheduler, [supervisor(), supervisor()], operator)
     }
 }
@@ -396,8 +376,8 @@ struct Sim {
     /// The version deployed halfway through the faults on some seeds (see [`next_version`]),
     /// and the event at which it is.
     next: Option<(Arc<Workflow>, usize)>,
-    /// The ports the services are built on, to build them again at a deploy.
-    ports: Ports,
+    /// What the services are built on, to build them again at a deploy.
+    wiring: Wiring,
     /// Whether the next version is deployed yet.
     deployed: bool,
     /// The version each order must keep: the current one when it was accepted.
@@ -528,7 +508,7 @@ impl Sim {
                 (queue, agent)
             })
             .collect();
-        let ports = Ports {
+        let wiring = Wiring {
             store,
             outbox,
             events,
@@ -538,7 +518,7 @@ impl Sim {
             config: config.clone(),
             ahead,
         };
-        let (submission, scheduler, supervisors, operator) = ports.services(catalogue, "c");
+        let (submission, scheduler, supervisors, operator) = wiring.services(catalogue, "c");
         let settle_bound = settle_bound(&config, &workflow)
             .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)));
         let destinations = [Destination::Scheduler, Destination::Replies]
@@ -557,7 +537,7 @@ impl Sim {
             seed,
             workflow: workflow.clone(),
             next,
-            ports,
+            wiring,
             deployed: false,
             versions: HashMap::new(),
             rng,
@@ -597,7 +577,7 @@ impl Sim {
         let Some((v2, _)) = &self.next else { return };
         let catalogue = Catalogue::new(vec![(*self.workflow).clone(), (**v2).clone()]).unwrap();
         let (submission, scheduler, supervisors, operator) =
-            self.ports.services(Arc::new(catalogue), "d");
+            self.wiring.services(Arc::new(catalogue), "d");
         self.submission = submission;
         self.scheduler = scheduler;
         self.supervisors = supervisors;

@@ -23,10 +23,12 @@ use crate::time::Timestamp;
 /// touched the record, which can only happen a few times.
 const ALERT_RECORD_TRIES: usize = 3;
 
-/// The ports and settings that every service writing state shares, and with them the side
-/// effects of its decisions are carried out.
-#[derive(Debug)]
-pub(crate) struct Effector<S, Q, B, C> {
+/// The ports and settings that every service writing orders shares, given to each as one
+/// bundle: the state store, the outbox, the event bus and the clock, with the engine's
+/// configuration and the workflows the stack runs. The services carry out the side effects
+/// of their decisions through them.
+#[derive(Clone, Debug)]
+pub struct Ports<S, Q, B, C> {
     pub store: S,
     pub outbox: Q,
     pub bus: B,
@@ -35,7 +37,7 @@ pub(crate) struct Effector<S, Q, B, C> {
     pub catalogue: Arc<Catalogue>,
 }
 
-impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Effector<S, Q, B, C> {
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
     /// What the machine decides `record`'s next transition with, now: the version of its
     /// workflow it started on.
     pub fn ctx(&self, record: &StateRecord) -> Result<Ctx<'_>> {

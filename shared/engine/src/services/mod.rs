@@ -14,6 +14,7 @@ mod submission;
 mod supervisor;
 
 pub use agent::{Agent, AgentOutcome};
+pub use effects::Ports;
 pub use operator::{Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
 pub use status::{OperatorView, OrderView, StatusService};

@@ -9,7 +9,7 @@
 
 use tracing::info;
 
-use super::effects::Effector;
+use super::effects::Ports;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::machine::{Decision, Input, Refused, decide};
@@ -91,19 +91,12 @@ pub struct Commanded {
 /// The operator service, over its ports.
 #[derive(Debug)]
 pub struct Operator<S, Q, B, C> {
-    ports: Effector<S, Q, B, C>,
+    ports: Ports<S, Q, B, C>,
 }
 
 impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
-    pub fn new(
-        store: S,
-        outbox: Q,
-        bus: B,
-        clock: C,
-        config: std::sync::Arc<crate::config::EngineConfig>,
-        catalogue: std::sync::Arc<crate::catalogue::Catalogue>,
-    ) -> Self {
-        Operator { ports: Effector { store, outbox, bus, clock, config, catalogue } }
+    pub fn new(ports: Ports<S, Q, B, C>) -> Self {
+        Operator { ports }
     }
 
     /// Applies `command` to the order, or says why not ([`Applied::Refused`]). `None` if

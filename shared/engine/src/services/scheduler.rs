@@ -1,15 +1,12 @@
 //! The scheduler: claims Pending orders, dispatches steps to agents, records their replies and
 //! moves each order to its next step, to compensation, or to its end.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, error, info};
 
 use super::Handled;
-use super::effects::Effector;
-use crate::catalogue::Catalogue;
-use crate::config::EngineConfig;
+use super::effects::Ports;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::load::WaitReporter;
@@ -23,7 +20,7 @@ use crate::state::StateRecord;
 /// The scheduler, over its ports.
 #[derive(Debug)]
 pub struct Scheduler<S, Q, B, C, W> {
-    ports: Effector<S, Q, B, C>,
+    ports: Ports<S, Q, B, C>,
     waits: WaitReporter<W>,
     owner: String,
 }
@@ -31,20 +28,10 @@ pub struct Scheduler<S, Q, B, C, W> {
 impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S, Q, B, C, W> {
     /// `owner` identifies this scheduler instance; it is written to LockedBy when it claims,
     /// and names its reports to `waits`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: S,
-        outbox: Q,
-        bus: B,
-        clock: C,
-        waits: W,
-        config: Arc<EngineConfig>,
-        catalogue: Arc<Catalogue>,
-        owner: String,
-    ) -> Self {
+    pub fn new(ports: Ports<S, Q, B, C>, waits: W, owner: String) -> Self {
         Scheduler {
-            waits: WaitReporter::new(waits, owner.clone(), config.claim_grace),
-            ports: Effector { store, outbox, bus, clock, config, catalogue },
+            waits: WaitReporter::new(waits, owner.clone(), ports.config.claim_grace),
+            ports,
             owner,
         }
     }

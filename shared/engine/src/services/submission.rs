@@ -6,13 +6,11 @@
 //! come back otherwise. Accepting an order it could only serve late would make every order
 //! later, and the backlog longer.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use tracing::{info, warn};
 
-use super::effects::Effector;
-use crate::catalogue::Catalogue;
-use crate::config::EngineConfig;
+use super::effects::Ports;
 use crate::error::{Error, Result};
 use crate::ids::{IdempotencyKey, OrderId, Owner};
 use crate::load::{Admission, Cached, DoorTally, LoadSource};
@@ -34,7 +32,7 @@ pub struct Accepted {
 /// The submission service, over its ports.
 #[derive(Debug)]
 pub struct Submission<S, Q, B, C, I, L> {
-    ports: Effector<S, Q, B, C>,
+    ports: Ports<S, Q, B, C>,
     ids: I,
     load: Cached<L>,
     /// What this door did since the load in use was read.
@@ -51,23 +49,8 @@ where
     L: LoadSource,
 {
     /// `load` tells how long the queues are; it is read at most every few seconds.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: S,
-        outbox: Q,
-        bus: B,
-        clock: C,
-        ids: I,
-        load: L,
-        config: Arc<EngineConfig>,
-        catalogue: Arc<Catalogue>,
-    ) -> Self {
-        Submission {
-            ports: Effector { store, outbox, bus, clock, config, catalogue },
-            ids,
-            load: Cached::new(load),
-            tally: Mutex::default(),
-        }
+    pub fn new(ports: Ports<S, Q, B, C>, ids: I, load: L) -> Self {
+        Submission { ports, ids, load: Cached::new(load), tally: Mutex::default() }
     }
 
     /// Accepts an order. Invalid input is rejected before anything is written, and so is an

@@ -11,16 +11,13 @@
 //! ago than that horizon: the others may only be waiting for their messages, and are neither
 //! read nor written. While a queue holds messages that no consumer takes, it judges nothing.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::Handled;
-use super::effects::Effector;
-use crate::catalogue::Catalogue;
-use crate::config::EngineConfig;
+use super::effects::Ports;
 use crate::error::{Error, Result};
 use crate::load::{Horizon, LoadSource};
 use crate::machine::{Decision, Input, decide};
@@ -59,7 +56,7 @@ pub struct SweepReport {
 /// The supervisor, over its ports.
 #[derive(Debug)]
 pub struct Supervisor<S, X, Q, B, C, L> {
-    ports: Effector<S, Q, B, C>,
+    ports: Ports<S, Q, B, C>,
     index: X,
     load: L,
 }
@@ -74,18 +71,8 @@ where
     L: LoadSource,
 {
     /// `load` tells how long messages wait in the queues.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: S,
-        index: X,
-        outbox: Q,
-        bus: B,
-        clock: C,
-        load: L,
-        config: Arc<EngineConfig>,
-        catalogue: Arc<Catalogue>,
-    ) -> Self {
-        Supervisor { ports: Effector { store, outbox, bus, clock, config, catalogue }, index, load }
+    pub fn new(ports: Ports<S, Q, B, C>, index: X, load: L) -> Self {
+        Supervisor { ports, index, load }
     }
 
     /// One sweep over every shard, at most `sweep_limit` records in all. Shards are queried and

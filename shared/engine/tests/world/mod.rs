@@ -19,7 +19,7 @@ use sas_engine::memory::{
 use sas_engine::message::Message;
 use sas_engine::ports::{Destination, Incoming};
 use sas_engine::services::{
-    Accepted, Agent, AgentOutcome, Handled, Operator, Scheduler, Submission, Supervisor,
+    Accepted, Agent, AgentOutcome, Handled, Operator, Ports, Scheduler, Submission, Supervisor,
     SweepReport,
 };
 use sas_engine::state::StateRecord;
@@ -76,26 +76,16 @@ impl World {
             Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names()).unwrap(),
         );
         let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
-        let submission = Submission::new(
-            store.clone(),
-            queues.clone(),
-            bus.clone(),
-            clock.clone(),
-            Arc::new(SeqIds::new("corr")),
-            load(),
-            config.clone(),
-            catalogue.clone(),
-        );
-        let scheduler = Scheduler::new(
-            store.clone(),
-            queues.clone(),
-            bus.clone(),
-            clock.clone(),
-            waits.clone(),
-            config.clone(),
-            catalogue.clone(),
-            "scheduler-1".into(),
-        );
+        let ports = Ports {
+            store: store.clone(),
+            outbox: queues.clone(),
+            bus: bus.clone(),
+            clock: clock.clone(),
+            config: config.clone(),
+            catalogue: catalogue.clone(),
+        };
+        let submission = Submission::new(ports.clone(), Arc::new(SeqIds::new("corr")), load());
+        let scheduler = Scheduler::new(ports.clone(), waits.clone(), "scheduler-1".into());
         let random = Arc::new(SplitMix::seeded(42));
         let agents = agent_names()
             .into_iter()
@@ -113,16 +103,7 @@ impl World {
                 (name, agent)
             })
             .collect();
-        let supervisor = Supervisor::new(
-            store.clone(),
-            store.clone(),
-            queues.clone(),
-            bus.clone(),
-            clock.clone(),
-            load(),
-            config.clone(),
-            catalogue.clone(),
-        );
+        let supervisor = Supervisor::new(ports, store.clone(), load());
         World {
             clock,
             store,
@@ -145,50 +126,29 @@ impl World {
     /// A deploy: the services start again running `catalogue`, over the same store, queues,
     /// bus and services; what is in flight stays where it is.
     pub fn deploy(&mut self, catalogue: Catalogue) {
-        let catalogue = Arc::new(catalogue);
-        self.submission = Submission::new(
-            self.store.clone(),
-            self.queues.clone(),
-            self.bus.clone(),
-            self.clock.clone(),
-            Arc::new(SeqIds::new("corr-deployed")),
-            self.load(),
-            self.config.clone(),
-            catalogue.clone(),
-        );
-        self.scheduler = Scheduler::new(
-            self.store.clone(),
-            self.queues.clone(),
-            self.bus.clone(),
-            self.clock.clone(),
-            self.waits.clone(),
-            self.config.clone(),
-            catalogue.clone(),
-            "scheduler-2".into(),
-        );
-        self.supervisor = Supervisor::new(
-            self.store.clone(),
-            self.store.clone(),
-            self.queues.clone(),
-            self.bus.clone(),
-            self.clock.clone(),
-            self.load(),
-            self.config.clone(),
-            catalogue.clone(),
-        );
-        self.catalogue = catalogue;
+        self.catalogue = Arc::new(catalogue);
+        let ports = self.ports();
+        self.submission =
+            Submission::new(ports.clone(), Arc::new(SeqIds::new("corr-deployed")), self.load());
+        self.scheduler = Scheduler::new(ports.clone(), self.waits.clone(), "scheduler-2".into());
+        self.supervisor = Supervisor::new(ports, self.store.clone(), self.load());
+    }
+
+    /// The ports every service of this world works over, running its current catalogue.
+    pub fn ports(&self) -> Ports<Store, Queues, Bus, Clock> {
+        Ports {
+            store: self.store.clone(),
+            outbox: self.queues.clone(),
+            bus: self.bus.clone(),
+            clock: self.clock.clone(),
+            config: self.config.clone(),
+            catalogue: self.catalogue.clone(),
+        }
     }
 
     /// An operator's service on this world, running its current catalogue.
     pub fn operator(&self) -> Operator<Store, Queues, Bus, Clock> {
-        Operator::new(
-            self.store.clone(),
-            self.queues.clone(),
-            self.bus.clone(),
-            self.clock.clone(),
-            self.config.clone(),
-            self.catalogue.clone(),
-        )
+        Operator::new(self.ports())
     }
 
     /// The queues' load, as the supervisor and the door read it.
