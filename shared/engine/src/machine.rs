@@ -29,7 +29,7 @@
 //! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
-//! | Processed, Error, Cancelled | any message or expiry | ignored: terminal states move only by an operator's command |
+//! | Processed, Error, Cancelled | any message or expiry (but an alert's, above) | ignored: terminal states move only by an operator's command |
 //! | Paused | any message or expiry | ignored: nothing of it is in flight |
 //!
 //! Operator commands (each with an id, the caller and a reason; a command id already applied
@@ -142,7 +142,8 @@ pub struct Transition {
 /// Why an input changed nothing. All of these are normal under at-least-once delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ignored {
-    /// The order is Processed or Error; terminal states never move.
+    /// The order is Processed, Error or Cancelled: the system's own inputs change nothing of
+    /// it (an Error's alert apart); only an operator's redrive moves it again.
     Terminal,
     /// The input belongs to another attempt than the record's (older lease, or a duplicate of a
     /// message that was already acted on).
@@ -402,15 +403,12 @@ fn claim(record: &StateRecord, owner: &str, message: &str, ctx: &Ctx<'_>) -> Dec
         return unknown_step(record);
     };
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
-    next.process_state = ProcessState::Processing;
     next.locked_by = Some(owner.to_owned());
-    next.attempt += 1;
-    next.steps[next.cursor].dispatched = true;
     // A Pending deadline that still leaves the step its whole budget is kept: the lease is as
     // long as promised, and the expiry index entry is not rewritten (an index key change costs
     // two index writes).
     let fresh = ctx.now.plus(budget);
-    next.complete_by = Some(record.complete_by.map_or(fresh, |cb| cb.max(fresh)));
+    take_lease(&mut next, record.complete_by.map_or(fresh, |cb| cb.max(fresh)));
     next.note(ctx.now, Happening::Claimed, Some(step.name.clone()), ctx.config.timeline_limit);
     let mut effects = status(ctx, StatusKind::Processing, None);
     effects.push(Effect::Dispatch);
@@ -508,7 +506,7 @@ fn failed(
     let name = record.steps[c].name.clone();
     let limit = ctx.config.timeline_limit;
     let cancel = cancelled_by(record);
-    let policy = ctx.workflow.steps().iter().find(|s| s.name == name).map(|s| s.on_failure);
+    let policy = ctx.workflow.step_named(&name).map(|s| s.on_failure);
     if policy == Some(OnFailure::Report) && cancel.is_none() {
         next.steps[c].reported = Some(cause);
         next.failure_count = 0;
@@ -589,7 +587,7 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
     let limit = ctx.config.timeline_limit;
     next.note(ctx.now, Happening::LeaseExpired, Some(name.clone()), limit);
 
-    let Some(step) = ctx.workflow.steps().iter().find(|s| s.name == name) else {
+    let Some(step) = ctx.workflow.step_named(&name) else {
         // No amount of retrying can run a step the workflow no longer has.
         next.cause.get_or_insert(Cause::UnknownStep { step: name.clone() });
         next.steps[c].status = StepStatus::Uncertain;
@@ -604,17 +602,13 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
         let wait = step.waits(ctx.config.wait).wait(failures);
         let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
         next.failure_count = failures;
-        if record.process_state == ProcessState::Processing
-            || mutants::on(Mutant::PendingResetTakesNewAttempt)
-        {
-            // The request (or its reply) is judged lost: a new lease fences it out.
-            next.attempt += 1;
-        }
-        // A Pending order keeps its attempt: should its start message only be late after all,
-        // it still claims the order, and the new one finds it claimed.
-        next.process_state = ProcessState::Pending;
-        next.locked_by = None;
-        next.complete_by = Some(ctx.now.plus(wait).plus(ctx.config.claim_grace).plus(budget));
+        // Processing: the request (or its reply) is judged lost, and a new attempt fences it
+        // out. A Pending order keeps its attempt: should its start message only be late after
+        // all, it still claims the order, and the new one finds it claimed.
+        let new_attempt = record.process_state == ProcessState::Processing
+            || mutants::on(Mutant::PendingResetTakesNewAttempt);
+        let due = ctx.now.plus(wait).plus(ctx.config.claim_grace).plus(budget);
+        hand_back(&mut next, new_attempt, due);
         next.note(ctx.now, Happening::RetryScheduled, Some(name), limit);
         return apply(next, vec![Effect::Kick { delay: wait }]);
     }
@@ -711,11 +705,20 @@ fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> 
 /// the workflow has no such step.
 fn requeue(next: &mut StateRecord, ctx: &Ctx<'_>) -> Option<Effect> {
     let (_, budget) = leased_action(next, ctx)?;
+    hand_back(next, true, ctx.now.plus(ctx.config.claim_grace).plus(budget));
+    Some(Effect::Kick { delay: Duration::ZERO })
+}
+
+/// The move to Pending: the order is the scheduler's to claim again, by `complete_by`, from a
+/// start message its caller sends. At a new attempt, unless a start message already sent for
+/// the current one must still be able to claim it.
+fn hand_back(next: &mut StateRecord, new_attempt: bool, complete_by: Timestamp) {
     next.process_state = ProcessState::Pending;
     next.locked_by = None;
-    next.attempt += 1;
-    next.complete_by = Some(ctx.now.plus(ctx.config.claim_grace).plus(budget));
-    Some(Effect::Kick { delay: Duration::ZERO })
+    if new_attempt {
+        next.attempt += 1;
+    }
+    next.complete_by = Some(complete_by);
 }
 
 /// Ends the order once nothing is left to undo: Cancelled if an operator cancelled it and
@@ -825,23 +828,30 @@ fn not_expired(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Option<I
 /// away. The lock holder stays the scheduler that wrote it.
 fn lease(next: &mut StateRecord, ctx: &Ctx<'_>) -> Option<()> {
     let (_, budget) = leased_action(next, ctx)?;
+    take_lease(next, ctx.now.plus(budget));
+    Some(())
+}
+
+/// The move to Processing: a new attempt on the cursor's step (or undo), due by
+/// `complete_by`, whose request goes out once the record is written; from then on it may
+/// have reached its service under the step's keys.
+fn take_lease(next: &mut StateRecord, complete_by: Timestamp) {
     next.process_state = ProcessState::Processing;
     next.attempt += 1;
     next.steps[next.cursor].dispatched = true;
-    next.complete_by = Some(ctx.now.plus(budget));
-    Some(())
+    next.complete_by = Some(complete_by);
 }
 
 /// The workflow step at the cursor and the budget of the action the phase calls for.
 fn leased_action<'w>(record: &StateRecord, ctx: &Ctx<'w>) -> Option<(&'w Step, Duration)> {
     let name = &record.steps.get(record.cursor)?.name;
-    let step = ctx.workflow.steps().iter().find(|s| &s.name == name)?;
+    let step = ctx.workflow.step_named(name)?;
     let (_, budget) = step.action(record.phase.direction())?;
     Some((step, budget))
 }
 
 fn has_compensation(workflow: &Workflow, step: &str) -> bool {
-    workflow.steps().iter().any(|s| s.name == step && s.compensation.is_some())
+    workflow.step_named(step).is_some_and(|s| s.compensation.is_some())
 }
 
 fn unknown_step(record: &StateRecord) -> Decision {
@@ -1011,9 +1021,7 @@ fn redrive(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Deci
     if !undo_failed.is_empty() {
         return Err(Refused::UndoFailed { steps: undo_failed });
     }
-    if let Some(s) =
-        record.steps.iter().find(|s| !ctx.workflow.steps().iter().any(|w| w.name == s.name))
-    {
+    if let Some(s) = record.steps.iter().find(|s| ctx.workflow.step_named(&s.name).is_none()) {
         return Err(Refused::UnknownStep { step: s.name.clone() });
     }
     let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));

@@ -321,6 +321,12 @@ impl Workflow {
         self.steps.get(index)
     }
 
+    /// The step called `name`: records name their steps, so that a step is found whatever its
+    /// place in the version the record runs.
+    pub fn step_named(&self, name: &str) -> Option<&Step> {
+        self.steps.iter().find(|s| s.name == name)
+    }
+
     /// The agents this workflow uses, each once, in order of first use.
     pub fn agents(&self) -> Vec<&AgentName> {
         let mut seen = Vec::new();

@@ -217,6 +217,8 @@ where
                 self.ports.perform(&t.next, &t.effects).await?;
                 Ok(Handled::Applied)
             }
+            // Only a queue message can be seen again, and an expiry is none: the machine never
+            // replays one. Were it to, the record has moved on from what the entry saw.
             Decision::Replay(_) => Ok(Handled::Ignored(crate::machine::Ignored::Moved)),
             Decision::Ignore(why) => Ok(Handled::Ignored(why)),
             // The machine's remedy for an illegal expiry is a report: there is no message to
