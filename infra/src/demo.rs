@@ -23,6 +23,7 @@ use crate::Error;
 use crate::aws::Clients;
 use crate::effects;
 use crate::local::LocalStack;
+use crate::prices::{self, per_million};
 use crate::sigv4;
 use crate::traces::OrderTraces;
 
@@ -756,7 +757,7 @@ async fn summarise(
     t.push_str(&traces.text);
     t.push_str(&metrics.text(&s));
     // AWS API calls per order, as counted by the proxy in front of the emulator.
-    t.push_str("| service | operation | calls per order | list price (us-east-1, 2026-11-21) | per million orders |\n| --- | --- | ---: | --- | ---: |\n");
+    t.push_str(&format!("| service | operation | calls per order | list price (us-east-1, {}) | per million orders |\n| --- | --- | ---: | --- | ---: |\n", prices::AS_OF));
     let mut total = 0.0;
     for ((service, operation), seen) in &calls {
         let per = seen.requests as f64 / n;
@@ -779,31 +780,34 @@ async fn summarise(
         .sum();
     let api_requests: u64 =
         stack.functions.iter().filter(is_api).map(|f| f.api.invocations()).sum();
-    let lambda_workflow = workflow as f64 / n * 0.20;
-    let lambda_api = api_requests as f64 / n * 0.20;
-    let gateway = api_requests as f64 / n * 1.00;
+    let lambda_workflow = workflow as f64 / n * per_million(prices::LAMBDA_REQUEST);
+    let lambda_api = api_requests as f64 / n * per_million(prices::LAMBDA_REQUEST);
+    let gateway = api_requests as f64 / n * per_million(prices::HTTP_API_REQUEST);
     total += lambda_workflow + lambda_api + gateway;
+    let lambda = per_million(prices::LAMBDA_REQUEST);
     t.push_str(&format!(
-        "| lambda | invocations of the scheduler, agents and supervisor | {:.2} | $0.20 per million | ${lambda_workflow:.2} |\n",
+        "| lambda | invocations of the scheduler, agents and supervisor | {:.2} | ${lambda:.2} per million | ${lambda_workflow:.2} |\n",
         workflow as f64 / n
     ));
     t.push_str(&format!(
-        "| lambda | invocations behind the HTTP API | {:.2} | $0.20 per million | ${lambda_api:.2} |\n",
+        "| lambda | invocations behind the HTTP API | {:.2} | ${lambda:.2} per million | ${lambda_api:.2} |\n",
         api_requests as f64 / n
     ));
     t.push_str(&format!(
-        "| apigateway | HTTP API requests | {:.2} | $1.00 per million | ${gateway:.2} |\n",
-        api_requests as f64 / n
+        "| apigateway | HTTP API requests | {:.2} | ${:.2} per million | ${gateway:.2} |\n",
+        api_requests as f64 / n,
+        per_million(prices::HTTP_API_REQUEST)
     ));
     // Metric lines are log lines: CloudWatch Logs ingestion is what they cost per order (the
     // metrics themselves cost per series and month, whatever the traffic).
     let (metric_lines, metric_bytes) = stack.metrics.lines();
-    let metric_cost = metric_bytes as f64 / n * 1e6 / 1e9 * 0.50;
+    let metric_cost = metric_bytes as f64 / n * 1e6 / 1e9 * prices::CLOUDWATCH_LOGS_GB;
     total += metric_cost;
     t.push_str(&format!(
-        "| cloudwatch | metric lines ({:.0} bytes per order) | {:.2} | $0.50 per GB of logs ingested | ${metric_cost:.2} |\n",
+        "| cloudwatch | metric lines ({:.0} bytes per order) | {:.2} | ${:.2} per GB of logs ingested | ${metric_cost:.2} |\n",
         metric_bytes as f64 / n,
-        metric_lines as f64 / n
+        metric_lines as f64 / n,
+        prices::CLOUDWATCH_LOGS_GB
     ));
     t.push_str(&format!("| **total** | | | | **${total:.2}** |\n\n"));
     t.push_str("Per-order figures include the supervisor's sweeps (Query, and its reads of the queues' load: Scan and\n");
@@ -817,21 +821,31 @@ async fn summarise(
 }
 
 /// List price per million calls of an operation, and how it is priced.
-fn price(service: &str, operation: &str) -> (f64, &'static str) {
+fn price(service: &str, operation: &str) -> (f64, String) {
+    let (wru, rru) = (per_million(prices::DYNAMODB_WRU), per_million(prices::DYNAMODB_RRU));
+    let units = |n: f64, what: &str, price: f64| {
+        let n_text = if n == 0.5 { "½".to_owned() } else { format!("{n}") };
+        (n * price, format!("{n_text} {what} at ${price:.3} per million"))
+    };
     match (service, operation) {
-        ("dynamodb", "TransactWriteItems") => (4.0 * 0.625, "4 write units at $0.625 per million"),
+        ("dynamodb", "TransactWriteItems") => units(4.0, "write units", wru),
         ("dynamodb", op)
             if op.starts_with("PutItem") || op == "UpdateItem" || op == "DeleteItem" =>
         {
-            (0.625, "1 write unit at $0.625 per million")
+            units(1.0, "write unit", wru)
         }
-        ("dynamodb", "GetItem, consistent") => (0.125, "1 read unit at $0.125 per million"),
-        ("dynamodb", "GetItem, eventual") => (0.0625, "½ read unit at $0.125 per million"),
-        ("dynamodb", "Query" | "Scan") => (0.0625, "½ read unit at $0.125 per million"),
-        ("dynamodb", _) => (0.0, "control plane, free"),
-        ("sqs", _) => (0.40, "$0.40 per million requests"),
-        ("eventbridge", "PutEvents") => (1.00, "$1.00 per million events"),
-        (_, _) => (0.0, "not billed per call"),
+        ("dynamodb", "GetItem, consistent") => units(1.0, "read unit", rru),
+        ("dynamodb", "GetItem, eventual" | "Query" | "Scan") => units(0.5, "read unit", rru),
+        ("dynamodb", _) => (0.0, "control plane, free".into()),
+        ("sqs", _) => {
+            let p = per_million(prices::SQS_REQUEST);
+            (p, format!("${p:.2} per million requests"))
+        }
+        ("eventbridge", "PutEvents") => {
+            let p = per_million(prices::EVENTBRIDGE_EVENT);
+            (p, format!("${p:.2} per million events"))
+        }
+        (_, _) => (0.0, "not billed per call".into()),
     }
 }
 
@@ -951,6 +965,24 @@ async fn ended_in_metrics(stack: &LocalStack, expected: [usize; 3], died: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_call_is_priced_from_the_one_price_table() {
+        let close = |(cost, note): (f64, String), want: f64, text: &str| {
+            assert!((cost - want).abs() < 1e-9, "{cost} for {text}");
+            assert_eq!(note, text);
+        };
+        close(price("dynamodb", "TransactWriteItems"), 2.5, "4 write units at $0.625 per million");
+        close(
+            price("dynamodb", "PutItem on StateTable"),
+            0.625,
+            "1 write unit at $0.625 per million",
+        );
+        close(price("dynamodb", "Query"), 0.0625, "½ read unit at $0.125 per million");
+        close(price("sqs", "ReceiveMessage"), 0.40, "$0.40 per million requests");
+        close(price("eventbridge", "PutEvents"), 1.00, "$1.00 per million events");
+        close(price("dynamodb", "DescribeTable"), 0.0, "control plane, free");
+    }
     use serde_json::json;
 
     #[test]

@@ -44,6 +44,7 @@ pub mod jwt;
 pub mod local;
 pub mod metrics;
 pub mod policy;
+pub mod prices;
 pub mod processes;
 pub mod provision;
 pub mod proxy;

@@ -34,18 +34,7 @@ use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
 
-/// us-east-1 list prices, USD.
-mod price {
-    pub const DYNAMODB_WRU: f64 = 0.625e-6;
-    pub const DYNAMODB_RRU: f64 = 0.125e-6;
-    pub const SQS_REQUEST: f64 = 0.40e-6;
-    pub const LAMBDA_REQUEST: f64 = 0.20e-6;
-    /// arm64, per GB-second.
-    pub const LAMBDA_GB_SECOND: f64 = 0.000_013_333_4;
-    pub const HTTP_API_REQUEST: f64 = 1.00e-6;
-    pub const EVENTBRIDGE_EVENT: f64 = 1.00e-6;
-    pub const STEP_FUNCTIONS_TRANSITION: f64 = 25.0e-6;
-}
+use sas_infra::prices as price;
 
 /// Billed duration assumed per invocation (128 MB, warm), in milliseconds. Measured figures
 /// from a deployment replace these; they are a small part of the total either way.

@@ -1,0 +1,30 @@
+//! AWS list prices for us-east-1, in US dollars per unit, as the cost model and the demo's
+//! summary use them: one table, so that the two cannot disagree.
+
+/// When the prices were read from AWS's pricing pages.
+pub const AS_OF: &str = "2026-11-21";
+
+/// One DynamoDB write request unit (on demand).
+pub const DYNAMODB_WRU: f64 = 0.625e-6;
+/// One DynamoDB read request unit (on demand): a strongly consistent read of up to 4 KB, or
+/// two eventually consistent ones.
+pub const DYNAMODB_RRU: f64 = 0.125e-6;
+/// One SQS request (standard queue), of up to 10 messages.
+pub const SQS_REQUEST: f64 = 0.40e-6;
+/// One Lambda invocation.
+pub const LAMBDA_REQUEST: f64 = 0.20e-6;
+/// One GB-second of Lambda duration, on arm64.
+pub const LAMBDA_GB_SECOND: f64 = 0.000_013_333_4;
+/// One HTTP API request.
+pub const HTTP_API_REQUEST: f64 = 1.00e-6;
+/// One custom event put on an EventBridge bus.
+pub const EVENTBRIDGE_EVENT: f64 = 1.00e-6;
+/// One GB of log data ingested by CloudWatch Logs (metric lines are log lines).
+pub const CLOUDWATCH_LOGS_GB: f64 = 0.50;
+/// One Step Functions Standard state transition, for comparison.
+pub const STEP_FUNCTIONS_TRANSITION: f64 = 25.0e-6;
+
+/// `price` per unit, per million units: what a table of costs per million orders shows.
+pub fn per_million(price: f64) -> f64 {
+    price * 1e6
+}
