@@ -290,6 +290,22 @@ mod tests {
     use crate::provision::{local_dry_run, project_template};
 
     #[test]
+    fn the_template_s_defaults_are_the_engine_s() {
+        // The engine's policy has one set of defaults: what the functions read from a stack
+        // deployed at the template's defaults is what the engine assumes without them.
+        let t = project_template();
+        let stack = local_dry_run(&t, &[]);
+        for f in functions(&t, &stack).unwrap() {
+            let read = sas_engine::config::EngineConfig::from_lookup(|k| {
+                f.environment.get(k).filter(|v| !v.is_empty()).cloned()
+            })
+            .unwrap();
+            assert_eq!(read, sas_engine::config::EngineConfig::default(), "{}", f.logical_id);
+            assert!(f.environment.contains_key("FAILURE_THRESHOLD"), "{}", f.logical_id);
+        }
+    }
+
+    #[test]
     fn the_template_declares_every_function_with_its_sources_and_environment() {
         let t = project_template();
         let stack = local_dry_run(&t, &[]);
