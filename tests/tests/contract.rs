@@ -1,5 +1,6 @@
 //! One contract per port, checked on both of its implementations: the in-memory one the engine's
-//! tests and the simulation run on, and the AWS adapter, on moto with resources from
+//! tests and the simulation run on, and the AWS adapter (for the remote service, the simulated
+//! service the local stack and the demo call over HTTP), on moto with resources from
 //! `template.yaml`, behind the local stack's AWS proxy where a contract needs a failure AWS
 //! produces and moto does not. What the simulation proves holds only as far as the memory ports
 //! behave like the adapters; each contract below states a semantic the engine relies on, once,
@@ -19,22 +20,25 @@ use std::time::Duration;
 
 use sas_aws::depths::SqsDepths;
 use sas_aws::eventbridge::EventBridgeBus;
+use sas_aws::http::HttpRemote;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
+use sas_aws::system::SystemClock;
 use sas_aws::waits::DynamoWaits;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::{BusEvent, STATUS_DETAIL_TYPE, StatusKind};
-use sas_engine::ids::Direction;
+use sas_engine::ids::{Direction, step_key};
 use sas_engine::machine::{Ctx, Decision, Input, decide};
 use sas_engine::memory::{
-    ENTRY_FAILURE, ManualClock, MemoryBus, MemoryQueues, MemoryStore, MemoryWaits, QueueSettings,
+    Behaviour, ENTRY_FAILURE, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore,
+    MemoryWaits, QueueSettings,
 };
 use sas_engine::message::{Message, Start};
 use sas_engine::message::{StepOutcome, StepRef};
 use sas_engine::order::Order;
 use sas_engine::ports::{
     Clock, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex, ListPage, ListQuery,
-    Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved,
-    StateStore, WaitGauge, WaitReport,
+    Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing, QueueDepths, Read, RemoteCall,
+    RemoteFault, RemoteService, Saved, StateStore, WaitGauge, WaitReport,
 };
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
@@ -786,4 +790,76 @@ async fn dynamodb_waits_keep_the_gauge_contract() {
     let t = TestStack::new("contract-waits").await;
     let gauge = DynamoWaits::new(t.dynamodb.clone(), t.name("QueueWaitsTable"));
     gauge_contract(&gauge, Timestamp::from_millis(1_800_000_000_000)).await;
+}
+
+// ---------------------------------------------------------------- remote service
+
+/// The action every implementation refuses for good, as its fault setting says.
+const REFUSED: &str = "decline-card";
+
+/// A call of `step` of order `order`, with the step's key of the first run.
+fn remote_call(order: &str, step: &str, direction: Direction, now: Timestamp) -> RemoteCall {
+    let order_id = OrderId::for_key(&IdempotencyKey::parse(order).unwrap());
+    let action = match direction {
+        Direction::Do => step.to_owned(),
+        Direction::Undo => format!("undo-{step}"),
+    };
+    RemoteCall {
+        order_id,
+        action,
+        direction,
+        idempotency_key: step_key(order_id, step, direction, 0),
+        order: Order(serde_json::from_str(&order_json(order)).unwrap()),
+        input: None,
+        outputs: Default::default(),
+        deadline: now.plus(Duration::from_secs(60)),
+    }
+}
+
+/// What the engine relies on from a remote service, and the simulation from its double: one
+/// effect per key, an undo that tells whether it undid anything, a refusal that stays one,
+/// and a step undone that cannot be done again under the same key.
+async fn remote_contract<R: RemoteService>(remote: &R, now: Timestamp) {
+    let call = |order: &str, step: &str, d| remote_call(order, step, d, now);
+    // The same key answers the same, however often it is sent.
+    let first = remote.call(&call("o-1", "charge", Direction::Do)).await.unwrap();
+    assert!(first.get("noop").is_none(), "{first}");
+    assert_eq!(remote.call(&call("o-1", "charge", Direction::Do)).await.unwrap(), first);
+    // Undone after it was done: an undo that undid something; the step cannot be done again.
+    let undone = remote.call(&call("o-1", "charge", Direction::Undo)).await.unwrap();
+    assert!(undone.get("noop").is_none(), "{undone}");
+    let again = remote.call(&call("o-1", "charge", Direction::Do)).await;
+    assert!(matches!(again, Err(RemoteFault::Permanent(_))), "{again:?}");
+    // Undone before it was ever done (its answer lost, say): an undo of nothing, and the late
+    // do is refused rather than taking effect behind the undo.
+    let nothing = remote.call(&call("o-2", "charge", Direction::Undo)).await.unwrap();
+    assert_eq!(nothing.get("noop"), Some(&serde_json::json!(true)), "{nothing}");
+    let late = remote.call(&call("o-2", "charge", Direction::Do)).await;
+    assert!(matches!(late, Err(RemoteFault::Permanent(_))), "{late:?}");
+    // Other orders' steps are their own.
+    let other = remote.call(&call("o-3", "charge", Direction::Do)).await.unwrap();
+    assert!(other.get("noop").is_none(), "{other}");
+    // A refusal for good is one: the same key is refused again, and nothing took effect.
+    let refused = remote.call(&call("o-4", REFUSED, Direction::Do)).await;
+    assert!(matches!(refused, Err(RemoteFault::Permanent(_))), "{refused:?}");
+    let again = remote.call(&call("o-4", REFUSED, Direction::Do)).await;
+    assert_eq!(again, refused, "a refusal answers the same");
+    let undo = remote.call(&call("o-4", REFUSED, Direction::Undo)).await.unwrap();
+    assert_eq!(undo.get("noop"), Some(&serde_json::json!(true)), "{undo}");
+}
+
+#[tokio::test]
+async fn memory_remote_keeps_the_remote_contract() {
+    let clock = ManualClock::default();
+    let remote = MemoryRemote::new(clock.clone());
+    remote.script(REFUSED, [Behaviour::Permanent("declined".into())]);
+    remote_contract(&remote, clock.now()).await;
+}
+
+#[tokio::test]
+async fn the_simulated_service_keeps_the_remote_contract() {
+    let faults = format!(r#"{{"actions":{{"{REFUSED}":{{"permanent_rate":1.0}}}}}}"#);
+    let service = sas_tests::stack::RemoteService::start(&faults).await;
+    let remote = HttpRemote::new(&service.url, Duration::from_secs(5)).unwrap();
+    remote_contract(&remote, SystemClock.now()).await;
 }
