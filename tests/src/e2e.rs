@@ -28,21 +28,18 @@ pub const ENGINE_FUNCTIONS: [&str; 5] = [
 /// The simulated services as the tests start them: sound, 20 ms a call.
 pub const SOUND: &str = r#"{"default":{"latency_ms":20}}"#;
 
-/// Where the function binaries are built: `e2e` beside the target directory a test was built
-/// in (`target_tmpdir` is its `CARGO_TARGET_TMPDIR`), wherever CARGO_TARGET_DIR or cargo's
-/// configuration put it. A target directory of its own: the one `cargo test` runs from stays
-/// locked while tests run.
-pub fn e2e_target(target_tmpdir: &Path) -> PathBuf {
-    target_tmpdir
-        .parent()
-        .map_or_else(|| workspace_root().join("target"), Path::to_path_buf)
-        .join("e2e")
+/// The target directory a test was built in (`target_tmpdir` is its `CARGO_TARGET_TMPDIR`),
+/// wherever CARGO_TARGET_DIR or cargo's configuration put it. The function binaries are built
+/// there too: `cargo test` does not hold its lock while its tests run, and a second target
+/// directory would build the AWS SDK a second time (gigabytes on a fresh machine).
+pub fn target_dir(target_tmpdir: &Path) -> PathBuf {
+    target_tmpdir.parent().map_or_else(|| workspace_root().join("target"), Path::to_path_buf)
 }
 
 /// Builds the function binaries (and `sas`) as they ship (`cargo build --bins`), and returns
 /// their folder.
 pub fn build_binaries(target_tmpdir: &Path) -> PathBuf {
-    let target = e2e_target(target_tmpdir);
+    let target = target_dir(target_tmpdir);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(workspace_root())

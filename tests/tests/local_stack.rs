@@ -44,7 +44,7 @@ use sas_infra::local::LocalStack;
 use sas_infra::proxy::{FaultRule, WireFault};
 use sas_infra::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
 use sas_tests::e2e::{
-    FAST_WORKFLOW, SOUND, Setup, e2e_target, put_faults, start_stack, start_stack_within,
+    FAST_WORKFLOW, SOUND, Setup, put_faults, start_stack, start_stack_within, target_dir,
 };
 use sas_tests::effects::assert_effects_match;
 use serde_json::{Value, json};
@@ -657,7 +657,7 @@ fn sas(stack: &LocalStack, args: &[&str]) -> Output {
 
 /// Runs `sas` as `ops-e2e`, signing with `secret`.
 fn sas_with_secret(stack: &LocalStack, secret: &str, args: &[&str]) -> Output {
-    std::process::Command::new(e2e_target(TARGET_TMPDIR.as_ref()).join("debug").join("sas"))
+    std::process::Command::new(target_dir(TARGET_TMPDIR.as_ref()).join("debug").join("sas"))
         .args(args)
         .env("SAS_API_URL", &stack.api_url)
         .env("AWS_ACCESS_KEY_ID", "ops-e2e")
