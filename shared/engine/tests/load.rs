@@ -32,16 +32,17 @@ use std::time::Duration;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::ids::Direction;
-use sas_engine::load::{Gauges, WaitReporter};
+use sas_engine::load::Gauges;
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds, SplitMix,
+    InMemory, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds,
+    SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::mutants::{self, Mutant};
 use sas_engine::ports::{
     Clock, Destination, Incoming, Outbox, Outgoing, RemoteCall, RemoteFault, RemoteService,
 };
-use sas_engine::services::{Agent, AgentOutcome, Ports, Scheduler, Submission, Supervisor};
+use sas_engine::services::{Agent, AgentOutcome, Scheduler, Submission, Supervisor};
 use sas_engine::state::{AlertDelivery, Cause, Happening, ProcessState};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
@@ -326,52 +327,33 @@ impl World {
     fn new(scenario: &Scenario, seed: u64) -> World {
         let clock = ManualClock::default();
         let start = clock.now();
-        let store = Arc::new(MemoryStore::new(clock.clone()));
-        let queues = Arc::new(MemoryQueues::new(clock.clone()));
-        let bus = Arc::new(MemoryBus::new());
-        let waits = Arc::new(MemoryWaits::default());
-        let remote = Arc::new(MemoryRemote::new(clock.clone()));
+        let memory = InMemory::new(clock.clone());
         let injected = Ledger::default();
         let config = Arc::new(EngineConfig {
             max_queue_wait: scenario.door.unwrap_or(Duration::from_secs(3600)),
             ..EngineConfig::default()
         });
         let json = sas_workflows::order_fulfilment();
-        let agent_names = Workflow::agents_in(json);
-        let workflow = Arc::new(Workflow::from_json(json, &agent_names).unwrap());
+        let workflow = Arc::new(Workflow::from_json(json, &Workflow::agents_in(json)).unwrap());
         let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
-        let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
-        let ports = Ports {
-            store: store.clone(),
-            outbox: queues.clone(),
-            bus: bus.clone(),
-            clock: clock.clone(),
-            config: config.clone(),
-            catalogue: catalogue.clone(),
-        };
-        let submission = Submission::new(ports.clone(), SeqIds::new("c"), load());
-        let supervisor = Supervisor::new(ports, store.clone(), load());
-        let outbox = |worker: &ManualClock| WorkerOutbox {
-            queues: queues.clone(),
-            world: clock.clone(),
-            worker: worker.clone(),
+        let system = memory.assembly(clock.clone(), config, catalogue);
+        let queues = &memory.queues;
+        let submission = system.submission(queues.clone(), SeqIds::new("c"));
+        let supervisor = system.supervisor(queues.clone());
+        // Each worker runs on a clock of its own, and its outbox sends at its time.
+        let worker = || {
+            let own = ManualClock::at(start);
+            let outbox =
+                WorkerOutbox { queues: queues.clone(), world: clock.clone(), worker: own.clone() };
+            (system.on_clock(own.clone()), outbox, own)
         };
         let mut schedulers = Vec::new();
         for queue in [Destination::Scheduler, Destination::Replies] {
             for n in 0..CAPACITY.scheduler_workers {
-                let worker = ManualClock::at(start);
-                let ports = Ports {
-                    store: store.clone(),
-                    outbox: outbox(&worker),
-                    bus: bus.clone(),
-                    clock: worker.clone(),
-                    config: config.clone(),
-                    catalogue: catalogue.clone(),
-                };
-                let owner = format!("scheduler-{}-{n}", queue.name());
-                let scheduler = Scheduler::new(ports, waits.clone(), owner);
+                let (system, outbox, clock) = worker();
+                let scheduler = system.scheduler(outbox, format!("scheduler-{}-{n}", queue.name()));
                 schedulers.push(SchedulerWorker {
-                    clock: worker,
+                    clock,
                     busy_until: start,
                     queue: queue.clone(),
                     scheduler,
@@ -379,13 +361,12 @@ impl World {
             }
         }
         let mut agents = Vec::new();
-        for (a, name) in agent_names.iter().enumerate() {
+        for (a, name) in system.catalogue.agents().iter().enumerate() {
             for n in 0..CAPACITY.agent_workers {
-                let worker = ManualClock::at(start);
-                let queue = Destination::Agent(name.clone());
+                let (system, outbox, clock) = worker();
                 let service = Arc::new(Remote {
-                    inner: remote.clone(),
-                    worker: worker.clone(),
+                    inner: memory.remote.clone(),
+                    worker: clock.clone(),
                     agent: name.clone(),
                     scenario: scenario.clone(),
                     start,
@@ -394,21 +375,11 @@ impl World {
                     calls: AtomicU64::new(0),
                     injected: injected.clone(),
                 });
-                let reporter = WaitReporter::new(
-                    waits.clone(),
-                    format!("agent-{name}-{n}"),
-                    config.claim_grace,
-                );
-                let agent = Agent::new(
-                    service,
-                    outbox(&worker),
-                    worker.clone(),
-                    SplitMix::seeded(seed ^ (a * 100 + n) as u64),
-                    config.agent_retry,
-                    queue.clone(),
-                    reporter,
-                );
-                agents.push(AgentWorker { clock: worker, busy_until: start, queue, agent });
+                let random = SplitMix::seeded(seed ^ (a * 100 + n) as u64);
+                let agent =
+                    system.agent(name, service, outbox, random, format!("agent-{name}-{n}"));
+                let queue = Destination::Agent(name.clone());
+                agents.push(AgentWorker { clock, busy_until: start, queue, agent });
             }
         }
         World {
@@ -416,15 +387,16 @@ impl World {
             scenario: scenario.clone(),
             clock,
             start,
-            store,
-            queues,
-            bus,
-            remote,
             steps: workflow
                 .steps()
                 .iter()
                 .map(|s| (s.name.clone(), s.compensation.as_ref().map(|c| c.action.clone())))
                 .collect(),
+            destinations: system.destinations(),
+            store: memory.store,
+            queues: memory.queues,
+            bus: memory.bus,
+            remote: memory.remote,
             injected,
             rng: SplitMix::seeded(seed),
             submission,
@@ -432,10 +404,6 @@ impl World {
             schedulers,
             agents,
             handled: 0,
-            destinations: [Destination::Scheduler, Destination::Replies]
-                .into_iter()
-                .chain(agent_names.into_iter().map(Destination::Agent))
-                .collect(),
         }
     }
 

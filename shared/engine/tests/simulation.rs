@@ -31,7 +31,7 @@ use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::ALERT_DETAIL_TYPE;
 use sas_engine::ids::{Direction, step_key};
-use sas_engine::load::{self, Gauges, WaitReporter};
+use sas_engine::load::{self, Gauges};
 use sas_engine::memory::{
     Behaviour, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits,
     SeqIds, SplitMix,
@@ -43,7 +43,7 @@ use sas_engine::ports::{
     OrderRecord, Outbox, Outgoing, Read, Saved, StateStore,
 };
 use sas_engine::services::{
-    Agent, Applied, Command, Commanded, Operator, Ports, Scheduler, Submission, Supervisor,
+    Agent, Applied, Assembly, Command, Commanded, Operator, Scheduler, Submission, Supervisor,
     SweepReport,
 };
 use sas_engine::state::{
@@ -324,13 +324,8 @@ impl std::fmt::Display for Tally {
 
 /// What the services of a run are built on: built once at the start, and again at a deploy.
 struct Wiring {
-    store: Store,
+    system: Assembly<Store, Bus, ManualClock, Waits, Load>,
     outbox: Queues,
-    events: Bus,
-    clock: ManualClock,
-    waits: Waits,
-    queues: Arc<MemoryQueues<ManualClock>>,
-    config: Arc<EngineConfig>,
     /// How far ahead of everyone else's the supervisors' clocks read.
     ahead: Duration,
 }
@@ -345,27 +340,18 @@ type Services = (
 impl Wiring {
     /// The services that run `catalogue`; `ids` starts their correlation ids.
     fn services(&self, catalogue: Arc<Catalogue>, ids: &str) -> Services {
-        let load = || Gauges { waits: self.waits.clone(), depths: self.queues.clone() };
-        let ports = |clock: ManualClock| Ports {
-            store: self.store.clone(),
-            outbox: self.outbox.clone(),
-            bus: self.events.clone(),
-            clock,
-            config: self.config.clone(),
-            catalogue: catalogue.clone(),
-        };
-        let submission = Submission::new(ports(self.clock.clone()), SeqIds::new(ids), load());
-        let scheduler = Scheduler::new(
-            ports(self.clock.clone()),
-            self.waits.clone(),
-            format!("scheduler-{ids}"),
-        );
+        let system = self.system.running(catalogue);
+        let outbox = || self.outbox.clone();
         let supervisor = || {
-            let clock = self.clock.ahead_by(self.ahead);
-            Supervisor::new(ports(clock), self.store.clone(), load())
+            let clock = system.clock.ahead_by(self.ahead);
+            system.on_clock(clock).supervisor(outbox())
         };
-        let operator = Operator::new(ports(self.clock.clone()));
-        (submission, scheduler, [supervisor(), supervisor()], operator)
+        (
+            system.submission(outbox(), SeqIds::new(ids)),
+            system.scheduler(outbox(), format!("scheduler-{ids}")),
+            [supervisor(), supervisor()],
+            system.operator(outbox()),
+        )
     }
 }
 
@@ -490,41 +476,31 @@ impl Sim {
                 (0..4000).map(|_| remote_behaviour(&mut draw, undo, faults)).collect();
             remote.script(&action, script);
         }
+        let system = Assembly {
+            store,
+            bus: events,
+            clock: clock.clone(),
+            config: config.clone(),
+            catalogue: catalogue.clone(),
+            waits: waits.clone(),
+            load: Gauges { waits: waits.clone(), depths: queues.clone() },
+        };
         let agents = workflow
             .agents()
             .into_iter()
             .enumerate()
             .map(|(n, name)| {
-                let queue = Destination::Agent(name.clone());
-                let agent = Agent::new(
-                    remote.clone(),
-                    outbox.clone(),
-                    clock.clone(),
-                    SplitMix::seeded(seed.wrapping_add(n as u64)),
-                    config.agent_retry,
-                    queue.clone(),
-                    WaitReporter::new(waits.clone(), format!("agent-{name}"), config.claim_grace),
-                );
-                (queue, agent)
+                let random = SplitMix::seeded(seed.wrapping_add(n as u64));
+                let reporter = format!("agent-{name}");
+                let agent = system.agent(name, remote.clone(), outbox.clone(), random, reporter);
+                (Destination::Agent(name.clone()), agent)
             })
             .collect();
-        let wiring = Wiring {
-            store,
-            outbox,
-            events,
-            clock: clock.clone(),
-            waits: waits.clone(),
-            queues: queues.clone(),
-            config: config.clone(),
-            ahead,
-        };
+        let destinations = system.destinations();
+        let wiring = Wiring { system, outbox, ahead };
         let (submission, scheduler, supervisors, operator) = wiring.services(catalogue, "c");
         let settle_bound = settle_bound(&config, &workflow)
             .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)));
-        let destinations = [Destination::Scheduler, Destination::Replies]
-            .into_iter()
-            .chain(workflow.agents().into_iter().map(|a| Destination::Agent(a.clone())))
-            .collect();
         // A later version keeps every step of the first (it may add some).
         let steps = next
             .as_ref()

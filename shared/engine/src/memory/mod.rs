@@ -8,6 +8,14 @@
 //! of a batch. Faults can be injected into each. The queues also report their depths, and the
 //! wait gauge keeps one report per consumer and queue, as their AWS adapters do.
 
+use std::sync::Arc;
+
+use crate::catalogue::Catalogue;
+use crate::config::EngineConfig;
+use crate::load::Gauges;
+use crate::ports::Clock;
+use crate::services::Assembly;
+
 mod bus;
 mod clock;
 mod queue;
@@ -24,3 +32,57 @@ pub use queue::{
 pub use remote::{Behaviour, LedgerEntry, MemoryRemote, RemoteFaults};
 pub use store::{MemoryStore, StoreStats};
 pub use waits::MemoryWaits;
+
+/// The in-memory ports of one system, all on one clock.
+#[derive(Clone, Debug)]
+pub struct InMemory<C> {
+    pub store: Arc<MemoryStore<C>>,
+    pub queues: Arc<MemoryQueues<C>>,
+    pub bus: Arc<MemoryBus>,
+    pub waits: Arc<MemoryWaits>,
+    pub remote: Arc<MemoryRemote<C>>,
+}
+
+/// A system assembled on the in-memory ports, with the load read from their queues.
+pub type MemoryAssembly<C> = Assembly<
+    Arc<MemoryStore<C>>,
+    Arc<MemoryBus>,
+    C,
+    Arc<MemoryWaits>,
+    Gauges<Arc<MemoryWaits>, Arc<MemoryQueues<C>>>,
+>;
+
+impl<C: Clock + Clone> InMemory<C> {
+    pub fn new(clock: C) -> Self {
+        InMemory {
+            store: Arc::new(MemoryStore::new(clock.clone())),
+            queues: Arc::new(MemoryQueues::new(clock.clone())),
+            bus: Arc::new(MemoryBus::new()),
+            waits: Arc::new(MemoryWaits::default()),
+            remote: Arc::new(MemoryRemote::new(clock)),
+        }
+    }
+
+    /// The system on these ports, read on `clock`, running `catalogue`.
+    pub fn assembly(
+        &self,
+        clock: C,
+        config: Arc<EngineConfig>,
+        catalogue: Arc<Catalogue>,
+    ) -> MemoryAssembly<C> {
+        Assembly {
+            store: self.store.clone(),
+            bus: self.bus.clone(),
+            clock,
+            config,
+            catalogue,
+            waits: self.waits.clone(),
+            load: self.load(),
+        }
+    }
+
+    /// The queues' load, as the door and the supervisor read it.
+    pub fn load(&self) -> Gauges<Arc<MemoryWaits>, Arc<MemoryQueues<C>>> {
+        Gauges { waits: self.waits.clone(), depths: self.queues.clone() }
+    }
+}

@@ -6,6 +6,7 @@
 //! lost condition means another actor got there first, and that actor owns the side effects.
 
 mod agent;
+mod assembly;
 mod effects;
 mod operator;
 mod scheduler;
@@ -14,6 +15,7 @@ mod submission;
 mod supervisor;
 
 pub use agent::{Agent, AgentOutcome};
+pub use assembly::Assembly;
 pub use effects::Ports;
 pub use operator::{Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;

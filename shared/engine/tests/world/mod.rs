@@ -12,9 +12,10 @@ use std::time::Duration;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::{ALERT_DETAIL_TYPE, STATUS_DETAIL_TYPE, StatusKinds};
-use sas_engine::load::{Gauges, WaitReporter};
+use sas_engine::load::Gauges;
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds, SplitMix,
+    InMemory, ManualClock, MemoryAssembly, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore,
+    MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::ports::{Destination, Incoming};
@@ -44,6 +45,8 @@ pub struct World {
     pub config: Arc<EngineConfig>,
     pub workflow: Arc<Workflow>,
     pub catalogue: Arc<Catalogue>,
+    /// What the services are built from.
+    pub system: MemoryAssembly<Clock>,
     pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load>,
     pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits>,
     pub agents: HashMap<AgentName, Agent<Remote, Queues, Clock, Arc<SplitMix>, Waits>>,
@@ -65,55 +68,42 @@ impl World {
 
     pub fn with(config: EngineConfig) -> World {
         let clock = ManualClock::default();
-        let store = Arc::new(MemoryStore::new(clock.clone()));
-        let queues = Arc::new(MemoryQueues::new(clock.clone()));
-        let bus = Arc::new(MemoryBus::new());
-        let remote = Arc::new(MemoryRemote::new(clock.clone()));
-        let waits = Arc::new(MemoryWaits::default());
-        let load = || Gauges { waits: waits.clone(), depths: queues.clone() };
-        let config = Arc::new(config);
+        let memory = InMemory::new(clock.clone());
         let workflow = Arc::new(
             Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names()).unwrap(),
         );
         let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
-        let ports = Ports {
-            store: store.clone(),
-            outbox: queues.clone(),
-            bus: bus.clone(),
-            clock: clock.clone(),
-            config: config.clone(),
-            catalogue: catalogue.clone(),
-        };
-        let submission = Submission::new(ports.clone(), Arc::new(SeqIds::new("corr")), load());
-        let scheduler = Scheduler::new(ports.clone(), waits.clone(), "scheduler-1".into());
+        let system = memory.assembly(clock.clone(), Arc::new(config), catalogue);
+        let queues = &memory.queues;
+        let submission = system.submission(queues.clone(), Arc::new(SeqIds::new("corr")));
+        let scheduler = system.scheduler(queues.clone(), "scheduler-1");
         let random = Arc::new(SplitMix::seeded(42));
         let agents = agent_names()
             .into_iter()
             .map(|name| {
                 let reporter = format!("agent-{}", name.as_str());
-                let agent = Agent::new(
-                    remote.clone(),
+                let agent = system.agent(
+                    &name,
+                    memory.remote.clone(),
                     queues.clone(),
-                    clock.clone(),
                     random.clone(),
-                    config.agent_retry,
-                    Destination::Agent(name.clone()),
-                    WaitReporter::new(waits.clone(), reporter, config.claim_grace),
+                    reporter,
                 );
                 (name, agent)
             })
             .collect();
-        let supervisor = Supervisor::new(ports, store.clone(), load());
+        let supervisor = system.supervisor(queues.clone());
         World {
             clock,
-            store,
-            queues,
-            bus,
-            remote,
-            waits,
-            config,
+            store: memory.store,
+            queues: memory.queues,
+            bus: memory.bus,
+            remote: memory.remote,
+            waits: memory.waits,
+            config: system.config.clone(),
             workflow,
-            catalogue,
+            catalogue: system.catalogue.clone(),
+            system,
             submission,
             scheduler,
             agents,
@@ -127,33 +117,26 @@ impl World {
     /// bus and services; what is in flight stays where it is.
     pub fn deploy(&mut self, catalogue: Catalogue) {
         self.catalogue = Arc::new(catalogue);
-        let ports = self.ports();
-        self.submission =
-            Submission::new(ports.clone(), Arc::new(SeqIds::new("corr-deployed")), self.load());
-        self.scheduler = Scheduler::new(ports.clone(), self.waits.clone(), "scheduler-2".into());
-        self.supervisor = Supervisor::new(ports, self.store.clone(), self.load());
+        self.system = self.system.running(self.catalogue.clone());
+        let queues = || self.queues.clone();
+        self.submission = self.system.submission(queues(), Arc::new(SeqIds::new("corr-deployed")));
+        self.scheduler = self.system.scheduler(queues(), "scheduler-2");
+        self.supervisor = self.system.supervisor(queues());
     }
 
     /// The ports every service of this world works over, running its current catalogue.
     pub fn ports(&self) -> Ports<Store, Queues, Bus, Clock> {
-        Ports {
-            store: self.store.clone(),
-            outbox: self.queues.clone(),
-            bus: self.bus.clone(),
-            clock: self.clock.clone(),
-            config: self.config.clone(),
-            catalogue: self.catalogue.clone(),
-        }
+        self.system.ports(self.queues.clone())
     }
 
     /// An operator's service on this world, running its current catalogue.
     pub fn operator(&self) -> Operator<Store, Queues, Bus, Clock> {
-        Operator::new(self.ports())
+        self.system.operator(self.queues.clone())
     }
 
     /// The queues' load, as the supervisor and the door read it.
     pub fn load(&self) -> Load {
-        Gauges { waits: self.waits.clone(), depths: self.queues.clone() }
+        self.system.load.clone()
     }
 
     pub async fn submit(&self, key: &str) -> Result<Accepted> {
@@ -162,9 +145,7 @@ impl World {
 
     /// Every queue the system uses.
     pub fn destinations(&self) -> Vec<Destination> {
-        let mut all = vec![Destination::Scheduler, Destination::Replies];
-        all.extend(agent_names().into_iter().map(Destination::Agent));
-        all
+        self.system.destinations()
     }
 
     /// Delivers every message visible now, once, to its consumer; handled messages are deleted,
