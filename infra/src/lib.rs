@@ -1,61 +1,38 @@
 //! Infrastructure tooling: reading `template.yaml` and creating what it declares on any AWS
-//! API endpoint (a local emulator, LocalStack, or a real account).
+//! API endpoint (a local emulator, LocalStack, or a real account), then running, checking and
+//! watching the whole stack on this machine.
 //!
 //! The template is the single source of truth: tests and the local stack create their tables,
 //! indexes, queues, dead-letter queues, buses and rules from it, so nothing can drift from what
 //! `sam deploy` creates. Resource types that have no local equivalent are reported by name.
 //!
-//! - [`template`]: parsing and evaluating the template (parameters, conditions, intrinsics);
-//!   [`foreach`]: its `Fn::ForEach` loops expanded.
-//! - [`aws`]: SDK clients pointed at the endpoint that serves each service.
-//! - [`provision`]: creating its resources.
-//! - [`functions`]: the functions a template declares, with their environment and event sources.
-//! - [`emulator`]: starting moto's server on loopback.
-//! - [`runtime_api`]: the Lambda Runtime API, so real function binaries run locally.
-//! - [`processes`]: running those binaries, restarted when they exit; [`metrics`]: the
-//!   metric lines they print, added up.
-//! - [`sources`]: SQS event source mappings and schedules; [`dead_letters`]: what reaches a
-//!   dead-letter queue, reported as it arrives.
-//! - [`gateway`]: the HTTP API and function URLs, with their authorizers ([`sigv4`], [`jwt`]).
-//! - [`traces`]: the trace segments the functions send, received as X-Ray's daemon would.
-//! - [`local`]: all of it together: the local stack; [`sam_local`]: the `--env-vars` file that
-//!   points `sam local` at it.
-//! - [`proxy`]: the proxy between the functions and the emulators: it routes each service to
-//!   its emulator, counts the calls, checks each function's calls against its policy, and
-//!   injects the faults AWS produces when asked.
-//! - [`policy`]: each function's permissions from the template, what each request needs, and
-//!   IAM's verdict: least privilege, checked on every local run.
+//! The crate is in five rooms, one per job:
+//!
+//! - [`emulation`]: AWS emulated on loopback, the local stack: the template read
+//!   ([`template`](emulation::template), [`foreach`](emulation::foreach)) and provisioned
+//!   ([`aws`](emulation::aws), [`provision`](emulation::provision), [`emulator`](emulation::emulator)),
+//!   the functions run as their real binaries ([`functions`](emulation::functions),
+//!   [`runtime_api`](emulation::runtime_api), [`processes`](emulation::processes)) and fed by
+//!   their event sources ([`sources`](emulation::sources), [`gateway`](emulation::gateway)), the
+//!   [`proxy`](emulation::proxy) between them and the emulators, all of it together in
+//!   [`local`](emulation::local), and [`sam_local`](emulation::sam_local) to point `sam local` at it.
+//! - [`access`]: least privilege and authentication, checked on every local run: each
+//!   function's permissions and IAM's verdict ([`policy`](access::policy)), signed and bearer
+//!   callers ([`sigv4`](access::sigv4), [`jwt`](access::jwt)) and what each caller may call
+//!   ([`callers`](access::callers)).
+//! - [`observe`]: what a run shows: the functions' [`metrics`](observe::metrics) and
+//!   [`traces`](observe::traces), [`dead_letters`](observe::dead_letters) as they arrive, and the
+//!   operator's page ([`view`](observe::view)).
 //! - [`demo`]: orders under misbehaving services, with a summary that checks the promises;
-//!   [`effects`]: what the simulated service's ledger says the business holds, per step.
-//! - [`workflows`]: the repository's workflow files checked against the template.
-//! - [`view`]: what an operator sees of a run: charts and tables on a page, served live or
-//!   written as a report.
+//!   [`effects`](demo::effects): what the simulated service's ledger says the business holds.
+//! - [`tools`]: what the tool binaries share: the [`workflows`](tools::workflows) checked against
+//!   the template and the one price table ([`prices`](tools::prices)).
 
-pub mod aws;
-pub mod callers;
-pub mod dead_letters;
+pub mod access;
 pub mod demo;
-pub mod effects;
-pub mod emulator;
-pub mod foreach;
-pub mod functions;
-pub mod gateway;
-pub mod jwt;
-pub mod local;
-pub mod metrics;
-pub mod policy;
-pub mod prices;
-pub mod processes;
-pub mod provision;
-pub mod proxy;
-pub mod runtime_api;
-pub mod sam_local;
-pub mod sigv4;
-pub mod sources;
-pub mod template;
-pub mod traces;
-pub mod view;
-pub mod workflows;
+pub mod emulation;
+pub mod observe;
+pub mod tools;
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

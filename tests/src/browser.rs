@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use sas_infra::emulator::workspace_root;
+use sas_infra::emulation::emulator::workspace_root;
 
 /// Where the tests keep the browser they installed, under the workspace root.
 const PRIVATE: &str = ".chromium";

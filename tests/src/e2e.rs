@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
+use sas_infra::access::sigv4::{LAMBDA, local_signer};
 use sas_infra::demo::with_budgets;
-use sas_infra::emulator::{Moto, workspace_root};
-use sas_infra::local::{LocalStack, Options};
-use sas_infra::sigv4::{LAMBDA, local_signer};
+use sas_infra::emulation::emulator::{Moto, workspace_root};
+use sas_infra::emulation::local::{LocalStack, Options};
 
 /// The reference workflow with budgets of 2 s, so that a killed step's lease runs out in
 /// seconds rather than minutes.

@@ -1,11 +1,11 @@
 //! The tests' assertion on what the business holds, per order and step, as
-//! [`sas_infra::effects`] counts it from the simulated service's ledger.
+//! [`sas_infra::demo::effects`] counts it from the simulated service's ledger.
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
-pub use sas_infra::effects::mismatches;
+pub use sas_infra::demo::effects::mismatches;
 
 /// The ends [`assert_effects_match`] expects: each of `ids` in `state`.
 pub fn ended<T: ToString>(

@@ -24,20 +24,20 @@ use sas_aws::waits::DynamoWaits;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::StatusKinds;
-use sas_engine::load::{Gauges, WaitReporter};
+use sas_engine::load::Gauges;
 use sas_engine::memory::{ManualClock, SplitMix};
 use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
 use sas_engine::services::{
-    Agent, Operator, Ports, Scheduler, StatusService, Submission, Supervisor, SweepReport,
+    Agent, Assembly, Scheduler, StatusService, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Timestamp};
-use sas_infra::aws::{Clients, Endpoints};
-use sas_infra::provision::{Options, Stack, provision};
-use sas_infra::proxy::{Proxy, Upstreams};
-use sas_infra::template::Template;
+use sas_infra::emulation::aws::{Clients, Endpoints};
+use sas_infra::emulation::provision::{Options, Stack, provision};
+use sas_infra::emulation::proxy::{Proxy, Upstreams};
+use sas_infra::emulation::template::Template;
 use serde_json::Value;
 
 use crate::moto::{Moto, workspace_root};
@@ -358,7 +358,6 @@ impl System {
         let workflow =
             Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap();
         let workflow = Arc::new(Catalogue::single(workflow));
-        let bus = || EventBridgeBus::new(t.events.clone(), t.name("EventBus"));
         // The scheduler's outbox, as its settings make it: the agents' queues and its own two.
         let mut agent_urls = QueueUrls::default()
             .with(Destination::Scheduler, t.name("SchedulerQueue"))
@@ -369,31 +368,20 @@ impl System {
         let to_scheduler =
             QueueUrls::default().with(Destination::Scheduler, t.name("SchedulerQueue"));
         let to_replies = QueueUrls::default().with(Destination::Replies, t.name("ReplyQueue"));
-        let waits = || DynamoWaits::new(t.dynamodb.clone(), t.name("QueueWaitsTable"));
-        let load = || Gauges { waits: waits(), depths: t.depths() };
-        let ports = |outbox| Ports {
+        let waits = DynamoWaits::new(t.dynamodb.clone(), t.name("QueueWaitsTable"));
+        let system = Assembly {
             store: t.store(),
-            outbox,
-            bus: bus(),
+            bus: EventBridgeBus::new(t.events.clone(), t.name("EventBus")),
             clock: clock.clone(),
             config: config.clone(),
-            catalogue: workflow.clone(),
+            catalogue: workflow,
+            waits: waits.clone(),
+            load: Gauges { waits, depths: t.depths() },
         };
         let to_scheduler_outbox = || SqsOutbox::new(t.sqs.clone(), to_scheduler.clone());
-        let submission = Submission::new(ports(to_scheduler_outbox()), UuidIds, load());
+        let submission = system.submission(to_scheduler_outbox(), UuidIds);
         let scheduler_outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), agent_urls), LINGER);
-        let scheduler = Scheduler::new(
-            Ports {
-                store: t.store(),
-                outbox: scheduler_outbox,
-                bus: bus(),
-                clock: clock.clone(),
-                config: config.clone(),
-                catalogue: workflow.clone(),
-            },
-            waits(),
-            "scheduler/test".into(),
-        );
+        let scheduler = system.scheduler(scheduler_outbox, "scheduler/test");
         let agents = agent_queues
             .iter()
             .map(|(agent, queue)| {
@@ -404,19 +392,11 @@ impl System {
                 let urls = to_replies.clone().with(own, t.name(queue));
                 let outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), urls), LINGER);
                 let reporter = format!("agent-{agent}/test");
-                let a = Agent::new(
-                    remote,
-                    outbox,
-                    clock.clone(),
-                    SplitMix::seeded(3),
-                    config.agent_retry,
-                    Destination::Agent(agent.clone()),
-                    WaitReporter::new(waits(), reporter, config.claim_grace),
-                );
+                let a = system.agent(agent, remote, outbox, SplitMix::seeded(3), reporter);
                 (queue.clone(), a)
             })
             .collect();
-        let supervisor = Supervisor::new(ports(to_scheduler_outbox()), t.store(), load());
+        let supervisor = system.supervisor(to_scheduler_outbox());
         // Named as operators name them: the scheduler's two queues, then each agent's.
         let names = SCHEDULER_QUEUES
             .map(|(_, name)| name.to_owned())
@@ -434,7 +414,7 @@ impl System {
             .collect();
         let admin = Admin {
             status: StatusService::new(t.store()),
-            operator: Operator::new(ports(to_scheduler_outbox())),
+            operator: system.operator(to_scheduler_outbox()),
             finder: t.store(),
             clock: clock.clone(),
             shards: config.index_shards,

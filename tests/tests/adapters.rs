@@ -174,7 +174,7 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     let (url, received) = recording_service().await;
     // The token, stored as a deployer would store it, read as the agent does at cold start.
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(&sas_infra::emulator::Moto::shared().endpoint)
+        .endpoint_url(&sas_infra::emulation::emulator::Moto::shared().endpoint)
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_credential_types::Credentials::new(
             "local", "local", None, None, "test",
@@ -199,7 +199,8 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     let api_key = ServiceAuth::header("x-api-key", &token).unwrap();
     let remote = HttpRemote::new(&url, Duration::from_secs(5)).unwrap().with_auth(api_key);
     remote.call(&remote_call()).await.unwrap();
-    let signer = sas_infra::sigv4::local_signer("inventoryAgentFunction", "us-east-1", "lambda");
+    let signer =
+        sas_infra::access::sigv4::local_signer("inventoryAgentFunction", "us-east-1", "lambda");
     let remote = HttpRemote::new(&url, Duration::from_secs(5))
         .unwrap()
         .with_auth(ServiceAuth::SigV4(signer));
@@ -213,8 +214,10 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     assert_eq!(header(1, "authorization"), None);
     // The signed call is one a function URL with AWS_IAM auth takes, from this caller.
     let (method, path, headers, body) = &calls[2];
-    let signed = sas_infra::sigv4::Signed { method, raw_path: path, raw_query: "", headers, body };
-    let caller = sas_infra::sigv4::verify(&signed, "us-east-1", "lambda", chrono::Utc::now());
+    let signed =
+        sas_infra::access::sigv4::Signed { method, raw_path: path, raw_query: "", headers, body };
+    let caller =
+        sas_infra::access::sigv4::verify(&signed, "us-east-1", "lambda", chrono::Utc::now());
     assert_eq!(caller.as_deref(), Ok("inventoryAgentFunction"));
     // The body: what the service needs of the order and of the steps before.
     let (_, path, _, body) = &calls[0];

@@ -18,12 +18,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use sas_infra::aws::Clients;
 use sas_infra::demo;
-use sas_infra::emulator::workspace_root;
-use sas_infra::local::LocalStack;
-use sas_infra::template::Template;
-use sas_infra::view::Observer;
+use sas_infra::emulation::aws::Clients;
+use sas_infra::emulation::emulator::workspace_root;
+use sas_infra::emulation::local::LocalStack;
+use sas_infra::emulation::template::Template;
+use sas_infra::observe::view::Observer;
 use sas_tests::browser::Chromium;
 use sas_tests::e2e::start_stack;
 use serde_json::Value;

@@ -43,7 +43,7 @@ use sas_engine::ports::{
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, IdempotencyKey, OrderId, Owner, Timestamp};
-use sas_infra::proxy::{FaultRule, Proxy, WireFault};
+use sas_infra::emulation::proxy::{FaultRule, Proxy, WireFault};
 use sas_tests::TestStack;
 use sas_tests::stack::order_json;
 

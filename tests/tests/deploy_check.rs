@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use sas_infra::emulator::{python_with, workspace_root};
+use sas_infra::emulation::emulator::{python_with, workspace_root};
 use sas_tests::Moto;
 
 /// SAM CLI as `sam_local.rs` pins it (from 1.170, with the language extensions module); it

@@ -26,13 +26,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use sas_infra::aws::Clients;
-use sas_infra::emulator::{Moto, workspace_root};
-use sas_infra::local::{LocalStack, Options};
-use sas_infra::policy::{AccessReport, Cause};
-use sas_infra::proxy::ACCESS_PATH;
-use sas_infra::sigv4::{EXECUTE_API, local_signer};
-use sas_infra::template::Template;
+use sas_infra::access::policy::{AccessReport, Cause};
+use sas_infra::access::sigv4::{EXECUTE_API, local_signer};
+use sas_infra::emulation::aws::Clients;
+use sas_infra::emulation::emulator::{Moto, workspace_root};
+use sas_infra::emulation::local::{LocalStack, Options};
+use sas_infra::emulation::proxy::ACCESS_PATH;
+use sas_infra::emulation::template::Template;
 use sas_tests::e2e::{FAST_WORKFLOW, SOUND, build_binaries, overrides_running, put_faults};
 use serde_json::Value;
 use tokio::sync::Mutex;
@@ -247,7 +247,7 @@ async fn orders_run_to_the_end_with_no_call_refused() {
     // Every function of the stack calls AWS in such a run, but the simulated service, which
     // stands for the outside world.
     let callers = stack.functions.iter().map(|f| f.spec.logical_id.as_str());
-    for function in callers.filter(|id| *id != sas_infra::local::REMOTE_SERVICE) {
+    for function in callers.filter(|id| *id != sas_infra::emulation::local::REMOTE_SERVICE) {
         assert!(
             access.checked.get(function).copied().unwrap_or(0) > 0,
             "no call of {function} was checked:\n{access}"
@@ -386,7 +386,9 @@ async fn a_fourth_agent_added_in_one_entry_runs_with_its_own_grants_alarms_and_d
         assert_eq!(resource.kind, kind, "{id}");
     }
     // The alarms are named so that the topic policy lets them publish.
-    let ctx = sas_infra::template::Context::new(&template, "st", REGION, &HashMap::new()).unwrap();
+    let ctx =
+        sas_infra::emulation::template::Context::new(&template, "st", REGION, &HashMap::new())
+            .unwrap();
     let policy =
         serde_json::to_string(&template.resource("AlertsTopicPolicy").unwrap().properties).unwrap();
     assert!(policy.contains(":alarm:${AWS::StackName}.*"), "{policy}");

@@ -38,11 +38,11 @@ use std::time::{Duration, Instant};
 
 use sas_aws::signing::SigV4;
 use sas_engine::memory::SplitMix;
-use sas_infra::emulator::{python_with, workspace_root};
-use sas_infra::functions::EventSource;
-use sas_infra::local::LocalStack;
-use sas_infra::proxy::{FaultRule, WireFault};
-use sas_infra::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
+use sas_infra::access::sigv4::{EXECUTE_API, LAMBDA, LOCAL_SECRET_KEY, local_signer};
+use sas_infra::emulation::emulator::{python_with, workspace_root};
+use sas_infra::emulation::functions::EventSource;
+use sas_infra::emulation::local::LocalStack;
+use sas_infra::emulation::proxy::{FaultRule, WireFault};
 use sas_tests::e2e::{
     FAST_WORKFLOW, SOUND, Setup, put_faults, start_stack, start_stack_within, target_dir,
 };
@@ -372,7 +372,7 @@ async fn post_raw(stack: &LocalStack, key: &[u8], body: &str) -> (u16, Value) {
 
 /// Orders stored so far, read from the emulator.
 async fn orders_stored(stack: &LocalStack) -> i32 {
-    let clients = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
     let table = stack.stack.reference("OrdersTable").unwrap();
     let scan = clients.dynamodb.scan().table_name(table).consistent_read(true).send().await;
     scan.unwrap().count()
@@ -465,7 +465,7 @@ async fn the_api_lets_in_only_whom_it_should_in_each_auth_mode() {
     let stack = start_with("e2e-auth-jwt", SOUND, 5, &jwt).await;
     let now = chrono::Utc::now();
     let token = |iss: &str, aud: &str, sub: &str, ttl: i64| {
-        sas_infra::jwt::mint(&sas_infra::jwt::claims(
+        sas_infra::access::jwt::mint(&sas_infra::access::jwt::claims(
             iss,
             aud,
             sub,
@@ -541,7 +541,7 @@ async fn the_api_keeps_its_openapi_contract() {
 async fn each_dead_letter_is_reported_as_it_arrives_with_its_order_and_reason() {
     let _turn = TURN.lock().await;
     let stack = start("e2e-dead-letters", SOUND, 5).await;
-    let sqs = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    let sqs = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
     let queue = stack.stack.reference("SchedulerQueue").unwrap();
     // Redelivery in a second instead of the template's minute: five failed receives, quickly.
     sqs.set_queue_attributes()
@@ -588,7 +588,7 @@ async fn throttling_delays_orders_and_dead_letters_none() {
     let stack =
         start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-throttled", SOUND, 5, &[], quota).await;
     let http = reqwest::Client::new();
-    let sqs = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    let sqs = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
     // Redelivery every 2 s instead of the template's minute: five receives, and what would be
     // the dead-letter queue's, within seconds.
     const VISIBILITY_SECONDS: u64 = 2;
@@ -913,7 +913,7 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
     assert!(opened.as_str().is_some_and(|a| a.starts_with("ACC-")), "{welcome}");
 
     // The ledger's table holds one open account per order processed, and none for the refused one.
-    let clients = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
     let table = format!("{}-ledger-accounts", stack.stack.context.stack_name);
     let items = clients.dynamodb.scan().table_name(&table).send().await.unwrap();
     let open: Vec<_> =

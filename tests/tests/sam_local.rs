@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sas_infra::emulator::{python_with, workspace_root};
-use sas_infra::functions::EventSource;
-use sas_infra::local::LocalStack;
-use sas_infra::runtime_api::RuntimeApi;
-use sas_infra::sam_local::{ENDPOINT_VARIABLE, write_env_vars};
-use sas_infra::template::Template;
+use sas_infra::emulation::emulator::{python_with, workspace_root};
+use sas_infra::emulation::functions::EventSource;
+use sas_infra::emulation::local::LocalStack;
+use sas_infra::emulation::runtime_api::RuntimeApi;
+use sas_infra::emulation::sam_local::{ENDPOINT_VARIABLE, write_env_vars};
+use sas_infra::emulation::template::Template;
 use sas_tests::e2e::{SOUND, build_binaries, start_stack};
 use serde_json::Value;
 
@@ -96,7 +96,8 @@ fn sample_order() -> String {
 }
 
 async fn wait_until_processed(stack: &LocalStack, order: &str) -> String {
-    let dynamodb = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await.dynamodb;
+    let dynamodb =
+        sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await.dynamodb;
     let table = stack.stack.reference("StateTable").unwrap();
     let started = Instant::now();
     loop {
@@ -133,8 +134,8 @@ async fn left_in_queues(stack: &LocalStack, template: &Template, within: Duratio
         ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed,
         ApproximateNumberOfMessagesNotVisible,
     };
-    let sqs = sas_infra::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
-    let redrives = sas_infra::dead_letters::redrives(template, &stack.stack).unwrap();
+    let sqs = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    let redrives = sas_infra::observe::dead_letters::redrives(template, &stack.stack).unwrap();
     assert!(!redrives.is_empty(), "no queue with a dead-letter queue");
     let shortest = redrives.iter().map(|r| r.visibility_timeout).min().unwrap();
     assert!(within < shortest, "{within:?}: a failed message may come back within it");
@@ -200,7 +201,7 @@ async fn each_function_runs_its_sample_event_as_sam_local_invoke_would_against_t
     // The sample order is submitted first (the other events follow it), then every other
     // function runs its events. The local stack's own functions run too, on the same queues.
     let order = sample_order();
-    let submits = |f: &&sas_infra::local::RunningFunction| {
+    let submits = |f: &&sas_infra::emulation::local::RunningFunction| {
         f.spec.events.iter().any(|e| {
             matches!(e, EventSource::HttpApi { method, path, .. } if method == "POST" && path == "/orders")
         })
@@ -273,9 +274,9 @@ fn sam_local_start_api_serves_the_routes_of_the_template() {
         .collect();
     // The routes as the local stack reads them from the same template.
     let template = Template::load(&template_path).unwrap();
-    let stack = sas_infra::provision::dry_run(
+    let stack = sas_infra::emulation::provision::dry_run(
         &template,
-        &sas_infra::provision::Options {
+        &sas_infra::emulation::provision::Options {
             stack_name: "sam".into(),
             region: "us-east-1".into(),
             parameters: Default::default(),
@@ -287,18 +288,19 @@ fn sam_local_start_api_serves_the_routes_of_the_template() {
         },
     )
     .unwrap();
-    let mut routes: Vec<(String, String)> = sas_infra::functions::functions(&template, &stack)
-        .unwrap()
-        .into_iter()
-        .flat_map(|f| {
-            f.events.into_iter().filter_map(move |e| match e {
-                EventSource::HttpApi { method, path, .. } => {
-                    Some((format!("{method} {path}"), f.logical_id.clone()))
-                }
-                _ => None,
+    let mut routes: Vec<(String, String)> =
+        sas_infra::emulation::functions::functions(&template, &stack)
+            .unwrap()
+            .into_iter()
+            .flat_map(|f| {
+                f.events.into_iter().filter_map(move |e| match e {
+                    EventSource::HttpApi { method, path, .. } => {
+                        Some((format!("{method} {path}"), f.logical_id.clone()))
+                    }
+                    _ => None,
+                })
             })
-        })
-        .collect();
+            .collect();
     routes.sort();
     assert_eq!(served, routes);
 }
@@ -338,9 +340,13 @@ fn loops_expand_as_sam_cli_s_language_extensions_expand_them() {
         expanded.outputs.keys().collect::<Vec<_>>()
     );
     // SAM CLI resolves some intrinsics and keeps others: both sides evaluated alike must agree.
-    let mut ctx =
-        sas_infra::template::Context::new(&ours, "loops", "us-east-1", &Default::default())
-            .unwrap();
+    let mut ctx = sas_infra::emulation::template::Context::new(
+        &ours,
+        "loops",
+        "us-east-1",
+        &Default::default(),
+    )
+    .unwrap();
     for agent in ["inventory", "payment"] {
         let queue = format!("{agent}Queue");
         ctx.attributes.insert((queue.clone(), "Arn".into()), format!("arn:{agent}").into());

@@ -7,7 +7,7 @@
 use sas_engine::ports::{Read, StateStore};
 use sas_engine::state::ProcessState;
 use sas_engine::{IdempotencyKey, OrderId};
-use sas_infra::proxy::{FaultRule, WireFault};
+use sas_infra::emulation::proxy::{FaultRule, WireFault};
 use sas_tests::effects::{assert_effects_match, ended};
 use sas_tests::stack::{System, order_json, statuses};
 

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas_infra::emulator::workspace_root;
-use sas_infra::template::Template;
-use sas_infra::workflows::{Source, deployed_agents, problems};
+use sas_infra::emulation::emulator::workspace_root;
+use sas_infra::emulation::template::Template;
+use sas_infra::tools::workflows::{Source, deployed_agents, problems};
 
 /// Check workflow files against the template.
 #[derive(Debug, Parser)]

@@ -20,7 +20,7 @@ use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_aws::system::UuidIds;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
-use sas_engine::load::{Gauges, WaitReporter};
+use sas_engine::load::Gauges;
 use sas_engine::memory::{
     ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SplitMix,
 };
@@ -29,12 +29,12 @@ use sas_engine::ports::{
     Created, Depth, Destination, Expected, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved,
     StateStore, WaitGauge, WaitReport,
 };
-use sas_engine::services::{Agent, Ports, Scheduler, Submission};
+use sas_engine::services::{Agent, Assembly, Scheduler};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
 
-use sas_infra::prices as price;
+use sas_infra::tools::prices as price;
 
 /// Billed duration assumed per invocation (128 MB, warm), in milliseconds. Measured figures
 /// from a deployment replace these; they are a small part of the total either way.
@@ -172,7 +172,7 @@ impl WaitGauge for MeteredWaits {
 }
 
 /// Queue depths, metered: one `GetQueueAttributes` per queue.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct MeteredDepths {
     inner: Arc<MemoryQueues<ManualClock>>,
     queues: usize,
@@ -235,58 +235,36 @@ async fn run(
     let queues = Arc::new(MemoryQueues::new(clock.clone()));
     let outbox = || Arc::new(MeteredOutbox { inner: queues.clone(), meter: meter.clone() });
     let bus = Arc::new(MemoryBus::new());
-    let config = Arc::new(EngineConfig::default());
     // Every agent the workflow names is deployed.
     let agents: Vec<AgentName> = Workflow::agents_in(&s.workflow);
     let workflow = Arc::new(Workflow::from_json(&s.workflow, &agents)?);
-    let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
     let mut destinations = vec![Destination::Scheduler, Destination::Replies];
     destinations.extend(agents.iter().cloned().map(Destination::Agent));
     let waits = Arc::new(MeteredWaits { inner: MemoryWaits::default(), meter: meter.clone() });
     let depths =
         MeteredDepths { inner: queues.clone(), queues: destinations.len(), meter: meter.clone() };
-    let ports = |outbox| Ports {
-        store: store.clone(),
-        outbox,
+    // Correlation ids as long as the deployed functions' (a UUID): they are stored.
+    let system = Assembly {
+        store,
         bus: bus.clone(),
         clock: clock.clone(),
-        config: config.clone(),
-        catalogue: catalogue.clone(),
+        config: Arc::new(EngineConfig::default()),
+        catalogue: Arc::new(Catalogue::single((*workflow).clone())),
+        waits: waits.clone(),
+        load: Gauges { waits, depths },
     };
-    // Correlation ids as long as the deployed functions' (a UUID): they are stored.
-    let load = Gauges { waits: waits.clone(), depths };
-    let submission = Submission::new(ports(outbox()), UuidIds, load);
+    let submission = system.submission(outbox(), UuidIds);
     // The scheduler and the agents gather what a batch sends, as their functions do.
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
-    let scheduler = Scheduler::new(
-        Ports {
-            store: store.clone(),
-            outbox: Coalescing::new(outbox(), linger),
-            bus: bus.clone(),
-            clock: clock.clone(),
-            config: config.clone(),
-            catalogue: catalogue.clone(),
-        },
-        waits.clone(),
-        "s".into(),
-    );
+    let scheduler = system.scheduler(Coalescing::new(outbox(), linger), "s");
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
     let agents: HashMap<Destination, _> = agents
         .into_iter()
         .map(|name| {
-            let queue = Destination::Agent(name.clone());
-            let reporter =
-                WaitReporter::new(waits.clone(), name.as_str().into(), config.claim_grace);
-            let agent = Agent::new(
-                remote.clone(),
-                Coalescing::new(outbox(), linger),
-                clock.clone(),
-                SplitMix::seeded(1),
-                config.agent_retry,
-                queue.clone(),
-                reporter,
-            );
-            (queue, agent)
+            let outbox = Coalescing::new(outbox(), linger);
+            let agent =
+                system.agent(&name, remote.clone(), outbox, SplitMix::seeded(1), name.as_str());
+            (Destination::Agent(name), agent)
         })
         .collect();
 

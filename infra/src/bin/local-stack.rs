@@ -22,12 +22,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use sas_infra::access::jwt;
 use sas_infra::demo::{self, Chaos, DEMO_FAULTS};
-use sas_infra::emulator::workspace_root;
-use sas_infra::jwt;
-use sas_infra::local::{LocalStack, Options};
-use sas_infra::proxy::FaultRule;
-use sas_infra::view::Observer;
+use sas_infra::emulation::emulator::workspace_root;
+use sas_infra::emulation::local::{LocalStack, Options};
+use sas_infra::emulation::proxy::FaultRule;
+use sas_infra::observe::view::Observer;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -165,42 +165,25 @@ fn key_value(s: &str) -> Result<(String, String), String> {
 const ENGINE_FUNCTIONS: [&str; 4] =
     ["SubmissionFunction", "SchedulerFunction", "SupervisorFunction", "StatusFunction"];
 
+/// The demo's settings, from its command line.
+struct DemoRun {
+    orders: usize,
+    rate: Option<f64>,
+    limit: Duration,
+    logs: bool,
+    chaos: Option<Chaos>,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut view_port = None;
-    let (stack_args, mut overrides, speed, demo) = match Cli::parse().command {
+    let (stack_args, overrides, speed, demo) = match Cli::parse().command {
         Command::Up { stack, faults, speed, view_port: port } => {
             view_port = Some(port);
-            // What the stack itself has to say (a request the gateway refused, and why), on
-            // stderr beside the functions' logs. The demo keeps its output to its report.
-            tracing_subscriber::fmt()
-                .with_max_level(tracing::Level::WARN)
-                .with_target(false)
-                .without_time()
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_writer(std::io::stderr)
-                .init();
+            show_warnings();
             (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
         }
-        Command::Expand { output } => {
-            let expanded = sas_infra::template::Template::expanded_document(
-                &workspace_root().join("template.yaml"),
-            );
-            let written = expanded.map_err(|e| e.to_string()).and_then(|document| {
-                let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
-                std::fs::write(&output, text + "\n").map_err(|e| e.to_string())
-            });
-            return match written {
-                Ok(()) => {
-                    println!("local-stack: wrote {}", output.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("local-stack: {e}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        Command::Expand { output } => return expand(&output),
         Command::Token { issuer, audience, subject, minutes } => {
             let now = chrono::Utc::now();
             let ttl = chrono::Duration::minutes(minutes);
@@ -208,32 +191,11 @@ async fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Command::Demo { stack, orders, rate, faults, speed, limit, logs, kill_every, seed } => {
-            if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
-                eprintln!("local-stack: --rate must be a positive number");
-                return ExitCode::FAILURE;
-            }
-            let chaos = match kill_every {
-                Some(s) if s.is_finite() && s > 0.0 => {
-                    Some(Chaos { every: Duration::from_secs_f64(s), seed })
-                }
-                Some(s) => {
-                    eprintln!("local-stack: --kill-every must be a positive number, not {s}");
-                    return ExitCode::FAILURE;
-                }
-                None => None,
+            let demo = match demo_run(orders, rate, limit, logs, kill_every, seed) {
+                Ok(demo) => demo,
+                Err(e) => return fail(e),
             };
-            (
-                stack,
-                vec![remote_faults(&faults)],
-                speed,
-                Some((
-                    orders,
-                    rate,
-                    Duration::from_secs(limit.unwrap_or(600.max(orders as u64 / 2))),
-                    logs,
-                    chaos,
-                )),
-            )
+            (stack, vec![remote_faults(&faults)], speed, Some(demo))
         }
     };
     let root = workspace_root();
@@ -242,13 +204,61 @@ async fn main() -> ExitCode {
     let Some(bin_dir) =
         std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
     else {
-        eprintln!("local-stack: cannot tell where this program is");
-        return ExitCode::FAILURE;
+        return fail("cannot tell where this program is");
     };
     if !stack_args.no_build && !build(&root, &bin_dir) {
-        eprintln!("local-stack: building the function binaries failed");
-        return ExitCode::FAILURE;
+        return fail("building the function binaries failed");
     }
+    let (options, wire_faults) =
+        options(stack_args, &root, &bin_dir, overrides, speed, demo.as_ref());
+    let stack = match LocalStack::up(&options).await {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    stack.proxy.faults.set(wire_faults);
+    print_stack(&stack);
+    let observer = match view_port {
+        Some(port) => match watch(&stack, port).await {
+            Ok((observer, url)) => {
+                println!("local-stack: the run, live, at {url}");
+                Some(observer)
+            }
+            Err(e) => return fail(e),
+        },
+        // The demo's report is written from its own observer, started below.
+        None => None,
+    };
+    for f in &stack.functions {
+        println!(
+            "local-stack: {} runs {} ({} process(es))",
+            f.spec.logical_id,
+            f.spec.binary,
+            f.processes.len()
+        );
+    }
+    if let Some(demo) = demo {
+        return run_demo(&stack, demo, &bin_dir).await;
+    }
+    print_how_to(&stack);
+    write_sam_env_vars(&options, &stack, &bin_dir);
+    stopped().await;
+    drop(observer);
+    println!("local-stack: stopping");
+    print!("{}", stack.access());
+    drop(stack);
+    ExitCode::SUCCESS
+}
+
+/// How to run the stack as `args` say, with the demo's parameters and workflows if it is one;
+/// and the wire faults to inject once it is up.
+fn options(
+    args: StackArgs,
+    root: &std::path::Path,
+    bin_dir: &std::path::Path,
+    mut overrides: Vec<(String, String, String)>,
+    speed: f64,
+    demo: Option<&DemoRun>,
+) -> (Options, Vec<FaultRule>) {
     let mut parameters: HashMap<String, String> = HashMap::new();
     if demo.is_some() {
         parameters.extend(demo::demo_parameters());
@@ -257,31 +267,87 @@ async fn main() -> ExitCode {
                 .map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), demo::demo_workflows())),
         );
     }
-    parameters.extend(stack_args.parameters);
+    parameters.extend(args.parameters);
     let options = Options {
         template: root.join("template.yaml"),
-        endpoint: stack_args.endpoint,
-        split_emulators: !stack_args.one_emulator,
-        bin_dir: bin_dir.clone(),
-        api_port: stack_args.port,
+        endpoint: args.endpoint,
+        split_emulators: !args.one_emulator,
+        bin_dir: bin_dir.to_path_buf(),
+        api_port: args.port,
         schedule_speed: speed,
-        max_instances: stack_args.instances.max(1),
-        account_concurrency: stack_args.account_concurrency,
+        max_instances: args.instances.max(1),
+        account_concurrency: args.account_concurrency,
         stack_name: "local".into(),
         region: std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()),
         parameters,
         overrides,
-        callers: stack_args.callers,
-        show_logs: demo.as_ref().is_none_or(|(_, _, _, logs, _)| *logs),
+        callers: args.callers,
+        show_logs: demo.is_none_or(|d| d.logs),
     };
-    let stack = match LocalStack::up(&options).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("local-stack: {e}");
-            return ExitCode::FAILURE;
+    (options, args.wire_faults)
+}
+
+/// Prints `e` as this program's error, and fails.
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("local-stack: {e}");
+    ExitCode::FAILURE
+}
+
+/// What the stack itself has to say (a request the gateway refused, and why), on stderr beside
+/// the functions' logs. The demo keeps its output to its report.
+fn show_warnings() {
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_target(false)
+        .without_time()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// `local-stack expand`: writes the template with its loops expanded to `output`.
+fn expand(output: &std::path::Path) -> ExitCode {
+    let expanded = sas_infra::emulation::template::Template::expanded_document(
+        &workspace_root().join("template.yaml"),
+    );
+    let written = expanded.map_err(|e| e.to_string()).and_then(|document| {
+        let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
+        std::fs::write(output, text + "\n").map_err(|e| e.to_string())
+    });
+    match written {
+        Ok(()) => {
+            println!("local-stack: wrote {}", output.display());
+            ExitCode::SUCCESS
         }
+        Err(e) => fail(e),
+    }
+}
+
+/// The demo's settings from its arguments, or what is wrong with them.
+fn demo_run(
+    orders: usize,
+    rate: Option<f64>,
+    limit: Option<u64>,
+    logs: bool,
+    kill_every: Option<f64>,
+    seed: u64,
+) -> Result<DemoRun, String> {
+    if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        return Err("--rate must be a positive number".into());
+    }
+    let chaos = match kill_every {
+        Some(s) if s.is_finite() && s > 0.0 => {
+            Some(Chaos { every: Duration::from_secs_f64(s), seed })
+        }
+        Some(s) => return Err(format!("--kill-every must be a positive number, not {s}")),
+        None => None,
     };
-    stack.proxy.faults.set(stack_args.wire_faults);
+    let limit = Duration::from_secs(limit.unwrap_or(600.max(orders as u64 / 2)));
+    Ok(DemoRun { orders, rate, limit, logs, chaos })
+}
+
+/// What was not created, and where the stack's AWS API and HTTP API are.
+fn print_stack(stack: &LocalStack) {
     // One line per reason: the API alone is a dozen resources.
     let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (id, kind, why) in &stack.stack.skipped {
@@ -296,65 +362,47 @@ async fn main() -> ExitCode {
     println!(
         "local-stack: each function signs with its logical id as access key id, and the proxy checks its calls against its policy in the template (what it found: curl {}{})",
         stack.endpoint,
-        sas_infra::proxy::ACCESS_PATH
+        sas_infra::emulation::proxy::ACCESS_PATH
     );
     println!("local-stack: HTTP API at {}", stack.api_url);
-    let observer = match view_port {
-        Some(port) => match watch(&stack, port).await {
-            Ok((observer, url)) => {
-                println!("local-stack: the run, live, at {url}");
-                Some(observer)
-            }
-            Err(e) => {
-                eprintln!("local-stack: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        // The demo's report is written from its own observer, started below.
-        None => None,
-    };
-    for f in &stack.functions {
-        println!(
-            "local-stack: {} runs {} ({} process(es))",
-            f.spec.logical_id,
-            f.spec.binary,
-            f.processes.len()
-        );
-    }
+}
 
-    if let Some((orders, rate, limit, _, chaos)) = demo {
-        let observer = match Observer::start(&stack).await {
-            Ok(o) => o,
-            Err(e) => {
-                eprintln!("local-stack: {e}");
-                return ExitCode::FAILURE;
+/// Runs the demo on `stack`, writes its report next to the binaries in `bin_dir`, and prints
+/// its summary; succeeds only if the demo passed.
+async fn run_demo(stack: &LocalStack, demo: DemoRun, bin_dir: &std::path::Path) -> ExitCode {
+    let observer = match Observer::start(stack).await {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    let DemoRun { orders, rate, limit, chaos, .. } = demo;
+    let outcome = demo::run(stack, orders, rate, limit, chaos).await;
+    // Next to the binaries: `target/demo-report.html` for a debug build.
+    let report = bin_dir.parent().unwrap_or(bin_dir).join("demo-report.html");
+    let written = std::fs::write(&report, observer.report().await);
+    match outcome {
+        Ok(summary) => {
+            print!("{}", summary.text);
+            match written {
+                Ok(()) => println!("report: {}\n", report.display()),
+                Err(e) => println!("report: not written to {}: {e}\n", report.display()),
             }
-        };
-        let outcome = demo::run(&stack, orders, rate, limit, chaos).await;
-        // Next to the binaries: `target/demo-report.html` for a debug build.
-        let report = bin_dir.parent().unwrap_or(&bin_dir).join("demo-report.html");
-        let written = std::fs::write(&report, observer.report().await);
-        return match outcome {
-            Ok(summary) => {
-                print!("{}", summary.text);
-                match written {
-                    Ok(()) => println!("report: {}\n", report.display()),
-                    Err(e) => println!("report: not written to {}: {e}\n", report.display()),
-                }
-                if summary.passed() {
-                    println!("demo: passed");
-                    ExitCode::SUCCESS
-                } else {
-                    println!("demo: FAILED");
-                    ExitCode::FAILURE
-                }
-            }
-            Err(e) => {
-                eprintln!("demo: {e}");
+            if summary.passed() {
+                println!("demo: passed");
+                ExitCode::SUCCESS
+            } else {
+                println!("demo: FAILED");
                 ExitCode::FAILURE
             }
-        };
+        }
+        Err(e) => {
+            eprintln!("demo: {e}");
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// How to look into the running stack and use it: commands to copy.
+fn print_how_to(stack: &LocalStack) {
     let endpoint = &stack.endpoint;
     for (what, command) in [
         (
@@ -382,7 +430,7 @@ async fn main() -> ExitCode {
         println!("local-stack: {what}: {command}");
     }
     let api = &stack.api_url;
-    let secret = sas_infra::sigv4::LOCAL_SECRET_KEY;
+    let secret = sas_infra::access::sigv4::LOCAL_SECRET_KEY;
     let region = &stack.stack.context.region;
     println!(
         "local-stack: submit an order (signed as the client `me`, which holds ClientPolicy): curl --aws-sigv4 'aws:amz:{region}:execute-api' --user 'me:{secret}' -X POST {api}/orders -H 'content-type: application/json' -H 'Idempotency-Key: my-first-order' -d '<order JSON, see the README>'"
@@ -401,9 +449,14 @@ async fn main() -> ExitCode {
             "local-stack: change the simulated service's faults: curl --aws-sigv4 'aws:amz:{region}:lambda' --user 'ops:{secret}' -X PUT {url}faults -H 'content-type: application/json' -d '{{}}'"
         );
     }
+}
+
+/// Writes the `--env-vars` file that points `sam local` at `stack`, next to the binaries in
+/// `bin_dir`, and says how to use it.
+fn write_sam_env_vars(options: &Options, stack: &LocalStack, bin_dir: &std::path::Path) {
     // For those with Docker: the functions under `sam local`, against this stack.
-    let env_vars = bin_dir.parent().unwrap_or(&bin_dir).join("sam-env-vars.json");
-    match sas_infra::sam_local::write_env_vars(&options.template, &stack, &env_vars) {
+    let env_vars = bin_dir.parent().unwrap_or(bin_dir).join("sam-env-vars.json");
+    match sas_infra::emulation::sam_local::write_env_vars(&options.template, stack, &env_vars) {
         Ok(()) => println!(
             "local-stack: sam local against this stack (after `sam build`; on Linux, where the container must share the host's loopback): sam local invoke SchedulerFunction -e functions/scheduler/events/start.json --env-vars {} --docker-network host (or `sam local start-api --env-vars {} --docker-network host --port 3001`)",
             env_vars.display(),
@@ -411,12 +464,6 @@ async fn main() -> ExitCode {
         ),
         Err(e) => eprintln!("local-stack: {e}"),
     }
-    stopped().await;
-    drop(observer);
-    println!("local-stack: stopping");
-    print!("{}", stack.access());
-    drop(stack);
-    ExitCode::SUCCESS
 }
 
 /// Starts observing `stack` and serves its page on `port`; returns the page's URL.

@@ -17,10 +17,10 @@ use sas_engine::config::EngineConfig;
 use sas_engine::state::{ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_engine::{IdempotencyKey, OrderId, Timestamp};
-use sas_infra::aws::{Clients, Endpoints};
-use sas_infra::emulator::{Moto, workspace_root};
-use sas_infra::provision::{Options, provision};
-use sas_infra::template::Template;
+use sas_infra::emulation::aws::{Clients, Endpoints};
+use sas_infra::emulation::emulator::{Moto, workspace_root};
+use sas_infra::emulation::provision::{Options, provision};
+use sas_infra::emulation::template::Template;
 
 const EXPIRED: usize = 5;
 
@@ -53,78 +53,116 @@ async fn main() -> Result<(), Error> {
         let stack = provision(&template, &clients, &options).await?;
         let table = stack.reference("StateTable").ok_or("no state table")?;
         let now = Timestamp::from_millis(chrono_now());
-        let mut items = Vec::with_capacity(n + EXPIRED);
-        for i in 0..n {
-            let mut r = record(
-                &format!("finished-{i}"),
-                &workflow,
-                &config,
-                now.minus(Duration::from_secs(7200)),
-            );
-            r.process_state = ProcessState::Processed;
-            r.complete_by = None;
-            r.ended_at = Some(r.created_at);
-            for s in &mut r.steps {
-                s.status = StepStatus::Done;
-            }
-            items.push(state_item(&r)?);
-        }
-        for i in 0..EXPIRED {
-            // Submitted an hour ago and never claimed: their deadline passed long ago.
-            items.push(state_item(&record(
-                &format!("expired-{i}"),
-                &workflow,
-                &config,
-                now.minus(Duration::from_secs(3600)),
-            ))?);
-        }
-        for chunk in items.chunks(25) {
-            let writes = chunk
-                .iter()
-                .map(|item| {
-                    Ok(WriteRequest::builder()
-                        .put_request(PutRequest::builder().set_item(Some(item.clone())).build()?)
-                        .build())
-                })
-                .collect::<Result<Vec<_>, aws_sdk_dynamodb::error::BuildError>>()?;
-            client.batch_write_item().request_items(&table, writes).send().await?;
-        }
-
-        let (mut read, mut bytes) = (0usize, 0usize);
-        for shard in 0..config.index_shards {
-            // The same query the supervisor's adapter makes.
-            let out = client
-                .query()
-                .table_name(&table)
-                .index_name(EXPIRY_INDEX)
-                .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :now")
-                .expression_attribute_values(":s", AttributeValue::N(shard.to_string()))
-                .expression_attribute_values(":now", AttributeValue::N(now.as_millis().to_string()))
-                .limit(1000)
-                .send()
-                .await?;
-            read += usize::try_from(out.scanned_count()).unwrap_or(0);
-            bytes += out.items().iter().map(entry_size).sum::<usize>();
-        }
+        load(client, &table, &items(n, &workflow, &config, now)?).await?;
+        let (read, bytes) = sweep(client, &table, &config, now).await?;
         // One query per shard, each billed at least one unit: 0.5 read units per 4 KB, rounded up.
         let units: f64 = f64::from(config.index_shards) * 0.5 + (bytes.div_ceil(4096) as f64) * 0.5
             - if bytes > 0 { 0.5 } else { 0.0 };
-        let mut total = 0;
-        let mut pages = client
-            .scan()
-            .table_name(&table)
-            .select(aws_sdk_dynamodb::types::Select::Count)
-            .into_paginator()
-            .send();
-        while let Some(page) = pages.next().await {
-            total += page?.count();
-        }
+        let total = count(client, &table).await?;
         println!(
             "| {n} | {EXPIRED} | {total} | {read} | {units:.1} ({} queries) |",
             config.index_shards
         );
     }
     Ok(())
+}
+
+/// The state table's items: `n` orders finished two hours before `now`, and [`EXPIRED`] ones
+/// never claimed.
+fn items(
+    n: usize,
+    workflow: &Workflow,
+    config: &EngineConfig,
+    now: Timestamp,
+) -> Result<Vec<HashMap<String, AttributeValue>>, Error> {
+    let mut items = Vec::with_capacity(n + EXPIRED);
+    for i in 0..n {
+        let mut r = record(
+            &format!("finished-{i}"),
+            workflow,
+            config,
+            now.minus(Duration::from_secs(7200)),
+        );
+        r.process_state = ProcessState::Processed;
+        r.complete_by = None;
+        r.ended_at = Some(r.created_at);
+        for s in &mut r.steps {
+            s.status = StepStatus::Done;
+        }
+        items.push(state_item(&r)?);
+    }
+    for i in 0..EXPIRED {
+        // Submitted an hour ago and never claimed: their deadline passed long ago.
+        items.push(state_item(&record(
+            &format!("expired-{i}"),
+            workflow,
+            config,
+            now.minus(Duration::from_secs(3600)),
+        ))?);
+    }
+    Ok(items)
+}
+
+/// Writes `items` into `table`, 25 to a batch.
+async fn load(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    items: &[HashMap<String, AttributeValue>],
+) -> Result<(), Error> {
+    for chunk in items.chunks(25) {
+        let writes = chunk
+            .iter()
+            .map(|item| {
+                Ok(WriteRequest::builder()
+                    .put_request(PutRequest::builder().set_item(Some(item.clone())).build()?)
+                    .build())
+            })
+            .collect::<Result<Vec<_>, aws_sdk_dynamodb::error::BuildError>>()?;
+        client.batch_write_item().request_items(table, writes).send().await?;
+    }
+    Ok(())
+}
+
+/// The supervisor's sweep at `now`: its index query on every shard. Returns the index entries
+/// read and their size in bytes.
+async fn sweep(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    config: &EngineConfig,
+    now: Timestamp,
+) -> Result<(usize, usize), Error> {
+    let (mut read, mut bytes) = (0usize, 0usize);
+    for shard in 0..config.index_shards {
+        // The same query the supervisor's adapter makes.
+        let out = client
+            .query()
+            .table_name(table)
+            .index_name(EXPIRY_INDEX)
+            .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :now")
+            .expression_attribute_values(":s", AttributeValue::N(shard.to_string()))
+            .expression_attribute_values(":now", AttributeValue::N(now.as_millis().to_string()))
+            .limit(1000)
+            .send()
+            .await?;
+        read += usize::try_from(out.scanned_count()).unwrap_or(0);
+        bytes += out.items().iter().map(entry_size).sum::<usize>();
+    }
+    Ok((read, bytes))
+}
+
+/// The items in `table`.
+async fn count(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<i32, Error> {
+    let mut total = 0;
+    let mut pages = client
+        .scan()
+        .table_name(table)
+        .select(aws_sdk_dynamodb::types::Select::Count)
+        .into_paginator()
+        .send();
+    while let Some(page) = pages.next().await {
+        total += page?.count();
+    }
+    Ok(total)
 }
 
 fn record(key: &str, workflow: &Workflow, config: &EngineConfig, at: Timestamp) -> StateRecord {

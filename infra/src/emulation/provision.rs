@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::aws::Clients;
+use crate::emulation::aws::Clients;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType,
@@ -19,7 +19,7 @@ use serde_json::Value;
 use tracing::debug;
 
 use crate::Error;
-use crate::template::{Context, LOCAL_ACCOUNT, Resource, Template, scalar_string};
+use crate::emulation::template::{Context, LOCAL_ACCOUNT, Resource, Template, scalar_string};
 
 /// How to provision.
 #[derive(Clone, Debug, Default)]
@@ -109,7 +109,6 @@ pub async fn provision(
     let mut ctx =
         Context::new(template, &options.stack_name, &options.region, &options.parameters)?;
     ctx.attributes.extend(options.attributes.clone());
-    let Clients { dynamodb, sqs, events } = clients;
     let mut stack = Stack { context: ctx, created: Vec::new(), skipped: Vec::new() };
 
     let mut pending = Vec::new();
@@ -140,39 +139,13 @@ pub async fn provision(
                 Err(e) => return Err(e),
             };
             let name = physical_name(&options.stack_name, id);
-            let fail = |message: String| Error::Create {
-                logical_id: id.into(),
-                kind: resource.kind.clone(),
-                message,
-            };
-            match resource.kind.as_str() {
-                "AWS::DynamoDB::Table" => {
-                    create_table(dynamodb, &mut stack.context, id, &name, &properties)
-                        .await
-                        .map_err(fail)?
-                }
-                "AWS::SQS::Queue" => create_queue(sqs, &mut stack.context, id, &name, &properties)
-                    .await
-                    .map_err(fail)?,
-                "AWS::Events::EventBus" => {
-                    create_bus(events, &mut stack.context, id, &name, &properties)
-                        .await
-                        .map_err(fail)?
-                }
-                "AWS::Events::Rule" => {
-                    let dropped = create_rule(events, &mut stack.context, id, &name, &properties)
-                        .await
-                        .map_err(fail)?;
-                    for target in dropped {
-                        stack.skipped.push((
-                            format!("{id} → {target}"),
-                            "rule target".into(),
-                            "only queue targets are delivered locally".into(),
-                        ));
-                    }
-                }
-                _ => unreachable!("filtered by not_created"),
-            }
+            create(clients, &mut stack, id, &resource.kind, &name, &properties).await.map_err(
+                |message| Error::Create {
+                    logical_id: id.into(),
+                    kind: resource.kind.clone(),
+                    message,
+                },
+            )?;
             debug!(logical_id = id, "created");
             stack.created.push(id.to_owned());
             progressed = true;
@@ -184,6 +157,39 @@ pub async fn provision(
         pending = waiting;
     }
     Ok(stack)
+}
+
+/// Creates resource `id` of type `kind` as `name`, with its evaluated `properties`.
+async fn create(
+    clients: &Clients,
+    stack: &mut Stack,
+    id: &str,
+    kind: &str,
+    name: &str,
+    properties: &Value,
+) -> Result<(), String> {
+    let Clients { dynamodb, sqs, events } = clients;
+    match kind {
+        "AWS::DynamoDB::Table" => {
+            create_table(dynamodb, &mut stack.context, id, name, properties).await?
+        }
+        "AWS::SQS::Queue" => create_queue(sqs, &mut stack.context, id, name, properties).await?,
+        "AWS::Events::EventBus" => {
+            create_bus(events, &mut stack.context, id, name, properties).await?
+        }
+        "AWS::Events::Rule" => {
+            let dropped = create_rule(events, &mut stack.context, id, name, properties).await?;
+            for target in dropped {
+                stack.skipped.push((
+                    format!("{id} → {target}"),
+                    "rule target".into(),
+                    "only queue targets are delivered locally".into(),
+                ));
+            }
+        }
+        _ => unreachable!("filtered by not_created"),
+    }
+    Ok(())
 }
 
 /// Physical names as CloudFormation would make them: short, unique per stack, and valid for

@@ -13,9 +13,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::dead_letters::DeadLetters;
-use crate::runtime_api::{InvokeError, RuntimeApi};
-use crate::template::LOCAL_ACCOUNT;
+use crate::emulation::runtime_api::{InvokeError, RuntimeApi};
+use crate::emulation::template::LOCAL_ACCOUNT;
+use crate::observe::dead_letters::DeadLetters;
 
 /// Longest a receive waits for a message (SQS's maximum).
 const LONG_POLL_SECONDS: i32 = 20;

@@ -19,8 +19,8 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use crate::Error;
-use crate::provision::Stack;
-use crate::template::{Resource, Template, scalar_string};
+use crate::emulation::provision::Stack;
+use crate::emulation::template::{Resource, Template, scalar_string};
 
 /// Most reasons remembered: the messages that failed lately, not all that ever did.
 const REASONS_KEPT: usize = 10_000;
@@ -124,7 +124,7 @@ impl DeadLetters {
     /// Reads a function's log line (JSON, as the functions print on Lambda): a warning or an
     /// error about a message is remembered as that message's latest reason.
     pub fn note_log(&self, line: &str) {
-        if !line.starts_with('{') || !(line.contains("\"WARN\"") || line.contains("\"ERROR\"")) {
+        if !line.starts_with("{") || !(line.contains("\"WARN\"") || line.contains("\"ERROR\"")) {
             return;
         }
         let Ok(v) = serde_json::from_str::<Value>(line) else { return };
@@ -432,11 +432,11 @@ mod tests {
 
     #[test]
     fn every_work_queue_leaves_receives_for_a_message_to_be_sent_again() {
-        let template = crate::provision::project_template();
-        let stack = crate::provision::local_dry_run(&template, &[]);
+        let template = crate::emulation::provision::project_template();
+        let stack = crate::emulation::provision::local_dry_run(&template, &[]);
         let found = redrives(&template, &stack).unwrap();
         // The scheduler's two queues and each agent's.
-        let agents = crate::workflows::deployed_agents(&template).unwrap();
+        let agents = crate::tools::workflows::deployed_agents(&template).unwrap();
         assert_eq!(found.len(), 2 + agents.len(), "{found:?}");
         for r in found {
             // A message kept back by a passing cause is sent again on this receive; if that

@@ -11,9 +11,9 @@ use sas_engine::AgentName;
 use serde_json::Value;
 
 use crate::Error;
-use crate::functions::functions;
-use crate::provision::{Options, dry_run};
-use crate::template::Template;
+use crate::emulation::functions::functions;
+use crate::emulation::provision::{Options, dry_run};
+use crate::emulation::template::Template;
 
 /// A workflow file as read from disk.
 #[derive(Clone, Debug)]
@@ -123,7 +123,7 @@ pub fn problems(sources: &[Source], agents: &[AgentName]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::emulator::workspace_root;
+    use crate::emulation::emulator::workspace_root;
 
     fn template() -> Template {
         Template::load(&workspace_root().join("template.yaml")).unwrap()

@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::Error;
-use crate::provision::Stack;
-use crate::template::{Resource, Template, scalar_string};
+use crate::emulation::provision::Stack;
+use crate::emulation::template::{Resource, Template, scalar_string};
 
 /// Lambda's default timeout, when neither the function nor the globals set one.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -79,99 +79,7 @@ pub fn functions(template: &Template, stack: &Stack) -> Result<Vec<FunctionSpec>
         if !stack.context.holds(resource.condition.as_deref()) {
             continue;
         }
-        let p = stack.eval(&resource.properties)?;
-        let bad = |m: &str| Error::Template(format!("{id}: {m}"));
-        // A loop's function may find its binary in a mapping (Fn::FindInMap).
-        let binary = resource
-            .metadata
-            .pointer("/BuildProperties/Binary")
-            .map(|b| stack.eval(b))
-            .transpose()?
-            .and_then(|b| b.as_str().map(str::to_owned))
-            .ok_or_else(|| bad("no Metadata.BuildProperties.Binary names its binary"))?;
-        let setting = |key: &str| p.get(key).or_else(|| globals.get(key));
-        let number = |key: &str| {
-            setting(key)
-                .map(scalar_string)
-                .transpose()
-                .map(|v| v.and_then(|s| s.parse::<u64>().ok()))
-        };
-        let mut environment = BTreeMap::new();
-        for source in
-            [globals.pointer("/Environment/Variables"), p.pointer("/Environment/Variables")]
-                .into_iter()
-                .flatten()
-        {
-            for (k, v) in source.as_object().into_iter().flatten() {
-                environment.insert(k.clone(), scalar_string(v)?);
-            }
-        }
-        let mut events = Vec::new();
-        for (name, event) in p.get("Events").and_then(Value::as_object).into_iter().flatten() {
-            let props = event.get("Properties").cloned().unwrap_or(Value::Null);
-            let text = |k: &str| props.get(k).map(scalar_string).transpose();
-            match event.get("Type").and_then(Value::as_str) {
-                Some("SQS") => events.push(EventSource::Sqs {
-                    name: name.clone(),
-                    queue_arn: text("Queue")?.ok_or_else(|| bad("SQS event without Queue"))?,
-                    batch_size: text("BatchSize")?.and_then(|v| v.parse().ok()).unwrap_or(10),
-                    batching_window: Duration::from_secs(
-                        text("MaximumBatchingWindowInSeconds")?
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(0),
-                    ),
-                    max_concurrency: props
-                        .pointer("/ScalingConfig/MaximumConcurrency")
-                        .map(scalar_string)
-                        .transpose()?
-                        .and_then(|v| v.parse().ok()),
-                    report_batch_item_failures: props
-                        .get("FunctionResponseTypes")
-                        .and_then(Value::as_array)
-                        .is_some_and(|t| t.iter().any(|v| v == "ReportBatchItemFailures")),
-                }),
-                Some("Schedule") | Some("ScheduleV2") => events.push(EventSource::Schedule {
-                    name: name.clone(),
-                    expression: text("Schedule")?
-                        .or(text("ScheduleExpression")?)
-                        .ok_or_else(|| bad("schedule without an expression"))?,
-                }),
-                Some("HttpApi") => events.push(EventSource::HttpApi {
-                    name: name.clone(),
-                    method: text("Method")?.unwrap_or_else(|| "ANY".into()).to_ascii_uppercase(),
-                    path: text("Path")?.unwrap_or_else(|| "/".into()),
-                    authorizer: props
-                        .pointer("/Auth/Authorizer")
-                        .map(scalar_string)
-                        .transpose()?
-                        .and_then(|a| RouteAuth::named(&a)),
-                }),
-                other => {
-                    return Err(bad(&format!(
-                        "event {name} of type {other:?} is not supported locally"
-                    )));
-                }
-            }
-        }
-        out.push(FunctionSpec {
-            logical_id: id.to_owned(),
-            binary,
-            environment,
-            timeout: number("Timeout")?.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
-            memory_mb: number("MemorySize")?
-                .and_then(|m| u32::try_from(m).ok())
-                .unwrap_or(DEFAULT_MEMORY_MB),
-            reserved_concurrency: number("ReservedConcurrentExecutions")?
-                .and_then(|m| u32::try_from(m).ok()),
-            function_url: p
-                .get("FunctionUrlConfig")
-                .map(|url| {
-                    let kind = url.get("AuthType").map(scalar_string).transpose()?;
-                    Ok::<_, Error>(RouteAuth::named(kind.as_deref().unwrap_or("AWS_IAM")))
-                })
-                .transpose()?,
-            events,
-        });
+        out.push(function(id, resource, &globals, stack)?);
     }
     for (function, route) in api_routes(template, stack)? {
         match out.iter_mut().find(|f| f.logical_id == function) {
@@ -186,21 +94,109 @@ pub fn functions(template: &Template, stack: &Stack) -> Result<Vec<FunctionSpec>
     Ok(out)
 }
 
+/// The function `id` declares, its settings its own or else the `globals`'.
+fn function(
+    id: &str,
+    resource: &Resource,
+    globals: &Value,
+    stack: &Stack,
+) -> Result<FunctionSpec, Error> {
+    let p = stack.eval(&resource.properties)?;
+    let bad = |m: &str| Error::Template(format!("{id}: {m}"));
+    // A loop's function may find its binary in a mapping (Fn::FindInMap).
+    let binary = resource
+        .metadata
+        .pointer("/BuildProperties/Binary")
+        .map(|b| stack.eval(b))
+        .transpose()?
+        .and_then(|b| b.as_str().map(str::to_owned))
+        .ok_or_else(|| bad("no Metadata.BuildProperties.Binary names its binary"))?;
+    let setting = |key: &str| p.get(key).or_else(|| globals.get(key));
+    let number = |key: &str| {
+        setting(key).map(scalar_string).transpose().map(|v| v.and_then(|s| s.parse::<u64>().ok()))
+    };
+    let mut environment = BTreeMap::new();
+    for source in [globals.pointer("/Environment/Variables"), p.pointer("/Environment/Variables")]
+        .into_iter()
+        .flatten()
+    {
+        for (k, v) in source.as_object().into_iter().flatten() {
+            environment.insert(k.clone(), scalar_string(v)?);
+        }
+    }
+    let mut events = Vec::new();
+    for (name, event) in p.get("Events").and_then(Value::as_object).into_iter().flatten() {
+        events.push(event_source(id, name, event)?);
+    }
+    Ok(FunctionSpec {
+        logical_id: id.to_owned(),
+        binary,
+        environment,
+        timeout: number("Timeout")?.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
+        memory_mb: number("MemorySize")?
+            .and_then(|m| u32::try_from(m).ok())
+            .unwrap_or(DEFAULT_MEMORY_MB),
+        reserved_concurrency: number("ReservedConcurrentExecutions")?
+            .and_then(|m| u32::try_from(m).ok()),
+        function_url: p
+            .get("FunctionUrlConfig")
+            .map(|url| {
+                let kind = url.get("AuthType").map(scalar_string).transpose()?;
+                Ok::<_, Error>(RouteAuth::named(kind.as_deref().unwrap_or("AWS_IAM")))
+            })
+            .transpose()?,
+        events,
+    })
+}
+
+/// Event `name` of function `id`, from its SAM declaration.
+fn event_source(id: &str, name: &str, event: &Value) -> Result<EventSource, Error> {
+    let bad = |m: &str| Error::Template(format!("{id}: {m}"));
+    let props = event.get("Properties").cloned().unwrap_or(Value::Null);
+    let text = |k: &str| props.get(k).map(scalar_string).transpose();
+    Ok(match event.get("Type").and_then(Value::as_str) {
+        Some("SQS") => EventSource::Sqs {
+            name: name.to_owned(),
+            queue_arn: text("Queue")?.ok_or_else(|| bad("SQS event without Queue"))?,
+            batch_size: text("BatchSize")?.and_then(|v| v.parse().ok()).unwrap_or(10),
+            batching_window: Duration::from_secs(
+                text("MaximumBatchingWindowInSeconds")?.and_then(|v| v.parse().ok()).unwrap_or(0),
+            ),
+            max_concurrency: props
+                .pointer("/ScalingConfig/MaximumConcurrency")
+                .map(scalar_string)
+                .transpose()?
+                .and_then(|v| v.parse().ok()),
+            report_batch_item_failures: props
+                .get("FunctionResponseTypes")
+                .and_then(Value::as_array)
+                .is_some_and(|t| t.iter().any(|v| v == "ReportBatchItemFailures")),
+        },
+        Some("Schedule") | Some("ScheduleV2") => EventSource::Schedule {
+            name: name.to_owned(),
+            expression: text("Schedule")?
+                .or(text("ScheduleExpression")?)
+                .ok_or_else(|| bad("schedule without an expression"))?,
+        },
+        Some("HttpApi") => EventSource::HttpApi {
+            name: name.to_owned(),
+            method: text("Method")?.unwrap_or_else(|| "ANY".into()).to_ascii_uppercase(),
+            path: text("Path")?.unwrap_or_else(|| "/".into()),
+            authorizer: props
+                .pointer("/Auth/Authorizer")
+                .map(scalar_string)
+                .transpose()?
+                .and_then(|a| RouteAuth::named(&a)),
+        },
+        other => {
+            return Err(bad(&format!("event {name} of type {other:?} is not supported locally")));
+        }
+    })
+}
+
 /// The `AWS::ApiGatewayV2::Route` resources whose condition holds, each with the logical id of
 /// the function its integration invokes.
 fn api_routes(template: &Template, stack: &Stack) -> Result<Vec<(String, EventSource)>, Error> {
-    // Refs and ARNs as resolved in this stack, back to logical ids.
-    fn by_ref<'t>(
-        template: &'t Template,
-        stack: &Stack,
-        kind: &'t str,
-        reference: &str,
-    ) -> Option<&'t Resource> {
-        template
-            .of_kind(kind)
-            .find(|(id, _)| stack.reference(id).as_deref() == Some(reference))
-            .map(|(_, r)| r)
-    }
     let mut out = Vec::new();
     for (id, resource) in template.of_kind("AWS::ApiGatewayV2::Route") {
         if !stack.context.holds(resource.condition.as_deref()) {
@@ -234,30 +230,7 @@ fn api_routes(template: &Template, stack: &Stack) -> Result<Vec<(String, EventSo
             "JWT" => {
                 let reference = text(&p, "AuthorizerId")?
                     .ok_or_else(|| bad("a JWT route without an AuthorizerId"))?;
-                let authorizer =
-                    by_ref(template, stack, "AWS::ApiGatewayV2::Authorizer", &reference)
-                        .ok_or_else(|| bad(&format!("authorizer {reference:?} is not declared")))?;
-                let config = stack.eval(&authorizer.properties)?;
-                let issuer = config
-                    .pointer("/JwtConfiguration/Issuer")
-                    .map(scalar_string)
-                    .transpose()?
-                    .unwrap_or_default();
-                let audience: Vec<String> = match config.pointer("/JwtConfiguration/Audience") {
-                    Some(Value::Array(list)) => {
-                        list.iter().map(scalar_string).collect::<Result<_, _>>()?
-                    }
-                    Some(one) => vec![scalar_string(one)?],
-                    None => Vec::new(),
-                };
-                let audience: Vec<String> =
-                    audience.into_iter().filter(|a| !a.is_empty()).collect();
-                if issuer.is_empty() || audience.is_empty() {
-                    return Err(bad(
-                        "a JWT authorizer needs an issuer and an audience (JwtIssuer and JwtAudience)",
-                    ));
-                }
-                Some(RouteAuth::Jwt { issuer, audience })
+                Some(jwt_authorizer(template, stack, id, &reference)?)
             }
             other => RouteAuth::named(other),
         };
@@ -267,6 +240,49 @@ fn api_routes(template: &Template, stack: &Stack) -> Result<Vec<(String, EventSo
         ));
     }
     Ok(out)
+}
+
+/// The resource of type `kind` whose `Ref`, as resolved in this stack, is `reference`.
+fn by_ref<'t>(
+    template: &'t Template,
+    stack: &Stack,
+    kind: &'t str,
+    reference: &str,
+) -> Option<&'t Resource> {
+    template
+        .of_kind(kind)
+        .find(|(id, _)| stack.reference(id).as_deref() == Some(reference))
+        .map(|(_, r)| r)
+}
+
+/// The JWT authorizer that route `id` names by `reference`, with its issuer and audience.
+fn jwt_authorizer(
+    template: &Template,
+    stack: &Stack,
+    id: &str,
+    reference: &str,
+) -> Result<RouteAuth, Error> {
+    let bad = |m: &str| Error::Template(format!("{id}: {m}"));
+    let authorizer = by_ref(template, stack, "AWS::ApiGatewayV2::Authorizer", reference)
+        .ok_or_else(|| bad(&format!("authorizer {reference:?} is not declared")))?;
+    let config = stack.eval(&authorizer.properties)?;
+    let issuer = config
+        .pointer("/JwtConfiguration/Issuer")
+        .map(scalar_string)
+        .transpose()?
+        .unwrap_or_default();
+    let audience: Vec<String> = match config.pointer("/JwtConfiguration/Audience") {
+        Some(Value::Array(list)) => list.iter().map(scalar_string).collect::<Result<_, _>>()?,
+        Some(one) => vec![scalar_string(one)?],
+        None => Vec::new(),
+    };
+    let audience: Vec<String> = audience.into_iter().filter(|a| !a.is_empty()).collect();
+    if issuer.is_empty() || audience.is_empty() {
+        return Err(bad(
+            "a JWT authorizer needs an issuer and an audience (JwtIssuer and JwtAudience)",
+        ));
+    }
+    Ok(RouteAuth::Jwt { issuer, audience })
 }
 
 /// A schedule's period: `rate(N minute|minutes|hour|hours|day|days)`. Cron expressions are not
@@ -287,7 +303,7 @@ pub fn rate(expression: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::{local_dry_run, project_template};
+    use crate::emulation::provision::{local_dry_run, project_template};
 
     #[test]
     fn the_template_s_defaults_are_the_engine_s() {
@@ -361,7 +377,7 @@ mod tests {
         );
         // Off at the defaults, so that a new account with 10 concurrent executions can deploy.
         assert_eq!(by_id("RemoteSimFunction").reserved_concurrency, None);
-        let reserving = local_dry_run(&t, &[(crate::local::SIM_RESERVATION, "true")]);
+        let reserving = local_dry_run(&t, &[(crate::emulation::local::SIM_RESERVATION, "true")]);
         let sim = functions(&t, &reserving).unwrap();
         let sim = sim.iter().find(|f| f.logical_id == "RemoteSimFunction").unwrap();
         assert_eq!(sim.reserved_concurrency, Some(1));

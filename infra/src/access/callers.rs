@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::Error;
-use crate::policy::{self, Decision, Need, Permissions};
-use crate::provision::Stack;
-use crate::template::Template;
+use crate::access::policy::{self, Decision, Need, Permissions};
+use crate::emulation::provision::Stack;
+use crate::emulation::template::Template;
 
 /// The policy of an access key id that begins with [`OPERATOR_PREFIX`].
 pub const OPERATOR_POLICY: &str = "OperatorPolicy";
@@ -108,7 +108,7 @@ impl Callers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::{local_dry_run, project_template};
+    use crate::emulation::provision::{local_dry_run, project_template};
 
     #[test]
     fn clients_reach_the_order_routes_and_operators_the_admin_routes() {

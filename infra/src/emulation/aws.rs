@@ -8,7 +8,7 @@
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 
-use crate::sigv4::LOCAL_SECRET_KEY;
+use crate::access::sigv4::LOCAL_SECRET_KEY;
 
 /// The endpoint of each service.
 #[derive(Clone, Debug, PartialEq, Eq)]

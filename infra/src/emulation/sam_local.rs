@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::Error;
-use crate::local::LocalStack;
-use crate::template::Template;
+use crate::emulation::local::LocalStack;
+use crate::emulation::template::Template;
 
 /// The variable that points the SDK at another endpoint; the template declares it for this.
 pub const ENDPOINT_VARIABLE: &str = "AWS_ENDPOINT_URL";
@@ -77,10 +77,10 @@ mod tests {
 
     #[test]
     fn the_endpoint_is_declared_for_every_function_and_the_rest_is_their_own() {
-        let template = crate::provision::project_template();
+        let template = crate::emulation::provision::project_template();
         let declared = declared_variables(&template);
         // The six functions of the stack, and one per agent.
-        let agents = crate::workflows::deployed_agents(&template).unwrap();
+        let agents = crate::tools::workflows::deployed_agents(&template).unwrap();
         assert_eq!(declared.len(), 6 + agents.len(), "{declared:?}");
         for (function, names) in &declared {
             assert!(names.iter().any(|n| n == ENDPOINT_VARIABLE), "{function}: {names:?}");

@@ -115,7 +115,7 @@ impl RuntimeApi {
         let shared = Arc::new(Shared {
             function_arn: format!(
                 "arn:aws:lambda:{region}:{}:function:{function_name}",
-                crate::template::LOCAL_ACCOUNT
+                crate::emulation::template::LOCAL_ACCOUNT
             ),
             waiting: tokio::sync::Mutex::new(waiting),
             in_flight: Mutex::default(),

@@ -15,8 +15,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tracing::warn;
 
-use crate::dead_letters::DeadLetters;
-use crate::metrics::Metrics;
+use crate::observe::dead_letters::DeadLetters;
+use crate::observe::metrics::Metrics;
 
 /// Pause before restarting a process that exited, so a binary that cannot start does not spin.
 const RESTART_DELAY: Duration = Duration::from_millis(500);

@@ -4,7 +4,7 @@
 //! ...): the short `!Ref` tags are YAML tags, which a plain YAML reader would silently turn
 //! into strings, so the template is checked for them and refused with a clear message.
 //!
-//! `Fn::ForEach` loops are expanded first ([`crate::foreach`]). Evaluation resolves parameters
+//! `Fn::ForEach` loops are expanded first ([`crate::emulation::foreach`]). Evaluation resolves parameters
 //! (defaults, or overrides), pseudo parameters, conditions, `Ref`, `Fn::GetAtt`, `Fn::Sub`,
 //! `Fn::If`, `Fn::Join`, `Fn::Select`, `Fn::FindInMap`, `Fn::Equals`, `Fn::Not`, `Fn::And`,
 //! `Fn::Or`, and `AWS::NoValue`, against the physical ids of the resources created so far.
@@ -79,7 +79,7 @@ impl Template {
             .map_err(|source| Error::Read { path: path.display().to_string(), source })?;
         let docs = YamlLoader::load_from_str(&text).map_err(|e| Error::Template(e.to_string()))?;
         let root = docs.into_iter().next().map(to_json).transpose()?.unwrap_or(Value::Null);
-        let mut root = crate::foreach::expand(&root)?;
+        let mut root = crate::emulation::foreach::expand(&root)?;
         if let Some(Value::Array(transforms)) = root.get_mut("Transform") {
             transforms.retain(|t| t != "AWS::LanguageExtensions");
         }
@@ -128,7 +128,7 @@ impl Template {
         }
         let docs = YamlLoader::load_from_str(text).map_err(|e| Error::Template(e.to_string()))?;
         let root = docs.into_iter().next().map(to_json).transpose()?.unwrap_or(Value::Null);
-        let root = crate::foreach::expand(&root)?;
+        let root = crate::emulation::foreach::expand(&root)?;
         let section =
             |name: &str| root.get(name).and_then(Value::as_object).cloned().unwrap_or_default();
         let mut resources = Vec::new();
@@ -346,21 +346,7 @@ impl Context {
                 };
                 self.reference(&target)
             }
-            "Fn::GetAtt" => {
-                let (resource, attribute) = match arg {
-                    Value::String(s) => {
-                        s.split_once('.').map(|(a, b)| (a.to_owned(), b.to_owned()))
-                    }
-                    Value::Array(a) if a.len() == 2 => {
-                        Some((str_of(&self.eval_inner(&a[0])?)?, str_of(&self.eval_inner(&a[1])?)?))
-                    }
-                    _ => None,
-                }
-                .ok_or_else(|| Error::Template(format!("malformed Fn::GetAtt {arg}")))?;
-                self.attributes.get(&(resource.clone(), attribute.clone())).cloned().ok_or_else(
-                    || Error::Template(format!("{resource}.{attribute} is not known (yet)")),
-                )
-            }
+            "Fn::GetAtt" => self.get_att(arg),
             "Fn::Sub" => {
                 let (text, vars) = match arg {
                     Value::String(s) => (s.clone(), Map::new()),
@@ -407,36 +393,49 @@ impl Context {
                     .cloned()
                     .ok_or_else(|| Error::Template("Fn::Select out of range".into()))
             }
-            "Fn::FindInMap" => {
-                // Three keys, and with AWS::LanguageExtensions a fourth item
-                // `{DefaultValue: ...}` for keys the map does not hold.
-                let items = list(arg)?;
-                let (keys, default) = match items.as_slice() {
-                    [keys @ .., last] if last.get("DefaultValue").is_some() => {
-                        (keys, Some(&last["DefaultValue"]))
-                    }
-                    keys => (keys, None),
-                };
-                let keys = keys
-                    .iter()
-                    .map(|k| str_of(&self.eval_inner(k)?))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let [map, top, second] = keys.as_slice() else {
-                    return Err(Error::Template("Fn::FindInMap takes three keys".into()));
-                };
-                let found = self
-                    .mappings
-                    .get(map)
-                    .ok_or_else(|| Error::Template(format!("no mapping {map} in Mappings")))?;
-                match (found.get(top).and_then(|m| m.get(second)), default) {
-                    (Some(value), _) => Ok(value.clone()),
-                    (None, Some(default)) => self.eval_inner(default),
-                    (None, None) => {
-                        Err(Error::Template(format!("no {map}.{top}.{second} in Mappings")))
-                    }
-                }
-            }
+            "Fn::FindInMap" => self.find_in_map(arg),
             other => Err(Error::Template(format!("unsupported intrinsic function {other}"))),
+        }
+    }
+
+    fn get_att(&self, arg: &Value) -> Result<Value, Error> {
+        let (resource, attribute) = match arg {
+            Value::String(s) => s.split_once('.').map(|(a, b)| (a.to_owned(), b.to_owned())),
+            Value::Array(a) if a.len() == 2 => {
+                Some((str_of(&self.eval_inner(&a[0])?)?, str_of(&self.eval_inner(&a[1])?)?))
+            }
+            _ => None,
+        }
+        .ok_or_else(|| Error::Template(format!("malformed Fn::GetAtt {arg}")))?;
+        self.attributes
+            .get(&(resource.clone(), attribute.clone()))
+            .cloned()
+            .ok_or_else(|| Error::Template(format!("{resource}.{attribute} is not known (yet)")))
+    }
+
+    fn find_in_map(&self, arg: &Value) -> Result<Value, Error> {
+        // Three keys, and with AWS::LanguageExtensions a fourth item
+        // `{DefaultValue: ...}` for keys the map does not hold.
+        let items = list(arg)?;
+        let (keys, default) = match items.as_slice() {
+            [keys @ .., last] if last.get("DefaultValue").is_some() => {
+                (keys, Some(&last["DefaultValue"]))
+            }
+            keys => (keys, None),
+        };
+        let keys =
+            keys.iter().map(|k| str_of(&self.eval_inner(k)?)).collect::<Result<Vec<_>, _>>()?;
+        let [map, top, second] = keys.as_slice() else {
+            return Err(Error::Template("Fn::FindInMap takes three keys".into()));
+        };
+        let found = self
+            .mappings
+            .get(map)
+            .ok_or_else(|| Error::Template(format!("no mapping {map} in Mappings")))?;
+        match (found.get(top).and_then(|m| m.get(second)), default) {
+            (Some(value), _) => Ok(value.clone()),
+            (None, Some(default)) => self.eval_inner(default),
+            (None, None) => Err(Error::Template(format!("no {map}.{top}.{second} in Mappings"))),
         }
     }
 
@@ -530,109 +529,4 @@ pub fn scalar_string(v: &Value) -> Result<String, Error> {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    const T: &str = r#"
-Parameters:
-  Threshold: {Type: Number, Default: 3}
-  Email: {Type: String, Default: ""}
-Conditions:
-  HasEmail:
-    Fn::Not: [{Fn::Equals: [{Ref: Email}, ""]}]
-Resources:
-  Queue:
-    Type: AWS::SQS::Queue
-    Properties:
-      VisibilityTimeout: 60
-  Sub:
-    Type: AWS::SNS::Subscription
-    Condition: HasEmail
-    Properties: {Endpoint: {Ref: Email}}
-"#;
-
-    #[test]
-    fn parameters_conditions_and_intrinsics_evaluate() {
-        let t = Template::parse(T).unwrap();
-        assert_eq!(t.resources.len(), 2);
-        let mut ctx = Context::new(&t, "demo", "us-east-1", &HashMap::new()).unwrap();
-        assert!(!ctx.holds(Some("HasEmail")));
-        ctx.refs.insert("Queue".into(), "http://q".into());
-        ctx.attributes.insert(("Queue".into(), "Arn".into()), "arn:q".into());
-        let v: Value = serde_json::json!({
-            "a": {"Ref": "Threshold"},
-            "b": {"Fn::Sub": "${AWS::StackName}-${Queue}-${Queue.Arn}-${!Literal}"},
-            "c": {"Fn::If": ["HasEmail", "yes", {"Ref": "AWS::NoValue"}]},
-            "d": {"Fn::Join": [",", ["x", {"Ref": "Threshold"}]]}
-        });
-        let out = ctx.eval(&v).unwrap();
-        assert_eq!(
-            out,
-            serde_json::json!({"a": "3", "b": "demo-http://q-arn:q-${Literal}", "d": "x,3"})
-        );
-        let with_email = Context::new(
-            &t,
-            "s",
-            "r",
-            &HashMap::from([("Email".into(), "ops@example.com".into())]),
-        )
-        .unwrap();
-        assert!(with_email.holds(Some("HasEmail")));
-    }
-
-    #[test]
-    fn loops_expand_and_their_names_and_mappings_evaluate() {
-        let t = Template::parse(
-            r#"
-Mappings:
-  Agents:
-    inventory: {Url: "http://inventory"}
-    payment: {Url: "http://payment"}
-Resources:
-  Fn::ForEach::Agents:
-    - Agent
-    - [inventory, payment]
-    - ${Agent}Queue:
-        Type: AWS::SQS::Queue
-        Properties:
-          Url:
-            Fn::FindInMap: [Agents, {Ref: Agent}, Url]
-      ${Agent}Policy:
-        Type: AWS::IAM::Policy
-        Properties:
-          Queue: {Ref: {Fn::Sub: "${Agent}Queue"}}
-          Arn:
-            Fn::GetAtt: [{Fn::Sub: "${Agent}Queue"}, Arn]
-"#,
-        )
-        .unwrap();
-        let ids: Vec<&str> = t.resources.iter().map(|(id, _)| id.as_str()).collect();
-        assert_eq!(ids, ["inventoryPolicy", "inventoryQueue", "paymentPolicy", "paymentQueue"]);
-        let mut ctx = Context::new(&t, "s", "us-east-1", &HashMap::new()).unwrap();
-        ctx.refs.insert("paymentQueue".into(), "https://q/payment".into());
-        ctx.attributes.insert(("paymentQueue".into(), "Arn".into()), "arn:payment".into());
-        let queue = ctx.eval(&t.resource("paymentQueue").unwrap().properties).unwrap();
-        assert_eq!(queue["Url"], "http://payment");
-        let policy = ctx.eval(&t.resource("paymentPolicy").unwrap().properties).unwrap();
-        assert_eq!(policy, json!({"Queue": "https://q/payment", "Arn": "arn:payment"}));
-    }
-
-    #[test]
-    fn short_form_tags_are_refused_by_line() {
-        let err = Template::parse(
-            "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n    Properties:\n      X: !Ref Y\n",
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("line 5") && err.to_string().contains("!Ref"), "{err}");
-    }
-
-    #[test]
-    fn unknown_references_are_named() {
-        let t = Template::parse(T).unwrap();
-        let ctx = Context::new(&t, "s", "r", &HashMap::new()).unwrap();
-        let err = ctx.eval(&serde_json::json!({"Ref": "Nope"})).unwrap_err();
-        assert!(err.to_string().contains("Nope"));
-    }
-}
+mod tests;

@@ -6,10 +6,10 @@
 //! a token answered 429 before any function runs.
 //!
 //! A route whose authorizer is `AWS_IAM` takes only requests signed with SigV4 for the stack's
-//! region (see [`crate::sigv4`]), as API Gateway does, and hands the function the caller in
+//! region (see [`crate::access::sigv4`]), as API Gateway does, and hands the function the caller in
 //! `requestContext.authorizer.iam`: the access key id stands for the principal
 //! (`arn:aws:iam::<account>:user/<access key id>`). The caller's policy must allow the call, as
-//! IAM's must on AWS (see [`crate::callers`]). Any other request gets 403, and the reason is
+//! IAM's must on AWS (see [`crate::access::callers`]). Any other request gets 403, and the reason is
 //! logged.
 //!
 //! HTTP does not allow control characters in header values, and neither `http` nor
@@ -32,11 +32,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::warn;
 
-use crate::callers::Callers;
-use crate::policy::{Access, Need};
-use crate::runtime_api::{InvokeError, RuntimeApi};
-use crate::template::LOCAL_ACCOUNT;
-use crate::{jwt, sigv4};
+use crate::access::callers::Callers;
+use crate::access::policy::{Access, Need};
+use crate::access::{jwt, sigv4};
+use crate::emulation::runtime_api::{InvokeError, RuntimeApi};
+use crate::emulation::template::LOCAL_ACCOUNT;
 
 /// API Gateway's limit on a request body.
 const MAX_BODY: usize = 10 * 1024 * 1024;
@@ -257,61 +257,111 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
         return plain(StatusCode::PAYLOAD_TOO_LARGE, r#"{"message":"Request Entity Too Large"}"#);
     };
     let received = header_values(&parts.headers);
-    let caller = match &route.authorizer {
-        None => None,
+    let query = parts.uri.query().unwrap_or_default().to_owned();
+    let request = Received { method: &method, path: &path, query: &query, headers: &received };
+    let caller = match authorize(route, &request, &bytes) {
+        Ok(caller) => caller,
+        Err((status, body)) => return plain(status, body),
+    };
+    if route.throttle.as_ref().is_some_and(|t| !t.admit()) {
+        return plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#);
+    }
+    let event = event(route, &request, params, &bytes, caller);
+    match route.function.invoke(event.to_string(), route.timeout).await {
+        Ok(answer) => response(&answer),
+        Err(InvokeError::Timeout(_)) => {
+            plain(StatusCode::SERVICE_UNAVAILABLE, r#"{"message":"Service Unavailable"}"#)
+        }
+        // Lambda's throttling reaches the client as a 429, which it retries like the API's own.
+        Err(InvokeError::Throttled(_)) => {
+            plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#)
+        }
+        Err(e) => {
+            warn!(error = %e, "function failed");
+            plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#)
+        }
+    }
+}
+
+/// A request's line and headers, as the gateway received them.
+struct Received<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: &'a str,
+    headers: &'a [(String, String)],
+}
+
+/// The status and body of the answer that refuses a request.
+type Refusal = (StatusCode, &'static str);
+
+/// Who the route's authorizer says the caller is (`None` for a route without one), or why the
+/// request is refused.
+fn authorize(route: &Route, request: &Received<'_>, body: &[u8]) -> Result<Option<Value>, Refusal> {
+    let Received { method, path, query, headers } = *request;
+    match &route.authorizer {
+        None => Ok(None),
         Some(Authorizer::Iam { region, service }) => {
-            let signed = sigv4::Signed {
-                method: &method,
-                raw_path: &path,
-                raw_query: parts.uri.query().unwrap_or_default(),
-                headers: &received,
-                body: &bytes,
-            };
+            let signed = sigv4::Signed { method, raw_path: path, raw_query: query, headers, body };
             match sigv4::verify(&signed, region, service, chrono::Utc::now()) {
-                Ok(access_key) => {
-                    if let Some(Invoked { access, function_arn }) = &route.invoked {
-                        let needs = ["lambda:InvokeFunctionUrl", "lambda:InvokeFunction"]
-                            .map(|action| Need::new(action, function_arn.as_str()));
-                        if access.authorize_needs(&access_key, "InvokeFunctionUrl", &needs).is_err()
-                        {
-                            return plain(StatusCode::FORBIDDEN, r#"{"Message":"Forbidden"}"#);
-                        }
-                    }
-                    if let Some(Err(refusal)) =
-                        route.callers.as_ref().map(|c| c.allows(&access_key, &method, &path))
-                    {
-                        warn!(%method, %path, %refusal, "request refused by the caller's policy");
-                        return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#);
-                    }
-                    Some(json!({ "iam": iam_caller(&access_key) }))
-                }
+                Ok(access_key) => authorize_iam(route, method, path, &access_key),
                 Err(refusal) => {
                     warn!(%method, %path, %refusal, "request refused by the AWS_IAM authorizer");
-                    return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#);
+                    Err((StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#))
                 }
             }
         }
         Some(Authorizer::Jwt { issuer, audience }) => {
-            let authorization = received
+            let authorization = headers
                 .iter()
                 .find(|(name, _)| name == "authorization")
                 .map(|(_, value)| value.as_str());
             match jwt::verify(authorization, issuer, audience, chrono::Utc::now()) {
-                Ok(claims) => Some(json!({ "jwt": { "claims": claims, "scopes": null } })),
+                Ok(claims) => Ok(Some(json!({ "jwt": { "claims": claims, "scopes": null } }))),
                 Err(refusal) => {
                     warn!(%method, %path, %refusal, "request refused by the JWT authorizer");
-                    return plain(StatusCode::UNAUTHORIZED, r#"{"message":"Unauthorized"}"#);
+                    Err((StatusCode::UNAUTHORIZED, r#"{"message":"Unauthorized"}"#))
                 }
             }
         }
         Some(Authorizer::Unsupported(other)) => {
             warn!(authorizer = other, "authorizer not emulated locally; refusing the request");
-            return plain(StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#);
+            Err((StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#))
         }
-    };
-    if route.throttle.as_ref().is_some_and(|t| !t.admit()) {
-        return plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#);
     }
+}
+
+/// For a caller whose signature is good: whether its policy allows the call, as IAM decides it
+/// for a function URL's invokers and for the HTTP API's signed callers.
+fn authorize_iam(
+    route: &Route,
+    method: &str,
+    path: &str,
+    access_key: &str,
+) -> Result<Option<Value>, Refusal> {
+    if let Some(Invoked { access, function_arn }) = &route.invoked {
+        let needs = ["lambda:InvokeFunctionUrl", "lambda:InvokeFunction"]
+            .map(|action| Need::new(action, function_arn.as_str()));
+        if access.authorize_needs(access_key, "InvokeFunctionUrl", &needs).is_err() {
+            return Err((StatusCode::FORBIDDEN, r#"{"Message":"Forbidden"}"#));
+        }
+    }
+    if let Some(Err(refusal)) = route.callers.as_ref().map(|c| c.allows(access_key, method, path)) {
+        warn!(%method, %path, %refusal, "request refused by the caller's policy");
+        return Err((StatusCode::FORBIDDEN, r#"{"message":"Forbidden"}"#));
+    }
+    Ok(Some(json!({ "iam": iam_caller(access_key) })))
+}
+
+/// The API Gateway payload format 2.0 event of a request to `route`, with its path `params`
+/// and its `caller` as the authorizer described it.
+fn event(
+    route: &Route,
+    request: &Received<'_>,
+    params: Map<String, Value>,
+    bytes: &[u8],
+    caller: Option<Value>,
+) -> Value {
+    let Received { method, path, query, headers: received } = *request;
     let mut headers = Map::new();
     for (name, value) in received {
         // API Gateway joins repeated headers with commas and lower-cases names.
@@ -320,13 +370,12 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
             if !s.is_empty() {
                 s.push(',');
             }
-            s.push_str(&value);
+            s.push_str(value);
         }
     }
-    let query = parts.uri.query().unwrap_or_default().to_owned();
-    let (body, encoded) = match std::str::from_utf8(&bytes) {
+    let (body, encoded) = match std::str::from_utf8(bytes) {
         Ok(text) => (text.to_owned(), false),
-        Err(_) => (base64::engine::general_purpose::STANDARD.encode(&bytes), true),
+        Err(_) => (base64::engine::general_purpose::STANDARD.encode(bytes), true),
     };
     let now = chrono::Utc::now();
     let route_key = route.route_key();
@@ -367,20 +416,7 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
             .collect();
         event["queryStringParameters"] = json!(pairs);
     }
-    match route.function.invoke(event.to_string(), route.timeout).await {
-        Ok(answer) => response(&answer),
-        Err(InvokeError::Timeout(_)) => {
-            plain(StatusCode::SERVICE_UNAVAILABLE, r#"{"message":"Service Unavailable"}"#)
-        }
-        // Lambda's throttling reaches the client as a 429, which it retries like the API's own.
-        Err(InvokeError::Throttled(_)) => {
-            plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#)
-        }
-        Err(e) => {
-            warn!(error = %e, "function failed");
-            plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#)
-        }
-    }
+    event
 }
 
 /// Every header as a (lower-case name, value) pair. A value that is not plain ASCII is passed
@@ -441,130 +477,4 @@ fn plain(status: StatusCode, body: &str) -> Response<Body> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn route(method: &str, path: &str) -> Route {
-        Route {
-            method: method.into(),
-            path: path.into(),
-            function: RuntimeApi::start("f", "us-east-1").await.unwrap(),
-            timeout: Duration::from_secs(1),
-            throttle: None,
-            authorizer: None,
-            invoked: None,
-            callers: None,
-        }
-    }
-
-    #[test]
-    fn a_verified_access_key_names_the_caller() {
-        let caller = iam_caller("AKIDOPS1");
-        assert_eq!(caller["userArn"], format!("arn:aws:iam::{LOCAL_ACCOUNT}:user/AKIDOPS1"));
-        assert_eq!(caller["accessKey"], "AKIDOPS1");
-    }
-
-    #[test]
-    fn a_throttle_lets_a_burst_through_then_the_steady_rate() {
-        let t = Throttle::new(10.0, 3.0);
-        assert!((0..3).all(|_| t.admit()), "the burst");
-        assert!(!t.admit(), "then nothing until tokens come back");
-        std::thread::sleep(Duration::from_millis(120));
-        assert!(t.admit(), "one token per 100 ms");
-        assert!(!t.admit());
-    }
-
-    #[tokio::test]
-    async fn routes_match_methods_paths_and_parameters() {
-        let get = route("GET", "/orders/{id}").await;
-        assert_eq!(get.matches("GET", "/orders/42").unwrap()["id"], "42");
-        assert!(get.matches("POST", "/orders/42").is_none());
-        assert!(get.matches("GET", "/orders").is_none());
-        assert!(get.matches("GET", "/orders/42/x").is_none());
-        let post = route("POST", "/orders").await;
-        assert!(post.matches("post", "/orders").is_some());
-        let any = route("ANY", "/{proxy+}").await;
-        assert_eq!(any.matches("PUT", "/actions/charge").unwrap()["proxy"], "actions/charge");
-        assert_eq!(any.route_key(), "$default");
-    }
-
-    #[test]
-    fn header_values_that_are_not_ascii_are_passed_on() {
-        let mut headers = axum::http::HeaderMap::new();
-        headers.insert("idempotency-key", HeaderValue::from_bytes("clé-1".as_bytes()).unwrap());
-        headers.append("x-a", HeaderValue::from_static("1"));
-        headers.append("x-a", HeaderValue::from_static("2"));
-        let values = header_values(&headers);
-        assert!(values.contains(&("idempotency-key".into(), "clé-1".into())), "{values:?}");
-        assert_eq!(values.iter().filter(|(n, _)| n == "x-a").count(), 2);
-    }
-
-    #[test]
-    fn a_control_character_is_found_in_header_values_only() {
-        let head = |headers: &[u8], body: &[u8]| {
-            [b"POST /orders HTTP/1.1\r\nhost: x\r\n".as_slice(), headers, b"\r\n", body].concat()
-        };
-        let key = head(b"Idempotency-Key: k\x01\r\n", b"");
-        assert_eq!(control_character_in(&key).as_deref(), Some("idempotency-key"));
-        let bare_cr = head(b"x-a: 1\r2\r\n", b"");
-        assert_eq!(control_character_in(&bare_cr).as_deref(), Some("x-a"));
-        let delete = head(b"x-b: \x7f\n", b"");
-        assert_eq!(control_character_in(&delete).as_deref(), Some("x-b"));
-        for fine in [
-            head(b"x-tab: a\tb\r\nidempotency-key: cl\xc3\xa9\r\n", b""),
-            head(b"x-a: 1\r\n", b"{\"name\":\"\x01\"}"),
-            b"GET /\x01 HTTP/1.1\r\n\r\n".to_vec(),
-        ] {
-            assert_eq!(control_character_in(&fine), None, "{}", String::from_utf8_lossy(&fine));
-        }
-    }
-
-    /// Sends `request` on a connection of its own and reads the whole answer.
-    async fn exchange(address: std::net::SocketAddr, request: &[u8]) -> String {
-        let mut stream = TcpStream::connect(address).await.unwrap();
-        stream.write_all(request).await.unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await.unwrap();
-        answer
-    }
-
-    #[tokio::test]
-    async fn a_header_http_does_not_allow_gets_a_clear_400_and_others_get_through() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, Vec::new()));
-        let body = r#"{"a":1}"#;
-        let refused = exchange(
-            address,
-            format!(
-                "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: k\x01\r\n\
-                 content-length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await;
-        assert!(refused.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{refused}");
-        let json: Value = serde_json::from_str(refused.split("\r\n\r\n").nth(1).unwrap()).unwrap();
-        assert!(json["message"].as_str().unwrap().contains("idempotency-key"), "{json}");
-
-        // Anything else is hyper's to serve, one request per connection.
-        let passed =
-            exchange(address, b"GET /nowhere HTTP/1.1\r\nhost: x\r\nx-tab: a\tb\r\n\r\n").await;
-        assert!(passed.starts_with("HTTP/1.1 404 Not Found\r\n"), "{passed}");
-        assert!(passed.to_ascii_lowercase().contains("connection: close"), "{passed}");
-        assert!(passed.ends_with(r#"{"message":"Not Found"}"#), "{passed}");
-        server.abort();
-    }
-
-    #[test]
-    fn answers_become_responses() {
-        let r = response(
-            r#"{"statusCode":202,"headers":{"location":"/orders/1"},"body":"{\"ok\":true}"}"#,
-        );
-        assert_eq!(r.status(), 202);
-        assert_eq!(r.headers()["location"], "/orders/1");
-        assert_eq!(response("not json").status(), 500);
-        assert_eq!(response(r#"{"hello":1}"#).status(), 200);
-    }
-}
+mod tests;

@@ -1,0 +1,539 @@
+//! The policy check against hand-written policies and against the project's template.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::read::{SQS_EVENT_SOURCE_POLICY, secret_name};
+use super::*;
+use crate::Error;
+use crate::emulation::provision::{Stack, local_dry_run, project_template};
+use crate::emulation::template::Template;
+
+fn stack_of(template: &Template) -> Stack {
+    local_dry_run(template, &[])
+}
+
+fn real() -> (Stack, Policies) {
+    let template = project_template();
+    let stack = stack_of(&template);
+    let policies = policies(&template, &stack).unwrap();
+    (stack, policies)
+}
+
+/// A template of one function `F` with these policy statements (YAML, indented for
+/// `Statement:`) and a table, a queue and a bus.
+fn one(statements: &str) -> Result<Policies, Error> {
+    let text = format!(
+        r#"
+Resources:
+  Table:
+    Type: AWS::DynamoDB::Table
+  Queue:
+    Type: AWS::SQS::Queue
+  Other:
+    Type: AWS::SQS::Queue
+    Properties:
+      RedrivePolicy:
+        deadLetterTargetArn:
+          Fn::GetAtt: [Queue, Arn]
+        maxReceiveCount: 5
+  F:
+    Type: AWS::Serverless::Function
+    Properties:
+      Policies:
+        - Statement:
+{statements}
+"#
+    );
+    let template = Template::parse(&text).unwrap();
+    policies(&template, &stack_of(&template))
+}
+
+fn request(policies: &Policies, function: &str, target: &str, body: Value) -> Decision {
+    let needs = needs(Some(target), body.to_string().as_bytes(), &policies.scope).unwrap();
+    policies.functions[function].decide(&needs)
+}
+
+fn denied(decision: &Decision) -> Option<(&str, &str, bool)> {
+    match decision {
+        Decision::Denied { need, explicit } => Some((&need.action, &need.resource, *explicit)),
+        Decision::Allowed(_) => None,
+    }
+}
+
+const TABLE: &str = "arn:aws:dynamodb:us-east-1:123456789012:table/local-Table";
+
+#[test]
+fn a_transaction_needs_its_item_action_on_every_table_it_touches() {
+    let (stack, policies) = real();
+    let table = |id: &str| stack.reference(id).unwrap();
+    let put = |t: &str| serde_json::json!({ "Put": { "TableName": t, "Item": {} } });
+    let both = serde_json::json!({ "TransactItems": [put(&table("OrdersTable")), put(&table("StateTable"))] });
+    let submission =
+        request(&policies, "SubmissionFunction", "DynamoDB_20120810.TransactWriteItems", both);
+    assert!(matches!(submission, Decision::Allowed(_)), "{submission:?}");
+
+    let three = serde_json::json!({ "TransactItems": [
+            put(&table("OrdersTable")), put(&table("StateTable")), put(&table("QueueWaitsTable"))] });
+    let decision =
+        request(&policies, "SubmissionFunction", "DynamoDB_20120810.TransactWriteItems", three);
+    let waits = stack.attribute("QueueWaitsTable", "Arn").unwrap();
+    assert_eq!(denied(&decision), Some(("dynamodb:PutItem", waits.as_str(), false)));
+
+    // The status function may read both tables, but write neither, even in a transaction.
+    let check = serde_json::json!({ "TransactItems": [
+            { "ConditionCheck": { "TableName": table("StateTable") } },
+            { "Update": { "TableName": table("StateTable") } }] });
+    let decision =
+        request(&policies, "StatusFunction", "DynamoDB_20120810.TransactWriteItems", check);
+    assert_eq!(denied(&decision).map(|d| d.0), Some("dynamodb:ConditionCheckItem"));
+    let needs = needs(
+        Some("DynamoDB_20120810.TransactGetItems"),
+        serde_json::json!({ "TransactItems": [{ "Get": { "TableName": table("OrdersTable") } }] })
+            .to_string()
+            .as_bytes(),
+        &policies.scope,
+    )
+    .unwrap();
+    assert_eq!(
+        needs,
+        [Need::new("dynamodb:GetItem", stack.attribute("OrdersTable", "Arn").unwrap())]
+    );
+}
+
+#[test]
+fn an_index_is_a_resource_of_its_own() {
+    let (stack, policies) = real();
+    let table = stack.reference("StateTable").unwrap();
+    let query = |index: Option<&str>| {
+        let mut body = serde_json::json!({ "TableName": table, "KeyConditionExpression": "x" });
+        if let Some(i) = index {
+            body["IndexName"] = i.into();
+        }
+        request(&policies, "SupervisorFunction", "DynamoDB_20120810.Query", body)
+    };
+    assert!(matches!(query(Some("ByCompleteBy")), Decision::Allowed(_)));
+    let state = stack.attribute("StateTable", "Arn").unwrap();
+    assert_eq!(
+        denied(&query(None)),
+        Some(("dynamodb:Query", state.as_str(), false)),
+        "the table itself"
+    );
+    let attention = format!("{state}/index/ByAttention");
+    assert_eq!(
+        denied(&query(Some("ByAttention"))),
+        Some(("dynamodb:Query", attention.as_str(), false))
+    );
+
+    // And a grant on the table does not reach its indexes.
+    let p = one(
+            "            - Effect: Allow\n              Action: dynamodb:Query\n              Resource:\n                Fn::GetAtt: [Table, Arn]",
+        )
+        .unwrap();
+    let on_index = request(
+        &p,
+        "F",
+        "DynamoDB_20120810.Query",
+        serde_json::json!({"TableName": "local-Table", "IndexName": "I"}),
+    );
+    assert_eq!(denied(&on_index).map(|d| d.1.to_owned()), Some(format!("{TABLE}/index/I")));
+}
+
+#[test]
+fn wildcards_grant_resources_and_actions() {
+    let p = one(r#"            - Effect: Allow
+              Action: DynamoDB:Get*
+              Resource:
+                Fn::Sub: "${Table.Arn}*"
+            - Effect: Allow
+              Action: ["sqs:Send?essage"]
+              Resource: "*""#)
+    .unwrap();
+    let get = |table: &str| {
+        request(&p, "F", "DynamoDB_20120810.GetItem", serde_json::json!({ "TableName": table }))
+    };
+    assert!(matches!(get("local-Table"), Decision::Allowed(_)), "actions match in any case");
+    assert!(matches!(get(TABLE), Decision::Allowed(_)), "a table named by its ARN");
+    assert!(denied(&get("local-Tablet")).is_none(), "the pattern's * reaches past the name");
+    assert!(denied(&get("local-table")).is_some(), "resources match case-sensitively");
+    let send = request(
+        &p,
+        "F",
+        "AmazonSQS.SendMessage",
+        serde_json::json!({ "QueueUrl": "http://h/123456789012/anything" }),
+    );
+    assert!(matches!(send, Decision::Allowed(_)));
+    let put = request(
+        &p,
+        "F",
+        "DynamoDB_20120810.PutItem",
+        serde_json::json!({ "TableName": "local-Table" }),
+    );
+    assert_eq!(denied(&put), Some(("dynamodb:PutItem", TABLE, false)));
+    assert!(wildcard("a*b?c", "axxbyc") && wildcard("*", "") && !wildcard("a?", "a"));
+    assert!(wildcard("*-??????", "s-AbC123") && !wildcard("*-??????", "s-AbC12"));
+}
+
+#[test]
+fn an_explicit_deny_wins() {
+    let p = one(r#"            - Effect: Allow
+              Action: dynamodb:*
+              Resource: "*"
+            - Effect: Deny
+              Action: dynamodb:DeleteItem
+              Resource:
+                Fn::GetAtt: [Table, Arn]
+            - Effect: Deny
+              NotAction: ["dynamodb:*", "sqs:*"]
+              Resource: "*""#)
+    .unwrap();
+    let call = |op: &str| {
+        request(
+            &p,
+            "F",
+            &format!("DynamoDB_20120810.{op}"),
+            serde_json::json!({ "TableName": "local-Table" }),
+        )
+    };
+    assert!(matches!(call("PutItem"), Decision::Allowed(_)));
+    assert_eq!(denied(&call("DeleteItem")), Some(("dynamodb:DeleteItem", TABLE, true)));
+    let bus = request(&p, "F", "AWSEvents.DescribeEventBus", serde_json::json!({}));
+    assert_eq!(
+        denied(&bus),
+        Some((
+            "events:DescribeEventBus",
+            "arn:aws:events:us-east-1:123456789012:event-bus/default",
+            true
+        )),
+        "a Deny with NotAction covers every other action"
+    );
+}
+
+#[test]
+fn batches_are_authorised_as_their_single_action() {
+    let (stack, policies) = real();
+    let batch = |queue: &str, target: &str| {
+        let url = stack.reference(queue).unwrap();
+        request(
+            &policies,
+            "SubmissionFunction",
+            target,
+            serde_json::json!({ "QueueUrl": url, "Entries": [{}, {}] }),
+        )
+    };
+    assert!(matches!(batch("SchedulerQueue", "AmazonSQS.SendMessageBatch"), Decision::Allowed(_)));
+    let reply = stack.attribute("ReplyQueue", "Arn").unwrap();
+    assert_eq!(
+        denied(&batch("ReplyQueue", "AmazonSQS.SendMessageBatch")),
+        Some(("sqs:SendMessage", reply.as_str(), false))
+    );
+    let scheduler = stack.attribute("SchedulerQueue", "Arn").unwrap();
+    assert_eq!(
+        denied(&batch("SchedulerQueue", "AmazonSQS.DeleteMessageBatch")),
+        Some(("sqs:DeleteMessage", scheduler.as_str(), false))
+    );
+    let needs = |target: &str, body: Value| {
+        needs(Some(target), body.to_string().as_bytes(), &policies.scope).unwrap()
+    };
+    assert_eq!(
+        needs(
+            "DynamoDB_20120810.BatchWriteItem",
+            serde_json::json!({ "RequestItems": { "a": [], "b": [] } })
+        ),
+        [
+            Need::new("dynamodb:BatchWriteItem", "arn:aws:dynamodb:us-east-1:123456789012:table/a"),
+            Need::new("dynamodb:BatchWriteItem", "arn:aws:dynamodb:us-east-1:123456789012:table/b"),
+        ]
+    );
+    let url = stack.reference("SchedulerQueue").unwrap();
+    assert_eq!(
+        needs("AmazonSQS.ChangeMessageVisibilityBatch", serde_json::json!({ "QueueUrl": url })),
+        [Need::new("sqs:ChangeMessageVisibility", scheduler.clone())]
+    );
+    // Events are authorised per entry, on the bus each goes to.
+    let bus = stack.attribute("EventBus", "Arn").unwrap();
+    let name = stack.reference("EventBus").unwrap();
+    assert_eq!(
+        needs(
+            "AWSEvents.PutEvents",
+            serde_json::json!({ "Entries": [{ "EventBusName": name }, { "EventBusName": bus }, {}] })
+        ),
+        [
+            Need::new("events:PutEvents", bus.clone()),
+            Need::new(
+                "events:PutEvents",
+                "arn:aws:events:us-east-1:123456789012:event-bus/default"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn an_unknown_operation_or_service_is_refused() {
+    let (_, policies) = real();
+    let unmapped = |target: Option<&str>| {
+        needs(target, b"{\"TableName\":\"t\"}", &policies.scope).unwrap_err()
+    };
+    assert_eq!(unmapped(Some("DynamoDB_20120810.CreateBackup")).action, "dynamodb:CreateBackup");
+    assert_eq!(unmapped(Some("AWSEvents.PutRule")).action, "events:PutRule");
+    assert!(unmapped(Some("Kinesis_20131202.PutRecord")).reason.contains("not mapped"));
+    assert!(unmapped(None).reason.contains("X-Amz-Target"));
+    let access = Access::new(policies);
+    let refused = access
+        .authorize("SchedulerFunction", Some("DynamoDB_20120810.CreateBackup"), b"{}")
+        .unwrap_err();
+    assert!(matches!(refused.cause, Cause::Unmapped(_)), "{refused:?}");
+    assert!(refused.message().contains("is not authorized to perform: dynamodb:CreateBackup"));
+}
+
+#[test]
+fn each_poller_may_read_its_own_queues_and_no_other() {
+    let (stack, policies) = real();
+    let receive = |function: &str, queue: &str| {
+        let url = stack.reference(queue).unwrap();
+        request(
+            &policies,
+            function,
+            "AmazonSQS.ReceiveMessage",
+            serde_json::json!({ "QueueUrl": url }),
+        )
+    };
+    assert!(matches!(receive("SchedulerFunction", "SchedulerQueue"), Decision::Allowed(_)));
+    assert!(matches!(receive("SchedulerFunction", "ReplyQueue"), Decision::Allowed(_)));
+    assert!(denied(&receive("SchedulerFunction", "paymentQueue")).is_some());
+    assert!(matches!(receive("paymentAgentFunction", "paymentQueue"), Decision::Allowed(_)));
+    assert!(denied(&receive("paymentAgentFunction", "shippingQueue")).is_some());
+    // The grants each agent adds to the other functions' roles are read with them.
+    let send = |function: &str, queue: &str| {
+        let url = stack.reference(queue).unwrap();
+        request(
+            &policies,
+            function,
+            "AmazonSQS.SendMessage",
+            serde_json::json!({ "QueueUrl": url }),
+        )
+    };
+    assert!(matches!(send("SchedulerFunction", "shippingQueue"), Decision::Allowed(_)));
+    assert!(denied(&send("SupervisorFunction", "shippingQueue")).is_some());
+    assert!(denied(&receive("StatusFunction", "SchedulerQueue")).is_some(), "no event source");
+    for (function, permissions) in &policies.functions {
+        assert!(
+            permissions.statements.iter().all(|s| s.origin == Origin::Template),
+            "{function} has a role of its own: nothing is attached behind the template's back"
+        );
+    }
+}
+
+#[test]
+fn a_role_sam_makes_for_an_sqs_event_source_reads_every_queue() {
+    let text = "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n  F:\n    Type: AWS::Serverless::Function\n    Properties:\n      Events:\n        E:\n          Type: SQS\n          Properties:\n            Queue: {Fn::GetAtt: [Q, Arn]}\n";
+    let template = Template::parse(text).unwrap();
+    let policies = policies(&template, &stack_of(&template)).unwrap();
+    let implied = policies.functions["F"].statements.last().unwrap();
+    assert_eq!(implied.origin, Origin::Implied(SQS_EVENT_SOURCE_POLICY.into()));
+    assert_eq!(implied.resources, ["*"], "the managed policy names no queue");
+}
+
+#[test]
+fn what_cannot_be_evaluated_exactly_is_refused_when_read() {
+    let refused = |statements: &str| one(statements).unwrap_err().to_string();
+    let condition = refused(
+        "            - Effect: Allow\n              Action: sqs:*\n              Resource: \"*\"\n              Condition: {Bool: {aws:SecureTransport: true}}",
+    );
+    assert!(condition.contains("F:") && condition.contains("conditions"), "{condition}");
+    let not_action = refused(
+        "            - Effect: Allow\n              NotAction: sqs:*\n              Resource: \"*\"",
+    );
+    assert!(not_action.contains("NotAction in an Allow"), "{not_action}");
+    let not_resource = refused(
+        "            - Effect: Allow\n              Action: sqs:*\n              NotResource: \"*\"",
+    );
+    assert!(not_resource.contains("NotResource in an Allow"), "{not_resource}");
+    assert!(refused("            - Effect: Maybe\n              Action: sqs:*\n              Resource: \"*\"").contains("Effect"));
+
+    let with = |properties: &str| {
+        let text = format!(
+            "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n  F:\n    Type: AWS::Serverless::Function\n    Properties:\n{properties}\n"
+        );
+        let template = Template::parse(&text).unwrap();
+        policies(&template, &stack_of(&template)).map(|_| ()).unwrap_err().to_string()
+    };
+    assert!(
+        with("      Policies: AmazonSQSFullAccess").contains("managed policy AmazonSQSFullAccess")
+    );
+    let sam = with(
+        "      Policies:\n        - SQSPollerPolicy:\n            QueueName: {Fn::GetAtt: [Q, QueueName]}",
+    );
+    assert!(sam.contains("SAM policy template SQSPollerPolicy"), "{sam}");
+    assert!(with("      Role: arn:aws:iam::123456789012:role/r").contains("Role"));
+}
+
+#[test]
+fn a_move_task_needs_to_read_the_dead_letters_and_send_them_back() {
+    let p = one("            - Effect: Allow\n              Action: sqs:StartMessageMoveTask\n              Resource: \"*\"").unwrap();
+    let dlq = "arn:aws:sqs:us-east-1:123456789012:local-Queue";
+    let needs = needs(
+        Some("AmazonSQS.StartMessageMoveTask"),
+        serde_json::json!({ "SourceArn": dlq }).to_string().as_bytes(),
+        &p.scope,
+    )
+    .unwrap();
+    let actions: Vec<(&str, &str)> =
+        needs.iter().map(|n| (n.action.as_str(), n.resource.as_str())).collect();
+    assert_eq!(
+        actions,
+        [
+            ("sqs:StartMessageMoveTask", dlq),
+            ("sqs:ReceiveMessage", dlq),
+            ("sqs:DeleteMessage", dlq),
+            ("sqs:GetQueueAttributes", dlq),
+            ("sqs:SendMessage", "arn:aws:sqs:us-east-1:123456789012:local-Other"),
+        ]
+    );
+    assert_eq!(
+        p.functions["F"].decide(&needs),
+        Decision::Denied { need: needs[1].clone(), explicit: false }
+    );
+}
+
+#[test]
+fn secrets_are_named_by_name_or_arn() {
+    let mut scope = Scope { region: "us-east-1".into(), ..Scope::default() };
+    let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:token-AbC123";
+    scope.secrets.insert(secret_name("token-AbC123").to_owned(), arn.to_owned());
+    let need = |id: &str| {
+        needs(
+            Some("secretsmanager.GetSecretValue"),
+            serde_json::json!({ "SecretId": id }).to_string().as_bytes(),
+            &scope,
+        )
+        .unwrap()
+        .remove(0)
+        .resource
+    };
+    assert_eq!(need("token"), arn);
+    assert_eq!(need(arn), arn);
+    assert_eq!(
+        need("arn:aws:secretsmanager:us-east-1:123456789012:secret:token"),
+        arn,
+        "a partial ARN"
+    );
+    let unknown = need("other");
+    assert_eq!(unknown, "arn:aws:secretsmanager:us-east-1:123456789012:secret:other-??????");
+    assert!(wildcard(
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:other-??????",
+        &unknown
+    ));
+    assert!(!wildcard(
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:other-XyZ789",
+        &unknown
+    ));
+}
+
+#[test]
+fn the_records_tell_denials_and_grants_no_call_used() {
+    let p = one(r#"            - Effect: Allow
+              Action: [dynamodb:GetItem, dynamodb:PutItem]
+              Resource:
+                - Fn::GetAtt: [Table, Arn]
+                - Fn::Sub: "${Table.Arn}/index/*""#)
+    .unwrap();
+    let access = Access::new(p);
+    let get = br#"{"TableName":"local-Table"}"#;
+    assert_eq!(access.authorize("F", Some("DynamoDB_20120810.GetItem"), get), Ok(()));
+    assert_eq!(
+        access.authorize("local", Some("DynamoDB_20120810.DeleteItem"), get),
+        Ok(()),
+        "not a function: unchecked"
+    );
+    let denial = access.authorize("F", Some("DynamoDB_20120810.DeleteItem"), get).unwrap_err();
+    assert_eq!(
+        denial.message(),
+        format!(
+            "User: arn:aws:sts::123456789012:assumed-role/FRole/F is not authorized to perform: dynamodb:DeleteItem on resource: {TABLE} because no identity-based policy allows the dynamodb:DeleteItem action"
+        )
+    );
+    let _ = access.authorize("F", Some("DynamoDB_20120810.DeleteItem"), get);
+    let report = access.report();
+    assert_eq!(report.checked, BTreeMap::from([("F".to_owned(), 3)]));
+    assert_eq!(report.denials.len(), 1);
+    assert_eq!(
+        (report.denials[0].action.as_str(), report.denials[0].count),
+        ("dynamodb:DeleteItem", 2)
+    );
+    let unused: Vec<(&str, Option<&str>)> =
+        report.unused.iter().map(|g| (g.action.as_str(), g.resource_name.as_deref())).collect();
+    assert_eq!(
+        unused,
+        [
+            ("dynamodb:GetItem", Some("Table/index/*")),
+            ("dynamodb:PutItem", Some("Table")),
+            ("dynamodb:PutItem", Some("Table/index/*")),
+        ]
+    );
+    let text = report.to_string();
+    assert!(text.contains("3 AWS calls checked") && text.contains("2 denied"), "{text}");
+    assert!(
+        text.contains("DENIED F: dynamodb:DeleteItem")
+            && text.contains("F: dynamodb:PutItem on Table\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn grants_of_services_no_check_sees_are_told_apart() {
+    let p = one(r#"            - Effect: Allow
+              Action: lambda:InvokeFunctionUrl
+              Resource: "*"
+            - Effect: Allow
+              Action: dynamodb:GetItem
+              Resource: "*""#)
+    .unwrap();
+    let access = Access::new(p);
+    let report = access.report();
+    let names = |grants: &[Grant]| grants.iter().map(|g| g.action.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&report.unused), ["dynamodb:GetItem"]);
+    assert_eq!(names(&report.unchecked), ["lambda:InvokeFunctionUrl"]);
+    assert!(report.to_string().contains("services the local checks do not see"));
+
+    // Once a gateway reports the calls it checks, they count like the proxy's.
+    let url =
+        Need::new("lambda:InvokeFunctionUrl", "arn:aws:lambda:us-east-1:123456789012:function:x");
+    assert_eq!(
+        access.authorize_needs("F", "InvokeFunctionUrl", std::slice::from_ref(&url)),
+        Ok(())
+    );
+    let report = access.report();
+    assert_eq!(names(&report.unused), ["dynamodb:GetItem"]);
+    assert!(report.unchecked.is_empty());
+    let write = Need::new("lambda:InvokeFunction", url.resource.clone());
+    let denied = access.authorize_needs("F", "Invoke", &[write]).unwrap_err();
+    assert_eq!(
+        (denied.action.as_str(), denied.operation.as_str()),
+        ("lambda:InvokeFunction", "Invoke")
+    );
+    assert_eq!(access.report().checked["F"], 2);
+}
+
+#[test]
+fn the_template_s_policies_are_all_read() {
+    let (_, policies) = real();
+    for function in [
+        "SubmissionFunction",
+        "StatusFunction",
+        "SchedulerFunction",
+        "SupervisorFunction",
+        "AdminFunction",
+    ] {
+        let statements = &policies.functions[function].statements;
+        assert!(statements.iter().any(|s| s.origin == Origin::Template), "{function}");
+    }
+    let sim = &policies.functions["RemoteSimFunction"].statements;
+    assert!(
+        sim.iter()
+            .flat_map(|s| &s.actions)
+            .all(|a| a.starts_with("logs:") || a.starts_with("xray:")),
+        "no AWS calls of its own, only its logs and traces: {sim:?}"
+    );
+}

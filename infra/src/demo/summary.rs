@@ -1,0 +1,366 @@
+//! The demo's summary and its checks: how each order ended and whether a fault the simulated
+//! service injected explains it, whether every failed order raised its alert, and whether the
+//! service holds exactly what the orders' ends say.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::clients::Door;
+use super::figures::{self, ended_in_metrics, traces_seen};
+use super::records::{Item, body, scan, state_of};
+use super::{DEMO_CLIENT, Summary, effects, workflows_run};
+use crate::Error;
+use crate::access::sigv4;
+use crate::emulation::aws::Clients;
+use crate::emulation::local::LocalStack;
+
+/// What the simulated service says it did: its fault counts, the faults it injected per step
+/// key, and its ledger of effects.
+struct Service {
+    stats: Value,
+    faulted: Value,
+    ledger: Value,
+}
+
+/// The orders as their records tell them, beyond the counts kept in the [`Summary`].
+#[derive(Default)]
+pub(super) struct Tally {
+    /// Milliseconds from creation to end, of every finished order whose times could be read.
+    pub(super) to_terminal: Vec<i64>,
+    /// Steps of the orders, by workflow: an order that goes through sends and handles one start
+    /// message and a request and a reply per step, and writes its state once at submission,
+    /// once to claim, and once per step.
+    pub(super) steps: usize,
+    /// Orders, and processed ones, by workflow.
+    by_workflow: BTreeMap<String, (usize, usize)>,
+    pub(super) resets: usize,
+    error_ids: Vec<String>,
+    reported_ids: Vec<String>,
+    compensated_unexplained: usize,
+    failed_unexplained: usize,
+    reported_unexplained: usize,
+    /// Each order's end, for the orders whose end says exactly what the service must hold: a
+    /// processed order every step once, a compensated one nothing. An order failed with steps
+    /// left to undo by hand may keep those; the count still holds it to at most one each.
+    ends: HashMap<String, effects::End>,
+}
+
+/// What a run left to be summed up: the state records read at its end, and what the clients
+/// and the killer counted on the way.
+pub(super) struct Ran<'a> {
+    pub(super) records: &'a [Item],
+    pub(super) accepted: usize,
+    pub(super) elapsed: Duration,
+    pub(super) door: &'a Door,
+    pub(super) kills: &'a AtomicU64,
+}
+
+pub(super) async fn summarise(
+    stack: &LocalStack,
+    clients: &Clients,
+    http: &reqwest::Client,
+    ran: Ran<'_>,
+) -> Result<Summary, Error> {
+    let Ran { records, accepted, elapsed, door, kills } = ran;
+    let Service { stats, faulted, ledger } = service_reports(stack, http).await?;
+    let kills = kills.load(Ordering::Relaxed);
+
+    let mut s = Summary { orders: accepted, ..Summary::default() };
+    let mut tally = Tally::default();
+    for r in records {
+        tally.add(r, &faulted, kills, &mut s);
+    }
+    s.unfinished += accepted.saturating_sub(records.len());
+    s.reported = tally.reported_ids.len();
+    s.unexplained =
+        tally.compensated_unexplained + tally.failed_unexplained + tally.reported_unexplained;
+    let ended = [s.processed, s.compensated, s.failed];
+    let metrics = ended_in_metrics(stack, ended, stack.unanswered()).await;
+    s.metrics_disagree = !metrics.keeps_promise(ended);
+    let traces = traces_seen(stack, records);
+    s.traces_broken = traces.broken;
+
+    let alerted = alerted(stack, clients).await;
+    s.errors_without_alert = tally.error_ids.iter().filter(|id| !alerted.contains(*id)).count()
+        + tally.reported_ids.iter().filter(|id| !alerted.contains(*id)).count();
+    let ledger = with_accounts(stack, clients, ledger).await?;
+    s.effects_wrong = effects::mismatches_of(&ledger, &workflows_run(stack), &tally.ends);
+
+    tally.to_terminal.sort_unstable();
+    let calls = stack.proxy.counts.snapshot();
+    let per_order = figures::per_order(stack, &calls, accepted, &tally, records.len());
+
+    let mut t = outcomes(&s, &tally, &alerted, &stats, accepted, elapsed);
+    t.push_str(&format!(
+        "door: {} refused while the queues were long (sent again after Retry-After), {} throttled, {} other errors\n",
+        door.refused.load(Ordering::Relaxed),
+        door.throttled.load(Ordering::Relaxed),
+        door.other.load(Ordering::Relaxed)
+    ));
+    s.dead_lettered = stack.dead_letters.arrivals().len();
+    t.push_str(&figures::load(stack, &s, &tally, &per_order));
+    t.push_str(&traces.text);
+    t.push_str(&metrics.text(&s));
+    t.push_str(&figures::costs(stack, &calls, accepted));
+    s.text = t;
+    Ok(s)
+}
+
+/// What the simulated service reports: its fault counts, the faults per step key, and its
+/// ledger. Without the service's own account there is nothing to judge the orders against.
+async fn service_reports(stack: &LocalStack, http: &reqwest::Client) -> Result<Service, Error> {
+    let remote = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap_or_default();
+    let signer = sigv4::local_signer(DEMO_CLIENT, &stack.stack.context.region, sigv4::LAMBDA);
+    let get = |path: &'static str| {
+        let url = format!("{remote}{path}");
+        let signer = &signer;
+        async move {
+            let answer = signer.send(http, http.get(url)).await.map_err(|e| e.to_string());
+            let answer = answer.and_then(|r| r.error_for_status().map_err(|e| e.to_string()));
+            match answer {
+                Ok(r) => r.json::<Value>().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+            .map_err(|e| Error::Local(format!("reading the simulated service's /{path}: {e}")))
+        }
+    };
+    let (stats, faulted, ledger) = tokio::join!(get("stats"), get("stats/keys"), get("ledger"));
+    Ok(Service { stats: stats?, faulted: faulted?, ledger: ledger? })
+}
+
+impl Tally {
+    /// Counts one order's record, in `s` and here.
+    fn add(&mut self, r: &Item, faulted: &Value, kills: u64, s: &mut Summary) {
+        let b = body(r);
+        let timeline = b["timeline"].as_array().cloned().unwrap_or_default();
+        self.resets += timeline.iter().filter(|e| e["what"] == "retry_scheduled").count();
+        let end = timeline
+            .iter()
+            .rev()
+            .find(|e| matches!(e["what"].as_str(), Some("processed" | "compensated" | "failed")));
+        let created =
+            r.get("CreatedAt").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
+        match (end.and_then(|e| e["at"].as_i64()), created) {
+            (Some(end), Some(created)) => self.to_terminal.push(end - created),
+            // A finished order whose times cannot be read would leave the figures below
+            // silently short.
+            _ if matches!(state_of(r).as_str(), "Processed" | "Error") => s.untimed += 1,
+            _ => {}
+        }
+        let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+        let why = explained(&b["cause"], &id, faulted, kills);
+        let workflow = b["workflow"].as_str().unwrap_or_default().to_owned();
+        self.steps += b["steps"].as_array().map_or(0, Vec::len);
+        let per_workflow = self.by_workflow.entry(workflow.clone()).or_default();
+        per_workflow.0 += 1;
+        match (state_of(r).as_str(), end.and_then(|e| e["what"].as_str())) {
+            ("Processed", _) => {
+                s.processed += 1;
+                per_workflow.1 += 1;
+                let reported = reported_steps(&b);
+                if !reported.is_empty() {
+                    self.reported_ids.push(id.clone());
+                    // A report must be what the service did to that step, as a failure must.
+                    let why =
+                        reported.iter().all(|st| explained(&st["reported"], &id, faulted, kills));
+                    self.reported_unexplained += usize::from(!why);
+                }
+                let field = |st: &Value, k: &str| st[k].as_str().unwrap_or_default().to_owned();
+                let reported =
+                    reported.iter().map(|st| (field(st, "name"), field(st, "status"))).collect();
+                let end = effects::End { reported, ..effects::End::new(&workflow, "Processed") };
+                self.ends.insert(id.clone(), end);
+            }
+            ("Error", Some("compensated")) => {
+                s.compensated += 1;
+                self.ends.insert(id.clone(), effects::End::new(&workflow, "Compensated"));
+                self.compensated_unexplained += usize::from(!why);
+            }
+            ("Error", _) => {
+                s.failed += 1;
+                self.failed_unexplained += usize::from(!why);
+            }
+            _ => s.unfinished += 1,
+        }
+        if state_of(r) == "Error" {
+            self.error_ids.push(id);
+        }
+    }
+}
+
+/// The orders that raised an alert, as an operator would read them: from the queue the alert
+/// rule feeds, emptied as it is read.
+async fn alerted(stack: &LocalStack, clients: &Clients) -> HashSet<String> {
+    let alerts_url = stack.stack.reference("AlertsQueue").unwrap_or_default();
+    let mut alerted: HashSet<String> = HashSet::new();
+    loop {
+        let got = clients
+            .sqs
+            .receive_message()
+            .queue_url(&alerts_url)
+            .max_number_of_messages(10)
+            .send()
+            .await;
+        let messages = got.ok().and_then(|o| o.messages).unwrap_or_default();
+        if messages.is_empty() {
+            break;
+        }
+        for m in messages {
+            let event: Value =
+                serde_json::from_str(m.body().unwrap_or_default()).unwrap_or(Value::Null);
+            if let Some(order) = event["detail"]["order_id"].as_str() {
+                alerted.insert(order.to_owned());
+            }
+            let _ = clients
+                .sqs
+                .delete_message()
+                .queue_url(&alerts_url)
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .send()
+                .await;
+        }
+    }
+    alerted
+}
+
+/// `ledger` with the ledger agent's effects added: they are in its own table, an open account
+/// being its step in place, a closed one that step undone.
+async fn with_accounts(
+    stack: &LocalStack,
+    clients: &Clients,
+    mut ledger: Value,
+) -> Result<Value, Error> {
+    let accounts = format!("{}-ledger-accounts", stack.stack.context.stack_name);
+    if let Ok(items) = scan(&clients.dynamodb, &accounts).await {
+        let effects = ledger["effects"].as_array_mut();
+        let effects = effects.ok_or_else(|| Error::Local("the ledger has no effects".into()))?;
+        for item in items {
+            let key = item.get("StepKey").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+            let order = key.split('/').next().unwrap_or_default().to_owned();
+            let effect = |action: &str, direction: &str| {
+                serde_json::json!({"order_id": order, "action": action, "direction": direction,
+                                   "applications": 1, "output": {}})
+            };
+            effects.push(effect("open-account", "do"));
+            if item.get("Status").and_then(|v| v.as_s().ok()).is_some_and(|s| s == "closed") {
+                effects.push(effect("close-account", "undo"));
+            }
+        }
+    }
+    Ok(ledger)
+}
+
+/// The summary's heading, then how the orders ended, by workflow, with their alerts, the
+/// remote calls and the effects in place.
+fn outcomes(
+    s: &Summary,
+    tally: &Tally,
+    alerted: &HashSet<String>,
+    stats: &Value,
+    accepted: usize,
+    elapsed: Duration,
+) -> String {
+    let mut t = String::new();
+    t.push_str(&format!(
+        "\n# Demo summary ({accepted} orders, {:.0} s)\n\n",
+        elapsed.as_secs_f64()
+    ));
+    t.push_str(&format!(
+        "processed {} ({} with a step's failure only reported, {} unexplained), compensated {} ({} unexplained), failed {} ({} unexplained), not finished {}\n",
+        s.processed,
+        s.reported,
+        tally.reported_unexplained,
+        s.compensated,
+        tally.compensated_unexplained,
+        s.failed,
+        tally.failed_unexplained,
+        s.unfinished
+    ));
+    t.push_str(&format!(
+        "workflows: {}\n",
+        tally
+            .by_workflow
+            .iter()
+            .map(|(w, (orders, processed))| format!("{w} {orders} ({processed} processed)"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let (error_ids, reported_ids) = (&tally.error_ids, &tally.reported_ids);
+    t.push_str(&format!(
+        "alerts: {} orders in Error and {} processed with a report, {} alerted, {} without an alert\n",
+        error_ids.len(),
+        reported_ids.len(),
+        error_ids.iter().chain(reported_ids).filter(|id| alerted.contains(*id)).count(),
+        s.errors_without_alert
+    ));
+    t.push_str(&format!(
+        "remote calls: {} ({} transient, {} throttled, {} during the outage, {} answers lost, {} refused for good)\n",
+        stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"]
+    ));
+    t.push_str(&format!(
+        "effects in place, per order and step: {} wrong ({} processed or compensated orders held to their end, every order to at most once a step){}\n",
+        s.effects_wrong.len(),
+        tally.ends.len(),
+        s.effects_wrong.iter().take(5).map(|w| format!("\n  {w}")).collect::<String>()
+    ));
+    t
+}
+
+/// Whether what the simulated service did explains why an order did not go through:
+///
+/// - refused at a step: the service refused that step's key for good (or had undone it);
+/// - timed out at a step, its lease expired N times: the service failed that step's key (an
+///   outage, a transient fault, throttling or a lost answer) at least N times, since a lease
+///   runs out only when its agent's calls keep failing; or function processes were being
+///   killed. A request dropped or held up in a queue meets no fault at all;
+/// - anything else (a step the workflow does not know): nothing explains it.
+fn explained(cause: &Value, order_id: &str, faulted: &Value, kills: u64) -> bool {
+    let step = cause["step"].as_str().unwrap_or_default();
+    let counts = &faulted[format!("{order_id}/{step}/do")];
+    let n = |k: &str| counts[k].as_u64().unwrap_or(0);
+    match cause["kind"].as_str() {
+        Some("step_rejected") => n("permanent") + n("tombstoned") > 0,
+        Some("step_timed_out") => {
+            let failed = n("outage") + n("transient") + n("throttled") + n("lost_answer");
+            kills > 0 || failed >= cause["failures"].as_u64().unwrap_or(1)
+        }
+        _ => false,
+    }
+}
+
+/// The steps of an order (its record's body) whose failures were only reported.
+fn reported_steps(body: &Value) -> Vec<&Value> {
+    let steps = body["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
+    steps.iter().filter(|st| st.get("reported").is_some()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_failed_order_is_explained_only_by_what_the_service_did_to_its_step() {
+        let faulted = json!({
+            "o1/charge-payment/do": {"permanent": 1, "total": 2},
+            "o2/reserve-inventory/do": {"outage": 3, "transient": 1, "total": 6},
+            "o4/ship/do": {"transient": 1, "total": 2},
+        });
+        let rejected = |step: &str| json!({"kind": "step_rejected", "step": step, "reason": "no"});
+        let timed_out = |step: &str| json!({"kind": "step_timed_out", "step": step, "failures": 4});
+        assert!(explained(&rejected("charge-payment"), "o1", &faulted, 0));
+        assert!(!explained(&rejected("ship"), "o1", &faulted, 0), "another step was refused");
+        assert!(explained(&timed_out("reserve-inventory"), "o2", &faulted, 0));
+        assert!(!explained(&timed_out("charge-payment"), "o1", &faulted, 0), "refused, not down");
+        // Four expired leases need four failed calls: one transient fault does not explain
+        // them, and a step nothing was done to is explained only by kills.
+        assert!(!explained(&timed_out("ship"), "o4", &faulted, 0));
+        assert!(!explained(&timed_out("ship"), "o3", &faulted, 0));
+        assert!(explained(&timed_out("ship"), "o3", &faulted, 5));
+        assert!(!explained(&json!({"kind": "unknown_step", "step": "x"}), "o3", &faulted, 5));
+    }
+}

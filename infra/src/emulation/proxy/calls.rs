@@ -1,0 +1,99 @@
+//! What the proxy counts: each request classified by service and operation (and, where price
+//! or purpose differ, by table, queue or consistency), with the messages it carries.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::lock;
+
+/// What the proxy saw of one kind of request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub requests: u64,
+    /// Messages carried: sent by `SendMessage(Batch)`, or received by `ReceiveMessage`.
+    pub messages: u64,
+}
+
+/// Requests seen, by (service, operation as counted).
+#[derive(Clone, Debug, Default)]
+pub struct Counts(Arc<Mutex<BTreeMap<(String, String), Seen>>>);
+
+impl Counts {
+    pub fn snapshot(&self) -> BTreeMap<(String, String), Seen> {
+        lock(&self.0).clone()
+    }
+
+    pub(super) fn add(&self, call: &Call, messages: u64) {
+        let mut counts = lock(&self.0);
+        let seen = counts.entry((call.service.clone(), call.counted_as.clone())).or_default();
+        seen.requests += 1;
+        seen.messages += messages;
+    }
+}
+
+/// A request as the proxy sees it: the service, the API operation, the name it is counted
+/// under (which says more where price or purpose differ), and the messages it sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub service: String,
+    pub operation: String,
+    pub counted_as: String,
+    pub sends: u64,
+}
+
+/// The service and operation of an AWS API request, from its `X-Amz-Target` header (the JSON
+/// protocols of DynamoDB, SQS and EventBridge) or its `Action` parameter (query protocol).
+/// Whether a `GetItem` is consistent (a whole read unit) or eventual (half), and which queue a
+/// send goes to, are counted apart.
+pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
+    let Some(target) = target else {
+        let text = String::from_utf8_lossy(body);
+        let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("unknown");
+        return Call {
+            service: "other".into(),
+            operation: action.into(),
+            counted_as: action.into(),
+            sends: 0,
+        };
+    };
+    let (prefix, operation) = target.split_once('.').unwrap_or((target, ""));
+    let service = match prefix {
+        p if p.starts_with("DynamoDB") => "dynamodb",
+        p if p.starts_with("AmazonSQS") => "sqs",
+        p if p.starts_with("AWSEvents") => "eventbridge",
+        other => other,
+    };
+    let json = serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+    // Physical names end with the logical id: `<stack>-ReplyQueue`, `<stack>-StateTable`.
+    let logical = |name: &str| name.rsplit(['/', '-']).next().unwrap_or("?").to_owned();
+    let mut sends = 0;
+    let counted_as = match (service, operation) {
+        ("dynamodb", "GetItem") => {
+            let consistent = json["ConsistentRead"].as_bool().unwrap_or(false);
+            format!("GetItem, {}", if consistent { "consistent" } else { "eventual" })
+        }
+        ("dynamodb", "PutItem") => {
+            format!("PutItem on {}", logical(json["TableName"].as_str().unwrap_or("")))
+        }
+        ("sqs", "SendMessage" | "SendMessageBatch" | "GetQueueAttributes") => {
+            sends = match operation {
+                "SendMessage" => 1,
+                "SendMessageBatch" => json["Entries"].as_array().map_or(0, |e| e.len() as u64),
+                _ => 0,
+            };
+            let queue = logical(json["QueueUrl"].as_str().unwrap_or(""));
+            let to = if operation == "GetQueueAttributes" { "of" } else { "to" };
+            format!("{operation} {to} {queue}")
+        }
+        _ => operation.to_owned(),
+    };
+    Call { service: service.to_owned(), operation: operation.to_owned(), counted_as, sends }
+}
+
+/// Messages a `ReceiveMessage` answer hands out.
+pub(super) fn received(answer: &[u8]) -> u64 {
+    serde_json::from_slice::<serde_json::Value>(answer)
+        .ok()
+        .and_then(|v| v["Messages"].as_array().map(|m| m.len() as u64))
+        .unwrap_or(0)
+}

@@ -1,0 +1,270 @@
+//! The proxy's counting, fault rules and answers, and what the SDK makes of them.
+
+use serde_json::json;
+
+use super::*;
+
+fn counted(target: Option<&str>, body: &[u8]) -> (String, String) {
+    let c = classify(target, body);
+    (c.service, c.counted_as)
+}
+
+#[test]
+fn requests_are_classified_by_target_or_action() {
+    assert_eq!(
+        counted(Some("DynamoDB_20120810.DeleteItem"), b""),
+        ("dynamodb".into(), "DeleteItem".into())
+    );
+    let batch = classify(
+            Some("AmazonSQS.SendMessageBatch"),
+            br#"{"QueueUrl":"http://127.0.0.1:5000/123456789012/sas-local-ReplyQueue","Entries":[{},{}]}"#,
+        );
+    assert_eq!((batch.counted_as.as_str(), batch.sends), ("SendMessageBatch to ReplyQueue", 2));
+    assert_eq!(
+        counted(Some("DynamoDB_20120810.PutItem"), br#"{"TableName":"local-StateTable"}"#),
+        ("dynamodb".into(), "PutItem on StateTable".into())
+    );
+    assert_eq!(received(br#"{"Messages":[{},{},{}]}"#), 3);
+    assert_eq!(received(b"{}"), 0);
+    assert_eq!(
+        counted(Some("DynamoDB_20120810.GetItem"), br#"{"TableName":"t","ConsistentRead":true}"#),
+        ("dynamodb".into(), "GetItem, consistent".into())
+    );
+    let eventual = classify(Some("DynamoDB_20120810.GetItem"), br#"{"TableName":"t"}"#);
+    assert_eq!(eventual.counted_as, "GetItem, eventual");
+    assert_eq!(eventual.operation, "GetItem", "faults match the plain operation");
+    assert_eq!(
+        counted(Some("AWSEvents.PutEvents"), b""),
+        ("eventbridge".into(), "PutEvents".into())
+    );
+    assert_eq!(
+        counted(None, b"Action=SendMessage&QueueUrl=x"),
+        ("other".into(), "SendMessage".into())
+    );
+}
+
+#[test]
+fn a_rule_hits_its_service_and_operation_as_often_as_it_says() {
+    let faults = WireFaults::default();
+    let put = classify(Some("DynamoDB_20120810.PutItem"), br#"{"TableName":"s-StateTable"}"#);
+    let receive = classify(Some("AmazonSQS.ReceiveMessage"), b"{}");
+    faults.set(vec![
+        FaultRule {
+            times: Some(2),
+            ..FaultRule::new("dynamodb", Some("PutItem"), WireFault::Throttle)
+        },
+        FaultRule::new("*", None, WireFault::Slow { ms: 5 }),
+    ]);
+    assert_eq!(faults.take(&put, None), Some(WireFault::Throttle));
+    assert_eq!(faults.take(&receive, None), Some(WireFault::Slow { ms: 5 }));
+    assert_eq!(faults.take(&put, None), Some(WireFault::Throttle));
+    // Spent: the next rule takes over.
+    assert_eq!(faults.take(&put, None), Some(WireFault::Slow { ms: 5 }));
+    // A rule can name the table (or queue) too.
+    faults.set(vec![FaultRule::new(
+        "dynamodb",
+        Some("PutItem on QueueWaitsTable"),
+        WireFault::Throttle,
+    )]);
+    assert_eq!(faults.take(&put, None), None);
+    // And whose requests it hits, and how many of them.
+    faults.set(vec![FaultRule {
+        caller: Some("SchedulerFunction".into()),
+        every: Some(3),
+        ..FaultRule::new("dynamodb", Some("PutItem on StateTable"), WireFault::Throttle)
+    }]);
+    assert_eq!(faults.take(&put, Some("SupervisorFunction")), None);
+    let hits: Vec<bool> =
+        (0..6).map(|_| faults.take(&put, Some("SchedulerFunction")).is_some()).collect();
+    assert_eq!(hits, [true, false, false, true, false, false]);
+    faults.clear();
+    assert_eq!(faults.take(&put, None), None);
+}
+
+#[test]
+fn rules_are_read_from_json_strictly() {
+    let rules: Vec<FaultRule> = serde_json::from_str(
+        r#"[{"service":"dynamodb","operation":"TransactWriteItems","times":1,
+                 "fault":{"kind":"cancel","reasons":["None","TransactionConflict"]}}]"#,
+    )
+    .unwrap();
+    assert_eq!(
+        rules[0].fault,
+        WireFault::Cancel { reasons: vec!["None".into(), "TransactionConflict".into()] }
+    );
+    assert!(
+        serde_json::from_str::<Vec<FaultRule>>(
+            r#"[{"service":"sqs","fault":{"kind":"throttle"},"often":2}]"#
+        )
+        .is_err()
+    );
+    // What it counts is its own.
+    assert!(
+        serde_json::from_str::<Vec<FaultRule>>(
+            r#"[{"service":"sqs","fault":{"kind":"throttle"},"seen":2}]"#
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn injected_errors_speak_each_services_protocol() {
+    let r = error_response(
+        "dynamodb",
+        &WireFault::Cancel { reasons: vec!["None".into(), "TransactionConflict".into()] },
+    );
+    assert_eq!(r.status(), 400);
+    let r = error_response("sqs", &WireFault::ServerError { status: 503 });
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["x-amzn-query-error"], "InternalServerError;Receiver");
+}
+
+#[test]
+fn a_failed_entry_is_reported_in_each_services_batch_answer() {
+    let rule: FaultRule = serde_json::from_str(
+            r#"{"service":"sqs","operation":"SendMessageBatch","fault":{"kind":"fail_entry","index":1}}"#,
+        )
+        .unwrap();
+    assert_eq!(rule.fault, WireFault::FailEntry { index: 1 });
+    let json = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).unwrap();
+
+    let request = br#"{"QueueUrl":"q","Entries":[{"Id":"0"},{"Id":"1"},{"Id":"2"}]}"#;
+    assert!(take_entry(request, 3).is_none());
+    let taken = take_entry(request, 1).unwrap();
+    assert_eq!((taken.entry["Id"].as_str(), taken.left), (Some("1"), 2));
+    assert_eq!(json(&taken.rest)["Entries"], json!([{"Id": "0"}, {"Id": "2"}]));
+    let answer = br#"{"Successful":[{"Id":"0","MessageId":"a"},{"Id":"2","MessageId":"c"}]}"#;
+    let sqs = json(&with_failed_entry("sqs", Some(answer), 1, &taken.entry).unwrap());
+    assert_eq!(sqs["Successful"].as_array().unwrap().len(), 2);
+    assert_eq!(sqs["Failed"][0]["Id"], "1");
+    assert_eq!(
+        (&sqs["Failed"][0]["Code"], &sqs["Failed"][0]["SenderFault"]),
+        (&json!("InternalError"), &json!(false))
+    );
+    // Nothing forwarded: the proxy answers alone.
+    let alone = json(&with_failed_entry("sqs", None, 0, &taken.entry).unwrap());
+    assert_eq!(
+        (alone["Successful"].as_array().unwrap().len(), alone["Failed"][0]["Id"].as_str()),
+        (0, Some("1"))
+    );
+
+    let answer = br#"{"FailedEntryCount":0,"Entries":[{"EventId":"a"},{"EventId":"c"}]}"#;
+    let events = json(&with_failed_entry("eventbridge", Some(answer), 1, &json!({})).unwrap());
+    assert_eq!(events["FailedEntryCount"], 1);
+    assert_eq!(events["Entries"][0]["EventId"], "a");
+    assert_eq!(events["Entries"][1]["ErrorCode"], "InternalFailure");
+    assert_eq!(events["Entries"][2]["EventId"], "c");
+}
+
+#[test]
+fn the_access_key_id_is_read_from_the_credential() {
+    let mut headers = axum::http::HeaderMap::new();
+    assert_eq!(access_key_id(&headers), None);
+    headers.insert(
+            "authorization",
+            axum::http::HeaderValue::from_static(
+                "AWS4-HMAC-SHA256 Credential=SchedulerFunction/20261121/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00",
+            ),
+        );
+    assert_eq!(access_key_id(&headers), Some("SchedulerFunction"));
+}
+
+/// One function `F` that may read one table, and nothing else.
+const READER: &str = r#"
+Resources:
+  Table:
+    Type: AWS::DynamoDB::Table
+  Queue:
+    Type: AWS::SQS::Queue
+  F:
+    Type: AWS::Serverless::Function
+    Properties:
+      Policies:
+        - Statement:
+            - Effect: Allow
+              Action: dynamodb:GetItem
+              Resource:
+                Fn::GetAtt: [Table, Arn]
+"#;
+
+#[tokio::test]
+async fn denials_reach_the_sdk_as_each_service_s_access_denied() {
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+    use aws_sdk_dynamodb::types::AttributeValue;
+
+    use crate::access::policy::{AccessReport, policies};
+    use crate::emulation::aws::{Clients, Endpoints};
+    use crate::emulation::provision::{Options, dry_run};
+    use crate::emulation::template::Template;
+
+    let template = Template::parse(READER).unwrap();
+    let options =
+        Options { stack_name: "t".into(), region: "us-east-1".into(), ..Options::default() };
+    let stack = dry_run(&template, &options).unwrap();
+    let access = Access::new(policies(&template, &stack).unwrap());
+    // The emulator behind the proxy answers whatever reaches it with an empty success.
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_url = format!("http://{}", upstream.local_addr().unwrap());
+    let empty = axum::Router::new()
+        .fallback(|| async { ([("content-type", "application/x-amz-json-1.0")], "{}") });
+    tokio::spawn(async move { axum::serve(upstream, empty).await });
+    let proxy = Proxy::new(Upstreams::single(upstream_url)).with_access(access);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(proxy.clone().serve(listener));
+    let endpoints = Endpoints::single(&endpoint);
+    let f = Clients::signing_as(&endpoints, "us-east-1", "F").await;
+    let key = || AttributeValue::S("1".into());
+
+    f.dynamodb.get_item().table_name("t-Table").key("k", key()).send().await.unwrap();
+    let put =
+        f.dynamodb.put_item().table_name("t-Table").item("k", key()).send().await.unwrap_err();
+    assert!(put.as_service_error().is_some(), "{put:?}");
+    assert_eq!(put.code(), Some("AccessDeniedException"));
+    assert_eq!(
+        put.message(),
+        Some(
+            "User: arn:aws:sts::123456789012:assumed-role/FRole/F is not authorized to perform: dynamodb:PutItem on resource: arn:aws:dynamodb:us-east-1:123456789012:table/t-Table because no identity-based policy allows the dynamodb:PutItem action"
+        )
+    );
+    let send = f
+        .sqs
+        .send_message()
+        .queue_url(format!("{endpoint}/123456789012/t-Queue"))
+        .message_body("x")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(send.as_service_error().is_some(), "{send:?}");
+    assert_eq!(send.code(), Some("AccessDenied"));
+    assert!(
+        send.message().is_some_and(|m| m
+            .contains("sqs:SendMessage on resource: arn:aws:sqs:us-east-1:123456789012:t-Queue")),
+        "{send:?}"
+    );
+    let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+        .source("s")
+        .detail_type("d")
+        .detail("{}")
+        .build();
+    let publish = f.events.put_events().entries(entry).send().await.unwrap_err();
+    assert!(publish.as_service_error().is_some(), "{publish:?}");
+    assert_eq!(publish.code(), Some("AccessDeniedException"));
+
+    // The stack's own clients are not a function: they pass unchecked.
+    let stack_clients = Clients::new(&endpoints, "us-east-1").await;
+    stack_clients.dynamodb.put_item().table_name("t-Table").item("k", key()).send().await.unwrap();
+
+    let report: AccessReport =
+        reqwest::get(format!("{endpoint}{ACCESS_PATH}")).await.unwrap().json().await.unwrap();
+    let denied: Vec<(&str, &str)> =
+        report.denials.iter().map(|d| (d.function.as_str(), d.action.as_str())).collect();
+    assert_eq!(
+        denied,
+        [("F", "dynamodb:PutItem"), ("F", "sqs:SendMessage"), ("F", "events:PutEvents")]
+    );
+    assert_eq!(report.checked["F"], 4);
+    assert!(report.unused.is_empty(), "the one grant was used: {report:?}");
+    let counted = proxy.counts.snapshot();
+    assert_eq!(counted.values().map(|s| s.requests).sum::<u64>(), 2, "denied calls are not billed");
+}

@@ -1,0 +1,8 @@
+//! What the tool binaries (`check-workflows`, `cost-model`, `sweep-cost`) share with the rest
+//! of the crate.
+//!
+//! - [`workflows`]: the repository's workflow files checked against the template.
+//! - [`prices`]: the one price table, used by the cost model and the demo's summary.
+
+pub mod prices;
+pub mod workflows;
