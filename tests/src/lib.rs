@@ -10,9 +10,10 @@
 #![allow(clippy::unwrap_used)] // a harness that cannot set up should fail the test loudly
 
 pub mod browser;
+pub mod docs;
 pub mod e2e;
 pub mod effects;
 pub mod stack;
 
-pub use sas_infra::emulator::{self as moto, Moto};
+pub use sas_infra::emulation::emulator::{self as moto, Moto};
 pub use stack::TestStack;
