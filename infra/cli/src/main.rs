@@ -86,7 +86,7 @@ enum Dlq {
     List,
     /// Show up to 10 messages of a queue and what each was for (they stay where they are).
     Peek {
-        /// scheduler, replies, or an agent's name (inventory, payment, shipping).
+        /// scheduler, replies, or an agent's name (`sas dlq list` names them all).
         queue: String,
         #[arg(long, default_value_t = 10)]
         limit: usize,
@@ -253,36 +253,8 @@ async fn command(
     if !(act.rate > 0.0 && act.rate <= 50.0) {
         return Err(CliError::Usage("--rate must be above 0 and at most 50 per second".into()));
     }
-    let ids: Vec<String> = match act.select {
-        Some(list) => {
-            let filter = Filter {
-                list,
-                older_than: act.older_than,
-                step: act.step.clone(),
-                cause: act.cause.clone(),
-                workflow: act.workflow.clone(),
-            };
-            let orders = select(api, &filter, act.max).await?;
-            if !act.yes {
-                if json_out {
-                    print_json(&json!({ "orders": orders, "acted": false }));
-                } else {
-                    print!("{}", order_table(&orders));
-                    println!(
-                        "{} orders selected; nothing was changed. Add --yes to {verb} them.",
-                        orders.len()
-                    );
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            orders.iter().filter_map(|o| o["order_id"].as_str().map(str::to_owned)).collect()
-        }
-        None if act.order_ids.is_empty() => {
-            return Err(CliError::Usage(format!(
-                "name the orders to {verb}, or select them with --select"
-            )));
-        }
-        None => act.order_ids.clone(),
+    let Some(ids) = orders_to_act_on(api, verb, &act, json_out).await? else {
+        return Ok(ExitCode::SUCCESS);
     };
     let command_id = act
         .command_id
@@ -329,6 +301,45 @@ async fn command(
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
+/// The orders `act` names, or those it selects; `None` when a selection was only listed
+/// (without `--yes`), and so nothing is to be done.
+async fn orders_to_act_on(
+    api: &Api,
+    verb: &str,
+    act: &Act,
+    json_out: bool,
+) -> Result<Option<Vec<String>>, CliError> {
+    let Some(list) = act.select else {
+        if act.order_ids.is_empty() {
+            return Err(CliError::Usage(format!(
+                "name the orders to {verb}, or select them with --select"
+            )));
+        }
+        return Ok(Some(act.order_ids.clone()));
+    };
+    let filter = Filter {
+        list,
+        older_than: act.older_than,
+        step: act.step.clone(),
+        cause: act.cause.clone(),
+        workflow: act.workflow.clone(),
+    };
+    let orders = select(api, &filter, act.max).await?;
+    if !act.yes {
+        if json_out {
+            print_json(&json!({ "orders": orders, "acted": false }));
+        } else {
+            print!("{}", order_table(&orders));
+            println!(
+                "{} orders selected; nothing was changed. Add --yes to {verb} them.",
+                orders.len()
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(orders.iter().filter_map(|o| o["order_id"].as_str().map(str::to_owned)).collect()))
+}
+
 fn describe_result(id: &str, result: &Value) -> String {
     if let Some(error) = result.get("error") {
         let state = error.get("state").and_then(Value::as_str);
@@ -354,100 +365,110 @@ fn describe_result(id: &str, result: &Value) -> String {
 
 async fn dead_letters(api: &Api, command: Dlq, json_out: bool) -> Result<ExitCode, CliError> {
     match command {
-        Dlq::List => {
-            let answer = api.get("/admin/dead-letters").await?;
-            if json_out {
-                print_json(&answer);
-                return Ok(ExitCode::SUCCESS);
-            }
-            let rows: Vec<Vec<String>> = answer["queues"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .map(|q| {
-                    let task = q.get("move_task").map_or_else(
-                        || "-".to_owned(),
-                        |t| format!("{} ({} moved)", render::cell(t, "status"), t["moved"]),
-                    );
-                    vec![
-                        render::cell(q, "queue"),
-                        q["messages"].to_string(),
-                        q["in_flight"].to_string(),
-                        task,
-                    ]
-                })
-                .collect();
-            print!("{}", render::table(&["queue", "messages", "in flight", "last move"], &rows));
-        }
-        Dlq::Peek { queue, limit } => {
-            let answer =
-                api.get(&format!("/admin/dead-letters/{}?limit={limit}", encode(&queue))).await?;
-            if json_out {
-                print_json(&answer);
-                return Ok(ExitCode::SUCCESS);
-            }
-            let messages = answer["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
-            if messages.is_empty() {
-                println!("no messages in {queue}");
-                return Ok(ExitCode::SUCCESS);
-            }
-            let rows: Vec<Vec<String>> = messages
-                .iter()
-                .map(|m| {
-                    let what = match m.get("undecodable").and_then(Value::as_str) {
-                        Some(why) => format!("unreadable: {why}"),
-                        None => [
-                            render::cell(m, "kind"),
-                            render::cell(m, "step"),
-                            render::cell(m, "direction"),
-                        ]
+        Dlq::List => dlq_list(api, json_out).await,
+        Dlq::Peek { queue, limit } => dlq_peek(api, &queue, limit, json_out).await,
+        Dlq::Redrive { queue } => dlq_redrive(api, &queue, json_out).await,
+    }
+}
+
+/// `sas dlq list`: each dead-letter queue's depth and its latest move back.
+async fn dlq_list(api: &Api, json_out: bool) -> Result<ExitCode, CliError> {
+    let answer = api.get("/admin/dead-letters").await?;
+    if json_out {
+        print_json(&answer);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = answer["queues"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|q| {
+            let task = q.get("move_task").map_or_else(
+                || "-".to_owned(),
+                |t| format!("{} ({} moved)", render::cell(t, "status"), t["moved"]),
+            );
+            vec![
+                render::cell(q, "queue"),
+                q["messages"].to_string(),
+                q["in_flight"].to_string(),
+                task,
+            ]
+        })
+        .collect();
+    print!("{}", render::table(&["queue", "messages", "in flight", "last move"], &rows));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sas dlq peek`: what each message of `queue` was for, without taking it.
+async fn dlq_peek(
+    api: &Api,
+    queue: &str,
+    limit: usize,
+    json_out: bool,
+) -> Result<ExitCode, CliError> {
+    let answer = api.get(&format!("/admin/dead-letters/{}?limit={limit}", encode(queue))).await?;
+    if json_out {
+        print_json(&answer);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let messages = answer["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if messages.is_empty() {
+        println!("no messages in {queue}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = messages
+        .iter()
+        .map(|m| {
+            let what = match m.get("undecodable").and_then(Value::as_str) {
+                Some(why) => format!("unreadable: {why}"),
+                None => {
+                    [render::cell(m, "kind"), render::cell(m, "step"), render::cell(m, "direction")]
                         .into_iter()
                         .filter(|s| s != "-")
                         .collect::<Vec<_>>()
-                        .join(" "),
-                    };
-                    vec![
-                        render::cell(m, "order_id"),
-                        what,
-                        m["attempt"].as_u64().map_or("-".into(), |a| a.to_string()),
-                        m["receive_count"].to_string(),
-                        render::cell(m, "sent_at"),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                render::table(&["order", "message", "attempt", "receives", "sent"], &rows)
-            );
-        }
-        Dlq::Redrive { queue } => {
-            let path = format!("/admin/dead-letters/{}/redrive", encode(&queue));
-            let mut moved = 0;
-            loop {
-                let answer = api.post(&path, &json!({})).await?;
-                if answer["method"] == "move_task" {
-                    if json_out {
-                        print_json(&answer);
-                    } else {
-                        println!(
-                            "{queue}: SQS is moving the messages back (task {}); `sas dlq list` shows its progress.",
-                            render::cell(&answer, "task_handle")
-                        );
-                    }
-                    return Ok(ExitCode::SUCCESS);
+                        .join(" ")
                 }
-                moved += answer["moved"].as_u64().unwrap_or(0);
-                if answer["more"] != Value::Bool(true) {
-                    break;
-                }
-            }
+            };
+            vec![
+                render::cell(m, "order_id"),
+                what,
+                m["attempt"].as_u64().map_or("-".into(), |a| a.to_string()),
+                m["receive_count"].to_string(),
+                render::cell(m, "sent_at"),
+            ]
+        })
+        .collect();
+    print!("{}", render::table(&["order", "message", "attempt", "receives", "sent"], &rows));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sas dlq redrive`: moves `queue`'s messages back, by SQS's move task where it has one.
+async fn dlq_redrive(api: &Api, queue: &str, json_out: bool) -> Result<ExitCode, CliError> {
+    let path = format!("/admin/dead-letters/{}/redrive", encode(queue));
+    let mut moved = 0;
+    loop {
+        let answer = api.post(&path, &json!({})).await?;
+        if answer["method"] == "move_task" {
             if json_out {
-                print_json(&json!({ "queue": queue, "method": "copy", "moved": moved }));
+                print_json(&answer);
             } else {
-                println!("{queue}: {moved} messages moved back to their queue.");
+                println!(
+                    "{queue}: SQS is moving the messages back (task {}); `sas dlq list` shows its progress.",
+                    render::cell(&answer, "task_handle")
+                );
             }
+            return Ok(ExitCode::SUCCESS);
         }
+        moved += answer["moved"].as_u64().unwrap_or(0);
+        if answer["more"] != Value::Bool(true) {
+            break;
+        }
+    }
+    if json_out {
+        print_json(&json!({ "queue": queue, "method": "copy", "moved": moved }));
+    } else {
+        println!("{queue}: {moved} messages moved back to their queue.");
     }
     Ok(ExitCode::SUCCESS)
 }
