@@ -7,7 +7,7 @@
 //! at run time (an agent nobody deployed, two steps with one name, an empty list, a budget no
 //! agent could honour, a schema that is not one) is an error at load instead.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,6 +95,8 @@ pub struct Step {
     pub retry_wait: Option<Duration>,
     /// What its failure does to the order.
     pub on_failure: OnFailure,
+    /// The steps that must be done before it starts: by default the step above it in the file.
+    pub depends_on: Vec<String>,
 }
 
 /// What a step's failure (a refusal, its leases run out, an output too large) does to the
@@ -165,6 +167,9 @@ struct StepSpec {
     retry_wait_seconds: Option<u64>,
     #[serde(default)]
     on_failure: OnFailure,
+    /// `None`: the step above it (none for the first).
+    #[serde(default)]
+    depends_on: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -253,8 +258,13 @@ impl Workflow {
                 expired_leases: s.expired_leases,
                 retry_wait: s.retry_wait_seconds.map(Duration::from_secs),
                 on_failure: s.on_failure,
+                depends_on: s.depends_on.clone().unwrap_or_else(|| {
+                    let above = steps.last().map(|p: &Step| p.name.clone());
+                    above.into_iter().collect()
+                }),
             });
         }
+        let steps = in_dependency_order(steps).map_err(invalid)?;
         let version = spec.version.unwrap_or(1);
         if version == 0 {
             return Err(invalid("version must be 1 or more".into()));
@@ -339,6 +349,87 @@ impl Workflow {
     }
 }
 
+/// `steps` in an order that runs every step after the steps it depends on, keeping the file's
+/// order where the dependencies leave a choice; or why no order can: a dependency on no step
+/// of the workflow, or steps that wait on each other, and the steps after them that nothing
+/// would ever start.
+fn in_dependency_order(steps: Vec<Step>) -> Result<Vec<Step>, String> {
+    let index: HashMap<&str, usize> =
+        steps.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let mut needs: Vec<Vec<usize>> = Vec::with_capacity(steps.len());
+    for step in &steps {
+        let mut own = Vec::new();
+        for dependency in &step.depends_on {
+            let Some(&d) = index.get(dependency.as_str()) else {
+                let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+                return Err(format!(
+                    "step {:?} depends on {dependency:?}, which is not a step of this workflow: name one of {}",
+                    step.name,
+                    names.join(", ")
+                ));
+            };
+            if dependency == &step.name {
+                return Err(format!("step {:?} depends on itself", step.name));
+            }
+            if own.contains(&d) {
+                return Err(format!(
+                    "step {:?} names {dependency:?} twice in depends_on",
+                    step.name
+                ));
+            }
+            own.push(d);
+        }
+        needs.push(own);
+    }
+    let mut placed = vec![false; steps.len()];
+    let mut order = Vec::with_capacity(steps.len());
+    // The first step (in the file's order) whose dependencies are all placed goes next.
+    while let Some(next) =
+        (0..steps.len()).find(|&i| !placed[i] && needs[i].iter().all(|&d| placed[d]))
+    {
+        placed[next] = true;
+        order.push(next);
+    }
+    if order.len() < steps.len() {
+        return Err(unreachable_steps(&steps, &needs, &placed));
+    }
+    let mut steps: Vec<Option<Step>> = steps.into_iter().map(Some).collect();
+    Ok(order.into_iter().filter_map(|i| steps[i].take()).collect())
+}
+
+/// Why the steps not `placed` can never start: the circle of steps waiting on each other, and
+/// the steps that wait on them.
+fn unreachable_steps(steps: &[Step], needs: &[Vec<usize>], placed: &[bool]) -> String {
+    // Walking back through unplaced dependencies from any unplaced step must come round to a
+    // step already walked: that loop is a circle.
+    let start = placed.iter().position(|p| !p).unwrap_or_default();
+    let mut path = vec![start];
+    let circle = loop {
+        let last = *path.last().unwrap_or(&start);
+        let Some(&d) = needs[last].iter().find(|&&d| !placed[d]) else { break vec![last] };
+        if let Some(at) = path.iter().position(|&p| p == d) {
+            break path[at..].to_vec();
+        }
+        path.push(d);
+    };
+    let name = |i: usize| format!("{:?}", steps[i].name);
+    let links: Vec<String> = circle
+        .iter()
+        .zip(circle.iter().cycle().skip(1))
+        .map(|(&a, &b)| format!("{} on {}", name(a), name(b)))
+        .collect();
+    let others: Vec<String> =
+        (0..steps.len()).filter(|i| !placed[*i] && !circle.contains(i)).map(name).collect();
+    let mut why = format!(
+        "steps depend on each other in a circle ({}), so none of them can start: remove one of these dependencies",
+        links.join(", ")
+    );
+    if !others.is_empty() {
+        why.push_str(&format!("; nothing would ever start {} either", others.join(", ")));
+    }
+    why
+}
+
 fn parse_budget(seconds: Option<u64>) -> Result<Duration, String> {
     let b = seconds.map_or(DEFAULT_BUDGET, Duration::from_secs);
     if b < MIN_BUDGET || b > MAX_BUDGET {
@@ -402,6 +493,85 @@ mod tests {
             .collect();
         assert_eq!(named, ["inventory", "payment", "shipping"]);
         assert!(Workflow::agents_in("not json").is_empty());
+    }
+
+    /// A step's name and its `depends_on` (`None` leaves it out).
+    type Spec<'a> = (&'a str, Option<&'a [&'a str]>);
+
+    /// A workflow of `steps`, each on the payment agent.
+    fn with_dependencies(steps: &[Spec<'_>]) -> Result<Workflow, Error> {
+        let steps: Vec<Value> = steps
+            .iter()
+            .map(|(name, deps)| match deps {
+                Some(deps) => {
+                    serde_json::json!({"name": name, "agent": "payment", "depends_on": deps})
+                }
+                None => serde_json::json!({"name": name, "agent": "payment"}),
+            })
+            .collect();
+        let json = serde_json::json!({"name": "w", "steps": steps}).to_string();
+        Workflow::from_json(&json, &agents())
+    }
+
+    fn run_order(w: &Workflow) -> Vec<(&str, Vec<&str>)> {
+        w.steps()
+            .iter()
+            .map(|s| (s.name.as_str(), s.depends_on.iter().map(String::as_str).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn a_step_that_names_no_dependency_waits_for_the_step_above_it() {
+        let w = with_dependencies(&[("a", None), ("b", None), ("c", None)]).unwrap();
+        assert_eq!(run_order(&w), [("a", vec![]), ("b", vec!["a"]), ("c", vec!["b"])]);
+        let reference = Workflow::from_json(sas_workflows::order_fulfilment(), &agents()).unwrap();
+        let names: Vec<&str> = reference.steps().iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["reserve-inventory", "charge-payment", "ship"]);
+    }
+
+    #[test]
+    fn steps_run_after_what_they_depend_on_in_the_file_s_order_where_there_is_a_choice() {
+        let w = with_dependencies(&[
+            ("pay", Some(&["flight", "hotel"])),
+            ("hotel", Some(&[])),
+            ("flight", Some(&[])),
+            ("confirm", None),
+        ])
+        .unwrap();
+        assert_eq!(
+            run_order(&w),
+            [
+                ("hotel", vec![]),
+                ("flight", vec![]),
+                ("pay", vec!["flight", "hotel"]),
+                ("confirm", vec!["flight"]),
+            ],
+            "a step without depends_on waits for the step above it in the file"
+        );
+    }
+
+    #[test]
+    fn a_dependency_no_order_can_keep_is_refused_naming_the_steps() {
+        let cases: [(&[Spec<'_>], &str); 5] = [
+            (
+                &[("a", None), ("b", Some(&["shipping"]))],
+                r#"step "b" depends on "shipping", which is not a step of this workflow: name one of a, b"#,
+            ),
+            (&[("a", Some(&["a"]))], r#"step "a" depends on itself"#),
+            (&[("a", None), ("b", Some(&["a", "a"]))], r#"step "b" names "a" twice in depends_on"#),
+            (
+                &[("a", Some(&["c"])), ("b", None), ("c", None)],
+                r#"steps depend on each other in a circle ("a" on "c", "c" on "b", "b" on "a"), so none of them can start"#,
+            ),
+            (
+                &[("a", Some(&[])), ("b", Some(&["c"])), ("c", Some(&["b"])), ("d", Some(&["c"]))],
+                r#"("b" on "c", "c" on "b"), so none of them can start: remove one of these dependencies; nothing would ever start "d" either"#,
+            ),
+        ];
+        for (steps, expected) in cases {
+            let err = with_dependencies(steps).unwrap_err().to_string();
+            assert!(err.contains(expected), "{steps:?}: {err}");
+        }
     }
 
     #[test]
