@@ -15,7 +15,7 @@ use sas_engine::services::Submission;
 use serde_json::json;
 
 /// Largest request body accepted: an order's input, which every step's request carries (with
-/// the outputs of the steps before it) in an SQS message of at most 256 KiB.
+/// the outputs of the steps it depends on) in an SQS message of at most 256 KiB.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The header carrying the client's idempotency key.
 pub const KEY_HEADER: &str = "idempotency-key";

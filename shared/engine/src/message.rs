@@ -80,9 +80,10 @@ pub struct StepRequest {
     /// For an undo, the output of the step being undone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<serde_json::Value>,
-    /// For a step, the outputs of the steps done before it, by step name, so that it can use
-    /// what they produced (a shipment, the reservation's reference). Each is at most
-    /// [`MAX_OUTPUT_LEN`] bytes of JSON, so a request stays far below SQS's 256 KiB.
+    /// For a step, the outputs of the steps it depends on (directly or through others), by step
+    /// name, so that it can use what they produced (a shipment, the reservation's reference).
+    /// Each is at most [`MAX_OUTPUT_LEN`] bytes of JSON, so a request stays far below SQS's
+    /// 256 KiB.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, serde_json::Value>,
     /// When the request was sent. Absent from older senders.

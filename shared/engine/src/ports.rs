@@ -428,7 +428,8 @@ pub struct RemoteCall {
     pub order: Order,
     /// For an undo, the output of the step it undoes.
     pub input: Option<serde_json::Value>,
-    /// For a step, the outputs of the steps done before it, by step name.
+    /// For a step, the outputs of the steps it depends on (directly or through others), by step
+    /// name.
     pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
     /// The call must give up by then (the adapter turns it into a timeout).
     pub deadline: Timestamp,

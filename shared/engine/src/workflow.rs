@@ -337,6 +337,21 @@ impl Workflow {
         self.steps.iter().find(|s| s.name == name)
     }
 
+    /// The steps `name` depends on, directly or through others (none for a step the workflow
+    /// does not have).
+    pub fn upstream(&self, name: &str) -> HashSet<&str> {
+        let mut found: HashSet<&str> = HashSet::new();
+        let mut next: Vec<&str> = vec![name];
+        while let Some(step) = next.pop().and_then(|n| self.step_named(n)) {
+            for dependency in &step.depends_on {
+                if found.insert(dependency.as_str()) {
+                    next.push(dependency.as_str());
+                }
+            }
+        }
+        found
+    }
+
     /// The agents this workflow uses, each once, in order of first use.
     pub fn agents(&self) -> Vec<&AgentName> {
         let mut seen = Vec::new();

@@ -781,6 +781,31 @@ async fn each_step_is_asked_with_the_outputs_of_the_steps_before_it() {
     assert!(refund.outputs.is_empty());
 }
 
+#[tokio::test]
+async fn a_step_is_asked_with_the_outputs_of_the_steps_it_depends_on_only() {
+    let mut w = World::new();
+    // Shipping depends on the reservation and not on the charge, which needs nothing before.
+    let json = r#"{"name": "order-fulfilment", "steps": [
+        {"name": "reserve-inventory", "agent": "inventory"},
+        {"name": "charge-payment", "agent": "payment", "depends_on": []},
+        {"name": "ship", "agent": "shipping", "depends_on": ["reserve-inventory"]}]}"#;
+    let workflow = sas_engine::workflow::Workflow::from_json(json, &world::agent_names()).unwrap();
+    w.deploy(sas_engine::catalogue::Catalogue::single(workflow));
+    let id = w.submit("outputs-2").await.unwrap().order_id;
+    let agent = |name| Destination::Agent(sas_engine::AgentName::new(name));
+    w.step(&Destination::Scheduler).await;
+    w.step(&agent("inventory")).await;
+    w.step(&Destination::Replies).await;
+    let reserved = w.state(id).steps[0].output.clone().unwrap();
+    assert!(waiting_request(&w, &agent("payment")).outputs.is_empty());
+    w.step(&agent("payment")).await;
+    w.step(&Destination::Replies).await;
+    let ship = waiting_request(&w, &agent("shipping"));
+    assert_eq!(ship.outputs, [("reserve-inventory".to_owned(), reserved)].into());
+    w.settle().await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+}
+
 // ---------------------------------------------------------------- events
 
 #[tokio::test]

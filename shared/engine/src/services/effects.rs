@@ -1,7 +1,7 @@
 //! Performing the side effects of a decision: messages to queues, events to the bus, and the
 //! bookkeeping of the one alert an order in Error gets.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use tracing::{debug, warn};
@@ -142,12 +142,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
             .current_step()
             .ok_or_else(|| corrupt("dispatch of an order not in flight".into()))?;
         let direction = record.phase.direction();
-        let step = self
-            .catalogue
-            .of(record)?
-            .steps()
-            .iter()
-            .find(|s| s.name == state.name)
+        let workflow = self.catalogue.of(record)?;
+        let step = workflow
+            .step_named(&state.name)
             .ok_or_else(|| corrupt(format!("step {:?} is not in the workflow", state.name)))?;
         let (action, budget) = step
             .action(direction)
@@ -175,7 +172,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
             order: order.order,
             input: if direction == Direction::Undo { state.output.clone() } else { None },
             outputs: if direction == Direction::Do {
-                outputs_before(record)
+                outputs_of(record, &workflow.upstream(&state.name))
             } else {
                 Default::default()
             },
@@ -259,11 +256,12 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
     })
 }
 
-/// The outputs of the steps done before the cursor's, by step name.
-fn outputs_before(record: &StateRecord) -> BTreeMap<String, serde_json::Value> {
-    record.steps[..record.cursor.min(record.steps.len())]
+/// The outputs of `steps` that are done, by step name.
+fn outputs_of(record: &StateRecord, steps: &HashSet<&str>) -> BTreeMap<String, serde_json::Value> {
+    record
+        .steps
         .iter()
-        .filter(|s| s.status == StepStatus::Done)
+        .filter(|s| s.status == StepStatus::Done && steps.contains(s.name.as_str()))
         .filter_map(|s| Some((s.name.clone(), s.output.clone()?)))
         .collect()
 }
