@@ -202,67 +202,13 @@ impl Workflow {
             return Err(invalid(format!("at most {MAX_STEPS} steps are supported")));
         }
         let mut names = HashSet::new();
-        let mut steps = Vec::with_capacity(spec.steps.len());
+        let mut steps: Vec<Step> = Vec::with_capacity(spec.steps.len());
         for s in &spec.steps {
-            check_name(&s.name).map_err(|e| invalid(format!("step name {e}")))?;
             if !names.insert(s.name.as_str()) {
                 return Err(invalid(format!("step {:?} appears twice", s.name)));
             }
-            check_agent_name(&s.agent)
-                .map_err(|e| invalid(format!("step {:?}: agent {e}", s.name)))?;
-            let agent = AgentName::new(&s.agent);
-            if !agents.contains(&agent) {
-                let deployed: Vec<&str> = agents.iter().map(AgentName::as_str).collect();
-                return Err(invalid(format!(
-                    "step {:?} names agent {:?}, which is not deployed: name one of {}, or deploy it",
-                    s.name,
-                    s.agent,
-                    deployed.join(", ")
-                )));
-            }
-            let budget = parse_budget(s.budget_seconds)
-                .map_err(|e| invalid(format!("step {:?}: {e}", s.name)))?;
-            let compensation = match &s.compensation {
-                None => None,
-                Some(c) => {
-                    check_name(&c.action).map_err(|e| {
-                        invalid(format!("compensation of {:?}: action {e}", s.name))
-                    })?;
-                    if c.action == s.name {
-                        return Err(invalid(format!("step {:?} cannot compensate itself", s.name)));
-                    }
-                    let budget = parse_budget(c.budget_seconds)
-                        .map_err(|e| invalid(format!("compensation of {:?}: {e}", s.name)))?;
-                    Some(Compensation { action: c.action.clone(), budget })
-                }
-            };
-            if s.expired_leases.is_some_and(|n| !(1..=MAX_EXPIRED_LEASES).contains(&n)) {
-                return Err(invalid(format!(
-                    "step {:?}: expired_leases must be from 1 to {MAX_EXPIRED_LEASES}",
-                    s.name
-                )));
-            }
-            // The wait rides on an SQS delivery delay, 15 minutes at most.
-            if s.retry_wait_seconds.is_some_and(|w| w > MAX_BUDGET.as_secs()) {
-                return Err(invalid(format!(
-                    "step {:?}: retry_wait_seconds must be from 0 to {}",
-                    s.name,
-                    MAX_BUDGET.as_secs()
-                )));
-            }
-            steps.push(Step {
-                name: s.name.clone(),
-                agent,
-                budget,
-                compensation,
-                expired_leases: s.expired_leases,
-                retry_wait: s.retry_wait_seconds.map(Duration::from_secs),
-                on_failure: s.on_failure,
-                depends_on: s.depends_on.clone().unwrap_or_else(|| {
-                    let above = steps.last().map(|p: &Step| p.name.clone());
-                    above.into_iter().collect()
-                }),
-            });
+            let above = steps.last().map(|p| p.name.clone());
+            steps.push(step_of(s, agents, above).map_err(invalid)?);
         }
         let steps = in_dependency_order(steps).map_err(invalid)?;
         let version = spec.version.unwrap_or(1);
@@ -362,6 +308,61 @@ impl Workflow {
         }
         seen
     }
+}
+
+/// One step of a workflow file, checked against the deployed `agents`; `above` is the step
+/// before it in the file, which it depends on unless it names its own dependencies.
+fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<Step, String> {
+    check_name(&s.name).map_err(|e| format!("step name {e}"))?;
+    check_agent_name(&s.agent).map_err(|e| format!("step {:?}: agent {e}", s.name))?;
+    let agent = AgentName::new(&s.agent);
+    if !agents.contains(&agent) {
+        let deployed: Vec<&str> = agents.iter().map(AgentName::as_str).collect();
+        return Err(format!(
+            "step {:?} names agent {:?}, which is not deployed: name one of {}, or deploy it",
+            s.name,
+            s.agent,
+            deployed.join(", ")
+        ));
+    }
+    let budget = parse_budget(s.budget_seconds).map_err(|e| format!("step {:?}: {e}", s.name))?;
+    let compensation = match &s.compensation {
+        None => None,
+        Some(c) => {
+            check_name(&c.action)
+                .map_err(|e| format!("compensation of {:?}: action {e}", s.name))?;
+            if c.action == s.name {
+                return Err(format!("step {:?} cannot compensate itself", s.name));
+            }
+            let budget = parse_budget(c.budget_seconds)
+                .map_err(|e| format!("compensation of {:?}: {e}", s.name))?;
+            Some(Compensation { action: c.action.clone(), budget })
+        }
+    };
+    if s.expired_leases.is_some_and(|n| !(1..=MAX_EXPIRED_LEASES).contains(&n)) {
+        return Err(format!(
+            "step {:?}: expired_leases must be from 1 to {MAX_EXPIRED_LEASES}",
+            s.name
+        ));
+    }
+    // The wait rides on an SQS delivery delay, 15 minutes at most.
+    if s.retry_wait_seconds.is_some_and(|w| w > MAX_BUDGET.as_secs()) {
+        return Err(format!(
+            "step {:?}: retry_wait_seconds must be from 0 to {}",
+            s.name,
+            MAX_BUDGET.as_secs()
+        ));
+    }
+    Ok(Step {
+        name: s.name.clone(),
+        agent,
+        budget,
+        compensation,
+        expired_leases: s.expired_leases,
+        retry_wait: s.retry_wait_seconds.map(Duration::from_secs),
+        on_failure: s.on_failure,
+        depends_on: s.depends_on.clone().unwrap_or_else(|| above.into_iter().collect()),
+    })
 }
 
 /// `steps` in an order that runs every step after the steps it depends on, keeping the file's
