@@ -667,6 +667,19 @@ impl Sim {
             self.maybe_crash();
             let message = Message::decode(&d.body).unwrap();
             let before = self.memory.peek(message.order_id());
+            // A step is asked with the outputs of the steps it depends on, and of no other.
+            if let (Message::Request(r), Some(record)) = (&message, &before) {
+                let upstream =
+                    self.workflow_of_version(record.workflow_version).upstream(&r.step.name);
+                let stray: Vec<&String> =
+                    r.outputs.keys().filter(|k| !upstream.contains(k.as_str())).collect();
+                assert!(
+                    stray.is_empty(),
+                    "seed {}: {} was asked with the outputs of {stray:?}, which it does not depend on",
+                    self.seed,
+                    r.step.name
+                );
+            }
             let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
             let handled = match &message {
                 Message::Request(r) => self.agents[&dest].handle(r, incoming).await.map(|_| ()),
@@ -1193,9 +1206,31 @@ fn workflow_json(seed: u64) -> String {
                     step
                 })
                 .collect();
+            let steps = with_dependencies(seed, steps);
             serde_json::json!({"name": format!("shape-{seed}"), "steps": steps}).to_string()
         }
     }
+}
+
+/// On half the seeds, `steps` with dependencies of their own: each step is given a rank and
+/// depends on some of the steps ranked below it, whatever their place in the file, so that the
+/// steps run in an order of their dependencies rather than the file's, and a step is asked
+/// with the outputs of what it depends on. Drawn apart, so the steps themselves stay the same.
+fn with_dependencies(seed: u64, mut steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let draw = SplitMix::seeded(seed ^ 0xdeb5);
+    if draw.unit() < 0.5 {
+        return steps;
+    }
+    let ranks: Vec<f64> = steps.iter().map(|_| draw.unit()).collect();
+    let names: Vec<String> =
+        steps.iter().map(|s| s["name"].as_str().unwrap_or_default().to_owned()).collect();
+    for (k, step) in steps.iter_mut().enumerate() {
+        let below: Vec<&String> =
+            names.iter().zip(&ranks).filter(|(_, r)| **r < ranks[k]).map(|(n, _)| n).collect();
+        let chosen: Vec<&String> = below.into_iter().filter(|_| draw.unit() < 0.5).collect();
+        step["depends_on"] = serde_json::json!(chosen);
+    }
+    steps
 }
 
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
