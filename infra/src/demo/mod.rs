@@ -28,7 +28,8 @@ use crate::Error;
 use crate::emulation::local::LocalStack;
 
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
-/// calls, an outage from 15 s to 25 s after start, and payments declined for good now and then.
+/// calls, an outage from 15 s to 25 s after start, and payments declined and welcome emails
+/// refused for good now and then.
 pub const DEMO_FAULTS: &str = r#"{"default":{"transient_rate":0.15,"lost_answer_rate":0.03,"latency_ms":20,"latency_jitter_ms":40,
   "outages":[{"start_s":15,"end_s":25}]},"actions":{"charge-payment":{"permanent_rate":0.04},"send-welcome":{"permanent_rate":0.08}}}"#;
 
