@@ -613,7 +613,8 @@ async fn a_lagging_index_entry_is_rechecked_against_the_table() {
     w.clock.advance(Duration::from_secs(121)); // the index now shows the Pending deadline
     w.settle().await; // meanwhile the order finishes; the index has not caught up
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
-    let entry = w.store.expired(id.shard(w.config.index_shards), w.clock.now(), 10).await.unwrap();
+    let entry =
+        w.store.expired(id.shard(w.system.config.index_shards), w.clock.now(), 10).await.unwrap();
     assert_eq!(entry.len(), 1, "the index still lists the finished order");
     let handled = w.supervisor.handle(entry[0], Duration::ZERO).await.unwrap();
     assert!(matches!(handled, Handled::Ignored(_)), "{handled:?}");
@@ -632,7 +633,7 @@ async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
     // The queues are quick: the lease is judged once the reports' own delay has passed too.
     w.clock.set(cb.plus(SLACK));
     assert_eq!(w.sweep().await.acted, 1);
-    w.clock.advance(w.config.wait.wait(1));
+    w.clock.advance(w.system.config.wait.wait(1));
     w.settle().await;
     // Failure count at threshold - 1, lease running: the last attempt.
     let r = w.state(id);

@@ -42,10 +42,8 @@ pub struct World {
     pub bus: Bus,
     pub remote: Remote,
     pub waits: Waits,
-    pub config: Arc<EngineConfig>,
-    pub workflow: Arc<Workflow>,
-    pub catalogue: Arc<Catalogue>,
-    /// What the services are built from.
+    /// What the services are built from: the engine's configuration and the workflows it
+    /// runs among them.
     pub system: MemoryAssembly<Clock>,
     pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load>,
     pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits>,
@@ -69,10 +67,9 @@ impl World {
     pub fn with(config: EngineConfig) -> World {
         let clock = ManualClock::default();
         let memory = InMemory::new(clock.clone());
-        let workflow = Arc::new(
-            Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names()).unwrap(),
-        );
-        let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
+        let workflow =
+            Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names()).unwrap();
+        let catalogue = Arc::new(Catalogue::single(workflow));
         let system = memory.assembly(clock.clone(), Arc::new(config), catalogue);
         let queues = &memory.queues;
         let submission = system.submission(queues.clone(), Arc::new(SeqIds::new("corr")));
@@ -100,9 +97,6 @@ impl World {
             bus: memory.bus,
             remote: memory.remote,
             waits: memory.waits,
-            config: system.config.clone(),
-            workflow,
-            catalogue: system.catalogue.clone(),
             system,
             submission,
             scheduler,
@@ -116,8 +110,7 @@ impl World {
     /// A deploy: the services start again running `catalogue`, over the same store, queues,
     /// bus and services; what is in flight stays where it is.
     pub fn deploy(&mut self, catalogue: Catalogue) {
-        self.catalogue = Arc::new(catalogue);
-        self.system = self.system.running(self.catalogue.clone());
+        self.system = self.system.running(Arc::new(catalogue));
         let queues = || self.queues.clone();
         self.submission = self.system.submission(queues(), Arc::new(SeqIds::new("corr-deployed")));
         self.scheduler = self.system.scheduler(queues(), "scheduler-2");
