@@ -7,53 +7,62 @@
 //! duplicate, too early, or the order is finished), or reject it as illegal. It never panics and
 //! performs no I/O; the services in [`crate::services`] do the reading, writing and sending.
 //!
+//! Each step being done or undone holds its own lease (attempt, CompleteBy, count of expired
+//! leases) in the one record, so every transition stays one conditional write of that record,
+//! whichever steps it touches. A step starts once every step it depends on (directly or
+//! through others) is done or reported: steps that do not depend on each other are leased in
+//! the same write and run at once. The record is Processing while a lease is sent, Pending
+//! while leases only wait for the scheduler, and its CompleteBy is the earliest lease's.
+//!
 //! The transitions, by state and input:
 //!
 //! | state | input | outcome |
 //! | --- | --- | --- |
-//! | Pending | claim of the current attempt | Processing; lease the current step (or undo) and dispatch it |
-//! | any | the queue message that produced the current revision, again | replay its side effects |
-//! | Pending, Processing | claim of another attempt | ignored: stale or duplicate |
-//! | Processing | reply of the current attempt: done | next step leased and dispatched, or Processed |
-//! | Processing | reply of the current attempt: failed, or done with an output too large | compensation leased and dispatched, or Error and alert |
-//! | Processing | the same, for a step whose failures are only reported | the failure recorded on the step; next step leased and dispatched, or Processed and alert |
-//! | Processing (undoing) | reply: done or failed | next undo leased and dispatched, or Error and alert |
-//! | Pending | reply of the current attempt | illegal: nothing was dispatched at that attempt |
-//! | Pending, Processing | reply of another attempt | ignored: stale |
+//! | Pending, Processing | start message of a queued lease's attempt | every step queued at that attempt leased and dispatched; Processing |
+//! | any | the queue message that produced the current revision, again | replay its side effects (every request in flight sent again) |
+//! | Pending, Processing | start message no queued lease holds | ignored: stale or duplicate |
+//! | Processing | reply of a sent lease: done | the step done; the steps it freed leased and dispatched; Processed when none is left |
+//! | Processing | reply of a sent lease: failed, or done with an output too large | the order stops: nothing new starts, steps in flight are awaited, then every done step is undone |
+//! | Processing | the same, for a step whose failures are only reported | the failure recorded on the step; the order goes on as for done |
+//! | Processing (undoing) | reply: done or failed | the undos it freed leased and dispatched, or Error and alert once none is left |
+//! | Pending, Processing | reply naming a lease that waits for the scheduler | illegal: nothing was dispatched at that attempt |
+//! | Pending, Processing, Paused | reply of an attempt no lease holds | ignored: stale |
 //! | Pending, Processing | expiry, CompleteBy not passed or changed | ignored |
 //! | Pending, Processing | expiry, CompleteBy passed by less than the horizon | ignored: its messages may still be waiting in a queue |
-//! | Pending | expiry, CompleteBy passed by the horizon, below threshold | FailureCount + 1; Pending at the same attempt with a later CompleteBy; start message again after a wait |
-//! | Processing | expiry, CompleteBy passed by the horizon, below threshold | FailureCount + 1; Pending at a new attempt with a later CompleteBy; start message after a wait |
-//! | Pending, Processing | expiry, CompleteBy passed by the horizon, at threshold | compensation queued, or Error and alert |
-//! | Pending, Processing | the same, for a step whose failures are only reported | the step left uncertain and passed; next step queued, or Processed and alert |
+//! | Pending, Processing | expiry: each lease passed by the horizon, below its threshold | its count + 1; queued again (a sent one at a new attempt) with a later CompleteBy; start message after a wait |
+//! | Pending, Processing | the same, at its threshold (or while the order stops) | the step failed, its outcome unknown: the order stops as for a refusal (or goes on, if only reported); an undo failed |
 //! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
 //! | Processed, Error, Cancelled | any message or expiry (but an alert's, above) | ignored: terminal states move only by an operator's command |
 //! | Paused | any message or expiry | ignored: nothing of it is in flight |
 //!
+//! Undos run in reverse order of the dependencies: a step is undone once no step that depends
+//! on it (directly or through others) is still queued for undo, so independent undos run at
+//! once, and in a sequence the last step done is undone first.
+//!
 //! Operator commands (each with an id, the caller and a reason; a command id already applied
 //! changes nothing, and a command that does not fit the state is refused with the state named):
 //!
 //! | state | command | outcome |
 //! | --- | --- | --- |
-//! | Pending, Paused (forward) | cancel | completed steps queued for undo, last first, and started; nothing to undo: Cancelled |
-//! | Processing (forward) | cancel | the step in flight finishes; at its reply or its judged expiry, undo as above |
-//! | Pending | pause | Paused at once: its start message is fenced off |
-//! | Processing | pause | the step in flight finishes; the order is Paused where it would have gone on |
-//! | Paused | resume | Pending at a new attempt; start message |
-//! | Processing (pause waiting) | resume | the pause is withdrawn |
-//! | Error | redrive | Pending from the first step not done; undone and refused steps done again under new keys |
+//! | Pending, Paused (forward) | cancel | queued steps taken back; completed steps queued for undo and started; nothing to undo: Cancelled |
+//! | Processing (forward) | cancel | queued steps taken back; the steps in flight finish; once the last has replied or been judged, undo as above |
+//! | Pending | pause | Paused at once: its start messages are fenced off |
+//! | Processing | pause | queued steps taken back; the steps in flight finish; the order is Paused where it would have gone on |
+//! | Paused | resume | the free steps queued at a new attempt; start message |
+//! | Processing (pause waiting) | resume | the pause is withdrawn; the free steps queued again |
+//! | Error | redrive | Pending with the steps not done queued as their dependencies allow; undone and refused steps done again under new keys |
 //! | Error, undo failed | redrive_compensation | the failed undos queued again under their keys |
 //! | any other | any | refused, naming the state |
 //!
 //! A cancelled order whose undos all succeed ends Cancelled, with a status event and no alert
 //! (the operator asked for it); one whose undo fails, or whose step in flight could not be
-//! undone, ends in Error with an alert listing what is left. A cancel never outruns the step in
-//! flight: its reply is awaited, so a step that completes is undone, and if it was the last
-//! step the order is Processed (there was nothing left to stop). A cancelled step whose outcome
-//! is unknown (its lease had expired) is handled as any uncertain step: undone if it can be,
-//! reported if not.
+//! undone, ends in Error with an alert listing what is left. A cancel never outruns the steps
+//! in flight: their replies are awaited, so a step that completes is undone, and if the last
+//! steps complete the order is Processed (there was nothing left to stop). A step sent before
+//! whose outcome is unknown (its lease had expired, or it was taken back before its new claim)
+//! is handled as any uncertain step: undone if it can be, reported if not.
 //!
 //! A step whose failures are only reported does not stop the order when it fails: the cause is
 //! recorded on the step, the order goes on, and once it is Processed the operators get an
@@ -71,9 +80,11 @@
 //! lasts, the leases it delays stay within the horizon and never count. A lost message is
 //! found all the same: once the messages sent after it have been taken, the horizon no longer
 //! covers it, and its lease is judged at most a horizon (and a sweep) after it ended. A reset
-//! of a Pending order keeps its attempt, so a start message that was only late still claims
-//! it; one of a Processing order takes a new attempt, since the old request is judged lost.
+//! of a lease that waited for the scheduler keeps its attempt, so a start message that was
+//! only late still claims it; one of a sent lease takes a new attempt, since the old request
+//! is judged lost.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::config::EngineConfig;
@@ -82,11 +93,11 @@ use crate::ids::{Direction, OrderId};
 use crate::message::{MAX_OUTPUT_LEN, StepOutcome, StepRef, output_len};
 use crate::mutants::{self, Mutant};
 use crate::state::{
-    AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Phase, ProcessState,
-    StateRecord, StepState, StepStatus, Stop,
+    AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Lease, Phase,
+    ProcessState, StateRecord, StepState, StepStatus, Stop,
 };
 use crate::time::Timestamp;
-use crate::workflow::{OnFailure, Step, Workflow};
+use crate::workflow::{OnFailure, Workflow};
 
 /// Operator commands remembered on a record for recognising a repeat; an older one sent again
 /// is judged on the record's state, which refuses or ignores nearly every repeat anyway.
@@ -122,10 +133,10 @@ pub enum Input<'a> {
 /// built: the service derives the messages from the record that was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
-    /// Send the request for the record's current step (or undo) to its agent.
-    Dispatch,
-    /// Send a start message for the record's attempt, after `delay`.
-    Kick { delay: Duration },
+    /// Send the request for step `step`'s lease (to do or to undo it) to its agent.
+    Dispatch { step: usize },
+    /// Send a start message for the steps queued at `attempt`, after `delay`.
+    Kick { delay: Duration, attempt: u64 },
     /// Publish a status event.
     Status { kind: StatusKind, step: Option<String> },
     /// Publish the order's alert, then record that it was sent.
@@ -268,23 +279,34 @@ pub enum Decision {
 }
 
 /// The record of a newly submitted order and what follows its creation: Pending at attempt 0,
-/// with a CompleteBy that gives the scheduler `claim_grace` to claim it and the first step its
-/// whole budget, and a start message.
+/// each step that depends on nothing queued with the claim grace and its whole budget before
+/// its CompleteBy, and one start message for them all.
 pub fn create(order_id: OrderId, correlation_id: String, ctx: &Ctx<'_>) -> Transition {
-    let first_budget = ctx.workflow.steps().first().map_or(Duration::ZERO, |s| s.budget);
+    let steps = ctx
+        .workflow
+        .steps()
+        .iter()
+        .map(|s| {
+            let mut state = StepState::new(&s.name);
+            if s.depends_on.is_empty() {
+                let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(s.budget);
+                state.lease = Some(Lease { attempt: 0, complete_by, sent: false, failures: 0 });
+            }
+            state
+        })
+        .collect();
     let mut next = StateRecord {
         order_id,
         workflow: ctx.workflow.name().to_owned(),
         workflow_version: ctx.workflow.version(),
         process_state: ProcessState::Pending,
         locked_by: None,
-        complete_by: Some(ctx.now.plus(ctx.config.claim_grace).plus(first_budget)),
+        complete_by: None,
         failure_count: 0,
         attempt: 0,
         revision: 0,
         phase: Phase::Forward,
-        cursor: 0,
-        steps: ctx.workflow.steps().iter().map(|s| StepState::new(&s.name)).collect(),
+        steps,
         cause: None,
         alert: None,
         last_input: InputRef::Submit,
@@ -298,33 +320,33 @@ pub fn create(order_id: OrderId, correlation_id: String, ctx: &Ctx<'_>) -> Trans
         commands: Vec::new(),
         redrives: 0,
     };
+    next.complete_by = next.earliest_lease();
     next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
     Transition { next, effects: started(ctx) }
 }
 
 /// What a new order owes the world: its start message, and its first status event.
 fn started(ctx: &Ctx<'_>) -> Vec<Effect> {
-    let mut effects = vec![Effect::Kick { delay: Duration::ZERO }];
+    let mut effects = vec![Effect::Kick { delay: Duration::ZERO, attempt: 0 }];
     effects.extend(status(ctx, StatusKind::Received, None));
     effects
 }
 
 /// Decides what `input` does to `record`. See the module documentation for the tables.
 pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
-    // Everything below may rely on the invariants (the cursor names a step, and so on).
+    // Everything below may rely on the invariants (leases on steps that can hold them, ...).
     if let Err(reason) = record.check() {
         return Decision::Illegal(Illegal::Corrupt { reason });
     }
     if let Input::Command { command, id, by, reason } = input {
         return operate(record, Command { kind: command, id, by, reason }, ctx);
     }
-    settle_stop(record, react(record, input, ctx), ctx)
+    react(record, input, ctx)
 }
 
 /// What the system's own inputs do.
 fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
     use ProcessState::{Cancelled, Error, Paused, Pending, Processed, Processing};
-    let current = record.attempt;
     match (record.process_state, input) {
         // The same queue message again: its transition is written, its effects may not be.
         (_, Input::Claim { message, .. } | Input::Reply { message, .. })
@@ -341,25 +363,16 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
         }
         (_, Input::Resubmit) => Decision::Ignore(Ignored::Started),
 
-        (Pending, Input::Claim { attempt, owner, message }) if attempt == current => {
-            claim(record, owner, message, ctx)
+        (Pending | Processing, Input::Claim { attempt, owner, message }) => {
+            claim(record, attempt, owner, message, ctx)
         }
         (Paused, Input::Claim { .. }) => Decision::Ignore(Ignored::Paused),
-        (Pending | Processing, Input::Claim { attempt, .. }) => {
-            Decision::Ignore(Ignored::Stale { received: attempt, current })
+        (Paused, Input::Reply { attempt, .. }) => {
+            Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt })
         }
 
-        (Processing, Input::Reply { attempt, step, outcome, message })
-            if attempt == current
-                || mutants::on(Mutant::ReplyFromPreviousAttempt) && attempt + 1 == current =>
-        {
-            reply(record, step, outcome, message, ctx)
-        }
-        (Pending | Paused, Input::Reply { attempt, .. }) if attempt == current => {
-            Decision::Illegal(Illegal::NotDispatched { attempt })
-        }
-        (Pending | Processing | Paused, Input::Reply { attempt, .. }) => {
-            Decision::Ignore(Ignored::Stale { received: attempt, current })
+        (Pending | Processing, Input::Reply { attempt, step, outcome, message }) => {
+            reply(record, attempt, step, outcome, message, ctx)
         }
 
         (Pending | Processing, Input::Expire { complete_by, horizon }) => {
@@ -397,40 +410,73 @@ fn unreachable_command(record: &StateRecord) -> Decision {
     })
 }
 
-/// Pending → Processing: take the lease on the current step (or undo) and dispatch it.
-fn claim(record: &StateRecord, owner: &str, message: &str, ctx: &Ctx<'_>) -> Decision {
-    let Some((step, budget)) = leased_action(record, ctx) else {
-        return unknown_step(record);
-    };
+/// A start message: every step queued at its attempt is leased and dispatched.
+fn claim(
+    record: &StateRecord,
+    attempt: u64,
+    owner: &str,
+    message: &str,
+    ctx: &Ctx<'_>,
+) -> Decision {
+    let queued: Vec<usize> = record
+        .leased()
+        .filter(|(_, _, l)| !l.sent && l.attempt == attempt)
+        .map(|(i, _, _)| i)
+        .collect();
+    if queued.is_empty() {
+        return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
+    }
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     next.locked_by = Some(owner.to_owned());
-    // A Pending deadline that still leaves the step its whole budget is kept: the lease is as
-    // long as promised, and the expiry index entry is not rewritten (an index key change costs
-    // two index writes).
-    let fresh = ctx.now.plus(budget);
-    take_lease(&mut next, record.complete_by.map_or(fresh, |cb| cb.max(fresh)));
-    next.note(ctx.now, Happening::Claimed, Some(step.name.clone()), ctx.config.timeline_limit);
-    let mut effects = status(ctx, StatusKind::Processing, None);
-    effects.push(Effect::Dispatch);
-    apply(next, effects)
+    let mut effects = if record.process_state == ProcessState::Pending {
+        status(ctx, StatusKind::Processing, None)
+    } else {
+        Vec::new()
+    };
+    for i in queued {
+        let Some(budget) = budget_of(&next.steps[i], ctx) else {
+            return unknown_step(&next.steps[i]);
+        };
+        // A deadline that still leaves the step its whole budget is kept: the lease is as
+        // long as promised, and the expiry index entry is not rewritten (an index key change
+        // costs two index writes).
+        let kept = next.steps[i].lease.map(|l| l.complete_by);
+        let fresh = ctx.now.plus(budget);
+        send(&mut next, i, kept.map_or(fresh, |cb| cb.max(fresh)));
+        let name = next.steps[i].name.clone();
+        next.note(ctx.now, Happening::Claimed, Some(name), ctx.config.timeline_limit);
+        effects.push(Effect::Dispatch { step: i });
+    }
+    in_flight(next, effects)
 }
 
-/// A reply of the current attempt.
+/// A reply: only the lease it names, if that lease was sent, is moved by it.
 fn reply(
     record: &StateRecord,
+    attempt: u64,
     step: &StepRef,
     outcome: &StepOutcome,
     message: &str,
     ctx: &Ctx<'_>,
 ) -> Decision {
-    let leased = &record.steps[record.cursor];
-    if step.index != record.cursor || step.name != leased.name {
+    let holder = record.leased().find(|(_, _, l)| l.attempt == attempt).or_else(|| {
+        // A mutant that takes an older attempt's reply for the step's current one.
+        let (i, s, l) = record.leased().find(|(i, _, l)| *i == step.index && l.sent)?;
+        (mutants::on(Mutant::ReplyFromPreviousAttempt) && attempt < l.attempt).then_some((i, s, l))
+    });
+    let Some((i, leased, lease)) = holder else {
+        return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
+    };
+    if !lease.sent {
+        return Decision::Illegal(Illegal::NotDispatched { attempt });
+    }
+    if step.index != i || step.name != leased.name {
         return Decision::Illegal(Illegal::WrongStep {
             leased: leased.name.clone(),
             replied: step.name.clone(),
         });
     }
-    let direction = record.phase.direction();
+    let direction = leased.direction();
     if step.direction != direction {
         return Decision::Illegal(Illegal::WrongDirection {
             leased: direction,
@@ -438,7 +484,7 @@ fn reply(
         });
     }
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
-    let c = record.cursor;
+    next.steps[i].lease = None;
     let name = leased.name.clone();
     let limit = ctx.config.timeline_limit;
     // An agent of this version answers TooLarge itself; one of another may not.
@@ -447,111 +493,240 @@ fn reply(
         StepOutcome::TooLarge { bytes } => Some(*bytes),
         StepOutcome::Failed { .. } => None,
     };
-    match (record.phase, outcome) {
-        (Phase::Forward, StepOutcome::Done { output }) if too_large.is_none() => {
-            next.steps[c].status = StepStatus::Done;
-            next.steps[c].output = Some(output.clone());
-            next.failure_count = 0;
+    let mut effects = Vec::new();
+    match (direction, outcome) {
+        (Direction::Do, StepOutcome::Done { output }) if too_large.is_none() => {
+            next.steps[i].status = StepStatus::Done;
+            next.steps[i].output = Some(output.clone());
             next.note(ctx.now, Happening::StepDone, Some(name.clone()), limit);
-            let effects = status(ctx, StatusKind::StepDone, Some(name));
-            advance(next, record, effects, ctx, Via::Lease)
+            effects = status(ctx, StatusKind::StepDone, Some(name));
         }
-        (Phase::Forward, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
+        (Direction::Do, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
             // The effect is in place but its output cannot be carried: the step is done,
             // without its output, and fails; undone with the others, its undo is told nothing.
             let bytes = too_large.unwrap_or_default();
             let limit = MAX_OUTPUT_LEN as u64;
-            next.steps[c].status = StepStatus::Done;
-            next.steps[c].detail = Some(format!(
+            next.steps[i].status = StepStatus::Done;
+            next.steps[i].detail = Some(format!(
                 "its output of {bytes} bytes is larger than the {limit} bytes a step may return"
             ));
-            let cause = Cause::OutputTooLarge { step: name, bytes, limit };
-            failed(next, record, cause, ctx, Via::Lease)
+            failed(&mut next, i, Cause::OutputTooLarge { step: name, bytes, limit }, ctx);
         }
-        (Phase::Forward, StepOutcome::Failed { reason }) => {
-            next.steps[c].status = StepStatus::Failed;
-            next.steps[c].detail = Some(reason.clone());
+        (Direction::Do, StepOutcome::Failed { reason }) => {
+            next.steps[i].status = StepStatus::Failed;
+            next.steps[i].detail = Some(reason.clone());
             // The agent reported a permanent fault: the step took no effect, so only the steps
-            // before it are undone.
-            let cause = Cause::StepRejected { step: name, reason: reason.clone() };
-            failed(next, record, cause, ctx, Via::Lease)
+            // done before it are undone.
+            failed(&mut next, i, Cause::StepRejected { step: name, reason: reason.clone() }, ctx);
         }
-        (Phase::Compensating, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
-            next.steps[c].status = StepStatus::Undone;
+        (Direction::Undo, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
+            next.steps[i].status = StepStatus::Undone;
             next.note(ctx.now, Happening::StepUndone, Some(name), limit);
-            continue_undo(next, ctx, Via::Lease)
         }
-        (Phase::Compensating, StepOutcome::Failed { reason }) => {
-            next.steps[c].status = StepStatus::UndoFailed;
-            next.steps[c].detail = Some(reason.clone());
-            next.note(ctx.now, Happening::UndoFailed, Some(name), limit);
+        (Direction::Undo, StepOutcome::Failed { reason }) => {
             // One undo refused does not stop the others: release the stock even if the refund
             // failed. The operator gets the list of what is left.
-            continue_undo(next, ctx, Via::Lease)
+            next.steps[i].status = StepStatus::UndoFailed;
+            next.steps[i].detail = Some(reason.clone());
+            next.note(ctx.now, Happening::UndoFailed, Some(name), limit);
         }
     }
+    proceed(next, effects, ctx, Via::Lease)
 }
 
-/// The cursor's step failed for good, for `cause`, its status already set. A step whose
-/// failures are only reported is passed, and the order goes on; any other failure (or any
-/// failure while a cancel waits) stops the order and undoes what it did.
-fn failed(
-    mut next: StateRecord,
-    record: &StateRecord,
-    cause: Cause,
-    ctx: &Ctx<'_>,
-    via: Via,
-) -> Decision {
-    let c = record.cursor;
-    let name = record.steps[c].name.clone();
+/// Step `i` failed for good, for `cause`, its status already set. A step whose failures are
+/// only reported is passed, and the order goes on; any other failure (or any failure while a
+/// cancel waits, or while the order already stops) stops the order: nothing new starts, and
+/// once the steps in flight are finished, what was done is undone.
+fn failed(next: &mut StateRecord, i: usize, cause: Cause, ctx: &Ctx<'_>) {
+    let name = next.steps[i].name.clone();
     let limit = ctx.config.timeline_limit;
-    let cancel = cancelled_by(record);
+    let cancel = cancelled_by(next);
     let policy = ctx.workflow.step_named(&name).map(|s| s.on_failure);
-    if policy == Some(OnFailure::Report) && cancel.is_none() {
-        next.steps[c].reported = Some(cause);
-        next.failure_count = 0;
+    if policy == Some(OnFailure::Report) && cancel.is_none() && next.cause.is_none() {
+        next.steps[i].reported = Some(cause);
         next.note(ctx.now, Happening::StepReported, Some(name), limit);
-        return advance(next, record, Vec::new(), ctx, via);
+        return;
     }
     if !matches!(cause, Cause::StepTimedOut { .. }) {
         // An expiry is on the timeline already.
         next.note(ctx.now, Happening::StepFailed, Some(name), limit);
     }
-    next.cause = Some(cancel.unwrap_or(cause));
-    compensate(next, ctx, via)
+    // The first cause is the order's: a step failing while it stops only adds to the undo.
+    if next.cause.is_none() {
+        next.cause = Some(cancel.unwrap_or(cause));
+    }
 }
 
-/// Goes on past the cursor's step, done or reported: leases the next step to do (or hands it
-/// to the scheduler), or ends the order Processed. A cancel waiting for the step takes effect
-/// here instead, unless nothing is left to stop.
-fn advance(
-    mut next: StateRecord,
-    record: &StateRecord,
-    mut effects: Vec<Effect>,
-    ctx: &Ctx<'_>,
-    via: Via,
-) -> Decision {
-    let Some(following) = next_to_do(&next, record.cursor + 1) else {
-        // A cancel waiting for the last step comes too late: nothing is left to stop.
-        return processed(next, effects, ctx);
-    };
-    if let Some(cause) = cancelled_by(record) {
-        // The cancel's safe point: the step is done, and is undone with the others.
-        next.cause = Some(cause);
+/// How the steps a transition starts get to their agents: the scheduler leases and dispatches
+/// them in the same write; the supervisor and the operators' commands queue them and kick the
+/// scheduler, which keeps the roles apart.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Lease,
+    Kick,
+}
+
+/// Where the order goes once a transition has settled the steps it touched: the steps (or
+/// undos) that are now free to start are started; an order that stops waits for its steps in
+/// flight, then pauses or undoes what it did; an order with nothing left to do or undo ends.
+fn proceed(mut next: StateRecord, effects: Vec<Effect>, ctx: &Ctx<'_>, via: Via) -> Decision {
+    if next.phase == Phase::Forward {
+        let stopping = next.cause.is_some() || next.stop.is_some();
+        if !stopping {
+            return go_on(next, effects, ctx, via);
+        }
+        // Nothing new starts: the steps queued and not yet sent are taken back (a step sent
+        // under its keys before is as uncertain as ever, and compensation judges it).
+        for s in &mut next.steps {
+            if s.lease.is_some_and(|l| !l.sent) {
+                s.lease = None;
+            }
+        }
+        if next.steps.iter().any(|s| s.lease.is_some()) {
+            return in_flight(next, effects);
+        }
+        if let Some(stop) = next.stop.take()
+            && next.cause.is_none()
+        {
+            if next.steps.iter().all(StepState::passed) {
+                // The stop came too late: nothing is left to stop.
+                return processed(next, effects, ctx);
+            }
+            match stop.command {
+                CommandKind::Cancel => {
+                    next.cause = Some(Cause::Cancelled { by: stop.by, reason: stop.reason });
+                }
+                _ => {
+                    hold(&mut next, ctx, &stop.by, &stop.reason);
+                    return apply(next, effects);
+                }
+            }
+        }
         return first(effects, compensate(next, ctx, via));
     }
-    next.cursor = following;
-    let started = match via {
-        Via::Lease => lease(&mut next, ctx).map(|()| Effect::Dispatch),
-        Via::Kick => requeue(&mut next, ctx),
-    };
-    match started {
-        Some(effect) => {
-            effects.push(effect);
-            apply(next, effects)
+    undo_next(next, effects, ctx, via)
+}
+
+/// Forward, nothing stopping: starts every step whose dependencies (direct or through
+/// others) are all passed, or ends the order Processed once every step is.
+fn go_on(mut next: StateRecord, mut effects: Vec<Effect>, ctx: &Ctx<'_>, via: Via) -> Decision {
+    let mut ready = Vec::new();
+    for (i, s) in next.steps.iter().enumerate() {
+        if s.status != StepStatus::NotStarted || s.lease.is_some() {
+            continue;
         }
-        None => unknown_step(&next),
+        if ctx.workflow.step_named(&s.name).is_none() {
+            return unknown_step(s);
+        }
+        // Through others too: after a redrive, a step kept done may stand between a step and
+        // one it depends on that runs again.
+        let passed = |d: &&str| next.steps.iter().any(|o| o.name == *d && o.passed());
+        if ctx.workflow.upstream(&s.name).iter().all(passed) {
+            ready.push(i);
+        }
     }
+    if let Err(decision) = start(&mut next, &ready, &mut effects, ctx, via) {
+        return decision;
+    }
+    if next.steps.iter().any(|s| s.lease.is_some()) {
+        return in_flight(next, effects);
+    }
+    if next.steps.iter().all(StepState::passed) {
+        return processed(next, effects, ctx);
+    }
+    // A step not passed whose dependencies never will be: only a workflow changed under the
+    // order can leave it so.
+    let stuck = next.steps.iter().find(|s| !s.passed()).map(|s| s.name.clone());
+    Decision::Illegal(Illegal::UnknownStep { step: stuck.unwrap_or_default() })
+}
+
+/// Compensating: starts every undo that no step depending on it still waits for (undos run
+/// in reverse order of the dependencies, independent ones at once), or ends the order once
+/// nothing is left to undo.
+fn undo_next(mut next: StateRecord, mut effects: Vec<Effect>, ctx: &Ctx<'_>, via: Via) -> Decision {
+    let queued: HashSet<&str> = next
+        .steps
+        .iter()
+        .filter(|s| s.status == StepStatus::ToUndo)
+        .map(|s| s.name.as_str())
+        .collect();
+    let ready: Vec<usize> = next
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.status == StepStatus::ToUndo && s.lease.is_none())
+        .filter(|(_, s)| ctx.workflow.downstream(&s.name).is_disjoint(&queued))
+        .map(|(i, _)| i)
+        .collect();
+    if let Err(decision) = start(&mut next, &ready, &mut effects, ctx, via) {
+        return decision;
+    }
+    if next.steps.iter().any(|s| s.lease.is_some()) {
+        return in_flight(next, effects);
+    }
+    first(effects, fail(next, ctx))
+}
+
+/// Starts steps `ready` (or their undos): leased and dispatched at once, or queued at one new
+/// attempt with one start message for them all.
+fn start(
+    next: &mut StateRecord,
+    ready: &[usize],
+    effects: &mut Vec<Effect>,
+    ctx: &Ctx<'_>,
+    via: Via,
+) -> Result<(), Decision> {
+    if ready.is_empty() {
+        return Ok(());
+    }
+    if via == Via::Kick {
+        next.attempt += 1;
+    }
+    for &i in ready {
+        let Some(budget) = budget_of(&next.steps[i], ctx) else {
+            return Err(unknown_step(&next.steps[i]));
+        };
+        match via {
+            Via::Lease => {
+                send(next, i, ctx.now.plus(budget));
+                effects.push(Effect::Dispatch { step: i });
+            }
+            Via::Kick => {
+                let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(budget);
+                let attempt = next.attempt;
+                next.steps[i].lease =
+                    Some(Lease { attempt, complete_by, sent: false, failures: 0 });
+            }
+        }
+    }
+    if via == Via::Kick {
+        effects.push(Effect::Kick { delay: Duration::ZERO, attempt: next.attempt });
+    }
+    Ok(())
+}
+
+/// Leases step `i` (keeping its count of expired leases) and marks it dispatched: a new
+/// attempt, due by `complete_by`, whose request goes out once the record is written; from
+/// then on it may have reached its service under the step's keys.
+fn send(next: &mut StateRecord, i: usize, complete_by: Timestamp) {
+    next.attempt += 1;
+    let failures = next.steps[i].lease.map_or(0, |l| l.failures);
+    next.steps[i].lease = Some(Lease { attempt: next.attempt, complete_by, sent: true, failures });
+    next.steps[i].dispatched = true;
+}
+
+/// The record as its leases make it: Processing while one is sent, Pending while some wait
+/// for the scheduler, with the earliest lease as its CompleteBy.
+fn in_flight(mut next: StateRecord, effects: Vec<Effect>) -> Decision {
+    if next.steps.iter().any(|s| s.sent().is_some()) {
+        next.process_state = ProcessState::Processing;
+    } else {
+        next.process_state = ProcessState::Pending;
+        next.locked_by = None;
+    }
+    next.complete_by = next.earliest_lease();
+    apply(next, effects)
 }
 
 /// Every step is done or reported: Processed. A report owes the operators an alert, which
@@ -560,6 +735,7 @@ fn processed(mut next: StateRecord, mut effects: Vec<Effect>, ctx: &Ctx<'_>) -> 
     next.process_state = ProcessState::Processed;
     next.locked_by = None;
     next.complete_by = None;
+    next.stop = None;
     next.ended_at = Some(ctx.now);
     next.note(ctx.now, Happening::Processed, None, ctx.config.timeline_limit);
     effects.extend(status(ctx, StatusKind::Processed, None));
@@ -571,7 +747,8 @@ fn processed(mut next: StateRecord, mut effects: Vec<Effect>, ctx: &Ctx<'_>) -> 
     apply(next, effects)
 }
 
-/// The supervisor found an expired record in flight.
+/// The supervisor found an expired record in flight: every lease expired by more than the
+/// horizon is judged in the one write.
 fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_>) -> Decision {
     if let Some(ignored) = not_expired(record, seen, ctx) {
         return Decision::Ignore(ignored);
@@ -581,72 +758,88 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
         return Decision::Ignore(Ignored::Queued { until });
     }
     let mut next = begin(record, ctx, InputRef::Expire);
-    let failures = record.failure_count.saturating_add(1);
-    let c = record.cursor;
-    let name = record.steps[c].name.clone();
+    let mut effects = Vec::new();
+    let expired: Vec<usize> = record
+        .leased()
+        .filter(|(_, _, l)| l.complete_by.plus(horizon) <= ctx.now)
+        .map(|(i, _, _)| i)
+        .collect();
+    for i in expired {
+        judge(&mut next, i, ctx, &mut effects);
+    }
+    proceed(next, effects, ctx, Via::Kick)
+}
+
+/// Judges the expired lease of step `i`: tried again after a wait while below its threshold
+/// and nothing stops the order; otherwise the step failed (its outcome unknown), or its undo
+/// did.
+fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
+    let Some(lease) = next.steps[i].lease.take() else { return };
+    let failures = lease.failures.saturating_add(1);
+    next.failure_count = next.failure_count.saturating_add(1);
+    let name = next.steps[i].name.clone();
     let limit = ctx.config.timeline_limit;
     next.note(ctx.now, Happening::LeaseExpired, Some(name.clone()), limit);
 
     let Some(step) = ctx.workflow.step_named(&name) else {
         // No amount of retrying can run a step the workflow no longer has.
         next.cause.get_or_insert(Cause::UnknownStep { step: name.clone() });
-        next.steps[c].status = StepStatus::Uncertain;
-        return fail(next, ctx);
+        next.steps[i].status = StepStatus::Uncertain;
+        return;
     };
-
-    // A cancel waiting for this step does not wait for a retry: the step is uncertain now.
-    let cancel = cancelled_by(record);
+    let direction = next.steps[i].direction();
     let threshold = step.expired_leases.unwrap_or(ctx.config.failure_threshold);
-    if failures < threshold && cancel.is_none() {
+    // An order that stops for good does not wait for a retry of a step: its outcome is
+    // unknown now. One that pauses takes the step back, and starts it again on resuming.
+    let ending =
+        direction == Direction::Do && (next.cause.is_some() || cancelled_by(next).is_some());
+    if failures < threshold && !ending {
+        if direction == Direction::Do && next.stop.is_some() {
+            return;
+        }
         // Wait longer before each further try, in case the fault is not as transient as hoped.
         let wait = step.waits(ctx.config.wait).wait(failures);
-        let budget = step.action(record.phase.direction()).map_or(step.budget, |(_, b)| b);
-        next.failure_count = failures;
-        // Processing: the request (or its reply) is judged lost, and a new attempt fences it
-        // out. A Pending order keeps its attempt: should its start message only be late after
-        // all, it still claims the order, and the new one finds it claimed.
-        let new_attempt = record.process_state == ProcessState::Processing
-            || mutants::on(Mutant::PendingResetTakesNewAttempt);
-        let due = ctx.now.plus(wait).plus(ctx.config.claim_grace).plus(budget);
-        hand_back(&mut next, new_attempt, due);
+        let budget = step.action(direction).map_or(step.budget, |(_, b)| b);
+        // A sent request (or its reply) is judged lost, and a new attempt fences it out. A
+        // queued step keeps its attempt: should its start message only be late after all, it
+        // still claims the step, and the new one finds it claimed.
+        let attempt = if lease.sent || mutants::on(Mutant::PendingResetTakesNewAttempt) {
+            next.attempt += 1;
+            next.attempt
+        } else {
+            lease.attempt
+        };
+        let complete_by = ctx.now.plus(wait).plus(ctx.config.claim_grace).plus(budget);
+        next.steps[i].lease = Some(Lease { attempt, complete_by, sent: false, failures });
         next.note(ctx.now, Happening::RetryScheduled, Some(name), limit);
-        return apply(next, vec![Effect::Kick { delay: wait }]);
+        effects.push(Effect::Kick { delay: wait, attempt });
+        return;
     }
-
-    next.failure_count = failures;
     let detail = format!("lease expired {failures} times");
-    match record.phase {
-        Phase::Forward => {
+    match direction {
+        Direction::Do => {
             // The step may have taken effect with its answer lost: undo it too if it can be
             // undone (compensations must tolerate undoing what never happened), otherwise
             // leave it to the operator. Passed on a report, it stays as it may be.
-            let undo = step.compensation.is_some()
-                && (step.on_failure == OnFailure::Undo || cancel.is_some());
-            next.steps[c].status = if undo { StepStatus::ToUndo } else { StepStatus::Uncertain };
-            next.steps[c].detail = Some(detail);
-            failed(next, record, Cause::StepTimedOut { step: name, failures }, ctx, Via::Kick)
+            let undo =
+                step.compensation.is_some() && (step.on_failure == OnFailure::Undo || ending);
+            next.steps[i].status = if undo { StepStatus::ToUndo } else { StepStatus::Uncertain };
+            next.steps[i].detail = Some(detail);
+            failed(next, i, Cause::StepTimedOut { step: name, failures }, ctx);
         }
-        Phase::Compensating => {
-            next.steps[c].status = StepStatus::UndoFailed;
-            next.steps[c].detail = Some(detail);
+        Direction::Undo => {
+            next.steps[i].status = StepStatus::UndoFailed;
+            next.steps[i].detail = Some(detail);
             next.note(ctx.now, Happening::UndoFailed, Some(name), limit);
-            continue_undo(next, ctx, Via::Kick)
         }
     }
 }
 
-/// How the next undo gets started: the scheduler leases and dispatches it in the same write;
-/// the supervisor leaves it Pending and kicks the scheduler, which keeps the roles apart.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Via {
-    Lease,
-    Kick,
-}
-
-/// Queues every completed step that has a compensation for undoing, last first, and starts.
-/// A step not reached in this run but sent under its current keys before (a redrive kept the
-/// keys of a step whose outcome was unknown) is as uncertain as ever: undone if it can be,
-/// otherwise left on the operator's list.
+/// Nothing is in flight any more: queues every completed step that has a compensation for
+/// undoing, and starts the undos nothing waits for. A step not reached in this run but sent
+/// under its current keys before (a redrive kept the keys of a step whose outcome was
+/// unknown, or a step was taken back before its claim) is as uncertain as ever: undone if it
+/// can be, otherwise left on the operator's list.
 fn compensate(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
     for s in &mut next.steps {
         let undoable = has_compensation(ctx.workflow, &s.name);
@@ -658,7 +851,7 @@ fn compensate(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
             }
             StepStatus::NotStarted if s.dispatched => {
                 s.status = if undoable { StepStatus::ToUndo } else { StepStatus::Uncertain };
-                s.detail = Some("sent in an earlier run; its outcome is unknown".into());
+                s.detail = Some("sent before the order stopped; its outcome is unknown".into());
             }
             _ => {}
         }
@@ -668,57 +861,8 @@ fn compensate(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
     }
     next.phase = Phase::Compensating;
     next.note(ctx.now, Happening::CompensationStarted, None, ctx.config.timeline_limit);
-    let mut effects = status(ctx, StatusKind::Compensating, None);
-    match start_undo(&mut next, ctx, via, usize::MAX) {
-        Some(effect) => effects.push(effect),
-        None => return fail(next, ctx),
-    }
-    apply(next, effects)
-}
-
-/// Moves to the next step to undo below the cursor, or ends the order when none is left.
-fn continue_undo(mut next: StateRecord, ctx: &Ctx<'_>, via: Via) -> Decision {
-    let below = next.cursor;
-    match start_undo(&mut next, ctx, via, below) {
-        Some(effect) => apply(next, vec![effect]),
-        None => fail(next, ctx),
-    }
-}
-
-/// Points the cursor at the highest step below `below` queued for undo and leases it (or
-/// leaves it Pending for the scheduler). `None` when nothing is left to undo.
-fn start_undo(next: &mut StateRecord, ctx: &Ctx<'_>, via: Via, below: usize) -> Option<Effect> {
-    let index = next.steps.iter().take(below).rposition(|s| s.status == StepStatus::ToUndo)?;
-    next.cursor = index;
-    next.failure_count = 0;
-    match via {
-        Via::Lease => {
-            lease(next, ctx)?;
-            Some(Effect::Dispatch)
-        }
-        Via::Kick => requeue(next, ctx),
-    }
-}
-
-/// Hands the cursor's step (or undo) back to the scheduler: Pending at a new attempt, with the
-/// claim grace and the action's whole budget before CompleteBy, and a start message. `None` if
-/// the workflow has no such step.
-fn requeue(next: &mut StateRecord, ctx: &Ctx<'_>) -> Option<Effect> {
-    let (_, budget) = leased_action(next, ctx)?;
-    hand_back(next, true, ctx.now.plus(ctx.config.claim_grace).plus(budget));
-    Some(Effect::Kick { delay: Duration::ZERO })
-}
-
-/// The move to Pending: the order is the scheduler's to claim again, by `complete_by`, from a
-/// start message its caller sends. At a new attempt, unless a start message already sent for
-/// the current one must still be able to claim it.
-fn hand_back(next: &mut StateRecord, new_attempt: bool, complete_by: Timestamp) {
-    next.process_state = ProcessState::Pending;
-    next.locked_by = None;
-    if new_attempt {
-        next.attempt += 1;
-    }
-    next.complete_by = Some(complete_by);
+    let effects = status(ctx, StatusKind::Compensating, None);
+    undo_next(next, effects, ctx, via)
 }
 
 /// Ends the order once nothing is left to undo: Cancelled if an operator cancelled it and
@@ -731,8 +875,10 @@ fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
         if s.status == StepStatus::ToUndo {
             s.status = StepStatus::Uncertain;
         }
+        s.lease = None;
     }
     next.locked_by = None;
+    next.stop = None;
     next.ended_at = Some(ctx.now);
     let limit = ctx.config.timeline_limit;
     if let Some(Cause::Cancelled { by, reason }) = next.cause.clone() {
@@ -785,11 +931,16 @@ fn alert_sent(record: &StateRecord, ctx: &Ctx<'_>) -> Decision {
 }
 
 /// The side effects a record in this state owes the world, for a redelivered message whose
-/// transition was already written. Non-terminal status events are not replayed: they are
-/// informative, and the next terminal event supersedes them.
+/// transition was already written: every request in flight again (an agent answers a repeat
+/// from its ledger), and a terminal state's event and alert. Non-terminal status events are
+/// not replayed: they are informative, and the next terminal event supersedes them.
 fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
     match record.process_state {
-        ProcessState::Processing => vec![Effect::Dispatch],
+        ProcessState::Processing => record
+            .leased()
+            .filter(|(_, _, l)| l.sent)
+            .map(|(i, _, _)| Effect::Dispatch { step: i })
+            .collect(),
         ProcessState::Pending | ProcessState::Paused => Vec::new(),
         ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => {
             let mut effects = status(ctx, terminal_kind(record), None);
@@ -799,6 +950,15 @@ fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
             effects
         }
     }
+}
+
+/// The start messages the record's queued steps wait for.
+fn kicks(record: &StateRecord) -> Vec<Effect> {
+    let mut attempts: Vec<u64> =
+        record.leased().filter(|(_, _, l)| !l.sent).map(|(_, _, l)| l.attempt).collect();
+    attempts.sort_unstable();
+    attempts.dedup();
+    attempts.into_iter().map(|attempt| Effect::Kick { delay: Duration::ZERO, attempt }).collect()
 }
 
 fn terminal_kind(record: &StateRecord) -> StatusKind {
@@ -824,39 +984,19 @@ fn not_expired(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Option<I
     None
 }
 
-/// Takes a fresh lease on the cursor's step: Processing, next attempt, CompleteBy one budget
-/// away. The lock holder stays the scheduler that wrote it.
-fn lease(next: &mut StateRecord, ctx: &Ctx<'_>) -> Option<()> {
-    let (_, budget) = leased_action(next, ctx)?;
-    take_lease(next, ctx.now.plus(budget));
-    Some(())
-}
-
-/// The move to Processing: a new attempt on the cursor's step (or undo), due by
-/// `complete_by`, whose request goes out once the record is written; from then on it may
-/// have reached its service under the step's keys.
-fn take_lease(next: &mut StateRecord, complete_by: Timestamp) {
-    next.process_state = ProcessState::Processing;
-    next.attempt += 1;
-    next.steps[next.cursor].dispatched = true;
-    next.complete_by = Some(complete_by);
-}
-
-/// The workflow step at the cursor and the budget of the action the phase calls for.
-fn leased_action<'w>(record: &StateRecord, ctx: &Ctx<'w>) -> Option<(&'w Step, Duration)> {
-    let name = &record.steps.get(record.cursor)?.name;
-    let step = ctx.workflow.step_named(name)?;
-    let (_, budget) = step.action(record.phase.direction())?;
-    Some((step, budget))
+/// The budget of the action a lease on `state` is for; `None` if the workflow has no such
+/// step (or no undo for it).
+fn budget_of(state: &StepState, ctx: &Ctx<'_>) -> Option<Duration> {
+    let step = ctx.workflow.step_named(&state.name)?;
+    step.action(state.direction()).map(|(_, budget)| budget)
 }
 
 fn has_compensation(workflow: &Workflow, step: &str) -> bool {
     workflow.step_named(step).is_some_and(|s| s.compensation.is_some())
 }
 
-fn unknown_step(record: &StateRecord) -> Decision {
-    let step = record.steps.get(record.cursor).map(|s| s.name.clone()).unwrap_or_default();
-    Decision::Illegal(Illegal::UnknownStep { step })
+fn unknown_step(state: &StepState) -> Decision {
+    Decision::Illegal(Illegal::UnknownStep { step: state.name.clone() })
 }
 
 /// An operator command as [`operate`] takes it.
@@ -880,8 +1020,8 @@ fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Decision {
         // The command's write was the last one: its handler may have died before the effects.
         if record.last_input == InputRef::Command(cmd.id.to_owned()) {
             return Decision::Replay(match record.process_state {
-                ProcessState::Pending => vec![Effect::Kick { delay: Duration::ZERO }],
-                ProcessState::Processing | ProcessState::Paused => Vec::new(),
+                ProcessState::Pending | ProcessState::Processing => kicks(record),
+                ProcessState::Paused => Vec::new(),
                 _ => replay(record, ctx),
             });
         }
@@ -916,45 +1056,38 @@ fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Decision {
             t.next.commands.drain(..excess);
             Decision::Apply(t)
         }
+        Ok(Decision::Illegal(Illegal::UnknownStep { step })) => {
+            Decision::Refuse(Refused::UnknownStep { step })
+        }
         Ok(other) => other,
         Err(refused) => Decision::Refuse(refused),
     }
 }
 
-/// Cancel: at once when no step is in flight, else when the step in flight is finished.
+/// Cancel: at once when no step is in flight, else once the steps in flight are finished.
 fn cancel(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decision, Refused> {
     let state = record.process_state;
     if state.is_terminal() {
         return Err(Refused::Finished { state, command: cmd.kind });
     }
-    if record.phase == Phase::Compensating {
+    if record.phase == Phase::Compensating || record.cause.is_some() {
         return Err(Refused::Undoing { state });
+    }
+    if matches!(&record.stop, Some(stop) if stop.command == CommandKind::Cancel) {
+        return Err(Refused::Cancelling);
     }
     let limit = ctx.config.timeline_limit;
     let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
     next.note_command(ctx.now, Happening::CancelRequested, cmd.by, cmd.reason, limit);
-    if state == ProcessState::Processing {
-        match &record.stop {
-            Some(stop) if stop.command == CommandKind::Cancel => return Err(Refused::Cancelling),
-            // A waiting pause gives way: the order is to stop for good.
-            _ => next.stop = Some(stop_of(cmd)),
-        }
-        return Ok(apply(next, Vec::new()));
-    }
-    // Pending or Paused. A step that was sent before (its lease expired, or an earlier run
-    // under the same keys timed out) may have taken effect all the same, its answer lost: it is
-    // as uncertain as a step in flight, and undone (or reported) too.
-    let c = next.cursor;
-    if next.steps[c].dispatched || record.failure_count > 0 {
-        let undoable = has_compensation(ctx.workflow, &next.steps[c].name);
-        next.steps[c].status = if undoable { StepStatus::ToUndo } else { StepStatus::Uncertain };
-        next.steps[c].detail = Some("cancelled while the step's outcome was unknown".into());
-    }
-    next.cause = Some(Cause::Cancelled { by: cmd.by.to_owned(), reason: cmd.reason.to_owned() });
-    Ok(compensate(next, ctx, Via::Kick))
+    // A waiting pause gives way: the order is to stop for good. Steps queued and not yet
+    // sent are taken back; a step sent before (its lease expired, or an earlier run under the
+    // same keys timed out) may have taken effect all the same, its answer lost: it is as
+    // uncertain as a step in flight, and undone (or reported) too.
+    next.stop = Some(stop_of(cmd));
+    Ok(proceed(next, Vec::new(), ctx, Via::Kick))
 }
 
-/// Pause: at once when no step is in flight, else when the step in flight is finished.
+/// Pause: at once when no step is in flight, else once the steps in flight are finished.
 fn pause(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decision, Refused> {
     let state = record.process_state;
     let limit = ctx.config.timeline_limit;
@@ -964,19 +1097,24 @@ fn pause(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decisi
             Err(Refused::Finished { state, command: cmd.kind })
         }
         ProcessState::Paused => Err(Refused::AlreadyPaused),
-        ProcessState::Processing => match &record.stop {
+        ProcessState::Pending | ProcessState::Processing => match &record.stop {
             Some(stop) if stop.command == CommandKind::Cancel => Err(Refused::Cancelling),
             Some(_) => Err(Refused::Pausing),
+            None if record.cause.is_some() => Err(Refused::Undoing { state }),
             None => {
+                if state == ProcessState::Processing {
+                    next.note_command(
+                        ctx.now,
+                        Happening::PauseRequested,
+                        cmd.by,
+                        cmd.reason,
+                        limit,
+                    );
+                }
                 next.stop = Some(stop_of(cmd));
-                next.note_command(ctx.now, Happening::PauseRequested, cmd.by, cmd.reason, limit);
-                Ok(apply(next, Vec::new()))
+                Ok(proceed(next, Vec::new(), ctx, Via::Kick))
             }
         },
-        ProcessState::Pending => {
-            hold(&mut next, ctx, cmd.by, cmd.reason);
-            Ok(apply(next, Vec::new()))
-        }
     }
 }
 
@@ -989,23 +1127,19 @@ fn resume(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decis
         (ProcessState::Processing, Some(stop)) if stop.command == CommandKind::Pause => {
             next.stop = None;
             next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
-            Ok(apply(next, Vec::new()))
+            Ok(proceed(next, Vec::new(), ctx, Via::Kick))
         }
         (ProcessState::Paused, _) => {
-            let Some(kick) = requeue(&mut next, ctx) else {
-                let step = record.steps[record.cursor].name.clone();
-                return Err(Refused::UnknownStep { step });
-            };
             next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
-            Ok(apply(next, vec![kick]))
+            Ok(proceed(next, Vec::new(), ctx, Via::Kick))
         }
         _ => Err(Refused::NotPaused { state }),
     }
 }
 
-/// Redrive: an order in Error runs again from its first step not done. Steps that were undone
-/// or refused are done again under keys of a new generation; a step whose outcome is unknown
-/// (it timed out and nothing could undo it) keeps its key, so that its service answers what it
+/// Redrive: an order in Error runs again from the steps not done. Steps that were undone or
+/// refused are done again under keys of a new generation; a step whose outcome is unknown (it
+/// timed out and nothing could undo it) keeps its key, so that its service answers what it
 /// did rather than doing it twice.
 fn redrive(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decision, Refused> {
     within_window(record, ctx)?;
@@ -1023,6 +1157,10 @@ fn redrive(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Deci
     }
     if let Some(s) = record.steps.iter().find(|s| ctx.workflow.step_named(&s.name).is_none()) {
         return Err(Refused::UnknownStep { step: s.name.clone() });
+    }
+    if record.steps.iter().all(|s| s.status == StepStatus::Done) {
+        // Every step is done: an Error record never looks like this.
+        return Err(Refused::NotFailed { state: record.process_state });
     }
     let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
     for s in &mut next.steps {
@@ -1043,14 +1181,9 @@ fn redrive(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Deci
         s.detail = None;
         s.reported = None;
     }
-    let Some(cursor) = next_to_do(&next, 0) else {
-        // Every step is done: an Error record never looks like this.
-        return Err(Refused::NotFailed { state: record.process_state });
-    };
-    next.cursor = cursor;
     next.phase = Phase::Forward;
     next.cause = None;
-    restart(next, ctx, cmd)
+    Ok(restart(next, ctx, cmd))
 }
 
 /// Redrive of the compensation: the undos that failed are queued again, under their keys (an
@@ -1072,21 +1205,18 @@ fn redrive_compensation(
         }
     }
     next.phase = Phase::Compensating;
-    next.cursor = next.steps.iter().rposition(|s| s.status == StepStatus::ToUndo).unwrap_or(0);
-    restart(next, ctx, cmd)
+    Ok(restart(next, ctx, cmd))
 }
 
-/// Puts a redriven record back to Pending at a new attempt with its start message.
-fn restart(mut next: StateRecord, ctx: &Ctx<'_>, cmd: Command<'_>) -> Result<Decision, Refused> {
-    let Some(kick) = requeue(&mut next, ctx) else {
-        return Err(Refused::UnknownStep { step: next.steps[next.cursor].name.clone() });
-    };
+/// Puts a redriven record back in flight, its free steps queued at a new attempt with their
+/// start message.
+fn restart(mut next: StateRecord, ctx: &Ctx<'_>, cmd: Command<'_>) -> Decision {
     next.failure_count = 0;
     next.alert = None;
     next.ended_at = None;
     next.redrives += 1;
     next.note_command(ctx.now, Happening::Redriven, cmd.by, cmd.reason, ctx.config.timeline_limit);
-    Ok(apply(next, vec![kick]))
+    proceed(next, Vec::new(), ctx, Via::Kick)
 }
 
 fn within_window(record: &StateRecord, ctx: &Ctx<'_>) -> Result<(), Refused> {
@@ -1097,37 +1227,13 @@ fn within_window(record: &StateRecord, ctx: &Ctx<'_>) -> Result<(), Refused> {
     Ok(())
 }
 
-/// A transition out of a Processing record ends the operator's stop waiting on it: a pause
-/// holds the order where it would have gone on (nothing is dispatched or kicked); a cancel was
-/// acted on by the transition itself. A transition that kept the same lease would leave the
-/// stop waiting; none of the system's inputs makes one today.
-fn settle_stop(record: &StateRecord, decision: Decision, ctx: &Ctx<'_>) -> Decision {
-    let Some(stop) = &record.stop else {
-        return decision;
-    };
-    let Decision::Apply(mut t) = decision else {
-        return decision;
-    };
-    if t.next.process_state == ProcessState::Processing && t.next.attempt == record.attempt {
-        return Decision::Apply(t);
-    }
-    t.next.stop = None;
-    if stop.command == CommandKind::Pause && t.next.process_state.is_in_flight() {
-        // A step leased by this transition is not sent after all.
-        let c = t.next.cursor;
-        t.next.steps[c].dispatched = record.steps[c].dispatched;
-        hold(&mut t.next, ctx, &stop.by, &stop.reason);
-        t.effects.retain(|e| !matches!(e, Effect::Dispatch | Effect::Kick { .. }));
-    }
-    Decision::Apply(t)
-}
-
 /// Holds a record where it stands: Paused, out of the expiry index, at a new attempt so that
 /// no message sent before counts.
 fn hold(next: &mut StateRecord, ctx: &Ctx<'_>, by: &str, reason: &str) {
     next.process_state = ProcessState::Paused;
     next.locked_by = None;
     next.complete_by = None;
+    next.stop = None;
     next.attempt += 1;
     next.note_command(ctx.now, Happening::Paused, by, reason, ctx.config.timeline_limit);
 }
@@ -1140,12 +1246,6 @@ fn stop_of(cmd: Command<'_>) -> Stop {
 fn cancelled_by(record: &StateRecord) -> Option<Cause> {
     let stop = record.stop.as_ref().filter(|s| s.command == CommandKind::Cancel)?;
     Some(Cause::Cancelled { by: stop.by.clone(), reason: stop.reason.clone() })
-}
-
-/// The first step at or after `from` that is not done (after a redrive, steps kept done may
-/// lie ahead of the cursor).
-fn next_to_do(record: &StateRecord, from: usize) -> Option<usize> {
-    (from..record.steps.len()).find(|&i| !record.steps[i].passed())
 }
 
 /// `decision`, with `effects` performed before its own.

@@ -3,18 +3,25 @@
 //! `OrderId`, `LockedBy`, `CompleteBy`, `ProcessState` and `FailureCount` mean what the pattern
 //! says. On top of them:
 //!
-//! - `attempt` is a fencing token. It grows with every lease (claim, next step, reset), every
-//!   message carries it, and a message from an older attempt can change nothing.
+//! - Each step being done or undone holds a [`Lease`]: its own attempt, CompleteBy and count of
+//!   expired leases. Steps that do not depend on each other hold leases at the same time.
+//! - `attempt` is the record's counter of fencing tokens. Every lease takes the next value
+//!   (claim, next step, reset); every message carries its lease's, and a message naming an
+//!   attempt that no lease holds any more can change nothing.
 //! - `revision` grows with every write; each write expects the revision it read, so two
 //!   writers that read the same record can never both succeed.
-//! - `phase`, `cursor` and `steps` say which step is being done or undone, and how each went.
+//! - `phase` and `steps` say whether the order is going forward or undoing, and how each step
+//!   went.
 //! - `complete_by` is set exactly while the record needs the supervisor's attention: while the
-//!   order is in flight (Pending or Processing), and while an operator alert is not yet known to
-//!   be published. It is what the sparse expiry index holds, so finished records leave it.
+//!   order is in flight (Pending or Processing: the earliest of its leases), and while an
+//!   operator alert is not yet known to be published. It is what the sparse expiry index
+//!   holds, so finished records leave it.
+//! - `failure_count` counts the expired leases the supervisor judged since the order was
+//!   (re)started, all steps together; each lease counts its own against its step's threshold.
 //! - `last_input` names the message whose handling produced this revision, so a redelivery of
 //!   that same message (its handler died after writing) can redo the lost side effects, while a
 //!   second copy of it changes nothing.
-//! - `stop` is an operator's cancel or pause that waits for the step in flight to finish;
+//! - `stop` is an operator's cancel or pause that waits for the steps in flight to finish;
 //!   `commands` lists the latest operator commands applied, by id, so that a command sent
 //!   twice is applied once; `redrives` counts how often the order was run again after failing.
 //! - Each step has a `generation`, part of its idempotency keys: a step done again after it was
@@ -32,7 +39,8 @@ use crate::time::Timestamp;
 pub enum ProcessState {
     /// Waiting for the scheduler to claim it (new, reset by the supervisor, or undo queued).
     Pending,
-    /// Claimed: a step (or its undo) has been dispatched and holds a lease until CompleteBy.
+    /// Claimed: at least one step (or undo) has been dispatched and holds a lease until its
+    /// CompleteBy.
     Processing,
     /// Every step completed. Terminal.
     Processed,
@@ -102,7 +110,7 @@ impl Phase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepStatus {
-    /// Not completed yet (possibly in progress: see the record's cursor).
+    /// Not completed yet (in progress while it holds a lease).
     NotStarted,
     /// Completed; its output is recorded.
     Done,
@@ -110,7 +118,7 @@ pub enum StepStatus {
     Failed,
     /// Its leases kept expiring; the remote effect may or may not have happened.
     Uncertain,
-    /// Queued to be undone (or being undone: see the cursor).
+    /// Queued to be undone (being undone while it holds a lease).
     ToUndo,
     /// Undone.
     Undone,
@@ -141,6 +149,24 @@ pub struct StepState {
     /// it, and the operators were told. Its status still says what became of its effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported: Option<Cause>,
+    /// Held while the step (or its undo) is queued for the scheduler or in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+}
+
+/// One step's hold on the system's attention while it is done or undone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The fencing token: only a claim or a reply naming it counts for this step.
+    pub attempt: u64,
+    /// When the supervisor may judge it expired.
+    pub complete_by: Timestamp,
+    /// Dispatched to its agent; otherwise waiting for the scheduler to claim it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sent: bool,
+    /// Expired leases of this action so far, against its threshold.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: u32,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -158,6 +184,16 @@ impl StepState {
         self.status == StepStatus::Done || self.reported.is_some()
     }
 
+    /// The action a lease on this step is for: its undo once it is queued for undo.
+    pub fn direction(&self) -> Direction {
+        if self.status == StepStatus::ToUndo { Direction::Undo } else { Direction::Do }
+    }
+
+    /// The lease, if it was dispatched.
+    pub fn sent(&self) -> Option<&Lease> {
+        self.lease.as_ref().filter(|l| l.sent)
+    }
+
     pub(crate) fn new(name: &str) -> StepState {
         StepState {
             name: name.to_owned(),
@@ -167,6 +203,7 @@ impl StepState {
             generation: 0,
             dispatched: false,
             reported: None,
+            lease: None,
         }
     }
 }
@@ -387,14 +424,11 @@ pub struct StateRecord {
     pub process_state: ProcessState,
     pub locked_by: Option<String>,
     pub complete_by: Option<Timestamp>,
-    /// Expired leases of the current step (reset when a step completes, and when compensation
-    /// begins).
+    /// Expired leases judged since the order was (re)started, all steps together.
     pub failure_count: u32,
     pub attempt: u64,
     pub revision: u64,
     pub phase: Phase,
-    /// Index of the step being done or undone; meaningful while Pending or Processing.
-    pub cursor: usize,
     pub steps: Vec<StepState>,
     pub cause: Option<Cause>,
     pub alert: Option<AlertDelivery>,
@@ -408,7 +442,7 @@ pub struct StateRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<Timestamp>,
     pub timeline: Vec<TimelineEntry>,
-    /// An operator's cancel or pause waiting for the step in flight (only while Processing).
+    /// An operator's cancel or pause waiting for the steps in flight (only while Processing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Stop>,
     /// The latest operator commands applied, oldest first.
@@ -424,15 +458,29 @@ impl StateRecord {
         self.process_state.is_terminal()
     }
 
-    /// The step being done or undone (or to be, once resumed), while the order is in flight
-    /// or paused.
+    /// The first step being done or undone (or to be, once resumed), while the order is in
+    /// flight or paused.
     pub fn current_step(&self) -> Option<&StepState> {
         match self.process_state {
-            ProcessState::Pending | ProcessState::Processing | ProcessState::Paused => {
-                self.steps.get(self.cursor)
+            ProcessState::Pending | ProcessState::Processing => {
+                self.steps.iter().find(|s| s.lease.is_some())
             }
+            ProcessState::Paused => self.steps.iter().find(|s| match self.phase {
+                Phase::Forward => !s.passed(),
+                Phase::Compensating => s.status == StepStatus::ToUndo,
+            }),
             ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => None,
         }
+    }
+
+    /// The steps holding a lease, with their place in the record.
+    pub fn leased(&self) -> impl Iterator<Item = (usize, &StepState, &Lease)> {
+        self.steps.iter().enumerate().filter_map(|(i, s)| Some((i, s, s.lease.as_ref()?)))
+    }
+
+    /// The earliest CompleteBy of the leases.
+    pub fn earliest_lease(&self) -> Option<Timestamp> {
+        self.leased().map(|(_, _, l)| l.complete_by).min()
     }
 
     /// Whether the order is on an operator's list, and why: in Error (since it ended, with
@@ -533,6 +581,9 @@ impl StateRecord {
         if self.stop.is_some() && self.process_state != ProcessState::Processing {
             return self.broken("an operator's stop waits only while a step is in flight");
         }
+        if !self.process_state.is_in_flight() && self.steps.iter().any(|s| s.lease.is_some()) {
+            return self.broken("a lease on an order not in flight");
+        }
         if self.process_state.is_in_flight() && self.complete_by.is_none() {
             return self.broken("in flight without CompleteBy: the supervisor could never find it");
         }
@@ -607,39 +658,53 @@ impl StateRecord {
         }
     }
 
-    /// The cursor and the steps' statuses of an order in flight or paused.
+    /// The leases and the steps' statuses of an order in flight or paused.
     fn check_progress(&self) -> Result<(), String> {
-        if self.cursor >= self.steps.len() {
-            return self.broken("cursor past the last step");
+        let sent = self.leased().any(|(_, _, l)| l.sent);
+        let queued = self.leased().any(|(_, _, l)| !l.sent);
+        match self.process_state {
+            ProcessState::Paused if sent || queued => return self.broken("paused with a lease"),
+            ProcessState::Processing if !sent => {
+                return self.broken("processing with no step sent");
+            }
+            ProcessState::Pending if sent || !queued => {
+                return self.broken("pending without exactly queued leases");
+            }
+            _ => {}
         }
-        let current = self.steps[self.cursor].status;
+        if self.process_state.is_in_flight() && self.complete_by != self.earliest_lease() {
+            return self.broken("CompleteBy is not the earliest lease's");
+        }
+        let mut attempts: Vec<(u64, bool)> = Vec::new();
+        for (_, step, lease) in self.leased() {
+            if lease.attempt > self.attempt {
+                return self.broken("a lease from an attempt not yet taken");
+            }
+            if lease.sent && (!step.dispatched || attempts.iter().any(|a| a.0 == lease.attempt)) {
+                return self.broken("a step sent under another's attempt, or not marked sent");
+            }
+            attempts.push((lease.attempt, lease.sent));
+        }
+        // Nothing new is queued while the order stops: it waits for the steps in flight.
+        if (self.stop.is_some() || self.cause.is_some()) && queued && self.phase == Phase::Forward {
+            return self.broken("a step queued while the order stops");
+        }
         match self.phase {
             Phase::Forward => {
-                if self.cause.is_some() {
-                    return self.broken("moving forward with a failure cause");
+                if self.leased().any(|(_, s, _)| s.status != StepStatus::NotStarted) {
+                    return self.broken("a lease on a step that is not to be done");
                 }
-                // After a redrive, a step that was kept (done, with nothing to undo it) may
-                // follow the cursor.
-                let later_ok = |s: &StepState| {
-                    s.status == StepStatus::NotStarted
-                        || (self.redrives > 0 && s.status == StepStatus::Done)
-                };
-                if current != StepStatus::NotStarted
-                    || self.steps[..self.cursor].iter().any(|s| !s.passed())
-                    || !self.steps[self.cursor + 1..].iter().all(later_ok)
-                {
-                    return self.broken("forward progress out of order");
+                if self.cause.is_some() && !sent {
+                    return self
+                        .broken("moving forward with a failure cause and nothing in flight");
                 }
             }
             Phase::Compensating => {
                 if self.cause.is_none() {
                     return self.broken("compensating without a cause");
                 }
-                if current != StepStatus::ToUndo {
+                if self.leased().any(|(_, s, _)| s.status != StepStatus::ToUndo) {
                     return self.broken("undoing a step that is not queued for undo");
-                }
-                if self.steps[self.cursor + 1..].iter().any(|s| s.status == StepStatus::ToUndo) {
-                    return self.broken("undo out of reverse order");
                 }
             }
         }

@@ -298,6 +298,15 @@ impl Workflow {
         found
     }
 
+    /// The steps that depend on `name`, directly or through others: undone before it.
+    pub fn downstream(&self, name: &str) -> HashSet<&str> {
+        self.steps
+            .iter()
+            .filter(|s| self.upstream(&s.name).contains(name))
+            .map(|s| s.name.as_str())
+            .collect()
+    }
+
     /// The agents this workflow uses, each once, in order of first use.
     pub fn agents(&self) -> Vec<&AgentName> {
         let mut seen = Vec::new();

@@ -428,13 +428,21 @@ impl World {
             if self.rng.unit() < self.scenario.lost {
                 let message = Message::decode(&d.body).unwrap();
                 let order = message.order_id();
-                let step = match &message {
-                    Message::Request(r) => r.step.name.clone(),
-                    Message::Reply(r) => r.step.name.clone(),
-                    // A start message is for the step at the order's cursor.
-                    _ => self.store.peek(order).map(|r| r.steps[r.cursor].name.clone()).unwrap(),
+                let steps = match &message {
+                    Message::Request(r) => vec![r.step.name.clone()],
+                    Message::Reply(r) => vec![r.step.name.clone()],
+                    // A start message is for the steps queued at its attempt.
+                    Message::Start(start) => {
+                        let r = self.store.peek(order).unwrap();
+                        let queued = r.leased().filter(|(_, _, l)| l.attempt == start.attempt);
+                        queued.map(|(_, s, _)| s.name.clone()).collect()
+                    }
                 };
-                self.injected.lock().unwrap().entry(order).or_default().cost_a_lease(&step);
+                let mut injected = self.injected.lock().unwrap();
+                for step in steps {
+                    injected.entry(order).or_default().cost_a_lease(&step);
+                }
+                drop(injected);
                 self.queues.delete(queue, &d.receipt).unwrap();
             } else {
                 kept.push(d);

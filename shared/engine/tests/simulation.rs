@@ -47,7 +47,7 @@ use sas_engine::services::{
     SweepReport,
 };
 use sas_engine::state::{
-    AlertDelivery, Cause, CommandKind, InputRef, ProcessState, StateRecord, StepStatus,
+    AlertDelivery, Cause, CommandKind, InputRef, Phase, ProcessState, StateRecord, StepStatus,
 };
 use sas_engine::workflow::{OnFailure, Workflow};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -276,6 +276,9 @@ struct Tally {
     processed_with_reports: u64,
     /// Orders that ended on the version before a deploy, after it.
     ended_on_old_version: u64,
+    /// Orders seen with two steps in flight at once, and with two undos in flight at once.
+    side_by_side: u64,
+    undone_side_by_side: u64,
 }
 
 impl Tally {
@@ -300,6 +303,8 @@ impl std::ops::AddAssign for Tally {
         self.redriven_to_the_end += o.redriven_to_the_end;
         self.processed_with_reports += o.processed_with_reports;
         self.ended_on_old_version += o.ended_on_old_version;
+        self.side_by_side += o.side_by_side;
+        self.undone_side_by_side += o.undone_side_by_side;
     }
 }
 
@@ -310,13 +315,15 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
             self.redriven_to_the_end,
             self.processed_with_reports,
             self.ended_on_old_version,
+            self.side_by_side,
+            self.undone_side_by_side,
             self.longest_settle.as_secs()
         )
     }
@@ -395,6 +402,8 @@ struct Sim {
     steps: Vec<(String, Option<String>)>,
     accepted: Vec<OrderId>,
     terminal: HashMap<OrderId, StateRecord>,
+    /// Orders seen with more than one step (or undo) in flight at once.
+    side_by_side: HashSet<(OrderId, Phase)>,
     attempts: HashMap<OrderId, u64>,
     /// Each order's revision and CompleteBy at the last check: a supervisor's write must find
     /// the deadline it replaces passed, whether a Processing lease, a Pending claim or an
@@ -537,6 +546,7 @@ impl Sim {
             steps,
             accepted: Vec::new(),
             terminal: HashMap::new(),
+            side_by_side: HashSet::new(),
             attempts: HashMap::new(),
             deadlines: HashMap::new(),
             tally: Tally::default(),
@@ -690,19 +700,24 @@ impl Sim {
             if let Err(Error::InvalidMessage(why)) = &handled {
                 panic!("seed {}: a message the system sent was refused: {why}", self.seed);
             }
-            // Only the current attempt may change an order: a reply from an older lease that
-            // moved the record is a stale attempt writing.
+            // Only the current lease of a step may change an order: a reply from an older
+            // lease that moved the record is a stale attempt writing.
             if let (Message::Reply(reply), Some(before)) = (&message, before) {
                 let after = self.memory.peek(reply.order_id).unwrap();
+                // (A redelivery of the message that wrote `before` only finishes its effects,
+                // such as recording that its alert went out.)
+                let this = InputRef::Message(d.message_id.clone());
                 let moved_by_it = after.revision > before.revision
-                    && after.last_input == InputRef::Message(d.message_id.clone());
+                    && after.last_input == this
+                    && before.last_input != this;
+                let held = before.steps.get(reply.step.index).and_then(|s| s.sent().copied());
                 assert!(
-                    !moved_by_it || reply.attempt == before.attempt,
-                    "seed {}: a reply of attempt {} changed {} at attempt {}",
+                    !moved_by_it || held.is_some_and(|l| l.attempt == reply.attempt),
+                    "seed {}: a reply of attempt {} changed {} whose step {} held {held:?}",
                     self.seed,
                     reply.attempt,
                     reply.order_id,
-                    before.attempt
+                    reply.step.name,
                 );
             }
             if handled.is_ok() {
@@ -711,6 +726,33 @@ impl Sim {
             return true;
         }
         false
+    }
+
+    /// A step is started only once every step it depends on is passed, and undone only once
+    /// every step that depends on it is settled.
+    fn check_order_of_steps(&self, r: &StateRecord) {
+        let workflow = self.workflow_of_version(r.workflow_version);
+        let status = |name: &str| r.steps.iter().find(|s| s.name == name);
+        for (_, step, _) in r.leased() {
+            let (ahead, broken) = match r.phase {
+                Phase::Forward => (workflow.upstream(&step.name), "before a step it depends on"),
+                Phase::Compensating => {
+                    (workflow.downstream(&step.name), "while a step depending on it waits to be")
+                }
+            };
+            for other in ahead {
+                let other = status(other).unwrap();
+                let fine = match r.phase {
+                    Phase::Forward => other.passed(),
+                    Phase::Compensating => other.status != StepStatus::ToUndo,
+                };
+                assert!(
+                    fine,
+                    "seed {}: {} {:?} {} {broken}: {} is {:?}",
+                    self.seed, r.order_id, r.phase, step.name, other.name, other.status
+                );
+            }
+        }
     }
 
     async fn sweep(&mut self) {
@@ -858,6 +900,15 @@ impl Sim {
                 }
             }
             self.deadlines.insert(*id, (r.revision, r.complete_by));
+            self.check_order_of_steps(r);
+            if r.leased().filter(|(_, _, l)| l.sent).count() > 1
+                && self.side_by_side.insert((*id, r.phase))
+            {
+                match r.phase {
+                    Phase::Forward => self.tally.side_by_side += 1,
+                    Phase::Compensating => self.tally.undone_side_by_side += 1,
+                }
+            }
             // Terminal states move only by an operator's redrive (an Error record otherwise
             // only records its alert as sent).
             if let Some(before) = self.terminal.get(id) {
@@ -1301,6 +1352,8 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
             assert!(total.processed_with_reports > 0, "no order went on past a reported failure");
         }
         assert!(total.ended_on_old_version > 0, "no order in flight at a deploy ever ended");
+        assert!(total.side_by_side > 0, "no two steps of an order were ever in flight at once");
+        assert!(total.undone_side_by_side > 0, "no two undos of an order ran at once");
     }
 }
 

@@ -74,18 +74,14 @@ impl Fixture {
 
     fn reply(&self, record: &StateRecord, outcome: StepOutcome, now: Timestamp) -> Transition {
         let step = step_ref(record);
-        let message = format!("reply-{}", record.attempt);
-        let input = Input::Reply {
-            attempt: record.attempt,
-            step: &step,
-            outcome: &outcome,
-            message: &message,
-        };
+        let attempt = record.steps[step.index].lease.map_or(record.attempt, |l| l.attempt);
+        let message = format!("reply-{attempt}");
+        let input = Input::Reply { attempt, step: &step, outcome: &outcome, message: &message };
         self.apply(record, input, now)
     }
 
     fn done(&self, record: &StateRecord, now: Timestamp) -> StateRecord {
-        self.reply(record, StepOutcome::done(json!({"ref": record.cursor})), now).next
+        self.reply(record, StepOutcome::done(json!({"ref": cursor(record)})), now).next
     }
 
     fn expire(&self, record: &StateRecord, now: Timestamp) -> Transition {
@@ -100,10 +96,16 @@ fn expiry(complete_by: Timestamp) -> Input<'static> {
 
 fn step_ref(record: &StateRecord) -> StepRef {
     StepRef {
-        index: record.cursor,
-        name: record.steps[record.cursor].name.clone(),
+        index: cursor(record),
+        name: record.steps[cursor(record)].name.clone(),
         direction: record.phase.direction(),
     }
+}
+
+/// The first step holding a lease (or, paused, the first to go on with).
+fn cursor(record: &StateRecord) -> usize {
+    let current = record.current_step().map(|s| s.name.clone());
+    record.steps.iter().position(|s| Some(&s.name) == current.as_ref()).unwrap_or(usize::MAX)
 }
 
 fn statuses(effects: &[Effect]) -> Vec<StatusKind> {
@@ -148,7 +150,10 @@ fn a_claim_leases_the_current_step_and_dispatches_it() {
     assert_eq!(t.next.complete_by, r.complete_by);
     assert_eq!(
         t.effects,
-        vec![Effect::Status { kind: StatusKind::Processing, step: None }, Effect::Dispatch]
+        vec![
+            Effect::Status { kind: StatusKind::Processing, step: None },
+            Effect::Dispatch { step: 0 }
+        ]
     );
 }
 
@@ -169,7 +174,7 @@ fn duplicate_start_messages_lead_to_exactly_one_claim() {
     // The same start message delivered again (its handler died after writing): the claim is
     // written, its dispatch is redone.
     let again = Input::Claim { attempt: 0, owner: "scheduler-b", message: "start-0" };
-    assert_eq!(f.decide(&claimed, again, T0), Decision::Replay(vec![Effect::Dispatch]));
+    assert_eq!(f.decide(&claimed, again, T0), Decision::Replay(vec![Effect::Dispatch { step: 0 }]));
     // A second copy of the start message (another queue message) is a duplicate: ignored.
     assert_eq!(
         f.decide(
@@ -205,10 +210,10 @@ fn a_done_reply_records_the_step_and_leases_the_next_in_one_write() {
     let n = &t.next;
     assert_eq!(n.steps[0].status, StepStatus::Done);
     assert_eq!(n.steps[0].output, Some(json!({"reservation": "r-1"})));
-    assert_eq!((n.cursor, n.attempt, n.process_state), (1, 2, ProcessState::Processing));
+    assert_eq!((cursor(n), n.attempt, n.process_state), (1, 2, ProcessState::Processing));
     assert_eq!(n.complete_by, Some(now.plus(secs(30))));
     assert_eq!(statuses(&t.effects), [StatusKind::StepDone]);
-    assert_eq!(t.effects.last(), Some(&Effect::Dispatch));
+    assert_eq!(t.effects.last(), Some(&Effect::Dispatch { step: cursor(&t.next) }));
 }
 
 #[test]
@@ -264,9 +269,9 @@ fn a_permanent_failure_of_payment_releases_the_inventory() {
     let c = &t.next;
     assert_eq!(c.phase, Phase::Compensating);
     assert_eq!(step_statuses(c), [StepStatus::ToUndo, StepStatus::Failed, StepStatus::NotStarted]);
-    assert_eq!((c.cursor, c.process_state), (0, ProcessState::Processing));
+    assert_eq!((cursor(c), c.process_state), (0, ProcessState::Processing));
     assert_eq!(statuses(&t.effects), [StatusKind::Compensating]);
-    assert_eq!(t.effects.last(), Some(&Effect::Dispatch));
+    assert_eq!(t.effects.last(), Some(&Effect::Dispatch { step: cursor(&t.next) }));
 
     let t = f.reply(c, StepOutcome::done(json!({"released": true})), T0.plus(secs(3)));
     assert_eq!(t.next.process_state, ProcessState::Error);
@@ -287,10 +292,10 @@ fn a_permanent_failure_of_shipping_refunds_then_releases() {
     r = f.done(&r, T0.plus(secs(2)));
     r = f.reply(&r, StepOutcome::failed("address undeliverable"), T0.plus(secs(3))).next;
     assert_eq!(step_statuses(&r), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::Failed]);
-    assert_eq!(r.cursor, 1, "the last completed step is undone first");
+    assert_eq!(cursor(&r), 1, "the last completed step is undone first");
     assert_eq!(step_ref(&r).direction, Direction::Undo);
     let refunded = f.done(&r, T0.plus(secs(4)));
-    assert_eq!((refunded.cursor, refunded.process_state), (0, ProcessState::Processing));
+    assert_eq!((cursor(&refunded), refunded.process_state), (0, ProcessState::Processing));
     assert_eq!(refunded.attempt, r.attempt + 1, "each undo is its own lease");
     let t = f.reply(&refunded, StepOutcome::done(json!({})), T0.plus(secs(5)));
     assert_eq!(
@@ -308,7 +313,7 @@ fn a_refused_undo_does_not_stop_the_others_and_is_reported() {
     r = f.done(&r, T0.plus(secs(2)));
     r = f.reply(&r, StepOutcome::failed("no carrier"), T0.plus(secs(3))).next;
     r = f.reply(&r, StepOutcome::failed("refund window closed"), T0.plus(secs(4))).next;
-    assert_eq!((r.cursor, r.phase), (0, Phase::Compensating), "inventory is still released");
+    assert_eq!((cursor(&r), r.phase), (0, Phase::Compensating), "inventory is still released");
     let t = f.reply(&r, StepOutcome::done(json!({})), T0.plus(secs(5)));
     assert_eq!(t.next.needs_manual_undo(), ["charge-payment"]);
     assert_eq!(t.next.steps[1].detail.as_deref(), Some("refund window closed"));
@@ -517,7 +522,7 @@ fn an_expired_lease_is_reset_to_pending_with_a_wait_that_grows() {
         );
         assert_eq!(n.attempt, r.attempt + 1, "the reset fences out the expired attempt");
         assert_eq!(n.complete_by, Some(now.plus(wait).plus(f.config.claim_grace).plus(secs(30))));
-        assert_eq!(t.effects, vec![Effect::Kick { delay: wait }]);
+        assert_eq!(t.effects, vec![Effect::Kick { delay: wait, attempt: t.next.attempt }]);
         r = f.claim(n, now.plus(wait));
     }
 }
@@ -533,7 +538,10 @@ fn an_unclaimed_pending_order_is_rescheduled_at_the_same_attempt() {
         (t.next.process_state, t.next.failure_count, t.next.attempt),
         (ProcessState::Pending, 1, 0)
     );
-    assert_eq!(t.effects, vec![Effect::Kick { delay: f.config.wait.wait(1) }]);
+    assert_eq!(
+        t.effects,
+        vec![Effect::Kick { delay: f.config.wait.wait(1), attempt: t.next.attempt }]
+    );
     // Had the first start message only been late, it still claims the order; the second then
     // finds it claimed.
     let claimed = f.apply(
@@ -636,11 +644,11 @@ fn a_step_s_own_first_wait_takes_the_place_of_the_stack_s_and_doubles() {
     assert!(f.config.failure_threshold >= 3 && f.config.wait.base < secs(60));
     let r = f.claim(&f.new_record(), T0);
     let t = f.expire(&r, r.complete_by.unwrap());
-    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(60) }));
+    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(60), attempt: t.next.attempt }));
     let now = t.next.complete_by.unwrap();
     let r = f.claim(&t.next, now.minus(f.workflow.steps()[0].budget));
     let t = f.expire(&r, r.complete_by.unwrap());
-    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(120) }));
+    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(120), attempt: t.next.attempt }));
     // Beyond the 15 minutes an SQS delay can carry, a file is refused.
     let long =
         r#"{"name":"n","steps":[{"name":"ship","agent":"shipping","retry_wait_seconds":901}]}"#;
@@ -663,9 +671,13 @@ fn at_the_threshold_completed_steps_and_the_uncertain_one_are_compensated() {
     assert_eq!((c.phase, c.process_state), (Phase::Compensating, ProcessState::Pending));
     // The charge may have gone through with its answer lost: it is refunded too.
     assert_eq!(step_statuses(c), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::NotStarted]);
-    assert_eq!((c.cursor, c.failure_count), (1, 0));
+    assert_eq!((cursor(c), c.failure_count), (1, f.config.failure_threshold));
+    assert_eq!(c.steps[1].lease.unwrap().failures, 0, "the undo starts with a clean count");
     assert_eq!(alerts(&t.effects), 0, "the alert comes once, when the order ends");
-    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: Duration::ZERO }));
+    assert_eq!(
+        t.effects.last(),
+        Some(&Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt })
+    );
 
     let mut r = f.claim(c, c.updated_at);
     assert_eq!(
@@ -722,7 +734,11 @@ fn status_events_follow_the_configuration() {
         Input::Claim { attempt: 0, owner: "s", message: "start-copy" },
         T0,
     );
-    assert_eq!(t.effects, vec![Effect::Dispatch], "processing is not a terminal kind");
+    assert_eq!(
+        t.effects,
+        vec![Effect::Dispatch { step: cursor(&t.next) }],
+        "processing is not a terminal kind"
+    );
     f.config.status_events = crate::events::StatusKinds::none();
     let r = f.claim(&f.new_record(), T0);
     let t = f.reply(&r, StepOutcome::failed("no"), T0);
@@ -761,14 +777,14 @@ fn a_second_copy_of_an_applied_reply_is_ignored_not_replayed() {
         Decision::Ignore(Ignored::Stale { received: r.attempt, current: next.attempt })
     );
     let same = Input::Reply { attempt: r.attempt, step: &step, outcome: &done, message: &original };
-    assert_eq!(f.decide(&next, same, T0), Decision::Replay(vec![Effect::Dispatch]));
+    assert_eq!(f.decide(&next, same, T0), Decision::Replay(vec![Effect::Dispatch { step: 1 }]));
 }
 
 #[test]
 fn a_corrupt_record_is_refused_not_decided_on() {
     let f = Fixture::new();
     let mut r = f.claim(&f.new_record(), T0);
-    r.cursor = 99;
+    r.steps[0].lease = None;
     let step = StepRef { index: 99, name: "x".into(), direction: Direction::Do };
     let done = StepOutcome::done(json!({}));
     for input in [
@@ -780,6 +796,7 @@ fn a_corrupt_record_is_refused_not_decided_on() {
     }
 }
 
+mod branches;
 mod commands;
 mod reports;
 

@@ -68,12 +68,14 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
         let mut alert_at = None;
         for effect in effects {
             match effect {
-                Effect::Dispatch => outgoing.push(self.request(record, now).await?),
-                Effect::Kick { delay } => outgoing.push(Outgoing {
+                Effect::Dispatch { step } => {
+                    outgoing.push(self.request(record, *step, now).await?);
+                }
+                Effect::Kick { delay, attempt } => outgoing.push(Outgoing {
                     to: Destination::Scheduler,
                     message: Message::Start(Start {
                         order_id: record.order_id,
-                        attempt: record.attempt,
+                        attempt: *attempt,
                         correlation_id: record.correlation_id.clone(),
                         due_at: Some(now.plus(*delay)),
                     }),
@@ -135,13 +137,19 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
         Ok(refused)
     }
 
-    /// Builds the request for the record's current step (or undo), sent at `now`.
-    async fn request(&self, record: &StateRecord, now: Timestamp) -> Result<Outgoing> {
+    /// Builds the request for the lease of step `index` (to do or to undo it), sent at `now`.
+    async fn request(
+        &self,
+        record: &StateRecord,
+        index: usize,
+        now: Timestamp,
+    ) -> Result<Outgoing> {
         let corrupt = |reason: String| Error::Corrupt { order_id: record.order_id, reason };
-        let state = record
-            .current_step()
-            .ok_or_else(|| corrupt("dispatch of an order not in flight".into()))?;
-        let direction = record.phase.direction();
+        let state = record.steps.get(index).filter(|s| s.sent().is_some());
+        let state = state.ok_or_else(|| corrupt(format!("dispatch of step {index}, not sent")))?;
+        let lease =
+            state.sent().copied().ok_or_else(|| corrupt("dispatch without a lease".into()))?;
+        let direction = state.direction();
         let workflow = self.catalogue.of(record)?;
         let step = workflow
             .step_named(&state.name)
@@ -149,8 +157,6 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
         let (action, budget) = step
             .action(direction)
             .ok_or_else(|| corrupt(format!("step {:?} has no compensation", state.name)))?;
-        let complete_by =
-            record.complete_by.ok_or_else(|| corrupt("dispatch without CompleteBy".into()))?;
         // An order never changes once written, so any copy found is the copy; only one written
         // a moment ago can be missed by the cheaper read.
         let order = match self.store.load_order(record.order_id, Read::Eventual).await? {
@@ -163,11 +169,11 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
         };
         let request = StepRequest {
             order_id: record.order_id,
-            attempt: record.attempt,
+            attempt: lease.attempt,
             correlation_id: record.correlation_id.clone(),
-            step: StepRef { index: record.cursor, name: state.name.clone(), direction },
+            step: StepRef { index, name: state.name.clone(), direction },
             action: action.to_owned(),
-            complete_by,
+            complete_by: lease.complete_by,
             idempotency_key: step_key(record.order_id, &state.name, direction, state.generation),
             order: order.order,
             input: if direction == Direction::Undo { state.output.clone() } else { None },

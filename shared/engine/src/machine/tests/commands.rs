@@ -123,9 +123,9 @@ fn a_cancel_waits_for_the_step_in_flight_then_undoes_in_reverse() {
     assert_eq!(u.phase, Phase::Compensating);
     assert_eq!(u.stop, None);
     assert_eq!(step_statuses(u), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::NotStarted]);
-    assert_eq!(u.cursor, 1);
+    assert_eq!(cursor(u), 1);
     assert_eq!(statuses(&t.effects), [StatusKind::StepDone, StatusKind::Compensating]);
-    assert_eq!(t.effects.last(), Some(&Effect::Dispatch));
+    assert_eq!(t.effects.last(), Some(&Effect::Dispatch { step: cursor(&t.next) }));
     let refunded = f.done(u, T0.plus(secs(4)));
     let t = f.reply(&refunded, StepOutcome::done(json!({})), T0.plus(secs(5)));
     assert_eq!(t.next.process_state, ProcessState::Cancelled);
@@ -174,10 +174,13 @@ fn a_cancelled_step_whose_lease_expires_is_undone_without_retries() {
     // The charge may have gone through with its answer lost: it is refunded too.
     assert_eq!(step_statuses(u), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::NotStarted]);
     assert_eq!(
-        (u.process_state, u.phase, u.cursor),
+        (u.process_state, u.phase, cursor(u)),
         (ProcessState::Pending, Phase::Compensating, 1)
     );
-    assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: Duration::ZERO }));
+    assert_eq!(
+        t.effects.last(),
+        Some(&Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt })
+    );
     assert!(matches!(u.cause, Some(Cause::Cancelled { .. })));
 }
 
@@ -223,13 +226,13 @@ fn a_cancel_whose_undo_fails_ends_in_error_and_its_compensation_can_be_redriven(
     let t = f.order(&e, CommandKind::RedriveCompensation, "rc-1", T0.plus(secs(5)));
     let p = &t.next;
     assert_eq!(
-        (p.process_state, p.phase, p.cursor),
+        (p.process_state, p.phase, cursor(p)),
         (ProcessState::Pending, Phase::Compensating, 1)
     );
     assert_eq!(p.steps[1].status, StepStatus::ToUndo);
     assert_eq!(p.steps[1].generation, 0, "an undo is retried under its own key");
     assert_eq!((p.alert, p.ended_at, p.redrives), (None, None, 1));
-    assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO }]);
+    assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt }]);
     let claimed = f.claim(p, T0.plus(secs(6)));
     let t = f.reply(&claimed, StepOutcome::done(json!({})), T0.plus(secs(7)));
     assert_eq!(t.next.process_state, ProcessState::Cancelled);
@@ -291,7 +294,7 @@ fn the_same_command_id_is_applied_once() {
     let redriven = f.order(&f.compensated(), CommandKind::Redrive, "d-1", T0.plus(secs(9))).next;
     assert_eq!(
         f.command(&redriven, CommandKind::Redrive, "d-1", T0.plus(secs(10))),
-        Decision::Replay(vec![Effect::Kick { delay: Duration::ZERO }])
+        Decision::Replay(vec![Effect::Kick { delay: Duration::ZERO, attempt: redriven.attempt }])
     );
 }
 
@@ -322,7 +325,7 @@ fn pausing_an_order_nobody_claimed_holds_it_at_once_and_fences_its_start() {
     let q = &t.next;
     assert_eq!((q.process_state, q.attempt), (ProcessState::Pending, 2));
     assert_eq!(q.complete_by, Some(T0.plus(secs(100 + 30 + 30))));
-    assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO }]);
+    assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt }]);
     assert_eq!(who(q, Happening::Resumed), Some((BY.into(), "customer asked".into())));
     let claimed = f.claim(q, T0.plus(secs(101)));
     assert_eq!(claimed.process_state, ProcessState::Processing);
@@ -340,16 +343,19 @@ fn a_pause_lets_the_step_in_flight_finish_and_holds_the_order_before_the_next() 
     let t = f.reply(&waiting, StepOutcome::done(json!({"r": 1})), T0.plus(secs(2)));
     let p = &t.next;
     assert_eq!(
-        (p.process_state, p.cursor, p.complete_by, p.stop.as_ref()),
+        (p.process_state, cursor(p), p.complete_by, p.stop.as_ref()),
         (ProcessState::Paused, 1, None, None)
     );
     assert_eq!(p.steps[0].status, StepStatus::Done);
     assert_eq!(statuses(&t.effects), [StatusKind::StepDone]);
-    assert!(!t.effects.contains(&Effect::Dispatch), "nothing is sent while paused");
+    assert!(
+        !t.effects.iter().any(|e| matches!(e, Effect::Dispatch { .. })),
+        "nothing is sent while paused"
+    );
     // Resumed, it goes on with payment and ends as if it had never stopped.
     let mut q = f.order(p, CommandKind::Resume, "r-1", T0.plus(secs(60))).next;
     q = f.claim(&q, T0.plus(secs(61)));
-    assert_eq!(q.steps[q.cursor].name, "charge-payment");
+    assert_eq!(q.steps[cursor(&q)].name, "charge-payment");
     q = f.done(&q, T0.plus(secs(62)));
     q = f.done(&q, T0.plus(secs(63)));
     assert_eq!(q.process_state, ProcessState::Processed);
@@ -365,7 +371,7 @@ fn a_waiting_pause_can_be_withdrawn() {
     assert!(t.effects.is_empty());
     assert_eq!((t.next.stop.as_ref(), t.next.attempt), (None, r.attempt));
     let next = f.done(&t.next, T0.plus(secs(1)));
-    assert_eq!((next.process_state, next.cursor), (ProcessState::Processing, 1));
+    assert_eq!((next.process_state, cursor(&next)), (ProcessState::Processing, 1));
     assert_eq!(
         f.refused(&next, CommandKind::Resume, T0),
         Refused::NotPaused { state: ProcessState::Processing }
@@ -398,12 +404,12 @@ fn a_redrive_runs_a_compensated_order_again_from_the_start_under_new_keys() {
     let now = T0.plus(secs(3600));
     let t = f.order(&e, CommandKind::Redrive, "d-1", now);
     let p = &t.next;
-    assert_eq!((p.process_state, p.phase, p.cursor), (ProcessState::Pending, Phase::Forward, 0));
+    assert_eq!((p.process_state, p.phase, cursor(p)), (ProcessState::Pending, Phase::Forward, 0));
     assert_eq!((p.cause.as_ref(), p.alert, p.ended_at, p.failure_count), (None, None, None, 0));
     assert!(p.steps.iter().all(|s| s.status == StepStatus::NotStarted));
     assert_eq!(p.steps.iter().map(|s| s.generation).collect::<Vec<_>>(), [1, 1, 0]);
     assert_eq!(p.attempt, e.attempt + 1);
-    assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO }]);
+    assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt }]);
     assert_eq!(who(p, Happening::Redriven), Some((BY.into(), "customer asked".into())));
     let mut q = f.claim(p, now.plus(secs(1)));
     for _ in 0..3 {
@@ -448,7 +454,7 @@ fn a_redrive_skips_a_step_that_stayed_done() {
     );
     p = f.claim(&p, T0.plus(secs(3)));
     p = f.done(&p, T0.plus(secs(4)));
-    assert_eq!(p.steps[p.cursor].name, "charge", "the notification is not sent twice");
+    assert_eq!(p.steps[cursor(&p)].name, "charge", "the notification is not sent twice");
     p = f.done(&p, T0.plus(secs(5)));
     assert_eq!(p.process_state, ProcessState::Processed);
 }
@@ -487,7 +493,7 @@ fn a_resubmission_starts_the_order_again_only_while_nobody_claimed_it() {
     assert_eq!(
         started,
         Decision::Replay(vec![
-            Effect::Kick { delay: Duration::ZERO },
+            Effect::Kick { delay: Duration::ZERO, attempt: 0 },
             Effect::Status { kind: StatusKind::Received, step: None }
         ])
     );
@@ -533,7 +539,7 @@ fn a_redriven_step_of_unknown_outcome_is_reported_if_the_order_is_then_cancelled
     p = f.done(&p, T0.plus(secs(4002)));
     p = f.order(&p, CommandKind::Pause, "p-1", T0.plus(secs(4003))).next;
     p = f.done(&p, T0.plus(secs(4004)));
-    assert_eq!((p.process_state, p.cursor), (ProcessState::Paused, 2));
+    assert_eq!((p.process_state, cursor(&p)), (ProcessState::Paused, 2));
     // The shipment may have been made under the key the redrive kept.
     p = f.order(&p, CommandKind::Cancel, "c-1", T0.plus(secs(4005))).next;
     assert_eq!(p.steps[2].status, StepStatus::Uncertain);

@@ -35,12 +35,19 @@ fn a_reported_refusal_passes_its_step_and_the_order_ends_processed_with_an_alert
     let r = f.done(&claimed(&f, &f.new_record()), T0.plus(secs(1)));
     let t = f.reply(&r, StepOutcome::failed("mailbox full"), T0.plus(secs(2)));
     let r = t.next;
-    assert_eq!((r.process_state, r.phase, r.cursor), (ProcessState::Processing, Phase::Forward, 2));
+    assert_eq!(
+        (r.process_state, r.phase, cursor(&r)),
+        (ProcessState::Processing, Phase::Forward, 2)
+    );
     assert_eq!(r.cause, None, "the order goes on");
     assert_eq!(r.steps[1].status, StepStatus::Failed);
     assert_eq!(r.steps[1].reported, Some(rejected("welcome", "mailbox full")));
     assert_eq!(r.timeline.last().map(|e| e.what), Some(Happening::StepReported));
-    assert_eq!(t.effects, vec![Effect::Dispatch], "the next step leased in the same write");
+    assert_eq!(
+        t.effects,
+        vec![Effect::Dispatch { step: cursor(&r) }],
+        "the next step leased in the same write"
+    );
 
     let end = T0.plus(secs(3));
     let t = f.reply(&r, StepOutcome::done(json!({"active": true})), end);
@@ -80,12 +87,16 @@ fn a_reported_step_whose_leases_run_out_is_passed_and_undone_if_the_order_stops_
     }
     let t = f.expire(&r, r.complete_by.unwrap());
     let r = t.next;
-    assert_eq!((r.process_state, r.phase, r.cursor), (ProcessState::Pending, Phase::Forward, 2));
+    assert_eq!((r.process_state, r.phase, cursor(&r)), (ProcessState::Pending, Phase::Forward, 2));
     assert_eq!(r.steps[1].status, StepStatus::Uncertain, "it may have been sent");
     let failures = f.config.failure_threshold;
     assert_eq!(r.steps[1].reported, Some(Cause::StepTimedOut { step: "welcome".into(), failures }));
-    assert_eq!(r.failure_count, 0, "the next step starts with a clean count");
-    assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO }], "the supervisor kicks");
+    assert_eq!(r.steps[2].lease.unwrap().failures, 0, "the next step starts with a clean count");
+    assert_eq!(
+        t.effects,
+        vec![Effect::Kick { delay: Duration::ZERO, attempt: r.attempt }],
+        "the supervisor kicks"
+    );
 
     // Activation is refused: the order stops, and the welcome that may have gone out is taken
     // back before the account is closed.
@@ -138,7 +149,7 @@ fn an_output_too_large_fails_its_step_which_is_undone_as_done() {
         assert!(c.steps[0].detail.as_deref().unwrap().contains("larger than the 512 bytes"));
         // The account was opened: it is closed again.
         assert_eq!((c.phase, c.steps[0].status), (Phase::Compensating, StepStatus::ToUndo));
-        assert_eq!(t.effects.last(), Some(&Effect::Dispatch));
+        assert_eq!(t.effects.last(), Some(&Effect::Dispatch { step: cursor(&t.next) }));
     }
 }
 
@@ -148,7 +159,7 @@ fn an_output_too_large_on_a_reported_step_passes_it_done_without_its_output() {
     let r = f.done(&claimed(&f, &f.new_record()), T0.plus(secs(1)));
     let t = f.reply(&r, StepOutcome::TooLarge { bytes: 9_000 }, T0.plus(secs(2)));
     let r = t.next;
-    assert_eq!((r.cursor, r.cause.as_ref()), (2, None));
+    assert_eq!((cursor(&r), r.cause.as_ref()), (2, None));
     assert_eq!((r.steps[1].status, r.steps[1].output.as_ref()), (StepStatus::Done, None));
     assert_eq!(r.steps[1].reported.as_ref().map(Cause::kind), Some("output_too_large"));
     let p = f.done(&r, T0.plus(secs(3)));
