@@ -114,6 +114,9 @@ async fn store_contract<S: StateStore + ExpiryIndex>(
     next.process_state = ProcessState::Processing;
     next.locked_by = Some("scheduler/a".into());
     next.attempt = 1;
+    let lease = next.steps[0].lease.as_mut().unwrap();
+    (lease.attempt, lease.sent) = (1, true);
+    next.steps[0].dispatched = true;
     assert_eq!(store.save(&next, Expected::of(&state)).await.unwrap(), Saved::Saved);
     let mut rival = state.clone();
     rival.revision += 1;
@@ -186,6 +189,7 @@ async fn store_contract<S: StateStore + ExpiryIndex>(
     done.ended_at = Some(done.updated_at);
     for s in &mut done.steps {
         s.status = StepStatus::Done;
+        s.lease = None;
     }
     assert_eq!(store.save(&done, Expected::of(&next)).await.unwrap(), Saved::Saved);
     let shard = done.order_id.shard(2);

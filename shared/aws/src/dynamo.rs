@@ -616,6 +616,7 @@ mod tests {
         r.ended_at = Some(r.created_at);
         for s in &mut r.steps {
             s.status = sas_engine::state::StepStatus::Done;
+            s.lease = None;
         }
         let item = state_item(&r).unwrap();
         assert!(!item.contains_key("CompleteBy"), "out of the index");
