@@ -449,6 +449,52 @@ async fn a_stale_copy_never_decides_what_the_latest_record_would_not() {
     assert!(w.store.stats().stale_reads >= 4);
 }
 
+#[tokio::test]
+async fn replies_of_steps_side_by_side_handled_in_one_batch_are_all_recorded() {
+    // Three steps at once; their replies come back together and are handled concurrently, as
+    // a batch is: each write meets the others', and each reply is judged again on what they
+    // wrote rather than dropped.
+    let mut w = World::new();
+    let three = r#"{"name":"three","steps":[
+        {"name":"reserve-inventory","agent":"inventory","depends_on":[]},
+        {"name":"charge-payment","agent":"payment","depends_on":[]},
+        {"name":"ship","agent":"shipping","depends_on":[]}]}"#;
+    let workflow = sas_engine::workflow::Workflow::from_json(three, &world::agent_names());
+    w.deploy(sas_engine::catalogue::Catalogue::single(workflow.unwrap()));
+    let id = w.submit("three").await.unwrap().order_id;
+    assert!(w.step(&Destination::Scheduler).await);
+    for agent in ["inventory", "payment", "shipping"] {
+        assert!(w.step(&Destination::Agent(sas_engine::AgentName::new(agent))).await);
+    }
+    let p = w.ports();
+    let ports = Ports {
+        store: Yielding(p.store),
+        outbox: p.outbox,
+        bus: p.bus,
+        clock: p.clock,
+        config: p.config,
+        catalogue: p.catalogue,
+    };
+    let scheduler =
+        sas_engine::services::Scheduler::new(ports, w.waits.clone(), "scheduler-y".into());
+    let replies = w.queues.receive(&Destination::Replies, 10);
+    assert_eq!(replies.len(), 3);
+    let conflicts = w.store.stats().conflicts;
+    let handle = |d: &sas_engine::memory::Delivery| {
+        let message = Message::decode(&d.body).unwrap();
+        let message_id = d.message_id.clone();
+        let scheduler = &scheduler;
+        async move {
+            let incoming = Incoming { message_id: &message_id, receive_count: 1 };
+            scheduler.handle(&message, incoming).await.unwrap()
+        }
+    };
+    let handled = tokio::join!(handle(&replies[0]), handle(&replies[1]), handle(&replies[2]));
+    assert_eq!(handled, (Handled::Applied, Handled::Applied, Handled::Applied));
+    assert!(w.store.stats().conflicts >= conflicts + 3, "the writes never met");
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+}
+
 // ---------------------------------------------------------------- supervisor
 
 /// A store that yields to the runtime before every call, so that two services running

@@ -17,6 +17,11 @@ use crate::ports::{
 };
 use crate::state::StateRecord;
 
+/// Consistent reads a message is judged on before it goes back to its queue: each conflict is
+/// another writer's transition, and an order has at most a few at once (its steps in flight,
+/// the supervisor, an operator).
+const CONFLICT_TRIES: usize = 8;
+
 /// The scheduler, over its ports.
 #[derive(Debug)]
 pub struct Scheduler<S, Q, B, C, W> {
@@ -98,24 +103,44 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
                 }
             }
         }
-        let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
-            // Messages are only ever sent for orders already written, so this one is forged or
-            // misrouted: a poison message, for the dead-letter queue and an operator.
-            return Err(Error::InvalidMessage(format!("order {order_id} does not exist")));
-        };
-        match decide(&record, input, &self.ports.ctx(&record)?) {
-            Decision::Apply(t) => match self.apply(&record, &t).await? {
-                Saved::Saved => Ok(Handled::Applied),
-                Saved::Conflict => Ok(Handled::LostRace),
+        // A conflict is another writer's transition: a sibling step's reply, the supervisor, an
+        // operator. This message is judged again on what that writer left, as often as it
+        // takes; one that still meets a writer every time goes back to its queue, to be
+        // delivered again, rather than be lost.
+        for _ in 0..CONFLICT_TRIES {
+            let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
+                // Messages are only ever sent for orders already written, so this one is
+                // forged or misrouted: a poison message, for the dead-letter queue and an
+                // operator.
+                return Err(Error::InvalidMessage(format!("order {order_id} does not exist")));
+            };
+            if let Some(handled) = self.judge(&record, input).await? {
+                return Ok(handled);
+            }
+        }
+        Err(Error::Unavailable {
+            service: "state store",
+            source: format!("order {order_id} met another writer {CONFLICT_TRIES} times").into(),
+        })
+    }
+
+    /// Decides `input` on `record` and acts on the decision; `None` if the write met another
+    /// writer's.
+    async fn judge(&self, record: &StateRecord, input: Input<'_>) -> Result<Option<Handled>> {
+        let order_id = record.order_id;
+        let handled = match decide(record, input, &self.ports.ctx(record)?) {
+            Decision::Apply(t) => match self.apply(record, &t).await? {
+                Saved::Saved => Handled::Applied,
+                Saved::Conflict => return Ok(None),
             },
             Decision::Replay(effects) => {
                 info!(%order_id, attempt = record.attempt, "redelivered message: replaying side effects");
-                self.ports.perform(&record, &effects).await?;
-                Ok(Handled::Replayed)
+                self.ports.perform(record, &effects).await?;
+                Handled::Replayed
             }
             Decision::Ignore(why) => {
                 debug!(%order_id, ?why, "ignored");
-                Ok(Handled::Ignored(why))
+                Handled::Ignored(why)
             }
             // A correct system never sends this message for this record.
             Decision::Illegal(why) => {
@@ -124,16 +149,19 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
                     record.attempt
                 );
                 match remedy(&input) {
-                    Remedy::DeadLetter => Err(Error::InvalidMessage(what)),
+                    Remedy::DeadLetter => return Err(Error::InvalidMessage(what)),
                     Remedy::Report => {
                         error!(%order_id, ?why, "illegal input");
-                        Ok(Handled::Illegal(why))
+                        Handled::Illegal(why)
                     }
                 }
             }
             // Only operator commands are refused, and none comes this way.
-            Decision::Refuse(why) => Err(Error::InvalidMessage(format!("{order_id}: {why}"))),
-        }
+            Decision::Refuse(why) => {
+                return Err(Error::InvalidMessage(format!("{order_id}: {why}")));
+            }
+        };
+        Ok(Some(handled))
     }
 
     /// Writes a transition over `record` and, if the write took, performs its effects.
