@@ -975,6 +975,59 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_express_order_reserves_and_charges_at_once_and_a_declined_card_releases_the_stock() {
+    let _turn = TURN.lock().await;
+    let json = sas_workflows::file("express-fulfilment").unwrap().json;
+    let workflow = sas_infra::demo::with_budgets(json, 5);
+    let setup = Setup { workflow: &workflow, ..Setup::default() };
+    // Slow enough calls that two in flight at once show; half the cards declined, by the
+    // call's key, so each order meets the same answer however often it asks.
+    let faults =
+        r#"{"default":{"latency_ms":300},"actions":{"charge-payment":{"permanent_rate":0.5}}}"#;
+    let stack =
+        start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-express", faults, 2, &[], setup).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let key = format!("express-{i}");
+        let (status, answer) =
+            submit_to(&http, &stack, Some("express-fulfilment"), &key, ORDER).await;
+        assert_eq!(status, 202, "{answer}");
+        ids.push(answer["order_id"].as_str().unwrap().to_owned());
+    }
+    let states = wait_for(&http, &stack, &ids, &["Processed", "Error"], 120).await;
+    let ledger = ledger(&http, &stack).await;
+    assert_effects_match(&ledger, &workflow, &states);
+    let mut ends = HashMap::new();
+    for id in &ids {
+        let view = order(&http, &stack, id).await;
+        let timeline = view["timeline"].as_array().unwrap();
+        // The claim leased both first steps in one write, before either was done.
+        let at = |what: &str, step: &str| {
+            let entry = timeline.iter().find(|e| e["what"] == what && e["step"] == step);
+            entry.and_then(|e| e["at"].as_i64())
+        };
+        let claimed = (at("claimed", "reserve-inventory"), at("claimed", "charge-payment"));
+        assert!(claimed.0.is_some() && claimed.0 == claimed.1, "not claimed together: {view}");
+        let first_done =
+            timeline.iter().find(|e| e["what"] == "step_done").and_then(|e| e["at"].as_i64());
+        assert!(claimed.0 <= first_done, "{view}");
+        let effects = effects(&ledger, id);
+        match states[id].as_str() {
+            "Processed" => assert_eq!(effects.last().map(String::as_str), Some("ship"), "{view}"),
+            "Error" => {
+                // The reservation was awaited, then released; nothing was charged or shipped.
+                assert_eq!(view["cause"]["step"], "charge-payment", "{view}");
+                assert_eq!(effects, ["reserve-inventory", "release-inventory"], "{view}");
+            }
+            other => panic!("{id} ended {other}: {view}"),
+        }
+        *ends.entry(states[id].clone()).or_insert(0) += 1;
+    }
+    assert!(ends.len() == 2, "both ends were to be met, only {ends:?} were");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own() {
     let _turn = TURN.lock().await;
     // Every charge is held open while this file exists, so that orders are in flight when the

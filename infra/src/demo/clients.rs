@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{ACCOUNT_EVERY, ACCOUNT_WORKFLOW, DEMO_CLIENT, workflows_run};
+use super::{ACCOUNT_EVERY, ACCOUNT_WORKFLOW, DEMO_CLIENT, EXPRESS_WORKFLOW, workflows_run};
 use crate::access::sigv4;
 use crate::emulation::local::LocalStack;
 
@@ -43,7 +43,9 @@ pub(super) fn submit_all(
     let slots = Arc::new(Semaphore::new(if rate.is_some() { orders.max(1) } else { 8 }));
     let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
     let (http, api, door) = (http.clone(), stack.api_url.clone(), door.clone());
-    let accounts = workflows_run(stack).iter().any(|(name, _)| name == ACCOUNT_WORKFLOW);
+    let run = workflows_run(stack);
+    let runs = |workflow: &str| run.iter().any(|(name, _)| name == workflow);
+    let (accounts, express) = (runs(ACCOUNT_WORKFLOW), runs(EXPRESS_WORKFLOW));
     // The demo's client signs its orders, as the API's default authorizer wants.
     let signer = sigv4::local_signer(DEMO_CLIENT, &stack.stack.context.region, sigv4::EXECUTE_API);
     tokio::spawn(async move {
@@ -56,7 +58,8 @@ pub(super) fn submit_all(
                 (http.clone(), api.clone(), slots.clone(), door.clone(), signer.clone());
             submissions.push(tokio::spawn(async move {
                 let _slot = slots.acquire_owned().await;
-                submit(&http, &signer, &api, i, accounts, deadline, &door).await
+                let (path, body) = order(&api, i, accounts, express);
+                submit(&http, &signer, (&path, &body), i, deadline, &door).await
             }));
         }
         let mut ids = Vec::new();
@@ -74,21 +77,19 @@ pub(super) fn submit_all(
 async fn submit(
     http: &reqwest::Client,
     signer: &SigV4,
-    api: &str,
+    (path, body): (&str, &str),
     i: usize,
-    accounts: bool,
     deadline: Instant,
     door: &Door,
 ) -> Option<String> {
-    let (path, body) = order(api, i, accounts);
     let jitter = SplitMix::seeded(i as u64);
     let mut backoff = Duration::from_millis(500);
     while Instant::now() < deadline {
         let request = http
-            .post(&path)
+            .post(path)
             .header("content-type", "application/json")
             .header("idempotency-key", format!("demo-order-{i:05}"))
-            .body(body.clone());
+            .body(body.to_owned());
         let answer = signer.send(http, request).await;
         let wait = match answer {
             Ok(a) if a.status() == 202 => {
@@ -129,8 +130,9 @@ async fn submit(
 }
 
 /// The path and body of the demo's `i`th order: a shop order, or (with `accounts`, one in
-/// [`ACCOUNT_EVERY`]) an account to open.
-fn order(api: &str, i: usize, accounts: bool) -> (String, String) {
+/// [`ACCOUNT_EVERY`]) an account to open; with `express`, the shop order after each account
+/// runs its express variant.
+fn order(api: &str, i: usize, accounts: bool, express: bool) -> (String, String) {
     let account = accounts && i % ACCOUNT_EVERY == ACCOUNT_EVERY - 1;
     if account {
         let body = serde_json::json!({
@@ -147,6 +149,10 @@ fn order(api: &str, i: usize, accounts: bool) -> (String, String) {
             s = i % 5,
             q = 1 + i % 3
         );
-        (format!("{api}/orders"), body)
+        if express && i % ACCOUNT_EVERY == 0 {
+            (format!("{api}/orders?workflow={EXPRESS_WORKFLOW}"), body)
+        } else {
+            (format!("{api}/orders"), body)
+        }
     }
 }

@@ -39,20 +39,28 @@ pub fn demo_workflow() -> String {
 }
 
 /// The workflows the demo runs side by side, with budgets short enough for a demo: the
-/// reference one and account-opening (as `WORKFLOW_JSON`, a list).
+/// reference one, its express variant and account-opening (as `WORKFLOW_JSON`, a list).
 pub fn demo_workflows() -> String {
-    let account = sas_workflows::file(ACCOUNT_WORKFLOW).map_or("", |f| f.json);
-    let both: Vec<Value> = [demo_workflow(), with_budgets(account, 15)]
-        .iter()
-        .filter_map(|w| serde_json::from_str(w).ok())
-        .collect();
-    Value::Array(both).to_string()
+    let file = |name: &str| sas_workflows::file(name).map_or("", |f| f.json);
+    let all: Vec<Value> = [
+        demo_workflow(),
+        with_budgets(file(EXPRESS_WORKFLOW), 15),
+        with_budgets(file(ACCOUNT_WORKFLOW), 15),
+    ]
+    .iter()
+    .filter_map(|w| serde_json::from_str(w).ok())
+    .collect();
+    Value::Array(all).to_string()
 }
 
 /// The second workflow: every [`ACCOUNT_EVERY`]th order of the demo opens an account, where the
 /// stack runs it.
 const ACCOUNT_WORKFLOW: &str = "account-opening";
 const ACCOUNT_EVERY: usize = 4;
+
+/// The third: the shop's order with the stock reserved and the card charged at once, for the
+/// order after each account, where the stack runs it.
+const EXPRESS_WORKFLOW: &str = "express-fulfilment";
 
 /// The workflows the stack's submission runs, by name, as JSON: its `WORKFLOW_JSON` (one or a
 /// list), or the files built in.

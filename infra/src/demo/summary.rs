@@ -36,6 +36,8 @@ pub(super) struct Tally {
     pub(super) steps: usize,
     /// Orders, and processed ones, by workflow.
     by_workflow: BTreeMap<String, (usize, usize)>,
+    /// Milliseconds from creation to Processed, by workflow.
+    to_processed: BTreeMap<String, Vec<i64>>,
     pub(super) resets: usize,
     error_ids: Vec<String>,
     reported_ids: Vec<String>,
@@ -143,8 +145,14 @@ impl Tally {
             .find(|e| matches!(e["what"].as_str(), Some("processed" | "compensated" | "failed")));
         let created =
             r.get("CreatedAt").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
+        let workflow = b["workflow"].as_str().unwrap_or_default().to_owned();
         match (end.and_then(|e| e["at"].as_i64()), created) {
-            (Some(end), Some(created)) => self.to_terminal.push(end - created),
+            (Some(end), Some(created)) => {
+                self.to_terminal.push(end - created);
+                if state_of(r) == "Processed" {
+                    self.to_processed.entry(workflow.clone()).or_default().push(end - created);
+                }
+            }
             // A finished order whose times cannot be read would leave the figures below
             // silently short.
             _ if matches!(state_of(r).as_str(), "Processed" | "Error") => s.untimed += 1,
@@ -152,7 +160,6 @@ impl Tally {
         }
         let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
         let why = explained(&b["cause"], &id, faulted, kills);
-        let workflow = b["workflow"].as_str().unwrap_or_default().to_owned();
         self.steps += b["steps"].as_array().map_or(0, Vec::len);
         let per_workflow = self.by_workflow.entry(workflow.clone()).or_default();
         per_workflow.0 += 1;
@@ -284,7 +291,12 @@ fn outcomes(
         tally
             .by_workflow
             .iter()
-            .map(|(w, (orders, processed))| format!("{w} {orders} ({processed} processed)"))
+            .map(|(w, (orders, processed))| {
+                let mut times = tally.to_processed.get(w).cloned().unwrap_or_default();
+                times.sort_unstable();
+                let p50 = times.get(times.len().saturating_sub(1) / 2).copied().unwrap_or(0);
+                format!("{w} {orders} ({processed} processed, p50 {:.2} s)", p50 as f64 / 1000.0)
+            })
             .collect::<Vec<_>>()
             .join(", ")
     ));
