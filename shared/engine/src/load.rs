@@ -266,8 +266,9 @@ impl Load {
         tally: &DoorTally,
     ) -> Admission {
         let mut path = vec![Destination::Scheduler];
-        for step in workflow.steps() {
-            path.push(Destination::Agent(step.agent.clone()));
+        // Every step that calls an agent, as if in a row: steps side by side wait less.
+        for agent in workflow.steps().iter().filter_map(crate::workflow::Step::agent) {
+            path.push(Destination::Agent(agent.clone()));
             path.push(Destination::Replies);
         }
         let waits: Vec<(Destination, Duration)> =

@@ -97,7 +97,10 @@ use crate::state::{
     ProcessState, StateRecord, StepState, StepStatus, Stop,
 };
 use crate::time::Timestamp;
-use crate::workflow::{OnFailure, Workflow};
+use crate::workflow::{OnFailure, Wait, Work, Workflow};
+
+/// The longest SQS delays a message: a longer wait is woken by the supervisor.
+const MAX_DELIVERY_DELAY: Duration = Duration::from_secs(900);
 
 /// Operator commands remembered on a record for recognising a repeat; an older one sent again
 /// is judged on the record's state, which refuses or ignores nearly every repeat anyway.
@@ -280,18 +283,26 @@ pub enum Decision {
 
 /// The record of a newly submitted order and what follows its creation: Pending at attempt 0,
 /// each step that depends on nothing queued with the claim grace and its whole budget before
-/// its CompleteBy, and one start message for them all.
+/// its CompleteBy (or, if it waits, until it wakes), and one start message for them all.
 pub fn create(order_id: OrderId, correlation_id: String, ctx: &Ctx<'_>) -> Transition {
+    create_waking(order_id, correlation_id, &[], ctx)
+}
+
+/// [`create`], for an order whose steps that wait until a time of its input wake at `wakes`
+/// (see [`Workflow::wakes`]).
+pub fn create_waking(
+    order_id: OrderId,
+    correlation_id: String,
+    wakes: &[(String, Timestamp)],
+    ctx: &Ctx<'_>,
+) -> Transition {
     let steps = ctx
         .workflow
         .steps()
         .iter()
         .map(|s| {
             let mut state = StepState::new(&s.name);
-            if s.depends_on.is_empty() {
-                let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(s.budget);
-                state.lease = Some(Lease { attempt: 0, complete_by, sent: false, failures: 0 });
-            }
+            state.wake_at = wakes.iter().find(|(name, _)| *name == s.name).map(|(_, at)| *at);
             state
         })
         .collect();
@@ -320,9 +331,25 @@ pub fn create(order_id: OrderId, correlation_id: String, ctx: &Ctx<'_>) -> Trans
         commands: Vec::new(),
         redrives: 0,
     };
+    let mut effects = started(ctx);
+    for (i, step) in ctx.workflow.steps().iter().enumerate() {
+        if !step.depends_on.is_empty() {
+            continue;
+        }
+        match &step.work {
+            Work::Wait(wait) => wait_for(&mut next, i, wait, ctx, &mut effects),
+            Work::Agent(_) => {
+                // At attempt 0, which the start message every new order gets claims.
+                let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
+                let lease =
+                    Lease { attempt: 0, complete_by, sent: false, failures: 0, timer: false };
+                next.steps[i].lease = Some(lease);
+            }
+        }
+    }
     next.complete_by = next.earliest_lease();
     next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
-    Transition { next, effects: started(ctx) }
+    Transition { next, effects }
 }
 
 /// What a new order owes the world: its start message, and its first status event.
@@ -410,7 +437,8 @@ fn unreachable_command(record: &StateRecord) -> Decision {
     })
 }
 
-/// A start message: every step queued at its attempt is leased and dispatched.
+/// A start message: every step queued at its attempt is leased and dispatched, and a wait
+/// whose time has come is over.
 fn claim(
     record: &StateRecord,
     attempt: u64,
@@ -418,13 +446,18 @@ fn claim(
     message: &str,
     ctx: &Ctx<'_>,
 ) -> Decision {
-    let queued: Vec<usize> = record
+    let queued: Vec<(usize, Lease)> = record
         .leased()
         .filter(|(_, _, l)| !l.sent && l.attempt == attempt)
-        .map(|(i, _, _)| i)
+        .map(|(i, _, l)| (i, *l))
         .collect();
     if queued.is_empty() {
         return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
+    }
+    if queued.iter().all(|(_, l)| l.timer && l.complete_by > ctx.now) {
+        // A wait's start message came before its time (clocks differ a little): the
+        // supervisor wakes it if nothing else does.
+        return Decision::Ignore(Ignored::NotExpired { complete_by: record.complete_by });
     }
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     next.locked_by = Some(owner.to_owned());
@@ -433,21 +466,62 @@ fn claim(
     } else {
         Vec::new()
     };
-    for i in queued {
+    for (i, lease) in queued {
+        if lease.timer {
+            if lease.complete_by <= ctx.now {
+                wake(&mut next, i, ctx, &mut effects);
+            }
+            continue;
+        }
         let Some(budget) = budget_of(&next.steps[i], ctx) else {
             return unknown_step(&next.steps[i]);
         };
         // A deadline that still leaves the step its whole budget is kept: the lease is as
         // long as promised, and the expiry index entry is not rewritten (an index key change
         // costs two index writes).
-        let kept = next.steps[i].lease.map(|l| l.complete_by);
         let fresh = ctx.now.plus(budget);
-        send(&mut next, i, kept.map_or(fresh, |cb| cb.max(fresh)));
+        send(&mut next, i, lease.complete_by.max(fresh));
         let name = next.steps[i].name.clone();
         next.note(ctx.now, Happening::Claimed, Some(name), ctx.config.timeline_limit);
         effects.push(Effect::Dispatch { step: i });
     }
-    in_flight(next, effects)
+    proceed(next, effects, ctx, Via::Lease)
+}
+
+/// The wait of step `i` is over: the step is done.
+fn wake(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
+    let name = next.steps[i].name.clone();
+    next.steps[i].lease = None;
+    next.steps[i].status = StepStatus::Done;
+    next.steps[i].output = Some(serde_json::json!({ "woke_at": ctx.now.to_rfc3339() }));
+    next.note(ctx.now, Happening::StepDone, Some(name.clone()), ctx.config.timeline_limit);
+    effects.extend(status(ctx, StatusKind::StepDone, Some(name)));
+}
+
+/// Starts the wait of step `i`: a lease that ends when it wakes (kept from an earlier start),
+/// and, for a wait SQS can delay a message for, a start message that comes at that time; the
+/// supervisor wakes a longer one.
+fn wait_for(
+    next: &mut StateRecord,
+    i: usize,
+    wait: &Wait,
+    ctx: &Ctx<'_>,
+    effects: &mut Vec<Effect>,
+) {
+    let from_now = match wait {
+        Wait::For(duration) => *duration,
+        // Set at submission; a record made without it wakes at once.
+        Wait::Until(_) => Duration::ZERO,
+    };
+    let wake = *next.steps[i].wake_at.get_or_insert(ctx.now.plus(from_now));
+    next.attempt += 1;
+    let attempt = next.attempt;
+    next.steps[i].lease =
+        Some(Lease { attempt, complete_by: wake, sent: false, failures: 0, timer: true });
+    let delay = ctx.now.until(wake);
+    if delay <= MAX_DELIVERY_DELAY {
+        effects.push(Effect::Kick { delay, attempt });
+    }
 }
 
 /// A reply: only the lease it names, if that lease was sent, is moved by it.
@@ -677,15 +751,17 @@ fn start(
     ctx: &Ctx<'_>,
     via: Via,
 ) -> Result<(), Decision> {
-    if ready.is_empty() {
-        return Ok(());
-    }
-    if via == Via::Kick {
-        next.attempt += 1;
-    }
+    let mut kicked = None;
     for &i in ready {
-        let Some(budget) = budget_of(&next.steps[i], ctx) else {
-            return Err(unknown_step(&next.steps[i]));
+        let state = &next.steps[i];
+        let step = ctx.workflow.step_named(&state.name);
+        if let (Some(Work::Wait(wait)), Direction::Do) = (step.map(|s| &s.work), state.direction())
+        {
+            wait_for(next, i, wait, ctx, effects);
+            continue;
+        }
+        let Some(budget) = budget_of(state, ctx) else {
+            return Err(unknown_step(state));
         };
         match via {
             Via::Lease => {
@@ -693,15 +769,19 @@ fn start(
                 effects.push(Effect::Dispatch { step: i });
             }
             Via::Kick => {
+                // Every step queued by this write at one attempt, claimed by one start message.
+                let attempt = *kicked.get_or_insert_with(|| {
+                    next.attempt += 1;
+                    next.attempt
+                });
                 let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(budget);
-                let attempt = next.attempt;
-                next.steps[i].lease =
-                    Some(Lease { attempt, complete_by, sent: false, failures: 0 });
+                let lease = Lease { attempt, complete_by, sent: false, failures: 0, timer: false };
+                next.steps[i].lease = Some(lease);
             }
         }
     }
-    if via == Via::Kick {
-        effects.push(Effect::Kick { delay: Duration::ZERO, attempt: next.attempt });
+    if let Some(attempt) = kicked {
+        effects.push(Effect::Kick { delay: Duration::ZERO, attempt });
     }
     Ok(())
 }
@@ -712,7 +792,8 @@ fn start(
 fn send(next: &mut StateRecord, i: usize, complete_by: Timestamp) {
     next.attempt += 1;
     let failures = next.steps[i].lease.map_or(0, |l| l.failures);
-    next.steps[i].lease = Some(Lease { attempt: next.attempt, complete_by, sent: true, failures });
+    let attempt = next.attempt;
+    next.steps[i].lease = Some(Lease { attempt, complete_by, sent: true, failures, timer: false });
     next.steps[i].dispatched = true;
 }
 
@@ -753,17 +834,15 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
     if let Some(ignored) = not_expired(record, seen, ctx) {
         return Decision::Ignore(ignored);
     }
-    let until = seen.plus(horizon);
-    if until > ctx.now {
-        return Decision::Ignore(Ignored::Queued { until });
+    // A wait is due at its time: no message of it can be on its way.
+    let due = |l: &Lease| l.complete_by.plus(if l.timer { Duration::ZERO } else { horizon });
+    let expired: Vec<usize> =
+        record.leased().filter(|(_, _, l)| due(l) <= ctx.now).map(|(i, _, _)| i).collect();
+    if expired.is_empty() {
+        return Decision::Ignore(Ignored::Queued { until: seen.plus(horizon) });
     }
     let mut next = begin(record, ctx, InputRef::Expire);
     let mut effects = Vec::new();
-    let expired: Vec<usize> = record
-        .leased()
-        .filter(|(_, _, l)| l.complete_by.plus(horizon) <= ctx.now)
-        .map(|(i, _, _)| i)
-        .collect();
     for i in expired {
         judge(&mut next, i, ctx, &mut effects);
     }
@@ -775,6 +854,9 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
 /// did.
 fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
     let Some(lease) = next.steps[i].lease.take() else { return };
+    if lease.timer {
+        return wake(next, i, ctx, effects);
+    }
     let failures = lease.failures.saturating_add(1);
     next.failure_count = next.failure_count.saturating_add(1);
     let name = next.steps[i].name.clone();
@@ -810,7 +892,8 @@ fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &mut Vec<Effe
             lease.attempt
         };
         let complete_by = ctx.now.plus(wait).plus(ctx.config.claim_grace).plus(budget);
-        next.steps[i].lease = Some(Lease { attempt, complete_by, sent: false, failures });
+        next.steps[i].lease =
+            Some(Lease { attempt, complete_by, sent: false, failures, timer: false });
         next.note(ctx.now, Happening::RetryScheduled, Some(name), limit);
         effects.push(Effect::Kick { delay: wait, attempt });
         return;

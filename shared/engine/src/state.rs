@@ -152,6 +152,10 @@ pub struct StepState {
     /// Held while the step (or its undo) is queued for the scheduler or in flight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Lease>,
+    /// For a step that waits: when it wakes, once known (at submission for a time of the
+    /// input, when it starts for a duration). Kept through a pause or a redrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_at: Option<Timestamp>,
 }
 
 /// One step's hold on the system's attention while it is done or undone.
@@ -167,6 +171,10 @@ pub struct Lease {
     /// Expired leases of this action so far, against its threshold.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failures: u32,
+    /// A step that waits: its CompleteBy is the time it wakes, and nothing is sent for it but,
+    /// for a short wait, a start message delayed to that time.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub timer: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -204,6 +212,7 @@ impl StepState {
             dispatched: false,
             reported: None,
             lease: None,
+            wake_at: None,
         }
     }
 }
@@ -520,7 +529,8 @@ impl StateRecord {
             .filter(|s| match s.status {
                 StepStatus::UndoFailed | StepStatus::ToUndo => true,
                 StepStatus::Uncertain => stopped || s.reported.is_none(),
-                StepStatus::Done => stopped,
+                // A wait that is over leaves nothing in place.
+                StepStatus::Done => stopped && s.wake_at.is_none(),
                 _ => false,
             })
             .map(|s| s.name.clone())

@@ -30,6 +30,8 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30);
 pub const MAX_STEPS: usize = 16;
 /// Most expired leases a step may be given before it fails.
 pub const MAX_EXPIRED_LEASES: u32 = 10;
+/// The longest a step may wait for a time: a year and a day.
+pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// A loaded, validated workflow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,7 +85,8 @@ fn any_object() -> Value {
 pub struct Step {
     /// Unique within the workflow; the action the agent is asked to perform.
     pub name: String,
-    pub agent: AgentName,
+    /// What the step does: ask its agent, or wait for a time.
+    pub work: Work,
     /// How long one attempt of the step may take: its CompleteBy is this far in the future.
     pub budget: Duration,
     pub compensation: Option<Compensation>,
@@ -97,6 +100,26 @@ pub struct Step {
     pub on_failure: OnFailure,
     /// The steps that must be done before it starts: by default the step above it in the file.
     pub depends_on: Vec<String>,
+}
+
+/// What a step does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Its agent performs it (and its undo, if it has one).
+    Agent(AgentName),
+    /// It waits, holding nothing but its lease, whose CompleteBy is the time to wake: a wait
+    /// cannot fail, has nothing to undo, and an order that stops does not wait for it.
+    Wait(Wait),
+}
+
+/// How long a waiting step waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// This long from when it starts.
+    For(Duration),
+    /// Until the time (RFC 3339) at this JSON pointer of the order's input: checked when the
+    /// order is submitted, and kept on the record.
+    Until(String),
 }
 
 /// What a step's failure (a refusal, its leases run out, an output too large) does to the
@@ -120,6 +143,14 @@ pub struct Compensation {
 }
 
 impl Step {
+    /// The agent that performs the step; `None` for a step that waits.
+    pub fn agent(&self) -> Option<&AgentName> {
+        match &self.work {
+            Work::Agent(agent) => Some(agent),
+            Work::Wait(_) => None,
+        }
+    }
+
     /// How long the step waits after each expired lease before it is tried again: its own
     /// first wait if it has one, doubling up to the stack's cap (or its own first wait, if
     /// longer), else the stack's policy.
@@ -131,8 +162,11 @@ impl Step {
     }
 
     /// The remote action and budget for driving this step in `direction`; `None` when asked to
-    /// undo a step that has no compensation.
+    /// undo a step that has no compensation, and for a step that waits.
     pub fn action(&self, direction: Direction) -> Option<(&str, Duration)> {
+        if matches!(self.work, Work::Wait(_)) {
+            return None;
+        }
         match direction {
             Direction::Do => Some((&self.name, self.budget)),
             Direction::Undo => self.compensation.as_ref().map(|c| (c.action.as_str(), c.budget)),
@@ -156,7 +190,10 @@ struct WorkflowSpec {
 #[serde(deny_unknown_fields)]
 struct StepSpec {
     name: String,
-    agent: String,
+    #[serde(default)]
+    agent: Option<String>,
+    #[serde(default)]
+    wait: Option<WaitSpec>,
     #[serde(default)]
     budget_seconds: Option<u64>,
     #[serde(default)]
@@ -170,6 +207,15 @@ struct StepSpec {
     /// `None`: the step above it (none for the first).
     #[serde(default)]
     depends_on: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct WaitSpec {
+    #[serde(default)]
+    seconds: Option<u64>,
+    #[serde(default)]
+    until: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -310,12 +356,46 @@ impl Workflow {
     /// The agents this workflow uses, each once, in order of first use.
     pub fn agents(&self) -> Vec<&AgentName> {
         let mut seen = Vec::new();
-        for s in &self.steps {
-            if !seen.contains(&&s.agent) {
-                seen.push(&s.agent);
+        for agent in self.steps.iter().filter_map(Step::agent) {
+            if !seen.contains(&agent) {
+                seen.push(agent);
             }
         }
         seen
+    }
+
+    /// When each step that waits until a time of the input wakes, for an order accepted at
+    /// `now` with `input`; or why the input cannot say: the time is missing, is not an RFC 3339
+    /// time, or is further than [`MAX_WAIT`] away.
+    pub fn wakes(
+        &self,
+        input: &Value,
+        now: crate::time::Timestamp,
+    ) -> Result<Vec<(String, crate::time::Timestamp)>, Rejection> {
+        let mut wakes = Vec::new();
+        let mut errors = Vec::new();
+        for step in &self.steps {
+            let Work::Wait(Wait::Until(pointer)) = &step.work else { continue };
+            let at = input.pointer(pointer).and_then(Value::as_str);
+            let parsed = at.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+            let reason = match parsed {
+                None => format!(
+                    "step {:?} waits until this time: an RFC 3339 time is needed",
+                    step.name
+                ),
+                Some(t) => {
+                    let t = crate::time::Timestamp::from_millis(t.timestamp_millis());
+                    if t > now.plus(MAX_WAIT) {
+                        format!("at most {} days ahead", MAX_WAIT.as_secs() / 86_400)
+                    } else {
+                        wakes.push((step.name.clone(), t));
+                        continue;
+                    }
+                }
+            };
+            errors.push(FieldError { field: pointer.clone(), reason });
+        }
+        if errors.is_empty() { Ok(wakes) } else { Err(Rejection { errors }) }
     }
 }
 
@@ -323,17 +403,11 @@ impl Workflow {
 /// before it in the file, which it depends on unless it names its own dependencies.
 fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<Step, String> {
     check_name(&s.name).map_err(|e| format!("step name {e}"))?;
-    check_agent_name(&s.agent).map_err(|e| format!("step {:?}: agent {e}", s.name))?;
-    let agent = AgentName::new(&s.agent);
-    if !agents.contains(&agent) {
-        let deployed: Vec<&str> = agents.iter().map(AgentName::as_str).collect();
-        return Err(format!(
-            "step {:?} names agent {:?}, which is not deployed: name one of {}, or deploy it",
-            s.name,
-            s.agent,
-            deployed.join(", ")
-        ));
-    }
+    let work = match (&s.agent, &s.wait) {
+        (Some(agent), None) => Work::Agent(agent_of(&s.name, agent, agents)?),
+        (None, Some(wait)) => Work::Wait(wait_of(s, wait)?),
+        _ => return Err(format!("step {:?} needs either an agent or a wait, not both", s.name)),
+    };
     let budget = parse_budget(s.budget_seconds).map_err(|e| format!("step {:?}: {e}", s.name))?;
     let compensation = match &s.compensation {
         None => None,
@@ -364,7 +438,7 @@ fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<
     }
     Ok(Step {
         name: s.name.clone(),
-        agent,
+        work,
         budget,
         compensation,
         expired_leases: s.expired_leases,
@@ -372,6 +446,45 @@ fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<
         on_failure: s.on_failure,
         depends_on: s.depends_on.clone().unwrap_or_else(|| above.into_iter().collect()),
     })
+}
+
+/// The agent a step names, if it is deployed.
+fn agent_of(step: &str, agent: &str, agents: &[AgentName]) -> Result<AgentName, String> {
+    check_agent_name(agent).map_err(|e| format!("step {step:?}: agent {e}"))?;
+    let name = AgentName::new(agent);
+    if !agents.contains(&name) {
+        let deployed: Vec<&str> = agents.iter().map(AgentName::as_str).collect();
+        return Err(format!(
+            "step {step:?} names agent {agent:?}, which is not deployed: name one of {}, or deploy it",
+            deployed.join(", ")
+        ));
+    }
+    Ok(name)
+}
+
+/// A step's wait: a number of seconds or a JSON pointer, and nothing an agent's step has.
+fn wait_of(s: &StepSpec, wait: &WaitSpec) -> Result<Wait, String> {
+    if s.budget_seconds.is_some()
+        || s.compensation.is_some()
+        || s.expired_leases.is_some()
+        || s.retry_wait_seconds.is_some()
+        || s.on_failure != OnFailure::Undo
+    {
+        return Err(format!(
+            "step {:?} waits: it has no budget, compensation, expired_leases, retry_wait_seconds or on_failure",
+            s.name
+        ));
+    }
+    let most = MAX_WAIT.as_secs();
+    match (wait.seconds, &wait.until) {
+        (Some(n), None) if (1..=most).contains(&n) => Ok(Wait::For(Duration::from_secs(n))),
+        (Some(_), None) => Err(format!("step {:?}: wait.seconds must be from 1 to {most}", s.name)),
+        (None, Some(pointer)) if pointer.starts_with('/') => Ok(Wait::Until(pointer.clone())),
+        _ => Err(format!(
+            "step {:?}: wait needs either seconds or until, a JSON pointer into the input such as \"/refund_at\"",
+            s.name
+        )),
+    }
 }
 
 /// `steps` in an order that runs every step after the steps it depends on, keeping the file's

@@ -49,7 +49,7 @@ use sas_engine::services::{
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Phase, ProcessState, StateRecord, StepStatus,
 };
-use sas_engine::workflow::{OnFailure, Workflow};
+use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{Error, OrderId, Result, Timestamp};
 
 const ORDERS: usize = 12;
@@ -279,6 +279,8 @@ struct Tally {
     /// Orders seen with two steps in flight at once, and with two undos in flight at once.
     side_by_side: u64,
     undone_side_by_side: u64,
+    /// Waits over in processed orders.
+    waits_over: u64,
 }
 
 impl Tally {
@@ -305,6 +307,7 @@ impl std::ops::AddAssign for Tally {
         self.ended_on_old_version += o.ended_on_old_version;
         self.side_by_side += o.side_by_side;
         self.undone_side_by_side += o.undone_side_by_side;
+        self.waits_over += o.waits_over;
     }
 }
 
@@ -315,7 +318,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -324,6 +327,7 @@ impl std::fmt::Display for Tally {
             self.ended_on_old_version,
             self.side_by_side,
             self.undone_side_by_side,
+            self.waits_over,
             self.longest_settle.as_secs()
         )
     }
@@ -944,6 +948,10 @@ impl Sim {
                 if r.process_state == ProcessState::Processed && r.alert.is_some() {
                     self.tally.processed_with_reports += 1;
                 }
+                if r.process_state == ProcessState::Processed {
+                    let waits = r.steps.iter().filter(|s| s.wake_at.is_some()).count();
+                    self.tally.waits_over += waits as u64;
+                }
                 if self.deployed && r.workflow_version == self.workflow.version() {
                     self.tally.ended_on_old_version += 1;
                 }
@@ -1102,7 +1110,22 @@ impl Sim {
                             }
                         }
                     }
-                    for s in r.steps.iter().filter(|s| s.reported.is_none()) {
+                    for s in r.steps.iter().filter(|s| s.wake_at.is_some()) {
+                        // A wait is over, and never before its time.
+                        let woke = s.output.as_ref().and_then(|o| o["woke_at"].as_str());
+                        let woke = woke.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+                        assert!(
+                            s.status == StepStatus::Done
+                                && woke.is_some_and(|t| {
+                                    t.timestamp_millis() >= s.wake_at.unwrap().as_millis()
+                                }),
+                            "seed {seed}: {id} {} woke {woke:?}, before {:?}",
+                            s.name,
+                            s.wake_at
+                        );
+                    }
+                    let calls = r.steps.iter().filter(|s| s.wake_at.is_none());
+                    for s in calls.filter(|s| s.reported.is_none()) {
                         assert!(
                             applied(key(s, Direction::Do)),
                             "seed {seed}: {id} processed without {}",
@@ -1140,9 +1163,12 @@ impl Sim {
                                 s.name
                             );
                         }
-                        // A step done and not undone is one without an undo: reported.
+                        // A step done and not undone is one without an undo: reported (a
+                        // wait that is over leaves nothing to undo).
                         assert!(
-                            s.status != StepStatus::Done || r.needs_manual_undo().contains(&s.name),
+                            s.status != StepStatus::Done
+                                || s.wake_at.is_some()
+                                || r.needs_manual_undo().contains(&s.name),
                             "seed {seed}: {id} ended {:?} with {} done, not undone, unreported",
                             r.process_state,
                             s.name
@@ -1196,8 +1222,8 @@ fn workflow_of(seed: u64) -> Workflow {
 }
 
 /// The version deployed halfway through the faults, on a fifth of the seeds: the run's
-/// workflow with the opposite failure policy on its first step and one more step at the end,
-/// on the first step's agent, with an undo. Orders accepted before it keep the first version
+/// workflow with the opposite failure policy on its first step that calls an agent, and one
+/// more step at the end, on that step's agent, with an undo. Orders accepted before it keep the first version
 /// to their end (their undos and redrives included); orders accepted after take this one.
 fn next_version(seed: u64, first: &Workflow) -> Option<Workflow> {
     if seed % 5 != 2 {
@@ -1206,9 +1232,11 @@ fn next_version(seed: u64, first: &Workflow) -> Option<Workflow> {
     let mut spec: serde_json::Value = serde_json::from_str(&workflow_json(seed)).unwrap();
     spec["version"] = (first.version() + 1).into();
     let steps = spec["steps"].as_array_mut().unwrap();
-    let flipped = if steps[0]["on_failure"] == "report" { "undo" } else { "report" };
-    steps[0]["on_failure"] = flipped.into();
-    let agent = steps[0]["agent"].clone();
+    // The first step that calls an agent (a wait has no failure policy).
+    let first_call = steps.iter().position(|s| s.get("agent").is_some())?;
+    let flipped = if steps[first_call]["on_failure"] == "report" { "undo" } else { "report" };
+    steps[first_call]["on_failure"] = flipped.into();
+    let agent = steps[first_call]["agent"].clone();
     steps.push(serde_json::json!({
         "name": "audit-v2", "agent": agent, "budget_seconds": 10,
         "compensation": {"action": "unaudit-v2", "budget_seconds": 10}
@@ -1257,7 +1285,7 @@ fn workflow_json(seed: u64) -> String {
                     step
                 })
                 .collect();
-            let steps = with_dependencies(seed, steps);
+            let steps = with_waits(seed, with_dependencies(seed, steps));
             serde_json::json!({"name": format!("shape-{seed}"), "steps": steps}).to_string()
         }
     }
@@ -1284,6 +1312,25 @@ fn with_dependencies(seed: u64, mut steps: Vec<serde_json::Value>) -> Vec<serde_
     steps
 }
 
+/// On a third of the seeds, one of `steps` waits instead of calling its agent: for a few
+/// seconds up to twenty minutes, so that some waits are woken by their delayed start message
+/// and some, longer than SQS delays one, by the supervisor. Drawn apart, like the dependencies.
+fn with_waits(seed: u64, mut steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let draw = SplitMix::seeded(seed ^ 0x3a17);
+    if draw.unit() < 2.0 / 3.0 {
+        return steps;
+    }
+    let k = ((draw.unit() * steps.len() as f64) as usize).min(steps.len() - 1);
+    let seconds = 1 + (draw.unit() * 1200.0) as u64;
+    let name = steps[k]["name"].clone();
+    let mut wait = serde_json::json!({"name": name, "wait": {"seconds": seconds}});
+    if let Some(depends_on) = steps[k].get("depends_on") {
+        wait["depends_on"] = depends_on.clone();
+    }
+    steps[k] = wait;
+    steps
+}
+
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
 /// every lease of every step and every undo may expire its step's `expired_leases` times (by
 /// default `failure_threshold`), each costing at most the claim grace, the budget, the longest
@@ -1299,6 +1346,10 @@ fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
         .steps()
         .iter()
         .map(|s| {
+            if let Work::Wait(Wait::For(d)) = &s.work {
+                // A wait may begin as the faults stop; a long one is found by a sweep.
+                return *d + SWEEP_EVERY;
+            }
             let wait = s.waits(config.wait).max;
             let both = lease(s.budget, wait)
                 + s.compensation.as_ref().map_or(Duration::ZERO, |c| lease(c.budget, wait));
@@ -1354,6 +1405,7 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         assert!(total.ended_on_old_version > 0, "no order in flight at a deploy ever ended");
         assert!(total.side_by_side > 0, "no two steps of an order were ever in flight at once");
         assert!(total.undone_side_by_side > 0, "no two undos of an order ran at once");
+        assert!(total.waits_over > 0, "no wait was ever over");
     }
 }
 

@@ -799,6 +799,7 @@ fn a_corrupt_record_is_refused_not_decided_on() {
 mod branches;
 mod commands;
 mod reports;
+mod waits;
 
 /// One recorded metric: its name, its labels, and its value as text.
 type Recorded = (String, Vec<(String, String)>, String);

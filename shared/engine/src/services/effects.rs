@@ -185,10 +185,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
             due_at: Some(now),
             budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
         };
-        Ok(Outgoing::now(
-            Destination::Agent(step.agent.clone()),
-            Message::Request(Box::new(request)),
-        ))
+        let agent = step.agent().ok_or_else(|| corrupt(format!("step {:?} waits", state.name)))?;
+        Ok(Outgoing::now(Destination::Agent(agent.clone()), Message::Request(Box::new(request))))
     }
 
     /// Marks the alert as sent, re-reading the record if someone wrote it meanwhile.

@@ -84,9 +84,10 @@ where
         let order = workflow.input(body)?;
         let order_id = OrderId::for_owner_key(owner, &key);
         let now = self.ports.clock.now();
+        let wakes = workflow.wakes(&order.0, now)?;
         self.admit(now, workflow).await?;
         let ctx = Ctx { now, config: &self.ports.config, workflow };
-        let created = machine::create(order_id, self.ids.new_id(), &ctx);
+        let created = machine::create_waking(order_id, self.ids.new_id(), &wakes, &ctx);
         let record = OrderRecord {
             order_id,
             owner: owner.clone(),
