@@ -221,6 +221,18 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 5.0,
         },
         Scenario {
+            name: "three steps, the first two side by side",
+            workflow: sas_workflows::file("express-fulfilment").map_or("", |f| f.json).into(),
+            // The Parallel state and its two branches' tasks, the last task, start and end.
+            sfn_transitions: 6.0,
+        },
+        Scenario {
+            name: "three steps and a one-minute wait before shipping",
+            workflow: with_wait(sas_workflows::order_fulfilment(), 60),
+            // The Wait state is one more transition.
+            sfn_transitions: 6.0,
+        },
+        Scenario {
             name: "ten steps, three of them side by side",
             workflow: ten_steps(),
             // Ten tasks, the Parallel state around three of them, and the start and end.
@@ -235,6 +247,16 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         report(&s, &meter, orders as f64, batch);
     }
     Ok(())
+}
+
+/// `workflow_json` with a wait of `seconds` before its last step.
+fn with_wait(workflow_json: &str, seconds: u64) -> String {
+    let mut spec: serde_json::Value = serde_json::from_str(workflow_json).unwrap_or_default();
+    if let Some(steps) = spec["steps"].as_array_mut() {
+        let at = steps.len().saturating_sub(1);
+        steps.insert(at, serde_json::json!({"name": "hold", "wait": {"seconds": seconds}}));
+    }
+    spec.to_string()
 }
 
 /// Ten steps on five agents, each with an undo: one, then three that depend only on it (run
@@ -317,6 +339,14 @@ async fn run(
             drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
             clock.advance(std::time::Duration::from_secs(1));
         }
+    }
+    // Orders that wait are woken by their delayed start messages: time goes on until they are.
+    for _ in 0..3600 {
+        if memory.records().iter().all(|r| r.is_terminal()) {
+            break;
+        }
+        clock.advance(std::time::Duration::from_secs(1));
+        drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
     }
     let unfinished = memory.records().iter().filter(|r| !r.is_terminal()).count();
     if unfinished > 0 {

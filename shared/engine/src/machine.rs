@@ -11,7 +11,9 @@
 //! leases) in the one record, so every transition stays one conditional write of that record,
 //! whichever steps it touches. A step starts once every step it depends on (directly or
 //! through others) is done or reported: steps that do not depend on each other are leased in
-//! the same write and run at once. The record is Processing while a lease is sent, Pending
+//! the same write and run at once. A step that waits for a time holds a lease that ends when
+//! it wakes; nothing is sent for it but, for a wait SQS can delay a message for, a start
+//! message due at that time. The record is Processing while a lease is sent, Pending
 //! while leases only wait for the scheduler, and its CompleteBy is the earliest lease's.
 //!
 //! The transitions, by state and input:
@@ -20,6 +22,8 @@
 //! | --- | --- | --- |
 //! | Pending, Processing | start message of a queued lease's attempt | every step queued at that attempt leased and dispatched; Processing |
 //! | any | the queue message that produced the current revision, again | replay its side effects (every request in flight sent again) |
+//! | Pending, Processing | start message of a wait's attempt, at or after its time | the wait done; the steps it freed leased and dispatched |
+//! | Pending, Processing | start message of a wait's attempt, before its time | ignored: the supervisor wakes it |
 //! | Pending, Processing | start message no queued lease holds | ignored: stale or duplicate |
 //! | Processing | reply of a sent lease: done | the step done; the steps it freed leased and dispatched; Processed when none is left |
 //! | Processing | reply of a sent lease: failed, or done with an output too large | the order stops: nothing new starts, steps in flight are awaited, then every done step is undone |
@@ -31,6 +35,7 @@
 //! | Pending, Processing | expiry, CompleteBy passed by less than the horizon | ignored: its messages may still be waiting in a queue |
 //! | Pending, Processing | expiry: each lease passed by the horizon, below its threshold | its count + 1; queued again (a sent one at a new attempt) with a later CompleteBy; start message after a wait |
 //! | Pending, Processing | the same, at its threshold (or while the order stops) | the step failed, its outcome unknown: the order stops as for a refusal (or goes on, if only reported); an undo failed |
+//! | Pending, Processing | expiry: a wait's lease at its time (no horizon: nothing of it is in a queue) | the wait done; the steps it freed queued; start message |
 //! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |

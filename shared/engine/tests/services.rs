@@ -64,6 +64,29 @@ async fn the_same_key_with_another_order_is_refused_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn an_order_whose_wait_names_no_usable_time_is_refused_and_writes_nothing() {
+    let mut w = World::new();
+    let later = r#"{"name":"later","steps":[{"name":"hold","wait":{"until":"/release_at"}},
+        {"name":"release","agent":"payment"}]}"#;
+    let workflow = sas_engine::workflow::Workflow::from_json(later, &world::agent_names());
+    w.deploy(sas_engine::catalogue::Catalogue::single(workflow.unwrap()));
+    for body in [r#"{}"#, r#"{"release_at":"soon"}"#, r#"{"release_at":"2099-01-01T00:00:00Z"}"#] {
+        let err = w.submission.submit("later-1", body.as_bytes()).await.unwrap_err();
+        let Error::InvalidOrder(rejection) = err else { panic!("{err}") };
+        assert_eq!(rejection.errors[0].field, "/release_at", "{body}");
+    }
+    assert!(w.store.orders().is_empty());
+    assert_eq!(w.queues.sent_count(&Destination::Scheduler), 0);
+    // A time within a year is kept on the record, and the order waits for it.
+    let at = w.clock.now().plus(Duration::from_secs(3600)).to_rfc3339();
+    let body = format!(r#"{{"release_at":"{at}"}}"#);
+    let id = w.submission.submit("later-2", body.as_bytes()).await.unwrap().order_id;
+    let r = w.state(id);
+    assert_eq!(r.steps[0].wake_at.map(|t| t.to_rfc3339()), Some(at));
+    assert_eq!(r.complete_by, r.steps[0].wake_at);
+}
+
+#[tokio::test]
 async fn rejected_submissions_write_and_send_nothing() {
     let w = World::new();
     let valid = order_body("x");
