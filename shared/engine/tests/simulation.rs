@@ -33,8 +33,8 @@ use sas_engine::events::ALERT_DETAIL_TYPE;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges};
 use sas_engine::memory::{
-    Behaviour, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits,
-    SeqIds, SplitMix,
+    Behaviour, Delivery, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore,
+    MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::mutants::{self, Mutant};
@@ -172,10 +172,12 @@ enum Fault {
     OversizeOutput,
     /// An operator's command on a random order.
     Operator,
+    /// Replies handled together, concurrently, as one batch of the reply queue is.
+    Batched,
 }
 
 impl Fault {
-    const ALL: [Fault; 15] = [
+    const ALL: [Fault; 16] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -191,6 +193,7 @@ impl Fault {
         Fault::Timeout,
         Fault::OversizeOutput,
         Fault::Operator,
+        Fault::Batched,
     ];
 
     fn name(self) -> &'static str {
@@ -210,6 +213,7 @@ impl Fault {
             Fault::Timeout => "timeout",
             Fault::OversizeOutput => "oversize-output",
             Fault::Operator => "operator",
+            Fault::Batched => "batched",
         }
     }
 
@@ -655,6 +659,14 @@ impl Sim {
             if batch.is_empty() {
                 continue;
             }
+            if dest == Destination::Replies && batch.len() > 1 && self.chance(Fault::Batched, 0.3) {
+                let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
+                for other in &batch {
+                    let _ = self.queues.change_visibility(&dest, &other.receipt, Duration::ZERO);
+                }
+                self.deliver_together(&dest, taken).await;
+                return true;
+            }
             // Reordering: take any of the visible messages; the others stay hidden until their
             // visibility timeout, which also delays them.
             let chosen = if batch.len() > 1 && self.chance(Fault::Reordered, 0.3) {
@@ -704,32 +716,73 @@ impl Sim {
             if let Err(Error::InvalidMessage(why)) = &handled {
                 panic!("seed {}: a message the system sent was refused: {why}", self.seed);
             }
-            // Only the current lease of a step may change an order: a reply from an older
-            // lease that moved the record is a stale attempt writing.
-            if let (Message::Reply(reply), Some(before)) = (&message, before) {
-                let after = self.memory.peek(reply.order_id).unwrap();
-                // (A redelivery of the message that wrote `before` only finishes its effects,
-                // such as recording that its alert went out.)
-                let this = InputRef::Message(d.message_id.clone());
-                let moved_by_it = after.revision > before.revision
-                    && after.last_input == this
-                    && before.last_input != this;
-                let held = before.steps.get(reply.step.index).and_then(|s| s.sent().copied());
-                assert!(
-                    !moved_by_it || held.is_some_and(|l| l.attempt == reply.attempt),
-                    "seed {}: a reply of attempt {} changed {} whose step {} held {held:?}",
-                    self.seed,
-                    reply.attempt,
-                    reply.order_id,
-                    reply.step.name,
-                );
-            }
+            self.check_fenced(&message, &d.message_id, before.as_ref());
             if handled.is_ok() {
                 let _ = self.queues.delete(&dest, &d.receipt);
             }
             return true;
         }
         false
+    }
+
+    /// Only the current lease of a step may change an order: a reply from an older lease that
+    /// moved the record (`before` it was handled) is a stale attempt writing.
+    fn check_fenced(&self, message: &Message, message_id: &str, before: Option<&StateRecord>) {
+        let (Message::Reply(reply), Some(before)) = (message, before) else { return };
+        let after = self.memory.peek(reply.order_id).unwrap();
+        // (A redelivery of the message that wrote `before` only finishes its effects, such as
+        // recording that its alert went out.)
+        let this = InputRef::Message(message_id.to_owned());
+        let moved_by_it = after.revision > before.revision
+            && after.last_input == this
+            && before.last_input != this;
+        let held = before.steps.get(reply.step.index).and_then(|s| s.sent().copied());
+        assert!(
+            !moved_by_it || held.is_some_and(|l| l.attempt == reply.attempt),
+            "seed {}: a reply of attempt {} changed {} whose step {} held {held:?}",
+            self.seed,
+            reply.attempt,
+            reply.order_id,
+            reply.step.name,
+        );
+    }
+
+    /// Handles up to three replies at once, as the scheduler handles a batch: their writes meet
+    /// when they are for one order's steps side by side, and none may be lost for it.
+    async fn deliver_together(&mut self, dest: &Destination, taken: Vec<Delivery>) {
+        let messages: Vec<Message> =
+            taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
+        let befores: Vec<Option<StateRecord>> =
+            messages.iter().map(|m| self.memory.peek(m.order_id())).collect();
+        let scheduler = &self.scheduler;
+        let handled =
+            futures_util::future::join_all(taken.iter().zip(&messages).map(|(d, m)| async move {
+                let incoming =
+                    Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                scheduler.handle(m, incoming).await
+            }))
+            .await;
+        for (((d, m), before), handled) in taken.iter().zip(&messages).zip(&befores).zip(handled) {
+            if let Err(Error::InvalidMessage(why)) = &handled {
+                panic!("seed {}: a message the system sent was refused: {why}", self.seed);
+            }
+            self.check_fenced(m, &d.message_id, before.as_ref());
+            // A reply done with while its lease still holds it was dropped, not judged.
+            if let (Ok(_), Message::Reply(reply)) = (&handled, m) {
+                let after = self.memory.peek(reply.order_id).unwrap();
+                let held = after.steps.get(reply.step.index).and_then(|s| s.sent().copied());
+                assert!(
+                    held.is_none_or(|l| l.attempt != reply.attempt),
+                    "seed {}: the reply of {} to {} was let go while its lease waits for it",
+                    self.seed,
+                    reply.step.name,
+                    reply.order_id
+                );
+            }
+            if handled.is_ok() {
+                let _ = self.queues.delete(dest, &d.receipt);
+            }
+        }
     }
 
     /// A step is started only once every step it depends on is passed, and undone only once
