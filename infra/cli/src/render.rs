@@ -89,12 +89,13 @@ pub fn order(view: &Value) -> String {
                     Some(_) => format!("{} (reported)", cell(s, "status")),
                     None => cell(s, "status"),
                 },
+                lease(s),
                 if generation > 0 { format!("run {}", generation + 1) } else { String::new() },
                 s.get("detail").and_then(Value::as_str).unwrap_or_default().to_owned(),
             ]
         })
         .collect();
-    out.push_str(&table(&["  step", "status", "", "detail"], &steps));
+    out.push_str(&table(&["  step", "status", "lease", "", "detail"], &steps));
 
     out.push_str("\ntimeline\n");
     let entries: Vec<Vec<String>> = list(view, "timeline")
@@ -116,6 +117,22 @@ pub fn order(view: &Value) -> String {
         .collect();
     out.push_str(&table(&["  at", "what", ""], &entries));
     out
+}
+
+/// What a step's lease says: sent and due by a time, waiting for the scheduler, or waiting
+/// for a time; empty without one.
+fn lease(step: &Value) -> String {
+    let Some(lease) = step.get("lease") else { return String::new() };
+    let due = time(&lease["complete_by"]);
+    let failures = lease.get("failures").and_then(Value::as_u64).unwrap_or(0);
+    let expired = if failures > 0 { format!(", {failures} expired") } else { String::new() };
+    if lease.get("timer").and_then(Value::as_bool).unwrap_or(false) {
+        format!("waits until {due}")
+    } else if lease.get("sent").and_then(Value::as_bool).unwrap_or(false) {
+        format!("in flight, due {due}{expired}")
+    } else {
+        format!("queued, due {due}{expired}")
+    }
 }
 
 /// A time as the API gives it (RFC 3339, or milliseconds since the epoch), in UTC.
@@ -205,5 +222,24 @@ mod tests {
         );
         assert!(text.contains("statement answered 900 bytes, more than the 512"), "{text}");
         assert!(text.contains("send-welcome  failed (reported)"), "{text}");
+    }
+
+    #[test]
+    fn steps_in_flight_side_by_side_and_a_wait_show_their_leases() {
+        let view = serde_json::json!({
+            "order_id": "o-3", "process_state": "Processing", "phase": "forward",
+            "steps": [
+                {"name": "flight", "status": "not_started",
+                 "lease": {"attempt": 2, "complete_by": 1_772_360_142_000_i64, "sent": true}},
+                {"name": "hotel", "status": "not_started",
+                 "lease": {"attempt": 3, "complete_by": 1_772_360_142_000_i64, "failures": 1}},
+                {"name": "cooling-off", "status": "not_started",
+                 "lease": {"attempt": 4, "complete_by": 1_772_446_542_000_i64, "timer": true}}
+            ]
+        });
+        let text = order(&view);
+        assert!(text.contains("in flight, due 2026-03-01 10:15:42.000"), "{text}");
+        assert!(text.contains("queued, due 2026-03-01 10:15:42.000, 1 expired"), "{text}");
+        assert!(text.contains("waits until 2026-03-02 10:15:42.000"), "{text}");
     }
 }

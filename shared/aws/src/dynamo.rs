@@ -498,8 +498,9 @@ fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
     map.insert("revision".into(), parse_number::<u64>(item, "Revision")?.into());
     map.insert("shard".into(), parse_number::<u16>(item, "ExpiryShard")?.into());
     map.insert("created_at".into(), parse_number::<i64>(item, "CreatedAt")?.into());
-    let record: StateRecord =
+    let mut record: StateRecord =
         serde_json::from_value(value).map_err(|e| corrupt(format!("record: {e}")))?;
+    record.upgrade();
     record.check().map_err(corrupt)?;
     Ok(record)
 }
@@ -606,6 +607,24 @@ mod tests {
         assert!(item.contains_key("CompleteBy") && item.contains_key("ExpiryShard"));
         assert!(!item.contains_key("LockedBy"));
         assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn a_record_written_before_steps_held_leases_gives_its_step_in_flight_the_lease() {
+        let mut r = record();
+        r.steps[0].lease = None;
+        r.steps[0].dispatched = true;
+        (r.process_state, r.locked_by, r.attempt) = (ProcessState::Processing, Some("s".into()), 4);
+        r.failure_count = 1;
+        let mut item = state_item(&r).unwrap();
+        // As the version before wrote it: the step in flight named by a cursor.
+        let body = string(&item, "Body").unwrap().replacen('{', r#"{"cursor":0,"#, 1);
+        item.insert("Body".into(), AttributeValue::S(body));
+        let read = state_from_item(r.order_id, &item).unwrap();
+        let lease = read.steps[0].lease.unwrap();
+        assert_eq!((lease.attempt, lease.sent, lease.failures), (4, true, 1));
+        assert_eq!(Some(lease.complete_by), r.complete_by);
+        assert_eq!(read.legacy_cursor, None);
     }
 
     #[test]

@@ -335,6 +335,7 @@ pub fn create_waking(
         stop: None,
         commands: Vec::new(),
         redrives: 0,
+        legacy_cursor: None,
     };
     let mut effects = started(ctx);
     for (i, step) in ctx.workflow.steps().iter().enumerate() {

@@ -460,6 +460,10 @@ pub struct StateRecord {
     /// How many times an operator redrove the order (either way).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub redrives: u32,
+    /// The one step in flight of a record written before each step held its own lease: read
+    /// so that [`StateRecord::upgrade`] can give that step its lease, never written.
+    #[serde(default, rename = "cursor", skip_serializing)]
+    pub legacy_cursor: Option<usize>,
 }
 
 impl StateRecord {
@@ -490,6 +494,27 @@ impl StateRecord {
     /// The earliest CompleteBy of the leases.
     pub fn earliest_lease(&self) -> Option<Timestamp> {
         self.leased().map(|(_, _, l)| l.complete_by).min()
+    }
+
+    /// A record written before each step held its own lease, as this version keeps it: the
+    /// step that was in flight (or waiting for the scheduler) holds the lease the record
+    /// held, so that the messages already sent for it still count. Adapters call it on what
+    /// they read, before [`StateRecord::check`].
+    pub fn upgrade(&mut self) {
+        let Some(cursor) = self.legacy_cursor.take() else { return };
+        if !self.process_state.is_in_flight() || self.steps.iter().any(|s| s.lease.is_some()) {
+            return;
+        }
+        let (Some(complete_by), Some(step)) = (self.complete_by, self.steps.get_mut(cursor)) else {
+            return;
+        };
+        step.lease = Some(Lease {
+            attempt: self.attempt,
+            complete_by,
+            sent: self.process_state == ProcessState::Processing,
+            failures: self.failure_count,
+            timer: false,
+        });
     }
 
     /// Whether the order is on an operator's list, and why: in Error (since it ended, with
