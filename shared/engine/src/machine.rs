@@ -539,12 +539,7 @@ fn reply(
     message: &str,
     ctx: &Ctx<'_>,
 ) -> Decision {
-    let holder = record.leased().find(|(_, _, l)| l.attempt == attempt).or_else(|| {
-        // A mutant that takes an older attempt's reply for the step's current one.
-        let (i, s, l) = record.leased().find(|(i, _, l)| *i == step.index && l.sent)?;
-        (mutants::on(Mutant::ReplyFromPreviousAttempt) && attempt < l.attempt).then_some((i, s, l))
-    });
-    let Some((i, leased, lease)) = holder else {
+    let Some((i, leased, lease)) = holder(record, attempt, step) else {
         return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
     };
     if !lease.sent {
@@ -612,6 +607,19 @@ fn reply(
         }
     }
     proceed(next, effects, ctx, Via::Lease)
+}
+
+/// The step whose lease holds `attempt`, with the lease.
+fn holder<'r>(
+    record: &'r StateRecord,
+    attempt: u64,
+    step: &StepRef,
+) -> Option<(usize, &'r StepState, &'r Lease)> {
+    record.leased().find(|(_, _, l)| l.attempt == attempt).or_else(|| {
+        // A mutant that takes an older attempt's reply for the step's current one.
+        let (i, s, l) = record.leased().find(|(i, _, l)| *i == step.index && l.sent)?;
+        (mutants::on(Mutant::ReplyFromPreviousAttempt) && attempt < l.attempt).then_some((i, s, l))
+    })
 }
 
 /// Step `i` failed for good, for `cause`, its status already set. A step whose failures are

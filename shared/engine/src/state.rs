@@ -638,27 +638,7 @@ impl StateRecord {
                 }
                 self.check_progress()
             }
-            ProcessState::Processed => {
-                if self.cause.is_some() {
-                    return self.broken("processed order with a cause");
-                }
-                if self.steps.iter().any(|s| !s.passed()) {
-                    return self.broken("processed with a step neither done nor reported");
-                }
-                // Its alert is owed exactly when some step's failure was only reported.
-                let reported = self.steps.iter().any(|s| s.reported.is_some());
-                match self.alert {
-                    None if reported => self.broken("processed with a report but no alert"),
-                    Some(_) if !reported => self.broken("processed with an alert and no report"),
-                    Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
-                        self.broken("alert pending but not in the expiry index")
-                    }
-                    Some(AlertDelivery::Sent) | None if self.complete_by.is_some() => {
-                        self.broken("processed order with CompleteBy and no alert pending")
-                    }
-                    _ => Ok(()),
-                }
-            }
+            ProcessState::Processed => self.check_processed(),
             ProcessState::Cancelled => {
                 if self.complete_by.is_some() || self.alert.is_some() {
                     return self.broken("cancelled order with CompleteBy or alert");
@@ -690,6 +670,29 @@ impl StateRecord {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// The steps and the alert of a processed order.
+    fn check_processed(&self) -> Result<(), String> {
+        if self.cause.is_some() {
+            return self.broken("processed order with a cause");
+        }
+        if self.steps.iter().any(|s| !s.passed()) {
+            return self.broken("processed with a step neither done nor reported");
+        }
+        // Its alert is owed exactly when some step's failure was only reported.
+        let reported = self.steps.iter().any(|s| s.reported.is_some());
+        match self.alert {
+            None if reported => self.broken("processed with a report but no alert"),
+            Some(_) if !reported => self.broken("processed with an alert and no report"),
+            Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
+                self.broken("alert pending but not in the expiry index")
+            }
+            Some(AlertDelivery::Sent) | None if self.complete_by.is_some() => {
+                self.broken("processed order with CompleteBy and no alert pending")
+            }
+            _ => Ok(()),
         }
     }
 
