@@ -178,7 +178,10 @@ async fn store_contract<S: StateStore + ExpiryIndex>(
     for shard in 0..2 {
         let want =
             records.iter().filter(|r| r.order_id.shard(2) == shard).map(|r| r.created_at).min();
-        assert_eq!(store.oldest(shard).await.unwrap(), want, "oldest of shard {shard}");
+        let due_by = Timestamp::from_millis(i64::MAX);
+        assert_eq!(store.oldest(shard, due_by).await.unwrap(), want, "oldest of shard {shard}");
+        // Orders due later than asked are left out: they wait for a time.
+        assert_eq!(store.oldest(shard, Timestamp::EPOCH).await.unwrap(), None);
     }
     // A finished record leaves the index.
     let mut done = next.clone();

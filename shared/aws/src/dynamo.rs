@@ -193,8 +193,9 @@ impl ExpiryIndex for DynamoStore {
             .collect()
     }
 
-    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
-        Ok(self.watched(shard, None).await?.into_iter().map(|(created, _)| created).min())
+    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
+        let watched = self.watched(shard, None, Some(due_by)).await?;
+        Ok(watched.into_iter().map(|(created, _)| created).min())
     }
 }
 
@@ -292,12 +293,14 @@ impl DynamoStore {
         }
     }
 
-    /// Every order of `shard` of the expiry index, accepted at or before `accepted_by` if
-    /// given, with when it was accepted: the whole shard, page after page.
+    /// Every order of `shard` of the expiry index, accepted at or before `accepted_by` and due
+    /// by `due_by` if given, with when it was accepted: the shard (up to `due_by`), page after
+    /// page.
     async fn watched(
         &self,
         shard: u16,
         accepted_by: Option<Timestamp>,
+        due_by: Option<Timestamp>,
     ) -> Result<Vec<(Timestamp, OrderId)>> {
         let mut found = Vec::new();
         let mut start = None;
@@ -307,10 +310,16 @@ impl DynamoStore {
                 .query()
                 .table_name(&self.state_table)
                 .index_name(EXPIRY_INDEX)
-                .key_condition_expression("ExpiryShard = :s")
+                .key_condition_expression(match due_by {
+                    Some(_) => "ExpiryShard = :s AND CompleteBy <= :due",
+                    None => "ExpiryShard = :s",
+                })
                 .expression_attribute_values(":s", number(shard))
                 .projection_expression("OrderId, CreatedAt")
                 .set_exclusive_start_key(start);
+            if let Some(due) = due_by {
+                query = query.expression_attribute_values(":due", number(due.as_millis()));
+            }
             if let Some(cutoff) = accepted_by {
                 query = query
                     .filter_expression("CreatedAt <= :cutoff")
@@ -347,7 +356,7 @@ impl DynamoStore {
         }
         let mut candidates = Vec::new();
         for shard in 0..query.shards.max(1) {
-            candidates.extend(self.watched(shard, Some(cutoff)).await?);
+            candidates.extend(self.watched(shard, Some(cutoff), None).await?);
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         candidates.dedup();

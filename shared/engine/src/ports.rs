@@ -153,10 +153,15 @@ pub trait ExpiryIndex: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send;
 
-    /// When the oldest order of `shard` still in the index was accepted, if the shard holds
-    /// any. Reads the whole shard: one small index item per order being watched. Eventually
-    /// consistent.
-    fn oldest(&self, shard: u16) -> impl Future<Output = Result<Option<Timestamp>>> + Send;
+    /// When the oldest order of `shard` still in the index with a CompleteBy at or before
+    /// `due_by` was accepted, if the shard holds any: an order due later is waiting for a time,
+    /// not held up. Reads the shard up to `due_by`: one small index item per order being
+    /// watched. Eventually consistent.
+    fn oldest(
+        &self,
+        shard: u16,
+        due_by: Timestamp,
+    ) -> impl Future<Output = Result<Option<Timestamp>>> + Send;
 }
 
 /// Which orders an operator asks for.
@@ -499,8 +504,12 @@ impl<T: ExpiryIndex + ?Sized> ExpiryIndex for std::sync::Arc<T> {
         (**self).expired(shard, now, limit)
     }
 
-    fn oldest(&self, shard: u16) -> impl Future<Output = Result<Option<Timestamp>>> + Send {
-        (**self).oldest(shard)
+    fn oldest(
+        &self,
+        shard: u16,
+        due_by: Timestamp,
+    ) -> impl Future<Output = Result<Option<Timestamp>>> + Send {
+        (**self).oldest(shard, due_by)
     }
 }
 

@@ -87,6 +87,26 @@ async fn an_order_whose_wait_names_no_usable_time_is_refused_and_writes_nothing(
 }
 
 #[tokio::test]
+async fn an_order_waiting_for_a_time_is_not_the_oldest_order_held_up() {
+    let mut w = World::new();
+    let later = r#"{"name":"later","steps":[{"name":"charge-payment","agent":"payment"},
+        {"name":"hold","wait":{"seconds":86400}},{"name":"ship","agent":"shipping"}]}"#;
+    let workflow = sas_engine::workflow::Workflow::from_json(later, &world::agent_names());
+    w.deploy(sas_engine::catalogue::Catalogue::single(workflow.unwrap()));
+    let id = w.submit("later-1").await.unwrap().order_id;
+    w.settle().await;
+    assert!(w.state(id).steps[1].lease.is_some_and(|l| l.timer), "{:?}", w.state(id));
+    w.clock.advance(Duration::from_secs(7200));
+    assert_eq!(w.sweep().await.oldest_ms, Some(0), "two hours into its wait");
+    // Past its time it is watched again, from when it was accepted, until it ends.
+    w.clock.advance(Duration::from_secs(86400));
+    let report = w.sweep().await;
+    assert!(report.oldest_ms.is_some_and(|ms| ms >= 86_400_000), "{report:?}");
+    w.settle().await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+}
+
+#[tokio::test]
 async fn rejected_submissions_write_and_send_nothing() {
     let w = World::new();
     let valid = order_body("x");
@@ -547,8 +567,8 @@ impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {
         self.0.expired(shard, now, limit).await
     }
 
-    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
-        self.0.oldest(shard).await
+    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
+        self.0.oldest(shard, due_by).await
     }
 }
 

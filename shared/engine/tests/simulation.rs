@@ -109,9 +109,9 @@ impl<P: ExpiryIndex> ExpiryIndex for Crashy<P> {
         self.inner.expired(shard, now, limit).await
     }
 
-    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
+    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
         tokio::task::yield_now().await;
-        self.inner.oldest(shard).await
+        self.inner.oldest(shard, due_by).await
     }
 }
 

@@ -293,7 +293,7 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
             .collect())
     }
 
-    async fn oldest(&self, shard: u16) -> Result<Option<Timestamp>> {
+    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
         let clock_now = self.clock.now();
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
@@ -302,7 +302,7 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
         Ok(inner
             .index
             .iter()
-            .filter(|(s, _, _)| *s == shard)
+            .filter(|(s, complete_by, _)| *s == shard && *complete_by <= due_by)
             .filter_map(|(_, _, id)| inner.states.get(id).map(|r| r.created_at))
             .min())
     }

@@ -134,10 +134,14 @@ where
 
     /// How long ago the oldest order in the index was accepted (0 if it holds none), recorded
     /// as a metric. `None`, and nothing recorded, if a shard could not be read: a partial
-    /// figure could hide the very order it is for.
+    /// figure could hide the very order it is for. An order due later than any step's lease
+    /// can last (its claim grace, longest retry wait and longest budget) is waiting for a time
+    /// it was told to wait for, and is left out.
     async fn oldest(&self, now: Timestamp) -> Option<u64> {
-        let shards = self.ports.config.index_shards;
-        let results = join_all((0..shards).map(|shard| self.index.oldest(shard))).await;
+        let config = &self.ports.config;
+        let shards = config.index_shards;
+        let due_by = now.plus(config.claim_grace + config.wait.max + crate::workflow::MAX_BUDGET);
+        let results = join_all((0..shards).map(|shard| self.index.oldest(shard, due_by))).await;
         let mut oldest: Option<Timestamp> = None;
         for result in results {
             match result {
