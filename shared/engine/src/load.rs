@@ -251,7 +251,8 @@ impl Load {
     }
 
     /// Whether the door takes a new order, given the longest it may expect to wait in the
-    /// queues in all: its start message, then a request and a reply for each step.
+    /// queues in all: its start message, then a request and a reply for each step along the
+    /// longest path of its dependencies (steps side by side wait at once).
     ///
     /// What the door did since the queues were read counts too ([`DoorTally`]). The orders it
     /// let in wait at the slowest queue of the path, ahead of a new one, so that a burst cannot
@@ -265,14 +266,26 @@ impl Load {
         workflow: &Workflow,
         tally: &DoorTally,
     ) -> Admission {
+        // Every queue an order's messages pass through, once per visit.
         let mut path = vec![Destination::Scheduler];
-        // Every step that calls an agent, as if in a row: steps side by side wait less.
         for agent in workflow.steps().iter().filter_map(crate::workflow::Step::agent) {
             path.push(Destination::Agent(agent.clone()));
             path.push(Destination::Replies);
         }
         let waits: Vec<(Destination, Duration)> =
             path.iter().map(|q| (q.clone(), self.of(q).expected_wait())).collect();
+        // When each step's reply is back, at the latest, counted from the claim: after the
+        // latest of the steps it depends on (the steps come in an order of their dependencies).
+        let replies = self.of(&Destination::Replies).expected_wait();
+        let mut back: HashMap<&str, Duration> = HashMap::new();
+        for step in workflow.steps() {
+            let after = step.depends_on.iter().filter_map(|d| back.get(d.as_str())).max();
+            let own = step.agent().map_or(Duration::ZERO, |a| {
+                self.of(&Destination::Agent(a.clone())).expected_wait() + replies
+            });
+            back.insert(&step.name, after.copied().unwrap_or_default() + own);
+        }
+        let longest = back.values().max().copied().unwrap_or_default();
         // Orders a second the slowest queue passes: a queue visited n times per order passes
         // orders at 1/n of its messages' rate.
         let slowest = path
@@ -283,7 +296,7 @@ impl Load {
             })
             .fold(f64::INFINITY, f64::min);
         let ahead = Duration::from_secs_f64(tally.admitted as f64 / slowest);
-        let total: Duration = waits.iter().map(|(_, w)| *w).sum::<Duration>() + ahead;
+        let total = self.of(&Destination::Scheduler).expected_wait() + longest + ahead;
         if total <= max_wait {
             return Admission::Admit;
         }
@@ -546,6 +559,34 @@ mod tests {
         // An empty queue cannot stall.
         let load = Load::new(at(0), &[], &[(payment, depth(0))]);
         assert_eq!(load.horizon(&catalogue()), Horizon::Within(SLACK));
+    }
+
+    #[test]
+    fn the_door_counts_steps_side_by_side_once() {
+        let max = Duration::from_secs(30);
+        let agents =
+            [AgentName::new("inventory"), AgentName::new("payment"), AgentName::new("shipping")];
+        let both = r#"{"name":"both","steps":[
+            {"name":"reserve","agent":"inventory","depends_on":[]},
+            {"name":"charge","agent":"payment","depends_on":[]},
+            {"name":"ship","agent":"shipping","depends_on":["reserve","charge"]}]}"#;
+        let in_a_row = both
+            .replace(r#""depends_on":[]"#, r#""depends_on":null"#)
+            .replace(r#","depends_on":null"#, "");
+        let both = Workflow::from_json(both, &agents).unwrap();
+        let in_a_row = Workflow::from_json(&in_a_row, &agents).unwrap();
+        // 20 s of waiting at each of inventory and payment.
+        let busy = |agent: &str| (Destination::Agent(AgentName::new(agent)), depth(200));
+        let reports = [
+            report(Destination::Agent(AgentName::new("inventory")), 0, 10.0, 0),
+            report(Destination::Agent(AgentName::new("payment")), 0, 10.0, 0),
+        ];
+        let load = Load::new(at(1), &reports, &[busy("inventory"), busy("payment")]);
+        assert_eq!(load.admission(max, &both, &DoorTally::default()), Admission::Admit);
+        assert!(matches!(
+            load.admission(max, &in_a_row, &DoorTally::default()),
+            Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(40)
+        ));
     }
 
     #[test]
