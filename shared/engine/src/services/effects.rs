@@ -145,10 +145,10 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
         now: Timestamp,
     ) -> Result<Outgoing> {
         let corrupt = |reason: String| Error::Corrupt { order_id: record.order_id, reason };
-        let state = record.steps.get(index).filter(|s| s.sent().is_some());
-        let state = state.ok_or_else(|| corrupt(format!("dispatch of step {index}, not sent")))?;
-        let lease =
-            state.sent().copied().ok_or_else(|| corrupt("dispatch without a lease".into()))?;
+        let (state, lease) =
+            record.steps.get(index).and_then(|s| Some((s, *s.sent()?))).ok_or_else(|| {
+                corrupt(format!("dispatch of step {index}, whose lease was not sent"))
+            })?;
         let direction = state.direction();
         let workflow = self.catalogue.of(record)?;
         let step = workflow

@@ -4,8 +4,6 @@
 use super::*;
 use crate::state::CommandKind;
 
-const BY: &str = "arn:aws:iam::123456789012:user/ops";
-
 /// A trip: the flight and the hotel at once once the trip is opened, then the payment, which
 /// waits for both.
 fn trip() -> Fixture {
@@ -42,11 +40,6 @@ impl Fixture {
 
     fn answer_done(&self, record: &StateRecord, i: usize) -> StateRecord {
         self.answer(record, i, StepOutcome::done(json!({"step": i}))).next
-    }
-
-    fn act(&self, record: &StateRecord, command: CommandKind, id: &str) -> Transition {
-        let input = Input::Command { command, id, by: BY, reason: "asked" };
-        self.apply(record, input, record.updated_at)
     }
 }
 
@@ -183,7 +176,7 @@ fn an_expired_lease_is_judged_alone_while_its_sibling_goes_on() {
 fn a_cancel_waits_for_every_step_in_flight_then_undoes_them_all() {
     let f = trip();
     let r = both_in_flight(&f);
-    let r = f.act(&r, CommandKind::Cancel, "c-1").next;
+    let r = f.order(&r, CommandKind::Cancel, "c-1", r.updated_at).next;
     assert_eq!((r.process_state, sent(&r)), (ProcessState::Processing, vec![FLIGHT, HOTEL]));
     let r = f.answer_done(&r, FLIGHT);
     assert_eq!((r.phase, r.cause.as_ref()), (Phase::Forward, None), "still waiting for the hotel");
@@ -199,12 +192,12 @@ fn a_cancel_waits_for_every_step_in_flight_then_undoes_them_all() {
 fn a_pause_waits_for_the_steps_in_flight_and_a_resume_starts_what_is_free() {
     let f = trip();
     let r = both_in_flight(&f);
-    let r = f.act(&r, CommandKind::Pause, "p-1").next;
+    let r = f.order(&r, CommandKind::Pause, "p-1", r.updated_at).next;
     let r = f.answer_done(&r, HOTEL);
     assert_eq!(r.process_state, ProcessState::Processing, "the flight is still in flight");
     let r = f.answer_done(&r, FLIGHT);
     assert_eq!(r.process_state, ProcessState::Paused, "the payment is not started");
-    let t = f.act(&r, CommandKind::Resume, "r-1");
+    let t = f.order(&r, CommandKind::Resume, "r-1", r.updated_at);
     assert_eq!(t.next.leased().map(|(i, _, _)| i).collect::<Vec<_>>(), [PAY]);
     assert_eq!(t.effects, [Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt }]);
 }
@@ -218,7 +211,7 @@ fn a_redrive_runs_again_only_the_steps_that_failed_or_were_undone() {
     let r = f.answer_done(&r, HOTEL);
     let r = f.answer_done(&f.answer_done(&r, HOTEL), OPEN);
     assert_eq!(r.process_state, ProcessState::Error);
-    let t = f.act(&r, CommandKind::Redrive, "d-1");
+    let t = f.order(&r, CommandKind::Redrive, "d-1", r.updated_at);
     assert_eq!(t.next.leased().map(|(i, _, _)| i).collect::<Vec<_>>(), [OPEN]);
     assert_eq!(t.next.steps[OPEN].generation, 1, "done again under new keys");
     assert_eq!(t.next.steps[FLIGHT].generation, 1);

@@ -6,7 +6,7 @@ use crate::state::{CommandKind, Stop};
 const BY: &str = "arn:aws:iam::123456789012:user/ops";
 
 impl Fixture {
-    fn command(
+    pub(super) fn command(
         &self,
         record: &StateRecord,
         kind: CommandKind,
@@ -18,7 +18,7 @@ impl Fixture {
     }
 
     /// Applies a command that must be accepted, and checks the record's invariants.
-    fn order(
+    pub(super) fn order(
         &self,
         record: &StateRecord,
         kind: CommandKind,

@@ -4,7 +4,6 @@
 use super::*;
 use crate::state::CommandKind;
 
-const BY: &str = "arn:aws:iam::123456789012:user/ops";
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// A refund: money back at once, a cooling-off period of `seconds`, then the refund is final.
@@ -26,19 +25,6 @@ fn refund(seconds: u64) -> Fixture {
 const PAY_BACK: usize = 0;
 const COOLING_OFF: usize = 1;
 const CLOSE: usize = 2;
-
-impl Fixture {
-    fn act_at(
-        &self,
-        record: &StateRecord,
-        command: CommandKind,
-        id: &str,
-        now: Timestamp,
-    ) -> Transition {
-        let input = Input::Command { command, id, by: BY, reason: "asked" };
-        self.apply(record, input, now)
-    }
-}
 
 /// The order once its money is paid back, waiting.
 fn waiting(f: &Fixture) -> (StateRecord, Vec<Effect>) {
@@ -98,7 +84,7 @@ fn a_short_wait_is_woken_by_its_own_delayed_start_message() {
 fn a_cancel_does_not_wait_for_a_wait() {
     let f = refund(DAY.as_secs());
     let (r, _) = waiting(&f);
-    let t = f.act_at(&r, CommandKind::Cancel, "c-1", T0.plus(secs(5)));
+    let t = f.order(&r, CommandKind::Cancel, "c-1", T0.plus(secs(5)));
     assert_eq!(t.next.phase, Phase::Compensating, "undoing at once");
     assert_eq!(t.next.steps[COOLING_OFF].lease, None);
     assert_eq!(t.next.leased().map(|(i, _, _)| i).collect::<Vec<_>>(), [PAY_BACK]);
@@ -111,13 +97,13 @@ fn a_paused_wait_keeps_its_time_when_it_resumes() {
     let f = refund(3600);
     let (r, _) = waiting(&f);
     let wake = r.steps[COOLING_OFF].wake_at.unwrap();
-    let paused = f.act_at(&r, CommandKind::Pause, "p-1", T0.plus(secs(10))).next;
+    let paused = f.order(&r, CommandKind::Pause, "p-1", T0.plus(secs(10))).next;
     assert_eq!(paused.process_state, ProcessState::Paused);
     // Resumed before its time: it wakes when it would have.
-    let early = f.act_at(&paused, CommandKind::Resume, "r-1", T0.plus(secs(600))).next;
+    let early = f.order(&paused, CommandKind::Resume, "r-1", T0.plus(secs(600))).next;
     assert_eq!(early.steps[COOLING_OFF].lease.unwrap().complete_by, wake);
     // Resumed after it: it wakes at once.
-    let late = f.act_at(&paused, CommandKind::Resume, "r-2", wake.plus(secs(600)));
+    let late = f.order(&paused, CommandKind::Resume, "r-2", wake.plus(secs(600)));
     let attempt = late.next.steps[COOLING_OFF].lease.unwrap().attempt;
     assert_eq!(late.effects, [Effect::Kick { delay: Duration::ZERO, attempt }]);
 }
