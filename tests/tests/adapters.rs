@@ -32,7 +32,7 @@ fn new_order(key: &str, config: &EngineConfig) -> (OrderRecord, StateRecord) {
     let id = OrderId::for_key(&key);
     let order = Order(serde_json::from_str(&order_json("c-1")).unwrap());
     let workflow = workflow();
-    let ctx = sas_engine::machine::Ctx { now: T0, config, workflow: &workflow };
+    let ctx = sas_engine::machine::Ctx { now: T0, config, workflow: &workflow, seed: 0 };
     let state = sas_engine::machine::create(id, "corr".into(), &ctx).next;
     (
         OrderRecord {

@@ -57,7 +57,7 @@ fn new_order(key: &str, config: &EngineConfig, at: Timestamp) -> (OrderRecord, S
     let id = OrderId::for_key(&key);
     let order = Order(serde_json::from_str(&order_json("c-1")).unwrap());
     let workflow = workflow();
-    let ctx = sas_engine::machine::Ctx { now: at, config, workflow: &workflow };
+    let ctx = sas_engine::machine::Ctx { now: at, config, workflow: &workflow, seed: 0 };
     let state = sas_engine::machine::create(id, "corr".into(), &ctx).next;
     (
         OrderRecord {
@@ -267,7 +267,7 @@ async fn drive<S: StateStore>(
     let workflow = workflow();
     let config = EngineConfig::default();
     for input in inputs {
-        let ctx = Ctx { now: at, config: &config, workflow: &workflow };
+        let ctx = Ctx { now: at, config: &config, workflow: &workflow, seed: 0 };
         let Decision::Apply(t) = decide(&record, *input, &ctx) else {
             panic!("{input:?} did not apply")
         };

@@ -169,7 +169,7 @@ fn record(key: &str, workflow: &Workflow, config: &EngineConfig, at: Timestamp) 
     let id = OrderId::for_key(
         &IdempotencyKey::parse(key).unwrap_or_else(|_| unreachable!("keys are plain")),
     );
-    let ctx = sas_engine::machine::Ctx { now: at, config, workflow };
+    let ctx = sas_engine::machine::Ctx { now: at, config, workflow, seed: 0 };
     sas_engine::machine::create(id, format!("corr-{key}"), &ctx).next
 }
 

@@ -605,7 +605,8 @@ mod tests {
         let w = Workflow::from_json(sas_workflows::order_fulfilment(), &agents).unwrap();
         let id = OrderId::for_key(&IdempotencyKey::parse("k").unwrap());
         let config = EngineConfig::default();
-        let ctx = Ctx { now: Timestamp::from_millis(1_000), config: &config, workflow: &w };
+        let ctx =
+            Ctx { now: Timestamp::from_millis(1_000), config: &config, workflow: &w, seed: 0 };
         sas_engine::machine::create(id, "corr".into(), &ctx).next
     }
 

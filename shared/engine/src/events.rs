@@ -21,6 +21,8 @@ use crate::time::Timestamp;
 pub const STATUS_DETAIL_TYPE: &str = "OrderStatusChanged";
 /// `detail-type` of operator alerts.
 pub const ALERT_DETAIL_TYPE: &str = "OrderNeedsAttention";
+/// `detail-type` of the announcements of steps that wait for an answer from outside.
+pub const CALLBACK_DETAIL_TYPE: &str = "StepAwaitsAnswer";
 
 /// The kinds of status event an order goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -195,6 +197,31 @@ pub struct Alert {
     pub redrive_command: String,
 }
 
+/// A step that waits for an answer from outside the stack (a person's approval, a partner's
+/// webhook): what the party that gives it needs. Whoever receives it can answer for the
+/// step, so the rule that routes it should reach only that party.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Callback {
+    pub order_id: OrderId,
+    pub workflow: String,
+    pub workflow_version: u32,
+    pub step: String,
+    /// Counts for this wait of this step only, once.
+    pub token: String,
+    /// The step fails unless it is answered, or a heartbeat is sent, by then.
+    pub answer_by: Timestamp,
+    pub timeout_seconds: u64,
+    /// Where to answer, on the orders API: `POST` it with `/complete`, `/refuse` or
+    /// `/heartbeat` appended.
+    pub answer_path: String,
+    /// The order's input, and the outputs of the steps it depends on.
+    pub order: serde_json::Value,
+    #[serde(default)]
+    pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
+    pub at: Timestamp,
+    pub correlation_id: String,
+}
+
 fn error_state() -> ProcessState {
     ProcessState::Error
 }
@@ -241,6 +268,15 @@ impl BusEvent {
             None => format!("{}/{}/{}", record.order_id, status.as_str(), record.attempt),
         };
         BusEvent { id, detail_type: STATUS_DETAIL_TYPE, detail: to_json(&event) }
+    }
+
+    /// The announcement of a callback; announced again (after a lost write) with the same id.
+    pub fn callback(callback: &Callback, attempt: u64) -> BusEvent {
+        BusEvent {
+            id: format!("{}/callback/{}/{attempt}", callback.order_id, callback.step),
+            detail_type: CALLBACK_DETAIL_TYPE,
+            detail: to_json(callback),
+        }
     }
 
     pub fn alert(alert: &Alert) -> BusEvent {

@@ -13,7 +13,9 @@
 //! through others) is done or reported: steps that do not depend on each other are leased in
 //! the same write and run at once. A step that waits for a time holds a lease that ends when
 //! it wakes; nothing is sent for it but, for a wait SQS can delay a message for, a start
-//! message due at that time. The record is Processing while a lease is sent, Pending
+//! message due at that time. A step that waits for a callback holds a lease as long as its
+//! timeout, sent to nobody: its start announces a token, which only an answer to that lease
+//! may bear. The record is Processing while a lease is sent, Pending
 //! while leases only wait for the scheduler, and its CompleteBy is the earliest lease's.
 //!
 //! The transitions, by state and input:
@@ -36,6 +38,11 @@
 //! | Pending, Processing | expiry: each lease passed by the horizon, below its threshold | its count + 1; queued again (a sent one at a new attempt) with a later CompleteBy; start message after a wait |
 //! | Pending, Processing | the same, at its threshold (or while the order stops) | the step failed, its outcome unknown: the order stops as for a refusal (or goes on, if only reported); an undo failed |
 //! | Pending, Processing | expiry: a wait's lease at its time (no horizon: nothing of it is in a queue) | the wait done; the steps it freed queued; start message |
+//! | Processing | answer to a callback bearing its token (or an operator's): complete | the step done with the output given, who answered on the timeline; the steps it freed queued; start message |
+//! | Processing | the same: refuse | the step failed with who refused and why: the order stops as for an agent's refusal (or goes on, if only reported) |
+//! | Processing | the same: heartbeat | the callback's lease runs a whole timeout from now |
+//! | any | answer with another token, to a step not waiting (done, failed, not started, order stopping or ended) or taking no callback | refused, saying why; nothing written |
+//! | Pending, Processing | expiry: a callback's lease at its end (no horizon: no answer is in a queue) | the step failed, unanswered |
 //! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
@@ -117,6 +124,8 @@ pub struct Ctx<'a> {
     pub now: Timestamp,
     pub config: &'a EngineConfig,
     pub workflow: &'a Workflow,
+    /// Fresh randomness, from which the tokens of the callbacks a transition starts are made.
+    pub seed: u128,
 }
 
 /// Something that happened to an order.
@@ -135,6 +144,36 @@ pub enum Input<'a> {
     Resubmit,
     /// An operator's command, with its id (the same id is applied once), who gave it and why.
     Command { command: CommandKind, id: &'a str, by: &'a str, reason: &'a str },
+    /// An answer to step `step`, which waits for a callback: from the party outside, bearing
+    /// the token it was given, or from an operator on its behalf (`token` `None`).
+    Answer {
+        step: &'a str,
+        token: Option<&'a str>,
+        answer: &'a Answer,
+        by: &'a str,
+        reason: &'a str,
+    },
+}
+
+/// What the outside world answers a step that waits for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Done, with the step's output.
+    Complete { output: serde_json::Value },
+    /// Refused: the step fails, as its workflow says a failure does.
+    Refuse,
+    /// Not yet, but still at it: the timeout starts again.
+    Heartbeat,
+}
+
+impl Answer {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Answer::Complete { .. } => "complete",
+            Answer::Refuse => "refuse",
+            Answer::Heartbeat => "heartbeat",
+        }
+    }
 }
 
 /// A side effect to perform after the decision's write succeeded. Effects are described, not
@@ -143,6 +182,8 @@ pub enum Input<'a> {
 pub enum Effect {
     /// Send the request for step `step`'s lease (to do or to undo it) to its agent.
     Dispatch { step: usize },
+    /// Announce that step `step` waits for a callback, with its token.
+    Announce { step: usize },
     /// Send a start message for the steps queued at `attempt`, after `delay`.
     Kick { delay: Duration, attempt: u64 },
     /// Publish a status event.
@@ -213,6 +254,14 @@ pub enum Refused {
     UnknownStep { step: String },
     #[error("command id {id:?} was used for a {earlier} command", earlier = .earlier.as_str())]
     IdReused { id: String, earlier: CommandKind },
+    #[error("step {step:?} does not wait for a callback")]
+    NoCallback { step: String },
+    #[error("this is not the token step {step:?} was given")]
+    WrongToken { step: String },
+    #[error("step {step:?} no longer waits for an answer: it is {status}, the order {state}", status = .status.as_str(), state = .state.as_str())]
+    NotWaiting { step: String, status: StepStatus, state: ProcessState },
+    #[error("the output is {bytes} bytes, more than the {limit} bytes a step may return")]
+    OutputTooLarge { bytes: u64, limit: u64 },
 }
 
 impl Refused {
@@ -232,6 +281,10 @@ impl Refused {
             Refused::TooLate { .. } => "too_late",
             Refused::UnknownStep { .. } => "unknown_step",
             Refused::IdReused { .. } => "command_id_reused",
+            Refused::NoCallback { .. } => "no_callback",
+            Refused::WrongToken { .. } => "wrong_token",
+            Refused::NotWaiting { .. } => "not_waiting",
+            Refused::OutputTooLarge { .. } => "output_too_large",
         }
     }
 }
@@ -269,9 +322,11 @@ pub enum Remedy {
 pub fn remedy(input: &Input<'_>) -> Remedy {
     match input {
         Input::Claim { .. } | Input::Reply { .. } => Remedy::DeadLetter,
-        Input::Expire { .. } | Input::AlertSent | Input::Resubmit | Input::Command { .. } => {
-            Remedy::Report
-        }
+        Input::Expire { .. }
+        | Input::AlertSent
+        | Input::Resubmit
+        | Input::Command { .. }
+        | Input::Answer { .. } => Remedy::Report,
     }
 }
 
@@ -344,7 +399,7 @@ pub fn create_waking(
         }
         match &step.work {
             Work::Wait(wait) => wait_for(&mut next, i, wait, ctx, &mut effects),
-            Work::Agent(_) => {
+            Work::Agent(_) | Work::Callback => {
                 // At attempt 0, which the start message every new order gets claims.
                 let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
                 let lease =
@@ -373,6 +428,9 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
     }
     if let Input::Command { command, id, by, reason } = input {
         return operate(record, Command { kind: command, id, by, reason }, ctx);
+    }
+    if let Input::Answer { step, token, answer: given, by, reason } = input {
+        return answer(record, Answered { step, token, answer: given, by, reason }, ctx);
     }
     react(record, input, ctx)
 }
@@ -432,11 +490,12 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             Input::Claim { .. } | Input::Reply { .. } | Input::Expire { .. },
         ) => Decision::Ignore(Ignored::Terminal),
 
-        (_, Input::Command { .. }) => unreachable_command(record),
+        (_, Input::Command { .. } | Input::Answer { .. }) => unreachable_command(record),
     }
 }
 
-/// Commands are decided by [`operate`]; this arm only keeps the match exhaustive.
+/// Commands and answers are decided by [`operate`] and [`answer`]; this arm only keeps the
+/// match exhaustive.
 fn unreachable_command(record: &StateRecord) -> Decision {
     Decision::Illegal(Illegal::Corrupt {
         reason: format!("{}: a command reached the message path", record.order_id),
@@ -486,10 +545,9 @@ fn claim(
         // long as promised, and the expiry index entry is not rewritten (an index key change
         // costs two index writes).
         let fresh = ctx.now.plus(budget);
-        send(&mut next, i, lease.complete_by.max(fresh));
+        dispatch(&mut next, i, lease.complete_by.max(fresh), ctx, &mut effects);
         let name = next.steps[i].name.clone();
         next.note(ctx.now, Happening::Claimed, Some(name), ctx.config.timeline_limit);
-        effects.push(Effect::Dispatch { step: i });
     }
     proceed(next, effects, ctx, Via::Lease)
 }
@@ -542,7 +600,8 @@ fn reply(
     let Some((i, leased, lease)) = holder(record, attempt, step) else {
         return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
     };
-    if !lease.sent {
+    if !lease.sent || awaits_callback(ctx, leased) {
+        // Nothing goes to an agent for a callback: no agent can answer for it.
         return Decision::Illegal(Illegal::NotDispatched { attempt });
     }
     if step.index != i || step.name != leased.name {
@@ -665,10 +724,12 @@ fn proceed(mut next: StateRecord, effects: Vec<Effect>, ctx: &Ctx<'_>, via: Via)
             return go_on(next, effects, ctx, via);
         }
         // Nothing new starts: the steps queued and not yet sent are taken back (a step sent
-        // under its keys before is as uncertain as ever, and compensation judges it).
-        for s in &mut next.steps {
-            if s.lease.is_some_and(|l| !l.sent) {
-                s.lease = None;
+        // under its keys before is as uncertain as ever, and compensation judges it), and so
+        // are callbacks, whose answer nothing would wait for now: their tokens stop counting.
+        for i in 0..next.steps.len() {
+            if next.steps[i].lease.is_some_and(|l| !l.sent) || awaits_callback(ctx, &next.steps[i])
+            {
+                next.steps[i].lease = None;
             }
         }
         if next.steps.iter().any(|s| s.lease.is_some()) {
@@ -778,10 +839,7 @@ fn start(
             return Err(unknown_step(state));
         };
         match via {
-            Via::Lease => {
-                send(next, i, ctx.now.plus(budget));
-                effects.push(Effect::Dispatch { step: i });
-            }
+            Via::Lease => dispatch(next, i, ctx.now.plus(budget), ctx, effects),
             Via::Kick => {
                 // Every step queued by this write at one attempt, claimed by one start message.
                 let attempt = *kicked.get_or_insert_with(|| {
@@ -798,6 +856,46 @@ fn start(
         effects.push(Effect::Kick { delay: Duration::ZERO, attempt });
     }
     Ok(())
+}
+
+/// Sends step `i`, due by `complete_by`: its request to its agent, or, for a callback, the
+/// announcement of a fresh token, which only this lease accepts.
+fn dispatch(
+    next: &mut StateRecord,
+    i: usize,
+    complete_by: Timestamp,
+    ctx: &Ctx<'_>,
+    effects: &mut Vec<Effect>,
+) {
+    if !awaits_callback(ctx, &next.steps[i]) {
+        send(next, i, complete_by);
+        effects.push(Effect::Dispatch { step: i });
+        return;
+    }
+    // Not marked dispatched: nothing reached a service, so a stop leaves nothing to judge.
+    next.attempt += 1;
+    let attempt = next.attempt;
+    next.steps[i].lease =
+        Some(Lease { attempt, complete_by, sent: true, failures: 0, timer: false });
+    next.steps[i].token = Some(token(ctx.seed, next.order_id, attempt, i));
+    effects.push(Effect::Announce { step: i });
+}
+
+/// A token no one can guess from anything the order shows, distinct for every step and attempt
+/// even from one seed.
+fn token(seed: u128, order_id: OrderId, attempt: u64, step: usize) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(seed.to_le_bytes());
+    hash.update(order_id.to_string().as_bytes());
+    hash.update(attempt.to_le_bytes());
+    hash.update((step as u64).to_le_bytes());
+    hash.finalize().iter().take(20).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `state` is a step that waits for a callback (to do: a callback has no undo).
+fn awaits_callback(ctx: &Ctx<'_>, state: &StepState) -> bool {
+    ctx.workflow.step_named(&state.name).is_some_and(|s| matches!(s.work, Work::Callback))
 }
 
 /// Leases step `i` (keeping its count of expired leases) and marks it dispatched: a new
@@ -848,10 +946,13 @@ fn expire(record: &StateRecord, seen: Timestamp, horizon: Duration, ctx: &Ctx<'_
     if let Some(ignored) = not_expired(record, seen, ctx) {
         return Decision::Ignore(ignored);
     }
-    // A wait is due at its time: no message of it can be on its way.
-    let due = |l: &Lease| l.complete_by.plus(if l.timer { Duration::ZERO } else { horizon });
+    // A wait or a callback is due at its time: no message of it can be on its way.
+    let due = |s: &StepState, l: &Lease| match l.timer || awaits_callback(ctx, s) {
+        true => l.complete_by,
+        false => l.complete_by.plus(horizon),
+    };
     let expired: Vec<usize> =
-        record.leased().filter(|(_, _, l)| due(l) <= ctx.now).map(|(i, _, _)| i).collect();
+        record.leased().filter(|(_, s, l)| due(s, l) <= ctx.now).map(|(i, _, _)| i).collect();
     if expired.is_empty() {
         return Decision::Ignore(Ignored::Queued { until: seen.plus(horizon) });
     }
@@ -884,6 +985,12 @@ fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &mut Vec<Effe
         return;
     };
     let direction = next.steps[i].direction();
+    if matches!(step.work, Work::Callback) {
+        // Its budget was the time the outside world had to answer, and it did not.
+        next.steps[i].status = StepStatus::Failed;
+        next.steps[i].detail = Some(format!("no answer within {} s", step.budget.as_secs()));
+        return failed(next, i, Cause::StepTimedOut { step: name, failures }, ctx);
+    }
     let threshold = step.expired_leases.unwrap_or(ctx.config.failure_threshold);
     // An order that stops for good does not wait for a retry of a step: its outcome is
     // unknown now. One that pauses takes the step back, and starts it again on resuming.
@@ -1036,7 +1143,10 @@ fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
         ProcessState::Processing => record
             .leased()
             .filter(|(_, _, l)| l.sent)
-            .map(|(i, _, _)| Effect::Dispatch { step: i })
+            .map(|(i, s, _)| match awaits_callback(ctx, s) {
+                true => Effect::Announce { step: i },
+                false => Effect::Dispatch { step: i },
+            })
             .collect(),
         ProcessState::Pending | ProcessState::Paused => Vec::new(),
         ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => {
@@ -1081,11 +1191,14 @@ fn not_expired(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) -> Option<I
     None
 }
 
-/// The budget of the action a lease on `state` is for; `None` if the workflow has no such
-/// step (or no undo for it).
+/// The budget of the action a lease on `state` is for (a callback's timeout); `None` if the
+/// workflow has no such step (or no undo for it).
 fn budget_of(state: &StepState, ctx: &Ctx<'_>) -> Option<Duration> {
     let step = ctx.workflow.step_named(&state.name)?;
-    step.action(state.direction()).map(|(_, budget)| budget)
+    match (&step.work, state.direction()) {
+        (Work::Callback, Direction::Do) => Some(step.budget),
+        _ => step.action(state.direction()).map(|(_, budget)| budget),
+    }
 }
 
 fn has_compensation(workflow: &Workflow, step: &str) -> bool {
@@ -1159,6 +1272,86 @@ fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Decision {
         Ok(other) => other,
         Err(refused) => Decision::Refuse(refused),
     }
+}
+
+/// An answer as [`answer`] takes it.
+#[derive(Clone, Copy, Debug)]
+struct Answered<'a> {
+    step: &'a str,
+    token: Option<&'a str>,
+    answer: &'a Answer,
+    by: &'a str,
+    reason: &'a str,
+}
+
+/// Decides an answer to a step that waits for a callback. It counts only while the step waits,
+/// and, from outside, only with the token the step's announcement carried; anything else
+/// changes nothing and is refused with the reason.
+fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
+    let refuse = |refused| Decision::Refuse(refused);
+    let (Some(step), Some(i)) =
+        (ctx.workflow.step_named(a.step), record.steps.iter().position(|s| s.name == a.step))
+    else {
+        return refuse(Refused::UnknownStep { step: a.step.to_owned() });
+    };
+    if !matches!(step.work, Work::Callback) {
+        return refuse(Refused::NoCallback { step: a.step.to_owned() });
+    }
+    let state = &record.steps[i];
+    if let Some(token) = a.token
+        && !state.token.as_deref().is_some_and(|t| same_token(t, token))
+    {
+        return refuse(Refused::WrongToken { step: a.step.to_owned() });
+    }
+    if record.last_input == InputRef::Answer(a.step.to_owned()) && state.lease.is_none() {
+        // This answer was the last write: its handler may have died before the start message.
+        return Decision::Replay(kicks(record));
+    }
+    if !record.process_state.is_in_flight() || state.sent().is_none() {
+        let (status, state) = (state.status, record.process_state);
+        return refuse(Refused::NotWaiting { step: a.step.to_owned(), status, state });
+    }
+    if let Answer::Complete { output } = a.answer
+        && let Some(bytes) = output_len(output)
+    {
+        return refuse(Refused::OutputTooLarge { bytes, limit: MAX_OUTPUT_LEN as u64 });
+    }
+    let mut next = begin(record, ctx, InputRef::Answer(a.step.to_owned()));
+    let limit = ctx.config.timeline_limit;
+    let mut effects = Vec::new();
+    match a.answer {
+        Answer::Heartbeat => {
+            // Still at it: the timeout starts again, under the same token.
+            if let Some(lease) = &mut next.steps[i].lease {
+                lease.complete_by = ctx.now.plus(step.budget);
+            }
+            next.complete_by = next.earliest_lease();
+            next.last_input = record.last_input.clone();
+            return apply(next, effects);
+        }
+        Answer::Complete { output } => {
+            next.steps[i].lease = None;
+            next.steps[i].status = StepStatus::Done;
+            next.steps[i].output = Some(output.clone());
+            next.note_answer(ctx.now, Happening::StepDone, a.step, a.by, a.reason, limit);
+            effects = status(ctx, StatusKind::StepDone, Some(a.step.to_owned()));
+        }
+        Answer::Refuse => {
+            next.steps[i].lease = None;
+            next.steps[i].status = StepStatus::Failed;
+            next.steps[i].detail = Some(format!("refused by {}: {}", a.by, a.reason));
+            next.note_answer(ctx.now, Happening::StepFailed, a.step, a.by, a.reason, limit);
+            let reason = format!("refused by {}: {}", a.by, a.reason);
+            failed(&mut next, i, Cause::StepRejected { step: a.step.to_owned(), reason }, ctx);
+        }
+    }
+    proceed(next, effects, ctx, Via::Kick)
+}
+
+/// Compares two tokens in a time that does not tell how much of a guess was right.
+fn same_token(expected: &str, given: &str) -> bool {
+    let (a, b) = (expected.as_bytes(), given.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Cancel: at once when no step is in flight, else once the steps in flight are finished.

@@ -126,6 +126,21 @@ pub enum StepStatus {
     UndoFailed,
 }
 
+impl StepStatus {
+    /// The name the API shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::NotStarted => "not_started",
+            StepStatus::Done => "done",
+            StepStatus::Failed => "failed",
+            StepStatus::Uncertain => "uncertain",
+            StepStatus::ToUndo => "to_undo",
+            StepStatus::Undone => "undone",
+            StepStatus::UndoFailed => "undo_failed",
+        }
+    }
+}
+
 /// One step's progress.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepState {
@@ -156,6 +171,12 @@ pub struct StepState {
     /// input, when it starts for a duration). Kept through a pause or a redrive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wake_at: Option<Timestamp>,
+    /// For a step that waits for a callback: the token its last announcement carried. Only an
+    /// answer bearing it counts, and only while the step waits; it is kept once the wait is
+    /// over, so that an answer repeated or come too late is told from a forged one. Never
+    /// shown to the order's readers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// One step's hold on the system's attention while it is done or undone.
@@ -213,6 +234,7 @@ impl StepState {
             reported: None,
             lease: None,
             wake_at: None,
+            token: None,
         }
     }
 }
@@ -368,6 +390,8 @@ pub enum InputRef {
     Expire,
     /// The operator command with this id.
     Command(String),
+    /// The answer to the callback of the step of this name.
+    Answer(String),
 }
 
 impl InputRef {
@@ -577,6 +601,27 @@ impl StateRecord {
         );
     }
 
+    /// Appends the answer to a step that waited for the outside world, with who gave it and why.
+    pub(crate) fn note_answer(
+        &mut self,
+        at: Timestamp,
+        what: Happening,
+        step: &str,
+        by: &str,
+        reason: &str,
+        limit: usize,
+    ) {
+        let entry = TimelineEntry {
+            at,
+            what,
+            attempt: self.attempt,
+            step: Some(step.to_owned()),
+            by: Some(by.to_owned()),
+            reason: (!reason.is_empty()).then(|| reason.to_owned()),
+        };
+        self.push_entry(entry, limit);
+    }
+
     /// Appends an operator's command to the timeline, with who gave it and why.
     pub(crate) fn note_command(
         &mut self,
@@ -718,7 +763,9 @@ impl StateRecord {
             if lease.attempt > self.attempt {
                 return self.broken("a lease from an attempt not yet taken");
             }
-            if lease.sent && (!step.dispatched || attempts.iter().any(|a| a.0 == lease.attempt)) {
+            // A callback is sent to nobody: its token is what it was given.
+            let marked = step.dispatched || step.token.is_some();
+            if lease.sent && (!marked || attempts.iter().any(|a| a.0 == lease.attempt)) {
                 return self.broken("a step sent under another's attempt, or not marked sent");
             }
             attempts.push((lease.attempt, lease.sent));

@@ -85,7 +85,7 @@ fn any_object() -> Value {
 pub struct Step {
     /// Unique within the workflow; the action the agent is asked to perform.
     pub name: String,
-    /// What the step does: ask its agent, or wait for a time.
+    /// What the step does: ask its agent, wait for a time, or wait for the outside world.
     pub work: Work,
     /// How long one attempt of the step may take: its CompleteBy is this far in the future.
     pub budget: Duration,
@@ -110,6 +110,12 @@ pub enum Work {
     /// It waits, holding nothing but its lease, whose CompleteBy is the time to wake: a wait
     /// cannot fail, has nothing to undo, and an order that stops does not wait for it.
     Wait(Wait),
+    /// It waits for a party outside the stack (a person's approval, a partner's webhook) to
+    /// complete or refuse it with the token its announcement carries. Its budget is the
+    /// timeout, which each heartbeat starts again; past it the step fails as its policy says.
+    /// Nothing is sent for it and it has nothing to undo; an order that stops does not wait
+    /// for it.
+    Callback,
 }
 
 /// How long a waiting step waits.
@@ -147,7 +153,7 @@ impl Step {
     pub fn agent(&self) -> Option<&AgentName> {
         match &self.work {
             Work::Agent(agent) => Some(agent),
-            Work::Wait(_) => None,
+            Work::Wait(_) | Work::Callback => None,
         }
     }
 
@@ -164,7 +170,7 @@ impl Step {
     /// The remote action and budget for driving this step in `direction`; `None` when asked to
     /// undo a step that has no compensation, and for a step that waits.
     pub fn action(&self, direction: Direction) -> Option<(&str, Duration)> {
-        if matches!(self.work, Work::Wait(_)) {
+        if !matches!(self.work, Work::Agent(_)) {
             return None;
         }
         match direction {
@@ -195,6 +201,8 @@ struct StepSpec {
     #[serde(default)]
     wait: Option<WaitSpec>,
     #[serde(default)]
+    callback: Option<CallbackSpec>,
+    #[serde(default)]
     budget_seconds: Option<u64>,
     #[serde(default)]
     compensation: Option<CompensationSpec>,
@@ -216,6 +224,12 @@ struct WaitSpec {
     seconds: Option<u64>,
     #[serde(default)]
     until: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct CallbackSpec {
+    timeout_seconds: u64,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -403,12 +417,18 @@ impl Workflow {
 /// before it in the file, which it depends on unless it names its own dependencies.
 fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<Step, String> {
     check_name(&s.name).map_err(|e| format!("step name {e}"))?;
-    let work = match (&s.agent, &s.wait) {
-        (Some(agent), None) => Work::Agent(agent_of(&s.name, agent, agents)?),
-        (None, Some(wait)) => Work::Wait(wait_of(s, wait)?),
-        _ => return Err(format!("step {:?} needs either an agent or a wait, not both", s.name)),
+    let (work, budget) = match (&s.agent, &s.wait, &s.callback) {
+        (Some(agent), None, None) => {
+            let budget =
+                parse_budget(s.budget_seconds).map_err(|e| format!("step {:?}: {e}", s.name))?;
+            (Work::Agent(agent_of(&s.name, agent, agents)?), budget)
+        }
+        (None, Some(wait), None) => (Work::Wait(wait_of(s, wait)?), DEFAULT_BUDGET),
+        (None, None, Some(callback)) => (Work::Callback, timeout_of(s, callback)?),
+        _ => {
+            return Err(format!("step {:?} needs one of an agent, a wait or a callback", s.name));
+        }
     };
-    let budget = parse_budget(s.budget_seconds).map_err(|e| format!("step {:?}: {e}", s.name))?;
     let compensation = match &s.compensation {
         None => None,
         Some(c) => {
@@ -485,6 +505,28 @@ fn wait_of(s: &StepSpec, wait: &WaitSpec) -> Result<Wait, String> {
             s.name
         )),
     }
+}
+
+/// A callback's timeout, and nothing a step of an agent has but its failure policy.
+fn timeout_of(s: &StepSpec, callback: &CallbackSpec) -> Result<Duration, String> {
+    if s.budget_seconds.is_some()
+        || s.compensation.is_some()
+        || s.expired_leases.is_some()
+        || s.retry_wait_seconds.is_some()
+    {
+        return Err(format!(
+            "step {:?} waits for a callback: its timeout is its budget, and it has no compensation, expired_leases or retry_wait_seconds",
+            s.name
+        ));
+    }
+    let most = MAX_WAIT.as_secs();
+    if !(1..=most).contains(&callback.timeout_seconds) {
+        return Err(format!(
+            "step {:?}: callback.timeout_seconds must be from 1 to {most}",
+            s.name
+        ));
+    }
+    Ok(Duration::from_secs(callback.timeout_seconds))
 }
 
 /// `steps` in an order that runs every step after the steps it depends on, keeping the file's

@@ -911,12 +911,12 @@ proptest! {
         let workflow: &Workflow = &WORKFLOW;
         let config = EngineConfig::default();
         let t0 = Timestamp::from_millis(1_767_225_600_000);
-        let ctx0 = Ctx { now: t0, config: &config, workflow };
+        let ctx0 = Ctx { now: t0, config: &config, workflow, seed: 0 };
         let record = sas_engine::machine::create(order_id(), "c".into(), &ctx0).next;
         let body = mutate(&serde_json::to_value(&record).unwrap(), pick, with);
         let Ok(record) = serde_json::from_value::<StateRecord>(body) else { return Ok(()) };
         let sound = record.check();
-        let ctx = Ctx { now: Timestamp::from_millis(t0.as_millis() + now_offset), config: &config, workflow };
+        let ctx = Ctx { now: Timestamp::from_millis(t0.as_millis() + now_offset), config: &config, workflow, seed: 0 };
         let step = StepRef { index: 0, name: "reserve-inventory".into(), direction: sas_engine::ids::Direction::Do };
         let outcome = StepOutcome::done(json!({"ref": "r"}));
         for input in [
@@ -966,7 +966,7 @@ fn the_valid_inputs_the_properties_start_from_are_valid() {
         assert_round_trips(&Message::decode(&m.to_string()).unwrap());
     }
     let config = EngineConfig::default();
-    let ctx = Ctx { now: Timestamp::from_millis(0), config: &config, workflow: &WORKFLOW };
+    let ctx = Ctx { now: Timestamp::from_millis(0), config: &config, workflow: &WORKFLOW, seed: 0 };
     let record = sas_engine::machine::create(order_id(), "c".into(), &ctx).next;
     let back: StateRecord = serde_json::from_value(serde_json::to_value(&record).unwrap()).unwrap();
     back.check().unwrap();

@@ -41,7 +41,7 @@ impl Fixture {
     }
 
     fn ctx(&self, now: Timestamp) -> Ctx<'_> {
-        Ctx { now, config: &self.config, workflow: &self.workflow }
+        Ctx { now, config: &self.config, workflow: &self.workflow, seed: 0 }
     }
 
     fn new_record(&self) -> StateRecord {
@@ -797,6 +797,7 @@ fn a_corrupt_record_is_refused_not_decided_on() {
 }
 
 mod branches;
+mod callbacks;
 mod commands;
 mod reports;
 mod waits;

@@ -9,12 +9,13 @@ use tracing::{debug, warn};
 use crate::catalogue::Catalogue;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::events::{Alert, BusEvent};
+use crate::events::{Alert, BusEvent, Callback};
 use crate::ids::{Direction, step_key};
 use crate::machine::{Ctx, Decision, Effect, Input, decide};
 use crate::message::{Message, Start, StepRef, StepRequest};
 use crate::ports::{
-    Clock, Destination, ENTRY_TRIES, EventBus, Expected, Outbox, Outgoing, Read, Saved, StateStore,
+    Clock, Destination, ENTRY_TRIES, EventBus, Expected, OrderRecord, Outbox, Outgoing, Read,
+    Saved, StateStore,
 };
 use crate::state::{Cause, ProcessState, StateRecord, StepStatus};
 use crate::time::Timestamp;
@@ -45,6 +46,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
             now: self.clock.now(),
             config: &self.config,
             workflow: self.catalogue.of(record)?,
+            // The tokens of callbacks must be beyond guessing.
+            seed: uuid::Uuid::new_v4().as_u128(),
         })
     }
 
@@ -70,6 +73,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
             match effect {
                 Effect::Dispatch { step } => {
                     outgoing.push(self.request(record, *step, now).await?);
+                }
+                Effect::Announce { step } => {
+                    events.push(self.announcement(record, *step, now).await?)
                 }
                 Effect::Kick { delay, attempt } => outgoing.push(Outgoing {
                     to: Destination::Scheduler,
@@ -157,16 +163,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
         let (action, budget) = step
             .action(direction)
             .ok_or_else(|| corrupt(format!("step {:?} has no compensation", state.name)))?;
-        // An order never changes once written, so any copy found is the copy; only one written
-        // a moment ago can be missed by the cheaper read.
-        let order = match self.store.load_order(record.order_id, Read::Eventual).await? {
-            Some(order) => order,
-            None => self
-                .store
-                .load_order(record.order_id, Read::Consistent)
-                .await?
-                .ok_or_else(|| corrupt("state record without its order".into()))?,
-        };
+        let order = self.order_of(record).await?;
         let request = StepRequest {
             order_id: record.order_id,
             attempt: lease.attempt,
@@ -187,6 +184,56 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
         };
         let agent = step.agent().ok_or_else(|| corrupt(format!("step {:?} waits", state.name)))?;
         Ok(Outgoing::now(Destination::Agent(agent.clone()), Message::Request(Box::new(request))))
+    }
+
+    /// The announcement of the callback step `index` waits for.
+    async fn announcement(
+        &self,
+        record: &StateRecord,
+        index: usize,
+        now: Timestamp,
+    ) -> Result<BusEvent> {
+        let corrupt = |reason: String| Error::Corrupt { order_id: record.order_id, reason };
+        let (state, lease, token) = record
+            .steps
+            .get(index)
+            .and_then(|s| Some((s, *s.sent()?, s.token.clone()?)))
+            .ok_or_else(|| corrupt(format!("announcement of step {index}, which has no token")))?;
+        let workflow = self.catalogue.of(record)?;
+        let step = workflow
+            .step_named(&state.name)
+            .ok_or_else(|| corrupt(format!("step {:?} is not in the workflow", state.name)))?;
+        let order = self.order_of(record).await?;
+        let callback = Callback {
+            order_id: record.order_id,
+            workflow: record.workflow.clone(),
+            workflow_version: record.workflow_version,
+            step: state.name.clone(),
+            token,
+            answer_by: lease.complete_by,
+            timeout_seconds: step.budget.as_secs(),
+            answer_path: format!("/orders/{}/steps/{}", record.order_id, state.name),
+            order: order.order.0,
+            outputs: outputs_of(record, &workflow.upstream(&state.name)),
+            at: now,
+            correlation_id: record.correlation_id.clone(),
+        };
+        Ok(BusEvent::callback(&callback, lease.attempt))
+    }
+
+    /// The order `record` is the state of.
+    async fn order_of(&self, record: &StateRecord) -> Result<OrderRecord> {
+        // An order never changes once written, so any copy found is the copy; only one written
+        // a moment ago can be missed by the cheaper read.
+        if let Some(order) = self.store.load_order(record.order_id, Read::Eventual).await? {
+            return Ok(order);
+        }
+        self.store.load_order(record.order_id, Read::Consistent).await?.ok_or_else(|| {
+            Error::Corrupt {
+                order_id: record.order_id,
+                reason: "state record without its order".into(),
+            }
+        })
     }
 
     /// Marks the alert as sent, re-reading the record if someone wrote it meanwhile.

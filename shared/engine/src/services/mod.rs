@@ -17,7 +17,7 @@ mod supervisor;
 pub use agent::{Agent, AgentOutcome};
 pub use assembly::Assembly;
 pub use effects::Ports;
-pub use operator::{Applied, Command, Commanded, Operator};
+pub use operator::{Answering, Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
 pub use status::{OperatorView, OrderView, StatusService};
 pub use submission::{Accepted, Submission};

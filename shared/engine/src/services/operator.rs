@@ -1,5 +1,6 @@
 //! Operator commands applied to one order: cancel, redrive (forward or its compensation),
-//! pause and resume.
+//! pause and resume; and the answers to steps that wait for a callback, given by the party
+//! outside with the step's token, or by an operator on its behalf.
 //!
 //! A command is an input of the state machine like any message: the record is read, the
 //! machine decides, the new record is written on the condition that it is still the one read,
@@ -12,7 +13,7 @@ use tracing::info;
 use super::effects::Ports;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
-use crate::machine::{Decision, Input, Refused, decide};
+use crate::machine::{Answer, Decision, Input, Refused, decide};
 use crate::ports::{Clock, EventBus, Outbox, Read, Saved, StateStore};
 use crate::state::{CommandKind, StateRecord};
 
@@ -72,6 +73,78 @@ impl Command {
     }
 }
 
+/// Longest token accepted; the tokens the engine hands out are 40 characters.
+pub const MAX_TOKEN_LEN: usize = 128;
+
+/// A validated answer to a step that waits for a callback.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answering {
+    pub step: String,
+    /// The token the step's announcement carried; `None` for an operator, whose access to
+    /// the operators' API is the authority.
+    pub token: Option<String>,
+    pub answer: Answer,
+    /// Who answered: the caller's authenticated identity.
+    pub by: String,
+    /// Why; required to refuse.
+    pub reason: String,
+}
+
+impl Answering {
+    /// Checks the parts of an answer; nothing about the order is looked at yet.
+    pub fn new(
+        step: &str,
+        token: Option<&str>,
+        answer: Answer,
+        by: &str,
+        reason: &str,
+    ) -> Result<Answering> {
+        let bad = |m: String| Err(Error::InvalidCommand(m));
+        if step.is_empty() || step.len() > 64 {
+            return bad("the step name must have 1 to 64 characters".into());
+        }
+        if let Some(token) = token
+            && (token.is_empty()
+                || token.len() > MAX_TOKEN_LEN
+                || !token.bytes().all(|b| b.is_ascii_alphanumeric()))
+        {
+            return bad(format!(
+                "the token must be 1 to {MAX_TOKEN_LEN} letters and digits, as announced"
+            ));
+        }
+        let by = by.trim();
+        if by.is_empty() || by.chars().count() > MAX_CALLER_LEN || by.chars().any(char::is_control)
+        {
+            return bad("the caller's identity is missing or malformed".into());
+        }
+        if answer == Answer::Refuse && reason.trim().is_empty() {
+            return bad("a reason is required to refuse: it is kept on the step".into());
+        }
+        if reason.chars().count() > MAX_REASON_LEN || reason.chars().any(char::is_control) {
+            return bad(format!(
+                "the reason must be at most {MAX_REASON_LEN} characters, without control characters"
+            ));
+        }
+        Ok(Answering {
+            step: step.to_owned(),
+            token: token.map(str::to_owned),
+            answer,
+            by: by.to_owned(),
+            reason: reason.trim().to_owned(),
+        })
+    }
+
+    fn input(&self) -> Input<'_> {
+        Input::Answer {
+            step: &self.step,
+            token: self.token.as_deref(),
+            answer: &self.answer,
+            by: &self.by,
+            reason: &self.reason,
+        }
+    }
+}
+
 /// What a command did: it changed the order now, had been applied before, or does not fit
 /// the order's state (nothing was written; the refusal names the state).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,18 +175,35 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
     /// Applies `command` to the order, or says why not ([`Applied::Refused`]). `None` if
     /// there is no such order.
     pub async fn command(&self, order_id: OrderId, command: &Command) -> Result<Option<Commanded>> {
+        let what = command.kind.as_str();
+        self.settle(order_id, command.input(), what, &command.by).await
+    }
+
+    /// Applies `answer` to the step it names, or says why not ([`Applied::Refused`]): a
+    /// repeated, late or forged answer changes nothing. `None` if there is no such order.
+    pub async fn answer(&self, order_id: OrderId, answer: &Answering) -> Result<Option<Commanded>> {
+        self.settle(order_id, answer.input(), answer.answer.as_str(), &answer.by).await
+    }
+
+    async fn settle(
+        &self,
+        order_id: OrderId,
+        input: Input<'_>,
+        what: &str,
+        by: &str,
+    ) -> Result<Option<Commanded>> {
         for _ in 0..COMMAND_TRIES {
             let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
                 return Ok(None);
             };
             let ctx = self.ports.ctx(&record)?;
-            match decide(&record, command.input(), &ctx) {
+            match decide(&record, input, &ctx) {
                 Decision::Apply(t) => {
                     if self.ports.save(&record, &t.next).await? == Saved::Conflict {
                         continue;
                     }
                     info!(%order_id, correlation_id = %record.correlation_id,
-                          command = command.kind.as_str(), by = %command.by,
+                          command = what, by = %by,
                           state = t.next.process_state.as_str(), "operator command applied");
                     self.ports.perform(&t.next, &t.effects).await?;
                     return Ok(Some(Commanded { applied: Applied::Now, record: t.next }));

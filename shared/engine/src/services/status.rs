@@ -119,7 +119,8 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
         attempt: state.attempt,
         complete_by: state.complete_by.map(|t| t.to_rfc3339()),
         cause: state.cause,
-        steps: state.steps,
+        // A callback's token is for the party that answers it, which the event bus reaches.
+        steps: state.steps.into_iter().map(|s| StepState { token: None, ..s }).collect(),
         timeline: state.timeline,
         order: order.order,
         created_at: state.created_at.to_rfc3339(),

@@ -86,7 +86,7 @@ where
         let now = self.ports.clock.now();
         let wakes = workflow.wakes(&order.0, now)?;
         self.admit(now, workflow).await?;
-        let ctx = Ctx { now, config: &self.ports.config, workflow };
+        let ctx = Ctx { now, config: &self.ports.config, workflow, seed: 0 };
         let created = machine::create_waking(order_id, self.ids.new_id(), &wakes, &ctx);
         let record = OrderRecord {
             order_id,
@@ -119,8 +119,12 @@ where
                         return Err(Error::KeyReused { existing: order_id });
                     }
                     let workflow = self.ports.catalogue.of(&current)?;
-                    let ctx =
-                        Ctx { now: self.ports.clock.now(), config: &self.ports.config, workflow };
+                    let ctx = Ctx {
+                        now: self.ports.clock.now(),
+                        config: &self.ports.config,
+                        workflow,
+                        seed: 0,
+                    };
                     if let Decision::Replay(effects) = decide(&current, Input::Resubmit, &ctx) {
                         self.ports.perform(&current, &effects).await?;
                     }

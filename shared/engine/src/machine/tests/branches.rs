@@ -29,7 +29,12 @@ const PAY: usize = 3;
 
 impl Fixture {
     /// The reply of step `i`'s lease.
-    fn answer(&self, record: &StateRecord, i: usize, outcome: StepOutcome) -> Transition {
+    pub(super) fn answer(
+        &self,
+        record: &StateRecord,
+        i: usize,
+        outcome: StepOutcome,
+    ) -> Transition {
         let state = &record.steps[i];
         let step = StepRef { index: i, name: state.name.clone(), direction: state.direction() };
         let attempt = state.lease.expect("the step holds a lease").attempt;
@@ -38,7 +43,7 @@ impl Fixture {
         self.apply(record, input, record.updated_at)
     }
 
-    fn answer_done(&self, record: &StateRecord, i: usize) -> StateRecord {
+    pub(super) fn answer_done(&self, record: &StateRecord, i: usize) -> StateRecord {
         self.answer(record, i, StepOutcome::done(json!({"step": i}))).next
     }
 }
