@@ -1,6 +1,7 @@
 """Schemathesis hook: signs requests with SigV4 for `execute-api`, with botocore's signer (the
 one boto3 and the AWS CLI use), so that the local gateway checks what a real client sends: the
-admin routes as an operator, the order routes as a client.
+admin routes as an operator, the answers to steps as a party that answers them, the other
+order routes as a client.
 
 A request is signed only if it carries an Authorization header (the test passes a placeholder
 with `--header`): schemathesis removes it from the requests that check an unsigned call is
@@ -19,6 +20,7 @@ SECRET = os.environ["SIGV4_SECRET_ACCESS_KEY"]
 # A client's policy allows the order routes and an operator's the admin routes, as on AWS.
 CLIENT = Credentials(os.environ["SIGV4_ACCESS_KEY_ID"], SECRET)
 OPERATOR = Credentials(os.environ["SIGV4_OPERATOR_ACCESS_KEY_ID"], SECRET)
+ANSWERER = Credentials(os.environ["SIGV4_ANSWERER_ACCESS_KEY_ID"], SECRET)
 REGION = os.environ["SIGV4_REGION"]
 
 
@@ -34,7 +36,12 @@ class SignWhenAsked(requests.auth.AuthBase):
             headers={k: v for k, v in request.headers.items() if k.lower() == "content-type"},
         )
         path = requests.utils.urlparse(request.url).path
-        credentials = OPERATOR if path.startswith("/admin/") else CLIENT
+        if path.startswith("/admin/"):
+            credentials = OPERATOR
+        elif "/steps/" in path:
+            credentials = ANSWERER
+        else:
+            credentials = CLIENT
         SigV4Auth(credentials, "execute-api", REGION).add_auth(signed)
         for name in ("Authorization", "X-Amz-Date"):
             request.headers[name] = signed.headers[name]

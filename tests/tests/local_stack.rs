@@ -530,6 +530,7 @@ async fn the_api_keeps_its_openapi_contract() {
         .env("SCHEMATHESIS_HOOKS", root.join("tests/schemathesis_sigv4.py"))
         .env("SIGV4_ACCESS_KEY_ID", "contract-client")
         .env("SIGV4_OPERATOR_ACCESS_KEY_ID", "ops-contract")
+        .env("SIGV4_ANSWERER_ACCESS_KEY_ID", "answerer-contract")
         .env("SIGV4_SECRET_ACCESS_KEY", LOCAL_SECRET_KEY)
         .env("SIGV4_REGION", "us-east-1");
     let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().unwrap();

@@ -10,6 +10,7 @@
 //! | `GET /admin/orders?list=failed\|paused\|in-flight` | a page of orders (filters: `older_than` seconds, `step`, `cause`; `limit`, `after`) |
 //! | `GET /admin/orders/{id}` | the order with its timeline, commands and what is left to undo |
 //! | `POST /admin/orders/{id}/{cancel\|pause\|resume\|redrive}` | a command: `{"command_id", "reason", "compensation"?}` |
+//! | `POST /admin/orders/{id}/steps/{step}/{complete\|refuse}` | answers a step that waits for a callback, for the party outside: `{"reason", "output"?}` |
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue |
@@ -95,6 +96,18 @@ where
         (Method::GET, ["admin", "orders", id]) => show(admin, id).await,
         (Method::POST, ["admin", "orders", id, command]) => {
             order_command(admin, id, command, &caller, request.body()).await
+        }
+        (Method::POST, ["admin", "orders", id, "steps", step, verb @ ("complete" | "refuse")]) => {
+            let Ok(order_id) = id.parse::<OrderId>() else {
+                return bad_request("the order id must be a UUID");
+            };
+            match api::answering(verb, step, request.body(), &caller, true) {
+                Ok(answer) => {
+                    let outcome = admin.operator.answer(order_id, &answer).await;
+                    api::answered(order_id, &answer, outcome)
+                }
+                Err(response) => *response,
+            }
         }
         (Method::GET, ["admin", "dead-letters"]) => match admin.dead_letters.summaries().await {
             Ok(queues) => api::json(StatusCode::OK, &json!({ "queues": queues })),

@@ -1,7 +1,12 @@
-//! `POST /orders`: the HTTP side of submission. Checks what the engine cannot see (content
-//! type, body size, the key header), then hands the body and key to the engine's
-//! [`Submission`] service and turns its outcome into a response. Every rejection happens
-//! before anything is written.
+//! The orders API's writes. `POST /orders`: the HTTP side of submission. Checks what the
+//! engine cannot see (content type, body size, the key header), then hands the body and key
+//! to the engine's [`Submission`] service and turns its outcome into a response. Every
+//! rejection happens before anything is written.
+//!
+//! `POST /orders/{id}/steps/{step}/{complete|refuse|heartbeat}`: the answer of a party outside
+//! the stack to a step that waits for it, bearing the token the step's announcement carried,
+//! behind the same authorizer as orders. A repeated, late or forged answer changes nothing
+//! and gets a 409 saying why.
 
 pub mod settings;
 
@@ -9,9 +14,10 @@ use lambda_http::http::StatusCode;
 use lambda_http::http::header::CONTENT_TYPE;
 use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
+use sas_engine::OrderId;
 use sas_engine::load::LoadSource;
 use sas_engine::ports::{Clock, EventBus, Ids, Outbox, StateStore};
-use sas_engine::services::Submission;
+use sas_engine::services::{Operator, Submission};
 use serde_json::json;
 
 /// Largest request body accepted: an order's input, which every step's request carries (with
@@ -19,6 +25,69 @@ use serde_json::json;
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The header carrying the client's idempotency key.
 pub const KEY_HEADER: &str = "idempotency-key";
+
+/// Handles one request of the orders API's writes: an answer if its path names a step, else
+/// a submission.
+pub async fn route<S, Q, B, C, I, L>(
+    submission: &Submission<S, Q, B, C, I, L>,
+    answers: &Operator<S, Q, B, C>,
+    request: Request,
+) -> Response<Body>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    I: Ids,
+    L: LoadSource,
+{
+    if request.path_parameters().first("step").is_some() {
+        respond(answers, request).await
+    } else {
+        handle(submission, request).await
+    }
+}
+
+/// Handles one request routed to `POST /orders/{id}/steps/{step}/{answer}`, and counts a
+/// refusal by its error code.
+pub async fn respond<S, Q, B, C>(answers: &Operator<S, Q, B, C>, request: Request) -> Response<Body>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+{
+    let params = request.path_parameters();
+    let (id, step, verb) = (
+        params.first("id").unwrap_or_default(),
+        params.first("step").unwrap_or_default(),
+        params.first("answer").unwrap_or_default(),
+    );
+    let response = async {
+        let Ok(order_id) = id.parse::<OrderId>() else {
+            return api::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such order: the id must be a UUID",
+                json!({}),
+            );
+        };
+        let by = match api::caller(&request) {
+            Ok(owner) => String::from(owner),
+            Err(e) => return api::from_error(&e),
+        };
+        let answering = match api::answering(verb, step, request.body(), &by, false) {
+            Ok(a) => a,
+            Err(response) => return *response,
+        };
+        api::answered(order_id, &answering, answers.answer(order_id, &answering).await)
+    }
+    .await;
+    if !response.status().is_success() {
+        sas_engine::metrics::refused(api::error_code(&response).unwrap_or("unknown"));
+    }
+    response
+}
 
 /// Handles one request routed to `POST /orders`, and counts a refusal by its error code.
 pub async fn handle<S, Q, B, C, I, L>(

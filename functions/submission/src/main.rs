@@ -8,7 +8,7 @@ use sas_aws::system::SystemClock;
 use sas_aws::trace::TraceIds;
 use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
-use sas_engine::services::{Ports, Submission};
+use sas_engine::services::{Operator, Ports, Submission};
 use sas_submission::settings::Settings;
 
 #[tokio::main]
@@ -24,18 +24,21 @@ async fn main() -> Result<(), Error> {
     })
     .await;
 
-    let ports = Ports {
+    let ports = || Ports {
         store: wiring.store(&s.tables),
-        outbox: wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
+        outbox: wiring
+            .outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue.clone())),
         bus: wiring.bus(&s.bus),
         clock: SystemClock,
-        config: s.engine.config,
-        catalogue: s.engine.catalogue,
+        config: s.engine.config.clone(),
+        catalogue: s.engine.catalogue.clone(),
     };
-    let submission = Submission::new(ports, TraceIds, wiring.gauges(&s.waits_table, s.queues));
-    let (submission, wiring) = (&submission, &wiring);
+    let answers = Operator::new(ports());
+    let submission = Submission::new(ports(), TraceIds, wiring.gauges(&s.waits_table, s.queues));
+    let (submission, answers, wiring) = (&submission, &answers, &wiring);
     lambda_http::run(service_fn(move |request: Request| async move {
-        Ok::<_, Error>(wiring.invocation(sas_submission::handle(submission, request)).await)
+        let response = sas_submission::route(submission, answers, request);
+        Ok::<_, Error>(wiring.invocation(response).await)
     }))
     .await
 }

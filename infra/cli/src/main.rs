@@ -73,6 +73,27 @@ enum Verb {
         #[arg(long)]
         compensation: bool,
     },
+    /// Complete a step that waits for an answer from outside, on behalf of the party that
+    /// did not answer (recorded with who you are and why).
+    Complete {
+        order_id: String,
+        step: String,
+        /// Why; kept on the order's timeline with who answered.
+        #[arg(long)]
+        reason: String,
+        /// The step's output, as JSON (default `{}`).
+        #[arg(long)]
+        output: Option<String>,
+    },
+    /// Refuse a step that waits for an answer from outside, on behalf of that party: the step
+    /// fails as its workflow says (the order is undone, or the failure reported).
+    Refuse {
+        order_id: String,
+        step: String,
+        /// Why; kept on the step and the order's timeline with who refused.
+        #[arg(long)]
+        reason: String,
+    },
     /// Dead-letter queues: messages no handler could process.
     Dlq {
         #[command(subcommand)]
@@ -207,8 +228,47 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Verb::Redrive { act, compensation } => {
             command(&api, "redrive", compensation, act, json_out).await
         }
+        Verb::Complete { order_id, step, reason, output } => {
+            let output = match output.as_deref().map(serde_json::from_str::<Value>) {
+                None => json!({}),
+                Some(Ok(output)) => output,
+                Some(Err(e)) => return Err(CliError::Usage(format!("--output is not JSON: {e}"))),
+            };
+            let body = json!({ "reason": reason, "output": output });
+            answer(&api, &order_id, &step, "complete", &body, json_out).await
+        }
+        Verb::Refuse { order_id, step, reason } => {
+            let body = json!({ "reason": reason });
+            answer(&api, &order_id, &step, "refuse", &body, json_out).await
+        }
         Verb::Dlq { command } => dead_letters(&api, command, json_out).await,
     }
+}
+
+/// Answers step `step` of order `id` (`verb`: complete or refuse) for the party outside.
+async fn answer(
+    api: &Api,
+    id: &str,
+    step: &str,
+    verb: &str,
+    body: &Value,
+    json_out: bool,
+) -> Result<ExitCode, CliError> {
+    let path = format!("/admin/orders/{}/steps/{}/{verb}", encode(id), encode(step));
+    let (result, code) = match api.post(&path, body).await {
+        Ok(done) => (done, ExitCode::SUCCESS),
+        Err(CliError::Api { status, message, body, .. }) => {
+            let error = body.get("error").cloned().unwrap_or_else(|| json!({ "message": message }));
+            (json!({ "order_id": id, "status": status, "error": error }), ExitCode::FAILURE)
+        }
+        Err(e) => return Err(e),
+    };
+    if json_out {
+        print_json(&result);
+    } else {
+        println!("{}", describe_result(id, &result));
+    }
+    Ok(code)
 }
 
 /// The orders a filter selects, page after page, up to `max`.

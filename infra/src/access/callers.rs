@@ -1,9 +1,12 @@
 //! Who may call which route of the HTTP API, as IAM decides it on AWS: a signed caller holds one
-//! of the template's managed policies (`ClientPolicy`, `OperatorPolicy`), and an `AWS_IAM`
-//! route answers 403 to a caller whose policy does not allow `execute-api:Invoke` on it.
+//! of the template's managed policies (`ClientPolicy`, `OperatorPolicy`, `AnswererPolicy`),
+//! and an `AWS_IAM` route answers 403 to a caller whose policy does not allow
+//! `execute-api:Invoke` on it.
 //!
 //! Locally an access key id names the caller, and also says which policy it holds: a key
-//! that begins with `ops` holds `OperatorPolicy` (the `sas` CLI's), any other `ClientPolicy`;
+//! that begins with `ops` holds `OperatorPolicy` (the `sas` CLI's), one that begins with
+//! `answer` holds `AnswererPolicy` (a party answering steps that wait for it), any other
+//! `ClientPolicy`;
 //! `local-stack up --caller KEY=POLICY` gives a key any managed policy of the template, or
 //! `none`. The policies are read from the template and evaluated in the stack, so the ARNs they
 //! name are the local API's (`arn:aws:execute-api:<region>:<account>:<api id>/<stage>/<METHOD>/<path>`).
@@ -19,6 +22,10 @@ use crate::emulation::template::Template;
 
 /// The policy of an access key id that begins with [`OPERATOR_PREFIX`].
 pub const OPERATOR_POLICY: &str = "OperatorPolicy";
+/// The policy of an access key id that begins with [`ANSWERER_PREFIX`].
+pub const ANSWERER_POLICY: &str = "AnswererPolicy";
+/// Access key ids that begin with this hold [`ANSWERER_POLICY`].
+pub const ANSWERER_PREFIX: &str = "answer";
 /// The policy of every other access key id.
 pub const CLIENT_POLICY: &str = "ClientPolicy";
 /// Access key ids that begin with this hold [`OPERATOR_POLICY`].
@@ -76,6 +83,7 @@ impl Callers {
         match self.assigned.get(access_key) {
             Some(name) => name,
             None if access_key.starts_with(OPERATOR_PREFIX) => OPERATOR_POLICY,
+            None if access_key.starts_with(ANSWERER_PREFIX) => ANSWERER_POLICY,
             None => CLIENT_POLICY,
         }
     }
@@ -128,6 +136,11 @@ mod tests {
             ("ops-alice", "POST", "/admin/orders/x/cancel", true),
             ("ops", "POST", "/orders", false),
             ("ops", "GET", order.as_str(), false),
+            ("answerer", "POST", &format!("{order}/steps/approval/complete"), true),
+            ("answerer", "POST", "/orders", false),
+            ("answerer", "GET", order.as_str(), false),
+            ("me", "POST", &format!("{order}/steps/approval/complete"), false),
+            ("ops", "POST", &format!("{admin}/steps/approval/refuse"), true),
             ("auditor", "POST", "/orders", false),
             ("auditor", "GET", admin.as_str(), false),
         ];

@@ -354,13 +354,21 @@ mod tests {
         let submission = by_id("SubmissionFunction");
         assert_eq!(
             submission.events,
-            [EventSource::HttpApi {
-                name: "OrdersPostRoute".into(),
-                method: "POST".into(),
-                path: "/orders".into(),
-                authorizer: Some(RouteAuth::Iam),
-            }],
-            "orders are submitted through IAM by default"
+            [
+                EventSource::HttpApi {
+                    name: "OrderAnswerRoute".into(),
+                    method: "POST".into(),
+                    path: "/orders/{id}/steps/{step}/{answer}".into(),
+                    authorizer: Some(RouteAuth::Iam),
+                },
+                EventSource::HttpApi {
+                    name: "OrdersPostRoute".into(),
+                    method: "POST".into(),
+                    path: "/orders".into(),
+                    authorizer: Some(RouteAuth::Iam),
+                }
+            ],
+            "orders are submitted and steps answered through IAM by default"
         );
         let admin = by_id("AdminFunction");
         assert!(admin.events.len() >= 6);

@@ -7,8 +7,11 @@ use lambda_http::http::StatusCode;
 use lambda_http::http::header::{CONTENT_TYPE, HeaderValue, LOCATION, RETRY_AFTER};
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
+use sas_engine::machine::Answer;
 use sas_engine::order::FieldError;
-use sas_engine::{Error, Owner};
+use sas_engine::services::{Answering, Applied, Commanded};
+use sas_engine::{Error, OrderId, Owner};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tracing::error;
 
@@ -63,8 +66,8 @@ pub fn error(status: StatusCode, code: &str, message: &str, extra: Value) -> Res
     json(status, &json!({ "error": err }))
 }
 
-/// Every error code submission answers with.
-const ERROR_CODES: [&str; 11] = [
+/// Every error code the orders API's writes answer with.
+const ERROR_CODES: [&str; 18] = [
     "invalid_order",
     "malformed_json",
     "missing_idempotency_key",
@@ -76,15 +79,119 @@ const ERROR_CODES: [&str; 11] = [
     "overloaded",
     "unavailable",
     "internal",
+    "invalid_answer",
+    "wrong_token",
+    "not_waiting",
+    "no_callback",
+    "unknown_step",
+    "output_too_large",
+    "not_found",
 ];
 
-/// The `code` of an error answer made by [`error`], if it is one of submission's.
+/// The `code` of an error answer made by [`error`], if it is one of the orders API's writes.
 pub fn error_code(response: &Response<Body>) -> Option<&'static str> {
     let Body::Text(text) = response.body() else { return None };
     let value: Value = serde_json::from_str(text).ok()?;
     let code = value.get("error")?.get("code")?.as_str()?;
     // Only the codes the API documents become metric labels, so their number stays fixed.
     ERROR_CODES.iter().find(|c| **c == code).copied()
+}
+
+/// Largest body of an answer to a callback: its output is at most 512 bytes of JSON.
+pub const MAX_ANSWER_BYTES: usize = 4 * 1024;
+
+/// The body of an answer to a step that waits for a callback.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerBody {
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    reason: String,
+}
+
+/// Reads an answer (`verb`: `complete`, `refuse` or `heartbeat`) to step `step` from `body`,
+/// given by `by`: from the party outside, whose body must bear the step's token, or from an
+/// operator (`operator`), whose must not. A bad answer is a 400 (or a 404 for another verb).
+pub fn answering(
+    verb: &str,
+    step: &str,
+    body: &Body,
+    by: &str,
+    operator: bool,
+) -> Result<Answering, Box<Response<Body>>> {
+    let bad = |message: &str| {
+        Box::new(error(StatusCode::BAD_REQUEST, "invalid_answer", message, json!({})))
+    };
+    let bytes = body_bytes(body);
+    if bytes.len() > MAX_ANSWER_BYTES {
+        return Err(bad(&format!("the body must be at most {MAX_ANSWER_BYTES} bytes")));
+    }
+    let shape = match operator {
+        true => "{\"reason\", \"output\"?}",
+        false => "{\"token\", \"output\"?, \"reason\"?}",
+    };
+    let body: AnswerBody = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { bytes })
+        .map_err(|e| bad(&format!("the body must be {shape}: {e}")))?;
+    let token = match (operator, body.token.as_deref()) {
+        (false, None) => return Err(bad("the token the step's announcement carried is required")),
+        (true, Some(_)) => return Err(bad("an operator answers without a token")),
+        (_, token) => token,
+    };
+    let answer = match (verb, body.output) {
+        ("complete", output) => Answer::Complete { output: output.unwrap_or_else(|| json!({})) },
+        ("refuse" | "heartbeat", Some(_)) => {
+            return Err(bad("only complete carries an output"));
+        }
+        ("refuse", None) => Answer::Refuse,
+        ("heartbeat", None) => Answer::Heartbeat,
+        _ => {
+            return Err(Box::new(error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such answer: complete, refuse or heartbeat",
+                json!({}),
+            )));
+        }
+    };
+    Answering::new(step, token, answer, by, &body.reason).map_err(|e| match e {
+        Error::InvalidCommand(message) => bad(&message),
+        other => Box::new(from_error(&other)),
+    })
+}
+
+/// The response to an answer to order `order_id`'s step: 200 with the order's state if it
+/// counted (now, or before: the same answer repeated), 409 saying why if it did not, 404 for
+/// no such order.
+pub fn answered(
+    order_id: OrderId,
+    answer: &Answering,
+    outcome: Result<Option<Commanded>, Error>,
+) -> Response<Body> {
+    match outcome {
+        Ok(Some(Commanded { applied: Applied::Refused(refused), record })) => error(
+            StatusCode::CONFLICT,
+            refused.code(),
+            &refused.to_string(),
+            json!({ "state": record.process_state.as_str() }),
+        ),
+        Ok(Some(done)) => json(
+            StatusCode::OK,
+            &json!({
+                "order_id": order_id,
+                "step": answer.step,
+                "answer": answer.answer.as_str(),
+                "applied": if done.applied == Applied::Now { "now" } else { "before" },
+                "process_state": done.record.process_state.as_str(),
+                "answer_by": done.record.steps.iter().find(|s| s.name == answer.step)
+                    .and_then(|s| s.sent()).map(|l| l.complete_by.to_rfc3339()),
+            }),
+        ),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such order", json!({})),
+        Err(e) => from_error(&e),
+    }
 }
 
 /// 202 for an accepted (or already accepted) order, with its status link.
