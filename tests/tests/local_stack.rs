@@ -21,6 +21,11 @@
 //!   Each order keeps its workflow and version; a refusal after the account was opened closes
 //!   it; an input its schema refuses gets the JSON pointer of the fault; no call is refused by
 //!   the functions' policies.
+//! - A reviewed order reserves the stock and charges the card at once, then waits for a
+//!   review from outside, announced on the bus with a token: given, it ships; refused, or
+//!   never given before its timeout, the stock is released and the card refunded; an operator
+//!   answers with `sas complete`; another token, a client without the answerers' policy, and an
+//!   answer after the end change nothing.
 //! - A new version of a workflow is deployed while orders run: the functions start again on
 //!   it, new orders take it, and the orders in flight finish on the version they started on.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
@@ -1026,6 +1031,163 @@ async fn an_express_order_reserves_and_charges_at_once_and_a_declined_card_relea
         *ends.entry(states[id].clone()).or_insert(0) += 1;
     }
     assert!(ends.len() == 2, "both ends were to be met, only {ends:?} were");
+}
+
+/// The express workflow with a review between the charge and the shipping: a partner's
+/// screening that answers by webhook within 20 s.
+fn reviewed_workflow() -> String {
+    let json = sas_workflows::file("express-fulfilment").unwrap().json;
+    let mut workflow: Value =
+        serde_json::from_str(&sas_infra::demo::with_budgets(json, 5)).unwrap();
+    workflow["name"] = json!("reviewed-fulfilment");
+    let steps = workflow["steps"].as_array_mut().unwrap();
+    steps.insert(
+        2,
+        json!({"name": "review", "callback": {"timeout_seconds": 20},
+               "depends_on": ["reserve-inventory", "charge-payment"]}),
+    );
+    steps[3]["depends_on"] = json!(["review"]);
+    workflow.to_string()
+}
+
+/// The announcements of steps waiting for an answer that reached the callbacks queue, by order.
+async fn announcements(stack: &LocalStack, want: usize) -> HashMap<String, Value> {
+    let sqs = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    let queue = stack.stack.reference("CallbacksQueue").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut found = HashMap::new();
+    while found.len() < want {
+        assert!(Instant::now() < deadline, "only {} of {want} announced", found.len());
+        let received = sqs
+            .receive_message()
+            .queue_url(&queue)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        for m in received.messages() {
+            let event: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+            assert_eq!(event["detail-type"], "StepAwaitsAnswer", "{event}");
+            let detail = event["detail"].clone();
+            found.insert(detail["order_id"].as_str().unwrap().to_owned(), detail);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_answered() {
+    let _turn = TURN.lock().await;
+    let workflow = reviewed_workflow();
+    let setup = Setup { workflow: &workflow, ..Setup::default() };
+    let stack =
+        start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-review", SOUND, 2, &[], setup).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for case in ["approved", "refused", "silent", "by-operator"] {
+        let (status, answer) =
+            submit_to(&http, &stack, Some("reviewed-fulfilment"), case, ORDER).await;
+        assert_eq!(status, 202, "{answer}");
+        ids.push(answer["order_id"].as_str().unwrap().to_owned());
+    }
+    let [approved, refused, silent, by_operator] = [0, 1, 2, 3].map(|i| ids[i].clone());
+    let announced = announcements(&stack, ids.len()).await;
+    let token = |id: &str| announced[id]["token"].as_str().unwrap().to_owned();
+    let path = |id: &str, verb: &str| format!("/orders/{id}/steps/review/{verb}");
+    let answerer = Auth::As("answerer-partner");
+    let answer = |id: &str, verb: &str, body: Value| {
+        let (http, stack, answerer, path) = (&http, &stack, &answerer, path(id, verb));
+        async move {
+            let body = body.to_string();
+            call(http, stack, answerer, "POST", &path, Some(("-", &body))).await
+        }
+    };
+    let detail = &announced[&approved];
+    assert_eq!(detail["answer_path"], format!("/orders/{approved}/steps/review"), "{detail}");
+    assert_eq!(detail["timeout_seconds"], 20, "{detail}");
+    assert!(detail["outputs"]["charge-payment"].is_object(), "the charge's output: {detail}");
+    // While it waits, the order's readers do not see the token.
+    let view = order(&http, &stack, &approved).await;
+    assert_eq!(view["steps"][2]["status"], "not_started", "{view}");
+    assert!(view["steps"][2].get("token").is_none(), "{view}");
+
+    // Approved, with a heartbeat first; another order's token, and a client, change nothing.
+    let (status, beat) = answer(&approved, "heartbeat", json!({"token": token(&approved)})).await;
+    assert_eq!((status, beat["applied"].as_str()), (200, Some("now")), "{beat}");
+    let (status, wrong) = answer(&approved, "complete", json!({"token": token(&refused)})).await;
+    assert_eq!((status, wrong["error"]["code"].as_str()), (409, Some("wrong_token")), "{wrong}");
+    let body = json!({"token": token(&approved)}).to_string();
+    let as_client = Auth::As("e2e-client");
+    let (status, _) =
+        call(&http, &stack, &as_client, "POST", &path(&approved, "complete"), Some(("-", &body)))
+            .await;
+    assert_eq!(status, 403, "a client holds no answerer's policy");
+    let approval = json!({"token": token(&approved), "output": {"score": 12}, "reason": "clean"});
+    let (status, done) = answer(&approved, "complete", approval).await;
+    assert_eq!((status, done["applied"].as_str()), (200, Some("now")), "{done}");
+
+    let refusal = json!({"token": token(&refused), "reason": "card used in two countries"});
+    let (status, done) = answer(&refused, "refuse", refusal).await;
+    assert_eq!((status, done["applied"].as_str()), (200, Some("now")), "{done}");
+
+    let shown = sas(
+        &stack,
+        &["complete", &by_operator, "review", "--reason", "partner down, checked by hand"],
+    );
+    assert!(shown.status.success(), "{}", text(&shown));
+
+    let states = wait_for(&http, &stack, &ids, &["Processed", "Error"], 90).await;
+    let expected = [
+        (&approved, "Processed"),
+        (&refused, "Error"),
+        (&silent, "Error"),
+        (&by_operator, "Processed"),
+    ];
+    for (id, state) in expected {
+        assert_eq!(states[id.as_str()], state, "{}", order(&http, &stack, id).await);
+    }
+    let ledger = ledger(&http, &stack).await;
+    assert_effects_match(&ledger, &workflow, &states);
+
+    let view = order(&http, &stack, &approved).await;
+    assert_eq!(view["steps"][2]["output"], json!({"score": 12}), "{view}");
+    let answered = view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "review");
+    let answered = answered.expect("the answer is on the timeline");
+    assert_eq!(answered["by"], "arn:aws:iam::123456789012:user/answerer-partner", "{view}");
+    assert_eq!(answered["reason"], "clean", "{view}");
+
+    let view = order(&http, &stack, &refused).await;
+    assert_eq!(view["cause"]["kind"], "step_rejected", "{view}");
+    let reason = view["cause"]["reason"].as_str().unwrap();
+    assert!(reason.ends_with("card used in two countries"), "{view}");
+    let view = order(&http, &stack, &silent).await;
+    assert_eq!(view["cause"]["kind"], "step_timed_out", "{view}");
+    assert_eq!(view["steps"][2]["detail"], "no answer within 20 s", "{view}");
+    for id in [&refused, &silent] {
+        let mut done = effects(&ledger, id);
+        done.sort();
+        assert_eq!(
+            done,
+            ["charge-payment", "refund-payment", "release-inventory", "reserve-inventory"],
+            "{id}: both undone, nothing shipped"
+        );
+    }
+    let view = operator_view(&stack, &by_operator);
+    let answered = view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "review");
+    assert_eq!(
+        answered.map(|e| e["reason"].clone()),
+        Some(json!("partner down, checked by hand")),
+        "{view}"
+    );
+
+    // After the end, the silent order's token is late, and the approved one's used.
+    let (status, late) = answer(&silent, "complete", json!({"token": token(&silent)})).await;
+    assert_eq!((status, late["error"]["code"].as_str()), (409, Some("not_waiting")), "{late}");
+    let (status, again) = answer(&approved, "complete", json!({"token": token(&approved)})).await;
+    assert_eq!((status, again["error"]["code"].as_str()), (409, Some("not_waiting")), "{again}");
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,7 +83,7 @@ enum Verb {
         reason: String,
         /// The step's output, as JSON (default `{}`).
         #[arg(long)]
-        output: Option<String>,
+        output_json: Option<String>,
     },
     /// Refuse a step that waits for an answer from outside, on behalf of that party: the step
     /// fails as its workflow says (the order is undone, or the failure reported).
@@ -228,11 +228,13 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Verb::Redrive { act, compensation } => {
             command(&api, "redrive", compensation, act, json_out).await
         }
-        Verb::Complete { order_id, step, reason, output } => {
-            let output = match output.as_deref().map(serde_json::from_str::<Value>) {
+        Verb::Complete { order_id, step, reason, output_json } => {
+            let output = match output_json.as_deref().map(serde_json::from_str::<Value>) {
                 None => json!({}),
                 Some(Ok(output)) => output,
-                Some(Err(e)) => return Err(CliError::Usage(format!("--output is not JSON: {e}"))),
+                Some(Err(e)) => {
+                    return Err(CliError::Usage(format!("--output-json is not JSON: {e}")));
+                }
             };
             let body = json!({ "reason": reason, "output": output });
             answer(&api, &order_id, &step, "complete", &body, json_out).await
@@ -630,5 +632,22 @@ mod tests {
                 .is_err(),
             "ids or a filter, not both"
         );
+        let cli = Cli::try_parse_from([
+            "sas",
+            "-o",
+            "json",
+            "complete",
+            "o-1",
+            "review",
+            "--reason",
+            "checked",
+            "--output-json",
+            "{}",
+        ])
+        .unwrap();
+        let Verb::Complete { step, output_json, .. } = cli.command else { panic!() };
+        assert_eq!((step.as_str(), output_json.as_deref()), ("review", Some("{}")));
+        // Every argument of every verb is well formed (clap checks this only when asked).
+        <Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

@@ -8,13 +8,15 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-/// Each step's action and its undo's, from a workflow's JSON (none if it does not parse).
+/// Each step's action and its undo's, from a workflow's JSON (none if it does not parse); a
+/// step that waits, for a time or for an answer, calls no service and is left out.
 fn steps(workflow_json: &str) -> Vec<(String, Option<String>)> {
     let workflow: Value = serde_json::from_str(workflow_json).unwrap_or(Value::Null);
     let steps = workflow["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
     steps
         .iter()
         .filter_map(|s| {
+            s["agent"].as_str()?;
             let action = s["name"].as_str()?.to_owned();
             Some((action, s["compensation"]["action"].as_str().map(str::to_owned)))
         })
@@ -129,8 +131,7 @@ mod tests {
 
     use super::*;
 
-    const WORKFLOW: &str =
-        r#"{"steps":[{"name":"charge","compensation":{"action":"refund"}},{"name":"ship"}]}"#;
+    const WORKFLOW: &str = r#"{"steps":[{"name":"charge","agent":"a","compensation":{"action":"refund"}},{"name":"ship","agent":"a"}]}"#;
 
     fn effect(order: &str, action: &str, direction: &str, applications: u32, noop: bool) -> Value {
         let output = if noop { json!({"ref": "r", "noop": true}) } else { json!({"ref": "r"}) };
@@ -166,7 +167,7 @@ mod tests {
 
     #[test]
     fn each_order_is_held_to_its_own_workflow_s_steps() {
-        let other = r#"{"steps":[{"name":"open","compensation":{"action":"close"}}]}"#;
+        let other = r#"{"steps":[{"name":"open","agent":"a","compensation":{"action":"close"}}]}"#;
         let ledger = json!({"effects": [
             effect("o1", "charge", "do", 1, false),
             effect("o1", "ship", "do", 1, false),
