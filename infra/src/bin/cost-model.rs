@@ -20,16 +20,19 @@ use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_aws::system::UuidIds;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
+use sas_engine::events::CALLBACK_DETAIL_TYPE;
 use sas_engine::load::Gauges;
+use sas_engine::machine::Answer;
 use sas_engine::memory::{
     ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SplitMix,
 };
 use sas_engine::message::Message;
+use sas_engine::ports::Clock;
 use sas_engine::ports::{
     Created, Depth, Destination, Expected, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved,
     StateStore, WaitGauge, WaitReport,
 };
-use sas_engine::services::{Agent, Assembly, Scheduler};
+use sas_engine::services::{Agent, Answering, Assembly, Operator, Scheduler};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
@@ -233,6 +236,12 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 6.0,
         },
         Scenario {
+            name: "three steps and an approval from outside before shipping",
+            workflow: with_callback(sas_workflows::order_fulfilment(), 172_800),
+            // A task that waits for its token is one more transition.
+            sfn_transitions: 6.0,
+        },
+        Scenario {
             name: "ten steps, three of them side by side",
             workflow: ten_steps(),
             // Ten tasks, the Parallel state around three of them, and the start and end.
@@ -255,6 +264,18 @@ fn with_wait(workflow_json: &str, seconds: u64) -> String {
     if let Some(steps) = spec["steps"].as_array_mut() {
         let at = steps.len().saturating_sub(1);
         steps.insert(at, serde_json::json!({"name": "hold", "wait": {"seconds": seconds}}));
+    }
+    spec.to_string()
+}
+
+/// `workflow_json` with a step before its last that waits up to `seconds` for an answer.
+fn with_callback(workflow_json: &str, seconds: u64) -> String {
+    let mut spec: serde_json::Value = serde_json::from_str(workflow_json).unwrap_or_default();
+    if let Some(steps) = spec["steps"].as_array_mut() {
+        let at = steps.len().saturating_sub(1);
+        let step =
+            serde_json::json!({"name": "approval", "callback": {"timeout_seconds": seconds}});
+        steps.insert(at, step);
     }
     spec.to_string()
 }
@@ -313,6 +334,8 @@ async fn run(
         load: Gauges { waits, depths },
     };
     let submission = system.submission(outbox(), UuidIds);
+    // The party outside, answering each step that waits for it through the orders API.
+    let answers = system.operator(outbox());
     // The scheduler and the agents gather what a batch sends, as their functions do.
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
     let scheduler = system.scheduler(Coalescing::new(outbox(), linger), "s");
@@ -333,10 +356,14 @@ async fn run(
     // Orders arrive at ORDERS_PER_SECOND, each second's drained before the next: a steady
     // load the system keeps up with, so that what depends on time (the door's reads of the
     // queues, the consumers' reports) is counted as it would be.
+    let mut answered = 0;
     for i in 0..orders {
         submission.submit(&format!("order-{i:08}"), body.as_bytes()).await?;
         if (i + 1) % ORDERS_PER_SECOND == 0 || i + 1 == orders {
             drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
+            while answer(&bus, &answers, &mut answered).await? > 0 {
+                drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
+            }
             clock.advance(std::time::Duration::from_secs(1));
         }
     }
@@ -355,7 +382,34 @@ async fn run(
     let events = bus.count() as f64;
     let mut m = std::mem::take(&mut *meter.lock().unwrap_or_else(|e| e.into_inner()));
     m.messages.insert("event", events);
+    m.messages.insert("answer", answered as f64);
     Ok(m)
+}
+
+/// Completes, as the party outside would, every step announced since the first `answered`
+/// announcements; returns how many it answered now.
+async fn answer<S, Q, C>(
+    bus: &MemoryBus,
+    answers: &Operator<S, Q, Arc<MemoryBus>, C>,
+    answered: &mut usize,
+) -> std::result::Result<usize, Box<dyn std::error::Error>>
+where
+    S: StateStore,
+    Q: Outbox,
+    C: Clock,
+{
+    let announced = bus.of_type(CALLBACK_DETAIL_TYPE);
+    let new = &announced[(*answered).min(announced.len())..];
+    for a in new {
+        let id: OrderId = a["order_id"].as_str().unwrap_or_default().parse()?;
+        let complete = Answer::Complete { output: serde_json::json!({"approved": true}) };
+        let step = a["step"].as_str().unwrap_or_default();
+        let answering =
+            Answering::new(step, a["token"].as_str(), complete, "arn:aws:iam::1:user/partner", "")?;
+        answers.answer(id, &answering).await?;
+    }
+    *answered += new.len();
+    Ok(new.len())
 }
 
 /// Hands every message to its function, batch by batch, until the queues are empty.
@@ -455,15 +509,16 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
     let sqs = sends + receives_and_deletes + depth_reads;
     let scheduler_invocations = (msg("start") + msg("reply")) / batch;
     let agent_invocations = msg("request") / batch;
-    let invocations = 1.0 + scheduler_invocations + agent_invocations;
+    // The submission, and each answer from outside, one invocation of the submission function.
+    let invocations = 1.0 + msg("answer") + scheduler_invocations + agent_invocations;
     let gb_seconds = MEMORY_GB
-        * (MS_SUBMISSION
+        * ((1.0 + msg("answer")) * MS_SUBMISSION
             + scheduler_invocations * MS_SCHEDULER_BATCH
             + agent_invocations * MS_AGENT_BATCH)
         / 1000.0;
     let events = msg("event");
     let rows = [
-        ("API Gateway HTTP API requests", 1.0, price::HTTP_API_REQUEST),
+        ("API Gateway HTTP API requests", 1.0 + msg("answer"), price::HTTP_API_REQUEST),
         ("DynamoDB write units (table)", wru, price::DYNAMODB_WRU),
         ("DynamoDB write units (index)", index, price::DYNAMODB_WRU),
         ("DynamoDB read units", rru, price::DYNAMODB_RRU),

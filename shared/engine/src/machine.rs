@@ -1300,6 +1300,7 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
     let state = &record.steps[i];
     if let Some(token) = a.token
         && !state.token.as_deref().is_some_and(|t| same_token(t, token))
+        && !mutants::on(Mutant::AnswerWithAnyToken)
     {
         return refuse(Refused::WrongToken { step: a.step.to_owned() });
     }
@@ -1326,7 +1327,6 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
                 lease.complete_by = ctx.now.plus(step.budget);
             }
             next.complete_by = next.earliest_lease();
-            next.last_input = record.last_input.clone();
             return apply(next, effects);
         }
         Answer::Complete { output } => {

@@ -22,6 +22,8 @@ pub enum Mutant {
     /// An agent's deadline is the lease's CompleteBy, so a request that waited in its queue
     /// past it is dropped instead of run with its budget.
     AgentDeadlineFromCompleteBy,
+    /// An answer to a step that waits for one counts whatever token it bears.
+    AnswerWithAnyToken,
 }
 
 impl Mutant {

@@ -11,7 +11,9 @@
 //! stop, the operator resumes what it paused, and every order must reach a terminal state.
 //!
 //! Each seed runs one workflow (the repository's two, or a random shape whose steps may only
-//! report their failures), and on a fifth of the seeds a new version of it is deployed halfway
+//! report their failures, may depend on each other, and may wait for a time or for an answer
+//! from outside, which a party gives, refuses or keeps alive at random moments, with the right
+//! token, an old one or a forged one, or leaves to time out), and on a fifth of the seeds a new version of it is deployed halfway
 //! through the faults: every order must keep the version it started on, and its steps, to its
 //! end.
 //!
@@ -29,9 +31,10 @@ use std::time::Duration;
 
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
-use sas_engine::events::ALERT_DETAIL_TYPE;
+use sas_engine::events::{ALERT_DETAIL_TYPE, CALLBACK_DETAIL_TYPE};
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges};
+use sas_engine::machine::Answer;
 use sas_engine::memory::{
     Behaviour, Delivery, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore,
     MemoryWaits, SeqIds, SplitMix,
@@ -43,8 +46,8 @@ use sas_engine::ports::{
     OrderRecord, Outbox, Outgoing, Read, Saved, StateStore,
 };
 use sas_engine::services::{
-    Agent, Applied, Assembly, Command, Commanded, Operator, Scheduler, Submission, Supervisor,
-    SweepReport,
+    Agent, Answering, Applied, Assembly, Command, Commanded, Operator, Scheduler, Submission,
+    Supervisor, SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Phase, ProcessState, StateRecord, StepStatus,
@@ -174,10 +177,13 @@ enum Fault {
     Operator,
     /// Replies handled together, concurrently, as one batch of the reply queue is.
     Batched,
+    /// An answer from outside to a step that waits for one: given, refused or kept alive, with
+    /// the token of its announcement, an older one, a forged one, or by an operator.
+    Answer,
 }
 
 impl Fault {
-    const ALL: [Fault; 16] = [
+    const ALL: [Fault; 17] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -194,6 +200,7 @@ impl Fault {
         Fault::OversizeOutput,
         Fault::Operator,
         Fault::Batched,
+        Fault::Answer,
     ];
 
     fn name(self) -> &'static str {
@@ -214,6 +221,7 @@ impl Fault {
             Fault::OversizeOutput => "oversize-output",
             Fault::Operator => "operator",
             Fault::Batched => "batched",
+            Fault::Answer => "answer",
         }
     }
 
@@ -285,6 +293,12 @@ struct Tally {
     undone_side_by_side: u64,
     /// Waits over in processed orders.
     waits_over: u64,
+    /// Answers to steps waiting for one that counted, and those refused (another token, a
+    /// step no longer waiting).
+    answers_applied: u64,
+    answers_refused: u64,
+    /// Steps that waited for an answer in vain, until their timeout.
+    unanswered: u64,
 }
 
 impl Tally {
@@ -312,6 +326,9 @@ impl std::ops::AddAssign for Tally {
         self.side_by_side += o.side_by_side;
         self.undone_side_by_side += o.undone_side_by_side;
         self.waits_over += o.waits_over;
+        self.answers_applied += o.answers_applied;
+        self.answers_refused += o.answers_refused;
+        self.unanswered += o.unanswered;
     }
 }
 
@@ -322,7 +339,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -332,6 +349,9 @@ impl std::fmt::Display for Tally {
             self.side_by_side,
             self.undone_side_by_side,
             self.waits_over,
+            self.answers_applied,
+            self.answers_refused,
+            self.unanswered,
             self.longest_settle.as_secs()
         )
     }
@@ -425,6 +445,8 @@ struct Sim {
     settle_bound: Duration,
     /// Every queue: the scheduler's two, then each agent's.
     destinations: Vec<Destination>,
+    /// Whether a step of the run's workflow waits for an answer from outside.
+    answered: bool,
 }
 
 impl Sim {
@@ -516,6 +538,7 @@ impl Sim {
         let destinations = system.destinations();
         let wiring = Wiring { system, outbox, ahead };
         let (submission, scheduler, supervisors, operator) = wiring.services(catalogue, "c");
+        let answered = workflow.steps().iter().any(|s| matches!(s.work, Work::Callback));
         let settle_bound = settle_bound(&config, &workflow)
             .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)));
         // A later version keeps every step of the first (it may add some).
@@ -562,6 +585,7 @@ impl Sim {
             faults_on: true,
             settle_bound,
             destinations,
+            answered,
         }
     }
 
@@ -901,6 +925,61 @@ impl Sim {
         }
     }
 
+    /// The party outside answers a step announced as waiting for it: mostly with the token of
+    /// its announcement (an old one, for a step announced again since), sometimes with a forged
+    /// one, sometimes as an operator without one. An answer counts only if the step waited
+    /// for it right then, under that very token.
+    async fn answer(&mut self) {
+        let announced = self.bus.of_type(CALLBACK_DETAIL_TYPE);
+        if announced.is_empty() {
+            return;
+        }
+        let a = &announced[self.pick(announced.len())];
+        let id: OrderId = a["order_id"].as_str().unwrap().parse().unwrap();
+        let step = a["step"].as_str().unwrap().to_owned();
+        let forged = "f".repeat(40);
+        let token = match self.pick(10) {
+            0 => Some(forged.as_str()),
+            1 => None,
+            _ => a["token"].as_str(),
+        };
+        let answer = match self.pick(6) {
+            0 => Answer::Refuse,
+            1 => Answer::Heartbeat,
+            _ => Answer::Complete { output: serde_json::json!({"answered": "sim"}) },
+        };
+        let answering = Answering::new(&step, token, answer, "sim-party", "simulated").unwrap();
+        let before = self.memory.peek(id).unwrap();
+        self.maybe_crash();
+        let result = self.operator.answer(id, &answering).await;
+        self.disarm();
+        let seed = self.seed;
+        match result {
+            Ok(Some(Commanded { applied: Applied::Now, .. })) => {
+                // No stale, repeated or forged answer is applied.
+                let waiting = before.steps.iter().find(|s| s.name == step).unwrap();
+                assert!(
+                    before.process_state.is_in_flight() && waiting.sent().is_some(),
+                    "seed {seed}: {id} took an answer for {step}, which did not wait for one"
+                );
+                if let Some(token) = token {
+                    assert_eq!(
+                        waiting.token.as_deref(),
+                        Some(token),
+                        "seed {seed}: {id} took an answer for {step} with another token"
+                    );
+                }
+                self.tally.answers_applied += 1;
+            }
+            Ok(Some(Commanded { applied: Applied::Refused(_), .. })) => {
+                self.tally.answers_refused += 1;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("seed {seed}: announced order {id} not found"),
+            Err(e) => assert!(e.is_retryable(), "seed {seed}: answer failed: {e}"),
+        }
+    }
+
     /// Once the faults stop, the operator resumes every order it paused.
     async fn resume_paused(&mut self) {
         // In order of id: the store's own order changes from run to run, and a seed must not.
@@ -1005,6 +1084,10 @@ impl Sim {
                     let waits = r.steps.iter().filter(|s| s.wake_at.is_some()).count();
                     self.tally.waits_over += waits as u64;
                 }
+                let unanswered = r.steps.iter().filter(|s| {
+                    s.detail.as_deref().is_some_and(|d| d.starts_with("no answer within"))
+                });
+                self.tally.unanswered += unanswered.count() as u64;
                 if self.deployed && r.workflow_version == self.workflow.version() {
                     self.tally.ended_on_old_version += 1;
                 }
@@ -1055,6 +1138,11 @@ impl Sim {
             self.check();
             if self.chance(Fault::Operator, 0.04) {
                 self.operate().await;
+                self.check();
+            }
+            // Drawn only where a step waits for an answer, so that other seeds run as before.
+            if self.answered && self.chance(Fault::Answer, 0.06) {
+                self.answer().await;
                 self.check();
             }
         }
@@ -1134,6 +1222,10 @@ impl Sim {
                 ids.len(),
             );
             let key = |s: &sas_engine::state::StepState, d| step_key(id, &s.name, d, s.generation);
+            let workflow = self.workflow_of_version(r.workflow_version);
+            let answered = |s: &sas_engine::state::StepState| {
+                workflow.step_named(&s.name).is_some_and(|w| matches!(w.work, Work::Callback))
+            };
             let live_for = |step: &str| in_place.get(&(id, step.to_owned())).copied().unwrap_or(0);
             match r.process_state {
                 ProcessState::Processed => {
@@ -1177,7 +1269,16 @@ impl Sim {
                             s.wake_at
                         );
                     }
-                    let calls = r.steps.iter().filter(|s| s.wake_at.is_none());
+                    for s in r.steps.iter().filter(|s| answered(s) && s.reported.is_none()) {
+                        // Answered from outside, with what the answer carried.
+                        assert_eq!(
+                            (s.status, s.output.clone()),
+                            (StepStatus::Done, Some(serde_json::json!({"answered": "sim"}))),
+                            "seed {seed}: {id} processed without an answer to {}",
+                            s.name
+                        );
+                    }
+                    let calls = r.steps.iter().filter(|s| s.wake_at.is_none() && !answered(s));
                     for s in calls.filter(|s| s.reported.is_none()) {
                         assert!(
                             applied(key(s, Direction::Do)),
@@ -1200,7 +1301,6 @@ impl Sim {
                 ProcessState::Error | ProcessState::Cancelled => {
                     // Only a step whose failures undo the order stops it.
                     if let Some(step) = r.cause.as_ref().and_then(Cause::step) {
-                        let workflow = self.workflow_of_version(r.workflow_version);
                         let policy = workflow.steps().iter().find(|s| s.name == step);
                         assert_eq!(
                             policy.map(|s| s.on_failure),
@@ -1217,10 +1317,11 @@ impl Sim {
                             );
                         }
                         // A step done and not undone is one without an undo: reported (a
-                        // wait that is over leaves nothing to undo).
+                        // wait that is over, or an answer, leaves nothing to undo).
                         assert!(
                             s.status != StepStatus::Done
                                 || s.wake_at.is_some()
+                                || answered(s)
                                 || r.needs_manual_undo().contains(&s.name),
                             "seed {seed}: {id} ended {:?} with {} done, not undone, unreported",
                             r.process_state,
@@ -1338,7 +1439,7 @@ fn workflow_json(seed: u64) -> String {
                     step
                 })
                 .collect();
-            let steps = with_waits(seed, with_dependencies(seed, steps));
+            let steps = with_callbacks(seed, with_waits(seed, with_dependencies(seed, steps)));
             serde_json::json!({"name": format!("shape-{seed}"), "steps": steps}).to_string()
         }
     }
@@ -1384,6 +1485,28 @@ fn with_waits(seed: u64, mut steps: Vec<serde_json::Value>) -> Vec<serde_json::V
     steps
 }
 
+/// On a third of the seeds, one of `steps` waits for an answer from outside instead of
+/// calling its agent, for thirty seconds up to half an hour, undoing the order or only
+/// reporting when it is refused or never answered. Drawn apart, like the dependencies.
+fn with_callbacks(seed: u64, mut steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let draw = SplitMix::seeded(seed ^ 0xca11);
+    if draw.unit() < 2.0 / 3.0 {
+        return steps;
+    }
+    let k = ((draw.unit() * steps.len() as f64) as usize).min(steps.len() - 1);
+    let seconds = 30 + (draw.unit() * 1770.0) as u64;
+    let on_failure = if draw.unit() < 0.3 { "report" } else { "undo" };
+    let name = steps[k]["name"].clone();
+    let mut callback = serde_json::json!({
+        "name": name, "callback": {"timeout_seconds": seconds}, "on_failure": on_failure
+    });
+    if let Some(depends_on) = steps[k].get("depends_on") {
+        callback["depends_on"] = depends_on.clone();
+    }
+    steps[k] = callback;
+    steps
+}
+
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
 /// every lease of every step and every undo may expire its step's `expired_leases` times (by
 /// default `failure_threshold`), each costing at most the claim grace, the budget, the longest
@@ -1399,9 +1522,13 @@ fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
         .steps()
         .iter()
         .map(|s| {
-            if let Work::Wait(Wait::For(d)) = &s.work {
+            match &s.work {
                 // A wait may begin as the faults stop; a long one is found by a sweep.
-                return *d + SWEEP_EVERY;
+                Work::Wait(Wait::For(d)) => return *d + SWEEP_EVERY,
+                // Nobody answers once the faults stop: it times out, found by a sweep (it
+                // may begin late, once its start message is claimed).
+                Work::Callback => return config.claim_grace + s.budget + SWEEP_EVERY,
+                _ => {}
             }
             let wait = s.waits(config.wait).max;
             let both = lease(s.budget, wait)
@@ -1409,7 +1536,13 @@ fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
             both * s.expired_leases.unwrap_or(config.failure_threshold)
         })
         .sum();
-    let longest = workflow.steps().iter().map(|s| s.budget).max().unwrap_or_default();
+    let longest = workflow
+        .steps()
+        .iter()
+        .filter(|s| s.agent().is_some())
+        .map(|s| s.budget)
+        .max()
+        .unwrap_or_default();
     let reported = longest + config.claim_grace + load::REPORT_EVERY;
     leases + reported + config.alert_retry_after + SWEEP_EVERY
 }
@@ -1459,6 +1592,11 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         assert!(total.side_by_side > 0, "no two steps of an order were ever in flight at once");
         assert!(total.undone_side_by_side > 0, "no two undos of an order ran at once");
         assert!(total.waits_over > 0, "no wait was ever over");
+        if faults.on(Fault::Answer) {
+            assert!(total.answers_applied > 0, "no answer ever counted");
+            assert!(total.answers_refused > 0, "no answer was ever refused");
+        }
+        assert!(total.unanswered > 0, "no step ever waited for an answer in vain");
     }
 }
 
@@ -1550,6 +1688,14 @@ fn a_redrive_giving_new_keys_to_steps_of_unknown_outcome_fails_the_simulation() 
     let failure = first_failure(1..=400, breakage)
         .expect("400 runs passed with redrives that run an uncertain step again under new keys");
     assert!(failure.contains(" in place 2 times"), "{failure}");
+}
+
+#[test]
+fn an_answer_counted_whatever_its_token_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::AnswerWithAnyToken]);
+    let failure = first_failure(1..=600, breakage)
+        .expect("600 runs passed taking answers with forged and stale tokens");
+    assert!(failure.contains("with another token"), "{failure}");
 }
 
 #[test]
