@@ -1033,20 +1033,15 @@ async fn an_express_order_reserves_and_charges_at_once_and_a_declined_card_relea
     assert!(ends.len() == 2, "both ends were to be met, only {ends:?} were");
 }
 
-/// The express workflow with a review between the charge and the shipping: a partner's
-/// screening that answers by webhook within 20 s.
+/// `reviewed-fulfilment`, whose fraud review (a partner's, answered by webhook) may take 20 s
+/// instead of an hour.
 fn reviewed_workflow() -> String {
-    let json = sas_workflows::file("express-fulfilment").unwrap().json;
+    let json = sas_workflows::file("reviewed-fulfilment").unwrap().json;
     let mut workflow: Value =
         serde_json::from_str(&sas_infra::demo::with_budgets(json, 5)).unwrap();
-    workflow["name"] = json!("reviewed-fulfilment");
     let steps = workflow["steps"].as_array_mut().unwrap();
-    steps.insert(
-        2,
-        json!({"name": "review", "callback": {"timeout_seconds": 20},
-               "depends_on": ["reserve-inventory", "charge-payment"]}),
-    );
-    steps[3]["depends_on"] = json!(["review"]);
+    let review = steps.iter_mut().find(|s| s["name"] == "fraud-review").unwrap();
+    review["callback"]["timeout_seconds"] = json!(20);
     workflow.to_string()
 }
 
@@ -1094,7 +1089,7 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
     let [approved, refused, silent, by_operator] = [0, 1, 2, 3].map(|i| ids[i].clone());
     let announced = announcements(&stack, ids.len()).await;
     let token = |id: &str| announced[id]["token"].as_str().unwrap().to_owned();
-    let path = |id: &str, verb: &str| format!("/orders/{id}/steps/review/{verb}");
+    let path = |id: &str, verb: &str| format!("/orders/{id}/steps/fraud-review/{verb}");
     let answerer = Auth::As("answerer-partner");
     let answer = |id: &str, verb: &str, body: Value| {
         let (http, stack, answerer, path) = (&http, &stack, &answerer, path(id, verb));
@@ -1104,7 +1099,7 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
         }
     };
     let detail = &announced[&approved];
-    assert_eq!(detail["answer_path"], format!("/orders/{approved}/steps/review"), "{detail}");
+    assert_eq!(detail["answer_path"], format!("/orders/{approved}/steps/fraud-review"), "{detail}");
     assert_eq!(detail["timeout_seconds"], 20, "{detail}");
     assert!(detail["outputs"]["charge-payment"].is_object(), "the charge's output: {detail}");
     // While it waits, the order's readers do not see the token.
@@ -1133,7 +1128,7 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
 
     let shown = sas(
         &stack,
-        &["complete", &by_operator, "review", "--reason", "partner down, checked by hand"],
+        &["complete", &by_operator, "fraud-review", "--reason", "partner down, checked by hand"],
     );
     assert!(shown.status.success(), "{}", text(&shown));
 
@@ -1152,7 +1147,8 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
 
     let view = order(&http, &stack, &approved).await;
     assert_eq!(view["steps"][2]["output"], json!({"score": 12}), "{view}");
-    let answered = view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "review");
+    let answered =
+        view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "fraud-review");
     let answered = answered.expect("the answer is on the timeline");
     assert_eq!(answered["by"], "arn:aws:iam::123456789012:user/answerer-partner", "{view}");
     assert_eq!(answered["reason"], "clean", "{view}");
@@ -1174,7 +1170,8 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
         );
     }
     let view = operator_view(&stack, &by_operator);
-    let answered = view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "review");
+    let answered =
+        view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "fraud-review");
     assert_eq!(
         answered.map(|e| e["reason"].clone()),
         Some(json!("partner down, checked by hand")),

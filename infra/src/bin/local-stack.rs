@@ -134,7 +134,8 @@ struct StackArgs {
     parameters: Vec<(String, String)>,
     /// The managed policy of the template that a caller of the HTTP API holds, as
     /// ACCESS_KEY_ID=POLICY (repeatable; POLICY `none` grants nothing). Without it, a key that
-    /// begins with `ops` holds OperatorPolicy, one that begins with `answer` AnswererPolicy, and any other ClientPolicy.
+    /// begins with `ops` holds OperatorPolicy, one that begins with `answer` AnswererPolicy,
+    /// and any other ClientPolicy.
     #[arg(long = "caller", value_parser = key_value)]
     callers: Vec<(String, String)>,
     /// Use the binaries as they are instead of running `cargo build` first.
@@ -426,6 +427,13 @@ fn print_how_to(stack: &LocalStack) {
                 stack.stack.reference("AlertsQueue").unwrap_or_default()
             ),
         ),
+        (
+            "read the steps waiting for an answer from outside, with their tokens",
+            format!(
+                "aws --endpoint-url {endpoint} sqs receive-message --max-number-of-messages 10 --queue-url {}",
+                stack.stack.reference("CallbacksQueue").unwrap_or_default()
+            ),
+        ),
     ] {
         println!("local-stack: {what}: {command}");
     }
@@ -434,6 +442,9 @@ fn print_how_to(stack: &LocalStack) {
     let region = &stack.stack.context.region;
     println!(
         "local-stack: submit an order (signed as the client `me`, which holds ClientPolicy): curl --aws-sigv4 'aws:amz:{region}:execute-api' --user 'me:{secret}' -X POST {api}/orders -H 'content-type: application/json' -H 'Idempotency-Key: my-first-order' -d '<order JSON, see the README>'"
+    );
+    println!(
+        "local-stack: answer a step that waits for the outside world (signed as `answerer`, which holds AnswererPolicy): curl --aws-sigv4 'aws:amz:{region}:execute-api' --user 'answerer:{secret}' -X POST {api}/orders/<order id>/steps/<step>/complete -H 'content-type: application/json' -d '{{\"token\": \"<its token>\"}}'"
     );
     println!(
         "local-stack: operate it (an access key id names the caller, and one that begins with `ops` holds OperatorPolicy; the secret key is always `{secret}`): SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- list"

@@ -88,7 +88,8 @@ fn workflows_run(stack: &LocalStack) -> Vec<(String, String)> {
 pub fn with_budgets(workflow_json: &str, seconds: u64) -> String {
     let mut workflow: Value = serde_json::from_str(workflow_json).unwrap_or(Value::Null);
     if let Some(steps) = workflow["steps"].as_array_mut() {
-        for step in steps {
+        // A wait's time and a callback's timeout are not budgets.
+        for step in steps.iter_mut().filter(|s| s.get("agent").is_some()) {
             step["budget_seconds"] = seconds.into();
             if let Some(undo) = step.get_mut("compensation").filter(|c| c.is_object()) {
                 undo["budget_seconds"] = seconds.into();
