@@ -1305,8 +1305,12 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
         return refuse(Refused::WrongToken { step: a.step.to_owned() });
     }
     if record.last_input == InputRef::Answer(a.step.to_owned()) && state.lease.is_none() {
-        // This answer was the last write: its handler may have died before the start message.
-        return Decision::Replay(kicks(record));
+        // This answer was the last write: its handler may have died before its effects.
+        return Decision::Replay(match record.process_state {
+            ProcessState::Pending | ProcessState::Processing => kicks(record),
+            ProcessState::Paused => Vec::new(),
+            _ => replay(record, ctx),
+        });
     }
     if !record.process_state.is_in_flight() || state.sent().is_none() {
         let (status, state) = (state.status, record.process_state);

@@ -330,3 +330,42 @@ fn a_callback_declares_only_its_timeout_and_failure_policy() {
     assert_eq!(w.steps()[0].budget, secs(5));
     assert!(w.agents().is_empty());
 }
+
+#[test]
+fn a_refusal_repeated_after_it_ended_the_order_replays_the_end_and_then_says_the_step_is_over() {
+    let mut f = Fixture::new();
+    f.workflow = Workflow::from_json(
+        r#"{"name":"gate","steps":[{"name":"approval","callback":{"timeout_seconds":60}},
+            {"name":"account","agent":"core"}]}"#,
+        &[AgentName::new("core")],
+    )
+    .unwrap();
+    let r = f.claim(&f.new_record(), T0);
+    let token = r.steps[0].token.clone().unwrap();
+    let refuse = |record: &StateRecord| {
+        let input = Input::Answer {
+            step: "approval",
+            token: Some(&token),
+            answer: &Answer::Refuse,
+            by: BY,
+            reason: "no",
+        };
+        f.decide(record, input, T0.plus(secs(5)))
+    };
+    let t = applied(refuse(&r));
+    assert_eq!(t.next.process_state, ProcessState::Error, "nothing to undo");
+    assert!(t.effects.contains(&Effect::Alert));
+    // Sent again while its write is the last: its handler may have died before the alert.
+    let Decision::Replay(effects) = refuse(&t.next) else { panic!("expected a replay") };
+    assert!(effects.contains(&Effect::Alert), "{effects:?}");
+    let mut sent = t.next.clone();
+    sent.last_input = InputRef::Expire;
+    assert_eq!(
+        refuse(&sent),
+        Decision::Refuse(Refused::NotWaiting {
+            step: "approval".into(),
+            status: StepStatus::Failed,
+            state: ProcessState::Error
+        })
+    );
+}
