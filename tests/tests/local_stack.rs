@@ -495,6 +495,13 @@ async fn the_api_lets_in_only_whom_it_should_in_each_auth_mode() {
     assert_eq!(call(&http, &stack, &bob, "GET", &path, None).await.0, 404);
     let view = operator_view(&stack, mine["order_id"].as_str().unwrap());
     assert_eq!(view["owner"], format!("jwt:{issuer}#ada"), "{view}");
+    // Answers to steps take the same tokens: without one the gateway refuses; with one the
+    // function judges the answer (this workflow's shipping waits for no answer).
+    let answer = format!("{path}/steps/ship/complete");
+    let body = Some(("-", r#"{"token":"0123456789abcdef"}"#));
+    assert_eq!(call(&http, &stack, &Auth::Unsigned, "POST", &answer, body).await.0, 401);
+    let (status, judged) = call(&http, &stack, &bob, "POST", &answer, body).await;
+    assert_eq!((status, judged["error"]["code"].as_str()), (409, Some("no_callback")), "{judged}");
     drop(stack);
 
     // NONE, chosen explicitly: everyone is the same anonymous caller.
