@@ -332,7 +332,7 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
         .await;
     // Paused at t0+30.
     let pause = Input::Command { command: CommandKind::Pause, id: "p", by: "ops", reason: "check" };
-    drive(store, records[2].clone(), &[pause], at(30)).await;
+    let paused_record = drive(store, records[2].clone(), &[pause], at(30)).await;
     // Processed.
     let mut r = drive(store, records[5].clone(), &[claim(0)], at(40)).await;
     for (i, name) in ["reserve-inventory", "charge-payment", "ship"].iter().enumerate() {
@@ -399,6 +399,18 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     assert_eq!(listed(&both), [ids[4], ids[3]]);
     let bad = ListQuery { after: Some("not-a-cursor".into()), ..query(Listing::Failed) };
     assert!(store.find(&bad).await.is_err());
+    // Resumed at t0+90, the paused order is watched from then, and keeps when it was accepted.
+    let resume =
+        Input::Command { command: CommandKind::Resume, id: "r", by: "ops", reason: "checked" };
+    let resumed = drive(store, paused_record, &[resume], at(90)).await;
+    let read = store.load(ids[2], Read::Consistent).await.unwrap().unwrap();
+    assert_eq!((read.created_at, read.watched_since()), (at(2), at(90)));
+    assert_eq!(read, resumed);
+    let recent = query(Listing::InFlight { older_than: Duration::from_secs(5) });
+    let recent = store.find(&recent).await.unwrap();
+    assert_eq!(listed(&recent), [ids[2], ids[4], ids[3]], "{recent:?}");
+    assert_eq!(recent.orders[0].since, at(90));
+    assert_eq!(listed(&store.find(&query(old)).await.unwrap()), [ids[3]], "10 s is not 97");
 }
 
 #[tokio::test]

@@ -80,14 +80,22 @@ fn read_units(bytes: usize, read: Read) -> f64 {
     if read == Read::Consistent { units } else { units / 2.0 }
 }
 
-/// Index writes caused by a table write with the KEYS_ONLY `ByCompleteBy` index: one to add or
-/// remove an entry, two to move it (a key change), none when the keys stay.
+/// Index writes caused by a table write with the `ByCompleteBy` index, which projects the keys
+/// and `CreatedAt`: one to add or remove an entry, two to move it (a key change), one to
+/// rewrite it in place (`CreatedAt` changed), none when it stays as it is.
 fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
     let key = |r: &StateRecord| r.complete_by.map(|cb| (r.shard, cb));
+    let projected = |r: &StateRecord| r.watched_since();
     match (old.and_then(key), key(new)) {
         (None, None) => 0.0,
         (None, Some(_)) | (Some(_), None) => 1.0,
-        (Some(a), Some(b)) if a == b => 0.0,
+        (Some(a), Some(b)) if a == b => {
+            if old.map(projected) == Some(projected(new)) {
+                0.0
+            } else {
+                1.0
+            }
+        }
         _ => 2.0,
     }
 }

@@ -10,7 +10,12 @@
 //! partition key. Everything else (steps, outputs, timeline, ...) is one JSON document in
 //! `Body` (S). An item whose `CompleteBy` is removed drops out of the index: finished orders
 //! cost the sweep nothing. `CreatedAt` (N) is projected into that index too, so orders in
-//! flight for long are listed from it without reading the table.
+//! flight for long are listed from it without reading the table, and the oldest one's age is
+//! read from it. It holds since when the system has been working on the order without a
+//! break: when it was accepted, or when it last came back after a wait, an answer from
+//! outside, a pause or an Error; `AcceptedAt` (N) then keeps when it was accepted. (The
+//! attribute kept its name when it took this meaning: a projection cannot change without the
+//! index being built again.)
 //!
 //! A second sparse index, `ByAttention`, holds only the orders an operator must look at: an
 //! item in Error or Paused carries `Attention` (S, the state) and `AttentionAt` (N, since when),
@@ -207,7 +212,9 @@ impl OrderFinder for DynamoStore {
             Listing::Failed => self.attention(ProcessState::Error, query, after, limit).await?,
             Listing::Paused => self.attention(ProcessState::Paused, query, after, limit).await?,
             Listing::InFlight { older_than } => {
-                self.in_flight(query, query.now.minus(older_than), after, limit).await?
+                // Without an age, orders waiting for a time or an answer are listed too.
+                let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
+                self.in_flight(query, cutoff, after, limit).await?
             }
         };
         Ok(ListPage::cut(orders, limit))
@@ -293,13 +300,13 @@ impl DynamoStore {
         }
     }
 
-    /// Every order of `shard` of the expiry index, accepted at or before `accepted_by` and due
-    /// by `due_by` if given, with when it was accepted: the shard (up to `due_by`), page after
-    /// page.
+    /// Every order of `shard` of the expiry index, watched since `since_by` or before and due
+    /// by `due_by` if given, with since when it is watched (see `CreatedAt` above): the shard
+    /// (up to `due_by`), page after page.
     async fn watched(
         &self,
         shard: u16,
-        accepted_by: Option<Timestamp>,
+        since_by: Option<Timestamp>,
         due_by: Option<Timestamp>,
     ) -> Result<Vec<(Timestamp, OrderId)>> {
         let mut found = Vec::new();
@@ -320,7 +327,7 @@ impl DynamoStore {
             if let Some(due) = due_by {
                 query = query.expression_attribute_values(":due", number(due.as_millis()));
             }
-            if let Some(cutoff) = accepted_by {
+            if let Some(cutoff) = since_by {
                 query = query
                     .filter_expression("CreatedAt <= :cutoff")
                     .expression_attribute_values(":cutoff", number(cutoff.as_millis()));
@@ -339,14 +346,14 @@ impl DynamoStore {
         }
     }
 
-    /// Up to `limit + 1` orders in flight accepted at or before `cutoff`, newest first, after
+    /// Up to `limit + 1` orders in flight, watched since `cutoff` or before, newest first, after
     /// `after`. Every shard of the expiry index is read (it holds only what is in flight or
     /// awaiting an alert, a few bytes per order), then only the records listed are read, to
     /// drop the few in Error and to say which step each is at.
     async fn in_flight(
         &self,
         query: &ListQuery,
-        cutoff: Timestamp,
+        cutoff: Option<Timestamp>,
         after: Option<(Timestamp, OrderId)>,
         limit: usize,
     ) -> Result<Vec<Listed>> {
@@ -356,7 +363,7 @@ impl DynamoStore {
         }
         let mut candidates = Vec::new();
         for shard in 0..query.shards.max(1) {
-            candidates.extend(self.watched(shard, Some(cutoff), None).await?);
+            candidates.extend(self.watched(shard, cutoff, None).await?);
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         candidates.dedup();
@@ -460,7 +467,10 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         // The index needs both of its keys: without CompleteBy the item is not in it.
         item.insert("CompleteBy".into(), number(cb.as_millis()));
     }
-    item.insert("CreatedAt".into(), number(r.created_at.as_millis()));
+    item.insert("CreatedAt".into(), number(r.watched_since().as_millis()));
+    if r.watched_since() != r.created_at {
+        item.insert("AcceptedAt".into(), number(r.created_at.as_millis()));
+    }
     if let Some(a) = r.attention() {
         item.insert("Attention".into(), AttributeValue::S(a.state.as_str().into()));
         item.insert("AttentionAt".into(), number(a.since.as_millis()));
@@ -506,7 +516,8 @@ fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
     map.insert("attempt".into(), parse_number::<u64>(item, "Attempt")?.into());
     map.insert("revision".into(), parse_number::<u64>(item, "Revision")?.into());
     map.insert("shard".into(), parse_number::<u16>(item, "ExpiryShard")?.into());
-    map.insert("created_at".into(), parse_number::<i64>(item, "CreatedAt")?.into());
+    let accepted = if item.contains_key("AcceptedAt") { "AcceptedAt" } else { "CreatedAt" };
+    map.insert("created_at".into(), parse_number::<i64>(item, accepted)?.into());
     let mut record: StateRecord =
         serde_json::from_value(value).map_err(|e| corrupt(format!("record: {e}")))?;
     record.upgrade();
@@ -616,6 +627,18 @@ mod tests {
         let item = state_item(&r).unwrap();
         assert!(item.contains_key("CompleteBy") && item.contains_key("ExpiryShard"));
         assert!(!item.contains_key("LockedBy"));
+        assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn an_order_back_from_a_wait_is_indexed_from_then_and_keeps_when_it_was_accepted() {
+        let mut r = record();
+        let item = state_item(&r).unwrap();
+        assert!(!item.contains_key("AcceptedAt"), "nothing to keep apart");
+        r.active_since = Some(r.created_at.plus(std::time::Duration::from_secs(86_400)));
+        let item = state_item(&r).unwrap();
+        assert_eq!(parse_number::<i64>(&item, "CreatedAt").unwrap(), 86_401_000);
+        assert_eq!(parse_number::<i64>(&item, "AcceptedAt").unwrap(), 1_000);
         assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
     }
 

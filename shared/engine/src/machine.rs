@@ -384,6 +384,7 @@ pub fn create_waking(
         correlation_id,
         shard: order_id.shard(ctx.config.index_shards),
         created_at: ctx.now,
+        active_since: None,
         updated_at: ctx.now,
         ended_at: None,
         timeline: Vec::new(),
@@ -558,6 +559,7 @@ fn wake(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &mut Vec<Effec
     next.steps[i].lease = None;
     next.steps[i].status = StepStatus::Done;
     next.steps[i].output = Some(serde_json::json!({ "woke_at": ctx.now.to_rfc3339() }));
+    next.active_since = Some(ctx.now);
     next.note(ctx.now, Happening::StepDone, Some(name.clone()), ctx.config.timeline_limit);
     effects.extend(status(ctx, StatusKind::StepDone, Some(name)));
 }
@@ -1324,6 +1326,9 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
     let mut next = begin(record, ctx, InputRef::Answer(a.step.to_owned()));
     let limit = ctx.config.timeline_limit;
     let mut effects = Vec::new();
+    if *a.answer != Answer::Heartbeat {
+        next.active_since = Some(ctx.now);
+    }
     match a.answer {
         Answer::Heartbeat => {
             // Still at it: the timeout starts again, under the same token.
@@ -1424,6 +1429,7 @@ fn resume(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Result<Decis
             Ok(proceed(next, Vec::new(), ctx, Via::Kick))
         }
         (ProcessState::Paused, _) => {
+            next.active_since = Some(ctx.now);
             next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
             Ok(proceed(next, Vec::new(), ctx, Via::Kick))
         }
@@ -1509,6 +1515,7 @@ fn restart(mut next: StateRecord, ctx: &Ctx<'_>, cmd: Command<'_>) -> Decision {
     next.alert = None;
     next.ended_at = None;
     next.redrives += 1;
+    next.active_since = Some(ctx.now);
     next.note_command(ctx.now, Happening::Redriven, cmd.by, cmd.reason, ctx.config.timeline_limit);
     proceed(next, Vec::new(), ctx, Via::Kick)
 }

@@ -153,10 +153,10 @@ pub trait ExpiryIndex: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send;
 
-    /// When the oldest order of `shard` still in the index with a CompleteBy at or before
-    /// `due_by` was accepted, if the shard holds any: an order due later is waiting for a time,
-    /// not held up. Reads the shard up to `due_by`: one small index item per order being
-    /// watched. Eventually consistent.
+    /// Since when the longest-watched order of `shard` still in the index with a CompleteBy at
+    /// or before `due_by` is watched ([`StateRecord::watched_since`]), if the shard holds any:
+    /// an order due later is waiting for a time or an answer, not held up. Reads the shard up
+    /// to `due_by`: one small index item per order being watched. Eventually consistent.
     fn oldest(
         &self,
         shard: u16,

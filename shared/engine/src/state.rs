@@ -470,6 +470,11 @@ pub struct StateRecord {
     /// Expiry-index shard, fixed at creation.
     pub shard: u16,
     pub created_at: Timestamp,
+    /// When the order last came back into the system's hands after it was out of them for a
+    /// while: a wait over, an answer from outside, a resume, a redrive. Until then, its age
+    /// as one held up counts from `created_at` (see [`StateRecord::watched_since`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_since: Option<Timestamp>,
     pub updated_at: Timestamp,
     /// When the order last reached a terminal state; a redrive clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -491,6 +496,20 @@ pub struct StateRecord {
 }
 
 impl StateRecord {
+    /// Since when the system has been working on the order without a break: what the
+    /// oldest-order age and the listing of orders in flight for long count from. A wait for a
+    /// time or an answer, a pause or an Error is no part of it: while every lease the order
+    /// holds waits for a time or for an answer from outside, this is the earliest end of
+    /// them, a time to come.
+    pub fn watched_since(&self) -> Timestamp {
+        // A step that waits for an answer is the only one with a token.
+        let waiting = |(_, s, l): (usize, &StepState, &Lease)| l.timer || s.token.is_some();
+        match self.earliest_lease() {
+            Some(end) if self.leased().all(waiting) => end,
+            _ => self.active_since.unwrap_or(self.created_at),
+        }
+    }
+
     pub fn is_terminal(&self) -> bool {
         self.process_state.is_terminal()
     }

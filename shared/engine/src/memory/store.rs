@@ -303,7 +303,7 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
             .index
             .iter()
             .filter(|(s, complete_by, _)| *s == shard && *complete_by <= due_by)
-            .filter_map(|(_, _, id)| inner.states.get(id).map(|r| r.created_at))
+            .filter_map(|(_, _, id)| inner.states.get(id).map(StateRecord::watched_since))
             .min())
     }
 }
@@ -341,8 +341,9 @@ fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
             }
         }
         Listing::InFlight { older_than } => {
+            // Without an age, orders waiting for a time or an answer are listed too.
             if !record.process_state.is_in_flight()
-                || record.created_at > query.now.minus(older_than)
+                || (!older_than.is_zero() && record.watched_since() > query.now.minus(older_than))
             {
                 return None;
             }
@@ -350,7 +351,7 @@ fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
                 order_id: record.order_id,
                 workflow: record.workflow.clone(),
                 workflow_version: record.workflow_version,
-                since: record.created_at,
+                since: record.watched_since(),
                 step: record.current_step().map(|s| s.name.clone()),
                 cause: None,
             }

@@ -47,8 +47,8 @@ pub struct SweepReport {
     pub lost_races: usize,
     /// Records that could not be handled; they stay in the index for the next sweep.
     pub errors: usize,
-    /// How long ago the oldest order the index holds was accepted; absent if a shard could
-    /// not be read.
+    /// How long the oldest order the index holds has been worked on without a break; absent if
+    /// a shard could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_ms: Option<u64>,
 }
@@ -132,11 +132,12 @@ where
         }
     }
 
-    /// How long ago the oldest order in the index was accepted (0 if it holds none), recorded
-    /// as a metric. `None`, and nothing recorded, if a shard could not be read: a partial
-    /// figure could hide the very order it is for. An order due later than any step's lease
-    /// can last (its claim grace, longest retry wait and longest budget) is waiting for a time
-    /// it was told to wait for, and is left out.
+    /// How long the system has been working on the oldest order in the index without a break
+    /// (0 if it holds none; see [`crate::state::StateRecord::watched_since`]), recorded as a
+    /// metric. `None`, and nothing recorded, if a shard could not be read: a partial figure
+    /// could hide the very order it is for. An order due later than any step's lease can last
+    /// (its claim grace, longest retry wait and longest budget) is waiting for a time or an
+    /// answer, and is left out; so is one whose every lease waits so, until its wait ends.
     async fn oldest(&self, now: Timestamp) -> Option<u64> {
         let config = &self.ports.config;
         let shards = config.index_shards;

@@ -82,6 +82,8 @@ fn a_callback_starts_with_a_token_announced_and_a_lease_as_long_as_its_timeout()
         (ProcessState::Processing, Some(lease.complete_by))
     );
     assert!(!r.steps[APPROVAL].dispatched, "nothing reached a service");
+    // Waiting for a person is not being held up: not before the answer is due.
+    assert_eq!(r.watched_since(), lease.complete_by);
     assert_eq!(token(&r).len(), 40);
     // A redelivered reply announces it again, under the same token.
     let InputRef::Message(last) = r.last_input.clone() else { panic!("a reply wrote it") };
@@ -108,6 +110,8 @@ fn the_token_completes_the_step_once_with_its_output_and_who_answered() {
     let n = &t.next;
     assert_eq!(n.steps[APPROVAL].status, StepStatus::Done);
     assert_eq!(n.steps[APPROVAL].output, Some(output));
+    assert_eq!(n.watched_since(), T0.plus(DAY), "worked on again from the answer");
+    assert_eq!(n.created_at, T0);
     let entry = n.timeline.last().unwrap();
     assert_eq!((entry.what, entry.by.as_deref()), (Happening::StepDone, Some(BY)));
     assert_eq!(entry.reason.as_deref(), Some("looks fine"));

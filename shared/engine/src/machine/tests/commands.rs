@@ -327,6 +327,7 @@ fn pausing_an_order_nobody_claimed_holds_it_at_once_and_fences_its_start() {
     assert_eq!(q.complete_by, Some(T0.plus(secs(100 + 30 + 30))));
     assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt }]);
     assert_eq!(who(q, Happening::Resumed), Some((BY.into(), "customer asked".into())));
+    assert_eq!(q.watched_since(), T0.plus(secs(100)), "the pause is no hold-up");
     let claimed = f.claim(q, T0.plus(secs(101)));
     assert_eq!(claimed.process_state, ProcessState::Processing);
 }
@@ -411,6 +412,7 @@ fn a_redrive_runs_a_compensated_order_again_from_the_start_under_new_keys() {
     assert_eq!(p.attempt, e.attempt + 1);
     assert_eq!(t.effects, vec![Effect::Kick { delay: Duration::ZERO, attempt: t.next.attempt }]);
     assert_eq!(who(p, Happening::Redriven), Some((BY.into(), "customer asked".into())));
+    assert_eq!(p.watched_since(), now, "the hour in Error is no hold-up");
     let mut q = f.claim(p, now.plus(secs(1)));
     for _ in 0..3 {
         q = f.done(&q, now.plus(secs(2)));

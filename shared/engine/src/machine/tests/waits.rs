@@ -54,6 +54,8 @@ fn a_long_wait_holds_only_its_lease_and_the_supervisor_wakes_it() {
     let t = f.apply(&r, busy, wake);
     assert_eq!(t.next.steps[COOLING_OFF].status, StepStatus::Done);
     assert_eq!(t.next.failure_count, 0, "a wait that ends is no failure");
+    assert_eq!(r.watched_since(), wake, "a wait is no hold-up");
+    assert_eq!(t.next.watched_since(), wake, "worked on again from its wake");
     assert_eq!(t.next.leased().map(|(i, _, _)| i).collect::<Vec<_>>(), [CLOSE]);
     assert_eq!(
         t.effects.last(),
