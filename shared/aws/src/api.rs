@@ -140,6 +140,10 @@ pub fn answering(
         (true, Some(_)) => return Err(bad("an operator answers without a token")),
         (_, token) => token,
     };
+    if operator && body.reason.trim().is_empty() {
+        // The party's own answer needs none; an operator's stands in for it, so says why.
+        return Err(bad("an operator's answer needs a reason: it is kept on the timeline"));
+    }
     let answer = match (verb, body.output) {
         ("complete", output) => Answer::Complete { output: output.unwrap_or_else(|| json!({})) },
         ("refuse" | "heartbeat", Some(_)) => {
@@ -301,6 +305,38 @@ mod tests {
             event["requestContext"]["authorizer"] = authorizer;
         }
         lambda_http::request::from_str(&event.to_string()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_answer_s_body_is_read_as_the_api_document_states() {
+        let read = |verb: &str, body: &str, operator: bool| {
+            answering(verb, "review", &Body::Text(body.into()), "arn:ops", operator)
+                .map_err(|r| (r.status().as_u16(), error_code(&r).unwrap_or_default()))
+        };
+        let party = read("complete", r#"{"token":"abc123","output":{"ok":true}}"#, false).unwrap();
+        assert_eq!(party.token.as_deref(), Some("abc123"));
+        assert_eq!(party.answer, Answer::Complete { output: json!({"ok": true}) });
+        assert_eq!(
+            read("heartbeat", r#"{"token":"abc"}"#, false).unwrap().answer,
+            Answer::Heartbeat
+        );
+        let operator = read("refuse", r#"{"reason":"fraud"}"#, true).unwrap();
+        assert_eq!((operator.token, operator.answer), (None, Answer::Refuse));
+        let bad = (400, "invalid_answer");
+        for (verb, body, operator) in [
+            ("complete", "{}", false),
+            ("complete", r#"{"token":"a-b"}"#, false),
+            ("refuse", r#"{"token":"abc"}"#, false),
+            ("heartbeat", r#"{"token":"abc","output":{}}"#, false),
+            ("complete", r#"{"token":"abc","extra":1}"#, false),
+            ("complete", "not json", false),
+            ("complete", r#"{"token":"abc","reason":"x"}"#, true),
+            ("complete", r#"{"reason":" "}"#, true),
+            ("complete", r#"{"token":"abc","reason":"line\nbreak"}"#, false),
+        ] {
+            assert_eq!(read(verb, body, operator).err(), Some(bad), "{verb} {body} {operator}");
+        }
+        assert_eq!(read("approve", r#"{"token":"abc"}"#, false).err(), Some((404, "not_found")));
     }
 
     #[test]
