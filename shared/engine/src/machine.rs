@@ -1290,21 +1290,20 @@ struct Answered<'a> {
 /// and, from outside, only with the token the step's announcement carried; anything else
 /// changes nothing and is refused with the reason.
 fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
-    let refuse = |refused| Decision::Refuse(refused);
     let (Some(step), Some(i)) =
         (ctx.workflow.step_named(a.step), record.steps.iter().position(|s| s.name == a.step))
     else {
-        return refuse(Refused::UnknownStep { step: a.step.to_owned() });
+        return Decision::Refuse(Refused::UnknownStep { step: a.step.to_owned() });
     };
     if !matches!(step.work, Work::Callback) {
-        return refuse(Refused::NoCallback { step: a.step.to_owned() });
+        return Decision::Refuse(Refused::NoCallback { step: a.step.to_owned() });
     }
     let state = &record.steps[i];
     if let Some(token) = a.token
         && !state.token.as_deref().is_some_and(|t| same_token(t, token))
         && !mutants::on(Mutant::AnswerWithAnyToken)
     {
-        return refuse(Refused::WrongToken { step: a.step.to_owned() });
+        return Decision::Refuse(Refused::WrongToken { step: a.step.to_owned() });
     }
     if record.last_input == InputRef::Answer(a.step.to_owned()) && state.lease.is_none() {
         // This answer was the last write: its handler may have died before its effects.
@@ -1316,12 +1315,12 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
     }
     if !record.process_state.is_in_flight() || state.sent().is_none() {
         let (status, state) = (state.status, record.process_state);
-        return refuse(Refused::NotWaiting { step: a.step.to_owned(), status, state });
+        return Decision::Refuse(Refused::NotWaiting { step: a.step.to_owned(), status, state });
     }
     if let Answer::Complete { output } = a.answer
         && let Some(bytes) = output_len(output)
     {
-        return refuse(Refused::OutputTooLarge { bytes, limit: MAX_OUTPUT_LEN as u64 });
+        return Decision::Refuse(Refused::OutputTooLarge { bytes, limit: MAX_OUTPUT_LEN as u64 });
     }
     let mut next = begin(record, ctx, InputRef::Answer(a.step.to_owned()));
     let limit = ctx.config.timeline_limit;
@@ -1348,9 +1347,9 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
         Answer::Refuse => {
             next.steps[i].lease = None;
             next.steps[i].status = StepStatus::Failed;
-            next.steps[i].detail = Some(format!("refused by {}: {}", a.by, a.reason));
-            next.note_answer(ctx.now, Happening::StepFailed, a.step, a.by, a.reason, limit);
             let reason = format!("refused by {}: {}", a.by, a.reason);
+            next.steps[i].detail = Some(reason.clone());
+            next.note_answer(ctx.now, Happening::StepFailed, a.step, a.by, a.reason, limit);
             failed(&mut next, i, Cause::StepRejected { step: a.step.to_owned(), reason }, ctx);
         }
     }
