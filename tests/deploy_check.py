@@ -24,6 +24,8 @@ did not create is listed: moto skips several resource types, so the creation che
 (references, conditions, the parameters), not a deploy.
 
 Usage: deploy_check.py TEMPLATE. Prints one block per choice; exits 1 if any check failed.
+`deploy_check.py --compare BEFORE AFTER` tells what deploying AFTER over a stack of BEFORE
+does to the resources it has (an agent added must remove, replace or change none).
 """
 
 import copy
@@ -31,7 +33,9 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 
@@ -267,13 +271,15 @@ def check_reservations(expanded):
 
 
 # An ARN of this account and region whose name begins with the stack's name and a character no
-# stack name has (`/`, `.`), after the resource type (`secret:`, `table/`, ...): the stack's own
-# namespace, which no other stack's names enter. (`-` would not do: `<stack>-x` may be another
-# stack's name.)
+# stack name has (`/`, `.`), or with the stack's id (the UUID that ends its ARN) and `_`, after
+# the resource type (`secret:`, `table/`, ...): the stack's own namespace, which no other
+# stack's names enter. (`-` would not do: `<stack>-x` may be another stack's name.)
 NAMED_AFTER_STACK = re.compile(
     r"arn:\$\{AWS::Partition\}:[a-z0-9-]+:\$\{AWS::Region\}:\$\{AWS::AccountId\}:"
-    r"(?:[A-Za-z0-9-]+[:/])?\$\{AWS::StackName\}[/.]"
+    r"(?:[A-Za-z0-9-]+[:/])?(?:\$\{AWS::StackName\}[/.]|\$\{AWS::StackId\}_)"
 )
+# The stack's id as a template writes it: the last part of its ARN.
+STACK_ID = {"Fn::Select": [2, {"Fn::Split": ["/", {"Ref": "AWS::StackId"}]}]}
 
 
 def names_stack_or_parameter(resource, template):
@@ -291,7 +297,11 @@ def names_stack_or_parameter(resource, template):
         target = arg[0] if isinstance(arg, list) else arg.split(".")[0]
         return target in template["Resources"]
     if function == "Fn::Sub":
-        text = arg if isinstance(arg, str) else arg[0]
+        text, variables = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
+        for name, value in variables.items():
+            if value != STACK_ID:
+                return False  # a variable of the Sub: only the stack's id is read here
+            text = text.replace("${" + name + "}", "${AWS::StackId}")
         names = [n.split(".")[0] for n in re.findall(r"\$\{([^}!]+)\}", text)]
         owned = [n for n in names if n not in PSEUDO]
         if not all(n in known for n in owned):
@@ -389,6 +399,199 @@ def check_grants(expanded, choice):
                         continue
                     problems.append(f"{rid} grants {actions} on {json.dumps(resource)}, which is not a resource of the stack")
     return problems, read
+
+
+# What the stack's alarms and dashboards may read from AWS's own namespaces.
+AWS_METRICS = {
+    "AWS/SQS": {"ApproximateNumberOfMessagesVisible", "ApproximateAgeOfOldestMessage", "NumberOfMessagesSent"},
+    "AWS/Lambda": {"Errors", "Throttles", "Invocations", "Duration", "ConcurrentExecutions"},
+}
+OWN_NAMESPACE = "SchedulerAgentSupervisor/"
+PSEUDO_VALUES = {
+    "AWS::StackName": "sas", "AWS::Region": "us-east-1", "AWS::AccountId": "123456789012",
+    "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com",
+}
+
+
+def filled(sub, choice):
+    """The text of a `Fn::Sub` with every `${...}` filled as CloudFormation would: a parameter
+    with the choice's value, a pseudo parameter with a sample, and anything else (a resource, an
+    attribute, a variable of the Sub) with a stand-in name."""
+    text, variables = (sub, {}) if isinstance(sub, str) else (sub[0], sub[1])
+
+    def value(match):
+        name = match.group(1)
+        if name.startswith("!"):
+            return "${" + name[1:] + "}"
+        if name in PSEUDO_VALUES:
+            return PSEUDO_VALUES[name]
+        if name in choice.parameters and name not in variables:
+            return choice.parameters[name]
+        return "stand-in-" + re.sub(r"[^A-Za-z0-9]", "-", name)
+
+    return re.sub(r"\$\{([^}]+)\}", value, text)
+
+
+def metric_names(body):
+    """Each (namespace, metric name) a dashboard body reads: its metric rows and the
+    `MetricName=` of its SEARCH expressions. A row is [namespace, name, dimension, value, ...,
+    {options}]; "." repeats the row above's value."""
+    named = []
+    for widget in body.get("widgets", []):
+        above = []
+        for row in widget.get("properties", {}).get("metrics", []) or []:
+            plain = [v for v in row if not isinstance(v, dict)]
+            plain = [above[i] if v == "." and i < len(above) else v for i, v in enumerate(plain)]
+            if len(plain) >= 2:
+                named.append((plain[0], plain[1]))
+                above = plain
+            for options in (v for v in row if isinstance(v, dict)):
+                expression = options.get("expression", "")
+                for namespace, name in re.findall(r"\{\\?\"?([^,\"\\]+)\\?\"?,[^}]*\}[^']*MetricName=\\?\"(\w+)", expression):
+                    named.append((namespace, name))
+    return named
+
+
+def alarm_metrics(props):
+    """Each (namespace, metric name) an alarm reads, directly or through metric math."""
+    if "MetricName" in props:
+        return [(props.get("Namespace"), props["MetricName"])]
+    found = []
+    for m in props.get("Metrics", []):
+        metric = m.get("MetricStat", {}).get("Metric")
+        if metric:
+            found.append((metric.get("Namespace"), metric.get("MetricName")))
+    return found
+
+
+def unknown_metric(namespace, name, own):
+    if isinstance(namespace, dict) and "Fn::Sub" in namespace:
+        namespace = namespace["Fn::Sub"]
+    if not isinstance(namespace, str):
+        return f"a namespace written as {json.dumps(namespace)}"
+    if namespace.startswith(OWN_NAMESPACE):
+        return None if name in own else f"{name}, which no function of the stack emits"
+    if namespace in AWS_METRICS:
+        return None if name in AWS_METRICS[namespace] else f"{namespace} {name}, which the stack does not read elsewhere"
+    return f"the namespace {namespace}"
+
+
+def check_dashboards(expanded, choice, own):
+    """Every dashboard body, with its substitutions filled, is JSON that CloudWatch takes (it
+    refuses any other, and the stack rolls back), and every dashboard and alarm names only
+    metrics the stack emits (`own`: the functions' metric names) or reads from AWS/SQS and
+    AWS/Lambda."""
+    problems = []
+    for rid, r in expanded["Resources"].items():
+        if r.get("Condition") and not choice.holds(r["Condition"]):
+            continue
+        props = choice.resolve_ifs(r.get("Properties", {}))
+        if r["Type"] == "AWS::CloudWatch::Alarm":
+            for namespace, name in alarm_metrics(props):
+                why = unknown_metric(namespace, name, own)
+                if why:
+                    problems.append(f"{rid} alarms on {why}")
+        if r["Type"] != "AWS::CloudWatch::Dashboard":
+            continue
+        body = props.get("DashboardBody")
+        text = filled(body["Fn::Sub"], choice) if isinstance(body, dict) and "Fn::Sub" in body else body
+        if not isinstance(text, str):
+            problems.append(f"{rid}'s DashboardBody is not a string or a Fn::Sub of one")
+            continue
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as e:
+            line = text.splitlines()[e.lineno - 1].strip() if e.lineno <= len(text.splitlines()) else ""
+            problems.append(f"{rid}'s DashboardBody is not JSON ({e.msg} at line {e.lineno}: {line[:80]}): PutDashboard refuses it")
+            continue
+        for namespace, name in metric_names(parsed):
+            why = unknown_metric(namespace, name, own)
+            if why:
+                problems.append(f"{rid} shows {why}")
+    return problems
+
+
+def check_retention(expanded, choice):
+    """A resource kept on deletion is `RetainExceptOnCreate`, so that a first create which rolls
+    back removes it (a kept one with a fixed name would make the next deploy fail with "already
+    exists"), and has no deletion protection, which would make that rollback fail."""
+    problems = []
+    for rid, r in expanded["Resources"].items():
+        policy = choice.resolve_ifs({"p": r.get("DeletionPolicy", "Delete")})["p"]
+        if policy == "Retain":
+            problems.append(f"{rid} is kept with DeletionPolicy Retain: a failed first create leaves it behind; use RetainExceptOnCreate")
+        protected = choice.resolve_ifs(r.get("Properties", {})).get("DeletionProtectionEnabled")
+        if policy == "RetainExceptOnCreate" and protected in (True, "true"):
+            problems.append(f"{rid} has deletion protection: the rollback of a failed first create cannot delete it")
+    return problems
+
+
+# CloudFormation's most resources in one stack, and IAM's most characters of inline policy
+# (all of a role's inline policies together, white space left out).
+MOST_RESOURCES = 500
+MOST_ROLE_POLICY = 10240
+# The longest a value may be once CloudFormation has filled it in, for the policy sizes: a stack
+# name CloudFormation takes, and an ARN of any resource of the stack.
+LONGEST = {"AWS::StackName": "s" * 128, "AWS::StackId": "0" * 36, "AWS::Region": "ap-southeast-4",
+           "AWS::AccountId": "1" * 12, "AWS::Partition": "aws-us-gov", "AWS::URLSuffix": "amazonaws.com.cn"}
+ANY_ARN = "a" * 160
+
+
+def longest(value):
+    """`value` with every intrinsic function replaced by the longest text it can become."""
+    if isinstance(value, dict) and len(value) == 1:
+        ((function, arg),) = value.items()
+        if function == "Fn::Sub":
+            text, variables = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
+            fill = lambda m: LONGEST.get(m.group(1)) or (LONGEST["AWS::StackId"] if variables.get(m.group(1)) == STACK_ID else ANY_ARN)
+            return re.sub(r"\$\{([^}!]+)\}", fill, text)
+        if function in ("Ref", "Fn::GetAtt"):
+            return LONGEST.get(arg, ANY_ARN) if isinstance(arg, str) else ANY_ARN
+    if isinstance(value, dict):
+        return {k: longest(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [longest(v) for v in value]
+    return value
+
+
+def check_limits(expanded, choice):
+    """The stack stays within CloudFormation's resources per stack, and each role within IAM's
+    inline policy size, with every name as long as it can be."""
+    problems = []
+    resources = expanded["Resources"]
+    if len(resources) > MOST_RESOURCES:
+        problems.append(f"the stack has {len(resources)} resources, over CloudFormation's {MOST_RESOURCES}")
+    sizes = {}
+    for rid, r in resources.items():
+        if r.get("Condition") and not choice.holds(r["Condition"]):
+            continue
+        props = choice.resolve_ifs(r.get("Properties", {}))
+        if r["Type"] == "AWS::IAM::Role":
+            for policy in props.get("Policies", []):
+                text = json.dumps(longest(policy.get("PolicyDocument", {})), separators=(",", ":"))
+                sizes[rid] = sizes.get(rid, 0) + len(text)
+        elif r["Type"] == "AWS::IAM::RolePolicy":
+            role = props.get("RoleName", {}).get("Ref") if isinstance(props.get("RoleName"), dict) else None
+            if not isinstance(role, str):
+                continue  # not a role of the stack: check_grants names it
+            text = json.dumps(longest(props.get("PolicyDocument", {})), separators=(",", ":"))
+            sizes[role] = sizes.get(role, 0) + len(text)
+    for role, size in sorted(sizes.items()):
+        if size > MOST_ROLE_POLICY:
+            problems.append(f"{role} holds {size} characters of inline policy, over IAM's {MOST_ROLE_POLICY}")
+    if sizes:
+        role, size = max(sizes.items(), key=lambda kv: kv[1])
+        print(f"limits: {len(resources)} of {MOST_RESOURCES} resources; the largest inline policy, {role}'s, {size} of {MOST_ROLE_POLICY} characters at most")
+    return problems
+
+
+def with_agents(template, count):
+    """`template` with its agent loop's list grown to `count` agents (its own, then `agentNN`)."""
+    grown = copy.deepcopy(template)
+    key, agents = agent_loop(grown)
+    more = [f"agent{n:02}" for n in range(1, count + 1)][: max(0, count - len(agents))]
+    grown["Resources"][key][1] = agents + more
+    return grown
 
 
 def number(value, choice, default):
@@ -552,10 +755,170 @@ def create(cloudformation, name, expanded, overrides, choice):
     return status, failures, created
 
 
+# Stands in for cargo under `sam build`: `cargo metadata` names the target directory, and
+# `cargo lambda build ... --bin NAME` writes a bootstrap that says which binary it is, so that
+# what `sam package` uploads for each function can be read back without compiling anything.
+FAKE_CARGO = """#!/bin/sh
+case "$1" in
+  metadata) printf '{"target_directory": "%s", "packages": []}\\n' "$CARGO_TARGET_DIR"; exit 0;;
+  lambda) ;;
+  *) echo "stand-in cargo: $*" >&2; exit 2;;
+esac
+bin=""
+while [ $# -gt 0 ]; do
+  [ "$1" = "--bin" ] && bin="$2"
+  shift
+done
+[ -n "$bin" ] || { echo "stand-in cargo: no --bin" >&2; exit 2; }
+mkdir -p "$CARGO_TARGET_DIR/lambda/$bin"
+printf 'binary %s\\n' "$bin" > "$CARGO_TARGET_DIR/lambda/$bin/bootstrap"
+"""
+ARTEFACTS = "deploy-check-artefacts"
+
+
+def check_packaging(path, template, session, endpoint):
+    """`sam build` (the compile step replaced) and `sam package` into a bucket on moto, as a
+    first `sam deploy` does: every function gets an artefact of its own, holding the binary its
+    Metadata names. SAM CLI keeps the first iteration's artefact for every function of a loop
+    whose CodeUri does not vary with the loop (aws-sam-cli#9117)."""
+    work = tempfile.mkdtemp(prefix="deploy-check-")
+    tools = os.path.join(work, "bin")
+    os.makedirs(tools)
+    for name, text in (("cargo", FAKE_CARGO), ("cargo-lambda", "#!/bin/sh\nexit 0\n")):
+        with open(os.path.join(tools, name), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(tools, name), 0o755)
+    sam = os.path.join(os.path.dirname(sys.executable), "sam")
+    env = dict(
+        os.environ,
+        PATH=f"{tools}:{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}",
+        CARGO_TARGET_DIR=os.path.join(work, "target"),
+        SAM_CLI_TELEMETRY="0",
+        SAM_CLI_ENABLE_LANGUAGE_EXTENSIONS="1",
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="deploy-check",
+        AWS_SECRET_ACCESS_KEY="local",
+        AWS_REGION="us-east-1",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    build = os.path.join(work, "build")
+    packaged = os.path.join(work, "packaged.yaml")
+    session.client("s3", endpoint_url=endpoint).create_bucket(Bucket=ARTEFACTS)
+    for command in (
+        [sam, "build", "--template-file", os.path.abspath(path), "--build-dir", build, "--region", "us-east-1"],
+        [sam, "package", "--template-file", os.path.join(build, "template.yaml"), "--s3-bucket", ARTEFACTS,
+         "--output-template-file", packaged, "--region", "us-east-1"],
+    ):
+        done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return [f"{' '.join(command[1:2])} failed: {(done.stdout + done.stderr)[-1500:]}"]
+
+    # The binary each function should hold, from the template as written.
+    wanted = {}
+    for rid, r in expand_loops(template, {})["Resources"].items():
+        if r["Type"] == "AWS::Serverless::Function":
+            wanted[rid] = r.get("Metadata", {}).get("BuildProperties", {}).get("Binary")
+    s3 = session.client("s3", endpoint_url=endpoint)
+    packaged = yaml.safe_load(open(packaged))
+    uploaded = expand_loops(packaged, {})["Resources"]
+    problems, artefacts = [], {}
+    for rid, binary in sorted(wanted.items()):
+        uri = uploaded.get(rid, {}).get("Properties", {}).get("CodeUri")
+        # The loop's functions find theirs in the mapping SAM CLI wrote, by their agent.
+        keys = uri.get("Fn::FindInMap") if isinstance(uri, dict) else None
+        if isinstance(keys, list) and len(keys) == 3 and all(isinstance(k, str) for k in keys):
+            uri = packaged.get("Mappings", {}).get(keys[0], {}).get(keys[1], {}).get(keys[2])
+        if not (isinstance(uri, str) and uri.startswith(f"s3://{ARTEFACTS}/")):
+            problems.append(f"{rid}: sam package left CodeUri {json.dumps(uri)}, not an artefact in the bucket")
+            continue
+        artefacts.setdefault(uri, []).append(rid)
+        body = s3.get_object(Bucket=ARTEFACTS, Key=uri.split("/", 3)[3])["Body"].read()
+        with zipfile.ZipFile(io.BytesIO(body)) as z:
+            held = z.read("bootstrap").decode().strip() if "bootstrap" in z.namelist() else "no bootstrap"
+        if held != f"binary {binary}":
+            problems.append(f"{rid} would run {held!r}, not its own binary {binary!r}")
+    # sam package names an upload by its content: functions of the same binary share one.
+    binaries = len(set(wanted.values()))
+    print(f"packaging: {len(wanted)} functions of {binaries} binaries, {len(artefacts)} distinct artefacts uploaded by sam package")
+    if len(artefacts) < binaries:
+        problems.append(f"{binaries} binaries in {len(artefacts)} artefacts: some function runs another's code")
+    return problems
+
+
+# The properties whose change makes CloudFormation replace a resource (a new physical
+# resource: a queue's messages, a table's items, a function's name gone), by type, from each
+# type's page of the CloudFormation reference ("Update requires: Replacement").
+REPLACED_BY = {
+    "AWS::SQS::Queue": {"QueueName", "FifoQueue"},
+    "AWS::DynamoDB::Table": {"TableName", "KeySchema"},
+    "AWS::Lambda::Function": {"FunctionName"},
+    "AWS::Lambda::EventSourceMapping": {"EventSourceArn", "StartingPosition", "SelfManagedEventSource"},
+    "AWS::Lambda::Permission": {"Action", "FunctionName", "Principal", "SourceArn", "SourceAccount", "EventSourceToken", "FunctionUrlAuthType", "PrincipalOrgID"},
+    "AWS::Lambda::Url": {"TargetFunctionArn", "Qualifier"},
+    "AWS::IAM::Role": {"RoleName", "Path"},
+    "AWS::IAM::RolePolicy": {"PolicyName", "RoleName"},
+    "AWS::IAM::ManagedPolicy": {"ManagedPolicyName", "Path"},
+    "AWS::Logs::LogGroup": {"LogGroupName"},
+    "AWS::CloudWatch::Alarm": {"AlarmName"},
+    "AWS::CloudWatch::Dashboard": {"DashboardName"},
+    "AWS::Events::EventBus": {"Name"},
+    "AWS::Events::Rule": {"Name", "EventBusName"},
+    "AWS::SNS::Topic": {"TopicName", "FifoTopic"},
+    "AWS::SNS::Subscription": {"Endpoint", "Protocol", "TopicArn"},
+    "AWS::ApiGatewayV2::Route": {"ApiId"},
+    "AWS::ApiGatewayV2::Stage": {"ApiId", "StageName"},
+    "AWS::ApiGatewayV2::Integration": {"ApiId"},
+    "AWS::ApiGatewayV2::Authorizer": {"ApiId"},
+}
+
+
+def compare(before_path, after_path):
+    """What deploying `after` over a stack of `before` does to the resources `before` has, both
+    at their defaults: which are removed, which change, and which CloudFormation replaces (a
+    replacement-forcing property changed, or a type unknown here changed). Exits 1 if any is
+    removed or replaced."""
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+    def translated(path):
+        template = yaml.safe_load(open(path))
+        return expand(expand_loops(template, {}), {})["Resources"]
+
+    before, after = translated(before_path), translated(after_path)
+    removed = sorted(set(before) - set(after))
+    changed, replaced = [], []
+    for rid in sorted(set(before) & set(after)):
+        old, new = before[rid], after[rid]
+        if old == new:
+            continue
+        changed.append(rid)
+        if old["Type"] != new["Type"]:
+            replaced.append(f"{rid} (its type)")
+            continue
+        forcing = REPLACED_BY.get(old["Type"])
+        if forcing is None:
+            replaced.append(f"{rid} (a {old['Type']}, whose properties are not known here)")
+            continue
+        props = [k for k in forcing if old.get("Properties", {}).get(k) != new.get("Properties", {}).get(k)]
+        if props:
+            replaced.append(f"{rid} ({', '.join(sorted(props))})")
+    added = sorted(set(after) - set(before))
+    print(f"update: {len(before)} resources before, {len(added)} added, {len(removed)} removed, {len(changed)} changed, {len(replaced)} replaced")
+    for rid in changed:
+        print(f"changed: {rid}")
+    for what in removed:
+        print(f"FAILED: {what} is removed")
+    for what in replaced:
+        print(f"FAILED: {what} is replaced")
+    sys.exit(1 if removed or replaced else 0)
+
+
 def main():
     # SAM's translator fills the pseudo parameters from the session's region.
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     template = yaml.safe_load(open(sys.argv[1]))
+    # AGENTS=N: the template with N agents in its list, to see how far one stack goes.
+    if os.environ.get("AGENTS"):
+        template = with_agents(template, int(os.environ["AGENTS"]))
     session = boto3.session.Session(aws_access_key_id="deploy-check", aws_secret_access_key="local", region_name="us-east-1")
     endpoint = os.environ.get("MOTO_URL")
     if endpoint:
@@ -566,13 +929,23 @@ def main():
             z.writestr("bootstrap", "")
         s3.put_object(Bucket="deploy-check", Key="code.zip", Body=code.getvalue())
         cloudformation = session.client("cloudformation", endpoint_url=endpoint)
+    # The metric names the functions emit (shared/engine/src/metrics.rs), from the test.
+    own_metrics = set(filter(None, os.environ.get("STACK_METRICS", "").split(",")))
     failed = False
+    if not own_metrics:
+        print("FAILED: STACK_METRICS (the functions' metric names) is not set")
+        failed = True
     try:
         loop, agents = agent_loop(template)
         documented = choices(template)
     except Exception as e:
         print(f"FAILED: {e}")
         documented, failed = {}, True
+    if endpoint and not os.environ.get("AGENTS"):
+        print("packaging: sam build (the compile step replaced) and sam package into a bucket on moto")
+        for p in check_packaging(sys.argv[1], template, session, endpoint):
+            print(f"FAILED: {p}")
+            failed = True
     for n, (choice_name, overrides) in enumerate(documented.items()):
         print(f"== {choice_name}: {json.dumps(overrides) if overrides else 'the defaults'}")
         problems = check_rules(template)
@@ -596,6 +969,9 @@ def main():
         problems += grant_problems
         problems += check_visibility(expanded, choice)
         problems += check_pollers(expanded, choice)
+        problems += check_dashboards(expanded, choice, own_metrics)
+        problems += check_retention(expanded, choice)
+        problems += check_limits(expanded, choice)
         resources = expanded["Resources"]
         expected = {rid for rid, r in resources.items() if not r.get("Condition") or choice.holds(r["Condition"])}
         print(f"expanded: {len(resources)} resources, {len(expected)} of them in this choice")
@@ -614,10 +990,13 @@ def main():
             print(f"FAILED: {p}")
         failed |= bool(problems)
         if not problems:
-            print("checks: rules, reservations, grants, visibility timeouts, pollers: all hold")
+            print("checks: rules, reservations, grants, visibility timeouts, pollers, dashboards, retention, limits: all hold")
     print("deploy check: " + ("FAILED" if failed else "passed"))
     sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--compare":
+        compare(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -1,11 +1,15 @@
-//! A first `sam deploy`, as close as a machine without an AWS account gets: `template.yaml` at
-//! its defaults and at each documented choice is expanded as CloudFormation would (its
-//! `Fn::ForEach` loops by SAM CLI's language extensions, then SAM's translator), checked for
-//! what neither cfn-lint nor moto sees (functions in `Rules`, unconditional reservations,
-//! grants outside the stack, visibility timeouts, the pollers' concurrency), and created in
-//! moto's CloudFormation (`tests/deploy_check.py`, with SAM CLI from PyPI in `.venv-sam`, the
-//! venv `sam_local.rs` makes with the same requirement). Then copies of the template with one
-//! known deploy fault each must fail the same check, naming the fault.
+//! A first `sam deploy`, as close as a machine without an AWS account gets: `template.yaml` is
+//! built by `sam build` (the compile step replaced by a stand-in that writes which binary each
+//! function gets) and packaged by `sam package` into a bucket on moto; at its defaults and at
+//! each documented choice it is expanded as CloudFormation would (its `Fn::ForEach` loops by
+//! SAM CLI's language extensions, then SAM's translator), checked for what neither cfn-lint
+//! nor moto sees (functions in `Rules`, unconditional reservations, grants outside the stack,
+//! visibility timeouts, the pollers' concurrency, dashboards CloudWatch would refuse or that
+//! read metrics nobody emits, resources a failed first create would leave behind, the limits
+//! of CloudFormation and IAM), and created in moto's CloudFormation (`tests/deploy_check.py`,
+//! with SAM CLI from PyPI in `.venv-sam`, the venv `sam_local.rs` makes with the same
+//! requirement). Then copies of the template with one known deploy fault each must fail the
+//! same check, naming the fault.
 
 #![allow(clippy::unwrap_used)]
 
@@ -19,7 +23,15 @@ use sas_tests::Moto;
 /// brings SAM's translator, boto3 and PyYAML.
 const TOOLS: [&str; 1] = ["aws-sam-cli>=1.170,<2"];
 
+/// The most agents one stack holds: 500 resources, 78 of the stack's own and 11 per agent.
+const MOST_AGENTS: usize = 38;
+
 fn check(template: &Path, moto: Option<&Moto>) -> Output {
+    check_with(template, moto, None)
+}
+
+/// The check, with the template's list of agents grown to `agents` if given.
+fn check_with(template: &Path, moto: Option<&Moto>, agents: Option<usize>) -> Output {
     let python = python_with(
         ".venv-sam",
         &TOOLS,
@@ -28,6 +40,10 @@ fn check(template: &Path, moto: Option<&Moto>) -> Output {
     .unwrap();
     let mut command = Command::new(python);
     command.arg(workspace_root().join("tests/deploy_check.py")).arg(template);
+    command.env("STACK_METRICS", sas_engine::metrics::NAMES.join(","));
+    if let Some(agents) = agents {
+        command.env("AGENTS", agents.to_string());
+    }
     if let Some(moto) = moto {
         command.env("MOTO_URL", &moto.endpoint);
     }
@@ -63,6 +79,31 @@ fn the_template_deploys_at_its_defaults_and_at_each_documented_choice() {
         "every choice has its agents: {printed}"
     );
     assert!(!printed.contains("FAILED"), "{printed}");
+    // Every function holds its own binary: the five agents' loop makes 4 HTTP agents and the
+    // ledger's own.
+    assert!(
+        printed.contains("packaging: 11 functions of 8 binaries, 8 distinct artefacts"),
+        "{printed}"
+    );
+    assert_eq!(printed.matches("limits: 133 of 500 resources").count(), choices, "{printed}");
+}
+
+#[test]
+fn one_stack_holds_as_many_agents_as_the_readme_says_and_no_more() {
+    let template = workspace_root().join("template.yaml");
+    let output = check_with(&template, None, Some(MOST_AGENTS));
+    let printed = text(&output);
+    assert!(output.status.success(), "{printed}");
+    assert!(printed.contains("limits: 496 of 500 resources"), "{printed}");
+    let output = check_with(&template, None, Some(MOST_AGENTS + 1));
+    let printed = text(&output);
+    assert!(!output.status.success(), "one agent more must not fit: {printed}");
+    assert!(
+        printed.contains("the stack has 507 resources, over CloudFormation's 500"),
+        "{printed}"
+    );
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    assert!(readme.contains(&format!("holds {MOST_AGENTS} agents")), "the README states the limit");
 }
 
 /// `template.yaml` with each `(old, new)` of `changes` made once, written for this test.
@@ -105,17 +146,25 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
             "grants ['dynamodb:Scan'] on \"*\"",
         ),
         (
-            // The same fault in a grant the agents' loop gives another function's role.
+            // The same fault in a grant of the agents' loop.
             "grant-on-everything-in-loop",
-            "              # How long the agent's queue is, once a sweep: a late message is not a lost one.\n              - Effect: Allow\n                Action: sqs:GetQueueAttributes\n                Resource:\n                  Fn::GetAtt: [{Fn::Sub: \"${Agent}Queue\"}, Arn]\n",
-            "              - Effect: Allow\n                Action: sqs:GetQueueAttributes\n                Resource: \"*\"\n",
-            "inventorySupervisorGrant grants ['sqs:GetQueueAttributes'] on \"*\"",
+            "                  # Read-only calls made at cold start to open the connections before the first event.\n                  - Effect: Allow\n                    Action: sqs:GetQueueAttributes\n                    Resource:\n                      Fn::GetAtt: [ReplyQueue, Arn]\n",
+            "                  - Effect: Allow\n                    Action: sqs:GetQueueAttributes\n                    Resource: \"*\"\n",
+            "inventoryAgentFunctionRole grants ['sqs:GetQueueAttributes'] on \"*\"",
         ),
         (
             "grant-to-a-role-outside",
-            "          RoleName:\n            Ref: AdminFunctionRole\n",
-            "          RoleName: operators\n",
-            "inventoryAdminGrant grants to the role \"operators\", which is not a role of the stack",
+            "      RoleName:\n        Ref: ledgerAgentFunctionRole\n",
+            "      RoleName: operators\n",
+            "ledgerAgentGrant grants to the role \"operators\", which is not a role of the stack",
+        ),
+        (
+            // Queues named after the stack's name and `-`, which another stack's names may
+            // begin with (`<stack>-x`).
+            "grant-on-other-stacks-queues",
+            "                  - Fn::Sub:\n                    - \"arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${StackId}_dlq_*\"\n",
+            "                  - Fn::Sub:\n                    - \"arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-*\"\n",
+            "AdminFunctionRole grants ['sqs:GetQueueAttributes', 'sqs:ReceiveMessage'",
         ),
         (
             // Any stack's secret of the agent's name, not the stack's own.
@@ -145,6 +194,25 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
             "inventoryQueue hides a message 539 s, under 6 x 90 s + 0 s",
         ),
         (
+            // A trailing comma where a row was taken out.
+            "dashboard-not-json",
+            "{\"label\": \"replies\"}]\n                  ]\n                }},\n                {\"type\": \"metric\", \"x\": 8, \"y\": 15,",
+            "{\"label\": \"replies\"}],\n                  ]\n                }},\n                {\"type\": \"metric\", \"x\": 8, \"y\": 15,",
+            "Dashboard's DashboardBody is not JSON",
+        ),
+        (
+            "dashboard-metric-nobody-emits",
+            "\"OldestInFlightAge\", \"Function\", \"supervisor\", {\"label\": \"oldest in flight\"}",
+            "\"OldestOrderAge\", \"Function\", \"supervisor\", {\"label\": \"oldest in flight\"}",
+            "Dashboard shows OldestOrderAge, which no function of the stack emits",
+        ),
+        (
+            "kept-after-a-failed-create",
+            "  OrdersTable:\n    Type: AWS::DynamoDB::Table\n    DeletionPolicy:\n      Fn::If: [KeepOrders, RetainExceptOnCreate, Delete]\n",
+            "  OrdersTable:\n    Type: AWS::DynamoDB::Table\n    DeletionPolicy:\n      Fn::If: [KeepOrders, Retain, Delete]\n",
+            "OrdersTable is kept with DeletionPolicy Retain",
+        ),
+        (
             "pollers-too-many",
             "    Type: Number\n    Default: 2\n    MinValue: 2\n    MaxValue: 1000\n",
             "    Type: Number\n    Default: 200\n    MinValue: 2\n    MaxValue: 1000\n",
@@ -162,4 +230,70 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
         assert!(!output.status.success(), "{name}: the check passed a broken template: {printed}");
         assert!(printed.contains(named), "{name}: the check must say {named:?}: {printed}");
     }
+}
+
+/// A loop's function whose CodeUri does not vary with the agent: SAM CLI packages the first
+/// agent's build for all of them, and the ledger agent would ship the HTTP agent's binary.
+#[test]
+fn an_agent_packaged_with_another_s_binary_fails_the_check() {
+    let moto = Moto::start().unwrap();
+    let path = broken(
+        "static-code-uri",
+        &[(
+            "          CodeUri:\n            Fn::FindInMap: [AgentBinaries, {Ref: Agent}, CodeUri, {DefaultValue: .}]\n",
+            "          CodeUri: .\n",
+        )],
+    );
+    let output = check(&path, Some(&moto));
+    let printed = text(&output);
+    assert!(!output.status.success(), "the check passed a static CodeUri: {printed}");
+    assert!(
+        printed.contains(
+            "ledgerAgentFunction would run 'binary agent', not its own binary 'ledger-agent'"
+        ),
+        "{printed}"
+    );
+}
+
+/// What deploying `after` over a stack of `before` does to the resources it has.
+fn compare(before: &Path, after: &Path) -> Output {
+    let python = python_with(".venv-sam", &TOOLS, "samtranslator, yaml").unwrap();
+    Command::new(python)
+        .arg(workspace_root().join("tests/deploy_check.py"))
+        .arg("--compare")
+        .args([before, after])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_update_that_adds_an_agent_keeps_every_resource_in_place() {
+    let template = workspace_root().join("template.yaml");
+    let list = "    - [inventory, payment, shipping, ledger, notify]\n";
+    let added = [(list, "    - [inventory, payment, shipping, ledger, notify, email]\n")];
+    let output = compare(&template, &broken("email-added", &added));
+    let printed = text(&output);
+    assert!(output.status.success(), "{printed}");
+    assert!(printed.contains("11 added, 0 removed, 0 changed, 0 replaced"), "{printed}");
+
+    // The check bites: a change that names a queue replaces it.
+    let renamed = [
+        added[0],
+        (
+            "  SchedulerQueue:\n    Type: AWS::SQS::Queue\n    Properties:\n",
+            "  SchedulerQueue:\n    Type: AWS::SQS::Queue\n    Properties:\n      QueueName: scheduler\n",
+        ),
+    ];
+    let output = compare(&template, &broken("queue-renamed", &renamed));
+    let printed = text(&output);
+    assert!(!output.status.success(), "{printed}");
+    assert!(printed.contains("SchedulerQueue (QueueName) is replaced"), "{printed}");
+
+    // A workflow version is a file built into the functions' code, which the template does not
+    // name: it changes their code, which CloudFormation updates in place, and no resource.
+    let text = std::fs::read_to_string(&template).unwrap();
+    assert!(
+        !text.contains("shared/workflows") && !text.contains(".json"),
+        "template names a workflow file"
+    );
 }

@@ -6,7 +6,7 @@
 //!
 //! `Fn::ForEach` loops are expanded first ([`crate::emulation::foreach`]). Evaluation resolves parameters
 //! (defaults, or overrides), pseudo parameters, conditions, `Ref`, `Fn::GetAtt`, `Fn::Sub`,
-//! `Fn::If`, `Fn::Join`, `Fn::Select`, `Fn::FindInMap`, `Fn::Equals`, `Fn::Not`, `Fn::And`,
+//! `Fn::If`, `Fn::Join`, `Fn::Split`, `Fn::Select`, `Fn::FindInMap`, `Fn::Equals`, `Fn::Not`, `Fn::And`,
 //! `Fn::Or`, and `AWS::NoValue`, against the physical ids of the resources created so far.
 
 use std::collections::{BTreeMap, HashMap};
@@ -93,22 +93,28 @@ impl Template {
         if let Some(uri) = root.pointer_mut("/Globals/Function/CodeUri") {
             absolute(uri);
         }
-        // A binary found in a mapping with a default is the transform's to resolve too.
+        // A binary or a CodeUri found in a mapping with a default is the transform's to
+        // resolve too.
         let mappings = root.get("Mappings").cloned().unwrap_or(Value::Null);
+        let from_mapping = |value: &mut Value| {
+            if let Some([map, key, attribute, default]) =
+                value.get("Fn::FindInMap").and_then(Value::as_array).map(Vec::as_slice)
+            {
+                let found = [map, key, attribute]
+                    .iter()
+                    .try_fold(&mappings, |at, k| at.get(k.as_str()?))
+                    .cloned();
+                *value = found.unwrap_or_else(|| default["DefaultValue"].clone());
+            }
+        };
         if let Some(Value::Object(resources)) = root.get_mut("Resources") {
             for r in resources.values_mut() {
                 if let Some(uri) = r.pointer_mut("/Properties/CodeUri") {
+                    from_mapping(uri);
                     absolute(uri);
                 }
-                if let Some(binary) = r.pointer_mut("/Metadata/BuildProperties/Binary")
-                    && let Some([map, key, attribute, default]) =
-                        binary.get("Fn::FindInMap").and_then(Value::as_array).map(Vec::as_slice)
-                {
-                    let found = [map, key, attribute]
-                        .iter()
-                        .try_fold(&mappings, |at, k| at.get(k.as_str()?))
-                        .cloned();
-                    *binary = found.unwrap_or_else(|| default["DefaultValue"].clone());
+                if let Some(binary) = r.pointer_mut("/Metadata/BuildProperties/Binary") {
+                    from_mapping(binary);
                 }
             }
         }
@@ -393,6 +399,15 @@ impl Context {
                     .cloned()
                     .ok_or_else(|| Error::Template("Fn::Select out of range".into()))
             }
+            "Fn::Split" => {
+                let [sep, text] = pair(arg)?;
+                let sep = str_of(sep)?;
+                let text = str_of(&self.eval_inner(text)?)?;
+                if sep.is_empty() {
+                    return Err(Error::Template("Fn::Split needs a delimiter".into()));
+                }
+                Ok(Value::Array(text.split(&sep).map(|p| Value::String(p.to_owned())).collect()))
+            }
             "Fn::FindInMap" => self.find_in_map(arg),
             other => Err(Error::Template(format!("unsupported intrinsic function {other}"))),
         }
@@ -439,10 +454,21 @@ impl Context {
         }
     }
 
+    /// The stack's ARN, as CloudFormation gives it: its last part is a UUID of the stack's
+    /// own, here derived from its name so that a stack started again has the same one.
+    pub fn stack_id(&self) -> String {
+        let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, self.stack_name.as_bytes());
+        format!(
+            "arn:aws:cloudformation:{}:{LOCAL_ACCOUNT}:stack/{}/{id}",
+            self.region, self.stack_name
+        )
+    }
+
     fn reference(&self, target: &str) -> Result<Value, Error> {
         let pseudo = match target {
             "AWS::StackName" => Some(self.stack_name.clone()),
             "AWS::Region" => Some(self.region.clone()),
+            "AWS::StackId" => Some(self.stack_id()),
             "AWS::AccountId" => Some(LOCAL_ACCOUNT.to_owned()),
             "AWS::Partition" => Some("aws".to_owned()),
             "AWS::URLSuffix" => Some("amazonaws.com".to_owned()),

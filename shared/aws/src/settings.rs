@@ -191,8 +191,8 @@ impl Env {
         Ok(queues)
     }
 
-    /// An agent's request queue: named `<stack>-<agent>` by the template, so its URL is
-    /// `AGENT_QUEUE_URL_PREFIX` and the agent's name. A loop declares each agent, and cannot
+    /// An agent's request queue: named `<stack id>_agent_<agent>` by the template, so its URL
+    /// is `AGENT_QUEUE_URL_PREFIX` and the agent's name. A loop declares each agent, and cannot
     /// list them all in another function's settings: the name is what they share.
     pub fn agent_queue(&self, agent: &AgentName) -> Result<String> {
         Ok(format!("{}{}", self.required(AGENT_QUEUE_URL_PREFIX)?, agent.as_str()))
@@ -202,14 +202,14 @@ impl Env {
 /// The variable that, followed by an agent's name, makes the URL of its request queue.
 pub const AGENT_QUEUE_URL_PREFIX: &str = "AGENT_QUEUE_URL_PREFIX";
 
-/// What follows an agent's queue name in the name of its dead-letter queue.
-pub const DEAD_LETTERS_SUFFIX: &str = "-dead-letters";
+/// The variable that, followed by an agent's name, makes the URL of its dead-letter queue.
+pub const AGENT_DEAD_LETTERS_URL_PREFIX: &str = "AGENT_DEAD_LETTERS_URL_PREFIX";
 
 impl Env {
     /// Every dead-letter queue with the queue it serves, named as operators name them
     /// (`scheduler`, `replies`, the agent's name): `DEAD_LETTER_QUEUE_SCHEDULER` and
-    /// `DEAD_LETTER_QUEUE_REPLIES`, and for an agent its queue's URL followed by
-    /// [`DEAD_LETTERS_SUFFIX`].
+    /// `DEAD_LETTER_QUEUE_REPLIES`, and for an agent [`AGENT_DEAD_LETTERS_URL_PREFIX`]
+    /// followed by its name.
     pub fn dead_letter_queues(&self, agents: &[AgentName]) -> Result<Vec<DeadLetterQueue>> {
         let mut out = Vec::new();
         for (destination, source_url) in self.queues(agents)? {
@@ -219,7 +219,9 @@ impl Env {
                 Destination::Agent(agent) => agent.as_str().to_owned(),
             };
             let url = match &destination {
-                Destination::Agent(_) => format!("{source_url}{DEAD_LETTERS_SUFFIX}"),
+                Destination::Agent(agent) => {
+                    format!("{}{}", self.required(AGENT_DEAD_LETTERS_URL_PREFIX)?, agent.as_str())
+                }
                 _ => self.required(&format!("DEAD_LETTER_QUEUE_{}", name.to_ascii_uppercase()))?,
             };
             out.push(DeadLetterQueue { url, name, source_url });
@@ -317,7 +319,8 @@ mod tests {
     #[test]
     fn agents_come_from_the_workflow_and_their_queues_from_their_names() {
         let env = Env::from_pairs([
-            ("AGENT_QUEUE_URL_PREFIX", "https://sqs.r.amazonaws.com/1/st-"),
+            ("AGENT_QUEUE_URL_PREFIX", "https://sqs.r.amazonaws.com/1/id_agent_"),
+            ("AGENT_DEAD_LETTERS_URL_PREFIX", "https://sqs.r.amazonaws.com/1/id_dlq_"),
             ("SCHEDULER_QUEUE_URL", "https://q/s"),
             ("REPLY_QUEUE_URL", "https://q/r"),
             ("DEAD_LETTER_QUEUE_SCHEDULER", "https://q/sd"),
@@ -328,8 +331,8 @@ mod tests {
         assert_eq!(catalogue.for_new_order(None).unwrap().name(), "order-fulfilment");
         let dead = env.dead_letter_queues(&agents).unwrap();
         let payment = dead.iter().find(|q| q.name == "payment").unwrap();
-        assert_eq!(payment.source_url, "https://sqs.r.amazonaws.com/1/st-payment");
-        assert_eq!(payment.url, "https://sqs.r.amazonaws.com/1/st-payment-dead-letters");
+        assert_eq!(payment.source_url, "https://sqs.r.amazonaws.com/1/id_agent_payment");
+        assert_eq!(payment.url, "https://sqs.r.amazonaws.com/1/id_dlq_payment");
         let missing = Env::from_pairs([]).agent_queue(&agents[0]).unwrap_err().to_string();
         assert!(missing.contains("AGENT_QUEUE_URL_PREFIX"), "{missing}");
     }

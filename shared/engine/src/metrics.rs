@@ -45,6 +45,24 @@ pub const QUEUE_BACKLOG: &str = "QueueBacklog";
 /// Seconds a message sent now would wait in a queue, by `queue`.
 pub const QUEUE_WAIT: &str = "QueueWait";
 
+/// Every metric's name: what the stack's alarms and dashboards may read.
+pub const NAMES: [&str; 14] = [
+    ORDERS_ACCEPTED,
+    ORDERS_REFUSED,
+    ORDERS_ENDED,
+    TIME_TO_TERMINAL,
+    STEP_DURATION,
+    REMOTE_CALL_DURATION,
+    AGENT_REQUESTS,
+    LEASE_EXPIRIES,
+    SWEEP_SIZE,
+    SUPERVISOR_RESETS,
+    SWEEP_RACES_LOST,
+    OLDEST_IN_FLIGHT_AGE,
+    QUEUE_BACKLOG,
+    QUEUE_WAIT,
+];
+
 /// Describes every metric to the installed recorder, with its unit. Call once, after
 /// installing it.
 pub fn describe() {
