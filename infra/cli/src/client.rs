@@ -87,7 +87,9 @@ impl Api {
                 {
                     Some(wait)
                 }
-                Err(CliError::Api { status: 429 | 503, body, .. }) => Some(
+                // 500 is API Gateway's answer when Lambda throttles the function; every admin
+                // command and answer is idempotent, so sending it again is safe.
+                Err(CliError::Api { status: 429 | 500 | 503, body, .. }) => Some(
                     body.pointer("/error/retry_after_seconds")
                         .and_then(Value::as_u64)
                         .map_or(wait, Duration::from_secs),

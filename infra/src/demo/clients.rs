@@ -23,7 +23,8 @@ pub(super) struct Door {
     pub(super) refused: AtomicU64,
     /// 429 answers: the route's throttling.
     pub(super) throttled: AtomicU64,
-    /// Anything else that was not a 202: errors, connections refused.
+    /// Anything else that was not a 202: a 500 (API Gateway's answer when Lambda throttles the
+    /// function, or the function fails), connections refused.
     pub(super) other: AtomicU64,
 }
 

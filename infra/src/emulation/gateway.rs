@@ -272,9 +272,10 @@ async fn handle(routes: &[Route], request: Request<Body>) -> Response<Body> {
         Err(InvokeError::Timeout(_)) => {
             plain(StatusCode::SERVICE_UNAVAILABLE, r#"{"message":"Service Unavailable"}"#)
         }
-        // Lambda's throttling reaches the client as a 429, which it retries like the API's own.
+        // API Gateway treats a refused invocation (Lambda throttling the function) as an
+        // integration failure: the client gets a 500, which it retries with the same key.
         Err(InvokeError::Throttled(_)) => {
-            plain(StatusCode::TOO_MANY_REQUESTS, r#"{"message":"Too Many Requests"}"#)
+            plain(StatusCode::INTERNAL_SERVER_ERROR, r#"{"message":"Internal Server Error"}"#)
         }
         Err(e) => {
             warn!(error = %e, "function failed");

@@ -124,3 +124,28 @@ fn answers_become_responses() {
     assert_eq!(response("not json").status(), 500);
     assert_eq!(response(r#"{"hello":1}"#).status(), 200);
 }
+
+/// As API Gateway does: its own route throttling answers 429 before any function runs, and an
+/// invocation Lambda refuses (the account's concurrency used up) answers 500, never retried.
+#[tokio::test]
+async fn a_throttled_route_answers_429_and_a_throttled_function_500() {
+    use crate::emulation::runtime_api::AccountConcurrency;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut limited = route("GET", "/limited").await;
+    let throttle = Throttle::new(0.001, 1.0);
+    assert!(throttle.admit(), "the burst's one token, taken before the request");
+    limited.throttle = Some(throttle);
+    let mut busy = route("POST", "/orders").await;
+    busy.function = busy.function.within(AccountConcurrency::new(0));
+    let server = tokio::spawn(serve(listener, vec![limited, busy]));
+
+    let answer = exchange(address, b"GET /limited HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 429 Too Many Requests\r\n"), "{answer}");
+    assert!(answer.ends_with(r#"{"message":"Too Many Requests"}"#), "{answer}");
+    let answer =
+        exchange(address, b"POST /orders HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}").await;
+    assert!(answer.starts_with("HTTP/1.1 500 Internal Server Error\r\n"), "{answer}");
+    assert!(answer.ends_with(r#"{"message":"Internal Server Error"}"#), "{answer}");
+    server.abort();
+}
