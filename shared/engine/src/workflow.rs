@@ -632,7 +632,7 @@ fn check_name(name: &str) -> Result<(), String> {
 }
 
 /// An agent's name also names its resources in the template (`<agent>Queue`, the queue
-/// `<stack>-<agent>`), where CloudFormation takes letters and digits only.
+/// `<stack id>_agent_<agent>`), where CloudFormation takes letters and digits only.
 fn check_agent_name(name: &str) -> Result<(), String> {
     let ok = name.len() <= MAX_AGENT_NAME
         && name.starts_with(|c: char| c.is_ascii_lowercase())
@@ -646,7 +646,8 @@ fn check_agent_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// Longest agent name: its queues are named `<stack>-<agent>-dead-letters`, at most 80.
+/// Longest agent name: its queues are named `<stack id>_dlq_<agent>` (a 36-character UUID),
+/// which SQS takes up to 80 characters.
 pub const MAX_AGENT_NAME: usize = 32;
 
 #[cfg(test)]
