@@ -811,8 +811,9 @@ async fn submit_to(
             .header("idempotency-key", key)
             .body(body.to_owned());
         if let Ok(r) = signer(EXECUTE_API).send(http, request).await {
-            // The first requests may meet functions still starting.
-            if r.status().as_u16() != 502 && r.status().as_u16() != 503 {
+            // The first requests may meet functions still starting, or throttled (API
+            // Gateway's 500): a client sends the same key again.
+            if !matches!(r.status().as_u16(), 500 | 502 | 503) {
                 let status = r.status().as_u16();
                 return (status, r.json().await.unwrap_or(Value::Null));
             }

@@ -23,8 +23,9 @@ pub(super) struct Door {
     pub(super) refused: AtomicU64,
     /// 429 answers: the route's throttling.
     pub(super) throttled: AtomicU64,
-    /// Anything else that was not a 202: a 500 (API Gateway's answer when Lambda throttles the
-    /// function, or the function fails), connections refused.
+    /// 500 answers: API Gateway's when Lambda throttles the function (or the function fails).
+    pub(super) failed: AtomicU64,
+    /// Anything else that was not a 202: connections refused, a killed process.
     pub(super) other: AtomicU64,
 }
 
@@ -109,6 +110,10 @@ async fn submit(
             }
             Ok(a) if a.status() == 429 => {
                 door.throttled.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Ok(a) if a.status() == 500 => {
+                door.failed.fetch_add(1, Ordering::Relaxed);
                 None
             }
             // Anything else (a killed submission process, a refused connection): the same key

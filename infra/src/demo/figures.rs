@@ -9,7 +9,7 @@ use super::records::{Item, body};
 use super::summary::Tally;
 use crate::emulation::functions::EventSource;
 use crate::emulation::local::{LocalStack, REMOTE_SERVICE, RunningFunction};
-use crate::emulation::proxy::Seen;
+use crate::emulation::proxy::{Seen, label};
 use crate::observe::traces::OrderTraces;
 use crate::tools::prices::{self, per_million};
 
@@ -48,14 +48,13 @@ pub(super) fn per_order(
 ) -> PerOrder {
     let n = accepted.max(1) as f64;
     let seen = |service: &str, pick: &dyn Fn(&str) -> bool| seen(calls, n, service, pick);
-    // The work queues are those the functions consume; physical names end with the logical
-    // id, by which the proxy names a queue.
+    // The work queues are those the functions consume, named as the proxy names them.
     let work_queues: Vec<&str> = stack
         .functions
         .iter()
         .flat_map(|f| &f.spec.events)
         .filter_map(|e| match e {
-            EventSource::Sqs { queue_arn, .. } => queue_arn.rsplit([':', '-']).next(),
+            EventSource::Sqs { queue_arn, .. } => Some(label(queue_arn)),
             _ => None,
         })
         .collect();

@@ -5,8 +5,9 @@
 //!
 //! The clients behave as a client of the API should: an order refused at the door (503) is
 //! sent again, with the same idempotency key, after its `Retry-After` (and up to a fifth more,
-//! so that clients refused together do not come back together); a throttled one (429), or one
-//! that met an error, after a second, then twice as long each time, up to half a minute.
+//! so that clients refused together do not come back together); a throttled one (429 from the
+//! route, 500 when Lambda throttles the function), or one that met an error, after a second,
+//! then twice as long each time, up to half a minute.
 
 pub mod effects;
 

@@ -97,9 +97,10 @@ pub(super) async fn summarise(
 
     let mut t = outcomes(&s, &tally, &alerted, &stats, accepted, elapsed);
     t.push_str(&format!(
-        "door: {} refused while the queues were long (sent again after Retry-After), {} throttled, {} other errors\n",
+        "door: {} refused while the queues were long (sent again after Retry-After), {} throttled by the route (429), {} answered 500 (the function throttled or failed), {} other errors\n",
         door.refused.load(Ordering::Relaxed),
         door.throttled.load(Ordering::Relaxed),
+        door.failed.load(Ordering::Relaxed),
         door.other.load(Ordering::Relaxed)
     ));
     s.dead_lettered = stack.dead_letters.arrivals().len();

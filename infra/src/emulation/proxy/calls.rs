@@ -41,6 +41,13 @@ pub struct Call {
     pub sends: u64,
 }
 
+/// What a table or queue is counted as, from its name, URL or ARN: physical names end with the
+/// logical id (`<stack>-ReplyQueue`, `<stack>-StateTable`) or, for an agent's queue, the
+/// agent's name (`<stack id>_agent_payment`).
+pub fn label(name: &str) -> &str {
+    name.rsplit(['/', ':', '-', '_']).next().unwrap_or("?")
+}
+
 /// The service and operation of an AWS API request, from its `X-Amz-Target` header (the JSON
 /// protocols of DynamoDB, SQS and EventBridge) or its `Action` parameter (query protocol).
 /// Whether a `GetItem` is consistent (a whole read unit) or eventual (half), and which queue a
@@ -64,8 +71,7 @@ pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
         other => other,
     };
     let json = serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
-    // Physical names end with the logical id: `<stack>-ReplyQueue`, `<stack>-StateTable`.
-    let logical = |name: &str| name.rsplit(['/', '-']).next().unwrap_or("?").to_owned();
+    let logical = |name: &str| label(name).to_owned();
     let mut sends = 0;
     let counted_as = match (service, operation) {
         ("dynamodb", "GetItem") => {

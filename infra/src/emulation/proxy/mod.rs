@@ -36,7 +36,7 @@ use axum::http::{Method, Request, Response, StatusCode};
 use crate::access::policy::Access;
 use answers::{batch_answer, denied, error_response};
 use calls::received;
-pub use calls::{Call, Counts, Seen, classify};
+pub use calls::{Call, Counts, Seen, classify, label};
 pub use faults::{FaultRule, WireFault, WireFaults};
 use faults::{take_entry, with_failed_entry};
 

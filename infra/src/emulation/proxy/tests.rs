@@ -20,6 +20,11 @@ fn requests_are_classified_by_target_or_action() {
             br#"{"QueueUrl":"http://127.0.0.1:5000/123456789012/sas-local-ReplyQueue","Entries":[{},{}]}"#,
         );
     assert_eq!((batch.counted_as.as_str(), batch.sends), ("SendMessageBatch to ReplyQueue", 2));
+    let agent = classify(
+        Some("AmazonSQS.GetQueueAttributes"),
+        br#"{"QueueUrl":"http://127.0.0.1:5000/123456789012/0f9e8d7c-6b5a-4c3d-2e1f-0a9b8c7d6e5f_agent_payment"}"#,
+    );
+    assert_eq!(agent.counted_as, "GetQueueAttributes of payment", "an agent's queue by its agent");
     assert_eq!(
         counted(Some("DynamoDB_20120810.PutItem"), br#"{"TableName":"local-StateTable"}"#),
         ("dynamodb".into(), "PutItem on StateTable".into())
