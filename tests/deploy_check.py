@@ -788,7 +788,9 @@ def check_packaging(path, template, session, endpoint):
         with open(os.path.join(tools, name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(tools, name), 0o755)
-    sam = os.path.join(os.path.dirname(sys.executable), "sam")
+    # SAM CLI as a module of this Python: the venv's `sam` script may name, in its first line,
+    # a Python at the path the venv was made in before it was moved into place.
+    sam = [sys.executable, "-m", "samcli"]
     env = dict(
         os.environ,
         PATH=f"{tools}:{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}",
@@ -805,13 +807,13 @@ def check_packaging(path, template, session, endpoint):
     packaged = os.path.join(work, "packaged.yaml")
     session.client("s3", endpoint_url=endpoint).create_bucket(Bucket=ARTEFACTS)
     for command in (
-        [sam, "build", "--template-file", os.path.abspath(path), "--build-dir", build, "--region", "us-east-1"],
-        [sam, "package", "--template-file", os.path.join(build, "template.yaml"), "--s3-bucket", ARTEFACTS,
+        [*sam, "build", "--template-file", os.path.abspath(path), "--build-dir", build, "--region", "us-east-1"],
+        [*sam, "package", "--template-file", os.path.join(build, "template.yaml"), "--s3-bucket", ARTEFACTS,
          "--output-template-file", packaged, "--region", "us-east-1"],
     ):
         done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            return [f"{' '.join(command[1:2])} failed: {(done.stdout + done.stderr)[-1500:]}"]
+            return [f"sam {command[3]} failed: {(done.stdout + done.stderr)[-1500:]}"]
 
     # The binary each function should hold, from the template as written.
     wanted = {}
