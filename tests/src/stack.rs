@@ -88,7 +88,7 @@ impl TestStack {
             attributes,
         };
         let stack = provision(&template, &clients, &options).await.unwrap();
-        let Clients { dynamodb, sqs, events } = clients;
+        let Clients { dynamodb, sqs, events, .. } = clients;
         TestStack { dynamodb, sqs, events, stack, template }
     }
 

@@ -824,7 +824,7 @@ async fn submit_to(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_dynamodb() {
+async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_dynamodb_and_s3() {
     let _turn = TURN.lock().await;
     let fast = |name: &str| -> Value {
         let json = sas_workflows::file(name).unwrap().json;
@@ -983,9 +983,35 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
     };
     assert_eq!((holder("Alan"), holder("Ken")), (vec!["open".into()], vec!["closed".into()]));
 
+    // Each account has its statement in the ledger's bucket (S3, through the proxy and its
+    // check), as the account now stands: the closed one's says so.
+    let bucket = stack.stack.reference("LedgerStatementsBucket").unwrap();
+    for item in items.items() {
+        let account = item["AccountId"].as_s().unwrap();
+        let object = clients
+            .s3
+            .get_object()
+            .bucket(&bucket)
+            .key(format!("statements/{account}.json"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("no statement of {account}: {e:?}"));
+        let statement: Value =
+            serde_json::from_slice(&object.body.collect().await.unwrap().into_bytes()).unwrap();
+        assert_eq!(statement["account_id"], account.as_str(), "{statement}");
+        assert_eq!(statement["status"], item["Status"].as_s().unwrap().as_str(), "{statement}");
+        assert_eq!(statement["holder"], item["Holder"].as_s().unwrap().as_str(), "{statement}");
+    }
+
     let access = stack.access();
     assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
     assert!(access.checked.get("ledgerAgentFunction").copied().unwrap_or(0) > 0, "{access}");
+    let statements: Vec<_> = access
+        .unused
+        .iter()
+        .filter(|g| g.function == "ledgerAgentFunction" && g.action == "s3:PutObject")
+        .collect();
+    assert!(statements.is_empty(), "the statements' grant was used: {statements:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,25 +1,40 @@
 //! Accounts in a DynamoDB table, one item per order: `open-account` creates it, open, with the
-//! holder and plan of the order's input; `close-account` (the undo) marks it closed. Both are
-//! idempotent on the step's key, as every agent's actions must be: a call repeated after a lost
-//! answer finds its own effect and answers the same.
+//! holder and plan of the order's input; `close-account` (the undo) marks it closed. Each then
+//! writes the account's statement, `statements/<account>.json` in the ledger's S3 bucket, as
+//! the account now stands. Both are idempotent on the step's key, as every agent's actions must
+//! be: a call repeated after a lost answer finds its own effect and answers the same (the
+//! statement is written again, whole, with the same content).
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService};
 use serde_json::{Value, json};
 
 /// Largest first deposit the ledger takes, in minor units: above it, opening is refused.
 pub const MAX_DEPOSIT: i64 = 100_000_000;
 
+/// The ledger's two stores, by the names the stack gives them.
 pub struct Ledger {
-    client: Client,
-    table: String,
+    pub accounts: Client,
+    pub table: String,
+    pub statements: aws_sdk_s3::Client,
+    pub bucket: String,
 }
 
 impl Ledger {
-    pub fn new(client: Client, table: String) -> Self {
-        Ledger { client, table }
+    /// Writes `account`'s statement, whole: the same call again writes the same object.
+    async fn statement(&self, account: &str, statement: &Value) -> Result<(), RemoteFault> {
+        self.statements
+            .put_object()
+            .bucket(&self.bucket)
+            .key(format!("statements/{account}.json"))
+            .content_type("application/json")
+            .body(statement.to_string().into_bytes().into())
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| fault("S3", e))
     }
 
     async fn open(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
@@ -33,7 +48,7 @@ impl Ledger {
         }
         let account = account_number(&call.order_id.to_string());
         let put = self
-            .client
+            .accounts
             .put_item()
             .table_name(&self.table)
             .item("AccountId", AttributeValue::S(account.clone()))
@@ -48,12 +63,24 @@ impl Ledger {
             .send()
             .await;
         match put {
-            Ok(_) => Ok(json!({ "account_id": account })),
+            Ok(_) => {}
             Err(e) if e.code() == Some("ConditionalCheckFailedException") => {
-                Err(RemoteFault::Permanent(format!("account {account} was opened by another call")))
+                return Err(RemoteFault::Permanent(format!(
+                    "account {account} was opened by another call"
+                )));
             }
-            Err(e) => Err(fault(e)),
+            Err(e) => return Err(fault("DynamoDB", e)),
         }
+        let statement = json!({
+            "account_id": account,
+            "order_id": call.order_id.to_string(),
+            "holder": holder,
+            "plan": input["plan"].as_str().unwrap_or("basic"),
+            "balance": deposit,
+            "status": "open",
+        });
+        self.statement(&account, &statement).await?;
+        Ok(json!({ "account_id": account }))
     }
 
     async fn close(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
@@ -62,7 +89,7 @@ impl Ledger {
             return Ok(json!({ "closed": false }));
         };
         let update = self
-            .client
+            .accounts
             .update_item()
             .table_name(&self.table)
             .key("AccountId", AttributeValue::S(account.to_owned()))
@@ -71,15 +98,30 @@ impl Ledger {
             .expression_attribute_names("#s", "Status")
             .expression_attribute_values(":closed", AttributeValue::S("closed".into()))
             .expression_attribute_values(":key", AttributeValue::S(call.idempotency_key.clone()))
+            .return_values(ReturnValue::AllNew)
             .send()
             .await;
-        match update {
-            Ok(_) => Ok(json!({ "closed": true, "account_id": account })),
+        let closed = match update {
+            Ok(closed) => closed.attributes.unwrap_or_default(),
             Err(e) if e.code() == Some("ConditionalCheckFailedException") => {
-                Ok(json!({ "closed": false, "account_id": account }))
+                return Ok(json!({ "closed": false, "account_id": account }));
             }
-            Err(e) => Err(fault(e)),
-        }
+            Err(e) => return Err(fault("DynamoDB", e)),
+        };
+        let text = |name: &str| match closed.get(name) {
+            Some(AttributeValue::S(s) | AttributeValue::N(s)) => Value::String(s.clone()),
+            _ => Value::Null,
+        };
+        let statement = json!({
+            "account_id": account,
+            "order_id": call.order_id.to_string(),
+            "holder": text("Holder"),
+            "plan": text("Plan"),
+            "balance": text("Balance").as_str().and_then(|b| b.parse::<i64>().ok()),
+            "status": "closed",
+        });
+        self.statement(account, &statement).await?;
+        Ok(json!({ "closed": true, "account_id": account }))
     }
 }
 
@@ -102,12 +144,21 @@ fn account_number(order_id: &str) -> String {
 /// A failed SDK call, as the kit retries it: whatever the cause, the agent tries again within
 /// the step's budget, then the supervisor's policy decides. A refusal is the ledger's own
 /// answer, never an SDK error: a misconfigured table or role must not undo customers' orders.
-fn fault<E: ProvideErrorMetadata + std::fmt::Debug>(e: E) -> RemoteFault {
-    RemoteFault::Transient(format!(
-        "DynamoDB: {} {}",
-        e.code().unwrap_or("error"),
-        e.message().unwrap_or_default()
-    ))
+/// The fault names the service's code and message (an access denied names the action and the
+/// resource), and without them, the SDK's whole chain of causes.
+fn fault<E>(service: &str, e: E) -> RemoteFault
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match (e.code(), e.message()) {
+        (Some(code), message) => {
+            RemoteFault::Transient(format!("{service}: {code} {}", message.unwrap_or_default()))
+        }
+        (None, _) => RemoteFault::Transient(format!(
+            "{service}: {}",
+            aws_sdk_dynamodb::error::DisplayErrorContext(e)
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
-//! The ledger agent: an agent written in Rust on the agent kit, which calls an AWS service
+//! The ledger agent: an agent written in Rust on the agent kit, which calls AWS services
 //! through the AWS SDK instead of an HTTP service. It opens and closes the accounts of the
 //! account-opening workflow in a DynamoDB table of its own, named after the stack
-//! (`<stack>-ledger-accounts`, from `STACK_NAME`), on which its role may write and nothing else.
+//! (`<stack>-ledger-accounts`, from `STACK_NAME`), and keeps a statement of each account in an
+//! S3 bucket named after the stack's id (`ledger-<stack id>`, from `STACK_ID`). Its role may
+//! write there and nowhere else.
 
 mod ledger;
 
@@ -10,9 +12,21 @@ use sas_aws::settings::Env;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let stack = Env::process().required("STACK_NAME")?;
+    let env = Env::process();
+    let (stack, stack_id) = (env.required("STACK_NAME")?, env.required("STACK_ID")?);
     sas_agent_kit::run(async |wiring, _| {
-        Ok(ledger::Ledger::new(wiring.dynamodb().clone(), format!("{stack}-ledger-accounts")))
+        let sdk = wiring.sdk();
+        // An endpoint of one's own (the local stack, LocalStack) serves buckets by path:
+        // `<endpoint>/<bucket>/<key>`, not `<bucket>.<endpoint>`.
+        let s3 = aws_sdk_s3::config::Builder::from(sdk)
+            .force_path_style(sdk.endpoint_url().is_some())
+            .build();
+        Ok(ledger::Ledger {
+            accounts: wiring.dynamodb().clone(),
+            table: format!("{stack}-ledger-accounts"),
+            statements: aws_sdk_s3::Client::from_conf(s3),
+            bucket: format!("ledger-{stack_id}"),
+        })
     })
     .await
 }

@@ -203,6 +203,22 @@ fn price(service: &str, operation: &str) -> (f64, String) {
             let p = per_million(prices::SQS_REQUEST);
             (p, format!("${p:.2} per million requests"))
         }
+        ("s3", "DeleteObject" | "DeleteObjects" | "DeleteBucket") => (0.0, "free".into()),
+        ("s3", op)
+            if op.starts_with("Put")
+                || op.starts_with("List")
+                || op.starts_with("Copy")
+                || op.starts_with("Create")
+                || op.starts_with("Complete")
+                || op == "UploadPart" =>
+        {
+            let p = per_million(prices::S3_WRITE_REQUEST);
+            (p, format!("${p:.2} per million requests"))
+        }
+        ("s3", _) => {
+            let p = per_million(prices::S3_READ_REQUEST);
+            (p, format!("${p:.2} per million requests"))
+        }
         ("eventbridge", "PutEvents") => {
             let p = per_million(prices::EVENTBRIDGE_EVENT);
             (p, format!("${p:.2} per million events"))

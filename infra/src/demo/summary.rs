@@ -88,8 +88,9 @@ pub(super) async fn summarise(
     let alerted = alerted(stack, clients).await;
     s.errors_without_alert = tally.error_ids.iter().filter(|id| !alerted.contains(*id)).count()
         + tally.reported_ids.iter().filter(|id| !alerted.contains(*id)).count();
-    let ledger = with_accounts(stack, clients, ledger).await?;
+    let (ledger, statements_wrong) = with_accounts(stack, clients, ledger).await?;
     s.effects_wrong = effects::mismatches_of(&ledger, &workflows_run(stack), &tally.ends);
+    s.effects_wrong.extend(statements_wrong);
 
     tally.to_terminal.sort_unstable();
     let calls = stack.proxy.counts.snapshot();
@@ -235,13 +236,17 @@ async fn alerted(stack: &LocalStack, clients: &Clients) -> HashSet<String> {
 }
 
 /// `ledger` with the ledger agent's effects added: they are in its own table, an open account
-/// being its step in place, a closed one that step undone.
+/// being its step in place, a closed one that step undone; and every account whose statement
+/// in the ledger's bucket does not say what its item does.
 async fn with_accounts(
     stack: &LocalStack,
     clients: &Clients,
     mut ledger: Value,
-) -> Result<Value, Error> {
+) -> Result<(Value, Vec<String>), Error> {
     let accounts = format!("{}-ledger-accounts", stack.stack.context.stack_name);
+    let id = stack.stack.context.stack_id();
+    let bucket = format!("ledger-{}", id.rsplit('/').next().unwrap_or_default());
+    let mut statements_wrong = Vec::new();
     if let Ok(items) = scan(&clients.dynamodb, &accounts).await {
         let effects = ledger["effects"].as_array_mut();
         let effects = effects.ok_or_else(|| Error::Local("the ledger has no effects".into()))?;
@@ -253,12 +258,38 @@ async fn with_accounts(
                                    "applications": 1, "output": {}})
             };
             effects.push(effect("open-account", "do"));
-            if item.get("Status").and_then(|v| v.as_s().ok()).is_some_and(|s| s == "closed") {
+            let status = item.get("Status").and_then(|v| v.as_s().ok()).cloned();
+            if status.as_deref() == Some("closed") {
                 effects.push(effect("close-account", "undo"));
+            }
+            let account = item.get("AccountId").and_then(|v| v.as_s().ok()).cloned();
+            let account = account.unwrap_or_default();
+            let stated = statement(clients, &bucket, &account).await;
+            if stated.as_deref() != status.as_deref() {
+                statements_wrong.push(format!(
+                    "order {order}: account {account} is {} but its statement says {}",
+                    status.as_deref().unwrap_or("neither open nor closed"),
+                    stated.as_deref().unwrap_or("nothing (no statement)")
+                ));
             }
         }
     }
-    Ok(ledger)
+    Ok((ledger, statements_wrong))
+}
+
+/// The status the statement of `account` in `bucket` gives, if there is one.
+async fn statement(clients: &Clients, bucket: &str, account: &str) -> Option<String> {
+    let object = clients
+        .s3
+        .get_object()
+        .bucket(bucket)
+        .key(format!("statements/{account}.json"))
+        .send()
+        .await
+        .ok()?;
+    let bytes = object.body.collect().await.ok()?.into_bytes();
+    let statement: Value = serde_json::from_slice(&bytes).ok()?;
+    statement["status"].as_str().map(str::to_owned)
 }
 
 /// The summary's heading, then how the orders ended, by workflow, with their alerts, the

@@ -1,5 +1,5 @@
-//! SDK clients for a local stack: which endpoint serves each service, and clients of the three
-//! services pointed there, with the region and credentials every emulator accepts (any access
+//! SDK clients for a local stack: which endpoint serves each service, and clients of the
+//! services the template's resources live in, pointed there, with the region and credentials every emulator accepts (any access
 //! key id, the secret key `local`). Everything that talks to an emulator (provisioning, the
 //! demo, the tools, the tests) builds its clients here, as the stack itself
 //! ([`STACK_ACCESS_KEY_ID`]) or on behalf of a function (its logical id, which the local
@@ -15,7 +15,7 @@ use crate::access::sigv4::LOCAL_SECRET_KEY;
 pub struct Endpoints {
     pub dynamodb: String,
     /// SQS and EventBridge share an endpoint: the event bus delivers to queues, which only
-    /// works inside one emulator.
+    /// works inside one emulator. S3 is served there too.
     pub sqs_and_events: String,
 }
 
@@ -36,6 +36,8 @@ pub struct Clients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub events: aws_sdk_eventbridge::Client,
+    /// Path-style (`<endpoint>/<bucket>/<key>`), as a local endpoint needs.
+    pub s3: aws_sdk_s3::Client,
 }
 
 impl Clients {
@@ -68,6 +70,12 @@ impl Clients {
             events: aws_sdk_eventbridge::Client::from_conf(
                 aws_sdk_eventbridge::config::Builder::from(&sdk)
                     .endpoint_url(&endpoints.sqs_and_events)
+                    .build(),
+            ),
+            s3: aws_sdk_s3::Client::from_conf(
+                aws_sdk_s3::config::Builder::from(&sdk)
+                    .endpoint_url(&endpoints.sqs_and_events)
+                    .force_path_style(true)
                     .build(),
             ),
         }

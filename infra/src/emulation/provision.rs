@@ -69,6 +69,7 @@ fn not_created(kind: &str) -> Option<&'static str> {
     Some(match kind {
         "AWS::DynamoDB::Table"
         | "AWS::SQS::Queue"
+        | "AWS::S3::Bucket"
         | "AWS::Events::EventBus"
         | "AWS::Events::Rule" => return None,
         "AWS::Serverless::Function" | "AWS::Lambda::Function" => {
@@ -168,12 +169,13 @@ async fn create(
     name: &str,
     properties: &Value,
 ) -> Result<(), String> {
-    let Clients { dynamodb, sqs, events } = clients;
+    let Clients { dynamodb, sqs, events, s3 } = clients;
     match kind {
         "AWS::DynamoDB::Table" => {
             create_table(dynamodb, &mut stack.context, id, name, properties).await?
         }
         "AWS::SQS::Queue" => create_queue(sqs, &mut stack.context, id, name, properties).await?,
+        "AWS::S3::Bucket" => create_bucket(s3, &mut stack.context, id, name, properties).await?,
         "AWS::Events::EventBus" => {
             create_bus(events, &mut stack.context, id, name, properties).await?
         }
@@ -243,8 +245,8 @@ fn stand_in(ctx: &mut Context, id: &str, resource: &Resource, options: &Options)
     let kind = resource.kind.as_str();
     let name = physical_name(&options.stack_name, id);
     let region = &options.region;
-    // A queue or table the template names keeps its name (agents find theirs by name).
-    let named = ["QueueName", "TableName"]
+    // A queue, table or bucket the template names keeps its name (agents find theirs by name).
+    let named = ["QueueName", "TableName", "BucketName"]
         .iter()
         .find_map(|key| resource.properties.get(*key))
         .and_then(|n| ctx.eval(n).ok())
@@ -268,6 +270,7 @@ fn stand_in(ctx: &mut Context, id: &str, resource: &Resource, options: &Options)
             let arn = format!("arn:aws:sns:{region}:{LOCAL_ACCOUNT}:{name}");
             (arn.clone(), arn)
         }
+        "AWS::S3::Bucket" => (bucket_name(&name), format!("arn:aws:s3:::{}", bucket_name(&name))),
         "AWS::Serverless::Function" | "AWS::Lambda::Function" => {
             (name.clone(), format!("arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{name}"))
         }
@@ -275,6 +278,38 @@ fn stand_in(ctx: &mut Context, id: &str, resource: &Resource, options: &Options)
     };
     ctx.refs.insert(id.to_owned(), Value::String(reference));
     ctx.attributes.insert((id.to_owned(), "Arn".into()), Value::String(arn));
+}
+
+/// A bucket's name from a physical name: S3 takes lowercase letters, digits and `-`, 3 to 63.
+fn bucket_name(name: &str) -> String {
+    let mut name = name.to_ascii_lowercase().replace('_', "-");
+    name.truncate(63);
+    name
+}
+
+async fn create_bucket(
+    client: &aws_sdk_s3::Client,
+    ctx: &mut Context,
+    id: &str,
+    default_name: &str,
+    p: &Value,
+) -> Result<(), String> {
+    let name = bucket_name(&text(p, "BucketName").unwrap_or_else(|| default_name.to_owned()));
+    match client.create_bucket().bucket(&name).send().await {
+        Ok(_) => {}
+        // Started again on the same emulator: the bucket is the stack's already.
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you()) => {}
+        Err(e) => {
+            return Err(format!(
+                "CreateBucket {name}: {}",
+                aws_sdk_s3::error::DisplayErrorContext(e)
+            ));
+        }
+    }
+    ctx.refs.insert(id.to_owned(), Value::String(name.clone()));
+    ctx.attributes
+        .insert((id.to_owned(), "Arn".into()), Value::String(format!("arn:aws:s3:::{name}")));
+    Ok(())
 }
 
 fn text(v: &Value, key: &str) -> Option<String> {

@@ -19,6 +19,10 @@ pub const LAMBDA_GB_SECOND: f64 = 0.000_013_333_4;
 pub const HTTP_API_REQUEST: f64 = 1.00e-6;
 /// One custom event put on an EventBridge bus.
 pub const EVENTBRIDGE_EVENT: f64 = 1.00e-6;
+/// One S3 request that writes or lists (PUT, COPY, POST, LIST), S3 Standard.
+pub const S3_WRITE_REQUEST: f64 = 5.0e-6;
+/// One S3 request that reads (GET, HEAD and the rest but DELETE, which is free).
+pub const S3_READ_REQUEST: f64 = 0.40e-6;
 /// One GB of log data ingested by CloudWatch Logs (metric lines are log lines).
 pub const CLOUDWATCH_LOGS_GB: f64 = 0.50;
 /// One Step Functions Standard state transition, for comparison.

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use super::PROXY_SERVICES;
-use super::needs::{Unmapped, needs};
+use super::needs::{Unmapped, needs, operation};
 use super::read::Policies;
 use super::verdict::{Decision, Effect, GrantId, Need, Origin};
+use super::wire::AwsRequest;
 use crate::emulation::template::LOCAL_ACCOUNT;
 
 /// Why a request was refused.
@@ -218,15 +219,14 @@ impl Access {
     pub fn authorize(
         &self,
         access_key_id: &str,
-        target: Option<&str>,
-        body: &[u8],
+        request: &AwsRequest<'_>,
     ) -> Result<(), Box<Denial>> {
         if !self.0.policies.functions.contains_key(access_key_id) {
             return Ok(());
         }
-        let operation = target.and_then(|t| t.split_once('.')).map_or("unknown", |(_, op)| op);
-        match needs(target, body, &self.0.policies.scope) {
-            Ok(needs) => self.authorize_needs(access_key_id, operation, &needs),
+        let operation = operation(request);
+        match needs(request, &self.0.policies.scope) {
+            Ok(needs) => self.authorize_needs(access_key_id, &operation, &needs),
             Err(Unmapped { action, reason }) => {
                 let mut records = lock(&self.0.records);
                 *records.checked.entry(access_key_id.to_owned()).or_default() += 1;

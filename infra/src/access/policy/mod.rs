@@ -23,8 +23,9 @@
 //! processes sign with (the function's logical id), records every denial and every grant a
 //! call used, and so can tell at the end which grants no call needed.
 //!
-//! By concern: reading the template's policies (`read`), mapping a request to what it needs
-//! (`needs`), IAM's verdict (`verdict`), and the live check with its report (`checks`).
+//! By concern: reading the template's policies (`read`), what a request on the wire is
+//! (`wire`), mapping it to what it needs (`needs`), IAM's verdict (`verdict`), and the live
+//! check with its report (`checks`).
 
 mod checks;
 mod needs;
@@ -32,11 +33,13 @@ mod read;
 #[cfg(test)]
 mod tests;
 mod verdict;
+mod wire;
 
 pub use checks::{Access, AccessReport, Cause, Denial, Grant};
-pub use needs::{Unmapped, needs};
+pub use needs::{Unmapped, needs, operation};
 pub use read::{Policies, Scope, policies, read_document};
 pub use verdict::{Decision, Effect, Need, Origin, Permissions, Statement, wildcard};
+pub use wire::{AwsRequest, Protocol, form_pairs};
 
 /// The services whose requests the proxy maps, and so checks.
-const PROXY_SERVICES: [&str; 4] = ["dynamodb", "sqs", "events", "secretsmanager"];
+const PROXY_SERVICES: [&str; 6] = ["dynamodb", "sqs", "events", "secretsmanager", "s3", "sns"];

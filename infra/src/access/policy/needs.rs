@@ -3,8 +3,11 @@
 
 use serde_json::Value;
 
+use percent_encoding::percent_decode_str;
+
 use super::read::{Scope, secret_name};
 use super::verdict::Need;
+use super::wire::{AwsRequest, Protocol};
 use crate::emulation::template::LOCAL_ACCOUNT;
 
 /// A request the checker cannot map to what it needs.
@@ -15,37 +18,65 @@ pub struct Unmapped {
     pub reason: String,
 }
 
-/// The (action, resource) pairs a request needs, from its `X-Amz-Target` header and JSON body
-/// (DynamoDB, SQS, EventBridge and Secrets Manager all speak JSON protocols to the SDK). Never
-/// empty.
-pub fn needs(target: Option<&str>, body: &[u8], scope: &Scope) -> Result<Vec<Need>, Unmapped> {
-    let Some((prefix, operation)) = target.and_then(|t| t.split_once('.')) else {
-        return Err(Unmapped {
-            action: target.unwrap_or("unknown").to_owned(),
-            reason: "no X-Amz-Target names the operation (only JSON protocols are mapped)".into(),
-        });
+/// The (action, resource) pairs a request needs, by the protocol its service speaks: the JSON
+/// protocols (DynamoDB, SQS, EventBridge, Secrets Manager) from `X-Amz-Target` and the body;
+/// the query protocol (SNS, SQS from other SDKs) from the form; S3's REST protocol from the
+/// method, the path (path-style: `/<bucket>/<key>`) and the query. Never empty.
+pub fn needs(request: &AwsRequest<'_>, scope: &Scope) -> Result<Vec<Need>, Unmapped> {
+    let service = request.service();
+    let (operation, needs) = match request.protocol() {
+        Protocol::Json { operation, .. } => {
+            let unmapped =
+                |reason: String| Unmapped { action: format!("{service}:{operation}"), reason };
+            let json: Value = if request.body.is_empty() {
+                Value::Object(serde_json::Map::new())
+            } else {
+                serde_json::from_slice(request.body)
+                    .map_err(|e| unmapped(format!("the body is not JSON: {e}")))?
+            };
+            let needs = match service.as_str() {
+                "dynamodb" => dynamodb(&operation, &json, scope),
+                "sqs" => sqs(&operation, &json, scope),
+                "events" => events(&operation, &json, scope),
+                "secretsmanager" => secrets(&operation, &json, scope),
+                other => Err(format!("the service {other} is not mapped")),
+            }
+            .map_err(unmapped)?;
+            (operation, needs)
+        }
+        Protocol::Query { action, params } => {
+            let unmapped =
+                |reason: String| Unmapped { action: format!("{service}:{action}"), reason };
+            // The query protocol's parameters are the JSON protocol's members, flattened.
+            let json =
+                Value::Object(params.into_iter().map(|(k, v)| (k, Value::String(v))).collect());
+            let needs = match service.as_str() {
+                "sqs" => sqs(&action, &json, scope),
+                "sns" => sns(&action, &json, scope),
+                other => Err(format!("the query-protocol service {other} is not mapped")),
+            }
+            .map_err(unmapped)?;
+            (action, needs)
+        }
+        Protocol::Rest => match service.as_str() {
+            "s3" => {
+                let (operation, needs) = s3(request).map_err(|(operation, reason)| Unmapped {
+                    action: format!("s3:{operation}"),
+                    reason,
+                })?;
+                (operation.to_owned(), needs)
+            }
+            other => {
+                return Err(Unmapped {
+                    action: format!("{other}:{} {}", request.method, request.path),
+                    reason: format!(
+                        "the REST operation {} {} of {other} is not mapped",
+                        request.method, request.path
+                    ),
+                });
+            }
+        },
     };
-    let service = match prefix {
-        p if p.starts_with("DynamoDB_") => "dynamodb",
-        "AmazonSQS" => "sqs",
-        "AWSEvents" => "events",
-        "secretsmanager" => "secretsmanager",
-        other => other,
-    };
-    let unmapped = |reason: String| Unmapped { action: format!("{service}:{operation}"), reason };
-    let json: Value = if body.is_empty() {
-        Value::Object(serde_json::Map::new())
-    } else {
-        serde_json::from_slice(body).map_err(|e| unmapped(format!("the body is not JSON: {e}")))?
-    };
-    let needs = match service {
-        "dynamodb" => dynamodb(operation, &json, scope),
-        "sqs" => sqs(operation, &json, scope),
-        "events" => events(operation, &json, scope),
-        "secretsmanager" => secrets(operation, &json, scope),
-        other => Err(format!("the service {other} is not mapped")),
-    }
-    .map_err(unmapped)?;
     let mut unique: Vec<Need> = Vec::with_capacity(needs.len());
     for need in needs {
         if !unique.contains(&need) {
@@ -59,6 +90,208 @@ pub fn needs(target: Option<&str>, body: &[u8], scope: &Scope) -> Result<Vec<Nee
         });
     }
     Ok(unique)
+}
+
+/// A request's operation, as AWS names it (`PutItem`, `Publish`, `PutObject`), for the counts
+/// and the reports; `unknown` for a request the proxy cannot read.
+pub fn operation(request: &AwsRequest<'_>) -> String {
+    match request.protocol() {
+        Protocol::Json { operation, .. } => operation,
+        Protocol::Query { action, .. } => action,
+        Protocol::Rest if request.service() == "s3" => match s3(request) {
+            Ok((operation, _)) | Err((operation, _)) => operation.to_owned(),
+        },
+        Protocol::Rest => format!("{} {}", request.method, request.path),
+    }
+}
+
+fn sns(action: &str, json: &Value, scope: &Scope) -> Result<Vec<Need>, String> {
+    let need = |resource: String| Need::new(format!("sns:{action}"), resource);
+    let topic = |name: &str| format!("arn:aws:sns:{}:{LOCAL_ACCOUNT}:{name}", scope.region);
+    match action {
+        // A message to a topic (or, with TargetArn, to an endpoint), or an SMS to a number.
+        "Publish" | "PublishBatch" => {
+            let arn = json
+                .get("TopicArn")
+                .or_else(|| json.get("TargetArn"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            match arn {
+                Some(arn) => Ok(vec![need(arn)]),
+                None if json.get("PhoneNumber").is_some() => Ok(vec![need("*".to_owned())]),
+                None => Err("no TopicArn, TargetArn or PhoneNumber".into()),
+            }
+        }
+        "CreateTopic" => Ok(vec![need(topic(text(json, "Name")?))]),
+        "GetTopicAttributes"
+        | "SetTopicAttributes"
+        | "DeleteTopic"
+        | "Subscribe"
+        | "ListSubscriptionsByTopic"
+        | "TagResource"
+        | "UntagResource" => {
+            let arn = json.get("TopicArn").or_else(|| json.get("ResourceArn"));
+            Ok(vec![need(arn.and_then(Value::as_str).ok_or("no TopicArn")?.to_owned())])
+        }
+        "Unsubscribe" | "GetSubscriptionAttributes" | "SetSubscriptionAttributes" => {
+            Ok(vec![need(text(json, "SubscriptionArn")?.to_owned())])
+        }
+        "ListTopics" | "ListSubscriptions" => Ok(vec![need("*".to_owned())]),
+        other => Err(format!("the SNS operation {other} is not mapped")),
+    }
+}
+
+/// S3's sub-resources of a bucket and the actions that read and write them, by the query
+/// parameter that names them.
+const BUCKET_SUBRESOURCES: [(&str, &str, &str, &str); 11] = [
+    // (parameter, read operation and action, write operation and action)
+    ("acl", "GetBucketAcl", "PutBucketAcl", ""),
+    ("cors", "GetBucketCors", "PutBucketCORS", "GetBucketCORS"),
+    (
+        "encryption",
+        "GetBucketEncryption",
+        "PutEncryptionConfiguration",
+        "GetEncryptionConfiguration",
+    ),
+    (
+        "lifecycle",
+        "GetBucketLifecycleConfiguration",
+        "PutLifecycleConfiguration",
+        "GetLifecycleConfiguration",
+    ),
+    (
+        "notification",
+        "GetBucketNotificationConfiguration",
+        "PutBucketNotification",
+        "GetBucketNotification",
+    ),
+    ("policy", "GetBucketPolicy", "PutBucketPolicy", ""),
+    ("tagging", "GetBucketTagging", "PutBucketTagging", ""),
+    ("versioning", "GetBucketVersioning", "PutBucketVersioning", ""),
+    (
+        "publicAccessBlock",
+        "GetPublicAccessBlock",
+        "PutBucketPublicAccessBlock",
+        "GetBucketPublicAccessBlock",
+    ),
+    ("ownershipControls", "GetBucketOwnershipControls", "PutBucketOwnershipControls", ""),
+    ("location", "GetBucketLocation", "", ""),
+];
+
+/// What an S3 request is, and the actions it needs on its bucket or object: the operation's
+/// name first (also when it cannot be mapped, with the reason).
+fn s3(request: &AwsRequest<'_>) -> Result<(&'static str, Vec<Need>), (&'static str, String)> {
+    let method = request.method.to_ascii_uppercase();
+    let (bucket, key) = request.bucket_and_key();
+    let need = |action: &str, resource: String| Need::new(format!("s3:{action}"), resource);
+    let Some(bucket) = bucket else {
+        return match method.as_str() {
+            "GET" => Ok(("ListBuckets", vec![need("ListAllMyBuckets", "*".to_owned())])),
+            _ => Err(("unknown", format!("{method} / names no bucket"))),
+        };
+    };
+    let bucket_arn = format!("arn:aws:s3:::{bucket}");
+    let Some(key) = key else {
+        for (parameter, read, write, read_action) in BUCKET_SUBRESOURCES {
+            if !request.query_has(parameter) {
+                continue;
+            }
+            let (operation, action) = match method.as_str() {
+                "GET" => (read, if read_action.is_empty() { read } else { read_action }),
+                "PUT" if !write.is_empty() => (write, write),
+                "DELETE" if parameter == "policy" => ("DeleteBucketPolicy", "DeleteBucketPolicy"),
+                _ => return Err(("unknown", format!("{method} ?{parameter} is not mapped"))),
+            };
+            return Ok((operation, vec![need(action, bucket_arn)]));
+        }
+        return match method.as_str() {
+            "PUT" => Ok(("CreateBucket", vec![need("CreateBucket", bucket_arn)])),
+            "DELETE" => Ok(("DeleteBucket", vec![need("DeleteBucket", bucket_arn)])),
+            "HEAD" => Ok(("HeadBucket", vec![need("ListBucket", bucket_arn)])),
+            "GET" if request.query_has("uploads") => {
+                Ok(("ListMultipartUploads", vec![need("ListBucketMultipartUploads", bucket_arn)]))
+            }
+            "GET" if request.query_has("versions") => {
+                Ok(("ListObjectVersions", vec![need("ListBucketVersions", bucket_arn)]))
+            }
+            "GET" => Ok(("ListObjectsV2", vec![need("ListBucket", bucket_arn)])),
+            // Each object of a batch delete is authorised as its own delete.
+            "POST" if request.query_has("delete") => {
+                let keys = xml_values(request.body, "Key");
+                if keys.is_empty() {
+                    return Err(("DeleteObjects", "no Key in the body".into()));
+                }
+                let needs = keys
+                    .into_iter()
+                    .map(|k| need("DeleteObject", format!("{bucket_arn}/{k}")))
+                    .collect();
+                Ok(("DeleteObjects", needs))
+            }
+            _ => Err(("unknown", format!("{method} on a bucket is not mapped"))),
+        };
+    };
+    let object = format!("{bucket_arn}/{key}");
+    let versioned = request.query_has("versionId");
+    let found = match method.as_str() {
+        "PUT" if request.query_has("tagging") => ("PutObjectTagging", "PutObjectTagging"),
+        "PUT" if request.query_has("acl") => ("PutObjectAcl", "PutObjectAcl"),
+        "PUT" if request.query_has("uploadId") => ("UploadPart", "PutObject"),
+        "PUT" if request.copy_source.is_some() => {
+            // A copy reads its source with the caller's permissions too.
+            let source = request.copy_source.unwrap_or_default();
+            let source = percent_decode_str(source.trim_start_matches('/')).decode_utf8_lossy();
+            let source = source.split('?').next().unwrap_or_default();
+            return Ok((
+                "CopyObject",
+                vec![
+                    need("PutObject", object),
+                    need("GetObject", format!("arn:aws:s3:::{source}")),
+                ],
+            ));
+        }
+        "PUT" => ("PutObject", "PutObject"),
+        "GET" if request.query_has("tagging") => ("GetObjectTagging", "GetObjectTagging"),
+        "GET" if request.query_has("acl") => ("GetObjectAcl", "GetObjectAcl"),
+        "GET" if request.query_has("uploadId") => ("ListParts", "ListMultipartUploadParts"),
+        "GET" | "HEAD" if versioned => {
+            (if method == "GET" { "GetObject" } else { "HeadObject" }, "GetObjectVersion")
+        }
+        "GET" => ("GetObject", "GetObject"),
+        "HEAD" => ("HeadObject", "GetObject"),
+        "DELETE" if request.query_has("uploadId") => {
+            ("AbortMultipartUpload", "AbortMultipartUpload")
+        }
+        "DELETE" if request.query_has("tagging") => ("DeleteObjectTagging", "DeleteObjectTagging"),
+        "DELETE" if versioned => ("DeleteObject", "DeleteObjectVersion"),
+        "DELETE" => ("DeleteObject", "DeleteObject"),
+        "POST" if request.query_has("uploads") => ("CreateMultipartUpload", "PutObject"),
+        "POST" if request.query_has("uploadId") => ("CompleteMultipartUpload", "PutObject"),
+        "POST" if request.query_has("restore") => ("RestoreObject", "RestoreObject"),
+        _ => return Err(("unknown", format!("{method} on an object is not mapped"))),
+    };
+    Ok((found.0, vec![need(found.1, object)]))
+}
+
+/// The text of every `<tag>...</tag>` of an XML body, unescaped.
+fn xml_values(body: &[u8], tag: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = text.as_ref();
+    while let Some(start) = rest.find(&open) {
+        let after = &rest[start + open.len()..];
+        let Some(end) = after.find(&close) else { break };
+        out.push(
+            after[..end]
+                .replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&quot;", "\"")
+                .replace("&apos;", "'")
+                .replace("&amp;", "&"),
+        );
+        rest = &after[end + close.len()..];
+    }
+    out
 }
 
 fn text<'a>(json: &'a Value, key: &str) -> Result<&'a str, String> {

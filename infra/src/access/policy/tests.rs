@@ -10,6 +10,16 @@ use crate::Error;
 use crate::emulation::provision::{Stack, local_dry_run, project_template};
 use crate::emulation::template::Template;
 
+/// A request of a JSON protocol: its target and body.
+fn json_request<'a>(target: Option<&'a str>, body: &'a [u8]) -> AwsRequest<'a> {
+    AwsRequest { method: "POST", path: "/", target, body, ..AwsRequest::default() }
+}
+
+/// What a JSON-protocol request needs.
+fn needs(target: Option<&str>, body: &[u8], scope: &Scope) -> Result<Vec<Need>, Unmapped> {
+    super::needs(&json_request(target, body), scope)
+}
+
 fn stack_of(template: &Template) -> Stack {
     local_dry_run(template, &[])
 }
@@ -278,10 +288,17 @@ fn an_unknown_operation_or_service_is_refused() {
     assert_eq!(unmapped(Some("DynamoDB_20120810.CreateBackup")).action, "dynamodb:CreateBackup");
     assert_eq!(unmapped(Some("AWSEvents.PutRule")).action, "events:PutRule");
     assert!(unmapped(Some("Kinesis_20131202.PutRecord")).reason.contains("not mapped"));
-    assert!(unmapped(None).reason.contains("X-Amz-Target"));
+    assert!(
+        unmapped(None).reason.contains("POST / of unknown is not mapped"),
+        "{:?}",
+        unmapped(None)
+    );
     let access = Access::new(policies);
     let refused = access
-        .authorize("SchedulerFunction", Some("DynamoDB_20120810.CreateBackup"), b"{}")
+        .authorize(
+            "SchedulerFunction",
+            &json_request(Some("DynamoDB_20120810.CreateBackup"), b"{}"),
+        )
         .unwrap_err();
     assert!(matches!(refused.cause, Cause::Unmapped(_)), "{refused:?}");
     assert!(refused.message().contains("is not authorized to perform: dynamodb:CreateBackup"));
@@ -441,20 +458,25 @@ fn the_records_tell_denials_and_grants_no_call_used() {
     .unwrap();
     let access = Access::new(p);
     let get = br#"{"TableName":"local-Table"}"#;
-    assert_eq!(access.authorize("F", Some("DynamoDB_20120810.GetItem"), get), Ok(()));
     assert_eq!(
-        access.authorize("local", Some("DynamoDB_20120810.DeleteItem"), get),
+        access.authorize("F", &json_request(Some("DynamoDB_20120810.GetItem"), get)),
+        Ok(())
+    );
+    assert_eq!(
+        access.authorize("local", &json_request(Some("DynamoDB_20120810.DeleteItem"), get)),
         Ok(()),
         "not a function: unchecked"
     );
-    let denial = access.authorize("F", Some("DynamoDB_20120810.DeleteItem"), get).unwrap_err();
+    let denial = access
+        .authorize("F", &json_request(Some("DynamoDB_20120810.DeleteItem"), get))
+        .unwrap_err();
     assert_eq!(
         denial.message(),
         format!(
             "User: arn:aws:sts::123456789012:assumed-role/FRole/F is not authorized to perform: dynamodb:DeleteItem on resource: {TABLE} because no identity-based policy allows the dynamodb:DeleteItem action"
         )
     );
-    let _ = access.authorize("F", Some("DynamoDB_20120810.DeleteItem"), get);
+    let _ = access.authorize("F", &json_request(Some("DynamoDB_20120810.DeleteItem"), get));
     let report = access.report();
     assert_eq!(report.checked, BTreeMap::from([("F".to_owned(), 3)]));
     assert_eq!(report.denials.len(), 1);
@@ -536,4 +558,156 @@ fn the_template_s_policies_are_all_read() {
             .all(|a| a.starts_with("logs:") || a.starts_with("xray:")),
         "no AWS calls of its own, only its logs and traces: {sim:?}"
     );
+}
+
+/// An S3 request, path-style: `method`, the path and the query.
+fn s3_request<'a>(
+    method: &'a str,
+    path: &'a str,
+    query: &'a str,
+    body: &'a [u8],
+) -> AwsRequest<'a> {
+    AwsRequest {
+        method,
+        path,
+        query,
+        authorization: Some(
+            "AWS4-HMAC-SHA256 Credential=F/20261127/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00",
+        ),
+        body,
+        ..AwsRequest::default()
+    }
+}
+
+#[test]
+fn s3_requests_need_their_action_on_their_bucket_or_object() {
+    let (_, policies) = real();
+    let scope = &policies.scope;
+    let needed = |request: AwsRequest<'_>| {
+        let needs = super::needs(&request, scope).unwrap();
+        let named: Vec<String> =
+            needs.iter().map(|n| format!("{} {}", n.action, n.resource)).collect();
+        (operation(&request), named.join(", "))
+    };
+    let cases = [
+        (s3_request("PUT", "/b", "", b""), "CreateBucket", "s3:CreateBucket arn:aws:s3:::b"),
+        (s3_request("HEAD", "/b", "", b""), "HeadBucket", "s3:ListBucket arn:aws:s3:::b"),
+        (
+            s3_request("GET", "/b", "list-type=2&prefix=a%2F", b""),
+            "ListObjectsV2",
+            "s3:ListBucket arn:aws:s3:::b",
+        ),
+        (s3_request("DELETE", "/b", "", b""), "DeleteBucket", "s3:DeleteBucket arn:aws:s3:::b"),
+        (
+            s3_request("PUT", "/b", "tagging", b""),
+            "PutBucketTagging",
+            "s3:PutBucketTagging arn:aws:s3:::b",
+        ),
+        (
+            s3_request("GET", "/b", "location", b""),
+            "GetBucketLocation",
+            "s3:GetBucketLocation arn:aws:s3:::b",
+        ),
+        (
+            s3_request("PUT", "/b/statements/a%20b.json", "x-id=PutObject", b"{}"),
+            "PutObject",
+            "s3:PutObject arn:aws:s3:::b/statements/a b.json",
+        ),
+        (s3_request("GET", "/b/k", "", b""), "GetObject", "s3:GetObject arn:aws:s3:::b/k"),
+        (s3_request("HEAD", "/b/k", "", b""), "HeadObject", "s3:GetObject arn:aws:s3:::b/k"),
+        (
+            s3_request("GET", "/b/k", "versionId=3", b""),
+            "GetObject",
+            "s3:GetObjectVersion arn:aws:s3:::b/k",
+        ),
+        (s3_request("DELETE", "/b/k", "", b""), "DeleteObject", "s3:DeleteObject arn:aws:s3:::b/k"),
+        (
+            s3_request("POST", "/b/k", "uploads", b""),
+            "CreateMultipartUpload",
+            "s3:PutObject arn:aws:s3:::b/k",
+        ),
+        (
+            s3_request("PUT", "/b/k", "partNumber=1&uploadId=u", b""),
+            "UploadPart",
+            "s3:PutObject arn:aws:s3:::b/k",
+        ),
+        (
+            s3_request("DELETE", "/b/k", "uploadId=u", b""),
+            "AbortMultipartUpload",
+            "s3:AbortMultipartUpload arn:aws:s3:::b/k",
+        ),
+        (
+            s3_request(
+                "POST",
+                "/b",
+                "delete",
+                b"<Delete><Object><Key>x</Key></Object><Object><Key>y&amp;z</Key></Object></Delete>",
+            ),
+            "DeleteObjects",
+            "s3:DeleteObject arn:aws:s3:::b/x, s3:DeleteObject arn:aws:s3:::b/y&z",
+        ),
+        (s3_request("GET", "/", "", b""), "ListBuckets", "s3:ListAllMyBuckets *"),
+    ];
+    for (request, operation, needs) in cases {
+        assert_eq!(needed(request), (operation.to_owned(), needs.to_owned()), "{request:?}");
+    }
+    // A copy reads its source with the caller's permissions too.
+    let mut copy = s3_request("PUT", "/b/to", "", b"");
+    copy.copy_source = Some("/src/from%2Fkey?versionId=1");
+    assert_eq!(
+        needed(copy),
+        (
+            "CopyObject".to_owned(),
+            "s3:PutObject arn:aws:s3:::b/to, s3:GetObject arn:aws:s3:::src/from/key".to_owned()
+        )
+    );
+    let refused = super::needs(&s3_request("PATCH", "/b/k", "", b""), scope).unwrap_err();
+    assert!(refused.reason.contains("PATCH on an object is not mapped"), "{refused:?}");
+}
+
+#[test]
+fn query_protocol_requests_are_read_from_their_form() {
+    let (stack, policies) = real();
+    let scope = &policies.scope;
+    fn form<'a>(service: &str, body: &'a [u8]) -> AwsRequest<'a> {
+        AwsRequest {
+            method: "POST",
+            path: "/",
+            authorization: Some(if service == "sns" {
+                "AWS4-HMAC-SHA256 Credential=F/20261127/us-east-1/sns/aws4_request, SignedHeaders=host, Signature=00"
+            } else {
+                "AWS4-HMAC-SHA256 Credential=F/20261127/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=00"
+            }),
+            body,
+            ..AwsRequest::default()
+        }
+    }
+    let publish = form(
+        "sns",
+        b"Action=Publish&Version=2010-03-31&TopicArn=arn%3Aaws%3Asns%3Aus-east-1%3A123456789012%3Aalerts&Message=hi+there",
+    );
+    assert_eq!(operation(&publish), "Publish");
+    assert_eq!(
+        super::needs(&publish, scope).unwrap(),
+        [Need::new("sns:Publish", "arn:aws:sns:us-east-1:123456789012:alerts")]
+    );
+    let create = form("sns", b"Action=CreateTopic&Name=orders");
+    assert_eq!(
+        super::needs(&create, scope).unwrap(),
+        [Need::new("sns:CreateTopic", "arn:aws:sns:us-east-1:123456789012:orders")]
+    );
+    // SQS in the query protocol (other SDKs than Rust's) needs what its JSON protocol does.
+    let url = stack.reference("ReplyQueue").unwrap();
+    let body = format!(
+        "Action=SendMessage&QueueUrl={}&MessageBody=x",
+        url.replace(':', "%3A").replace('/', "%2F")
+    );
+    let send = form("sqs", body.as_bytes());
+    let queue = url.rsplit('/').next().unwrap();
+    assert_eq!(
+        super::needs(&send, scope).unwrap(),
+        [Need::new("sqs:SendMessage", format!("arn:aws:sqs:us-east-1:123456789012:{queue}"))]
+    );
+    let unknown = super::needs(&form("sns", b"Action=OptInPhoneNumber&phoneNumber=1"), scope);
+    assert!(unknown.unwrap_err().reason.contains("OptInPhoneNumber is not mapped"));
 }

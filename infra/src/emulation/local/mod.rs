@@ -305,6 +305,7 @@ async fn start_proxy(
             ("dynamodb".to_owned(), emulators.dynamodb.clone()),
             ("sqs".to_owned(), emulators.sqs_and_events.clone()),
             ("eventbridge".to_owned(), emulators.sqs_and_events.clone()),
+            ("s3".to_owned(), emulators.sqs_and_events.clone()),
         ]),
     })
     .with_access(access);

@@ -8,17 +8,35 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use super::faults::WireFault;
-use crate::access::policy::Denial;
+use crate::access::policy::{Denial, Protocol};
 
 /// AWS's answer to a request the caller's policy does not allow, in the service's protocol:
 /// DynamoDB's `AccessDeniedException` (status 400); SQS's JSON protocol with the query-protocol
 /// code `AccessDenied` in `x-amzn-query-error`, which the SDK takes as the error code (status
-/// 403); `AccessDeniedException` (status 400) for the other JSON services; and the query
-/// protocol's XML for a request without `X-Amz-Target`.
-pub(super) fn denied(service: &str, denial: &Denial) -> Response<Body> {
+/// 403); `AccessDeniedException` (status 400) for the other JSON services; the query
+/// protocol's XML `ErrorResponse` (SNS's code is `AuthorizationError`); and S3's XML `Error`
+/// (status 403).
+pub(super) fn denied(service: &str, protocol: &Protocol, denial: &Denial) -> Response<Body> {
     let message = denial.message();
     let typed = |code: &str, key: &str| json!({ "__type": code, key: message }).to_string();
+    let escaped = message.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let json = matches!(protocol, Protocol::Json { .. });
     let (body, http_status, content_type) = match service {
+        _ if !json && service == "s3" => (
+            format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code><Message>{escaped}</Message><RequestId>local</RequestId></Error>"
+            ),
+            403,
+            "application/xml",
+        ),
+        _ if !json => (
+            format!(
+                "<ErrorResponse><Error><Type>Sender</Type><Code>{}</Code><Message>{escaped}</Message></Error><RequestId>local</RequestId></ErrorResponse>",
+                if service == "sns" { "AuthorizationError" } else { "AccessDenied" }
+            ),
+            403,
+            "text/xml",
+        ),
         "dynamodb" => (
             typed("com.amazonaws.dynamodb.v20120810#AccessDeniedException", "Message"),
             400,
@@ -29,21 +47,13 @@ pub(super) fn denied(service: &str, denial: &Denial) -> Response<Body> {
             403,
             "application/x-amz-json-1.0",
         ),
-        "other" => (
-            format!(
-                "<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>{}</Message></Error><RequestId>local</RequestId></ErrorResponse>",
-                message.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-            ),
-            403,
-            "text/xml",
-        ),
         _ => (typed("AccessDeniedException", "Message"), 400, "application/x-amz-json-1.1"),
     };
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = StatusCode::from_u16(http_status).unwrap_or(StatusCode::FORBIDDEN);
     let headers = response.headers_mut();
     headers.insert("content-type", axum::http::HeaderValue::from_static(content_type));
-    if service == "sqs" {
+    if service == "sqs" && json {
         headers.insert(
             "x-amzn-query-error",
             axum::http::HeaderValue::from_static("AccessDenied;Sender"),

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::lock;
+use crate::access::policy::{AwsRequest, Protocol, form_pairs, operation};
 
 /// What the proxy saw of one kind of request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,32 +49,36 @@ pub fn label(name: &str) -> &str {
     name.rsplit(['/', ':', '-', '_']).next().unwrap_or("?")
 }
 
-/// The service and operation of an AWS API request, from its `X-Amz-Target` header (the JSON
-/// protocols of DynamoDB, SQS and EventBridge) or its `Action` parameter (query protocol).
-/// Whether a `GetItem` is consistent (a whole read unit) or eventual (half), and which queue a
-/// send goes to, are counted apart.
-pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
-    let Some(target) = target else {
-        let text = String::from_utf8_lossy(body);
-        let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("unknown");
-        return Call {
-            service: "other".into(),
-            operation: action.into(),
-            counted_as: action.into(),
-            sends: 0,
+/// The service and operation of an AWS API request: from its `X-Amz-Target` header (the JSON
+/// protocols of DynamoDB, SQS, EventBridge, Secrets Manager), its `Action` (query protocol:
+/// SNS, ...) or its method and path (REST: S3), the service from the signature's scope where
+/// no target names it. Whether a `GetItem` is consistent (a whole read unit) or eventual
+/// (half), and which queue a send goes to, are counted apart.
+pub fn classify(request: &AwsRequest<'_>) -> Call {
+    let operation = operation(request);
+    let Protocol::Json { prefix, .. } = request.protocol() else {
+        let service = request.signed_service().unwrap_or("other").to_owned();
+        let counted_as = match (service.as_str(), operation.as_str()) {
+            ("sqs", "SendMessage" | "GetQueueAttributes") => {
+                let form = form_pairs(std::str::from_utf8(request.body).unwrap_or_default());
+                let url = form.iter().find(|(k, _)| k == "QueueUrl").map_or("", |(_, v)| v);
+                let to = if operation == "GetQueueAttributes" { "of" } else { "to" };
+                format!("{operation} {to} {}", label(url))
+            }
+            _ => operation.clone(),
         };
+        return Call { service, operation, counted_as, sends: 0 };
     };
-    let (prefix, operation) = target.split_once('.').unwrap_or((target, ""));
-    let service = match prefix {
+    let service = match prefix.as_str() {
         p if p.starts_with("DynamoDB") => "dynamodb",
         p if p.starts_with("AmazonSQS") => "sqs",
         p if p.starts_with("AWSEvents") => "eventbridge",
         other => other,
     };
-    let json = serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+    let json = serde_json::from_slice::<serde_json::Value>(request.body).unwrap_or_default();
     let logical = |name: &str| label(name).to_owned();
     let mut sends = 0;
-    let counted_as = match (service, operation) {
+    let counted_as = match (service, operation.as_str()) {
         ("dynamodb", "GetItem") => {
             let consistent = json["ConsistentRead"].as_bool().unwrap_or(false);
             format!("GetItem, {}", if consistent { "consistent" } else { "eventual" })
@@ -82,7 +87,7 @@ pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
             format!("PutItem on {}", logical(json["TableName"].as_str().unwrap_or("")))
         }
         ("sqs", "SendMessage" | "SendMessageBatch" | "GetQueueAttributes") => {
-            sends = match operation {
+            sends = match operation.as_str() {
                 "SendMessage" => 1,
                 "SendMessageBatch" => json["Entries"].as_array().map_or(0, |e| e.len() as u64),
                 _ => 0,
@@ -91,9 +96,9 @@ pub fn classify(target: Option<&str>, body: &[u8]) -> Call {
             let to = if operation == "GetQueueAttributes" { "of" } else { "to" };
             format!("{operation} {to} {queue}")
         }
-        _ => operation.to_owned(),
+        _ => operation.clone(),
     };
-    Call { service: service.to_owned(), operation: operation.to_owned(), counted_as, sends }
+    Call { service: service.to_owned(), operation, counted_as, sends }
 }
 
 /// Messages a `ReceiveMessage` answer hands out.

@@ -33,7 +33,7 @@ use axum::body::{Body, Bytes, to_bytes};
 use axum::http::request::Parts;
 use axum::http::{Method, Request, Response, StatusCode};
 
-use crate::access::policy::Access;
+use crate::access::policy::{Access, AwsRequest};
 use answers::{batch_answer, denied, error_response};
 use calls::received;
 pub use calls::{Call, Counts, Seen, classify, label};
@@ -108,13 +108,22 @@ impl Proxy {
         if parts.uri.path() == ACCESS_PATH {
             return self.access_report(&parts.method);
         }
-        let target = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
-        let mut call = classify(target, &body);
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+        let request = AwsRequest {
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            query: parts.uri.query().unwrap_or_default(),
+            target: header("x-amz-target"),
+            authorization: header("authorization"),
+            copy_source: header("x-amz-copy-source"),
+            body: &body,
+        };
+        let mut call = classify(&request);
         // Authorisation comes first, as on AWS: a refused request is neither throttled nor
         // billed, so it is not counted either.
         if let (Some(access), Some(key)) = (&self.access, access_key_id(&parts.headers)) {
-            if let Err(denial) = access.authorize(key, target, &body) {
-                return denied(&call.service, &denial);
+            if let Err(denial) = access.authorize(key, &request) {
+                return denied(&call.service, &request.protocol(), &denial);
             }
         }
         match self.inject(&mut call, access_key_id(&parts.headers), body).await {

@@ -4,6 +4,18 @@ use serde_json::json;
 
 use super::*;
 
+/// How a request of a JSON protocol, with `target` and `body`, is counted.
+fn classify(target: Option<&str>, body: &[u8]) -> Call {
+    let request = crate::access::policy::AwsRequest {
+        method: "POST",
+        path: "/",
+        target,
+        body,
+        ..Default::default()
+    };
+    super::classify(&request)
+}
+
 fn counted(target: Option<&str>, body: &[u8]) -> (String, String) {
     let c = classify(target, body);
     (c.service, c.counted_as)
@@ -272,4 +284,90 @@ async fn denials_reach_the_sdk_as_each_service_s_access_denied() {
     assert!(report.unused.is_empty(), "the one grant was used: {report:?}");
     let counted = proxy.counts.snapshot();
     assert_eq!(counted.values().map(|s| s.requests).sum::<u64>(), 2, "denied calls are not billed");
+}
+
+/// `F` may write objects under one prefix of a bucket, and nothing else.
+const WRITER: &str = r#"
+Resources:
+  F:
+    Type: AWS::Serverless::Function
+    Properties:
+      Policies:
+        - Statement:
+            - Effect: Allow
+              Action: s3:PutObject
+              Resource: arn:aws:s3:::t-bucket/statements/*
+"#;
+
+/// S3 (REST-XML) and SNS (the query protocol) are checked as the JSON services are, and a
+/// denial reaches their SDKs as their own access-denied error, naming the action.
+#[tokio::test]
+async fn rest_and_query_protocol_requests_are_checked_and_denied_in_their_own_format() {
+    use aws_sdk_s3::error::ProvideErrorMetadata;
+
+    use crate::access::policy::policies;
+    use crate::emulation::provision::{Options, dry_run};
+    use crate::emulation::template::Template;
+
+    let template = Template::parse(WRITER).unwrap();
+    let options =
+        Options { stack_name: "t".into(), region: "us-east-1".into(), ..Options::default() };
+    let stack = dry_run(&template, &options).unwrap();
+    let access = Access::new(policies(&template, &stack).unwrap());
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_url = format!("http://{}", upstream.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(upstream, axum::Router::new().fallback(|| async { "" })).await
+    });
+    let proxy = Proxy::new(Upstreams::single(upstream_url)).with_access(access);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(proxy.clone().serve(listener));
+
+    let credentials = aws_credential_types::Credentials::new("F", "local", None, None, "test");
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(credentials)
+        .endpoint_url(&endpoint)
+        .load()
+        .await;
+    // Path-style, as every S3 client of a local endpoint must be: `<endpoint>/<bucket>/<key>`.
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true).build(),
+    );
+    let body = || aws_sdk_s3::primitives::ByteStream::from_static(b"{}");
+    s3.put_object().bucket("t-bucket").key("statements/a").body(body()).send().await.unwrap();
+    let outside =
+        s3.put_object().bucket("t-bucket").key("other/a").body(body()).send().await.unwrap_err();
+    assert_eq!(outside.code(), Some("AccessDenied"), "{outside:?}");
+    let delete =
+        s3.delete_object().bucket("t-bucket").key("statements/a").send().await.unwrap_err();
+    assert_eq!(delete.code(), Some("AccessDenied"), "{delete:?}");
+    assert!(
+        delete.message().is_some_and(|m| m.contains(
+            "is not authorized to perform: s3:DeleteObject on resource: arn:aws:s3:::t-bucket/statements/a"
+        )),
+        "{delete:?}"
+    );
+
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let publish = sns
+        .publish()
+        .topic_arn("arn:aws:sns:us-east-1:123456789012:alerts")
+        .message("hi")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(publish.code(), Some("AuthorizationError"), "{publish:?}");
+    assert!(
+        publish.message().is_some_and(|m| m.contains("sns:Publish on resource: arn:aws:sns:")),
+        "{publish:?}"
+    );
+
+    let counted = proxy.counts.snapshot();
+    let seen: Vec<_> = counted
+        .iter()
+        .map(|((service, op), s)| (service.as_str(), op.as_str(), s.requests))
+        .collect();
+    assert_eq!(seen, [("s3", "PutObject", 1)], "only the call allowed is counted");
 }
