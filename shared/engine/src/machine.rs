@@ -15,7 +15,8 @@
 //! it wakes; nothing is sent for it but, for a wait SQS can delay a message for, a start
 //! message due at that time. A step that waits for a callback holds a lease as long as its
 //! timeout, sent to nobody: its start announces a token, which only an answer to that lease
-//! may bear. The record is Processing while a lease is sent, Pending
+//! may bear, and, for a timeout SQS can delay a message for, a start message due at its end
+//! (again at each heartbeat). The record is Processing while a lease is sent, Pending
 //! while leases only wait for the scheduler, and its CompleteBy is the earliest lease's.
 //!
 //! The transitions, by state and input:
@@ -43,6 +44,8 @@
 //! | Processing | the same: heartbeat | the callback's lease runs a whole timeout from now |
 //! | any | answer with another token, to a step not waiting (done, failed, not started, order stopping or ended) or taking no callback | refused, saying why; nothing written |
 //! | Pending, Processing | expiry: a callback's lease at its end (no horizon: no answer is in a queue) | the step failed, unanswered |
+//! | Processing | start message of a callback's attempt, at or after its end | the step failed, unanswered (as at its expiry, without waiting for a sweep) |
+//! | Processing | start message of a callback's attempt, before its end | ignored: a heartbeat moved the end, and sent its own |
 //! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
@@ -518,7 +521,7 @@ fn claim(
         .map(|(i, _, l)| (i, *l))
         .collect();
     if queued.is_empty() {
-        return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
+        return timed_out(record, attempt, message, ctx);
     }
     if queued.iter().all(|(_, l)| l.timer && l.complete_by > ctx.now) {
         // A wait's start message came before its time (clocks differ a little): the
@@ -551,6 +554,31 @@ fn claim(
         next.note(ctx.now, Happening::Claimed, Some(name), ctx.config.timeline_limit);
     }
     proceed(next, effects, ctx, Via::Lease)
+}
+
+/// A start message no queued lease holds: the end of the callback waiting at its attempt, if
+/// one is, judged as its expiry would be (so that a timeout of minutes acts within seconds of
+/// its end, not at the next sweep); otherwise stale.
+fn timed_out(record: &StateRecord, attempt: u64, message: &str, ctx: &Ctx<'_>) -> Decision {
+    let callback =
+        record.leased().find(|(_, s, l)| l.sent && l.attempt == attempt && awaits_callback(ctx, s));
+    let Some((i, _, lease)) = callback else {
+        return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
+    };
+    if lease.complete_by > ctx.now {
+        return Decision::Ignore(Ignored::NotExpired { complete_by: Some(lease.complete_by) });
+    }
+    let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
+    let mut effects = Vec::new();
+    judge(&mut next, i, ctx, &mut effects);
+    proceed(next, effects, ctx, Via::Kick)
+}
+
+/// The start message that ends a callback's wait at the end of `lease`, if SQS can delay a
+/// message that long; a longer wait ends at the supervisor's sweep.
+fn callback_end(lease: &Lease, ctx: &Ctx<'_>) -> Option<Effect> {
+    let delay = ctx.now.until(lease.complete_by);
+    (delay <= MAX_DELIVERY_DELAY).then_some(Effect::Kick { delay, attempt: lease.attempt })
 }
 
 /// The wait of step `i` is over: the step is done.
@@ -877,10 +905,11 @@ fn dispatch(
     // Not marked dispatched: nothing reached a service, so a stop leaves nothing to judge.
     next.attempt += 1;
     let attempt = next.attempt;
-    next.steps[i].lease =
-        Some(Lease { attempt, complete_by, sent: true, failures: 0, timer: false });
+    let lease = Lease { attempt, complete_by, sent: true, failures: 0, timer: false };
+    next.steps[i].lease = Some(lease);
     next.steps[i].token = Some(token(ctx.seed, next.order_id, attempt, i));
     effects.push(Effect::Announce { step: i });
+    effects.extend(callback_end(&lease, ctx));
 }
 
 /// A token no one can guess from anything the order shows, distinct for every step and attempt
@@ -1333,6 +1362,7 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
             // Still at it: the timeout starts again, under the same token.
             if let Some(lease) = &mut next.steps[i].lease {
                 lease.complete_by = ctx.now.plus(step.budget);
+                effects.extend(callback_end(lease, ctx));
             }
             next.complete_by = next.earliest_lease();
             return apply(next, effects);

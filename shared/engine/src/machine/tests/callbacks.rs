@@ -373,3 +373,83 @@ fn a_refusal_repeated_after_it_ended_the_order_replays_the_end_and_then_says_the
         })
     );
 }
+
+/// The opening with an approval due within ten minutes, which SQS can delay a message for.
+fn quick() -> Fixture {
+    let mut f = opening();
+    let json = r#"{"name":"opening","steps":[
+            {"name":"identity","agent":"checks","compensation":{"action":"forget-identity"}},
+            {"name":"credit","agent":"checks","depends_on":[],
+             "compensation":{"action":"forget-credit"}},
+            {"name":"approval","callback":{"timeout_seconds":600},
+             "depends_on":["identity","credit"]},
+            {"name":"account","agent":"core"}]}"#;
+    f.workflow =
+        Workflow::from_json(json, &[AgentName::new("checks"), AgentName::new("core")]).unwrap();
+    f
+}
+
+/// The start message of `attempt`, received at `now`.
+fn kicked(f: &Fixture, record: &StateRecord, attempt: u64, now: Timestamp) -> Decision {
+    let input = Input::Claim { attempt, owner: "scheduler-a", message: "end-of-approval" };
+    f.decide(record, input, now)
+}
+
+#[test]
+fn a_timeout_within_sqs_s_delay_is_acted_on_at_its_end_by_its_own_start_message() {
+    let f = quick();
+    let (r, effects) = awaiting(&f);
+    let lease = r.steps[APPROVAL].lease.unwrap();
+    let end = T0.plus(secs(2)).plus(secs(600));
+    assert_eq!(lease.complete_by, end);
+    assert!(
+        effects.contains(&Effect::Kick { delay: secs(600), attempt: lease.attempt }),
+        "a start message due at the end: {effects:?}"
+    );
+    // Before its end, the message changes nothing (clocks differ a little).
+    let early = kicked(&f, &r, lease.attempt, end.minus(secs(1)));
+    assert!(matches!(early, Decision::Ignore(Ignored::NotExpired { .. })), "{early:?}");
+    // At its end the step fails unanswered, as the supervisor's sweep would fail it, and the
+    // checks done are undone.
+    let t = applied(kicked(&f, &r, lease.attempt, end));
+    let n = &t.next;
+    assert_eq!(n.steps[APPROVAL].status, StepStatus::Failed);
+    assert_eq!(n.steps[APPROVAL].detail.as_deref(), Some("no answer within 600 s"));
+    assert!(matches!(n.cause, Some(Cause::StepTimedOut { .. })), "{:?}", n.cause);
+    assert!(n.steps[IDENTITY].lease.is_some() && n.steps[CREDIT].lease.is_some(), "undos queued");
+    // The same message again replays; a message of another attempt is stale.
+    assert!(matches!(kicked(&f, n, lease.attempt, end), Decision::Replay(_)));
+    let other = Input::Claim { attempt: lease.attempt, owner: "scheduler-b", message: "other" };
+    assert!(matches!(f.decide(n, other, end), Decision::Ignore(Ignored::Stale { .. })));
+}
+
+#[test]
+fn a_heartbeat_sends_the_start_message_of_its_new_end_and_the_old_one_changes_nothing() {
+    let f = quick();
+    let (r, _) = awaiting(&f);
+    let lease = r.steps[APPROVAL].lease.unwrap();
+    let beat = T0.plus(secs(300));
+    let t = applied(f.respond(&r, Some(&token(&r)), &Answer::Heartbeat, beat));
+    let moved = t.next.steps[APPROVAL].lease.unwrap();
+    assert_eq!((moved.attempt, moved.complete_by), (lease.attempt, beat.plus(secs(600))));
+    assert!(
+        t.effects.contains(&Effect::Kick { delay: secs(600), attempt: lease.attempt }),
+        "{:?}",
+        t.effects
+    );
+    let old_end = kicked(&f, &t.next, lease.attempt, lease.complete_by);
+    assert!(matches!(old_end, Decision::Ignore(Ignored::NotExpired { .. })), "{old_end:?}");
+    let failed = applied(kicked(&f, &t.next, lease.attempt, moved.complete_by));
+    assert_eq!(failed.next.steps[APPROVAL].status, StepStatus::Failed);
+}
+
+#[test]
+fn a_timeout_longer_than_sqs_s_delay_waits_for_the_sweep() {
+    let f = opening();
+    let (r, effects) = awaiting(&f);
+    let attempt = r.steps[APPROVAL].lease.unwrap().attempt;
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::Kick { attempt: a, .. } if *a == attempt)),
+        "two days: {effects:?}"
+    );
+}
