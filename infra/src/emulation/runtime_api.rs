@@ -221,7 +221,10 @@ async fn next(State(shared): State<Arc<Shared>>) -> Response {
             let mut waiting = shared.waiting.lock().await;
             match waiting.recv().await {
                 Some(i) => i,
-                None => return StatusCode::GONE.into_response(),
+                // The function is going away: Lambda never answers a poller then (it freezes
+                // or ends the environment), and a runtime given an answer without an
+                // invocation's headers panics. The poller waits until its process is ended.
+                None => return std::future::pending().await,
             }
         };
         if invocation.deadline_ms <= now_ms() {
@@ -370,6 +373,19 @@ mod tests {
         let err = api.invoke("{}".into(), Duration::from_secs(5)).await.unwrap_err();
         assert!(matches!(err, InvokeError::Function { .. }), "{err}");
         runtime.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_poller_of_a_function_going_away_gets_no_answer_to_panic_on() {
+        let api = RuntimeApi::start("gone", "us-east-1").await.unwrap();
+        let address = api.address();
+        drop(api);
+        let polled = reqwest::Client::new()
+            .get(format!("http://{address}/2018-06-01/runtime/invocation/next"))
+            .timeout(Duration::from_millis(500))
+            .send()
+            .await;
+        assert!(polled.is_err_and(|e| e.is_timeout()), "answered without an invocation");
     }
 
     #[tokio::test]
