@@ -121,6 +121,42 @@ async fn orders_finish_while_function_processes_are_killed() {
     println!("{kills} kills, {} restarts, states: {:?}", stack.restarts(), count(&states));
 }
 
+/// Stopping the stack while orders are in flight, as `local-stack up` stops on Ctrl-C: every
+/// function is going away at once, pollers and handlers mid-call, and none of them may panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stack_stopped_under_load_leaves_no_function_panicking() {
+    let _turn = TURN.lock().await;
+    let stack = start("e2e-stop", SOUND, 5).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(submit(&http, &stack.api_url, &format!("stop-{i}")).await);
+    }
+    // Orders at every stage, and more arriving, when the stack stops.
+    let api = stack.api_url.clone();
+    let more = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
+                  "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
+        for i in 0..200 {
+            let request = http
+                .post(format!("{api}/orders"))
+                .header("content-type", "application/json")
+                .header("idempotency-key", format!("stop-late-{i}"))
+                .body(body);
+            let _ = signer(EXECUTE_API).send(&http, request).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let panics = stack.panics.clone();
+    assert!(panics.seen().is_empty(), "panicked while running: {:?}", panics.seen());
+    drop(stack);
+    // What the processes printed as they went down.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    more.abort();
+    assert!(panics.seen().is_empty(), "panicked while stopping: {:?}", panics.seen());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_failed_by_a_long_outage_are_redriven_with_the_cli_once_it_is_over() {
     let _turn = TURN.lock().await;

@@ -35,6 +35,25 @@ pub struct ProcessSpec {
     pub metrics: Option<Metrics>,
     /// What its log lines tell about messages that failed, if anyone listens.
     pub dead_letters: Option<DeadLetters>,
+    /// Where a panic it prints is kept, if anyone listens.
+    pub panics: Option<Panics>,
+}
+
+/// The panics the processes printed (Rust's `thread '...' panicked at ...` line), each behind
+/// its process's label: a function must never panic, however it is stopped.
+#[derive(Clone, Debug, Default)]
+pub struct Panics(Arc<Mutex<Vec<String>>>);
+
+impl Panics {
+    pub fn seen(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn note(&self, label: &str, line: &str) {
+        if line.contains("panicked at") {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(format!("[{label}] {line}"));
+        }
+    }
 }
 
 /// A process kept running until the handle is dropped.
@@ -112,7 +131,8 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 }
 
 fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
-    let read = spec.echo || spec.metrics.is_some() || spec.dead_letters.is_some();
+    let read =
+        spec.echo || spec.metrics.is_some() || spec.dead_letters.is_some() || spec.panics.is_some();
     let output = || if read { Stdio::piped() } else { Stdio::null() };
     let mut child = Command::new(&spec.program)
         .args(&spec.args)
@@ -142,6 +162,9 @@ async fn read_lines(stream: impl AsyncRead + Unpin, spec: ProcessSpec) {
         }
         if let Some(d) = &spec.dead_letters {
             d.note_log(&line);
+        }
+        if let Some(p) = &spec.panics {
+            p.note(&spec.label, &line);
         }
         if spec.echo {
             println!("[{}] {}", spec.label, as_text(&line));
@@ -203,9 +226,35 @@ mod tests {
             echo: true,
             metrics: None,
             dead_letters: None,
+            panics: None,
         };
         let managed = Managed::start(spec);
         tokio::time::sleep(Duration::from_millis(1_800)).await;
         assert!(managed.restarts() >= 2, "restarted {} times", managed.restarts());
+    }
+
+    #[tokio::test]
+    async fn a_panic_printed_by_a_process_is_kept_with_its_label() {
+        let panics = Panics::default();
+        let spec = ProcessSpec {
+            label: "f#1".into(),
+            program: "sh".into(),
+            args: vec![
+                "-c".into(),
+                "echo fine; echo \"thread 'main' panicked at src/main.rs:1:1:\" >&2; sleep 5"
+                    .into(),
+            ],
+            environment: BTreeMap::new(),
+            echo: false,
+            metrics: None,
+            dead_letters: None,
+            panics: Some(panics.clone()),
+        };
+        let _managed = Managed::start(spec);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while panics.seen().is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(panics.seen(), ["[f#1] thread 'main' panicked at src/main.rs:1:1:"]);
     }
 }

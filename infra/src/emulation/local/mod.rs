@@ -24,7 +24,7 @@ use crate::emulation::aws::{Clients, Endpoints};
 use crate::emulation::emulator::Moto;
 use crate::emulation::functions::{FunctionSpec, functions};
 use crate::emulation::gateway;
-use crate::emulation::processes::Managed;
+use crate::emulation::processes::{Managed, Panics};
 use crate::emulation::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::emulation::proxy::{Proxy, Upstreams};
 use crate::emulation::runtime_api::{AccountConcurrency, RuntimeApi};
@@ -99,6 +99,8 @@ pub struct LocalStack {
     pub dead_letters: DeadLetters,
     /// The trace segments the functions sent.
     pub traces: Traces,
+    /// The panics the functions printed, whatever their output is for.
+    pub panics: Panics,
     /// The account's concurrency quota, if one is emulated, and its throttles.
     pub account: Option<AccountConcurrency>,
     tasks: Vec<JoinHandle<()>>,
@@ -206,6 +208,7 @@ impl LocalStack {
         // Straight to the emulator: watching is not the system's cost.
         tasks.push(dead_letters.watch(clients.sqs.clone(), redrives.clone()));
         let traces = Traces::default();
+        let panics = Panics::default();
         let account = options.account_concurrency.map(AccountConcurrency::new);
         let daemon = tokio::net::UdpSocket::bind("127.0.0.1:0").await.map_err(network)?;
         let daemon_address = daemon.local_addr().map_err(network)?.to_string();
@@ -225,6 +228,7 @@ impl LocalStack {
             throttle: api_throttle(&template, &stack)?,
             metrics: &metrics,
             dead_letters: &dead_letters,
+            panics: &panics,
             redrives: &redrives,
             daemon_address,
             account: account.as_ref(),
@@ -251,6 +255,7 @@ impl LocalStack {
             metrics,
             dead_letters,
             traces,
+            panics,
             account,
             tasks,
         })

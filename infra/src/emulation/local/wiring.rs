@@ -16,7 +16,7 @@ use crate::access::sigv4;
 use crate::emulation::aws::{Clients, Endpoints};
 use crate::emulation::functions::{EventSource, FunctionSpec, RouteAuth, rate};
 use crate::emulation::gateway::{self, Authorizer, Route, Throttle};
-use crate::emulation::processes::{Managed, ProcessSpec};
+use crate::emulation::processes::{Managed, Panics, ProcessSpec};
 use crate::emulation::provision::Stack;
 use crate::emulation::proxy::Proxy;
 use crate::emulation::runtime_api::{AccountConcurrency, RuntimeApi};
@@ -37,6 +37,7 @@ pub(super) struct Wiring<'a> {
     pub(super) throttle: Option<(f64, f64)>,
     pub(super) metrics: &'a Metrics,
     pub(super) dead_letters: &'a DeadLetters,
+    pub(super) panics: &'a Panics,
     pub(super) redrives: &'a [Redrive],
     /// The local X-Ray daemon's address.
     pub(super) daemon_address: String,
@@ -138,6 +139,7 @@ impl Wiring<'_> {
         process.echo = self.options.show_logs;
         process.metrics = Some(self.metrics.clone());
         process.dead_letters = Some(self.dead_letters.clone());
+        process.panics = Some(self.panics.clone());
         process.environment.insert("AWS_XRAY_DAEMON_ADDRESS".into(), self.daemon_address.clone());
         Managed::start(process)
     }
@@ -300,5 +302,6 @@ fn process_spec(
         echo: true,
         metrics: None,
         dead_letters: None,
+        panics: None,
     }
 }
