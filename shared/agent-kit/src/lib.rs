@@ -21,10 +21,59 @@
 //! }
 //! ```
 //!
+//! An agent that calls an AWS service builds its client once, in [`run`]'s builder, from the
+//! function's SDK configuration ([`Wiring::sdk`]): its region, its role's credentials and, on
+//! the local stack, the endpoint whose proxy checks every call against the role's grants in
+//! the template. S3 on an endpoint of one's own is addressed by path. A failed call is
+//! [`RemoteFault::Transient`] unless the service refused the action for good:
+//!
+//! ```no_run
+//! use aws_sdk_s3::primitives::ByteStream;
+//! use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService, run};
+//! use serde_json::{Value, json};
+//!
+//! struct Archive {
+//!     s3: aws_sdk_s3::Client,
+//!     bucket: String,
+//! }
+//!
+//! impl RemoteService for Archive {
+//!     async fn call(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
+//!         // One object per order and step: a call repeated writes the same object again.
+//!         let key = format!("archive/{}.json", call.idempotency_key.replace('/', "-"));
+//!         let body = ByteStream::from(call.order.input().to_string().into_bytes());
+//!         self.s3
+//!             .put_object()
+//!             .bucket(&self.bucket)
+//!             .key(&key)
+//!             .body(body)
+//!             .send()
+//!             .await
+//!             .map_err(|e| RemoteFault::Transient(aws_sdk_s3::error::DisplayErrorContext(e).to_string()))?;
+//!         Ok(json!({ "archived": key }))
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     let bucket = std::env::var("ARCHIVE_BUCKET")?;
+//!     run(async |wiring, _settings| {
+//!         let sdk = wiring.sdk();
+//!         let config = aws_sdk_s3::config::Builder::from(sdk)
+//!             .force_path_style(sdk.endpoint_url().is_some())
+//!             .build();
+//!         Ok(Archive { s3: aws_sdk_s3::Client::from_conf(config), bucket })
+//!     })
+//!     .await
+//! }
+//! ```
+//!
 //! Everything else is the kit's: the request queue and its batches, retries with backoff
 //! within the step's budget, the reply (sent only while the lease holds, fenced by its attempt
 //! number), requests sent again when a passing cause keeps them back, the wait reports the
 //! supervisor reads, traces, metrics and logs.
+
+#![warn(missing_docs)]
 
 pub mod settings;
 
@@ -35,7 +84,6 @@ use sas_aws::clients;
 use sas_aws::settings::{Env, reporter_name};
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::{Jitter, SystemClock};
-use sas_aws::wiring::Wiring;
 use sas_engine::load::WaitReporter;
 use sas_engine::message::Message;
 use sas_engine::ports::{Clock, Destination, Outbox, Random, WaitGauge};
@@ -43,7 +91,9 @@ use sas_engine::services::Agent;
 use sas_engine::{AgentName, Error};
 use tracing::{Span, info};
 
+pub use sas_aws::wiring::Wiring;
 pub use sas_engine::Direction;
+pub use sas_engine::order::Order;
 pub use sas_engine::ports::{RemoteCall, RemoteFault, RemoteService};
 pub use settings::AgentSettings;
 

@@ -10,18 +10,26 @@ use sas_aws::settings::Env;
 use sas_engine::config::EngineConfig;
 use sas_engine::{AgentName, Result};
 
+/// An agent's settings, read once at cold start; [`crate::run`] hands them to the service's
+/// builder beside the [`crate::Wiring`].
 #[derive(Clone, Debug)]
 pub struct AgentSettings {
+    /// The engine's tunables (retries, budgets), from the stack's parameters.
     pub config: Arc<EngineConfig>,
+    /// The agent's name, its entry in the template's list (`AGENT_NAME`).
     pub name: String,
+    /// Where replies go (`REPLY_QUEUE_URL`).
     pub reply_queue: String,
+    /// The agent's own request queue, found by its name (`AGENT_QUEUE_URL_PREFIX` + name).
     pub own_queue: String,
+    /// The table the queues' waits are reported to (`QUEUE_WAITS_TABLE`).
     pub waits_table: String,
     /// How long a reply may wait for others to share a send (`SEND_LINGER_MS`).
     pub linger: Duration,
 }
 
 impl AgentSettings {
+    /// Reads the settings from `env`; a missing variable is named in the error.
     pub fn from_env(env: &Env) -> Result<AgentSettings> {
         let name = env.required("AGENT_NAME")?;
         Ok(AgentSettings {

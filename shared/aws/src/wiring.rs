@@ -54,18 +54,26 @@ impl Wiring {
         }
     }
 
+    /// The AWS SDK's configuration, loaded once at cold start: the region, the function's
+    /// credentials and, where `AWS_ENDPOINT_URL` is set (the local stack, LocalStack), that
+    /// endpoint. Build any other service's client from it
+    /// (`aws_sdk_s3::config::Builder::from(wiring.sdk())`); an S3 client on an endpoint of
+    /// one's own needs `force_path_style(true)`.
     pub fn sdk(&self) -> &SdkConfig {
         &self.sdk
     }
 
+    /// A DynamoDB client on [`Wiring::sdk`].
     pub fn dynamodb(&self) -> &aws_sdk_dynamodb::Client {
         &self.dynamodb
     }
 
+    /// An SQS client on [`Wiring::sdk`].
     pub fn sqs(&self) -> &aws_sdk_sqs::Client {
         &self.sqs
     }
 
+    /// An EventBridge client on [`Wiring::sdk`].
     pub fn eventbridge(&self) -> &aws_sdk_eventbridge::Client {
         &self.events
     }

@@ -50,6 +50,7 @@ impl fmt::Display for Rejection {
 pub struct Order(pub Value);
 
 impl Order {
+    /// The order's JSON input, as the client submitted it and the workflow's schema accepted.
     pub fn input(&self) -> &Value {
         &self.0
     }

@@ -422,21 +422,33 @@ impl Random for sas_rng::SplitMix {
     }
 }
 
-/// One call to a remote service.
+/// One call to a remote service: what an agent's [`RemoteService`] is asked to do. The same
+/// call may come more than once (a retry after a passing fault, a step sent again after its
+/// lease expired, a message delivered twice), always with the same `idempotency_key`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RemoteCall {
+    /// The order the step belongs to (`Display` gives its UUID).
     pub order_id: OrderId,
+    /// What to do: the step's name in its workflow file, or for an undo its
+    /// `compensation.action`.
     pub action: String,
+    /// Whether this is the step (`Do`) or its undo (`Undo`).
     pub direction: Direction,
-    /// The service deduplicates on this: the same key must never take effect twice.
+    /// The service deduplicates on this: the same key must never take effect twice. It is
+    /// `<order id>/<step>/<do|undo>` (with a generation after an operator's redrive), stable
+    /// across retries and redeliveries.
     pub idempotency_key: String,
+    /// The order as it was accepted: [`Order::input`] is its JSON input, checked against the
+    /// workflow's schema.
     pub order: Order,
-    /// For an undo, the output of the step it undoes.
+    /// For an undo, the output of the step it undoes (`None` for a step, and for the undo of
+    /// a step whose outcome is unknown).
     pub input: Option<serde_json::Value>,
     /// For a step, the outputs of the steps it depends on (directly or through others), by step
-    /// name.
+    /// name: `call.outputs["open-account"]["account_id"]`. Empty for an undo.
     pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
-    /// The call must give up by then (the adapter turns it into a timeout).
+    /// The call must give up by then: past it the reply would not count (the step's lease is
+    /// over). The HTTP agent turns it into its request's timeout.
     pub deadline: Timestamp,
 }
 
@@ -452,8 +464,15 @@ pub enum RemoteFault {
     Permanent(String),
 }
 
-/// The business service behind one agent.
+/// The business service behind one agent: what a team implements for an agent of its own.
 pub trait RemoteService: Send + Sync {
+    /// Performs `call` and answers: `Ok` with the step's output (a JSON value of at most 512
+    /// bytes, which later steps get in their [`RemoteCall::outputs`] and an undo as its
+    /// [`RemoteCall::input`]); [`RemoteFault::Permanent`] when the service refused, which
+    /// fails the step at once and, as its workflow says, undoes the order; or
+    /// [`RemoteFault::Transient`] for anything worth another try (a timeout, throttling, a
+    /// 5xx, a connection refused, an error whose effect is not known), which the agent retries
+    /// with backoff within the step's budget before the supervisor's policy decides.
     fn call(
         &self,
         call: &RemoteCall,
