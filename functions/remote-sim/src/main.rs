@@ -12,7 +12,7 @@ use tracing_subscriber::EnvFilter;
 
 /// A simulated remote business service with an effect ledger and fault knobs.
 #[derive(Debug, Parser)]
-#[command(name = "remote-sim", version)]
+#[command(name = "remote-sim", version, after_long_help = HELP)]
 struct Args {
     /// Address to listen on when not in Lambda; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -21,6 +21,44 @@ struct Args {
     #[arg(long, env = "FAULTS")]
     faults: Option<String>,
 }
+
+/// What `--help` tells after the options: the service's answers, endpoints and knobs.
+const HELP: &str = "\
+What it answers:
+  POST /actions/{action}, with an Idempotency-Key header and a JSON body
+  {\"order_id\", \"direction\": \"do\"|\"undo\", \"outputs\"}: any action is accepted.
+    200 {\"ref\": \"<action>-<n>\"}  applied (n numbers the service's effects, from 1); an
+                                 undo of nothing applied adds \"noop\": true
+    200 + x-replayed: true     the same key again: the first answer, applied once
+    422 {\"error\", \"permanent\": true}  refused for good (permanent_rate), nothing applied
+    409 {\"error\", \"permanent\": true}  a do after its undo: cancelled
+    429                        throttled (throttle_rate), nothing applied
+    503                        transient fault, outage, or an answer lost after applying
+    400                        no Idempotency-Key, or a body that is not the above
+
+Other endpoints:
+  GET /faults, PUT /faults     the fault configuration (PUT replaces it; 400 if invalid)
+  GET /ledger                  every effect applied, by key, with its applications
+  GET /ledger/{key}            one effect (404 if none)
+  GET /stats                   calls by outcome; the ledger's size; most applications of a key
+  GET /stats/keys              the same, for every key that met a fault
+  POST /reset                  empties the ledger and the statistics
+  GET /health                  200
+
+Fault knobs (--faults or FAULTS, or PUT /faults), as
+  {\"default\": {...}, \"actions\": {\"<action>\": {...}}}; an action names only what differs:
+  latency_ms, latency_jitter_ms      added to every call (at most 15 minutes together)
+  transient_rate, throttle_rate      chance of a 503 or a 429, nothing applied
+  permanent_rate, permanent_undo     chance a new key is refused for good (and its undos too)
+  lost_answer_rate                   chance a call applies, then answers 503
+  outages: [{\"start_s\", \"end_s\"}]    windows, in seconds since start, of 503 to every call
+  seed                               seed of every random decision (the same calls, the
+                                     same faults)
+  forget_keys                        a repeated key applies again (to show a check failing)
+  hold_while: \"<file>\"               while the file exists, the action's calls wait before
+                                     answering (their key written to <file>.held)
+
+Inside Lambda (AWS_LAMBDA_RUNTIME_API set) it answers its function URL instead of --listen.";
 
 #[tokio::main]
 async fn main() -> ExitCode {
