@@ -52,7 +52,7 @@ pub fn order(view: &Value) -> String {
         out.push_str(&format!("ended     {ended}\n"));
     }
     if let Some(cause) = view.get("cause") {
-        out.push_str(&format!("cause     {}\n", describe_cause(cause)));
+        out.push_str(&format!("cause     {}\n", describe_cause(cause, view)));
     }
     if let Some(stop) = view.get("stop") {
         out.push_str(&format!(
@@ -68,7 +68,10 @@ pub fn order(view: &Value) -> String {
     }
     for step in list(view, "steps") {
         if let Some(cause) = step.get("reported") {
-            out.push_str(&format!("reported  {} (the order went on)\n", describe_cause(cause)));
+            out.push_str(&format!(
+                "reported  {} (the order went on)\n",
+                describe_cause(cause, view)
+            ));
         }
     }
     let manual: Vec<&str> =
@@ -147,14 +150,23 @@ fn time(value: &Value) -> String {
     }
 }
 
-fn describe_cause(cause: &Value) -> String {
+/// `cause` as a sentence, with what `view` (the order) says of its step.
+fn describe_cause(cause: &Value, view: &Value) -> String {
     let step = cause.get("step").and_then(Value::as_str).unwrap_or("-");
     match cause.get("kind").and_then(Value::as_str).unwrap_or_default() {
         "step_rejected" => format!("{step} was refused: {}", cell(cause, "reason")),
-        "step_timed_out" => format!(
-            "{step} timed out {} times",
-            cause.get("failures").and_then(Value::as_u64).unwrap_or(0)
-        ),
+        "step_timed_out" => {
+            // The step's own detail says how: no answer within its timeout, or its leases.
+            let detail = list(view, "steps")
+                .iter()
+                .find(|s| s.get("name").and_then(Value::as_str) == Some(step))
+                .and_then(|s| s.get("detail").and_then(Value::as_str));
+            match (detail, cause.get("failures").and_then(Value::as_u64).unwrap_or(0)) {
+                (Some(detail), _) => format!("{step} did not finish in time: {detail}"),
+                (None, 1) => format!("{step} did not finish in time: its lease expired once"),
+                (None, n) => format!("{step} did not finish in time: its lease expired {n} times"),
+            }
+        }
         "output_too_large" => format!(
             "{step} answered {} bytes, more than the {} a step may return",
             cause.get("bytes").and_then(Value::as_u64).unwrap_or(0),
@@ -201,6 +213,21 @@ mod tests {
         assert!(text.contains("undo by hand  nothing"), "{text}");
         assert!(text.contains("2026-11-22 18:08:18.424  redriven"), "{text}");
         assert!(text.contains("redriven  by arn:aws:iam::1:user/ada: \"fixed\""), "{text}");
+    }
+
+    #[test]
+    fn a_timeout_reads_as_a_sentence_with_its_step_s_detail() {
+        let cause =
+            serde_json::json!({"kind": "step_timed_out", "step": "approval", "failures": 1});
+        let view = |detail: Option<&str>| serde_json::json!({"steps": [{"name": "approval", "status": "failed", "detail": detail}]});
+        assert_eq!(
+            describe_cause(&cause, &view(Some("no answer within 20 s"))),
+            "approval did not finish in time: no answer within 20 s"
+        );
+        assert_eq!(
+            describe_cause(&cause, &view(None)),
+            "approval did not finish in time: its lease expired once"
+        );
     }
 
     #[test]

@@ -1050,7 +1050,10 @@ fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &mut Vec<Effe
         effects.push(Effect::Kick { delay: wait, attempt });
         return;
     }
-    let detail = format!("lease expired {failures} times");
+    let detail = match failures {
+        1 => "its lease expired once, its outcome unknown".to_owned(),
+        n => format!("its lease expired {n} times, its outcome unknown"),
+    };
     match direction {
         Direction::Do => {
             // The step may have taken effect with its answer lost: undo it too if it can be
