@@ -725,8 +725,12 @@ fn failed(next: &mut StateRecord, i: usize, cause: Cause, ctx: &Ctx<'_>) {
         next.note(ctx.now, Happening::StepReported, Some(name), limit);
         return;
     }
-    if !matches!(cause, Cause::StepTimedOut { .. }) {
-        // An expiry is on the timeline already.
+    // An expiry is on the timeline already, and so is a refusal from outside, with who gave
+    // it and why.
+    let noted = next.timeline.last().is_some_and(|e| {
+        e.what == Happening::StepFailed && e.at == ctx.now && e.step.as_deref() == Some(&name)
+    });
+    if !matches!(cause, Cause::StepTimedOut { .. }) && !noted {
         next.note(ctx.now, Happening::StepFailed, Some(name), limit);
     }
     // The first cause is the order's: a step failing while it stops only adds to the undo.

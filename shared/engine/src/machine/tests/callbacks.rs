@@ -3,7 +3,7 @@
 //! that fails the step as its policy says.
 
 use super::*;
-use crate::state::CommandKind;
+use crate::state::{CommandKind, TimelineEntry};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 const BY: &str = "arn:aws:iam::123456789012:user/reviewer";
@@ -220,6 +220,14 @@ fn a_refusal_fails_the_step_and_undoes_the_checks_with_who_refused_and_why() {
     let mut undoing: Vec<usize> = n.leased().map(|(i, _, _)| i).collect();
     undoing.sort_unstable();
     assert_eq!(undoing, [IDENTITY, CREDIT], "both checks undone at once");
+    // The refusal is on the timeline once, with who refused and why.
+    let failures: Vec<&TimelineEntry> =
+        n.timeline.iter().filter(|e| e.what == Happening::StepFailed).collect();
+    assert_eq!(failures.len(), 1, "{:?}", n.timeline);
+    assert_eq!(
+        (failures[0].by.as_deref(), failures[0].reason.as_deref()),
+        (Some(BY), Some("address does not match"))
+    );
 }
 
 #[test]
