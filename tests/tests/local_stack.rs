@@ -136,14 +136,12 @@ async fn the_stack_stopped_under_load_leaves_no_function_panicking() {
     let api = stack.api_url.clone();
     let more = tokio::spawn(async move {
         let http = reqwest::Client::new();
-        let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
-                  "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
         for i in 0..200 {
             let request = http
                 .post(format!("{api}/orders"))
                 .header("content-type", "application/json")
                 .header("idempotency-key", format!("stop-late-{i}"))
-                .body(body);
+                .body(ORDER);
             let _ = signer(EXECUTE_API).send(&http, request).await;
         }
     });
@@ -733,8 +731,7 @@ fn signer(service: &str) -> SigV4 {
 }
 
 async fn submit(http: &reqwest::Client, api: &str, key: &str) -> String {
-    let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
-                  "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
+    let body = ORDER;
     // A killed submission process fails its request; a client retries with the same key.
     for _ in 0..20 {
         let request = http

@@ -186,6 +186,28 @@ fn the_access_key_id_is_read_from_the_credential() {
     assert_eq!(access_key_id(&headers), Some("SchedulerFunction"));
 }
 
+/// A proxy that checks requests against the functions of `template`, in front of an emulator
+/// answering as `upstream` does; and its URL.
+async fn checking(template: &str, upstream: axum::Router) -> (Proxy, String) {
+    use crate::access::policy::policies;
+    use crate::emulation::provision::{Options, dry_run};
+    use crate::emulation::template::Template;
+
+    let template = Template::parse(template).unwrap();
+    let options =
+        Options { stack_name: "t".into(), region: "us-east-1".into(), ..Options::default() };
+    let stack = dry_run(&template, &options).unwrap();
+    let access = Access::new(policies(&template, &stack).unwrap());
+    let emulator = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let emulator_url = format!("http://{}", emulator.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(emulator, upstream).await });
+    let proxy = Proxy::new(Upstreams::single(emulator_url)).with_access(access);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(proxy.clone().serve(listener));
+    (proxy, endpoint)
+}
+
 /// One function `F` that may read one table, and nothing else.
 const READER: &str = r#"
 Resources:
@@ -209,26 +231,13 @@ async fn denials_reach_the_sdk_as_each_service_s_access_denied() {
     use aws_sdk_dynamodb::error::ProvideErrorMetadata;
     use aws_sdk_dynamodb::types::AttributeValue;
 
-    use crate::access::policy::{AccessReport, policies};
+    use crate::access::policy::AccessReport;
     use crate::emulation::aws::{Clients, Endpoints};
-    use crate::emulation::provision::{Options, dry_run};
-    use crate::emulation::template::Template;
 
-    let template = Template::parse(READER).unwrap();
-    let options =
-        Options { stack_name: "t".into(), region: "us-east-1".into(), ..Options::default() };
-    let stack = dry_run(&template, &options).unwrap();
-    let access = Access::new(policies(&template, &stack).unwrap());
     // The emulator behind the proxy answers whatever reaches it with an empty success.
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_url = format!("http://{}", upstream.local_addr().unwrap());
     let empty = axum::Router::new()
         .fallback(|| async { ([("content-type", "application/x-amz-json-1.0")], "{}") });
-    tokio::spawn(async move { axum::serve(upstream, empty).await });
-    let proxy = Proxy::new(Upstreams::single(upstream_url)).with_access(access);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(proxy.clone().serve(listener));
+    let (proxy, endpoint) = checking(READER, empty).await;
     let endpoints = Endpoints::single(&endpoint);
     let f = Clients::signing_as(&endpoints, "us-east-1", "F").await;
     let key = || AttributeValue::S("1".into());
@@ -305,24 +314,7 @@ Resources:
 async fn rest_and_query_protocol_requests_are_checked_and_denied_in_their_own_format() {
     use aws_sdk_s3::error::ProvideErrorMetadata;
 
-    use crate::access::policy::policies;
-    use crate::emulation::provision::{Options, dry_run};
-    use crate::emulation::template::Template;
-
-    let template = Template::parse(WRITER).unwrap();
-    let options =
-        Options { stack_name: "t".into(), region: "us-east-1".into(), ..Options::default() };
-    let stack = dry_run(&template, &options).unwrap();
-    let access = Access::new(policies(&template, &stack).unwrap());
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_url = format!("http://{}", upstream.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(upstream, axum::Router::new().fallback(|| async { "" })).await
-    });
-    let proxy = Proxy::new(Upstreams::single(upstream_url)).with_access(access);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(proxy.clone().serve(listener));
+    let (proxy, endpoint) = checking(WRITER, axum::Router::new().fallback(|| async { "" })).await;
 
     let credentials = aws_credential_types::Credentials::new("F", "local", None, None, "test");
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
