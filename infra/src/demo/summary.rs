@@ -244,8 +244,8 @@ async fn with_accounts(
     mut ledger: Value,
 ) -> Result<(Value, Vec<String>), Error> {
     let accounts = format!("{}-ledger-accounts", stack.stack.context.stack_name);
-    let id = stack.stack.context.stack_id();
-    let bucket = format!("ledger-{}", id.rsplit('/').next().unwrap_or_default());
+    // The bucket as the template names it: a stack without it keeps no statements.
+    let bucket = stack.stack.reference("LedgerStatementsBucket");
     let mut statements_wrong = Vec::new();
     if let Ok(items) = scan(&clients.dynamodb, &accounts).await {
         let effects = ledger["effects"].as_array_mut();
@@ -262,9 +262,10 @@ async fn with_accounts(
             if status.as_deref() == Some("closed") {
                 effects.push(effect("close-account", "undo"));
             }
+            let Some(bucket) = &bucket else { continue };
             let account = item.get("AccountId").and_then(|v| v.as_s().ok()).cloned();
             let account = account.unwrap_or_default();
-            let stated = statement(clients, &bucket, &account).await;
+            let stated = statement(clients, bucket, &account).await;
             if stated.as_deref() != status.as_deref() {
                 statements_wrong.push(format!(
                     "order {order}: account {account} is {} but its statement says {}",

@@ -456,7 +456,7 @@ impl Context {
 
     /// The stack's ARN, as CloudFormation gives it: its last part is a UUID of the stack's
     /// own, here derived from its name so that a stack started again has the same one.
-    pub fn stack_id(&self) -> String {
+    fn stack_id(&self) -> String {
         let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, self.stack_name.as_bytes());
         format!(
             "arn:aws:cloudformation:{}:{LOCAL_ACCOUNT}:stack/{}/{id}",
