@@ -1255,7 +1255,7 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own() {
+async fn a_reload_deploys_a_new_version_while_orders_run_and_each_order_keeps_its_own() {
     let _turn = TURN.lock().await;
     // Every charge is held open while this file exists, so that orders are in flight when the
     // new version comes.
@@ -1270,7 +1270,7 @@ async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own
         .push(json!({"name": "confirm", "agent": "shipping", "budget_seconds": 2}));
     let before = json!([v1]).to_string();
     let setup = Setup { workflow: &before, ..Setup::default() };
-    let stack =
+    let mut stack =
         start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-version", &faults, 2, &[], setup).await;
     let http = reqwest::Client::new();
     let mut old = Vec::new();
@@ -1283,11 +1283,24 @@ async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // The deploy: every function that runs the engine starts again with both versions.
+    // The deploy, as `local-stack reload` makes it: every function that runs the engine
+    // starts again with both versions, and nothing else does.
     let after = json!([v1, v2]).to_string();
-    for function in sas_tests::e2e::ENGINE_FUNCTIONS {
-        stack.redeploy(function, "WORKFLOW_JSON", &after).unwrap();
-    }
+    let mut options = stack.options().clone();
+    let faults_now = options.overrides.iter().find(|(f, ..)| f == "RemoteSimFunction").unwrap();
+    options.overrides = sas_tests::e2e::overrides_running(&after, &faults_now.2.clone());
+    let reload = stack.reload(options).await.unwrap();
+    let mut restarted: Vec<_> =
+        reload.restarted.iter().map(|(f, what)| (f.as_str(), what.as_str())).collect();
+    restarted.sort();
+    let mut engine: Vec<_> =
+        sas_tests::e2e::ENGINE_FUNCTIONS.iter().map(|f| (*f, "environment")).collect();
+    engine.sort();
+    assert_eq!(restarted, engine, "{reload}");
+    assert!(reload.not_applied.is_empty(), "{reload}");
+    // Asked again, with nothing changed, it restarts nothing.
+    let again = stack.reload(stack.options().clone()).await.unwrap();
+    assert!(again.restarted.is_empty(), "{again}");
     let mut new = Vec::new();
     for i in 0..2 {
         new.push(submit(&http, &stack.api_url, &format!("e2e-v2-{i}")).await);
@@ -1309,6 +1322,9 @@ async fn a_new_version_is_deployed_while_orders_run_and_each_order_keeps_its_own
         }
     }
     assert!(stack.restarts() >= 5, "the engine's functions started again");
+    // Each was let finish what it held first: no invocation was cut short, so no lease ran
+    // out for the restart.
+    assert_eq!(stack.unanswered(), 0, "invocations lost to the restart");
     let access = stack.access();
     assert!(access.denials.is_empty(), "{access}");
 }

@@ -63,6 +63,14 @@ enum Command {
         #[arg(long, default_value_t = 3001)]
         view_port: u16,
     },
+    /// Rebuild, and have the stack that `up` runs start again every function whose build or
+    /// settings changed (a new workflow version, an agent's code), on the same emulator and
+    /// simulated service: the orders in flight go on, each on its own workflow version.
+    Reload {
+        /// Use the binaries as they are instead of running `cargo build` first.
+        #[arg(long)]
+        no_build: bool,
+    },
     /// Run the stack under load while the remote services misbehave, then summarise.
     Demo {
         #[command(flatten)]
@@ -185,6 +193,7 @@ async fn main() -> ExitCode {
             (stack, faults.map(|f| remote_faults(&f)).into_iter().collect::<Vec<_>>(), speed, None)
         }
         Command::Expand { output } => return expand(&output),
+        Command::Reload { no_build } => return reload(no_build).await,
         Command::Token { issuer, audience, subject, minutes } => {
             let now = chrono::Utc::now();
             let ttl = chrono::Duration::minutes(minutes);
@@ -212,7 +221,7 @@ async fn main() -> ExitCode {
     }
     let (options, wire_faults) =
         options(stack_args, &root, &bin_dir, overrides, speed, demo.as_ref());
-    let stack = match LocalStack::up(&options).await {
+    let mut stack = match LocalStack::up(&options).await {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
@@ -242,7 +251,11 @@ async fn main() -> ExitCode {
     }
     print_how_to(&stack);
     write_sam_env_vars(&options, &stack, &bin_dir);
-    stopped().await;
+    let control = match Control::start(&bin_dir).await {
+        Ok(control) => control,
+        Err(e) => return fail(e),
+    };
+    run_until_stopped(&mut stack, control).await;
     drop(observer);
     println!("local-stack: stopping");
     print!("{}", stack.access());
@@ -509,6 +522,129 @@ fn build(root: &std::path::Path, bin_dir: &std::path::Path) -> bool {
         cargo.arg("--release");
     }
     cargo.status().is_ok_and(|s| s.success())
+}
+
+/// Where `up` says how to reach it, next to the binaries in `bin_dir`: `target/local-stack.json`
+/// for a debug build.
+fn control_file(bin_dir: &std::path::Path) -> std::path::PathBuf {
+    bin_dir.parent().unwrap_or(bin_dir).join("local-stack.json")
+}
+
+/// The running stack's control: `POST /reload` on loopback, its address in the control file
+/// for as long as the stack runs.
+struct Control {
+    file: std::path::PathBuf,
+    requests: tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<Result<String, String>>>,
+}
+
+impl Control {
+    async fn start(bin_dir: &std::path::Path) -> Result<Control, String> {
+        use axum::routing::post;
+        let (sender, requests) = tokio::sync::mpsc::channel(1);
+        let app = axum::Router::new().route(
+            "/reload",
+            post(move || {
+                let sender = sender.clone();
+                async move {
+                    let (reply, replied) = tokio::sync::oneshot::channel();
+                    let outcome = match sender.send(reply).await {
+                        Ok(()) => replied.await.unwrap_or_else(|_| Err("the stack stopped".into())),
+                        Err(_) => Err("the stack is stopping".into()),
+                    };
+                    match outcome {
+                        Ok(text) => (axum::http::StatusCode::OK, text),
+                        Err(e) => (axum::http::StatusCode::CONFLICT, e),
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("the control port: {e}"))?;
+        let address = listener.local_addr().map_err(|e| format!("the control port: {e}"))?;
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let file = control_file(bin_dir);
+        let about =
+            serde_json::json!({"pid": std::process::id(), "control": format!("http://{address}")});
+        std::fs::write(&file, about.to_string())
+            .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+        println!(
+            "local-stack: after changing a workflow or an agent, `cargo run -p sas-infra --bin local-stack -- reload` rebuilds and starts again what changed; the orders in flight go on"
+        );
+        Ok(Control { file, requests })
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// Serves reloads of `stack` until Ctrl-C or SIGTERM.
+async fn run_until_stopped(stack: &mut LocalStack, mut control: Control) {
+    let stop = stopped();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            Some(reply) = control.requests.recv() => {
+                println!("local-stack: reloading");
+                let outcome = stack.reload(stack.options().clone()).await;
+                let outcome = outcome.map(|r| r.to_string()).map_err(|e| e.to_string());
+                match &outcome {
+                    Ok(text) => print!("{}", text.lines().map(|l| format!("local-stack: {l}\n")).collect::<String>()),
+                    Err(e) => println!("local-stack: reload failed: {e}"),
+                }
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+}
+
+/// `local-stack reload`: builds, then asks the stack that `up` runs to reload.
+async fn reload(no_build: bool) -> ExitCode {
+    let root = workspace_root();
+    let Some(bin_dir) =
+        std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+    else {
+        return fail("cannot tell where this program is");
+    };
+    let file = control_file(&bin_dir);
+    let Some(control) = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|about| about["control"].as_str().map(str::to_owned))
+    else {
+        return fail(format!(
+            "no local stack is running here ({} is missing): start one with `cargo run -p sas-infra --bin local-stack -- up`",
+            file.display()
+        ));
+    };
+    if !no_build && !build(&root, &bin_dir) {
+        return fail("building the function binaries failed; the stack runs as it was");
+    }
+    let answer = reqwest::Client::new().post(format!("{control}/reload")).send().await;
+    match answer {
+        Ok(answer) => {
+            let ok = answer.status().is_success();
+            let text = answer.text().await.unwrap_or_default();
+            if ok {
+                print!(
+                    "{}",
+                    text.lines().map(|l| format!("local-stack: {l}\n")).collect::<String>()
+                );
+                ExitCode::SUCCESS
+            } else {
+                fail(format!("reload failed: {text}"))
+            }
+        }
+        Err(e) => fail(format!(
+            "the stack at {control} does not answer ({e}); if it stopped, start it again with `cargo run -p sas-infra --bin local-stack -- up`"
+        )),
+    }
 }
 
 /// Ctrl-C or SIGTERM.

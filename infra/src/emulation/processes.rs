@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,6 +63,8 @@ pub struct Managed {
     restarts: Arc<AtomicU32>,
     /// The environment each (re)start gets; a change takes effect at the next start.
     environment: Arc<Mutex<BTreeMap<String, String>>>,
+    /// Set while the process is ended to be replaced: it starts again at once, quietly.
+    replacing: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -72,7 +74,9 @@ impl Managed {
         let pid = Arc::new(Mutex::new(None));
         let restarts = Arc::new(AtomicU32::new(0));
         let environment = Arc::new(Mutex::new(spec.environment.clone()));
+        let replacing = Arc::new(AtomicBool::new(false));
         let (pid_slot, counter, env) = (pid.clone(), restarts.clone(), environment.clone());
+        let replaced = replacing.clone();
         let task = tokio::spawn(async move {
             let mut spec = spec;
             loop {
@@ -82,6 +86,10 @@ impl Managed {
                         *pid_slot.lock().unwrap_or_else(|e| e.into_inner()) = child.id();
                         let status = child.wait().await;
                         *pid_slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        if replaced.swap(false, Ordering::Relaxed) {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         println!("[{}] exited ({}); restarting", spec.label, describe(status));
                     }
                     Err(e) => warn!(label = %spec.label, error = %e, "cannot start"),
@@ -90,17 +98,15 @@ impl Managed {
                 tokio::time::sleep(RESTART_DELAY).await;
             }
         });
-        Managed { pid, restarts, environment, task }
+        Managed { pid, restarts, environment, replacing, task }
     }
 
-    /// Starts the process again with `name` set to `value` in its environment, as Lambda
-    /// starts new execution environments after a function's configuration changes. The one
-    /// running is stopped now, as a crash would stop it.
-    pub fn redeploy(&self, name: &str, value: &str) {
-        let mut environment = self.environment.lock().unwrap_or_else(|e| e.into_inner());
-        environment.insert(name.to_owned(), value.to_owned());
-        drop(environment);
+    /// Ends the process and starts it again at once with `environment` (and the program's
+    /// file as it is now): for a process that holds no invocation, so that nothing is lost.
+    pub fn replace(&self, environment: BTreeMap<String, String>) {
+        *self.environment.lock().unwrap_or_else(|e| e.into_inner()) = environment;
         if let Some(pid) = self.pid() {
+            self.replacing.store(true, Ordering::Relaxed);
             let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
         }
     }

@@ -86,6 +86,8 @@ struct Shared {
     function_arn: String,
     waiting: tokio::sync::Mutex<mpsc::UnboundedReceiver<Invocation>>,
     in_flight: Mutex<HashMap<String, oneshot::Sender<Result<String, InvokeError>>>>,
+    /// While true, no invocation is handed out: the function's processes are being replaced.
+    paused: tokio::sync::watch::Sender<bool>,
 }
 
 /// The Runtime API of one function.
@@ -119,6 +121,7 @@ impl RuntimeApi {
             ),
             waiting: tokio::sync::Mutex::new(waiting),
             in_flight: Mutex::default(),
+            paused: tokio::sync::watch::Sender::new(false),
         });
         let app = Router::new()
             .route("/2018-06-01/runtime/invocation/next", get(next))
@@ -173,6 +176,38 @@ impl RuntimeApi {
         self.throttled.load(Ordering::Relaxed)
     }
 
+    /// Stops handing out invocations and waits, at most `limit`, until none is in flight:
+    /// then the function's processes are idle, each waiting for its next invocation, and can
+    /// be replaced without losing one. Invocations made meanwhile wait for [`resume`]. Returns
+    /// whether every invocation in flight ended within `limit`.
+    ///
+    /// [`resume`]: RuntimeApi::resume
+    pub async fn drain(&self, limit: Duration) -> bool {
+        self.shared.paused.send_replace(true);
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // Pollers let the queue go once paused, and take an invocation only while they
+            // hold it: with it held, what is in flight is all there is.
+            let idle = tokio::time::timeout_at(deadline, self.shared.waiting.lock())
+                .await
+                .is_ok_and(|_queue| {
+                    self.shared.in_flight.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+                });
+            if idle {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Hands out invocations again after [`drain`](RuntimeApi::drain).
+    pub fn resume(&self) {
+        self.shared.paused.send_replace(false);
+    }
+
     /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
     pub async fn invoke(&self, payload: String, timeout: Duration) -> Result<String, InvokeError> {
         // Held until the invocation ends: a concurrent execution of the account.
@@ -217,37 +252,57 @@ async fn next(State(shared): State<Arc<Shared>>) -> Response {
     loop {
         // Holding the lock while waiting queues the pollers; dropping a poller's connection
         // drops its wait without losing an invocation.
-        let invocation = {
+        let mut paused = shared.paused.subscribe();
+        until(&mut paused, false).await;
+        let (id, deadline_ms, payload) = {
             let mut waiting = shared.waiting.lock().await;
-            match waiting.recv().await {
-                Some(i) => i,
-                // The function is going away: Lambda never answers a poller then (it freezes
-                // or ends the environment), and a runtime given an answer without an
-                // invocation's headers panics. The poller waits until its process is ended.
-                None => return std::future::pending().await,
+            let invocation = tokio::select! {
+                // Checked first: a poller already waiting when the function is paused takes
+                // nothing more.
+                biased;
+                () = until(&mut paused, true) => continue,
+                received = waiting.recv() => match received {
+                    Some(i) => i,
+                    // The function is going away: Lambda never answers a poller then (it
+                    // freezes or ends the environment), and a runtime given an answer without
+                    // an invocation's headers panics. The poller waits until its process is
+                    // ended.
+                    None => return std::future::pending().await,
+                },
+            };
+            if invocation.deadline_ms <= now_ms() {
+                // Whoever invoked has given up; Lambda would not start it either.
+                continue;
             }
+            // In flight before the queue is let go, so that `drain` never misses it.
+            shared
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(invocation.id.clone(), invocation.answer);
+            (invocation.id, invocation.deadline_ms, invocation.payload)
         };
-        if invocation.deadline_ms <= now_ms() {
-            // Whoever invoked has given up; Lambda would not start it either.
-            continue;
-        }
-        shared
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(invocation.id.clone(), invocation.answer);
         let mut headers = HeaderMap::new();
         let mut set = |name: &'static str, value: String| {
             if let Ok(v) = HeaderValue::from_str(&value) {
                 headers.insert(name, v);
             }
         };
-        set("lambda-runtime-aws-request-id", invocation.id);
-        set("lambda-runtime-deadline-ms", invocation.deadline_ms.to_string());
+        set("lambda-runtime-aws-request-id", id);
+        set("lambda-runtime-deadline-ms", deadline_ms.to_string());
         set("lambda-runtime-invoked-function-arn", shared.function_arn.clone());
         set("lambda-runtime-trace-id", "Root=1-00000000-000000000000000000000000;Sampled=0".into());
         set("content-type", "application/json".into());
-        return (StatusCode::OK, headers, invocation.payload).into_response();
+        return (StatusCode::OK, headers, payload).into_response();
+    }
+}
+
+/// Waits until the function's being paused is `value`.
+async fn until(paused: &mut tokio::sync::watch::Receiver<bool>, value: bool) {
+    // The sender lives as long as the API: it is never dropped first.
+    let reached = paused.wait_for(|p| *p == value).await.is_ok();
+    if !reached {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -402,5 +457,51 @@ mod tests {
             "{\"fresh\":true}"
         );
         runtime.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_drained_function_finishes_what_it_holds_and_takes_nothing_until_resumed() {
+        let api = RuntimeApi::start("drained", "us-east-1").await.unwrap();
+        let address = api.address();
+        // A runtime that holds its invocation for 300 ms, then polls again.
+        let (took, taken) = oneshot::channel();
+        let slow = address.clone();
+        let runtime = tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let next = client
+                .get(format!("http://{slow}/2018-06-01/runtime/invocation/next"))
+                .send()
+                .await
+                .unwrap();
+            let id = next.headers()["lambda-runtime-aws-request-id"].to_str().unwrap().to_owned();
+            let _ = took.send(());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let url = format!("http://{slow}/2018-06-01/runtime/invocation/{id}/response");
+            client.post(url).body("\"first\"").send().await.unwrap();
+            serve_once(&slow, |e| Ok(e.to_owned())).await;
+        });
+        let first = {
+            let api = api.clone();
+            tokio::spawn(async move { api.invoke("{}".into(), Duration::from_secs(5)).await })
+        };
+        taken.await.unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(api.drain(Duration::from_secs(5)).await, "the invocation in flight ended");
+        assert!(started.elapsed() >= Duration::from_millis(250), "drained before it ended");
+        assert_eq!(first.await.unwrap().unwrap(), "\"first\"");
+
+        // Paused: the runtime polls again, but the next invocation waits for the resume.
+        let second = {
+            let api = api.clone();
+            tokio::spawn(
+                async move { api.invoke("{\"n\":2}".into(), Duration::from_secs(5)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!second.is_finished(), "handed out while paused");
+        api.resume();
+        assert_eq!(second.await.unwrap().unwrap(), "{\"n\":2}");
+        runtime.await.unwrap();
+        assert_eq!(api.unanswered(), 0);
     }
 }

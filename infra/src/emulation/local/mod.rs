@@ -79,6 +79,8 @@ pub struct RunningFunction {
     pub spec: FunctionSpec,
     pub api: RuntimeApi,
     pub processes: Vec<Managed>,
+    /// The fingerprint of the binary its processes run, as it was when they (re)started.
+    binary: Option<u64>,
 }
 
 /// The running stack; dropping it stops everything.
@@ -103,7 +105,40 @@ pub struct LocalStack {
     pub panics: Panics,
     /// The account's concurrency quota, if one is emulated, and its throttles.
     pub account: Option<AccountConcurrency>,
+    /// How it was started, and last reloaded.
+    options: Options,
+    /// The local X-Ray daemon's address, in every process's environment.
+    daemon_address: String,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// What a reload did to each function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reload {
+    /// The functions started again, each with what changed (`build`, `environment`).
+    pub restarted: Vec<(String, String)>,
+    /// The functions left running as they were, with nothing changed.
+    pub unchanged: Vec<String>,
+    /// What changed but was not applied, and why, each as a sentence.
+    pub not_applied: Vec<String>,
+}
+
+impl std::fmt::Display for Reload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.restarted.is_empty() {
+            writeln!(f, "nothing to restart: every function runs its current build and settings")?;
+        }
+        for (function, what) in &self.restarted {
+            writeln!(f, "{function}: started again ({what} changed)")?;
+        }
+        if !self.restarted.is_empty() && !self.unchanged.is_empty() {
+            writeln!(f, "unchanged: {}", self.unchanged.join(", "))?;
+        }
+        for note in &self.not_applied {
+            writeln!(f, "not applied: {note}")?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for LocalStack {
@@ -145,18 +180,130 @@ impl LocalStack {
         self.functions.iter().map(|f| f.api.unanswered()).sum()
     }
 
-    /// A deploy that changes one setting of `function` (a new workflow version, say): its
-    /// processes start again with `name` set to `value`.
-    pub fn redeploy(&self, function: &str, name: &str, value: &str) -> Result<(), Error> {
-        let running = self
-            .functions
-            .iter()
-            .find(|f| f.spec.logical_id == function)
-            .ok_or_else(|| Error::Local(format!("no function {function}")))?;
-        for process in &running.processes {
-            process.redeploy(name, value);
+    /// How the stack was started (and last reloaded).
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Applies what changed since the stack started, as `options` now say (the same as at the
+    /// start, for a plain reload): the template is read again, and each function whose binary
+    /// or environment changed starts again on the same emulator and event sources. Its Runtime
+    /// API first stops handing out invocations and lets the ones in flight end, so no lease is
+    /// lost; invocations made meanwhile wait for the new processes. The simulated remote
+    /// service is never restarted: it stands for the outside world, and keeps its ledger and
+    /// ids. Resources, event sources and functions added or removed need `up` again, and are
+    /// reported, not applied.
+    pub async fn reload(&mut self, options: Options) -> Result<Reload, Error> {
+        let template = Template::load(&options.template)?;
+        let mut wanted = functions(&template, &self.stack).map_err(|e| {
+            Error::Local(format!(
+                "{e} (a reload restarts functions; resources added to the template need `local-stack up` again)"
+            ))
+        })?;
+        let mut reload = Reload::default();
+        for running in &self.functions {
+            if !wanted.iter().any(|w| w.logical_id == running.spec.logical_id) {
+                reload.not_applied.push(format!(
+                    "{} is no longer in the template; it runs until the stack is started again",
+                    running.spec.logical_id
+                ));
+            }
         }
-        Ok(())
+        let mut fingerprints: HashMap<PathBuf, Option<u64>> = HashMap::new();
+        let mut changes = Vec::new();
+        for spec in &mut wanted {
+            wiring::with_overrides(spec, &options.overrides);
+            let Some(at) = self.functions.iter().position(|f| f.spec.logical_id == spec.logical_id)
+            else {
+                reload.not_applied.push(format!(
+                    "{} is new in the template: `local-stack up` again creates it and its event sources",
+                    spec.logical_id
+                ));
+                continue;
+            };
+            let running = &self.functions[at];
+            let program = options.bin_dir.join(&spec.binary);
+            let binary = *fingerprints
+                .entry(program.clone())
+                .or_insert_with(|| wiring::fingerprint(&program));
+            if binary.is_none() {
+                return Err(Error::Local(format!(
+                    "{}: binary {} not found (build it with `cargo build --bins`)",
+                    spec.logical_id,
+                    program.display()
+                )));
+            }
+            let mut what = Vec::new();
+            if binary != running.binary || spec.binary != running.spec.binary {
+                what.push("build");
+            }
+            if spec.environment != running.spec.environment {
+                what.push("environment");
+            }
+            let wired = |s: &FunctionSpec| {
+                (
+                    s.events.clone(),
+                    s.timeout,
+                    s.memory_mb,
+                    s.reserved_concurrency,
+                    s.function_url.clone(),
+                )
+            };
+            if wired(spec) != wired(&running.spec) {
+                reload.not_applied.push(format!(
+                    "{}: its events, timeout, memory or concurrency changed; `local-stack up` again applies them",
+                    spec.logical_id
+                ));
+            }
+            if what.is_empty() {
+                reload.unchanged.push(spec.logical_id.clone());
+            } else if spec.logical_id == REMOTE_SERVICE {
+                reload.not_applied.push(format!(
+                    "{REMOTE_SERVICE}: its {} changed, but it keeps running as it was, with its ledger and ids (it stands for the outside world)",
+                    what.join(" and ")
+                ));
+            } else {
+                changes.push((at, spec.clone(), program, binary, what.join(" and ")));
+            }
+        }
+        // Every changed function drains at once, so that they are down together and briefly.
+        let drains: Vec<_> = changes
+            .iter()
+            .map(|(at, ..)| {
+                let f = &self.functions[*at];
+                let (api, limit) = (f.api.clone(), f.spec.timeout);
+                tokio::spawn(async move { api.drain(limit).await })
+            })
+            .collect();
+        for ((at, spec, program, binary, what), drain) in changes.into_iter().zip(drains) {
+            let drained = drain.await.unwrap_or(false);
+            let running = &mut self.functions[at];
+            for (n, process) in running.processes.iter().enumerate() {
+                let mut environment = wiring::process_spec(
+                    &spec,
+                    &program,
+                    &running.api,
+                    &self.endpoint,
+                    &options.region,
+                    n + 1,
+                )
+                .environment;
+                environment.insert("AWS_XRAY_DAEMON_ADDRESS".into(), self.daemon_address.clone());
+                process.replace(environment);
+            }
+            running.api.resume();
+            if !drained {
+                reload.not_applied.push(format!(
+                    "{}: an invocation was still running after its timeout and was cut short",
+                    spec.logical_id
+                ));
+            }
+            running.spec = spec;
+            running.binary = binary;
+            reload.restarted.push((running.spec.logical_id.clone(), what));
+        }
+        self.options = options;
+        Ok(reload)
     }
 
     /// How many times function processes were started again after exiting or being killed.
@@ -230,7 +377,7 @@ impl LocalStack {
             dead_letters: &dead_letters,
             panics: &panics,
             redrives: &redrives,
-            daemon_address,
+            daemon_address: daemon_address.clone(),
             account: account.as_ref(),
             callers,
         };
@@ -257,6 +404,8 @@ impl LocalStack {
             traces,
             panics,
             account,
+            options: options.clone(),
+            daemon_address,
             tasks,
         })
     }

@@ -57,11 +57,7 @@ impl Wiring<'_> {
         tasks: &mut Vec<JoinHandle<()>>,
     ) -> Result<RunningFunction, Error> {
         let options = self.options;
-        for (id, name, value) in &options.overrides {
-            if *id == spec.logical_id {
-                spec.environment.insert(name.clone(), value.clone());
-            }
-        }
+        with_overrides(&mut spec, &options.overrides);
         let program = options.bin_dir.join(&spec.binary);
         if !program.exists() {
             return Err(Error::Local(format!(
@@ -124,7 +120,8 @@ impl Wiring<'_> {
                 gateway::serve(listener, vec![route]).await;
             }));
         }
-        Ok(RunningFunction { spec, api, processes })
+        let binary = fingerprint(&program);
+        Ok(RunningFunction { spec, api, processes, binary })
     }
 
     /// The `n`th process of `spec`, started.
@@ -254,6 +251,31 @@ fn gateway_authorizer(auth: &RouteAuth, region: &str, service: &str) -> Authoriz
     }
 }
 
+/// `spec` with the environment `overrides` (function, name, value) set for it.
+pub(super) fn with_overrides(spec: &mut FunctionSpec, overrides: &[(String, String, String)]) {
+    for (id, name, value) in overrides {
+        if *id == spec.logical_id {
+            spec.environment.insert(name.clone(), value.clone());
+        }
+    }
+}
+
+/// What a program's file holds, in brief: two builds that wrote the same bytes have the same
+/// fingerprint, whatever their times. `None` if it cannot be read.
+pub(super) fn fingerprint(program: &std::path::Path) -> Option<u64> {
+    use std::hash::Hasher;
+    use std::io::Read;
+    let mut file = std::fs::File::open(program).ok()?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    let mut buffer = vec![0; 1 << 20];
+    loop {
+        match file.read(&mut buffer).ok()? {
+            0 => return Some(hasher.finish()),
+            n => hasher.write(&buffer[..n]),
+        }
+    }
+}
+
 fn queue_url(stack: &Stack, arn: &str) -> Result<String, Error> {
     stack
         .context
@@ -264,7 +286,7 @@ fn queue_url(stack: &Stack, arn: &str) -> Result<String, Error> {
         .ok_or_else(|| Error::Local(format!("no queue with ARN {arn} was created")))
 }
 
-fn process_spec(
+pub(super) fn process_spec(
     spec: &FunctionSpec,
     program: &std::path::Path,
     api: &RuntimeApi,
