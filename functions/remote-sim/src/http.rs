@@ -43,11 +43,13 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// so the body stays exactly what was recorded.
 pub const REPLAYED: &str = "idempotent-replayed";
 
-/// The service's shared state: the simulator behind a lock, and the clock.
+/// The service's shared state: the simulator behind a lock, the clock, and the slots calls
+/// are served in, if they are limited.
 #[derive(Clone)]
 pub struct App {
     sim: Arc<Mutex<Simulator>>,
     clock: Clock,
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl App {
@@ -59,7 +61,15 @@ impl App {
 
     /// A service with this configuration and clock (seconds since start).
     pub fn with_clock(config: FaultConfig, clock: Clock) -> App {
-        App { sim: Arc::new(Mutex::new(Simulator::new(config))), clock }
+        App { sim: Arc::new(Mutex::new(Simulator::new(config))), clock, slots: None }
+    }
+
+    /// The service serving at most `n` calls of `/actions` at once, each with its latency, the
+    /// others waiting their turn. A held call (`hold_while`) gives its slot up while it is held,
+    /// and the other endpoints take none: holding one action holds up no other call.
+    pub fn serving_at_once(mut self, n: usize) -> App {
+        self.slots = Some(Arc::new(tokio::sync::Semaphore::new(n.max(1))));
+        self
     }
 
     fn sim(&self) -> MutexGuard<'_, Simulator> {
@@ -137,6 +147,10 @@ async fn action(
             other => other,
         },
     };
+    let slot = match &app.slots {
+        Some(slots) => slots.clone().acquire_owned().await.ok(),
+        None => None,
+    };
     let now = (app.clock)();
     let answer = app.sim().handle(&call, now);
     tracing::info!(
@@ -149,6 +163,7 @@ async fn action(
     );
     // The lock is released before waiting, so a slow call holds up no other.
     if let Some(file) = &answer.hold_while {
+        drop(slot);
         hold(file, &call.key).await;
     }
     if !answer.latency.is_zero() {

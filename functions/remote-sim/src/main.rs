@@ -56,7 +56,8 @@ Fault knobs (--faults or FAULTS, or PUT /faults), as
                                      same faults)
   forget_keys                        a repeated key applies again (to show a check failing)
   hold_while: \"<file>\"               while the file exists, the action's calls wait before
-                                     answering (their key written to <file>.held)
+                                     answering, their effect applied and their key written
+                                     to <file>.held; other calls are served meanwhile
 
 Inside Lambda (AWS_LAMBDA_RUNTIME_API set) it answers its function URL instead of --listen.";
 
@@ -79,10 +80,19 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let app = router(App::new(config));
-
-    let result =
-        if in_lambda { lambda_http::run(app).await } else { serve(&args.listen, app).await };
+    let result = if in_lambda {
+        // One execution environment serves the calls one at a time, as its reserved
+        // concurrency of one does on AWS. Where it may poll for several invocations at once
+        // (AWS_LAMBDA_MAX_CONCURRENCY, set by the local stack), only a held call and the
+        // endpoints that read or set its state are served beside the call in progress.
+        let app = router(App::new(config).serving_at_once(1));
+        lambda_http::run_concurrent(lambda_http::service_fn(move |request| {
+            invoke(app.clone(), request)
+        }))
+        .await
+    } else {
+        serve(&args.listen, router(App::new(config))).await
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -90,6 +100,24 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One invocation of the function URL, answered by the router with its body in full (the
+/// runtime sends answers across its polling tasks, so they must be shareable).
+async fn invoke(
+    app: axum::Router,
+    request: lambda_http::Request,
+) -> Result<lambda_http::Response<lambda_http::Body>, lambda_http::Error> {
+    use tower::ServiceExt;
+    let (parts, body) = request.into_parts();
+    let request = axum::http::Request::from_parts(parts, axum::body::Body::from(body.to_vec()));
+    let (parts, body) = app.oneshot(request).await?.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await?.to_vec();
+    let body = match String::from_utf8(bytes) {
+        Ok(text) => lambda_http::Body::Text(text),
+        Err(e) => lambda_http::Body::Binary(e.into_bytes()),
+    };
+    Ok(lambda_http::Response::from_parts(parts, body))
 }
 
 async fn serve(listen: &str, app: axum::Router) -> Result<(), lambda_http::Error> {

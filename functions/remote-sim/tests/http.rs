@@ -77,13 +77,15 @@ async fn put_faults(app: &Router, faults: Value) -> Reply {
 }
 
 #[tokio::test]
-async fn a_held_call_takes_effect_at_once_and_answers_once_its_file_is_gone() {
+async fn a_held_call_takes_effect_at_once_answers_once_its_file_is_gone_and_holds_up_no_other() {
     let dir = std::env::temp_dir().join(format!("remote-sim-hold-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("charge");
     std::fs::write(&file, "").unwrap();
     let faults = json!({"actions": {"charge-payment": {"hold_while": file}}});
-    let (app, _) = service(FaultConfig::from_json(&faults.to_string()).unwrap());
+    // One call at a time, as in Lambda: the held call gives its turn up.
+    let config = FaultConfig::from_json(&faults.to_string()).unwrap();
+    let app = router(App::new(config).serving_at_once(1));
 
     let held = tokio::spawn({
         let app = app.clone();
@@ -99,8 +101,9 @@ async fn a_held_call_takes_effect_at_once_and_answers_once_its_file_is_gone() {
     assert_eq!(ledger["effects"][0]["key"], "o1/charge/do", "{ledger}");
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(!held.is_finished(), "the call answered while held");
-    // Another action is not held.
+    // Another action is not held, nor are the statistics.
     assert_eq!(call(&app, "ship", "o1", "ship", "do").await.status, StatusCode::OK);
+    assert_eq!(get(&app, "/stats").await.status, StatusCode::OK);
 
     std::fs::remove_file(&file).unwrap();
     let answer = held.await.unwrap();

@@ -316,6 +316,12 @@ pub(super) fn process_spec(
     if let Ok(path) = std::env::var("PATH") {
         environment.insert("PATH".into(), path);
     }
+    if spec.logical_id == REMOTE_SERVICE {
+        // The simulated service's one environment polls for several invocations at once (as a
+        // Lambda Managed Instance would), so that a call it holds open for a test holds up
+        // none of its other calls; it still serves one action at a time, as on AWS.
+        environment.insert("AWS_LAMBDA_MAX_CONCURRENCY".into(), "8".into());
+    }
     ProcessSpec {
         label: format!("{name}#{n}"),
         program: program.to_owned(),
