@@ -1173,10 +1173,29 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
     let view = order(&http, &stack, &approved).await;
     assert_eq!(view["steps"][2]["status"], "not_started", "{view}");
     assert!(view["steps"][2].get("token").is_none(), "{view}");
+    // They see it waiting for an answer, until it is due, and when the wait began.
+    let due = view["steps"][2]["answer_by"].as_i64().expect("the answer's due time");
+    assert_eq!(view["steps"][2]["waiting"], json!({"for": "answer", "until": due}), "{view}");
+    let waits = |view: &Value| -> Vec<Value> {
+        let timeline = view["timeline"].as_array().unwrap();
+        timeline.iter().filter(|e| e["what"] == "waiting").cloned().collect()
+    };
+    let started = waits(&view);
+    assert_eq!(started.len(), 1, "{view}");
+    assert_eq!(
+        (&started[0]["step"], started[0]["until"].as_i64()),
+        (&json!("fraud-review"), Some(due))
+    );
+    assert_eq!(view["stopping"], false, "{view}");
 
     // Approved, with a heartbeat first; another order's token, and a client, change nothing.
     let (status, beat) = answer(&approved, "heartbeat", json!({"token": token(&approved)})).await;
     assert_eq!((status, beat["applied"].as_str()), (200, Some("now")), "{beat}");
+    let due_at = |reply: &Value| {
+        let at = reply["answer_by"].as_str().expect("the reply names when the answer is due");
+        chrono::DateTime::parse_from_rfc3339(at).unwrap().timestamp_millis()
+    };
+    assert!(due_at(&beat) > due, "a heartbeat moves the due time: {beat}");
     let (status, wrong) = answer(&approved, "complete", json!({"token": token(&refused)})).await;
     assert_eq!((status, wrong["error"]["code"].as_str()), (409, Some("wrong_token")), "{wrong}");
     let body = json!({"token": token(&approved)}).to_string();
@@ -1188,6 +1207,7 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
     let approval = json!({"token": token(&approved), "output": {"score": 12}, "reason": "clean"});
     let (status, done) = answer(&approved, "complete", approval).await;
     assert_eq!((status, done["applied"].as_str()), (200, Some("now")), "{done}");
+    assert_eq!(due_at(&done), due_at(&beat), "the due time it met: {done}");
 
     let refusal = json!({"token": token(&refused), "reason": "card used in two countries"});
     let (status, done) = answer(&refused, "refuse", refusal).await;
@@ -1214,8 +1234,13 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
 
     let view = order(&http, &stack, &approved).await;
     assert_eq!(view["steps"][2]["output"], json!({"score": 12}), "{view}");
-    let answered =
-        view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "fraud-review");
+    assert!(view["steps"][2].get("waiting").is_none(), "{view}");
+    assert_eq!(waits(&view).len(), 1, "the wait began once: {view}");
+    let answered = view["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["step"] == "fraud-review" && e["what"] == "step_done");
     let answered = answered.expect("the answer is on the timeline");
     assert_eq!(answered["by"], "arn:aws:iam::123456789012:user/answerer-partner", "{view}");
     assert_eq!(answered["reason"], "clean", "{view}");
@@ -1237,8 +1262,11 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
         );
     }
     let view = operator_view(&stack, &by_operator);
-    let answered =
-        view["timeline"].as_array().unwrap().iter().find(|e| e["step"] == "fraud-review");
+    let answered = view["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["step"] == "fraud-review" && e["what"] == "step_done");
     assert_eq!(
         answered.map(|e| e["reason"].clone()),
         Some(json!("partner down, checked by hand")),

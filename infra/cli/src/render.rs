@@ -40,8 +40,14 @@ pub fn workflow(value: &Value) -> String {
 /// given, and the timeline.
 pub fn order(view: &Value) -> String {
     let text = |key: &str| view.get(key).and_then(Value::as_str).unwrap_or("-");
+    // A step failed while others ran: the order waits for them, then undoes what was done.
+    let stopping = if view.get("stopping").and_then(Value::as_bool).unwrap_or(false) {
+        ", stopping: nothing new starts, and what was done is undone once the steps in flight end"
+    } else {
+        ""
+    };
     let mut out = format!(
-        "order     {}\nworkflow  {}\nstate     {} ({})\naccepted  {}\n",
+        "order     {}\nworkflow  {}\nstate     {} ({}{stopping})\naccepted  {}\n",
         text("order_id"),
         workflow(view),
         text("process_state"),
@@ -88,9 +94,10 @@ pub fn order(view: &Value) -> String {
             let generation = s.get("generation").and_then(Value::as_u64).unwrap_or(0);
             vec![
                 format!("  {}", cell(s, "name")),
-                match s.get("reported") {
-                    Some(_) => format!("{} (reported)", cell(s, "status")),
-                    None => cell(s, "status"),
+                match (s.get("reported"), s.get("waiting")) {
+                    (Some(_), _) => format!("{} (reported)", cell(s, "status")),
+                    (None, Some(_)) => "waiting".to_owned(),
+                    (None, None) => cell(s, "status"),
                 },
                 lease(s),
                 if generation > 0 { format!("run {}", generation + 1) } else { String::new() },
@@ -115,6 +122,10 @@ pub fn order(view: &Value) -> String {
             if let Some(reason) = e.get("reason").and_then(Value::as_str) {
                 note = format!("{note}: {reason:?}");
             }
+            if e.get("what").and_then(Value::as_str) == Some("waiting") {
+                // Not a caller's words: what the step waits for, and until when.
+                note = format!("{} until {}", cell(e, "reason"), time(&e["until"]));
+            }
             vec![format!("  {}", time(&e["at"])), what, note]
         })
         .collect();
@@ -125,6 +136,13 @@ pub fn order(view: &Value) -> String {
 /// What a step's lease says: sent and due by a time, waiting for the scheduler, or waiting
 /// for a time; empty without one.
 fn lease(step: &Value) -> String {
+    if let Some(waiting) = step.get("waiting") {
+        let until = time(&waiting["until"]);
+        return match waiting.get("for").and_then(Value::as_str) {
+            Some("answer") => format!("for an answer from outside, due {until}"),
+            _ => format!("waits until {until}"),
+        };
+    }
     let Some(lease) = step.get("lease") else { return String::new() };
     let due = time(&lease["complete_by"]);
     let failures = lease.get("failures").and_then(Value::as_u64).unwrap_or(0);
@@ -268,5 +286,42 @@ mod tests {
         assert!(text.contains("in flight, due 2026-03-01 10:15:42.000"), "{text}");
         assert!(text.contains("queued, due 2026-03-01 10:15:42.000, 1 expired"), "{text}");
         assert!(text.contains("waits until 2026-03-02 10:15:42.000"), "{text}");
+    }
+
+    #[test]
+    fn a_step_waiting_for_an_answer_and_an_order_stopping_say_so() {
+        let view = serde_json::json!({
+            "order_id": "o-4", "process_state": "Processing", "phase": "forward",
+            "stopping": true,
+            "cause": {"kind": "step_rejected", "step": "charge", "reason": "card declined"},
+            "steps": [
+                {"name": "charge", "status": "failed", "detail": "card declined"},
+                {"name": "approval", "status": "not_started",
+                 "lease": {"attempt": 2, "complete_by": 1_772_360_142_000_i64, "sent": true},
+                 "answer_by": 1_772_360_142_000_i64,
+                 "waiting": {"for": "answer", "until": 1_772_360_142_000_i64}}
+            ],
+            "timeline": [
+                {"at": 1_772_356_542_000_i64, "what": "waiting", "attempt": 2, "step": "approval",
+                 "reason": "waits for an answer from outside", "until": 1_772_360_142_000_i64}
+            ]
+        });
+        let text = order(&view);
+        assert!(
+            text.contains("state     Processing (forward, stopping: nothing new starts"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "approval  waiting  for an answer from outside, due 2026-03-01 10:15:42.000"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "waiting approval  waits for an answer from outside until 2026-03-01 10:15:42.000"
+            ),
+            "{text}"
+        );
     }
 }

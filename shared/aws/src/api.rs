@@ -190,7 +190,7 @@ pub fn answered(
                 "applied": if done.applied == Applied::Now { "now" } else { "before" },
                 "process_state": done.record.process_state.as_str(),
                 "answer_by": done.record.steps.iter().find(|s| s.name == answer.step)
-                    .and_then(|s| s.sent()).map(|l| l.complete_by.to_rfc3339()),
+                    .and_then(|s| s.answer_by).map(|t| t.to_rfc3339()),
             }),
         ),
         Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such order", json!({})),

@@ -16,7 +16,8 @@
 //! message due at that time. A step that waits for a callback holds a lease as long as its
 //! timeout, sent to nobody: its start announces a token, which only an answer to that lease
 //! may bear, and, for a timeout SQS can delay a message for, a start message due at its end
-//! (again at each heartbeat). The record is Processing while a lease is sent, Pending
+//! (again at each heartbeat). Either wait's start is on the timeline (`waiting`, with what it
+//! waits for and until when). The record is Processing while a lease is sent, Pending
 //! while leases only wait for the scheduler, and its CompleteBy is the earliest lease's.
 //!
 //! The transitions, by state and input:
@@ -41,7 +42,7 @@
 //! | Pending, Processing | expiry: a wait's lease at its time (no horizon: nothing of it is in a queue) | the wait done; the steps it freed queued; start message |
 //! | Processing | answer to a callback bearing its token (or an operator's): complete | the step done with the output given, who answered on the timeline; the steps it freed queued; start message |
 //! | Processing | the same: refuse | the step failed with who refused and why: the order stops as for an agent's refusal (or goes on, if only reported) |
-//! | Processing | the same: heartbeat | the callback's lease runs a whole timeout from now |
+//! | Processing | the same: heartbeat | the callback's lease runs a whole timeout from now, its answer due then |
 //! | any | answer with another token, to a step not waiting (done, failed, not started, order stopping or ended) or taking no callback | refused, saying why; nothing written |
 //! | Pending, Processing | expiry: a callback's lease at its end (no horizon: no answer is in a queue) | the step failed, unanswered |
 //! | Processing | start message of a callback's attempt, at or after its end | the step failed, unanswered (as at its expiry, without waiting for a sweep) |
@@ -109,7 +110,7 @@ use crate::message::{MAX_OUTPUT_LEN, StepOutcome, StepRef, output_len};
 use crate::mutants::{self, Mutant};
 use crate::state::{
     AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Lease, Phase,
-    ProcessState, StateRecord, StepState, StepStatus, Stop,
+    ProcessState, StateRecord, StepState, StepStatus, Stop, WaitingFor,
 };
 use crate::time::Timestamp;
 use crate::workflow::{OnFailure, Wait, Work, Workflow};
@@ -612,6 +613,8 @@ fn wait_for(
     let attempt = next.attempt;
     next.steps[i].lease =
         Some(Lease { attempt, complete_by: wake, sent: false, failures: 0, timer: true });
+    let name = next.steps[i].name.clone();
+    next.note_wait(ctx.now, &name, WaitingFor::Time, wake, ctx.config.timeline_limit);
     let delay = ctx.now.until(wake);
     if delay <= MAX_DELIVERY_DELAY {
         effects.push(Effect::Kick { delay, attempt });
@@ -912,6 +915,9 @@ fn dispatch(
     let lease = Lease { attempt, complete_by, sent: true, failures: 0, timer: false };
     next.steps[i].lease = Some(lease);
     next.steps[i].token = Some(token(ctx.seed, next.order_id, attempt, i));
+    next.steps[i].answer_by = Some(complete_by);
+    let name = next.steps[i].name.clone();
+    next.note_wait(ctx.now, &name, WaitingFor::Answer, complete_by, ctx.config.timeline_limit);
     effects.push(Effect::Announce { step: i });
     effects.extend(callback_end(&lease, ctx));
 }
@@ -1370,6 +1376,7 @@ fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> Decision {
             if let Some(lease) = &mut next.steps[i].lease {
                 lease.complete_by = ctx.now.plus(step.budget);
                 effects.extend(callback_end(lease, ctx));
+                next.steps[i].answer_by = Some(lease.complete_by);
             }
             next.complete_by = next.earliest_lease();
             return apply(next, effects);

@@ -177,6 +177,11 @@ pub struct StepState {
     /// shown to the order's readers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// For a step that waits for a callback: when its answer is due, as its announcement or
+    /// the last heartbeat set it. Kept once the wait is over, so that the reply to an answer,
+    /// even repeated, names the time it met.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_by: Option<Timestamp>,
 }
 
 /// One step's hold on the system's attention while it is done or undone.
@@ -235,8 +240,32 @@ impl StepState {
             lease: None,
             wake_at: None,
             token: None,
+            answer_by: None,
         }
     }
+
+    /// What the step waits for, and until when, if it waits: its time, or an answer from
+    /// outside (a callback's lease, once announced).
+    pub fn waiting(&self) -> Option<(WaitingFor, Timestamp)> {
+        let lease = self.lease.as_ref()?;
+        if lease.timer {
+            Some((WaitingFor::Time, lease.complete_by))
+        } else if lease.sent && self.token.is_some() {
+            Some((WaitingFor::Answer, lease.complete_by))
+        } else {
+            None
+        }
+    }
+}
+
+/// What a waiting step waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingFor {
+    /// The time it wakes at.
+    Time,
+    /// An answer from outside, bearing the token its announcement carried (or an operator's).
+    Answer,
 }
 
 /// Why an order failed.
@@ -425,6 +454,8 @@ pub enum Happening {
     Paused,
     Resumed,
     Redriven,
+    /// A step began to wait: for its time, or for an answer from outside.
+    Waiting,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -439,6 +470,9 @@ pub struct TimelineEntry {
     pub by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// For a step that began to wait: until when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
 }
 
 fn first_version() -> u32 {
@@ -586,6 +620,12 @@ impl StateRecord {
         }
     }
 
+    /// A step failed while others were in flight: nothing new starts, and once those end, the
+    /// steps done are undone. The order is still Pending or Processing, moving forward.
+    pub fn stopping(&self) -> bool {
+        self.process_state.is_in_flight() && self.phase == Phase::Forward && self.cause.is_some()
+    }
+
     /// Steps whose effects may still be in place after a failure and that nothing will undo.
     pub fn needs_manual_undo(&self) -> Vec<String> {
         // Once an order has a cause to stop (a failure, a cancel), a step still done is one
@@ -615,7 +655,15 @@ impl StateRecord {
         limit: usize,
     ) {
         self.push_entry(
-            TimelineEntry { at, what, attempt: self.attempt, step, by: None, reason: None },
+            TimelineEntry {
+                at,
+                what,
+                attempt: self.attempt,
+                step,
+                by: None,
+                reason: None,
+                until: None,
+            },
             limit,
         );
     }
@@ -637,6 +685,32 @@ impl StateRecord {
             step: Some(step.to_owned()),
             by: Some(by.to_owned()),
             reason: (!reason.is_empty()).then(|| reason.to_owned()),
+            until: None,
+        };
+        self.push_entry(entry, limit);
+    }
+
+    /// Appends the start of step `step`'s wait, for `what`, until `until`.
+    pub(crate) fn note_wait(
+        &mut self,
+        at: Timestamp,
+        step: &str,
+        what: WaitingFor,
+        until: Timestamp,
+        limit: usize,
+    ) {
+        let reason = match what {
+            WaitingFor::Time => "waits for its time",
+            WaitingFor::Answer => "waits for an answer from outside",
+        };
+        let entry = TimelineEntry {
+            at,
+            what: Happening::Waiting,
+            attempt: self.attempt,
+            step: Some(step.to_owned()),
+            by: None,
+            reason: Some(reason.to_owned()),
+            until: Some(until),
         };
         self.push_entry(entry, limit);
     }
@@ -658,6 +732,7 @@ impl StateRecord {
             step,
             by: Some(by.to_owned()),
             reason: Some(reason.to_owned()),
+            until: None,
         };
         self.push_entry(entry, limit);
     }

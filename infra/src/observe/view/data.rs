@@ -160,10 +160,21 @@ impl Record {
         Some(text)
     }
 
+    /// Whether a step failed while others are in flight: it undoes what was done once they end.
+    pub(super) fn stopping(&self) -> bool {
+        matches!(self.state.as_str(), "Pending" | "Processing")
+            && self.body["phase"] == "forward"
+            && self.body["cause"].is_object()
+    }
+
     pub(super) fn row(&self) -> OrderRow {
         OrderRow {
             order_id: self.order_id.clone(),
-            state: self.state.clone(),
+            state: if self.stopping() {
+                format!("{} (stopping)", self.state)
+            } else {
+                self.state.clone()
+            },
             created_at: self.created_at,
             ended_at: self.ended_at(),
             outcome: self.outcome(),

@@ -45,6 +45,9 @@ pub(super) fn timeline(r: &Record) -> String {
         if let Some(reason) = e["reason"].as_str() {
             detail.push(reason.to_owned());
         }
+        if let Some(until) = e["until"].as_i64() {
+            detail.push(format!("until {}", clock(until)));
+        }
         let what = e["what"].as_str().unwrap_or("?");
         t.push_str(&format!(
             "<tr data-what=\"{w}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
@@ -66,6 +69,12 @@ pub(super) fn timeline(r: &Record) -> String {
 /// The live page of one order.
 pub(super) fn order_page(r: &Record) -> String {
     let mut facts = vec![format!("state {}", escape(&r.state))];
+    if r.stopping() {
+        facts.push(
+            "stopping: a step failed; what was done is undone once the steps in flight end"
+                .to_owned(),
+        );
+    }
     if let Some(c) = r.created_at {
         facts.push(format!("accepted {}", clock(c)));
     }

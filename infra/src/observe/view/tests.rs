@@ -32,6 +32,25 @@ fn an_ended_order_has_its_outcome_end_and_cause_from_its_record() {
 }
 
 #[test]
+fn an_order_stopping_and_a_wait_are_shown_as_such() {
+    let r = record(
+        "Processing",
+        json!({"phase": "forward",
+               "cause": {"kind": "step_rejected", "step": "charge", "reason": "declined"},
+               "timeline": [
+                {"at": 1_000, "what": "received", "attempt": 0},
+                {"at": 2_000, "what": "waiting", "attempt": 2, "step": "approval",
+                 "reason": "waits for an answer from outside", "until": 62_000}]}),
+    );
+    assert_eq!(r.row().state, "Processing (stopping)");
+    let html = order_page(&r);
+    assert!(html.contains("stopping: a step failed"), "{html}");
+    assert!(html.contains("waits for an answer from outside; until "), "{html}");
+    let going = record("Processing", json!({"phase": "forward", "timeline": []}));
+    assert_eq!(going.row().state, "Processing");
+}
+
+#[test]
 fn the_report_embeds_its_view_where_no_text_can_close_the_script() {
     let view = View {
         started_at: 0,

@@ -9,8 +9,9 @@ use crate::order::Order;
 use crate::ports::{OrderRecord, Read, StateStore};
 use crate::state::{
     AlertDelivery, Cause, CommandEntry, Phase, ProcessState, StateRecord, StepState, Stop,
-    TimelineEntry,
+    TimelineEntry, WaitingFor,
 };
+use crate::time::Timestamp;
 
 /// An order with its state, steps and timeline, as shown to clients.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -27,11 +28,32 @@ pub struct OrderView {
     pub complete_by: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<Cause>,
-    pub steps: Vec<StepState>,
+    /// A step failed (`cause` says which and why) while others were in flight: nothing new
+    /// starts, and once those end, what was done is undone.
+    pub stopping: bool,
+    pub steps: Vec<StepView>,
     pub timeline: Vec<TimelineEntry>,
     pub order: Order,
     pub created_at: String,
     pub updated_at: String,
+}
+
+/// A step as shown: its state, and what it waits for if it waits.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepView {
+    #[serde(flatten)]
+    pub state: StepState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
+}
+
+/// What a waiting step waits for, and until when: its time, when it wakes; or an answer from
+/// outside, when the answer is due (after which the step fails, unanswered).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Waiting {
+    #[serde(rename = "for")]
+    pub what: WaitingFor,
+    pub until: Timestamp,
 }
 
 /// An order as an operator sees it.
@@ -109,6 +131,7 @@ impl<S: StateStore> StatusService<S> {
 }
 
 fn view(order: OrderRecord, state: StateRecord) -> OrderView {
+    let stopping = state.stopping();
     OrderView {
         order_id: state.order_id,
         workflow: state.workflow,
@@ -118,9 +141,18 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
         failure_count: state.failure_count,
         attempt: state.attempt,
         complete_by: state.complete_by.map(|t| t.to_rfc3339()),
+        stopping,
         cause: state.cause,
-        // A callback's token is for the party that answers it, which the event bus reaches.
-        steps: state.steps.into_iter().map(|s| StepState { token: None, ..s }).collect(),
+        steps: state
+            .steps
+            .into_iter()
+            .map(|s| StepView {
+                waiting: s.waiting().map(|(what, until)| Waiting { what, until }),
+                // A callback's token is for the party that answers it, which the event bus
+                // reaches.
+                state: StepState { token: None, ..s },
+            })
+            .collect(),
         timeline: state.timeline,
         order: order.order,
         created_at: state.created_at.to_rfc3339(),

@@ -117,6 +117,7 @@ fn a_reply_moves_only_the_lease_it_names() {
 fn a_failure_starts_nothing_new_and_waits_for_the_steps_in_flight_before_undoing() {
     let f = trip();
     let r = both_in_flight(&f);
+    assert!(!r.stopping());
     let t = f.answer(&r, FLIGHT, StepOutcome::failed("sold out"));
     let n = &t.next;
     assert!(t.effects.iter().all(|e| !matches!(e, Effect::Dispatch { .. } | Effect::Kick { .. })));
@@ -125,10 +126,12 @@ fn a_failure_starts_nothing_new_and_waits_for_the_steps_in_flight_before_undoing
         (ProcessState::Processing, Phase::Forward, vec![HOTEL])
     );
     assert!(matches!(n.cause, Some(Cause::StepRejected { .. })));
+    assert!(n.stopping(), "shown as stopping while the hotel is in flight");
     // The hotel is booked after all: it is undone with the opening, the hotel first.
     let t = f.answer(n, HOTEL, StepOutcome::done(json!({"room": 12})));
     let n = &t.next;
     assert_eq!(n.phase, Phase::Compensating);
+    assert!(!n.stopping(), "undoing now");
     assert_eq!(dispatched(&t.effects), [HOTEL], "the opening waits for the undo of the hotel");
     assert_eq!(n.steps[OPEN].status, StepStatus::ToUndo);
     let n = f.answer_done(n, HOTEL);

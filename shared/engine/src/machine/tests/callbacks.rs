@@ -3,7 +3,7 @@
 //! that fails the step as its policy says.
 
 use super::*;
-use crate::state::{CommandKind, TimelineEntry};
+use crate::state::{CommandKind, TimelineEntry, WaitingFor};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 const BY: &str = "arn:aws:iam::123456789012:user/reviewer";
@@ -82,6 +82,19 @@ fn a_callback_starts_with_a_token_announced_and_a_lease_as_long_as_its_timeout()
         (ProcessState::Processing, Some(lease.complete_by))
     );
     assert!(!r.steps[APPROVAL].dispatched, "nothing reached a service");
+    // It shows as waiting for an answer, due at its end; its start is on the timeline.
+    assert_eq!(r.steps[APPROVAL].waiting(), Some((WaitingFor::Answer, lease.complete_by)));
+    assert_eq!(r.steps[APPROVAL].answer_by, Some(lease.complete_by));
+    let started = r.timeline.last().unwrap();
+    assert_eq!(
+        (started.what, started.step.as_deref(), started.until, started.reason.as_deref()),
+        (
+            Happening::Waiting,
+            Some("approval"),
+            Some(lease.complete_by),
+            Some("waits for an answer from outside")
+        )
+    );
     // Waiting for a person is not being held up: not before the answer is due.
     assert_eq!(r.watched_since(), lease.complete_by);
     assert_eq!(token(&r).len(), 40);
@@ -110,6 +123,8 @@ fn the_token_completes_the_step_once_with_its_output_and_who_answered() {
     let n = &t.next;
     assert_eq!(n.steps[APPROVAL].status, StepStatus::Done);
     assert_eq!(n.steps[APPROVAL].output, Some(output));
+    assert_eq!(n.steps[APPROVAL].waiting(), None, "no longer waiting");
+    assert_eq!(n.steps[APPROVAL].answer_by, r.steps[APPROVAL].answer_by, "the time it met");
     assert_eq!(n.watched_since(), T0.plus(DAY), "worked on again from the answer");
     assert_eq!(n.created_at, T0);
     let entry = n.timeline.last().unwrap();
@@ -241,6 +256,8 @@ fn a_heartbeat_starts_the_timeout_again_and_silence_fails_the_step_at_its_end() 
     let n = t.next;
     assert!(t.effects.is_empty());
     assert_eq!(n.complete_by, Some(beat.plus(2 * DAY)));
+    assert_eq!(n.steps[APPROVAL].answer_by, Some(beat.plus(2 * DAY)), "its answer due later");
+    assert_eq!(n.steps[APPROVAL].waiting(), Some((WaitingFor::Answer, beat.plus(2 * DAY))));
     assert_eq!(n.steps[APPROVAL].lease.unwrap().attempt, r.steps[APPROVAL].lease.unwrap().attempt);
     assert_eq!(n.steps[APPROVAL].token.as_deref(), Some(token.as_str()));
     // The sweep that saw the first end finds the record moved.

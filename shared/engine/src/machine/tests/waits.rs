@@ -2,7 +2,7 @@
 //! wait, the supervisor for a long one, and an order that stops without waiting for them.
 
 use super::*;
-use crate::state::CommandKind;
+use crate::state::{CommandKind, WaitingFor};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -45,6 +45,14 @@ fn a_long_wait_holds_only_its_lease_and_the_supervisor_wakes_it() {
         !effects.iter().any(|e| matches!(e, Effect::Dispatch { .. } | Effect::Kick { .. })),
         "nothing is sent for a day-long wait: {effects:?}"
     );
+    // It shows as a wait, until its time, and its start is on the timeline once.
+    assert_eq!(r.steps[COOLING_OFF].waiting(), Some((WaitingFor::Time, wake)));
+    let started: Vec<_> = r.timeline.iter().filter(|e| e.what == Happening::Waiting).collect();
+    assert_eq!(started.len(), 1, "{:?}", r.timeline);
+    assert_eq!(
+        (started[0].at, started[0].step.as_deref(), started[0].until),
+        (T0.plus(secs(1)), Some("cooling-off"), Some(wake))
+    );
     assert_eq!(
         f.decide(&r, expiry(wake), wake.minus(secs(1))),
         Decision::Ignore(Ignored::NotExpired { complete_by: Some(wake) })
@@ -54,6 +62,7 @@ fn a_long_wait_holds_only_its_lease_and_the_supervisor_wakes_it() {
     let t = f.apply(&r, busy, wake);
     assert_eq!(t.next.steps[COOLING_OFF].status, StepStatus::Done);
     assert_eq!(t.next.failure_count, 0, "a wait that ends is no failure");
+    assert_eq!(t.next.steps[COOLING_OFF].waiting(), None);
     assert_eq!(r.watched_since(), wake, "a wait is no hold-up");
     assert_eq!(t.next.watched_since(), wake, "worked on again from its wake");
     assert_eq!(t.next.leased().map(|(i, _, _)| i).collect::<Vec<_>>(), [CLOSE]);
