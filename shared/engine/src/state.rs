@@ -286,6 +286,26 @@ pub enum Cause {
     Cancelled { by: String, reason: String },
 }
 
+/// The cause as a sentence, for people: `charge-payment was refused: card declined`.
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::StepRejected { step, reason } => write!(f, "{step} was refused: {reason}"),
+            Cause::StepTimedOut { step, failures: 1 } => {
+                write!(f, "{step} did not finish in time: its lease expired once")
+            }
+            Cause::StepTimedOut { step, failures } => {
+                write!(f, "{step} did not finish in time: its lease expired {failures} times")
+            }
+            Cause::UnknownStep { step } => write!(f, "the workflow no longer has step {step}"),
+            Cause::OutputTooLarge { step, bytes, limit } => {
+                write!(f, "{step} answered {bytes} bytes, more than the {limit} a step may return")
+            }
+            Cause::Cancelled { by, reason } => write!(f, "cancelled by {by}: {reason}"),
+        }
+    }
+}
+
 impl Cause {
     /// The step that failed; none for a cancelled order.
     pub fn step(&self) -> Option<&str> {

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use sas_engine::state::Cause;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -144,20 +145,18 @@ impl Record {
         self.body["ended_at"].as_i64().or_else(|| self.end().and_then(|e| e["at"].as_i64()))
     }
 
+    /// Why the order failed, as a sentence; for a step that did not finish in time, with what
+    /// its own detail says (no answer within its timeout, or its leases).
     pub(super) fn cause(&self) -> Option<String> {
-        let c = &self.body["cause"];
-        let kind = c["kind"].as_str()?;
-        let mut text = kind.replace('_', " ");
-        if let Some(step) = c["step"].as_str() {
-            text.push_str(&format!(" at {step}"));
+        let cause: Cause = serde_json::from_value(self.body["cause"].clone()).ok()?;
+        if let Cause::StepTimedOut { step, .. } = &cause {
+            let steps = self.body["steps"].as_array().map_or(&[][..], Vec::as_slice);
+            let detail = steps.iter().find(|s| s["name"] == step.as_str());
+            if let Some(detail) = detail.and_then(|s| s["detail"].as_str()) {
+                return Some(format!("{step} did not finish in time: {detail}"));
+            }
         }
-        if let Some(n) = c["failures"].as_u64() {
-            text.push_str(&format!(" after {n} expired leases"));
-        }
-        if let Some(reason) = c["reason"].as_str() {
-            text.push_str(&format!(": {reason}"));
-        }
-        Some(text)
+        Some(cause.to_string())
     }
 
     /// Whether a step failed while others are in flight: it undoes what was done once they end.

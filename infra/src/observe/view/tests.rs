@@ -21,11 +21,22 @@ fn an_ended_order_has_its_outcome_end_and_cause_from_its_record() {
     let row = r.row();
     assert_eq!(row.outcome.as_deref(), Some("compensated"));
     assert_eq!(row.ended_at, Some(3_500), "the end entry, with no ended_at");
-    assert_eq!(row.cause.as_deref(), Some("step rejected at charge-payment: declined"));
+    assert_eq!(row.cause.as_deref(), Some("charge-payment was refused: declined"));
     let with_end = record("Processed", json!({"ended_at": 2_000, "timeline": []}));
     assert_eq!(
         (with_end.outcome().as_deref(), with_end.ended_at()),
         (Some("processed"), Some(2_000))
+    );
+    let late = json!({"cause": {"kind": "step_timed_out", "step": "approval", "failures": 1}});
+    assert_eq!(
+        record("Error", late.clone()).cause().as_deref(),
+        Some("approval did not finish in time: its lease expired once")
+    );
+    let mut unanswered = late;
+    unanswered["steps"] = json!([{"name": "approval", "detail": "no answer within 20 s"}]);
+    assert_eq!(
+        record("Error", unanswered).cause().as_deref(),
+        Some("approval did not finish in time: no answer within 20 s")
     );
     let running = record("Processing", json!({"timeline": [{"at": 1_000, "what": "claimed"}]}));
     assert_eq!((running.outcome(), running.ended_at()), (None, None));
