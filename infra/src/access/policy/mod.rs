@@ -24,12 +24,13 @@
 //! call used, and so can tell at the end which grants no call needed.
 //!
 //! By concern: reading the template's policies (`read`), what a request on the wire is
-//! (`wire`), mapping it to what it needs (`needs`), IAM's verdict (`verdict`), and the live
-//! check with its report (`checks`).
+//! (`wire`), mapping it to what it needs (`needs`, with the REST-JSON services' routes in
+//! `rest`), IAM's verdict (`verdict`), and the live check with its report (`checks`).
 
 mod checks;
 mod needs;
 mod read;
+mod rest;
 #[cfg(test)]
 mod tests;
 mod verdict;
@@ -38,8 +39,10 @@ mod wire;
 pub use checks::{Access, AccessReport, Cause, Denial, Grant};
 pub use needs::{Unmapped, needs, operation};
 pub use read::{Policies, Scope, policies, read_document};
+pub use rest::maps as speaks_rest_json;
 pub use verdict::{Decision, Effect, Need, Origin, Permissions, Statement, wildcard};
 pub use wire::{AwsRequest, Protocol, form_pairs};
 
 /// The services whose requests the proxy maps, and so checks.
-const PROXY_SERVICES: [&str; 6] = ["dynamodb", "sqs", "events", "secretsmanager", "s3", "sns"];
+const PROXY_SERVICES: [&str; 8] =
+    ["dynamodb", "sqs", "events", "secretsmanager", "s3", "sns", "scheduler", "lambda"];

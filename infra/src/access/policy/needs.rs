@@ -6,6 +6,7 @@ use serde_json::Value;
 use percent_encoding::percent_decode_str;
 
 use super::read::{Scope, secret_name};
+use super::rest::{maps, rest_json};
 use super::verdict::Need;
 use super::wire::{AwsRequest, Protocol};
 use crate::emulation::template::LOCAL_ACCOUNT;
@@ -66,15 +67,23 @@ pub fn needs(request: &AwsRequest<'_>, scope: &Scope) -> Result<Vec<Need>, Unmap
                 })?;
                 (operation.to_owned(), needs)
             }
-            other => {
-                return Err(Unmapped {
-                    action: format!("{other}:{} {}", request.method, request.path),
-                    reason: format!(
-                        "the REST operation {} {} of {other} is not mapped",
-                        request.method, request.path
-                    ),
-                });
-            }
+            other => match rest_json(other, request, scope) {
+                Some((operation, Ok(needs))) => (operation.to_owned(), needs),
+                Some((operation, Err(reason))) => {
+                    return Err(Unmapped { action: format!("{other}:{operation}"), reason });
+                }
+                None => {
+                    let mapped = if maps(other) {
+                        format!("the REST operation {} {} of {other}", request.method, request.path)
+                    } else {
+                        format!("the REST service {other}")
+                    };
+                    return Err(Unmapped {
+                        action: format!("{other}:{} {}", request.method, request.path),
+                        reason: format!("{mapped} is not mapped"),
+                    });
+                }
+            },
         },
     };
     let mut unique: Vec<Need> = Vec::with_capacity(needs.len());
@@ -101,7 +110,13 @@ pub fn operation(request: &AwsRequest<'_>) -> String {
         Protocol::Rest if request.service() == "s3" => match s3(request) {
             Ok((operation, _)) | Err((operation, _)) => operation.to_owned(),
         },
-        Protocol::Rest => format!("{} {}", request.method, request.path),
+        Protocol::Rest => {
+            let scope = Scope::default();
+            match rest_json(&request.service(), request, &scope) {
+                Some((operation, _)) => operation.to_owned(),
+                None => format!("{} {}", request.method, request.path),
+            }
+        }
     }
 }
 

@@ -289,7 +289,7 @@ fn an_unknown_operation_or_service_is_refused() {
     assert_eq!(unmapped(Some("AWSEvents.PutRule")).action, "events:PutRule");
     assert!(unmapped(Some("Kinesis_20131202.PutRecord")).reason.contains("not mapped"));
     assert!(
-        unmapped(None).reason.contains("POST / of unknown is not mapped"),
+        unmapped(None).reason.contains("the REST service unknown is not mapped"),
         "{:?}",
         unmapped(None)
     );
@@ -509,17 +509,20 @@ fn grants_of_services_no_check_sees_are_told_apart() {
               Action: lambda:InvokeFunctionUrl
               Resource: "*"
             - Effect: Allow
+              Action: kinesis:PutRecord
+              Resource: "*"
+            - Effect: Allow
               Action: dynamodb:GetItem
               Resource: "*""#)
     .unwrap();
     let access = Access::new(p);
     let report = access.report();
     let names = |grants: &[Grant]| grants.iter().map(|g| g.action.clone()).collect::<Vec<_>>();
-    assert_eq!(names(&report.unused), ["dynamodb:GetItem"]);
-    assert_eq!(names(&report.unchecked), ["lambda:InvokeFunctionUrl"]);
+    assert_eq!(names(&report.unused), ["lambda:InvokeFunctionUrl", "dynamodb:GetItem"]);
+    assert_eq!(names(&report.unchecked), ["kinesis:PutRecord"]);
     assert!(report.to_string().contains("services the local checks do not see"));
 
-    // Once a gateway reports the calls it checks, they count like the proxy's.
+    // A function URL's calls, which the gateway checks, count like the proxy's.
     let url =
         Need::new("lambda:InvokeFunctionUrl", "arn:aws:lambda:us-east-1:123456789012:function:x");
     assert_eq!(
@@ -528,14 +531,17 @@ fn grants_of_services_no_check_sees_are_told_apart() {
     );
     let report = access.report();
     assert_eq!(names(&report.unused), ["dynamodb:GetItem"]);
-    assert!(report.unchecked.is_empty());
     let write = Need::new("lambda:InvokeFunction", url.resource.clone());
     let denied = access.authorize_needs("F", "Invoke", &[write]).unwrap_err();
     assert_eq!(
         (denied.action.as_str(), denied.operation.as_str()),
         ("lambda:InvokeFunction", "Invoke")
     );
-    assert_eq!(access.report().checked["F"], 2);
+    // So do those of a service whatever reports them, once one does.
+    let record = Need::new("kinesis:PutRecord", "arn:aws:kinesis:us-east-1:123456789012:stream/s");
+    assert_eq!(access.authorize_needs("F", "PutRecord", &[record]), Ok(()));
+    assert!(access.report().unchecked.is_empty());
+    assert_eq!(access.report().checked["F"], 3);
 }
 
 #[test]
@@ -710,4 +716,112 @@ fn query_protocol_requests_are_read_from_their_form() {
     );
     let unknown = super::needs(&form("sns", b"Action=OptInPhoneNumber&phoneNumber=1"), scope);
     assert!(unknown.unwrap_err().reason.contains("OptInPhoneNumber is not mapped"));
+}
+
+#[test]
+fn rest_json_requests_need_their_action_on_what_their_path_and_body_name() {
+    let (_, policies) = real();
+    let scope = &policies.scope;
+    fn signed<'a>(
+        service: &'static str,
+        method: &'a str,
+        path: &'a str,
+        query: &'a str,
+        body: &'a [u8],
+    ) -> AwsRequest<'a> {
+        let authorization = match service {
+            "scheduler" => {
+                "AWS4-HMAC-SHA256 Credential=F/20261127/us-east-1/scheduler/aws4_request, SignedHeaders=host, Signature=00"
+            }
+            _ => {
+                "AWS4-HMAC-SHA256 Credential=F/20261127/us-east-1/lambda/aws4_request, SignedHeaders=host, Signature=00"
+            }
+        };
+        AwsRequest {
+            method,
+            path,
+            query,
+            authorization: Some(authorization),
+            body,
+            ..AwsRequest::default()
+        }
+    }
+    let needed = |request: AwsRequest<'_>| {
+        let needs = super::needs(&request, scope).unwrap();
+        let named: Vec<String> =
+            needs.iter().map(|n| format!("{} {}", n.action, n.resource)).collect();
+        (operation(&request), named.join(", "))
+    };
+    let schedule = "arn:aws:scheduler:us-east-1:123456789012:schedule";
+    let create = br#"{"GroupName":"reminders","ScheduleExpression":"at(2026-12-01T00:00:00)","FlexibleTimeWindow":{"Mode":"OFF"},"Target":{"Arn":"arn:aws:sqs:us-east-1:123456789012:q","RoleArn":"arn:aws:iam::123456789012:role/r"}}"#;
+    let cases = [
+        (
+            signed("scheduler", "POST", "/schedules/remind-o1", "", create),
+            "CreateSchedule",
+            format!(
+                "scheduler:CreateSchedule {schedule}/reminders/remind-o1, iam:PassRole arn:aws:iam::123456789012:role/r"
+            ),
+        ),
+        (
+            signed("scheduler", "DELETE", "/schedules/remind-o1", "groupName=reminders", b""),
+            "DeleteSchedule",
+            format!("scheduler:DeleteSchedule {schedule}/reminders/remind-o1"),
+        ),
+        (
+            signed("scheduler", "GET", "/schedules/remind-o1", "", b""),
+            "GetSchedule",
+            format!("scheduler:GetSchedule {schedule}/default/remind-o1"),
+        ),
+        (
+            signed("scheduler", "GET", "/schedules", "NamePrefix=remind", b""),
+            "ListSchedules",
+            "scheduler:ListSchedules *".to_owned(),
+        ),
+        (
+            signed("lambda", "POST", "/2015-03-31/functions/pricing/invocations", "", b"{}"),
+            "Invoke",
+            "lambda:InvokeFunction arn:aws:lambda:us-east-1:123456789012:function:pricing"
+                .to_owned(),
+        ),
+        (
+            signed(
+                "lambda",
+                "POST",
+                "/2015-03-31/functions/arn%3Aaws%3Alambda%3Aus-east-1%3A123456789012%3Afunction%3Apricing/invocations",
+                "Qualifier=live",
+                b"{}",
+            ),
+            "Invoke",
+            "lambda:InvokeFunction arn:aws:lambda:us-east-1:123456789012:function:pricing:live"
+                .to_owned(),
+        ),
+    ];
+    for (request, operation, needs) in cases {
+        assert_eq!(needed(request), (operation.to_owned(), needs), "{request:?}");
+    }
+    // A schedule written without the role its target runs as is not one IAM would judge.
+    let roleless = signed("scheduler", "POST", "/schedules/x", "", br#"{"Target":{}}"#);
+    let refused = super::needs(&roleless, scope).unwrap_err();
+    assert_eq!(
+        (refused.action.as_str(), refused.reason.as_str()),
+        ("scheduler:CreateSchedule", "no Target.RoleArn")
+    );
+    // An operation of a mapped service that is not in its routes, and a service that is not.
+    let patch = signed("scheduler", "PATCH", "/schedules/x", "", b"");
+    assert!(
+        super::needs(&patch, scope)
+            .unwrap_err()
+            .reason
+            .contains("PATCH /schedules/x of scheduler is not mapped")
+    );
+    let mut other = signed("scheduler", "POST", "/v2/email/outbound-emails", "", b"{}");
+    other.authorization = Some(
+        "AWS4-HMAC-SHA256 Credential=F/20261127/us-east-1/ses/aws4_request, SignedHeaders=host, Signature=00",
+    );
+    assert!(
+        super::needs(&other, scope)
+            .unwrap_err()
+            .reason
+            .contains("the REST service ses is not mapped")
+    );
 }

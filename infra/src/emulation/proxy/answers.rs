@@ -8,14 +8,15 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use super::faults::WireFault;
-use crate::access::policy::{Denial, Protocol};
+use crate::access::policy::{Denial, Protocol, speaks_rest_json};
 
 /// AWS's answer to a request the caller's policy does not allow, in the service's protocol:
 /// DynamoDB's `AccessDeniedException` (status 400); SQS's JSON protocol with the query-protocol
 /// code `AccessDenied` in `x-amzn-query-error`, which the SDK takes as the error code (status
 /// 403); `AccessDeniedException` (status 400) for the other JSON services; the query
-/// protocol's XML `ErrorResponse` (SNS's code is `AuthorizationError`); and S3's XML `Error`
-/// (status 403).
+/// protocol's XML `ErrorResponse` (SNS's code is `AuthorizationError`); S3's XML `Error`
+/// (status 403); and for the REST-JSON services, `x-amzn-ErrorType: AccessDeniedException`
+/// with the message in a JSON body (status 403).
 pub(super) fn denied(service: &str, protocol: &Protocol, denial: &Denial) -> Response<Body> {
     let message = denial.message();
     let typed = |code: &str, key: &str| json!({ "__type": code, key: message }).to_string();
@@ -29,6 +30,10 @@ pub(super) fn denied(service: &str, protocol: &Protocol, denial: &Denial) -> Res
             403,
             "application/xml",
         ),
+        // REST-JSON: the code in a header, the message in the body.
+        _ if !json && speaks_rest_json(service) => {
+            (json!({ "message": message }).to_string(), 403, "application/json")
+        }
         _ if !json => (
             format!(
                 "<ErrorResponse><Error><Type>Sender</Type><Code>{}</Code><Message>{escaped}</Message></Error><RequestId>local</RequestId></ErrorResponse>",
@@ -53,6 +58,12 @@ pub(super) fn denied(service: &str, protocol: &Protocol, denial: &Denial) -> Res
     *response.status_mut() = StatusCode::from_u16(http_status).unwrap_or(StatusCode::FORBIDDEN);
     let headers = response.headers_mut();
     headers.insert("content-type", axum::http::HeaderValue::from_static(content_type));
+    if !json && speaks_rest_json(service) {
+        headers.insert(
+            "x-amzn-errortype",
+            axum::http::HeaderValue::from_static("AccessDeniedException"),
+        );
+    }
     if service == "sqs" && json {
         headers.insert(
             "x-amzn-query-error",

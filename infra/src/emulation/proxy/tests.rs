@@ -363,3 +363,83 @@ async fn rest_and_query_protocol_requests_are_checked_and_denied_in_their_own_fo
         .collect();
     assert_eq!(seen, [("s3", "PutObject", 1)], "only the call allowed is counted");
 }
+
+/// One function `F` that may create reminders in EventBridge Scheduler, passing one role.
+const SCHEDULER: &str = r#"
+Resources:
+  F:
+    Type: AWS::Serverless::Function
+    Properties:
+      Policies:
+        - Statement:
+            - Effect: Allow
+              Action: scheduler:CreateSchedule
+              Resource: arn:aws:scheduler:us-east-1:123456789012:schedule/default/remind-*
+            - Effect: Allow
+              Action: iam:PassRole
+              Resource: arn:aws:iam::123456789012:role/reminders
+"#;
+
+/// A REST-JSON service's requests are checked by their method and path, and a denial is
+/// answered as the service answers it: 403, the code in `x-amzn-ErrorType`, the message in
+/// the body, naming the action and the resource.
+#[tokio::test]
+async fn rest_json_requests_are_checked_by_their_route_and_denied_in_their_own_format() {
+    use crate::access::sigv4::local_signer;
+
+    let (proxy, endpoint) =
+        checking(SCHEDULER, axum::Router::new().fallback(|| async { "{}" })).await;
+    let http = &reqwest::Client::new();
+    let send = |service: &str, method: reqwest::Method, path: &str, body: serde_json::Value| {
+        let request = http
+            .request(method, format!("{endpoint}{path}"))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        let signer = local_signer("F", "us-east-1", service);
+        async move { signer.send(http, request).await.unwrap() }
+    };
+    let reminder = serde_json::json!({
+        "ScheduleExpression": "at(2026-12-01T09:00:00)",
+        "FlexibleTimeWindow": {"Mode": "OFF"},
+        "Target": {"Arn": "arn:aws:sqs:us-east-1:123456789012:q", "RoleArn": "arn:aws:iam::123456789012:role/reminders"}
+    });
+    let created =
+        send("scheduler", reqwest::Method::POST, "/schedules/remind-o1", reminder.clone()).await;
+    assert_eq!(created.status(), 200);
+
+    let mut other_role = reminder;
+    other_role["Target"]["RoleArn"] = "arn:aws:iam::123456789012:role/admin".into();
+    let passed = send("scheduler", reqwest::Method::POST, "/schedules/remind-o2", other_role).await;
+    assert_eq!(passed.status(), 403);
+    let deleted =
+        send("scheduler", reqwest::Method::DELETE, "/schedules/remind-o1", serde_json::Value::Null)
+            .await;
+    assert_eq!(deleted.status(), 403);
+    assert_eq!(deleted.headers()["x-amzn-errortype"], "AccessDeniedException");
+    let body: serde_json::Value = deleted.json().await.unwrap();
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(
+            "is not authorized to perform: scheduler:DeleteSchedule on resource: arn:aws:scheduler:us-east-1:123456789012:schedule/default/remind-o1"
+        ),
+        "{body}"
+    );
+    let invoked = send(
+        "lambda",
+        reqwest::Method::POST,
+        "/2015-03-31/functions/pricing/invocations",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(invoked.status(), 403);
+
+    let counted = proxy.counts.snapshot();
+    let seen: Vec<_> = counted
+        .iter()
+        .map(|((service, op), s)| (service.as_str(), op.as_str(), s.requests))
+        .collect();
+    assert_eq!(seen, [("scheduler", "CreateSchedule", 1)], "only the call allowed is counted");
+    let report = proxy.access.as_ref().unwrap().report();
+    let denied: Vec<_> = report.denials.iter().map(|d| d.action.as_str()).collect();
+    assert_eq!(denied, ["iam:PassRole", "scheduler:DeleteSchedule", "lambda:InvokeFunction"]);
+}
