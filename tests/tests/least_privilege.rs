@@ -11,6 +11,9 @@
 //!   is reported with the function, action and resource (from Rust and at `/_proxy/access`),
 //!   and the order never leaves Pending: no step request is ever sent.
 //!
+//! - With the ledger's `s3:PutObject` taken out, the statement's write is refused, and the
+//!   ledger agent's own log says so: the action, the object, the role and the order.
+//!
 //! - With a fourth agent added to a copy of the template (one more entry in the agents' list)
 //!   and a step using it added to the workflow, orders run through all four agents with no
 //!   call refused: the new agent's queues, function, grants, alarms and dashboard all come from
@@ -93,15 +96,27 @@ async fn start_running(name: &str, template: PathBuf, sweeps: bool, workflow: &s
 async fn submit(http: &reqwest::Client, stack: &LocalStack, key: &str) -> String {
     let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
                   "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
+    submit_to(http, stack, "", key, body).await
+}
+
+/// As [`submit`], `body` to the workflow `query` names (`?workflow=...`, or nothing).
+async fn submit_to(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    query: &str,
+    key: &str,
+    body: &str,
+) -> String {
+    let body = body.to_owned();
     let signer = local_signer("lp-client", REGION, EXECUTE_API);
     let mut last = String::new();
     // The first requests may meet functions still starting.
     for _ in 0..20 {
         let request = http
-            .post(format!("{}/orders", stack.api_url))
+            .post(format!("{}/orders{query}", stack.api_url))
             .header("content-type", "application/json")
             .header("idempotency-key", key)
-            .body(body);
+            .body(body.clone());
         match signer.send(http, request).await {
             Ok(r) if r.status() == 202 => {
                 let v: Value = r.json().await.unwrap();
@@ -344,6 +359,49 @@ async fn a_permission_taken_out_of_the_template_is_refused_and_the_order_goes_no
         .map(|(_, op)| op)
         .collect();
     assert_eq!(sent, ["SendMessageBatch to SchedulerQueue"], "only the start message was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_refused_by_s3_says_why_in_its_log() {
+    let _turn = TURN.lock().await;
+    // The ledger may read statements, but no longer write them.
+    let template = template_without(
+        "ledgerAgentGrant",
+        "            Action: s3:PutObject\n",
+        "            Action: s3:GetObject\n",
+    );
+    let opening = sas_workflows::file("account-opening").unwrap().json;
+    let workflows = format!("[{}]", sas_infra::demo::with_budgets(opening, 2));
+    let stack = start_running("lp-s3", template, false, &workflows).await;
+    let http = reqwest::Client::new();
+    let body = r#"{"customer":{"name":"Ada","email":"ada@example.com"},"plan":"basic","initial_deposit":10}"#;
+    let id = submit_to(&http, &stack, "?workflow=account-opening", "lp-s3-1", body).await;
+
+    // The statement's write is refused, and the agent's log names the action, the object and
+    // the role, beside the order it was for.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let said = loop {
+        let lines = stack.logs.of("ledgerAgentFunction");
+        if let Some(line) = lines.iter().find(|l| l.contains("AccessDenied")) {
+            break line.clone();
+        }
+        assert!(Instant::now() < deadline, "the log never said why:\n{}", lines.join("\n"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let bucket = stack.stack.reference("LedgerStatementsBucket").unwrap();
+    for needed in [
+        "ledgerAgentFunctionRole/ledgerAgentFunction is not authorized to perform: s3:PutObject"
+            .to_owned(),
+        format!("on resource: arn:aws:s3:::{bucket}/statements/"),
+        format!("order_id={id}"),
+    ] {
+        assert!(said.contains(&needed), "{needed:?} not in: {said}");
+    }
+    let access = stack.access();
+    let denied: Vec<_> =
+        access.denials.iter().map(|d| (d.function.as_str(), d.action.as_str())).collect();
+    assert!(denied.iter().all(|d| *d == ("ledgerAgentFunction", "s3:PutObject")), "{access}");
+    assert!(!denied.is_empty(), "{access}");
 }
 
 /// The line of `template.yaml` that lists its agents: the collection of its agents' loop.

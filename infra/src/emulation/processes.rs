@@ -37,6 +37,36 @@ pub struct ProcessSpec {
     pub dead_letters: Option<DeadLetters>,
     /// Where a panic it prints is kept, if anyone listens.
     pub panics: Option<Panics>,
+    /// Where its latest lines are kept, if anyone reads them.
+    pub logs: Option<Logs>,
+}
+
+/// Lines kept of each function's output: enough to read what it said about the latest
+/// orders, bounded however long the stack runs.
+const KEPT_LINES: usize = 2_000;
+
+/// The latest lines each function printed, as text, by function (every process of it
+/// together): what its log in CloudWatch would say.
+#[derive(Clone, Debug, Default)]
+pub struct Logs(Arc<Mutex<std::collections::HashMap<String, std::collections::VecDeque<String>>>>);
+
+impl Logs {
+    /// The lines `function` printed, oldest first (at most the latest few thousand).
+    pub fn of(&self, function: &str) -> Vec<String> {
+        let logs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        logs.get(function).map(|lines| lines.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    fn note(&self, label: &str, line: &str) {
+        // A process's label is its function's logical id and its number: `F#2`.
+        let function = label.split_once('#').map_or(label, |(f, _)| f);
+        let mut logs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = logs.entry(function.to_owned()).or_default();
+        if lines.len() == KEPT_LINES {
+            lines.pop_front();
+        }
+        lines.push_back(as_text(line));
+    }
 }
 
 /// The panics the processes printed (Rust's `thread '...' panicked at ...` line), each behind
@@ -137,8 +167,11 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 }
 
 fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
-    let read =
-        spec.echo || spec.metrics.is_some() || spec.dead_letters.is_some() || spec.panics.is_some();
+    let read = spec.echo
+        || spec.metrics.is_some()
+        || spec.dead_letters.is_some()
+        || spec.panics.is_some()
+        || spec.logs.is_some();
     let output = || if read { Stdio::piped() } else { Stdio::null() };
     let mut child = Command::new(&spec.program)
         .args(&spec.args)
@@ -171,6 +204,9 @@ async fn read_lines(stream: impl AsyncRead + Unpin, spec: ProcessSpec) {
         }
         if let Some(p) = &spec.panics {
             p.note(&spec.label, &line);
+        }
+        if let Some(logs) = &spec.logs {
+            logs.note(&spec.label, &line);
         }
         if spec.echo {
             println!("[{}] {}", spec.label, as_text(&line));
@@ -233,6 +269,7 @@ mod tests {
             metrics: None,
             dead_letters: None,
             panics: None,
+            logs: None,
         };
         let managed = Managed::start(spec);
         tokio::time::sleep(Duration::from_millis(1_800)).await;
@@ -255,6 +292,7 @@ mod tests {
             metrics: None,
             dead_letters: None,
             panics: Some(panics.clone()),
+            logs: None,
         };
         let _managed = Managed::start(spec);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -24,7 +24,7 @@ use crate::emulation::aws::{Clients, Endpoints};
 use crate::emulation::emulator::Moto;
 use crate::emulation::functions::{FunctionSpec, functions};
 use crate::emulation::gateway;
-use crate::emulation::processes::{Managed, Panics};
+use crate::emulation::processes::{Logs, Managed, Panics};
 use crate::emulation::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::emulation::proxy::{Proxy, Upstreams};
 use crate::emulation::runtime_api::{AccountConcurrency, RuntimeApi};
@@ -103,6 +103,8 @@ pub struct LocalStack {
     pub traces: Traces,
     /// The panics the functions printed, whatever their output is for.
     pub panics: Panics,
+    /// The latest lines each function printed.
+    pub logs: Logs,
     /// The account's concurrency quota, if one is emulated, and its throttles.
     pub account: Option<AccountConcurrency>,
     /// How it was started, and last reloaded.
@@ -356,6 +358,7 @@ impl LocalStack {
         tasks.push(dead_letters.watch(clients.sqs.clone(), redrives.clone()));
         let traces = Traces::default();
         let panics = Panics::default();
+        let logs = Logs::default();
         let account = options.account_concurrency.map(AccountConcurrency::new);
         let daemon = tokio::net::UdpSocket::bind("127.0.0.1:0").await.map_err(network)?;
         let daemon_address = daemon.local_addr().map_err(network)?.to_string();
@@ -376,6 +379,7 @@ impl LocalStack {
             metrics: &metrics,
             dead_letters: &dead_letters,
             panics: &panics,
+            logs: &logs,
             redrives: &redrives,
             daemon_address: daemon_address.clone(),
             account: account.as_ref(),
@@ -403,6 +407,7 @@ impl LocalStack {
             dead_letters,
             traces,
             panics,
+            logs,
             account,
             options: options.clone(),
             daemon_address,

@@ -16,7 +16,7 @@ use crate::access::sigv4;
 use crate::emulation::aws::{Clients, Endpoints};
 use crate::emulation::functions::{EventSource, FunctionSpec, RouteAuth, rate};
 use crate::emulation::gateway::{self, Authorizer, Route, Throttle};
-use crate::emulation::processes::{Managed, Panics, ProcessSpec};
+use crate::emulation::processes::{Logs, Managed, Panics, ProcessSpec};
 use crate::emulation::provision::Stack;
 use crate::emulation::proxy::Proxy;
 use crate::emulation::runtime_api::{AccountConcurrency, RuntimeApi};
@@ -38,6 +38,7 @@ pub(super) struct Wiring<'a> {
     pub(super) metrics: &'a Metrics,
     pub(super) dead_letters: &'a DeadLetters,
     pub(super) panics: &'a Panics,
+    pub(super) logs: &'a Logs,
     pub(super) redrives: &'a [Redrive],
     /// The local X-Ray daemon's address.
     pub(super) daemon_address: String,
@@ -137,6 +138,7 @@ impl Wiring<'_> {
         process.metrics = Some(self.metrics.clone());
         process.dead_letters = Some(self.dead_letters.clone());
         process.panics = Some(self.panics.clone());
+        process.logs = Some(self.logs.clone());
         process.environment.insert("AWS_XRAY_DAEMON_ADDRESS".into(), self.daemon_address.clone());
         Managed::start(process)
     }
@@ -331,5 +333,6 @@ pub(super) fn process_spec(
         metrics: None,
         dead_letters: None,
         panics: None,
+        logs: None,
     }
 }
