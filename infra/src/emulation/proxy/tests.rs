@@ -356,12 +356,7 @@ async fn rest_and_query_protocol_requests_are_checked_and_denied_in_their_own_fo
         "{publish:?}"
     );
 
-    let counted = proxy.counts.snapshot();
-    let seen: Vec<_> = counted
-        .iter()
-        .map(|((service, op), s)| (service.as_str(), op.as_str(), s.requests))
-        .collect();
-    assert_eq!(seen, [("s3", "PutObject", 1)], "only the call allowed is counted");
+    assert_eq!(requests(&proxy), ["s3 PutObject × 1"], "only the call allowed is counted");
 }
 
 /// One function `F` that may create reminders in EventBridge Scheduler, passing one role.
@@ -433,13 +428,18 @@ async fn rest_json_requests_are_checked_by_their_route_and_denied_in_their_own_f
     .await;
     assert_eq!(invoked.status(), 403);
 
-    let counted = proxy.counts.snapshot();
-    let seen: Vec<_> = counted
-        .iter()
-        .map(|((service, op), s)| (service.as_str(), op.as_str(), s.requests))
-        .collect();
-    assert_eq!(seen, [("scheduler", "CreateSchedule", 1)], "only the call allowed is counted");
+    let counted = requests(&proxy);
+    assert_eq!(counted, ["scheduler CreateSchedule × 1"], "only the call allowed is counted");
     let report = proxy.access.as_ref().unwrap().report();
     let denied: Vec<_> = report.denials.iter().map(|d| d.action.as_str()).collect();
     assert_eq!(denied, ["iam:PassRole", "scheduler:DeleteSchedule", "lambda:InvokeFunction"]);
+}
+
+/// The requests the proxy counted, as `service operation × requests`.
+fn requests(proxy: &Proxy) -> Vec<String> {
+    let counted = proxy.counts.snapshot();
+    counted
+        .into_iter()
+        .map(|((service, op), s)| format!("{service} {op} × {}", s.requests))
+        .collect()
 }
