@@ -1,0 +1,271 @@
+//! Operators' commands: cancel, pause, resume and redrive, each recorded with who gave it and
+//! why, refused when it does not fit the order's state.
+
+use super::*;
+
+/// An operator command as [`operate`] takes it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Command<'a> {
+    pub(super) kind: CommandKind,
+    pub(super) id: &'a str,
+    pub(super) by: &'a str,
+    pub(super) reason: &'a str,
+}
+
+/// Decides an operator command. See the second table of the module documentation.
+pub(super) fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> Decision {
+    if let Some(earlier) = record.commands.iter().find(|c| c.id == cmd.id) {
+        if earlier.command != cmd.kind {
+            return Decision::Refuse(Refused::IdReused {
+                id: cmd.id.to_owned(),
+                earlier: earlier.command,
+            });
+        }
+        // The command's write was the last one: its handler may have died before the effects.
+        if record.last_input == InputRef::Command(cmd.id.to_owned()) {
+            return Decision::Replay(match record.process_state {
+                ProcessState::Pending | ProcessState::Processing => kicks(record),
+                ProcessState::Paused => Vec::new(),
+                _ => replay(record, ctx),
+            });
+        }
+        return Decision::Ignore(Ignored::AlreadyApplied);
+    }
+    let state = record.process_state;
+    let decision = match cmd.kind {
+        CommandKind::Cancel => cancel(record, cmd, ctx),
+        CommandKind::Pause => pause(record, cmd, ctx),
+        CommandKind::Resume => resume(record, cmd, ctx),
+        CommandKind::Redrive | CommandKind::RedriveCompensation if state != ProcessState::Error => {
+            Err(match state {
+                ProcessState::Processed | ProcessState::Cancelled => {
+                    Refused::Finished { state, command: cmd.kind }
+                }
+                _ => Refused::NotFailed { state },
+            })
+        }
+        CommandKind::Redrive => redrive(record, cmd, ctx),
+        CommandKind::RedriveCompensation => redrive_compensation(record, cmd, ctx),
+    };
+    match decision {
+        Ok(Decision::Apply(mut t)) => {
+            t.next.commands.push(CommandEntry {
+                id: cmd.id.to_owned(),
+                command: cmd.kind,
+                by: cmd.by.to_owned(),
+                reason: cmd.reason.to_owned(),
+                at: ctx.now,
+            });
+            let excess = t.next.commands.len().saturating_sub(COMMANDS_KEPT);
+            t.next.commands.drain(..excess);
+            Decision::Apply(t)
+        }
+        Ok(Decision::Illegal(Illegal::UnknownStep { step })) => {
+            Decision::Refuse(Refused::UnknownStep { step })
+        }
+        Ok(other) => other,
+        Err(refused) => Decision::Refuse(refused),
+    }
+}
+
+/// Cancel: at once when no step is in flight, else once the steps in flight are finished.
+pub(super) fn cancel(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    let state = record.process_state;
+    if state.is_terminal() {
+        return Err(Refused::Finished { state, command: cmd.kind });
+    }
+    if record.phase == Phase::Compensating || record.cause.is_some() {
+        return Err(Refused::Undoing { state });
+    }
+    if matches!(&record.stop, Some(stop) if stop.command == CommandKind::Cancel) {
+        return Err(Refused::Cancelling);
+    }
+    let limit = ctx.config.timeline_limit;
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    next.note_command(ctx.now, Happening::CancelRequested, cmd.by, cmd.reason, limit);
+    // A waiting pause gives way: the order is to stop for good. Steps queued and not yet
+    // sent are taken back; a step sent before (its lease expired, or an earlier run under the
+    // same keys timed out) may have taken effect all the same, its answer lost: it is as
+    // uncertain as a step in flight, and undone (or reported) too.
+    next.stop = Some(stop_of(cmd));
+    Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+}
+
+/// Pause: at once when no step is in flight, else once the steps in flight are finished.
+pub(super) fn pause(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    let state = record.process_state;
+    let limit = ctx.config.timeline_limit;
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    match state {
+        ProcessState::Processed | ProcessState::Error | ProcessState::Cancelled => {
+            Err(Refused::Finished { state, command: cmd.kind })
+        }
+        ProcessState::Paused => Err(Refused::AlreadyPaused),
+        ProcessState::Pending | ProcessState::Processing => match &record.stop {
+            Some(stop) if stop.command == CommandKind::Cancel => Err(Refused::Cancelling),
+            Some(_) => Err(Refused::Pausing),
+            None if record.cause.is_some() => Err(Refused::Undoing { state }),
+            None => {
+                if state == ProcessState::Processing {
+                    next.note_command(
+                        ctx.now,
+                        Happening::PauseRequested,
+                        cmd.by,
+                        cmd.reason,
+                        limit,
+                    );
+                }
+                next.stop = Some(stop_of(cmd));
+                Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+            }
+        },
+    }
+}
+
+/// Resume: a paused order goes back to the scheduler; a waiting pause is withdrawn.
+pub(super) fn resume(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    let state = record.process_state;
+    let limit = ctx.config.timeline_limit;
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    match (state, &record.stop) {
+        (ProcessState::Processing, Some(stop)) if stop.command == CommandKind::Pause => {
+            next.stop = None;
+            next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
+            Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+        }
+        (ProcessState::Paused, _) => {
+            next.active_since = Some(ctx.now);
+            next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
+            Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+        }
+        _ => Err(Refused::NotPaused { state }),
+    }
+}
+
+/// Redrive: an order in Error runs again from the steps not done. Steps that were undone or
+/// refused are done again under keys of a new generation; a step whose outcome is unknown (it
+/// timed out and nothing could undo it) keeps its key, so that its service answers what it
+/// did rather than doing it twice.
+pub(super) fn redrive(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    within_window(record, ctx)?;
+    if let Some(Cause::Cancelled { by, .. }) = &record.cause {
+        return Err(Refused::WasCancelled { by: by.clone() });
+    }
+    let undo_failed: Vec<String> = record
+        .steps
+        .iter()
+        .filter(|s| s.status == StepStatus::UndoFailed)
+        .map(|s| s.name.clone())
+        .collect();
+    if !undo_failed.is_empty() {
+        return Err(Refused::UndoFailed { steps: undo_failed });
+    }
+    if let Some(s) = record.steps.iter().find(|s| ctx.workflow.step_named(&s.name).is_none()) {
+        return Err(Refused::UnknownStep { step: s.name.clone() });
+    }
+    if record.steps.iter().all(|s| s.status == StepStatus::Done) {
+        // Every step is done: an Error record never looks like this.
+        return Err(Refused::NotFailed { state: record.process_state });
+    }
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    for s in &mut next.steps {
+        match s.status {
+            StepStatus::Done | StepStatus::NotStarted => continue,
+            StepStatus::Undone | StepStatus::Failed => {
+                s.generation += 1;
+                s.dispatched = false;
+            }
+            StepStatus::Uncertain if mutants::on(Mutant::NewKeysForUncertainSteps) => {
+                s.generation += 1;
+                s.dispatched = false;
+            }
+            StepStatus::Uncertain | StepStatus::ToUndo | StepStatus::UndoFailed => {}
+        }
+        s.status = StepStatus::NotStarted;
+        s.output = None;
+        s.detail = None;
+        s.reported = None;
+    }
+    next.phase = Phase::Forward;
+    next.cause = None;
+    Ok(restart(next, ctx, cmd))
+}
+
+/// Redrive of the compensation: the undos that failed are queued again, under their keys (an
+/// undo is idempotent, and harmless where its step never took effect).
+pub(super) fn redrive_compensation(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    within_window(record, ctx)?;
+    if !record.steps.iter().any(|s| s.status == StepStatus::UndoFailed) {
+        return Err(Refused::NothingToUndo);
+    }
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    for s in &mut next.steps {
+        if s.status == StepStatus::UndoFailed {
+            s.status = StepStatus::ToUndo;
+            s.detail = None;
+        }
+    }
+    next.phase = Phase::Compensating;
+    Ok(restart(next, ctx, cmd))
+}
+
+/// Puts a redriven record back in flight, its free steps queued at a new attempt with their
+/// start message.
+pub(super) fn restart(mut next: StateRecord, ctx: &Ctx<'_>, cmd: Command<'_>) -> Decision {
+    next.failure_count = 0;
+    next.alert = None;
+    next.ended_at = None;
+    next.redrives += 1;
+    next.active_since = Some(ctx.now);
+    next.note_command(ctx.now, Happening::Redriven, cmd.by, cmd.reason, ctx.config.timeline_limit);
+    proceed(next, Vec::new(), ctx, Via::Kick)
+}
+
+pub(super) fn within_window(record: &StateRecord, ctx: &Ctx<'_>) -> Result<(), Refused> {
+    let ended_at = record.ended_at.unwrap_or(record.updated_at);
+    if ended_at.plus(ctx.config.redrive_window) < ctx.now {
+        return Err(Refused::TooLate { ended_at, window_s: ctx.config.redrive_window.as_secs() });
+    }
+    Ok(())
+}
+
+/// Holds a record where it stands: Paused, out of the expiry index, at a new attempt so that
+/// no message sent before counts.
+pub(super) fn hold(next: &mut StateRecord, ctx: &Ctx<'_>, by: &str, reason: &str) {
+    next.process_state = ProcessState::Paused;
+    next.locked_by = None;
+    next.complete_by = None;
+    next.stop = None;
+    next.attempt += 1;
+    next.note_command(ctx.now, Happening::Paused, by, reason, ctx.config.timeline_limit);
+}
+
+pub(super) fn stop_of(cmd: Command<'_>) -> Stop {
+    Stop { command: cmd.kind, by: cmd.by.to_owned(), reason: cmd.reason.to_owned() }
+}
+
+/// The cause to record if an operator's cancel is waiting on `record`.
+pub(super) fn cancelled_by(record: &StateRecord) -> Option<Cause> {
+    let stop = record.stop.as_ref().filter(|s| s.command == CommandKind::Cancel)?;
+    Some(Cause::Cancelled { by: stop.by.clone(), reason: stop.reason.clone() })
+}
