@@ -15,9 +15,9 @@
 //! - [`Clock`], [`Ids`], [`Random`]: time, identifiers and randomness, injected so tests decide.
 //! - [`RemoteService`]: the business service behind one agent.
 //!
-//! Each has an in-memory implementation in [`crate::memory`] with the same semantics, and an AWS
-//! implementation outside this crate. Methods return `Send` futures so handlers can run them
-//! concurrently on a multi-threaded runtime.
+//! Each has an in-memory implementation in `crate::memory` (the `memory` feature) with the
+//! same semantics, and an AWS implementation outside this crate. Methods return `Send` futures
+//! so handlers can run them concurrently on a multi-threaded runtime.
 
 use std::future::Future;
 use std::time::Duration;

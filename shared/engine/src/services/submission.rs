@@ -66,7 +66,7 @@ where
     }
 
     /// Accepts an order of the workflow `workflow` (its newest version), or of the default
-    /// workflow if it names none (see [`Catalogue::for_new_order`]), for `owner`. Its input is
+    /// workflow if it names none (see [`crate::catalogue::Catalogue::for_new_order`]), for `owner`. Its input is
     /// checked against that workflow's schema.
     pub async fn submit_to(
         &self,
