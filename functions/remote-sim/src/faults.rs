@@ -80,6 +80,11 @@ pub struct Faults {
     /// machine. Default none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hold_while: Option<String>,
+    /// The most calls of the action the service takes in one second (counted from its
+    /// start, whole seconds): a call beyond them is throttled (429, `Retry-After: 1`), nothing
+    /// applied, as a partner's published rate limit. Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_per_second: Option<u32>,
 }
 
 /// Knobs of one action that differ from the default; `None` keeps the default's value.
@@ -108,6 +113,8 @@ pub struct FaultsOverride {
     pub forget_keys: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hold_while: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_per_second: Option<u32>,
 }
 
 /// The whole configuration: default knobs, and overrides by action name. The default value
@@ -185,6 +192,7 @@ impl Faults {
             seed: o.seed.unwrap_or(d.seed),
             forget_keys: o.forget_keys.unwrap_or(d.forget_keys),
             hold_while: o.hold_while.clone().or_else(|| d.hold_while.clone()),
+            max_per_second: o.max_per_second.or(d.max_per_second),
         }
     }
 
@@ -207,6 +215,9 @@ impl Faults {
                 "latency_ms + latency_jitter_ms must be at most {MAX_LATENCY_MS}"
             )));
         }
+        if self.max_per_second == Some(0) {
+            return Err(invalid("max_per_second must be at least 1 (or left out)".to_owned()));
+        }
         if self.hold_while.as_deref().is_some_and(|f| f.trim().is_empty()) {
             return Err(invalid("hold_while must name a file".to_owned()));
         }
@@ -219,6 +230,11 @@ impl Faults {
             }
         }
         Ok(())
+    }
+
+    /// Whether a call that is the `nth` of its action in its second exceeds the rate limit.
+    pub fn beyond_rate(&self, nth: u64) -> bool {
+        self.max_per_second.is_some_and(|limit| nth > u64::from(limit))
     }
 
     /// Whether the service is down at `now_s` seconds since start.

@@ -7,7 +7,7 @@
 //! | `POST /actions/{action}` with `Idempotency-Key` | 200 output, 400, 409, 422, 429, 503 |
 //! | `GET /faults`, `PUT /faults` | the configuration (400 if the new one is invalid) |
 //! | `GET /ledger`, `GET /ledger/{key}` | every effect, or one (404 if none) |
-//! | `GET /stats` | calls counted by outcome; the ledger's size and its most applications of one key |
+//! | `GET /stats` | calls counted by outcome and their busiest second; the ledger's size and its most applications of one key |
 //! | `GET /stats/keys` | the same, for every key that met a fault |
 //! | `POST /reset` | empties the ledger and the statistics |
 //! | `GET /health` | 200 |
@@ -180,7 +180,11 @@ async fn action(
         Outcome::Permanent(reason) => permanent(StatusCode::UNPROCESSABLE_ENTITY, reason),
         Outcome::Tombstoned => permanent(StatusCode::CONFLICT, "cancelled: already compensated"),
         Outcome::Transient => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-        Outcome::Throttled => error(StatusCode::TOO_MANY_REQUESTS, "throttled"),
+        Outcome::Throttled => {
+            let mut throttled = error(StatusCode::TOO_MANY_REQUESTS, "throttled");
+            throttled.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+            throttled
+        }
         Outcome::LostAnswer => error(StatusCode::SERVICE_UNAVAILABLE, "answer lost"),
         Outcome::Outage => error(StatusCode::SERVICE_UNAVAILABLE, "outage"),
     }

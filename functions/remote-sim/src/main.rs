@@ -32,7 +32,7 @@ What it answers:
     200 + x-replayed: true     the same key again: the first answer, applied once
     422 {\"error\", \"permanent\": true}  refused for good (permanent_rate), nothing applied
     409 {\"error\", \"permanent\": true}  a do after its undo: cancelled
-    429                        throttled (throttle_rate), nothing applied
+    429 + Retry-After: 1       throttled (throttle_rate, max_per_second), nothing applied
     503                        transient fault, outage, or an answer lost after applying
     400                        no Idempotency-Key, or a body that is not the above
 
@@ -40,7 +40,9 @@ Other endpoints:
   GET /faults, PUT /faults     the fault configuration (PUT replaces it; 400 if invalid)
   GET /ledger                  every effect applied, by key, with its applications
   GET /ledger/{key}            one effect (404 if none)
-  GET /stats                   calls by outcome; the ledger's size; most applications of a key
+  GET /stats                   calls by outcome, and the most in one second (busiest_second),
+                               over all actions and for each; the ledger's size; the most
+                               applications of a key
   GET /stats/keys              the same, for every key that met a fault
   POST /reset                  empties the ledger and the statistics
   GET /health                  200
@@ -49,6 +51,8 @@ Fault knobs (--faults or FAULTS, or PUT /faults), as
   {\"default\": {...}, \"actions\": {\"<action>\": {...}}}; an action names only what differs:
   latency_ms, latency_jitter_ms      added to every call (at most 15 minutes together)
   transient_rate, throttle_rate      chance of a 503 or a 429, nothing applied
+  max_per_second                     calls of the action taken in one second; the others
+                                     get 429, nothing applied (a partner's rate limit)
   permanent_rate, permanent_undo     chance a new key is refused for good (and its undos too)
   lost_answer_rate                   chance a call applies, then answers 503
   outages: [{\"start_s\", \"end_s\"}]    windows, in seconds since start, of 503 to every call

@@ -90,6 +90,9 @@ pub struct Counts {
     pub lost_answer: u64,
     pub outage: u64,
     pub tombstoned: u64,
+    /// The most calls that arrived within one second (whole seconds since the service
+    /// started), whatever their outcome.
+    pub busiest_second: u64,
 }
 
 impl Counts {
@@ -121,6 +124,31 @@ pub struct Stats {
     /// what the service did to it. Keys that only ever succeeded are not kept.
     #[serde(skip)]
     pub faulted_keys: BTreeMap<String, Counts>,
+    /// Calls so far in the current second, over all actions and for each: (second, calls).
+    #[serde(skip)]
+    seconds: BTreeMap<Option<String>, (u64, u64)>,
+}
+
+impl Stats {
+    /// Counts a call of `action` arriving at `now_s`, in its second; returns how many calls
+    /// of the action that second holds with it.
+    fn arrive(&mut self, action: &str, now_s: f64) -> u64 {
+        let second = now_s.max(0.0).floor() as u64;
+        let mut count = |scope: Option<String>| {
+            let slot = self.seconds.entry(scope).or_insert((second, 0));
+            if slot.0 != second {
+                *slot = (second, 0);
+            }
+            slot.1 += 1;
+            slot.1
+        };
+        let all = count(None);
+        let own = count(Some(action.to_owned()));
+        self.all.busiest_second = self.all.busiest_second.max(all);
+        let counts = self.actions.entry(action.to_owned()).or_default();
+        counts.busiest_second = counts.busiest_second.max(own);
+        own
+    }
 }
 
 /// The service: fault configuration, ledger and statistics. Starts empty with the given
@@ -143,9 +171,10 @@ impl Simulator {
         let faults = self.config.for_action(&call.action);
         let nth = self.ledger.note_call(&call.key);
         let draws = faults.draws(&call.key, nth);
+        let this_second = self.stats.arrive(&call.action, now_s);
         let outcome = if faults.in_outage(now_s) {
             Outcome::Outage
-        } else if faults.throttles(&draws) {
+        } else if faults.beyond_rate(this_second) || faults.throttles(&draws) {
             Outcome::Throttled
         } else if faults.fails_transiently(&draws) {
             Outcome::Transient
@@ -313,6 +342,51 @@ mod tests {
         assert_eq!(sim.handle(&charge(), 0.0).outcome, Outcome::Throttled);
         assert!(sim.ledger().effects().is_empty());
         assert_eq!((sim.stats().all.transient, sim.stats().all.throttled), (1, 1));
+    }
+
+    #[test]
+    fn a_rate_limit_throttles_the_calls_beyond_it_in_each_second_and_the_busiest_is_counted() {
+        let mut sim = Simulator::new(FaultConfig {
+            actions: [(
+                "charge-payment".to_owned(),
+                FaultsOverride { max_per_second: Some(2), ..FaultsOverride::default() },
+            )]
+            .into(),
+            ..FaultConfig::default()
+        });
+        let charge = |i: usize| {
+            let mut c = call(&format!("charge-{i}"), "charge-payment", Direction::Do);
+            c.order_id = format!("o{i}");
+            c
+        };
+        let outcomes: Vec<&str> = [0.1, 0.5, 0.9, 1.0, 1.2]
+            .iter()
+            .enumerate()
+            .map(|(i, at)| sim.handle(&charge(i), *at).outcome.kind())
+            .collect();
+        assert_eq!(
+            outcomes,
+            ["ok", "ok", "throttled", "ok", "ok"],
+            "two a second, per whole second"
+        );
+        // Another action has no limit, and counts in its own second.
+        for at in [1.3, 1.4, 1.5] {
+            assert_eq!(
+                sim.handle(&refund(), at).outcome.kind(),
+                if at == 1.3 { "ok" } else { "replayed" }
+            );
+        }
+        let stats = sim.stats();
+        assert_eq!(
+            stats.actions["charge-payment"].busiest_second, 3,
+            "the refused call arrived too"
+        );
+        assert_eq!(stats.actions["refund-payment"].busiest_second, 3);
+        assert_eq!(stats.all.busiest_second, 5, "second 1: two charges and three refunds");
+        assert_eq!(stats.actions["charge-payment"].throttled, 1);
+        assert_eq!(sim.ledger().effects().len(), 5);
+        let refused = FaultConfig::from_json(r#"{"default":{"max_per_second":0}}"#).unwrap_err();
+        assert!(refused.to_string().contains("max_per_second must be at least 1"), "{refused}");
     }
 
     #[test]

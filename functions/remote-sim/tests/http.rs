@@ -234,11 +234,30 @@ async fn the_router_serves_the_ledger_semantics_and_the_faults() {
     }
     assert_eq!(stats["actions"]["charge-payment"]["permanent"], json!(2));
     assert_eq!((&stats["effects"], &stats["max_applications"]), (&json!(7), &json!(1)));
+    // Second 0 held every call but the four made in the outage and after it.
+    assert_eq!(stats["busiest_second"], json!(12), "{stats}");
+
+    // A rate limit: the call beyond it is throttled, and told when to come back.
+    put_faults(&app, json!({"actions": {"ship": {"max_per_second": 1}}})).await;
+    set_time(&now, 5.0);
+    assert_eq!(call(&app, "ship", "o6", "ship", "do").await.status, StatusCode::OK);
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/actions/ship")
+        .header("Idempotency-Key", "o7/ship/do")
+        .body(Body::from(json!({"order_id": "o7", "direction": "do"}).to_string()))
+        .unwrap();
+    let limited = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.headers()["retry-after"], "1");
+    set_time(&now, 6.0);
+    assert_eq!(call(&app, "ship", "o7", "ship", "do").await.status, StatusCode::OK);
 
     // Reset empties the ledger and the stats, and references start again.
     assert_eq!(send(&app, Method::POST, "/reset", None, None).await.status, StatusCode::OK);
     assert_eq!(get(&app, "/ledger").await.body, json!({"effects": [], "max_applications": 0}));
     assert_eq!(get(&app, "/stats").await.body["total"], json!(0));
+    assert_eq!(get(&app, "/stats").await.body["busiest_second"], json!(0));
     let fresh = call(&app, "reserve-inventory", "o1", "reserve", "do").await;
     assert_eq!(fresh.body, json!({"ref": "reserve-inventory-1"}));
 }
@@ -273,6 +292,7 @@ async fn bad_requests_are_refused_with_json_errors() {
     assert_eq!(get(&app, "/nowhere").await.status, StatusCode::NOT_FOUND);
     // Nothing of it reached the ledger or the statistics.
     assert_eq!(get(&app, "/stats").await.body["total"], json!(0));
+    assert_eq!(get(&app, "/stats").await.body["busiest_second"], json!(0));
 }
 
 /// Reads one HTTP/1.1 response to a request sent on a fresh connection.
