@@ -69,12 +69,14 @@ pub fn classify(request: &AwsRequest<'_>) -> Call {
         };
         return Call { service, operation, counted_as, sends: 0 };
     };
-    let service = match prefix.as_str() {
-        p if p.starts_with("DynamoDB") => "dynamodb",
-        p if p.starts_with("AmazonSQS") => "sqs",
-        p if p.starts_with("AWSEvents") => "eventbridge",
-        other => other,
+    // The service as its prices name it (IAM's `events` is EventBridge), from the one reading
+    // of the target prefix; a prefix no service is known by is counted as itself.
+    let service = match request.service().as_str() {
+        "events" => "eventbridge".to_owned(),
+        "unknown" => prefix,
+        known => known.to_owned(),
     };
+    let service = service.as_str();
     let json = serde_json::from_slice::<serde_json::Value>(request.body).unwrap_or_default();
     let logical = |name: &str| label(name).to_owned();
     let mut sends = 0;
