@@ -388,6 +388,8 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     assert_eq!((listed(&second), second.next), (vec![ids[0]], None));
     let paused = store.find(&query(Listing::Paused)).await.unwrap();
     assert_eq!(listed(&paused), [ids[2]]);
+    // A processed order with nothing reported is on no operator's list.
+    assert!(store.find(&query(Listing::Reported)).await.unwrap().orders.is_empty());
     assert_eq!(paused.orders[0].step.as_deref(), Some("reserve-inventory"));
     // Accepted at t0+3 and t0+4, still Pending; at t0+100, 97 s old or more is only the first.
     let old = Listing::InFlight { older_than: Duration::from_secs(97) };

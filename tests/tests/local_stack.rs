@@ -1003,6 +1003,37 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
     }
     let shown = sas(&stack, &["show", &kept]);
     assert!(text(&shown).contains("send-welcome  failed (reported)"), "{}", text(&shown));
+    // It is on the operators' list of reported orders until one of them acknowledges it.
+    let listed = |stack: &LocalStack| {
+        let out = sas(stack, &["-o", "json", "list", "reported"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let orders = page["orders"].as_array().cloned().unwrap_or_default();
+        orders.iter().filter_map(|o| o["order_id"].as_str().map(str::to_owned)).collect::<Vec<_>>()
+    };
+    // The index is read eventually consistently: the order may take a moment to show.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while listed(&stack) != [kept.clone()] {
+        assert!(Instant::now() < deadline, "not listed: {:?}", listed(&stack));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let acked = sas(&stack, &["acknowledge", &kept, "--reason", "welcome sent by hand"]);
+    assert!(acked.status.success(), "{}", text(&acked));
+    let again = sas(&stack, &["acknowledge", &kept, "--reason", "twice"]);
+    assert!(!again.status.success(), "acknowledged twice: {}", text(&again));
+    assert!(text(&again).contains("already_acknowledged"), "{}", text(&again));
+    let view = operator_view(&stack, &kept);
+    let noted = view["timeline"].as_array().unwrap().iter().find(|e| e["what"] == "acknowledged");
+    assert_eq!(
+        noted.map(|e| (e["by"].clone(), e["reason"].clone())),
+        Some((json!("arn:aws:iam::123456789012:user/ops-e2e"), json!("welcome sent by hand"))),
+        "{view}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listed(&stack).is_empty() {
+        assert!(Instant::now() < deadline, "still listed: {:?}", listed(&stack));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let view = order(&http, &stack, &closed).await;
     assert_eq!(view["steps"][0]["status"], "undone", "{view}");
     let items = clients.dynamodb.scan().table_name(&table).send().await.unwrap();

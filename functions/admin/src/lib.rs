@@ -159,8 +159,11 @@ where
         "failed" => Listing::Failed,
         "paused" => Listing::Paused,
         "in-flight" => Listing::InFlight { older_than },
+        "reported" => Listing::Reported,
         other => {
-            return bad_request(&format!("list={other:?}: must be failed, paused or in-flight"));
+            return bad_request(&format!(
+                "list={other:?}: must be failed, paused, in-flight or reported"
+            ));
         }
     };
     let limit = match number(query, "limit", DEFAULT_PAGE, 1, MAX_PAGE) {
@@ -266,16 +269,17 @@ where
         ("cancel", false) => CommandKind::Cancel,
         ("pause", false) => CommandKind::Pause,
         ("resume", false) => CommandKind::Resume,
+        ("acknowledge", false) => CommandKind::Acknowledge,
         ("redrive", false) => CommandKind::Redrive,
         ("redrive", true) => CommandKind::RedriveCompensation,
-        ("cancel" | "pause" | "resume", true) => {
+        ("cancel" | "pause" | "resume" | "acknowledge", true) => {
             return bad_request("compensation applies to redrive only");
         }
         _ => {
             return api::error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "no such command: cancel, pause, resume or redrive",
+                "no such command: cancel, pause, resume, redrive or acknowledge",
                 json!({}),
             );
         }

@@ -64,6 +64,9 @@ enum Verb {
     Pause(Act),
     /// Let paused orders go on from where they stopped.
     Resume(Act),
+    /// Take note of processed orders whose step's failure was only reported: they leave the
+    /// `reported` list (recorded with who you are and why).
+    Acknowledge(Act),
     /// Run failed orders again from the step that failed (or, with --compensation, retry
     /// their failed undos).
     Redrive {
@@ -119,7 +122,8 @@ enum Dlq {
 /// Which orders a listing or a bulk command selects.
 #[derive(Clone, Debug, Args)]
 struct Filter {
-    /// failed (in Error), paused, or in-flight (Pending or Processing).
+    /// failed (in Error), paused, in-flight (Pending or Processing), or reported (Processed
+    /// with a step's failure only reported, until acknowledged).
     #[arg(value_enum, default_value = "failed")]
     list: Listing,
     /// In flight for at least this long (for in-flight): 90s, 15m, 2h, 3d.
@@ -141,6 +145,7 @@ enum Listing {
     Failed,
     Paused,
     InFlight,
+    Reported,
 }
 
 /// A command for some orders: named by id, or selected by a filter.
@@ -151,7 +156,7 @@ struct Act {
     /// Why; kept in each order's timeline with who gave the command.
     #[arg(long)]
     reason: String,
-    /// Select the orders by filter instead of by id: failed, paused or in-flight.
+    /// Select the orders by filter instead of by id: failed, paused, in-flight or reported.
     #[arg(long, value_enum, conflicts_with = "order_ids")]
     select: Option<Listing>,
     /// With --select in-flight: only orders in flight for at least this long (90s, 15m, 2h, 3d).
@@ -225,6 +230,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Verb::Cancel(act) => command(&api, "cancel", false, act, json_out).await,
         Verb::Pause(act) => command(&api, "pause", false, act, json_out).await,
         Verb::Resume(act) => command(&api, "resume", false, act, json_out).await,
+        Verb::Acknowledge(act) => command(&api, "acknowledge", false, act, json_out).await,
         Verb::Redrive { act, compensation } => {
             command(&api, "redrive", compensation, act, json_out).await
         }
@@ -556,6 +562,7 @@ fn listing_name(list: Listing) -> &'static str {
         Listing::Failed => "failed",
         Listing::Paused => "paused",
         Listing::InFlight => "in-flight",
+        Listing::Reported => "reported",
     }
 }
 

@@ -18,7 +18,8 @@
 //! index being built again.)
 //!
 //! A second sparse index, `ByAttention`, holds only the orders an operator must look at: an
-//! item in Error or Paused carries `Attention` (S, the state) and `AttentionAt` (N, since when),
+//! item in Error or Paused, or Processed with a failure reported and not yet acknowledged,
+//! carries `Attention` (S, the state) and `AttentionAt` (N, since when),
 //! with `AttentionStep` and `CauseKind` projected for filtering. Entering costs one index write
 //! and leaving one; orders that never fail never enter it.
 //!
@@ -211,6 +212,9 @@ impl OrderFinder for DynamoStore {
         let orders = match query.listing {
             Listing::Failed => self.attention(ProcessState::Error, query, after, limit).await?,
             Listing::Paused => self.attention(ProcessState::Paused, query, after, limit).await?,
+            Listing::Reported => {
+                self.attention(ProcessState::Processed, query, after, limit).await?
+            }
             Listing::InFlight { older_than } => {
                 // Without an age, orders waiting for a time or an answer are listed too.
                 let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));

@@ -70,6 +70,7 @@
 //! | Processing (pause waiting) | resume | the pause is withdrawn; the free steps queued again |
 //! | Error | redrive | Pending with the steps not done queued as their dependencies allow; undone and refused steps done again under new keys |
 //! | Error, undo failed | redrive_compensation | the failed undos queued again under their keys |
+//! | Processed, a failure reported | acknowledge | taken note of, who and why on the timeline: it leaves the operators' list (once) |
 //! | any other | any | refused, naming the state |
 //!
 //! A cancelled order whose undos all succeed ends Cancelled, with a status event and no alert
@@ -82,7 +83,8 @@
 //!
 //! A step whose failures are only reported does not stop the order when it fails: the cause is
 //! recorded on the step, the order goes on, and once it is Processed the operators get an
-//! alert naming what was left undone. An operator's cancel waiting on the step takes
+//! alert naming what was left undone, and the order is on their list of reported orders until
+//! one of them acknowledges it. An operator's cancel waiting on the step takes
 //! precedence (the order stops as asked), and should the order stop later for another cause,
 //! a reported step whose outcome is unknown is undone with the others.
 //!
@@ -280,6 +282,10 @@ pub enum Refused {
     NotWaiting { step: String, status: StepStatus, state: ProcessState },
     #[error("the output is {bytes} bytes, more than the {limit} bytes a step may return")]
     OutputTooLarge { bytes: u64, limit: u64 },
+    #[error("the order is {state} with no failure reported: there is nothing to acknowledge", state = .state.as_str())]
+    NothingReported { state: ProcessState },
+    #[error("the order's reports were already acknowledged by {by}")]
+    Acknowledged { by: String },
 }
 
 impl Refused {
@@ -303,6 +309,8 @@ impl Refused {
             Refused::WrongToken { .. } => "wrong_token",
             Refused::NotWaiting { .. } => "not_waiting",
             Refused::OutputTooLarge { .. } => "output_too_large",
+            Refused::NothingReported { .. } => "nothing_reported",
+            Refused::Acknowledged { .. } => "already_acknowledged",
         }
     }
 }

@@ -173,6 +173,8 @@ pub enum Listing {
     Paused,
     /// In flight (Pending or Processing) and accepted at least this long ago, newest first.
     InFlight { older_than: Duration },
+    /// Processed with a step's failure only reported, not yet acknowledged, newest first.
+    Reported,
 }
 
 /// A page of a listing.

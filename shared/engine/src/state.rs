@@ -359,15 +359,18 @@ pub enum CommandKind {
     Pause,
     /// Let a paused order go on.
     Resume,
+    /// Take note of a processed order's reported failures: it leaves the operators' list.
+    Acknowledge,
 }
 
 impl CommandKind {
-    pub const ALL: [CommandKind; 5] = [
+    pub const ALL: [CommandKind; 6] = [
         CommandKind::Cancel,
         CommandKind::Redrive,
         CommandKind::RedriveCompensation,
         CommandKind::Pause,
         CommandKind::Resume,
+        CommandKind::Acknowledge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -377,6 +380,7 @@ impl CommandKind {
             CommandKind::RedriveCompensation => "redrive_compensation",
             CommandKind::Pause => "pause",
             CommandKind::Resume => "resume",
+            CommandKind::Acknowledge => "acknowledge",
         }
     }
 
@@ -476,6 +480,8 @@ pub enum Happening {
     Redriven,
     /// A step began to wait: for its time, or for an answer from outside.
     Waiting,
+    /// An operator took note of the failures a processed order reported.
+    Acknowledged,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -625,6 +631,16 @@ impl StateRecord {
                 step: self.cause.as_ref().and_then(Cause::step).map(str::to_owned),
                 cause: self.cause.as_ref().map(Cause::kind),
             }),
+            // Processed, but a step's failure was only reported: listed until acknowledged.
+            ProcessState::Processed if self.unacknowledged_report().is_some() => {
+                let reported = self.unacknowledged_report()?;
+                Some(Attention {
+                    state: ProcessState::Processed,
+                    since: self.ended_at.unwrap_or(self.updated_at),
+                    step: Some(reported.name.clone()),
+                    cause: reported.reported.as_ref().map(Cause::kind),
+                })
+            }
             ProcessState::Paused => Some(Attention {
                 state: ProcessState::Paused,
                 since: self
@@ -638,6 +654,13 @@ impl StateRecord {
             }),
             _ => None,
         }
+    }
+
+    /// The first step whose failure was only reported, while no operator has acknowledged
+    /// the order's reports.
+    pub fn unacknowledged_report(&self) -> Option<&StepState> {
+        let acknowledged = self.commands.iter().any(|c| c.command == CommandKind::Acknowledge);
+        self.steps.iter().find(|s| s.reported.is_some()).filter(|_| !acknowledged)
     }
 
     /// A step failed while others were in flight: nothing new starts, and once those end, the

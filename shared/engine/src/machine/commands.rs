@@ -1,5 +1,5 @@
-//! Operators' commands: cancel, pause, resume and redrive, each recorded with who gave it and
-//! why, refused when it does not fit the order's state.
+//! Operators' commands: cancel, pause, resume, redrive and acknowledge, each recorded with who
+//! gave it and why, refused when it does not fit the order's state.
 
 use super::*;
 
@@ -26,6 +26,8 @@ pub(super) fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> 
             return Decision::Replay(match record.process_state {
                 ProcessState::Pending | ProcessState::Processing => kicks(record),
                 ProcessState::Paused => Vec::new(),
+                // An acknowledgement owes the world nothing.
+                _ if earlier.command == CommandKind::Acknowledge => Vec::new(),
                 _ => replay(record, ctx),
             });
         }
@@ -36,6 +38,7 @@ pub(super) fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> 
         CommandKind::Cancel => cancel(record, cmd, ctx),
         CommandKind::Pause => pause(record, cmd, ctx),
         CommandKind::Resume => resume(record, cmd, ctx),
+        CommandKind::Acknowledge => acknowledge(record, cmd, ctx),
         CommandKind::Redrive | CommandKind::RedriveCompensation if state != ProcessState::Error => {
             Err(match state {
                 ProcessState::Processed | ProcessState::Cancelled => {
@@ -268,4 +271,23 @@ pub(super) fn stop_of(cmd: Command<'_>) -> Stop {
 pub(super) fn cancelled_by(record: &StateRecord) -> Option<Cause> {
     let stop = record.stop.as_ref().filter(|s| s.command == CommandKind::Cancel)?;
     Some(Cause::Cancelled { by: stop.by.clone(), reason: stop.reason.clone() })
+}
+
+/// Takes note of the failures a processed order reported: it leaves the operators' list of
+/// such orders, and nothing else of it changes.
+pub(super) fn acknowledge(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    if let Some(earlier) = record.commands.iter().find(|c| c.command == CommandKind::Acknowledge) {
+        return Err(Refused::Acknowledged { by: earlier.by.clone() });
+    }
+    if record.process_state != ProcessState::Processed || record.unacknowledged_report().is_none() {
+        return Err(Refused::NothingReported { state: record.process_state });
+    }
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    let limit = ctx.config.timeline_limit;
+    next.note_command(ctx.now, Happening::Acknowledged, cmd.by, cmd.reason, limit);
+    Ok(apply(next, Vec::new()))
 }

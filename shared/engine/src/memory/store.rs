@@ -324,11 +324,11 @@ impl<C: Clock> OrderFinder for MemoryStore<C> {
 /// The row `record` makes in `query`'s listing, if it is in it.
 fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
     let row = match query.listing {
-        Listing::Failed | Listing::Paused => {
-            let wanted = if query.listing == Listing::Failed {
-                crate::state::ProcessState::Error
-            } else {
-                crate::state::ProcessState::Paused
+        Listing::Failed | Listing::Paused | Listing::Reported => {
+            let wanted = match query.listing {
+                Listing::Failed => crate::state::ProcessState::Error,
+                Listing::Paused => crate::state::ProcessState::Paused,
+                _ => crate::state::ProcessState::Processed,
             };
             let a = record.attention().filter(|a| a.state == wanted)?;
             Listed {

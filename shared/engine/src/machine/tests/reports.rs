@@ -75,6 +75,59 @@ fn a_reported_refusal_passes_its_step_and_the_order_ends_processed_with_an_alert
     let sent = f.apply(&p, Input::AlertSent, end).next;
     assert_eq!((sent.alert, sent.complete_by), (Some(AlertDelivery::Sent), None));
     assert_eq!(f.decide(&sent, Input::AlertSent, end), Decision::Ignore(Ignored::AlertAlreadySent));
+
+    // It stays on the operators' list until one of them acknowledges it, once, with who and why.
+    let listed = sent.attention().expect("on the list");
+    assert_eq!(
+        (listed.state, listed.since, listed.step.as_deref(), listed.cause),
+        (ProcessState::Processed, end, Some("welcome"), Some("step_rejected"))
+    );
+    let ack = |id: &'static str| Input::Command {
+        command: CommandKind::Acknowledge,
+        id,
+        by: "arn:aws:iam::123456789012:user/ops",
+        reason: "welcome sent by hand",
+    };
+    let later = end.plus(secs(60));
+    let acked = f.apply(&sent, ack("ack-1"), later).next;
+    assert_eq!(acked.attention(), None, "off the list");
+    assert_eq!(
+        (acked.process_state, acked.steps.clone()),
+        (ProcessState::Processed, sent.steps.clone())
+    );
+    let noted = acked.timeline.last().unwrap();
+    assert_eq!(
+        (noted.what, noted.by.as_deref(), noted.reason.as_deref()),
+        (
+            Happening::Acknowledged,
+            Some("arn:aws:iam::123456789012:user/ops"),
+            Some("welcome sent by hand")
+        )
+    );
+    assert_eq!(f.decide(&acked, ack("ack-1"), later), Decision::Replay(Vec::new()), "owes nothing");
+    assert_eq!(
+        f.decide(&acked, ack("ack-2"), later),
+        Decision::Refuse(Refused::Acknowledged { by: "arn:aws:iam::123456789012:user/ops".into() })
+    );
+}
+
+#[test]
+fn an_order_with_nothing_reported_has_nothing_to_acknowledge() {
+    let f = reporting();
+    let r = f.done(&claimed(&f, &f.new_record()), T0.plus(secs(1)));
+    let ack = Input::Command { command: CommandKind::Acknowledge, id: "a", by: "ops", reason: "r" };
+    assert_eq!(
+        f.decide(&r, ack, T0.plus(secs(2))),
+        Decision::Refuse(Refused::NothingReported { state: ProcessState::Processing })
+    );
+    let r = f.done(&r, T0.plus(secs(2)));
+    let p = f.done(&r, T0.plus(secs(3)));
+    assert_eq!(p.process_state, ProcessState::Processed);
+    assert_eq!(p.attention(), None, "a clean order is on no list");
+    assert_eq!(
+        f.decide(&p, ack, T0.plus(secs(4))),
+        Decision::Refuse(Refused::NothingReported { state: ProcessState::Processed })
+    );
 }
 
 #[test]
