@@ -632,15 +632,12 @@ impl StateRecord {
                 cause: self.cause.as_ref().map(Cause::kind),
             }),
             // Processed, but a step's failure was only reported: listed until acknowledged.
-            ProcessState::Processed if self.unacknowledged_report().is_some() => {
-                let reported = self.unacknowledged_report()?;
-                Some(Attention {
-                    state: ProcessState::Processed,
-                    since: self.ended_at.unwrap_or(self.updated_at),
-                    step: Some(reported.name.clone()),
-                    cause: reported.reported.as_ref().map(Cause::kind),
-                })
-            }
+            ProcessState::Processed => self.unacknowledged_report().map(|reported| Attention {
+                state: ProcessState::Processed,
+                since: self.ended_at.unwrap_or(self.updated_at),
+                step: Some(reported.name.clone()),
+                cause: reported.reported.as_ref().map(Cause::kind),
+            }),
             ProcessState::Paused => Some(Attention {
                 state: ProcessState::Paused,
                 since: self

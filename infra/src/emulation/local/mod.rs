@@ -242,16 +242,13 @@ impl LocalStack {
             if spec.environment != running.spec.environment {
                 what.push("environment");
             }
-            let wired = |s: &FunctionSpec| {
-                (
-                    s.events.clone(),
-                    s.timeout,
-                    s.memory_mb,
-                    s.reserved_concurrency,
-                    s.function_url.clone(),
-                )
-            };
-            if wired(spec) != wired(&running.spec) {
+            let before = &running.spec;
+            let rewired = spec.events != before.events
+                || spec.timeout != before.timeout
+                || spec.memory_mb != before.memory_mb
+                || spec.reserved_concurrency != before.reserved_concurrency
+                || spec.function_url != before.function_url;
+            if rewired {
                 reload.not_applied.push(format!(
                     "{}: its events, timeout, memory or concurrency changed; `local-stack up` again applies them",
                     spec.logical_id
@@ -281,17 +278,10 @@ impl LocalStack {
             let drained = drain.await.unwrap_or(false);
             let running = &mut self.functions[at];
             for (n, process) in running.processes.iter().enumerate() {
-                let mut environment = wiring::process_spec(
-                    &spec,
-                    &program,
-                    &running.api,
-                    &self.endpoint,
-                    &options.region,
-                    n + 1,
-                )
-                .environment;
-                environment.insert("AWS_XRAY_DAEMON_ADDRESS".into(), self.daemon_address.clone());
-                process.replace(environment);
+                let at = wiring::Reached { endpoint: &self.endpoint, daemon: &self.daemon_address };
+                let process_spec =
+                    wiring::process_spec(&spec, &program, &running.api, at, &options.region, n + 1);
+                process.replace(process_spec.environment);
             }
             running.api.resume();
             if !drained {

@@ -133,13 +133,13 @@ impl Wiring<'_> {
         api: &RuntimeApi,
         n: usize,
     ) -> Managed {
-        let mut process = process_spec(spec, program, api, self.endpoint, &self.options.region, n);
+        let at = Reached { endpoint: self.endpoint, daemon: &self.daemon_address };
+        let mut process = process_spec(spec, program, api, at, &self.options.region, n);
         process.echo = self.options.show_logs;
         process.metrics = Some(self.metrics.clone());
         process.dead_letters = Some(self.dead_letters.clone());
         process.panics = Some(self.panics.clone());
         process.logs = Some(self.logs.clone());
-        process.environment.insert("AWS_XRAY_DAEMON_ADDRESS".into(), self.daemon_address.clone());
         Managed::start(process)
     }
 
@@ -288,11 +288,18 @@ fn queue_url(stack: &Stack, arn: &str) -> Result<String, Error> {
         .ok_or_else(|| Error::Local(format!("no queue with ARN {arn} was created")))
 }
 
+/// Where a function's process reaches the stack: the AWS API and the X-Ray daemon.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reached<'a> {
+    pub(super) endpoint: &'a str,
+    pub(super) daemon: &'a str,
+}
+
 pub(super) fn process_spec(
     spec: &FunctionSpec,
     program: &std::path::Path,
     api: &RuntimeApi,
-    endpoint: &str,
+    at: Reached<'_>,
     region: &str,
     n: usize,
 ) -> ProcessSpec {
@@ -305,7 +312,8 @@ pub(super) fn process_spec(
         ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".to_owned()),
         ("AWS_LAMBDA_LOG_GROUP_NAME", format!("/aws/lambda/{name}")),
         ("AWS_LAMBDA_LOG_STREAM_NAME", format!("local/{n}")),
-        ("AWS_ENDPOINT_URL", endpoint.to_owned()),
+        ("AWS_ENDPOINT_URL", at.endpoint.to_owned()),
+        ("AWS_XRAY_DAEMON_ADDRESS", at.daemon.to_owned()),
         ("AWS_REGION", region.to_owned()),
         ("AWS_DEFAULT_REGION", region.to_owned()),
         // Credentials of its own: the proxy knows the function by its access key id.
