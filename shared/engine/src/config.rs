@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::events::StatusKinds;
 use crate::retry::{RetryPolicy, WaitPolicy};
+use crate::workflow::{MAX_HOLD, MIN_HOLD};
 
 /// Tunables of the scheduler, supervisor and agents.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +51,37 @@ pub struct EngineConfig {
     /// the services remember keys, it could do such a step twice. Default 24 hours.
     /// Env `REDRIVE_WINDOW_SECONDS`.
     pub redrive_window: Duration,
+    /// How long a step may wait for its service while the service is held, before that counts
+    /// as its failure, for steps and workflows that name no `max_hold_seconds`. Default 6
+    /// hours; from 1 minute to 1 day. Env `MAX_HOLD_SECONDS`.
+    pub max_hold: Duration,
+    /// When an agent holds its service, and how it probes it while held.
+    /// Env `HOLD_AFTER_FAILURES`, `HOLD_WINDOW_SECONDS`, `PROBE_EVERY_SECONDS`.
+    pub hold: HoldPolicy,
+}
+
+/// When a service is held, and how it is probed while held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldPolicy {
+    /// Passing faults in a row (timeouts, 5xx, 429, refused connections), across all the
+    /// agent's executions, after which its service is held. Default 5.
+    pub after_failures: u32,
+    /// The faults must come within this long of the first of them; a fault after a quieter
+    /// spell starts the count again. Default 60 s.
+    pub window: Duration,
+    /// While held, one call at most this often goes to the service as a probe (across all the
+    /// agent's executions); the first that succeeds opens the service. Default 10 s.
+    pub probe_every: Duration,
+}
+
+impl Default for HoldPolicy {
+    fn default() -> Self {
+        HoldPolicy {
+            after_failures: 5,
+            window: Duration::from_secs(60),
+            probe_every: Duration::from_secs(10),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -66,6 +98,8 @@ impl Default for EngineConfig {
             timeline_limit: 16,
             max_queue_wait: Duration::from_secs(60),
             redrive_window: Duration::from_secs(24 * 3600),
+            max_hold: Duration::from_secs(6 * 3600),
+            hold: HoldPolicy::default(),
         }
     }
 }
@@ -100,6 +134,12 @@ impl EngineConfig {
             timeline_limit: parse(&lookup, "TIMELINE_LIMIT", d.timeline_limit)?,
             max_queue_wait: secs(&lookup, "MAX_QUEUE_WAIT_SECONDS", d.max_queue_wait)?,
             redrive_window: secs(&lookup, "REDRIVE_WINDOW_SECONDS", d.redrive_window)?,
+            max_hold: secs(&lookup, "MAX_HOLD_SECONDS", d.max_hold)?,
+            hold: HoldPolicy {
+                after_failures: parse(&lookup, "HOLD_AFTER_FAILURES", d.hold.after_failures)?,
+                window: secs(&lookup, "HOLD_WINDOW_SECONDS", d.hold.window)?,
+                probe_every: secs(&lookup, "PROBE_EVERY_SECONDS", d.hold.probe_every)?,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -123,6 +163,15 @@ impl EngineConfig {
         if self.wait.max > Duration::from_secs(900) {
             // Start messages carry the wait as an SQS delay, which is at most 15 minutes.
             return bad("RETRY_WAIT_MAX_SECONDS must be at most 900");
+        }
+        if !(MIN_HOLD..=MAX_HOLD).contains(&self.max_hold) {
+            return bad("MAX_HOLD_SECONDS must be from 60 to 86400");
+        }
+        if self.hold.after_failures == 0 {
+            return bad("HOLD_AFTER_FAILURES must be at least 1");
+        }
+        if self.hold.window.is_zero() || self.hold.probe_every.is_zero() {
+            return bad("HOLD_WINDOW_SECONDS and PROBE_EVERY_SECONDS must be at least 1");
         }
         if self.agent_retry.max_calls == 0 {
             return bad("AGENT_MAX_CALLS must be at least 1");

@@ -32,6 +32,10 @@
 //! | Processing | reply of a sent lease: done | the step done; the steps it freed leased and dispatched; Processed when none is left |
 //! | Processing | reply of a sent lease: failed, or done with an output too large | the order stops: nothing new starts, steps in flight are awaited, then every done step is undone |
 //! | Processing | the same, for a step whose failures are only reported | the failure recorded on the step; the order goes on as for done |
+//! | Processing | reply of a sent lease: held (its service is held, no answer came) | the step (or undo) waits for its service at a new attempt, queued for nobody, its lease ending with its `max_hold` (counted from its first hold); nothing counts against it |
+//! | Pending, Processing | resume: the supervisor found the step's service open | every step held on it queued at one new attempt; start message after the delay given |
+//! | Pending, Processing | resume for a service no step waits for | ignored |
+//! | Pending, Processing | expiry: a held lease at the end of its `max_hold` (no horizon) | the step failed (`service_held_too_long`), its outcome unknown: undone if it can be; an undo failed |
 //! | Processing (undoing) | reply: done or failed | the undos it freed leased and dispatched, or Error and alert once none is left |
 //! | Pending, Processing | reply naming a lease that waits for the scheduler | illegal: nothing was dispatched at that attempt |
 //! | Pending, Processing, Paused | reply of an attempt no lease holds | ignored: stale |
@@ -51,7 +55,7 @@
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
 //! | Processed, Error, Cancelled | any message or expiry (but an alert's, above) | ignored: terminal states move only by an operator's command |
-//! | Paused | any message or expiry | ignored: nothing of it is in flight |
+//! | Paused | any message, expiry or resume | ignored: nothing of it is in flight |
 //!
 //! Undos run in reverse order of the dependencies: a step is undone once no step that depends
 //! on it (directly or through others) is still queued for undo, so independent undos run at
@@ -105,7 +109,8 @@
 //! By concern, every part of the one pure [`decide`]: here the inputs, decisions and effects,
 //! and the dispatch of an input to its part; `leases` (claims, dispatch, waits, expiry),
 //! `replies` (an agent's answer and how the order goes on), `compensation` (undoing, the end in
-//! Error, replays), `answers` (callbacks answered from outside) and `commands` (operators').
+//! Error, replays), `answers` (callbacks answered from outside), `holds` (steps waiting for
+//! their held service) and `commands` (operators').
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -125,12 +130,14 @@ use crate::workflow::{OnFailure, Wait, Work, Workflow};
 mod answers;
 mod commands;
 mod compensation;
+mod holds;
 mod leases;
 mod replies;
 
 use answers::*;
 use commands::*;
 use compensation::*;
+use holds::*;
 use leases::*;
 use replies::*;
 
@@ -158,6 +165,9 @@ pub enum Input<'a> {
     /// The supervisor found the record in the expiry index with this CompleteBy; the record's
     /// messages may still be waiting in a queue for up to `horizon` after it.
     Expire { complete_by: Timestamp, horizon: Duration },
+    /// The supervisor found `service` open again: the order's steps held on it go on, their
+    /// start message sent after `delay`.
+    Resume { service: &'a str, delay: Duration },
     /// The order's alert was accepted by the event bus.
     AlertSent,
     /// The order was submitted again with the same key and the same content.
@@ -243,6 +253,8 @@ pub enum Ignored {
     Paused,
     /// An operator command with this id was applied before.
     AlreadyApplied,
+    /// No step of the order waits for the service named.
+    NotHeld,
 }
 
 /// Why an operator command was refused. Nothing was written.
@@ -349,6 +361,7 @@ pub fn remedy(input: &Input<'_>) -> Remedy {
     match input {
         Input::Claim { .. } | Input::Reply { .. } => Remedy::DeadLetter,
         Input::Expire { .. }
+        | Input::Resume { .. }
         | Input::AlertSent
         | Input::Resubmit
         | Input::Command { .. }
@@ -429,8 +442,15 @@ pub fn create_waking(
             Work::Agent(_) | Work::Callback => {
                 // At attempt 0, which the start message every new order gets claims.
                 let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
-                let lease =
-                    Lease { attempt: 0, complete_by, sent: false, failures: 0, timer: false };
+                let lease = Lease {
+                    attempt: 0,
+                    complete_by,
+                    sent: false,
+                    failures: 0,
+                    timer: false,
+                    held: false,
+                    held_since: None,
+                };
                 next.steps[i].lease = Some(lease);
             }
         }
@@ -497,6 +517,10 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             expire(record, complete_by, horizon, ctx)
         }
         (Paused, Input::Expire { .. }) => Decision::Ignore(Ignored::Moved),
+        (Pending | Processing, Input::Resume { service, delay }) => {
+            resume_held(record, service, delay, ctx)
+        }
+        (Paused, Input::Resume { .. }) => Decision::Ignore(Ignored::Paused),
         (Error | Processed, Input::Expire { complete_by, .. })
             if record.alert == Some(AlertDelivery::Pending) =>
         {
@@ -514,7 +538,7 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
 
         (
             Processed | Error | Cancelled,
-            Input::Claim { .. } | Input::Reply { .. } | Input::Expire { .. },
+            Input::Claim { .. } | Input::Reply { .. } | Input::Expire { .. } | Input::Resume { .. },
         ) => Decision::Ignore(Ignored::Terminal),
 
         (_, Input::Command { .. } | Input::Answer { .. }) => unreachable_command(record),
@@ -559,7 +583,11 @@ fn status(ctx: &Ctx<'_>, kind: StatusKind, step: Option<String>) -> Vec<Effect> 
     }
 }
 
-fn apply(next: StateRecord, effects: Vec<Effect>) -> Decision {
+fn apply(mut next: StateRecord, effects: Vec<Effect>) -> Decision {
+    // Whatever resumed, ended or took back a held lease ended the step's wait for its service.
+    for s in next.steps.iter_mut().filter(|s| !s.lease.is_some_and(|l| l.held)) {
+        s.held = None;
+    }
     Decision::Apply(Box::new(Transition { next, effects }))
 }
 

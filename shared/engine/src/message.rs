@@ -121,6 +121,10 @@ pub enum StepOutcome {
     /// The remote action took effect, but its output of `bytes` bytes of JSON is larger than
     /// [`MAX_OUTPUT_LEN`]: the order records that, and does not carry the output.
     TooLarge { bytes: u64 },
+    /// The agent's service is held (down, or refusing more calls for now), and the agent did
+    /// not get an answer from it: the step waits for the service to open, under the same keys,
+    /// without counting against its leases. `reason` says why the service is held.
+    Held { reason: String },
 }
 
 impl StepOutcome {
@@ -130,6 +134,11 @@ impl StepOutcome {
             Some(bytes) => StepOutcome::TooLarge { bytes },
             None => StepOutcome::Done { output },
         }
+    }
+
+    /// Builds a `Held` outcome, cutting the reason to [`MAX_REASON_LEN`] bytes.
+    pub fn held(reason: &str) -> StepOutcome {
+        StepOutcome::Held { reason: truncate(reason, MAX_REASON_LEN) }
     }
 
     /// Builds a `Failed` outcome, cutting the reason to [`MAX_REASON_LEN`] bytes.

@@ -182,6 +182,22 @@ pub struct StepState {
     /// even repeated, names the time it met.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_by: Option<Timestamp>,
+    /// For a step (or undo) that waits for its held service: which service, since when, and
+    /// why it is held. Set exactly while its lease is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
+}
+
+/// A step kept back by its service's hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// The agent of the service that is held.
+    pub service: String,
+    /// When the step first found the service held.
+    pub since: Timestamp,
+    /// Why the service is held, as its agent said.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// One step's hold on the system's attention while it is done or undone.
@@ -201,6 +217,16 @@ pub struct Lease {
     /// for a short wait, a start message delayed to that time.
     #[serde(default, skip_serializing_if = "is_false")]
     pub timer: bool,
+    /// A step whose service is held: nothing is sent and no start message waits for it; its
+    /// CompleteBy is the end of its `max_hold`. The supervisor queues it again once the
+    /// service is open ([`crate::machine::Input::Resume`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub held: bool,
+    /// When the step first found its service held, carried from lease to lease while the step
+    /// (or undo) goes on after its service opened: held again, it counts its `max_hold` from
+    /// then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_since: Option<Timestamp>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -241,6 +267,7 @@ impl StepState {
             wake_at: None,
             token: None,
             answer_by: None,
+            held: None,
         }
     }
 
@@ -250,6 +277,8 @@ impl StepState {
         let lease = self.lease.as_ref()?;
         if lease.timer {
             Some((WaitingFor::Time, lease.complete_by))
+        } else if lease.held {
+            Some((WaitingFor::Service, lease.complete_by))
         } else if lease.sent && self.token.is_some() {
             Some((WaitingFor::Answer, lease.complete_by))
         } else {
@@ -266,6 +295,8 @@ pub enum WaitingFor {
     Time,
     /// An answer from outside, bearing the token its announcement carried (or an operator's).
     Answer,
+    /// Its service, which is held: until the service is open again, or its `max_hold` ends.
+    Service,
 }
 
 /// Why an order failed.
@@ -284,6 +315,8 @@ pub enum Cause {
     OutputTooLarge { step: String, bytes: u64, limit: u64 },
     /// An operator cancelled the order.
     Cancelled { by: String, reason: String },
+    /// The step's service was held for longer than the step may wait for it (`max_hold`).
+    ServiceHeldTooLong { step: String, service: String, held_s: u64 },
 }
 
 /// The cause as a sentence, for people: `charge-payment was refused: card declined`.
@@ -302,6 +335,9 @@ impl std::fmt::Display for Cause {
                 write!(f, "{step} answered {bytes} bytes, more than the {limit} a step may return")
             }
             Cause::Cancelled { by, reason } => write!(f, "cancelled by {by}: {reason}"),
+            Cause::ServiceHeldTooLong { step, service, held_s } => {
+                write!(f, "{step} waited {} for {service}, which stayed held", Span(*held_s))
+            }
         }
     }
 }
@@ -313,6 +349,7 @@ impl Cause {
             Cause::StepRejected { step, .. }
             | Cause::StepTimedOut { step, .. }
             | Cause::OutputTooLarge { step, .. }
+            | Cause::ServiceHeldTooLong { step, .. }
             | Cause::UnknownStep { step } => Some(step),
             Cause::Cancelled { .. } => None,
         }
@@ -341,6 +378,22 @@ impl Cause {
             Cause::OutputTooLarge { .. } => "output_too_large",
             Cause::UnknownStep { .. } => "unknown_step",
             Cause::Cancelled { .. } => "cancelled",
+            Cause::ServiceHeldTooLong { .. } => "service_held_too_long",
+        }
+    }
+}
+
+/// A length of time in seconds, as people read it: `40 s`, `12 min`, `6 h 30 min`.
+struct Span(u64);
+
+impl std::fmt::Display for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (h, min, s) = (self.0 / 3600, self.0 % 3600 / 60, self.0 % 60);
+        match (h, min) {
+            (0, 0) => write!(f, "{s} s"),
+            (0, _) => write!(f, "{min} min"),
+            (_, 0) => write!(f, "{h} h"),
+            _ => write!(f, "{h} h {min} min"),
         }
     }
 }
@@ -445,6 +498,8 @@ pub enum InputRef {
     Command(String),
     /// The answer to the callback of the step of this name.
     Answer(String),
+    /// The supervisor resumed steps whose service was open again.
+    Resume,
 }
 
 impl InputRef {
@@ -482,6 +537,8 @@ pub enum Happening {
     Waiting,
     /// An operator took note of the failures a processed order reported.
     Acknowledged,
+    /// The service a step waited for was open again: the step goes on.
+    HoldEnded,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -599,6 +656,17 @@ impl StateRecord {
         self.leased().map(|(_, _, l)| l.complete_by).min()
     }
 
+    /// The service the order waits for, if a step of it is held: of its held steps, the one
+    /// held first. The store lists the order under it (one service at a time: should two of
+    /// its steps wait for two services, the write that resumes the first lists it under the
+    /// other).
+    pub fn held_on(&self) -> Option<&Held> {
+        self.leased()
+            .filter(|(_, _, l)| l.held)
+            .filter_map(|(_, s, _)| s.held.as_ref())
+            .min_by_key(|h| (h.since, h.service.as_str()))
+    }
+
     /// A record written before each step held its own lease, as this version keeps it: the
     /// step that was in flight (or waiting for the scheduler) holds the lease the record
     /// held, so that the messages already sent for it still count. Adapters call it on what
@@ -617,6 +685,8 @@ impl StateRecord {
             sent: self.process_state == ProcessState::Processing,
             failures: self.failure_count,
             timer: false,
+            held: false,
+            held_since: None,
         });
     }
 
@@ -742,6 +812,7 @@ impl StateRecord {
         let reason = match what {
             WaitingFor::Time => "waits for its time",
             WaitingFor::Answer => "waits for an answer from outside",
+            WaitingFor::Service => "waits for its service, which is held",
         };
         let entry = TimelineEntry {
             at,
@@ -892,10 +963,16 @@ impl StateRecord {
         if self.process_state.is_in_flight() && self.complete_by != self.earliest_lease() {
             return self.broken("CompleteBy is not the earliest lease's");
         }
+        if self.steps.iter().any(|s| s.held.is_some() != s.lease.is_some_and(|l| l.held)) {
+            return self.broken("a step's hold must be set exactly while its lease is held");
+        }
         let mut attempts: Vec<(u64, bool)> = Vec::new();
         for (_, step, lease) in self.leased() {
             if lease.attempt > self.attempt {
                 return self.broken("a lease from an attempt not yet taken");
+            }
+            if lease.held && (lease.sent || lease.timer || lease.held_since.is_none()) {
+                return self.broken("a held lease must be queued, and know since when");
             }
             // A callback is sent to nobody: its token is what it was given.
             let marked = step.dispatched || step.token.is_some();

@@ -30,6 +30,11 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30);
 pub const MAX_STEPS: usize = 16;
 /// Most expired leases a step may be given before it fails.
 pub const MAX_EXPIRED_LEASES: u32 = 10;
+/// The shortest `max_hold_seconds`: a hold shorter than a minute would undo orders for a
+/// service's passing fault, which the leases' retries are for.
+pub const MIN_HOLD: Duration = Duration::from_secs(60);
+/// The longest `max_hold_seconds`: a day, as long as services are expected to remember keys.
+pub const MAX_HOLD: Duration = Duration::from_secs(24 * 3600);
 /// The longest a step may wait for a time: a year and a day.
 pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 
@@ -98,6 +103,10 @@ pub struct Step {
     pub retry_wait: Option<Duration>,
     /// What its failure does to the order.
     pub on_failure: OnFailure,
+    /// How long the step (or its undo) may wait for its service while the service is held,
+    /// before that counts as its failure: its own `max_hold_seconds`, else its workflow's;
+    /// `None`: the stack's `MAX_HOLD_SECONDS`.
+    pub max_hold: Option<Duration>,
     /// The steps that must be done before it starts: by default the step above it in the file.
     pub depends_on: Vec<String>,
 }
@@ -167,6 +176,11 @@ impl Step {
         }
     }
 
+    /// How long the step may wait for its held service, given the stack's default.
+    pub fn max_hold(&self, stack: Duration) -> Duration {
+        self.max_hold.unwrap_or(stack)
+    }
+
     /// The remote action and budget for driving this step in `direction`; `None` when asked to
     /// undo a step that has no compensation, and for a step that waits.
     pub fn action(&self, direction: Direction) -> Option<(&str, Duration)> {
@@ -189,6 +203,9 @@ struct WorkflowSpec {
     version: Option<u32>,
     #[serde(default)]
     input_schema: Option<Value>,
+    /// The `max_hold_seconds` of its steps that name none.
+    #[serde(default)]
+    max_hold_seconds: Option<u64>,
     steps: Vec<StepSpec>,
 }
 
@@ -212,6 +229,8 @@ struct StepSpec {
     retry_wait_seconds: Option<u64>,
     #[serde(default)]
     on_failure: OnFailure,
+    #[serde(default)]
+    max_hold_seconds: Option<u64>,
     /// `None`: the step above it (none for the first).
     #[serde(default)]
     depends_on: Option<Vec<String>>,
@@ -261,6 +280,7 @@ impl Workflow {
         if spec.steps.len() > MAX_STEPS {
             return Err(invalid(format!("at most {MAX_STEPS} steps are supported")));
         }
+        let held = max_hold_of(spec.max_hold_seconds).map_err(invalid)?;
         let mut names = HashSet::new();
         let mut steps: Vec<Step> = Vec::with_capacity(spec.steps.len());
         for s in &spec.steps {
@@ -268,7 +288,11 @@ impl Workflow {
                 return Err(invalid(format!("step {:?} appears twice", s.name)));
             }
             let above = steps.last().map(|p| p.name.clone());
-            steps.push(step_of(s, agents, above).map_err(invalid)?);
+            let mut step = step_of(s, agents, above).map_err(invalid)?;
+            if step.agent().is_some() {
+                step.max_hold = step.max_hold.or(held);
+            }
+            steps.push(step);
         }
         let steps = in_dependency_order(steps).map_err(invalid)?;
         let version = spec.version.unwrap_or(1);
@@ -464,8 +488,21 @@ fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<
         expired_leases: s.expired_leases,
         retry_wait: s.retry_wait_seconds.map(Duration::from_secs),
         on_failure: s.on_failure,
+        max_hold: max_hold_of(s.max_hold_seconds).map_err(|e| format!("step {:?}: {e}", s.name))?,
         depends_on: s.depends_on.clone().unwrap_or_else(|| above.into_iter().collect()),
     })
+}
+
+/// A `max_hold_seconds`, checked: a step held longer may be resumed after its service has
+/// forgotten the keys of the calls made before the hold, so it stays within the day services
+/// are expected to remember them (the stack's redrive window, by default).
+fn max_hold_of(seconds: Option<u64>) -> Result<Option<Duration>, String> {
+    let (least, most) = (MIN_HOLD.as_secs(), MAX_HOLD.as_secs());
+    match seconds {
+        None => Ok(None),
+        Some(n) if (least..=most).contains(&n) => Ok(Some(Duration::from_secs(n))),
+        Some(_) => Err(format!("max_hold_seconds must be from {least} to {most}")),
+    }
 }
 
 /// The agent a step names, if it is deployed.
@@ -488,10 +525,11 @@ fn wait_of(s: &StepSpec, wait: &WaitSpec) -> Result<Wait, String> {
         || s.compensation.is_some()
         || s.expired_leases.is_some()
         || s.retry_wait_seconds.is_some()
+        || s.max_hold_seconds.is_some()
         || s.on_failure != OnFailure::Undo
     {
         return Err(format!(
-            "step {:?} waits: it has no budget, compensation, expired_leases, retry_wait_seconds or on_failure",
+            "step {:?} waits: it has no budget, compensation, expired_leases, retry_wait_seconds, max_hold_seconds or on_failure",
             s.name
         ));
     }
@@ -513,9 +551,10 @@ fn timeout_of(s: &StepSpec, callback: &CallbackSpec) -> Result<Duration, String>
         || s.compensation.is_some()
         || s.expired_leases.is_some()
         || s.retry_wait_seconds.is_some()
+        || s.max_hold_seconds.is_some()
     {
         return Err(format!(
-            "step {:?} waits for a callback: its timeout is its budget, and it has no compensation, expired_leases or retry_wait_seconds",
+            "step {:?} waits for a callback: its timeout is its budget, and it has no compensation, expired_leases, retry_wait_seconds or max_hold_seconds",
             s.name
         ));
     }

@@ -672,8 +672,10 @@ impl World {
                         Cause::StepTimedOut { step, failures } => {
                             what.lease_faults.get(step).copied().unwrap_or(0) >= *failures
                         }
-                        // The load simulation's services answer small outputs.
+                        // The load simulation's services answer small outputs, and none is
+                        // held for hours.
                         Cause::OutputTooLarge { .. }
+                        | Cause::ServiceHeldTooLong { .. }
                         | Cause::UnknownStep { .. }
                         | Cause::Cancelled { .. } => false,
                     };

@@ -17,7 +17,7 @@ pub(super) fn claim(
 ) -> Decision {
     let queued: Vec<(usize, Lease)> = record
         .leased()
-        .filter(|(_, _, l)| !l.sent && l.attempt == attempt)
+        .filter(|(_, _, l)| !l.sent && !l.held && l.attempt == attempt)
         .map(|(i, _, l)| (i, *l))
         .collect();
     if queued.is_empty() {
@@ -115,8 +115,15 @@ pub(super) fn wait_for(
     let wake = *next.steps[i].wake_at.get_or_insert(ctx.now.plus(from_now));
     next.attempt += 1;
     let attempt = next.attempt;
-    next.steps[i].lease =
-        Some(Lease { attempt, complete_by: wake, sent: false, failures: 0, timer: true });
+    next.steps[i].lease = Some(Lease {
+        attempt,
+        complete_by: wake,
+        sent: false,
+        failures: 0,
+        timer: true,
+        held: false,
+        held_since: None,
+    });
     let name = next.steps[i].name.clone();
     next.note_wait(ctx.now, &name, WaitingFor::Time, wake, ctx.config.timeline_limit);
     let delay = ctx.now.until(wake);
@@ -155,7 +162,15 @@ pub(super) fn start(
                     next.attempt
                 });
                 let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(budget);
-                let lease = Lease { attempt, complete_by, sent: false, failures: 0, timer: false };
+                let lease = Lease {
+                    attempt,
+                    complete_by,
+                    sent: false,
+                    failures: 0,
+                    timer: false,
+                    held: false,
+                    held_since: None,
+                };
                 next.steps[i].lease = Some(lease);
             }
         }
@@ -183,7 +198,15 @@ pub(super) fn dispatch(
     // Not marked dispatched: nothing reached a service, so a stop leaves nothing to judge.
     next.attempt += 1;
     let attempt = next.attempt;
-    let lease = Lease { attempt, complete_by, sent: true, failures: 0, timer: false };
+    let lease = Lease {
+        attempt,
+        complete_by,
+        sent: true,
+        failures: 0,
+        timer: false,
+        held: false,
+        held_since: None,
+    };
     next.steps[i].lease = Some(lease);
     next.steps[i].token = Some(token(ctx.seed, next.order_id, attempt, i));
     next.steps[i].answer_by = Some(complete_by);
@@ -215,9 +238,18 @@ pub(super) fn awaits_callback(ctx: &Ctx<'_>, state: &StepState) -> bool {
 /// then on it may have reached its service under the step's keys.
 pub(super) fn send(next: &mut StateRecord, i: usize, complete_by: Timestamp) {
     next.attempt += 1;
-    let failures = next.steps[i].lease.map_or(0, |l| l.failures);
+    let (failures, held_since) =
+        next.steps[i].lease.map_or((0, None), |l| (l.failures, l.held_since));
     let attempt = next.attempt;
-    next.steps[i].lease = Some(Lease { attempt, complete_by, sent: true, failures, timer: false });
+    next.steps[i].lease = Some(Lease {
+        attempt,
+        complete_by,
+        sent: true,
+        failures,
+        timer: false,
+        held: false,
+        held_since,
+    });
     next.steps[i].dispatched = true;
 }
 
@@ -232,8 +264,8 @@ pub(super) fn expire(
     if let Some(ignored) = not_expired(record, seen, ctx) {
         return Decision::Ignore(ignored);
     }
-    // A wait or a callback is due at its time: no message of it can be on its way.
-    let due = |s: &StepState, l: &Lease| match l.timer || awaits_callback(ctx, s) {
+    // A wait, a callback or a hold is due at its time: no message of it can be on its way.
+    let due = |s: &StepState, l: &Lease| match l.timer || l.held || awaits_callback(ctx, s) {
         true => l.complete_by,
         false => l.complete_by.plus(horizon),
     };
@@ -257,6 +289,9 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
     let Some(lease) = next.steps[i].lease.take() else { return };
     if lease.timer {
         return wake(next, i, ctx, effects);
+    }
+    if lease.held {
+        return held_too_long(next, i, ctx);
     }
     let failures = lease.failures.saturating_add(1);
     next.failure_count = next.failure_count.saturating_add(1);
@@ -299,8 +334,15 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
             lease.attempt
         };
         let complete_by = ctx.now.plus(wait).plus(ctx.config.claim_grace).plus(budget);
-        next.steps[i].lease =
-            Some(Lease { attempt, complete_by, sent: false, failures, timer: false });
+        next.steps[i].lease = Some(Lease {
+            attempt,
+            complete_by,
+            sent: false,
+            failures,
+            timer: false,
+            held: false,
+            held_since: lease.held_since,
+        });
         next.note(ctx.now, Happening::RetryScheduled, Some(name), limit);
         effects.push(Effect::Kick { delay: wait, attempt });
         return;
@@ -331,7 +373,7 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
 /// The start messages the record's queued steps wait for.
 pub(super) fn kicks(record: &StateRecord) -> Vec<Effect> {
     let mut attempts: Vec<u64> =
-        record.leased().filter(|(_, _, l)| !l.sent).map(|(_, _, l)| l.attempt).collect();
+        record.leased().filter(|(_, _, l)| !l.sent && !l.held).map(|(_, _, l)| l.attempt).collect();
     attempts.sort_unstable();
     attempts.dedup();
     attempts.into_iter().map(|attempt| Effect::Kick { delay: Duration::ZERO, attempt }).collect()

@@ -40,7 +40,7 @@ pub(super) fn reply(
     let too_large = match outcome {
         StepOutcome::Done { output } => output_len(output),
         StepOutcome::TooLarge { bytes } => Some(*bytes),
-        StepOutcome::Failed { .. } => None,
+        StepOutcome::Failed { .. } | StepOutcome::Held { .. } => None,
     };
     let mut effects = Vec::new();
     match (direction, outcome) {
@@ -71,6 +71,11 @@ pub(super) fn reply(
         (Direction::Undo, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
             next.steps[i].status = StepStatus::Undone;
             next.note(ctx.now, Happening::StepUndone, Some(name), limit);
+        }
+        (_, StepOutcome::Held { reason }) => {
+            // Nothing is known of the effect of the calls made before the hold: the step
+            // waits under the same keys, so that its service answers what it did.
+            park(&mut next, i, lease, reason, ctx);
         }
         (Direction::Undo, StepOutcome::Failed { reason }) => {
             // One undo refused does not stop the others: release the stock even if the refund

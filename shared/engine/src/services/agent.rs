@@ -156,7 +156,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
                 warn!(order_id = %request.order_id, bytes, "the service's answer is too large to carry");
                 true
             }
-            StepOutcome::Failed { .. } => false,
+            StepOutcome::Failed { .. } | StepOutcome::Held { .. } => false,
         };
         let reply = StepReply {
             order_id: request.order_id,

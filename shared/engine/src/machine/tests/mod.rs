@@ -945,3 +945,5 @@ fn a_record_whose_step_the_workflow_no_longer_has_is_refused_naming_it() {
         Decision::Illegal(Illegal::UnknownStep { step: "renamed-away".into() })
     );
 }
+
+mod holds;
