@@ -9,7 +9,8 @@
 //! - Domain: [`order`] (what an acceptable order is), [`workflow`] (steps as data), [`ids`]
 //!   (order ids, idempotency keys), [`time`].
 //! - State: [`state`] (the record and its invariants) and [`machine`] (the one transition
-//!   function: every state change is decided there).
+//!   function: every state change is decided there); [`health`] (each service's, open or
+//!   held).
 //! - Services: [`services`] (submission, scheduler, agent, supervisor, status), each generic over
 //!   the [`ports`] it needs.
 //! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts).
@@ -32,6 +33,7 @@ pub mod catalogue;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod ids;
 pub mod load;
 pub mod machine;

@@ -14,6 +14,8 @@
 //! - [`WaitGauge`]: what the consumers report of how long messages waited for them.
 //! - [`Clock`], [`Ids`], [`Random`]: time, identifiers and randomness, injected so tests decide.
 //! - [`RemoteService`]: the business service behind one agent.
+//! - [`ServiceBook`]: one record per service (open or held), each write conditional on the
+//!   version read.
 //!
 //! Each has an in-memory implementation in `crate::memory` (the `memory` feature) with the
 //! same semantics, and an AWS implementation outside this crate. Methods return `Send` futures
@@ -26,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::events::{BusEvent, PublishReport};
+use crate::health::ServiceRecord;
 use crate::ids::{AgentName, Direction, IdempotencyKey, OrderId, Owner};
 use crate::message::Message;
 use crate::order::Order;
@@ -424,6 +427,19 @@ impl Random for sas_rng::SplitMix {
     }
 }
 
+/// Where each service's health is kept: a small table of one item per service.
+pub trait ServiceBook: Send + Sync {
+    /// The record of `service`, read consistently; `None` if nothing was ever written of it.
+    fn load(&self, service: &str) -> impl Future<Output = Result<Option<ServiceRecord>>> + Send;
+
+    /// Every service's record.
+    fn all(&self) -> impl Future<Output = Result<Vec<ServiceRecord>>> + Send;
+
+    /// Writes `next` if the stored record is still at `next.version - 1` (absent, for version
+    /// 1); reports a conflict otherwise.
+    fn save(&self, next: &ServiceRecord) -> impl Future<Output = Result<Saved>> + Send;
+}
+
 /// One call to a remote service: what an agent's [`RemoteService`] is asked to do. The same
 /// call may come more than once (a retry after a passing fault, a step sent again after its
 /// lease expired, a message delivered twice), always with the same `idempotency_key`.
@@ -594,5 +610,17 @@ impl<T: RemoteService + ?Sized> RemoteService for std::sync::Arc<T> {
         call: &RemoteCall,
     ) -> impl Future<Output = std::result::Result<serde_json::Value, RemoteFault>> + Send {
         (**self).call(call)
+    }
+}
+
+impl<T: ServiceBook + ?Sized> ServiceBook for std::sync::Arc<T> {
+    fn load(&self, service: &str) -> impl Future<Output = Result<Option<ServiceRecord>>> + Send {
+        (**self).load(service)
+    }
+    fn all(&self) -> impl Future<Output = Result<Vec<ServiceRecord>>> + Send {
+        (**self).all()
+    }
+    fn save(&self, next: &ServiceRecord) -> impl Future<Output = Result<Saved>> + Send {
+        (**self).save(next)
     }
 }

@@ -313,6 +313,84 @@ async fn the_agent_retries_transient_faults_with_jittered_backoff() {
 }
 
 #[tokio::test]
+async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_on_an_answer() {
+    use sas_engine::config::HoldPolicy;
+    use sas_engine::memory::MemoryServiceBook;
+    use sas_engine::ports::ServiceBook;
+
+    let clock = ManualClock::default();
+    let remote = Arc::new(MemoryRemote::new(clock.clone()));
+    let queues = Arc::new(MemoryQueues::new(clock.clone()));
+    let waits = Arc::new(MemoryWaits::default());
+    let book = Arc::new(MemoryServiceBook::default());
+    let policy = HoldPolicy { after_failures: 3, ..HoldPolicy::default() };
+    let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), waits).guarded(
+        book.clone(),
+        "payment",
+        policy,
+    );
+    let b = AgentBench::new();
+    let request = |key: &str| {
+        let mut r = b.request(Duration::from_secs(30));
+        r.complete_by = clock.now().plus(Duration::from_secs(30));
+        r.due_at = Some(clock.now());
+        r.idempotency_key = format!("{}/{key}", r.idempotency_key);
+        r
+    };
+    let held = |outcome: &StepOutcome| matches!(outcome, StepOutcome::Held { .. });
+    let last_reply = || {
+        let replies: Vec<Message> = queues
+            .receive(&Destination::Replies, 10)
+            .into_iter()
+            .map(|d| Message::decode(&d.body).unwrap())
+            .collect();
+        let Some(Message::Reply(reply)) = replies.last().cloned() else { panic!("no reply") };
+        reply.outcome
+    };
+    remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100));
+
+    // Three faults in a row hold the service: the step is answered held, not left to expire.
+    let first = request("a");
+    let outcome = agent.handle(&first, Incoming::first("m1")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Held { calls: 3 });
+    assert!(held(&last_reply()));
+    let record = book.load("payment").await.unwrap().unwrap();
+    let hold = record.held.clone().unwrap();
+    assert!(hold.reason.starts_with("3 passing faults in a row"), "{}", hold.reason);
+
+    // While held, nothing is called...
+    let outcome = agent.handle(&request("b"), Incoming::first("m2")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Held { calls: 0 });
+    assert_eq!(remote.faults().transient, 3);
+    // ... but one probe per interval, which fails while the service is down.
+    clock.advance(policy.probe_every);
+    let outcome = agent.handle(&request("c"), Incoming::first("m3")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Held { calls: 1 });
+    let outcome = agent.handle(&request("d"), Incoming::first("m4")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Held { calls: 0 });
+    assert_eq!(remote.faults().transient, 4);
+    let _ = last_reply();
+
+    // The service is back: the next probe succeeds and opens it.
+    remote.unscript("charge-payment");
+    clock.advance(policy.probe_every);
+    let outcome = agent.handle(&request("e"), Incoming::first("m5")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    let record = book.load("payment").await.unwrap().unwrap();
+    assert!(record.held.is_none() && record.unannounced);
+    assert_eq!(record.released.unwrap().held_since, hold.since);
+
+    // On an open, healthy service the guard writes nothing.
+    let writes = book.writes();
+    clock.advance(Duration::from_secs(2));
+    for key in ["f", "g", "h"] {
+        let outcome = agent.handle(&request(key), Incoming::first(key)).await.unwrap();
+        assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    }
+    assert_eq!(book.writes(), writes);
+}
+
+#[tokio::test]
 async fn the_agent_never_retries_past_its_budget_and_then_stays_silent() {
     let b = AgentBench::new();
     b.remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100));

@@ -20,6 +20,7 @@ mod bus;
 mod clock;
 mod queue;
 mod remote;
+mod services;
 mod store;
 mod waits;
 
@@ -30,6 +31,7 @@ pub use queue::{
     QueueSettings,
 };
 pub use remote::{Behaviour, LedgerEntry, MemoryRemote, RemoteFaults};
+pub use services::MemoryServiceBook;
 pub use store::{MemoryStore, StoreStats};
 pub use waits::MemoryWaits;
 

@@ -6,6 +6,11 @@
 //! queue never makes the work fail. Once the budget is spent the agent stops and sends nothing,
 //! not even an error; the supervisor finds the lease. A reply that arrives after the lease ran
 //! out is still worth sending: the attempt it carries, not the clock, decides whether it counts.
+//!
+//! A guarded agent ([`Agent::guarded`]) asks its [`Guard`] before each call: while its service
+//! is held it does not call it (but for the guard's probes), and answers `held` at once, so
+//! that the step waits for the service without burning its lease. Passing faults it meets are
+//! counted towards the hold; once the service is held, it stops retrying and answers `held`.
 
 use std::time::Duration;
 
@@ -23,6 +28,10 @@ use crate::ports::{
 use crate::retry::RetryPolicy;
 use crate::time::Timestamp;
 
+use super::guard::{Admission, Guard, NoBook};
+use crate::config::HoldPolicy;
+use crate::ports::ServiceBook;
+
 /// How an agent finished with a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AgentOutcome {
@@ -33,11 +42,14 @@ pub enum AgentOutcome {
     /// Transient faults used up the retries, or the next wait would end after the budget:
     /// nothing was sent; the supervisor will find the expired lease.
     GaveUp { calls: u32 },
+    /// The service is held: the step was answered `held`, after `calls` calls (a probe, or
+    /// the faults that made the hold).
+    Held { calls: u32 },
 }
 
 /// An agent, over its ports.
 #[derive(Debug)]
-pub struct Agent<R, Q, C, X, W> {
+pub struct Agent<R, Q, C, X, W, G = NoBook> {
     remote: R,
     outbox: Q,
     clock: C,
@@ -45,6 +57,7 @@ pub struct Agent<R, Q, C, X, W> {
     retry: RetryPolicy,
     queue: Destination,
     waits: WaitReporter<W>,
+    guard: Option<Guard<G, C>>,
 }
 
 impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q, C, X, W> {
@@ -58,7 +71,29 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
         queue: Destination,
         waits: WaitReporter<W>,
     ) -> Self {
-        Agent { remote, outbox, clock, random, retry, queue, waits }
+        Agent { remote, outbox, clock, random, retry, queue, waits, guard: None }
+    }
+}
+
+impl<R, Q, C, X, W, G> Agent<R, Q, C, X, W, G>
+where
+    R: RemoteService,
+    Q: Outbox,
+    C: Clock + Clone,
+    X: Random,
+    W: WaitGauge,
+    G: ServiceBook,
+{
+    /// The same agent, guarding `service` with its record in `book`.
+    pub fn guarded<H: ServiceBook>(
+        self,
+        book: H,
+        service: &str,
+        policy: HoldPolicy,
+    ) -> Agent<R, Q, C, X, W, H> {
+        let guard = Guard::new(book, self.clock.clone(), service, policy);
+        let Agent { remote, outbox, clock, random, retry, queue, waits, .. } = self;
+        Agent { remote, outbox, clock, random, retry, queue, waits, guard: Some(guard) }
     }
 
     /// The outbox replies are sent through (a batch consumer may gather them).
@@ -100,6 +135,14 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
                 metrics::agent_finished("expired");
                 return Ok(AgentOutcome::Expired { calls });
             }
+            let probe = match self.admit().await {
+                Admission::Call => false,
+                Admission::Probe => true,
+                Admission::Held { reason } => {
+                    let outcome = StepOutcome::held(&reason);
+                    return self.reply(request, deadline, outcome, calls).await;
+                }
+            };
             calls += 1;
             let started = self.clock.now();
             let answer = self.remote.call(&call).await;
@@ -107,10 +150,12 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             let fault = match answer {
                 Ok(output) => {
                     metrics::remote_call("ok", took);
+                    self.answered(probe).await;
                     return self.reply(request, deadline, StepOutcome::done(output), calls).await;
                 }
                 Err(RemoteFault::Permanent(reason)) => {
                     metrics::remote_call("refused", took);
+                    self.answered(probe).await;
                     let outcome = StepOutcome::failed(&reason);
                     return self.reply(request, deadline, outcome, calls).await;
                 }
@@ -119,6 +164,13 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
                     reason
                 }
             };
+            if let Some(guard) = &self.guard
+                && (guard.fault(&fault).await || probe)
+            {
+                // Held (or still held, its probe failed): the step waits for the service.
+                let outcome = StepOutcome::held(&fault);
+                return self.reply(request, deadline, outcome, calls).await;
+            }
             if calls >= self.retry.max_calls {
                 warn!(order_id = %request.order_id, calls, %fault, "retries exhausted");
                 metrics::agent_finished("gave_up");
@@ -132,6 +184,19 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             }
             debug!(order_id = %request.order_id, calls, ?delay, %fault, "transient fault, retrying");
             self.clock.sleep(delay).await;
+        }
+    }
+
+    async fn admit(&self) -> Admission {
+        match &self.guard {
+            Some(guard) => guard.admit().await,
+            None => Admission::Call,
+        }
+    }
+
+    async fn answered(&self, probe: bool) {
+        if let Some(guard) = &self.guard {
+            guard.answered(probe).await;
         }
     }
 
@@ -150,13 +215,14 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             metrics::agent_finished("expired");
             return Ok(AgentOutcome::Expired { calls });
         }
-        let done = match outcome {
-            StepOutcome::Done { .. } => true,
+        let done = match &outcome {
+            StepOutcome::Done { .. } => Some(true),
             StepOutcome::TooLarge { bytes } => {
                 warn!(order_id = %request.order_id, bytes, "the service's answer is too large to carry");
-                true
+                Some(true)
             }
-            StepOutcome::Failed { .. } | StepOutcome::Held { .. } => false,
+            StepOutcome::Failed { .. } => Some(false),
+            StepOutcome::Held { .. } => None,
         };
         let reply = StepReply {
             order_id: request.order_id,
@@ -169,6 +235,10 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
             due_at: Some(now),
         };
         self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
+        let Some(done) = done else {
+            metrics::agent_finished("held");
+            return Ok(AgentOutcome::Held { calls });
+        };
         metrics::agent_finished("replied");
         Ok(AgentOutcome::Replied { done, calls })
     }

@@ -8,6 +8,7 @@
 mod agent;
 mod assembly;
 mod effects;
+mod guard;
 mod operator;
 mod scheduler;
 mod status;
@@ -17,6 +18,7 @@ mod supervisor;
 pub use agent::{Agent, AgentOutcome};
 pub use assembly::Assembly;
 pub use effects::Ports;
+pub use guard::{Admission, FRESH, Guard, NoBook};
 pub use operator::{Answering, Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
 pub use status::{OperatorView, OrderView, StatusService};
