@@ -58,6 +58,10 @@ pub struct EngineConfig {
     /// When an agent holds its service, and how it probes it while held.
     /// Env `HOLD_AFTER_FAILURES`, `HOLD_WINDOW_SECONDS`, `PROBE_EVERY_SECONDS`.
     pub hold: HoldPolicy,
+    /// Orders a second the supervisor resumes for a service that opened again, spread over
+    /// the minute between its sweeps, so that the orders that waited reach the service at a
+    /// pace it takes rather than all at once. Default 10. Env `RESUME_PER_SECOND`.
+    pub resume_per_second: u32,
 }
 
 /// When a service is held, and how it is probed while held.
@@ -100,6 +104,7 @@ impl Default for EngineConfig {
             redrive_window: Duration::from_secs(24 * 3600),
             max_hold: Duration::from_secs(6 * 3600),
             hold: HoldPolicy::default(),
+            resume_per_second: 10,
         }
     }
 }
@@ -140,6 +145,7 @@ impl EngineConfig {
                 window: secs(&lookup, "HOLD_WINDOW_SECONDS", d.hold.window)?,
                 probe_every: secs(&lookup, "PROBE_EVERY_SECONDS", d.hold.probe_every)?,
             },
+            resume_per_second: parse(&lookup, "RESUME_PER_SECOND", d.resume_per_second)?,
         };
         config.validate()?;
         Ok(config)
@@ -166,6 +172,9 @@ impl EngineConfig {
         }
         if !(MIN_HOLD..=MAX_HOLD).contains(&self.max_hold) {
             return bad("MAX_HOLD_SECONDS must be from 60 to 86400");
+        }
+        if !(1..=1000).contains(&self.resume_per_second) {
+            return bad("RESUME_PER_SECOND must be from 1 to 1000");
         }
         if self.hold.after_failures == 0 {
             return bad("HOLD_AFTER_FAILURES must be at least 1");

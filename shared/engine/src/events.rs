@@ -21,6 +21,8 @@ use crate::time::Timestamp;
 pub const STATUS_DETAIL_TYPE: &str = "OrderStatusChanged";
 /// `detail-type` of operator alerts.
 pub const ALERT_DETAIL_TYPE: &str = "OrderNeedsAttention";
+/// `detail-type` of the alerts that a service was held or opened again.
+pub const SERVICE_DETAIL_TYPE: &str = "ServiceHoldChanged";
 /// `detail-type` of the announcements of steps that wait for an answer from outside.
 pub const CALLBACK_DETAIL_TYPE: &str = "StepAwaitsAnswer";
 
@@ -279,11 +281,72 @@ impl BusEvent {
         }
     }
 
+    pub fn service(event: &ServiceEvent) -> BusEvent {
+        BusEvent {
+            id: event.event_id.clone(),
+            detail_type: SERVICE_DETAIL_TYPE,
+            detail: to_json(event),
+        }
+    }
+
     pub fn alert(alert: &Alert) -> BusEvent {
         BusEvent {
             id: alert.alert_id.clone(),
             detail_type: ALERT_DETAIL_TYPE,
             detail: to_json(alert),
+        }
+    }
+}
+
+/// An alert for operators that a service was held, or opened again: one per hold and one per
+/// release, whatever the number of orders that wait.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEvent {
+    /// Deterministic: the same hold (or release) always has the same id.
+    pub event_id: String,
+    pub service: String,
+    /// `held` or `open`.
+    pub state: String,
+    /// When the hold began.
+    pub held_since: Timestamp,
+    /// When it ended, for `open`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Timestamp>,
+    /// Who held or released it: an operator, or `None` for the agent (a release by a probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Orders waiting for the service when the alert was made.
+    pub waiting: u64,
+}
+
+impl ServiceEvent {
+    /// The alert `record`'s last change owes, if it is a hold or a release.
+    pub fn of(record: &crate::health::ServiceRecord, waiting: u64) -> Option<ServiceEvent> {
+        let service = record.service.clone();
+        match (&record.held, &record.released) {
+            (Some(hold), _) => Some(ServiceEvent {
+                event_id: format!("{service}-held-{}", hold.since.as_millis()),
+                service,
+                state: "held".into(),
+                held_since: hold.since,
+                released_at: None,
+                by: hold.by.clone(),
+                reason: hold.reason.clone(),
+                waiting,
+            }),
+            (None, Some(release)) => Some(ServiceEvent {
+                event_id: format!("{service}-open-{}", release.at.as_millis()),
+                service,
+                state: "open".into(),
+                held_since: release.held_since,
+                released_at: Some(release.at),
+                by: release.by.clone(),
+                reason: release.reason.clone(),
+                waiting,
+            }),
+            (None, None) => None,
         }
     }
 }

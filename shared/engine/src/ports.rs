@@ -6,6 +6,9 @@
 //! - [`ExpiryIndex`]: a sparse, sharded index of records by CompleteBy, queried one shard at a
 //!   time. Eventually consistent: it may lag behind the table, so whoever acts on an entry
 //!   re-reads the record and writes with a condition.
+//! - [`HeldIndex`]: a sparse index of the orders that wait for a held service, by service
+//!   and since when, so that a service opening again finds its orders without a scan and an
+//!   order that waits costs nothing per sweep.
 //! - [`OrderFinder`]: the orders that need an operator (in Error, paused, or in flight for
 //!   long), newest first and a page at a time, found through sparse indexes, never a scan.
 //! - [`Outbox`]: at-least-once queues. A message may be delivered twice, late, or out of order.
@@ -165,6 +168,20 @@ pub trait ExpiryIndex: Send + Sync {
         shard: u16,
         due_by: Timestamp,
     ) -> impl Future<Output = Result<Option<Timestamp>>> + Send;
+}
+
+/// The sparse index of orders waiting for a held service ([`StateRecord::held_on`]).
+pub trait HeldIndex: Send + Sync {
+    /// Orders waiting for `service`, the longest-waiting first, at most `limit`. Eventually
+    /// consistent: whoever acts on one re-reads it.
+    fn held(
+        &self,
+        service: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OrderId>>> + Send;
+
+    /// How many orders wait for `service`.
+    fn count_held(&self, service: &str) -> impl Future<Output = Result<u64>> + Send;
 }
 
 /// Which orders an operator asks for.
@@ -622,5 +639,18 @@ impl<T: ServiceBook + ?Sized> ServiceBook for std::sync::Arc<T> {
     }
     fn save(&self, next: &ServiceRecord) -> impl Future<Output = Result<Saved>> + Send {
         (**self).save(next)
+    }
+}
+
+impl<T: HeldIndex + ?Sized> HeldIndex for std::sync::Arc<T> {
+    fn held(
+        &self,
+        service: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OrderId>>> + Send {
+        (**self).held(service, limit)
+    }
+    fn count_held(&self, service: &str) -> impl Future<Output = Result<u64>> + Send {
+        (**self).count_held(service)
     }
 }

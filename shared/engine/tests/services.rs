@@ -8,7 +8,7 @@ mod world;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sas_engine::config::EngineConfig;
+use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::StatusKinds;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{SLACK, WaitReporter};
@@ -795,8 +795,9 @@ async fn a_lagging_index_entry_is_rechecked_against_the_table() {
 
 #[tokio::test]
 async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
-    let mut w = World::with(EngineConfig { failure_threshold: 2, ..EngineConfig::default() });
-    // The inventory service is down: every lease of the first step runs out.
+    // Faults that never add up to a hold: every lease of the first step runs out.
+    let hold = HoldPolicy { after_failures: u32::MAX, ..HoldPolicy::default() };
+    let mut w = World::with(EngineConfig { failure_threshold: 2, hold, ..EngineConfig::default() });
     w.remote.script("reserve-inventory", std::iter::repeat_n(Behaviour::Transient, 1_000));
     let id = w.submit("patient").await.unwrap().order_id;
     w.settle().await;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use sas_engine::Error;
 use sas_engine::catalogue::Catalogue;
+use sas_engine::config::EngineConfig;
 use sas_engine::memory::Behaviour;
 use sas_engine::ports::Destination;
 use sas_engine::services::Command;
@@ -71,9 +72,11 @@ async fn orders_in_flight_finish_on_their_version_and_new_ones_take_the_new_one(
 
 #[tokio::test]
 async fn a_failed_order_is_redriven_on_its_version_while_that_version_is_kept() {
-    let mut w = World::new();
+    let max_hold = Duration::from_secs(600);
+    let mut w = World::with(EngineConfig { max_hold, ..EngineConfig::default() });
     w.deploy(Catalogue::new(vec![version(1, &[])]).unwrap());
-    // The inventory service stays down past the policy: nothing to undo, the order fails.
+    // The inventory service stays down past the policy (held longer than the order may wait
+    // for it): nothing to undo, the order fails.
     w.remote.script("reserve-inventory", std::iter::repeat_n(Behaviour::Transient, 10_000));
     let id = w.submit("failed").await.unwrap().order_id;
     w.run_for(Duration::from_secs(3600)).await;

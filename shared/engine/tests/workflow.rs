@@ -5,6 +5,8 @@ mod world;
 
 use std::time::Duration;
 
+use sas_engine::config::{EngineConfig, HoldPolicy};
+use sas_engine::events::SERVICE_DETAIL_TYPE;
 use sas_engine::memory::Behaviour;
 use sas_engine::ports::{Destination, Incoming};
 use sas_engine::services::Handled;
@@ -125,7 +127,9 @@ async fn transient_faults_are_absorbed_by_the_agent_with_one_effect() {
 
 #[tokio::test]
 async fn the_idempotency_key_survives_a_redispatch_by_the_supervisor() {
-    let mut w = World::new();
+    // Faults that never add up to a hold of the service: the lease runs out.
+    let hold = HoldPolicy { after_failures: u32::MAX, ..HoldPolicy::default() };
+    let mut w = World::with(EngineConfig { hold, ..EngineConfig::default() });
     // The charge goes through but every answer is lost until the agent runs out of tries.
     let lost = std::iter::repeat_n(Behaviour::ApplyThenLoseAnswer, 8);
     w.remote.script("charge-payment", lost);
@@ -143,6 +147,48 @@ async fn the_idempotency_key_survives_a_redispatch_by_the_supervisor() {
     assert!(w.remote.calls(&key) > 8, "re-dispatched with the same key");
     assert_eq!(w.remote.applications(&key), 1, "and charged once");
     assert_eq!(w.remote.max_applications(), 1);
+}
+
+#[tokio::test]
+async fn an_outage_holds_its_orders_and_they_finish_once_the_service_is_back() {
+    let mut w = World::new();
+    let policy = w.system.config.hold;
+    w.remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100_000));
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(w.submit(&format!("outage-{n}")).await.unwrap().order_id);
+    }
+    let down = Duration::from_secs(1800);
+    w.run_for(down).await;
+    for id in &ids {
+        let r = w.state(*id);
+        assert_eq!((r.process_state, r.failure_count), (ProcessState::Pending, 0), "{id}");
+        assert_eq!(r.held_on().map(|h| h.service.as_str()), Some("payment"));
+        assert_eq!(r.steps[0].status, StepStatus::Done, "nothing was undone");
+    }
+    // The faults that made the hold, then one probe per interval at most.
+    let calls = w.remote.faults().transient;
+    let probes = u32::try_from(down.as_secs() / policy.probe_every.as_secs()).unwrap() + 1;
+    assert!(calls <= policy.after_failures + probes, "{calls} calls while it was down");
+    let held = w.bus.of_type(SERVICE_DETAIL_TYPE);
+    assert_eq!(held.len(), 1, "one alert for the hold: {held:?}");
+    assert_eq!(
+        (held[0]["service"].as_str(), held[0]["state"].as_str()),
+        (Some("payment"), Some("held"))
+    );
+    assert!(w.alerts().is_empty(), "no order failed");
+
+    w.remote.unscript("charge-payment");
+    w.run_for(Duration::from_secs(600)).await;
+    for id in &ids {
+        let r = w.state(*id);
+        assert_eq!((r.process_state, r.failure_count), (ProcessState::Processed, 0), "{id}");
+        assert_eq!(w.remote.applications(&World::key(*id, "charge-payment", "do")), 1);
+    }
+    let changes = w.bus.of_type(SERVICE_DETAIL_TYPE);
+    assert_eq!(changes.len(), 2, "one alert for the release: {changes:?}");
+    assert_eq!(changes[1]["state"].as_str(), Some("open"));
+    assert!(w.alerts().is_empty());
 }
 
 #[tokio::test]

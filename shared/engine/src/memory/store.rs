@@ -25,8 +25,8 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::ports::{
-    Clock, Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
-    OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
+    Clock, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed,
+    Listing, OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -305,6 +305,32 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
             .filter(|(s, complete_by, _)| *s == shard && *complete_by <= due_by)
             .filter_map(|(_, _, id)| inner.states.get(id).map(StateRecord::watched_since))
             .min())
+    }
+}
+
+impl<C: Clock> HeldIndex for MemoryStore<C> {
+    async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
+        let mut inner = self.lock();
+        inner.stats.index_queries += 1;
+        let mut held: Vec<(Timestamp, OrderId)> = inner
+            .states
+            .values()
+            .filter_map(|r| {
+                r.held_on().filter(|h| h.service == service).map(|h| (h.since, r.order_id))
+            })
+            .collect();
+        held.sort_unstable();
+        Ok(held.into_iter().take(limit).map(|(_, id)| id).collect())
+    }
+
+    async fn count_held(&self, service: &str) -> Result<u64> {
+        let mut inner = self.lock();
+        inner.stats.index_queries += 1;
+        Ok(inner
+            .states
+            .values()
+            .filter(|r| r.held_on().is_some_and(|h| h.service == service))
+            .count() as u64)
     }
 }
 

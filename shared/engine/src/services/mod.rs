@@ -23,7 +23,7 @@ pub use operator::{Answering, Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
 pub use status::{OperatorView, OrderView, StatusService};
 pub use submission::{Accepted, Submission};
-pub use supervisor::{Supervisor, SweepReport};
+pub use supervisor::{RESUME_SPREAD, ServicesReport, Supervisor, SweepReport};
 
 use crate::machine::{Ignored, Illegal};
 

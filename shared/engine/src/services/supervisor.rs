@@ -10,6 +10,10 @@
 //! currently wait in the queues ([`crate::load`]) and looks only at leases that ran out longer
 //! ago than that horizon: the others may only be waiting for their messages, and are neither
 //! read nor written. While a queue holds messages that no consumer takes, it judges nothing.
+//!
+//! It also tends the services ([`Supervisor::tend`]): one alert for each hold and each
+//! release, and, for a service open again, the orders that waited for it resumed at the
+//! stack's `RESUME_PER_SECOND`, spread over the minute until its next sweep.
 
 use std::time::Duration;
 
@@ -18,11 +22,17 @@ use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::Handled;
 use super::effects::Ports;
+use crate::OrderId;
 use crate::error::{Error, Result};
+use crate::events::{BusEvent, ServiceEvent};
+use crate::health::ServiceRecord;
 use crate::load::{Horizon, LoadSource};
 use crate::machine::{Decision, Input, decide};
 use crate::mutants::{self, Mutant};
-use crate::ports::{Clock, EventBus, ExpiryIndex, IndexEntry, Outbox, Read, Saved, StateStore};
+use crate::ports::{
+    Clock, EventBus, ExpiryIndex, HeldIndex, IndexEntry, Outbox, Read, Saved, ServiceBook,
+    StateStore,
+};
 use crate::time::Timestamp;
 
 /// What one sweep did.
@@ -51,6 +61,22 @@ pub struct SweepReport {
     /// a shard could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_ms: Option<u64>,
+}
+
+/// The time over which the orders a sweep resumes are spread: until the next sweep.
+pub const RESUME_SPREAD: Duration = Duration::from_secs(60);
+
+/// What one tending of the services did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ServicesReport {
+    /// Services held now.
+    pub held: usize,
+    /// Holds and releases announced to the operators.
+    pub announced: usize,
+    /// Orders resumed for services open again.
+    pub resumed: usize,
+    /// Orders or services that could not be handled; tried again at the next sweep.
+    pub errors: usize,
 }
 
 /// The supervisor, over its ports.
@@ -196,7 +222,13 @@ where
     }
 
     async fn judge(&self, entry: IndexEntry, horizon: Duration) -> Result<Handled> {
-        let Some(record) = self.ports.store.load(entry.order_id, Read::Consistent).await? else {
+        let input = Input::Expire { complete_by: entry.complete_by, horizon };
+        self.act(entry.order_id, input).await
+    }
+
+    /// Re-reads the order, decides `input` on it, and writes and acts on the decision.
+    async fn act(&self, order_id: OrderId, input: Input<'_>) -> Result<Handled> {
+        let Some(record) = self.ports.store.load(order_id, Read::Consistent).await? else {
             return Ok(Handled::UnknownOrder);
         };
         tracing::Span::current().record("correlation_id", record.correlation_id.as_str());
@@ -204,21 +236,20 @@ where
             Ok(ctx) => ctx,
             // Its workflow's version was removed: nothing can judge it until it is back.
             Err(e @ Error::WorkflowGone { .. }) => {
-                error!(order_id = %entry.order_id, error = %e, "an expired record cannot be judged");
+                error!(%order_id, error = %e, "a record the supervisor found cannot be judged");
                 return Ok(Handled::Illegal(crate::machine::Illegal::Corrupt {
                     reason: e.to_string(),
                 }));
             }
             Err(e) => return Err(e),
         };
-        let input = Input::Expire { complete_by: entry.complete_by, horizon };
         match decide(&record, input, &ctx) {
             Decision::Apply(t) => {
                 if self.ports.save(&record, &t.next).await? == Saved::Conflict {
                     return Ok(Handled::LostRace);
                 }
-                debug!(order_id = %entry.order_id, state = t.next.process_state.as_str(),
-                       failures = t.next.failure_count, "expired lease handled");
+                debug!(%order_id, state = t.next.process_state.as_str(),
+                       failures = t.next.failure_count, "record handled");
                 self.ports.perform(&t.next, &t.effects).await?;
                 Ok(Handled::Applied)
             }
@@ -229,12 +260,101 @@ where
             // The machine's remedy for an illegal expiry is a report: there is no message to
             // set aside, and the record stays in the index for a look.
             Decision::Illegal(why) => {
-                error!(order_id = %entry.order_id, ?why, "an expired record cannot be judged");
+                error!(%order_id, ?why, "a record the supervisor found cannot be judged");
                 Ok(Handled::Illegal(why))
             }
             Decision::Refuse(why) => Ok(Handled::Illegal(crate::machine::Illegal::Corrupt {
                 reason: format!("an expiry was refused: {why}"),
             })),
+        }
+    }
+}
+
+impl<S, X, Q, B, C, L> Supervisor<S, X, Q, B, C, L>
+where
+    S: StateStore,
+    X: ExpiryIndex + HeldIndex,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    L: LoadSource,
+{
+    /// Tends every service of `book`: announces its last hold or release once, and resumes
+    /// the orders that wait for a service open again, at most `RESUME_PER_SECOND` a second.
+    pub async fn tend<G: ServiceBook>(&self, book: &G) -> Result<ServicesReport> {
+        let mut report = ServicesReport::default();
+        for record in book.all().await? {
+            if record.held.is_some() {
+                report.held += 1;
+            }
+            if record.unannounced {
+                match self.announce(book, &record).await {
+                    Ok(()) => report.announced += 1,
+                    Err(e) => {
+                        warn!(service = %record.service, error = %e, "could not announce the service's hold");
+                        report.errors += 1;
+                    }
+                }
+            }
+            match &record.held {
+                None => self.resume(&record.service, 0, &mut report).await,
+                // Only a call probes a held service: with every order waiting, one of them
+                // goes, as the probe the agent is due.
+                Some(hold) if hold.by.is_none() && hold.next_probe <= self.ports.clock.now() => {
+                    self.resume(&record.service, 1, &mut report).await;
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(report)
+    }
+
+    /// Publishes the alert of the service's last hold or release, then records it.
+    async fn announce<G: ServiceBook>(&self, book: &G, record: &ServiceRecord) -> Result<()> {
+        let waiting = self.index.count_held(&record.service).await?;
+        if let Some(event) = ServiceEvent::of(record, waiting) {
+            let published = self.ports.bus.publish(&[BusEvent::service(&event)]).await?;
+            if let Some((_, reason)) = published.failed.first() {
+                return Err(Error::PublishFailed {
+                    failed: 1,
+                    total: 1,
+                    first_reason: reason.clone(),
+                });
+            }
+        }
+        // Lost to a newer change of the record: that change is announced at the next sweep.
+        if let Some(next) = record.announced(self.ports.clock.now()) {
+            book.save(&next).await?;
+        }
+        Ok(())
+    }
+
+    /// Resumes the orders waiting for `service`: `only` of them (0: as many as the minute
+    /// until the next sweep takes at `RESUME_PER_SECOND`), their start messages spread over it.
+    async fn resume(&self, service: &str, only: usize, report: &mut ServicesReport) {
+        let per_second = u64::from(self.ports.config.resume_per_second.max(1));
+        let limit = match only {
+            0 => usize::try_from(per_second * RESUME_SPREAD.as_secs()).unwrap_or(usize::MAX),
+            n => n,
+        };
+        let waiting = match self.index.held(service, limit).await {
+            Ok(waiting) => waiting,
+            Err(e) => {
+                warn!(%service, error = %e, "could not read the orders waiting for the service");
+                report.errors += 1;
+                return;
+            }
+        };
+        for (k, order_id) in waiting.into_iter().enumerate() {
+            let delay = Duration::from_millis(k as u64 * 1000 / per_second);
+            match self.act(order_id, Input::Resume { service, delay }).await {
+                Ok(Handled::Applied) => report.resumed += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(%order_id, error = %e, "could not resume an order");
+                    report.errors += 1;
+                }
+            }
         }
     }
 }

@@ -14,14 +14,14 @@ use sas_engine::config::EngineConfig;
 use sas_engine::events::{ALERT_DETAIL_TYPE, STATUS_DETAIL_TYPE, StatusKinds};
 use sas_engine::load::Gauges;
 use sas_engine::memory::{
-    InMemory, ManualClock, MemoryAssembly, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore,
-    MemoryWaits, SeqIds, SplitMix,
+    InMemory, ManualClock, MemoryAssembly, MemoryBus, MemoryQueues, MemoryRemote,
+    MemoryServiceBook, MemoryStore, MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::ports::{Destination, Incoming};
 use sas_engine::services::{
-    Accepted, Agent, AgentOutcome, Handled, Operator, Ports, Scheduler, Submission, Supervisor,
-    SweepReport,
+    Accepted, Agent, AgentOutcome, Handled, Operator, Ports, Scheduler, ServicesReport, Submission,
+    Supervisor, SweepReport,
 };
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
@@ -34,6 +34,9 @@ pub type Bus = Arc<MemoryBus>;
 pub type Remote = Arc<MemoryRemote<Clock>>;
 pub type Waits = Arc<MemoryWaits>;
 pub type Load = Gauges<Waits, Queues>;
+pub type Book = Arc<MemoryServiceBook>;
+/// An agent of this world: guarded, its service's health in the world's book.
+pub type WorldAgent = Agent<Remote, Queues, Clock, Arc<SplitMix>, Waits, Book>;
 
 pub struct World {
     pub clock: Clock,
@@ -42,12 +45,14 @@ pub struct World {
     pub bus: Bus,
     pub remote: Remote,
     pub waits: Waits,
+    /// Each service's health, which the agents guard and the supervisor tends.
+    pub book: Book,
     /// What the services are built from: the engine's configuration and the workflows it
     /// runs among them.
     pub system: MemoryAssembly<Clock>,
     pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load>,
     pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits>,
-    pub agents: HashMap<AgentName, Agent<Remote, Queues, Clock, Arc<SplitMix>, Waits>>,
+    pub agents: HashMap<AgentName, WorldAgent>,
     pub supervisor: Supervisor<Store, Store, Queues, Bus, Clock, Load>,
     /// What each handler returned, in order, for assertions.
     pub handled: Vec<(String, Handled)>,
@@ -75,17 +80,15 @@ impl World {
         let submission = system.submission(queues.clone(), Arc::new(SeqIds::new("corr")));
         let scheduler = system.scheduler(queues.clone(), "scheduler-1");
         let random = Arc::new(SplitMix::seeded(42));
+        let book = Book::default();
+        let hold = system.config.hold;
         let agents = agent_names()
             .into_iter()
             .map(|name| {
                 let reporter = format!("agent-{}", name.as_str());
-                let agent = system.agent(
-                    &name,
-                    memory.remote.clone(),
-                    queues.clone(),
-                    random.clone(),
-                    reporter,
-                );
+                let agent = system
+                    .agent(&name, memory.remote.clone(), queues.clone(), random.clone(), reporter)
+                    .guarded(book.clone(), name.as_str(), hold);
                 (name, agent)
             })
             .collect();
@@ -97,6 +100,7 @@ impl World {
             bus: memory.bus,
             remote: memory.remote,
             waits: memory.waits,
+            book,
             system,
             submission,
             scheduler,
@@ -234,8 +238,15 @@ impl World {
         }
     }
 
+    /// One run of the supervisor: its sweep, then its tending of the services.
     pub async fn sweep(&self) -> SweepReport {
-        self.supervisor.sweep().await.unwrap()
+        let report = self.supervisor.sweep().await.unwrap();
+        self.tend().await;
+        report
+    }
+
+    pub async fn tend(&self) -> ServicesReport {
+        self.supervisor.tend(&self.book).await.unwrap()
     }
 
     pub fn all_finished(&self) -> bool {
