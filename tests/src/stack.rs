@@ -17,6 +17,7 @@ use sas_aws::dead_letters::{DeadLetterQueue, DeadLetters};
 use sas_aws::depths::SqsDepths;
 use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
+use sas_aws::health::DynamoServiceBook;
 use sas_aws::http::HttpRemote;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::system::UuidIds;
@@ -105,6 +106,11 @@ impl TestStack {
 
     pub fn store(&self) -> DynamoStore {
         DynamoStore::new(self.dynamodb.clone(), self.name("StateTable"), self.name("OrdersTable"))
+    }
+
+    /// The services' health table.
+    pub fn book(&self) -> DynamoServiceBook {
+        DynamoServiceBook::new(self.dynamodb.clone(), self.name("ServicesTable"))
     }
 
     /// The template's agents, each with the logical id of the queue its function reads: every
@@ -285,8 +291,14 @@ type Store = DynamoStore;
 type Outbox = SqsOutbox;
 type Bus = EventBridgeBus;
 type Load = Gauges<DynamoWaits, SqsDepths>;
-type TestAgent =
-    Agent<HttpRemote<ManualClock>, Coalescing<Outbox>, ManualClock, SplitMix, DynamoWaits>;
+type TestAgent = Agent<
+    HttpRemote<ManualClock>,
+    Coalescing<Outbox>,
+    ManualClock,
+    SplitMix,
+    DynamoWaits,
+    DynamoServiceBook,
+>;
 
 /// The functions' default linger for batched sends.
 const LINGER: Duration = Duration::from_millis(sas_aws::settings::DEFAULT_SEND_LINGER_MS);
@@ -304,6 +316,8 @@ pub struct System {
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock, Load>,
+    /// Each service's health, as the agents and the supervisor keep it.
+    pub book: DynamoServiceBook,
     admin: Admin<Store, Outbox, Bus, ManualClock>,
     /// Whether a failed message comes back at once, as if its visibility timeout had passed.
     pub fast_redelivery: std::sync::atomic::AtomicBool,
@@ -382,20 +396,23 @@ impl System {
         let submission = system.submission(to_scheduler_outbox(), UuidIds);
         let scheduler_outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), agent_urls), LINGER);
         let scheduler = system.scheduler(scheduler_outbox, "scheduler/test");
-        let agents = agent_queues
-            .iter()
-            .map(|(agent, queue)| {
-                let remote =
-                    HttpRemote::with_clock(&remote.url, Duration::from_secs(5), clock.clone())
-                        .unwrap();
-                let own = Destination::Agent(agent.clone());
-                let urls = to_replies.clone().with(own, t.name(queue));
-                let outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), urls), LINGER);
-                let reporter = format!("agent-{agent}/test");
-                let a = system.agent(agent, remote, outbox, SplitMix::seeded(3), reporter);
-                (queue.clone(), a)
-            })
-            .collect();
+        let agents =
+            agent_queues
+                .iter()
+                .map(|(agent, queue)| {
+                    let remote =
+                        HttpRemote::with_clock(&remote.url, Duration::from_secs(5), clock.clone())
+                            .unwrap();
+                    let own = Destination::Agent(agent.clone());
+                    let urls = to_replies.clone().with(own, t.name(queue));
+                    let outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), urls), LINGER);
+                    let reporter = format!("agent-{agent}/test");
+                    let a = system
+                        .agent(agent, remote, outbox, SplitMix::seeded(3), reporter)
+                        .guarded(t.book(), agent.as_str(), config.hold);
+                    (queue.clone(), a)
+                })
+                .collect();
         let supervisor = system.supervisor(to_scheduler_outbox());
         // Named as operators name them: the scheduler's two queues, then each agent's.
         let names = SCHEDULER_QUEUES
@@ -421,6 +438,7 @@ impl System {
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
         };
         let status = StatusService::new(t.store());
+        let book = t.book();
         System {
             t,
             clock,
@@ -431,6 +449,7 @@ impl System {
             scheduler,
             agents,
             supervisor,
+            book,
             admin,
             fast_redelivery: Default::default(),
             proxy: None,
@@ -591,7 +610,7 @@ impl System {
     }
 
     pub async fn sweep(&self) -> SweepReport {
-        sas_supervisor::handle(&self.supervisor).await.unwrap()
+        sas_supervisor::handle(&self.supervisor, &self.book).await.unwrap()
     }
 
     pub async fn state(&self, id: OrderId) -> StateRecord {

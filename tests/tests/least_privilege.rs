@@ -43,6 +43,8 @@ use tokio::sync::Mutex;
 /// The payment service answers every charge with 503.
 const PAYMENT_OUTAGE: &str =
     r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"transient_rate":1.0}}}"#;
+const PAYMENT_DECLINES: &str =
+    r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"permanent_rate":1.0}}}"#;
 
 const REGION: &str = "us-east-1";
 
@@ -195,6 +197,22 @@ async fn process_state(stack: &LocalStack, id: &str) -> Option<String> {
     item.get("ProcessState").and_then(|v| v.as_s().ok()).cloned()
 }
 
+/// The service the order waits for, if it is held.
+async fn held_on(stack: &LocalStack, id: &str) -> Option<String> {
+    let clients = Clients::new(&stack.emulators, REGION).await;
+    let item = clients
+        .dynamodb
+        .get_item()
+        .table_name(stack.stack.reference("StateTable").unwrap())
+        .key("OrderId", AttributeValue::S(id.to_owned()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item?;
+    item.get("HeldOn").and_then(|v| v.as_s().ok()).cloned()
+}
+
 /// `template.yaml` with `old` replaced by `new` inside the resource `resource`, written where
 /// a stack can be started from it.
 fn template_without(resource: &str, old: &str, new: &str) -> PathBuf {
@@ -241,11 +259,23 @@ async fn orders_run_to_the_end_with_no_call_refused() {
         assert_eq!(status, 200, "GET {path}: {body}");
     }
 
-    // An outage fails an order: its leases expire, the supervisor retries, then compensates.
+    // An outage holds an order, which waits for the payment service and goes on, untouched by
+    // anyone, once the service is back: the supervisor sends it as the service's probe.
     put_faults(&http, &stack, PAYMENT_OUTAGE).await;
-    let failed = vec![submit(&http, &stack, "lp-outage").await];
+    let held = vec![submit(&http, &stack, "lp-outage").await];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while held_on(&stack, &held[0]).await.as_deref() != Some("payment") {
+        assert!(Instant::now() < deadline, "the order was never held:\n{}", stack.access());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    put_faults(&http, &stack, SOUND).await;
+    wait_for(&stack, &held, "Processed", 150).await;
+
+    // A refusal fails an order; once the service takes it again, an operator redrives it, and
+    // the dead letters of a queue.
+    put_faults(&http, &stack, PAYMENT_DECLINES).await;
+    let failed = vec![submit(&http, &stack, "lp-declined").await];
     wait_for(&stack, &failed, "Error", 120).await;
-    // The service is back: an operator redrives the order, and the dead letters of a queue.
     put_faults(&http, &stack, SOUND).await;
     let command = r#"{"command_id":"lp-redrive","reason":"payment service back"}"#;
     let path = format!("/admin/orders/{}/redrive", failed[0]);

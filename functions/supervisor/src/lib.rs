@@ -1,26 +1,41 @@
-//! The supervisor function's handler: one sweep of the expiry index per scheduled invocation.
+//! The supervisor function's handler: per scheduled invocation, one sweep of the expiry index,
+//! then the services tended (holds announced, the orders of a service open again resumed).
 
 pub mod settings;
 
 use sas_engine::load::LoadSource;
-use sas_engine::ports::{Clock, EventBus, ExpiryIndex, Outbox, StateStore};
+use sas_engine::ports::{Clock, EventBus, ExpiryIndex, HeldIndex, Outbox, ServiceBook, StateStore};
 use sas_engine::services::{Supervisor, SweepReport};
-use tracing::info;
+use tracing::{info, warn};
 
-/// Runs one sweep and returns its report (also logged). Fails only when no shard could be
-/// queried; records that failed individually stay expired for the next sweep.
-pub async fn handle<S, X, Q, B, C, L>(
+/// Runs one sweep, then tends the services of `book`, and returns the sweep's report (both are
+/// logged). Fails only when no shard could be queried; records that failed individually stay
+/// expired for the next sweep, and services that could not be tended are tended then.
+pub async fn handle<S, X, Q, B, C, L, G>(
     supervisor: &Supervisor<S, X, Q, B, C, L>,
+    book: &G,
 ) -> Result<SweepReport, sas_engine::Error>
 where
     S: StateStore,
-    X: ExpiryIndex,
+    X: ExpiryIndex + HeldIndex,
     Q: Outbox,
     B: EventBus,
     C: Clock,
     L: LoadSource,
+    G: ServiceBook,
 {
-    let report = supervisor.sweep().await?;
+    let swept = supervisor.sweep().await;
+    match supervisor.tend(book).await {
+        Ok(r) => info!(
+            held = r.held,
+            announced = r.announced,
+            resumed = r.resumed,
+            errors = r.errors,
+            "services tended"
+        ),
+        Err(e) => warn!(error = %e, "could not read the services' health"),
+    }
+    let report = swept?;
     info!(
         horizon_ms = report.horizon_ms,
         stalled = report.stalled.as_deref(),

@@ -2,6 +2,7 @@
 //! EventBridge schedule; the event's content is not used.
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
+use sas_aws::health::DynamoServiceBook;
 use sas_aws::settings::Env;
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
@@ -13,8 +14,9 @@ use sas_supervisor::settings::Settings;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let wiring = Wiring::start("supervisor").await;
-    let s = Settings::from_env(&Env::process())?;
+    let Settings { starter: s, services_table } = Settings::from_env(&Env::process())?;
     let store = wiring.store(&s.tables);
+    let book = DynamoServiceBook::new(wiring.dynamodb().clone(), services_table);
     let ports = Ports {
         store: store.clone(),
         outbox: wiring.outbox(QueueUrls::default().with(Destination::Scheduler, s.scheduler_queue)),
@@ -24,9 +26,9 @@ async fn main() -> Result<(), Error> {
         catalogue: s.engine.catalogue,
     };
     let supervisor = Supervisor::new(ports, store, wiring.gauges(&s.waits_table, s.queues));
-    let (supervisor, wiring) = (&supervisor, &wiring);
+    let (supervisor, wiring, book) = (&supervisor, &wiring, &book);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {
-        wiring.invocation(sas_supervisor::handle(supervisor)).await.map_err(Error::from)
+        wiring.invocation(sas_supervisor::handle(supervisor, book)).await.map_err(Error::from)
     }))
     .await
 }

@@ -69,7 +69,8 @@
 //! ```
 //!
 //! Everything else is the kit's: the request queue and its batches, retries with backoff
-//! within the step's budget, the reply (sent only while the lease holds, fenced by its attempt
+//! within the step's budget, the service held after passing faults in a row (its steps wait,
+//! answered `held`, and one probe at a time goes to it until it answers), the reply (sent only while the lease holds, fenced by its attempt
 //! number), requests sent again when a passing cause keeps them back, the wait reports the
 //! supervisor reads, traces, metrics and logs.
 
@@ -81,12 +82,13 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{LambdaEvent, service_fn};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_aws::clients;
+use sas_aws::health::DynamoServiceBook;
 use sas_aws::settings::{Env, reporter_name};
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::{Jitter, SystemClock};
 use sas_engine::load::WaitReporter;
 use sas_engine::message::Message;
-use sas_engine::ports::{Clock, Destination, Outbox, Random, WaitGauge};
+use sas_engine::ports::{Clock, Destination, Outbox, Random, ServiceBook, WaitGauge};
 use sas_engine::services::Agent;
 use sas_engine::{AgentName, Error};
 use tracing::{Span, info};
@@ -127,6 +129,11 @@ where
         s.config.agent_retry,
         own,
         waits,
+    )
+    .guarded(
+        DynamoServiceBook::new(wiring.dynamodb().clone(), s.services_table.clone()),
+        &s.name,
+        s.config.hold,
     );
     info!(agent = %s.name, "agent ready");
     let (agent, wiring) = (&agent, &wiring);
@@ -141,16 +148,17 @@ where
 /// `SendMessageBatch`; none waits longer than the linger for the others. A reply can therefore
 /// leave up to the linger after the agent checked CompleteBy; like any delay in delivery, that
 /// is harmless, because its attempt number, not the clock, decides whether it still counts.
-pub async fn handle<R, Q, C, X, W>(
-    agent: &Agent<R, Coalescing<Q>, C, X, W>,
+pub async fn handle<R, Q, C, X, W, G>(
+    agent: &Agent<R, Coalescing<Q>, C, X, W, G>,
     event: SqsEvent,
 ) -> SqsBatchResponse
 where
     R: RemoteService,
     Q: Outbox,
-    C: Clock,
+    C: Clock + Clone,
     X: Random,
     W: WaitGauge,
+    G: ServiceBook,
 {
     // A request kept back by a passing cause goes back to this agent's own queue.
     let home = |m: &Message| matches!(m, Message::Request(_)).then(|| agent.queue().clone());

@@ -1,7 +1,7 @@
 //! What every agent reads from its environment at cold start, whatever its service: its name
 //! (`AGENT_NAME`), its own queue (found by its name, where a request kept back by a passing
-//! cause is sent again), the reply queue, the wait reports' table, the engine's tunables and
-//! the send linger.
+//! cause is sent again), the reply queue, the wait reports' table, the services' health table,
+//! the engine's tunables and the send linger.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +24,8 @@ pub struct AgentSettings {
     pub own_queue: String,
     /// The table the queues' waits are reported to (`QUEUE_WAITS_TABLE`).
     pub waits_table: String,
+    /// Where its service's health is kept (`SERVICES_TABLE`).
+    pub services_table: String,
     /// How long a reply may wait for others to share a send (`SEND_LINGER_MS`).
     pub linger: Duration,
 }
@@ -38,6 +40,7 @@ impl AgentSettings {
             name,
             reply_queue: env.required("REPLY_QUEUE_URL")?,
             waits_table: env.required("QUEUE_WAITS_TABLE")?,
+            services_table: env.required("SERVICES_TABLE")?,
             linger: env.send_linger()?,
         })
     }
@@ -54,6 +57,7 @@ mod tests {
                 ("AGENT_NAME", "payment"),
                 ("REPLY_QUEUE_URL", "https://q/replies"),
                 ("QUEUE_WAITS_TABLE", "waits"),
+                ("SERVICES_TABLE", "services"),
             ];
             Env::from_pairs(base.into_iter().chain(extra.iter().copied()))
         };

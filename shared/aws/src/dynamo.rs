@@ -23,6 +23,11 @@
 //! with `AttentionStep` and `CauseKind` projected for filtering. Entering costs one index write
 //! and leaving one; orders that never fail never enter it.
 //!
+//! A third sparse index, `ByHeldService`, holds only the orders that wait for a held service:
+//! such an item carries `HeldOn` (S, the service's agent) and `HeldSince` (N), keys only. An
+//! order enters it when its step is held and leaves it when the step resumes, so a waiting
+//! order costs nothing per sweep, and a service that opens finds its orders without a scan.
+//!
 //! Orders table, key `OrderId` (S): `IdempotencyKey` (S), `Order` (S, JSON), `CreatedAt` (N).
 //!
 //! # Writes
@@ -43,8 +48,8 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 use sas_engine::ports::{
-    Created, Expected, ExpiryIndex, IndexEntry, ListPage, ListQuery, Listed, Listing, OrderFinder,
-    OrderRecord, Read, Saved, StateStore, check_write,
+    Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
+    OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -57,6 +62,8 @@ const SERVICE: &str = "dynamodb";
 pub const EXPIRY_INDEX: &str = "ByCompleteBy";
 /// Name of the index of orders needing an operator.
 pub const ATTENTION_INDEX: &str = "ByAttention";
+/// Name of the index of orders waiting for a held service.
+pub const HELD_INDEX: &str = "ByHeldService";
 
 /// A DynamoDB item.
 pub type Item = HashMap<String, AttributeValue>;
@@ -202,6 +209,61 @@ impl ExpiryIndex for DynamoStore {
     async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
         let watched = self.watched(shard, None, Some(due_by)).await?;
         Ok(watched.into_iter().map(|(created, _)| created).min())
+    }
+}
+
+impl HeldIndex for DynamoStore {
+    async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
+        let mut found = Vec::new();
+        let mut start = None;
+        while found.len() < limit {
+            let page = i32::try_from((limit - found.len()).min(1000)).unwrap_or(1000);
+            let out = self
+                .client
+                .query()
+                .table_name(&self.state_table)
+                .index_name(HELD_INDEX)
+                .key_condition_expression("HeldOn = :s")
+                .expression_attribute_values(":s", AttributeValue::S(service.to_owned()))
+                .limit(page)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            for item in out.items() {
+                let raw = string(item, "OrderId")?;
+                found.push(raw.parse().map_err(|_| corrupt_index(raw))?);
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    async fn count_held(&self, service: &str) -> Result<u64> {
+        let mut count = 0;
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.state_table)
+                .index_name(HELD_INDEX)
+                .key_condition_expression("HeldOn = :s")
+                .expression_attribute_values(":s", AttributeValue::S(service.to_owned()))
+                .select(aws_sdk_dynamodb::types::Select::Count)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            count += u64::try_from(out.count).unwrap_or(0);
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(count);
+            }
+        }
     }
 }
 
@@ -487,6 +549,10 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         // Listings show an order's workflow, and filter on it, from the index alone.
         item.insert("Workflow".into(), AttributeValue::S(r.workflow.clone()));
         item.insert("WorkflowVersion".into(), number(r.workflow_version));
+    }
+    if let Some(held) = r.held_on() {
+        item.insert("HeldOn".into(), AttributeValue::S(held.service.clone()));
+        item.insert("HeldSince".into(), number(held.since.as_millis()));
     }
     item.insert("Body".into(), AttributeValue::S(body.to_string()));
     Ok(item)

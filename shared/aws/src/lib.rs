@@ -10,6 +10,7 @@
 //! # Layout
 //!
 //! - [`dynamo`]: the state store, the orders table and the expiry index.
+//! - [`health`]: each service's record (open or held), kept by its agent.
 //! - [`sqs`]: sending messages; [`batch`]: consuming an SQS batch with partial failures;
 //!   [`depths`]: how many messages each queue holds.
 //! - [`dead_letters`]: the dead-letter queues, read and moved back by operators.
@@ -29,6 +30,7 @@ pub mod depths;
 pub mod dynamo;
 mod errors;
 pub mod eventbridge;
+pub mod health;
 pub mod http;
 pub mod settings;
 pub mod signing;
