@@ -30,7 +30,7 @@ use sas_engine::memory::{ManualClock, SplitMix};
 use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
 use sas_engine::services::{
-    Agent, Assembly, Scheduler, StatusService, Submission, Supervisor, SweepReport,
+    Agent, Assembly, Scheduler, ServiceDesk, StatusService, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
@@ -318,7 +318,7 @@ pub struct System {
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock, Load>,
     /// Each service's health, as the agents and the supervisor keep it.
     pub book: DynamoServiceBook,
-    admin: Admin<Store, Outbox, Bus, ManualClock>,
+    admin: Admin<Store, Outbox, Bus, ManualClock, DynamoServiceBook>,
     /// Whether a failed message comes back at once, as if its visibility timeout had passed.
     pub fast_redelivery: std::sync::atomic::AtomicBool,
     /// The proxy between the system and moto, when started with [`System::behind_proxy`].
@@ -434,6 +434,12 @@ impl System {
             operator: system.operator(to_scheduler_outbox()),
             finder: t.store(),
             clock: clock.clone(),
+            desk: ServiceDesk {
+                book: t.book(),
+                index: t.store(),
+                clock: clock.clone(),
+                agents: agent_names.clone(),
+            },
             shards: config.index_shards,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
         };

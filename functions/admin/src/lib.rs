@@ -14,6 +14,8 @@
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue |
+//! | `GET /admin/services` | each service: open or held (since when, why, by whom, probing), orders waiting |
+//! | `POST /admin/services/{agent}/{hold\|release}` | holds a service by hand, or releases it: `{"reason"}` |
 
 pub mod settings;
 
@@ -25,8 +27,12 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
 use sas_engine::machine::Refused;
-use sas_engine::ports::{Clock, EventBus, ListQuery, Listing, OrderFinder, Outbox, StateStore};
-use sas_engine::services::{Applied, Command, Commanded, Operator, StatusService};
+use sas_engine::ports::{
+    Clock, EventBus, HeldIndex, ListQuery, Listing, OrderFinder, Outbox, ServiceBook, StateStore,
+};
+use sas_engine::services::{
+    Applied, Command, Commanded, DeskRefusal, Operator, ServiceDesk, StatusService,
+};
 use sas_engine::state::CommandKind;
 use sas_engine::{Error, OrderId};
 use serde::Deserialize;
@@ -47,7 +53,7 @@ const COPY_BUDGET: Duration = Duration::from_secs(20);
 
 /// What the admin API works with.
 #[derive(Debug)]
-pub struct Admin<S, Q, B, C> {
+pub struct Admin<S, Q, B, C, G> {
     pub status: StatusService<S>,
     pub operator: Operator<S, Q, B, C>,
     pub finder: S,
@@ -55,6 +61,15 @@ pub struct Admin<S, Q, B, C> {
     /// Partitions of the expiry index, which an in-flight listing reads.
     pub shards: u16,
     pub dead_letters: DeadLetters,
+    /// The services, their holds, and the orders waiting for them.
+    pub desk: ServiceDesk<G, S, C>,
+}
+
+/// A hold's or release's body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceBody {
+    reason: String,
 }
 
 /// A command's body.
@@ -68,12 +83,13 @@ struct CommandBody {
 }
 
 /// Handles one request routed to `/admin/...`.
-pub async fn handle<S, Q, B, C>(admin: &Admin<S, Q, B, C>, request: Request) -> Response<Body>
+pub async fn handle<S, Q, B, C, G>(admin: &Admin<S, Q, B, C, G>, request: Request) -> Response<Body>
 where
-    S: StateStore + OrderFinder,
+    S: StateStore + OrderFinder + HeldIndex,
     Q: Outbox,
     B: EventBus,
     C: Clock,
+    G: ServiceBook,
 {
     // Only a named principal may act: the anonymous caller of a route left without its
     // authorizer by mistake changes nothing.
@@ -142,11 +158,21 @@ where
                 Err(e) => failure(&e),
             }
         }
+        (Method::GET, ["admin", "services"]) => match admin.desk.list().await {
+            Ok(services) => api::json(StatusCode::OK, &json!({ "services": services })),
+            Err(e) => failure(&e),
+        },
+        (Method::POST, ["admin", "services", service, verb @ ("hold" | "release")]) => {
+            service_command(admin, service, verb, &caller, request.body()).await
+        }
         _ => api::error(StatusCode::NOT_FOUND, "not_found", "no such admin route", json!({})),
     }
 }
 
-async fn list<S, Q, B, C>(admin: &Admin<S, Q, B, C>, query: &HashMap<&str, &str>) -> Response<Body>
+async fn list<S, Q, B, C, G>(
+    admin: &Admin<S, Q, B, C, G>,
+    query: &HashMap<&str, &str>,
+) -> Response<Body>
 where
     S: StateStore + OrderFinder,
     C: Clock,
@@ -220,7 +246,7 @@ where
     }
 }
 
-async fn show<S, Q, B, C>(admin: &Admin<S, Q, B, C>, id: &str) -> Response<Body>
+async fn show<S, Q, B, C, G>(admin: &Admin<S, Q, B, C, G>, id: &str) -> Response<Body>
 where
     S: StateStore,
 {
@@ -237,8 +263,8 @@ where
     }
 }
 
-async fn order_command<S, Q, B, C>(
-    admin: &Admin<S, Q, B, C>,
+async fn order_command<S, Q, B, C, G>(
+    admin: &Admin<S, Q, B, C, G>,
     id: &str,
     command: &str,
     caller: &str,
@@ -313,6 +339,46 @@ where
     }
 }
 
+/// A hold or a release of a service, recorded with the caller and the reason given.
+async fn service_command<S, Q, B, C, G>(
+    admin: &Admin<S, Q, B, C, G>,
+    service: &str,
+    verb: &str,
+    caller: &str,
+    body: &Body,
+) -> Response<Body>
+where
+    S: HeldIndex,
+    C: Clock,
+    G: ServiceBook,
+{
+    let bytes = api::body_bytes(body);
+    if bytes.len() > MAX_BODY_BYTES {
+        return bad_request(&format!("the body must be at most {MAX_BODY_BYTES} bytes"));
+    }
+    let body: ServiceBody = match serde_json::from_slice(bytes) {
+        Ok(b) => b,
+        Err(e) => return bad_request(&format!("the body must be {{\"reason\"}}: {e}")),
+    };
+    if body.reason.trim().is_empty() {
+        return bad_request("a reason is required: it is recorded with the hold or release");
+    }
+    let done = match verb {
+        "hold" => admin.desk.hold(service, caller, &body.reason).await,
+        _ => admin.desk.release(service, caller, &body.reason).await,
+    };
+    match done {
+        Ok(Ok(view)) => api::json(StatusCode::OK, &json!({ "service": view })),
+        Ok(Err(refused @ DeskRefusal::Unknown { .. })) => {
+            api::error(StatusCode::NOT_FOUND, refused.code(), &refused.to_string(), json!({}))
+        }
+        Ok(Err(refused)) => {
+            api::error(StatusCode::CONFLICT, refused.code(), &refused.to_string(), json!({}))
+        }
+        Err(e) => failure(&e),
+    }
+}
+
 /// 409: the command does not fit the order's state; nothing was written.
 fn refusal(state: &str, refused: &Refused) -> Response<Body> {
     api::error(
@@ -340,7 +406,7 @@ fn number(
     }
 }
 
-fn unknown_queue<S, Q, B, C>(admin: &Admin<S, Q, B, C>, queue: &str) -> Response<Body> {
+fn unknown_queue<S, Q, B, C, G>(admin: &Admin<S, Q, B, C, G>, queue: &str) -> Response<Body> {
     api::error(
         StatusCode::NOT_FOUND,
         "not_found",

@@ -5,12 +5,13 @@ use sas_admin::Admin;
 use sas_admin::settings::Settings;
 use sas_aws::clients;
 use sas_aws::dead_letters::DeadLetters;
+use sas_aws::health::DynamoServiceBook;
 use sas_aws::settings::Env;
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
 use sas_engine::ports::Destination;
-use sas_engine::services::{Operator, Ports, StatusService};
+use sas_engine::services::{Operator, Ports, ServiceDesk, StatusService};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -29,8 +30,14 @@ async fn main() -> Result<(), Error> {
             config: s.engine.config.clone(),
             catalogue: s.engine.catalogue,
         }),
-        finder: store,
+        finder: store.clone(),
         clock: SystemClock,
+        desk: ServiceDesk {
+            book: DynamoServiceBook::new(wiring.dynamodb().clone(), s.services_table),
+            index: store,
+            clock: SystemClock,
+            agents: s.engine.agents.clone(),
+        },
         shards: s.engine.config.index_shards,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };

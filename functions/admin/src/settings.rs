@@ -11,6 +11,8 @@ pub struct Settings {
     pub scheduler_queue: String,
     pub bus: String,
     pub dead_letter_queues: Vec<DeadLetterQueue>,
+    /// Each service's health (`SERVICES_TABLE`).
+    pub services_table: String,
 }
 
 impl Settings {
@@ -21,6 +23,7 @@ impl Settings {
             scheduler_queue: env.required("SCHEDULER_QUEUE_URL")?,
             bus: env.required("EVENT_BUS_NAME")?,
             dead_letter_queues: env.dead_letter_queues(&engine.agents)?,
+            services_table: env.required("SERVICES_TABLE")?,
             engine,
         })
     }

@@ -7,6 +7,7 @@
 
 mod agent;
 mod assembly;
+mod desk;
 mod effects;
 mod guard;
 mod operator;
@@ -17,6 +18,7 @@ mod supervisor;
 
 pub use agent::{Agent, AgentOutcome};
 pub use assembly::Assembly;
+pub use desk::{DeskRefusal, ServiceDesk, ServiceView};
 pub use effects::Ports;
 pub use guard::{Admission, FRESH, Guard, NoBook};
 pub use operator::{Answering, Applied, Command, Commanded, Operator};
