@@ -156,89 +156,91 @@ async fn the_stack_stopped_under_load_leaves_no_function_panicking() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orders_failed_by_a_long_outage_are_redriven_with_the_cli_once_it_is_over() {
+async fn orders_held_by_a_long_outage_wait_for_it_and_the_cli_shows_and_steers_the_hold() {
     let _turn = TURN.lock().await;
     // The payment service answers every charge with 503 until the outage is over.
     let outage =
         r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"transient_rate":1.0}}}"#;
-    let stack = start("e2e-redrive", outage, 2).await;
+    let stack = start("e2e-held", outage, 2).await;
     let http = reqwest::Client::new();
     let mut ids = Vec::new();
     for i in 0..6 {
         ids.push(submit(&http, &stack.api_url, &format!("e2e-outage-{i}")).await);
     }
-    let states = wait_for(&http, &stack, &ids, &["Processed", "Error"], 120).await;
-    assert!(states.values().all(|s| s == "Error"), "before the redrive: {states:?}");
-    for id in &ids {
-        // Compensated: the reservation was released, nothing was charged.
-        assert_eq!(
-            effects(&ledger(&http, &stack).await, id),
-            ["reserve-inventory", "release-inventory"]
-        );
-    }
 
     // Requests signed with another secret key are refused, as API Gateway refuses them.
-    let forged = sas_with_secret(&stack, "not-the-key", &["list", "failed"]);
+    let forged = sas_with_secret(&stack, "not-the-key", &["services"]);
     assert!(!forged.status.success() && text(&forged).contains("403"), "{}", text(&forged));
 
-    // The operator finds them, sees the outage is over, and redrives them all.
-    let listed = sas(&stack, &["list", "failed", "--step", "charge-payment", "-o", "json"]);
-    assert!(listed.status.success(), "{}", text(&listed));
-    let page: Value = serde_json::from_slice(&listed.stdout).unwrap();
-    let mut failed: Vec<&str> = page["orders"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["order_id"].as_str().unwrap())
-        .collect();
-    failed.sort_unstable();
-    let mut expected: Vec<&str> = ids.iter().map(String::as_str).collect();
-    expected.sort_unstable();
-    assert_eq!(failed, expected);
+    // The agent holds its service: the orders wait for it, with nothing undone, where the
+    // leases of the orders would otherwise have run out (the failure threshold is 2).
+    let payment = |stack: &LocalStack| {
+        let listed = sas(stack, &["services", "-o", "json"]);
+        assert!(listed.status.success(), "{}", text(&listed));
+        let page: Value = serde_json::from_slice(&listed.stdout).unwrap();
+        let services = page["services"].as_array().unwrap().clone();
+        services.into_iter().find(|s| s["service"] == "payment").unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let service = payment(&stack);
+        if service["state"] == "held" && service["waiting"] == 6 {
+            assert_eq!(service["probing"], true, "{service}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the orders never all waited: {service}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let states = wait_for(&http, &stack, &ids, &["Pending"], 10).await;
+    assert!(states.values().all(|s| s == "Pending"), "while held: {states:?}");
+    let ledger_now = ledger(&http, &stack).await;
+    for id in &ids {
+        assert_eq!(effects(&ledger_now, id), ["reserve-inventory"], "nothing undone");
+    }
+    let table = sas(&stack, &["services"]);
+    println!("{}", text(&table));
+    assert!(text(&table).contains("held, probing"), "{}", text(&table));
 
-    put_faults(&http, &stack, SOUND).await;
-    let redriven = sas(
-        &stack,
-        &[
-            "redrive",
-            "--select",
-            "failed",
-            "--step",
-            "charge-payment",
-            "--reason",
-            "payment provider back",
-            "--yes",
-            "--rate",
-            "50",
-        ],
+    // An operator takes the hold over for a maintenance window: no probe goes, so the orders
+    // wait even once the service answers again, until the operator releases it.
+    let held = sas(&stack, &["hold", "payment", "--reason", "provider maintenance"]);
+    assert!(held.status.success(), "{}", text(&held));
+    let service = payment(&stack);
+    assert_eq!(service["held_by"], "arn:aws:iam::123456789012:user/ops-e2e", "{service}");
+    assert_eq!(
+        (service["probing"].clone(), service["reason"].clone()),
+        (json!(false), json!("provider maintenance"))
     );
-    println!("{}", text(&redriven));
-    assert!(redriven.status.success(), "{}", text(&redriven));
+    put_faults(&http, &stack, SOUND).await;
+    // Several sweeps (one a second here) pass, and nothing moves.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let states = wait_for(&http, &stack, &ids, &["Pending"], 1).await;
+    assert!(states.values().all(|s| s == "Pending"), "held by the operator: {states:?}");
+
+    let released = sas(&stack, &["release", "payment", "--reason", "maintenance over"]);
+    println!("{}", text(&released));
+    assert!(released.status.success(), "{}", text(&released));
+    let again = sas(&stack, &["release", "payment", "--reason", "twice"]);
+    assert!(
+        !again.status.success() && text(&again).contains("no hold to release"),
+        "{}",
+        text(&again)
+    );
 
     let states = wait_for(&http, &stack, &ids, &["Processed", "Error", "Cancelled"], 120).await;
-    assert!(states.values().all(|s| s == "Processed"), "after the redrive: {states:?}");
+    assert!(states.values().all(|s| s == "Processed"), "after the release: {states:?}");
     let ledger = ledger(&http, &stack).await;
     assert_eq!(ledger["max_applications"], 1, "a remote effect was applied twice");
     assert_effects_match(&ledger, &FAST_WORKFLOW, &states);
     for id in &ids {
-        // The released reservation is made again (under a new key), then the order goes on.
-        assert_eq!(
-            effects(&ledger, id),
-            [
-                "reserve-inventory",
-                "release-inventory",
-                "reserve-inventory",
-                "charge-payment",
-                "ship"
-            ]
-        );
+        // The same keys throughout: charged once, after the wait, and nothing was undone.
+        assert_eq!(effects(&ledger, id), ["reserve-inventory", "charge-payment", "ship"]);
         let view = operator_view(&stack, id);
-        let redrive =
-            view["commands"].as_array().unwrap().iter().find(|c| c["command"] == "redrive");
-        let redrive = redrive.unwrap_or_else(|| panic!("no redrive recorded: {view}"));
-        assert_eq!(redrive["by"], "arn:aws:iam::123456789012:user/ops-e2e", "{view}");
-        assert_eq!(redrive["reason"], "payment provider back", "{view}");
+        assert_eq!(view["failure_count"], 0, "{view}");
     }
+    let service = payment(&stack);
+    assert_eq!((service["state"].clone(), service["waiting"].clone()), (json!("open"), json!(0)));
+    assert_eq!(service["released"]["by"], "arn:aws:iam::123456789012:user/ops-e2e", "{service}");
     let left = sas(&stack, &["list", "failed", "-o", "json"]);
     let page: Value = serde_json::from_slice(&left.stdout).unwrap();
     assert_eq!(page["orders"], json!([]), "{page}");

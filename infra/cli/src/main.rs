@@ -97,6 +97,25 @@ enum Verb {
         #[arg(long)]
         reason: String,
     },
+    /// Each service: open, or held (since when, why, by whom; probed, if its agent held it),
+    /// and how many orders wait for it.
+    Services,
+    /// Hold a service by hand (a maintenance window): its agent calls it no more and its orders
+    /// wait, without failing, until it is released (recorded with who you are and why).
+    Hold {
+        /// The agent of the service.
+        agent: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Release a held service, whoever held it: the orders that waited for it go on, at the
+    /// stack's pace.
+    Release {
+        /// The agent of the service.
+        agent: String,
+        #[arg(long)]
+        reason: String,
+    },
     /// Dead-letter queues: messages no handler could process.
     Dlq {
         #[command(subcommand)]
@@ -249,8 +268,46 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             let body = json!({ "reason": reason });
             answer(&api, &order_id, &step, "refuse", &body, json_out).await
         }
+        Verb::Services => {
+            let answer = api.get("/admin/services").await?;
+            if json_out {
+                print_json(&answer);
+            } else {
+                print!("{}", render::services(&answer));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Verb::Hold { agent, reason } => {
+            service_command(&api, &agent, "hold", &reason, json_out).await
+        }
+        Verb::Release { agent, reason } => {
+            service_command(&api, &agent, "release", &reason, json_out).await
+        }
         Verb::Dlq { command } => dead_letters(&api, command, json_out).await,
     }
+}
+
+/// Holds or releases (`verb`) the service of `agent`.
+async fn service_command(
+    api: &Api,
+    agent: &str,
+    verb: &str,
+    reason: &str,
+    json_out: bool,
+) -> Result<ExitCode, CliError> {
+    let path = format!("/admin/services/{}/{verb}", encode(agent));
+    let answer = api.post(&path, &json!({ "reason": reason })).await?;
+    if json_out {
+        print_json(&answer);
+    } else {
+        let service = &answer["service"];
+        let waiting = service["waiting"].as_u64().unwrap_or(0);
+        match service["state"].as_str() {
+            Some("held") => println!("{agent}: held; {waiting} orders wait for it"),
+            _ => println!("{agent}: open; the {waiting} orders that waited go on"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Answers step `step` of order `id` (`verb`: complete or refuse) for the party outside.

@@ -28,6 +28,35 @@ pub fn cell(value: &Value, key: &str) -> String {
     value.get(key).and_then(Value::as_str).unwrap_or("-").to_owned()
 }
 
+/// `sas services`: one line per service.
+pub fn services(answer: &Value) -> String {
+    let services = answer["services"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let rows: Vec<Vec<String>> = services
+        .iter()
+        .map(|s| {
+            let state = match (s["state"].as_str(), s["probing"].as_bool()) {
+                (Some("held"), Some(true)) => "held, probing".to_owned(),
+                (Some(state), _) => state.to_owned(),
+                (None, _) => "-".to_owned(),
+            };
+            let by = match (s["state"].as_str(), s["held_by"].as_str()) {
+                (Some("held"), Some(by)) => by.to_owned(),
+                (Some("held"), None) => "its agent".to_owned(),
+                _ => "-".to_owned(),
+            };
+            vec![
+                cell(s, "service"),
+                state,
+                time(&s["held_since"]),
+                by,
+                cell(s, "reason"),
+                s["waiting"].to_string(),
+            ]
+        })
+        .collect();
+    table(&["service", "state", "since", "by", "why", "waiting"], &rows)
+}
+
 /// An order's workflow and the version it runs: `order-fulfilment v2`.
 pub fn workflow(value: &Value) -> String {
     match value.get("workflow_version").and_then(Value::as_u64) {
@@ -140,6 +169,7 @@ fn lease(step: &Value) -> String {
         let until = time(&waiting["until"]);
         return match waiting.get("for").and_then(Value::as_str) {
             Some("answer") => format!("for an answer from outside, due {until}"),
+            Some("service") => format!("for its service, which is held; fails at {until}"),
             _ => format!("waits until {until}"),
         };
     }
@@ -192,6 +222,11 @@ fn describe_cause(cause: &Value, view: &Value) -> String {
         ),
         "unknown_step" => format!("the workflow no longer has step {step}"),
         "cancelled" => format!("cancelled by {}: {}", cell(cause, "by"), cell(cause, "reason")),
+        "service_held_too_long" => format!(
+            "{step} waited {} min for {}, which stayed held",
+            cause.get("held_s").and_then(Value::as_u64).unwrap_or(0) / 60,
+            cell(cause, "service")
+        ),
         other => other.to_owned(),
     }
 }
@@ -323,5 +358,26 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn services_read_as_one_line_each_with_who_held_them() {
+        let answer = serde_json::json!({"services": [
+            {"service": "payment", "state": "held", "probing": true, "held_since": 1_772_359_200_000_i64,
+             "reason": "5 passing faults in a row, the last: 503", "waiting": 61},
+            {"service": "shipping", "state": "held", "probing": false, "held_since": "2026-03-01T09:00:00Z",
+             "held_by": "arn:ops", "reason": "carrier maintenance", "waiting": 3},
+            {"service": "inventory", "state": "open", "probing": false, "waiting": 0}
+        ]});
+        let printed = services(&answer);
+        let lines: Vec<&str> = printed.lines().collect();
+        assert!(lines[1].contains("payment") && lines[1].contains("held, probing"), "{printed}");
+        assert!(lines[1].contains("its agent") && lines[1].contains("61"), "{printed}");
+        assert!(lines[1].contains("2026-03-01 10:00:00"), "{printed}");
+        assert!(
+            lines[2].contains("arn:ops") && lines[2].contains("carrier maintenance"),
+            "{printed}"
+        );
+        assert!(lines[3].contains("open"), "{printed}");
     }
 }
