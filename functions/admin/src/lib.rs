@@ -44,6 +44,8 @@ pub const DEFAULT_PAGE: usize = 25;
 pub const MAX_PAGE: usize = 100;
 /// Longest step or cause filter accepted.
 const MAX_FILTER_LEN: usize = 64;
+/// Longest reason a hold or release may give.
+const MAX_REASON_CHARS: usize = 300;
 /// Largest command body accepted.
 const MAX_BODY_BYTES: usize = 4 * 1024;
 /// Most dead letters one redrive call copies where SQS's move task is not available, and the
@@ -162,7 +164,7 @@ where
             Ok(services) => api::json(StatusCode::OK, &json!({ "services": services })),
             Err(e) => failure(&e),
         },
-        (Method::POST, ["admin", "services", service, verb @ ("hold" | "release")]) => {
+        (Method::POST, ["admin", "services", service, verb]) => {
             service_command(admin, service, verb, &caller, request.body()).await
         }
         _ => api::error(StatusCode::NOT_FOUND, "not_found", "no such admin route", json!({})),
@@ -352,6 +354,9 @@ where
     C: Clock,
     G: ServiceBook,
 {
+    if !matches!(verb, "hold" | "release") {
+        return bad_request(&format!("{verb:?}: a service is held (hold) or released (release)"));
+    }
     let bytes = api::body_bytes(body);
     if bytes.len() > MAX_BODY_BYTES {
         return bad_request(&format!("the body must be at most {MAX_BODY_BYTES} bytes"));
@@ -360,8 +365,10 @@ where
         Ok(b) => b,
         Err(e) => return bad_request(&format!("the body must be {{\"reason\"}}: {e}")),
     };
-    if body.reason.trim().is_empty() {
-        return bad_request("a reason is required: it is recorded with the hold or release");
+    if body.reason.trim().is_empty() || body.reason.chars().count() > MAX_REASON_CHARS {
+        return bad_request(&format!(
+            "a reason of 1 to {MAX_REASON_CHARS} characters is required: it is recorded with the hold or release"
+        ));
     }
     let done = match verb {
         "hold" => admin.desk.hold(service, caller, &body.reason).await,
