@@ -4,9 +4,9 @@
 //! There is one [`ServiceRecord`] per service (one agent, one service), whatever the number of
 //! orders and of the agent's executions. Each method here is pure: it returns the record to
 //! write, or `None` when nothing changes, and every write is conditional on the version that
-//! was read ([`ServiceBook::save`](crate::ports::ServiceBook::save)). The normal path writes
-//! nothing: a call that succeeds on an open service with no faults counted leaves the record
-//! alone.
+//! was read ([`ServiceBook::save`](crate::ports::ServiceBook::save)). Each execution counts
+//! the faults it meets in a row itself ([`Streak`]) and writes only the hold they make: the
+//! normal path, faults that pass included, writes nothing.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,12 +24,7 @@ pub struct ServiceRecord {
     /// Set while the service is held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<Hold>,
-    /// Passing faults in a row while open, and when the first of them came.
-    #[serde(default)]
-    pub faults: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub faults_since: Option<Timestamp>,
-    /// The last passing fault seen, for operators.
+    /// The passing fault that made the agent's last hold, for operators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_fault: Option<String>,
     /// How the last hold ended, for operators.
@@ -78,8 +73,6 @@ impl ServiceRecord {
             service: service.to_owned(),
             version: 0,
             held: None,
-            faults: 0,
-            faults_since: None,
             last_fault: None,
             released: None,
             unannounced: false,
@@ -91,12 +84,12 @@ impl ServiceRecord {
         ServiceRecord { version: self.version + 1, changed_at: now, ..self.clone() }
     }
 
-    /// A passing fault of a call to the open service: counted, and the service held once the
-    /// faults in a row reach the policy's count within its window. A fault of a probe, or of
-    /// a call that started before the hold, changes nothing.
-    pub fn fault(
+    /// The agent holds the open service after `faults` passing faults in a row, the last for
+    /// `reason`. `None` if it is held already.
+    pub fn hold(
         &self,
         now: Timestamp,
+        faults: u32,
         reason: &str,
         policy: &HoldPolicy,
     ) -> Option<ServiceRecord> {
@@ -104,42 +97,24 @@ impl ServiceRecord {
             return None;
         }
         let mut next = self.next(now);
-        let fresh = self.faults_since.is_none_or(|t| t.plus(policy.window) < now);
-        if fresh {
-            next.faults = 1;
-            next.faults_since = Some(now);
-        } else {
-            next.faults += 1;
-        }
         next.last_fault = Some(truncate(reason, MAX_REASON_LEN));
-        if next.faults >= policy.after_failures {
-            let reason = format!("{} passing faults in a row, the last: {reason}", next.faults);
-            next.held = Some(Hold {
-                since: now,
-                reason: truncate(&reason, MAX_REASON_LEN),
-                by: None,
-                next_probe: now.plus(policy.probe_every),
-                probes: 0,
-            });
-            next.faults = 0;
-            next.faults_since = None;
-            next.unannounced = true;
-        }
+        let reason = format!("{faults} passing faults in a row, the last: {reason}");
+        next.held = Some(Hold {
+            since: now,
+            reason: truncate(&reason, MAX_REASON_LEN),
+            by: None,
+            next_probe: now.plus(policy.probe_every),
+            probes: 0,
+        });
+        next.unannounced = true;
         Some(next)
     }
 
     /// A call that got an answer (done, or refused for good: either way the service works).
-    /// On an open service with no fault counted, nothing is written; a probe's success ends
-    /// its agent's hold.
+    /// A probe's answer ends its agent's hold; any other changes nothing.
     pub fn answered(&self, now: Timestamp, probe: bool) -> Option<ServiceRecord> {
         match &self.held {
-            None if self.faults == 0 => None,
-            None => {
-                let mut next = self.next(now);
-                next.faults = 0;
-                next.faults_since = None;
-                Some(next)
-            }
+            None => None,
             Some(hold) if hold.by.is_none() && probe => {
                 let mut next = self.next(now);
                 next.released = Some(Release {
@@ -185,8 +160,6 @@ impl ServiceRecord {
             next_probe: now,
             probes: self.held.as_ref().map_or(0, |h| h.probes),
         });
-        next.faults = 0;
-        next.faults_since = None;
         next.unannounced = true;
         Some(next)
     }
@@ -212,6 +185,30 @@ impl ServiceRecord {
     }
 }
 
+/// The passing faults one execution met in a row, within the policy's window of the first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Streak {
+    faults: u32,
+    since: Option<Timestamp>,
+}
+
+impl Streak {
+    /// Counts a fault at `now`, and returns the faults in a row: a fault after a quieter spell
+    /// than the window starts the count again.
+    pub fn fault(&mut self, now: Timestamp, policy: &HoldPolicy) -> u32 {
+        match self.since {
+            Some(first) if first.plus(policy.window) >= now => self.faults += 1,
+            _ => *self = Streak { faults: 1, since: Some(now) },
+        }
+        self.faults
+    }
+
+    /// An answer ends the streak.
+    pub fn clear(&mut self) {
+        *self = Streak::default();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -224,44 +221,41 @@ mod tests {
         T0.plus(Duration::from_secs(s))
     }
 
+    fn held(policy: &HoldPolicy) -> ServiceRecord {
+        ServiceRecord::open("payment", T0).hold(at(4), 5, "503", policy).unwrap()
+    }
+
     #[test]
-    fn faults_in_a_row_within_the_window_hold_the_service_and_an_answer_starts_the_count_again() {
+    fn faults_in_a_row_within_the_window_make_a_streak_and_an_answer_ends_it() {
         let policy = HoldPolicy::default();
-        let mut r = ServiceRecord::open("payment", T0);
-        for s in 0..4 {
-            r = r.fault(at(s), "503", &policy).unwrap();
-            assert!(r.held.is_none());
-        }
-        let answered = r.answered(at(4), false).unwrap();
-        assert_eq!((answered.faults, answered.version), (0, 5));
-        // Nothing to write once the count is clear: the normal path costs nothing.
-        assert_eq!(answered.answered(at(5), false), None);
-
+        let mut streak = Streak::default();
+        let counts: Vec<u32> = (0..4).map(|s| streak.fault(at(s), &policy)).collect();
+        assert_eq!(counts, [1, 2, 3, 4]);
+        streak.clear();
+        assert_eq!(streak.fault(at(5), &policy), 1);
         // Faults spread wider than the window do not add up.
-        let mut r = ServiceRecord::open("payment", T0);
-        for s in [0, 61, 122, 183, 244] {
-            r = r.fault(at(s), "503", &policy).unwrap();
-        }
-        assert_eq!((r.faults, r.held.is_none()), (1, true));
+        let mut streak = Streak::default();
+        let counts: Vec<u32> = [0, 61, 122].iter().map(|s| streak.fault(at(*s), &policy)).collect();
+        assert_eq!(counts, [1, 1, 1]);
+    }
 
-        let mut r = ServiceRecord::open("payment", T0);
-        for s in 0..5 {
-            r = r.fault(at(s), "503 Service Unavailable", &policy).unwrap();
-        }
+    #[test]
+    fn a_hold_is_written_once_and_an_open_service_writes_nothing_on_an_answer() {
+        let policy = HoldPolicy::default();
+        let open = ServiceRecord::open("payment", T0);
+        assert_eq!(open.answered(at(1), false), None, "the normal path costs nothing");
+        let r = held(&policy);
         let hold = r.held.clone().unwrap();
         assert_eq!((hold.since, hold.next_probe, hold.by), (at(4), at(14), None));
-        assert_eq!(hold.reason, "5 passing faults in a row, the last: 503 Service Unavailable");
-        assert!(r.unannounced);
-        assert_eq!(r.fault(at(5), "503", &policy), None, "a fault while held changes nothing");
+        assert_eq!(hold.reason, "5 passing faults in a row, the last: 503");
+        assert!(r.unannounced && r.version == 1);
+        assert_eq!(r.hold(at(5), 5, "503", &policy), None, "held already");
     }
 
     #[test]
     fn one_probe_at_a_time_goes_to_a_held_service_and_its_success_ends_the_hold() {
         let policy = HoldPolicy::default();
-        let mut r = ServiceRecord::open("payment", T0);
-        for s in 0..5 {
-            r = r.fault(at(s), "503", &policy).unwrap();
-        }
+        let r = held(&policy);
         assert_eq!(r.probe(at(13), &policy), None, "too early");
         let probing = r.probe(at(14), &policy).unwrap();
         assert_eq!(probing.held.as_ref().unwrap().next_probe, at(24));

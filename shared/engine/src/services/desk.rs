@@ -31,8 +31,7 @@ pub struct ServiceView {
     pub probes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_probe: Option<Timestamp>,
-    /// Passing faults in a row counted while open, and the last one.
-    pub faults: u32,
+    /// The passing fault that made its agent's last hold.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_fault: Option<String>,
     /// How its last hold ended.
@@ -54,7 +53,6 @@ impl ServiceView {
             reason: hold.map(|h| h.reason.clone()),
             probes: hold.map(|h| h.probes),
             next_probe: hold.filter(|h| h.by.is_none()).map(|h| h.next_probe),
-            faults: record.faults,
             last_fault: record.last_fault.clone(),
             released: record.released.clone(),
             waiting,

@@ -4,9 +4,9 @@
 //!
 //! The guard reads the service's record at most once a second per execution (the decision to
 //! stop calling may lag that much behind another execution's hold, which costs a few calls at
-//! most), and writes it only when something changes: a fault counted, a hold, a probe taken, a
-//! hold ended. A call that succeeds on a healthy service reads the cached record and writes
-//! nothing. Should the record be unreadable, the guard lets calls through: the state of its
+//! most), and writes it only when something changes: a hold, a probe taken, a hold ended. It
+//! counts the faults it meets in a row itself, so that faults that pass cost no write, and
+//! holds the service for every execution once its count reaches the policy's. Should the record be unreadable, the guard lets calls through: the state of its
 //! bookkeeping must never be what stops a working service from being called.
 
 use std::sync::Mutex;
@@ -15,7 +15,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::config::HoldPolicy;
-use crate::health::ServiceRecord;
+use crate::health::{ServiceRecord, Streak};
 use crate::ports::{Clock, Saved, ServiceBook};
 use crate::time::Timestamp;
 
@@ -57,12 +57,20 @@ pub struct Guard<G, C> {
     service: String,
     policy: HoldPolicy,
     seen: Mutex<Option<(Timestamp, ServiceRecord)>>,
+    streak: Mutex<Streak>,
 }
 
 impl<G: ServiceBook, C: Clock> Guard<G, C> {
     /// The guard of `service`, keeping its record in `book`.
     pub fn new(book: G, clock: C, service: &str, policy: HoldPolicy) -> Self {
-        Guard { book, clock, service: service.to_owned(), policy, seen: Mutex::new(None) }
+        Guard {
+            book,
+            clock,
+            service: service.to_owned(),
+            policy,
+            seen: Mutex::new(None),
+            streak: Mutex::new(Streak::default()),
+        }
     }
 
     /// Whether to call the service now.
@@ -81,8 +89,12 @@ impl<G: ServiceBook, C: Clock> Guard<G, C> {
 
     /// The call got an answer (done or refused): the service works.
     pub async fn answered(&self, probe: bool) {
+        self.streak.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        if !probe {
+            return;
+        }
         let now = self.clock.now();
-        if self.change(|r| r.answered(now, probe)).await && probe {
+        if self.change(|r| r.answered(now, probe)).await {
             info!(service = %self.service, "the probe was answered: the service is open again");
         }
     }
@@ -91,16 +103,15 @@ impl<G: ServiceBook, C: Clock> Guard<G, C> {
     pub async fn fault(&self, reason: &str) -> bool {
         let now = self.clock.now();
         let policy = self.policy;
-        self.change(|r| r.fault(now, reason, &policy)).await;
-        let held = self.cached().is_some_and(|r| r.held.is_some());
+        let faults = self.streak.lock().unwrap_or_else(|e| e.into_inner()).fault(now, &policy);
+        if faults >= policy.after_failures {
+            self.change(|r| r.hold(now, faults, reason, &policy)).await;
+        }
+        let held = self.current().await.held.is_some();
         if held {
             warn!(service = %self.service, %reason, "the service is held");
         }
         held
-    }
-
-    fn cached(&self) -> Option<ServiceRecord> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, r)| r.clone())
     }
 
     fn remember(&self, record: ServiceRecord) {
