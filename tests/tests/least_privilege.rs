@@ -183,22 +183,16 @@ async fn wait_for(stack: &LocalStack, ids: &[String], state: &str, seconds: u64)
 
 /// The order's process state as its record holds it, read straight from the emulator.
 async fn process_state(stack: &LocalStack, id: &str) -> Option<String> {
-    let clients = Clients::new(&stack.emulators, REGION).await;
-    let item = clients
-        .dynamodb
-        .get_item()
-        .table_name(stack.stack.reference("StateTable").unwrap())
-        .key("OrderId", AttributeValue::S(id.to_owned()))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item?;
-    item.get("ProcessState").and_then(|v| v.as_s().ok()).cloned()
+    attribute(stack, id, "ProcessState").await
 }
 
 /// The service the order waits for, if it is held.
 async fn held_on(stack: &LocalStack, id: &str) -> Option<String> {
+    attribute(stack, id, "HeldOn").await
+}
+
+/// A string attribute of the order's state item, read straight from the emulator.
+async fn attribute(stack: &LocalStack, id: &str, name: &str) -> Option<String> {
     let clients = Clients::new(&stack.emulators, REGION).await;
     let item = clients
         .dynamodb
@@ -210,7 +204,7 @@ async fn held_on(stack: &LocalStack, id: &str) -> Option<String> {
         .await
         .unwrap()
         .item?;
-    item.get("HeldOn").and_then(|v| v.as_s().ok()).cloned()
+    item.get(name).and_then(|v| v.as_s().ok()).cloned()
 }
 
 /// `template.yaml` with `old` replaced by `new` inside the resource `resource`, written where

@@ -212,6 +212,21 @@ impl ExpiryIndex for DynamoStore {
     }
 }
 
+impl DynamoStore {
+    /// A query of the orders waiting for `service`, longest-waiting first.
+    fn held_query(
+        &self,
+        service: &str,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.state_table)
+            .index_name(HELD_INDEX)
+            .key_condition_expression("HeldOn = :s")
+            .expression_attribute_values(":s", AttributeValue::S(service.to_owned()))
+    }
+}
+
 impl HeldIndex for DynamoStore {
     async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
         let mut found = Vec::new();
@@ -219,12 +234,7 @@ impl HeldIndex for DynamoStore {
         while found.len() < limit {
             let page = i32::try_from((limit - found.len()).min(1000)).unwrap_or(1000);
             let out = self
-                .client
-                .query()
-                .table_name(&self.state_table)
-                .index_name(HELD_INDEX)
-                .key_condition_expression("HeldOn = :s")
-                .expression_attribute_values(":s", AttributeValue::S(service.to_owned()))
+                .held_query(service)
                 .limit(page)
                 .set_exclusive_start_key(start)
                 .send()
@@ -247,12 +257,7 @@ impl HeldIndex for DynamoStore {
         let mut start = None;
         loop {
             let out = self
-                .client
-                .query()
-                .table_name(&self.state_table)
-                .index_name(HELD_INDEX)
-                .key_condition_expression("HeldOn = :s")
-                .expression_attribute_values(":s", AttributeValue::S(service.to_owned()))
+                .held_query(service)
                 .select(aws_sdk_dynamodb::types::Select::Count)
                 .set_exclusive_start_key(start)
                 .send()

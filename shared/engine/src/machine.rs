@@ -442,15 +442,7 @@ pub fn create_waking(
             Work::Agent(_) | Work::Callback => {
                 // At attempt 0, which the start message every new order gets claims.
                 let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
-                let lease = Lease {
-                    attempt: 0,
-                    complete_by,
-                    sent: false,
-                    failures: 0,
-                    timer: false,
-                    held: false,
-                    held_since: None,
-                };
+                let lease = Lease::queued(0, complete_by);
                 next.steps[i].lease = Some(lease);
             }
         }

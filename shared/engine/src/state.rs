@@ -237,6 +237,21 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+impl Lease {
+    /// A lease waiting for the scheduler to claim it at `attempt`, due by `complete_by`.
+    pub fn queued(attempt: u64, complete_by: Timestamp) -> Lease {
+        Lease {
+            attempt,
+            complete_by,
+            sent: false,
+            failures: 0,
+            timer: false,
+            held: false,
+            held_since: None,
+        }
+    }
+}
+
 impl StepState {
     /// Whether the order may go on past this step: it is done, or its failure is only
     /// reported.

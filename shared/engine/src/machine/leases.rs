@@ -162,15 +162,7 @@ pub(super) fn start(
                     next.attempt
                 });
                 let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(budget);
-                let lease = Lease {
-                    attempt,
-                    complete_by,
-                    sent: false,
-                    failures: 0,
-                    timer: false,
-                    held: false,
-                    held_since: None,
-                };
+                let lease = Lease::queued(attempt, complete_by);
                 next.steps[i].lease = Some(lease);
             }
         }
