@@ -155,7 +155,7 @@ pub async fn handle<R, Q, C, X, W, G>(
 where
     R: RemoteService,
     Q: Outbox,
-    C: Clock + Clone,
+    C: Clock,
     X: Random,
     W: WaitGauge,
     G: ServiceBook,

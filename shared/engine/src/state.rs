@@ -676,9 +676,10 @@ impl StateRecord {
     /// its steps wait for two services, the write that resumes the first lists it under the
     /// other).
     pub fn held_on(&self) -> Option<&Held> {
-        self.leased()
-            .filter(|(_, _, l)| l.held)
-            .filter_map(|(_, s, _)| s.held.as_ref())
+        // A step's hold is set exactly while its lease is held (see `check`).
+        self.steps
+            .iter()
+            .filter_map(|s| s.held.as_ref())
             .min_by_key(|h| (h.since, h.service.as_str()))
     }
 

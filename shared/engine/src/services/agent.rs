@@ -73,29 +73,32 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
     ) -> Self {
         Agent { remote, outbox, clock, random, retry, queue, waits, guard: None }
     }
-}
 
-impl<R, Q, C, X, W, G> Agent<R, Q, C, X, W, G>
-where
-    R: RemoteService,
-    Q: Outbox,
-    C: Clock + Clone,
-    X: Random,
-    W: WaitGauge,
-    G: ServiceBook,
-{
     /// The same agent, guarding `service` with its record in `book`.
     pub fn guarded<H: ServiceBook>(
         self,
         book: H,
         service: &str,
         policy: HoldPolicy,
-    ) -> Agent<R, Q, C, X, W, H> {
+    ) -> Agent<R, Q, C, X, W, H>
+    where
+        C: Clone,
+    {
         let guard = Guard::new(book, self.clock.clone(), service, policy);
         let Agent { remote, outbox, clock, random, retry, queue, waits, .. } = self;
         Agent { remote, outbox, clock, random, retry, queue, waits, guard: Some(guard) }
     }
+}
 
+impl<R, Q, C, X, W, G> Agent<R, Q, C, X, W, G>
+where
+    R: RemoteService,
+    Q: Outbox,
+    C: Clock,
+    X: Random,
+    W: WaitGauge,
+    G: ServiceBook,
+{
     /// The outbox replies are sent through (a batch consumer may gather them).
     pub fn outbox(&self) -> &Q {
         &self.outbox

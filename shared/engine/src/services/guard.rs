@@ -94,7 +94,7 @@ impl<G: ServiceBook, C: Clock> Guard<G, C> {
             return;
         }
         let now = self.clock.now();
-        if self.change(|r| r.answered(now, probe)).await {
+        if self.change(|r| r.answered(now, true)).await {
             info!(service = %self.service, "the probe was answered: the service is open again");
         }
     }
@@ -141,7 +141,11 @@ impl<G: ServiceBook, C: Clock> Guard<G, C> {
             }
             Err(e) => {
                 warn!(service = %self.service, error = %e, "the service's record is unreadable: calls go through");
-                ServiceRecord::open(&self.service, self.clock.now())
+                // Taken as open for as long as a read is, so that a table that fails is asked
+                // once a second, not before every call.
+                let record = ServiceRecord::open(&self.service, self.clock.now());
+                self.remember(record.clone());
+                record
             }
         }
     }
