@@ -228,3 +228,55 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     assert_eq!(body["input"], serde_json::Value::Null);
     assert_eq!(body["order"]["currency"], "EUR");
 }
+
+#[tokio::test]
+async fn executions_sharing_a_services_table_never_take_more_than_its_rate_or_its_places() {
+    use sas_engine::health::ServiceRecord;
+    use sas_engine::ports::{Pace, ServiceBook};
+
+    let t = TestStack::new("pace").await;
+    // Three executions, each with its own memory of what it read.
+    let books = [t.book(), t.book(), t.book()];
+    let from = 1_800_000_000;
+    let takes = books.iter().cycle().take(24).map(|b| b.take_second("payment", 4, from, from + 4));
+    let taken = futures_util::future::join_all(takes).await;
+    let mut per_second = std::collections::BTreeMap::<i64, u32>::new();
+    for second in taken.iter().filter_map(|t| *t.as_ref().unwrap()) {
+        *per_second.entry(second).or_default() += 1;
+    }
+    // 24 asked for 5 seconds of 4: 20 were given a second, none more than 4 in one, and the
+    // other 4 were told there is no room.
+    assert_eq!(per_second.values().sum::<u32>(), 20, "{taken:?}");
+    assert!(per_second.values().all(|n| *n == 4), "{per_second:?}");
+    assert_eq!(
+        per_second.keys().copied().collect::<Vec<_>>(),
+        (from..=from + 4).collect::<Vec<_>>()
+    );
+
+    // Places: 2 of them; a third caller waits, and a place past its call is free again.
+    let now = T0;
+    let until = now.plus(Duration::from_secs(30));
+    let a = books[0].enter("payment", 2, now, until).await.unwrap().unwrap();
+    let b = books[1].enter("payment", 2, now, until).await.unwrap().unwrap();
+    assert_ne!(a.slot, b.slot);
+    assert_eq!(books[2].enter("payment", 2, now, until).await.unwrap(), None);
+    let usage = books[2].usage("payment", now).await.unwrap();
+    assert_eq!(usage.in_flight, 2);
+    books[0].leave("payment", a).await.unwrap();
+    let c = books[2].enter("payment", 2, now, until).await.unwrap().unwrap();
+    assert_eq!(c.slot, a.slot);
+    let later = until.plus(Duration::from_secs(1));
+    let d = books[0].enter("payment", 2, later, later.plus(Duration::from_secs(30))).await;
+    assert!(d.unwrap().is_some(), "places past their calls are free again");
+    // Giving back a place someone took again after it ran out leaves theirs alone.
+    books[1].leave("payment", b).await.unwrap();
+    assert_eq!(books[1].usage("payment", later).await.unwrap().in_flight, 1);
+
+    // The tallies and places are not services' records.
+    books[0]
+        .save(&ServiceRecord { version: 1, ..ServiceRecord::open("payment", now) })
+        .await
+        .unwrap();
+    let all = books[0].all().await.unwrap();
+    assert_eq!(all.iter().map(|r| r.service.as_str()).collect::<Vec<_>>(), ["payment"]);
+}

@@ -51,10 +51,21 @@ pub fn services(answer: &Value) -> String {
                 by,
                 cell(s, "reason"),
                 s["waiting"].to_string(),
+                in_use(s, "this_second", "per_second"),
+                in_use(s, "in_flight", "in_flight"),
             ]
         })
         .collect();
-    table(&["service", "state", "since", "by", "why", "waiting"], &rows)
+    let header = ["service", "state", "since", "by", "why", "waiting", "calls/s", "in flight"];
+    table(&header, &rows)
+}
+
+/// A limit and what is used of it now, `2/5`; `-` for a service without that limit.
+fn in_use(service: &Value, used: &str, limit: &str) -> String {
+    match service["limits"][limit].as_u64() {
+        Some(limit) => format!("{}/{limit}", service["in_use"][used].as_u64().unwrap_or(0)),
+        None => "-".to_owned(),
+    }
 }
 
 /// An order's workflow and the version it runs: `order-fulfilment v2`.
@@ -367,7 +378,8 @@ mod tests {
              "reason": "5 passing faults in a row, the last: 503", "waiting": 61},
             {"service": "shipping", "state": "held", "probing": false, "held_since": "2026-03-01T09:00:00Z",
              "held_by": "arn:ops", "reason": "carrier maintenance", "waiting": 3},
-            {"service": "inventory", "state": "open", "probing": false, "waiting": 0}
+            {"service": "inventory", "state": "open", "probing": false, "waiting": 0,
+             "limits": {"per_second": 5}, "in_use": {"this_second": 4, "in_flight": 0}}
         ]});
         let printed = services(&answer);
         let lines: Vec<&str> = printed.lines().collect();
@@ -378,6 +390,7 @@ mod tests {
             lines[2].contains("arn:ops") && lines[2].contains("carrier maintenance"),
             "{printed}"
         );
-        assert!(lines[3].contains("open"), "{printed}");
+        assert!(lines[3].contains("open") && lines[3].contains("4/5"), "{printed}");
+        assert!(lines[0].contains("calls/s") && lines[1].contains('-'), "{printed}");
     }
 }

@@ -14,6 +14,10 @@ use crate::config::HoldPolicy;
 use crate::message::{MAX_REASON_LEN, truncate};
 use crate::time::Timestamp;
 
+/// A throttled call makes the service quiet for this long when it says nothing of how long,
+/// and a quiet is recorded again only once it reaches this much further.
+pub const QUIET_STEP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the system knows of one service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceRecord {
@@ -34,6 +38,10 @@ pub struct ServiceRecord {
     /// publishes one alert for it, then clears this.
     #[serde(default)]
     pub unannounced: bool,
+    /// The service asked to be left alone until then (a 429's `Retry-After`): no execution
+    /// calls it before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_until: Option<Timestamp>,
     pub changed_at: Timestamp,
 }
 
@@ -76,6 +84,7 @@ impl ServiceRecord {
             last_fault: None,
             released: None,
             unannounced: false,
+            quiet_until: None,
             changed_at: now,
         }
     }
@@ -177,6 +186,19 @@ impl ServiceRecord {
         next.held = None;
         next.unannounced = true;
         Some(next)
+    }
+
+    /// The service asked not to be called before `until`. `None` unless that is at least a
+    /// second past the quiet already recorded: a burst of throttled calls writes once.
+    pub fn quiet(&self, now: Timestamp, until: Timestamp) -> Option<ServiceRecord> {
+        let known = self.quiet_until.unwrap_or(now).max(now);
+        (until >= known.plus(QUIET_STEP))
+            .then(|| ServiceRecord { quiet_until: Some(until), ..self.next(now) })
+    }
+
+    /// Until when the service asked to be left alone, if that is after `now`.
+    pub fn quiet_at(&self, now: Timestamp) -> Option<Timestamp> {
+        self.quiet_until.filter(|until| *until > now)
     }
 
     /// The hold or release was announced.

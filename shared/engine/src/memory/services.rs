@@ -1,24 +1,100 @@
-//! The services' health records in memory, with DynamoDB's conditional writes: a save lands
-//! only on the version it expects, and every read is consistent.
+//! The services' health records and limited services' paces in memory, with DynamoDB's
+//! conditional writes: a save lands only on the version it expects, a call of a second or a
+//! place in flight is taken by one caller only, and every read is consistent.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::error::Result;
 use crate::health::ServiceRecord;
-use crate::ports::{Saved, ServiceBook};
+use crate::pace::{self, Place, Take, Tally, Usage};
+use crate::ports::{Pace, Saved, ServiceBook};
+use crate::time::Timestamp;
 
 /// One record per service. Clones do not share: share it behind an `Arc`.
 #[derive(Debug, Default)]
 pub struct MemoryServiceBook {
     records: Mutex<BTreeMap<String, ServiceRecord>>,
     writes: Mutex<u64>,
+    paces: Mutex<BTreeMap<String, Paced>>,
+}
+
+/// One limited service's tally and places.
+#[derive(Debug, Default)]
+struct Paced {
+    tally: Option<Tally>,
+    places: BTreeMap<u32, Timestamp>,
 }
 
 impl MemoryServiceBook {
     /// Writes that landed, for tests and cost estimates.
     pub fn writes(&self) -> u64 {
         *self.writes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl MemoryServiceBook {
+    fn paced<T>(&self, service: &str, f: impl FnOnce(&mut Paced) -> T) -> T {
+        let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
+        let result = f(paces.entry(service.to_owned()).or_default());
+        *self.writes.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        result
+    }
+}
+
+impl Pace for MemoryServiceBook {
+    async fn take_second(
+        &self,
+        service: &str,
+        per_second: u32,
+        from: i64,
+        last: i64,
+    ) -> Result<Option<i64>> {
+        Ok(self.paced(service, |p| {
+            let mut second = from;
+            while second <= last {
+                match pace::take(p.tally, second, per_second) {
+                    Take::Add { second, taken } => {
+                        p.tally = Some(Tally { second, taken: taken + 1 });
+                        return Some(second);
+                    }
+                    Take::Start { second } => {
+                        p.tally = Some(Tally { second, taken: 1 });
+                        return Some(second);
+                    }
+                    Take::Later(later) => second = later,
+                }
+            }
+            None
+        }))
+    }
+
+    async fn enter(
+        &self,
+        service: &str,
+        limit: u32,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<Place>> {
+        Ok(self.paced(service, |p| {
+            let slot = pace::free_place(&p.places, limit, now)?;
+            p.places.insert(slot, until);
+            Some(Place { slot, until })
+        }))
+    }
+
+    async fn leave(&self, service: &str, place: Place) -> Result<()> {
+        self.paced(service, |p| {
+            if p.places.get(&place.slot) == Some(&place.until) {
+                p.places.remove(&place.slot);
+            }
+        });
+        Ok(())
+    }
+
+    async fn usage(&self, service: &str, now: Timestamp) -> Result<Usage> {
+        let paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(paces.get(service).map_or_else(Usage::default, |p| Usage::at(now, p.tally, &p.places)))
     }
 }
 

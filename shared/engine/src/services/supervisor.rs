@@ -280,7 +280,8 @@ where
     L: LoadSource,
 {
     /// Tends every service of `book`: announces its last hold or release once, and resumes
-    /// the orders that wait for a service open again, at most `RESUME_PER_SECOND` a second.
+    /// the orders that wait for a service open again, at most `RESUME_PER_SECOND` a second
+    /// (or its declared rate, if lower).
     pub async fn tend<G: ServiceBook>(&self, book: &G) -> Result<ServicesReport> {
         let mut report = ServicesReport::default();
         for record in book.all().await? {
@@ -330,9 +331,12 @@ where
     }
 
     /// Resumes the orders waiting for `service`: `only` of them (0: as many as the minute
-    /// until the next sweep takes at `RESUME_PER_SECOND`), their start messages spread over it.
+    /// until the next sweep takes at `RESUME_PER_SECOND`, or at the service's declared rate if
+    /// that is lower), their start messages spread over it.
     async fn resume(&self, service: &str, only: usize, report: &mut ServicesReport) {
-        let per_second = u64::from(self.ports.config.resume_per_second.max(1));
+        let config = &self.ports.config;
+        let rate = config.limits_of(service).per_second.unwrap_or(u32::MAX);
+        let per_second = u64::from(config.resume_per_second.min(rate).max(1));
         let limit = match only {
             0 => usize::try_from(per_second * RESUME_SPREAD.as_secs()).unwrap_or(usize::MAX),
             n => n,
