@@ -230,28 +230,30 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
 }
 
 #[tokio::test]
-async fn executions_sharing_a_services_table_never_take_more_than_its_rate_or_its_places() {
+async fn executions_sharing_a_services_table_never_take_the_same_turn_or_more_than_its_places() {
     use sas_engine::health::ServiceRecord;
+    use sas_engine::pace::Booked;
     use sas_engine::ports::{Pace, ServiceBook};
 
     let t = TestStack::new("pace").await;
     // Three executions, each with its own memory of what it read.
     let books = [t.book(), t.book(), t.book()];
-    let from = 1_800_000_000;
-    let takes = books.iter().cycle().take(24).map(|b| b.take_second("payment", 4, from, from + 4));
-    let taken = futures_util::future::join_all(takes).await;
-    let mut per_second = std::collections::BTreeMap::<i64, u32>::new();
-    for second in taken.iter().filter_map(|t| *t.as_ref().unwrap()) {
-        *per_second.entry(second).or_default() += 1;
-    }
-    // 24 asked for 5 seconds of 4: 20 were given a second, none more than 4 in one, and the
-    // other 4 were told there is no room.
-    assert_eq!(per_second.values().sum::<u32>(), 20, "{taken:?}");
-    assert!(per_second.values().all(|n| *n == 4), "{per_second:?}");
-    assert_eq!(
-        per_second.keys().copied().collect::<Vec<_>>(),
-        (from..=from + 4).collect::<Vec<_>>()
-    );
+    let spacing = Duration::from_millis(250);
+    let latest = T0.plus(Duration::from_millis(4_900));
+    let takes = books.iter().cycle().take(24).map(|b| b.take_turn("payment", spacing, T0, latest));
+    let booked = futures_util::future::join_all(takes).await;
+    let mut starts: Vec<i64> = booked
+        .iter()
+        .filter_map(|b| match b.as_ref().unwrap() {
+            Booked::Start(start) => Some(start.as_millis()),
+            Booked::TooLate { .. } => None,
+        })
+        .collect();
+    starts.sort_unstable();
+    // 24 asked for the turns of 4.9 s at one every 250 ms: 20 were given one, each its own,
+    // and the other 4 were told the next free turn is too late for them.
+    let expected: Vec<i64> = (0..20).map(|k| T0.as_millis() + 250 * k).collect();
+    assert_eq!(starts, expected, "{booked:?}");
 
     // Places: 2 of them; a third caller waits, and a place past its call is free again.
     let now = T0;

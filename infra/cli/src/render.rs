@@ -51,8 +51,8 @@ pub fn services(answer: &Value) -> String {
                 by,
                 cell(s, "reason"),
                 s["waiting"].to_string(),
-                in_use(s, "this_second", "per_second"),
-                in_use(s, "in_flight", "in_flight"),
+                rate(s),
+                in_flight(s),
             ]
         })
         .collect();
@@ -60,10 +60,19 @@ pub fn services(answer: &Value) -> String {
     table(&header, &rows)
 }
 
-/// A limit and what is used of it now, `2/5`; `-` for a service without that limit.
-fn in_use(service: &Value, used: &str, limit: &str) -> String {
-    match service["limits"][limit].as_u64() {
-        Some(limit) => format!("{}/{limit}", service["in_use"][used].as_u64().unwrap_or(0)),
+/// A service's declared rate, and how far ahead its turns are taken: `5, booked 3.2 s ahead`.
+fn rate(service: &Value) -> String {
+    let Some(rate) = service["limits"]["per_second"].as_u64() else { return "-".to_owned() };
+    match service["in_use"]["booked_ahead_ms"].as_u64().unwrap_or(0) {
+        0 => rate.to_string(),
+        ms => format!("{rate}, booked {:.1} s ahead", ms as f64 / 1000.0),
+    }
+}
+
+/// A service's declared concurrency, and the calls in flight now: `2/4`.
+fn in_flight(service: &Value) -> String {
+    match service["limits"]["in_flight"].as_u64() {
+        Some(limit) => format!("{}/{limit}", service["in_use"]["in_flight"].as_u64().unwrap_or(0)),
         None => "-".to_owned(),
     }
 }
@@ -379,7 +388,8 @@ mod tests {
             {"service": "shipping", "state": "held", "probing": false, "held_since": "2026-03-01T09:00:00Z",
              "held_by": "arn:ops", "reason": "carrier maintenance", "waiting": 3},
             {"service": "inventory", "state": "open", "probing": false, "waiting": 0,
-             "limits": {"per_second": 5}, "in_use": {"this_second": 4, "in_flight": 0}}
+             "limits": {"per_second": 5, "in_flight": 4},
+             "in_use": {"booked_ahead_ms": 3_200, "in_flight": 2}}
         ]});
         let printed = services(&answer);
         let lines: Vec<&str> = printed.lines().collect();
@@ -390,7 +400,11 @@ mod tests {
             lines[2].contains("arn:ops") && lines[2].contains("carrier maintenance"),
             "{printed}"
         );
-        assert!(lines[3].contains("open") && lines[3].contains("4/5"), "{printed}");
+        assert!(
+            lines[3].contains("open") && lines[3].contains("5, booked 3.2 s ahead"),
+            "{printed}"
+        );
+        assert!(lines[3].contains("2/4"), "{printed}");
         assert!(lines[0].contains("calls/s") && lines[1].contains('-'), "{printed}");
     }
 }

@@ -345,6 +345,7 @@ fn outcomes(
         "remote calls: {} ({} transient, {} throttled, {} during the outage, {} answers lost, {} refused for good)\n",
         stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"]
     ));
+    t.push_str(&format!("busiest second at the service: {}\n", busiest(stats)));
     t.push_str(&format!(
         "effects in place, per order and step: {} wrong ({} processed or compensated orders held to their end, every order to at most once a step){}\n",
         s.effects_wrong.len(),
@@ -352,6 +353,19 @@ fn outcomes(
         s.effects_wrong.iter().take(5).map(|w| format!("\n  {w}")).collect::<String>()
     ));
     t
+}
+
+/// The most calls of each action the service counted in one of its seconds, busiest first.
+fn busiest(stats: &Value) -> String {
+    let mut actions: Vec<(&String, u64)> = stats["actions"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(action, counts)| (action, counts["busiest_second"].as_u64().unwrap_or(0)))
+        .collect();
+    actions.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let each: Vec<String> = actions.iter().map(|(a, n)| format!("{a} {n}")).collect();
+    format!("{} calls in all ({})", stats["busiest_second"], each.join(", "))
 }
 
 /// Whether what the simulated service did explains why an order did not go through:

@@ -5,15 +5,15 @@
 //! when something changes.
 //!
 //! A service with declared limits has two more items, whose keys cannot be an agent's name:
-//! `<service>#rate`, its tally (`Second`, `Taken`: the calls taken in the latest second any
-//! execution took one in), and `<service>#flight`, its places in flight (`P<n>`: until when
-//! place n is taken, in epoch milliseconds). Each call takes its second with one conditional
-//! update (two when the second turns), and its place with one and gives it back with one;
-//! each execution remembers what it last read, so that its first try is usually the one that
-//! lands.
+//! `<service>#rate`, its next free turn (`Next`, epoch milliseconds), and `<service>#flight`,
+//! its places in flight (`P<n>`: until when place n is taken, in epoch milliseconds). Each call
+//! takes its turn with one update conditional on the turn it read, and its place with one and
+//! gives it back with one; each execution remembers what it last read, so that its first try
+//! is usually the one that lands.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;
@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use sas_engine::health::ServiceRecord;
-use sas_engine::pace::{self, Place, Take, Tally, Usage};
+use sas_engine::pace::{self, Booked, Place, Usage};
 use sas_engine::ports::{Pace, Saved, ServiceBook};
 use sas_engine::{Error, Result, Timestamp};
 
@@ -30,7 +30,7 @@ use crate::errors::classify;
 
 const SERVICE: &str = "dynamodb";
 
-/// Tries at most this many conditional writes to take one second or one place. A write fails
+/// Tries at most this many conditional writes to take one turn or one place. A write fails
 /// only when another caller's landed, and each failure reads what is there, so this bounds a
 /// call's work under the heaviest contention; a call that runs out is kept back, as if
 /// everything were taken.
@@ -47,7 +47,7 @@ pub struct DynamoServiceBook {
 
 #[derive(Debug, Default)]
 struct Seen {
-    tallies: HashMap<String, Tally>,
+    turns: HashMap<String, Timestamp>,
     places: HashMap<String, BTreeMap<u32, Timestamp>>,
 }
 
@@ -120,23 +120,12 @@ fn flight_key(service: &str) -> String {
     format!("{service}#flight")
 }
 
-/// `Second` is one of DynamoDB's reserved words.
-fn tally_names() -> Vec<(&'static str, String)> {
-    vec![("#s", "Second".to_owned()), ("#t", "Taken".to_owned())]
-}
-
 fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
 fn number_of(item: &Item, name: &str) -> Option<i64> {
     item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok())
-}
-
-fn tally_of(item: &Item) -> Option<Tally> {
-    let second = number_of(item, "Second")?;
-    let taken = u32::try_from(number_of(item, "Taken")?).ok()?;
-    Some(Tally { second, taken })
 }
 
 fn places_of(item: &Item) -> BTreeMap<u32, Timestamp> {
@@ -150,51 +139,42 @@ fn places_of(item: &Item) -> BTreeMap<u32, Timestamp> {
 }
 
 impl Pace for DynamoServiceBook {
-    async fn take_second(
+    async fn take_turn(
         &self,
         service: &str,
-        per_second: u32,
-        from: i64,
-        last: i64,
-    ) -> Result<Option<i64>> {
-        let mut seen = self.seen().tallies.get(service).copied();
-        let mut second = from;
-        let mut tries = 0;
-        while second <= last && tries < TRIES {
-            let landed = match pace::take(seen, second, per_second) {
-                Take::Later(later) => {
-                    second = later;
-                    continue;
-                }
-                Take::Add { second: s, .. } => {
-                    let values = vec![(":s", n(s)), (":one", n(1)), (":rate", n(per_second))];
-                    let condition = "#s = :s AND #t < :rate";
-                    self.update(rate_key(service), "ADD #t :one", condition, values, tally_names())
-                        .await?
-                }
-                Take::Start { second: s } => {
-                    let values = vec![(":s", n(s)), (":one", n(1))];
-                    let condition = "attribute_not_exists(#s) OR #s < :s";
-                    let update = "SET #s = :s, #t = :one";
-                    self.update(rate_key(service), update, condition, values, tally_names()).await?
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> Result<Booked> {
+        let mut seen = self.seen().turns.get(service).copied();
+        for _ in 0..TRIES {
+            let turn = pace::turn(seen, now, spacing);
+            // The next free turn only moves on: if it was too late when read, it still is.
+            if turn.start > latest {
+                return Ok(Booked::TooLate { next: turn.start });
+            }
+            let mut values = vec![(":next", n(turn.next.as_millis()))];
+            let condition = match seen {
+                None => "attribute_not_exists(#n)",
+                Some(seen) => {
+                    values.push((":seen", n(seen.as_millis())));
+                    "#n = :seen"
                 }
             };
-            tries += 1;
+            let names = vec![("#n", "Next".to_owned())];
+            let landed =
+                self.update(rate_key(service), "SET #n = :next", condition, values, names).await?;
             match landed {
-                Ok(item) => {
-                    seen = tally_of(&item);
-                    if let Some(tally) = seen {
-                        self.seen().tallies.insert(service.to_owned(), tally);
-                    }
-                    return Ok(Some(second));
+                Ok(_) => {
+                    self.seen().turns.insert(service.to_owned(), turn.next);
+                    return Ok(Booked::Start(turn.start));
                 }
-                Err(item) => seen = tally_of(&item),
+                Err(item) => seen = number_of(&item, "Next").map(Timestamp::from_millis),
             }
         }
-        if let Some(tally) = seen {
-            self.seen().tallies.insert(service.to_owned(), tally);
-        }
-        Ok(None)
+        // Others kept taking the turn this call aimed at: it waits for the next free one.
+        let next = seen.map_or(now, |seen| seen.max(now));
+        Ok(Booked::TooLate { next })
     }
 
     async fn enter(
@@ -253,9 +233,9 @@ impl Pace for DynamoServiceBook {
     }
 
     async fn usage(&self, service: &str, now: Timestamp) -> Result<Usage> {
-        let tally = tally_of(&self.get(rate_key(service)).await?);
+        let next = number_of(&self.get(rate_key(service)).await?, "Next");
         let places = places_of(&self.get(flight_key(service)).await?);
-        Ok(Usage::at(now, tally, &places))
+        Ok(Usage::at(now, next.map(Timestamp::from_millis), &places))
     }
 }
 

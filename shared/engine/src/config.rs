@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::events::StatusKinds;
-use crate::pace::Limits;
+use crate::pace::{Limits, MAX_IN_FLIGHT, MAX_RATE};
 use crate::retry::{RetryPolicy, WaitPolicy};
 use crate::workflow::{MAX_HOLD, MIN_HOLD};
 
@@ -209,23 +209,20 @@ impl EngineConfig {
     }
 }
 
-/// The most calls a second, or in flight, a service may be declared to take.
-const MAX_LIMIT: u32 = 100_000;
-
 /// The services' limits from `SERVICE_RATES` and `SERVICE_CONCURRENCY`.
 fn limits(lookup: &impl Fn(&str) -> Option<String>) -> Result<BTreeMap<String, Limits>, Error> {
     let mut all: BTreeMap<String, Limits> = BTreeMap::new();
-    for key in ["SERVICE_RATES", "SERVICE_CONCURRENCY"] {
+    for (key, most) in [("SERVICE_RATES", MAX_RATE), ("SERVICE_CONCURRENCY", MAX_IN_FLIGHT)] {
         let list = lookup(key).unwrap_or_default();
         for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let bad = || {
                 Error::Config(format!(
-                    "{key}: {item:?} must be agent=n, n a whole number from 1 to {MAX_LIMIT}"
+                    "{key}: {item:?} must be agent=n, n a whole number from 1 to {most}"
                 ))
             };
             let (agent, value) = item.split_once('=').ok_or_else(bad)?;
             let n = value.trim().parse::<u32>().map_err(|_| bad())?;
-            if !(1..=MAX_LIMIT).contains(&n) {
+            if !(1..=most).contains(&n) {
                 return Err(bad());
             }
             let limits = all.entry(agent.trim().to_owned()).or_default();
@@ -290,7 +287,7 @@ mod tests {
         assert_eq!(c.limits_of("payment"), Limits { per_second: Some(5), in_flight: Some(3) });
         assert_eq!(c.limits_of("shipping"), Limits { per_second: Some(20), in_flight: None });
         assert_eq!(c.limits_of("inventory"), Limits::NONE);
-        for bad in ["payment=0", "payment=five", "payment", "payment=100001"] {
+        for bad in ["payment=0", "payment=five", "payment", "payment=501"] {
             let err = from(&[("SERVICE_RATES", bad)]).unwrap_err().to_string();
             assert!(err.contains("SERVICE_RATES") && err.contains(bad), "{err}");
         }

@@ -1,12 +1,20 @@
 //! A service's declared limits, and the bookkeeping every execution of its agent shares to keep
-//! within them: calls per second (a tally of the calls taken in one whole second) and calls in
+//! within them: calls per second (each call's turn, spaced from the one before) and calls in
 //! flight (numbered places, each taken until the end of its call's budget).
+//!
+//! A rate is kept by spacing calls, not by counting them in seconds: the shared record holds
+//! when the next turn begins, and each call takes the turn at or after now and moves it on by
+//! [`spacing`]. However a service aligns the seconds it counts in, one of them never holds more
+//! calls than its rate, even when the calls travel to it in a little more or less time than
+//! each other ([`TRAVEL_JITTER`]), where counting calls per second of one's own clock lets two
+//! seconds' calls meet in one of the service's. A call never waits for a turn beyond its
+//! budget: it is kept back instead.
 //!
 //! The functions here are pure: they say what to write given what was read, and the
 //! [`Pace`](crate::ports::Pace) port makes each write conditional on what it read, so that two
-//! executions never take the same call of a second or the same place. A place whose call is
-//! past its budget is free again: an execution that died holding one gives it back by the
-//! clock, not by a cleanup.
+//! executions never take the same turn or the same place. A place whose call is past its budget
+//! is free again: an execution that died holding one gives it back by the clock, not by a
+//! cleanup.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,12 +23,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::time::Timestamp;
 
-/// A call taken in a second starts no later than this into it, so that it reaches the service
-/// within the second it was counted in; past it, the next second is taken.
-pub const LATE_IN_SECOND: Duration = Duration::from_millis(500);
+/// How much more or less time than each other two calls may take to reach the service (and be
+/// counted by it), which the spacing of turns leaves room for: a busy host, a network's
+/// queues and the service's own scheduling each delay some calls more than others. A service
+/// is so called at 1 / 1.2 of its declared rate at most (5 calls a second declared: one every
+/// 240 ms).
+pub const TRAVEL_JITTER: Duration = Duration::from_millis(200);
 
 /// How often a call that waits for a place in flight asks again.
 pub const PLACE_POLL: Duration = Duration::from_millis(100);
+
+/// The highest rate a service may declare: each call's turn is one write to one item, and one
+/// item takes about a thousand writes a second.
+pub const MAX_RATE: u32 = 500;
+
+/// The most calls in flight a service may declare.
+pub const MAX_IN_FLIGHT: u32 = 10_000;
 
 /// What a service accepts, as its agent declares it: `None` is no limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,7 +52,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// No limit: the agent keeps no tally and takes no place, and writes nothing for it.
+    /// No limit: the agent keeps no turns and takes no place, and writes nothing for it.
     pub const NONE: Limits = Limits { per_second: None, in_flight: None };
 
     pub fn is_none(&self) -> bool {
@@ -42,52 +60,35 @@ impl Limits {
     }
 }
 
-/// The whole second (since the epoch) that `at` falls in.
-pub fn second_of(at: Timestamp) -> i64 {
-    at.as_millis().div_euclid(1000)
+/// The time between two calls' turns at `per_second`: a second and the travel jitter, shared
+/// out, so that any second of the service's holds at most `per_second` calls.
+pub fn spacing(per_second: u32) -> Duration {
+    (Duration::from_secs(1) + TRAVEL_JITTER) / per_second.max(1)
 }
 
-/// The start of `second`.
-pub fn start_of(second: i64) -> Timestamp {
-    Timestamp::from_millis(second.saturating_mul(1000))
-}
-
-/// The first second a call asked for at `now` may be counted in: this one, unless too little
-/// of it is left for the call to reach the service within it.
-pub fn first_second(now: Timestamp) -> i64 {
-    let second = second_of(now);
-    let into = Duration::from_millis(u64::try_from(now.as_millis() - second * 1000).unwrap_or(0));
-    if into < LATE_IN_SECOND { second } else { second + 1 }
-}
-
-/// The calls taken in one second of a service's rate: what its tally holds. The tally only
-/// moves forward, to the latest second any execution took a call in.
+/// The turn a call asking at `now` gets when the next free turn is `next` (`None`: no call
+/// was ever taken).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tally {
-    pub second: i64,
-    pub taken: u32,
+pub struct Turn {
+    /// When the call may start.
+    pub start: Timestamp,
+    /// The next free turn once this one is taken.
+    pub next: Timestamp,
 }
 
-/// How to take a call in a second, given the tally last read.
+/// The turn of a call asking at `now`, spaced `spacing` from the one before.
+pub fn turn(next: Option<Timestamp>, now: Timestamp, spacing: Duration) -> Turn {
+    let start = next.map_or(now, |next| next.max(now));
+    Turn { start, next: start.plus(spacing) }
+}
+
+/// What asking for a turn came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Take {
-    /// Count one more in the tally's second, if it still has `taken` calls.
-    Add { second: i64, taken: u32 },
-    /// Start the tally at `second` with this call, if it is still at an earlier second (or
-    /// was never written).
-    Start { second: i64 },
-    /// The tally is at `second` or later and full, or ahead: try this later second.
-    Later(i64),
-}
-
-/// What to write to take a call in `second` at a rate of `per_second`, given `tally`.
-pub fn take(tally: Option<Tally>, second: i64, per_second: u32) -> Take {
-    match tally {
-        Some(t) if t.second > second => Take::Later(t.second),
-        Some(t) if t.second == second && t.taken >= per_second => Take::Later(second + 1),
-        Some(t) if t.second == second => Take::Add { second, taken: t.taken },
-        _ => Take::Start { second },
-    }
+pub enum Booked {
+    /// The call's turn starts then.
+    Start(Timestamp),
+    /// The next free turn, `next`, starts after the latest the call could take: nothing taken.
+    TooLate { next: Timestamp },
 }
 
 /// A place in flight, taken until `until`.
@@ -105,18 +106,18 @@ pub fn free_place(taken: &BTreeMap<u32, Timestamp>, limit: u32, now: Timestamp) 
 /// What a service uses of its limits at one moment, for operators.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Calls taken in the current second.
-    pub this_second: u32,
+    /// How far ahead the turns are taken: the wait of a call asking now, in milliseconds.
+    pub booked_ahead_ms: u64,
     /// Places taken by calls still within their budget.
     pub in_flight: u32,
 }
 
 impl Usage {
-    /// The usage at `now`, from the tally and the places as read.
-    pub fn at(now: Timestamp, tally: Option<Tally>, places: &BTreeMap<u32, Timestamp>) -> Usage {
-        let second = second_of(now);
+    /// The usage at `now`, from the next free turn and the places as read.
+    pub fn at(now: Timestamp, next: Option<Timestamp>, places: &BTreeMap<u32, Timestamp>) -> Usage {
+        let ahead = next.map_or(Duration::ZERO, |next| now.until(next));
         Usage {
-            this_second: tally.filter(|t| t.second == second).map_or(0, |t| t.taken),
+            booked_ahead_ms: u64::try_from(ahead.as_millis()).unwrap_or(u64::MAX),
             in_flight: u32::try_from(places.values().filter(|until| **until > now).count())
                 .unwrap_or(u32::MAX),
         }
@@ -128,20 +129,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_call_late_in_its_second_is_counted_in_the_next() {
-        let s = 1_767_225_600;
-        assert_eq!(first_second(Timestamp::from_millis(s * 1000 + 499)), s);
-        assert_eq!(first_second(Timestamp::from_millis(s * 1000 + 500)), s + 1);
-    }
-
-    #[test]
-    fn a_tally_fills_its_second_then_sends_calls_to_the_next_and_never_goes_back() {
-        assert_eq!(take(None, 10, 5), Take::Start { second: 10 });
-        let at = |second, taken| Some(Tally { second, taken });
-        assert_eq!(take(at(9, 5), 10, 5), Take::Start { second: 10 });
-        assert_eq!(take(at(10, 4), 10, 5), Take::Add { second: 10, taken: 4 });
-        assert_eq!(take(at(10, 5), 10, 5), Take::Later(11));
-        assert_eq!(take(at(12, 1), 10, 5), Take::Later(12));
+    fn turns_are_spaced_so_that_no_second_however_aligned_holds_more_than_the_rate() {
+        let d = spacing(5);
+        assert_eq!(d, Duration::from_millis(240));
+        let t0 = Timestamp::from_millis(1_000_000);
+        let mut next = None;
+        let mut starts = Vec::new();
+        for _ in 0..50 {
+            let t = turn(next, t0, d);
+            starts.push(t.start.as_millis());
+            next = Some(t.next);
+        }
+        // Every window of a second, at any offset, arrivals late by up to the jitter.
+        for offset in (t0.as_millis()..t0.as_millis() + 10_000).step_by(7) {
+            for late in [0, TRAVEL_JITTER.as_millis() as i64] {
+                let within = starts
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, s)| {
+                        let arrives = **s + if k % 2 == 0 { late } else { 0 };
+                        (offset..offset + 1000).contains(&arrives)
+                    })
+                    .count();
+                assert!(within <= 5, "{within} calls in the second from {offset}");
+            }
+        }
+        // A call asking after an idle spell starts at once.
+        let later = t0.plus(Duration::from_secs(60));
+        assert_eq!(turn(next, later, d).start, later);
     }
 
     #[test]
@@ -154,7 +169,7 @@ mod tests {
         taken.insert(1, Timestamp::from_millis(11_000));
         assert_eq!(free_place(&taken, 2, now), None);
         assert_eq!(free_place(&taken, 3, now), Some(2));
-        let usage = Usage::at(now, Some(Tally { second: 10, taken: 3 }), &taken);
-        assert_eq!(usage, Usage { this_second: 3, in_flight: 2 });
+        let usage = Usage::at(now, Some(Timestamp::from_millis(12_500)), &taken);
+        assert_eq!(usage, Usage { booked_ahead_ms: 2_500, in_flight: 2 });
     }
 }

@@ -19,8 +19,8 @@
 //! - [`RemoteService`]: the business service behind one agent.
 //! - [`ServiceBook`]: one record per service (open or held), each write conditional on the
 //!   version read.
-//! - [`Pace`]: each limited service's tally of calls this second and its places in flight,
-//!   each taken by a conditional write.
+//! - [`Pace`]: each limited service's next free turn and its places in flight, each taken by
+//!   a conditional write.
 //!
 //! Each has an in-memory implementation in `crate::memory` (the `memory` feature) with the
 //! same semantics, and an AWS implementation outside this crate. Methods return `Send` futures
@@ -37,7 +37,7 @@ use crate::health::ServiceRecord;
 use crate::ids::{AgentName, Direction, IdempotencyKey, OrderId, Owner};
 use crate::message::Message;
 use crate::order::Order;
-use crate::pace::{Place, Usage};
+use crate::pace::{Booked, Place, Usage};
 use crate::state::{ProcessState, StateRecord};
 use crate::time::Timestamp;
 
@@ -463,16 +463,15 @@ pub trait ServiceBook: Send + Sync {
 /// What every execution of an agent shares to keep its service within its declared limits
 /// ([`crate::pace`]). Only a limited service's agent calls it.
 pub trait Pace: Send + Sync {
-    /// Takes one call of `service` in the earliest second from `from` to `last` (whole seconds
-    /// since the epoch) in which fewer than `per_second` were taken by anyone: the second
-    /// taken, or `None` if each is full.
-    fn take_second(
+    /// Takes the next turn of `service`'s calls, `spacing` after the turn before it (or now,
+    /// if that is later), if it starts by `latest`; takes nothing otherwise.
+    fn take_turn(
         &self,
         service: &str,
-        per_second: u32,
-        from: i64,
-        last: i64,
-    ) -> impl Future<Output = Result<Option<i64>>> + Send;
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> impl Future<Output = Result<Booked>> + Send;
 
     /// Takes one of `limit` places in flight for a call that is over by `until`: `None` if
     /// every place is taken by a call still within its own `until`.
@@ -683,14 +682,14 @@ impl<T: ServiceBook + ?Sized> ServiceBook for std::sync::Arc<T> {
 }
 
 impl<T: Pace + ?Sized> Pace for std::sync::Arc<T> {
-    fn take_second(
+    fn take_turn(
         &self,
         service: &str,
-        per_second: u32,
-        from: i64,
-        last: i64,
-    ) -> impl Future<Output = Result<Option<i64>>> + Send {
-        (**self).take_second(service, per_second, from, last)
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> impl Future<Output = Result<Booked>> + Send {
+        (**self).take_turn(service, spacing, now, latest)
     }
     fn enter(
         &self,

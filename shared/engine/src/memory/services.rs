@@ -1,13 +1,14 @@
 //! The services' health records and limited services' paces in memory, with DynamoDB's
-//! conditional writes: a save lands only on the version it expects, a call of a second or a
-//! place in flight is taken by one caller only, and every read is consistent.
+//! conditional writes: a save lands only on the version it expects, a turn or a place in
+//! flight is taken by one caller only, and every read is consistent.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::health::ServiceRecord;
-use crate::pace::{self, Place, Take, Tally, Usage};
+use crate::pace::{self, Booked, Place, Usage};
 use crate::ports::{Pace, Saved, ServiceBook};
 use crate::time::Timestamp;
 
@@ -19,10 +20,10 @@ pub struct MemoryServiceBook {
     paces: Mutex<BTreeMap<String, Paced>>,
 }
 
-/// One limited service's tally and places.
+/// One limited service's next free turn and places.
 #[derive(Debug, Default)]
 struct Paced {
-    tally: Option<Tally>,
+    next: Option<Timestamp>,
     places: BTreeMap<u32, Timestamp>,
 }
 
@@ -43,29 +44,20 @@ impl MemoryServiceBook {
 }
 
 impl Pace for MemoryServiceBook {
-    async fn take_second(
+    async fn take_turn(
         &self,
         service: &str,
-        per_second: u32,
-        from: i64,
-        last: i64,
-    ) -> Result<Option<i64>> {
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> Result<Booked> {
         Ok(self.paced(service, |p| {
-            let mut second = from;
-            while second <= last {
-                match pace::take(p.tally, second, per_second) {
-                    Take::Add { second, taken } => {
-                        p.tally = Some(Tally { second, taken: taken + 1 });
-                        return Some(second);
-                    }
-                    Take::Start { second } => {
-                        p.tally = Some(Tally { second, taken: 1 });
-                        return Some(second);
-                    }
-                    Take::Later(later) => second = later,
-                }
+            let turn = pace::turn(p.next, now, spacing);
+            if turn.start > latest {
+                return Booked::TooLate { next: turn.start };
             }
-            None
+            p.next = Some(turn.next);
+            Booked::Start(turn.start)
         }))
     }
 
@@ -94,7 +86,7 @@ impl Pace for MemoryServiceBook {
 
     async fn usage(&self, service: &str, now: Timestamp) -> Result<Usage> {
         let paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(paces.get(service).map_or_else(Usage::default, |p| Usage::at(now, p.tally, &p.places)))
+        Ok(paces.get(service).map_or_else(Usage::default, |p| Usage::at(now, p.next, &p.places)))
     }
 }
 

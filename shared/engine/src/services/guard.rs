@@ -14,7 +14,7 @@
 //! bookkeeping must never be what stops a working service from being called (a service
 //! pressed too hard then throttles, and the guard hears that).
 //!
-//! A call that cannot have its turn before its budget ends (every second up to it is full,
+//! A call that cannot have its turn before its budget ends (the turns up to it are taken,
 //! every place in flight is taken, or the service asked to be left alone until after it) is
 //! not made: the request is kept back until there is room, and its lease does not burn.
 
@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::config::HoldPolicy;
 use crate::health::{QUIET_STEP, ServiceRecord, Streak};
-use crate::pace::{self, LATE_IN_SECOND, Limits, PLACE_POLL, Place, Usage};
+use crate::pace::{self, Booked, Limits, PLACE_POLL, Place, Usage};
 use crate::ports::{Clock, Pace, Saved, ServiceBook};
 use crate::time::Timestamp;
 
@@ -64,14 +64,14 @@ pub struct Pass {
 pub struct NoBook;
 
 impl Pace for NoBook {
-    async fn take_second(
+    async fn take_turn(
         &self,
         _: &str,
-        _: u32,
-        from: i64,
-        _: i64,
-    ) -> crate::error::Result<Option<i64>> {
-        Ok(Some(from))
+        _: Duration,
+        now: Timestamp,
+        _: Timestamp,
+    ) -> crate::error::Result<Booked> {
+        Ok(Booked::Start(now))
     }
     async fn enter(
         &self,
@@ -168,7 +168,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             None => None,
         };
         if let Some(per_second) = self.limits.per_second
-            && let Err(busy) = self.second(per_second, deadline).await
+            && let Err(busy) = self.turn(per_second, deadline).await
         {
             self.done(Pass { place }).await;
             return busy;
@@ -195,25 +195,21 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         }
     }
 
-    /// Takes the call's second and waits for its start.
-    async fn second(&self, per_second: u32, deadline: Timestamp) -> Result<(), Admission> {
+    /// Takes the call's turn and waits for it.
+    async fn turn(&self, per_second: u32, deadline: Timestamp) -> Result<(), Admission> {
         let now = self.clock.now();
-        let from = pace::first_second(now);
-        let last = pace::second_of(deadline.minus(CALL_ROOM + LATE_IN_SECOND));
-        if from > last {
-            return Err(Admission::Busy { until: pace::start_of(from) });
-        }
-        match self.book.take_second(&self.service, per_second, from, last).await {
-            Ok(Some(second)) => {
-                let start = pace::start_of(second);
+        let latest = deadline.minus(CALL_ROOM);
+        let spacing = pace::spacing(per_second);
+        match self.book.take_turn(&self.service, spacing, now, latest).await {
+            Ok(Booked::Start(start)) => {
                 if start > now {
                     self.clock.sleep(now.until(start)).await;
                 }
                 Ok(())
             }
-            Ok(None) => Err(Admission::Busy { until: pace::start_of(last + 1) }),
+            Ok(Booked::TooLate { next }) => Err(Admission::Busy { until: next }),
             Err(e) => {
-                warn!(service = %self.service, error = %e, "the service's tally is unreadable: the call goes");
+                warn!(service = %self.service, error = %e, "the service's turns are unreadable: the call goes");
                 Ok(())
             }
         }
