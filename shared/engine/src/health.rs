@@ -72,6 +72,10 @@ pub struct Release {
     pub by: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Probes sent during the hold: the only calls that reached the service while it was
+    /// held.
+    #[serde(default)]
+    pub probes: u64,
 }
 
 impl ServiceRecord {
@@ -131,6 +135,7 @@ impl ServiceRecord {
                     held_since: hold.since,
                     by: None,
                     reason: String::new(),
+                    probes: hold.probes,
                 });
                 next.held = None;
                 next.unannounced = true;
@@ -182,6 +187,7 @@ impl ServiceRecord {
             held_since: hold.since,
             by: Some(by.to_owned()),
             reason: truncate(reason, MAX_REASON_LEN),
+            probes: hold.probes,
         });
         next.held = None;
         next.unannounced = true;

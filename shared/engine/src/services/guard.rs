@@ -202,6 +202,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         let spacing = pace::spacing(per_second);
         match self.book.take_turn(&self.service, spacing, now, latest).await {
             Ok(Booked::Start(start)) => {
+                crate::metrics::service_rate_limit(per_second);
                 if start > now {
                     self.clock.sleep(now.until(start)).await;
                 }

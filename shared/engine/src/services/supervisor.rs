@@ -288,6 +288,10 @@ where
             if record.held.is_some() {
                 report.held += 1;
             }
+            // One count per service and sweep: orders a released service has not resumed yet
+            // still wait.
+            let waiting = self.index.count_held(&record.service).await.unwrap_or(0);
+            crate::metrics::service_state(&record.service, record.held.is_some(), waiting);
             if record.unannounced {
                 match self.announce(book, &record).await {
                     Ok(()) => report.announced += 1,
