@@ -651,6 +651,14 @@ async fn a_declared_rate_holds_across_executions_and_a_request_without_a_turn_is
     assert_eq!(b.queues.sent_count(&Destination::Replies), replies, "no reply: the lease stands");
     let own = Destination::Agent(sas_engine::AgentName::new("payment"));
     assert_eq!(b.queues.delayed_len(&own), 1, "kept back on its own queue, delayed");
+    // Its whole wait is reported at once, so that no sweep takes its lease for lost while it
+    // is kept back (it will come back older than the requests taken meanwhile).
+    let reports = b.waits.reports(b.clock.now()).await.unwrap();
+    let waited = short.due_at.unwrap().until(until);
+    assert!(
+        reports.iter().any(|r| r.queue == own && r.wait >= waited && r.until > until),
+        "{reports:?}"
+    );
 }
 
 /// The manual clock, but a wait lets the other tasks run, as a real one does.

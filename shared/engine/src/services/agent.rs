@@ -164,7 +164,10 @@ where
                     let outcome = StepOutcome::held(&reason);
                     return self.reply(request, deadline, outcome, calls).await;
                 }
-                Admission::Busy { until } => return self.keep_back(request, until, calls).await,
+                Admission::Busy { until } => {
+                    let budget = taken.until(deadline);
+                    return self.keep_back(request, until, calls, budget).await;
+                }
             };
             calls += 1;
             let started = self.clock.now();
@@ -238,22 +241,25 @@ where
     }
 
     /// Sends `request` back to this agent's queue, to come again at `until`: its service has
-    /// no room for it now. The request keeps when it was first due, so the wait it reports
-    /// when it comes back includes the time kept back, and the supervisor leaves its lease
-    /// alone as it does any request still in a queue.
+    /// no room for it now. The request keeps when it was first due, and the wait it will have
+    /// had by then is reported at once, so that the supervisor leaves its lease alone as it
+    /// does any request still in a queue.
     async fn keep_back(
         &self,
         request: &StepRequest,
         until: Timestamp,
         calls: u32,
+        budget: Duration,
     ) -> Result<AgentOutcome> {
-        let delay = self.clock.now().until(until).clamp(Duration::from_secs(1), MAX_KEEP_BACK);
+        let now = self.clock.now();
+        let delay = now.until(until).clamp(Duration::from_secs(1), MAX_KEEP_BACK);
         let again = Outgoing {
             to: self.queue.clone(),
             message: Message::Request(Box::new(request.clone())),
             delay,
         };
         self.outbox.send(&[again]).await?;
+        self.waits.kept_back(&self.queue, request.due_at, now, now.plus(delay), budget).await;
         info!(order_id = %request.order_id, delay_s = delay.as_secs(), "no room at the service within the budget: kept back");
         metrics::agent_finished("kept_back");
         Ok(AgentOutcome::KeptBack { calls, until: self.clock.now().plus(delay) })
