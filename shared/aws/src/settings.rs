@@ -261,22 +261,18 @@ impl Env {
     /// `agent`'s value in the list `variable` of `agent=value` entries separated by commas
     /// (how the template passes one setting per agent), if it has one.
     pub fn entry(&self, variable: &str, agent: &str) -> Result<Option<String>> {
-        Ok(self.entries(variable)?.into_iter().find(|(name, _)| name == agent).map(|(_, v)| v))
-    }
-
-    /// Every entry of the list `variable`, in order.
-    pub fn entries(&self, variable: &str) -> Result<Vec<(String, String)>> {
         let list = self.get(variable).unwrap_or_default();
-        list.split(',')
-            .map(str::trim)
-            .filter(|item| !item.is_empty())
-            .map(|item| match item.split_once('=') {
-                Some((name, value)) => Ok((name.trim().to_owned(), value.trim().to_owned())),
-                None => {
-                    Err(Error::Config(format!("{variable}: {item:?} is not an agent=value entry")))
-                }
-            })
-            .collect()
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let Some((name, value)) = item.split_once('=') else {
+                return Err(Error::Config(format!(
+                    "{variable}: {item:?} is not an agent=value entry"
+                )));
+            };
+            if name.trim() == agent {
+                return Ok(Some(value.trim().to_owned()));
+            }
+        }
+        Ok(None)
     }
 }
 

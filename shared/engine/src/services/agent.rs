@@ -253,16 +253,17 @@ where
     ) -> Result<AgentOutcome> {
         let now = self.clock.now();
         let delay = now.until(until).clamp(Duration::from_secs(1), MAX_KEEP_BACK);
+        let again_at = now.plus(delay);
         let again = Outgoing {
             to: self.queue.clone(),
             message: Message::Request(Box::new(request.clone())),
             delay,
         };
         self.outbox.send(&[again]).await?;
-        self.waits.kept_back(&self.queue, request.due_at, now, now.plus(delay), budget).await;
+        self.waits.kept_back(&self.queue, request.due_at, now, again_at, budget).await;
         info!(order_id = %request.order_id, delay_s = delay.as_secs(), "no room at the service within the budget: kept back");
         metrics::agent_finished("kept_back");
-        Ok(AgentOutcome::KeptBack { calls, until: self.clock.now().plus(delay) })
+        Ok(AgentOutcome::KeptBack { calls, until: again_at })
     }
 
     async fn answered(&self, probe: bool) {

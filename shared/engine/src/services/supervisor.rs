@@ -290,10 +290,15 @@ where
             }
             // One count per service and sweep: orders a released service has not resumed yet
             // still wait.
-            let waiting = self.index.count_held(&record.service).await.unwrap_or(0);
-            crate::metrics::service_state(&record.service, record.held.is_some(), waiting);
+            let waiting = self.index.count_held(&record.service).await;
+            let counted = *waiting.as_ref().unwrap_or(&0);
+            crate::metrics::service_state(&record.service, record.held.is_some(), counted);
             if record.unannounced {
-                match self.announce(book, &record).await {
+                let announced = match waiting {
+                    Ok(waiting) => self.announce(book, &record, waiting).await,
+                    Err(e) => Err(e),
+                };
+                match announced {
                     Ok(()) => report.announced += 1,
                     Err(e) => {
                         warn!(service = %record.service, error = %e, "could not announce the service's hold");
@@ -314,9 +319,14 @@ where
         Ok(report)
     }
 
-    /// Publishes the alert of the service's last hold or release, then records it.
-    async fn announce<G: ServiceBook>(&self, book: &G, record: &ServiceRecord) -> Result<()> {
-        let waiting = self.index.count_held(&record.service).await?;
+    /// Publishes the alert of the service's last hold or release, with the `waiting` orders,
+    /// then records it.
+    async fn announce<G: ServiceBook>(
+        &self,
+        book: &G,
+        record: &ServiceRecord,
+        waiting: u64,
+    ) -> Result<()> {
         if let Some(event) = ServiceEvent::of(record, waiting) {
             let published = self.ports.bus.publish(&[BusEvent::service(&event)]).await?;
             if let Some((_, reason)) = published.failed.first() {
