@@ -19,6 +19,11 @@ are built once per call, and a message's retention is checked against the queue'
 directly; the list of modules is read once, and requests are not logged. What DynamoDB and SQS
 do is unchanged: the contract tests check it on this server.
 
+moto serves requests on several threads, and a conditional write checks its condition and then
+writes as two steps that another thread's write can come between. DynamoDB applies each write
+to an item atomically, and the services table's turns depend on it; here every DynamoDB call
+holds one lock while it runs (the interpreter lock serialises them anyway, so little is lost).
+
 Usage: python moto_server.py -H 127.0.0.1 -p PORT (the arguments of moto.server).
 """
 
@@ -87,6 +92,31 @@ def transact_write_items(self, transact_items):
 
 
 DynamoDBBackend.transact_write_items = transact_write_items
+
+_dynamodb = threading.RLock()
+
+
+def _atomic(method):
+    def call(self, *args, **kwargs):
+        with _dynamodb:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
+for _name in (
+    "get_item",
+    "batch_get_item",
+    "query",
+    "scan",
+    "put_item",
+    "update_item",
+    "delete_item",
+    "batch_write_item",
+    "transact_get_items",
+    "transact_write_items",
+):
+    setattr(DynamoDBBackend, _name, _atomic(getattr(DynamoDBBackend, _name)))
 
 # A queue's attributes, built once per call of get_queue_attributes rather than once per name.
 _built = threading.local()

@@ -240,14 +240,10 @@ async fn executions_sharing_a_services_table_never_take_the_same_turn_or_more_th
     let books = [t.book(), t.book(), t.book()];
     let spacing = Duration::from_millis(250);
     let latest = T0.plus(Duration::from_millis(4_900));
-    // One after another, each book's memory of the last turn goes stale as the others take
-    // theirs, so most takes first fail their condition and go on from what stands in the way.
-    // (Taken at once, moto's updates are not atomic as DynamoDB's are: two conditional updates
-    // of one item may both land.)
-    let mut booked = Vec::new();
-    for book in books.iter().cycle().take(24) {
-        booked.push(book.take_turn("payment", spacing, T0, latest).await);
-    }
+    // All at once: most takes first fail their condition, and go on from what stands in the
+    // way, as each book's memory of the last turn goes stale.
+    let takes = books.iter().cycle().take(24).map(|b| b.take_turn("payment", spacing, T0, latest));
+    let booked = futures_util::future::join_all(takes).await;
     let mut starts: Vec<i64> = booked
         .iter()
         .filter_map(|b| match b.as_ref().unwrap() {
