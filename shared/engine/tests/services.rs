@@ -675,6 +675,152 @@ impl Clock for Ticking {
     }
 }
 
+/// The manual clock, but every wait lasts `extra` longer than asked, as on a busy host.
+#[derive(Clone, Debug)]
+struct Drowsy {
+    clock: ManualClock,
+    extra: Arc<std::sync::Mutex<Duration>>,
+}
+
+impl Clock for Drowsy {
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+    async fn sleep(&self, duration: Duration) {
+        self.clock.advance(duration + *self.extra.lock().unwrap());
+    }
+}
+
+/// The shared book, but writing a turn takes `write` (of the same clock).
+struct SlowTurns {
+    book: sas_engine::memory::MemoryServiceBook,
+    clock: ManualClock,
+    write: Duration,
+}
+
+impl sas_engine::ports::Pace for SlowTurns {
+    async fn take_turn(
+        &self,
+        service: &str,
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> Result<sas_engine::pace::Booked> {
+        self.clock.advance(self.write);
+        self.book.take_turn(service, spacing, now, latest).await
+    }
+    async fn enter(
+        &self,
+        service: &str,
+        limit: u32,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<sas_engine::pace::Place>> {
+        self.book.enter(service, limit, now, until).await
+    }
+    async fn leave(&self, service: &str, place: sas_engine::pace::Place) -> Result<()> {
+        self.book.leave(service, place).await
+    }
+    async fn usage(&self, service: &str, now: Timestamp) -> Result<sas_engine::pace::Usage> {
+        self.book.usage(service, now).await
+    }
+}
+
+impl sas_engine::ports::ServiceBook for SlowTurns {
+    async fn load(&self, service: &str) -> Result<Option<sas_engine::health::ServiceRecord>> {
+        self.book.load(service).await
+    }
+    async fn all(&self) -> Result<Vec<sas_engine::health::ServiceRecord>> {
+        self.book.all().await
+    }
+    async fn save(
+        &self,
+        next: &sas_engine::health::ServiceRecord,
+    ) -> Result<sas_engine::ports::Saved> {
+        self.book.save(next).await
+    }
+}
+
+/// The gaps between the calls that reached `service`.
+fn gaps(service: &Stamped) -> Vec<u64> {
+    let at = service.log().at.clone();
+    at.windows(2).map(|w| w[0].until(w[1]).as_millis() as u64).collect()
+}
+
+#[tokio::test]
+async fn a_call_woken_late_for_its_turn_takes_another_rather_than_meet_the_next_call() {
+    use sas_engine::pace::{Limits, spacing};
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    let drowsy = Drowsy { clock: b.clock.clone(), extra: Arc::default() };
+    let agent = Agent::new(
+        service.clone(),
+        b.queues.clone(),
+        drowsy.clone(),
+        SplitMix::seeded(7),
+        RetryPolicy::default(),
+        Destination::Agent(sas_engine::AgentName::new("payment")),
+        WaitReporter::new(b.waits.clone(), "agent-payment".into(), Duration::from_secs(30)),
+    )
+    .guarded(book, "payment", HoldPolicy::default())
+    .limited(Limits { per_second: Some(5), in_flight: None });
+    let start = b.clock.now();
+    for i in 0..4 {
+        // The second call's wait for its turn (240 ms on) lasts 300 ms more.
+        *drowsy.extra.lock().unwrap() = Duration::from_millis(if i == 1 { 300 } else { 0 });
+        let mut request = b.request(Duration::from_secs(30));
+        request.idempotency_key = format!("{}/{i}", request.idempotency_key);
+        let outcome = agent.handle(&request, Incoming::first("m")).await.unwrap();
+        assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    }
+    // It woke 300 ms late, at 540 ms: going then, it would have met the third call (whose turn
+    // was 480 ms) within a few ms. It took the turn at 540 ms instead, and the third call the
+    // one after.
+    assert_eq!(service.log().at[0], start);
+    assert_eq!(service.log().at[1], start.plus(Duration::from_millis(540)));
+    let spacing = spacing(5).as_millis() as u64;
+    assert_eq!(gaps(&service), [540, spacing, spacing]);
+}
+
+#[tokio::test]
+async fn slow_writes_of_turns_make_a_call_ask_for_its_turn_ahead_not_arrive_late_for_it() {
+    use sas_engine::pace::{Limits, spacing};
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(SlowTurns {
+        book: sas_engine::memory::MemoryServiceBook::default(),
+        clock: b.clock.clone(),
+        write: Duration::from_millis(300),
+    });
+    let agent = Agent::new(
+        service.clone(),
+        b.queues.clone(),
+        b.clock.clone(),
+        SplitMix::seeded(7),
+        RetryPolicy::default(),
+        Destination::Agent(sas_engine::AgentName::new("payment")),
+        WaitReporter::new(b.waits.clone(), "agent-payment".into(), Duration::from_secs(30)),
+    )
+    .guarded(book, "payment", HoldPolicy::default())
+    .limited(Limits { per_second: Some(5), in_flight: None });
+    let start = b.clock.now();
+    for i in 0..4 {
+        let mut request = b.request(Duration::from_secs(30));
+        request.idempotency_key = format!("{}/{i}", request.idempotency_key);
+        let outcome = agent.handle(&request, Incoming::first("m")).await.unwrap();
+        assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    }
+    // The first turn (now) was 300 ms gone once written: the call let it pass, and asked
+    // from then on for turns 300 ms ahead, each kept to the millisecond.
+    assert_eq!(service.log().at[0], start.plus(Duration::from_millis(600)));
+    assert!(
+        gaps(&service).iter().all(|gap| *gap >= spacing(5).as_millis() as u64),
+        "{:?}",
+        gaps(&service)
+    );
+}
+
 #[tokio::test]
 async fn a_declared_concurrency_holds_across_executions() {
     let limits = sas_engine::pace::Limits { per_second: None, in_flight: Some(2) };

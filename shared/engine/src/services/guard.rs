@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::config::HoldPolicy;
 use crate::health::{QUIET_STEP, ServiceRecord, Streak};
-use crate::pace::{self, Booked, Limits, PLACE_POLL, Place, Usage};
+use crate::pace::{self, Booked, Limits, MAX_MISSED_TURNS, PLACE_POLL, Place, TURN_SLACK, Usage};
 use crate::ports::{Clock, Pace, Saved, ServiceBook};
 use crate::time::Timestamp;
 
@@ -34,6 +34,10 @@ pub const FRESH: Duration = Duration::from_secs(1);
 
 /// A call is given its turn only if this much of its budget is left once it starts.
 pub const CALL_ROOM: Duration = Duration::from_secs(1);
+
+/// The longest a call asks for its turn ahead of now, however long the last turn took to
+/// write: one slow write must not delay the calls after it by more.
+const MAX_LEAD: Duration = Duration::from_secs(1);
 
 /// The longest a throttled call's `Retry-After` keeps the service quiet.
 pub const MAX_QUIET: Duration = Duration::from_secs(900);
@@ -112,6 +116,8 @@ pub struct Guard<G, C> {
     limits: Limits,
     seen: Mutex<Option<(Timestamp, ServiceRecord)>>,
     streak: Mutex<Streak>,
+    /// How long this execution's last turn took to write.
+    lead: Mutex<Duration>,
 }
 
 impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
@@ -125,6 +131,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             limits: Limits::NONE,
             seen: Mutex::new(None),
             streak: Mutex::new(Streak::default()),
+            lead: Mutex::new(Duration::ZERO),
         }
     }
 
@@ -195,25 +202,40 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         }
     }
 
-    /// Takes the call's turn and waits for it.
+    /// Takes the call's turn and waits for it. The turn asked for starts no sooner than the
+    /// last turn took to write, so that the call is not late for it from the start; a call
+    /// late all the same takes another turn, and after [`MAX_MISSED_TURNS`] is kept back.
     async fn turn(&self, per_second: u32, deadline: Timestamp) -> Result<(), Admission> {
-        let now = self.clock.now();
         let latest = deadline.minus(CALL_ROOM);
         let spacing = pace::spacing(per_second);
-        match self.book.take_turn(&self.service, spacing, now, latest).await {
-            Ok(Booked::Start(start)) => {
-                crate::metrics::service_rate_limit(per_second);
-                if start > now {
-                    self.clock.sleep(now.until(start)).await;
+        for _ in 0..=MAX_MISSED_TURNS {
+            let asked = self.clock.now();
+            let lead = *self.lead.lock().unwrap_or_else(|e| e.into_inner());
+            let start = match self
+                .book
+                .take_turn(&self.service, spacing, asked.plus(lead), latest)
+                .await
+            {
+                Ok(Booked::Start(start)) => start,
+                Ok(Booked::TooLate { next }) => return Err(Admission::Busy { until: next }),
+                Err(e) => {
+                    warn!(service = %self.service, error = %e, "the service's turns are unreadable: the call goes");
+                    return Ok(());
                 }
-                Ok(())
+            };
+            let taken = self.clock.now();
+            *self.lead.lock().unwrap_or_else(|e| e.into_inner()) = asked.until(taken).min(MAX_LEAD);
+            if start > taken {
+                self.clock.sleep(taken.until(start)).await;
             }
-            Ok(Booked::TooLate { next }) => Err(Admission::Busy { until: next }),
-            Err(e) => {
-                warn!(service = %self.service, error = %e, "the service's turns are unreadable: the call goes");
-                Ok(())
+            let late = start.until(self.clock.now());
+            if late <= TURN_SLACK {
+                crate::metrics::service_rate_limit(per_second);
+                return Ok(());
             }
+            info!(service = %self.service, late_ms = late.as_millis() as u64, "the call got to its turn late: it takes another");
         }
+        Err(Admission::Busy { until: self.clock.now().plus(spacing) })
     }
 
     /// The call is over: its place in flight is free.
