@@ -1,5 +1,6 @@
 //! The supervisor function's handler: per scheduled invocation, one sweep of the expiry index,
-//! then the services tended (holds announced, the orders of a service open again resumed).
+//! then the services tended (holds announced, the orders of a service open again resumed
+//! while the queues flow).
 
 pub mod settings;
 
@@ -25,7 +26,8 @@ where
     G: ServiceBook,
 {
     let swept = supervisor.sweep().await;
-    match supervisor.tend(book).await {
+    let flowing = matches!(&swept, Ok(report) if report.stalled.is_none());
+    match supervisor.tend(book, flowing).await {
         Ok(r) => info!(
             held = r.held,
             announced = r.announced,

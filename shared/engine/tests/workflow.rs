@@ -8,7 +8,7 @@ use std::time::Duration;
 use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::SERVICE_DETAIL_TYPE;
 use sas_engine::memory::Behaviour;
-use sas_engine::ports::{Destination, Incoming};
+use sas_engine::ports::{Clock, Destination, Incoming};
 use sas_engine::services::Handled;
 use sas_engine::state::{Cause, Phase, ProcessState, StepStatus};
 use world::World;
@@ -189,6 +189,44 @@ async fn an_outage_holds_its_orders_and_they_finish_once_the_service_is_back() {
     assert_eq!(changes.len(), 2, "one alert for the release: {changes:?}");
     assert_eq!(changes[1]["state"].as_str(), Some("open"));
     assert!(w.alerts().is_empty());
+}
+
+#[tokio::test]
+async fn orders_of_a_released_service_resume_only_once_the_queues_flow() {
+    use sas_engine::health::ServiceRecord;
+    use sas_engine::ports::ServiceBook;
+    let mut w = World::new();
+    let now = w.clock.now();
+    let held = ServiceRecord::open("payment", now).hold_by(now, "ops", "maintenance").unwrap();
+    w.book.save(&held).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(w.submit(&format!("held-{n}")).await.unwrap().order_id);
+    }
+    w.run_for(Duration::from_secs(300)).await;
+    for id in &ids {
+        assert_eq!(w.state(*id).held_on().map(|h| h.service.as_str()), Some("payment"));
+    }
+
+    // Released while the scheduler takes nothing: a new order's start message waits an hour.
+    let record = w.book.load("payment").await.unwrap().unwrap();
+    w.book.save(&record.release_by(w.clock.now(), "ops", "done").unwrap()).await.unwrap();
+    w.submit("behind").await.unwrap();
+    w.clock.advance(Duration::from_secs(3600));
+    let report = w.sweep().await;
+    assert_eq!(report.stalled.as_deref(), Some("scheduler"));
+    for id in &ids {
+        let r = w.state(*id);
+        assert_eq!(r.held_on().map(|h| h.service.as_str()), Some("payment"), "not resumed");
+    }
+    assert_eq!(w.queues.len(&Destination::Scheduler), 1, "nothing added to the stalled queue");
+
+    // Once the scheduler runs again, the next sweep resumes them.
+    w.run_for(Duration::from_secs(600)).await;
+    for id in &ids {
+        let r = w.state(*id);
+        assert_eq!((r.process_state, r.failure_count), (ProcessState::Processed, 0), "{id}");
+    }
 }
 
 #[tokio::test]

@@ -279,10 +279,12 @@ where
     C: Clock,
     L: LoadSource,
 {
-    /// Tends every service of `book`: announces its last hold or release once, and resumes
-    /// the orders that wait for a service open again, at most `RESUME_PER_SECOND` a second
-    /// (or its declared rate, if lower).
-    pub async fn tend<G: ServiceBook>(&self, book: &G) -> Result<ServicesReport> {
+    /// Tends every service of `book`: announces its last hold or release once, and, if
+    /// `resume`, resumes the orders that wait for a service open again, at most
+    /// `RESUME_PER_SECOND` a second (or its declared rate, if lower). A supervisor whose sweep
+    /// found the queues stalled, or could not read them, resumes nothing: orders sent into
+    /// queues nobody takes from would only add to what waits there.
+    pub async fn tend<G: ServiceBook>(&self, book: &G, resume: bool) -> Result<ServicesReport> {
         let mut report = ServicesReport::default();
         for record in book.all().await? {
             if record.held.is_some() {
@@ -307,6 +309,7 @@ where
                 }
             }
             match &record.held {
+                _ if !resume => {}
                 None => self.resume(&record.service, 0, &mut report).await,
                 // Only a call probes a held service: with every order waiting, one of them
                 // goes, as the probe the agent is due.

@@ -241,12 +241,12 @@ impl World {
     /// One run of the supervisor: its sweep, then its tending of the services.
     pub async fn sweep(&self) -> SweepReport {
         let report = self.supervisor.sweep().await.unwrap();
-        self.tend().await;
+        self.supervisor.tend(&self.book, report.stalled.is_none()).await.unwrap();
         report
     }
 
     pub async fn tend(&self) -> ServicesReport {
-        self.supervisor.tend(&self.book).await.unwrap()
+        self.supervisor.tend(&self.book, true).await.unwrap()
     }
 
     pub fn all_finished(&self) -> bool {
