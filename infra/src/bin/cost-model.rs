@@ -33,8 +33,8 @@ use sas_engine::message::Message;
 use sas_engine::pace::{Booked, Limits, Place, Usage};
 use sas_engine::ports::Clock;
 use sas_engine::ports::{
-    Created, Depth, Destination, Expected, OrderRecord, Outbox, Outgoing, Pace, QueueDepths, Read,
-    Saved, ServiceBook, StateStore, WaitGauge, WaitReport,
+    Created, Depth, Destination, Expected, ExpiryIndex, HeldIndex, IndexEntry, OrderRecord, Outbox,
+    Outgoing, Pace, QueueDepths, Read, Saved, ServiceBook, StateStore, WaitGauge, WaitReport,
 };
 use sas_engine::services::{Agent, Answering, Assembly, Operator, Scheduler};
 use sas_engine::state::StateRecord;
@@ -84,10 +84,28 @@ fn read_units(bytes: usize, read: Read) -> f64 {
     if read == Read::Consistent { units } else { units / 2.0 }
 }
 
-/// Index writes caused by a table write with the `ByCompleteBy` index, which projects the keys
-/// and `CreatedAt`: one to add or remove an entry, two to move it (a key change), one to
-/// rewrite it in place (`CreatedAt` changed), none when it stays as it is.
+/// Index writes caused by a table write: the `ByCompleteBy` index's and the `ByHeldService`
+/// index's.
 fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
+    expiry_index_writes(old, new) + held_index_writes(old, new)
+}
+
+/// Writes of the `ByHeldService` index (keys only: `HeldOn`, `HeldSince`): one as an order
+/// starts or stops waiting for a held service, none while it waits.
+fn held_index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
+    let key = |r: &StateRecord| r.held_on().map(|h| (h.service.clone(), h.since));
+    match (old.and_then(key), key(new)) {
+        (None, None) => 0.0,
+        (Some(a), Some(b)) if a == b => 0.0,
+        (Some(_), Some(_)) => 2.0,
+        _ => 1.0,
+    }
+}
+
+/// Writes of the `ByCompleteBy` index, which projects the keys and `CreatedAt`: one to add or
+/// remove an entry, two to move it (a key change), one to rewrite it in place (`CreatedAt`
+/// changed), none when it stays as it is.
+fn expiry_index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
     let key = |r: &StateRecord| r.complete_by.map(|cb| (r.shard, cb));
     let projected = |r: &StateRecord| r.watched_since();
     match (old.and_then(key), key(new)) {
@@ -145,6 +163,42 @@ impl StateStore for MeteredStore {
             m.index_wru += index_writes(old.as_ref(), next);
         }
         Ok(saved)
+    }
+}
+
+/// An index item's size: the keys and a few attributes.
+const INDEX_ITEM_BYTES: usize = 100;
+
+/// A query of an index, eventually consistent: half a unit per 4 KB of what it returns.
+fn query_units(items: usize) -> f64 {
+    units(items * INDEX_ITEM_BYTES, 4096) / 2.0
+}
+
+impl ExpiryIndex for MeteredStore {
+    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+        let found = self.inner.expired(shard, now, limit).await?;
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += query_units(found.len());
+        Ok(found)
+    }
+
+    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += query_units(1);
+        self.inner.oldest(shard, due_by).await
+    }
+}
+
+impl HeldIndex for MeteredStore {
+    async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
+        let found = self.inner.held(service, limit).await?;
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += query_units(found.len());
+        Ok(found)
+    }
+
+    async fn count_held(&self, service: &str) -> Result<u64> {
+        let count = self.inner.count_held(service).await?;
+        let items = usize::try_from(count).unwrap_or(usize::MAX);
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += query_units(items);
+        Ok(count)
     }
 }
 
@@ -278,6 +332,9 @@ struct Scenario {
     sfn_transitions: f64,
     /// What the payment service is declared to accept.
     payment: Limits,
+    /// The payment service is held (by hand) as the orders come, and released once they all
+    /// wait for it: every order waits once, and is resumed by the supervisor.
+    held: bool,
 }
 
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -294,18 +351,28 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 .into(),
             sfn_transitions: 3.0,
             payment: Limits::NONE,
+            held: false,
         },
         Scenario {
             name: "three steps",
             workflow: sas_workflows::order_fulfilment().into(),
             sfn_transitions: 5.0,
             payment: Limits::NONE,
+            held: false,
         },
         Scenario {
             name: "three steps, the payment service declared at 50 calls a second and 4 in flight",
             workflow: sas_workflows::order_fulfilment().into(),
             sfn_transitions: 5.0,
             payment: Limits { per_second: Some(50), in_flight: Some(4) },
+            held: false,
+        },
+        Scenario {
+            name: "three steps, every order waiting once for the payment service while it is held",
+            workflow: sas_workflows::order_fulfilment().into(),
+            sfn_transitions: 5.0,
+            payment: Limits::NONE,
+            held: true,
         },
         Scenario {
             name: "three steps, the first two side by side",
@@ -313,6 +380,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             // The Parallel state and its two branches' tasks, the last task, start and end.
             sfn_transitions: 6.0,
             payment: Limits::NONE,
+            held: false,
         },
         Scenario {
             name: "three steps and a one-minute wait before shipping",
@@ -320,6 +388,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             // The Wait state is one more transition.
             sfn_transitions: 6.0,
             payment: Limits::NONE,
+            held: false,
         },
         Scenario {
             name: "three steps and an approval from outside before shipping",
@@ -327,6 +396,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             // A task that waits for its token is one more transition.
             sfn_transitions: 6.0,
             payment: Limits::NONE,
+            held: false,
         },
         Scenario {
             name: "ten steps, three of them side by side",
@@ -334,6 +404,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             // Ten tasks, the Parallel state around three of them, and the start and end.
             sfn_transitions: 13.0,
             payment: Limits::NONE,
+            held: false,
         },
     ];
     println!(
@@ -450,6 +521,11 @@ async fn run(
     // Orders arrive at ORDERS_PER_SECOND, each second's drained before the next: a steady
     // load the system keeps up with, so that what depends on time (the door's reads of the
     // queues, the consumers' reports) is counted as it would be.
+    if s.held {
+        let now = clock.now();
+        let held = ServiceRecord::open("payment", now).hold_by(now, "ops", "maintenance");
+        book.save(&held.ok_or("the payment service could not be held")?).await?;
+    }
     let mut answered = 0;
     for i in 0..orders {
         submission.submit(&format!("order-{i:08}"), body.as_bytes()).await?;
@@ -461,10 +537,24 @@ async fn run(
             clock.advance(std::time::Duration::from_secs(1));
         }
     }
-    // Orders that wait are woken by their delayed start messages: time goes on until they are.
-    for _ in 0..3600 {
+    let supervisor = system.supervisor(outbox());
+    if s.held {
+        let waiting = memory.records().iter().filter(|r| r.held_on().is_some()).count();
+        if waiting != orders {
+            return Err(format!("{waiting} of {orders} orders wait for the held service").into());
+        }
+        let record = book.load("payment").await?.ok_or("the payment service has no record")?;
+        let released = record.release_by(clock.now(), "ops", "maintenance over");
+        book.save(&released.ok_or("the payment service could not be released")?).await?;
+    }
+    // Orders that wait are woken by their delayed start messages, and those of a released
+    // service by the supervisor's tending once a minute: time goes on until they are.
+    for second in 0..3600 {
         if memory.records().iter().all(|r| r.is_terminal()) {
             break;
+        }
+        if s.held && second % 60 == 0 {
+            supervisor.tend(&book, true).await?;
         }
         clock.advance(std::time::Duration::from_secs(1));
         drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
