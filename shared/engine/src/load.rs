@@ -112,26 +112,6 @@ impl<G: WaitGauge> WaitReporter<G> {
         self.send(report).await;
     }
 
-    /// Notes that a message due at `due_at`, taken from `queue` at `now`, was sent back to it
-    /// to be taken again at `again` and worked on for up to `work`: it will have waited until
-    /// then. Queues are otherwise first in, first out, and a message kept back comes back older
-    /// than the ones taken meanwhile; reporting its whole wait now keeps the supervisor from
-    /// taking its lease for lost in the meantime.
-    pub async fn kept_back(
-        &self,
-        queue: &Destination,
-        due_at: Option<Timestamp>,
-        now: Timestamp,
-        again: Timestamp,
-        work: Duration,
-    ) {
-        let waited = due_at.unwrap_or(now).until(again);
-        let stands = again.plus(work + self.grace);
-        // Not taken: it will be, and counted, when it comes back.
-        let report = self.note(queue, Some((waited, stands)), now, 0);
-        self.send(report).await;
-    }
-
     async fn send(&self, report: Option<WaitReport>) {
         let Some(report) = report else { return };
         if let Err(e) = self.gauge.report(&report).await {

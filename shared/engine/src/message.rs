@@ -125,6 +125,11 @@ pub enum StepOutcome {
     /// not get an answer from it: the step waits for the service to open, under the same keys,
     /// without counting against its leases. `reason` says why the service is held.
     Held { reason: String },
+    /// The agent's service had no room for the call before the budget ended (its turns or
+    /// places in flight were taken, or it asked to be left alone for longer): the agent did
+    /// not call it again, and the step goes again at `until`, under the same keys, at a new
+    /// lease that starts then. Nothing counts against the step.
+    Deferred { until: Timestamp },
 }
 
 impl StepOutcome {

@@ -830,6 +830,18 @@ impl StateRecord {
             WaitingFor::Answer => "waits for an answer from outside",
             WaitingFor::Service => "waits for its service, which is held",
         };
+        self.note_waiting(at, step, reason, until, limit);
+    }
+
+    /// Appends the start of step `step`'s wait, for `reason`, until `until`.
+    pub(crate) fn note_waiting(
+        &mut self,
+        at: Timestamp,
+        step: &str,
+        reason: &str,
+        until: Timestamp,
+        limit: usize,
+    ) {
         let entry = TimelineEntry {
             at,
             what: Happening::Waiting,

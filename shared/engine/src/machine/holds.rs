@@ -1,7 +1,9 @@
 //! Holds: a step whose service is held waits for it without burning its leases. Its lease is
 //! queued for nobody (no start message waits for it, and the supervisor's sweeps pass it by)
 //! until the supervisor resumes it once the service is open again, or until its `max_hold`
-//! ends and the wait counts as the step's failure.
+//! ends and the wait counts as the step's failure. A step whose service has no room for its
+//! call yet (its declared rate or concurrency, or a throttle) is deferred: it goes again when
+//! the agent says there will be room, at a lease that starts then.
 
 use super::*;
 use crate::state::Held;
@@ -28,6 +30,40 @@ pub(super) fn park(next: &mut StateRecord, i: usize, lease: &Lease, reason: &str
     });
     next.note_wait(ctx.now, &name, WaitingFor::Service, until, ctx.config.timeline_limit);
 }
+
+/// The agent found no room at step `i`'s service before its budget ended, until `until`: the
+/// step goes again then, at one new attempt (which fences off the old one) whose lease starts
+/// then, with a start message due then. Its count of expired leases is kept as it was. `None`
+/// if the step is not in the workflow.
+pub(super) fn defer(
+    next: &mut StateRecord,
+    i: usize,
+    lease: &Lease,
+    until: Timestamp,
+    ctx: &Ctx<'_>,
+) -> Option<Effect> {
+    let budget = budget_of(&next.steps[i], ctx)?;
+    let delay = ctx.now.until(until).min(MAX_DEFER);
+    next.attempt += 1;
+    let attempt = next.attempt;
+    let complete_by = ctx.now.plus(delay).plus(ctx.config.claim_grace).plus(budget);
+    next.steps[i].lease = Some(Lease {
+        attempt,
+        complete_by,
+        sent: false,
+        failures: lease.failures,
+        timer: false,
+        held: false,
+        held_since: None,
+    });
+    let name = next.steps[i].name.clone();
+    let reason = "waits for room at its service";
+    next.note_waiting(ctx.now, &name, reason, ctx.now.plus(delay), ctx.config.timeline_limit);
+    Some(Effect::Kick { delay, attempt })
+}
+
+/// The longest a step is deferred at once: the longest a queue delays a message.
+const MAX_DEFER: Duration = Duration::from_secs(900);
 
 /// The supervisor found `service` open: every step of the order held on it is queued again,
 /// at one new attempt, with a start message after `delay` (the supervisor spreads the orders

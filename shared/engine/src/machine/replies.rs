@@ -40,7 +40,9 @@ pub(super) fn reply(
     let too_large = match outcome {
         StepOutcome::Done { output } => output_len(output),
         StepOutcome::TooLarge { bytes } => Some(*bytes),
-        StepOutcome::Failed { .. } | StepOutcome::Held { .. } => None,
+        StepOutcome::Failed { .. } | StepOutcome::Held { .. } | StepOutcome::Deferred { .. } => {
+            None
+        }
     };
     let mut effects = Vec::new();
     match (direction, outcome) {
@@ -77,6 +79,10 @@ pub(super) fn reply(
             // waits under the same keys, so that its service answers what it did.
             park(&mut next, i, lease, reason, ctx);
         }
+        (_, StepOutcome::Deferred { until }) => match defer(&mut next, i, lease, *until, ctx) {
+            Some(kick) => effects.push(kick),
+            None => return unknown_step(&next.steps[i]),
+        },
         (Direction::Undo, StepOutcome::Failed { reason }) => {
             // One undo refused does not stop the others: release the stock even if the refund
             // failed. The operator gets the list of what is left.

@@ -13,8 +13,10 @@
 //! counted towards the hold; once the service is held, it stops retrying and answers `held`.
 //! A guarded agent whose service declares limits ([`Agent::limited`]) calls it only in its
 //! turn; a request that cannot have its turn within its budget, or meets a service that asked
-//! to be left alone for longer, is sent back to the agent's own queue for when there is room,
-//! without a call and without burning its lease. A throttled call is tried again once the
+//! to be left alone for longer, is not called: the agent answers that the step is deferred
+//! until there will be room, and the scheduler gives the step a lease that starts then (a
+//! request sent back to the queue would come after every request sent meanwhile, and its old
+//! lease could run out while it waits behind them). A throttled call is tried again once the
 //! service's quiet is over, and does not count against the retries.
 
 use std::time::Duration;
@@ -38,7 +40,8 @@ use crate::config::HoldPolicy;
 use crate::pace::Limits;
 use crate::ports::{Pace, ServiceBook};
 
-/// The longest a request is kept back at once (SQS's longest delay).
+/// The longest a step is deferred at once (SQS's longest delay, which its start message is
+/// sent with).
 pub const MAX_KEEP_BACK: Duration = Duration::from_secs(900);
 
 /// How an agent finished with a request.
@@ -54,8 +57,8 @@ pub enum AgentOutcome {
     /// The service is held: the step was answered `held`, after `calls` calls (a probe, or
     /// the faults that made the hold).
     Held { calls: u32 },
-    /// The service had no room for the call within the budget: the request went back to the
-    /// agent's queue, to come again at `until`.
+    /// The service had no room for the call within the budget: the step was deferred to
+    /// `until` (a `Deferred` reply).
     KeptBack { calls: u32, until: Timestamp },
 }
 
@@ -165,8 +168,7 @@ where
                     return self.reply(request, deadline, outcome, calls).await;
                 }
                 Admission::Busy { until } => {
-                    let budget = taken.until(deadline);
-                    return self.keep_back(request, until, calls, budget).await;
+                    return self.keep_back(request, deadline, until, calls).await;
                 }
             };
             calls += 1;
@@ -240,30 +242,20 @@ where
         }
     }
 
-    /// Sends `request` back to this agent's queue, to come again at `until`: its service has
-    /// no room for it now. The request keeps when it was first due, and the wait it will have
-    /// had by then is reported at once, so that the supervisor leaves its lease alone as it
-    /// does any request still in a queue.
+    /// Tells the scheduler that `request`'s service has no room for it before `until`: the
+    /// step goes again then, at a lease that starts then, so that nothing counts against it
+    /// however long the service's room takes to come.
     async fn keep_back(
         &self,
         request: &StepRequest,
+        deadline: Timestamp,
         until: Timestamp,
         calls: u32,
-        budget: Duration,
     ) -> Result<AgentOutcome> {
         let now = self.clock.now();
-        let delay = now.until(until).clamp(Duration::from_secs(1), MAX_KEEP_BACK);
-        let again_at = now.plus(delay);
-        let again = Outgoing {
-            to: self.queue.clone(),
-            message: Message::Request(Box::new(request.clone())),
-            delay,
-        };
-        self.outbox.send(&[again]).await?;
-        self.waits.kept_back(&self.queue, request.due_at, now, again_at, budget).await;
-        info!(order_id = %request.order_id, delay_s = delay.as_secs(), "no room at the service within the budget: kept back");
-        metrics::agent_finished("kept_back");
-        Ok(AgentOutcome::KeptBack { calls, until: again_at })
+        let until = until.max(now.plus(Duration::from_secs(1))).min(now.plus(MAX_KEEP_BACK));
+        info!(order_id = %request.order_id, delay_s = now.until(until).as_secs(), "no room at the service within the budget: deferred");
+        self.reply(request, deadline, StepOutcome::Deferred { until }, calls).await
     }
 
     async fn answered(&self, probe: bool) {
@@ -287,6 +279,10 @@ where
             metrics::agent_finished("expired");
             return Ok(AgentOutcome::Expired { calls });
         }
+        let deferred = match &outcome {
+            StepOutcome::Deferred { until } => Some(*until),
+            _ => None,
+        };
         let done = match &outcome {
             StepOutcome::Done { .. } => Some(true),
             StepOutcome::TooLarge { bytes } => {
@@ -294,7 +290,7 @@ where
                 Some(true)
             }
             StepOutcome::Failed { .. } => Some(false),
-            StepOutcome::Held { .. } => None,
+            StepOutcome::Held { .. } | StepOutcome::Deferred { .. } => None,
         };
         let reply = StepReply {
             order_id: request.order_id,
@@ -308,6 +304,10 @@ where
         };
         self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
         let Some(done) = done else {
+            if let Some(until) = deferred {
+                metrics::agent_finished("kept_back");
+                return Ok(AgentOutcome::KeptBack { calls, until });
+            }
             metrics::agent_finished("held");
             return Ok(AgentOutcome::Held { calls });
         };

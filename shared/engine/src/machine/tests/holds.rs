@@ -190,3 +190,34 @@ fn a_cancel_takes_back_a_held_step_and_undoes_what_its_calls_may_have_done() {
         Decision::Ignore(Ignored::NotHeld)
     );
 }
+
+#[test]
+fn a_step_deferred_for_room_at_its_service_goes_again_then_without_counting_a_failure() {
+    let f = Fixture::new();
+    let r = f.claim(&f.new_record(), T0);
+    let before = r.steps[0].lease.unwrap();
+    let until = T0.plus(secs(40));
+    let t = f.reply(&r, StepOutcome::Deferred { until }, T0.plus(secs(1)));
+    let lease = t.next.steps[0].lease.unwrap();
+    // A new attempt, not sent, whose lease starts when the service has room.
+    assert!(lease.attempt > before.attempt && !lease.sent && !lease.held);
+    let budget = f.workflow.steps()[0].budget;
+    assert_eq!(lease.complete_by, until.plus(f.config.claim_grace).plus(budget));
+    assert_eq!((lease.failures, t.next.failure_count), (0, 0));
+    assert_eq!(t.next.process_state, ProcessState::Pending);
+    assert_eq!(t.effects, [Effect::Kick { delay: secs(39), attempt: lease.attempt }]);
+    assert_eq!(t.next.held_on(), None, "a deferred step is not held");
+    let noted = t.next.timeline.last().unwrap();
+    assert_eq!((noted.what, noted.until), (Happening::Waiting, Some(until)));
+
+    // Its start message starts it again, and the old attempt's late answer is stale.
+    let again = f.claim(&t.next, until);
+    assert!(again.steps[0].lease.unwrap().sent);
+    let step = step_ref(&r);
+    let done = StepOutcome::done(json!({}));
+    let late = Input::Reply { attempt: before.attempt, step: &step, outcome: &done, message: "x" };
+    assert!(matches!(f.decide(&again, late, until), Decision::Ignore(Ignored::Stale { .. })));
+    let finished = f.reply(&again, StepOutcome::done(json!({})), until.plus(secs(1))).next;
+    assert_eq!(finished.steps[0].status, StepStatus::Done);
+    assert_eq!(finished.failure_count, 0);
+}
