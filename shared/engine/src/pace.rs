@@ -32,9 +32,9 @@ pub const TRAVEL_JITTER: Duration = Duration::from_millis(200);
 
 /// How long after its turn began a call may still go. A call that gets to its turn later
 /// (writing the turn took long, or its host woke it late) takes another: gone late, it could
-/// reach the service with the calls of the turns after its own, and the travel jitter left
-/// between turns is for the journey alone.
-pub const TURN_SLACK: Duration = Duration::from_millis(50);
+/// reach the service with the calls of the turns after its own. This slack is half the
+/// [`TRAVEL_JITTER`] the spacing leaves room for; the other half is for the journey.
+pub const TURN_SLACK: Duration = Duration::from_millis(100);
 
 /// How many turns a call lets pass before it is kept back instead: a host too busy to keep a
 /// turn would only be given more work by asking for one again and again.
