@@ -751,6 +751,41 @@ fn gaps(service: &Stamped) -> Vec<u64> {
     at.windows(2).map(|w| w[0].until(w[1]).as_millis() as u64).collect()
 }
 
+type PacedAgent<C, G> =
+    Agent<Arc<Stamped>, Arc<MemoryQueues<ManualClock>>, C, SplitMix, Arc<MemoryWaits>, G>;
+
+/// The payment agent of `b` on `clock`, calling `service` within `limits` kept in `book`.
+fn paced_agent<C, G>(
+    b: &AgentBench,
+    service: &Arc<Stamped>,
+    clock: C,
+    book: G,
+    limits: sas_engine::pace::Limits,
+) -> PacedAgent<C, G>
+where
+    C: Clock + Clone,
+    G: sas_engine::ports::ServiceBook + sas_engine::ports::Pace,
+{
+    Agent::new(
+        service.clone(),
+        b.queues.clone(),
+        clock,
+        SplitMix::seeded(7),
+        RetryPolicy::default(),
+        Destination::Agent(sas_engine::AgentName::new("payment")),
+        WaitReporter::new(b.waits.clone(), "agent-payment".into(), Duration::from_secs(30)),
+    )
+    .guarded(book, "payment", HoldPolicy::default())
+    .limited(limits)
+}
+
+/// Request `i` of `b`, with 30 s to go and a key of its own.
+fn nth_request(b: &AgentBench, i: usize) -> StepRequest {
+    let mut request = b.request(Duration::from_secs(30));
+    request.idempotency_key = format!("{}/{i}", request.idempotency_key);
+    request
+}
+
 #[tokio::test]
 async fn a_call_woken_late_for_its_turn_takes_another_rather_than_meet_the_next_call() {
     use sas_engine::pace::{Limits, spacing};
@@ -758,24 +793,13 @@ async fn a_call_woken_late_for_its_turn_takes_another_rather_than_meet_the_next_
     let service = Stamped::new(&b.clock);
     let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
     let drowsy = Drowsy { clock: b.clock.clone(), extra: Arc::default() };
-    let agent = Agent::new(
-        service.clone(),
-        b.queues.clone(),
-        drowsy.clone(),
-        SplitMix::seeded(7),
-        RetryPolicy::default(),
-        Destination::Agent(sas_engine::AgentName::new("payment")),
-        WaitReporter::new(b.waits.clone(), "agent-payment".into(), Duration::from_secs(30)),
-    )
-    .guarded(book, "payment", HoldPolicy::default())
-    .limited(Limits { per_second: Some(5), in_flight: None });
+    let limits = Limits { per_second: Some(5), in_flight: None };
+    let agent = paced_agent(&b, &service, drowsy.clone(), book, limits);
     let start = b.clock.now();
     for i in 0..4 {
         // The second call's wait for its turn (240 ms on) lasts 300 ms more.
         *drowsy.extra.lock().unwrap() = Duration::from_millis(if i == 1 { 300 } else { 0 });
-        let mut request = b.request(Duration::from_secs(30));
-        request.idempotency_key = format!("{}/{i}", request.idempotency_key);
-        let outcome = agent.handle(&request, Incoming::first("m")).await.unwrap();
+        let outcome = agent.handle(&nth_request(&b, i), Incoming::first("m")).await.unwrap();
         assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
     }
     // It woke 300 ms late, at 540 ms: going then, it would have met the third call (whose turn
@@ -797,22 +821,11 @@ async fn slow_writes_of_turns_make_a_call_ask_for_its_turn_ahead_not_arrive_late
         clock: b.clock.clone(),
         write: Duration::from_millis(300),
     });
-    let agent = Agent::new(
-        service.clone(),
-        b.queues.clone(),
-        b.clock.clone(),
-        SplitMix::seeded(7),
-        RetryPolicy::default(),
-        Destination::Agent(sas_engine::AgentName::new("payment")),
-        WaitReporter::new(b.waits.clone(), "agent-payment".into(), Duration::from_secs(30)),
-    )
-    .guarded(book, "payment", HoldPolicy::default())
-    .limited(Limits { per_second: Some(5), in_flight: None });
+    let limits = Limits { per_second: Some(5), in_flight: None };
+    let agent = paced_agent(&b, &service, b.clock.clone(), book, limits);
     let start = b.clock.now();
     for i in 0..4 {
-        let mut request = b.request(Duration::from_secs(30));
-        request.idempotency_key = format!("{}/{i}", request.idempotency_key);
-        let outcome = agent.handle(&request, Incoming::first("m")).await.unwrap();
+        let outcome = agent.handle(&nth_request(&b, i), Incoming::first("m")).await.unwrap();
         assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
     }
     // The first turn (now) was 300 ms gone once written: the call let it pass, and asked
@@ -832,27 +845,9 @@ async fn a_declared_concurrency_holds_across_executions() {
     let service = Stamped::new(&b.clock);
     let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
     let agents: Vec<_> = (0..3)
-        .map(|_| {
-            Agent::new(
-                service.clone(),
-                b.queues.clone(),
-                Ticking(b.clock.clone()),
-                SplitMix::seeded(7),
-                RetryPolicy::default(),
-                Destination::Agent(sas_engine::AgentName::new("payment")),
-                WaitReporter::new(b.waits.clone(), "agent-payment".into(), Duration::from_secs(30)),
-            )
-            .guarded(book.clone(), "payment", HoldPolicy::default())
-            .limited(limits)
-        })
+        .map(|_| paced_agent(&b, &service, Ticking(b.clock.clone()), book.clone(), limits))
         .collect();
-    let requests: Vec<StepRequest> = (0..9)
-        .map(|i| {
-            let mut request = b.request(Duration::from_secs(30));
-            request.idempotency_key = format!("{}/{i}", request.idempotency_key);
-            request
-        })
-        .collect();
+    let requests: Vec<StepRequest> = (0..9).map(|i| nth_request(&b, i)).collect();
     let outcomes = futures_util::future::join_all(
         requests.iter().enumerate().map(|(i, r)| agents[i % 3].handle(r, Incoming::first("m"))),
     )
