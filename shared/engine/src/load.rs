@@ -219,6 +219,10 @@ impl Load {
     /// Combines the standing reports and the depths read at `now`.
     pub fn new(now: Timestamp, reports: &[WaitReport], depths: &[(Destination, Depth)]) -> Load {
         let mut queues: BTreeMap<Destination, QueueLoad> = BTreeMap::new();
+        // Per queue, the longest the first message still waiting can have waited: it came
+        // after every message a consumer took, so at most the wait of the last one a consumer
+        // reported, and the time since.
+        let mut heads: HashMap<Destination, Duration> = HashMap::new();
         let fresh = HEARTBEAT + REPORT_EVERY;
         for r in reports {
             let q = queues.entry(r.queue.clone()).or_default();
@@ -227,10 +231,21 @@ impl Load {
             }
             if r.at.plus(fresh) > now {
                 q.rate = Some(q.rate.unwrap_or(0.0) + r.rate);
+                let head = r.wait + r.at.until(now);
+                heads.entry(r.queue.clone()).and_modify(|h| *h = (*h).min(head)).or_insert(head);
             }
         }
         for (queue, depth) in depths {
-            queues.entry(queue.clone()).or_default().depth = Some(*depth);
+            let q = queues.entry(queue.clone()).or_default();
+            q.depth = Some(*depth);
+            // Messages wait, and their consumers have taken none for a while (each busy with
+            // a slow batch, say): the waits reported lapse, but the messages waiting have not
+            // stopped ageing.
+            if depth.waiting > 0
+                && let Some(head) = heads.get(queue)
+            {
+                q.wait = q.wait.max(*head);
+            }
         }
         Load { at: now, queues }
     }
@@ -559,13 +574,35 @@ mod tests {
         let payment = Destination::Agent(AgentName::new("payment"));
         let load = Load::new(at(0), &[], &[(payment.clone(), depth(3))]);
         assert_eq!(load.horizon(&catalogue()), Horizon::Stalled(payment.clone()));
-        // A consumer heard from lately, even idle, means the queue is being taken.
+        // A consumer heard from lately, even idle, means the queue is being taken; what waits
+        // came after what it took, 30 s ago at most.
         let heard = [report(payment.clone(), 0, 0.5, 0)];
         let load = Load::new(at(30), &heard, &[(payment.clone(), depth(3))]);
-        assert_eq!(load.horizon(&catalogue()), Horizon::Within(SLACK));
+        let since = Duration::from_secs(30);
+        assert_eq!(load.horizon(&catalogue()), Horizon::Within(since + SLACK));
         // An empty queue cannot stall.
         let load = Load::new(at(0), &[], &[(payment, depth(0))]);
         assert_eq!(load.horizon(&catalogue()), Horizon::Within(SLACK));
+    }
+
+    #[test]
+    fn waiting_messages_keep_ageing_while_their_consumers_take_none() {
+        let payment = Destination::Agent(AgentName::new("payment"));
+        // Two consumers took payment requests that had waited 90 s and 80 s, then none for
+        // 40 s (their waits stand 35 s): what still waits came after what they took.
+        let mut reports =
+            [report(payment.clone(), 90, 2.0, 0), report(payment.clone(), 80, 2.0, 5)];
+        for r in &mut reports {
+            r.until = r.at.plus(Duration::from_secs(35));
+        }
+        let busy = Load::new(at(45), &reports, &[(payment.clone(), depth(150))]);
+        // 80 s waited by the one taken at 5 s, and 40 s since: the tighter of the two.
+        let replies = Duration::ZERO;
+        let head = Duration::from_secs(120) + replies;
+        assert_eq!(busy.horizon(&catalogue()), Horizon::Within(head + SLACK));
+        // Once the queue is empty, the lapsed waits are forgotten.
+        let drained = Load::new(at(45), &reports, &[(payment, depth(0))]);
+        assert_eq!(drained.horizon(&catalogue()), Horizon::Within(SLACK));
     }
 
     #[test]
