@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sas_engine::config::{EngineConfig, HoldPolicy};
-use sas_engine::events::StatusKinds;
+use sas_engine::events::{SERVICE_DETAIL_TYPE, StatusKinds};
+use sas_engine::health::ServiceRecord;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{SLACK, WaitReporter};
 use sas_engine::memory::{
@@ -19,7 +20,7 @@ use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
 use sas_engine::order::Order;
 use sas_engine::ports::{
     Clock, Created, Destination, ENTRY_TRIES, Expected, ExpiryIndex, Incoming, IndexEntry,
-    OrderRecord, Read, Saved, StateStore, WaitGauge,
+    OrderRecord, Read, Saved, ServiceBook, StateStore, WaitGauge,
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{Agent, AgentOutcome, Handled, Ports, StatusService, Supervisor};
@@ -316,7 +317,6 @@ async fn the_agent_retries_transient_faults_with_jittered_backoff() {
 async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_on_an_answer() {
     use sas_engine::config::HoldPolicy;
     use sas_engine::memory::MemoryServiceBook;
-    use sas_engine::ports::ServiceBook;
 
     let clock = ManualClock::default();
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
@@ -655,6 +655,21 @@ impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {
     }
 }
 
+impl<G: ServiceBook> ServiceBook for Yielding<G> {
+    async fn load(&self, service: &str) -> Result<Option<ServiceRecord>> {
+        tokio::task::yield_now().await;
+        self.0.load(service).await
+    }
+    async fn all(&self) -> Result<Vec<ServiceRecord>> {
+        tokio::task::yield_now().await;
+        self.0.all().await
+    }
+    async fn save(&self, next: &ServiceRecord) -> Result<Saved> {
+        tokio::task::yield_now().await;
+        self.0.save(next).await
+    }
+}
+
 type TestSupervisor = Supervisor<
     Yielding<world::Store>,
     world::Store,
@@ -740,6 +755,32 @@ async fn racing_supervisors_at_the_threshold_send_exactly_one_alert() {
     assert_eq!(r.alert, Some(AlertDelivery::Sent));
     assert_eq!(w.alerts().len(), 1);
     assert_eq!(r.needs_manual_undo(), ["reserve-inventory"]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn racing_supervisors_announce_a_hold_and_its_release_once() {
+    let w = World::new();
+    let now = w.clock.now();
+    let policy = HoldPolicy::default();
+    let held = ServiceRecord::open("payment", now).hold(now, 5, "503", &policy).unwrap();
+    assert_eq!(w.book.save(&held).await.unwrap(), Saved::Saved);
+    // Every read and write of the book gives way, so the two tendings interleave.
+    let book = Yielding(w.book.clone());
+    let (a, b) = (racing_supervisor(&w), racing_supervisor(&w));
+    let (ra, rb) = tokio::join!(a.tend(&book), b.tend(&book));
+    assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 1);
+    let (ra, rb) = tokio::join!(a.tend(&book), b.tend(&book));
+    assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 0, "announced already");
+
+    let record = w.book.load("payment").await.unwrap().unwrap();
+    let released = record.release_by(w.clock.now(), "ops", "back").unwrap();
+    assert_eq!(w.book.save(&released).await.unwrap(), Saved::Saved);
+    let (ra, rb) = tokio::join!(a.tend(&book), b.tend(&book));
+    assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 1);
+    let states: Vec<_> =
+        w.bus.of_type(SERVICE_DETAIL_TYPE).iter().map(|e| e["state"].clone()).collect();
+    assert_eq!(states, ["held", "open"]);
+    assert!(!w.book.load("payment").await.unwrap().unwrap().unannounced);
 }
 
 #[tokio::test]
