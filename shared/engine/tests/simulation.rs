@@ -2280,6 +2280,38 @@ fn an_answer_counted_whatever_its_token_fails_the_simulation() {
 }
 
 #[test]
+fn an_agent_calling_its_held_service_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::HeldAgentCallsService]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with agents that call their service while it is held");
+    assert!(failure.contains("and not as its probe"), "{failure}");
+}
+
+#[test]
+fn a_held_step_whose_lease_runs_with_its_budget_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::HeldStepBurnsLease]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with steps failing for their held service within their budget");
+    assert!(failure.contains("failed held too long after"), "{failure}");
+}
+
+#[test]
+fn a_supervisor_that_resumes_no_order_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::NoResume]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with a supervisor that resumes nothing once a service opens");
+    assert!(failure.contains("still waits for"), "{failure}");
+}
+
+#[test]
+fn a_hold_announced_without_being_recorded_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::AnnouncementUnrecorded]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with holds announced again at every sweep");
+    assert!(failure.contains("announced twice"), "{failure}");
+}
+
+#[test]
 fn the_settle_bound_follows_from_the_configuration() {
     let json = sas_workflows::order_fulfilment();
     let workflow = Workflow::from_json(json, &Workflow::agents_in(json)).unwrap();

@@ -141,6 +141,7 @@ where
             let probe = match self.admit().await {
                 Admission::Call => false,
                 Admission::Probe => true,
+                Admission::Held { .. } if mutants::on(Mutant::HeldAgentCallsService) => false,
                 Admission::Held { reason } => {
                     let outcome = StepOutcome::held(&reason);
                     return self.reply(request, deadline, outcome, calls).await;

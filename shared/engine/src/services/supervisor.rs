@@ -301,6 +301,7 @@ where
                 }
             }
             match &record.held {
+                None if mutants::on(Mutant::NoResume) => {}
                 None => self.resume(&record.service, 0, &mut report).await,
                 // Only a call probes a held service: with every order waiting, one of them
                 // goes, as the probe the agent is due.
@@ -335,6 +336,9 @@ where
                     first_reason: reason.clone(),
                 });
             }
+        }
+        if mutants::on(Mutant::AnnouncementUnrecorded) {
+            return Ok(true);
         }
         // Recorded on what it wrote, or on what an agent wrote since (a probe taken keeps the
         // announcement under way); a newer change is announced at the next sweep.
