@@ -439,6 +439,7 @@ impl System {
                 index: t.store(),
                 clock: clock.clone(),
                 agents: agent_names.clone(),
+                limits: Default::default(),
             },
             shards: config.index_shards,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),

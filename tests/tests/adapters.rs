@@ -228,3 +228,63 @@ async fn an_agent_calls_its_service_with_a_token_from_secrets_manager_or_signed(
     assert_eq!(body["input"], serde_json::Value::Null);
     assert_eq!(body["order"]["currency"], "EUR");
 }
+
+#[tokio::test]
+async fn executions_sharing_a_services_table_never_take_the_same_turn_or_more_than_its_places() {
+    use sas_engine::health::ServiceRecord;
+    use sas_engine::pace::Booked;
+    use sas_engine::ports::{Pace, ServiceBook};
+
+    let t = TestStack::new("pace").await;
+    // Three executions, each with its own memory of what it read.
+    let books = [t.book(), t.book(), t.book()];
+    let spacing = Duration::from_millis(250);
+    let latest = T0.plus(Duration::from_millis(4_900));
+    // One after another, each book's memory of the last turn goes stale as the others take
+    // theirs, so most takes first fail their condition and go on from what stands in the way.
+    // (Taken at once, moto's updates are not atomic as DynamoDB's are: two conditional updates
+    // of one item may both land.)
+    let mut booked = Vec::new();
+    for book in books.iter().cycle().take(24) {
+        booked.push(book.take_turn("payment", spacing, T0, latest).await);
+    }
+    let mut starts: Vec<i64> = booked
+        .iter()
+        .filter_map(|b| match b.as_ref().unwrap() {
+            Booked::Start(start) => Some(start.as_millis()),
+            Booked::TooLate { .. } => None,
+        })
+        .collect();
+    starts.sort_unstable();
+    // 24 asked for the turns of 4.9 s at one every 250 ms: 20 were given one, each its own,
+    // and the other 4 were told the next free turn is too late for them.
+    let expected: Vec<i64> = (0..20).map(|k| T0.as_millis() + 250 * k).collect();
+    assert_eq!(starts, expected, "{booked:?}");
+
+    // Places: 2 of them; a third caller waits, and a place past its call is free again.
+    let now = T0;
+    let until = now.plus(Duration::from_secs(30));
+    let a = books[0].enter("payment", 2, now, until).await.unwrap().unwrap();
+    let b = books[1].enter("payment", 2, now, until).await.unwrap().unwrap();
+    assert_ne!(a.slot, b.slot);
+    assert_eq!(books[2].enter("payment", 2, now, until).await.unwrap(), None);
+    let usage = books[2].usage("payment", now).await.unwrap();
+    assert_eq!(usage.in_flight, 2);
+    books[0].leave("payment", a).await.unwrap();
+    let c = books[2].enter("payment", 2, now, until).await.unwrap().unwrap();
+    assert_eq!(c.slot, a.slot);
+    let later = until.plus(Duration::from_secs(1));
+    let d = books[0].enter("payment", 2, later, later.plus(Duration::from_secs(30))).await;
+    assert!(d.unwrap().is_some(), "places past their calls are free again");
+    // Giving back a place someone took again after it ran out leaves theirs alone.
+    books[1].leave("payment", b).await.unwrap();
+    assert_eq!(books[1].usage("payment", later).await.unwrap().in_flight, 1);
+
+    // The tallies and places are not services' records.
+    books[0]
+        .save(&ServiceRecord { version: 1, ..ServiceRecord::open("payment", now) })
+        .await
+        .unwrap();
+    let all = books[0].all().await.unwrap();
+    assert_eq!(all.iter().map(|r| r.service.as_str()).collect::<Vec<_>>(), ["payment"]);
+}

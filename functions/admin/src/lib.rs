@@ -28,7 +28,8 @@ use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
 use sas_engine::machine::Refused;
 use sas_engine::ports::{
-    Clock, EventBus, HeldIndex, ListQuery, Listing, OrderFinder, Outbox, ServiceBook, StateStore,
+    Clock, EventBus, HeldIndex, ListQuery, Listing, OrderFinder, Outbox, Pace, ServiceBook,
+    StateStore,
 };
 use sas_engine::services::{
     Applied, Command, Commanded, DeskRefusal, Operator, ServiceDesk, StatusService,
@@ -91,7 +92,7 @@ where
     Q: Outbox,
     B: EventBus,
     C: Clock,
-    G: ServiceBook,
+    G: ServiceBook + Pace,
 {
     // Only a named principal may act: the anonymous caller of a route left without its
     // authorizer by mistake changes nothing.
@@ -352,7 +353,7 @@ async fn service_command<S, Q, B, C, G>(
 where
     S: HeldIndex,
     C: Clock,
-    G: ServiceBook,
+    G: ServiceBook + Pace,
 {
     if !matches!(verb, "hold" | "release") {
         return bad_request(&format!("{verb:?}: a service is held (hold) or released (release)"));

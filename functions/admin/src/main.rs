@@ -37,6 +37,7 @@ async fn main() -> Result<(), Error> {
             index: store,
             clock: SystemClock,
             agents: s.engine.agents.clone(),
+            limits: s.engine.config.limits.clone(),
         },
         shards: s.engine.config.index_shards,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),

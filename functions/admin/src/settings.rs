@@ -24,6 +24,7 @@ impl Settings {
             bus: env.required("EVENT_BUS_NAME")?,
             dead_letter_queues: env.dead_letter_queues(&engine.agents)?,
             services_table: env.required("SERVICES_TABLE")?,
+
             engine,
         })
     }

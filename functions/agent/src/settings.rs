@@ -51,7 +51,7 @@ impl Settings {
             None => DEFAULT_CALL_TIMEOUT_MS,
         };
         let agent = env.required("AGENT_NAME")?;
-        let (service_url, auth) = match entry(env, "SERVICE_URLS", &agent)? {
+        let (service_url, auth) = match env.entry("SERVICE_URLS", &agent)? {
             Some(url) => {
                 let auth = auth(env, &agent, &url)?;
                 (url, auth)
@@ -70,23 +70,10 @@ impl Settings {
 }
 
 /// The value of `agent`'s entry in the `agent=value` list `variable`, if it has one.
-fn entry(env: &Env, variable: &str, agent: &str) -> Result<Option<String>> {
-    let list = env.get(variable).unwrap_or_default();
-    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let Some((name, value)) = item.split_once('=') else {
-            return Err(Error::Config(format!("{variable}: {item:?} is not an agent=value entry")));
-        };
-        if name.trim() == agent {
-            return Ok(Some(value.trim().to_owned()));
-        }
-    }
-    Ok(None)
-}
-
 fn auth(env: &Env, agent: &str, service_url: &str) -> Result<Auth> {
     let secret_id = || env.required("SERVICE_SECRET_ID");
     // The template passes its parameter's spelling (SIGV4, API_KEY, ...).
-    let kind = entry(env, "SERVICE_AUTH", agent)?.unwrap_or_else(|| "sigv4".into());
+    let kind = env.entry("SERVICE_AUTH", agent)?.unwrap_or_else(|| "sigv4".into());
     Ok(match kind.to_ascii_lowercase().replace('_', "-").as_str() {
         "none" => Auth::None,
         "sigv4" => Auth::SigV4 {

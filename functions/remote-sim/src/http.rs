@@ -17,7 +17,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::Router;
@@ -49,8 +49,16 @@ pub const REPLAYED: &str = "idempotent-replayed";
 pub struct App {
     sim: Arc<Mutex<Simulator>>,
     clock: Clock,
+    /// When the clock read zero, to place a call by when its URL received it.
+    started_at: std::time::SystemTime,
     slots: Option<Arc<tokio::sync::Semaphore>>,
 }
+
+/// When the function URL in front of the service received a call (its event's
+/// `requestContext.timeEpoch`): the call is counted then, as the front door of a service
+/// counts it, however long it then queued for an execution environment.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrivedAt(pub std::time::SystemTime);
 
 impl App {
     /// A service with this (validated) configuration whose clock starts now.
@@ -61,7 +69,8 @@ impl App {
 
     /// A service with this configuration and clock (seconds since start).
     pub fn with_clock(config: FaultConfig, clock: Clock) -> App {
-        App { sim: Arc::new(Mutex::new(Simulator::new(config))), clock, slots: None }
+        let started_at = std::time::SystemTime::now() - Duration::from_secs_f64(clock().max(0.0));
+        App { sim: Arc::new(Mutex::new(Simulator::new(config))), clock, started_at, slots: None }
     }
 
     /// The service serving at most `n` calls of `/actions` at once, each with its latency, the
@@ -124,6 +133,7 @@ fn permanent(status: StatusCode, message: impl Into<String>) -> Response {
 async fn action(
     State(app): State<App>,
     Path(action): Path<String>,
+    arrived: Option<axum::Extension<ArrivedAt>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -147,11 +157,19 @@ async fn action(
             other => other,
         },
     };
+    // A call is counted (against the rate, in an outage) as it arrives, as a service's front
+    // door counts it, not when a worker gets to it: calls that queue for the worker are not
+    // calls that came together.
+    let now = match arrived {
+        Some(axum::Extension(ArrivedAt(at))) => {
+            at.duration_since(app.started_at).map_or(0.0, |d| d.as_secs_f64())
+        }
+        None => (app.clock)(),
+    };
     let slot = match &app.slots {
         Some(slots) => slots.clone().acquire_owned().await.ok(),
         None => None,
     };
-    let now = (app.clock)();
     let answer = app.sim().handle(&call, now);
     tracing::info!(
         action = %call.action,

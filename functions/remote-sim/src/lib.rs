@@ -12,6 +12,6 @@ pub mod ledger;
 pub mod sim;
 
 pub use faults::{FaultConfig, Faults, FaultsOverride, Outage};
-pub use http::{App, router};
+pub use http::{App, ArrivedAt, router};
 pub use ledger::{Call, Direction, Effect, Ledger};
 pub use sim::{Answer, Outcome, Simulator, Stats};

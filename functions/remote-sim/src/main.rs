@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas_remote_sim::{App, FaultConfig, router};
+use sas_remote_sim::{App, ArrivedAt, FaultConfig, router};
 use tracing_subscriber::EnvFilter;
 
 /// A simulated remote business service with an effect ledger and fault knobs.
@@ -112,8 +112,20 @@ async fn invoke(
     app: axum::Router,
     request: lambda_http::Request,
 ) -> Result<lambda_http::Response<lambda_http::Body>, lambda_http::Error> {
+    use lambda_http::RequestExt;
+    use lambda_http::request::RequestContext;
     use tower::ServiceExt;
-    let (parts, body) = request.into_parts();
+    let arrived = match request.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(context)) if context.time_epoch > 0 => {
+            let ms = u64::try_from(context.time_epoch).unwrap_or(0);
+            Some(ArrivedAt(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)))
+        }
+        _ => None,
+    };
+    let (mut parts, body) = request.into_parts();
+    if let Some(arrived) = arrived {
+        parts.extensions.insert(arrived);
+    }
     let request = axum::http::Request::from_parts(parts, axum::body::Body::from(body.to_vec()));
     let (parts, body) = app.oneshot(request).await?.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await?.to_vec();

@@ -51,10 +51,30 @@ pub fn services(answer: &Value) -> String {
                 by,
                 cell(s, "reason"),
                 s["waiting"].to_string(),
+                rate(s),
+                in_flight(s),
             ]
         })
         .collect();
-    table(&["service", "state", "since", "by", "why", "waiting"], &rows)
+    let header = ["service", "state", "since", "by", "why", "waiting", "calls/s", "in flight"];
+    table(&header, &rows)
+}
+
+/// A service's declared rate, and how far ahead its turns are taken: `5, booked 3.2 s ahead`.
+fn rate(service: &Value) -> String {
+    let Some(rate) = service["limits"]["per_second"].as_u64() else { return "-".to_owned() };
+    match service["in_use"]["booked_ahead_ms"].as_u64().unwrap_or(0) {
+        0 => rate.to_string(),
+        ms => format!("{rate}, booked {:.1} s ahead", ms as f64 / 1000.0),
+    }
+}
+
+/// A service's declared concurrency, and the calls in flight now: `2/4`.
+fn in_flight(service: &Value) -> String {
+    match service["limits"]["in_flight"].as_u64() {
+        Some(limit) => format!("{}/{limit}", service["in_use"]["in_flight"].as_u64().unwrap_or(0)),
+        None => "-".to_owned(),
+    }
 }
 
 /// An order's workflow and the version it runs: `order-fulfilment v2`.
@@ -367,7 +387,9 @@ mod tests {
              "reason": "5 passing faults in a row, the last: 503", "waiting": 61},
             {"service": "shipping", "state": "held", "probing": false, "held_since": "2026-03-01T09:00:00Z",
              "held_by": "arn:ops", "reason": "carrier maintenance", "waiting": 3},
-            {"service": "inventory", "state": "open", "probing": false, "waiting": 0}
+            {"service": "inventory", "state": "open", "probing": false, "waiting": 0,
+             "limits": {"per_second": 5, "in_flight": 4},
+             "in_use": {"booked_ahead_ms": 3_200, "in_flight": 2}}
         ]});
         let printed = services(&answer);
         let lines: Vec<&str> = printed.lines().collect();
@@ -378,6 +400,11 @@ mod tests {
             lines[2].contains("arn:ops") && lines[2].contains("carrier maintenance"),
             "{printed}"
         );
-        assert!(lines[3].contains("open"), "{printed}");
+        assert!(
+            lines[3].contains("open") && lines[3].contains("5, booked 3.2 s ahead"),
+            "{printed}"
+        );
+        assert!(lines[3].contains("2/4"), "{printed}");
+        assert!(lines[0].contains("calls/s") && lines[1].contains('-'), "{printed}");
     }
 }

@@ -5,7 +5,8 @@
 //! request the AWS adapters would make: DynamoDB write and read units from the real item
 //! encoding (transactions at double rate, index writes when an index key changes, failed
 //! conditional writes included), SQS requests, Lambda invocations, EventBridge events and API
-//! calls. Prices are AWS list prices for us-east-1; the arithmetic is printed.
+//! calls, and the agents' reads and writes of their services' records, turns and places.
+//! Prices are AWS list prices for us-east-1; the arithmetic is printed.
 //!
 //! `cargo run -p sas-infra --bin cost-model -- [ORDERS] [BATCH]` (defaults 1000 orders, and
 //! SQS batches of 10 as the event source mappings deliver under load).
@@ -19,18 +20,21 @@ use sas_aws::dynamo::{order_item_size, state_item_size};
 use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_aws::system::UuidIds;
 use sas_engine::catalogue::Catalogue;
-use sas_engine::config::EngineConfig;
+use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::CALLBACK_DETAIL_TYPE;
+use sas_engine::health::ServiceRecord;
 use sas_engine::load::Gauges;
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SplitMix,
+    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook, MemoryStore,
+    MemoryWaits, SplitMix,
 };
 use sas_engine::message::Message;
+use sas_engine::pace::{Booked, Limits, Place, Usage};
 use sas_engine::ports::Clock;
 use sas_engine::ports::{
-    Created, Depth, Destination, Expected, OrderRecord, Outbox, Outgoing, QueueDepths, Read, Saved,
-    StateStore, WaitGauge, WaitReport,
+    Created, Depth, Destination, Expected, OrderRecord, Outbox, Outgoing, Pace, QueueDepths, Read,
+    Saved, ServiceBook, StateStore, WaitGauge, WaitReport,
 };
 use sas_engine::services::{Agent, Answering, Assembly, Operator, Scheduler};
 use sas_engine::state::StateRecord;
@@ -190,6 +194,68 @@ impl WaitGauge for MeteredWaits {
     }
 }
 
+/// The services table, metered: a consistent read of a service's record is one read unit;
+/// each save, turn taken, place taken or given back one write unit.
+#[derive(Clone, Debug)]
+struct MeteredBook {
+    inner: Arc<MemoryServiceBook>,
+    meter: Arc<Mutex<Meter>>,
+}
+
+impl MeteredBook {
+    fn count(&self, wru: f64, rru: f64) {
+        let mut m = self.meter.lock().unwrap_or_else(|e| e.into_inner());
+        m.wru += wru;
+        m.rru += rru;
+    }
+}
+
+impl ServiceBook for MeteredBook {
+    async fn load(&self, service: &str) -> Result<Option<ServiceRecord>> {
+        self.count(0.0, 1.0);
+        self.inner.load(service).await
+    }
+    async fn all(&self) -> Result<Vec<ServiceRecord>> {
+        self.count(0.0, 1.0);
+        self.inner.all().await
+    }
+    async fn save(&self, next: &ServiceRecord) -> Result<Saved> {
+        self.count(1.0, 0.0);
+        self.inner.save(next).await
+    }
+}
+
+impl Pace for MeteredBook {
+    async fn take_turn(
+        &self,
+        service: &str,
+        spacing: std::time::Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> Result<Booked> {
+        self.count(1.0, 0.0);
+        self.inner.take_turn(service, spacing, now, latest).await
+    }
+    async fn enter(
+        &self,
+        service: &str,
+        limit: u32,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<Place>> {
+        self.count(1.0, 0.0);
+        self.inner.enter(service, limit, now, until).await
+    }
+    async fn leave(&self, service: &str, place: Place) -> Result<()> {
+        self.count(1.0, 0.0);
+        self.inner.leave(service, place).await
+    }
+    async fn usage(&self, service: &str, now: Timestamp) -> Result<Usage> {
+        self.count(0.0, 1.0);
+        self.inner.usage(service, now).await
+    }
+}
+
 /// Queue depths, metered: one `GetQueueAttributes` per queue.
 #[derive(Clone, Debug)]
 struct MeteredDepths {
@@ -210,6 +276,8 @@ struct Scenario {
     workflow: String,
     /// State transitions of the equivalent Step Functions Standard workflow.
     sfn_transitions: f64,
+    /// What the payment service is declared to accept.
+    payment: Limits,
 }
 
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -225,35 +293,47 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                           "compensation":{"action":"refund-payment"}}]}"#
                 .into(),
             sfn_transitions: 3.0,
+            payment: Limits::NONE,
         },
         Scenario {
             name: "three steps",
             workflow: sas_workflows::order_fulfilment().into(),
             sfn_transitions: 5.0,
+            payment: Limits::NONE,
+        },
+        Scenario {
+            name: "three steps, the payment service declared at 50 calls a second and 4 in flight",
+            workflow: sas_workflows::order_fulfilment().into(),
+            sfn_transitions: 5.0,
+            payment: Limits { per_second: Some(50), in_flight: Some(4) },
         },
         Scenario {
             name: "three steps, the first two side by side",
             workflow: sas_workflows::file("express-fulfilment").map_or("", |f| f.json).into(),
             // The Parallel state and its two branches' tasks, the last task, start and end.
             sfn_transitions: 6.0,
+            payment: Limits::NONE,
         },
         Scenario {
             name: "three steps and a one-minute wait before shipping",
             workflow: with_wait(sas_workflows::order_fulfilment(), 60),
             // The Wait state is one more transition.
             sfn_transitions: 6.0,
+            payment: Limits::NONE,
         },
         Scenario {
             name: "three steps and an approval from outside before shipping",
             workflow: with_callback(sas_workflows::order_fulfilment(), 172_800),
             // A task that waits for its token is one more transition.
             sfn_transitions: 6.0,
+            payment: Limits::NONE,
         },
         Scenario {
             name: "ten steps, three of them side by side",
             workflow: ten_steps(),
             // Ten tasks, the Parallel state around three of them, and the start and end.
             sfn_transitions: 13.0,
+            payment: Limits::NONE,
         },
     ];
     println!(
@@ -348,12 +428,18 @@ async fn run(
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
     let scheduler = system.scheduler(Coalescing::new(outbox(), linger), "s");
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
+    // Every agent guards its service, as deployed: it reads the service's record at most once
+    // a second, and a limited one takes its calls' turns and places.
+    let book = MeteredBook { inner: Arc::default(), meter: meter.clone() };
     let agents: HashMap<Destination, _> = agents
         .into_iter()
         .map(|name| {
             let outbox = Coalescing::new(outbox(), linger);
-            let agent =
-                system.agent(&name, remote.clone(), outbox, SplitMix::seeded(1), name.as_str());
+            let limits = if name.as_str() == "payment" { s.payment } else { Limits::NONE };
+            let agent = system
+                .agent(&name, remote.clone(), outbox, SplitMix::seeded(1), name.as_str())
+                .guarded(book.clone(), name.as_str(), HoldPolicy::default())
+                .limited(limits);
             (Destination::Agent(name), agent)
         })
         .collect();
@@ -496,6 +582,7 @@ impl Handler
         ManualClock,
         SplitMix,
         Arc<MeteredWaits>,
+        MeteredBook,
     >
 {
     async fn batch(&self, event: SqsEvent) -> SqsBatchResponse {

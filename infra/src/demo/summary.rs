@@ -39,6 +39,8 @@ pub(super) struct Tally {
     /// Milliseconds from creation to Processed, by workflow.
     to_processed: BTreeMap<String, Vec<i64>>,
     pub(super) resets: usize,
+    /// Milliseconds each order's steps waited for a held service, of the orders that did.
+    held: Vec<i64>,
     error_ids: Vec<String>,
     reported_ids: Vec<String>,
     compensated_unexplained: usize,
@@ -97,6 +99,7 @@ pub(super) async fn summarise(
     let per_order = figures::per_order(stack, &calls, accepted, &tally, records.len());
 
     let mut t = outcomes(&s, &tally, &alerted, &stats, accepted, elapsed);
+    t.push_str(&holds(stack, clients, &tally.held).await);
     t.push_str(&format!(
         "door: {} refused while the queues were long (sent again after Retry-After), {} throttled by the route (429), {} answered 500 (the function throttled or failed), {} other errors\n",
         door.refused.load(Ordering::Relaxed),
@@ -141,6 +144,9 @@ impl Tally {
         let b = body(r);
         let timeline = b["timeline"].as_array().cloned().unwrap_or_default();
         self.resets += timeline.iter().filter(|e| e["what"] == "retry_scheduled").count();
+        if let Some(held) = held_for(&timeline) {
+            self.held.push(held);
+        }
         let end = timeline
             .iter()
             .rev()
@@ -345,6 +351,7 @@ fn outcomes(
         "remote calls: {} ({} transient, {} throttled, {} during the outage, {} answers lost, {} refused for good)\n",
         stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"]
     ));
+    t.push_str(&format!("busiest second at the service: {}\n", busiest(stats)));
     t.push_str(&format!(
         "effects in place, per order and step: {} wrong ({} processed or compensated orders held to their end, every order to at most once a step){}\n",
         s.effects_wrong.len(),
@@ -352,6 +359,83 @@ fn outcomes(
         s.effects_wrong.iter().take(5).map(|w| format!("\n  {w}")).collect::<String>()
     ));
     t
+}
+
+/// How long an order's steps waited for a held service, from its timeline: from each wait for
+/// a service to the end of that hold. `None` if it never waited so.
+fn held_for(timeline: &[Value]) -> Option<i64> {
+    let mut since: HashMap<&str, i64> = HashMap::new();
+    let mut held = None;
+    for e in timeline {
+        let (Some(step), Some(at)) = (e["step"].as_str(), e["at"].as_i64()) else { continue };
+        match e["what"].as_str() {
+            Some("waiting") if e["reason"].as_str().is_some_and(|r| r.contains("service")) => {
+                since.insert(step, at);
+            }
+            Some("hold_ended") => {
+                if let Some(from) = since.remove(step) {
+                    *held.get_or_insert(0) += at - from;
+                }
+            }
+            _ => {}
+        }
+    }
+    held
+}
+
+/// The services' holds, as their records tell (how long, and the probes that reached each
+/// while held: the only calls that did), and the time orders spent waiting for them.
+async fn holds(stack: &LocalStack, clients: &Clients, held: &[i64]) -> String {
+    let table = stack.stack.reference("ServicesTable").unwrap_or_default();
+    let records = scan(&clients.dynamodb, &table).await.unwrap_or_default();
+    let mut services = Vec::new();
+    for record in records.iter().map(body).filter(|b| b.is_object()) {
+        let service = record["service"].as_str().unwrap_or_default();
+        let (since, until, probes, by) = match (&record["held"], &record["released"]) {
+            (Value::Object(_), _) => {
+                let h = &record["held"];
+                (h["since"].as_i64(), None, h["probes"].as_u64(), h["by"].as_str())
+            }
+            (_, Value::Object(_)) => {
+                let r = &record["released"];
+                (r["held_since"].as_i64(), r["at"].as_i64(), r["probes"].as_u64(), None)
+            }
+            _ => continue,
+        };
+        let how_long = match (since, until) {
+            (Some(since), Some(until)) => format!("for {:.0} s", (until - since) as f64 / 1000.0),
+            _ => "still held".to_owned(),
+        };
+        let by = by.map_or("its agent".to_owned(), |by| format!("operator {by}"));
+        let probes = probes.unwrap_or(0);
+        services.push(format!(
+            "{service} (last held by {by}, {how_long}, {probes} probes reached it while held)"
+        ));
+    }
+    let mut held = held.to_vec();
+    held.sort_unstable();
+    let total: i64 = held.iter().sum();
+    format!(
+        "holds: {}; {} orders waited for a held service, {:.0} s in all, p50 {:.0} s, longest {:.0} s\n",
+        if services.is_empty() { "no service was held".to_owned() } else { services.join(", ") },
+        held.len(),
+        total as f64 / 1000.0,
+        held.get(held.len().saturating_sub(1) / 2).copied().unwrap_or(0) as f64 / 1000.0,
+        held.last().copied().unwrap_or(0) as f64 / 1000.0,
+    )
+}
+
+/// The most calls of each action the service counted in one of its seconds, busiest first.
+fn busiest(stats: &Value) -> String {
+    let mut actions: Vec<(&String, u64)> = stats["actions"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(action, counts)| (action, counts["busiest_second"].as_u64().unwrap_or(0)))
+        .collect();
+    actions.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let each: Vec<String> = actions.iter().map(|(a, n)| format!("{a} {n}")).collect();
+    format!("{} calls in all ({})", stats["busiest_second"], each.join(", "))
 }
 
 /// Whether what the simulated service did explains why an order did not go through:

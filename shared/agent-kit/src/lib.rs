@@ -70,7 +70,8 @@
 //!
 //! Everything else is the kit's: the request queue and its batches, retries with backoff
 //! within the step's budget, the service held after passing faults in a row (its steps wait,
-//! answered `held`, and one probe at a time goes to it until it answers), the reply (sent only while the lease holds, fenced by its attempt
+//! answered `held`, and one probe at a time goes to it until it answers), its declared rate
+//! and concurrency kept across executions, the quiet a throttling service asks for, the reply (sent only while the lease holds, fenced by its attempt
 //! number), requests sent again when a passing cause keeps them back, the wait reports the
 //! supervisor reads, traces, metrics and logs.
 
@@ -88,7 +89,7 @@ use sas_aws::sqs::QueueUrls;
 use sas_aws::system::{Jitter, SystemClock};
 use sas_engine::load::WaitReporter;
 use sas_engine::message::Message;
-use sas_engine::ports::{Clock, Destination, Outbox, Random, ServiceBook, WaitGauge};
+use sas_engine::ports::{Clock, Destination, Outbox, Pace, Random, ServiceBook, WaitGauge};
 use sas_engine::services::Agent;
 use sas_engine::{AgentName, Error};
 use tracing::{Span, info};
@@ -134,7 +135,8 @@ where
         DynamoServiceBook::new(wiring.dynamodb().clone(), s.services_table.clone()),
         &s.name,
         s.config.hold,
-    );
+    )
+    .limited(s.limits);
     info!(agent = %s.name, "agent ready");
     let (agent, wiring) = (&agent, &wiring);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
@@ -158,7 +160,7 @@ where
     C: Clock,
     X: Random,
     W: WaitGauge,
-    G: ServiceBook,
+    G: ServiceBook + Pace,
 {
     // A request kept back by a passing cause goes back to this agent's own queue.
     let home = |m: &Message| matches!(m, Message::Request(_)).then(|| agent.queue().clone());

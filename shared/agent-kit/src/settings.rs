@@ -1,13 +1,14 @@
 //! What every agent reads from its environment at cold start, whatever its service: its name
 //! (`AGENT_NAME`), its own queue (found by its name, where a request kept back by a passing
 //! cause is sent again), the reply queue, the wait reports' table, the services' health table,
-//! the engine's tunables and the send linger.
+//! its service's declared limits, the engine's tunables and the send linger.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sas_aws::settings::Env;
 use sas_engine::config::EngineConfig;
+use sas_engine::pace::Limits;
 use sas_engine::{AgentName, Result};
 
 /// An agent's settings, read once at cold start; [`crate::run`] hands them to the service's
@@ -26,6 +27,8 @@ pub struct AgentSettings {
     pub waits_table: String,
     /// Where its service's health is kept (`SERVICES_TABLE`).
     pub services_table: String,
+    /// What its service accepts: its entries in `SERVICE_RATES` and `SERVICE_CONCURRENCY`.
+    pub limits: Limits,
     /// How long a reply may wait for others to share a send (`SEND_LINGER_MS`).
     pub linger: Duration,
 }
@@ -34,14 +37,16 @@ impl AgentSettings {
     /// Reads the settings from `env`; a missing variable is named in the error.
     pub fn from_env(env: &Env) -> Result<AgentSettings> {
         let name = env.required("AGENT_NAME")?;
+        let config = env.engine_config()?;
         Ok(AgentSettings {
-            config: env.engine_config()?,
+            limits: config.limits_of(&name),
+            config,
             own_queue: env.agent_queue(&AgentName::new(&name))?,
-            name,
             reply_queue: env.required("REPLY_QUEUE_URL")?,
             waits_table: env.required("QUEUE_WAITS_TABLE")?,
             services_table: env.required("SERVICES_TABLE")?,
             linger: env.send_linger()?,
+            name,
         })
     }
 }

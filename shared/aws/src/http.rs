@@ -3,8 +3,10 @@
 //! `POST {service_url}/actions/{action}` with the step's idempotency key in the
 //! `Idempotency-Key` header and `{order_id, direction, order, input, outputs}` as JSON (`input`:
 //! for an undo, the output of the step it undoes; `outputs`: for a step, those of the steps done
-//! before it, by name). A 2xx answer is the step's output. 408, 429, 5xx, timeouts and connection failures are transient (the
-//! effect may or may not have happened; the retry carries the same key). 401 and 403 are
+//! before it, by name). A 2xx answer is the step's output. A 429, or a 503 that says when to
+//! come back (`Retry-After` in seconds), is the service throttling: every execution of the
+//! agent leaves it alone that long. 408, other 5xx, timeouts and connection failures are
+//! transient (the effect may or may not have happened; the retry carries the same key). 401 and 403 are
 //! transient too: the agent's own credentials were refused, which an operator fixes, not a
 //! refusal of the order. Any other 4xx is a permanent refusal.
 //!
@@ -128,6 +130,12 @@ impl<C: Clock> RemoteService for HttpRemote<C> {
             .await
             .map_err(|e| RemoteFault::Transient(format!("request failed: {e}")))?;
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
         let text = response
             .text()
             .await
@@ -137,8 +145,12 @@ impl<C: Clock> RemoteService for HttpRemote<C> {
                 Ok(Value::String(sas_engine::message::truncate(&text, MAX_ERROR_TEXT)))
             });
         }
+        if status == StatusCode::TOO_MANY_REQUESTS
+            || (status == StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some())
+        {
+            return Err(RemoteFault::Throttled { reason: status.to_string(), retry_after });
+        }
         if status == StatusCode::REQUEST_TIMEOUT
-            || status == StatusCode::TOO_MANY_REQUESTS
             || status == StatusCode::UNAUTHORIZED
             || status == StatusCode::FORBIDDEN
             || status.is_server_error()

@@ -257,6 +257,25 @@ impl Env {
     }
 }
 
+impl Env {
+    /// `agent`'s value in the list `variable` of `agent=value` entries separated by commas
+    /// (how the template passes one setting per agent), if it has one.
+    pub fn entry(&self, variable: &str, agent: &str) -> Result<Option<String>> {
+        let list = self.get(variable).unwrap_or_default();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let Some((name, value)) = item.split_once('=') else {
+                return Err(Error::Config(format!(
+                    "{variable}: {item:?} is not an agent=value entry"
+                )));
+            };
+            if name.trim() == agent {
+                return Ok(Some(value.trim().to_owned()));
+            }
+        }
+        Ok(None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

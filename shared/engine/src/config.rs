@@ -4,10 +4,12 @@
 //! environment in a Lambda function, a map in tests); an unset key takes its default, a
 //! malformed one is an error that names it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::error::Error;
 use crate::events::StatusKinds;
+use crate::pace::{Limits, MAX_IN_FLIGHT, MAX_RATE};
 use crate::retry::{RetryPolicy, WaitPolicy};
 use crate::workflow::{MAX_HOLD, MIN_HOLD};
 
@@ -62,6 +64,11 @@ pub struct EngineConfig {
     /// the minute between its sweeps, so that the orders that waited reach the service at a
     /// pace it takes rather than all at once. Default 10. Env `RESUME_PER_SECOND`.
     pub resume_per_second: u32,
+    /// What each limited service accepts, by agent: calls a second and calls in flight, kept
+    /// by its agent's executions together and by the supervisor when it resumes the orders
+    /// that waited for it. Env `SERVICE_RATES` and `SERVICE_CONCURRENCY`, each a list of
+    /// `agent=n` entries separated by commas; an agent in neither has no limit.
+    pub limits: BTreeMap<String, Limits>,
 }
 
 /// When a service is held, and how it is probed while held.
@@ -105,6 +112,7 @@ impl Default for EngineConfig {
             max_hold: Duration::from_secs(6 * 3600),
             hold: HoldPolicy::default(),
             resume_per_second: 10,
+            limits: BTreeMap::new(),
         }
     }
 }
@@ -146,9 +154,15 @@ impl EngineConfig {
                 probe_every: secs(&lookup, "PROBE_EVERY_SECONDS", d.hold.probe_every)?,
             },
             resume_per_second: parse(&lookup, "RESUME_PER_SECOND", d.resume_per_second)?,
+            limits: limits(&lookup)?,
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// What `agent`'s service accepts.
+    pub fn limits_of(&self, agent: &str) -> Limits {
+        self.limits.get(agent).copied().unwrap_or(Limits::NONE)
     }
 
     /// Rejects settings that would break the engine's guarantees.
@@ -195,6 +209,32 @@ impl EngineConfig {
     }
 }
 
+/// The services' limits from `SERVICE_RATES` and `SERVICE_CONCURRENCY`.
+fn limits(lookup: &impl Fn(&str) -> Option<String>) -> Result<BTreeMap<String, Limits>, Error> {
+    let mut all: BTreeMap<String, Limits> = BTreeMap::new();
+    for (key, most) in [("SERVICE_RATES", MAX_RATE), ("SERVICE_CONCURRENCY", MAX_IN_FLIGHT)] {
+        let list = lookup(key).unwrap_or_default();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let bad = || {
+                Error::Config(format!(
+                    "{key}: {item:?} must be agent=n, n a whole number from 1 to {most}"
+                ))
+            };
+            let (agent, value) = item.split_once('=').ok_or_else(bad)?;
+            let n = value.trim().parse::<u32>().map_err(|_| bad())?;
+            if !(1..=most).contains(&n) {
+                return Err(bad());
+            }
+            let limits = all.entry(agent.trim().to_owned()).or_default();
+            match key {
+                "SERVICE_RATES" => limits.per_second = Some(n),
+                _ => limits.in_flight = Some(n),
+            }
+        }
+    }
+    Ok(all)
+}
+
 fn parse<T: std::str::FromStr>(
     lookup: &impl Fn(&str) -> Option<String>,
     key: &str,
@@ -235,6 +275,22 @@ mod tests {
         let map: HashMap<String, String> =
             pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         EngineConfig::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn each_service_s_limits_come_from_its_entries_and_a_bad_one_is_named() {
+        let c = from(&[
+            ("SERVICE_RATES", "payment=5, shipping=20"),
+            ("SERVICE_CONCURRENCY", "payment=3"),
+        ])
+        .unwrap();
+        assert_eq!(c.limits_of("payment"), Limits { per_second: Some(5), in_flight: Some(3) });
+        assert_eq!(c.limits_of("shipping"), Limits { per_second: Some(20), in_flight: None });
+        assert_eq!(c.limits_of("inventory"), Limits::NONE);
+        for bad in ["payment=0", "payment=five", "payment", "payment=501"] {
+            let err = from(&[("SERVICE_RATES", bad)]).unwrap_err().to_string();
+            assert!(err.contains("SERVICE_RATES") && err.contains(bad), "{err}");
+        }
     }
 
     #[test]

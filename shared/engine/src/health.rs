@@ -14,6 +14,10 @@ use crate::config::HoldPolicy;
 use crate::message::{MAX_REASON_LEN, truncate};
 use crate::time::Timestamp;
 
+/// A throttled call makes the service quiet for this long when it says nothing of how long,
+/// and a quiet is recorded again only once it reaches this much further.
+pub const QUIET_STEP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the system knows of one service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceRecord {
@@ -40,6 +44,10 @@ pub struct ServiceRecord {
     /// after this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announcing: Option<Timestamp>,
+    /// The service asked to be left alone until then (a 429's `Retry-After`): no execution
+    /// calls it before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_until: Option<Timestamp>,
     pub changed_at: Timestamp,
 }
 
@@ -70,6 +78,10 @@ pub struct Release {
     pub by: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Probes sent during the hold: the only calls that reached the service while it was
+    /// held.
+    #[serde(default)]
+    pub probes: u64,
 }
 
 impl ServiceRecord {
@@ -83,6 +95,7 @@ impl ServiceRecord {
             released: None,
             unannounced: false,
             announcing: None,
+            quiet_until: None,
             changed_at: now,
         }
     }
@@ -134,6 +147,7 @@ impl ServiceRecord {
                     held_since: hold.since,
                     by: None,
                     reason: String::new(),
+                    probes: hold.probes,
                 });
                 next.held = None;
                 Some(next)
@@ -183,6 +197,7 @@ impl ServiceRecord {
             held_since: hold.since,
             by: Some(by.to_owned()),
             reason: truncate(reason, MAX_REASON_LEN),
+            probes: hold.probes,
         });
         next.held = None;
         Some(next)
@@ -196,6 +211,19 @@ impl ServiceRecord {
             return None;
         }
         Some(ServiceRecord { announcing: Some(until), ..self.next(now) })
+    }
+
+    /// The service asked not to be called before `until`. `None` unless that is at least a
+    /// second past the quiet already recorded: a burst of throttled calls writes once.
+    pub fn quiet(&self, now: Timestamp, until: Timestamp) -> Option<ServiceRecord> {
+        let known = self.quiet_until.unwrap_or(now).max(now);
+        (until >= known.plus(QUIET_STEP))
+            .then(|| ServiceRecord { quiet_until: Some(until), ..self.next(now) })
+    }
+
+    /// Until when the service asked to be left alone, if that is after `now`.
+    pub fn quiet_at(&self, now: Timestamp) -> Option<Timestamp> {
+        self.quiet_until.filter(|until| *until > now)
     }
 
     /// The hold or release was announced.

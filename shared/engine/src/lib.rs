@@ -10,7 +10,7 @@
 //!   (order ids, idempotency keys), [`time`].
 //! - State: [`state`] (the record and its invariants) and [`machine`] (the one transition
 //!   function: every state change is decided there); [`health`] (each service's, open or
-//!   held).
+//!   held) and [`pace`] (each service's declared rate and concurrency).
 //! - Services: [`services`] (submission, scheduler, agent, supervisor, status), each generic over
 //!   the [`ports`] it needs.
 //! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts).
@@ -43,6 +43,7 @@ pub mod message;
 pub mod metrics;
 pub mod mutants;
 pub mod order;
+pub mod pace;
 pub mod ports;
 pub mod retry;
 pub mod services;

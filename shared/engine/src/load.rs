@@ -108,22 +108,49 @@ impl<G: WaitGauge> WaitReporter<G> {
         // the queue: only first deliveries tell how long the queue is.
         let waited = due_at.filter(|_| incoming.receive_count <= 1).map(|due| due.until(now));
         let stands = now.plus(work + self.grace);
-        let Some(report) = self.note(queue, waited.map(|w| (w, stands)), now) else { return };
+        let report = self.note(queue, waited.map(|w| (w, stands)), now, 1);
+        self.send(report).await;
+    }
+
+    /// Notes that a message due at `due_at`, taken from `queue` at `now`, was sent back to it
+    /// to be taken again at `again` and worked on for up to `work`: it will have waited until
+    /// then. Queues are otherwise first in, first out, and a message kept back comes back older
+    /// than the ones taken meanwhile; reporting its whole wait now keeps the supervisor from
+    /// taking its lease for lost in the meantime.
+    pub async fn kept_back(
+        &self,
+        queue: &Destination,
+        due_at: Option<Timestamp>,
+        now: Timestamp,
+        again: Timestamp,
+        work: Duration,
+    ) {
+        let waited = due_at.unwrap_or(now).until(again);
+        let stands = again.plus(work + self.grace);
+        // Not taken: it will be, and counted, when it comes back.
+        let report = self.note(queue, Some((waited, stands)), now, 0);
+        self.send(report).await;
+    }
+
+    async fn send(&self, report: Option<WaitReport>) {
+        let Some(report) = report else { return };
         if let Err(e) = self.gauge.report(&report).await {
             warn!(queue = %report.queue.name(), error = %e, "could not report the queue's wait");
         }
     }
 
-    /// Records an observation and returns the report to send, if one is due.
+    /// Records an observation of `taken` messages and returns the report to send, if one is
+    /// due.
     fn note(
         &self,
         queue: &Destination,
         waited: Option<(Duration, Timestamp)>,
         now: Timestamp,
+        taken: u64,
     ) -> Option<WaitReport> {
         let mut tracks = self.tracks.lock().unwrap_or_else(|e| e.into_inner());
         let track = tracks.entry(queue.clone()).or_default();
-        track.taken += 1;
+        track.taken += taken;
         let since = *track.since.get_or_insert(now);
         if let Some((waited, stands)) = waited {
             let slice = REPORT_EVERY.as_millis() as i64;

@@ -45,8 +45,20 @@ pub const QUEUE_BACKLOG: &str = "QueueBacklog";
 /// Seconds a message sent now would wait in a queue, by `queue`.
 pub const QUEUE_WAIT: &str = "QueueWait";
 
+/// One sample per service at each of the supervisor's sweeps: 1 while the service is held,
+/// 0 while it is open, by `service`.
+pub const SERVICE_HELD: &str = "ServiceHeld";
+/// Orders waiting for a held service, one sample per service at each sweep, by `service`.
+pub const SERVICE_WAITING: &str = "ServiceWaiting";
+/// A limited service's declared rate, one sample per call that takes a turn: drawn beside its
+/// calls a second.
+pub const SERVICE_RATE_LIMIT: &str = "ServiceRateLimit";
+
 /// Every metric's name: what the stack's alarms and dashboards may read.
-pub const NAMES: [&str; 14] = [
+pub const NAMES: [&str; 17] = [
+    SERVICE_HELD,
+    SERVICE_WAITING,
+    SERVICE_RATE_LIMIT,
     ORDERS_ACCEPTED,
     ORDERS_REFUSED,
     ORDERS_ENDED,
@@ -81,6 +93,9 @@ pub fn describe() {
         metrics::describe_counter!(name, Count, what);
     }
     metrics::describe_histogram!(QUEUE_BACKLOG, Count, "messages waiting in a queue, when read");
+    metrics::describe_histogram!(SERVICE_HELD, Count, "1 while a service is held, 0 while open");
+    metrics::describe_histogram!(SERVICE_WAITING, Count, "orders waiting for a held service");
+    metrics::describe_histogram!(SERVICE_RATE_LIMIT, Count, "a limited service's declared rate");
     let times = [
         (TIME_TO_TERMINAL, "time from acceptance to the end"),
         (STEP_DURATION, "time from a step's lease to its reply"),
@@ -174,6 +189,19 @@ pub fn remote_call(outcome: &'static str, took: Duration) {
 /// How an agent finished with a request.
 pub fn agent_finished(outcome: &'static str) {
     metrics::counter!(AGENT_REQUESTS, "outcome" => outcome).increment(1);
+}
+
+/// A service's state, as the supervisor found it.
+pub fn service_state(service: &str, held: bool, waiting: u64) {
+    let service = service.to_owned();
+    metrics::histogram!(SERVICE_HELD, "service" => service.clone())
+        .record(f64::from(u8::from(held)));
+    metrics::histogram!(SERVICE_WAITING, "service" => service).record(waiting as f64);
+}
+
+/// A call of a limited service took its turn.
+pub fn service_rate_limit(per_second: u32) {
+    metrics::histogram!(SERVICE_RATE_LIMIT).record(f64::from(per_second));
 }
 
 /// What one sweep found and did.

@@ -19,6 +19,8 @@
 //! - [`RemoteService`]: the business service behind one agent.
 //! - [`ServiceBook`]: one record per service (open or held), each write conditional on the
 //!   version read.
+//! - [`Pace`]: each limited service's next free turn and its places in flight, each taken by
+//!   a conditional write.
 //!
 //! Each has an in-memory implementation in `crate::memory` (the `memory` feature) with the
 //! same semantics, and an AWS implementation outside this crate. Methods return `Send` futures
@@ -35,6 +37,7 @@ use crate::health::ServiceRecord;
 use crate::ids::{AgentName, Direction, IdempotencyKey, OrderId, Owner};
 use crate::message::Message;
 use crate::order::Order;
+use crate::pace::{Booked, Place, Usage};
 use crate::state::{ProcessState, StateRecord};
 use crate::time::Timestamp;
 
@@ -457,6 +460,36 @@ pub trait ServiceBook: Send + Sync {
     fn save(&self, next: &ServiceRecord) -> impl Future<Output = Result<Saved>> + Send;
 }
 
+/// What every execution of an agent shares to keep its service within its declared limits
+/// ([`crate::pace`]). Only a limited service's agent calls it.
+pub trait Pace: Send + Sync {
+    /// Takes the next turn of `service`'s calls, `spacing` after the turn before it (or now,
+    /// if that is later), if it starts by `latest`; takes nothing otherwise.
+    fn take_turn(
+        &self,
+        service: &str,
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> impl Future<Output = Result<Booked>> + Send;
+
+    /// Takes one of `limit` places in flight for a call that is over by `until`: `None` if
+    /// every place is taken by a call still within its own `until`.
+    fn enter(
+        &self,
+        service: &str,
+        limit: u32,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> impl Future<Output = Result<Option<Place>>> + Send;
+
+    /// Gives `place` back, unless someone took it again after its `until`.
+    fn leave(&self, service: &str, place: Place) -> impl Future<Output = Result<()>> + Send;
+
+    /// What `service` uses of its limits at `now`.
+    fn usage(&self, service: &str, now: Timestamp) -> impl Future<Output = Result<Usage>> + Send;
+}
+
 /// One call to a remote service: what an agent's [`RemoteService`] is asked to do. The same
 /// call may come more than once (a retry after a passing fault, a step sent again after its
 /// lease expired, a message delivered twice), always with the same `idempotency_key`.
@@ -497,6 +530,12 @@ pub enum RemoteFault {
     /// Final: the service refused the action, which did not take effect.
     #[error("permanent: {0}")]
     Permanent(String),
+    /// The service asks to be called less often (HTTP 429, or a 503 with `Retry-After`): the
+    /// action did not take effect. Every execution of the agent waits `retry_after` (or a
+    /// second) before its next call, and the call is tried again without counting against
+    /// its retries; throttling that goes on holds the service like any passing fault.
+    #[error("throttled: {reason}")]
+    Throttled { reason: String, retry_after: Option<Duration> },
 }
 
 /// The business service behind one agent: what a team implements for an agent of its own.
@@ -639,6 +678,33 @@ impl<T: ServiceBook + ?Sized> ServiceBook for std::sync::Arc<T> {
     }
     fn save(&self, next: &ServiceRecord) -> impl Future<Output = Result<Saved>> + Send {
         (**self).save(next)
+    }
+}
+
+impl<T: Pace + ?Sized> Pace for std::sync::Arc<T> {
+    fn take_turn(
+        &self,
+        service: &str,
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> impl Future<Output = Result<Booked>> + Send {
+        (**self).take_turn(service, spacing, now, latest)
+    }
+    fn enter(
+        &self,
+        service: &str,
+        limit: u32,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> impl Future<Output = Result<Option<Place>>> + Send {
+        (**self).enter(service, limit, now, until)
+    }
+    fn leave(&self, service: &str, place: Place) -> impl Future<Output = Result<()>> + Send {
+        (**self).leave(service, place)
+    }
+    fn usage(&self, service: &str, now: Timestamp) -> impl Future<Output = Result<Usage>> + Send {
+        (**self).usage(service, now)
     }
 }
 

@@ -534,6 +534,226 @@ async fn a_reply_that_cannot_be_sent_is_retried_without_a_second_effect() {
     assert_eq!(b.replies().len(), 1);
 }
 
+/// A service that answers every call at once and notes when each came, how many were in
+/// flight at once, and throttles the calls it is told to.
+struct Stamped {
+    clock: ManualClock,
+    log: std::sync::Mutex<StampLog>,
+}
+
+#[derive(Default)]
+struct StampLog {
+    at: Vec<Timestamp>,
+    in_flight: u32,
+    most_in_flight: u32,
+    throttle: Vec<Option<Duration>>,
+}
+
+impl Stamped {
+    fn new(clock: &ManualClock) -> Arc<Self> {
+        Arc::new(Stamped { clock: clock.clone(), log: Default::default() })
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, StampLog> {
+        self.log.lock().unwrap()
+    }
+
+    /// The most calls that reached it within one second, however the second is aligned.
+    fn busiest_second(&self) -> usize {
+        let at: Vec<i64> = self.log().at.iter().map(|t| t.as_millis()).collect();
+        at.iter()
+            .map(|from| at.iter().filter(|t| (*from..*from + 1000).contains(*t)).count())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+impl sas_engine::ports::RemoteService for Stamped {
+    async fn call(
+        &self,
+        _: &sas_engine::ports::RemoteCall,
+    ) -> std::result::Result<serde_json::Value, sas_engine::ports::RemoteFault> {
+        let throttle = {
+            let mut log = self.log();
+            log.at.push(self.clock.now());
+            log.in_flight += 1;
+            log.most_in_flight = log.most_in_flight.max(log.in_flight);
+            if log.throttle.is_empty() { None } else { Some(log.throttle.remove(0)) }
+        };
+        // Others run while this call is in flight.
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        self.log().in_flight -= 1;
+        match throttle {
+            Some(retry_after) => Err(sas_engine::ports::RemoteFault::Throttled {
+                reason: "429 Too Many Requests".into(),
+                retry_after,
+            }),
+            None => Ok(serde_json::json!({ "ok": true })),
+        }
+    }
+}
+
+type StampedAgent = Agent<
+    Arc<Stamped>,
+    Arc<MemoryQueues<ManualClock>>,
+    ManualClock,
+    SplitMix,
+    Arc<MemoryWaits>,
+    Arc<sas_engine::memory::MemoryServiceBook>,
+>;
+
+/// `n` executions of the payment agent, sharing one book and one service, within `limits`.
+fn limited_agents(
+    n: usize,
+    limits: sas_engine::pace::Limits,
+) -> (AgentBench, Arc<Stamped>, Arc<sas_engine::memory::MemoryServiceBook>, Vec<StampedAgent>) {
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    let agents = (0..n)
+        .map(|_| {
+            payment_agent(service.clone(), b.queues.clone(), b.clock.clone(), b.waits.clone())
+                .guarded(book.clone(), "payment", HoldPolicy::default())
+                .limited(limits)
+        })
+        .collect();
+    (b, service, book, agents)
+}
+
+#[tokio::test]
+async fn a_declared_rate_holds_across_executions_and_a_request_without_a_turn_is_kept_back() {
+    let limits = sas_engine::pace::Limits { per_second: Some(5), in_flight: None };
+    let (b, service, _book, agents) = limited_agents(3, limits);
+    // 23 requests spread over three executions, each with 30 s to go: every one is called
+    // once, in its turn, never more than 5 in a second.
+    for i in 0..23 {
+        let mut request = b.request(Duration::from_secs(30));
+        request.idempotency_key = format!("{}/{i}", request.idempotency_key);
+        let outcome = agents[i % 3].handle(&request, Incoming::first("m")).await.unwrap();
+        assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    }
+    assert_eq!(service.log().at.len(), 23);
+    assert_eq!(service.busiest_second(), 5);
+    let first = service.log().at[0];
+    let last = *service.log().at.last().unwrap();
+    assert!(first.until(last) >= Duration::from_millis(22 * 200), "23 calls at 5 a second");
+
+    // A request whose budget ends before the next free turn is not called: it goes back to
+    // the agent's queue for when there is room, unanswered.
+    let replies = b.queues.sent_count(&Destination::Replies);
+    let short = b.request(Duration::from_millis(1_100));
+    let outcome = agents[1].handle(&short, Incoming::first("m-short")).await.unwrap();
+    let AgentOutcome::KeptBack { calls: 0, until } = outcome else { panic!("{outcome:?}") };
+    assert!(until > b.clock.now());
+    assert_eq!(service.log().at.len(), 23);
+    assert_eq!(b.queues.sent_count(&Destination::Replies), replies, "no reply: the lease stands");
+    let own = Destination::Agent(sas_engine::AgentName::new("payment"));
+    assert_eq!(b.queues.delayed_len(&own), 1, "kept back on its own queue, delayed");
+    // Its whole wait is reported at once, so that no sweep takes its lease for lost while it
+    // is kept back (it will come back older than the requests taken meanwhile).
+    let reports = b.waits.reports(b.clock.now()).await.unwrap();
+    let waited = short.due_at.unwrap().until(until);
+    assert!(
+        reports.iter().any(|r| r.queue == own && r.wait >= waited && r.until > until),
+        "{reports:?}"
+    );
+}
+
+/// The manual clock, but a wait lets the other tasks run, as a real one does.
+#[derive(Clone, Debug)]
+struct Ticking(ManualClock);
+
+impl Clock for Ticking {
+    fn now(&self) -> Timestamp {
+        self.0.now()
+    }
+    async fn sleep(&self, duration: Duration) {
+        self.0.advance(duration);
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_declared_concurrency_holds_across_executions() {
+    let limits = sas_engine::pace::Limits { per_second: None, in_flight: Some(2) };
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    let agents: Vec<_> = (0..3)
+        .map(|_| {
+            Agent::new(
+                service.clone(),
+                b.queues.clone(),
+                Ticking(b.clock.clone()),
+                SplitMix::seeded(7),
+                RetryPolicy::default(),
+                Destination::Agent(sas_engine::AgentName::new("payment")),
+                WaitReporter::new(b.waits.clone(), "agent-payment".into(), Duration::from_secs(30)),
+            )
+            .guarded(book.clone(), "payment", HoldPolicy::default())
+            .limited(limits)
+        })
+        .collect();
+    let requests: Vec<StepRequest> = (0..9)
+        .map(|i| {
+            let mut request = b.request(Duration::from_secs(30));
+            request.idempotency_key = format!("{}/{i}", request.idempotency_key);
+            request
+        })
+        .collect();
+    let outcomes = futures_util::future::join_all(
+        requests.iter().enumerate().map(|(i, r)| agents[i % 3].handle(r, Incoming::first("m"))),
+    )
+    .await;
+    for outcome in outcomes {
+        assert_eq!(outcome.unwrap(), AgentOutcome::Replied { done: true, calls: 1 });
+    }
+    assert_eq!(service.log().at.len(), 9);
+    assert_eq!(service.log().most_in_flight, 2, "two in flight at once, never three");
+    let usage = sas_engine::ports::Pace::usage(&*book, "payment", b.clock.now()).await.unwrap();
+    assert_eq!(usage.in_flight, 0, "every place was given back");
+}
+
+#[tokio::test]
+async fn a_throttled_call_quiets_every_execution_for_as_long_as_the_service_asked() {
+    use sas_engine::ports::ServiceBook;
+
+    let (b, service, book, agents) = limited_agents(2, sas_engine::pace::Limits::NONE);
+    service.log().throttle.push(Some(Duration::from_secs(3)));
+    let start = b.clock.now();
+    let first = b.request(Duration::from_secs(30));
+    let outcome = agents[0].handle(&first, Incoming::first("m1")).await.unwrap();
+    // Tried again once the quiet was over, without counting against the retries.
+    assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 2 });
+    let at = service.log().at.clone();
+    assert!(at[0].until(at[1]) >= Duration::from_secs(3), "{at:?}");
+    let record = book.load("payment").await.unwrap().unwrap();
+    assert_eq!(record.quiet_until, Some(start.plus(Duration::from_secs(3))));
+
+    // The other execution, asked during the quiet, waits it out too.
+    b.clock.set(start.plus(Duration::from_millis(1_500)));
+    service.log().throttle.push(Some(Duration::from_secs(4)));
+    let mut second = b.request(Duration::from_secs(30));
+    second.idempotency_key = format!("{}/2", second.idempotency_key);
+    agents[0].handle(&second, Incoming::first("m2")).await.unwrap();
+    let quiet_until = book.load("payment").await.unwrap().unwrap().quiet_until.unwrap();
+    let mut third = b.request(Duration::from_secs(30));
+    third.idempotency_key = format!("{}/3", third.idempotency_key);
+    b.clock.set(quiet_until.minus(Duration::from_secs(2)));
+    let calls = service.log().at.len();
+    agents[1].handle(&third, Incoming::first("m3")).await.unwrap();
+    assert!(service.log().at[calls] >= quiet_until, "called before the quiet was over");
+
+    // A quiet longer than a request's budget keeps it back instead.
+    service.log().throttle.push(Some(Duration::from_secs(120)));
+    let mut fourth = b.request(Duration::from_secs(30));
+    fourth.idempotency_key = format!("{}/4", fourth.idempotency_key);
+    let outcome = agents[1].handle(&fourth, Incoming::first("m4")).await.unwrap();
+    assert!(matches!(outcome, AgentOutcome::KeptBack { calls: 1, .. }), "{outcome:?}");
+}
+
 // ---------------------------------------------------------------- scheduler reads
 
 #[tokio::test]

@@ -728,6 +728,7 @@ impl Sim {
             index: memory.clone(),
             clock: clock.clone(),
             agents: workflow.agents().into_iter().cloned().collect(),
+            limits: Default::default(),
         };
         let destinations = system.destinations();
         let wiring = Wiring { system, outbox, ahead };

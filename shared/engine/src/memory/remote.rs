@@ -656,6 +656,7 @@ mod tests {
                 Ok(_) => "ok",
                 Err(RemoteFault::Permanent(_)) => "refused",
                 Err(RemoteFault::Transient(_)) => "down",
+                Err(RemoteFault::Throttled { .. }) => "throttled",
             });
         }
         assert_eq!(seen, ["refused", "down", "ok", "down"]);

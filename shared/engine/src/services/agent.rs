@@ -11,6 +11,11 @@
 //! is held it does not call it (but for the guard's probes), and answers `held` at once, so
 //! that the step waits for the service without burning its lease. Passing faults it meets are
 //! counted towards the hold; once the service is held, it stops retrying and answers `held`.
+//! A guarded agent whose service declares limits ([`Agent::limited`]) calls it only in its
+//! turn; a request that cannot have its turn within its budget, or meets a service that asked
+//! to be left alone for longer, is sent back to the agent's own queue for when there is room,
+//! without a call and without burning its lease. A throttled call is tried again once the
+//! service's quiet is over, and does not count against the retries.
 
 use std::time::Duration;
 
@@ -28,9 +33,13 @@ use crate::ports::{
 use crate::retry::RetryPolicy;
 use crate::time::Timestamp;
 
-use super::guard::{Admission, Guard, NoBook};
+use super::guard::{Admission, Guard, NoBook, Pass};
 use crate::config::HoldPolicy;
-use crate::ports::ServiceBook;
+use crate::pace::Limits;
+use crate::ports::{Pace, ServiceBook};
+
+/// The longest a request is kept back at once (SQS's longest delay).
+pub const MAX_KEEP_BACK: Duration = Duration::from_secs(900);
 
 /// How an agent finished with a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +54,9 @@ pub enum AgentOutcome {
     /// The service is held: the step was answered `held`, after `calls` calls (a probe, or
     /// the faults that made the hold).
     Held { calls: u32 },
+    /// The service had no room for the call within the budget: the request went back to the
+    /// agent's queue, to come again at `until`.
+    KeptBack { calls: u32, until: Timestamp },
 }
 
 /// An agent, over its ports.
@@ -75,7 +87,7 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
     }
 
     /// The same agent, guarding `service` with its record in `book`.
-    pub fn guarded<H: ServiceBook>(
+    pub fn guarded<H: ServiceBook + Pace>(
         self,
         book: H,
         service: &str,
@@ -97,8 +109,15 @@ where
     C: Clock,
     X: Random,
     W: WaitGauge,
-    G: ServiceBook,
+    G: ServiceBook + Pace,
 {
+    /// The same agent, keeping its guarded service within `limits` (an agent without a guard
+    /// has no shared tally to keep them with, and is left as it is).
+    pub fn limited(self, limits: Limits) -> Self {
+        let guard = self.guard.map(|g| g.limited(limits));
+        Agent { guard, ..self }
+    }
+
     /// The outbox replies are sent through (a batch consumer may gather them).
     pub fn outbox(&self) -> &Q {
         &self.outbox
@@ -138,20 +157,27 @@ where
                 metrics::agent_finished("expired");
                 return Ok(AgentOutcome::Expired { calls });
             }
-            let probe = match self.admit().await {
-                Admission::Call => false,
-                Admission::Probe => true,
-                Admission::Held { .. } if mutants::on(Mutant::HeldAgentCallsService) => false,
+            let (probe, pass) = match self.admit(deadline).await {
+                Admission::Call(pass) => (false, pass),
+                Admission::Probe(pass) => (true, pass),
+                Admission::Held { .. } if mutants::on(Mutant::HeldAgentCallsService) => {
+                    (false, Pass::default())
+                }
                 Admission::Held { reason } => {
                     let outcome = StepOutcome::held(&reason);
                     return self.reply(request, deadline, outcome, calls).await;
+                }
+                Admission::Busy { until } => {
+                    let budget = taken.until(deadline);
+                    return self.keep_back(request, until, calls, budget).await;
                 }
             };
             calls += 1;
             let started = self.clock.now();
             let answer = self.remote.call(&call).await;
             let took = started.until(self.clock.now());
-            let fault = match answer {
+            self.done(pass).await;
+            let (fault, throttled) = match answer {
                 Ok(output) => {
                     metrics::remote_call("ok", took);
                     self.answered(probe).await;
@@ -165,22 +191,35 @@ where
                 }
                 Err(RemoteFault::Transient(reason)) => {
                     metrics::remote_call("transient", took);
-                    reason
+                    (reason, None)
+                }
+                Err(RemoteFault::Throttled { reason, retry_after }) => {
+                    metrics::remote_call("throttled", took);
+                    (reason, Some(retry_after))
                 }
             };
-            if let Some(guard) = &self.guard
-                && (guard.fault(&fault).await || probe)
-            {
-                // Held (or still held, its probe failed): the step waits for the service.
-                let outcome = StepOutcome::held(&fault);
-                return self.reply(request, deadline, outcome, calls).await;
+            if let Some(guard) = &self.guard {
+                if let Some(retry_after) = throttled {
+                    guard.throttled(retry_after).await;
+                }
+                if guard.fault(&fault).await || probe {
+                    // Held (or still held, its probe failed): the step waits for the service.
+                    let outcome = StepOutcome::held(&fault);
+                    return self.reply(request, deadline, outcome, calls).await;
+                }
+                if throttled.is_some() {
+                    // The next admission waits out the quiet the service asked for.
+                    continue;
+                }
             }
             if calls >= self.retry.max_calls {
                 warn!(order_id = %request.order_id, calls, %fault, "retries exhausted");
                 metrics::agent_finished("gave_up");
                 return Ok(AgentOutcome::GaveUp { calls });
             }
-            let delay = self.retry.delay(calls, self.random.unit());
+            // An unguarded agent waits out a throttle itself.
+            let backoff = self.retry.delay(calls, self.random.unit());
+            let delay = throttled.flatten().map_or(backoff, |after| after.max(backoff));
             if self.clock.now().plus(delay) >= deadline {
                 info!(order_id = %request.order_id, calls, %fault, "no time left for another try");
                 metrics::agent_finished("gave_up");
@@ -191,11 +230,43 @@ where
         }
     }
 
-    async fn admit(&self) -> Admission {
+    async fn admit(&self, deadline: Timestamp) -> Admission {
         match &self.guard {
-            Some(guard) => guard.admit().await,
-            None => Admission::Call,
+            Some(guard) => guard.admit(deadline).await,
+            None => Admission::Call(Pass::default()),
         }
+    }
+
+    async fn done(&self, pass: Pass) {
+        if let Some(guard) = &self.guard {
+            guard.done(pass).await;
+        }
+    }
+
+    /// Sends `request` back to this agent's queue, to come again at `until`: its service has
+    /// no room for it now. The request keeps when it was first due, and the wait it will have
+    /// had by then is reported at once, so that the supervisor leaves its lease alone as it
+    /// does any request still in a queue.
+    async fn keep_back(
+        &self,
+        request: &StepRequest,
+        until: Timestamp,
+        calls: u32,
+        budget: Duration,
+    ) -> Result<AgentOutcome> {
+        let now = self.clock.now();
+        let delay = now.until(until).clamp(Duration::from_secs(1), MAX_KEEP_BACK);
+        let again_at = now.plus(delay);
+        let again = Outgoing {
+            to: self.queue.clone(),
+            message: Message::Request(Box::new(request.clone())),
+            delay,
+        };
+        self.outbox.send(&[again]).await?;
+        self.waits.kept_back(&self.queue, request.due_at, now, again_at, budget).await;
+        info!(order_id = %request.order_id, delay_s = delay.as_secs(), "no room at the service within the budget: kept back");
+        metrics::agent_finished("kept_back");
+        Ok(AgentOutcome::KeptBack { calls, until: again_at })
     }
 
     async fn answered(&self, probe: bool) {

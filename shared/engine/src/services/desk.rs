@@ -1,13 +1,17 @@
 //! The operators' desk for the services: what each deployed service's state is (open, held by
-//! its agent and probed, or held by an operator), how many orders wait for it, and the hold and
-//! release an operator gives by hand (a maintenance window), recorded with who and why.
+//! its agent and probed, or held by an operator), how many orders wait for it, what it is
+//! declared to accept and uses of that now, and the hold and release an operator gives by hand
+//! (a maintenance window), recorded with who and why.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::health::{Release, ServiceRecord};
 use crate::ids::AgentName;
-use crate::ports::{Clock, HeldIndex, Saved, ServiceBook};
+use crate::pace::{Limits, Usage};
+use crate::ports::{Clock, HeldIndex, Pace, Saved, ServiceBook};
 use crate::time::Timestamp;
 
 /// One service as operators see it.
@@ -39,10 +43,18 @@ pub struct ServiceView {
     pub released: Option<Release>,
     /// Orders waiting for it.
     pub waiting: u64,
+    /// What it is declared to accept (calls a second, calls in flight).
+    pub limits: Limits,
+    /// What it uses of its limits now; only for a limited service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_use: Option<Usage>,
+    /// Until when it asked to be left alone (a throttled call's `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quiet_until: Option<Timestamp>,
 }
 
 impl ServiceView {
-    fn of(record: &ServiceRecord, waiting: u64) -> ServiceView {
+    fn of(record: &ServiceRecord, waiting: u64, now: Timestamp) -> ServiceView {
         let hold = record.held.as_ref();
         ServiceView {
             service: record.service.clone(),
@@ -56,6 +68,9 @@ impl ServiceView {
             last_fault: record.last_fault.clone(),
             released: record.released.clone(),
             waiting,
+            limits: Limits::NONE,
+            in_use: None,
+            quiet_until: record.quiet_at(now),
         }
     }
 }
@@ -90,9 +105,11 @@ pub struct ServiceDesk<G, X, C> {
     pub clock: C,
     /// The deployed agents: the services there are.
     pub agents: Vec<AgentName>,
+    /// What each limited service is declared to accept, by agent.
+    pub limits: BTreeMap<String, Limits>,
 }
 
-impl<G: ServiceBook, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
+impl<G: ServiceBook + Pace, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
     /// Every deployed service, in the order of the agents.
     pub async fn list(&self) -> Result<Vec<ServiceView>> {
         let records = self.book.all().await?;
@@ -104,7 +121,7 @@ impl<G: ServiceBook, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
                 .cloned()
                 .unwrap_or_else(|| ServiceRecord::open(agent.as_str(), self.clock.now()));
             let waiting = self.index.count_held(agent.as_str()).await?;
-            views.push(ServiceView::of(&record, waiting));
+            views.push(self.view(&record, waiting).await?);
         }
         Ok(views)
     }
@@ -137,6 +154,16 @@ impl<G: ServiceBook, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
         .await
     }
 
+    async fn view(&self, record: &ServiceRecord, waiting: u64) -> Result<ServiceView> {
+        let now = self.clock.now();
+        let mut view = ServiceView::of(record, waiting, now);
+        if let Some(limits) = self.limits.get(&record.service).filter(|l| !l.is_none()) {
+            view.limits = *limits;
+            view.in_use = Some(self.book.usage(&record.service, now).await?);
+        }
+        Ok(view)
+    }
+
     async fn change(
         &self,
         service: &str,
@@ -162,7 +189,7 @@ impl<G: ServiceBook, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
             };
             if self.book.save(&next).await? == Saved::Saved {
                 let waiting = self.index.count_held(service).await?;
-                return Ok(Ok(ServiceView::of(&next, waiting)));
+                return Ok(Ok(self.view(&next, waiting).await?));
             }
         }
         Err(Error::unavailable("services", format!("{service}: its record kept changing")))

@@ -1,13 +1,22 @@
-//! An agent's guard on its service: before each call it asks whether the service is open, and
-//! after it tells what came of the call, so that the agent holds the service after passing
-//! faults in a row and, while it is held, sends it nothing but one probe at a time.
+//! An agent's guard on its service: before each call it asks whether the service is open and
+//! has room for the call, and after it tells what came of the call, so that the agent holds
+//! the service after passing faults in a row and, while it is held, sends it nothing but one
+//! probe at a time; keeps within the service's declared rate and concurrency across all the
+//! agent's executions ([`crate::pace`]); and leaves it alone for as long as it asked when it
+//! throttled a call.
 //!
 //! The guard reads the service's record at most once a second per execution (the decision to
 //! stop calling may lag that much behind another execution's hold, which costs a few calls at
 //! most), and writes it only when something changes: a hold, a probe taken, a hold ended. It
 //! counts the faults it meets in a row itself, so that faults that pass cost no write, and
-//! holds the service for every execution once its count reaches the policy's. Should the record be unreadable, the guard lets calls through: the state of its
-//! bookkeeping must never be what stops a working service from being called.
+//! holds the service for every execution once its count reaches the policy's. Should the
+//! record or the pace be unreadable, the guard lets calls through: the state of its
+//! bookkeeping must never be what stops a working service from being called (a service
+//! pressed too hard then throttles, and the guard hears that).
+//!
+//! A call that cannot have its turn before its budget ends (the turns up to it are taken,
+//! every place in flight is taken, or the service asked to be left alone until after it) is
+//! not made: the request is kept back until there is room, and its lease does not burn.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -15,27 +24,71 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::config::HoldPolicy;
-use crate::health::{ServiceRecord, Streak};
-use crate::ports::{Clock, Saved, ServiceBook};
+use crate::health::{QUIET_STEP, ServiceRecord, Streak};
+use crate::pace::{self, Booked, Limits, PLACE_POLL, Place, Usage};
+use crate::ports::{Clock, Pace, Saved, ServiceBook};
 use crate::time::Timestamp;
 
 /// How long a record read stays good enough to decide on.
 pub const FRESH: Duration = Duration::from_secs(1);
 
+/// A call is given its turn only if this much of its budget is left once it starts.
+pub const CALL_ROOM: Duration = Duration::from_secs(1);
+
+/// The longest a throttled call's `Retry-After` keeps the service quiet.
+pub const MAX_QUIET: Duration = Duration::from_secs(900);
+
 /// What the guard says of the next call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
-    /// The service is open: call it.
-    Call,
+    /// The service is open and has room: call it now, and hand the pass back when done.
+    Call(Pass),
     /// The service is held, and this call is its probe.
-    Probe,
+    Probe(Pass),
     /// The service is held: do not call it.
     Held { reason: String },
+    /// The service has no room for the call before its budget ends: keep the request back
+    /// until `until`.
+    Busy { until: Timestamp },
+}
+
+/// What an admitted call holds until it is over: its place in flight, if the service's
+/// concurrency is limited.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    place: Option<Place>,
 }
 
 /// The book of an agent that keeps no guard: it knows no service and writes nothing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoBook;
+
+impl Pace for NoBook {
+    async fn take_turn(
+        &self,
+        _: &str,
+        _: Duration,
+        now: Timestamp,
+        _: Timestamp,
+    ) -> crate::error::Result<Booked> {
+        Ok(Booked::Start(now))
+    }
+    async fn enter(
+        &self,
+        _: &str,
+        _: u32,
+        _: Timestamp,
+        until: Timestamp,
+    ) -> crate::error::Result<Option<Place>> {
+        Ok(Some(Place { slot: 0, until }))
+    }
+    async fn leave(&self, _: &str, _: Place) -> crate::error::Result<()> {
+        Ok(())
+    }
+    async fn usage(&self, _: &str, _: Timestamp) -> crate::error::Result<Usage> {
+        Ok(Usage::default())
+    }
+}
 
 impl ServiceBook for NoBook {
     async fn load(&self, _: &str) -> crate::error::Result<Option<ServiceRecord>> {
@@ -56,11 +109,12 @@ pub struct Guard<G, C> {
     clock: C,
     service: String,
     policy: HoldPolicy,
+    limits: Limits,
     seen: Mutex<Option<(Timestamp, ServiceRecord)>>,
     streak: Mutex<Streak>,
 }
 
-impl<G: ServiceBook, C: Clock> Guard<G, C> {
+impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
     /// The guard of `service`, keeping its record in `book`.
     pub fn new(book: G, clock: C, service: &str, policy: HoldPolicy) -> Self {
         Guard {
@@ -68,23 +122,122 @@ impl<G: ServiceBook, C: Clock> Guard<G, C> {
             clock,
             service: service.to_owned(),
             policy,
+            limits: Limits::NONE,
             seen: Mutex::new(None),
             streak: Mutex::new(Streak::default()),
         }
     }
 
-    /// Whether to call the service now.
-    pub async fn admit(&self) -> Admission {
+    /// The same guard, keeping its service within `limits`.
+    pub fn limited(self, limits: Limits) -> Self {
+        Guard { limits, ..self }
+    }
+
+    /// Whether to call the service, for a call that must be over by `deadline`. It may wait
+    /// (for the second its call is counted in, a place in flight, or the end of a quiet the
+    /// service asked for) before it answers.
+    pub async fn admit(&self, deadline: Timestamp) -> Admission {
         let record = self.current().await;
-        let Some(hold) = &record.held else { return Admission::Call };
+        let probe = match &record.held {
+            None => false,
+            Some(hold) => {
+                let now = self.clock.now();
+                let taken = match record.probe(now, &self.policy) {
+                    Some(next) => self.write(next).await,
+                    None => false,
+                };
+                if !taken {
+                    return Admission::Held { reason: hold.reason.clone() };
+                }
+                info!(service = %self.service, "probing the held service");
+                true
+            }
+        };
         let now = self.clock.now();
-        if let Some(next) = record.probe(now, &self.policy)
-            && self.write(next).await
-        {
-            info!(service = %self.service, "probing the held service");
-            return Admission::Probe;
+        if let Some(until) = record.quiet_at(now) {
+            if until.plus(CALL_ROOM) > deadline {
+                return Admission::Busy { until };
+            }
+            self.clock.sleep(now.until(until)).await;
         }
-        Admission::Held { reason: hold.reason.clone() }
+        let place = match self.limits.in_flight {
+            Some(limit) => match self.place(limit, deadline).await {
+                Ok(place) => place,
+                Err(busy) => return busy,
+            },
+            None => None,
+        };
+        if let Some(per_second) = self.limits.per_second
+            && let Err(busy) = self.turn(per_second, deadline).await
+        {
+            self.done(Pass { place }).await;
+            return busy;
+        }
+        let pass = Pass { place };
+        if probe { Admission::Probe(pass) } else { Admission::Call(pass) }
+    }
+
+    /// A place in flight, waiting for one until too little of the budget would be left.
+    async fn place(&self, limit: u32, deadline: Timestamp) -> Result<Option<Place>, Admission> {
+        loop {
+            let now = self.clock.now();
+            match self.book.enter(&self.service, limit, now, deadline).await {
+                Ok(Some(place)) => return Ok(Some(place)),
+                Ok(None) if now.plus(PLACE_POLL + CALL_ROOM) > deadline => {
+                    return Err(Admission::Busy { until: now.plus(Duration::from_secs(1)) });
+                }
+                Ok(None) => self.clock.sleep(PLACE_POLL).await,
+                Err(e) => {
+                    warn!(service = %self.service, error = %e, "the places in flight are unreadable: the call goes");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Takes the call's turn and waits for it.
+    async fn turn(&self, per_second: u32, deadline: Timestamp) -> Result<(), Admission> {
+        let now = self.clock.now();
+        let latest = deadline.minus(CALL_ROOM);
+        let spacing = pace::spacing(per_second);
+        match self.book.take_turn(&self.service, spacing, now, latest).await {
+            Ok(Booked::Start(start)) => {
+                crate::metrics::service_rate_limit(per_second);
+                if start > now {
+                    self.clock.sleep(now.until(start)).await;
+                }
+                Ok(())
+            }
+            Ok(Booked::TooLate { next }) => Err(Admission::Busy { until: next }),
+            Err(e) => {
+                warn!(service = %self.service, error = %e, "the service's turns are unreadable: the call goes");
+                Ok(())
+            }
+        }
+    }
+
+    /// The call is over: its place in flight is free.
+    pub async fn done(&self, pass: Pass) {
+        if let Some(place) = pass.place
+            && let Err(e) = self.book.leave(&self.service, place).await
+        {
+            // The place frees itself at its `until`.
+            warn!(service = %self.service, error = %e, "a place in flight could not be given back");
+        }
+    }
+
+    /// The service throttled a call: no execution calls it for `retry_after` (a second if it
+    /// said nothing).
+    pub async fn throttled(&self, retry_after: Option<Duration>) {
+        let now = self.clock.now();
+        let until = now.plus(retry_after.unwrap_or(QUIET_STEP).min(MAX_QUIET));
+        self.change(|r| r.quiet(now, until)).await;
+        // This execution waits even if the write did not land.
+        if let Some((_, seen)) = self.seen.lock().unwrap_or_else(|e| e.into_inner()).as_mut()
+            && seen.quiet_until.is_none_or(|q| q < until)
+        {
+            seen.quiet_until = Some(until);
+        }
     }
 
     /// The call got an answer (done or refused): the service works.

@@ -283,15 +283,25 @@ where
     L: LoadSource,
 {
     /// Tends every service of `book`: announces its last hold or release once, and resumes
-    /// the orders that wait for a service open again, at most `RESUME_PER_SECOND` a second.
+    /// the orders that wait for a service open again, at most `RESUME_PER_SECOND` a second
+    /// (or its declared rate, if lower).
     pub async fn tend<G: ServiceBook>(&self, book: &G) -> Result<ServicesReport> {
         let mut report = ServicesReport::default();
         for record in book.all().await? {
             if record.held.is_some() {
                 report.held += 1;
             }
+            // One count per service and sweep: orders a released service has not resumed yet
+            // still wait.
+            let waiting = self.index.count_held(&record.service).await;
+            let counted = *waiting.as_ref().unwrap_or(&0);
+            crate::metrics::service_state(&record.service, record.held.is_some(), counted);
             if record.unannounced {
-                match self.announce(book, &record).await {
+                let announced = match waiting {
+                    Ok(waiting) => self.announce(book, &record, waiting).await,
+                    Err(e) => Err(e),
+                };
+                match announced {
                     Ok(true) => report.announced += 1,
                     Ok(false) => {}
                     Err(e) => {
@@ -314,19 +324,24 @@ where
         Ok(report)
     }
 
-    /// Publishes the alert of the service's last hold or release, once: it first records that
-    /// it announces it (until `ALERT_RETRY_SECONDS` from now), then publishes, then records it
-    /// announced. Returns whether it published. A supervisor that loses the first write to
-    /// another (tending at once, or an agent's write) leaves the alert to it, or to the next
-    /// sweep; one that fails to publish, to the first sweep after its time.
-    async fn announce<G: ServiceBook>(&self, book: &G, record: &ServiceRecord) -> Result<bool> {
+    /// Publishes the alert of the service's last hold or release, with the `waiting` orders,
+    /// once: it first records that it announces it (until `ALERT_RETRY_SECONDS` from now),
+    /// then publishes, then records it announced. Returns whether it published. A supervisor
+    /// that loses the first write to another (tending at once, or an agent's write) leaves the
+    /// alert to it, or to the next sweep; one that fails to publish, to the first sweep after
+    /// its time.
+    async fn announce<G: ServiceBook>(
+        &self,
+        book: &G,
+        record: &ServiceRecord,
+        waiting: u64,
+    ) -> Result<bool> {
         let now = self.ports.clock.now();
         let until = now.plus(self.ports.config.alert_retry_after);
         let Some(taken) = record.announcing(now, until) else { return Ok(false) };
         if book.save(&taken).await? == Saved::Conflict {
             return Ok(false);
         }
-        let waiting = self.index.count_held(&record.service).await?;
         if let Some(event) = ServiceEvent::of(&taken, waiting) {
             let published = self.ports.bus.publish(&[BusEvent::service(&event)]).await?;
             if let Some((_, reason)) = published.failed.first() {
@@ -357,9 +372,12 @@ where
     }
 
     /// Resumes the orders waiting for `service`: `only` of them (0: as many as the minute
-    /// until the next sweep takes at `RESUME_PER_SECOND`), their start messages spread over it.
+    /// until the next sweep takes at `RESUME_PER_SECOND`, or at the service's declared rate if
+    /// that is lower), their start messages spread over it.
     async fn resume(&self, service: &str, only: usize, report: &mut ServicesReport) {
-        let per_second = u64::from(self.ports.config.resume_per_second.max(1));
+        let config = &self.ports.config;
+        let rate = config.limits_of(service).per_second.unwrap_or(u32::MAX);
+        let per_second = u64::from(config.resume_per_second.min(rate).max(1));
         let limit = match only {
             0 => usize::try_from(per_second * RESUME_SPREAD.as_secs()).unwrap_or(usize::MAX),
             n => n,
