@@ -14,13 +14,17 @@
 //! while the effect still lands. Over time it can also go down ([`Outage`]): for a spell it
 //! fails every call of some actions with a passing fault, or every other few seconds (a
 //! flapping service), and may come back slowly, failing a share of calls that falls to none.
-//! A call an outage fails applies nothing and leaves the script to the calls it lets through.
+//! It can throttle ([`Throttle`]): answer 429 with a `Retry-After` to calls above a rate of
+//! its own, whatever its agent declared, and to a share of the others at random. A call an
+//! outage fails or a throttle turns away applies nothing and leaves the script to the calls
+//! they let through.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use sas_rng::SplitMix;
 use serde_json::json;
 
 use crate::ids::{Direction, OrderId};
@@ -73,6 +77,46 @@ pub struct RemoteFaults {
     pub oversize: u32,
     /// Calls an [`Outage`] failed.
     pub outage: u32,
+    /// Calls a [`Throttle`] turned away with a 429.
+    pub throttled: u32,
+}
+
+/// How the service throttles calls of `actions`: those above `per_second` in any second,
+/// however aligned (counting the calls it took, not those it turned away), and `per_mille` in
+/// a thousand of the others, drawn from `seed`. Each is answered 429 with `retry_after`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Throttle {
+    pub actions: Vec<String>,
+    /// The most calls it takes in a second; `None`: no rate of its own.
+    pub per_second: Option<u32>,
+    pub per_mille: u32,
+    /// What its 429 asks for; `None`: it does not say, as some services do not.
+    pub retry_after: Option<Duration>,
+    pub seed: u64,
+}
+
+/// A throttle at work: when it took its last calls, and its draws.
+struct Throttling {
+    throttle: Throttle,
+    taken: VecDeque<Timestamp>,
+    draws: SplitMix,
+}
+
+impl Throttling {
+    /// Whether a call at `now` is turned away; a call taken is counted.
+    fn turns_away(&mut self, now: Timestamp) -> bool {
+        let second_ago = now.minus(Duration::from_secs(1));
+        while self.taken.front().is_some_and(|t| *t <= second_ago) {
+            self.taken.pop_front();
+        }
+        let full = self.throttle.per_second.is_some_and(|n| self.taken.len() >= n as usize);
+        let drawn = self.draws.unit() * 1000.0 < f64::from(self.throttle.per_mille);
+        if full || drawn {
+            return true;
+        }
+        self.taken.push_back(now);
+        false
+    }
 }
 
 /// A spell during which the service fails calls of `actions` with a passing fault, whatever
@@ -138,6 +182,7 @@ struct State {
     forgetful: bool,
     // Each outage, with the calls it failed and its debt of failures while it recovers.
     outages: Vec<(Outage, u32, u64)>,
+    throttles: Vec<Throttling>,
 }
 
 impl<C: Clock> MemoryRemote<C> {
@@ -174,6 +219,17 @@ impl<C: Clock> MemoryRemote<C> {
             outage.until = outage.until.min(now);
             outage.recovery = Duration::ZERO;
         }
+    }
+
+    /// Throttles calls as `throttle` says, whatever the scripts of its actions.
+    pub fn throttle(&self, throttle: Throttle) {
+        let draws = SplitMix::seeded(throttle.seed);
+        self.state().throttles.push(Throttling { throttle, taken: VecDeque::new(), draws });
+    }
+
+    /// Ends every throttle now: from now on the service takes every call it is up to.
+    pub fn end_throttling(&self) {
+        self.state().throttles.clear();
     }
 
     /// Every outage given, in order, with how many calls it failed.
@@ -330,6 +386,16 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
                 *failed += 1;
                 state.faults.outage += 1;
                 return Err(transient("unavailable: outage"));
+            }
+            let turned_away = state
+                .throttles
+                .iter_mut()
+                .find(|t| t.throttle.actions.contains(&call.action))
+                .and_then(|t| t.turns_away(now).then_some(t.throttle.retry_after));
+            if let Some(retry_after) = turned_away {
+                state.faults.throttled += 1;
+                let reason = "429 Too Many Requests".to_owned();
+                return Err(RemoteFault::Throttled { reason, retry_after });
             }
             if state.in_progress.contains(&call.idempotency_key) {
                 return Err(transient("a call with this key is in progress"));
@@ -684,6 +750,45 @@ mod tests {
         remote.end_outages();
         assert!(remote.call(&call(Direction::Do, clock.now())).await.is_ok());
         assert_eq!(remote.faults().outage, 2);
+    }
+
+    #[tokio::test]
+    async fn a_throttle_turns_away_calls_above_its_rate_and_a_share_at_random() {
+        let (clock, remote) = setup();
+        remote.script("charge", [Behaviour::Permanent("card declined".into())]);
+        let after = Some(Duration::from_secs(2));
+        let throttle = Throttle {
+            actions: vec!["charge".into()],
+            per_second: Some(2),
+            per_mille: 0,
+            retry_after: after,
+            seed: 1,
+        };
+        remote.throttle(throttle.clone());
+        let keyed = |n: u32| {
+            let mut c = call(Direction::Do, clock.now());
+            c.idempotency_key = format!("{}-{n}", do_key());
+            c
+        };
+        let refused = remote.call(&keyed(0)).await.unwrap_err();
+        assert!(matches!(refused, RemoteFault::Permanent(_)), "the script, after the throttle");
+        clock.advance(Duration::from_millis(600));
+        assert!(remote.call(&keyed(1)).await.is_ok());
+        let too_many = remote.call(&keyed(2)).await.unwrap_err();
+        let reason = "429 Too Many Requests".to_owned();
+        assert_eq!(too_many, RemoteFault::Throttled { reason, retry_after: after });
+        assert!(!remote.applied(&keyed(2).idempotency_key), "a call turned away applies nothing");
+        // The first call leaves the second the service counts in.
+        clock.advance(Duration::from_millis(400));
+        assert!(remote.call(&keyed(3)).await.is_ok());
+        assert!(remote.call(&keyed(4)).await.is_err());
+
+        remote.end_throttling();
+        remote.throttle(Throttle { per_second: None, per_mille: 1000, ..throttle });
+        assert!(matches!(remote.call(&keyed(5)).await, Err(RemoteFault::Throttled { .. })));
+        remote.end_throttling();
+        assert!(remote.call(&keyed(5)).await.is_ok());
+        assert_eq!(remote.faults().throttled, 3);
     }
 
     #[test]
