@@ -78,6 +78,8 @@ struct Track {
     since: Option<Timestamp>,
     /// The last report: when, and the wait and `until` it gave.
     last: Option<(Timestamp, Duration, Timestamp)>,
+    /// The longest wait of the messages kept back, and until when the last of them stands.
+    kept: Option<(Duration, Timestamp)>,
 }
 
 impl<G: WaitGauge> WaitReporter<G> {
@@ -108,7 +110,7 @@ impl<G: WaitGauge> WaitReporter<G> {
         // the queue: only first deliveries tell how long the queue is.
         let waited = due_at.filter(|_| incoming.receive_count <= 1).map(|due| due.until(now));
         let stands = now.plus(work + self.grace);
-        let report = self.note(queue, waited.map(|w| (w, stands)), now, 1);
+        let report = self.note(queue, waited.map(|w| (w, stands)), now, 1, false);
         self.send(report).await;
     }
 
@@ -128,7 +130,7 @@ impl<G: WaitGauge> WaitReporter<G> {
         let waited = due_at.unwrap_or(now).until(again);
         let stands = again.plus(work + self.grace);
         // Not taken: it will be, and counted, when it comes back.
-        let report = self.note(queue, Some((waited, stands)), now, 0);
+        let report = self.note(queue, Some((waited, stands)), now, 0, true);
         self.send(report).await;
     }
 
@@ -139,14 +141,15 @@ impl<G: WaitGauge> WaitReporter<G> {
         }
     }
 
-    /// Records an observation of `taken` messages and returns the report to send, if one is
-    /// due.
+    /// Records an observation of `taken` messages (or of one `kept` back) and returns the
+    /// report to send, if one is due.
     fn note(
         &self,
         queue: &Destination,
         waited: Option<(Duration, Timestamp)>,
         now: Timestamp,
         taken: u64,
+        kept: bool,
     ) -> Option<WaitReport> {
         let mut tracks = self.tracks.lock().unwrap_or_else(|e| e.into_inner());
         let track = tracks.entry(queue.clone()).or_default();
@@ -163,13 +166,26 @@ impl<G: WaitGauge> WaitReporter<G> {
             }
         }
         track.samples.retain(|(_, _, until)| *until > now);
+        if let Some((w, stands)) = waited.filter(|_| kept) {
+            let (longest, last) = track.kept.unwrap_or((w, stands));
+            track.kept = Some((longest.max(w), last.max(stands)));
+        }
+        track.kept = track.kept.filter(|(_, until)| *until > now);
         let (wait, until) = track
             .samples
             .iter()
             .max_by_key(|(_, w, until)| (*w, *until))
             .map_or((Duration::ZERO, now), |(_, w, until)| (*w, *until));
+        // A message kept back is not taken again, nor its wait seen, until it is back: the
+        // reports cover it until its work is over, whatever shorter waits come meanwhile, and
+        // from the moment it is kept back, not at the next report due.
+        let (wait, until) = match track.kept {
+            Some((w, stands)) => (wait.max(w), until.max(stands)),
+            None => (wait, until),
+        };
         let due = match track.last {
             None => true,
+            Some((_, last_wait, last_until)) if kept => wait > last_wait || until > last_until,
             Some((at, last_wait, last_until)) => {
                 let elapsed = at.until(now);
                 let news = wait != last_wait || (until != last_until && wait >= REPORT_FLOOR);
@@ -527,6 +543,29 @@ mod tests {
         assert_eq!(gauge.writes(), 5, "the heartbeat at 125 s and the change at 155 s");
         let report = gauge.reports(at(155)).await.unwrap().remove(0);
         assert_eq!((report.wait, report.at), (Duration::ZERO, at(155)));
+    }
+
+    #[tokio::test]
+    async fn a_message_kept_back_is_reported_at_once_and_stands_until_it_is_back_and_done() {
+        let gauge = Arc::new(MemoryWaits::default());
+        let r = WaitReporter::new(gauge.clone(), "agent-1".into(), GRACE);
+        let queue = Destination::Agent(AgentName::new("payment"));
+        let budget = Duration::from_secs(30);
+        // A request that waited 100 s is taken and reported, then kept back a second later
+        // for two minutes: nothing else may be taken from the queue before it comes back.
+        let due = at(0);
+        r.observe(&queue, Some(due), Incoming::first("m"), at(100), budget).await;
+        r.kept_back(&queue, Some(due), at(101), at(221), budget).await;
+        assert_eq!(gauge.writes(), 2, "a wait kept back is reported at once");
+        // Taken meanwhile, a message that hardly waited does not hide it.
+        r.observe(&queue, Some(at(110)), Incoming::first("n"), at(110), budget).await;
+        let stands = at(221).plus(budget).plus(GRACE).plus(REPORT_EVERY);
+        for now in [at(200), stands.minus(Duration::from_secs(1))] {
+            let load = Load::new(now, &gauge.reports(now).await.unwrap(), &[]);
+            assert_eq!(load.of(&queue).wait, Duration::from_secs(221), "at {now}");
+        }
+        let load = Load::new(stands, &gauge.reports(stands).await.unwrap(), &[]);
+        assert_eq!(load.of(&queue).wait, Duration::ZERO);
     }
 
     #[tokio::test]
