@@ -754,6 +754,86 @@ async fn a_throttled_call_quiets_every_execution_for_as_long_as_the_service_aske
     assert!(matches!(outcome, AgentOutcome::KeptBack { calls: 1, .. }), "{outcome:?}");
 }
 
+/// A services book on which an operator holds the payment service the moment a call takes
+/// its turn: the hold comes while the call waits for it.
+struct HeldWhileWaiting {
+    book: Arc<sas_engine::memory::MemoryServiceBook>,
+    clock: ManualClock,
+}
+
+impl sas_engine::ports::ServiceBook for HeldWhileWaiting {
+    async fn load(&self, service: &str) -> Result<Option<ServiceRecord>> {
+        self.book.load(service).await
+    }
+    async fn all(&self) -> Result<Vec<ServiceRecord>> {
+        self.book.all().await
+    }
+    async fn save(&self, next: &ServiceRecord) -> Result<sas_engine::ports::Saved> {
+        self.book.save(next).await
+    }
+}
+
+impl sas_engine::ports::Pace for HeldWhileWaiting {
+    async fn take_turn(
+        &self,
+        service: &str,
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> Result<sas_engine::pace::Booked> {
+        use sas_engine::ports::ServiceBook;
+        let booked = self.book.take_turn(service, spacing, now, latest).await?;
+        let record = self.book.load(service).await?;
+        let record = record.unwrap_or_else(|| ServiceRecord::open(service, self.clock.now()));
+        let held = record.hold_by(self.clock.now(), "ops", "maintenance").unwrap();
+        self.book.save(&held).await?;
+        Ok(booked)
+    }
+    async fn enter(
+        &self,
+        service: &str,
+        limit: u32,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<sas_engine::pace::Place>> {
+        self.book.enter(service, limit, now, until).await
+    }
+    async fn leave(&self, service: &str, place: sas_engine::pace::Place) -> Result<()> {
+        self.book.leave(service, place).await
+    }
+    async fn usage(&self, service: &str, now: Timestamp) -> Result<sas_engine::pace::Usage> {
+        self.book.usage(service, now).await
+    }
+}
+
+#[tokio::test]
+async fn a_call_that_waited_for_its_turn_is_not_made_once_its_service_is_held() {
+    use sas_engine::ports::Pace;
+
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    // Calls before it took the next ten seconds' turns.
+    let spacing = sas_engine::pace::spacing(1);
+    for _ in 0..9 {
+        let far = b.clock.now().plus(Duration::from_secs(60));
+        book.take_turn("payment", spacing, b.clock.now(), far).await.unwrap();
+    }
+    let limits = sas_engine::pace::Limits { per_second: Some(1), in_flight: None };
+    let held_meanwhile = HeldWhileWaiting { book: book.clone(), clock: b.clock.clone() };
+    let agent = payment_agent(service.clone(), b.queues.clone(), b.clock.clone(), b.waits.clone())
+        .guarded(held_meanwhile, "payment", HoldPolicy::default())
+        .limited(limits);
+    let request = b.request(Duration::from_secs(30));
+    let outcome = agent.handle(&request, Incoming::first("m")).await.unwrap();
+    // Its turn came over ten seconds into the hold: it is no probe, and the service is not
+    // called; the step waits for the service as any other would.
+    assert!(service.log().at.is_empty(), "called at {:?}, while held", service.log().at);
+    assert_eq!(outcome, AgentOutcome::Held { calls: 0 });
+    let Some(Message::Reply(reply)) = b.replies().pop() else { panic!("no reply") };
+    assert!(matches!(reply.outcome, StepOutcome::Held { .. }), "{:?}", reply.outcome);
+}
+
 // ---------------------------------------------------------------- scheduler reads
 
 #[tokio::test]
