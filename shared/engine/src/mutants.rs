@@ -34,6 +34,9 @@ pub enum Mutant {
     /// The supervisor announces a hold or a release without recording it, so that it goes
     /// out again at the next sweep.
     AnnouncementUnrecorded,
+    /// A declared rate's turns are spaced a second over the rate apart, with no room for calls
+    /// that take a little longer than others to reach the service.
+    SpacingWithoutTravel,
 }
 
 impl Mutant {

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::mutants::{self, Mutant};
 use crate::time::Timestamp;
 
 /// How much more or less time than each other two calls may take to reach the service (and be
@@ -65,7 +66,9 @@ impl Limits {
 /// millisecond, the unit turns are kept in: a share cut to the millisecond below loses a little
 /// at every turn, and a second's turns together would lose up to all of the jitter's room.
 pub fn spacing(per_second: u32) -> Duration {
-    let shared = (Duration::from_secs(1) + TRAVEL_JITTER).as_millis();
+    let travel =
+        if mutants::on(Mutant::SpacingWithoutTravel) { Duration::ZERO } else { TRAVEL_JITTER };
+    let shared = (Duration::from_secs(1) + travel).as_millis();
     let each = shared.div_ceil(u128::from(per_second.max(1)));
     Duration::from_millis(u64::try_from(each).unwrap_or(u64::MAX))
 }

@@ -20,6 +20,15 @@
 //! the faults stop, an order waiting for a service is resumed by the first tending after the
 //! service opens; and each hold and release is announced once.
 //!
+//! On two seeds in five the services are paced: some declare a rate and a concurrency, which
+//! their agents keep; each service throttles (429 with a `Retry-After`) above a rate of its own
+//! and a few calls at random; calls take time to reach a service and to be answered, and an
+//! agent handles some requests of its queue side by side, on a clock that wakes each of them at
+//! its time. Where each call reaches its service, no second, however aligned, holds more calls
+//! than the service declared, nor are more in flight at once. An agent never gives up on a
+//! request right after a 429; a request kept back keeps its lease until it is back and its
+//! budget spent; and no order is stopped as refused by a service that never refused it.
+//!
 //! Each seed runs one workflow (the repository's two, or a random shape whose steps may only
 //! report their failures, may depend on each other, and may wait for a time or for an answer
 //! from outside, which a party gives, refuses or keeps alive at random moments, with the right
@@ -34,8 +43,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,23 +57,24 @@ use sas_engine::load::{self, Gauges};
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
     Behaviour, Delivery, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook,
-    MemoryStore, MemoryWaits, Outage, SeqIds, SplitMix,
+    MemoryStore, MemoryWaits, Outage, SeqIds, SplitMix, Throttle,
 };
-use sas_engine::message::Message;
+use sas_engine::message::{Message, StepRequest};
 use sas_engine::mutants::{self, Mutant};
+use sas_engine::pace::{self, Limits};
 use sas_engine::ports::{
     Clock, Created, Destination, EventBus, Expected, ExpiryIndex, HeldIndex, Incoming, IndexEntry,
     OrderRecord, Outbox, Outgoing, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore,
 };
 use sas_engine::services::{
-    Agent, Answering, Applied, Assembly, Command, Commanded, FRESH, Operator, RESUME_SPREAD,
-    Scheduler, ServiceDesk, ServicesReport, Submission, Supervisor, SweepReport,
+    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, FRESH, Operator,
+    RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Phase, ProcessState, StateRecord, StepStatus,
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
-use sas_engine::{Error, OrderId, Result, Timestamp};
+use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
 
 const ORDERS: usize = 12;
 const FAULTY_EVENTS: usize = 600;
@@ -77,6 +87,61 @@ const HOLD: HoldPolicy = HoldPolicy {
     window: Duration::from_secs(20),
     probe_every: Duration::from_secs(5),
 };
+
+/// The agents' and the services' clock: the manual clock, but handlers running side by side (an
+/// agent's batch) wake from their waits in the order of the times they wait for, and the clock
+/// moves to each one's time as it wakes, so that each sees time as it would on a clock of its
+/// own. Before a wait moves the clock, whatever runs beside it goes as far as it can at the
+/// time it is; a wait with nothing beside it moves the clock as the manual clock's does.
+#[derive(Clone, Debug)]
+struct Timeline {
+    clock: ManualClock,
+    waits: Arc<Mutex<BTreeSet<(Timestamp, u64)>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl Timeline {
+    fn new(clock: &ManualClock) -> Timeline {
+        Timeline { clock: clock.clone(), waits: Arc::default(), next: Arc::default() }
+    }
+
+    fn first(&self) -> Option<(Timestamp, u64)> {
+        self.waits.lock().unwrap().first().copied()
+    }
+}
+
+/// How many times the earliest wait on the timeline lets the handlers beside it run before it
+/// moves the clock: enough for each to reach its own next wait.
+const SIDE_BY_SIDE_ROUNDS: u32 = 3;
+
+/// A wait on the timeline, taken off it when it ends or is given up.
+struct Waiting(Arc<Mutex<BTreeSet<(Timestamp, u64)>>>, (Timestamp, u64));
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().remove(&self.1);
+    }
+}
+
+impl Clock for Timeline {
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        let at = self.clock.now().plus(duration);
+        let me = (at, self.next.fetch_add(1, Ordering::Relaxed));
+        self.waits.lock().unwrap().insert(me);
+        let waiting = Waiting(self.waits.clone(), me);
+        let mut first_for = 0;
+        while first_for < SIDE_BY_SIDE_ROUNDS {
+            tokio::task::yield_now().await;
+            first_for = if self.first() == Some(me) { first_for + 1 } else { 0 };
+        }
+        drop(waiting);
+        self.clock.set(at);
+    }
+}
 
 /// A port wrapper that fails the call it is told to, as if the process died right there.
 #[derive(Clone)]
@@ -171,7 +236,8 @@ type Bus = Crashy<Arc<MemoryBus>>;
 type Waits = Arc<MemoryWaits>;
 type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
 type Book = Arc<MemoryServiceBook>;
-type SimAgent = Agent<Watched, Queues, ManualClock, SplitMix, Waits, Book>;
+type Remote = Arc<MemoryRemote<Timeline>>;
+type SimAgent = Agent<Watched, Queues, Timeline, SplitMix, Waits, Book>;
 type Desk = ServiceDesk<Book, Arc<MemoryStore<ManualClock>>, ManualClock>;
 
 /// What reached the services while their records said they were held.
@@ -185,28 +251,89 @@ struct Watch {
     late: u64,
     /// Calls that reached a held service and were not its probe.
     intruders: Vec<String>,
+    /// Calls numbered as they reach their service.
+    calls: u64,
+    /// Per service: when the calls that reached it within the last second came.
+    received: HashMap<String, VecDeque<Timestamp>>,
+    /// Per service: the calls it is working on, by number, with when their callers stop
+    /// waiting (a call whose caller gave up no longer takes a place of the agent's).
+    open: HashMap<String, Vec<(u64, Timestamp)>>,
+    /// Calls past what their service declared, in calls a second or in flight.
+    overruns: Vec<String>,
+    /// Calls that reached a service with declared limits; of them, those that filled its
+    /// second (the last call the rate allows), and those that took its last place in flight.
+    limited_calls: u64,
+    full_seconds: u64,
+    full_places: u64,
+    /// Whether the last answer to each key was a 429.
+    throttled: HashMap<String, bool>,
+    /// Each order's actions a service refused for good.
+    refused: HashSet<(OrderId, String)>,
 }
 
-/// An agent's remote service, watched against the services' book: a call that reaches the
+/// The longest a service takes to answer a call, on the seeds whose services are paced.
+const ANSWER_TIME: Duration = Duration::from_millis(800);
+
+/// An agent's remote service, watched against the services' book and what the service
+/// declared, as the service sees its calls when they reach it: a call that reaches the
 /// service while its record says it is held, and is not the probe its guard claimed in the
-/// record, is noted. The guard decides on a read at most [`FRESH`] old, so a call within that
-/// of the hold's start is let pass.
+/// record, is noted (the guard decides on a read at most [`FRESH`] old, so a call within that
+/// of the hold's start is let pass); so is a call past the service's declared rate, in any
+/// second however aligned, or past its declared concurrency. On the seeds whose services are
+/// paced, calls take time: each reaches its service up to [`pace::TRAVEL_JITTER`] after it
+/// leaves (the room the turns leave for it), and is answered up to [`ANSWER_TIME`] later; an
+/// answer that comes once its caller stopped waiting is a timeout.
 #[derive(Clone)]
 struct Watched {
-    remote: Arc<MemoryRemote<ManualClock>>,
+    remote: Remote,
     book: Book,
     service: String,
-    clock: ManualClock,
+    clock: Timeline,
     watch: Arc<Mutex<Watch>>,
+    limits: Limits,
+    /// The draws of calls' travel and answer times, where calls take time.
+    times: Option<Arc<SplitMix>>,
 }
 
 impl RemoteService for Watched {
     async fn call(&self, call: &RemoteCall) -> std::result::Result<serde_json::Value, RemoteFault> {
+        let travel = self.times.as_ref().map_or(Duration::ZERO, |times| {
+            let travel = pace::TRAVEL_JITTER.mul_f64(times.unit());
+            Duration::from_millis(travel.as_millis() as u64)
+        });
+        if !travel.is_zero() {
+            self.clock.sleep(travel).await;
+        }
+        let number = self.received(call, travel);
+        let mut answer = self.remote.call(call).await;
+        if let Some(times) = &self.times {
+            self.clock.sleep(ANSWER_TIME.mul_f64(times.unit())).await;
+            if self.clock.now() >= call.deadline {
+                answer = Err(RemoteFault::Transient("timeout".into()));
+            }
+        }
+        let mut watch = self.watch.lock().unwrap();
+        if let Some(open) = watch.open.get_mut(&self.service) {
+            open.retain(|(n, _)| *n != number);
+        }
+        let throttled = matches!(answer, Err(RemoteFault::Throttled { .. }));
+        watch.throttled.insert(call.idempotency_key.clone(), throttled);
+        if let Err(RemoteFault::Permanent(_)) = &answer {
+            watch.refused.insert((call.order_id, call.action.clone()));
+        }
+        answer
+    }
+}
+
+impl Watched {
+    /// Notes a call as it reaches the service, `travel` after it left; returns its number.
+    fn received(&self, call: &RemoteCall, travel: Duration) -> u64 {
+        let now = self.clock.now();
+        let left = now.minus(travel);
+        let mut guard = self.watch.lock().unwrap();
+        let watch = &mut *guard;
         let record = self.book.records().into_iter().find(|r| r.service == self.service);
         if let Some(hold) = record.and_then(|r| r.held) {
-            let now = self.clock.now();
-            let mut guard = self.watch.lock().unwrap();
-            let watch = &mut *guard;
             let seen = watch.probes.entry(self.service.clone()).or_insert((hold.since, 0));
             if seen.0 != hold.since {
                 *seen = (hold.since, 0);
@@ -214,7 +341,7 @@ impl RemoteService for Watched {
             if hold.probes > seen.1 {
                 seen.1 = hold.probes;
                 watch.probed += 1;
-            } else if now < hold.since.plus(FRESH) {
+            } else if left < hold.since.plus(FRESH) {
                 watch.late += 1;
             } else {
                 watch.intruders.push(format!(
@@ -226,7 +353,45 @@ impl RemoteService for Watched {
                 ));
             }
         }
-        self.remote.call(call).await
+        watch.calls += 1;
+        let number = watch.calls;
+        let received = watch.received.entry(self.service.clone()).or_default();
+        let second_ago = now.minus(Duration::from_secs(1));
+        while received.front().is_some_and(|t| *t <= second_ago) {
+            received.pop_front();
+        }
+        received.push_back(now);
+        let (in_second, first) = (received.len(), received[0]);
+        let open = watch.open.entry(self.service.clone()).or_default();
+        open.retain(|(_, until)| *until > now);
+        open.push((number, call.deadline));
+        let in_flight = open.len();
+        if self.limits.is_none() {
+            return number;
+        }
+        watch.limited_calls += 1;
+        if let Some(rate) = self.limits.per_second.map(|r| r as usize) {
+            watch.full_seconds += u64::from(in_second == rate);
+            if in_second > rate {
+                watch.overruns.push(format!(
+                    "{} received {in_second} calls within a second ({} ms from the first to {} of {}), more than the {rate} it declared",
+                    self.service,
+                    first.until(now).as_millis(),
+                    call.action,
+                    call.order_id,
+                ));
+            }
+        }
+        if let Some(places) = self.limits.in_flight.map(|p| p as usize) {
+            watch.full_places += u64::from(in_flight == places);
+            if in_flight > places {
+                watch.overruns.push(format!(
+                    "{} had {in_flight} calls in flight at once ({} of {} the last), more than the {places} it declared",
+                    self.service, call.action, call.order_id,
+                ));
+            }
+        }
+        number
     }
 }
 
@@ -277,10 +442,15 @@ enum Fault {
     SlowRecovery,
     /// An operator holding a service by hand, or releasing it (its own hold or its agent's).
     ManualHold,
+    /// A remote call answered 429 with a `Retry-After`, above the service's own rate or at
+    /// random (on the seeds whose services are paced, as the one below).
+    RemoteThrottled,
+    /// Requests of one agent handled together, concurrently, as one batch of its queue is.
+    AgentBatch,
 }
 
 impl Fault {
-    const ALL: [Fault; 21] = [
+    const ALL: [Fault; 23] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -302,6 +472,8 @@ impl Fault {
         Fault::Flapping,
         Fault::SlowRecovery,
         Fault::ManualHold,
+        Fault::RemoteThrottled,
+        Fault::AgentBatch,
     ];
 
     fn name(self) -> &'static str {
@@ -327,6 +499,8 @@ impl Fault {
             Fault::Flapping => "flapping",
             Fault::SlowRecovery => "slow-recovery",
             Fault::ManualHold => "manual-hold",
+            Fault::RemoteThrottled => "remote-throttled",
+            Fault::AgentBatch => "agent-batch",
         }
     }
 
@@ -416,6 +590,14 @@ struct Tally {
     /// Probes that reached a held service, and calls let through within [`FRESH`] of a hold.
     probes: u64,
     late_calls: u64,
+    /// Seeds whose services declared limits; calls that reached a limited service, those that
+    /// filled its second, and those that took its last place in flight.
+    paced_seeds: u64,
+    limited_calls: u64,
+    full_seconds: u64,
+    full_places: u64,
+    /// Requests an agent kept back for want of room at its service.
+    kept_back: u64,
 }
 
 impl Tally {
@@ -453,6 +635,11 @@ impl std::ops::AddAssign for Tally {
         self.resumed += o.resumed;
         self.probes += o.probes;
         self.late_calls += o.late_calls;
+        self.paced_seeds += o.paced_seeds;
+        self.limited_calls += o.limited_calls;
+        self.full_seconds += o.full_seconds;
+        self.full_places += o.full_places;
+        self.kept_back += o.kept_back;
     }
 }
 
@@ -463,7 +650,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; requests kept back {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -483,6 +670,11 @@ impl std::fmt::Display for Tally {
             self.resumed,
             self.probes,
             self.late_calls,
+            self.paced_seeds,
+            self.limited_calls,
+            self.full_seconds,
+            self.full_places,
+            self.kept_back,
             self.longest_settle.as_secs()
         )
     }
@@ -539,7 +731,7 @@ struct Sim {
     memory: Arc<MemoryStore<ManualClock>>,
     queues: Arc<MemoryQueues<ManualClock>>,
     bus: Arc<MemoryBus>,
-    remote: Arc<MemoryRemote<ManualClock>>,
+    remote: Remote,
     countdown: Arc<AtomicU32>,
     crashes: Arc<AtomicU32>,
     submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
@@ -611,6 +803,12 @@ struct Sim {
     bus_seen: usize,
     /// When the faults stopped.
     stopped: Option<Timestamp>,
+    /// Whether the seed's services declare limits and throttle (see [`pacing`]).
+    paced: bool,
+    /// Each step whose request an agent kept back, by order and step: the attempt of its
+    /// lease, when the request comes back, and until when that lease must stand (the request
+    /// back, and its budget).
+    kept_back: HashMap<(OrderId, usize), (u64, Timestamp, Timestamp)>,
 }
 
 impl Sim {
@@ -632,7 +830,8 @@ impl Sim {
         let queues = Arc::new(MemoryQueues::new(clock.clone()));
         let waits = Arc::new(MemoryWaits::default());
         let bus = Arc::new(MemoryBus::new());
-        let remote = Arc::new(MemoryRemote::new(clock.clone()));
+        let timeline = Timeline::new(&clock);
+        let remote = Arc::new(MemoryRemote::new(timeline.clone()));
         let countdown = Arc::new(AtomicU32::new(0));
         let crashes = Arc::new(AtomicU32::new(0));
         // All ports share one countdown: a crash stops the handler at its n-th call, whichever
@@ -655,17 +854,22 @@ impl Sim {
         let mut versions = vec![&*workflow];
         versions.extend(next.as_ref().map(|(v2, _)| &**v2));
         let misbehaving = service_faults(seed, &versions, clock.now(), faults);
+        let paced = pacing(seed, &versions, faults);
         let config = Arc::new(EngineConfig {
             failure_threshold: 3,
             index_shards: 4,
             max_hold: misbehaving.as_ref().map_or(EngineConfig::default().max_hold, |m| m.max_hold),
             hold: HOLD,
+            limits: paced.as_ref().map(|p| p.limits.clone()).unwrap_or_default(),
             ..EngineConfig::default()
         });
         let mut outage_kinds = Vec::new();
         for (kind, outage) in misbehaving.iter().flat_map(|m| &m.outages) {
             outage_kinds.push(*kind);
             remote.outage(outage.clone());
+        }
+        for throttle in paced.iter().flat_map(|p| &p.throttles) {
+            remote.throttle(throttle.clone());
         }
         // Every remote behaviour is drawn from the seed, before the run starts: the steps'
         // actions first, then their undos, then those a later version adds.
@@ -700,27 +904,33 @@ impl Sim {
         };
         let book = Book::default();
         let watch = Arc::new(Mutex::new(Watch::default()));
-        let agents =
-            workflow
-                .agents()
-                .into_iter()
-                .enumerate()
-                .map(|(n, name)| {
-                    let random = SplitMix::seeded(seed.wrapping_add(n as u64));
-                    let reporter = format!("agent-{name}");
-                    let watched = Watched {
-                        remote: remote.clone(),
-                        book: book.clone(),
-                        service: name.as_str().to_owned(),
-                        clock: clock.clone(),
-                        watch: watch.clone(),
-                    };
-                    let agent = system
-                        .agent(name, watched, outbox.clone(), random, reporter)
-                        .guarded(book.clone(), name.as_str(), config.hold);
-                    (Destination::Agent(name.clone()), agent)
-                })
-                .collect();
+        let agents = workflow
+            .agents()
+            .into_iter()
+            .enumerate()
+            .map(|(n, name)| {
+                let random = SplitMix::seeded(seed.wrapping_add(n as u64));
+                let reporter = format!("agent-{name}");
+                let limits = config.limits_of(name.as_str());
+                let watched = Watched {
+                    remote: remote.clone(),
+                    book: book.clone(),
+                    service: name.as_str().to_owned(),
+                    clock: timeline.clone(),
+                    watch: watch.clone(),
+                    limits,
+                    times: paced
+                        .as_ref()
+                        .map(|_| Arc::new(SplitMix::seeded(seed ^ 0x7157 ^ n as u64))),
+                };
+                let agent = system
+                    .on_clock(timeline.clone())
+                    .agent(name, watched, outbox.clone(), random, reporter)
+                    .guarded(book.clone(), name.as_str(), config.hold)
+                    .limited(limits);
+                (Destination::Agent(name.clone()), agent)
+            })
+            .collect();
         let services: Vec<String> =
             workflow.agents().into_iter().map(|a| a.as_str().to_owned()).collect();
         let desk = ServiceDesk {
@@ -728,14 +938,15 @@ impl Sim {
             index: memory.clone(),
             clock: clock.clone(),
             agents: workflow.agents().into_iter().cloned().collect(),
-            limits: Default::default(),
+            limits: config.limits.clone(),
         };
         let destinations = system.destinations();
         let wiring = Wiring { system, outbox, ahead };
         let (submission, scheduler, supervisors, operator) = wiring.services(catalogue, "c");
         let answered = workflow.steps().iter().any(|s| matches!(s.work, Work::Callback));
         let settle_bound = settle_bound(&config, &workflow)
-            .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)));
+            .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)))
+            + paced.as_ref().map_or(Duration::ZERO, |p| p.settle_bound(&versions));
         // A later version keeps every step of the first (it may add some).
         let steps = next
             .as_ref()
@@ -798,6 +1009,8 @@ impl Sim {
             announced: HashSet::new(),
             bus_seen: 0,
             stopped: None,
+            paced: paced.is_some(),
+            kept_back: HashMap::new(),
         }
     }
 
@@ -903,6 +1116,19 @@ impl Sim {
                 self.deliver_together(&dest, taken).await;
                 return true;
             }
+            // Drawn only where the services are paced, so that other seeds run as before.
+            if self.paced
+                && matches!(dest, Destination::Agent(_))
+                && batch.len() > 1
+                && self.chance(Fault::AgentBatch, 0.3)
+            {
+                let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
+                for other in &batch {
+                    let _ = self.queues.change_visibility(&dest, &other.receipt, Duration::ZERO);
+                }
+                self.handle_together(&dest, taken).await;
+                return true;
+            }
             // Reordering: take any of the visible messages; the others stay hidden until their
             // visibility timeout, which also delays them.
             let chosen = if batch.len() > 1 && self.chance(Fault::Reordered, 0.3) {
@@ -929,22 +1155,15 @@ impl Sim {
             self.maybe_crash();
             let message = Message::decode(&d.body).unwrap();
             let before = self.memory.peek(message.order_id());
-            // A step is asked with the outputs of the steps it depends on, and of no other.
-            if let (Message::Request(r), Some(record)) = (&message, &before) {
-                let upstream =
-                    self.workflow_of_version(record.workflow_version).upstream(&r.step.name);
-                let stray: Vec<&String> =
-                    r.outputs.keys().filter(|k| !upstream.contains(k.as_str())).collect();
-                assert!(
-                    stray.is_empty(),
-                    "seed {}: {} was asked with the outputs of {stray:?}, which it does not depend on",
-                    self.seed,
-                    r.step.name
-                );
-            }
+            self.check_outputs(&message, before.as_ref());
             let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
             let handled = match &message {
-                Message::Request(r) => self.agents[&dest].handle(r, incoming).await.map(|_| ()),
+                Message::Request(r) => {
+                    self.watch.lock().unwrap().throttled.remove(&r.idempotency_key);
+                    let outcome = self.agents[&dest].handle(r, incoming).await;
+                    self.agent_handled(r, &outcome);
+                    outcome.map(|_| ())
+                }
                 m => self.scheduler.handle(m, incoming).await.map(|_| ()),
             };
             self.disarm();
@@ -959,6 +1178,104 @@ impl Sim {
             return true;
         }
         false
+    }
+
+    /// A step is asked with the outputs of the steps it depends on, and of no other.
+    fn check_outputs(&self, message: &Message, before: Option<&StateRecord>) {
+        let (Message::Request(r), Some(record)) = (message, before) else { return };
+        let upstream = self.workflow_of_version(record.workflow_version).upstream(&r.step.name);
+        let stray: Vec<&String> =
+            r.outputs.keys().filter(|k| !upstream.contains(k.as_str())).collect();
+        assert!(
+            stray.is_empty(),
+            "seed {}: {} was asked with the outputs of {stray:?}, which it does not depend on",
+            self.seed,
+            r.step.name
+        );
+    }
+
+    /// Handles up to three requests of one agent at once, as a batch of its queue is: their
+    /// calls meet at their service, in its turns and its places in flight.
+    async fn handle_together(&mut self, dest: &Destination, taken: Vec<Delivery>) {
+        let messages: Vec<Message> =
+            taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
+        let mut requests = Vec::new();
+        for m in &messages {
+            self.check_outputs(m, self.memory.peek(m.order_id()).as_ref());
+            let Message::Request(r) = m else { panic!("seed {}: {m:?} on {dest:?}", self.seed) };
+            self.watch.lock().unwrap().throttled.remove(&r.idempotency_key);
+            requests.push(r);
+        }
+        let agent = &self.agents[dest];
+        let outcomes =
+            futures_util::future::join_all(taken.iter().zip(&requests).map(|(d, r)| async move {
+                let incoming =
+                    Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                agent.handle(r, incoming).await
+            }))
+            .await;
+        for ((d, r), outcome) in taken.iter().zip(requests).zip(outcomes) {
+            if let Err(Error::InvalidMessage(why)) = &outcome {
+                panic!("seed {}: a message the system sent was refused: {why}", self.seed);
+            }
+            self.agent_handled(r, &outcome);
+            if outcome.is_ok() {
+                let _ = self.queues.delete(dest, &d.receipt);
+            }
+        }
+    }
+
+    /// An agent never gives up on a request, nor lets it run out, right after a 429: it waits
+    /// out the quiet its service asked for, or keeps the request back. A request kept back
+    /// keeps its lease (see [`Sim::check_kept_back`]).
+    fn agent_handled(&mut self, r: &StepRequest, outcome: &Result<AgentOutcome>) {
+        match outcome {
+            Ok(AgentOutcome::GaveUp { .. } | AgentOutcome::Expired { .. }) => {
+                let watch = self.watch.lock().unwrap();
+                let throttled = watch.throttled.get(&r.idempotency_key).copied();
+                assert!(
+                    throttled != Some(true),
+                    "seed {}: the agent of {} let {} of {} go right after a 429: {outcome:?}",
+                    self.seed,
+                    r.step.name,
+                    r.action,
+                    r.order_id
+                );
+            }
+            Ok(AgentOutcome::KeptBack { until, .. }) => {
+                self.tally.kept_back += 1;
+                let budget = Duration::from_millis(r.budget_ms.unwrap_or_default());
+                let lease = (r.attempt, *until, until.plus(budget));
+                self.kept_back.insert((r.order_id, r.step.index), lease);
+            }
+            _ => {}
+        }
+    }
+
+    /// A request kept back keeps its lease: the supervisor judges it no sooner than the
+    /// request is back and its budget spent, as the wait its agent reported at once says.
+    fn check_kept_back(&self, r: &StateRecord) {
+        let Some(previous) = self.previous.get(&r.order_id) else { return };
+        if r.revision == previous.revision || r.last_input != InputRef::Expire {
+            return;
+        }
+        let now = self.clock.now();
+        for (i, s) in r.steps.iter().enumerate() {
+            let Some(&(attempt, back, stands)) = self.kept_back.get(&(r.order_id, i)) else {
+                continue;
+            };
+            let before = previous.steps.get(i).and_then(|b| b.lease);
+            let Some(before) = before.filter(|l| l.attempt == attempt && now < stands) else {
+                continue;
+            };
+            let judged = s.lease.is_some_and(|l| l.failures > before.failures)
+                || matches!(&r.cause, Some(Cause::StepTimedOut { step, .. }) if *step == s.name);
+            assert!(
+                !judged,
+                "seed {}: {} {}, its request kept back until {back}, had its lease judged expired at {now}, before {stands}",
+                self.seed, r.order_id, s.name
+            );
+        }
     }
 
     /// Only the current lease of a step may change an order: a reply from an older lease that
@@ -1322,6 +1639,7 @@ impl Sim {
             }
             self.deadlines.insert(*id, (r.revision, r.complete_by));
             self.check_order_of_steps(r);
+            self.check_kept_back(r);
             self.check_holds(r);
             if r.leased().filter(|(_, _, l)| l.sent).count() > 1
                 && self.side_by_side.insert((*id, r.phase))
@@ -1405,6 +1723,7 @@ impl Sim {
         {
             let watch = self.watch.lock().unwrap();
             assert!(watch.intruders.is_empty(), "seed {seed}: {}", watch.intruders[0]);
+            assert!(watch.overruns.is_empty(), "seed {seed}: {}", watch.overruns[0]);
         }
         let records = self.book.records();
         for service in &self.services {
@@ -1552,6 +1871,11 @@ impl Sim {
         for record in self.book.records() {
             assert!(!record.unannounced, "seed {seed}: {} left unannounced", record.service);
             let last = alerts.iter().rev().find(|a| a["service"] == record.service.as_str());
+            if record.held.is_none() && record.released.is_none() {
+                // Never held: its record only keeps a quiet the service asked for.
+                assert!(last.is_none(), "seed {seed}: {} announced, never held", record.service);
+                continue;
+            }
             let state = if record.held.is_some() { "held" } else { "open" };
             assert_eq!(
                 last.and_then(|a| a["state"].as_str()),
@@ -1610,6 +1934,7 @@ impl Sim {
         self.memory.fail_next_writes(0);
         self.disarm();
         self.remote.end_outages();
+        self.remote.end_throttling();
         self.release_by_hand().await;
         let stopped = self.clock.now();
         self.stopped = Some(stopped);
@@ -1656,6 +1981,7 @@ impl Sim {
         self.tally.add(Fault::LostAnswer, remote.lost_answers.into());
         self.tally.add(Fault::Timeout, remote.timeouts.into());
         self.tally.add(Fault::OversizeOutput, remote.oversize.into());
+        self.tally.add(Fault::RemoteThrottled, remote.throttled.into());
         for ((_, failed), kind) in self.remote.outages().into_iter().zip(&self.outage_kinds) {
             if failed > 0 {
                 self.tally.add(*kind, 1);
@@ -1664,6 +1990,10 @@ impl Sim {
         let watch = self.watch.lock().unwrap();
         self.tally.probes = watch.probed;
         self.tally.late_calls = watch.late;
+        self.tally.paced_seeds = u64::from(self.paced);
+        self.tally.limited_calls = watch.limited_calls;
+        self.tally.full_seconds = watch.full_seconds;
+        self.tally.full_places = watch.full_places;
         drop(watch);
         self.tally
     }
@@ -1784,6 +2114,19 @@ impl Sim {
                     }
                 }
                 ProcessState::Error | ProcessState::Cancelled => {
+                    // A step stops the order as refused only if its service (or, for an answer
+                    // from outside, the party) refused it: a 429 is never taken for a refusal.
+                    if let Some(Cause::StepRejected { step, .. }) = &r.cause {
+                        let by_service =
+                            self.watch.lock().unwrap().refused.contains(&(id, step.clone()));
+                        let by_party = workflow
+                            .step_named(step)
+                            .is_some_and(|w| matches!(w.work, Work::Callback));
+                        assert!(
+                            by_service || by_party,
+                            "seed {seed}: {id} stopped as refused by {step}, which its service never refused"
+                        );
+                    }
                     // Only a step whose failures undo the order stops it.
                     if let Some(step) = r.cause.as_ref().and_then(Cause::step) {
                         let policy = workflow.steps().iter().find(|s| s.name == step);
@@ -2043,16 +2386,7 @@ fn service_faults(
     }
     let mut outages = Vec::new();
     for _ in 0..1 + pick(3) {
-        let agent = agents[pick(agents.len())];
-        let mut actions: Vec<String> = Vec::new();
-        for step in versions.iter().flat_map(|w| w.steps()).filter(|s| s.agent() == Some(agent)) {
-            let undo = step.compensation.as_ref().map(|c| c.action.clone());
-            for action in std::iter::once(step.name.clone()).chain(undo) {
-                if !actions.contains(&action) {
-                    actions.push(action);
-                }
-            }
-        }
+        let actions = actions_of(versions, agents[pick(agents.len())]);
         let from = start.plus(seconds(draw.unit() * 900.0));
         let (kind, down, flapping, recovery) = match pick(3) {
             0 => (Fault::Outage, 20.0 * 60f64.powf(draw.unit()), None, 0.0),
@@ -2072,6 +2406,97 @@ fn service_faults(
         }
     }
     Some(ServiceFaults { max_hold, outages })
+}
+
+/// Every action of `agent`'s steps in `versions`, undos included, each once.
+fn actions_of(versions: &[&Workflow], agent: &AgentName) -> Vec<String> {
+    let mut actions: Vec<String> = Vec::new();
+    for step in versions.iter().flat_map(|w| w.steps()).filter(|s| s.agent() == Some(agent)) {
+        let undo = step.compensation.as_ref().map(|c| c.action.clone());
+        for action in std::iter::once(step.name.clone()).chain(undo) {
+            if !actions.contains(&action) {
+                actions.push(action);
+            }
+        }
+    }
+    actions
+}
+
+/// What a seed's services declare of the load they take, and how they throttle, on the seeds
+/// whose services are paced.
+struct Pacing {
+    /// What each limited service declares, by agent.
+    limits: BTreeMap<String, Limits>,
+    throttles: Vec<Throttle>,
+}
+
+impl Pacing {
+    /// What pacing may add to the time orders take once the faults stop (and the throttles
+    /// with them): the last quiet a service asked for, then every request of every order
+    /// waiting for its turn at the slowest declared rate.
+    fn settle_bound(&self, versions: &[&Workflow]) -> Duration {
+        let quiet = self.throttles.iter().filter_map(|t| t.retry_after).max().unwrap_or_default();
+        let steps = versions.iter().map(|w| w.steps().len()).max().unwrap_or(0);
+        let requests = u32::try_from(2 * ORDERS * steps).unwrap_or(u32::MAX);
+        let slowest = self.limits.values().filter_map(|l| l.per_second).min();
+        quiet.max(Duration::from_secs(1)) + slowest.map_or(Duration::ZERO, pace::spacing) * requests
+    }
+}
+
+/// On two seeds in five the services are paced, and calls take time (drawn apart, so that the
+/// other seeds run as before). Each agent of the workflow declares, one time in two, a rate of
+/// one to six calls a second, one to three calls in flight, or both. Each service throttles
+/// on its own: at the rate it declared, or one time in three at or below it (declared too
+/// high); one time in three at two to six a second if it declared no rate; and up to 5 % of
+/// its calls at random. Its 429 asks for nothing one time in four, for one to ten seconds, or
+/// one time in eight for half a minute to two minutes. A kind switched off is drawn all the
+/// same, and left out.
+fn pacing(seed: u64, versions: &[&Workflow], faults: Faults) -> Option<Pacing> {
+    let draw = SplitMix::seeded(seed ^ 0x9ace);
+    if draw.unit() < 0.6 {
+        return None;
+    }
+    // One to `n`.
+    let pick = |n: u32| 1 + ((draw.unit() * f64::from(n)) as u32).min(n - 1);
+    let mut limits = BTreeMap::new();
+    let mut throttles = Vec::new();
+    for agent in versions[0].agents() {
+        let declared = if draw.unit() < 0.5 {
+            let which = draw.unit();
+            Limits {
+                per_second: (which < 0.7).then(|| pick(6)),
+                in_flight: (which >= 0.4).then(|| pick(3)),
+            }
+        } else {
+            Limits::NONE
+        };
+        let per_second = match declared.per_second {
+            Some(rate) if draw.unit() < 1.0 / 3.0 => Some(pick(rate)),
+            Some(rate) => Some(rate),
+            None => (draw.unit() < 1.0 / 3.0).then(|| 1 + pick(5)),
+        };
+        let per_mille = (draw.unit() * 50.0) as u32;
+        let retry_after = match draw.unit() {
+            x if x < 0.25 => None,
+            x if x < 0.875 => Some(Duration::from_secs(u64::from(pick(10)))),
+            _ => Some(Duration::from_secs(30 + (draw.unit() * 90.0) as u64)),
+        };
+        let throttle_seed = draw.next_u64();
+        if !declared.is_none() {
+            limits.insert(agent.as_str().to_owned(), declared);
+        }
+        if faults.on(Fault::RemoteThrottled) {
+            let actions = actions_of(versions, agent);
+            throttles.push(Throttle {
+                actions,
+                per_second,
+                per_mille,
+                retry_after,
+                seed: throttle_seed,
+            });
+        }
+    }
+    Some(Pacing { limits, throttles })
 }
 
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
@@ -2179,6 +2604,10 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         if outages.iter().any(|&f| faults.on(f)) {
             assert!(total.probes > 0, "no held service was ever probed");
         }
+        assert!(total.paced_seeds > 0, "no seed's services declared limits");
+        assert!(total.full_seconds > 0, "no call ever filled its service's declared second");
+        assert!(total.full_places > 0, "no call ever took its service's last place in flight");
+        assert!(total.kept_back > 0, "no request was ever kept back");
     }
 }
 
@@ -2310,6 +2739,15 @@ fn a_hold_announced_without_being_recorded_fails_the_simulation() {
     let failure = first_failure(1..=20, breakage)
         .expect("twenty runs passed with holds announced again at every sweep");
     assert!(failure.contains("announced twice"), "{failure}");
+}
+
+#[test]
+fn a_declared_rate_spaced_with_no_room_for_travel_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::SpacingWithoutTravel]);
+    let failure = first_failure(1..=20, breakage).expect(
+        "twenty runs passed with turns a second over the rate apart, whatever travel takes",
+    );
+    assert!(failure.contains("calls within a second"), "{failure}");
 }
 
 #[test]
