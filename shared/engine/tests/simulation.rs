@@ -806,8 +806,7 @@ struct Sim {
     /// Whether the seed's services declare limits and throttle (see [`pacing`]).
     paced: bool,
     /// Each step whose request an agent kept back, by order and step: the attempt of its
-    /// lease, when the request comes back, and until when that lease must stand (the request
-    /// back, and its budget).
+    /// lease, when the request comes back, and until when that lease must stand.
     kept_back: HashMap<(OrderId, usize), (u64, Timestamp, Timestamp)>,
 }
 
@@ -1244,16 +1243,20 @@ impl Sim {
             }
             Ok(AgentOutcome::KeptBack { until, .. }) => {
                 self.tally.kept_back += 1;
-                let budget = Duration::from_millis(r.budget_ms.unwrap_or_default());
-                let lease = (r.attempt, *until, until.plus(budget));
+                // Its lease stands for the time kept back beyond its CompleteBy: for a request
+                // sent with its lease, until it is back and its budget spent.
+                let kept = r.due_at.map_or(Duration::ZERO, |due| due.until(*until));
+                let lease = (r.attempt, *until, r.complete_by.plus(kept));
                 self.kept_back.insert((r.order_id, r.step.index), lease);
             }
             _ => {}
         }
     }
 
-    /// A request kept back keeps its lease: the supervisor judges it no sooner than the
-    /// request is back and its budget spent, as the wait its agent reported at once says.
+    /// A request kept back keeps its lease: the supervisor judges it no sooner than its
+    /// CompleteBy and the time it is kept back from when it was sent, as the wait its agent
+    /// reported at once says (for a request sent with its lease, once it is back and its budget
+    /// spent; one sent again later, after a fault lost the first, has less).
     fn check_kept_back(&self, r: &StateRecord) {
         let Some(previous) = self.previous.get(&r.order_id) else { return };
         if r.revision == previous.revision || r.last_input != InputRef::Expire {
