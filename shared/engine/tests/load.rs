@@ -951,11 +951,9 @@ async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
     );
     println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |");
     for (name, seed, agent, limits, (busiest, in_flight, throttled, kept_back)) in limited {
-        let declared = format!(
-            "{} a second, {} in flight",
-            limits.per_second.map_or("any".to_owned(), |r| r.to_string()),
-            limits.in_flight.map_or("any".to_owned(), |p| p.to_string())
-        );
+        let rate = limits.per_second.map(|r| format!("{r} a second"));
+        let places = limits.in_flight.map(|p| format!("{p} in flight"));
+        let declared = [rate, places].into_iter().flatten().collect::<Vec<_>>().join(", ");
         println!(
             "| {name} | {seed} | {agent} | {declared} | {busiest} | {in_flight} | {throttled} | {kept_back} |"
         );
