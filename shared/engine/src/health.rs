@@ -38,6 +38,12 @@ pub struct ServiceRecord {
     /// publishes one alert for it, then clears this.
     #[serde(default)]
     pub unannounced: bool,
+    /// A supervisor is announcing the last change, and no other does before this time: it
+    /// records this before it publishes, so that two supervisors tending at once publish one
+    /// alert, and one that dies before it records the alert sent leaves it to the first sweep
+    /// after this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announcing: Option<Timestamp>,
     /// The service asked to be left alone until then (a 429's `Retry-After`): no execution
     /// calls it before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +94,7 @@ impl ServiceRecord {
             last_fault: None,
             released: None,
             unannounced: false,
+            announcing: None,
             quiet_until: None,
             changed_at: now,
         }
@@ -95,6 +102,12 @@ impl ServiceRecord {
 
     fn next(&self, now: Timestamp) -> ServiceRecord {
         ServiceRecord { version: self.version + 1, changed_at: now, ..self.clone() }
+    }
+
+    /// The next record, with a change (a hold or a release) to announce: whatever announcement
+    /// was under way was for the change before.
+    fn changed(&self, now: Timestamp) -> ServiceRecord {
+        ServiceRecord { unannounced: true, announcing: None, ..self.next(now) }
     }
 
     /// The agent holds the open service after `faults` passing faults in a row, the last for
@@ -109,7 +122,7 @@ impl ServiceRecord {
         if self.held.is_some() {
             return None;
         }
-        let mut next = self.next(now);
+        let mut next = self.changed(now);
         next.last_fault = Some(truncate(reason, MAX_REASON_LEN));
         let reason = format!("{faults} passing faults in a row, the last: {reason}");
         next.held = Some(Hold {
@@ -119,7 +132,6 @@ impl ServiceRecord {
             next_probe: now.plus(policy.probe_every),
             probes: 0,
         });
-        next.unannounced = true;
         Some(next)
     }
 
@@ -129,7 +141,7 @@ impl ServiceRecord {
         match &self.held {
             None => None,
             Some(hold) if hold.by.is_none() && probe => {
-                let mut next = self.next(now);
+                let mut next = self.changed(now);
                 next.released = Some(Release {
                     at: now,
                     held_since: hold.since,
@@ -138,7 +150,6 @@ impl ServiceRecord {
                     probes: hold.probes,
                 });
                 next.held = None;
-                next.unannounced = true;
                 Some(next)
             }
             Some(_) => None,
@@ -165,7 +176,7 @@ impl ServiceRecord {
         if self.held.as_ref().is_some_and(|h| h.by.as_deref() == Some(by) && h.reason == reason) {
             return None;
         }
-        let mut next = self.next(now);
+        let mut next = self.changed(now);
         let since = self.held.as_ref().map_or(now, |h| h.since);
         next.held = Some(Hold {
             since,
@@ -174,14 +185,13 @@ impl ServiceRecord {
             next_probe: now,
             probes: self.held.as_ref().map_or(0, |h| h.probes),
         });
-        next.unannounced = true;
         Some(next)
     }
 
     /// An operator releases the service, whoever held it. `None` if it is open.
     pub fn release_by(&self, now: Timestamp, by: &str, reason: &str) -> Option<ServiceRecord> {
         let hold = self.held.as_ref()?;
-        let mut next = self.next(now);
+        let mut next = self.changed(now);
         next.released = Some(Release {
             at: now,
             held_since: hold.since,
@@ -190,8 +200,17 @@ impl ServiceRecord {
             probes: hold.probes,
         });
         next.held = None;
-        next.unannounced = true;
         Some(next)
+    }
+
+    /// A supervisor takes the announcement of the last change until `until`. `None` if there
+    /// is nothing to announce, or another supervisor is announcing it and its time has not
+    /// run out.
+    pub fn announcing(&self, now: Timestamp, until: Timestamp) -> Option<ServiceRecord> {
+        if !self.unannounced || self.announcing.is_some_and(|t| t > now) {
+            return None;
+        }
+        Some(ServiceRecord { announcing: Some(until), ..self.next(now) })
     }
 
     /// The service asked not to be called before `until`. `None` unless that is at least a
@@ -209,7 +228,11 @@ impl ServiceRecord {
 
     /// The hold or release was announced.
     pub fn announced(&self, now: Timestamp) -> Option<ServiceRecord> {
-        self.unannounced.then(|| ServiceRecord { unannounced: false, ..self.next(now) })
+        self.unannounced.then(|| ServiceRecord {
+            unannounced: false,
+            announcing: None,
+            ..self.next(now)
+        })
     }
 }
 
@@ -297,6 +320,26 @@ mod tests {
         let quiet = open.announced(at(16)).unwrap();
         assert!(!quiet.unannounced);
         assert_eq!(quiet.announced(at(17)), None);
+    }
+
+    #[test]
+    fn one_supervisor_at_a_time_announces_a_change_until_its_time_runs_out() {
+        let policy = HoldPolicy::default();
+        let r = held(&policy);
+        let taken = r.announcing(at(5), at(125)).unwrap();
+        assert_eq!(taken.announcing, Some(at(125)));
+        assert_eq!(taken.announcing(at(6), at(126)), None, "another supervisor announces it");
+        // A probe taken meanwhile keeps the announcement under way.
+        let probing = taken.probe(at(14), &policy).unwrap();
+        assert_eq!(probing.announcing, Some(at(125)));
+        let done = probing.announced(at(15)).unwrap();
+        assert!(!done.unannounced && done.announcing.is_none());
+        assert_eq!(done.announcing(at(16), at(136)), None, "nothing left to announce");
+        // A supervisor that died announcing leaves it to the first sweep after its time.
+        assert!(taken.announcing(at(125), at(245)).is_some());
+        // A new change is announced afresh, whatever was under way.
+        let released = probing.answered(at(20), true).unwrap();
+        assert!(released.unannounced && released.announcing.is_none());
     }
 
     #[test]

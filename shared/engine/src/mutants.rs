@@ -24,6 +24,19 @@ pub enum Mutant {
     AgentDeadlineFromCompleteBy,
     /// An answer to a step that waits for one counts whatever token it bears.
     AnswerWithAnyToken,
+    /// A guarded agent told its service is held calls it all the same.
+    HeldAgentCallsService,
+    /// A step that waits for its held service holds a lease as long as its budget, as a step
+    /// in flight does, instead of its `max_hold`: it fails with the budget.
+    HeldStepBurnsLease,
+    /// The supervisor resumes no order for a service open again (but for its probes).
+    NoResume,
+    /// The supervisor announces a hold or a release without recording it, so that it goes
+    /// out again at the next sweep.
+    AnnouncementUnrecorded,
+    /// A declared rate's turns are spaced a second over the rate apart, with no room for calls
+    /// that take a little longer than others to reach the service.
+    SpacingWithoutTravel,
 }
 
 impl Mutant {

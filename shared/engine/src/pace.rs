@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::mutants::{self, Mutant};
 use crate::time::Timestamp;
 
 /// How much more or less time than each other two calls may take to reach the service (and be
@@ -71,9 +72,15 @@ impl Limits {
 }
 
 /// The time between two calls' turns at `per_second`: a second and the travel jitter, shared
-/// out, so that any second of the service's holds at most `per_second` calls.
+/// out, so that any second of the service's holds at most `per_second` calls. Rounded up to the
+/// millisecond, the unit turns are kept in: a share cut to the millisecond below loses a little
+/// at every turn, and a second's turns together would lose up to all of the jitter's room.
 pub fn spacing(per_second: u32) -> Duration {
-    (Duration::from_secs(1) + TRAVEL_JITTER) / per_second.max(1)
+    let travel =
+        if mutants::on(Mutant::SpacingWithoutTravel) { Duration::ZERO } else { TRAVEL_JITTER };
+    let shared = (Duration::from_secs(1) + travel).as_millis();
+    let each = shared.div_ceil(u128::from(per_second.max(1)));
+    Duration::from_millis(u64::try_from(each).unwrap_or(u64::MAX))
 }
 
 /// The turn a call asking at `now` gets when the next free turn is `next` (`None`: no call
@@ -167,6 +174,30 @@ mod tests {
         // A call asking after an idle spell starts at once.
         let later = t0.plus(Duration::from_secs(60));
         assert_eq!(turn(next, later, d).start, later);
+    }
+
+    #[test]
+    fn turns_back_to_back_leave_the_whole_jitter_room_at_every_rate() {
+        // Turns are kept in whole milliseconds: a spacing cut to the millisecond below would
+        // let `per_second + 1` calls closer together than a second and the jitter (at 250 a
+        // second, 4 ms instead of 4.8 leaves no room at all).
+        let t0 = Timestamp::from_millis(1_000_000);
+        for per_second in 1..=MAX_RATE {
+            let d = spacing(per_second);
+            let mut next = None;
+            let mut starts = Vec::new();
+            for _ in 0..=per_second {
+                let t = turn(next, t0, d);
+                starts.push(t.start);
+                next = Some(t.next);
+            }
+            let span = starts[0].until(starts[per_second as usize]);
+            assert!(
+                span >= Duration::from_secs(1) + TRAVEL_JITTER,
+                "{per_second} a second: {} calls within {span:?}",
+                per_second + 1
+            );
+        }
     }
 
     #[test]

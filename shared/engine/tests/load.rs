@@ -4,10 +4,13 @@
 //! each function has a fixed number of workers, each taking a batch from its queue, first in
 //! first out, and busy for the batch's service time; each remote service answers as many calls
 //! at once as its agent has workers, each after its latency. Orders arrive at a rate, and in
-//! bursts above what the system can serve; a remote service can slow down. Clients whose order
-//! is refused at the door send it again after its `Retry-After`. Time is a manual clock moved
-//! in ticks; each worker keeps a clock of its own, so that a batch's writes and messages happen
-//! when its work ends.
+//! bursts above what the system can serve; a remote service can slow down, or declare a rate
+//! and a concurrency below what its agent's workers could send it, which every worker keeps
+//! together through one services book, as the deployed agents do through the services table
+//! (the service itself answers 429 to a call above its rate, and to a few at random). Clients
+//! whose order is refused at the door send it again after its `Retry-After`. Time is a manual
+//! clock moved in ticks; each worker keeps a clock of its own, so that a batch's writes and
+//! messages happen when its work ends.
 //!
 //! What must hold, for every scenario and seed:
 //! - every order accepted ends, in a terminal state, with its alert sent if it failed;
@@ -18,7 +21,9 @@
 //! - the work per order (messages sent and handled, state writes) stays within 1.25 times the
 //!   fault-free path's: recovery adds no work to a backlog;
 //! - a burst makes a backlog, and the backlog drains at capacity: orders finish at 90 % of the
-//!   capacity or more until it is gone.
+//!   capacity or more until it is gone;
+//! - a service that declares a rate never receives more calls in a second, however aligned,
+//!   nor more in flight than it declares, and no order fails for it (429s included).
 //!
 //! `SIM_LOAD_SEEDS=n` runs n seeds per scenario (default 2); `SEED=n` one seed of each.
 
@@ -34,11 +39,12 @@ use sas_engine::config::EngineConfig;
 use sas_engine::ids::Direction;
 use sas_engine::load::Gauges;
 use sas_engine::memory::{
-    InMemory, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore, MemoryWaits, SeqIds,
-    SplitMix,
+    InMemory, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook, MemoryStore,
+    MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::mutants::{self, Mutant};
+use sas_engine::pace::{self, Limits};
 use sas_engine::ports::{
     Clock, Destination, Incoming, Outbox, Outgoing, RemoteCall, RemoteFault, RemoteService,
 };
@@ -105,15 +111,31 @@ struct Scenario {
     burst: Option<(Duration, Duration, f64)>,
     /// A remote service slowing down: from `start` for `length`, its latency times `factor`.
     slowdown: Option<(&'static str, Duration, Duration, f64)>,
+    /// A remote service declaring what it takes: a rate it throttles above, a concurrency.
+    limited: Option<(&'static str, Limits)>,
     /// Arrivals stop after this.
     arrivals_for: Duration,
     /// The door's longest accepted wait; `None` keeps it open (to let the backlog form).
     door: Option<Duration>,
     /// Probabilities: a delivered message lost, a remote call failing for now, a step's key
-    /// refused for good.
+    /// refused for good, a call to the limited service answered 429 whatever its rate.
     lost: f64,
     transient: f64,
     permanent: f64,
+    throttled: f64,
+}
+
+impl Scenario {
+    /// Orders a second the system can serve: its slowest stage, or the rate a limited service
+    /// declares (each order calls it once, and its agents space the calls a little more than
+    /// one over the rate apart).
+    fn capacity(&self) -> f64 {
+        let system = CAPACITY.orders_per_second();
+        match self.limited.and_then(|(_, limits)| limits.per_second) {
+            Some(rate) => system.min(1.0 / pace::spacing(rate).as_secs_f64()),
+            None => system,
+        }
+    }
 }
 
 fn scenarios() -> Vec<Scenario> {
@@ -122,11 +144,13 @@ fn scenarios() -> Vec<Scenario> {
         base: 0.5,
         burst: None,
         slowdown: None,
+        limited: None,
         arrivals_for: Duration::from_secs(120),
         door: None,
         lost: 0.002,
         transient: 0.03,
         permanent: 0.02,
+        throttled: 0.0,
     };
     let burst =
         |factor: f64, secs: u64| Some((Duration::from_secs(20), Duration::from_secs(secs), factor));
@@ -155,6 +179,17 @@ fn scenarios() -> Vec<Scenario> {
             name: "payment 4x slower for 60 s at 0.8x",
             base: 0.8,
             slowdown: Some(("payment", Duration::from_secs(20), Duration::from_secs(60), 4.0)),
+            ..open.clone()
+        },
+        // The only faults are the service's own 429s: every order must go through.
+        Scenario {
+            name: "payment declared at 5 calls a second, burst 2x for 60 s",
+            limited: Some(("payment", Limits { per_second: Some(5), in_flight: None })),
+            burst: burst(2.0, 60),
+            lost: 0.0,
+            transient: 0.0,
+            permanent: 0.0,
+            throttled: 0.01,
             ..open.clone()
         },
     ]
@@ -198,8 +233,55 @@ impl Outbox for WorkerOutbox {
     }
 }
 
+/// The calls that reached the limited service: when each came, when it was answered, and
+/// whether the service took it (or answered 429).
+#[derive(Debug, Default)]
+struct Arrivals {
+    calls: Mutex<Vec<(Timestamp, Timestamp, bool)>>,
+}
+
+impl Arrivals {
+    /// The most calls that came within one second, however the second is aligned.
+    fn busiest_second(&self) -> usize {
+        let mut at: Vec<Timestamp> = self.calls.lock().unwrap().iter().map(|c| c.0).collect();
+        at.sort_unstable();
+        let second = Duration::from_secs(1);
+        let mut last = 0;
+        let mut most = 0;
+        for first in 0..at.len() {
+            while last < at.len() && at[last] < at[first].plus(second) {
+                last += 1;
+            }
+            most = most.max(last - first);
+        }
+        most
+    }
+
+    /// The most calls in flight at once: come, and not answered yet.
+    fn most_in_flight(&self) -> usize {
+        let mut moves: Vec<(Timestamp, i64)> = Vec::new();
+        for (came, answered, _) in self.calls.lock().unwrap().iter() {
+            moves.extend([(*came, 1), (*answered, -1)]);
+        }
+        // An answer before a call that comes at the same moment.
+        moves.sort_unstable();
+        let mut now = 0i64;
+        let mut most = 0i64;
+        for (_, step) in moves {
+            now += step;
+            most = most.max(now);
+        }
+        usize::try_from(most).unwrap_or(0)
+    }
+
+    fn throttled(&self) -> usize {
+        self.calls.lock().unwrap().iter().filter(|c| !c.2).count()
+    }
+}
+
 /// A remote service with latency, on the calling worker's clock, and seeded faults; effects
-/// go through the shared in-memory service, whose ledger checks they happen once.
+/// go through the shared in-memory service, whose ledger checks they happen once. The limited
+/// service counts the calls that reach it and answers 429 to those above its rate.
 #[derive(Debug)]
 struct Remote {
     inner: Arc<MemoryRemote<ManualClock>>,
@@ -213,6 +295,8 @@ struct Remote {
     refusals: u64,
     calls: AtomicU64,
     injected: Ledger,
+    /// Where the limited service notes its calls, if this is it.
+    arrivals: Option<Arc<Arrivals>>,
 }
 
 impl RemoteService for Remote {
@@ -223,6 +307,26 @@ impl RemoteService for Remote {
             let t = self.start.until(now);
             if agent == self.agent.as_str() && t >= from && t < from + length {
                 latency = latency.mul_f64(factor);
+            }
+        }
+        if let Some(arrivals) = &self.arrivals {
+            let rate = self.scenario.limited.and_then(|(_, limits)| limits.per_second);
+            let mut calls = arrivals.calls.lock().unwrap();
+            let second_ago = now.minus(Duration::from_secs(1));
+            let taken =
+                calls.iter().filter(|(at, _, took)| *took && *at > second_ago && *at <= now);
+            let full = rate.is_some_and(|r| taken.count() >= r as usize);
+            let drawn = SplitMix::for_key(self.seed, &call.idempotency_key, calls.len() as u64)
+                .unit()
+                < self.scenario.throttled;
+            calls.push((now, now.plus(latency), !(full || drawn)));
+            if full || drawn {
+                self.worker.advance(latency);
+                let reason = "429 Too Many Requests".to_owned();
+                return Err(RemoteFault::Throttled {
+                    reason,
+                    retry_after: Some(Duration::from_secs(1)),
+                });
             }
         }
         if now.plus(latency) > call.deadline {
@@ -266,6 +370,7 @@ type Queues = Arc<MemoryQueues<ManualClock>>;
 type Bus = Arc<MemoryBus>;
 type Waits = Arc<MemoryWaits>;
 type Load = Gauges<Waits, Queues>;
+type Book = Arc<MemoryServiceBook>;
 
 struct SchedulerWorker {
     clock: ManualClock,
@@ -278,7 +383,7 @@ struct AgentWorker {
     clock: ManualClock,
     busy_until: Timestamp,
     queue: Destination,
-    agent: Agent<Arc<Remote>, WorkerOutbox, ManualClock, SplitMix, Waits>,
+    agent: Agent<Arc<Remote>, WorkerOutbox, ManualClock, SplitMix, Waits, Book>,
 }
 
 /// What a run measured.
@@ -299,6 +404,9 @@ struct Outcome {
     resets: usize,
     /// Time from acceptance to the end, median and 95th percentile.
     to_end: (Duration, Duration),
+    /// At the limited service: the most calls in a second, however aligned, the most in flight
+    /// at once, the calls it answered 429, and the requests its agents kept back.
+    limited: Option<(usize, usize, usize, u64)>,
 }
 
 struct World {
@@ -318,6 +426,10 @@ struct World {
     supervisor: Supervisor<Store, Store, Queues, Bus, ManualClock, Load>,
     schedulers: Vec<SchedulerWorker>,
     agents: Vec<AgentWorker>,
+    /// The services' records and paces, shared by every agent worker.
+    book: Book,
+    arrivals: Option<Arc<Arrivals>>,
+    kept_back: u64,
     handled: u64,
     /// Every queue: the scheduler's two, then each agent's.
     destinations: Vec<Destination>,
@@ -329,8 +441,10 @@ impl World {
         let start = clock.now();
         let memory = InMemory::new(clock.clone());
         let injected = Ledger::default();
+        let limits = scenario.limited.map(|(agent, limits)| (agent.to_owned(), limits));
         let config = Arc::new(EngineConfig {
             max_queue_wait: scenario.door.unwrap_or(Duration::from_secs(3600)),
+            limits: limits.into_iter().collect(),
             ..EngineConfig::default()
         });
         let json = sas_workflows::order_fulfilment();
@@ -360,6 +474,11 @@ impl World {
                 });
             }
         }
+        // Every worker of every agent guards its service in one book, as the deployed agents
+        // share the services table; the limited service's counts its calls.
+        let book = Book::default();
+        let limited = scenario.limited.map(|(agent, _)| agent);
+        let arrivals = limited.map(|_| Arc::new(Arrivals::default()));
         let mut agents = Vec::new();
         for (a, name) in system.catalogue.agents().iter().enumerate() {
             for n in 0..CAPACITY.agent_workers {
@@ -374,10 +493,13 @@ impl World {
                     refusals: seed,
                     calls: AtomicU64::new(0),
                     injected: injected.clone(),
+                    arrivals: arrivals.clone().filter(|_| limited == Some(name.as_str())),
                 });
                 let random = SplitMix::seeded(seed ^ (a * 100 + n) as u64);
-                let agent =
-                    system.agent(name, service, outbox, random, format!("agent-{name}-{n}"));
+                let agent = system
+                    .agent(name, service, outbox, random, format!("agent-{name}-{n}"))
+                    .guarded(book.clone(), name.as_str(), system.config.hold)
+                    .limited(system.config.limits_of(name.as_str()));
                 let queue = Destination::Agent(name.clone());
                 agents.push(AgentWorker { clock, busy_until: start, queue, agent });
             }
@@ -403,6 +525,9 @@ impl World {
             supervisor,
             schedulers,
             agents,
+            book,
+            arrivals,
+            kept_back: 0,
             handled: 0,
         }
     }
@@ -498,6 +623,9 @@ impl World {
             };
             let failed_before = failed();
             let handled = w.agent.handle(&request, incoming).await;
+            if let Ok(AgentOutcome::KeptBack { .. }) = handled {
+                self.kept_back += 1;
+            }
             if let Ok(AgentOutcome::GaveUp { .. }) = handled {
                 if failed() > failed_before {
                     let mut injected = self.injected.lock().unwrap();
@@ -530,7 +658,7 @@ impl World {
         let mut next_sweep = self.start.plus(CAPACITY.sweep_every);
         let burst = self.scenario.burst.map(|(from, _, _)| self.start.plus(from));
         let mut backlog_over: Option<Timestamp> = None;
-        let capacity = CAPACITY.orders_per_second();
+        let capacity = self.scenario.capacity();
         let limit = Duration::from_secs(3600);
         loop {
             self.clock.advance(TICK);
@@ -573,6 +701,7 @@ impl World {
                 let report = self.supervisor.sweep().await.unwrap();
                 out.longest_horizon =
                     out.longest_horizon.max(Duration::from_millis(report.horizon_ms));
+                self.supervisor.tend(&self.book, report.stalled.is_none()).await.unwrap();
                 next_sweep = now.plus(CAPACITY.sweep_every);
             }
             // The backlog lasts from the burst for as long as the queues hold two seconds of
@@ -696,6 +825,10 @@ impl World {
         let stats = self.store.stats();
         out.writes = (stats.writes + stats.transactions) as f64 / n;
         assert!(self.remote.max_applications() <= 1, "seed {}: an effect applied twice", self.seed);
+        out.limited = self
+            .arrivals
+            .as_ref()
+            .map(|a| (a.busiest_second(), a.most_in_flight(), a.throttled(), self.kept_back));
         out
     }
 }
@@ -727,6 +860,7 @@ async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | ---: |"
     );
     let mut problems = Vec::new();
+    let mut limited = Vec::new();
     for scenario in scenarios() {
         for seed in seeds() {
             let mut world = World::new(&scenario, seed);
@@ -736,6 +870,7 @@ async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
                 out.handled / FAULT_FREE_MESSAGES,
                 out.writes / FAULT_FREE_WRITES,
             ];
+            let capacity = scenario.capacity();
             let goodput = out.goodput.map_or("n/a".to_owned(), |(g, span)| {
                 format!("{:.0} % of capacity over {} s", 100.0 * g / capacity, span.as_secs())
             });
@@ -783,7 +918,45 @@ async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
                     ));
                 }
             }
+            if let (Some((agent, limits)), Some(figures)) = (scenario.limited, out.limited) {
+                limited.push((scenario.name, seed, agent, limits, figures));
+                let (busiest, in_flight, _, _) = figures;
+                if limits.per_second.is_some_and(|rate| busiest > rate as usize) {
+                    problems.push(format!(
+                        "{} seed {seed}: {busiest} calls reached {agent} within a second",
+                        scenario.name
+                    ));
+                }
+                if limits.in_flight.is_some_and(|places| in_flight > places as usize) {
+                    problems.push(format!(
+                        "{} seed {seed}: {in_flight} calls were in flight at {agent} at once",
+                        scenario.name
+                    ));
+                }
+                // Its only faults are 429s: none may fail an order.
+                if out.processed != out.accepted {
+                    problems.push(format!(
+                        "{} seed {seed}: {} of {} orders did not go through",
+                        scenario.name,
+                        out.accepted - out.processed,
+                        out.accepted
+                    ));
+                }
+            }
         }
+    }
+    println!();
+    println!(
+        "| scenario | seed | service | declared | busiest second | most in flight | 429s answered | requests kept back |"
+    );
+    println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |");
+    for (name, seed, agent, limits, (busiest, in_flight, throttled, kept_back)) in limited {
+        let rate = limits.per_second.map(|r| format!("{r} a second"));
+        let places = limits.in_flight.map(|p| format!("{p} in flight"));
+        let declared = [rate, places].into_iter().flatten().collect::<Vec<_>>().join(", ");
+        println!(
+            "| {name} | {seed} | {agent} | {declared} | {busiest} | {in_flight} | {throttled} | {kept_back} |"
+        );
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sas_engine::config::{EngineConfig, HoldPolicy};
-use sas_engine::events::StatusKinds;
+use sas_engine::events::{SERVICE_DETAIL_TYPE, StatusKinds};
+use sas_engine::health::ServiceRecord;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{SLACK, WaitReporter};
 use sas_engine::memory::{
@@ -19,7 +20,7 @@ use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
 use sas_engine::order::Order;
 use sas_engine::ports::{
     Clock, Created, Destination, ENTRY_TRIES, Expected, ExpiryIndex, Incoming, IndexEntry,
-    OrderRecord, Read, Saved, StateStore, WaitGauge,
+    OrderRecord, Read, Saved, ServiceBook, StateStore, WaitGauge,
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{Agent, AgentOutcome, Handled, Ports, StatusService, Supervisor};
@@ -316,7 +317,6 @@ async fn the_agent_retries_transient_faults_with_jittered_backoff() {
 async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_on_an_answer() {
     use sas_engine::config::HoldPolicy;
     use sas_engine::memory::MemoryServiceBook;
-    use sas_engine::ports::ServiceBook;
 
     let clock = ManualClock::default();
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
@@ -899,6 +899,86 @@ async fn a_throttled_call_quiets_every_execution_for_as_long_as_the_service_aske
     assert!(matches!(outcome, AgentOutcome::KeptBack { calls: 1, .. }), "{outcome:?}");
 }
 
+/// A services book on which an operator holds the payment service the moment a call takes
+/// its turn: the hold comes while the call waits for it.
+struct HeldWhileWaiting {
+    book: Arc<sas_engine::memory::MemoryServiceBook>,
+    clock: ManualClock,
+}
+
+impl sas_engine::ports::ServiceBook for HeldWhileWaiting {
+    async fn load(&self, service: &str) -> Result<Option<ServiceRecord>> {
+        self.book.load(service).await
+    }
+    async fn all(&self) -> Result<Vec<ServiceRecord>> {
+        self.book.all().await
+    }
+    async fn save(&self, next: &ServiceRecord) -> Result<sas_engine::ports::Saved> {
+        self.book.save(next).await
+    }
+}
+
+impl sas_engine::ports::Pace for HeldWhileWaiting {
+    async fn take_turn(
+        &self,
+        service: &str,
+        spacing: Duration,
+        now: Timestamp,
+        latest: Timestamp,
+    ) -> Result<sas_engine::pace::Booked> {
+        use sas_engine::ports::ServiceBook;
+        let booked = self.book.take_turn(service, spacing, now, latest).await?;
+        let record = self.book.load(service).await?;
+        let record = record.unwrap_or_else(|| ServiceRecord::open(service, self.clock.now()));
+        let held = record.hold_by(self.clock.now(), "ops", "maintenance").unwrap();
+        self.book.save(&held).await?;
+        Ok(booked)
+    }
+    async fn enter(
+        &self,
+        service: &str,
+        limit: u32,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<sas_engine::pace::Place>> {
+        self.book.enter(service, limit, now, until).await
+    }
+    async fn leave(&self, service: &str, place: sas_engine::pace::Place) -> Result<()> {
+        self.book.leave(service, place).await
+    }
+    async fn usage(&self, service: &str, now: Timestamp) -> Result<sas_engine::pace::Usage> {
+        self.book.usage(service, now).await
+    }
+}
+
+#[tokio::test]
+async fn a_call_that_waited_for_its_turn_is_not_made_once_its_service_is_held() {
+    use sas_engine::ports::Pace;
+
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    // Calls before it took the next ten seconds' turns.
+    let spacing = sas_engine::pace::spacing(1);
+    for _ in 0..9 {
+        let far = b.clock.now().plus(Duration::from_secs(60));
+        book.take_turn("payment", spacing, b.clock.now(), far).await.unwrap();
+    }
+    let limits = sas_engine::pace::Limits { per_second: Some(1), in_flight: None };
+    let held_meanwhile = HeldWhileWaiting { book: book.clone(), clock: b.clock.clone() };
+    let agent = payment_agent(service.clone(), b.queues.clone(), b.clock.clone(), b.waits.clone())
+        .guarded(held_meanwhile, "payment", HoldPolicy::default())
+        .limited(limits);
+    let request = b.request(Duration::from_secs(30));
+    let outcome = agent.handle(&request, Incoming::first("m")).await.unwrap();
+    // Its turn came over ten seconds into the hold: it is no probe, and the service is not
+    // called; the step waits for the service as any other would.
+    assert!(service.log().at.is_empty(), "called at {:?}, while held", service.log().at);
+    assert_eq!(outcome, AgentOutcome::Held { calls: 0 });
+    let Some(Message::Reply(reply)) = b.replies().pop() else { panic!("no reply") };
+    assert!(matches!(reply.outcome, StepOutcome::Held { .. }), "{:?}", reply.outcome);
+}
+
 // ---------------------------------------------------------------- scheduler reads
 
 #[tokio::test]
@@ -1020,6 +1100,21 @@ impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {
     }
 }
 
+impl<G: ServiceBook> ServiceBook for Yielding<G> {
+    async fn load(&self, service: &str) -> Result<Option<ServiceRecord>> {
+        tokio::task::yield_now().await;
+        self.0.load(service).await
+    }
+    async fn all(&self) -> Result<Vec<ServiceRecord>> {
+        tokio::task::yield_now().await;
+        self.0.all().await
+    }
+    async fn save(&self, next: &ServiceRecord) -> Result<Saved> {
+        tokio::task::yield_now().await;
+        self.0.save(next).await
+    }
+}
+
 type TestSupervisor = Supervisor<
     Yielding<world::Store>,
     world::Store,
@@ -1105,6 +1200,32 @@ async fn racing_supervisors_at_the_threshold_send_exactly_one_alert() {
     assert_eq!(r.alert, Some(AlertDelivery::Sent));
     assert_eq!(w.alerts().len(), 1);
     assert_eq!(r.needs_manual_undo(), ["reserve-inventory"]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn racing_supervisors_announce_a_hold_and_its_release_once() {
+    let w = World::new();
+    let now = w.clock.now();
+    let policy = HoldPolicy::default();
+    let held = ServiceRecord::open("payment", now).hold(now, 5, "503", &policy).unwrap();
+    assert_eq!(w.book.save(&held).await.unwrap(), Saved::Saved);
+    // Every read and write of the book gives way, so the two tendings interleave.
+    let book = Yielding(w.book.clone());
+    let (a, b) = (racing_supervisor(&w), racing_supervisor(&w));
+    let (ra, rb) = tokio::join!(a.tend(&book, true), b.tend(&book, true));
+    assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 1);
+    let (ra, rb) = tokio::join!(a.tend(&book, true), b.tend(&book, true));
+    assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 0, "announced already");
+
+    let record = w.book.load("payment").await.unwrap().unwrap();
+    let released = record.release_by(w.clock.now(), "ops", "back").unwrap();
+    assert_eq!(w.book.save(&released).await.unwrap(), Saved::Saved);
+    let (ra, rb) = tokio::join!(a.tend(&book, true), b.tend(&book, true));
+    assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 1);
+    let states: Vec<_> =
+        w.bus.of_type(SERVICE_DETAIL_TYPE).iter().map(|e| e["state"].clone()).collect();
+    assert_eq!(states, ["held", "open"]);
+    assert!(!w.book.load("payment").await.unwrap().unwrap().unannounced);
 }
 
 #[tokio::test]

@@ -10,6 +10,25 @@
 //! compensation; sometimes the same command twice, sometimes crashing halfway). After the faults
 //! stop, the operator resumes what it paused, and every order must reach a terminal state.
 //!
+//! Every agent guards its service, with one book of the services' records for all, and every
+//! sweep is followed by the supervisor's tending of the services. On half the seeds the
+//! services also misbehave over time: a service down for a spell, flapping, or coming back
+//! slowly, and an operator holding and releasing services by hand. The faults stopping ends
+//! the outages and the operator's holds. Besides the orders' invariants, the checks hold the
+//! services to theirs: nothing but its probe reaches a held service; a step waits for its held
+//! service with nothing counted against it, and fails for it only past its `max_hold`; once
+//! the faults stop, an order waiting for a service is resumed by the first tending after the
+//! service opens; and each hold and release is announced once.
+//!
+//! On two seeds in five the services are paced: some declare a rate and a concurrency, which
+//! their agents keep; each service throttles (429 with a `Retry-After`) above a rate of its own
+//! and a few calls at random; calls take time to reach a service and to be answered, and an
+//! agent handles some requests of its queue side by side, on a clock that wakes each of them at
+//! its time. Where each call reaches its service, no second, however aligned, holds more calls
+//! than the service declared, nor are more in flight at once. An agent never gives up on a
+//! request right after a 429; a request kept back keeps its lease until it is back and its
+//! budget spent; and no order is stopped as refused by a service that never refused it.
+//!
 //! Each seed runs one workflow (the repository's two, or a random shape whose steps may only
 //! report their failures, may depend on each other, and may wait for a time or for an answer
 //! from outside, which a party gives, refuses or keeps alive at random moments, with the right
@@ -24,41 +43,105 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sas_engine::catalogue::Catalogue;
-use sas_engine::config::EngineConfig;
-use sas_engine::events::{ALERT_DETAIL_TYPE, CALLBACK_DETAIL_TYPE};
+use sas_engine::config::{EngineConfig, HoldPolicy};
+use sas_engine::events::{ALERT_DETAIL_TYPE, CALLBACK_DETAIL_TYPE, SERVICE_DETAIL_TYPE};
+use sas_engine::health::ServiceRecord;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges};
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
-    Behaviour, Delivery, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore,
-    MemoryWaits, SeqIds, SplitMix,
+    Behaviour, Delivery, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook,
+    MemoryStore, MemoryWaits, Outage, SeqIds, SplitMix, Throttle,
 };
-use sas_engine::message::Message;
+use sas_engine::message::{Message, StepRequest};
 use sas_engine::mutants::{self, Mutant};
+use sas_engine::pace::{self, Limits};
 use sas_engine::ports::{
-    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, Incoming, IndexEntry,
-    OrderRecord, Outbox, Outgoing, Read, Saved, StateStore,
+    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, HeldIndex, Incoming, IndexEntry,
+    OrderRecord, Outbox, Outgoing, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore,
 };
 use sas_engine::services::{
-    Agent, Answering, Applied, Assembly, Command, Commanded, Operator, Scheduler, Submission,
-    Supervisor, SweepReport,
+    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, FRESH, Operator,
+    RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Phase, ProcessState, StateRecord, StepStatus,
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
-use sas_engine::{Error, OrderId, Result, Timestamp};
+use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
 
 const ORDERS: usize = 12;
 const FAULTY_EVENTS: usize = 600;
 /// How often the supervisor sweeps once the faults stop.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// Holds on the scale of simulated time: a service is held after four passing faults in a row
+/// within 20 s, and probed every 5 s.
+const HOLD: HoldPolicy = HoldPolicy {
+    after_failures: 4,
+    window: Duration::from_secs(20),
+    probe_every: Duration::from_secs(5),
+};
+
+/// The agents' and the services' clock: the manual clock, but handlers running side by side (an
+/// agent's batch) wake from their waits in the order of the times they wait for, and the clock
+/// moves to each one's time as it wakes, so that each sees time as it would on a clock of its
+/// own. Before a wait moves the clock, whatever runs beside it goes as far as it can at the
+/// time it is; a wait with nothing beside it moves the clock as the manual clock's does.
+#[derive(Clone, Debug)]
+struct Timeline {
+    clock: ManualClock,
+    waits: Arc<Mutex<BTreeSet<(Timestamp, u64)>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl Timeline {
+    fn new(clock: &ManualClock) -> Timeline {
+        Timeline { clock: clock.clone(), waits: Arc::default(), next: Arc::default() }
+    }
+
+    fn first(&self) -> Option<(Timestamp, u64)> {
+        self.waits.lock().unwrap().first().copied()
+    }
+}
+
+/// How many times the earliest wait on the timeline lets the handlers beside it run before it
+/// moves the clock: enough for each to reach its own next wait.
+const SIDE_BY_SIDE_ROUNDS: u32 = 3;
+
+/// A wait on the timeline, taken off it when it ends or is given up.
+struct Waiting(Arc<Mutex<BTreeSet<(Timestamp, u64)>>>, (Timestamp, u64));
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().remove(&self.1);
+    }
+}
+
+impl Clock for Timeline {
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        let at = self.clock.now().plus(duration);
+        let me = (at, self.next.fetch_add(1, Ordering::Relaxed));
+        self.waits.lock().unwrap().insert(me);
+        let waiting = Waiting(self.waits.clone(), me);
+        let mut first_for = 0;
+        while first_for < SIDE_BY_SIDE_ROUNDS {
+            tokio::task::yield_now().await;
+            first_for = if self.first() == Some(me) { first_for + 1 } else { 0 };
+        }
+        drop(waiting);
+        self.clock.set(at);
+    }
+}
 
 /// A port wrapper that fails the call it is told to, as if the process died right there.
 #[derive(Clone)]
@@ -118,6 +201,18 @@ impl<P: ExpiryIndex> ExpiryIndex for Crashy<P> {
     }
 }
 
+impl<P: HeldIndex> HeldIndex for Crashy<P> {
+    async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
+        tokio::task::yield_now().await;
+        self.inner.held(service, limit).await
+    }
+
+    async fn count_held(&self, service: &str) -> Result<u64> {
+        tokio::task::yield_now().await;
+        self.inner.count_held(service).await
+    }
+}
+
 impl<P: Outbox> Outbox for Crashy<P> {
     async fn send(&self, messages: &[Outgoing]) -> Result<()> {
         self.step().await?;
@@ -140,7 +235,165 @@ type Queues = Crashy<Arc<MemoryQueues<ManualClock>>>;
 type Bus = Crashy<Arc<MemoryBus>>;
 type Waits = Arc<MemoryWaits>;
 type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
-type SimAgent = Agent<Arc<MemoryRemote<ManualClock>>, Queues, ManualClock, SplitMix, Waits>;
+type Book = Arc<MemoryServiceBook>;
+type Remote = Arc<MemoryRemote<Timeline>>;
+type SimAgent = Agent<Watched, Queues, Timeline, SplitMix, Waits, Book>;
+type Desk = ServiceDesk<Book, Arc<MemoryStore<ManualClock>>, ManualClock>;
+
+/// What reached the services while their records said they were held.
+#[derive(Debug, Default)]
+struct Watch {
+    /// Per service: since when its hold (the last seen) began, and how many of its probes went.
+    probes: HashMap<String, (Timestamp, u64)>,
+    /// Probes that reached a held service.
+    probed: u64,
+    /// Calls in the first [`FRESH`] of a hold: the guard may still go by a read from before it.
+    late: u64,
+    /// Calls that reached a held service and were not its probe.
+    intruders: Vec<String>,
+    /// Calls numbered as they reach their service.
+    calls: u64,
+    /// Per service: when the calls that reached it within the last second came.
+    received: HashMap<String, VecDeque<Timestamp>>,
+    /// Per service: the calls it is working on, by number, with when their callers stop
+    /// waiting (a call whose caller gave up no longer takes a place of the agent's).
+    open: HashMap<String, Vec<(u64, Timestamp)>>,
+    /// Calls past what their service declared, in calls a second or in flight.
+    overruns: Vec<String>,
+    /// Calls that reached a service with declared limits; of them, those that filled its
+    /// second (the last call the rate allows), and those that took its last place in flight.
+    limited_calls: u64,
+    full_seconds: u64,
+    full_places: u64,
+    /// Whether the last answer to each key was a 429.
+    throttled: HashMap<String, bool>,
+    /// Each order's actions a service refused for good.
+    refused: HashSet<(OrderId, String)>,
+}
+
+/// The longest a service takes to answer a call, on the seeds whose services are paced.
+const ANSWER_TIME: Duration = Duration::from_millis(800);
+
+/// An agent's remote service, watched against the services' book and what the service
+/// declared, as the service sees its calls when they reach it: a call that reaches the
+/// service while its record says it is held, and is not the probe its guard claimed in the
+/// record, is noted (the guard decides on a read at most [`FRESH`] old, so a call within that
+/// of the hold's start is let pass); so is a call past the service's declared rate, in any
+/// second however aligned, or past its declared concurrency. On the seeds whose services are
+/// paced, calls take time: each reaches its service up to [`pace::TRAVEL_JITTER`] after it
+/// leaves (the room the turns leave for it), and is answered up to [`ANSWER_TIME`] later; an
+/// answer that comes once its caller stopped waiting is a timeout.
+#[derive(Clone)]
+struct Watched {
+    remote: Remote,
+    book: Book,
+    service: String,
+    clock: Timeline,
+    watch: Arc<Mutex<Watch>>,
+    limits: Limits,
+    /// The draws of calls' travel and answer times, where calls take time.
+    times: Option<Arc<SplitMix>>,
+}
+
+impl RemoteService for Watched {
+    async fn call(&self, call: &RemoteCall) -> std::result::Result<serde_json::Value, RemoteFault> {
+        let travel = self.times.as_ref().map_or(Duration::ZERO, |times| {
+            let travel = pace::TRAVEL_JITTER.mul_f64(times.unit());
+            Duration::from_millis(travel.as_millis() as u64)
+        });
+        if !travel.is_zero() {
+            self.clock.sleep(travel).await;
+        }
+        let number = self.received(call, travel);
+        let mut answer = self.remote.call(call).await;
+        if let Some(times) = &self.times {
+            self.clock.sleep(ANSWER_TIME.mul_f64(times.unit())).await;
+            if self.clock.now() >= call.deadline {
+                answer = Err(RemoteFault::Transient("timeout".into()));
+            }
+        }
+        let mut watch = self.watch.lock().unwrap();
+        if let Some(open) = watch.open.get_mut(&self.service) {
+            open.retain(|(n, _)| *n != number);
+        }
+        let throttled = matches!(answer, Err(RemoteFault::Throttled { .. }));
+        watch.throttled.insert(call.idempotency_key.clone(), throttled);
+        if let Err(RemoteFault::Permanent(_)) = &answer {
+            watch.refused.insert((call.order_id, call.action.clone()));
+        }
+        answer
+    }
+}
+
+impl Watched {
+    /// Notes a call as it reaches the service, `travel` after it left; returns its number.
+    fn received(&self, call: &RemoteCall, travel: Duration) -> u64 {
+        let now = self.clock.now();
+        let left = now.minus(travel);
+        let mut guard = self.watch.lock().unwrap();
+        let watch = &mut *guard;
+        let record = self.book.records().into_iter().find(|r| r.service == self.service);
+        if let Some(hold) = record.and_then(|r| r.held) {
+            let seen = watch.probes.entry(self.service.clone()).or_insert((hold.since, 0));
+            if seen.0 != hold.since {
+                *seen = (hold.since, 0);
+            }
+            if hold.probes > seen.1 {
+                seen.1 = hold.probes;
+                watch.probed += 1;
+            } else if left < hold.since.plus(FRESH) {
+                watch.late += 1;
+            } else {
+                watch.intruders.push(format!(
+                    "{} was called for {} of {} while held since {} s before, and not as its probe",
+                    self.service,
+                    call.action,
+                    call.order_id,
+                    hold.since.until(now).as_secs()
+                ));
+            }
+        }
+        watch.calls += 1;
+        let number = watch.calls;
+        let received = watch.received.entry(self.service.clone()).or_default();
+        let second_ago = now.minus(Duration::from_secs(1));
+        while received.front().is_some_and(|t| *t <= second_ago) {
+            received.pop_front();
+        }
+        received.push_back(now);
+        let (in_second, first) = (received.len(), received[0]);
+        let open = watch.open.entry(self.service.clone()).or_default();
+        open.retain(|(_, until)| *until > now);
+        open.push((number, call.deadline));
+        let in_flight = open.len();
+        if self.limits.is_none() {
+            return number;
+        }
+        watch.limited_calls += 1;
+        if let Some(rate) = self.limits.per_second.map(|r| r as usize) {
+            watch.full_seconds += u64::from(in_second == rate);
+            if in_second > rate {
+                watch.overruns.push(format!(
+                    "{} received {in_second} calls within a second ({} ms from the first to {} of {}), more than the {rate} it declared",
+                    self.service,
+                    first.until(now).as_millis(),
+                    call.action,
+                    call.order_id,
+                ));
+            }
+        }
+        if let Some(places) = self.limits.in_flight.map(|p| p as usize) {
+            watch.full_places += u64::from(in_flight == places);
+            if in_flight > places {
+                watch.overruns.push(format!(
+                    "{} had {in_flight} calls in flight at once ({} of {} the last), more than the {places} it declared",
+                    self.service, call.action, call.order_id,
+                ));
+            }
+        }
+        number
+    }
+}
 
 /// A kind of fault the simulation can inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,10 +433,24 @@ enum Fault {
     /// An answer from outside to a step that waits for one: given, refused or kept alive, with
     /// the token of its announcement, an older one, a forged one, or by an operator.
     Answer,
+    /// A service down for a spell: every call of its actions fails for now (on the seeds whose
+    /// services misbehave over time, as the three below; counted once it failed a call).
+    Outage,
+    /// A service down and up in turns of a few seconds.
+    Flapping,
+    /// A service down, then coming back slowly: a share of calls failing, falling to none.
+    SlowRecovery,
+    /// An operator holding a service by hand, or releasing it (its own hold or its agent's).
+    ManualHold,
+    /// A remote call answered 429 with a `Retry-After`, above the service's own rate or at
+    /// random (on the seeds whose services are paced, as the one below).
+    RemoteThrottled,
+    /// Requests of one agent handled together, concurrently, as one batch of its queue is.
+    AgentBatch,
 }
 
 impl Fault {
-    const ALL: [Fault; 17] = [
+    const ALL: [Fault; 23] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -201,6 +468,12 @@ impl Fault {
         Fault::Operator,
         Fault::Batched,
         Fault::Answer,
+        Fault::Outage,
+        Fault::Flapping,
+        Fault::SlowRecovery,
+        Fault::ManualHold,
+        Fault::RemoteThrottled,
+        Fault::AgentBatch,
     ];
 
     fn name(self) -> &'static str {
@@ -222,6 +495,12 @@ impl Fault {
             Fault::Operator => "operator",
             Fault::Batched => "batched",
             Fault::Answer => "answer",
+            Fault::Outage => "outage",
+            Fault::Flapping => "flapping",
+            Fault::SlowRecovery => "slow-recovery",
+            Fault::ManualHold => "manual-hold",
+            Fault::RemoteThrottled => "remote-throttled",
+            Fault::AgentBatch => "agent-batch",
         }
     }
 
@@ -299,6 +578,26 @@ struct Tally {
     answers_refused: u64,
     /// Steps that waited for an answer in vain, until their timeout.
     unanswered: u64,
+    /// Holds and releases announced, one alert each.
+    holds_announced: u64,
+    releases_announced: u64,
+    /// Runs of steps (or undos) that waited for their held service, and those of them that
+    /// failed for it, held past their `max_hold`.
+    parked: u64,
+    held_too_long: u64,
+    /// Orders the supervisor resumed for a service open again (the probes it sent included).
+    resumed: u64,
+    /// Probes that reached a held service, and calls let through within [`FRESH`] of a hold.
+    probes: u64,
+    late_calls: u64,
+    /// Seeds whose services declared limits; calls that reached a limited service, those that
+    /// filled its second, and those that took its last place in flight.
+    paced_seeds: u64,
+    limited_calls: u64,
+    full_seconds: u64,
+    full_places: u64,
+    /// Requests an agent kept back for want of room at its service.
+    kept_back: u64,
 }
 
 impl Tally {
@@ -329,6 +628,18 @@ impl std::ops::AddAssign for Tally {
         self.answers_applied += o.answers_applied;
         self.answers_refused += o.answers_refused;
         self.unanswered += o.unanswered;
+        self.holds_announced += o.holds_announced;
+        self.releases_announced += o.releases_announced;
+        self.parked += o.parked;
+        self.held_too_long += o.held_too_long;
+        self.resumed += o.resumed;
+        self.probes += o.probes;
+        self.late_calls += o.late_calls;
+        self.paced_seeds += o.paced_seeds;
+        self.limited_calls += o.limited_calls;
+        self.full_seconds += o.full_seconds;
+        self.full_places += o.full_places;
+        self.kept_back += o.kept_back;
     }
 }
 
@@ -339,7 +650,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; requests kept back {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -352,6 +663,18 @@ impl std::fmt::Display for Tally {
             self.answers_applied,
             self.answers_refused,
             self.unanswered,
+            self.holds_announced,
+            self.releases_announced,
+            self.parked,
+            self.held_too_long,
+            self.resumed,
+            self.probes,
+            self.late_calls,
+            self.paced_seeds,
+            self.limited_calls,
+            self.full_seconds,
+            self.full_places,
+            self.kept_back,
             self.longest_settle.as_secs()
         )
     }
@@ -408,7 +731,7 @@ struct Sim {
     memory: Arc<MemoryStore<ManualClock>>,
     queues: Arc<MemoryQueues<ManualClock>>,
     bus: Arc<MemoryBus>,
-    remote: Arc<MemoryRemote<ManualClock>>,
+    remote: Remote,
     countdown: Arc<AtomicU32>,
     crashes: Arc<AtomicU32>,
     submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
@@ -447,6 +770,44 @@ struct Sim {
     destinations: Vec<Destination>,
     /// Whether a step of the run's workflow waits for an answer from outside.
     answered: bool,
+    config: Arc<EngineConfig>,
+    /// Each service's record, which the agents guard, the supervisors tend and the desk holds
+    /// and releases by hand.
+    book: Book,
+    desk: Desk,
+    /// The agents of the run's workflow: its services.
+    services: Vec<String>,
+    /// Whether the seed's services misbehave over time (see [`service_faults`]), and the kind
+    /// of each outage, in the order the remote was given them.
+    service_faults: bool,
+    outage_kinds: Vec<Fault>,
+    watch: Arc<Mutex<Watch>>,
+    /// When each run of a step (its direction and generation) was first seen waiting for its
+    /// held service: its `max_hold` counts from then.
+    first_park: HashMap<(OrderId, usize), ((Direction, u32), Timestamp)>,
+    /// Each order as the last check saw it.
+    previous: HashMap<OrderId, StateRecord>,
+    /// Since when each service has been open, as the checks saw its record, and how many
+    /// tendings of the services had ended by then.
+    open_since: HashMap<String, (Timestamp, u64)>,
+    /// Tendings of the services ended so far, and by the time the faults stopped.
+    tends: u64,
+    tends_at_stop: u64,
+    /// The service each order is listed under as waiting for it, and how many tendings had
+    /// ended when it was.
+    listed_at: HashMap<OrderId, (Option<String>, u64)>,
+    /// Service alerts checked so far, and each one seen, as (event id, state, who).
+    service_alerts: usize,
+    announced: HashSet<(String, String, Option<String>)>,
+    /// Bus events accepted at the last check: only new ones can hold a service alert.
+    bus_seen: usize,
+    /// When the faults stopped.
+    stopped: Option<Timestamp>,
+    /// Whether the seed's services declare limits and throttle (see [`pacing`]).
+    paced: bool,
+    /// Each step whose request an agent kept back, by order and step: the request's attempt,
+    /// when the step goes again, and until when the lease it was deferred to must stand.
+    kept_back: HashMap<(OrderId, usize), (u64, Timestamp, Timestamp)>,
 }
 
 impl Sim {
@@ -468,7 +829,8 @@ impl Sim {
         let queues = Arc::new(MemoryQueues::new(clock.clone()));
         let waits = Arc::new(MemoryWaits::default());
         let bus = Arc::new(MemoryBus::new());
-        let remote = Arc::new(MemoryRemote::new(clock.clone()));
+        let timeline = Timeline::new(&clock);
+        let remote = Arc::new(MemoryRemote::new(timeline.clone()));
         let countdown = Arc::new(AtomicU32::new(0));
         let crashes = Arc::new(AtomicU32::new(0));
         // All ports share one countdown: a crash stops the handler at its n-th call, whichever
@@ -485,14 +847,29 @@ impl Sim {
         };
         let events =
             Crashy { inner: bus.clone(), countdown: countdown.clone(), crashes: crashes.clone() };
-        let config = Arc::new(EngineConfig {
-            failure_threshold: 3,
-            index_shards: 4,
-            ..EngineConfig::default()
-        });
         let workflow = Arc::new(workflow_of(seed));
         let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
         let next = next_version(seed, &workflow).map(|v2| (Arc::new(v2), FAULTY_EVENTS / 2));
+        let mut versions = vec![&*workflow];
+        versions.extend(next.as_ref().map(|(v2, _)| &**v2));
+        let misbehaving = service_faults(seed, &versions, clock.now(), faults);
+        let paced = pacing(seed, &versions, faults);
+        let config = Arc::new(EngineConfig {
+            failure_threshold: 3,
+            index_shards: 4,
+            max_hold: misbehaving.as_ref().map_or(EngineConfig::default().max_hold, |m| m.max_hold),
+            hold: HOLD,
+            limits: paced.as_ref().map(|p| p.limits.clone()).unwrap_or_default(),
+            ..EngineConfig::default()
+        });
+        let mut outage_kinds = Vec::new();
+        for (kind, outage) in misbehaving.iter().flat_map(|m| &m.outages) {
+            outage_kinds.push(*kind);
+            remote.outage(outage.clone());
+        }
+        for throttle in paced.iter().flat_map(|p| &p.throttles) {
+            remote.throttle(throttle.clone());
+        }
         // Every remote behaviour is drawn from the seed, before the run starts: the steps'
         // actions first, then their undos, then those a later version adds.
         let mut draw = SplitMix::seeded(seed ^ 0x5eed);
@@ -524,6 +901,8 @@ impl Sim {
             waits: waits.clone(),
             load: Gauges { waits: waits.clone(), depths: queues.clone() },
         };
+        let book = Book::default();
+        let watch = Arc::new(Mutex::new(Watch::default()));
         let agents = workflow
             .agents()
             .into_iter()
@@ -531,16 +910,42 @@ impl Sim {
             .map(|(n, name)| {
                 let random = SplitMix::seeded(seed.wrapping_add(n as u64));
                 let reporter = format!("agent-{name}");
-                let agent = system.agent(name, remote.clone(), outbox.clone(), random, reporter);
+                let limits = config.limits_of(name.as_str());
+                let watched = Watched {
+                    remote: remote.clone(),
+                    book: book.clone(),
+                    service: name.as_str().to_owned(),
+                    clock: timeline.clone(),
+                    watch: watch.clone(),
+                    limits,
+                    times: paced
+                        .as_ref()
+                        .map(|_| Arc::new(SplitMix::seeded(seed ^ 0x7157 ^ n as u64))),
+                };
+                let agent = system
+                    .on_clock(timeline.clone())
+                    .agent(name, watched, outbox.clone(), random, reporter)
+                    .guarded(book.clone(), name.as_str(), config.hold)
+                    .limited(limits);
                 (Destination::Agent(name.clone()), agent)
             })
             .collect();
+        let services: Vec<String> =
+            workflow.agents().into_iter().map(|a| a.as_str().to_owned()).collect();
+        let desk = ServiceDesk {
+            book: book.clone(),
+            index: memory.clone(),
+            clock: clock.clone(),
+            agents: workflow.agents().into_iter().cloned().collect(),
+            limits: config.limits.clone(),
+        };
         let destinations = system.destinations();
         let wiring = Wiring { system, outbox, ahead };
         let (submission, scheduler, supervisors, operator) = wiring.services(catalogue, "c");
         let answered = workflow.steps().iter().any(|s| matches!(s.work, Work::Callback));
         let settle_bound = settle_bound(&config, &workflow)
-            .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)));
+            .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)))
+            + paced.as_ref().map_or(Duration::ZERO, |p| p.settle_bound(&versions));
         // A later version keeps every step of the first (it may add some).
         let steps = next
             .as_ref()
@@ -586,6 +991,25 @@ impl Sim {
             settle_bound,
             destinations,
             answered,
+            config,
+            book,
+            desk,
+            services,
+            service_faults: misbehaving.is_some(),
+            outage_kinds,
+            watch,
+            first_park: HashMap::new(),
+            previous: HashMap::new(),
+            open_since: HashMap::new(),
+            tends: 0,
+            tends_at_stop: 0,
+            listed_at: HashMap::new(),
+            service_alerts: 0,
+            announced: HashSet::new(),
+            bus_seen: 0,
+            stopped: None,
+            paced: paced.is_some(),
+            kept_back: HashMap::new(),
         }
     }
 
@@ -691,6 +1115,19 @@ impl Sim {
                 self.deliver_together(&dest, taken).await;
                 return true;
             }
+            // Drawn only where the services are paced, so that other seeds run as before.
+            if self.paced
+                && matches!(dest, Destination::Agent(_))
+                && batch.len() > 1
+                && self.chance(Fault::AgentBatch, 0.3)
+            {
+                let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
+                for other in &batch {
+                    let _ = self.queues.change_visibility(&dest, &other.receipt, Duration::ZERO);
+                }
+                self.handle_together(&dest, taken).await;
+                return true;
+            }
             // Reordering: take any of the visible messages; the others stay hidden until their
             // visibility timeout, which also delays them.
             let chosen = if batch.len() > 1 && self.chance(Fault::Reordered, 0.3) {
@@ -717,22 +1154,15 @@ impl Sim {
             self.maybe_crash();
             let message = Message::decode(&d.body).unwrap();
             let before = self.memory.peek(message.order_id());
-            // A step is asked with the outputs of the steps it depends on, and of no other.
-            if let (Message::Request(r), Some(record)) = (&message, &before) {
-                let upstream =
-                    self.workflow_of_version(record.workflow_version).upstream(&r.step.name);
-                let stray: Vec<&String> =
-                    r.outputs.keys().filter(|k| !upstream.contains(k.as_str())).collect();
-                assert!(
-                    stray.is_empty(),
-                    "seed {}: {} was asked with the outputs of {stray:?}, which it does not depend on",
-                    self.seed,
-                    r.step.name
-                );
-            }
+            self.check_outputs(&message, before.as_ref());
             let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
             let handled = match &message {
-                Message::Request(r) => self.agents[&dest].handle(r, incoming).await.map(|_| ()),
+                Message::Request(r) => {
+                    self.watch.lock().unwrap().throttled.remove(&r.idempotency_key);
+                    let outcome = self.agents[&dest].handle(r, incoming).await;
+                    self.agent_handled(r, &outcome);
+                    outcome.map(|_| ())
+                }
                 m => self.scheduler.handle(m, incoming).await.map(|_| ()),
             };
             self.disarm();
@@ -747,6 +1177,106 @@ impl Sim {
             return true;
         }
         false
+    }
+
+    /// A step is asked with the outputs of the steps it depends on, and of no other.
+    fn check_outputs(&self, message: &Message, before: Option<&StateRecord>) {
+        let (Message::Request(r), Some(record)) = (message, before) else { return };
+        let upstream = self.workflow_of_version(record.workflow_version).upstream(&r.step.name);
+        let stray: Vec<&String> =
+            r.outputs.keys().filter(|k| !upstream.contains(k.as_str())).collect();
+        assert!(
+            stray.is_empty(),
+            "seed {}: {} was asked with the outputs of {stray:?}, which it does not depend on",
+            self.seed,
+            r.step.name
+        );
+    }
+
+    /// Handles up to three requests of one agent at once, as a batch of its queue is: their
+    /// calls meet at their service, in its turns and its places in flight.
+    async fn handle_together(&mut self, dest: &Destination, taken: Vec<Delivery>) {
+        let messages: Vec<Message> =
+            taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
+        let mut requests = Vec::new();
+        for m in &messages {
+            self.check_outputs(m, self.memory.peek(m.order_id()).as_ref());
+            let Message::Request(r) = m else { panic!("seed {}: {m:?} on {dest:?}", self.seed) };
+            self.watch.lock().unwrap().throttled.remove(&r.idempotency_key);
+            requests.push(r);
+        }
+        let agent = &self.agents[dest];
+        let outcomes =
+            futures_util::future::join_all(taken.iter().zip(&requests).map(|(d, r)| async move {
+                let incoming =
+                    Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                agent.handle(r, incoming).await
+            }))
+            .await;
+        for ((d, r), outcome) in taken.iter().zip(requests).zip(outcomes) {
+            if let Err(Error::InvalidMessage(why)) = &outcome {
+                panic!("seed {}: a message the system sent was refused: {why}", self.seed);
+            }
+            self.agent_handled(r, &outcome);
+            if outcome.is_ok() {
+                let _ = self.queues.delete(dest, &d.receipt);
+            }
+        }
+    }
+
+    /// An agent never gives up on a request, nor lets it run out, right after a 429: it waits
+    /// out the quiet its service asked for, or keeps the request back. A request kept back
+    /// keeps its lease (see [`Sim::check_kept_back`]).
+    fn agent_handled(&mut self, r: &StepRequest, outcome: &Result<AgentOutcome>) {
+        match outcome {
+            Ok(AgentOutcome::GaveUp { .. } | AgentOutcome::Expired { .. }) => {
+                let watch = self.watch.lock().unwrap();
+                let throttled = watch.throttled.get(&r.idempotency_key).copied();
+                assert!(
+                    throttled != Some(true),
+                    "seed {}: the agent of {} let {} of {} go right after a 429: {outcome:?}",
+                    self.seed,
+                    r.step.name,
+                    r.action,
+                    r.order_id
+                );
+            }
+            Ok(AgentOutcome::KeptBack { until, .. }) => {
+                self.tally.kept_back += 1;
+                // The step is deferred: its next lease starts at `until`, and stands for the
+                // claim grace and its budget from then.
+                let budget = Duration::from_millis(r.budget_ms.unwrap_or(0));
+                let stands = until.plus(self.config.claim_grace).plus(budget);
+                self.kept_back.insert((r.order_id, r.step.index), (r.attempt, *until, stands));
+            }
+            _ => {}
+        }
+    }
+
+    /// A request kept back defers its step without a failure: no lease of the step is judged
+    /// expired before the lease it was deferred to has run its claim grace and its budget.
+    fn check_kept_back(&self, r: &StateRecord) {
+        let Some(previous) = self.previous.get(&r.order_id) else { return };
+        if r.revision == previous.revision || r.last_input != InputRef::Expire {
+            return;
+        }
+        let now = self.clock.now();
+        for (i, s) in r.steps.iter().enumerate() {
+            let Some(&(attempt, back, stands)) = self.kept_back.get(&(r.order_id, i)) else {
+                continue;
+            };
+            let before = previous.steps.get(i).and_then(|b| b.lease);
+            let Some(before) = before.filter(|l| l.attempt > attempt && now < stands) else {
+                continue;
+            };
+            let judged = s.lease.is_some_and(|l| l.failures > before.failures)
+                || matches!(&r.cause, Some(Cause::StepTimedOut { step, .. }) if *step == s.name);
+            assert!(
+                !judged,
+                "seed {}: {} {}, its request kept back until {back}, had its lease judged expired at {now}, before {stands}",
+                self.seed, r.order_id, s.name
+            );
+        }
     }
 
     /// Only the current lease of a step may change an order: a reply from an older lease that
@@ -836,19 +1366,99 @@ impl Sim {
         }
     }
 
+    /// One run of the supervisor: its sweep, then its tending of the services.
     async fn sweep(&mut self) {
         if self.chance(Fault::DoubleSweep, 0.2) {
             // Two supervisors at once: every port call yields, so their reads and writes
             // interleave.
             let (a, b) = (&self.supervisors[0], &self.supervisors[1]);
-            let (ra, rb) = futures_util::future::join(a.sweep(), b.sweep()).await;
+            let book = &self.book;
+            let ((ra, ta), (rb, tb)) = futures_util::future::join(
+                async {
+                    let swept = a.sweep().await;
+                    let flowing = flowing(&swept);
+                    (swept, a.tend(book, flowing).await)
+                },
+                async {
+                    let swept = b.sweep().await;
+                    let flowing = flowing(&swept);
+                    (swept, b.tend(book, flowing).await)
+                },
+            )
+            .await;
             self.judge(ra);
             self.judge(rb);
+            self.tended(ta);
+            self.tended(tb);
         } else {
             self.maybe_crash();
             let report = self.supervisors[0].sweep().await;
+            let tended = self.supervisors[0].tend(&self.book, flowing(&report)).await;
             self.disarm();
             self.judge(report);
+            self.tended(tended);
+        }
+    }
+
+    /// Tending the services fails (on some orders) only while faults are injected.
+    fn tended(&mut self, report: Result<ServicesReport>) {
+        let seed = self.seed;
+        match report {
+            Ok(report) => {
+                assert!(
+                    self.faults_on || report.errors == 0,
+                    "seed {seed}: tending the services without faults failed: {report:?}"
+                );
+                self.tally.resumed += report.resumed as u64;
+                self.tends += 1;
+            }
+            Err(e) => assert!(self.faults_on && e.is_retryable(), "seed {seed}: tend failed: {e}"),
+        }
+    }
+
+    /// An operator holds a service by hand (a maintenance window) or, if it holds one already,
+    /// releases it; now and then it releases a service its agent holds instead.
+    async fn hold_by_hand(&mut self) {
+        // A person's hand: never within the millisecond of the change before, as a hold's
+        // alert is named by the millisecond it began.
+        self.clock.advance(Duration::from_millis(1 + self.pick(1000) as u64));
+        let target = self.services[self.pick(self.services.len())].clone();
+        let coin = self.pick(2) == 0;
+        let records = self.book.records();
+        let held = |r: &&ServiceRecord, by_hand: bool| {
+            r.held.as_ref().is_some_and(|h| h.by.is_some() == by_hand)
+        };
+        let by_hand = records.iter().find(|r| held(r, true));
+        let agents = records.iter().any(|r| r.service == target && held(&r, false));
+        let release = match by_hand {
+            Some(held) => Some(held.service.clone()),
+            None if agents && coin => Some(target.clone()),
+            None => None,
+        };
+        let done = match &release {
+            Some(service) => self.desk.release(service, "sim-operator", "maintenance over").await,
+            None => self.desk.hold(&target, "sim-operator", "maintenance window").await,
+        };
+        // A refusal (held already, the same way) changes nothing; the desk itself never fails
+        // here.
+        if let Err(e) = done {
+            panic!("seed {}: the desk failed on {target}: {e}", self.seed);
+        }
+    }
+
+    /// Once the faults stop, the operator releases what it holds.
+    async fn release_by_hand(&mut self) {
+        for record in self.book.records() {
+            if record.held.as_ref().is_some_and(|h| h.by.is_some()) {
+                let released =
+                    self.desk.release(&record.service, "sim-operator", "the faults stopped").await;
+                assert!(
+                    matches!(released, Ok(Ok(_))),
+                    "seed {}: {} not released: {released:?}",
+                    self.seed,
+                    record.service
+                );
+            }
         }
     }
 
@@ -997,6 +1607,7 @@ impl Sim {
     /// The invariants, after every event.
     fn check(&mut self) {
         let seed = self.seed;
+        self.check_services();
         let records: HashMap<OrderId, StateRecord> =
             self.memory.records().into_iter().map(|r| (r.order_id, r)).collect();
         let orders: HashSet<OrderId> =
@@ -1037,6 +1648,8 @@ impl Sim {
             }
             self.deadlines.insert(*id, (r.revision, r.complete_by));
             self.check_order_of_steps(r);
+            self.check_kept_back(r);
+            self.check_holds(r);
             if r.leased().filter(|(_, _, l)| l.sent).count() > 1
                 && self.side_by_side.insert((*id, r.phase))
             {
@@ -1111,6 +1724,177 @@ impl Sim {
         assert!(self.remote.max_applications() <= 1, "seed {seed}: an effect applied twice");
     }
 
+    /// Nothing but its probe reaches a held service (calls in the first [`FRESH`] of a hold
+    /// aside), and each change of a service's record is announced at most once.
+    fn check_services(&mut self) {
+        let seed = self.seed;
+        let now = self.clock.now();
+        {
+            let watch = self.watch.lock().unwrap();
+            assert!(watch.intruders.is_empty(), "seed {seed}: {}", watch.intruders[0]);
+            assert!(watch.overruns.is_empty(), "seed {seed}: {}", watch.overruns[0]);
+        }
+        let records = self.book.records();
+        for service in &self.services {
+            if records.iter().any(|r| &r.service == service && r.held.is_some()) {
+                self.open_since.remove(service);
+            } else {
+                self.open_since.entry(service.clone()).or_insert((now, self.tends));
+            }
+        }
+        let published = self.bus.count();
+        if published == self.bus_seen {
+            return;
+        }
+        self.bus_seen = published;
+        let alerts = self.bus.of_type(SERVICE_DETAIL_TYPE);
+        for a in &alerts[self.service_alerts..] {
+            let state = a["state"].as_str().unwrap_or_default().to_owned();
+            let event_id = a["event_id"].as_str().unwrap_or_default().to_owned();
+            let by = a["by"].as_str().map(str::to_owned);
+            assert!(
+                self.announced.insert((event_id, state.clone(), by)),
+                "seed {seed}: a change of {} announced twice: {a}",
+                a["service"]
+            );
+            match state.as_str() {
+                "held" => self.tally.holds_announced += 1,
+                _ => self.tally.releases_announced += 1,
+            }
+        }
+        self.service_alerts = alerts.len();
+    }
+
+    /// A step waits for its held service with nothing counted against it, and fails for it
+    /// only once it has waited its whole `max_hold` (counted from when this run of it was first
+    /// seen waiting); anything else that ends its wait is a resume or an operator's command.
+    /// Once the faults stop, an order waits no longer than it takes the supervisor to find the
+    /// service it waits for open.
+    fn check_holds(&mut self, r: &StateRecord) {
+        let seed = self.seed;
+        let id = r.order_id;
+        let now = self.clock.now();
+        let workflow = self.workflow_of_version(r.workflow_version);
+        let stack = self.config.max_hold;
+        let max_holds: Vec<Duration> = r
+            .steps
+            .iter()
+            .map(|s| workflow.step_named(&s.name).map_or(stack, |w| w.max_hold(stack)))
+            .collect();
+        let previous = self.previous.insert(id, r.clone());
+        let by_command = matches!(r.last_input, InputRef::Command(_));
+        let stopping = previous.as_ref().is_some_and(|p| p.phase == Phase::Forward)
+            && (r.cause.is_some() || r.stop.is_some() || r.process_state == ProcessState::Paused);
+        for (i, s) in r.steps.iter().enumerate() {
+            let key = (id, i);
+            let run = (s.direction(), s.generation);
+            let parked = s.lease.is_some_and(|l| l.held);
+            let before = previous.as_ref().and_then(|p| p.steps.get(i));
+            let was = before.is_some_and(|b| b.lease.is_some_and(|l| l.held));
+            let stayed_held = s.detail.as_deref().is_some_and(|d| d.ends_with("which stayed held"));
+            let too_long = stayed_held && before.is_none_or(|b| b.detail != s.detail);
+            let same_run = before.is_some_and(|b| (b.direction(), b.generation) == run);
+            if was && !parked && !by_command {
+                let held = self.first_park.get(&key).map(|(_, at)| at.until(now));
+                if s.lease.is_some() && same_run {
+                    let failures = |l: Option<sas_engine::state::Lease>| l.map(|l| l.failures);
+                    assert_eq!(
+                        failures(s.lease),
+                        failures(before.and_then(|b| b.lease)),
+                        "seed {seed}: {id} {} resumed with a failure counted for its wait",
+                        s.name
+                    );
+                } else if stayed_held {
+                    assert!(
+                        held.is_some_and(|h| h >= max_holds[i]),
+                        "seed {seed}: {id} {} failed held too long after {held:?}, its max_hold {:?}",
+                        s.name,
+                        max_holds[i]
+                    );
+                    self.tally.held_too_long += 1;
+                } else {
+                    // An order that stops takes back what waits to be sent, held steps too.
+                    assert!(
+                        stopping && r.cause.as_ref().and_then(Cause::step) != Some(s.name.as_str()),
+                        "seed {seed}: {id} {} ended its wait for its service {:?} after {held:?}, neither resumed, nor held past its max_hold {:?}, nor taken back by a stop: {:?}",
+                        s.name,
+                        s.status,
+                        max_holds[i],
+                        s.detail
+                    );
+                }
+            } else if too_long && !was {
+                panic!("seed {seed}: {id} {} failed held too long without waiting", s.name);
+            } else if was && parked {
+                assert_eq!(
+                    s.lease.map(|l| l.failures),
+                    before.and_then(|b| b.lease).map(|l| l.failures),
+                    "seed {seed}: {id} {} counted a failure while it waited for its service",
+                    s.name
+                );
+            }
+            match s.lease {
+                None => {
+                    self.first_park.remove(&key);
+                }
+                Some(lease) => {
+                    if self.first_park.get(&key).is_some_and(|(seen, _)| *seen != run) {
+                        self.first_park.remove(&key);
+                    }
+                    if lease.held && !self.first_park.contains_key(&key) {
+                        self.first_park.insert(key, (run, now));
+                        self.tally.parked += 1;
+                    }
+                }
+            }
+        }
+        // An order is listed under the service it waits for (the one it first waited for, of
+        // two): the first tending once that is open and the order listed resumes it. A step may
+        // start waiting after its service opened (its agent's answer was on its way).
+        let listed = r.held_on().map(|h| h.service.clone());
+        if self.listed_at.get(&id).map(|(service, _)| service) != Some(&listed) {
+            self.listed_at.insert(id, (listed, self.tends));
+        }
+        if self.faults_on || !r.process_state.is_in_flight() {
+            return;
+        }
+        if let Some(held) = r.held_on() {
+            if let Some(&(open, tends)) = self.open_since.get(&held.service) {
+                let from = self.stopped.map_or(open, |stopped| open.max(stopped));
+                let listed = self.listed_at.get(&id).map_or(0, |(_, at)| *at);
+                assert!(
+                    self.tends <= tends.max(listed).max(self.tends_at_stop),
+                    "seed {seed}: {id} still waits for {}, open for {} s since the faults stopped",
+                    held.service,
+                    from.until(now).as_secs()
+                );
+            }
+        }
+    }
+
+    /// Once the faults stop, every hold and release is announced, and each service's last
+    /// alert tells its state.
+    fn check_announced(&self) {
+        let seed = self.seed;
+        let alerts = self.bus.of_type(SERVICE_DETAIL_TYPE);
+        for record in self.book.records() {
+            assert!(!record.unannounced, "seed {seed}: {} left unannounced", record.service);
+            let last = alerts.iter().rev().find(|a| a["service"] == record.service.as_str());
+            if record.held.is_none() && record.released.is_none() {
+                // Never held: its record only keeps a quiet the service asked for.
+                assert!(last.is_none(), "seed {seed}: {} announced, never held", record.service);
+                continue;
+            }
+            let state = if record.held.is_some() { "held" } else { "open" };
+            assert_eq!(
+                last.and_then(|a| a["state"].as_str()),
+                Some(state),
+                "seed {seed}: the last alert of {} does not tell its state",
+                record.service
+            );
+        }
+    }
+
     async fn run(&mut self) -> Tally {
         // Half the orders arrive at once, so that many messages are in flight together; the
         // rest all through the faulty part, the last shortly before it ends, so that some are
@@ -1145,14 +1929,26 @@ impl Sim {
                 self.answer().await;
                 self.check();
             }
+            // Drawn only where the services misbehave, so that other seeds run as before.
+            if self.service_faults && self.chance(Fault::ManualHold, 0.02) {
+                self.hold_by_hand().await;
+                self.check();
+            }
         }
         // Faults stop (the remote services keep their scripted behaviour): the system must
         // finish every order within the bound. What the faults armed and no call took yet (a
         // throttle for a delivery whose handling wrote nothing, a crash) is disarmed with them.
+        // The outages end, and the operator releases the services it holds.
         self.faults_on = false;
         self.memory.fail_next_writes(0);
         self.disarm();
+        self.remote.end_outages();
+        self.remote.end_throttling();
+        self.release_by_hand().await;
         let stopped = self.clock.now();
+        self.stopped = Some(stopped);
+        self.tends_at_stop = self.tends;
+        self.check();
         let stop = stopped.plus(self.settle_bound);
         while !self.finished() {
             self.resume_paused().await;
@@ -1171,6 +1967,17 @@ impl Sim {
             self.sweep().await;
             self.check();
         }
+        // An alert whose publishing failed while the faults ran goes again once its
+        // announcement's time runs out.
+        let tended = self.supervisors[0].tend(&self.book, true).await;
+        self.tended(tended);
+        if self.book.records().iter().any(|r| r.unannounced) {
+            self.clock.advance(self.config.alert_retry_after);
+            let tended = self.supervisors[0].tend(&self.book, true).await;
+            self.tended(tended);
+        }
+        self.check();
+        self.check_announced();
         self.check_outcomes();
         let settled = stopped.until(self.clock.now());
         self.tally.longest_settle = settled;
@@ -1183,6 +1990,20 @@ impl Sim {
         self.tally.add(Fault::LostAnswer, remote.lost_answers.into());
         self.tally.add(Fault::Timeout, remote.timeouts.into());
         self.tally.add(Fault::OversizeOutput, remote.oversize.into());
+        self.tally.add(Fault::RemoteThrottled, remote.throttled.into());
+        for ((_, failed), kind) in self.remote.outages().into_iter().zip(&self.outage_kinds) {
+            if failed > 0 {
+                self.tally.add(*kind, 1);
+            }
+        }
+        let watch = self.watch.lock().unwrap();
+        self.tally.probes = watch.probed;
+        self.tally.late_calls = watch.late;
+        self.tally.paced_seeds = u64::from(self.paced);
+        self.tally.limited_calls = watch.limited_calls;
+        self.tally.full_seconds = watch.full_seconds;
+        self.tally.full_places = watch.full_places;
+        drop(watch);
         self.tally
     }
 
@@ -1302,6 +2123,19 @@ impl Sim {
                     }
                 }
                 ProcessState::Error | ProcessState::Cancelled => {
+                    // A step stops the order as refused only if its service (or, for an answer
+                    // from outside, the party) refused it: a 429 is never taken for a refusal.
+                    if let Some(Cause::StepRejected { step, .. }) = &r.cause {
+                        let by_service =
+                            self.watch.lock().unwrap().refused.contains(&(id, step.clone()));
+                        let by_party = workflow
+                            .step_named(step)
+                            .is_some_and(|w| matches!(w.work, Work::Callback));
+                        assert!(
+                            by_service || by_party,
+                            "seed {seed}: {id} stopped as refused by {step}, which its service never refused"
+                        );
+                    }
                     // Only a step whose failures undo the order stops it.
                     if let Some(step) = r.cause.as_ref().and_then(Cause::step) {
                         let policy = workflow.steps().iter().find(|s| s.name == step);
@@ -1443,6 +2277,7 @@ fn workflow_json(seed: u64) -> String {
                 })
                 .collect();
             let steps = with_callbacks(seed, with_waits(seed, with_dependencies(seed, steps)));
+            let steps = with_max_holds(seed, steps);
             serde_json::json!({"name": format!("shape-{seed}"), "steps": steps}).to_string()
         }
     }
@@ -1510,6 +2345,169 @@ fn with_callbacks(seed: u64, mut steps: Vec<serde_json::Value>) -> Vec<serde_jso
     steps
 }
 
+/// On a third of the seeds, some of `steps` that call an agent wait for their held service
+/// no longer than their own `max_hold_seconds`, one to fifteen minutes. Drawn apart, like the
+/// dependencies.
+fn with_max_holds(seed: u64, mut steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let draw = SplitMix::seeded(seed ^ 0x401d);
+    if draw.unit() < 2.0 / 3.0 {
+        return steps;
+    }
+    for step in steps.iter_mut().filter(|s| s.get("agent").is_some()) {
+        if draw.unit() < 0.5 {
+            step["max_hold_seconds"] = (60 * (1 + (draw.unit() * 15.0) as u64)).into();
+        }
+    }
+    steps
+}
+
+/// What a seed's services do over time, on the seeds where they misbehave.
+struct ServiceFaults {
+    /// The stack's `max_hold`: one to thirty minutes, so that most holds end in time and some
+    /// do not.
+    max_hold: Duration,
+    /// The spells the services fail calls, each with its kind.
+    outages: Vec<(Fault, Outage)>,
+}
+
+/// On half the seeds the services misbehave over time: one to three spells, each on one of
+/// the workflow's agents (every action of it, in every version, undos included), starting in
+/// the first fifteen minutes: down for 20 s to 20 min; flapping in turns of 1 to 8 s for 30 s
+/// to 5 min; or down for 10 s to 5 min, then coming back over 30 s to 5 min. Drawn apart, so
+/// that the other seeds run as before; a kind switched off is drawn all the same, and left
+/// out.
+fn service_faults(
+    seed: u64,
+    versions: &[&Workflow],
+    start: Timestamp,
+    faults: Faults,
+) -> Option<ServiceFaults> {
+    let draw = SplitMix::seeded(seed ^ 0x0ff1);
+    if draw.unit() < 0.5 {
+        return None;
+    }
+    let pick = |n: usize| ((draw.unit() * n as f64) as usize).min(n.saturating_sub(1));
+    let seconds = |s: f64| Duration::from_millis((s * 1000.0) as u64);
+    let max_hold = Duration::from_secs(60 + (draw.unit() * 1740.0) as u64);
+    let agents = versions[0].agents();
+    if agents.is_empty() {
+        return None;
+    }
+    let mut outages = Vec::new();
+    for _ in 0..1 + pick(3) {
+        let actions = actions_of(versions, agents[pick(agents.len())]);
+        let from = start.plus(seconds(draw.unit() * 900.0));
+        let (kind, down, flapping, recovery) = match pick(3) {
+            0 => (Fault::Outage, 20.0 * 60f64.powf(draw.unit()), None, 0.0),
+            1 => {
+                let turn = Duration::from_secs(1 + pick(8) as u64);
+                (Fault::Flapping, 30.0 * 10f64.powf(draw.unit()), Some(turn), 0.0)
+            }
+            _ => {
+                let down = 10.0 * 30f64.powf(draw.unit());
+                (Fault::SlowRecovery, down, None, 30.0 * 10f64.powf(draw.unit()))
+            }
+        };
+        if faults.on(kind) {
+            let until = from.plus(seconds(down));
+            let recovery = seconds(recovery);
+            outages.push((kind, Outage { actions, from, until, flapping, recovery }));
+        }
+    }
+    Some(ServiceFaults { max_hold, outages })
+}
+
+/// Every action of `agent`'s steps in `versions`, undos included, each once.
+fn actions_of(versions: &[&Workflow], agent: &AgentName) -> Vec<String> {
+    let mut actions: Vec<String> = Vec::new();
+    for step in versions.iter().flat_map(|w| w.steps()).filter(|s| s.agent() == Some(agent)) {
+        let undo = step.compensation.as_ref().map(|c| c.action.clone());
+        for action in std::iter::once(step.name.clone()).chain(undo) {
+            if !actions.contains(&action) {
+                actions.push(action);
+            }
+        }
+    }
+    actions
+}
+
+/// What a seed's services declare of the load they take, and how they throttle, on the seeds
+/// whose services are paced.
+struct Pacing {
+    /// What each limited service declares, by agent.
+    limits: BTreeMap<String, Limits>,
+    throttles: Vec<Throttle>,
+}
+
+impl Pacing {
+    /// What pacing may add to the time orders take once the faults stop (and the throttles
+    /// with them): the last quiet a service asked for, then every request of every order
+    /// waiting for its turn at the slowest declared rate.
+    fn settle_bound(&self, versions: &[&Workflow]) -> Duration {
+        let quiet = self.throttles.iter().filter_map(|t| t.retry_after).max().unwrap_or_default();
+        let steps = versions.iter().map(|w| w.steps().len()).max().unwrap_or(0);
+        let requests = u32::try_from(2 * ORDERS * steps).unwrap_or(u32::MAX);
+        let slowest = self.limits.values().filter_map(|l| l.per_second).min();
+        quiet.max(Duration::from_secs(1)) + slowest.map_or(Duration::ZERO, pace::spacing) * requests
+    }
+}
+
+/// On two seeds in five the services are paced, and calls take time (drawn apart, so that the
+/// other seeds run as before). Each agent of the workflow declares, one time in two, a rate of
+/// one to six calls a second, one to three calls in flight, or both. Each service throttles
+/// on its own: at the rate it declared, or one time in three at or below it (declared too
+/// high); one time in three at two to six a second if it declared no rate; and up to 5 % of
+/// its calls at random. Its 429 asks for nothing one time in four, for one to ten seconds, or
+/// one time in eight for half a minute to two minutes. A kind switched off is drawn all the
+/// same, and left out.
+fn pacing(seed: u64, versions: &[&Workflow], faults: Faults) -> Option<Pacing> {
+    let draw = SplitMix::seeded(seed ^ 0x9ace);
+    if draw.unit() < 0.6 {
+        return None;
+    }
+    // One to `n`.
+    let pick = |n: u32| 1 + ((draw.unit() * f64::from(n)) as u32).min(n - 1);
+    let mut limits = BTreeMap::new();
+    let mut throttles = Vec::new();
+    for agent in versions[0].agents() {
+        let declared = if draw.unit() < 0.5 {
+            let which = draw.unit();
+            Limits {
+                per_second: (which < 0.7).then(|| pick(6)),
+                in_flight: (which >= 0.4).then(|| pick(3)),
+            }
+        } else {
+            Limits::NONE
+        };
+        let per_second = match declared.per_second {
+            Some(rate) if draw.unit() < 1.0 / 3.0 => Some(pick(rate)),
+            Some(rate) => Some(rate),
+            None => (draw.unit() < 1.0 / 3.0).then(|| 1 + pick(5)),
+        };
+        let per_mille = (draw.unit() * 50.0) as u32;
+        let retry_after = match draw.unit() {
+            x if x < 0.25 => None,
+            x if x < 0.875 => Some(Duration::from_secs(u64::from(pick(10)))),
+            _ => Some(Duration::from_secs(30 + (draw.unit() * 90.0) as u64)),
+        };
+        let throttle_seed = draw.next_u64();
+        if !declared.is_none() {
+            limits.insert(agent.as_str().to_owned(), declared);
+        }
+        if faults.on(Fault::RemoteThrottled) {
+            let actions = actions_of(versions, agent);
+            throttles.push(Throttle {
+                actions,
+                per_second,
+                per_mille,
+                retry_after,
+                seed: throttle_seed,
+            });
+        }
+    }
+    Some(Pacing { limits, throttles })
+}
+
 /// How long, once faults stop, the system may take to finish an order, from the configuration:
 /// every lease of every step and every undo may expire its step's `expired_leases` times (by
 /// default `failure_threshold`), each costing at most the claim grace, the budget, the longest
@@ -1547,7 +2545,11 @@ fn settle_bound(config: &EngineConfig, workflow: &Workflow) -> Duration {
         .max()
         .unwrap_or_default();
     let reported = longest + config.claim_grace + load::REPORT_EVERY;
-    leases + reported + config.alert_retry_after + SWEEP_EVERY
+    // A service its agent holds as the faults stop opens at its next probe, which the
+    // supervisor sends once due (the scripted faults may fail a few in a row); the orders that
+    // waited for it are then resumed within the minute.
+    let probes = 3 * (config.hold.probe_every + SWEEP_EVERY) + RESUME_SPREAD;
+    leases + reported + probes + config.alert_retry_after + SWEEP_EVERY
 }
 
 fn seeds() -> Vec<u64> {
@@ -1600,6 +2602,21 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
             assert!(total.answers_refused > 0, "no answer was ever refused");
         }
         assert!(total.unanswered > 0, "no step ever waited for an answer in vain");
+        let outages = [Fault::Outage, Fault::Flapping, Fault::SlowRecovery];
+        if outages.iter().chain([&Fault::ManualHold]).any(|&f| faults.on(f)) {
+            assert!(total.parked > 0, "no step ever waited for a held service");
+            assert!(total.resumed > 0, "no order waiting for a service was ever resumed");
+            assert!(total.held_too_long > 0, "no step ever waited past its max_hold");
+            assert!(total.holds_announced > 0, "no hold was ever announced");
+            assert!(total.releases_announced > 0, "no release was ever announced");
+        }
+        if outages.iter().any(|&f| faults.on(f)) {
+            assert!(total.probes > 0, "no held service was ever probed");
+        }
+        assert!(total.paced_seeds > 0, "no seed's services declared limits");
+        assert!(total.full_seconds > 0, "no call ever filled its service's declared second");
+        assert!(total.full_places > 0, "no call ever took its service's last place in flight");
+        assert!(total.kept_back > 0, "no request was ever kept back");
     }
 }
 
@@ -1702,6 +2719,47 @@ fn an_answer_counted_whatever_its_token_fails_the_simulation() {
 }
 
 #[test]
+fn an_agent_calling_its_held_service_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::HeldAgentCallsService]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with agents that call their service while it is held");
+    assert!(failure.contains("and not as its probe"), "{failure}");
+}
+
+#[test]
+fn a_held_step_whose_lease_runs_with_its_budget_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::HeldStepBurnsLease]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with steps failing for their held service within their budget");
+    assert!(failure.contains("failed held too long after"), "{failure}");
+}
+
+#[test]
+fn a_supervisor_that_resumes_no_order_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::NoResume]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with a supervisor that resumes nothing once a service opens");
+    assert!(failure.contains("still waits for"), "{failure}");
+}
+
+#[test]
+fn a_hold_announced_without_being_recorded_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::AnnouncementUnrecorded]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with holds announced again at every sweep");
+    assert!(failure.contains("announced twice"), "{failure}");
+}
+
+#[test]
+fn a_declared_rate_spaced_with_no_room_for_travel_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::SpacingWithoutTravel]);
+    let failure = first_failure(1..=20, breakage).expect(
+        "twenty runs passed with turns a second over the rate apart, whatever travel takes",
+    );
+    assert!(failure.contains("calls within a second"), "{failure}");
+}
+
+#[test]
 fn the_settle_bound_follows_from_the_configuration() {
     let json = sas_workflows::order_fulfilment();
     let workflow = Workflow::from_json(json, &Workflow::agents_in(json)).unwrap();
@@ -1709,7 +2767,14 @@ fn the_settle_bound_follows_from_the_configuration() {
     // Five leases (three steps, two undos), 30 s of claim grace, 300 s of longest wait, 6 s of
     // the reports' delay and 5 s between sweeps each, plus the budgets (30 + 30 + 60 + 30 +
     // 30), three times over; the waits reported during the faults (60 + 30 + 5 s); then one
-    // alert republish (120 s) and one more sweep.
-    let expected = 3 * (5 * (30 + 300 + 6 + 5) + 180) + 95 + 120 + 5;
+    // alert republish (120 s) and one more sweep; and three probes of a held service, 10 s
+    // apart, each found by a sweep, then a minute to resume what waited for it.
+    let expected = 3 * (5 * (30 + 300 + 6 + 5) + 180) + 95 + 3 * (10 + 5) + 60 + 120 + 5;
     assert_eq!(settle_bound(&config, &workflow), Duration::from_secs(expected));
+}
+
+/// Whether a supervisor that swept so resumes held orders, as the deployed one decides: only
+/// while the queues flow.
+fn flowing(swept: &sas_engine::Result<SweepReport>) -> bool {
+    matches!(swept, Ok(report) if report.stalled.is_none())
 }

@@ -16,7 +16,10 @@ pub(super) fn park(next: &mut StateRecord, i: usize, lease: &Lease, reason: &str
     let Some(step) = ctx.workflow.step_named(&name) else { return };
     let service = step.agent().map(|a| a.as_str().to_owned()).unwrap_or_default();
     let since = lease.held_since.unwrap_or(ctx.now);
-    let until = since.plus(step.max_hold(ctx.config.max_hold));
+    let until = match budget_of(&next.steps[i], ctx) {
+        Some(budget) if mutants::on(Mutant::HeldStepBurnsLease) => ctx.now.plus(budget),
+        _ => since.plus(step.max_hold(ctx.config.max_hold)),
+    };
     next.steps[i].held = Some(Held { service, since, reason: reason.to_owned() });
     next.attempt += 1;
     next.steps[i].lease = Some(Lease {

@@ -30,7 +30,7 @@ pub use queue::{
     Delivery, MAX_BODY_BYTES, MAX_DELAY, MAX_RECEIVE_BATCH, MAX_VISIBILITY_TIMEOUT, MemoryQueues,
     QueueSettings,
 };
-pub use remote::{Behaviour, LedgerEntry, MemoryRemote, RemoteFaults};
+pub use remote::{Behaviour, LedgerEntry, MemoryRemote, Outage, RemoteFaults, Throttle};
 pub use services::MemoryServiceBook;
 pub use store::{MemoryStore, StoreStats};
 pub use waits::MemoryWaits;

@@ -11,17 +11,25 @@
 //! on by an earlier call is told to come back (a transient fault, as Stripe's 409).
 //! And it has the faults a real one has, scripted per action: unavailability, refusal, an
 //! answer lost after the effect was applied, and slowness that outlasts the caller's deadline
-//! while the effect still lands.
+//! while the effect still lands. Over time it can also go down ([`Outage`]): for a spell it
+//! fails every call of some actions with a passing fault, or every other few seconds (a
+//! flapping service), and may come back slowly, failing a share of calls that falls to none.
+//! It can throttle ([`Throttle`]): answer 429 with a `Retry-After` to calls above a rate of
+//! its own, whatever its agent declared, and to a share of the others at random. A call an
+//! outage fails or a throttle turns away applies nothing and leaves the script to the calls
+//! they let through.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use sas_rng::SplitMix;
 use serde_json::json;
 
 use crate::ids::{Direction, OrderId};
 use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
+use crate::time::Timestamp;
 
 /// What the service does with one call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +75,88 @@ pub struct RemoteFaults {
     pub timeouts: u32,
     /// Effects applied with an answer larger than a step may return.
     pub oversize: u32,
+    /// Calls an [`Outage`] failed.
+    pub outage: u32,
+    /// Calls a [`Throttle`] turned away with a 429.
+    pub throttled: u32,
+}
+
+/// How the service throttles calls of `actions`: those above `per_second` in any second,
+/// however aligned (counting the calls it took, not those it turned away), and `per_mille` in
+/// a thousand of the others, drawn from `seed`. Each is answered 429 with `retry_after`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Throttle {
+    pub actions: Vec<String>,
+    /// The most calls it takes in a second; `None`: no rate of its own.
+    pub per_second: Option<u32>,
+    pub per_mille: u32,
+    /// What its 429 asks for; `None`: it does not say, as some services do not.
+    pub retry_after: Option<Duration>,
+    pub seed: u64,
+}
+
+/// A throttle at work: when it took its last calls, and its draws.
+struct Throttling {
+    throttle: Throttle,
+    taken: VecDeque<Timestamp>,
+    draws: SplitMix,
+}
+
+impl Throttling {
+    /// Whether a call at `now` is turned away; a call taken is counted.
+    fn turns_away(&mut self, now: Timestamp) -> bool {
+        let second_ago = now.minus(Duration::from_secs(1));
+        while self.taken.front().is_some_and(|t| *t <= second_ago) {
+            self.taken.pop_front();
+        }
+        let full = self.throttle.per_second.is_some_and(|n| self.taken.len() >= n as usize);
+        let drawn = self.draws.unit() * 1000.0 < f64::from(self.throttle.per_mille);
+        if full || drawn {
+            return true;
+        }
+        self.taken.push_back(now);
+        false
+    }
+}
+
+/// A spell during which the service fails calls of `actions` with a passing fault, whatever
+/// their script: from `from` until `until` (every call, or, `flapping`, in turns of that long
+/// down then up), then, for `recovery`, a share of them falling evenly from all to none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outage {
+    pub actions: Vec<String>,
+    pub from: Timestamp,
+    pub until: Timestamp,
+    /// Down and up in turns of this long, down first; `None`: down throughout.
+    pub flapping: Option<Duration>,
+    /// How long after `until` the service takes to answer every call again.
+    pub recovery: Duration,
+}
+
+impl Outage {
+    /// Whether the call of `action` at `now` fails; `debt` carries the shares of calls owed
+    /// failures while the service recovers, so that the share failed is exact, not drawn.
+    fn fails(&self, action: &str, now: Timestamp, debt: &mut u64) -> bool {
+        if now < self.from || !self.actions.iter().any(|a| a == action) {
+            return false;
+        }
+        if now < self.until {
+            let Some(turn) = self.flapping.filter(|t| !t.is_zero()) else { return true };
+            return (self.from.until(now).as_millis() / turn.as_millis()) % 2 == 0;
+        }
+        let since = self.until.until(now);
+        if since >= self.recovery {
+            return false;
+        }
+        // Per mille of calls still failing, falling evenly to none.
+        let left = self.recovery - since;
+        *debt += u64::try_from(left.as_millis() * 1000 / self.recovery.as_millis()).unwrap_or(0);
+        if *debt >= 1000 {
+            *debt -= 1000;
+            return true;
+        }
+        false
+    }
 }
 
 /// A scripted business service with an effect ledger.
@@ -90,6 +180,9 @@ struct State {
     next_ref: u64,
     // Deduplication off: a repeated key applies its effect again.
     forgetful: bool,
+    // Each outage, with the calls it failed and its debt of failures while it recovers.
+    outages: Vec<(Outage, u32, u64)>,
+    throttles: Vec<Throttling>,
 }
 
 impl<C: Clock> MemoryRemote<C> {
@@ -111,6 +204,37 @@ impl<C: Clock> MemoryRemote<C> {
     /// Drops what is left of `action`'s script: its calls succeed from now on.
     pub fn unscript(&self, action: &str) {
         self.state().scripts.remove(action);
+    }
+
+    /// Takes the service down as `outage` says, whatever the scripts of its actions.
+    pub fn outage(&self, outage: Outage) {
+        self.state().outages.push((outage, 0, 0));
+    }
+
+    /// Ends every outage now, recovery included: from now on only the scripts fail calls.
+    pub fn end_outages(&self) {
+        let now = self.clock.now();
+        for (outage, _, _) in &mut self.state().outages {
+            outage.from = outage.from.min(now);
+            outage.until = outage.until.min(now);
+            outage.recovery = Duration::ZERO;
+        }
+    }
+
+    /// Throttles calls as `throttle` says, whatever the scripts of its actions.
+    pub fn throttle(&self, throttle: Throttle) {
+        let draws = SplitMix::seeded(throttle.seed);
+        self.state().throttles.push(Throttling { throttle, taken: VecDeque::new(), draws });
+    }
+
+    /// Ends every throttle now: from now on the service takes every call it is up to.
+    pub fn end_throttling(&self) {
+        self.state().throttles.clear();
+    }
+
+    /// Every outage given, in order, with how many calls it failed.
+    pub fn outages(&self) -> Vec<(Outage, u32)> {
+        self.state().outages.iter().map(|(o, failed, _)| (o.clone(), *failed)).collect()
     }
 
     /// How many calls carried `key`, including those that failed or came too late.
@@ -252,6 +376,26 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
             if call.deadline <= self.clock.now() {
                 // The caller gives up before sending, so the script is left for real calls.
                 return Err(transient("deadline passed"));
+            }
+            let now = self.clock.now();
+            let down = state
+                .outages
+                .iter_mut()
+                .find_map(|(o, failed, debt)| o.fails(&call.action, now, debt).then_some(failed));
+            if let Some(failed) = down {
+                *failed += 1;
+                state.faults.outage += 1;
+                return Err(transient("unavailable: outage"));
+            }
+            let turned_away = state
+                .throttles
+                .iter_mut()
+                .find(|t| t.throttle.actions.contains(&call.action))
+                .and_then(|t| t.turns_away(now).then_some(t.throttle.retry_after));
+            if let Some(retry_after) = turned_away {
+                state.faults.throttled += 1;
+                let reason = "429 Too Many Requests".to_owned();
+                return Err(RemoteFault::Throttled { reason, retry_after });
             }
             if state.in_progress.contains(&call.idempotency_key) {
                 return Err(transient("a call with this key is in progress"));
@@ -545,6 +689,106 @@ mod tests {
         // does not apply to a key that took effect.
         let retry = call(Direction::Do, clock.now());
         assert_eq!(remote.call(&retry).await.unwrap(), json!({ "ref": "charge-1" }));
+    }
+
+    #[tokio::test]
+    async fn an_outage_fails_every_call_then_a_falling_share_and_leaves_the_script() {
+        let (clock, remote) = setup();
+        let start = clock.now();
+        remote.script("charge", [Behaviour::Permanent("card declined".into())]);
+        remote.outage(Outage {
+            actions: vec!["charge".into()],
+            from: start.plus(Duration::from_secs(10)),
+            until: start.plus(Duration::from_secs(20)),
+            flapping: None,
+            recovery: Duration::from_secs(10),
+        });
+        clock.advance(Duration::from_secs(10));
+        let other = RemoteCall { action: "ship".into(), ..call(Direction::Do, clock.now()) };
+        let other = RemoteCall { idempotency_key: "ship-1".into(), ..other };
+        assert!(remote.call(&other).await.is_ok(), "another action is not down");
+        for _ in 0..3 {
+            let down = remote.call(&call(Direction::Do, clock.now())).await.unwrap_err();
+            assert_eq!(down, RemoteFault::Transient("unavailable: outage".into()));
+        }
+        // Half-way through its recovery, every other call fails; the first it lets through
+        // meets the script the outage left alone.
+        clock.advance(Duration::from_secs(15));
+        let mut seen = Vec::new();
+        for n in 0..4 {
+            let mut c = call(Direction::Do, clock.now());
+            c.idempotency_key = format!("{}-{n}", do_key());
+            seen.push(match remote.call(&c).await {
+                Ok(_) => "ok",
+                Err(RemoteFault::Permanent(_)) => "refused",
+                Err(RemoteFault::Transient(_)) => "down",
+                Err(RemoteFault::Throttled { .. }) => "throttled",
+            });
+        }
+        assert_eq!(seen, ["refused", "down", "ok", "down"]);
+        assert_eq!((remote.faults().outage, remote.outages()[0].1), (5, 5));
+        assert!(!remote.applied(&do_key()), "a call an outage failed applies nothing");
+    }
+
+    #[tokio::test]
+    async fn a_flapping_service_is_down_and_up_in_turns_until_its_outages_end() {
+        let (clock, remote) = setup();
+        let start = clock.now();
+        remote.outage(Outage {
+            actions: vec!["charge".into()],
+            from: start,
+            until: start.plus(Duration::from_secs(60)),
+            flapping: Some(Duration::from_secs(2)),
+            recovery: Duration::from_secs(60),
+        });
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push(remote.call(&call(Direction::Do, clock.now())).await.is_ok());
+            clock.advance(Duration::from_secs(2));
+        }
+        assert_eq!(seen, [false, true, false, true]);
+        remote.end_outages();
+        assert!(remote.call(&call(Direction::Do, clock.now())).await.is_ok());
+        assert_eq!(remote.faults().outage, 2);
+    }
+
+    #[tokio::test]
+    async fn a_throttle_turns_away_calls_above_its_rate_and_a_share_at_random() {
+        let (clock, remote) = setup();
+        remote.script("charge", [Behaviour::Permanent("card declined".into())]);
+        let after = Some(Duration::from_secs(2));
+        let throttle = Throttle {
+            actions: vec!["charge".into()],
+            per_second: Some(2),
+            per_mille: 0,
+            retry_after: after,
+            seed: 1,
+        };
+        remote.throttle(throttle.clone());
+        let keyed = |n: u32| {
+            let mut c = call(Direction::Do, clock.now());
+            c.idempotency_key = format!("{}-{n}", do_key());
+            c
+        };
+        let refused = remote.call(&keyed(0)).await.unwrap_err();
+        assert!(matches!(refused, RemoteFault::Permanent(_)), "the script, after the throttle");
+        clock.advance(Duration::from_millis(600));
+        assert!(remote.call(&keyed(1)).await.is_ok());
+        let too_many = remote.call(&keyed(2)).await.unwrap_err();
+        let reason = "429 Too Many Requests".to_owned();
+        assert_eq!(too_many, RemoteFault::Throttled { reason, retry_after: after });
+        assert!(!remote.applied(&keyed(2).idempotency_key), "a call turned away applies nothing");
+        // The first call leaves the second the service counts in.
+        clock.advance(Duration::from_millis(400));
+        assert!(remote.call(&keyed(3)).await.is_ok());
+        assert!(remote.call(&keyed(4)).await.is_err());
+
+        remote.end_throttling();
+        remote.throttle(Throttle { per_second: None, per_mille: 1000, ..throttle });
+        assert!(matches!(remote.call(&keyed(5)).await, Err(RemoteFault::Throttled { .. })));
+        remote.end_throttling();
+        assert!(remote.call(&keyed(5)).await.is_ok());
+        assert_eq!(remote.faults().throttled, 3);
     }
 
     #[test]

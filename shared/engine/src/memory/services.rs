@@ -28,6 +28,11 @@ struct Paced {
 }
 
 impl MemoryServiceBook {
+    /// Every record as it stands, for tests: a plain read, outside any async port.
+    pub fn records(&self) -> Vec<ServiceRecord> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
     /// Writes that landed, for tests and cost estimates.
     pub fn writes(&self) -> u64 {
         *self.writes.lock().unwrap_or_else(|e| e.into_inner())

@@ -163,6 +163,9 @@ where
             let (probe, pass) = match self.admit(deadline).await {
                 Admission::Call(pass) => (false, pass),
                 Admission::Probe(pass) => (true, pass),
+                Admission::Held { .. } if mutants::on(Mutant::HeldAgentCallsService) => {
+                    (false, Pass::default())
+                }
                 Admission::Held { reason } => {
                     let outcome = StepOutcome::held(&reason);
                     return self.reply(request, deadline, outcome, calls).await;

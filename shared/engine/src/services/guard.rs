@@ -181,7 +181,16 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             return busy;
         }
         let pass = Pass { place };
-        if probe { Admission::Probe(pass) } else { Admission::Call(pass) }
+        if probe {
+            return Admission::Probe(pass);
+        }
+        // A wait for a quiet's end, a place or a turn may outlast the read the call was let
+        // through on: a service held meanwhile by another execution is not called.
+        if let Some(hold) = self.current().await.held {
+            self.done(pass).await;
+            return Admission::Held { reason: hold.reason };
+        }
+        Admission::Call(pass)
     }
 
     /// A place in flight, waiting for one until too little of the budget would be left.

@@ -13,7 +13,9 @@
 //!
 //! It also tends the services ([`Supervisor::tend`]): one alert for each hold and each
 //! release, and, for a service open again, the orders that waited for it resumed at the
-//! stack's `RESUME_PER_SECOND`, spread over the minute until its next sweep.
+//! stack's `RESUME_PER_SECOND`, spread over the minute until its next sweep. An alert, too, is
+//! written before it is sent: the supervisor records on the service's record that it
+//! announces the change, so that two supervisors tending at once publish it once.
 
 use std::time::Duration;
 
@@ -75,7 +77,8 @@ pub struct ServicesReport {
     pub announced: usize,
     /// Orders resumed for services open again.
     pub resumed: usize,
-    /// Orders or services that could not be handled; tried again at the next sweep.
+    /// Orders or services that could not be handled; tried again at the next sweep (an alert
+    /// that could not be published, once `ALERT_RETRY_SECONDS` have passed).
     pub errors: usize,
 }
 
@@ -301,7 +304,8 @@ where
                     Err(e) => Err(e),
                 };
                 match announced {
-                    Ok(()) => report.announced += 1,
+                    Ok(true) => report.announced += 1,
+                    Ok(false) => {}
                     Err(e) => {
                         warn!(service = %record.service, error = %e, "could not announce the service's hold");
                         report.errors += 1;
@@ -310,6 +314,7 @@ where
             }
             match &record.held {
                 _ if !resume => {}
+                None if mutants::on(Mutant::NoResume) => {}
                 None => self.resume(&record.service, 0, &mut report).await,
                 // Only a call probes a held service: with every order waiting, one of them
                 // goes, as the probe the agent is due.
@@ -323,14 +328,24 @@ where
     }
 
     /// Publishes the alert of the service's last hold or release, with the `waiting` orders,
-    /// then records it.
+    /// once: it first records that it announces it (until `ALERT_RETRY_SECONDS` from now),
+    /// then publishes, then records it announced. Returns whether it published. A supervisor
+    /// that loses the first write to another (tending at once, or an agent's write) leaves the
+    /// alert to it, or to the next sweep; one that fails to publish, to the first sweep after
+    /// its time.
     async fn announce<G: ServiceBook>(
         &self,
         book: &G,
         record: &ServiceRecord,
         waiting: u64,
-    ) -> Result<()> {
-        if let Some(event) = ServiceEvent::of(record, waiting) {
+    ) -> Result<bool> {
+        let now = self.ports.clock.now();
+        let until = now.plus(self.ports.config.alert_retry_after);
+        let Some(taken) = record.announcing(now, until) else { return Ok(false) };
+        if book.save(&taken).await? == Saved::Conflict {
+            return Ok(false);
+        }
+        if let Some(event) = ServiceEvent::of(&taken, waiting) {
             let published = self.ports.bus.publish(&[BusEvent::service(&event)]).await?;
             if let Some((_, reason)) = published.failed.first() {
                 return Err(Error::PublishFailed {
@@ -340,11 +355,23 @@ where
                 });
             }
         }
-        // Lost to a newer change of the record: that change is announced at the next sweep.
-        if let Some(next) = record.announced(self.ports.clock.now()) {
-            book.save(&next).await?;
+        if mutants::on(Mutant::AnnouncementUnrecorded) {
+            return Ok(true);
         }
-        Ok(())
+        // Recorded on what it wrote, or on what an agent wrote since (a probe taken keeps the
+        // announcement under way); a newer change is announced at the next sweep.
+        let mut current = taken;
+        for _ in 0..5 {
+            let Some(done) = current.announced(self.ports.clock.now()) else { break };
+            if book.save(&done).await? == Saved::Saved {
+                break;
+            }
+            match book.load(&record.service).await? {
+                Some(latest) if latest.announcing == Some(until) => current = latest,
+                _ => break,
+            }
+        }
+        Ok(true)
     }
 
     /// Resumes the orders waiting for `service`: `only` of them (0: as many as the minute
