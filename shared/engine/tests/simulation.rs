@@ -71,7 +71,8 @@ use sas_engine::services::{
     RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{
-    AlertDelivery, Cause, CommandKind, InputRef, Phase, ProcessState, StateRecord, StepStatus,
+    AlertDelivery, Cause, CommandKind, InputRef, Lease, Phase, ProcessState, StateRecord,
+    StepStatus,
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
@@ -1265,8 +1266,11 @@ impl Sim {
             let Some(&(attempt, back, stands)) = self.kept_back.get(&(r.order_id, i)) else {
                 continue;
             };
+            // Only a lease that came of the deferral (its reply may have been lost, and the
+            // step reset as for any lost message): one that starts when the service has room.
             let before = previous.steps.get(i).and_then(|b| b.lease);
-            let Some(before) = before.filter(|l| l.attempt > attempt && now < stands) else {
+            let deferred = |l: &Lease| l.attempt > attempt && l.complete_by >= stands;
+            let Some(before) = before.filter(|l| deferred(l) && now < stands) else {
                 continue;
             };
             let judged = s.lease.is_some_and(|l| l.failures > before.failures)
