@@ -17,6 +17,7 @@
 //! version, which an older consumer rejects as a poison message rather than misreading.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -109,6 +110,10 @@ pub struct StepReply {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub due_at: Option<Timestamp>,
 }
+
+/// The longest a step is deferred at once ([`StepOutcome::Deferred`]): SQS's longest delay,
+/// which its start message is sent with.
+pub const MAX_DEFER: Duration = Duration::from_secs(900);
 
 /// The result an agent reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@
 //! the agent says there will be room, at a lease that starts then.
 
 use super::*;
+use crate::message::MAX_DEFER;
 use crate::state::Held;
 
 /// The agent answered that step `i`'s service is held: the step (or undo) waits for it at a
@@ -64,9 +65,6 @@ pub(super) fn defer(
     next.note_waiting(ctx.now, &name, reason, ctx.now.plus(delay), ctx.config.timeline_limit);
     Some(Effect::Kick { delay, attempt })
 }
-
-/// The longest a step is deferred at once: the longest a queue delays a message.
-const MAX_DEFER: Duration = Duration::from_secs(900);
 
 /// The supervisor found `service` open: every step of the order held on it is queued again,
 /// at one new attempt, with a start message after `delay` (the supervisor spreads the orders

@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::Result;
 use crate::load::WaitReporter;
-use crate::message::{Message, StepOutcome, StepReply, StepRequest};
+use crate::message::{MAX_DEFER, Message, StepOutcome, StepReply, StepRequest};
 use crate::metrics;
 use crate::mutants::{self, Mutant};
 use crate::ports::{
@@ -39,10 +39,6 @@ use super::guard::{Admission, Guard, NoBook, Pass};
 use crate::config::HoldPolicy;
 use crate::pace::Limits;
 use crate::ports::{Pace, ServiceBook};
-
-/// The longest a step is deferred at once (SQS's longest delay, which its start message is
-/// sent with).
-pub const MAX_KEEP_BACK: Duration = Duration::from_secs(900);
 
 /// How an agent finished with a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -256,7 +252,7 @@ where
         calls: u32,
     ) -> Result<AgentOutcome> {
         let now = self.clock.now();
-        let until = until.max(now.plus(Duration::from_secs(1))).min(now.plus(MAX_KEEP_BACK));
+        let until = until.max(now.plus(Duration::from_secs(1))).min(now.plus(MAX_DEFER));
         info!(order_id = %request.order_id, delay_s = now.until(until).as_secs(), "no room at the service within the budget: deferred");
         self.reply(request, deadline, StepOutcome::Deferred { until }, calls).await
     }
