@@ -700,6 +700,8 @@ struct SlowTurns {
     book: sas_engine::memory::MemoryServiceBook,
     clock: ManualClock,
     write: Duration,
+    /// How long a read of the service's record takes.
+    read: Duration,
 }
 
 impl sas_engine::ports::Pace for SlowTurns {
@@ -732,6 +734,7 @@ impl sas_engine::ports::Pace for SlowTurns {
 
 impl sas_engine::ports::ServiceBook for SlowTurns {
     async fn load(&self, service: &str) -> Result<Option<sas_engine::health::ServiceRecord>> {
+        self.clock.advance(self.read);
         self.book.load(service).await
     }
     async fn all(&self) -> Result<Vec<sas_engine::health::ServiceRecord>> {
@@ -820,6 +823,7 @@ async fn slow_writes_of_turns_make_a_call_ask_for_its_turn_ahead_not_arrive_late
         book: sas_engine::memory::MemoryServiceBook::default(),
         clock: b.clock.clone(),
         write: Duration::from_millis(300),
+        read: Duration::ZERO,
     });
     let limits = Limits { per_second: Some(5), in_flight: None };
     let agent = paced_agent(&b, &service, b.clock.clone(), book, limits);
@@ -836,6 +840,34 @@ async fn slow_writes_of_turns_make_a_call_ask_for_its_turn_ahead_not_arrive_late
         "{:?}",
         gaps(&service)
     );
+}
+
+#[tokio::test]
+async fn a_slow_look_at_the_service_before_a_distant_turn_does_not_make_the_call_late() {
+    use sas_engine::pace::{Limits, spacing};
+    use sas_engine::ports::Pace;
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(SlowTurns {
+        book: sas_engine::memory::MemoryServiceBook::default(),
+        clock: b.clock.clone(),
+        write: Duration::ZERO,
+        read: Duration::from_millis(400),
+    });
+    // Calls before it took the next 20 turns: its own is 4.8 s away, and the record it read
+    // first is old by then.
+    let start = b.clock.now();
+    let far = start.plus(Duration::from_secs(60));
+    for _ in 0..20 {
+        book.book.take_turn("payment", spacing(5), start, far).await.unwrap();
+    }
+    let limits = Limits { per_second: Some(5), in_flight: None };
+    let agent = paced_agent(&b, &service, b.clock.clone(), book, limits);
+    let outcome = agent.handle(&nth_request(&b, 0), Incoming::first("m")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    // The record was read again during the wait, not at the turn: the call went on time,
+    // where a read at the turn would have made it 400 ms late and cost it the turn.
+    assert_eq!(service.log().at, [start.plus(spacing(5) * 20)]);
 }
 
 #[tokio::test]

@@ -174,23 +174,36 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             },
             None => None,
         };
-        if let Some(per_second) = self.limits.per_second
-            && let Err(busy) = self.turn(per_second, deadline).await
-        {
-            self.done(Pass { place }).await;
-            return busy;
-        }
+        // A wait for a quiet's end, a place or a turn may outlast the read the call was let
+        // through on: a service held meanwhile by another execution is not called. A call with
+        // a turn looks while it waits for it, so that the read does not make it late.
+        let turned = match self.limits.per_second {
+            Some(per_second) => match self.turn(per_second, deadline, !probe).await {
+                Ok(()) => true,
+                Err(busy) => {
+                    self.done(Pass { place }).await;
+                    return busy;
+                }
+            },
+            None => false,
+        };
         let pass = Pass { place };
         if probe {
             return Admission::Probe(pass);
         }
-        // A wait for a quiet's end, a place or a turn may outlast the read the call was let
-        // through on: a service held meanwhile by another execution is not called.
-        if let Some(hold) = self.current().await.held {
+        if !turned && let Err(held) = self.still_open().await {
             self.done(pass).await;
-            return Admission::Held { reason: hold.reason };
+            return held;
         }
         Admission::Call(pass)
+    }
+
+    /// Whether the service is still open, as read within the last [`FRESH`].
+    async fn still_open(&self) -> Result<(), Admission> {
+        match self.current().await.held {
+            Some(hold) => Err(Admission::Held { reason: hold.reason }),
+            None => Ok(()),
+        }
     }
 
     /// A place in flight, waiting for one until too little of the budget would be left.
@@ -214,7 +227,15 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
     /// Takes the call's turn and waits for it. The turn asked for starts no sooner than the
     /// last turn took to write, so that the call is not late for it from the start; a call
     /// late all the same takes another turn, and after [`MAX_MISSED_TURNS`] is kept back.
-    async fn turn(&self, per_second: u32, deadline: Timestamp) -> Result<(), Admission> {
+    /// With `recheck`, the service's record is looked at [`FRESH`] before the turn (or at once
+    /// if it is nearer): a hold found ends the wait, and no read stands between the turn and
+    /// the call.
+    async fn turn(
+        &self,
+        per_second: u32,
+        deadline: Timestamp,
+        recheck: bool,
+    ) -> Result<(), Admission> {
         let latest = deadline.minus(CALL_ROOM);
         let spacing = pace::spacing(per_second);
         for _ in 0..=MAX_MISSED_TURNS {
@@ -234,8 +255,16 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             };
             let taken = self.clock.now();
             *self.lead.lock().unwrap_or_else(|e| e.into_inner()) = asked.until(taken).min(MAX_LEAD);
-            if start > taken {
-                self.clock.sleep(taken.until(start)).await;
+            if recheck {
+                let look = start.minus(FRESH);
+                if look > taken {
+                    self.clock.sleep(taken.until(look)).await;
+                }
+                self.still_open().await?;
+            }
+            let now = self.clock.now();
+            if start > now {
+                self.clock.sleep(now.until(start)).await;
             }
             let late = start.until(self.clock.now());
             if late <= TURN_SLACK {
