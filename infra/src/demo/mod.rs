@@ -141,6 +141,8 @@ pub struct Summary {
     /// What the simulated service holds that the orders' ends do not explain (a step in place
     /// twice, a processed order missing a step, a compensated one keeping one), one line each.
     pub effects_wrong: Vec<String>,
+    /// Actions called faster than their agent's declared rate, one line each.
+    pub over_rate: Vec<String>,
     /// Function processes killed during the run.
     pub kills: u32,
     /// Messages that reached a dead-letter queue.
@@ -150,7 +152,8 @@ pub struct Summary {
 
 impl Summary {
     /// The demo passes when every order is terminal, the service holds exactly what the
-    /// orders' ends say (see [`crate::demo::effects`]), every failed
+    /// orders' ends say (see [`crate::demo::effects`]), no action was called faster than its
+    /// agent declared, every failed
     /// order raised its alert, and every order that did not go through was failed by a fault
     /// the simulated service injected, not by load or delay; and the figures it reports cover
     /// every finished order; and no message reached a dead-letter queue (neither crashes nor
@@ -159,6 +162,7 @@ impl Summary {
         self.unfinished == 0
             && self.dead_lettered == 0
             && self.effects_wrong.is_empty()
+            && self.over_rate.is_empty()
             && self.errors_without_alert == 0
             && self.unexplained == 0
             && self.untimed == 0

@@ -93,6 +93,7 @@ pub(super) async fn summarise(
     let (ledger, statements_wrong) = with_accounts(stack, clients, ledger).await?;
     s.effects_wrong = effects::mismatches_of(&ledger, &workflows_run(stack), &tally.ends);
     s.effects_wrong.extend(statements_wrong);
+    s.over_rate = over_rate(stack, &stats);
 
     tally.to_terminal.sort_unstable();
     let calls = stack.proxy.counts.snapshot();
@@ -352,6 +353,9 @@ fn outcomes(
         stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"]
     ));
     t.push_str(&format!("busiest second at the service: {}\n", busiest(stats)));
+    if !s.over_rate.is_empty() {
+        t.push_str(&format!("CALLED FASTER THAN DECLARED: {}\n", s.over_rate.join("; ")));
+    }
     t.push_str(&format!(
         "effects in place, per order and step: {} wrong ({} processed or compensated orders held to their end, every order to at most once a step){}\n",
         s.effects_wrong.len(),
@@ -438,6 +442,46 @@ fn busiest(stats: &Value) -> String {
     format!("{} calls in all ({})", stats["busiest_second"], each.join(", "))
 }
 
+/// The actions the service counted more calls of in one of its seconds than their agent's
+/// declared rate (`ServiceRates`), one line each. The service counts each action on its own,
+/// so the calls of two actions of one agent in one second are not added up here.
+fn over_rate(stack: &LocalStack, stats: &Value) -> Vec<String> {
+    let Some(agent) =
+        stack.functions.iter().find(|f| f.spec.environment.contains_key("AGENT_NAME"))
+    else {
+        return Vec::new();
+    };
+    let env = &agent.spec.environment;
+    let Ok(config) = sas_engine::config::EngineConfig::from_lookup(|k| env.get(k).cloned()) else {
+        return vec!["the agents' SERVICE_RATES could not be read".to_owned()];
+    };
+    over_rate_of(&config, &workflows_run(stack), stats)
+}
+
+fn over_rate_of(
+    config: &sas_engine::config::EngineConfig,
+    workflows: &[(String, String)],
+    stats: &Value,
+) -> Vec<String> {
+    let mut over = Vec::new();
+    for (_, json) in workflows {
+        let workflow: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+        for step in workflow["steps"].as_array().into_iter().flatten() {
+            let Some(name) = step["agent"].as_str() else { continue };
+            let Some(rate) = config.limits_of(name).per_second else { continue };
+            let undo = step["compensation"]["action"].as_str();
+            for action in step["name"].as_str().into_iter().chain(undo) {
+                let most = stats["actions"][action]["busiest_second"].as_u64().unwrap_or(0);
+                let line = format!("{action} {most} in one second, {name} declared {rate}");
+                if most > u64::from(rate) && !over.contains(&line) {
+                    over.push(line);
+                }
+            }
+        }
+    }
+    over
+}
+
 /// Whether what the simulated service did explains why an order did not go through:
 ///
 /// - refused at a step: the service refused that step's key for good (or had undone it);
@@ -491,5 +535,32 @@ mod tests {
         assert!(!explained(&timed_out("ship"), "o3", &faulted, 0));
         assert!(explained(&timed_out("ship"), "o3", &faulted, 5));
         assert!(!explained(&json!({"kind": "unknown_step", "step": "x"}), "o3", &faulted, 5));
+    }
+
+    #[test]
+    fn an_action_called_faster_than_its_agent_declared_is_named_and_no_other() {
+        let vars = [("SERVICE_RATES", "payment=5")];
+        let config = sas_engine::config::EngineConfig::from_lookup(|k| {
+            vars.iter().find(|(name, _)| *name == k).map(|(_, v)| (*v).to_owned())
+        })
+        .unwrap();
+        let workflow = json!({"name": "shop", "steps": [
+            {"name": "charge", "agent": "payment", "compensation": {"action": "refund"}},
+            {"name": "ship", "agent": "shipping"},
+        ]});
+        let workflows = [("shop".to_owned(), workflow.to_string())];
+        let stats = |charge: u64, refund: u64| {
+            json!({"actions": {
+                "charge": {"busiest_second": charge},
+                "refund": {"busiest_second": refund},
+                "ship": {"busiest_second": 40},
+            }})
+        };
+        assert!(over_rate_of(&config, &workflows, &stats(5, 5)).is_empty(), "5 is the rate");
+        assert_eq!(
+            over_rate_of(&config, &workflows, &stats(6, 2)),
+            ["charge 6 in one second, payment declared 5"]
+        );
+        assert_eq!(over_rate_of(&config, &workflows, &stats(1, 7)).len(), 1, "undos count too");
     }
 }
