@@ -21,8 +21,11 @@ do is unchanged: the contract tests check it on this server.
 
 moto serves requests on several threads, and a conditional write checks its condition and then
 writes as two steps that another thread's write can come between. DynamoDB applies each write
-to an item atomically, and the services table's turns depend on it; here every DynamoDB call
-holds one lock while it runs (the interpreter lock serialises them anyway, so little is lost).
+to an item atomically, and the services table's turns depend on it; here every DynamoDB write,
+and every read of items by key, holds one lock while it runs. Queries and scans do not: they
+walk copies of the table's collections, so that a long scan does not stop every other call.
+moto picks a query's partition out of the whole table, sorted, which made every read of one
+order cost in proportion to all the orders ever made; here it reads that partition alone.
 
 Usage: python moto_server.py -H 127.0.0.1 -p PORT (the arguments of moto.server).
 """
@@ -104,11 +107,12 @@ def _atomic(method):
     return call
 
 
+# Writes, and the reads DynamoDB serialises with them. A query or a scan may see part of a
+# transaction on DynamoDB too (read-committed per item), and holding the lock for one would stop
+# every other call for as long as it takes, which grows with the table.
 for _name in (
     "get_item",
     "batch_get_item",
-    "query",
-    "scan",
     "put_item",
     "update_item",
     "delete_item",
@@ -117,6 +121,53 @@ for _name in (
     "transact_write_items",
 ):
     setattr(DynamoDBBackend, _name, _atomic(getattr(DynamoDBBackend, _name)))
+
+# Unlocked, a query or a scan walks the table's items while other threads write: it walks a
+# copy of each collection (taken whole under the interpreter lock), not the collection itself.
+# A query sorts what it found by itself, so the items it walks need no order: moto sorted the
+# whole table for every query. A query of the table (not an index) walks only its partition,
+# as DynamoDB reads one partition, instead of the whole table to pick it out.
+_querying = threading.local()
+
+
+def _items(self, partition=None):
+    if partition is None:
+        sets = list(self.items.values())
+    else:
+        found = self.items.get(partition)
+        sets = [] if found is None else [found]
+    if not self.range_key_attr:
+        return sets
+    return [item for hash_set in sets for item in list(hash_set.values())]
+
+
+def all_items(self):
+    within = getattr(_querying, "table", None)
+    if within is not None and within[0] is self:
+        return _items(self, within[1])
+    return sorted(_items(self), key=lambda x: (x.hash_key, x.range_key) if x.range_key else x.hash_key)
+
+
+def has_idx_items(self, index_name):
+    names = {i["AttributeName"] for i in self.get_index(index_name).schema}
+    return [item for item in _items(self) if names.issubset(item.attrs)]
+
+
+_query = Table.query
+
+
+def query(self, hash_key, *args, **kwargs):
+    index_name = kwargs.get("index_name", args[6] if len(args) > 6 else None)
+    _querying.table = (self, hash_key if index_name is None else None)
+    try:
+        return _query(self, hash_key, *args, **kwargs)
+    finally:
+        _querying.table = None
+
+
+Table.all_items = all_items
+Table.has_idx_items = has_idx_items
+Table.query = query
 
 # A queue's attributes, built once per call of get_queue_attributes rather than once per name.
 _built = threading.local()
