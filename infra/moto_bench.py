@@ -1,8 +1,9 @@
 """What infra/moto_server.py buys: the same requests against moto's own server and against it.
 
 For each server, on a free port: a table of N items takes transactions of one small item
-(what submission does), and a queue of N messages takes receives and queue-attribute reads
-(what the event sources and the door do). Prints the time per request and the server's memory.
+(what submission does) and queries of one key (what a read of an order's items does), and a
+queue of N messages takes receives and queue-attribute reads (what the event sources and the
+door do). Prints the time per request and the server's memory.
 
 Usage: .venv/bin/python infra/moto_bench.py [N] (default 3000).
 """
@@ -73,12 +74,15 @@ def bench(name, command, n):
             "TableName": "t", "Item": {"k": {"S": f"new-{i}"}, "body": body},
             "ConditionExpression": "attribute_not_exists(k)"}}]))
         grown = rss_mb(server.pid) - before
+        query = timed(100, lambda i: ddb.query(
+            TableName="t", KeyConditionExpression="k = :k",
+            ExpressionAttributeValues={":k": {"S": f"item-{i}"}}))
         attributes = timed(100, lambda i: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
             "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
             "ApproximateNumberOfMessagesDelayed"]))
         receive = timed(50, lambda i: sqs.receive_message(
             QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0))
-        print(f"| {name} | {transaction:.1f} ms | {grown} MB | {receive:.1f} ms | {attributes:.1f} ms |")
+        print(f"| {name} | {transaction:.1f} ms | {grown} MB | {query:.1f} ms | {receive:.1f} ms | {attributes:.1f} ms |")
     finally:
         server.kill()
 
@@ -87,8 +91,8 @@ def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     python = sys.executable
     print(f"{n} items in the table, {n} messages in the queue:\n")
-    print("| server | transaction | memory after 200 transactions | receive of 10 | queue attributes |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| server | transaction | memory after 200 transactions | query of one key | receive of 10 | queue attributes |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     bench("moto.server", [python, "-m", "moto.server"], n)
     bench("infra/moto_server.py", [python, os.path.join(HERE, "moto_server.py")], n)
 
