@@ -111,9 +111,13 @@ pub struct StepReply {
     pub due_at: Option<Timestamp>,
 }
 
-/// The longest a step is deferred at once ([`StepOutcome::Deferred`]): SQS's longest delay,
-/// which its start message is sent with.
-pub const MAX_DEFER: Duration = Duration::from_secs(900);
+/// The longest SQS delays a message: a start message due later is not sent, and a sweep acts
+/// in its place.
+pub const MAX_DELIVERY_DELAY: Duration = Duration::from_secs(900);
+
+/// The longest a step is deferred at once ([`StepOutcome::Deferred`]): its start message is
+/// sent with the delay.
+pub const MAX_DEFER: Duration = MAX_DELIVERY_DELAY;
 
 /// The result an agent reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

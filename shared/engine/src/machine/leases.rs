@@ -2,9 +2,7 @@
 //! of callbacks, waits and their wake, and the supervisor's expiry judging each lease.
 
 use super::*;
-
-/// The longest SQS delays a message: a longer wait is woken by the supervisor.
-pub(super) const MAX_DELIVERY_DELAY: Duration = Duration::from_secs(900);
+use crate::message::MAX_DELIVERY_DELAY;
 
 /// A start message: every step queued at its attempt is leased and dispatched, and a wait
 /// whose time has come is over.
