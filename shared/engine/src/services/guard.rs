@@ -250,7 +250,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
                 Ok(Booked::TooLate { next }) => return Err(Admission::Busy { until: next }),
                 Err(e) => {
                     warn!(service = %self.service, error = %e, "the service's turns are unreadable: the call goes");
-                    return Ok(());
+                    return if recheck { self.still_open().await } else { Ok(()) };
                 }
             };
             let taken = self.clock.now();
