@@ -8,15 +8,30 @@
 //! the faults it meets in a row itself ([`Streak`]) and writes only the hold they make: the
 //! normal path, faults that pass included, writes nothing.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::HoldPolicy;
 use crate::message::{MAX_REASON_LEN, truncate};
+use crate::pace::MAX_RATE;
 use crate::time::Timestamp;
 
 /// A throttled call makes the service quiet for this long when it says nothing of how long,
 /// and a quiet is recorded again only once it reaches this much further.
 pub const QUIET_STEP: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A learned rate goes up by a step each time this passes without a throttled call.
+pub const RAISE_EVERY: Duration = Duration::from_secs(10);
+
+/// A learned rate is forgotten once this passes without a throttled call: a service that
+/// throttled a burst is called freely again once it has taken everything sent to it for this
+/// long, with nothing more written per call.
+pub const FORGET_AFTER: Duration = Duration::from_secs(300);
+
+/// Throttled calls within this of the last cut of the learned rate were made before it (at
+/// the rate it cut), and cut it no further.
+pub const CUT_WAVE: Duration = Duration::from_secs(2);
 
 /// What the system knows of one service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +63,66 @@ pub struct ServiceRecord {
     /// calls it before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet_until: Option<Timestamp>,
+    /// The rate its agent learned from the service's throttling, kept by every execution
+    /// below any declared one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<Learned>,
     pub changed_at: Timestamp,
+}
+
+/// A rate learned from a service that throttled calls: at each throttle that lowers it, three
+/// quarters of the rate in force; then, while it throttles no more, a step more at every
+/// [`RAISE_EVERY`], so that the rate finds the service's own and follows it as it changes;
+/// forgotten after [`FORGET_AFTER`] without a throttle. With no rate in force, it is half the
+/// rate one execution counted of its own calls, and doubles at each step until the next
+/// throttle, since the rate all executions called at together may have been many times that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Learned {
+    /// Calls a second at `at`.
+    pub per_second: u32,
+    /// The last throttle that cut it.
+    pub at: Timestamp,
+    /// Cut from a rate counted by one execution: it doubles at each step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub doubling: bool,
+}
+
+/// The rate calls went at when the service throttled them often, from which a throttle cuts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Calling {
+    /// The rate every execution kept to (declared or learned).
+    InForce(u32),
+    /// No rate was in force: the calls one execution made in the last second.
+    Counted(u32),
+}
+
+impl Learned {
+    /// The rate cut from `calling` at `now`.
+    pub fn cut(calling: Calling, now: Timestamp) -> Learned {
+        let (per_second, doubling) = match calling {
+            Calling::InForce(rate) => ((rate * 3 / 4).max(1), false),
+            Calling::Counted(rate) => (rate.div_ceil(2).max(1), true),
+        };
+        Learned { per_second, at: now, doubling }
+    }
+
+    /// The rate in force at `now`; `None` once forgotten.
+    pub fn at(&self, now: Timestamp) -> Option<u32> {
+        let since = self.at.until(now);
+        if since >= FORGET_AFTER {
+            return None;
+        }
+        let steps = u32::try_from(since.as_secs() / RAISE_EVERY.as_secs()).unwrap_or(u32::MAX);
+        let rate = if self.doubling {
+            self.per_second.saturating_mul(2u32.saturating_pow(steps))
+        } else {
+            // An eighth of the cut rate more at each step (one at least): a fast service
+            // regains its rate in minutes, a slow one creeps up on its limit.
+            let step = (self.per_second / 8).max(1);
+            self.per_second.saturating_add(steps.saturating_mul(step))
+        };
+        Some(rate.min(MAX_RATE))
+    }
 }
 
 /// A hold on a service.
@@ -96,6 +170,7 @@ impl ServiceRecord {
             unannounced: false,
             announcing: None,
             quiet_until: None,
+            learned: None,
             changed_at: now,
         }
     }
@@ -213,12 +288,37 @@ impl ServiceRecord {
         Some(ServiceRecord { announcing: Some(until), ..self.next(now) })
     }
 
-    /// The service asked not to be called before `until`. `None` unless that is at least a
-    /// second past the quiet already recorded: a burst of throttled calls writes once.
-    pub fn quiet(&self, now: Timestamp, until: Timestamp) -> Option<ServiceRecord> {
+    /// The service throttled a call and asked not to be called before `until`; `cut`: the
+    /// throttles came often enough to mean the calls go too fast, at that rate. The quiet is recorded if it reaches at least
+    /// a second past the one recorded, and the learned rate is cut from `cut` unless it was
+    /// cut within the last [`CUT_WAVE`]: a burst of throttled calls writes once. `None`
+    /// if nothing changes.
+    pub fn throttled(
+        &self,
+        now: Timestamp,
+        until: Timestamp,
+        cut: Option<Calling>,
+    ) -> Option<ServiceRecord> {
         let known = self.quiet_until.unwrap_or(now).max(now);
-        (until >= known.plus(QUIET_STEP))
-            .then(|| ServiceRecord { quiet_until: Some(until), ..self.next(now) })
+        let quiet = (until >= known.plus(QUIET_STEP)).then_some(until);
+        let cut = match (cut, self.learned) {
+            (None, _) => None,
+            (Some(_), Some(learned)) if learned.at.plus(CUT_WAVE) > now => None,
+            (Some(calling), _) => Some(Learned::cut(calling, now)),
+        };
+        if quiet.is_none() && cut.is_none() {
+            return None;
+        }
+        Some(ServiceRecord {
+            quiet_until: quiet.or(self.quiet_until),
+            learned: cut.or(self.learned),
+            ..self.next(now)
+        })
+    }
+
+    /// The rate learned from the service's throttling, in force at `now`.
+    pub fn learned_at(&self, now: Timestamp) -> Option<u32> {
+        self.learned.and_then(|learned| learned.at(now))
     }
 
     /// Until when the service asked to be left alone, if that is after `now`.
@@ -340,6 +440,45 @@ mod tests {
         // A new change is announced afresh, whatever was under way.
         let released = probing.answered(at(20), true).unwrap();
         assert!(released.unannounced && released.announcing.is_none());
+    }
+
+    #[test]
+    fn frequent_throttles_lower_the_rate_once_per_wave_and_write_once() {
+        let open = ServiceRecord::open("payment", T0);
+        assert_eq!(open.learned_at(at(0)), None);
+        let lone = open.throttled(at(1), at(2), None).unwrap();
+        assert_eq!((lone.quiet_until, lone.learned), (Some(at(2)), None), "a lone throttle");
+        let cut = open.throttled(at(1), at(2), Some(Calling::InForce(24))).unwrap();
+        assert_eq!(cut.learned, Some(Learned { per_second: 18, at: at(1), doubling: false }));
+        assert_eq!(cut.quiet_until, Some(at(2)));
+        // The same wave's throttles (calls made at the rate before) neither cut nor write.
+        assert_eq!(cut.throttled(at(1), at(2), Some(Calling::InForce(18))), None);
+        let t = at(1).plus(CUT_WAVE).minus(Duration::from_millis(1));
+        let later = t.plus(Duration::from_secs(5));
+        let quieter = cut.throttled(t, later, Some(Calling::InForce(18))).unwrap();
+        assert_eq!(quieter.learned, cut.learned, "a longer quiet is written, the rate kept");
+        // After the wave, throttles at the lower rate cut again, down to one at least.
+        let again = cut.throttled(at(4), at(5), Some(Calling::InForce(18))).unwrap();
+        assert_eq!(again.learned, Some(Learned { per_second: 13, at: at(4), doubling: false }));
+        let floor = again.throttled(at(10), at(11), Some(Calling::InForce(1))).unwrap();
+        assert_eq!(floor.learned_at(at(10)), Some(1));
+        // Cut to half a rate only counted, it doubles until the next throttle.
+        let counted = open.throttled(at(1), at(2), Some(Calling::Counted(4))).unwrap();
+        let rates: Vec<_> = [1, 11, 21, 31].iter().map(|s| counted.learned_at(at(*s))).collect();
+        assert_eq!(rates, [Some(2), Some(4), Some(8), Some(16)]);
+    }
+
+    #[test]
+    fn a_learned_rate_rises_while_the_service_throttles_no_more_and_is_then_forgotten() {
+        let slow = Learned { per_second: 3, at: T0, doubling: false };
+        let rates: Vec<Option<u32>> = [0, 9, 10, 25, 60].iter().map(|s| slow.at(at(*s))).collect();
+        assert_eq!(rates, [Some(3), Some(3), Some(4), Some(5), Some(9)]);
+        // A fast service rises by an eighth of its cut rate at each step: 100 to 196 in 80 s.
+        let fast = Learned { per_second: 100, at: T0, doubling: false };
+        assert_eq!(fast.at(at(80)), Some(196));
+        let fastest = Learned { per_second: 400, at: T0, doubling: true };
+        assert_eq!(fastest.at(at(290)), Some(MAX_RATE), "never above the highest rate");
+        assert_eq!(slow.at(T0.plus(FORGET_AFTER)), None);
     }
 
     #[test]

@@ -547,6 +547,10 @@ struct StampLog {
     in_flight: u32,
     most_in_flight: u32,
     throttle: Vec<Option<Duration>>,
+    /// The most calls it takes in a second of its own, however aligned; more are throttled
+    /// (with no `Retry-After`) and not counted.
+    limit: Option<usize>,
+    throttled: usize,
 }
 
 impl Stamped {
@@ -575,7 +579,17 @@ impl sas_engine::ports::RemoteService for Stamped {
     ) -> std::result::Result<serde_json::Value, sas_engine::ports::RemoteFault> {
         let throttle = {
             let mut log = self.log();
-            log.at.push(self.clock.now());
+            let now = self.clock.now();
+            let second_ago = now.minus(Duration::from_secs(1));
+            let taken = log.at.iter().rev().take_while(|t| **t > second_ago).count();
+            if log.limit.is_some_and(|limit| taken >= limit) {
+                log.throttled += 1;
+                return Err(sas_engine::ports::RemoteFault::Throttled {
+                    reason: "429 Too Many Requests".into(),
+                    retry_after: None,
+                });
+            }
+            log.at.push(now);
             log.in_flight += 1;
             log.most_in_flight = log.most_in_flight.max(log.in_flight);
             if log.throttle.is_empty() { None } else { Some(log.throttle.remove(0)) }
@@ -929,6 +943,75 @@ async fn a_throttled_call_quiets_every_execution_for_as_long_as_the_service_aske
     fourth.idempotency_key = format!("{}/4", fourth.idempotency_key);
     let outcome = agents[1].handle(&fourth, Incoming::first("m4")).await.unwrap();
     assert!(matches!(outcome, AgentOutcome::KeptBack { calls: 1, .. }), "{outcome:?}");
+}
+
+/// Tokio's clock, paused by the test so that it jumps to the next timer once every task waits,
+/// read as a timestamp. It sets the bench's manual clock to the same time whenever it is read,
+/// for the parts of the bench that read that one (the service's log, the queues).
+#[derive(Clone, Debug)]
+struct Paused {
+    manual: ManualClock,
+    base: Timestamp,
+    origin: tokio::time::Instant,
+}
+
+impl Paused {
+    fn new(manual: &ManualClock) -> Paused {
+        Paused { manual: manual.clone(), base: manual.now(), origin: tokio::time::Instant::now() }
+    }
+}
+
+impl Clock for Paused {
+    fn now(&self) -> Timestamp {
+        let now = self.base.plus(self.origin.elapsed());
+        self.manual.set(now);
+        now
+    }
+    async fn sleep(&self, duration: Duration) {
+        tokio::time::sleep(duration).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_that_throttles_with_no_rate_declared_is_called_at_a_rate_learned_from_it() {
+    use sas_engine::ports::ServiceBook;
+
+    // The service takes 5 calls in any second; nobody declared it. Two executions of its
+    // agent each take batches of ten requests at once, as the deployed agents do.
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    service.log().limit = Some(5);
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    let clock = Paused::new(&b.clock);
+    let agents: Vec<_> = (0..2)
+        .map(|_| {
+            paced_agent(&b, &service, clock.clone(), book.clone(), sas_engine::pace::Limits::NONE)
+        })
+        .collect();
+    let start = clock.now();
+    let mut calls = 0;
+    for round in 0..15 {
+        let requests: Vec<StepRequest> = (0..20).map(|i| nth_request(&b, round * 20 + i)).collect();
+        let outcomes = futures_util::future::join_all(
+            requests.iter().enumerate().map(|(i, r)| agents[i % 2].handle(r, Incoming::first("m"))),
+        )
+        .await;
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            match outcome.unwrap() {
+                AgentOutcome::Replied { done: true, calls: c } => calls += c as usize,
+                other => panic!("round {round}, request {i}: {other:?}"),
+            }
+        }
+    }
+    let record = book.load("payment").await.unwrap().unwrap();
+    let took = start.until(clock.now());
+    let throttled = service.log().throttled;
+    assert!(record.held.is_none(), "throttling that a lower rate answers holds nothing");
+    assert_eq!(calls, 300 + throttled, "each throttled call was made again");
+    // Called as it comes, the service throttles more calls than it takes (465 for these 300):
+    // at the learned rate, one in ten at most, and two thirds of its rate kept.
+    assert!(throttled <= 300 / 10, "{throttled} throttled in {took:?}");
+    assert!(took <= Duration::from_secs(90), "300 calls took {took:?}");
 }
 
 /// A services book on which an operator holds the payment service the moment a call takes

@@ -197,10 +197,11 @@ where
                 }
             };
             if let Some(guard) = &self.guard {
-                if let Some(retry_after) = throttled {
-                    guard.throttled(retry_after).await;
-                }
-                if guard.fault(&fault).await || probe {
+                let counts = match throttled {
+                    Some(retry_after) => guard.throttled(retry_after).await,
+                    None => true,
+                };
+                if (counts && guard.fault(&fault).await) || probe {
                     // Held (or still held, its probe failed): the step waits for the service.
                     let outcome = StepOutcome::held(&fault);
                     return self.reply(request, deadline, outcome, calls).await;

@@ -2,8 +2,10 @@
 //! has room for the call, and after it tells what came of the call, so that the agent holds
 //! the service after passing faults in a row and, while it is held, sends it nothing but one
 //! probe at a time; keeps within the service's declared rate and concurrency across all the
-//! agent's executions ([`crate::pace`]); and leaves it alone for as long as it asked when it
-//! throttled a call.
+//! agent's executions ([`crate::pace`]); leaves it alone for as long as it asked when it
+//! throttled a call; and, once it throttled one, keeps to a rate learned from its throttling
+//! ([`crate::health::Learned`]), below any declared one, so that a service whose limit nobody
+//! declared, or declared too high, is not pressed into throttling again and again.
 //!
 //! The guard reads the service's record at most once a second per execution (the decision to
 //! stop calling may lag that much behind another execution's hold, which costs a few calls at
@@ -18,13 +20,14 @@
 //! every place in flight is taken, or the service asked to be left alone until after it) is
 //! not made: the request is kept back until there is room, and its lease does not burn.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tracing::{info, warn};
 
 use crate::config::HoldPolicy;
-use crate::health::{QUIET_STEP, ServiceRecord, Streak};
+use crate::health::{CUT_WAVE, Calling, QUIET_STEP, ServiceRecord, Streak};
 use crate::pace::{self, Booked, Limits, MAX_MISSED_TURNS, PLACE_POLL, Place, TURN_SLACK, Usage};
 use crate::ports::{Clock, Pace, Saved, ServiceBook};
 use crate::time::Timestamp;
@@ -41,6 +44,63 @@ const MAX_LEAD: Duration = Duration::from_secs(1);
 
 /// The longest a throttled call's `Retry-After` keeps the service quiet.
 pub const MAX_QUIET: Duration = Duration::from_secs(900);
+
+/// A throttle lowers the rate only if its execution met this many among its last
+/// [`THROTTLE_SAMPLE`] calls (and within [`SAMPLE_SPAN`]).
+pub const THROTTLES_TO_CUT: usize = 3;
+
+/// The calls whose throttles are counted towards a cut.
+pub const THROTTLE_SAMPLE: usize = 20;
+
+/// Throttles older than this count towards no cut, however few calls came since.
+pub const SAMPLE_SPAN: Duration = Duration::from_secs(60);
+
+/// The most calls an execution keeps note of: twice the highest rate's second.
+const MAX_NOTED: usize = 2 * crate::pace::MAX_RATE as usize;
+
+/// One execution's recent calls and the throttles among them: the rate its calls went at when
+/// none was in force, and whether the service throttles often enough to mean they go too fast.
+#[derive(Debug, Default)]
+struct Recent {
+    /// When the calls of the last second, and at least the last [`THROTTLE_SAMPLE`], went.
+    calls: VecDeque<Timestamp>,
+    /// Throttles since the oldest of the sample's calls.
+    throttles: VecDeque<Timestamp>,
+}
+
+impl Recent {
+    fn call(&mut self, now: Timestamp) {
+        self.calls.push_back(now);
+        let second_ago = now.minus(Duration::from_secs(1));
+        while self.calls.len() > MAX_NOTED
+            || (self.calls.len() > THROTTLE_SAMPLE
+                && self.calls.front().is_some_and(|t| *t <= second_ago))
+        {
+            self.calls.pop_front();
+        }
+    }
+
+    fn throttle(&mut self, now: Timestamp) {
+        self.throttles.push_back(now);
+        let sample_from = self.calls.iter().rev().nth(THROTTLE_SAMPLE - 1).copied();
+        let oldest = sample_from.map_or(now.minus(SAMPLE_SPAN), |t| t.max(now.minus(SAMPLE_SPAN)));
+        while self.throttles.front().is_some_and(|t| *t < oldest) {
+            self.throttles.pop_front();
+        }
+    }
+
+    /// Whether the throttles are many enough to lower the rate.
+    fn crowded(&self) -> bool {
+        self.throttles.len() >= THROTTLES_TO_CUT
+    }
+
+    /// The calls of the second up to `now`.
+    fn per_second(&self, now: Timestamp) -> u32 {
+        let second_ago = now.minus(Duration::from_secs(1));
+        let count = self.calls.iter().rev().take_while(|t| **t > second_ago).count();
+        u32::try_from(count).unwrap_or(u32::MAX)
+    }
+}
 
 /// What the guard says of the next call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +178,8 @@ pub struct Guard<G, C> {
     streak: Mutex<Streak>,
     /// How long this execution's last turn took to write.
     lead: Mutex<Duration>,
+    /// This execution's recent calls and the throttles among them.
+    recent: Mutex<Recent>,
 }
 
 impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
@@ -132,6 +194,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             seen: Mutex::new(None),
             streak: Mutex::new(Streak::default()),
             lead: Mutex::new(Duration::ZERO),
+            recent: Mutex::new(Recent::default()),
         }
     }
 
@@ -177,7 +240,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         // A wait for a quiet's end, a place or a turn may outlast the read the call was let
         // through on: a service held meanwhile by another execution is not called. A call with
         // a turn looks while it waits for it, so that the read does not make it late.
-        let turned = match self.limits.per_second {
+        let turned = match self.rate(&record, self.clock.now()) {
             Some(per_second) => match self.turn(per_second, deadline, !probe).await {
                 Ok(()) => true,
                 Err(busy) => {
@@ -189,13 +252,30 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         };
         let pass = Pass { place };
         if probe {
+            self.called();
             return Admission::Probe(pass);
         }
         if !turned && let Err(held) = self.still_open().await {
             self.done(pass).await;
             return held;
         }
+        self.called();
         Admission::Call(pass)
+    }
+
+    /// The calls a second every execution keeps to: the declared rate, or the one learned
+    /// from the service's throttling if that is lower.
+    fn rate(&self, record: &ServiceRecord, now: Timestamp) -> Option<u32> {
+        match (self.limits.per_second, record.learned_at(now)) {
+            (Some(declared), Some(learned)) => Some(declared.min(learned)),
+            (declared, learned) => declared.or(learned),
+        }
+    }
+
+    /// Notes a call going now among this execution's recent calls.
+    fn called(&self) {
+        let now = self.clock.now();
+        self.recent.lock().unwrap_or_else(|e| e.into_inner()).call(now);
     }
 
     /// Whether the service is still open, as read within the last [`FRESH`].
@@ -287,17 +367,41 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
     }
 
     /// The service throttled a call: no execution calls it for `retry_after` (a second if it
-    /// said nothing).
-    pub async fn throttled(&self, retry_after: Option<Duration>) {
+    /// said nothing). If this execution met [`THROTTLES_TO_CUT`] throttles among its last
+    /// [`THROTTLE_SAMPLE`] calls, every execution then keeps to a lower rate, learned again
+    /// from there ([`crate::health::Learned`]); fewer are taken for chance (a service with a quota shared
+    /// with others, a cold instance), which the quiet answers. Returns whether the throttle
+    /// counts towards a hold: one that lowered the rate, or came within [`CUT_WAVE`] of its
+    /// lowering (a call made at the rate before), does not, since the lower rate has not been
+    /// tried yet; throttles that persist at the lowered rates do.
+    pub async fn throttled(&self, retry_after: Option<Duration>) -> bool {
         let now = self.clock.now();
         let until = now.plus(retry_after.unwrap_or(QUIET_STEP).min(MAX_QUIET));
-        self.change(|r| r.quiet(now, until)).await;
+        let (crowded, counted) = {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            recent.throttle(now);
+            (recent.crowded(), recent.per_second(now).max(1))
+        };
+        let cut = |r: &ServiceRecord| {
+            crowded.then(|| self.rate(r, now).map_or(Calling::Counted(counted), Calling::InForce))
+        };
+        self.change(|r| r.throttled(now, until, cut(r))).await;
+        let learned = self.current().await.learned;
+        if let Some(cut) = learned.filter(|l| l.at == now) {
+            info!(service = %self.service, per_second = cut.per_second, "the service throttled calls often: every execution keeps to a lower rate");
+        }
+        if learned.is_some_and(|l| l.at.plus(CUT_WAVE) > now) {
+            // The calls to come go at the lowered rate: throttles before it do not count
+            // towards the next cut.
+            self.recent.lock().unwrap_or_else(|e| e.into_inner()).throttles.clear();
+        }
         // This execution waits even if the write did not land.
         if let Some((_, seen)) = self.seen.lock().unwrap_or_else(|e| e.into_inner()).as_mut()
             && seen.quiet_until.is_none_or(|q| q < until)
         {
             seen.quiet_until = Some(until);
         }
+        learned.is_none_or(|l| l.at.plus(CUT_WAVE) <= now)
     }
 
     /// The call got an answer (done or refused): the service works.
@@ -395,5 +499,55 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Timestamp = Timestamp::from_millis(1_767_225_600_000);
+
+    fn at(ms: u64) -> Timestamp {
+        T0.plus(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn throttles_lower_the_rate_only_when_they_are_frequent_among_the_last_calls() {
+        let mut recent = Recent::default();
+        // One throttle in twenty calls, twice: chance.
+        for k in 0..40 {
+            recent.call(at(k * 100));
+            if k % 20 == 19 {
+                recent.throttle(at(k * 100 + 50));
+            }
+        }
+        assert!(!recent.crowded());
+        // Three within the last twenty calls: the calls go too fast.
+        recent.throttle(at(4_000));
+        assert!(!recent.crowded());
+        recent.throttle(at(4_001));
+        assert!(recent.crowded());
+        // Twenty calls on, those three are out of the sample.
+        for k in 0..20 {
+            recent.call(at(5_000 + k * 100));
+        }
+        recent.throttle(at(7_000));
+        assert!(!recent.crowded());
+        // Throttles a minute old count for nothing, however few calls came since.
+        recent.throttle(at(7_001));
+        recent.throttle(at(7_000 + SAMPLE_SPAN.as_millis() as u64 + 1));
+        assert!(!recent.crowded());
+    }
+
+    #[test]
+    fn the_rate_counted_is_the_calls_of_the_last_second() {
+        let mut recent = Recent::default();
+        for k in 0..50 {
+            recent.call(at(k * 40));
+        }
+        assert_eq!(recent.per_second(at(49 * 40)), 25);
+        assert_eq!(recent.per_second(at(10_000)), 0);
+        assert!(recent.calls.len() >= THROTTLE_SAMPLE, "the sample is kept");
     }
 }
