@@ -315,11 +315,11 @@ where
             match &record.held {
                 _ if !resume => {}
                 None if mutants::on(Mutant::NoResume) => {}
-                None => self.resume(&record.service, 0, &mut report).await,
+                None => self.resume(&record, 0, &mut report).await,
                 // Only a call probes a held service: with every order waiting, one of them
                 // goes, as the probe the agent is due.
                 Some(hold) if hold.by.is_none() && hold.next_probe <= self.ports.clock.now() => {
-                    self.resume(&record.service, 1, &mut report).await;
+                    self.resume(&record, 1, &mut report).await;
                 }
                 Some(_) => {}
             }
@@ -374,13 +374,15 @@ where
         Ok(true)
     }
 
-    /// Resumes the orders waiting for `service`: `only` of them (0: as many as the minute
-    /// until the next sweep takes at `RESUME_PER_SECOND`, or at the service's declared rate if
-    /// that is lower), their start messages spread over it.
-    async fn resume(&self, service: &str, only: usize, report: &mut ServicesReport) {
+    /// Resumes the orders waiting for `record`'s service: `only` of them (0: as many as the
+    /// minute until the next sweep takes at `RESUME_PER_SECOND`, or at the service's declared
+    /// or learned rate if that is lower), their start messages spread over it.
+    async fn resume(&self, record: &ServiceRecord, only: usize, report: &mut ServicesReport) {
         let config = &self.ports.config;
-        let rate = config.limits_of(service).per_second.unwrap_or(u32::MAX);
-        let per_second = u64::from(config.resume_per_second.min(rate).max(1));
+        let service = record.service.as_str();
+        let declared = config.limits_of(service).per_second.unwrap_or(u32::MAX);
+        let learned = record.learned_at(self.ports.clock.now()).unwrap_or(u32::MAX);
+        let per_second = u64::from(config.resume_per_second.min(declared).min(learned).max(1));
         let limit = match only {
             0 => usize::try_from(per_second * RESUME_SPREAD.as_secs()).unwrap_or(usize::MAX),
             n => n,
