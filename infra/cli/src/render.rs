@@ -60,11 +60,19 @@ pub fn services(answer: &Value) -> String {
     table(&header, &rows)
 }
 
-/// A service's declared rate, and how far ahead its turns are taken: `5, booked 3.2 s ahead`.
+/// The rate a service's calls keep to, and how far ahead its turns are taken: `5, booked 3.2 s
+/// ahead`, or `3 learned (5 declared)` when the rate learned from its throttling is lower.
 fn rate(service: &Value) -> String {
-    let Some(rate) = service["limits"]["per_second"].as_u64() else { return "-".to_owned() };
+    let declared = service["limits"]["per_second"].as_u64();
+    let learned = service["learned_per_second"].as_u64();
+    let rate = match (declared, learned) {
+        (Some(d), Some(l)) if l < d => format!("{l} learned ({d} declared)"),
+        (Some(d), _) => d.to_string(),
+        (None, Some(l)) => format!("{l} learned"),
+        (None, None) => return "-".to_owned(),
+    };
     match service["in_use"]["booked_ahead_ms"].as_u64().unwrap_or(0) {
-        0 => rate.to_string(),
+        0 => rate,
         ms => format!("{rate}, booked {:.1} s ahead", ms as f64 / 1000.0),
     }
 }
@@ -389,7 +397,12 @@ mod tests {
              "held_by": "arn:ops", "reason": "carrier maintenance", "waiting": 3},
             {"service": "inventory", "state": "open", "probing": false, "waiting": 0,
              "limits": {"per_second": 5, "in_flight": 4},
-             "in_use": {"booked_ahead_ms": 3_200, "in_flight": 2}}
+             "in_use": {"booked_ahead_ms": 3_200, "in_flight": 2}},
+            {"service": "shipping-rates", "state": "open", "probing": false, "waiting": 0,
+             "learned_per_second": 3, "in_use": {"booked_ahead_ms": 0, "in_flight": 0}},
+            {"service": "tax", "state": "open", "probing": false, "waiting": 0,
+             "limits": {"per_second": 10}, "learned_per_second": 4,
+             "in_use": {"booked_ahead_ms": 0, "in_flight": 0}}
         ]});
         let printed = services(&answer);
         let lines: Vec<&str> = printed.lines().collect();
@@ -405,6 +418,8 @@ mod tests {
             "{printed}"
         );
         assert!(lines[3].contains("2/4"), "{printed}");
+        assert!(lines[4].contains("3 learned"), "{printed}");
+        assert!(lines[5].contains("4 learned (10 declared)"), "{printed}");
         assert!(lines[0].contains("calls/s") && lines[1].contains('-'), "{printed}");
     }
 }

@@ -1,6 +1,6 @@
 //! The operators' desk for the services: what each deployed service's state is (open, held by
 //! its agent and probed, or held by an operator), how many orders wait for it, what it is
-//! declared to accept and uses of that now, and the hold and release an operator gives by hand
+//! declared to accept, the rate learned from its throttling and what it uses of those now, and the hold and release an operator gives by hand
 //! (a maintenance window), recorded with who and why.
 
 use std::collections::BTreeMap;
@@ -45,7 +45,11 @@ pub struct ServiceView {
     pub waiting: u64,
     /// What it is declared to accept (calls a second, calls in flight).
     pub limits: Limits,
-    /// What it uses of its limits now; only for a limited service.
+    /// The calls a second its agent learned from its throttling and keeps to while that is
+    /// below the declared rate; absent once forgotten.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learned_per_second: Option<u32>,
+    /// What it uses of its limits now; only for a service with a declared or learned limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_use: Option<Usage>,
     /// Until when it asked to be left alone (a throttled call's `Retry-After`).
@@ -69,6 +73,7 @@ impl ServiceView {
             released: record.released.clone(),
             waiting,
             limits: Limits::NONE,
+            learned_per_second: record.learned_at(now),
             in_use: None,
             quiet_until: record.quiet_at(now),
         }
@@ -157,8 +162,9 @@ impl<G: ServiceBook + Pace, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
     async fn view(&self, record: &ServiceRecord, waiting: u64) -> Result<ServiceView> {
         let now = self.clock.now();
         let mut view = ServiceView::of(record, waiting, now);
-        if let Some(limits) = self.limits.get(&record.service).filter(|l| !l.is_none()) {
-            view.limits = *limits;
+        let limits = self.limits.get(&record.service).copied().unwrap_or(Limits::NONE);
+        view.limits = limits;
+        if !limits.is_none() || view.learned_per_second.is_some() {
             view.in_use = Some(self.book.usage(&record.service, now).await?);
         }
         Ok(view)
