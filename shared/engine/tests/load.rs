@@ -23,7 +23,9 @@
 //! - a burst makes a backlog, and the backlog drains at capacity: orders finish at 90 % of the
 //!   capacity or more until it is gone;
 //! - a service that declares a rate never receives more calls in a second, however aligned,
-//!   nor more in flight than it declares, and no order fails for it (429s included).
+//!   nor more in flight than it declares, and no order fails for it (429s included);
+//! - a service whose rate nobody declared is called at the rate its agents learn from its
+//!   429s: no order fails for it, and it throttles one call in ten orders at most.
 //!
 //! `SIM_LOAD_SEEDS=n` runs n seeds per scenario (default 2); `SEED=n` one seed of each.
 
@@ -111,8 +113,13 @@ struct Scenario {
     burst: Option<(Duration, Duration, f64)>,
     /// A remote service slowing down: from `start` for `length`, its latency times `factor`.
     slowdown: Option<(&'static str, Duration, Duration, f64)>,
-    /// A remote service declaring what it takes: a rate it throttles above, a concurrency.
+    /// A remote service that takes so much: a rate it throttles above, a concurrency.
     limited: Option<(&'static str, Limits)>,
+    /// Whether the stack declares what the limited service takes; if not, its agents learn its
+    /// rate from its throttling.
+    declared: bool,
+    /// The share of capacity a backlog must drain at.
+    min_goodput: f64,
     /// Arrivals stop after this.
     arrivals_for: Duration,
     /// The door's longest accepted wait; `None` keeps it open (to let the backlog form).
@@ -145,6 +152,8 @@ fn scenarios() -> Vec<Scenario> {
         burst: None,
         slowdown: None,
         limited: None,
+        declared: true,
+        min_goodput: MIN_GOODPUT,
         arrivals_for: Duration::from_secs(120),
         door: None,
         lost: 0.002,
@@ -185,6 +194,21 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "payment declared at 5 calls a second, burst 2x for 60 s",
             limited: Some(("payment", Limits { per_second: Some(5), in_flight: None })),
+            burst: burst(2.0, 60),
+            lost: 0.0,
+            transient: 0.0,
+            permanent: 0.0,
+            throttled: 0.01,
+            ..open.clone()
+        },
+        // The same service, its rate declared nowhere: its agents find it from its 429s, going
+        // above it now and then to follow it, which costs a share of what a declared rate
+        // gives.
+        Scenario {
+            name: "payment takes 5 calls a second, declared nowhere, burst 2x for 60 s",
+            limited: Some(("payment", Limits { per_second: Some(5), in_flight: None })),
+            declared: false,
+            min_goodput: 0.75,
             burst: burst(2.0, 60),
             lost: 0.0,
             transient: 0.0,
@@ -441,7 +465,10 @@ impl World {
         let start = clock.now();
         let memory = InMemory::new(clock.clone());
         let injected = Ledger::default();
-        let limits = scenario.limited.map(|(agent, limits)| (agent.to_owned(), limits));
+        let limits = scenario
+            .limited
+            .filter(|_| scenario.declared)
+            .map(|(agent, limits)| (agent.to_owned(), limits));
         let config = Arc::new(EngineConfig {
             max_queue_wait: scenario.door.unwrap_or(Duration::from_secs(3600)),
             limits: limits.into_iter().collect(),
@@ -910,7 +937,7 @@ async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
                 problems.push(format!("{} seed {seed}: the burst made no backlog", scenario.name));
             }
             if let Some((goodput, _)) = out.goodput {
-                if goodput < MIN_GOODPUT * capacity {
+                if goodput < scenario.min_goodput * capacity {
                     problems.push(format!(
                         "{} seed {seed}: the backlog drained at {:.0} % of capacity",
                         scenario.name,
@@ -919,15 +946,25 @@ async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
                 }
             }
             if let (Some((agent, limits)), Some(figures)) = (scenario.limited, out.limited) {
-                limited.push((scenario.name, seed, agent, limits, figures));
-                let (busiest, in_flight, _, _) = figures;
-                if limits.per_second.is_some_and(|rate| busiest > rate as usize) {
+                limited.push((scenario.name, seed, agent, limits, scenario.declared, figures));
+                let (busiest, in_flight, throttled, _) = figures;
+                let declared = scenario.declared;
+                if declared && limits.per_second.is_some_and(|rate| busiest > rate as usize) {
                     problems.push(format!(
                         "{} seed {seed}: {busiest} calls reached {agent} within a second",
                         scenario.name
                     ));
                 }
-                if limits.in_flight.is_some_and(|places| in_flight > places as usize) {
+                // Undeclared, its calls above its rate are the 429s it answers: one in ten
+                // orders at most once its agents learn it (called as they come, it answers
+                // more than one order in two with a 429).
+                if !declared && throttled * 10 > out.accepted {
+                    problems.push(format!(
+                        "{} seed {seed}: {throttled} calls throttled for {} orders",
+                        scenario.name, out.accepted
+                    ));
+                }
+                if declared && limits.in_flight.is_some_and(|places| in_flight > places as usize) {
                     problems.push(format!(
                         "{} seed {seed}: {in_flight} calls were in flight at {agent} at once",
                         scenario.name
@@ -950,10 +987,12 @@ async fn load_and_delay_never_fail_an_order_nor_multiply_its_work() {
         "| scenario | seed | service | declared | busiest second | most in flight | 429s answered | requests kept back |"
     );
     println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |");
-    for (name, seed, agent, limits, (busiest, in_flight, throttled, kept_back)) in limited {
+    for (name, seed, agent, limits, declared, (busiest, in_flight, throttled, kept_back)) in limited
+    {
         let rate = limits.per_second.map(|r| format!("{r} a second"));
         let places = limits.in_flight.map(|p| format!("{p} in flight"));
-        let declared = [rate, places].into_iter().flatten().collect::<Vec<_>>().join(", ");
+        let takes = [rate, places].into_iter().flatten().collect::<Vec<_>>().join(", ");
+        let declared = if declared { takes } else { format!("nothing (takes {takes})") };
         println!(
             "| {name} | {seed} | {agent} | {declared} | {busiest} | {in_flight} | {throttled} | {kept_back} |"
         );
