@@ -289,10 +289,10 @@ impl ServiceRecord {
     }
 
     /// The service throttled a call and asked not to be called before `until`; `cut`: the
-    /// throttles came often enough to mean the calls go too fast, at that rate. The quiet is recorded if it reaches at least
-    /// a second past the one recorded, and the learned rate is cut from `cut` unless it was
-    /// cut within the last [`CUT_WAVE`]: a burst of throttled calls writes once. `None`
-    /// if nothing changes.
+    /// throttles came often enough to mean the calls go too fast, at that rate. The quiet is
+    /// recorded if it reaches at least a second past the one recorded, and the learned rate
+    /// is cut from `cut` unless it was cut within the last [`CUT_WAVE`]: a burst of throttled
+    /// calls writes once. `None` if nothing changes.
     pub fn throttled(
         &self,
         now: Timestamp,

@@ -1,7 +1,8 @@
 //! The operators' desk for the services: what each deployed service's state is (open, held by
 //! its agent and probed, or held by an operator), how many orders wait for it, what it is
-//! declared to accept, the rate learned from its throttling and what it uses of those now, and the hold and release an operator gives by hand
-//! (a maintenance window), recorded with who and why.
+//! declared to accept, the rate learned from its throttling and what it uses of those now, and
+//! the hold and release an operator gives by hand (a maintenance window), recorded with who
+//! and why.
 
 use std::collections::BTreeMap;
 

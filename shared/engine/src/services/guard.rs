@@ -369,11 +369,11 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
     /// The service throttled a call: no execution calls it for `retry_after` (a second if it
     /// said nothing). If this execution met [`THROTTLES_TO_CUT`] throttles among its last
     /// [`THROTTLE_SAMPLE`] calls, every execution then keeps to a lower rate, learned again
-    /// from there ([`crate::health::Learned`]); fewer are taken for chance (a service with a quota shared
-    /// with others, a cold instance), which the quiet answers. Returns whether the throttle
-    /// counts towards a hold: one that lowered the rate, or came within [`CUT_WAVE`] of its
-    /// lowering (a call made at the rate before), does not, since the lower rate has not been
-    /// tried yet; throttles that persist at the lowered rates do.
+    /// from there ([`crate::health::Learned`]); fewer are taken for chance (a service with a
+    /// quota shared with others, a cold instance), which the quiet answers. Returns whether
+    /// the throttle counts towards a hold: one that lowered the rate, or came within
+    /// [`CUT_WAVE`] of its lowering (a call made at the rate before), does not, since the
+    /// lower rate has not been tried yet; throttles that persist at the lowered rates do.
     pub async fn throttled(&self, retry_after: Option<Duration>) -> bool {
         let now = self.clock.now();
         let until = now.plus(retry_after.unwrap_or(QUIET_STEP).min(MAX_QUIET));
