@@ -266,6 +266,8 @@ struct Watch {
     limited_calls: u64,
     full_seconds: u64,
     full_places: u64,
+    /// Calls that reached a service while a rate learned from its 429s was in force.
+    learned_calls: u64,
     /// Whether the last answer to each key was a 429.
     throttled: HashMap<String, bool>,
     /// Each order's actions a service refused for good.
@@ -334,6 +336,8 @@ impl Watched {
         let mut guard = self.watch.lock().unwrap();
         let watch = &mut *guard;
         let record = self.book.records().into_iter().find(|r| r.service == self.service);
+        watch.learned_calls +=
+            u64::from(record.as_ref().is_some_and(|r| r.learned_at(now).is_some()));
         if let Some(hold) = record.and_then(|r| r.held) {
             let seen = watch.probes.entry(self.service.clone()).or_insert((hold.since, 0));
             if seen.0 != hold.since {
@@ -597,6 +601,8 @@ struct Tally {
     limited_calls: u64,
     full_seconds: u64,
     full_places: u64,
+    /// Calls made while a rate learned from their service's 429s was in force.
+    learned_calls: u64,
     /// Requests an agent kept back for want of room at its service.
     kept_back: u64,
 }
@@ -640,6 +646,7 @@ impl std::ops::AddAssign for Tally {
         self.limited_calls += o.limited_calls;
         self.full_seconds += o.full_seconds;
         self.full_places += o.full_places;
+        self.learned_calls += o.learned_calls;
         self.kept_back += o.kept_back;
     }
 }
@@ -651,7 +658,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; requests kept back {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -675,6 +682,7 @@ impl std::fmt::Display for Tally {
             self.limited_calls,
             self.full_seconds,
             self.full_places,
+            self.learned_calls,
             self.kept_back,
             self.longest_settle.as_secs()
         )
@@ -2012,6 +2020,7 @@ impl Sim {
         self.tally.limited_calls = watch.limited_calls;
         self.tally.full_seconds = watch.full_seconds;
         self.tally.full_places = watch.full_places;
+        self.tally.learned_calls = watch.learned_calls;
         drop(watch);
         self.tally
     }
@@ -2626,6 +2635,9 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         assert!(total.full_seconds > 0, "no call ever filled its service's declared second");
         assert!(total.full_places > 0, "no call ever took its service's last place in flight");
         assert!(total.kept_back > 0, "no request was ever kept back");
+        if faults.on(Fault::RemoteThrottled) {
+            assert!(total.learned_calls > 0, "no call ever went at a rate learned from 429s");
+        }
     }
 }
 
