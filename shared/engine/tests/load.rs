@@ -166,6 +166,16 @@ fn scenarios() -> Vec<Scenario> {
     // Rarer faults while the backlog is measured: their retries and undos are work too, and
     // would take from what the backlog can drain at.
     let open = Scenario { lost: 0.001, transient: 0.01, permanent: 0.01, ..open };
+    let limited = Scenario {
+        name: "payment declared at 5 calls a second, burst 2x for 60 s",
+        limited: Some(("payment", Limits { per_second: Some(5), in_flight: None })),
+        burst: burst(2.0, 60),
+        lost: 0.0,
+        transient: 0.0,
+        permanent: 0.0,
+        throttled: 0.01,
+        ..open.clone()
+    };
     vec![
         Scenario {
             name: "steady at 0.8x, with more faults",
@@ -191,30 +201,15 @@ fn scenarios() -> Vec<Scenario> {
             ..open.clone()
         },
         // The only faults are the service's own 429s: every order must go through.
-        Scenario {
-            name: "payment declared at 5 calls a second, burst 2x for 60 s",
-            limited: Some(("payment", Limits { per_second: Some(5), in_flight: None })),
-            burst: burst(2.0, 60),
-            lost: 0.0,
-            transient: 0.0,
-            permanent: 0.0,
-            throttled: 0.01,
-            ..open.clone()
-        },
+        limited.clone(),
         // The same service, its rate declared nowhere: its agents find it from its 429s, going
         // above it now and then to follow it, which costs a share of what a declared rate
         // gives.
         Scenario {
             name: "payment takes 5 calls a second, declared nowhere, burst 2x for 60 s",
-            limited: Some(("payment", Limits { per_second: Some(5), in_flight: None })),
             declared: false,
             min_goodput: 0.75,
-            burst: burst(2.0, 60),
-            lost: 0.0,
-            transient: 0.0,
-            permanent: 0.0,
-            throttled: 0.01,
-            ..open.clone()
+            ..limited
         },
     ]
 }
