@@ -78,6 +78,17 @@ pub async fn put_faults(http: &reqwest::Client, stack: &LocalStack, faults: &str
     assert!(answer.status().is_success(), "PUT faults: {}", answer.status());
 }
 
+/// What the simulated service counted of the calls it was sent (its `GET /stats`), for a
+/// failure to tell what reached it.
+pub async fn sim_stats(http: &reqwest::Client, stack: &LocalStack) -> String {
+    let url = stack.stack.attribute("RemoteSimFunctionUrl", "FunctionUrl").unwrap();
+    let signer = local_signer("e2e-tester", &stack.stack.context.region, LAMBDA);
+    match signer.send(http, http.get(format!("{url}stats"))).await {
+        Ok(answer) => answer.text().await.unwrap_or_else(|e| format!("(unreadable: {e})")),
+        Err(e) => format!("(no answer: {e})"),
+    }
+}
+
 /// A stack on the shared moto server with the fast workflow, the simulated services' faults,
 /// policies scaled down from minutes to seconds (`failure_threshold` expired leases of a step
 /// before its order is compensated), and `parameters` on top. The function binaries are built

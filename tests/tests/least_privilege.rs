@@ -36,7 +36,9 @@ use sas_infra::emulation::emulator::{Moto, workspace_root};
 use sas_infra::emulation::local::{LocalStack, Options};
 use sas_infra::emulation::proxy::ACCESS_PATH;
 use sas_infra::emulation::template::Template;
-use sas_tests::e2e::{FAST_WORKFLOW, SOUND, build_binaries, overrides_running, put_faults};
+use sas_tests::e2e::{
+    FAST_WORKFLOW, SOUND, build_binaries, overrides_running, put_faults, sim_stats,
+};
 use serde_json::Value;
 use tokio::sync::Mutex;
 
@@ -257,9 +259,16 @@ async fn orders_run_to_the_end_with_no_call_refused() {
     // anyone, once the service is back: the supervisor sends it as the service's probe.
     put_faults(&http, &stack, PAYMENT_OUTAGE).await;
     let held = vec![submit(&http, &stack, "lp-outage").await];
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(90);
     while held_on(&stack, &held[0]).await.as_deref() != Some("payment") {
-        assert!(Instant::now() < deadline, "the order was never held:\n{}", stack.access());
+        if Instant::now() >= deadline {
+            panic!(
+                "the order was never held: it is {:?}; the service counted {}\n{}",
+                process_state(&stack, &held[0]).await,
+                sim_stats(&http, &stack).await,
+                stack.access()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     put_faults(&http, &stack, SOUND).await;
