@@ -321,6 +321,15 @@ impl ServiceRecord {
         self.learned.and_then(|learned| learned.at(now))
     }
 
+    /// The calls a second every execution keeps to at `now`: the `declared` rate, or the one
+    /// learned from the service's throttling if that is lower.
+    pub fn rate_at(&self, declared: Option<u32>, now: Timestamp) -> Option<u32> {
+        match (declared, self.learned_at(now)) {
+            (Some(declared), Some(learned)) => Some(declared.min(learned)),
+            (declared, learned) => declared.or(learned),
+        }
+    }
+
     /// Until when the service asked to be left alone, if that is after `now`.
     pub fn quiet_at(&self, now: Timestamp) -> Option<Timestamp> {
         self.quiet_until.filter(|until| *until > now)

@@ -263,13 +263,9 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         Admission::Call(pass)
     }
 
-    /// The calls a second every execution keeps to: the declared rate, or the one learned
-    /// from the service's throttling if that is lower.
+    /// The calls a second every execution keeps to (see [`ServiceRecord::rate_at`]).
     fn rate(&self, record: &ServiceRecord, now: Timestamp) -> Option<u32> {
-        match (self.limits.per_second, record.learned_at(now)) {
-            (Some(declared), Some(learned)) => Some(declared.min(learned)),
-            (declared, learned) => declared.or(learned),
-        }
+        record.rate_at(self.limits.per_second, now)
     }
 
     /// Notes a call going now among this execution's recent calls.

@@ -380,9 +380,8 @@ where
     async fn resume(&self, record: &ServiceRecord, only: usize, report: &mut ServicesReport) {
         let config = &self.ports.config;
         let service = record.service.as_str();
-        let declared = config.limits_of(service).per_second.unwrap_or(u32::MAX);
-        let learned = record.learned_at(self.ports.clock.now()).unwrap_or(u32::MAX);
-        let per_second = u64::from(config.resume_per_second.min(declared).min(learned).max(1));
+        let rate = record.rate_at(config.limits_of(service).per_second, self.ports.clock.now());
+        let per_second = u64::from(config.resume_per_second.min(rate.unwrap_or(u32::MAX)).max(1));
         let limit = match only {
             0 => usize::try_from(per_second * RESUME_SPREAD.as_secs()).unwrap_or(usize::MAX),
             n => n,
