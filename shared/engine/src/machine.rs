@@ -447,7 +447,9 @@ pub fn create_waking(
             }
         }
     }
-    next.complete_by = next.earliest_lease();
+    // A new order is first looked at when the scheduler should have claimed it, early enough
+    // that its index entry can stay there while the steps that follow end within the lead.
+    next.complete_by = next.index_key(Some(ctx.now.plus(ctx.config.claim_grace)));
     next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
     Transition { next, effects }
 }

@@ -13,9 +13,9 @@
 //! - `phase` and `steps` say whether the order is going forward or undoing, and how each step
 //!   went.
 //! - `complete_by` is set exactly while the record needs the supervisor's attention: while the
-//!   order is in flight (Pending or Processing: the earliest of its leases), and while an
-//!   operator alert is not yet known to be published. It is what the sparse expiry index
-//!   holds, so finished records leave it.
+//!   order is in flight (Pending or Processing: at most [`INDEX_LEAD`] before the earliest of
+//!   its leases ends, never after), and while an operator alert is not yet known to be
+//!   published. It is what the sparse expiry index holds, so finished records leave it.
 //! - `failure_count` counts the expired leases the supervisor judged since the order was
 //!   (re)started, all steps together; each lease counts its own against its step's threshold.
 //! - `last_input` names the message whose handling produced this revision, so a redelivery of
@@ -29,10 +29,26 @@
 //!
 //! [`StateRecord::check`] states the invariants; every transition keeps them.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Direction, OrderId};
 use crate::time::Timestamp;
+
+/// How long before its earliest lease ends the expiry index may hold an order in flight.
+/// Moving an index entry costs two index writes, and the steps of an order mostly end later
+/// than the one before; within this lead the entry stays where it is. A sweep that finds an
+/// order early reads it and passes it by, which only orders still in flight then cost, once
+/// a sweep; the index never holds an order later than its lease, so none is found late.
+pub const INDEX_LEAD: Duration = Duration::from_secs(60);
+
+fn index_key(kept: Option<Timestamp>, earliest: Timestamp) -> Timestamp {
+    match kept {
+        Some(k) if k <= earliest && earliest <= k.plus(INDEX_LEAD) => k,
+        _ => earliest,
+    }
+}
 
 /// The pattern's process states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -671,6 +687,13 @@ impl StateRecord {
         self.leased().map(|(_, _, l)| l.complete_by).min()
     }
 
+    /// The `complete_by` of an order in flight whose index entry is at `kept`: `kept` while
+    /// the earliest lease ends no earlier and at most [`INDEX_LEAD`] later, which leaves the
+    /// entry where it is; the earliest lease's end otherwise.
+    pub fn index_key(&self, kept: Option<Timestamp>) -> Option<Timestamp> {
+        Some(index_key(kept, self.earliest_lease()?))
+    }
+
     /// The service the order waits for, if a step of it is held: of its held steps, the one
     /// held first. The store lists the order under it (one service at a time: should two of
     /// its steps wait for two services, the write that resumes the first lists it under the
@@ -988,8 +1011,9 @@ impl StateRecord {
             }
             _ => {}
         }
-        if self.process_state.is_in_flight() && self.complete_by != self.earliest_lease() {
-            return self.broken("CompleteBy is not the earliest lease's");
+        if self.process_state.is_in_flight() && self.index_key(self.complete_by) != self.complete_by
+        {
+            return self.broken("CompleteBy is after the earliest lease, or too long before it");
         }
         if self.steps.iter().any(|s| s.held.is_some() != s.lease.is_some_and(|l| l.held)) {
             return self.broken("a step's hold must be set exactly while its lease is held");
@@ -1038,5 +1062,26 @@ impl StateRecord {
     /// A broken invariant, named with the record it was found on.
     fn broken(&self, msg: &str) -> Result<(), String> {
         Err(format!("{} ({:?} attempt {}): {msg}", self.order_id, self.process_state, self.attempt))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_millis(s * 1000)
+    }
+
+    #[test]
+    fn the_index_entry_stays_while_the_earliest_lease_ends_within_its_lead() {
+        let key = |kept: Option<i64>| index_key(kept.map(at), at(100));
+        assert_eq!(key(None), at(100));
+        // Later, within the lead: stays. Exactly at the lead: stays. Beyond it: moves.
+        assert_eq!(key(Some(70)), at(70));
+        assert_eq!(key(Some(40)), at(40));
+        assert_eq!(key(Some(39)), at(100));
+        // Never after the lease: an entry behind the earliest lease's end moves to it.
+        assert_eq!(key(Some(101)), at(100));
     }
 }

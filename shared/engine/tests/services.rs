@@ -1402,7 +1402,7 @@ async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
     w.remote.script("reserve-inventory", std::iter::repeat_n(Behaviour::Transient, 1_000));
     let id = w.submit("patient").await.unwrap().order_id;
     w.settle().await;
-    let cb = w.state(id).complete_by.unwrap();
+    let cb = w.state(id).earliest_lease().unwrap();
     assert!(w.clock.now() < cb, "the agent gave up before the deadline");
     // The queues are quick: the lease is judged once the reports' own delay has passed too.
     w.clock.set(cb.plus(SLACK));
@@ -1412,7 +1412,7 @@ async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
     // Failure count at threshold - 1, lease running: the last attempt.
     let r = w.state(id);
     assert_eq!((r.failure_count, r.process_state), (1, ProcessState::Processing));
-    let cb = r.complete_by.unwrap();
+    let cb = r.earliest_lease().unwrap();
     w.clock.set(cb.plus(SLACK).minus(Duration::from_millis(1)));
     assert_eq!(w.sweep().await.acted, 0);
     assert_eq!(w.state(id), r, "not a byte changed");

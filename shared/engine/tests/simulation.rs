@@ -1653,7 +1653,8 @@ impl Sim {
             assert!(r.attempt >= *last, "seed {seed}: {id} attempt went back");
             *last = r.attempt;
             // At most one live lease: the supervisor may take a lease or a claim away (reset,
-            // retry, or move on to compensation) only once its CompleteBy has passed.
+            // retry, or move on to compensation) only once it has ended; the index may find
+            // the order earlier than that, never act on it earlier.
             if let Some(&(revision, deadline)) = self.deadlines.get(id) {
                 if r.revision > revision && r.last_input == InputRef::Expire {
                     assert!(
@@ -1663,7 +1664,7 @@ impl Sim {
                     );
                 }
             }
-            self.deadlines.insert(*id, (r.revision, r.complete_by));
+            self.deadlines.insert(*id, (r.revision, r.earliest_lease().or(r.complete_by)));
             self.check_order_of_steps(r);
             self.check_kept_back(r);
             self.check_holds(r);

@@ -63,7 +63,7 @@ pub(super) fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> De
                 effects.extend(callback_end(lease, ctx));
                 next.steps[i].answer_by = Some(lease.complete_by);
             }
-            next.complete_by = next.earliest_lease();
+            next.complete_by = next.index_key(next.complete_by);
             return apply(next, effects);
         }
         Answer::Complete { output } => {

@@ -262,7 +262,12 @@ pub(super) fn expire(
     let expired: Vec<usize> =
         record.leased().filter(|(_, s, l)| due(s, l) <= ctx.now).map(|(i, _, _)| i).collect();
     if expired.is_empty() {
-        return Decision::Ignore(Ignored::Queued { until: seen.plus(horizon) });
+        // Found before any lease ended (the index may hold an order early): nothing is late.
+        if record.earliest_lease().is_some_and(|end| end > ctx.now) {
+            return Decision::Ignore(Ignored::NotExpired { complete_by: record.earliest_lease() });
+        }
+        let until = record.leased().map(|(_, s, l)| due(s, l)).min();
+        return Decision::Ignore(Ignored::Queued { until: until.unwrap_or(seen.plus(horizon)) });
     }
     let mut next = begin(record, ctx, InputRef::Expire);
     let mut effects = Vec::new();

@@ -231,7 +231,8 @@ pub(super) fn go_on(
 }
 
 /// The record as its leases make it: Processing while one is sent, Pending while some wait
-/// for the scheduler, with the earliest lease as its CompleteBy.
+/// for the scheduler, its CompleteBy where the index holds it while that stays close enough
+/// before the earliest lease (see [`crate::state::INDEX_LEAD`]).
 pub(super) fn in_flight(mut next: StateRecord, effects: Vec<Effect>) -> Decision {
     if next.steps.iter().any(|s| s.sent().is_some()) {
         next.process_state = ProcessState::Processing;
@@ -239,7 +240,7 @@ pub(super) fn in_flight(mut next: StateRecord, effects: Vec<Effect>) -> Decision
         next.process_state = ProcessState::Pending;
         next.locked_by = None;
     }
-    next.complete_by = next.earliest_lease();
+    next.complete_by = next.index_key(next.complete_by);
     apply(next, effects)
 }
 

@@ -132,6 +132,8 @@ impl<S: StateStore> StatusService<S> {
 
 fn view(order: OrderRecord, state: StateRecord) -> OrderView {
     let stopping = state.stopping();
+    // The exact end of the earliest lease, not the index's rounding of it.
+    let complete_by = state.earliest_lease().or(state.complete_by);
     OrderView {
         order_id: state.order_id,
         workflow: state.workflow,
@@ -140,7 +142,7 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
         phase: state.phase,
         failure_count: state.failure_count,
         attempt: state.attempt,
-        complete_by: state.complete_by.map(|t| t.to_rfc3339()),
+        complete_by: complete_by.map(|t| t.to_rfc3339()),
         stopping,
         cause: state.cause,
         steps: state

@@ -58,7 +58,7 @@ impl Fixture {
         r = self.done(&r, T0);
         r = self.done(&r, T0);
         for _ in 0..self.config.failure_threshold {
-            let at = r.complete_by.unwrap().plus(secs(1));
+            let at = r.earliest_lease().unwrap().plus(secs(1));
             r = self.expire(&r, at).next;
             if r.process_state == ProcessState::Pending && r.phase == Phase::Forward {
                 r = self.claim(&r, at);
@@ -169,7 +169,7 @@ fn a_cancelled_step_whose_lease_expires_is_undone_without_retries() {
     let mut r = f.claim(&f.new_record(), T0);
     r = f.done(&r, T0.plus(secs(1)));
     r = f.order(&r, CommandKind::Cancel, "c-1", T0.plus(secs(2))).next;
-    let t = f.expire(&r, r.complete_by.unwrap().plus(secs(1)));
+    let t = f.expire(&r, r.earliest_lease().unwrap().plus(secs(1)));
     let u = &t.next;
     // The charge may have gone through with its answer lost: it is refunded too.
     assert_eq!(step_statuses(u), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::NotStarted]);
@@ -191,7 +191,7 @@ fn a_cancel_after_an_expired_lease_treats_the_step_as_uncertain() {
     r = f.done(&r, T0);
     r = f.done(&r, T0);
     // Shipping (no compensation) timed out once and waits for its retry.
-    r = f.expire(&r, r.complete_by.unwrap().plus(secs(1))).next;
+    r = f.expire(&r, r.earliest_lease().unwrap().plus(secs(1))).next;
     assert_eq!((r.process_state, r.failure_count), (ProcessState::Pending, 1));
     let t = f.order(&r, CommandKind::Cancel, "c-1", r.complete_by.unwrap());
     let u = &t.next;
@@ -384,7 +384,7 @@ fn a_paused_step_whose_lease_expires_is_held_with_its_failure_counted() {
     let f = Fixture::new();
     let r = f.claim(&f.new_record(), T0);
     let waiting = f.order(&r, CommandKind::Pause, "p-1", T0).next;
-    let t = f.expire(&waiting, r.complete_by.unwrap().plus(secs(1)));
+    let t = f.expire(&waiting, r.earliest_lease().unwrap().plus(secs(1)));
     assert_eq!((t.next.process_state, t.next.failure_count), (ProcessState::Paused, 1));
     assert!(t.effects.is_empty());
     // A late reply of the old lease changes nothing.

@@ -132,9 +132,9 @@ fn a_workflow_or_a_step_sets_its_own_max_hold() {
     .unwrap();
     let r = f.claim(&f.new_record(), T0);
     let parked = f.reply(&r, held("down"), T0).next;
-    assert_eq!(parked.complete_by, Some(T0.plus(secs(120))));
+    assert_eq!(parked.earliest_lease(), Some(T0.plus(secs(120))));
     // Nothing to undo: the order ends in Error, its step's outcome unknown.
-    let t = f.apply(&parked, expiry(T0.plus(secs(120))), T0.plus(secs(120)));
+    let t = f.apply(&parked, expiry(parked.complete_by.unwrap()), T0.plus(secs(120)));
     assert_eq!(t.next.process_state, ProcessState::Error);
     assert_eq!(t.next.steps[0].status, StepStatus::Uncertain);
     assert_eq!(alerts(&t.effects), 1);

@@ -130,8 +130,10 @@ fn a_new_order_is_pending_with_a_deadline_for_its_claim() {
     r.check().unwrap();
     assert_eq!((r.process_state, r.attempt, r.failure_count), (ProcessState::Pending, 0, 0));
     assert_eq!(r.locked_by, None);
-    // claim grace (30 s) + the first step's budget (30 s)
-    assert_eq!(r.complete_by, Some(T0.plus(secs(60))));
+    // Its lease: claim grace (30 s) + the first step's budget (30 s). The index first looks
+    // at it when the claim's grace ends, so that the steps that follow leave it there.
+    assert_eq!(r.earliest_lease(), Some(T0.plus(secs(60))));
+    assert_eq!(r.complete_by, Some(T0.plus(secs(30))));
 }
 
 #[test]
@@ -163,7 +165,9 @@ fn a_late_claim_gets_a_fresh_full_budget() {
     let r = f.new_record();
     let late = T0.plus(secs(50));
     let next = f.claim(&r, late);
-    assert_eq!(next.complete_by, Some(late.plus(secs(30))));
+    assert_eq!(next.earliest_lease(), Some(late.plus(secs(30))));
+    // Within the lead of where the index holds it: the entry stays.
+    assert_eq!(next.complete_by, r.complete_by);
 }
 
 #[test]
@@ -211,7 +215,8 @@ fn a_done_reply_records_the_step_and_leases_the_next_in_one_write() {
     assert_eq!(n.steps[0].status, StepStatus::Done);
     assert_eq!(n.steps[0].output, Some(json!({"reservation": "r-1"})));
     assert_eq!((cursor(n), n.attempt, n.process_state), (1, 2, ProcessState::Processing));
-    assert_eq!(n.complete_by, Some(now.plus(secs(30))));
+    assert_eq!(n.earliest_lease(), Some(now.plus(secs(30))));
+    assert_eq!(n.complete_by, claimed.complete_by, "one write, and no move in the index");
     assert_eq!(statuses(&t.effects), [StatusKind::StepDone]);
     assert_eq!(t.effects.last(), Some(&Effect::Dispatch { step: cursor(&t.next) }));
 }
@@ -345,7 +350,7 @@ fn a_stale_reply_is_rejected_after_the_supervisor_reset_the_order() {
     let r = f.claim(&f.new_record(), T0);
     let old_step = step_ref(&r);
     let old_attempt = r.attempt;
-    let expired_at = r.complete_by.unwrap().plus(secs(1));
+    let expired_at = r.earliest_lease().unwrap().plus(secs(1));
     let reset = f.expire(&r, expired_at).next;
     assert_eq!(reset.process_state, ProcessState::Pending);
     let late = StepOutcome::done(json!({}));
@@ -488,17 +493,23 @@ fn a_redelivered_reply_after_error_replays_the_alert_only_until_it_is_sent() {
 fn the_supervisor_leaves_a_lease_alone_until_complete_by_passes() {
     let f = Fixture::new();
     let r = f.claim(&f.new_record(), T0);
-    let cb = r.complete_by.unwrap();
+    let (cb, end) = (r.complete_by.unwrap(), r.earliest_lease().unwrap());
+    assert!(cb < end, "the index holds it ahead of its lease");
     assert_eq!(
         f.decide(&r, expiry(cb), cb.minus(Duration::from_millis(1))),
         Decision::Ignore(Ignored::NotExpired { complete_by: Some(cb) })
     );
+    // Found early: passed by until its lease ends.
+    assert_eq!(
+        f.decide(&r, expiry(cb), end.minus(Duration::from_millis(1))),
+        Decision::Ignore(Ignored::NotExpired { complete_by: Some(end) })
+    );
     // An index entry older than the record (the index lags) is not acted on.
     assert_eq!(
-        f.decide(&r, expiry(cb.minus(secs(5))), cb.plus(secs(5))),
+        f.decide(&r, expiry(cb.minus(secs(5))), end.plus(secs(5))),
         Decision::Ignore(Ignored::Moved)
     );
-    assert!(matches!(f.decide(&r, expiry(cb), cb), Decision::Apply(_)));
+    assert!(matches!(f.decide(&r, expiry(cb), end), Decision::Apply(_)));
 }
 
 #[test]
@@ -510,7 +521,7 @@ fn an_expired_lease_is_reset_to_pending_with_a_wait_that_grows() {
     let mut r = f.claim(&f.new_record(), T0);
     let mut previous_wait = Duration::ZERO;
     for failures in 1..=4u32 {
-        let now = r.complete_by.unwrap().plus(secs(1));
+        let now = r.earliest_lease().unwrap().plus(secs(1));
         let t = f.expire(&r, now);
         let n = &t.next;
         let wait = f.config.wait.wait(failures);
@@ -532,7 +543,7 @@ fn an_unclaimed_pending_order_is_rescheduled_at_the_same_attempt() {
     // The start message was lost: nothing is running, the order just does not move.
     let f = Fixture::new();
     let r = f.new_record();
-    let now = r.complete_by.unwrap().plus(secs(1));
+    let now = r.earliest_lease().unwrap().plus(secs(1));
     let t = f.expire(&r, now);
     assert_eq!(
         (t.next.process_state, t.next.failure_count, t.next.attempt),
@@ -562,17 +573,17 @@ fn a_lease_within_the_horizon_of_the_queues_is_not_judged() {
     // only be waiting for its request or its reply.
     let f = Fixture::new();
     let r = f.claim(&f.new_record(), T0);
-    let cb = r.complete_by.unwrap();
+    let (cb, end) = (r.complete_by.unwrap(), r.earliest_lease().unwrap());
     let horizon = secs(90);
     let waiting = Input::Expire { complete_by: cb, horizon };
-    for now in [cb, cb.plus(secs(1)), cb.plus(secs(89))] {
+    for now in [end, end.plus(secs(1)), end.plus(secs(89))] {
         assert_eq!(
             f.decide(&r, waiting, now),
-            Decision::Ignore(Ignored::Queued { until: cb.plus(horizon) }),
+            Decision::Ignore(Ignored::Queued { until: end.plus(horizon) }),
             "at {now}"
         );
     }
-    let t = f.apply(&r, waiting, cb.plus(horizon));
+    let t = f.apply(&r, waiting, end.plus(horizon));
     assert_eq!((t.next.process_state, t.next.failure_count), (ProcessState::Pending, 1));
     // The same holds for an order whose start message waits in the scheduler's queue.
     let pending = f.new_record();
@@ -595,7 +606,7 @@ fn at_the_threshold_a_step_with_nothing_to_undo_goes_to_error_with_one_alert() {
     let f = Fixture::one_step();
     let mut r = f.claim(&f.new_record(), T0);
     for _ in 1..f.config.failure_threshold {
-        let now = r.complete_by.unwrap().plus(secs(1));
+        let now = r.earliest_lease().unwrap().plus(secs(1));
         r = f.claim(&f.expire(&r, now).next, now.plus(secs(300)));
     }
     assert_eq!(r.failure_count, f.config.failure_threshold - 1);
@@ -628,7 +639,7 @@ fn a_step_s_own_count_of_expired_leases_takes_the_place_of_the_stack_s() {
     .unwrap();
     assert!(f.config.failure_threshold > 1);
     let r = f.claim(&f.new_record(), T0);
-    let t = f.expire(&r, r.complete_by.unwrap());
+    let t = f.expire(&r, r.earliest_lease().unwrap());
     assert_eq!(t.next.process_state, ProcessState::Error, "no second lease");
     assert_eq!(t.next.cause, Some(Cause::StepTimedOut { step: "ship".into(), failures: 1 }));
 }
@@ -643,11 +654,11 @@ fn a_step_s_own_first_wait_takes_the_place_of_the_stack_s_and_doubles() {
     .unwrap();
     assert!(f.config.failure_threshold >= 3 && f.config.wait.base < secs(60));
     let r = f.claim(&f.new_record(), T0);
-    let t = f.expire(&r, r.complete_by.unwrap());
+    let t = f.expire(&r, r.earliest_lease().unwrap());
     assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(60), attempt: t.next.attempt }));
     let now = t.next.complete_by.unwrap();
     let r = f.claim(&t.next, now.minus(f.workflow.steps()[0].budget));
-    let t = f.expire(&r, r.complete_by.unwrap());
+    let t = f.expire(&r, r.earliest_lease().unwrap());
     assert_eq!(t.effects.last(), Some(&Effect::Kick { delay: secs(120), attempt: t.next.attempt }));
     // Beyond the 15 minutes an SQS delay can carry, a file is refused.
     let long =
@@ -663,10 +674,10 @@ fn at_the_threshold_completed_steps_and_the_uncertain_one_are_compensated() {
     r = f.done(&r, T0.plus(secs(1)));
     // Payment keeps timing out.
     for _ in 1..f.config.failure_threshold {
-        let now = r.complete_by.unwrap();
+        let now = r.earliest_lease().unwrap();
         r = f.claim(&f.expire(&r, now).next, now.plus(secs(300)));
     }
-    let t = f.expire(&r, r.complete_by.unwrap());
+    let t = f.expire(&r, r.earliest_lease().unwrap());
     let c = &t.next;
     assert_eq!((c.phase, c.process_state), (Phase::Compensating, ProcessState::Pending));
     // The charge may have gone through with its answer lost: it is refunded too.
@@ -698,10 +709,10 @@ fn an_undo_that_keeps_timing_out_is_left_to_the_operator() {
     r = f.done(&r, T0);
     r = f.reply(&r, StepOutcome::failed("declined"), T0).next;
     for _ in 1..f.config.failure_threshold {
-        let now = r.complete_by.unwrap();
+        let now = r.earliest_lease().unwrap();
         r = f.claim(&f.expire(&r, now).next, now.plus(secs(300)));
     }
-    let t = f.expire(&r, r.complete_by.unwrap());
+    let t = f.expire(&r, r.earliest_lease().unwrap());
     assert_eq!(t.next.process_state, ProcessState::Error);
     assert_eq!(t.next.needs_manual_undo(), ["reserve-inventory"]);
     assert_eq!(statuses(&t.effects), [StatusKind::Failed]);
@@ -753,7 +764,7 @@ fn the_timeline_keeps_the_first_and_latest_entries() {
     };
     let mut r = f.claim(&f.new_record(), T0);
     for _ in 0..10 {
-        let now = r.complete_by.unwrap();
+        let now = r.earliest_lease().unwrap();
         r = f.claim(&f.expire(&r, now).next, now.plus(secs(300)));
     }
     assert_eq!(r.timeline.len(), 5);
@@ -885,7 +896,7 @@ fn each_transition_is_counted_and_timed_from_the_timeline_it_adds() {
     );
 
     // A lease that expires with every queue empty counts against the step.
-    let t = f.expire(&claimed, claimed.complete_by.unwrap().plus(secs(1)));
+    let t = f.expire(&claimed, claimed.earliest_lease().unwrap().plus(secs(1)));
     let got = recorded(&[(&claimed, &t.next)]);
     assert_eq!(got, vec![("LeaseExpiries".into(), labels(&[("counted", "yes")]), "1".into())]);
 }

@@ -135,10 +135,10 @@ fn a_reported_step_whose_leases_run_out_is_passed_and_undone_if_the_order_stops_
     let f = reporting();
     let mut r = f.done(&claimed(&f, &f.new_record()), T0.plus(secs(1)));
     for _ in 1..f.config.failure_threshold {
-        let now = r.complete_by.unwrap();
+        let now = r.earliest_lease().unwrap();
         r = f.claim(&f.expire(&r, now).next, now.plus(secs(300)));
     }
-    let t = f.expire(&r, r.complete_by.unwrap());
+    let t = f.expire(&r, r.earliest_lease().unwrap());
     let r = t.next;
     assert_eq!((r.process_state, r.phase, cursor(&r)), (ProcessState::Pending, Phase::Forward, 2));
     assert_eq!(r.steps[1].status, StepStatus::Uncertain, "it may have been sent");
@@ -177,7 +177,7 @@ fn a_reported_step_with_no_undo_left_uncertain_is_on_the_operator_s_list_once_th
     )
     .unwrap();
     let r = claimed(&f, &f.new_record());
-    let r = f.expire(&r, r.complete_by.unwrap()).next;
+    let r = f.expire(&r, r.earliest_lease().unwrap()).next;
     assert!(r.needs_manual_undo().is_empty(), "passed on a report, it is meant to stay");
     let r = claimed(&f, &r);
     let t = f.reply(&r, StepOutcome::failed("frozen"), r.updated_at);
@@ -245,7 +245,7 @@ fn a_redrive_does_a_reported_refusal_again_under_new_keys() {
     // Activation times out with nothing to undo it: the order ends in Error.
     let mut r = r;
     for _ in 0..f.config.failure_threshold {
-        let now = r.complete_by.unwrap();
+        let now = r.earliest_lease().unwrap();
         let t = f.expire(&r, now);
         r = t.next;
         if r.process_state == ProcessState::Pending && r.phase == Phase::Forward {
