@@ -86,6 +86,14 @@ enum Eventual<'a> {
     Lagging { lag: Duration, clock: &'a ManualClock },
 }
 
+/// A new order as the submission writes it: its item, then its state record.
+async fn create<S: StateStore>(store: &S, order: &OrderRecord, state: &StateRecord) -> Created {
+    let order_put = store.create_order(order).await.unwrap();
+    let state_put = store.create_state(state).await.unwrap();
+    assert_eq!(order_put, state_put, "the order and its record are both new, or both there");
+    state_put
+}
+
 /// Creation is all or nothing; writes are conditional on the record as read; a failed condition
 /// is an outcome, not an error; a record that breaks an invariant is refused before anything is
 /// written; the index holds only records with a CompleteBy, per shard, earliest first, up to a
@@ -98,15 +106,19 @@ async fn store_contract<S: StateStore + ExpiryIndex>(
 ) {
     let config = EngineConfig { index_shards: 2, ..EngineConfig::default() };
     let (order, state) = new_order(&key("create"), &config, t0);
-    assert_eq!(store.create(&order, &state).await.unwrap(), Created::Created);
-    assert_eq!(store.create(&order, &state).await.unwrap(), Created::AlreadyExists);
+    assert_eq!(create(store, &order, &state).await, Created::Created);
+    assert_eq!(store.create_order(&order).await.unwrap(), Created::AlreadyExists);
+    assert_eq!(store.create_state(&state).await.unwrap(), Created::AlreadyExists);
     assert_eq!(store.load(order.order_id, Read::Consistent).await.unwrap().unwrap(), state);
     assert_eq!(store.load_order(order.order_id, Read::Consistent).await.unwrap().unwrap(), order);
-    // The state half exists under another order's id: the transaction writes neither half.
+    // A record under an id that has one is refused, whatever it holds; an order alone is
+    // written alone.
     let (other_order, mut other_state) = new_order(&key("create-other"), &config, t0);
+    assert_eq!(store.create_order(&other_order).await.unwrap(), Created::Created);
+    assert!(store.load(other_order.order_id, Read::Consistent).await.unwrap().is_none());
     other_state.order_id = order.order_id;
-    assert_eq!(store.create(&other_order, &other_state).await.unwrap(), Created::AlreadyExists);
-    assert!(store.load_order(other_order.order_id, Read::Consistent).await.unwrap().is_none());
+    assert_eq!(store.create_state(&other_state).await.unwrap(), Created::AlreadyExists);
+    assert_eq!(store.load(order.order_id, Read::Consistent).await.unwrap().unwrap(), state);
 
     // Conditional writes.
     let mut next = state.clone();
@@ -133,10 +145,9 @@ async fn store_contract<S: StateStore + ExpiryIndex>(
     // Pending order holding a lock), on save (Processing without one), and a revision skipped.
     let (locked_order, mut locked) = new_order(&key("invalid"), &config, t0);
     locked.locked_by = Some("scheduler/a".into());
-    let refused = store.create(&locked_order, &locked).await;
+    let refused = store.create_state(&locked).await;
     assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
     assert!(store.load(locked_order.order_id, Read::Consistent).await.unwrap().is_none());
-    assert!(store.load_order(locked_order.order_id, Read::Consistent).await.unwrap().is_none());
     let mut unlocked = next.clone();
     unlocked.revision += 1;
     unlocked.locked_by = None;
@@ -157,7 +168,7 @@ async fn store_contract<S: StateStore + ExpiryIndex>(
     for i in 0..5 {
         let at = t0.plus(Duration::from_secs(i));
         let (o, s) = new_order(&key(&format!("index-{i}")), &config, at);
-        store.create(&o, &s).await.unwrap();
+        create(store, &o, &s).await;
         records.push(s);
     }
     let last_due = records.iter().filter_map(|r| r.complete_by).max().unwrap();
@@ -288,7 +299,7 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
         ["refused-pay", "refused-stock", "paused", "old", "young", "done"].iter().enumerate()
     {
         let (order, state) = new_order(&key(&format!("finder-{name}")), &config, at(n as u64));
-        assert_eq!(store.create(&order, &state).await.unwrap(), Created::Created);
+        assert_eq!(create(store, &order, &state).await, Created::Created);
         ids.push(order.order_id);
         records.push(state);
     }

@@ -37,51 +37,41 @@ async fn post(system: &System, key: &str) -> (u16, Option<String>, serde_json::V
 }
 
 #[tokio::test]
-async fn a_transaction_cancelled_by_contention_or_throttling_answers_503_and_writes_nothing() {
-    let system = System::behind_proxy("wire-cancel", "{}").await;
+async fn a_throttled_put_at_the_door_answers_503_and_the_retry_accepts_the_order_once() {
+    let system = System::behind_proxy("wire-puts", "{}").await;
     let proxy = system.proxy.as_ref().unwrap();
-    for (n, reasons) in [
-        vec!["None", "TransactionConflict"],
-        vec!["ThrottlingError", "None"],
-        vec!["ProvisionedThroughputExceeded", "ProvisionedThroughputExceeded"],
+    let mut ids = Vec::new();
+    for (n, (operation, fault)) in [
+        ("PutItem on OrdersTable", WireFault::Throttle),
+        ("PutItem on StateTable", WireFault::Throttle),
+        ("PutItem on StateTable", WireFault::ThroughputExceeded),
     ]
     .into_iter()
     .enumerate()
     {
-        let reasons: Vec<String> = reasons.into_iter().map(str::to_owned).collect();
-        proxy.faults.set(vec![rule(
-            "dynamodb",
-            "TransactWriteItems",
-            WireFault::Cancel { reasons: reasons.clone() },
-            1,
-        )]);
-        let key = format!("wire-cancel-{n}");
+        proxy.faults.set(vec![rule("dynamodb", operation, fault.clone(), PAST_SDK_RETRIES)]);
+        let key = format!("wire-puts-{n}");
         let (status, retry_after, body) = post(&system, &key).await;
-        assert_eq!(status, 503, "{reasons:?}: {body}");
-        assert_eq!(body["error"]["code"], "unavailable", "{reasons:?}");
-        assert!(retry_after.is_some_and(|s| s.parse::<u64>().is_ok()), "{reasons:?}");
-        assert_eq!(system.t.count("OrdersTable").await, n as i32, "{reasons:?} wrote an order");
-        // The client retries with the same key, and the order is taken once.
+        assert_eq!(status, 503, "{operation} {fault:?}: {body}");
+        assert_eq!(body["error"]["code"], "unavailable", "{operation}");
+        assert!(retry_after.is_some_and(|s| s.parse::<u64>().is_ok()), "{operation}");
+        // Nothing was accepted: no state record, so nothing runs and nobody was told.
+        assert_eq!(system.t.count("StateTable").await, n as i32, "{operation}");
+        // The client retries with the same key, and the order is taken once, its record
+        // written by the retry when the first submission wrote only the order.
         let (status, _, body) = post(&system, &key).await;
         assert_eq!((status, &body["created"]), (202, &serde_json::json!(true)), "{body}");
+        ids.push(body["order_id"].as_str().unwrap().parse::<OrderId>().unwrap());
+        let (status, _, again) = post(&system, &key).await;
+        assert_eq!((status, &again["created"]), (202, &serde_json::json!(false)), "{again}");
+        assert_eq!(again["order_id"], body["order_id"]);
     }
+    assert_eq!(system.t.count("OrdersTable").await, 3);
     assert_eq!(system.t.count("StateTable").await, 3);
-}
-
-#[tokio::test]
-async fn a_transaction_cancelled_for_good_is_a_server_error_and_writes_nothing() {
-    let system = System::behind_proxy("wire-refused", "{}").await;
-    let proxy = system.proxy.as_ref().unwrap();
-    proxy.faults.set(vec![rule(
-        "dynamodb",
-        "TransactWriteItems",
-        WireFault::Cancel { reasons: vec!["None".into(), "ValidationError".into()] },
-        1,
-    )]);
-    let (status, retry_after, body) = post(&system, "wire-refused").await;
-    assert_eq!((status, retry_after), (500, None), "{body}");
-    assert_eq!(body["error"]["code"], "internal");
-    assert_eq!(system.t.count("OrdersTable").await, 0);
+    system.settle().await;
+    for id in ids {
+        assert_eq!(system.state(id).await.process_state, ProcessState::Processed, "{id}");
+    }
 }
 
 #[tokio::test]
@@ -90,7 +80,7 @@ async fn a_throttled_door_answers_503_until_the_throttling_stops() {
     let proxy = system.proxy.as_ref().unwrap();
     proxy.faults.set(vec![rule(
         "dynamodb",
-        "TransactWriteItems",
+        "PutItem on OrdersTable",
         WireFault::Throttle,
         PAST_SDK_RETRIES,
     )]);

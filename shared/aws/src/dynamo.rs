@@ -34,7 +34,8 @@
 //!
 //! Every state change is one `PutItem` on the condition
 //! `ProcessState = :ps AND Attempt = :a AND Revision = :r`: the record exactly as it was read. A
-//! new order is one `TransactWriteItems` of two puts, each on `attribute_not_exists(OrderId)`.
+//! new order is two puts, each on `attribute_not_exists(OrderId)`: the order's item, then its
+//! state record (see [`sas_engine::services::Submission`] for why not a transaction).
 //! A record is checked before it is written ([`check_write`], as the in-memory store does) and
 //! again when it is read: a broken one is refused where it was made, with nothing written.
 
@@ -43,10 +44,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
     OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
@@ -82,46 +80,38 @@ impl DynamoStore {
     }
 }
 
-impl StateStore for DynamoStore {
-    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
-        check_write(state, None)?;
-        let put = |table: &str, item: Item| -> Result<TransactWriteItem> {
-            let put = Put::builder()
-                .table_name(table)
-                .set_item(Some(item))
-                .condition_expression("attribute_not_exists(OrderId)")
-                .build()
-                .map_err(|e| Error::rejected(SERVICE, e))?;
-            Ok(TransactWriteItem::builder().put(put).build())
-        };
+impl DynamoStore {
+    /// Puts `item` in `table` unless an item with its `OrderId` is there.
+    async fn put_new(&self, table: &str, item: Item) -> Result<Created> {
         let result = self
             .client
-            .transact_write_items()
-            .transact_items(put(&self.orders_table, order_item(order))?)
-            .transact_items(put(&self.state_table, state_item(state)?)?)
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(OrderId)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
             .send()
             .await;
-        let err = match result {
-            Ok(_) => return Ok(Created::Created),
-            Err(err) => err,
-        };
-        if let SdkError::ServiceError(e) = &err {
-            if let TransactWriteItemsError::TransactionCanceledException(c) = e.err() {
-                let codes: Vec<&str> =
-                    c.cancellation_reasons().iter().filter_map(|r| r.code()).collect();
-                return match cancellation(&codes) {
-                    Cancelled::Exists => Ok(Created::AlreadyExists),
-                    Cancelled::Retry => Err(Error::unavailable(
-                        SERVICE,
-                        format!("transaction cancelled, worth retrying: {codes:?}"),
-                    )),
-                    Cancelled::Refused => {
-                        Err(Error::rejected(SERVICE, format!("transaction cancelled: {codes:?}")))
-                    }
-                };
+        match result {
+            Ok(_) => Ok(Created::Created),
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Ok(Created::AlreadyExists)
             }
+            Err(e) => Err(classify(SERVICE, e)),
         }
-        Err(classify(SERVICE, err))
+    }
+}
+
+impl StateStore for DynamoStore {
+    async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
+        self.put_new(&self.orders_table, order_item(order)).await
+    }
+
+    async fn create_state(&self, state: &StateRecord) -> Result<Created> {
+        check_write(state, None)?;
+        self.put_new(&self.state_table, state_item(state)?).await
     }
 
     async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
@@ -467,39 +457,6 @@ impl DynamoStore {
     }
 }
 
-/// Why a transaction was cancelled, from its per-item reasons.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cancelled {
-    /// An item's `attribute_not_exists` condition failed: the order is already there.
-    Exists,
-    /// Nothing was refused for good: another transaction held an item, or capacity ran short.
-    /// The same request can succeed a moment later.
-    Retry,
-    /// Anything else (a validation error, an item too large): retrying will not help.
-    Refused,
-}
-
-/// Classifies a `TransactionCanceledException` by its reasons, one per item (`None` for an
-/// item that was fine). A failed condition wins: it is a fact about the data, which no retry
-/// changes.
-fn cancellation(codes: &[&str]) -> Cancelled {
-    const RETRYABLE: [&str; 4] = [
-        "TransactionConflict",
-        "ThrottlingError",
-        "ProvisionedThroughputExceeded",
-        "RequestLimitExceeded",
-    ];
-    if codes.contains(&"ConditionalCheckFailed") {
-        Cancelled::Exists
-    } else if codes.iter().any(|c| RETRYABLE.contains(c))
-        && codes.iter().all(|c| *c == "None" || RETRYABLE.contains(c))
-    {
-        Cancelled::Retry
-    } else {
-        Cancelled::Refused
-    }
-}
-
 /// Top-level attributes of a state item; everything else of the record goes into `Body`.
 const TOP_LEVEL: [&str; 8] = [
     "order_id",
@@ -748,25 +705,6 @@ mod tests {
         let item = state_item(&r).unwrap();
         assert!(!item.contains_key("CompleteBy"), "out of the index");
         assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
-    }
-
-    #[test]
-    fn cancelled_transactions_are_told_apart_by_their_reasons() {
-        use Cancelled::*;
-        for (codes, expected) in [
-            (&["ConditionalCheckFailed", "None"][..], Exists),
-            (&["None", "ConditionalCheckFailed"], Exists),
-            (&["ConditionalCheckFailed", "TransactionConflict"], Exists),
-            (&["None", "TransactionConflict"], Retry),
-            (&["ThrottlingError", "ThrottlingError"], Retry),
-            (&["ProvisionedThroughputExceeded", "None"], Retry),
-            (&["None", "ValidationError"], Refused),
-            (&["TransactionConflict", "ItemCollectionSizeLimitExceeded"], Refused),
-            (&["None", "None"], Refused),
-            (&[], Refused),
-        ] {
-            assert_eq!(cancellation(codes), expected, "{codes:?}");
-        }
     }
 
     #[test]

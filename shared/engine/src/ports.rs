@@ -70,12 +70,12 @@ impl Expected {
     }
 }
 
-/// Outcome of creating an order with its state record.
+/// Outcome of creating an order's item or its state record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Created {
-    /// Both items were written.
+    /// The item was written.
     Created,
-    /// An order with this id already exists; nothing was written.
+    /// An item with this id already exists; nothing was written.
     AlreadyExists,
 }
 
@@ -112,13 +112,15 @@ pub fn check_write(next: &StateRecord, expected: Option<Expected>) -> Result<()>
 
 /// The state table and the orders table.
 pub trait StateStore: Send + Sync {
-    /// Writes the order and its state record in one transaction, only if neither exists. A
-    /// record [`check_write`] refuses is an error, and nothing is written.
-    fn create(
-        &self,
-        order: &OrderRecord,
-        state: &StateRecord,
-    ) -> impl Future<Output = Result<Created>> + Send;
+    /// Writes an order's item (its input and key), only if none exists with its id. The
+    /// submission writes it before the state record, so that a record never lacks its order;
+    /// an order whose record is missing was never accepted, and the next submission of its key
+    /// writes the record (see [`crate::services::Submission`]).
+    fn create_order(&self, order: &OrderRecord) -> impl Future<Output = Result<Created>> + Send;
+
+    /// Writes a new state record, only if none exists with its id. A record [`check_write`]
+    /// refuses is an error, and nothing is written.
+    fn create_state(&self, state: &StateRecord) -> impl Future<Output = Result<Created>> + Send;
 
     /// Reads a state record.
     fn load(
@@ -557,12 +559,11 @@ pub trait RemoteService: Send + Sync {
 // client can serve several services.
 
 impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
-    fn create(
-        &self,
-        order: &OrderRecord,
-        state: &StateRecord,
-    ) -> impl Future<Output = Result<Created>> + Send {
-        (**self).create(order, state)
+    fn create_order(&self, order: &OrderRecord) -> impl Future<Output = Result<Created>> + Send {
+        (**self).create_order(order)
+    }
+    fn create_state(&self, state: &StateRecord) -> impl Future<Output = Result<Created>> + Send {
+        (**self).create_state(state)
     }
     fn load(
         &self,

@@ -845,7 +845,7 @@ impl World {
         out.sent = sent as f64 / n;
         out.handled = self.handled as f64 / n;
         let stats = self.store.stats();
-        out.writes = (stats.writes + stats.transactions) as f64 / n;
+        out.writes = stats.writes as f64 / n;
         assert!(self.remote.max_applications() <= 1, "seed {}: an effect applied twice", self.seed);
         out.limited = self
             .arrivals

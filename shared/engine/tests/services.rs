@@ -128,7 +128,7 @@ async fn rejected_submissions_write_and_send_nothing() {
         assert!(matches!(err, Error::InvalidOrder(_) | Error::InvalidKey(_)), "{err}");
         assert!(!err.is_retryable());
     }
-    assert_eq!(w.store.stats().transactions, 0);
+    assert_eq!((w.store.stats().order_puts, w.store.stats().writes), (0, 0));
     assert!(w.store.records().is_empty() && w.store.orders().is_empty());
     assert_eq!(w.queues.sent_count(&Destination::Scheduler), 0);
     assert_eq!(w.bus.count(), 0);
@@ -148,17 +148,27 @@ async fn a_throttled_submission_can_be_retried_with_the_same_key() {
 }
 
 #[tokio::test]
-async fn order_and_state_are_written_together_or_not_at_all() {
-    let w = World::new();
-    let id = w.submit("key-5").await.unwrap().order_id;
-    let order = w.store.orders().remove(0);
-    let state = w.state(id);
-    // A second create of either half fails as a whole.
-    let fresh = OrderRecord { order_id: id, ..order.clone() };
-    assert_eq!(w.store.create(&fresh, &state).await.unwrap(), Created::AlreadyExists);
-    assert_eq!(w.store.stats().transactions, 2);
-    assert_eq!(w.store.orders().len(), 1);
-    assert_eq!(w.store.records().len(), 1);
+async fn an_order_written_without_its_record_is_accepted_by_the_next_submission_of_its_key() {
+    let mut w = World::new();
+    // The order's put succeeds, the record's fails: the submission died in between.
+    w.store.fail_writes_after(1, 1);
+    let err = w.submit("key-5").await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert_eq!((w.store.orders().len(), w.store.records().len()), (1, 0));
+    // Nothing runs for it, and nobody was told of it.
+    w.settle().await;
+    assert_eq!(w.queues.sent_count(&Destination::Scheduler), 0);
+    assert_eq!(w.bus.count(), 0);
+    // The client's retry writes the record and accepts it, once.
+    let ok = w.submit("key-5").await.unwrap();
+    assert!(ok.created);
+    assert!(!w.submit("key-5").await.unwrap().created);
+    // Another body under the same key is still refused.
+    let other = br#"{"customer_id":"c-9","currency":"EUR","items":[{"sku":"X","quantity":1,"unit_price":1}],"ship_to":{"name":"A","line1":"1","city":"P","postal_code":"1","country":"FR"}}"#;
+    assert!(matches!(w.submission.submit("key-5", other).await, Err(Error::KeyReused { .. })));
+    w.settle().await;
+    assert_eq!(w.state(ok.order_id).process_state, ProcessState::Processed);
+    assert_eq!((w.store.orders().len(), w.store.records().len()), (1, 1));
 }
 
 #[tokio::test]
@@ -184,7 +194,7 @@ async fn the_door_refuses_orders_that_would_wait_too_long_and_writes_nothing() {
     assert!(err.is_retryable());
     // Read again 5 s later: 34 start messages wait; still room for a little more.
     w.clock.advance(sas_engine::load::REPORT_EVERY);
-    let before = (w.store.stats().transactions, w.queues.sent_count(&Destination::Scheduler));
+    let before = (w.store.stats().order_puts, w.queues.sent_count(&Destination::Scheduler));
     assert_eq!(before.0, 34, "the refused order wrote nothing");
     let mut more = 0;
     while w.submit(&format!("later-{more}")).await.is_ok() {
@@ -202,7 +212,7 @@ async fn the_door_refuses_orders_that_would_wait_too_long_and_writes_nothing() {
         })
         .collect();
     assert!(waits.windows(2).all(|p| p[0] <= p[1]), "{waits:?}");
-    let after = (w.store.stats().transactions, w.queues.sent_count(&Destination::Scheduler));
+    let after = (w.store.stats().order_puts, w.queues.sent_count(&Destination::Scheduler));
     assert_eq!(after.1, before.1 + more, "a refused order sends nothing");
 }
 
@@ -1188,9 +1198,13 @@ async fn replies_of_steps_side_by_side_handled_in_one_batch_are_all_recorded() {
 struct Yielding<S>(S);
 
 impl<S: StateStore> StateStore for Yielding<S> {
-    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
+    async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
         tokio::task::yield_now().await;
-        self.0.create(order, state).await
+        self.0.create_order(order).await
+    }
+    async fn create_state(&self, state: &StateRecord) -> Result<Created> {
+        tokio::task::yield_now().await;
+        self.0.create_state(state).await
     }
     async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
         tokio::task::yield_now().await;

@@ -172,9 +172,13 @@ impl<P> Crashy<P> {
 }
 
 impl<P: StateStore> StateStore for Crashy<P> {
-    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
+    async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
         self.step().await?;
-        self.inner.create(order, state).await
+        self.inner.create_order(order).await
+    }
+    async fn create_state(&self, state: &StateRecord) -> Result<Created> {
+        self.step().await?;
+        self.inner.create_state(state).await
     }
     async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
         self.step().await?;

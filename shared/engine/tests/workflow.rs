@@ -36,9 +36,10 @@ async fn an_order_runs_through_all_three_steps() {
         ["received", "processing", "step_done", "step_done", "step_done", "processed"]
     );
     assert!(w.alerts().is_empty());
-    // One transaction, then one write per transition: claim, two step-and-lease writes, finish.
+    // The order's put and its record's, then one write per transition: claim, two
+    // step-and-lease writes, finish.
     let stats = w.store.stats();
-    assert_eq!((stats.transactions, stats.writes, stats.conflicts), (1, 4, 0));
+    assert_eq!((stats.order_puts, stats.writes, stats.conflicts), (1, 5, 0));
 }
 
 #[tokio::test]
@@ -322,8 +323,8 @@ async fn duplicated_messages_change_nothing_twice() {
     let r = w.state(id);
     assert_eq!(r.process_state, ProcessState::Processed);
     assert_eq!(w.remote.max_applications(), 1);
-    let claims = w.store.stats().writes;
-    assert_eq!(claims, 4, "each transition written once");
+    let writes = w.store.stats().writes;
+    assert_eq!(writes, 5, "the record's creation, then each transition written once");
     assert_eq!(w.statuses(id).iter().filter(|s| *s == "processed").count(), 1);
 }
 

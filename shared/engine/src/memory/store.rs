@@ -37,7 +37,8 @@ const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// Counts of what the store was asked to do, for tests and cost estimates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
-    pub transactions: u64,
+    /// Orders' items written or refused as existing.
+    pub order_puts: u64,
     pub writes: u64,
     pub conflicts: u64,
     pub reads: u64,
@@ -74,6 +75,8 @@ struct Inner {
     index: BTreeSet<(u16, Timestamp, OrderId)>,
     indexed: HashMap<OrderId, (u16, Timestamp)>,
     failing_writes: u32,
+    /// Writes that succeed before the failing ones begin.
+    spared_writes: u32,
     /// The condition broken on purpose: a save checks the revision only.
     revision_only: bool,
     stats: StoreStats,
@@ -102,7 +105,13 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The next `n` writes (saves and creates) fail as throttled, writing nothing.
     pub fn fail_next_writes(&self, n: u32) {
-        self.lock().failing_writes = n;
+        self.fail_writes_after(0, n);
+    }
+
+    /// After the next `spared` writes, `n` fail as throttled, writing nothing.
+    pub fn fail_writes_after(&self, spared: u32, n: u32) {
+        let mut inner = self.lock();
+        (inner.spared_writes, inner.failing_writes) = (spared, n);
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -139,6 +148,10 @@ impl<C: Clock> MemoryStore<C> {
 
 impl Inner {
     fn take_write_fault(&mut self) -> Result<()> {
+        if self.spared_writes > 0 {
+            self.spared_writes -= 1;
+            return Ok(());
+        }
         if self.failing_writes > 0 {
             self.failing_writes -= 1;
             return Err(Error::unavailable(
@@ -204,19 +217,28 @@ fn check_size<T: serde::Serialize>(item: &T) -> Result<()> {
 }
 
 impl<C: Clock> StateStore for MemoryStore<C> {
-    async fn create(&self, order: &OrderRecord, state: &StateRecord) -> Result<Created> {
-        check_write(state, None)?;
+    async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
         check_size(order)?;
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        inner.stats.order_puts += 1;
+        if inner.orders.contains_key(&order.order_id) {
+            return Ok(Created::AlreadyExists);
+        }
+        inner.orders.insert(order.order_id, order.clone());
+        Ok(Created::Created)
+    }
+
+    async fn create_state(&self, state: &StateRecord) -> Result<Created> {
+        check_write(state, None)?;
         check_size(state)?;
         let now = self.clock.now();
         let mut inner = self.lock();
         inner.take_write_fault()?;
-        inner.stats.transactions += 1;
-        if inner.orders.contains_key(&order.order_id) || inner.states.contains_key(&state.order_id)
-        {
+        inner.stats.writes += 1;
+        if inner.states.contains_key(&state.order_id) {
             return Ok(Created::AlreadyExists);
         }
-        inner.orders.insert(order.order_id, order.clone());
         inner.states.insert(state.order_id, state.clone());
         inner.record_version(now, state);
         inner.record_index_change(now, state);

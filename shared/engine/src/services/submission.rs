@@ -1,5 +1,10 @@
-//! Submission: validates an order, writes it with its state record in one transaction, and
-//! kicks the scheduler. Idempotent on the client's key.
+//! Submission: validates an order, writes it, then its state record, and kicks the scheduler.
+//! Idempotent on the client's key.
+//!
+//! The two writes are conditional puts, not a transaction, which would cost twice as much. An
+//! order is accepted once its state record is written: a submission that dies between the two
+//! leaves an order nobody was told of and nothing runs, and the next submission of its key
+//! (the client's retry) writes the record and accepts it.
 //!
 //! It is also the door: before it writes, it checks that a new order would not wait in the
 //! queues longer than the deployment accepts ([`crate::load`]), and refuses it with a time to
@@ -17,6 +22,7 @@ use crate::load::{Admission, Cached, DoorTally, LoadSource};
 use crate::machine::{self, Ctx, Decision, Input, decide};
 use crate::order::Rejection;
 use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, Read, StateStore};
+use crate::state::StateRecord;
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
@@ -96,42 +102,50 @@ where
             created_at: now,
         };
 
-        match self.ports.store.create(&record, &created.next).await? {
+        let missing = |what: &str| Error::Corrupt {
+            order_id,
+            reason: format!("{what} reported as existing but not found"),
+        };
+        if self.ports.store.create_order(&record).await? == Created::AlreadyExists {
+            let existing = self.ports.store.load_order(order_id, Read::Consistent).await?;
+            if existing.ok_or_else(|| missing("order"))?.order != record.order {
+                return Err(Error::KeyReused { existing: order_id });
+            }
+            if let Some(current) = self.ports.store.load(order_id, Read::Consistent).await? {
+                return self.resubmitted(&current, workflow).await;
+            }
+            // Written by a submission that died before the state record: never accepted, and
+            // accepted now.
+        }
+        match self.ports.store.create_state(&created.next).await? {
             Created::Created => {
                 info!(%order_id, correlation_id = %created.next.correlation_id, "order accepted");
                 crate::metrics::accepted();
                 self.ports.perform(&created.next, &created.effects).await?;
                 Ok(Accepted { order_id, created: true })
             }
+            // A submission of the same key wrote it in the meantime.
             Created::AlreadyExists => {
-                let existing =
-                    self.ports.store.load_order(order_id, Read::Consistent).await?.ok_or_else(
-                        || Error::Corrupt {
-                            order_id,
-                            reason: "order reported as existing but not found".into(),
-                        },
-                    )?;
-                if existing.order != record.order {
-                    return Err(Error::KeyReused { existing: order_id });
-                }
-                if let Some(current) = self.ports.store.load(order_id, Read::Consistent).await? {
-                    if current.workflow != workflow.name() {
-                        return Err(Error::KeyReused { existing: order_id });
-                    }
-                    let workflow = self.ports.catalogue.of(&current)?;
-                    let ctx = Ctx {
-                        now: self.ports.clock.now(),
-                        config: &self.ports.config,
-                        workflow,
-                        seed: 0,
-                    };
-                    if let Decision::Replay(effects) = decide(&current, Input::Resubmit, &ctx) {
-                        self.ports.perform(&current, &effects).await?;
-                    }
-                }
-                Ok(Accepted { order_id, created: false })
+                let current = self.ports.store.load(order_id, Read::Consistent).await?;
+                self.resubmitted(&current.ok_or_else(|| missing("state record"))?, workflow).await
             }
         }
+    }
+
+    /// The answer to an order submitted again, already accepted as `current`: the same order,
+    /// with whatever its first submission may not have done (its start message, its first
+    /// event) done again; a refusal if the key was used for another workflow.
+    async fn resubmitted(&self, current: &StateRecord, workflow: &Workflow) -> Result<Accepted> {
+        if current.workflow != workflow.name() {
+            return Err(Error::KeyReused { existing: current.order_id });
+        }
+        let workflow = self.ports.catalogue.of(current)?;
+        let ctx =
+            Ctx { now: self.ports.clock.now(), config: &self.ports.config, workflow, seed: 0 };
+        if let Decision::Replay(effects) = decide(current, Input::Resubmit, &ctx) {
+            self.ports.perform(current, &effects).await?;
+        }
+        Ok(Accepted { order_id: current.order_id, created: false })
     }
 
     /// Refuses a new order while the queues would keep it waiting longer than
