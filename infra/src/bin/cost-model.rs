@@ -6,7 +6,10 @@
 //! encoding (transactions at double rate, index writes when an index key changes, failed
 //! conditional writes included), SQS requests, Lambda invocations, EventBridge events and API
 //! calls, and the agents' reads and writes of their services' records, turns and places.
-//! Prices are AWS list prices for us-east-1; the arithmetic is printed.
+//! The functions' metric lines are counted too: the engine's metrics, printed in CloudWatch's
+//! embedded metric format by the recorder the functions install, once per invocation and once
+//! more after a write that ended an order, as they do. Prices are AWS list prices for
+//! us-east-1; the arithmetic is printed.
 //!
 //! `cargo run -p sas-infra --bin cost-model -- [ORDERS] [BATCH]` (defaults 1000 orders, and
 //! SQS batches of 10 as the event source mappings deliver under load).
@@ -53,6 +56,31 @@ const MEMORY_GB: f64 = 0.125;
 /// The steady load the model runs at.
 const ORDERS_PER_SECOND: usize = 10;
 
+/// Bytes and lines of embedded-metric output printed so far, all scenarios together.
+static METRIC_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static METRIC_LINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static COLLECTOR: std::sync::OnceLock<&'static metrics_cloudwatch_embedded::Collector> =
+    std::sync::OnceLock::new();
+
+/// What a function prints when an invocation ends (or an order has just ended), counted
+/// instead of printed.
+fn flush_metrics() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(collector) = COLLECTOR.get() else { return };
+    let mut lines = Vec::new();
+    if collector.flush(&mut lines).is_ok() {
+        METRIC_BYTES.fetch_add(lines.len() as u64, Relaxed);
+        METRIC_LINES.fetch_add(lines.iter().filter(|&&b| b == b'\n').count() as u64, Relaxed);
+    }
+}
+
+/// Takes the metric output counted since the last call: bytes and lines.
+fn take_metric_output() -> (f64, f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    flush_metrics();
+    (METRIC_BYTES.swap(0, Relaxed) as f64, METRIC_LINES.swap(0, Relaxed) as f64)
+}
+
 #[derive(Debug, Default)]
 struct Meter {
     wru: f64,
@@ -66,6 +94,9 @@ struct Meter {
     /// state item written.
     state_writes: f64,
     largest_item: usize,
+    /// The functions' embedded-metric output: bytes and lines.
+    metric_bytes: f64,
+    metric_lines: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -350,6 +381,16 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let batch: f64 =
         args.next().map(|a| a.parse::<f64>()).transpose()?.unwrap_or(10.0).clamp(1.0, 10.0);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // The recorder the functions install, in a stack's namespace (`orders` here), under a
+    // function name as long as theirs.
+    let collector = metrics_cloudwatch_embedded::Builder::new()
+        .cloudwatch_namespace("SchedulerAgentSupervisor/orders".to_owned())
+        .with_dimension("Function", "scheduler".to_owned())
+        .init()
+        .map_err(|e| e.to_string())?;
+    let _ = COLLECTOR.set(collector);
+    sas_engine::metrics::describe();
+    sas_engine::metrics::print_ends_at_once(flush_metrics);
     let scenarios = [
         Scenario {
             name: "one step",
@@ -534,8 +575,10 @@ async fn run(
         book.save(&held.ok_or("the payment service could not be held")?).await?;
     }
     let mut answered = 0;
+    let _ = take_metric_output();
     for i in 0..orders {
         submission.submit(&format!("order-{i:08}"), body.as_bytes()).await?;
+        flush_metrics();
         if (i + 1) % ORDERS_PER_SECOND == 0 || i + 1 == orders {
             drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
             while answer(&bus, &answers, &mut answered).await? > 0 {
@@ -572,6 +615,7 @@ async fn run(
     }
     let events = bus.count() as f64;
     let mut m = std::mem::take(&mut *meter.lock().unwrap_or_else(|e| e.into_inner()));
+    (m.metric_bytes, m.metric_lines) = take_metric_output();
     m.messages.insert("event", events);
     m.messages.insert("answer", answered as f64);
     Ok(m)
@@ -638,6 +682,7 @@ where
                 Some(agent) => agent.batch(event).await,
                 None => scheduler.batch(event).await,
             };
+            flush_metrics();
             if !response.batch_item_failures.is_empty() {
                 return Err(format!("a batch from {dest:?} failed").into());
             }
@@ -718,6 +763,11 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
         ("Lambda invocations", invocations, price::LAMBDA_REQUEST),
         ("Lambda GB-seconds", gb_seconds, price::LAMBDA_GB_SECOND),
         ("EventBridge events", events, price::EVENTBRIDGE_EVENT),
+        (
+            "CloudWatch Logs, metric lines (bytes)",
+            per(m.metric_bytes),
+            price::CLOUDWATCH_LOGS_GB / 1e9,
+        ),
     ];
     println!("## {} workflow\n", s.name);
     println!("| item | per order | unit price | per million orders |");
@@ -726,7 +776,11 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
     for (name, count, unit) in rows {
         let cost = count * unit * million;
         total += cost;
-        println!("| {name} | {count:.3} | ${:.4}/M | ${cost:.2} |", unit * million);
+        if name.ends_with("(bytes)") {
+            println!("| {name} | {count:.0} | ${:.2}/GB | ${cost:.2} |", unit * 1e9);
+        } else {
+            println!("| {name} | {count:.3} | ${:.4}/M | ${cost:.2} |", unit * million);
+        }
     }
     println!("| **total** | | | **${total:.2}** |\n");
     println!(
@@ -734,6 +788,11 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
         msg("start"),
         msg("request"),
         msg("reply")
+    );
+    println!(
+        "Metric lines per order: {:.2} ({:.0} bytes), printed once per invocation and once after each write that ended an order.",
+        per(m.metric_lines),
+        per(m.metric_bytes)
     );
     println!(
         "State writes per order: {:.2}, one conditional write per transition; largest state item written: {} bytes.",
