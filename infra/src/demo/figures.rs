@@ -64,8 +64,8 @@ pub(super) fn per_order(
     });
     let (_, handled) = seen("sqs", &|op| op == "ReceiveMessage");
     let (state_puts, _) = seen("dynamodb", &|op| op == "PutItem on StateTable");
-    let (transactions, _) = seen("dynamodb", &|op| op == "TransactWriteItems");
-    let writes = state_puts + transactions;
+    // A new order's record is a put too.
+    let writes = state_puts;
     let steps = tally.steps as f64 / records.max(1) as f64;
     let (fault_free_messages, fault_free_writes) = (1.0 + 2.0 * steps, 2.0 + steps);
     PerOrder { sent, handled, writes, fault_free_messages, fault_free_writes }
@@ -175,7 +175,7 @@ pub(super) fn costs(
     t.push_str(&format!("| **total** | | | | **${total:.2}** |\n\n"));
     t.push_str("Per-order figures include the supervisor's sweeps (Query, and its reads of the queues' load: Scan and\n");
     t.push_str("GetQueueAttributes), run 60 times faster than on AWS, and the retries the faults caused; DynamoDB writes are\n");
-    t.push_str("priced at one unit each (two per item in a transaction), without index writes: `cargo run -p sas-infra --bin cost-model`\n");
+    t.push_str("priced at one unit each, without index writes: `cargo run -p sas-infra --bin cost-model`\n");
     t.push_str(
         "counts capacity units exactly for the fault-free path. Lambda duration is not included.\n",
     );
@@ -190,7 +190,6 @@ fn price(service: &str, operation: &str) -> (f64, String) {
         (n * price, format!("{n_text} {what} at ${price:.3} per million"))
     };
     match (service, operation) {
-        ("dynamodb", "TransactWriteItems") => units(4.0, "write units", wru),
         ("dynamodb", op)
             if op.starts_with("PutItem") || op == "UpdateItem" || op == "DeleteItem" =>
         {
@@ -356,7 +355,6 @@ mod tests {
             assert!((cost - want).abs() < 1e-9, "{cost} for {text}");
             assert_eq!(note, text);
         };
-        close(price("dynamodb", "TransactWriteItems"), 2.5, "4 write units at $0.625 per million");
         close(
             price("dynamodb", "PutItem on StateTable"),
             0.625,
