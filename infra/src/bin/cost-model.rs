@@ -44,14 +44,13 @@ use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
 
+use sas_infra::emulation::template::Template;
+use sas_infra::tools::ceiling::{self, Durations, Params, PerOrder};
 use sas_infra::tools::prices as price;
 
-/// Billed duration assumed per invocation (128 MB, warm), in milliseconds. Measured figures
-/// from a deployment replace these; they are a small part of the total either way.
-const MS_SUBMISSION: f64 = 30.0;
-const MS_SCHEDULER_BATCH: f64 = 40.0;
-/// An agent's invocation lasts as long as its slowest remote call; 100 ms assumed.
-const MS_AGENT_BATCH: f64 = 100.0;
+/// Billed duration assumed per invocation (128 MB, warm): [`Durations::ASSUMED`]. Measured
+/// figures from a deployment replace these; they are a small part of the total either way.
+const DURATIONS: Durations = Durations::ASSUMED;
 const MEMORY_GB: f64 = 0.125;
 /// The steady load the model runs at.
 const ORDERS_PER_SECOND: usize = 10;
@@ -94,6 +93,8 @@ struct Meter {
     /// state item written.
     state_writes: f64,
     largest_item: usize,
+    /// Write units of the orders' items (their own table), within `wru`.
+    orders_wru: f64,
     /// The functions' embedded-metric output: bytes and lines.
     metric_bytes: f64,
     metric_lines: f64,
@@ -157,8 +158,9 @@ impl StateStore for MeteredStore {
     async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
         let created = self.inner.create_order(order).await?;
         // A conditional put costs a unit per KB, whether it succeeds or not.
-        self.meter.lock().unwrap_or_else(|e| e.into_inner()).wru +=
-            units(order_item_size(order), 1024);
+        let mut m = self.meter.lock().unwrap_or_else(|e| e.into_inner());
+        m.wru += units(order_item_size(order), 1024);
+        m.orders_wru += units(order_item_size(order), 1024);
         Ok(created)
     }
 
@@ -458,10 +460,95 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     println!(
         "# Cost per million orders (happy path), {orders} orders measured, SQS batches of {batch}\n"
     );
+    let mut three_steps = None;
     for s in scenarios {
         let meter = runtime.block_on(run(&s, orders, batch as usize))?;
         report(&s, &meter, orders as f64, batch);
+        if s.name == "three steps" {
+            three_steps = Some((per_order(&s, &meter, orders as f64), s));
+        }
     }
+    if let Some((per, s)) = three_steps {
+        print_ceiling(&per, &s)?;
+    }
+    Ok(())
+}
+
+/// What one order of `s` used of each resource the ceiling counts.
+fn per_order(s: &Scenario, m: &Meter, orders: f64) -> PerOrder {
+    let msg = |k: &str| m.messages.get(k).copied().unwrap_or(0.0) / orders;
+    let agents = Workflow::agents_in(&s.workflow).len().max(1) as f64;
+    PerOrder {
+        api_requests: 1.0 + msg("answer"),
+        orders_table_wcu: m.orders_wru / orders,
+        state_table_wcu: (m.wru - m.orders_wru) / orders,
+        index_wcu: m.index_wru / orders,
+        starts: msg("start"),
+        replies: msg("reply"),
+        agent_requests: msg("request") / agents,
+        agents,
+        // One request per event: what an order publishes goes out as it happens.
+        put_events: msg("event"),
+    }
+}
+
+/// The ceiling of one stack for the `s` workflow, at the template's defaults and at the larger
+/// set the README gives.
+fn print_ceiling(
+    per: &PerOrder,
+    s: &Scenario,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
+    let template = Template::load(&path)?;
+    let default = |name: &str| -> std::result::Result<f64, String> {
+        template
+            .parameters
+            .get(name)
+            .and_then(|p| p["Default"].as_f64().or_else(|| p["Default"].as_str()?.parse().ok()))
+            .ok_or_else(|| format!("template.yaml gives {name} no numeric default"))
+    };
+    let defaults = Params {
+        name: "defaults",
+        poller_concurrency: default("PollerConcurrency")?,
+        api_rate: default("ApiThrottlingRateLimit")?,
+        index_shards: default("IndexShards")?,
+        sweep_limit: default("SweepLimit")?,
+        sweeps_per_minute: 1.0,
+    };
+    let large = Params {
+        name: "large",
+        poller_concurrency: 100.0,
+        api_rate: 3_000.0,
+        index_shards: 16.0,
+        sweep_limit: 10_000.0,
+        sweeps_per_minute: 1.0,
+    };
+    println!(
+        "## How far one stack goes: the {} workflow
+",
+        s.name
+    );
+    println!(
+        "Per order: {:.2} API requests, {:.3} write units on OrdersTable and {:.3} on StateTable, {:.3} on `ByCompleteBy`; {:.1} start, {:.1} replies, {:.1} requests on each of {:.0} agents' queues; {:.1} `PutEvents`. Orders a second each resource allows, in batches of {:.0}, with invocations of {:.0} ms (submission), {:.0} ms (scheduler batch) and {:.0} ms (agent batch), assumed. `large`: PollerConcurrency={:.0} ApiThrottlingRateLimit={:.0} IndexShards={:.0} SweepLimit={:.0}.\n",
+        per.api_requests,
+        per.orders_table_wcu,
+        per.state_table_wcu,
+        per.index_wcu,
+        per.starts,
+        per.replies,
+        per.agent_requests,
+        per.agents,
+        per.put_events,
+        ceiling::BATCH_SIZE,
+        DURATIONS.submission_ms,
+        DURATIONS.scheduler_batch_ms,
+        DURATIONS.agent_batch_ms,
+        large.poller_concurrency,
+        large.api_rate,
+        large.index_shards,
+        large.sweep_limit,
+    );
+    print!("{}", ceiling::render(per, &DURATIONS, &[defaults, large]));
     Ok(())
 }
 
@@ -749,9 +836,9 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
     // The submission, and each answer from outside, one invocation of the submission function.
     let invocations = 1.0 + msg("answer") + scheduler_invocations + agent_invocations;
     let gb_seconds = MEMORY_GB
-        * ((1.0 + msg("answer")) * MS_SUBMISSION
-            + scheduler_invocations * MS_SCHEDULER_BATCH
-            + agent_invocations * MS_AGENT_BATCH)
+        * ((1.0 + msg("answer")) * DURATIONS.submission_ms
+            + scheduler_invocations * DURATIONS.scheduler_batch_ms
+            + agent_invocations * DURATIONS.agent_batch_ms)
         / 1000.0;
     let events = msg("event");
     let rows = [

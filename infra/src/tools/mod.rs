@@ -3,6 +3,9 @@
 //!
 //! - [`workflows`]: the repository's workflow files checked against the template.
 //! - [`prices`]: the one price table, used by the cost model and the demo's summary.
+//! - [`ceiling`]: how many orders a second one stack takes, from AWS's quotas and what an
+//!   order uses of each resource.
 
+pub mod ceiling;
 pub mod prices;
 pub mod workflows;

@@ -1,0 +1,374 @@
+//! How many orders a second one stack takes: for each AWS resource an order passes through,
+//! what AWS's published quota on it allows, given what one order uses of it; which binds
+//! first; and what shows when it is exceeded.
+//!
+//! What an order uses is counted by `cost-model` (the same run that prices it); the quotas are
+//! AWS's defaults, each with the page that states it; the parameters are the template's
+//! defaults or the larger set the README gives. How long an invocation lasts on AWS cannot be
+//! counted here: the figures assumed are [`Durations::ASSUMED`], and every mapping's ceiling
+//! scales with them.
+
+use std::fmt::Write as _;
+
+/// One of AWS's default quotas, with the page that states it.
+#[derive(Clone, Copy, Debug)]
+pub struct Quota {
+    pub value: f64,
+    pub what: &'static str,
+    pub source: &'static str,
+}
+
+const LAMBDA_SCALING: &str = "https://docs.aws.amazon.com/lambda/latest/dg/scaling-behavior.html";
+const LAMBDA_QUOTAS: &str =
+    "https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html";
+const SQS_SCALING: &str = "https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-scaling.html";
+const DYNAMODB_ON_DEMAND: &str =
+    "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/on-demand-capacity-mode.html";
+const DYNAMODB_QUOTAS: &str =
+    "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html";
+const DYNAMODB_PARTITIONS: &str =
+    "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/bp-partition-key-design.html";
+const EVENTBRIDGE_QUOTAS: &str =
+    "https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-quota.html";
+const API_GATEWAY_QUOTAS: &str =
+    "https://docs.aws.amazon.com/apigateway/latest/developerguide/limits.html";
+
+/// Requests a second all of an account's APIs take in a region (most regions; 2,500 in some).
+pub const API_ACCOUNT_RPS: Quota = Quota {
+    value: 10_000.0,
+    what: "10,000 requests a second per account and region, all APIs",
+    source: API_GATEWAY_QUOTAS,
+};
+/// Concurrent executions of all an account's functions in a region.
+pub const LAMBDA_CONCURRENCY: Quota = Quota {
+    value: 1_000.0,
+    what: "1,000 concurrent executions per account and region (raisable)",
+    source: LAMBDA_QUOTAS,
+};
+/// How fast one function adds execution environments.
+pub const LAMBDA_SCALING_RATE: Quota = Quota {
+    value: 1_000.0,
+    what: "1,000 more execution environments every 10 s, per function",
+    source: LAMBDA_SCALING,
+};
+/// Batches an SQS event source mapping processes at once at most (`MaximumConcurrency` is 2 to
+/// 1,000); it starts at 5 and adds up to 300 a minute.
+pub const MAPPING_CONCURRENCY: Quota = Quota {
+    value: 1_000.0,
+    what: "at most `MaximumConcurrency` (2 to 1,000) batches at once; starts at 5, adds 300 a minute",
+    source: SQS_SCALING,
+};
+/// Write units a second a new on-demand table sustains; it takes up to double its previous
+/// peak at once, and more within 30 minutes.
+pub const NEW_TABLE_WCU: Quota = Quota {
+    value: 4_000.0,
+    what: "a new on-demand table: 4,000 write units a second, then up to twice its peak, doubling every 30 min",
+    source: DYNAMODB_ON_DEMAND,
+};
+/// Write units a second one on-demand table takes at most, by default.
+pub const TABLE_MAX_WCU: Quota = Quota {
+    value: 40_000.0,
+    what: "40,000 write units a second per table (raisable)",
+    source: DYNAMODB_QUOTAS,
+};
+/// Write units a second one partition takes; an index partition key whose sort key only
+/// grows (a time) cannot be split by heat, so this is what one shard of the expiry index takes.
+pub const PARTITION_WCU: Quota = Quota {
+    value: 1_000.0,
+    what: "1,000 write units a second per partition",
+    source: DYNAMODB_PARTITIONS,
+};
+/// `PutEvents` requests a second per account in us-east-1, us-west-2 and eu-west-1 (2,400 or
+/// less elsewhere).
+pub const PUT_EVENTS_RPS: Quota = Quota {
+    value: 10_000.0,
+    what: "`PutEvents`: 10,000 requests a second per account in us-east-1 (less in most regions)",
+    source: EVENTBRIDGE_QUOTAS,
+};
+
+/// Messages an event source mapping hands one invocation (the template's `BatchSize`).
+pub const BATCH_SIZE: f64 = 10.0;
+
+/// How long invocations last on AWS, in milliseconds. Each message of a batch is handled
+/// concurrently, so a batch lasts about as long as one message's reads, write and send.
+#[derive(Clone, Copy, Debug)]
+pub struct Durations {
+    pub submission_ms: f64,
+    pub scheduler_batch_ms: f64,
+    /// An agent's batch lasts as long as its slowest remote call.
+    pub agent_batch_ms: f64,
+}
+
+impl Durations {
+    /// Assumed, not measured: DynamoDB's single-digit-millisecond reads and writes, an SQS send,
+    /// and remote calls of about 80 ms.
+    pub const ASSUMED: Durations =
+        Durations { submission_ms: 30.0, scheduler_batch_ms: 40.0, agent_batch_ms: 100.0 };
+}
+
+/// What one order uses of each resource, as counted by `cost-model`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PerOrder {
+    pub api_requests: f64,
+    pub orders_table_wcu: f64,
+    pub state_table_wcu: f64,
+    /// Writes of the `ByCompleteBy` index, spread over its shards.
+    pub index_wcu: f64,
+    pub starts: f64,
+    pub replies: f64,
+    /// Requests to the busiest agent's queue.
+    pub agent_requests: f64,
+    /// Agents an order calls: their mappings run side by side.
+    pub agents: f64,
+    pub put_events: f64,
+}
+
+/// The stack's parameters that bound its throughput.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub name: &'static str,
+    pub poller_concurrency: f64,
+    pub api_rate: f64,
+    pub index_shards: f64,
+    pub sweep_limit: f64,
+    /// Sweeps a minute (`SweepSchedule`).
+    pub sweeps_per_minute: f64,
+}
+
+/// One resource's ceiling.
+#[derive(Clone, Debug)]
+pub struct Limit {
+    pub resource: &'static str,
+    /// The quota or parameter that bounds it, and where it is stated.
+    pub bound: String,
+    /// Orders a second it allows, by parameter set.
+    pub orders_per_second: Vec<f64>,
+    /// True while the tables are new; false once they have ramped.
+    pub new_stack_only: bool,
+    pub shows: &'static str,
+}
+
+fn mapping(params: &Params, batch_ms: f64, messages_per_order: f64) -> f64 {
+    params.poller_concurrency * BATCH_SIZE / (batch_ms / 1000.0) / messages_per_order
+}
+
+/// Concurrent executions one order a second keeps busy: the submission's, and the share of a
+/// batch of each queue's.
+pub fn executions_per_order_per_second(per: &PerOrder, d: &Durations) -> f64 {
+    per.api_requests * d.submission_ms / 1000.0
+        + (per.starts + per.replies) / BATCH_SIZE * d.scheduler_batch_ms / 1000.0
+        + per.agents * per.agent_requests / BATCH_SIZE * d.agent_batch_ms / 1000.0
+}
+
+/// Every resource's ceiling, for each parameter set.
+pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
+    let each = |f: &dyn Fn(&Params) -> f64| sets.iter().map(f).collect::<Vec<_>>();
+    let fixed = |v: f64| sets.iter().map(|_| v).collect::<Vec<_>>();
+    vec![
+        Limit {
+            resource: "HTTP API route (`ApiThrottlingRateLimit`)",
+            bound: "the stack's parameter".into(),
+            orders_per_second: each(&|p| p.api_rate / per.api_requests),
+            new_stack_only: false,
+            shows: "API Gateway answers 429; the client sends the order again with its key",
+        },
+        Limit {
+            resource: "HTTP API, the account",
+            bound: cite(&API_ACCOUNT_RPS),
+            orders_per_second: fixed(API_ACCOUNT_RPS.value / per.api_requests),
+            new_stack_only: false,
+            shows: "API Gateway answers 429",
+        },
+        Limit {
+            resource: "scheduler, start queue (`PollerConcurrency`)",
+            bound: cite(&MAPPING_CONCURRENCY),
+            orders_per_second: each(&|p| mapping(p, d.scheduler_batch_ms, per.starts)),
+            new_stack_only: false,
+            shows: "start messages wait in the queue; past `MaxQueueWaitSeconds` the door answers 503 with Retry-After",
+        },
+        Limit {
+            resource: "scheduler, reply queue (`PollerConcurrency`)",
+            bound: cite(&MAPPING_CONCURRENCY),
+            orders_per_second: each(&|p| mapping(p, d.scheduler_batch_ms, per.replies)),
+            new_stack_only: false,
+            shows: "replies wait in the queue; orders slow down, the door sheds new ones with 503",
+        },
+        Limit {
+            resource: "an agent's queue (`PollerConcurrency`)",
+            bound: cite(&MAPPING_CONCURRENCY),
+            orders_per_second: each(&|p| mapping(p, d.agent_batch_ms, per.agent_requests)),
+            new_stack_only: false,
+            shows: "requests wait in the agent's queue; the door sheds new orders with 503",
+        },
+        Limit {
+            resource: "Lambda, the account's concurrent executions",
+            bound: cite(&LAMBDA_CONCURRENCY),
+            orders_per_second: fixed(
+                LAMBDA_CONCURRENCY.value / executions_per_order_per_second(per, d),
+            ),
+            new_stack_only: false,
+            shows: "invocations throttled: API Gateway answers 500 to the submission (clients retry), queued messages wait",
+        },
+        Limit {
+            resource: "StateTable, new (on-demand)",
+            bound: cite(&NEW_TABLE_WCU),
+            orders_per_second: fixed(NEW_TABLE_WCU.value / per.state_table_wcu),
+            new_stack_only: true,
+            shows: "writes throttled past the SDK's retries: the message comes back later, the door answers 503",
+        },
+        Limit {
+            resource: "OrdersTable, new (on-demand)",
+            bound: cite(&NEW_TABLE_WCU),
+            orders_per_second: fixed(NEW_TABLE_WCU.value / per.orders_table_wcu),
+            new_stack_only: true,
+            shows: "the submission's put throttled: 503 with Retry-After, nothing accepted",
+        },
+        Limit {
+            resource: "StateTable, ramped",
+            bound: cite(&TABLE_MAX_WCU),
+            orders_per_second: fixed(TABLE_MAX_WCU.value / per.state_table_wcu),
+            new_stack_only: false,
+            shows: "writes throttled, as above",
+        },
+        Limit {
+            resource: "`ByCompleteBy`, one partition per shard (`IndexShards`)",
+            bound: cite(&PARTITION_WCU),
+            orders_per_second: each(&|p| p.index_shards * PARTITION_WCU.value / per.index_wcu),
+            new_stack_only: false,
+            shows: "the index throttles the table's writes (an index that cannot keep up holds back its table)",
+        },
+        Limit {
+            resource: "EventBridge `PutEvents`",
+            bound: cite(&PUT_EVENTS_RPS),
+            orders_per_second: fixed(PUT_EVENTS_RPS.value / per.put_events),
+            new_stack_only: false,
+            shows: "terminal events late (published again); alerts republished by the supervisor",
+        },
+    ]
+}
+
+fn cite(q: &Quota) -> String {
+    format!("[{}]({})", q.what, q.source)
+}
+
+/// The limit that binds first for parameter set `i`, on a new stack or once its tables ramped.
+pub fn binding(limits: &[Limit], i: usize, new_stack: bool) -> Option<&Limit> {
+    limits
+        .iter()
+        .filter(|l| new_stack || !l.new_stack_only)
+        .min_by(|a, b| a.orders_per_second[i].total_cmp(&b.orders_per_second[i]))
+}
+
+/// How long a new table takes to sustain `orders_per_second`, doubling its previous peak every
+/// 30 minutes from what a new table takes.
+pub fn ramp_minutes(per: &PerOrder, orders_per_second: f64) -> f64 {
+    let needed = orders_per_second * per.state_table_wcu.max(per.orders_table_wcu);
+    if needed <= NEW_TABLE_WCU.value {
+        return 0.0;
+    }
+    (needed / NEW_TABLE_WCU.value).log2().ceil() * 30.0
+}
+
+/// Minutes the supervisor takes to repair every lease of `seconds` of orders arriving at
+/// `orders_per_second`, should they all expire at once.
+pub fn recovery_minutes(params: &Params, orders_per_second: f64, seconds: f64) -> f64 {
+    (orders_per_second * seconds / (params.sweep_limit * params.sweeps_per_minute)).ceil()
+}
+
+/// The ceiling table, in Markdown.
+pub fn render(per: &PerOrder, d: &Durations, sets: &[Params]) -> String {
+    let limits = limits(per, d, sets);
+    let mut t = String::new();
+    let names: Vec<&str> = sets.iter().map(|p| p.name).collect();
+    let _ = writeln!(t, "| resource | bound by | {} | when exceeded |", names.join(" | "));
+    let _ = writeln!(t, "| --- | --- | {}--- |", "---: | ".repeat(sets.len()));
+    for l in &limits {
+        let cells: Vec<String> = l.orders_per_second.iter().map(|v| format!("{v:.0}")).collect();
+        let _ =
+            writeln!(t, "| {} | {} | {} | {} |", l.resource, l.bound, cells.join(" | "), l.shows);
+    }
+    let _ = writeln!(t);
+    for (i, p) in sets.iter().enumerate() {
+        let (Some(new), Some(ramped)) = (binding(&limits, i, true), binding(&limits, i, false))
+        else {
+            continue;
+        };
+        let ceiling = ramped.orders_per_second[i];
+        let _ = writeln!(
+            t,
+            "- **{}**: a new stack takes {:.0} orders a second ({}); once its tables have ramped ({:.0} minutes of rising traffic), {:.0} ({}). Every lease of a minute of orders at that rate expiring at once is repaired in {:.0} minutes ({:.0} a sweep).",
+            p.name,
+            new.orders_per_second[i],
+            new.resource,
+            ramp_minutes(per, ceiling),
+            ceiling,
+            ramped.resource,
+            recovery_minutes(p, ceiling, 60.0),
+            p.sweep_limit,
+        );
+    }
+    let executions = executions_per_order_per_second(per, d);
+    let _ = writeln!(
+        t,
+        "- Each order a second keeps {executions:.3} executions busy: {:.0} at 1,000 orders a second, {:.0} at 2,000. A function adds at most {}, so a burst meets no Lambda ramp below about {:.0} orders a second.",
+        executions * 1000.0,
+        executions * 2000.0,
+        cite(&LAMBDA_SCALING_RATE),
+        LAMBDA_SCALING_RATE.value / executions
+    );
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three_steps() -> PerOrder {
+        PerOrder {
+            api_requests: 1.0,
+            orders_table_wcu: 1.0,
+            state_table_wcu: 6.0,
+            index_wcu: 2.0,
+            starts: 1.0,
+            replies: 3.0,
+            agent_requests: 1.0,
+            agents: 3.0,
+            put_events: 1.0,
+        }
+    }
+
+    fn set(poller: f64, shards: f64) -> Params {
+        Params {
+            name: "p",
+            poller_concurrency: poller,
+            api_rate: 200.0,
+            index_shards: shards,
+            sweep_limit: 500.0,
+            sweeps_per_minute: 1.0,
+        }
+    }
+
+    #[test]
+    fn each_ceiling_is_the_quota_over_what_an_order_uses_of_it() {
+        let limits = limits(&three_steps(), &Durations::ASSUMED, &[set(2.0, 8.0)]);
+        let of = |name: &str| {
+            limits.iter().find(|l| l.resource.starts_with(name)).unwrap().orders_per_second[0]
+        };
+        // 2 batches of 10 replies, 40 ms each: 500 replies, 3 an order.
+        assert!((of("scheduler, reply") - 500.0 / 3.0).abs() < 1e-9);
+        assert!((of("an agent's") - 200.0).abs() < 1e-9);
+        assert!((of("StateTable, new") - 4_000.0 / 6.0).abs() < 1e-9);
+        assert!((of("`ByCompleteBy`") - 4_000.0).abs() < 1e-9);
+        let first = binding(&limits, 0, true).unwrap();
+        assert_eq!(first.resource, "scheduler, reply queue (`PollerConcurrency`)");
+    }
+
+    #[test]
+    fn a_new_table_ramps_by_doubling_and_the_supervisor_repairs_a_sweep_limit_a_minute() {
+        let per = three_steps();
+        assert_eq!(ramp_minutes(&per, 600.0), 0.0);
+        // 12,000 units a second: three times a new table's, two doublings.
+        assert_eq!(ramp_minutes(&per, 2_000.0), 60.0);
+        assert_eq!(recovery_minutes(&set(2.0, 8.0), 100.0, 60.0), 12.0);
+    }
+}
