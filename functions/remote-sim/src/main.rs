@@ -85,11 +85,16 @@ async fn main() -> ExitCode {
         }
     };
     let result = if in_lambda {
-        // One execution environment serves the calls one at a time, as its reserved
-        // concurrency of one does on AWS. Where it may poll for several invocations at once
-        // (AWS_LAMBDA_MAX_CONCURRENCY, set by the local stack), only a held call and the
-        // endpoints that read or set its state are served beside the call in progress.
-        let app = router(App::new(config).serving_at_once(1));
+        // One execution environment keeps the one ledger. On AWS it serves one invocation at
+        // a time, as its reserved concurrency of one does. Where it may poll for several at
+        // once (AWS_LAMBDA_MAX_CONCURRENCY, set by the local stack), it answers that many
+        // calls side by side, as a real service would, each with its own latency: the ledger
+        // is updated under a lock, released before the latency is waited out.
+        let at_once = std::env::var("AWS_LAMBDA_MAX_CONCURRENCY")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(1);
+        let app = router(App::new(config).serving_at_once(at_once));
         lambda_http::run_concurrent(lambda_http::service_fn(move |request| {
             invoke(app.clone(), request)
         }))

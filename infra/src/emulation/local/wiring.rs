@@ -24,6 +24,11 @@ use crate::emulation::sources::{self, SqsMapping};
 use crate::observe::dead_letters::{DeadLetters, Redrive};
 use crate::observe::metrics::Metrics;
 
+/// Calls the simulated service answers side by side on the local stack: at least as many as
+/// the agents send it at once at the defaults (batches of 10, two at a time per agent, for up
+/// to six agents).
+const SIM_CALLS_AT_ONCE: &str = "128";
+
 /// What every function of the stack is wired to as it starts.
 pub(super) struct Wiring<'a> {
     pub(super) options: &'a Options,
@@ -328,9 +333,10 @@ pub(super) fn process_spec(
     }
     if spec.logical_id == REMOTE_SERVICE {
         // The simulated service's one environment polls for several invocations at once (as a
-        // Lambda Managed Instance would), so that a call it holds open for a test holds up
-        // none of its other calls; it still serves one action at a time, as on AWS.
-        environment.insert("AWS_LAMBDA_MAX_CONCURRENCY".into(), "8".into());
+        // Lambda Managed Instance would) and answers them side by side, as the services it
+        // stands for do: two steps sent at once take the time of the slower one, and a call
+        // it holds open for a test holds up none of the others.
+        environment.insert("AWS_LAMBDA_MAX_CONCURRENCY".into(), SIM_CALLS_AT_ONCE.into());
     }
     ProcessSpec {
         label: format!("{name}#{n}"),
