@@ -42,6 +42,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
@@ -92,15 +93,20 @@ impl DynamoStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Created::Created),
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
-            {
-                Ok(Created::AlreadyExists)
-            }
-            Err(e) => Err(classify(SERVICE, e)),
+        Ok(if took(result)? { Created::Created } else { Created::AlreadyExists })
+    }
+}
+
+/// Whether a conditional put took: false if its condition failed, an error for anything else.
+fn took<O>(result: std::result::Result<O, SdkError<PutItemError, HttpResponse>>) -> Result<bool> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(SdkError::ServiceError(e))
+            if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+        {
+            Ok(false)
         }
+        Err(e) => Err(classify(SERVICE, e)),
     }
 }
 
@@ -158,15 +164,7 @@ impl StateStore for DynamoStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(Saved::Saved),
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
-            {
-                Ok(Saved::Conflict)
-            }
-            Err(e) => Err(classify(SERVICE, e)),
-        }
+        Ok(if took(result)? { Saved::Saved } else { Saved::Conflict })
     }
 }
 
