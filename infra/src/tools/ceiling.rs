@@ -28,6 +28,8 @@ const DYNAMODB_QUOTAS: &str =
     "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html";
 const DYNAMODB_PARTITIONS: &str =
     "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/bp-partition-key-design.html";
+const DYNAMODB_WARM: &str =
+    "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/warm-throughput.html";
 const EVENTBRIDGE_QUOTAS: &str =
     "https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-quota.html";
 const API_GATEWAY_QUOTAS: &str =
@@ -64,6 +66,13 @@ pub const NEW_TABLE_WCU: Quota = Quota {
     value: 4_000.0,
     what: "a new on-demand table: 4,000 write units a second, then up to twice its peak, doubling every 30 min",
     source: DYNAMODB_ON_DEMAND,
+};
+/// Write units a second a new global secondary index of an on-demand table sustains: an index
+/// has partitions of its own, and starts as a new table does.
+pub const NEW_INDEX_WCU: Quota = Quota {
+    value: 4_000.0,
+    what: "a new on-demand index: 4,000 write units a second, then ramps as its table does (warm throughput)",
+    source: DYNAMODB_WARM,
 };
 /// Write units a second one on-demand table takes at most, by default.
 pub const TABLE_MAX_WCU: Quota = Quota {
@@ -224,6 +233,13 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             shows: "the submission's put throttled: 503 with Retry-After, nothing accepted",
         },
         Limit {
+            resource: "`ByCompleteBy`, new (on-demand index)",
+            bound: cite(&NEW_INDEX_WCU),
+            orders_per_second: fixed(NEW_INDEX_WCU.value / per.index_wcu),
+            new_stack_only: true,
+            shows: "the index throttles the table's writes, as below",
+        },
+        Limit {
             resource: "StateTable, ramped",
             bound: cite(&TABLE_MAX_WCU),
             orders_per_second: fixed(TABLE_MAX_WCU.value / per.state_table_wcu),
@@ -358,7 +374,8 @@ mod tests {
         assert!((of("scheduler, reply") - 500.0 / 3.0).abs() < 1e-9);
         assert!((of("an agent's") - 200.0).abs() < 1e-9);
         assert!((of("StateTable, new") - 4_000.0 / 6.0).abs() < 1e-9);
-        assert!((of("`ByCompleteBy`") - 4_000.0).abs() < 1e-9);
+        assert!((of("`ByCompleteBy`, one partition") - 4_000.0).abs() < 1e-9);
+        assert!((of("`ByCompleteBy`, new") - 2_000.0).abs() < 1e-9);
         let first = binding(&limits, 0, true).unwrap();
         assert_eq!(first.resource, "scheduler, reply queue (`PollerConcurrency`)");
     }
