@@ -263,8 +263,8 @@ pub(super) fn expire(
         record.leased().filter(|(_, s, l)| due(s, l) <= ctx.now).map(|(i, _, _)| i).collect();
     if expired.is_empty() {
         // Found before any lease ended (the index may hold an order early): nothing is late.
-        if record.earliest_lease().is_some_and(|end| end > ctx.now) {
-            return Decision::Ignore(Ignored::NotExpired { complete_by: record.earliest_lease() });
+        if let Some(end) = record.earliest_lease().filter(|&end| end > ctx.now) {
+            return Decision::Ignore(Ignored::NotExpired { complete_by: Some(end) });
         }
         let until = record.leased().map(|(_, s, l)| due(s, l)).min();
         return Decision::Ignore(Ignored::Queued { until: until.unwrap_or(seen.plus(horizon)) });

@@ -132,7 +132,8 @@ impl<S: StateStore> StatusService<S> {
 
 fn view(order: OrderRecord, state: StateRecord) -> OrderView {
     let stopping = state.stopping();
-    // The exact end of the earliest lease, not the index's rounding of it.
+    // The end of the earliest lease, not where the index holds the order (up to a minute
+    // before it).
     let complete_by = state.earliest_lease().or(state.complete_by);
     OrderView {
         order_id: state.order_id,
