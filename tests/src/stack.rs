@@ -441,7 +441,7 @@ impl System {
                 agents: agent_names.clone(),
                 limits: Default::default(),
             },
-            shards: config.index_shards,
+            shards: sas_engine::config::MAX_INDEX_SHARDS,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
         };
         let status = StatusService::new(t.store());

@@ -61,7 +61,7 @@ pub struct Admin<S, Q, B, C, G> {
     pub operator: Operator<S, Q, B, C>,
     pub finder: S,
     pub clock: C,
-    /// Partitions of the expiry index, which an in-flight listing reads.
+    /// Shards of the expiry index an in-flight listing reads: all that may hold an entry.
     pub shards: u16,
     pub dead_letters: DeadLetters,
     /// The services, their holds, and the orders waiting for them.

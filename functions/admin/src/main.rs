@@ -39,7 +39,7 @@ async fn main() -> Result<(), Error> {
             agents: s.engine.agents.clone(),
             limits: s.engine.config.limits.clone(),
         },
-        shards: s.engine.config.index_shards,
+        shards: sas_engine::config::MAX_INDEX_SHARDS,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };
     let (admin, wiring) = (&admin, &wiring);

@@ -51,6 +51,14 @@ use sas_infra::tools::prices as price;
 /// Billed duration assumed per invocation (128 MB, warm): [`Durations::ASSUMED`]. Measured
 /// figures from a deployment replace these; they are a small part of the total either way.
 const DURATIONS: Durations = Durations::ASSUMED;
+
+/// The larger parameter set the README gives, for `sam deploy --parameter-overrides`.
+const LARGE: &[(&str, &str)] = &[
+    ("ExpectedOrdersPerSecond", "2000"),
+    ("PollerConcurrency", "100"),
+    ("ApiThrottlingRateLimit", "3000"),
+    ("ApiThrottlingBurstLimit", "6000"),
+];
 const MEMORY_GB: f64 = 0.125;
 /// The steady load the model runs at.
 const ORDERS_PER_SECOND: usize = 10;
@@ -500,36 +508,15 @@ fn print_ceiling(
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
     let template = Template::load(&path)?;
-    let default = |name: &str| -> std::result::Result<f64, String> {
-        template
-            .parameters
-            .get(name)
-            .and_then(|p| p["Default"].as_f64().or_else(|| p["Default"].as_str()?.parse().ok()))
-            .ok_or_else(|| format!("template.yaml gives {name} no numeric default"))
-    };
-    let defaults = Params {
-        name: "defaults",
-        poller_concurrency: default("PollerConcurrency")?,
-        api_rate: default("ApiThrottlingRateLimit")?,
-        index_shards: default("IndexShards")?,
-        sweep_limit: default("SweepLimit")?,
-        sweeps_per_minute: 1.0,
-    };
-    let large = Params {
-        name: "large",
-        poller_concurrency: 100.0,
-        api_rate: 3_000.0,
-        index_shards: 16.0,
-        sweep_limit: 10_000.0,
-        sweeps_per_minute: 1.0,
-    };
+    let defaults = Params::of_stack("defaults", &template, &[])?;
+    let large = Params::of_stack("large", &template, LARGE)?;
     println!(
         "## How far one stack goes: the {} workflow
 ",
         s.name
     );
     println!(
-        "Per order: {:.2} API requests, {:.3} write units on OrdersTable and {:.3} on StateTable, {:.3} on `ByCompleteBy`; {:.1} start, {:.1} replies, {:.1} requests on each of {:.0} agents' queues; {:.1} `PutEvents`. Orders a second each resource allows, in batches of {:.0}, with invocations of {:.0} ms (submission), {:.0} ms (scheduler batch) and {:.0} ms (agent batch), assumed. `large`: PollerConcurrency={:.0} ApiThrottlingRateLimit={:.0} IndexShards={:.0} SweepLimit={:.0}.\n",
+        "Per order: {:.2} API requests, {:.3} write units on OrdersTable and {:.3} on StateTable, {:.3} on `ByCompleteBy`; {:.1} start, {:.1} replies, {:.1} requests on each of {:.0} agents' queues; {:.1} `PutEvents`. Orders a second each resource allows, in batches of {:.0}, with invocations of {:.0} ms (submission), {:.0} ms (scheduler batch) and {:.0} ms (agent batch), assumed. `large`: {}.\n",
         per.api_requests,
         per.orders_table_wcu,
         per.state_table_wcu,
@@ -543,10 +530,7 @@ fn print_ceiling(
         DURATIONS.submission_ms,
         DURATIONS.scheduler_batch_ms,
         DURATIONS.agent_batch_ms,
-        large.poller_concurrency,
-        large.api_rate,
-        large.index_shards,
-        large.sweep_limit,
+        LARGE.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
     );
     print!("{}", ceiling::render(per, &DURATIONS, &[defaults, large]));
     Ok(())

@@ -8,7 +8,14 @@
 //! counted here: the figures assumed are [`Durations::ASSUMED`], and every mapping's ceiling
 //! scales with them.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+
+use sas_engine::config::Scale;
+use serde_json::Value;
+
+use crate::Error;
+use crate::emulation::template::{Context, Template};
 
 /// One of AWS's default quotas, with the page that states it.
 #[derive(Clone, Copy, Debug)]
@@ -132,16 +139,67 @@ pub struct PerOrder {
     pub put_events: f64,
 }
 
-/// The stack's parameters that bound its throughput.
+/// The stack's parameters that bound its throughput, and what follows from them.
 #[derive(Clone, Debug)]
 pub struct Params {
     pub name: &'static str,
     pub poller_concurrency: f64,
     pub api_rate: f64,
+    /// `ExpectedOrdersPerSecond`, from which the next four follow.
+    pub expected_rate: f64,
     pub index_shards: f64,
     pub sweep_limit: f64,
+    /// Write units a second `StateTable` and `ByCompleteBy` take from their first minute: a new
+    /// table's, or the warm throughput the template sets for the declared rate.
+    pub state_table_warm: f64,
+    pub index_warm: f64,
     /// Sweeps a minute (`SweepSchedule`).
     pub sweeps_per_minute: f64,
+}
+
+impl Params {
+    /// The parameters of a stack deployed from `template` with `overrides`, as CloudFormation
+    /// would resolve them.
+    pub fn of_stack(
+        name: &'static str,
+        template: &Template,
+        overrides: &[(&str, &str)],
+    ) -> Result<Params, Error> {
+        let overrides: HashMap<String, String> =
+            overrides.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let ctx = Context::new(template, "ceiling", "us-east-1", &overrides)?;
+        let number = |name: &str| -> Result<f64, Error> {
+            ctx.parameters
+                .get(name)
+                .and_then(|v| v.as_str()?.parse().ok())
+                .ok_or_else(|| Error::Template(format!("parameter {name} is not a number")))
+        };
+        let table = template
+            .resource("StateTable")
+            .ok_or_else(|| Error::Template("no StateTable".into()))?;
+        let table = ctx.eval(&table.properties)?;
+        let warm = |w: &Value, floor: f64| {
+            w["WarmThroughput"]["WriteUnitsPerSecond"].as_f64().map_or(floor, |v| v.max(floor))
+        };
+        let index = table["GlobalSecondaryIndexes"]
+            .as_array()
+            .and_then(|all| all.iter().find(|g| g["IndexName"] == "ByCompleteBy"))
+            .ok_or_else(|| Error::Template("StateTable has no ByCompleteBy".into()))?;
+        let expected_rate = number("ExpectedOrdersPerSecond")?;
+        // The engine derives these from the same declaration (EXPECTED_ORDERS_PER_SECOND).
+        let scale = Scale::for_rate(expected_rate as u32);
+        Ok(Params {
+            name,
+            poller_concurrency: number("PollerConcurrency")?,
+            api_rate: number("ApiThrottlingRateLimit")?,
+            expected_rate,
+            index_shards: f64::from(scale.index_shards),
+            sweep_limit: scale.sweep_limit as f64,
+            state_table_warm: warm(&table, NEW_TABLE_WCU.value),
+            index_warm: warm(index, NEW_INDEX_WCU.value),
+            sweeps_per_minute: 1.0,
+        })
+    }
 }
 
 /// One resource's ceiling.
@@ -219,9 +277,9 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             shows: "invocations throttled: API Gateway answers 500 to the submission (clients retry), queued messages wait",
         },
         Limit {
-            resource: "StateTable, new (on-demand)",
-            bound: cite(&NEW_TABLE_WCU),
-            orders_per_second: fixed(NEW_TABLE_WCU.value / per.state_table_wcu),
+            resource: "StateTable, new (on-demand; pre-warmed for `ExpectedOrdersPerSecond`)",
+            bound: format!("{}, or its warm throughput", cite(&NEW_TABLE_WCU)),
+            orders_per_second: each(&|p| p.state_table_warm / per.state_table_wcu),
             new_stack_only: true,
             shows: "writes throttled past the SDK's retries: the message comes back later, the door answers 503",
         },
@@ -233,9 +291,9 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             shows: "the submission's put throttled: 503 with Retry-After, nothing accepted",
         },
         Limit {
-            resource: "`ByCompleteBy`, new (on-demand index)",
+            resource: "`ByCompleteBy`, new (on-demand index; pre-warmed as its table)",
             bound: cite(&NEW_INDEX_WCU),
-            orders_per_second: fixed(NEW_INDEX_WCU.value / per.index_wcu),
+            orders_per_second: each(&|p| p.index_warm / per.index_wcu),
             new_stack_only: true,
             shows: "the index throttles the table's writes, as below",
         },
@@ -247,7 +305,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             shows: "writes throttled, as above",
         },
         Limit {
-            resource: "`ByCompleteBy`, one partition per shard (`IndexShards`)",
+            resource: "`ByCompleteBy`, one partition per shard (one per 250 of `ExpectedOrdersPerSecond`)",
             bound: cite(&PARTITION_WCU),
             orders_per_second: each(&|p| p.index_shards * PARTITION_WCU.value / per.index_wcu),
             new_stack_only: false,
@@ -275,14 +333,17 @@ pub fn binding(limits: &[Limit], i: usize, new_stack: bool) -> Option<&Limit> {
         .min_by(|a, b| a.orders_per_second[i].total_cmp(&b.orders_per_second[i]))
 }
 
-/// How long a new table takes to sustain `orders_per_second`, doubling its previous peak every
-/// 30 minutes from what a new table takes.
-pub fn ramp_minutes(per: &PerOrder, orders_per_second: f64) -> f64 {
-    let needed = orders_per_second * per.state_table_wcu.max(per.orders_table_wcu);
-    if needed <= NEW_TABLE_WCU.value {
-        return 0.0;
-    }
-    (needed / NEW_TABLE_WCU.value).log2().ceil() * 30.0
+/// How long a new stack's tables take to sustain `orders_per_second`, each doubling its
+/// previous peak every 30 minutes from what it takes at first (a new table's, or its warm
+/// throughput).
+pub fn ramp_minutes(per: &PerOrder, params: &Params, orders_per_second: f64) -> f64 {
+    let doublings = |needed: f64, start: f64| {
+        if needed <= start { 0.0 } else { (needed / start).log2().ceil() }
+    };
+    let most = doublings(orders_per_second * per.state_table_wcu, params.state_table_warm)
+        .max(doublings(orders_per_second * per.orders_table_wcu, NEW_TABLE_WCU.value))
+        .max(doublings(orders_per_second * per.index_wcu, params.index_warm));
+    most * 30.0
 }
 
 /// Minutes the supervisor takes to repair every lease of `seconds` of orders arriving at
@@ -310,17 +371,25 @@ pub fn render(per: &PerOrder, d: &Durations, sets: &[Params]) -> String {
             continue;
         };
         let ceiling = ramped.orders_per_second[i];
+        let first_minute = new.orders_per_second[i];
+        let declared = if first_minute >= p.expected_rate {
+            "taken from the first minute"
+        } else {
+            "more than a new stack takes"
+        };
         let _ = writeln!(
             t,
-            "- **{}**: a new stack takes {:.0} orders a second ({}); once its tables have ramped ({:.0} minutes of rising traffic), {:.0} ({}). Every lease of a minute of orders at that rate expiring at once is repaired in {:.0} minutes ({:.0} a sweep).",
+            "- **{}** (declares {:.0} orders a second, {declared}): a new stack takes {:.0} orders a second ({}); once its tables have ramped ({:.0} minutes of rising traffic), {:.0} ({}). Every lease of a minute of orders at the declared rate expiring at once is repaired in {:.0} minutes ({:.0} a sweep, over {:.0} shards).",
             p.name,
-            new.orders_per_second[i],
+            p.expected_rate,
+            first_minute,
             new.resource,
-            ramp_minutes(per, ceiling),
+            ramp_minutes(per, p, ceiling),
             ceiling,
             ramped.resource,
-            recovery_minutes(p, ceiling, 60.0),
+            recovery_minutes(p, p.expected_rate, 60.0),
             p.sweep_limit,
+            p.index_shards,
         );
     }
     let executions = executions_per_order_per_second(per, d);
@@ -358,10 +427,58 @@ mod tests {
             name: "p",
             poller_concurrency: poller,
             api_rate: 200.0,
+            expected_rate: 100.0,
             index_shards: shards,
             sweep_limit: 500.0,
+            state_table_warm: NEW_TABLE_WCU.value,
+            index_warm: NEW_INDEX_WCU.value,
             sweeps_per_minute: 1.0,
         }
+    }
+
+    fn template() -> Template {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
+        Template::load(&path).unwrap()
+    }
+
+    /// What `cost-model` counts for a three-step order: 1 write unit on `OrdersTable`, 6.01 on
+    /// `StateTable`, 2 on `ByCompleteBy`.
+    fn counted() -> PerOrder {
+        PerOrder { orders_table_wcu: 1.0, state_table_wcu: 6.01, index_wcu: 2.0, ..three_steps() }
+    }
+
+    #[test]
+    fn every_rate_a_stack_may_declare_is_taken_from_its_first_minute_with_room_to_spare() {
+        let template = template();
+        let allowed = template.parameters["ExpectedOrdersPerSecond"]["AllowedValues"].clone();
+        let rates: Vec<String> = allowed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect();
+        assert!(rates.contains(&"2000".to_owned()), "{rates:?}");
+        let per = counted();
+        for rate in &rates {
+            let p = Params::of_stack("r", &template, &[("ExpectedOrdersPerSecond", rate)]).unwrap();
+            let r = p.expected_rate;
+            // Half again the declared rate, for retries and resumes.
+            assert!(p.state_table_warm / per.state_table_wcu >= 1.5 * r, "StateTable at {rate}");
+            assert!(p.index_warm / per.index_wcu >= 1.5 * r, "ByCompleteBy at {rate}");
+            assert!(NEW_TABLE_WCU.value / per.orders_table_wcu >= 1.5 * r, "OrdersTable at {rate}");
+            assert!(
+                p.index_shards * PARTITION_WCU.value / per.index_wcu >= 2.0 * r,
+                "shards at {rate}"
+            );
+            assert!(recovery_minutes(&p, r, 60.0) <= 5.0, "recovery at {rate}");
+        }
+        // Where no warm throughput is needed, none is bought.
+        let small = Params::of_stack("s", &template, &[]).unwrap();
+        assert_eq!((small.state_table_warm, small.index_warm), (4_000.0, 4_000.0));
+        let large =
+            Params::of_stack("l", &template, &[("ExpectedOrdersPerSecond", "2000")]).unwrap();
+        assert_eq!((large.state_table_warm, large.index_warm), (19_000.0, 6_000.0));
+        assert_eq!((large.index_shards, large.sweep_limit), (8.0, 24_000.0));
     }
 
     #[test]
@@ -383,9 +500,13 @@ mod tests {
     #[test]
     fn a_new_table_ramps_by_doubling_and_the_supervisor_repairs_a_sweep_limit_a_minute() {
         let per = three_steps();
-        assert_eq!(ramp_minutes(&per, 600.0), 0.0);
+        let new = set(2.0, 8.0);
+        assert_eq!(ramp_minutes(&per, &new, 600.0), 0.0);
         // 12,000 units a second: three times a new table's, two doublings.
-        assert_eq!(ramp_minutes(&per, 2_000.0), 60.0);
+        assert_eq!(ramp_minutes(&per, &new, 2_000.0), 60.0);
+        let warm = Params { state_table_warm: 12_000.0, index_warm: 4_000.0, ..new.clone() };
+        assert_eq!(ramp_minutes(&per, &warm, 2_000.0), 0.0);
+        assert_eq!(ramp_minutes(&per, &warm, 3_000.0), 30.0);
         assert_eq!(recovery_minutes(&set(2.0, 8.0), 100.0, 60.0), 12.0);
     }
 }

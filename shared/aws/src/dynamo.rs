@@ -420,9 +420,10 @@ impl DynamoStore {
             // An order in flight has no failure cause: nothing can match.
             return Ok(Vec::new());
         }
+        let shards = (0..query.shards.max(1)).map(|shard| self.watched(shard, cutoff, None));
         let mut candidates = Vec::new();
-        for shard in 0..query.shards.max(1) {
-            candidates.extend(self.watched(shard, cutoff, None).await?);
+        for found in futures_util::future::join_all(shards).await {
+            candidates.extend(found?);
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         candidates.dedup();

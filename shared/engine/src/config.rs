@@ -29,11 +29,14 @@ pub struct EngineConfig {
     /// How long a published-but-unconfirmed alert waits before the supervisor publishes it
     /// again. Default 120 s. Env `ALERT_RETRY_SECONDS`.
     pub alert_retry_after: Duration,
-    /// Partitions of the expiry index. Default 8. Must never decrease on a live table: records
-    /// in a dropped shard would no longer be swept. Env `INDEX_SHARDS`.
+    /// Orders a second the stack is sized for, from which the two figures below follow.
+    /// Default 100; from 1 to [`MAX_EXPECTED_RATE`]. Env `EXPECTED_ORDERS_PER_SECOND`.
+    pub expected_rate: u32,
+    /// Shards of the expiry index new entries are written to ([`Scale::index_shards`]). The
+    /// supervisor reads all [`MAX_INDEX_SHARDS`], so that a lower rate never strands an entry.
     pub index_shards: u16,
     /// Most expired records the supervisor handles in one sweep, all shards together; the rest
-    /// wait for the next sweep. Default 500. Env `SWEEP_LIMIT`.
+    /// wait for the next sweep ([`Scale::sweep_limit`]).
     pub sweep_limit: usize,
     /// Status event kinds published. Default `terminal` (processed, compensated, failed).
     /// Env `STATUS_EVENTS`: `terminal`, `all`, `none` or a comma-separated list.
@@ -71,6 +74,44 @@ pub struct EngineConfig {
     pub limits: BTreeMap<String, Limits>,
 }
 
+/// Shards of the expiry index the supervisor and the operator's listing read, whatever the
+/// declared rate: writers use the first [`Scale::index_shards`] of them.
+pub const MAX_INDEX_SHARDS: u16 = 32;
+
+/// Orders a second one shard of the expiry index is given. A shard is one partition of the
+/// index, which takes 1,000 writes a second, and a three-step order writes its entry twice:
+/// half of that partition leaves room for retries, holds and resumes.
+pub const ORDERS_PER_SHARD: u32 = 250;
+
+/// The highest rate a stack may declare: every shard the supervisor reads in use.
+pub const MAX_EXPECTED_RATE: u32 = ORDERS_PER_SHARD * MAX_INDEX_SHARDS as u32;
+
+/// Sweeps in which the supervisor repairs every lease of a minute of orders at the declared
+/// rate, should they all expire at once (a regional hiccup, a function down for a minute).
+pub const RECOVERY_SWEEPS: u32 = 5;
+
+/// What follows from the orders a second a stack expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scale {
+    /// Shards new index entries are spread over: one per [`ORDERS_PER_SHARD`].
+    pub index_shards: u16,
+    /// Records one sweep repairs at most: a minute of orders over [`RECOVERY_SWEEPS`].
+    pub sweep_limit: usize,
+}
+
+impl Scale {
+    /// The scale of a stack that expects `orders_per_second` (clamped to 1 and
+    /// [`MAX_EXPECTED_RATE`]).
+    pub fn for_rate(orders_per_second: u32) -> Scale {
+        let rate = orders_per_second.clamp(1, MAX_EXPECTED_RATE);
+        Scale {
+            index_shards: u16::try_from(rate.div_ceil(ORDERS_PER_SHARD))
+                .unwrap_or(MAX_INDEX_SHARDS),
+            sweep_limit: (rate * 60).div_ceil(RECOVERY_SWEEPS) as usize,
+        }
+    }
+}
+
 /// When a service is held, and how it is probed while held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HoldPolicy {
@@ -85,6 +126,10 @@ pub struct HoldPolicy {
     pub probe_every: Duration,
 }
 
+/// Orders a second a stack expects unless it declares otherwise: what the template's default
+/// pollers take with room to spare.
+const DEFAULT_RATE: u32 = 100;
+
 impl Default for HoldPolicy {
     fn default() -> Self {
         HoldPolicy {
@@ -97,13 +142,15 @@ impl Default for HoldPolicy {
 
 impl Default for EngineConfig {
     fn default() -> Self {
+        let scale = Scale::for_rate(DEFAULT_RATE);
         EngineConfig {
             failure_threshold: 3,
             wait: WaitPolicy::default(),
             claim_grace: Duration::from_secs(30),
             alert_retry_after: Duration::from_secs(120),
-            index_shards: 8,
-            sweep_limit: 500,
+            expected_rate: DEFAULT_RATE,
+            index_shards: scale.index_shards,
+            sweep_limit: scale.sweep_limit,
             status_events: StatusKinds::default(),
             agent_retry: RetryPolicy::default(),
             timeline_limit: 16,
@@ -121,6 +168,13 @@ impl EngineConfig {
     /// Reads the configuration from `lookup` (for example `|k| std::env::var(k).ok()`).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
         let d = EngineConfig::default();
+        let expected_rate = parse(&lookup, "EXPECTED_ORDERS_PER_SECOND", d.expected_rate)?;
+        if !(1..=MAX_EXPECTED_RATE).contains(&expected_rate) {
+            return Err(Error::Config(format!(
+                "EXPECTED_ORDERS_PER_SECOND must be from 1 to {MAX_EXPECTED_RATE}"
+            )));
+        }
+        let scale = Scale::for_rate(expected_rate);
         let config = EngineConfig {
             failure_threshold: parse(&lookup, "FAILURE_THRESHOLD", d.failure_threshold)?,
             wait: WaitPolicy {
@@ -129,8 +183,9 @@ impl EngineConfig {
             },
             claim_grace: secs(&lookup, "CLAIM_GRACE_SECONDS", d.claim_grace)?,
             alert_retry_after: secs(&lookup, "ALERT_RETRY_SECONDS", d.alert_retry_after)?,
-            index_shards: parse(&lookup, "INDEX_SHARDS", d.index_shards)?,
-            sweep_limit: parse(&lookup, "SWEEP_LIMIT", d.sweep_limit)?,
+            expected_rate,
+            index_shards: scale.index_shards,
+            sweep_limit: scale.sweep_limit,
             status_events: match lookup("STATUS_EVENTS") {
                 Some(v) => v.parse()?,
                 None => d.status_events,
@@ -171,11 +226,11 @@ impl EngineConfig {
         if self.failure_threshold == 0 {
             return bad("FAILURE_THRESHOLD must be at least 1");
         }
-        if self.index_shards == 0 {
-            return bad("INDEX_SHARDS must be at least 1");
+        if !(1..=MAX_INDEX_SHARDS).contains(&self.index_shards) {
+            return bad("the expiry index takes from 1 to 32 shards");
         }
         if self.sweep_limit == 0 {
-            return bad("SWEEP_LIMIT must be at least 1");
+            return bad("the sweep limit must be at least 1");
         }
         if self.wait.base > self.wait.max {
             return bad("RETRY_WAIT_BASE_SECONDS must not exceed RETRY_WAIT_MAX_SECONDS");
@@ -300,15 +355,32 @@ mod tests {
 
     #[test]
     fn keys_are_read_and_bad_values_are_named() {
-        let c =
-            from(&[("FAILURE_THRESHOLD", "5"), ("INDEX_SHARDS", "16"), ("STATUS_EVENTS", "all")])
-                .unwrap();
-        assert_eq!((c.failure_threshold, c.index_shards), (5, 16));
+        let c = from(&[("FAILURE_THRESHOLD", "5"), ("STATUS_EVENTS", "all")]).unwrap();
+        assert_eq!(c.failure_threshold, 5);
         let err = from(&[("CLAIM_GRACE_SECONDS", "soon")]).unwrap_err().to_string();
         assert!(err.contains("CLAIM_GRACE_SECONDS"), "{err}");
         let err = from(&[("FAILURE_THRESHOLD", "0")]).unwrap_err().to_string();
         assert!(err.contains("FAILURE_THRESHOLD"), "{err}");
         let err = from(&[("RETRY_WAIT_BASE_SECONDS", "600")]).unwrap_err().to_string();
         assert!(err.contains("must not exceed"), "{err}");
+    }
+
+    #[test]
+    fn the_index_s_shards_and_the_sweep_limit_follow_from_the_declared_rate() {
+        let c = from(&[("EXPECTED_ORDERS_PER_SECOND", "2000")]).unwrap();
+        assert_eq!((c.expected_rate, c.index_shards, c.sweep_limit), (2000, 8, 24_000));
+        // A minute of leases at the declared rate is repaired in RECOVERY_SWEEPS sweeps.
+        for rate in [1, 100, 250, 251, 1000, 2000, MAX_EXPECTED_RATE] {
+            let scale = Scale::for_rate(rate);
+            assert!(scale.sweep_limit * RECOVERY_SWEEPS as usize >= rate as usize * 60);
+            assert!(u32::from(scale.index_shards) * ORDERS_PER_SHARD >= rate, "{rate}");
+            assert!(scale.index_shards <= MAX_INDEX_SHARDS);
+        }
+        assert_eq!(Scale::for_rate(251).index_shards, 2);
+        assert_eq!(Scale::for_rate(MAX_EXPECTED_RATE).index_shards, MAX_INDEX_SHARDS);
+        for bad in ["0", "8001", "many"] {
+            let err = from(&[("EXPECTED_ORDERS_PER_SECOND", bad)]).unwrap_err().to_string();
+            assert!(err.contains("EXPECTED_ORDERS_PER_SECOND"), "{err}");
+        }
     }
 }

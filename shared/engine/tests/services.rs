@@ -1379,6 +1379,45 @@ async fn a_sweep_is_bounded_and_the_rest_waits_for_the_next() {
 }
 
 #[tokio::test]
+async fn a_stack_redeployed_for_a_lower_rate_still_repairs_what_the_higher_rate_indexed() {
+    let busy = EngineConfig { status_events: StatusKinds::all(), ..Scaled::at(4_000) };
+    let mut w = World::with(busy);
+    assert_eq!(w.system.config.index_shards, 16);
+    for i in 0..200 {
+        w.submit(&format!("busy-{i}")).await.unwrap();
+    }
+    let shards: std::collections::BTreeSet<u16> =
+        w.store.records().iter().map(|r| r.shard).collect();
+    assert!(shards.iter().any(|&s| s >= 1), "the entries are spread: {shards:?}");
+    // Every start message lost, and the stack redeployed for 100 orders a second: one shard.
+    lose_all(&w, &Destination::Scheduler);
+    w.system.config = Arc::new(Scaled::at(100));
+    w.supervisor = w.system.supervisor(w.queues.clone());
+    assert_eq!(w.system.config.index_shards, 1);
+    w.clock.advance(Duration::from_secs(60) + SLACK);
+    // One sweep finds every one of them: the limit, 1,200 a sweep, is a shard in use's share.
+    let report = w.sweep().await;
+    assert_eq!((report.found, report.acted), (200, 200), "{report:?}");
+    w.run_for(Duration::from_secs(600)).await;
+    assert!(w.store.records().iter().all(|r| r.process_state == ProcessState::Processed));
+}
+
+/// An engine configured for a declared rate, as `EXPECTED_ORDERS_PER_SECOND` sets it.
+struct Scaled;
+
+impl Scaled {
+    fn at(rate: u32) -> EngineConfig {
+        let scale = sas_engine::config::Scale::for_rate(rate);
+        EngineConfig {
+            expected_rate: rate,
+            index_shards: scale.index_shards,
+            sweep_limit: scale.sweep_limit,
+            ..EngineConfig::default()
+        }
+    }
+}
+
+#[tokio::test]
 async fn finished_orders_leave_the_index_so_sweeps_cost_what_has_expired() {
     let mut w = World::new();
     for i in 0..50 {

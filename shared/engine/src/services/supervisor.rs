@@ -20,11 +20,13 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::{StreamExt, stream};
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::Handled;
 use super::effects::Ports;
 use crate::OrderId;
+use crate::config::MAX_INDEX_SHARDS;
 use crate::error::{Error, Result};
 use crate::events::{BusEvent, ServiceEvent};
 use crate::health::ServiceRecord;
@@ -65,6 +67,9 @@ pub struct SweepReport {
     pub oldest_ms: Option<u64>,
 }
 
+/// Expired records one sweep handles at once.
+const REPAIRS_AT_ONCE: usize = 32;
+
 /// The time over which the orders a sweep resumes are spread: until the next sweep.
 pub const RESUME_SPREAD: Duration = Duration::from_secs(60);
 
@@ -104,8 +109,8 @@ where
         Supervisor { ports, index, load }
     }
 
-    /// One sweep over every shard, at most `sweep_limit` records in all. Shards are queried and
-    /// handled concurrently. Fails if the queues' load cannot be read (without it a late
+    /// One sweep over every shard, about `sweep_limit` records in all. Shards are queried
+    /// concurrently, and records handled [`REPAIRS_AT_ONCE`] at a time. Fails if the queues' load cannot be read (without it a late
     /// message cannot be told from a lost one), or if no shard could be queried at all.
     pub async fn sweep(&self) -> Result<SweepReport> {
         let now = self.ports.clock.now();
@@ -126,39 +131,51 @@ where
             }
         };
         let cutoff = now.minus(horizon);
-        let shards = self.ports.config.index_shards;
-        // An even share per shard keeps one busy shard from starving the others.
-        let per_shard = self.ports.config.sweep_limit.div_ceil(usize::from(shards)).max(1);
-        let results =
-            join_all((0..shards).map(|shard| self.sweep_shard(shard, cutoff, horizon, per_shard)))
-                .await;
+        // Every shard that may hold an entry is read, and each is given the share of the limit
+        // a shard in use needs: shards above those in use hold only what a higher rate wrote.
+        let per_shard =
+            self.ports.config.sweep_limit.div_ceil(usize::from(self.ports.config.index_shards));
+        let queries = join_all(
+            (0..MAX_INDEX_SHARDS).map(|shard| self.index.expired(shard, cutoff, per_shard.max(1))),
+        )
+        .await;
 
         let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
         let mut report = SweepReport { horizon_ms, oldest_ms, ..SweepReport::default() };
         let mut first_error = None;
-        let mut failed_shards = 0;
-        for result in results {
+        let mut entries = Vec::new();
+        for result in queries {
             match result {
-                Ok(r) => {
-                    report.found += r.found;
-                    report.acted += r.acted;
-                    report.ignored += r.ignored;
-                    report.illegal += r.illegal;
-                    report.lost_races += r.lost_races;
-                    report.errors += r.errors;
-                }
+                Ok(found) => entries.extend(found),
                 Err(e) => {
-                    failed_shards += 1;
                     report.errors += 1;
                     first_error.get_or_insert(e);
                 }
             }
         }
-        crate::metrics::swept(report.found, report.acted, report.lost_races);
-        match first_error {
-            Some(e) if failed_shards == usize::from(shards) => Err(e),
-            _ => Ok(report),
+        if let Some(e) = first_error.filter(|_| report.errors == usize::from(MAX_INDEX_SHARDS)) {
+            return Err(e);
         }
+        report.found = entries.len();
+        // Side by side, a bounded number at once: a minute of a busy stack's leases is repaired
+        // well within the supervisor's timeout, without a burst of calls on the tables.
+        let mut handled = stream::iter(entries)
+            .map(|entry| async move { (entry.order_id, self.handle(entry, horizon).await) })
+            .buffer_unordered(REPAIRS_AT_ONCE);
+        while let Some((order_id, result)) = handled.next().await {
+            match result {
+                Ok(Handled::Applied | Handled::Replayed) => report.acted += 1,
+                Ok(Handled::LostRace) => report.lost_races += 1,
+                Ok(Handled::Illegal(_)) => report.illegal += 1,
+                Ok(_) => report.ignored += 1,
+                Err(e) => {
+                    warn!(%order_id, error = %e, "could not handle an expired record");
+                    report.errors += 1;
+                }
+            }
+        }
+        crate::metrics::swept(report.found, report.acted, report.lost_races);
+        Ok(report)
     }
 
     /// How long the system has been working on the oldest order in the index without a break
@@ -169,9 +186,9 @@ where
     /// answer, and is left out; so is one whose every lease waits so, until its wait ends.
     async fn oldest(&self, now: Timestamp) -> Option<u64> {
         let config = &self.ports.config;
-        let shards = config.index_shards;
         let due_by = now.plus(config.claim_grace + config.wait.max + crate::workflow::MAX_BUDGET);
-        let results = join_all((0..shards).map(|shard| self.index.oldest(shard, due_by))).await;
+        let results =
+            join_all((0..MAX_INDEX_SHARDS).map(|shard| self.index.oldest(shard, due_by))).await;
         let mut oldest: Option<Timestamp> = None;
         for result in results {
             match result {
@@ -185,30 +202,6 @@ where
         let age = oldest.map_or(Duration::ZERO, |at| at.until(now));
         crate::metrics::oldest_in_flight(age);
         Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    async fn sweep_shard(
-        &self,
-        shard: u16,
-        cutoff: Timestamp,
-        horizon: Duration,
-        limit: usize,
-    ) -> Result<SweepReport> {
-        let entries = self.index.expired(shard, cutoff, limit).await?;
-        let mut report = SweepReport { found: entries.len(), ..SweepReport::default() };
-        for entry in entries {
-            match self.handle(entry, horizon).await {
-                Ok(Handled::Applied | Handled::Replayed) => report.acted += 1,
-                Ok(Handled::LostRace) => report.lost_races += 1,
-                Ok(Handled::Illegal(_)) => report.illegal += 1,
-                Ok(_) => report.ignored += 1,
-                Err(e) => {
-                    warn!(order_id = %entry.order_id, error = %e, "could not handle an expired record");
-                    report.errors += 1;
-                }
-            }
-        }
-        Ok(report)
     }
 
     /// Handles one index entry: re-read, decide, write conditionally, then act. `horizon` is
