@@ -541,6 +541,11 @@ async fn the_api_lets_in_only_whom_it_should_in_each_auth_mode() {
     assert_eq!(call(&http, &stack, &Auth::Unsigned, "POST", &answer, body).await.0, 401);
     let (status, judged) = call(&http, &stack, &bob, "POST", &answer, body).await;
     assert_eq!((status, judged["error"]["code"].as_str()), (409, Some("no_callback")), "{judged}");
+    // The load tool carries a token instead of a signature.
+    let jwt = token(issuer, "orders", "loader", 300);
+    let args = ["--rate", "2", "--duration", "2s", "--input", ORDER];
+    let (code, report) = sas_load(&stack, &[("SAS_JWT", &jwt)], &args);
+    assert_eq!((code, &report["ended"]), (Some(0), &json!({"Processed": 4})), "{report:#}");
     drop(stack);
 
     // NONE, chosen explicitly: everyone is the same anonymous caller.
@@ -700,6 +705,61 @@ async fn throttling_delays_orders_and_dead_letters_none() {
     println!(
         "{refused} writes throttled; {lambda_throttles} invocations throttled, {polled_throttles} of them by queues' pollers"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sas_load_offers_orders_on_time_and_follows_each_to_its_end() {
+    let _turn = TURN.lock().await;
+    let stack = start("e2e-load", SOUND, 5).await;
+    let (code, report) =
+        sas_load(&stack, &[], &["--rate", "5", "--duration", "4s", "--input", ORDER]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!((report["offered"].as_u64(), report["accepted"].as_u64()), (Some(20), Some(20)));
+    assert_eq!(report["ended"], json!({"Processed": 20}), "{report:#}");
+    assert_eq!(report["unfinished"], 0);
+    let latency = &report["latency_ms"]["end_to_end"];
+    assert_eq!(latency["count"], 20, "{report:#}");
+    assert!(
+        latency["p50"].as_u64().unwrap() >= report["latency_ms"]["stack"]["p50"].as_u64().unwrap()
+    );
+    let seconds = report["by_second"].as_array().unwrap();
+    let offered: u64 = seconds.iter().map(|s| s["offered"].as_u64().unwrap()).sum();
+    assert_eq!(offered, 20);
+    // Offered on time: five in each of the four seconds, however the stack answered.
+    assert!(seconds[..4].iter().all(|s| s["offered"] == 5), "{seconds:?}");
+    assert!(report["requests"]["posts"].as_u64().unwrap() >= 20);
+
+    // An order the workflow's schema refuses is refused for good, said, and not sent again.
+    let bad = r#"{"customer_id":{{i}}}"#;
+    let (code, report) =
+        sas_load(&stack, &[], &["--rate", "2", "--duration", "1s", "--input", bad]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(
+        (report["accepted"].as_u64(), report["door"]["rejected"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert!(report["door"]["first_rejection"].as_str().unwrap().starts_with("400"), "{report:#}");
+    assert_eq!(report["requests"]["posts"], 2, "a rejected order is not sent again");
+}
+
+/// Runs `sas load -o json` against the stack as the client [`CLIENT`], with `env` besides;
+/// its exit code and its report.
+fn sas_load(stack: &LocalStack, env: &[(&str, &str)], args: &[&str]) -> (Option<i32>, Value) {
+    let out =
+        std::process::Command::new(target_dir(TARGET_TMPDIR.as_ref()).join("debug").join("sas"))
+            .args(["-o", "json", "load", "--drain", "60s"])
+            .args(args)
+            .env("SAS_API_URL", &stack.api_url)
+            .env("AWS_ACCESS_KEY_ID", CLIENT)
+            .env("AWS_SECRET_ACCESS_KEY", LOCAL_SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| json!(text(&out)));
+    (out.status.code(), report)
 }
 
 /// Runs the `sas` binary against the stack as the caller `ops-e2e`.

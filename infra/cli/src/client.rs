@@ -1,6 +1,7 @@
-//! The admin API over HTTP. Every request is signed with SigV4 for `execute-api`, with the
+//! The stack's HTTP API. Every request is signed with SigV4 for `execute-api`, with the
 //! credentials the standard AWS chain finds (environment, profile, web identity, container or
-//! instance role), as the API's `AWS_IAM` authorizer requires. Throttled and unavailable answers
+//! instance role), as the API's `AWS_IAM` authorizer requires, or carries a bearer token where
+//! the API takes JWTs. Throttled and unavailable answers
 //! are retried: reads are safe to repeat, and a command carries its id, so a repeat is applied
 //! once.
 
@@ -32,23 +33,53 @@ pub enum CliError {
     Api { status: u16, url: String, message: String, body: Value },
 }
 
-/// A connection to one stack's admin API.
+/// A connection to one stack's API.
 #[derive(Debug)]
 pub struct Api {
     base: String,
     region: String,
     http: reqwest::Client,
-    credentials: SharedCredentialsProvider,
+    auth: Auth,
+}
+
+/// How requests prove who sends them: signed with AWS credentials (`ApiAuth` `AWS_IAM`), or
+/// with a bearer token from the stack's identity provider (`ApiAuth` `JWT`).
+#[derive(Debug)]
+enum Auth {
+    SigV4(SharedCredentialsProvider),
+    Bearer(String),
+}
+
+/// An answer as the API gave it, whatever its status.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    /// The `Retry-After` header, in seconds.
+    pub retry_after: Option<u64>,
+    pub body: Value,
 }
 
 impl Api {
     /// `base` is the stack's API URL (its `ApiUrl` output). The region is `region`, else the
     /// standard chain's, else the one in the URL.
     pub async fn connect(base: &str, region: Option<String>) -> Result<Api, CliError> {
+        Api::connect_as(base, region, None).await
+    }
+
+    /// As [`Api::connect`]; with a `token`, requests carry it as a bearer token instead of a
+    /// signature, and no AWS credentials are needed.
+    pub async fn connect_as(
+        base: &str,
+        region: Option<String>,
+        token: Option<String>,
+    ) -> Result<Api, CliError> {
         let config = aws_config::defaults(BehaviorVersion::latest()).load().await;
-        let credentials = config
-            .credentials_provider()
-            .ok_or_else(|| CliError::Credentials("no credential provider configured".into()))?;
+        let auth = match token {
+            Some(token) => Auth::Bearer(token),
+            None => Auth::SigV4(config.credentials_provider().ok_or_else(|| {
+                CliError::Credentials("no credential provider configured".into())
+            })?),
+        };
         let region = region
             .or_else(|| config.region().map(|r| r.to_string()))
             .or_else(|| region_of(base))
@@ -57,7 +88,7 @@ impl Api {
             .timeout(Duration::from_secs(40))
             .build()
             .map_err(|source| CliError::Http { url: base.into(), source })?;
-        Ok(Api { base: base.trim_end_matches('/').to_owned(), region, http, credentials })
+        Ok(Api { base: base.trim_end_matches('/').to_owned(), region, http, auth })
     }
 
     /// `GET` a path (with its query string) and its JSON answer; any status other than 200
@@ -108,8 +139,83 @@ impl Api {
     }
 
     async fn send(&self, method: &str, url: &str, body: &str) -> Result<Value, CliError> {
-        let credentials = self
-            .credentials
+        let answer = self.request(method, url, &[], body).await?;
+        if answer.status == 200 {
+            return Ok(answer.body);
+        }
+        let value = answer.body;
+        let message = value
+            .pointer("/error/message")
+            .or_else(|| value.get("message"))
+            .and_then(Value::as_str)
+            .map_or_else(|| value.to_string(), str::to_owned);
+        Err(CliError::Api { status: answer.status, url: url.to_owned(), message, body: value })
+    }
+
+    /// Sends one request to `path` (with its query string), with `headers` besides the
+    /// content type and the proof of who sends it, once, and returns the answer whatever its
+    /// status. Fails only if no answer came.
+    pub async fn once(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<Answer, CliError> {
+        let url = format!("{}{path}", self.base);
+        self.request(method, &url, headers, body).await
+    }
+
+    async fn request(
+        &self,
+        method: &str,
+        url: &str,
+        extra: &[(&str, &str)],
+        body: &str,
+    ) -> Result<Answer, CliError> {
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend_from_slice(extra);
+        let reqwest_method = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        let mut request = self.http.request(reqwest_method, url);
+        for (name, value) in &headers {
+            request = request.header(*name, *value);
+        }
+        match &self.auth {
+            Auth::Bearer(token) => request = request.bearer_auth(token),
+            Auth::SigV4(credentials) => {
+                for (name, value) in
+                    self.signature(credentials, method, url, &headers, body).await?
+                {
+                    request = request.header(name, value);
+                }
+            }
+        }
+        if !body.is_empty() {
+            request = request.body(body.to_owned());
+        }
+        let http = |source| CliError::Http { url: url.to_owned(), source };
+        let response = request.send().await.map_err(http)?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+        let text = response.text().await.map_err(http)?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(Answer { status, retry_after, body })
+    }
+
+    /// The headers that sign a request for `execute-api`.
+    async fn signature(
+        &self,
+        credentials: &SharedCredentialsProvider,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<Vec<(String, String)>, CliError> {
+        let credentials = credentials
             .provide_credentials()
             .await
             .map_err(|e| CliError::Credentials(e.to_string()))?;
@@ -123,7 +229,6 @@ impl Api {
             .build()
             .map_err(|e| CliError::Signing(e.to_string()))?
             .into();
-        let headers = [("content-type", "application/json")];
         let signable = SignableRequest::new(
             method,
             url,
@@ -133,29 +238,10 @@ impl Api {
         .map_err(|e| CliError::Signing(e.to_string()))?;
         let (instructions, _) =
             sign(signable, &params).map_err(|e| CliError::Signing(e.to_string()))?.into_parts();
-        let method = reqwest::Method::from_bytes(method.as_bytes())
-            .map_err(|e| CliError::Usage(e.to_string()))?;
-        let mut request = self.http.request(method, url).header("content-type", "application/json");
-        for (name, value) in instructions.headers() {
-            request = request.header(name, value);
-        }
-        if !body.is_empty() {
-            request = request.body(body.to_owned());
-        }
-        let http = |source| CliError::Http { url: url.to_owned(), source };
-        let response = request.send().await.map_err(http)?;
-        let status = response.status().as_u16();
-        let text = response.text().await.map_err(http)?;
-        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        if status == 200 {
-            return Ok(value);
-        }
-        let message = value
-            .pointer("/error/message")
-            .or_else(|| value.get("message"))
-            .and_then(Value::as_str)
-            .map_or_else(|| value.to_string(), str::to_owned);
-        Err(CliError::Api { status, url: url.to_owned(), message, body: value })
+        Ok(instructions
+            .headers()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect())
     }
 }
 

@@ -6,6 +6,7 @@
 //! order refused a command or a call failed, 2 for a usage error.
 
 mod client;
+mod load;
 mod render;
 
 use std::process::ExitCode;
@@ -121,6 +122,44 @@ enum Verb {
         #[command(subcommand)]
         command: Dlq,
     },
+    /// Offer the stack orders at a rate (or a ramp), each arriving on time however the stack
+    /// answers, follow them to their end, and report throughput, latency percentiles, the
+    /// door's refusals and the API requests an order took. Exits 1 if an order was not
+    /// accepted, did not end, or ended other than Processed.
+    Load(LoadArgs),
+}
+
+#[derive(Debug, Args)]
+struct LoadArgs {
+    /// Orders a second (at the start, with --ramp-to).
+    #[arg(long)]
+    rate: f64,
+    /// Orders a second at the end: the rate changes evenly from --rate to this.
+    #[arg(long)]
+    ramp_to: Option<f64>,
+    /// How long orders arrive: 30s, 5m.
+    #[arg(long, value_parser = parse_age, default_value = "30s")]
+    duration: u64,
+    /// How long after the last arrival orders are followed to their end.
+    #[arg(long, value_parser = parse_age, default_value = "2m")]
+    drain: u64,
+    /// The workflow (the stack's default if not given).
+    #[arg(long)]
+    workflow: Option<String>,
+    /// Each order's JSON body; `{{i}}` becomes the order's number, `{{run}}` the run's id.
+    #[arg(long, conflicts_with = "input_file")]
+    input: Option<String>,
+    /// The same, read from a file.
+    #[arg(long)]
+    input_file: Option<std::path::PathBuf>,
+    /// A bearer token for a stack whose API takes JWTs (ApiAuth JWT); without it, requests are
+    /// signed with AWS credentials.
+    #[arg(long, env = "SAS_JWT", hide_env_values = true)]
+    jwt: Option<String>,
+    /// The run's id, which names its idempotency keys (default: a new one): the same id sent
+    /// again offers the same orders, which the stack does not take twice.
+    #[arg(long)]
+    run_id: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -205,7 +244,7 @@ struct Act {
     command_id: Option<String>,
 }
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
@@ -223,8 +262,13 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             "the API URL is needed: --api URL or SAS_API_URL (the stack's ApiUrl output)".into(),
         )
     })?;
-    let api = Api::connect(&base, cli.region.clone()).await?;
     let json_out = cli.output == Format::Json;
+    if let Verb::Load(args) = cli.command {
+        let token = args.jwt.clone();
+        let api = Api::connect_as(&base, cli.region.clone(), token).await?;
+        return offer(api, args, json_out).await;
+    }
+    let api = Api::connect(&base, cli.region.clone()).await?;
     match cli.command {
         Verb::List { filter, limit } => {
             let orders = select(&api, &filter, limit).await?;
@@ -284,7 +328,49 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             service_command(&api, &agent, "release", &reason, json_out).await
         }
         Verb::Dlq { command } => dead_letters(&api, command, json_out).await,
+        Verb::Load(_) => unreachable!("handled above"),
     }
+}
+
+/// `sas load`: runs the plan `args` describe and prints its report.
+async fn offer(api: Api, args: LoadArgs, json_out: bool) -> Result<ExitCode, CliError> {
+    let input = match (args.input, args.input_file) {
+        (Some(text), _) => text,
+        (None, Some(path)) => std::fs::read_to_string(&path)
+            .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?,
+        (None, None) => {
+            return Err(CliError::Usage("an order body is needed: --input or --input-file".into()));
+        }
+    };
+    let probe = input.replace("{{i}}", "0").replace("{{run}}", "run");
+    if let Err(e) = serde_json::from_str::<Value>(&probe) {
+        return Err(CliError::Usage(format!("the order body is not JSON: {e}")));
+    }
+    let positive = |r: f64| r.is_finite() && r >= 0.0;
+    if !positive(args.rate) || !args.ramp_to.is_none_or(positive) || args.duration == 0 {
+        return Err(CliError::Usage(
+            "--rate and --ramp-to are orders a second, 0 or more, and --duration at least 1s"
+                .into(),
+        ));
+    }
+    let plan = load::Plan {
+        workflow: args.workflow,
+        input,
+        rate: args.rate,
+        ramp_to: args.ramp_to,
+        duration: Duration::from_secs(args.duration),
+        drain: Duration::from_secs(args.drain),
+        run: args.run_id.unwrap_or_else(|| format!("load-{}", uuid::Uuid::new_v4().simple())),
+    };
+    let report = load::run(std::sync::Arc::new(api), plan).await?;
+    if json_out {
+        print_json(&report);
+    } else {
+        print!("{}", load::render(&report));
+    }
+    let processed = report.pointer("/ended/Processed").and_then(Value::as_u64).unwrap_or(0);
+    let all = report["offered"].as_u64().unwrap_or(0);
+    Ok(if processed == all { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 /// Holds or releases (`verb`) the service of `agent`.
@@ -630,7 +716,7 @@ fn print_json(value: &Value) {
 /// What stays as it is in a URL component: the unreserved characters of RFC 3986.
 const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
