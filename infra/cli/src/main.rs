@@ -1,6 +1,7 @@
 //! `sas`: the operators' command line. It finds the orders that need attention, shows one with
 //! its timeline, cancels, pauses, resumes or redrives orders one by one or by filter, and
-//! lists, peeks at and moves back dead letters, all through the stack's admin API.
+//! lists, peeks at and moves back dead letters, all through the stack's admin API; and it
+//! measures a stack by offering it orders through its order routes (`sas load`).
 //!
 //! Exit status: 0 when everything asked for was done (or had been done before), 1 when an
 //! order refused a command or a call failed, 2 for a usage error.
