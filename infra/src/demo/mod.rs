@@ -27,6 +27,7 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::emulation::local::LocalStack;
+use crate::observe::cpu::CpuSample;
 
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
 /// calls, an outage from 15 s to 25 s after start, and payments declined and welcome emails
@@ -206,9 +207,13 @@ pub async fn run(
             }
         }
     };
+    let before = CpuSample::take(stack);
     let following = follow::follow(stack, orders, rate, limit, &accepted_at, &kills);
     let (summary, ()) = tokio::join!(following, killer);
     let mut summary = summary?;
+    if let (Some(before), Some(after)) = (before, CpuSample::take(stack)) {
+        summary.text.push_str(&after.since(&before));
+    }
     if chaos.is_some() {
         summary.text.push_str(&format!(
             "chaos: {} function processes killed with SIGKILL, {} restarts\n",
