@@ -1,0 +1,1153 @@
+//! AWS's limits on one deployed stack, around the real services: the orders a second it
+//! finishes when sent its stated ceiling, and what becomes of the orders sent at twice that.
+//!
+//! As in `load.rs`, the real services (submission, scheduler, agents, supervisor) run on
+//! in-memory ports, on a manual clock moved in ticks, each worker on a clock of its own so that
+//! a batch's writes and messages happen when its work ends. Around them, the quotas that bound
+//! one stack on AWS, at their published defaults:
+//!
+//! - **The HTTP API route** takes `ApiThrottlingRateLimit` requests a second, from a bucket of
+//!   `ApiThrottlingBurstLimit`. Every request takes a token, a client's retries included; one
+//!   that finds none is answered 429 before any function runs, and its client sends the order
+//!   again later, backing off (1 s, doubling to 30 s, and up to a fifth more).
+//! - **The door** (the submission's own refusal, 503 with `Retry-After`) is the engine's: its
+//!   clients come back after what it says, and up to a fifth more. So do the clients of a
+//!   submission whose write DynamoDB throttled (503, `Retry-After: 1`).
+//! - **Each SQS event source mapping** runs at most `PollerConcurrency` batches of 10 at once,
+//!   and only as many as it has scaled to: 5 at first, 300 more a minute. A scheduler batch
+//!   lasts 40 ms; an agent's lasts 100 ms, its remote calls made side by side. A message whose
+//!   handling failed comes back after its queue's visibility timeout (71 s for the scheduler's
+//!   queues, 540 s for an agent's) and, from its third receive on, is sent again as a new
+//!   message 60 s later, as the deployed consumers do, so that a passing cause never
+//!   dead-letters it.
+//! - **DynamoDB** takes so many write units a second: `StateTable` 4,000 when new, or its warm
+//!   throughput; `OrdersTable` 4,000; the `ByCompleteBy` index 4,000 when new, or its warm
+//!   throughput; and each shard of that index, one partition, 1,000. A state write costs one
+//!   unit, two for a finished record (just over 1 KB); an order's item one. A write that
+//!   changes the record's entry in the index costs index units on the record's shard, as
+//!   `cost-model` counts them: one to add or remove the entry, two to move it. A write that
+//!   would take any of these past what its second has left is throttled (an index that cannot
+//!   keep up holds back its table's writes) and costs nothing. Where a function's time is
+//!   modelled (the scheduler's batches), the SDK tries it twice more, after up to 1 s and then
+//!   2 s, on that function's clock; then, and at once for the submission and the supervisor,
+//!   the store fails as the DynamoDB adapter fails a `ProvisionedThroughputExceededException`:
+//!   [`Error::Unavailable`], retryable.
+//! - **The supervisor** sweeps once a minute, repairing at most `sweep_limit` records; the
+//!   index's shards and that limit follow from `ExpectedOrdersPerSecond` through
+//!   [`Scale::for_rate`], as in the deployed functions.
+//!
+//! The quotas are restated here from `infra/src/tools/ceiling.rs`, which cites the page of each
+//! (this crate cannot depend on the infra crate); the per-order uses and invocation durations
+//! from which `cost-model` states each set's ceiling are restated with them, and a test checks
+//! that they give the ceilings it states.
+//!
+//! **Scaled down.** A set may be run at 1/k of its size: every rate, quota and capacity (API
+//! rate and burst, mapping concurrency, write units, sweep limit) divided by k, durations
+//! unchanged, so that orders behave as at full size while k times fewer of them are simulated.
+//! `defaults` runs at full size; `large` at 1/20 (150 orders a second for its 3,000). A
+//! scaled-down mapping's worker stands for k batches at once, and starts once the mapping has
+//! scaled to all k of them: the first of `large`'s 3 s after the first message, the second at
+//! 7 s (where AWS adds a batch at a time). A scaled-down partition sees its writes' random
+//! spread k times closer to its quota than at full size: harsher, not kinder.
+//!
+//! Each run lasts three minutes of arrivals. A stack sent its ceiling has been in use: its
+//! first minute brings a fifth of it. One sent twice its ceiling starts cold. What must hold,
+//! for each set:
+//! - sent its stated ceiling, the stack finishes orders at 90 % of it or more over the last
+//!   minute of the arrivals;
+//! - sent twice that, it refuses some (429 and 503), every order sent is accepted in the end,
+//!   and every order accepted ends Processed: none compensated, none in Error, no message
+//!   dead-lettered or refused as poison, no illegal input. It also goes on finishing orders at
+//!   90 % of its ceiling or more: overload does not collapse it;
+//! - in every run, 95 % of the orders accepted end within `MAX_QUEUE_WAIT_SECONDS` (60 s) of
+//!   their acceptance, as the door promises.
+//!
+//! Left out: reads (the tables' read units, never near their quotas here), the account's Lambda
+//! concurrency and each function's scaling rate (above what these sets use), DynamoDB's burst
+//! capacity and the SDK's client-side retry quota, several submission containers each with its
+//! own view of the queues (one door here), and faults: nothing else fails in this world, so an
+//! order that does not end Processed failed for the limits alone.
+//!
+//! `SEED=n` runs seed n (default 1).
+
+#![allow(clippy::unwrap_used)]
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sas_engine::catalogue::Catalogue;
+use sas_engine::config::{EngineConfig, MAX_INDEX_SHARDS, Scale};
+use sas_engine::load::Gauges;
+use sas_engine::memory::{
+    Delivery, InMemory, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook,
+    MemoryStore, MemoryWaits, QueueSettings, SeqIds, SplitMix,
+};
+use sas_engine::message::Message;
+use sas_engine::ports::{
+    Clock, Created, Destination, Expected, ExpiryIndex, HeldIndex, Incoming, IndexEntry,
+    OrderRecord, Outbox, Outgoing, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore,
+};
+use sas_engine::services::{Agent, Assembly, Handled, Scheduler, Submission, Supervisor};
+use sas_engine::state::{Happening, ProcessState, StateRecord};
+use sas_engine::workflow::Workflow;
+use sas_engine::{Error, OrderId, Result, Timestamp};
+
+// AWS's quotas, as `infra/src/tools/ceiling.rs` states and cites them.
+/// Write units a second one partition takes: one shard of `ByCompleteBy`.
+const PARTITION_WCU: f64 = 1_000.0;
+/// Write units a second a new on-demand table takes (`OrdersTable`, and `StateTable` unless
+/// pre-warmed).
+const NEW_TABLE_WCU: f64 = 4_000.0;
+/// Write units a second a new on-demand index takes, unless pre-warmed.
+const NEW_INDEX_WCU: f64 = 4_000.0;
+/// An event source mapping's concurrent batches at first, and how many it adds a minute.
+const MAPPING_START: f64 = 5.0;
+const MAPPING_GROWTH_PER_MINUTE: f64 = 300.0;
+/// Messages a mapping hands one invocation (the template's `BatchSize`).
+const BATCH: usize = 10;
+
+// What one order of the three-step workflow uses, as `cost-model` counts it.
+const API_REQUESTS: f64 = 1.0;
+const STARTS: f64 = 1.0;
+const REPLIES: f64 = 3.0;
+const AGENT_REQUESTS: f64 = 1.0;
+const ORDERS_TABLE_WCU: f64 = 1.0;
+const STATE_TABLE_WCU: f64 = 6.01;
+const INDEX_WCU: f64 = 2.0;
+
+// How long invocations last: `ceiling.rs`'s assumed durations.
+const SCHEDULER_BATCH: Duration = Duration::from_millis(40);
+/// An agent's batch lasts as long as its slowest remote call: each call takes this.
+const AGENT_BATCH: Duration = Duration::from_millis(100);
+
+// The deployed consumers (`template.yaml`, `shared/aws/src/batch.rs`).
+const SCHEDULER_VISIBILITY: Duration = Duration::from_secs(71);
+const AGENT_VISIBILITY: Duration = Duration::from_secs(540);
+const MAX_RECEIVES: u32 = 5;
+const REQUEUE_FROM_RECEIVE: u32 = 3;
+const REQUEUE_DELAY: Duration = Duration::from_secs(60);
+/// `MaxQueueWaitSeconds`: the longest a new order may expect to wait in the queues before the
+/// door refuses it.
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(60);
+/// `SweepSchedule`: once a minute.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The SDK's standard retry mode: three tries in all, each retry after a random share of 1 s
+/// doubling per retry (up to 20 s).
+const SDK_ATTEMPTS: u32 = 3;
+const SDK_INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+const SDK_MAX_BACKOFF: Duration = Duration::from_secs(20);
+
+/// A 429's client waits 1 s, doubling with each 429 of the same order up to this.
+const CLIENT_MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+const TICK: Duration = Duration::from_millis(50);
+const ARRIVALS_FOR: Duration = Duration::from_secs(180);
+/// Goodput is measured over the last minute of the arrivals.
+const MEASURED_FROM: Duration = Duration::from_secs(120);
+/// A stack sent its ceiling has been in use: for the first minute its orders come at this
+/// share of the ceiling. One sent twice its ceiling starts cold: its door, which reads what
+/// the consumers last reported of their rates, takes fewer orders in that minute.
+const WARM_UP: Duration = Duration::from_secs(60);
+const WARM_UP_SHARE: f64 = 0.2;
+const MIN_GOODPUT: f64 = 0.9;
+const FIRST_MINUTE: Duration = Duration::from_secs(60);
+
+/// The parameters of one deployed stack that bound its throughput.
+#[derive(Clone, Copy, Debug)]
+struct Stack {
+    name: &'static str,
+    /// Every rate, quota and capacity is divided by this in the model; durations are not.
+    scale: u32,
+    /// `PollerConcurrency`: batches at once on each queue.
+    poller_concurrency: u32,
+    /// `ApiThrottlingRateLimit`, `ApiThrottlingBurstLimit`.
+    api_rate: f64,
+    api_burst: f64,
+    /// `ExpectedOrdersPerSecond`.
+    expected_rate: u32,
+    /// Write units a second `StateTable` and `ByCompleteBy` take from the first minute: a new
+    /// table's, or the warm throughput the template sets for the declared rate.
+    state_table_wcu: f64,
+    index_wcu: f64,
+    /// Orders a second `cost-model` states it takes ("How far one stack goes").
+    stated_ceiling: f64,
+}
+
+const DEFAULTS: Stack = Stack {
+    name: "defaults",
+    scale: 1,
+    poller_concurrency: 2,
+    api_rate: 200.0,
+    api_burst: 400.0,
+    expected_rate: 100,
+    state_table_wcu: NEW_TABLE_WCU,
+    index_wcu: NEW_INDEX_WCU,
+    stated_ceiling: 500.0 / 3.0,
+};
+
+const LARGE: Stack = Stack {
+    name: "large",
+    scale: 20,
+    poller_concurrency: 100,
+    api_rate: 3_000.0,
+    api_burst: 6_000.0,
+    expected_rate: 2_000,
+    state_table_wcu: 19_000.0,
+    index_wcu: 6_000.0,
+    stated_ceiling: 3_000.0,
+};
+
+impl Stack {
+    /// Orders a second each modelled resource allows the full-size stack, as `ceiling.rs`
+    /// computes them.
+    fn limits(&self) -> Vec<(&'static str, f64)> {
+        let mapping = |batch: Duration, per_order: f64| {
+            f64::from(self.poller_concurrency) * BATCH as f64 / batch.as_secs_f64() / per_order
+        };
+        let shards = f64::from(Scale::for_rate(self.expected_rate).index_shards);
+        vec![
+            ("HTTP API route", self.api_rate / API_REQUESTS),
+            ("scheduler, start queue", mapping(SCHEDULER_BATCH, STARTS)),
+            ("scheduler, reply queue", mapping(SCHEDULER_BATCH, REPLIES)),
+            ("an agent's queue", mapping(AGENT_BATCH, AGENT_REQUESTS)),
+            ("StateTable", self.state_table_wcu / STATE_TABLE_WCU),
+            ("OrdersTable", NEW_TABLE_WCU / ORDERS_TABLE_WCU),
+            ("ByCompleteBy", self.index_wcu / INDEX_WCU),
+            ("ByCompleteBy, one partition per shard", shards * PARTITION_WCU / INDEX_WCU),
+        ]
+    }
+
+    /// The limit that binds first (the first listed, of equals), and its orders a second.
+    fn ceiling(&self) -> (&'static str, f64) {
+        self.limits().into_iter().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap()
+    }
+
+    fn k(&self) -> f64 {
+        f64::from(self.scale)
+    }
+
+    /// The stated ceiling, in the model's orders a second.
+    fn modelled_ceiling(&self) -> f64 {
+        self.stated_ceiling / self.k()
+    }
+
+    /// Workers on each queue once its mapping has scaled up.
+    fn workers(&self) -> usize {
+        (self.poller_concurrency / self.scale) as usize
+    }
+
+    /// Workers on each queue `t` after the first message: each stands for `scale` batches at
+    /// once, and starts once the mapping has scaled to all of them.
+    fn workers_at(&self, t: Duration) -> usize {
+        let batches = (MAPPING_START + MAPPING_GROWTH_PER_MINUTE * t.as_secs_f64() / 60.0)
+            .min(f64::from(self.poller_concurrency));
+        ((batches / self.k()).floor() as usize).min(self.workers())
+    }
+
+    fn quotas(&self) -> Quotas {
+        Quotas {
+            state_table: self.state_table_wcu / self.k(),
+            orders_table: NEW_TABLE_WCU / self.k(),
+            index: self.index_wcu / self.k(),
+            partition: PARTITION_WCU / self.k(),
+        }
+    }
+
+    fn config(&self) -> EngineConfig {
+        let scale = Scale::for_rate(self.expected_rate);
+        EngineConfig {
+            expected_rate: self.expected_rate,
+            index_shards: scale.index_shards,
+            sweep_limit: scale.sweep_limit.div_ceil(self.scale as usize),
+            max_queue_wait: MAX_QUEUE_WAIT,
+            ..EngineConfig::default()
+        }
+    }
+}
+
+/// Write units a second, in the model's scale.
+#[derive(Clone, Copy, Debug)]
+struct Quotas {
+    state_table: f64,
+    orders_table: f64,
+    index: f64,
+    partition: f64,
+}
+
+/// What one write costs: units of each table, and of the index on the record's shard.
+#[derive(Clone, Copy, Debug, Default)]
+struct Units {
+    state: f64,
+    orders: f64,
+    index: f64,
+    shard: u16,
+}
+
+/// Units used in one second.
+#[derive(Clone, Copy, Debug, Default)]
+struct Used {
+    state: f64,
+    orders: f64,
+    index: f64,
+    shards: [f64; MAX_INDEX_SHARDS as usize],
+}
+
+/// What refused a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Refusal {
+    StateTable,
+    OrdersTable,
+    Index,
+    Partition,
+}
+
+/// DynamoDB's write throughput for one stack, shared by every caller of the store.
+#[derive(Debug)]
+struct Dynamo {
+    quotas: Quotas,
+    seconds: BTreeMap<i64, Used>,
+    /// The busiest second of each: `StateTable`, `OrdersTable`, the index, its busiest shard.
+    peak: (f64, f64, f64, f64),
+    /// Units taken in all.
+    taken: Used,
+    /// Tries refused, by what refused them; writes failed after every try.
+    refused: BTreeMap<Refusal, u64>,
+    failed: u64,
+}
+
+impl Dynamo {
+    fn new(quotas: Quotas) -> Self {
+        Dynamo {
+            quotas,
+            seconds: BTreeMap::new(),
+            peak: (0.0, 0.0, 0.0, 0.0),
+            taken: Used::default(),
+            refused: BTreeMap::new(),
+            failed: 0,
+        }
+    }
+
+    /// Takes `units` from second `second`'s budgets, or refuses without taking anything.
+    fn take(&mut self, second: i64, units: &Units) -> std::result::Result<(), Refusal> {
+        // Writers' clocks are seconds apart at most: older seconds are over.
+        while self.seconds.first_key_value().is_some_and(|(s, _)| *s < second - 60) {
+            self.seconds.pop_first();
+        }
+        let q = self.quotas;
+        let used = self.seconds.entry(second).or_default();
+        let shard = usize::from(units.shard);
+        let refusal = if used.state + units.state > q.state_table {
+            Some(Refusal::StateTable)
+        } else if used.orders + units.orders > q.orders_table {
+            Some(Refusal::OrdersTable)
+        } else if used.index + units.index > q.index {
+            Some(Refusal::Index)
+        } else if used.shards[shard] + units.index > q.partition {
+            Some(Refusal::Partition)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            *self.refused.entry(refusal).or_default() += 1;
+            return Err(refusal);
+        }
+        used.state += units.state;
+        used.orders += units.orders;
+        used.index += units.index;
+        used.shards[shard] += units.index;
+        let (state, orders, index, busiest) = self.peak;
+        self.peak = (
+            state.max(used.state),
+            orders.max(used.orders),
+            index.max(used.index),
+            busiest.max(used.shards[shard]),
+        );
+        self.taken.state += units.state;
+        self.taken.orders += units.orders;
+        self.taken.index += units.index;
+        Ok(())
+    }
+}
+
+/// Table write units of a state write: one, two for a finished record, which holds every
+/// step's output and its timeline (just over 1 KB for the reference workflow).
+fn table_units(record: &StateRecord) -> f64 {
+    if record.is_terminal() { 2.0 } else { 1.0 }
+}
+
+/// Writes of the `ByCompleteBy` index, which projects the keys and `CreatedAt`: one to add or
+/// remove an entry, two to move it (a key change), one to rewrite it in place (`CreatedAt`
+/// changed), none when it stays as it is. As `cost-model` counts them.
+fn index_units(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
+    let key = |r: &StateRecord| r.complete_by.map(|cb| (r.shard, cb));
+    match (old.and_then(key), key(new)) {
+        (None, None) => 0.0,
+        (None, Some(_)) | (Some(_), None) => 1.0,
+        (Some(a), Some(b)) if a == b => {
+            if old.map(StateRecord::watched_since) == Some(new.watched_since()) { 0.0 } else { 1.0 }
+        }
+        _ => 2.0,
+    }
+}
+
+/// The in-memory store behind DynamoDB's write throughput: each caller sees it through its own
+/// clock (a worker's, or the world's), and the budgets are shared.
+#[derive(Debug)]
+struct Throttled {
+    inner: Arc<MemoryStore<ManualClock>>,
+    clock: ManualClock,
+    dynamo: Arc<Mutex<Dynamo>>,
+    /// The jitter of the SDK's retries, where the caller's time is modelled; without it a
+    /// throttled write fails at once.
+    retries: Option<SplitMix>,
+}
+
+impl Throttled {
+    /// Takes a write's units, retrying as the SDK does; fails as the adapter does.
+    fn admit(&self, units: &Units) -> Result<()> {
+        let mut tries = 1;
+        loop {
+            let second = self.clock.now().as_millis().div_euclid(1000);
+            let refusal = match self.dynamo.lock().unwrap().take(second, units) {
+                Ok(()) => return Ok(()),
+                Err(refusal) => refusal,
+            };
+            match &self.retries {
+                Some(jitter) if tries < SDK_ATTEMPTS => {
+                    let cap = (SDK_INITIAL_BACKOFF * 2u32.pow(tries - 1)).min(SDK_MAX_BACKOFF);
+                    self.clock.advance(cap.mul_f64(jitter.unit()));
+                    tries += 1;
+                }
+                _ => {
+                    self.dynamo.lock().unwrap().failed += 1;
+                    return Err(Error::unavailable(
+                        "dynamodb",
+                        format!("ProvisionedThroughputExceededException ({refusal:?})"),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+impl StateStore for Throttled {
+    async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
+        self.admit(&Units { orders: ORDERS_TABLE_WCU, ..Units::default() })?;
+        self.inner.create_order(order).await
+    }
+
+    async fn create_state(&self, state: &StateRecord) -> Result<Created> {
+        let new = self.inner.peek(state.order_id).is_none();
+        let index = if new { index_units(None, state) } else { 0.0 };
+        self.admit(&Units { state: table_units(state), index, shard: state.shard, orders: 0.0 })?;
+        self.inner.create_state(state).await
+    }
+
+    async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
+        self.inner.load(id, read).await
+    }
+
+    async fn load_order(&self, id: OrderId, read: Read) -> Result<Option<OrderRecord>> {
+        self.inner.load_order(id, read).await
+    }
+
+    async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
+        let old = self.inner.peek(next.order_id);
+        // A put is billed on the larger of the old and new item, whether its condition holds
+        // or not; the index is written only if it does.
+        let holds = old.as_ref().is_some_and(|o| Expected::of(o) == expected);
+        let index = if holds { index_units(old.as_ref(), next) } else { 0.0 };
+        let state = old.as_ref().map_or(1.0, table_units).max(table_units(next));
+        self.admit(&Units { state, index, shard: next.shard, orders: 0.0 })?;
+        self.inner.save(next, expected).await
+    }
+}
+
+impl ExpiryIndex for Throttled {
+    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+        self.inner.expired(shard, now, limit).await
+    }
+
+    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
+        self.inner.oldest(shard, due_by).await
+    }
+}
+
+impl HeldIndex for Throttled {
+    async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
+        self.inner.held(service, limit).await
+    }
+
+    async fn count_held(&self, service: &str) -> Result<u64> {
+        self.inner.count_held(service).await
+    }
+}
+
+/// An outbox whose messages leave when the worker's work ends: sends made on a worker's clock
+/// ahead of the world's are delayed by the difference.
+#[derive(Clone, Debug)]
+struct WorkerOutbox {
+    queues: Arc<MemoryQueues<ManualClock>>,
+    world: ManualClock,
+    worker: ManualClock,
+}
+
+impl Outbox for WorkerOutbox {
+    async fn send(&self, messages: &[Outgoing]) -> Result<()> {
+        let ahead = self.world.now().until(self.worker.now());
+        let later: Vec<Outgoing> =
+            messages.iter().map(|m| Outgoing { delay: m.delay + ahead, ..m.clone() }).collect();
+        self.queues.send(&later).await
+    }
+}
+
+/// A remote service that answers every call, on the calling lane's clock, after
+/// [`AGENT_BATCH`].
+#[derive(Debug)]
+struct Remote {
+    inner: Arc<MemoryRemote<ManualClock>>,
+    clock: ManualClock,
+}
+
+impl RemoteService for Remote {
+    async fn call(&self, call: &RemoteCall) -> std::result::Result<serde_json::Value, RemoteFault> {
+        self.clock.advance(AGENT_BATCH);
+        self.inner.call(call).await
+    }
+}
+
+/// API Gateway's throttling of one route: a bucket of `burst` tokens, refilled at `rate` a
+/// second.
+#[derive(Debug)]
+struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Timestamp,
+}
+
+impl TokenBucket {
+    fn take(&mut self, now: Timestamp) -> bool {
+        let refill = self.at.until(now).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+type Store = Arc<Throttled>;
+type Queues = Arc<MemoryQueues<ManualClock>>;
+type Bus = Arc<MemoryBus>;
+type Waits = Arc<MemoryWaits>;
+type Load = Gauges<Waits, Queues>;
+type Book = Arc<MemoryServiceBook>;
+
+/// One concurrent batch of the scheduler's mapping.
+struct SchedulerWorker {
+    clock: ManualClock,
+    busy_until: Timestamp,
+    outbox: WorkerOutbox,
+    scheduler: Scheduler<Store, WorkerOutbox, Bus, ManualClock, Waits>,
+}
+
+/// One concurrent batch of an agent's mapping: a lane for each message of the batch, each
+/// calling the service at once.
+struct AgentWorker {
+    busy_until: Timestamp,
+    lanes: Vec<Lane>,
+}
+
+struct Lane {
+    clock: ManualClock,
+    outbox: WorkerOutbox,
+    agent: Agent<Arc<Remote>, WorkerOutbox, ManualClock, SplitMix, Waits, Book>,
+}
+
+/// What the consumers met.
+#[derive(Debug, Default)]
+struct Handling {
+    /// Messages whose handling failed for a passing cause: left for redelivery, or sent again.
+    failed: u64,
+    requeued: u64,
+    /// Messages refused as never workable, and inputs a correct system never sends.
+    poison: u64,
+    illegal: u64,
+}
+
+/// What a run measured.
+#[derive(Debug, Default)]
+struct Outcome {
+    offered: usize,
+    accepted: usize,
+    processed: usize,
+    other_ends: Vec<(OrderId, ProcessState)>,
+    refused_api: u64,
+    refused_door: u64,
+    refused_throttled: u64,
+    /// Orders ended per second over the measured window.
+    goodput: f64,
+    /// Accepted to ended, and first try to ended (the client's wait), p50 and p95.
+    to_end: (Duration, Duration),
+    client_wait: (Duration, Duration),
+    /// Orders accepted in the first minute.
+    first_minute: usize,
+    resets: usize,
+    handling: Handling,
+    dead_letters: usize,
+    /// DynamoDB: units taken per order (state table, index), the busiest second of each
+    /// budget against its quota, tries refused by what, writes failed after every try.
+    units_per_order: (f64, f64),
+    peak: (f64, f64, f64, f64),
+    refused_writes: BTreeMap<Refusal, u64>,
+    failed_writes: u64,
+    lasted: Duration,
+}
+
+struct World {
+    seed: u64,
+    stack: Stack,
+    /// Arrivals, as a multiple of the stated ceiling.
+    factor: f64,
+    clock: ManualClock,
+    start: Timestamp,
+    memory: InMemory<ManualClock>,
+    dynamo: Arc<Mutex<Dynamo>>,
+    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
+    supervisor: Supervisor<Store, Store, Queues, Bus, ManualClock, Load>,
+    book: Book,
+    schedulers: Vec<(Destination, Vec<SchedulerWorker>)>,
+    agents: Vec<(Destination, Vec<AgentWorker>)>,
+    destinations: Vec<Destination>,
+    handling: Handling,
+    rng: SplitMix,
+}
+
+impl World {
+    fn new(stack: Stack, factor: f64, seed: u64) -> World {
+        let clock = ManualClock::default();
+        let start = clock.now();
+        let memory = InMemory::new(clock.clone());
+        let dynamo = Arc::new(Mutex::new(Dynamo::new(stack.quotas())));
+        let throttled = |clock: ManualClock, retries: Option<SplitMix>| {
+            Arc::new(Throttled {
+                inner: memory.store.clone(),
+                clock,
+                dynamo: dynamo.clone(),
+                retries,
+            })
+        };
+        let json = sas_workflows::order_fulfilment();
+        let workflow = Workflow::from_json(json, &Workflow::agents_in(json)).unwrap();
+        // The submission and the supervisor run on the world's clock: a throttled write of
+        // theirs fails at once.
+        let system = Assembly {
+            store: throttled(clock.clone(), None),
+            bus: memory.bus.clone(),
+            clock: clock.clone(),
+            config: Arc::new(stack.config()),
+            catalogue: Arc::new(Catalogue::single(workflow)),
+            waits: memory.waits.clone(),
+            load: memory.load(),
+        };
+        let queues = &memory.queues;
+        for destination in system.destinations() {
+            let visibility_timeout = match destination {
+                Destination::Agent(_) => AGENT_VISIBILITY,
+                _ => SCHEDULER_VISIBILITY,
+            };
+            let settings =
+                QueueSettings { visibility_timeout, max_receive_count: Some(MAX_RECEIVES) };
+            queues.configure(&destination, settings);
+        }
+        let mut draws = 0u64;
+        let mut worker = || {
+            draws += 1;
+            let own = ManualClock::at(start);
+            let outbox =
+                WorkerOutbox { queues: queues.clone(), world: clock.clone(), worker: own.clone() };
+            let jitter = SplitMix::seeded(seed.wrapping_mul(1_000_003).wrapping_add(draws));
+            let system = Assembly {
+                store: throttled(own.clone(), Some(jitter)),
+                ..system.on_clock(own.clone())
+            };
+            (system, outbox, own, draws)
+        };
+        let mut schedulers = Vec::new();
+        for queue in [Destination::Scheduler, Destination::Replies] {
+            let workers = (0..stack.workers())
+                .map(|n| {
+                    let (system, outbox, clock, _) = worker();
+                    let owner = format!("scheduler-{}-{n}", queue.name());
+                    SchedulerWorker {
+                        clock,
+                        busy_until: start,
+                        scheduler: system.scheduler(outbox.clone(), owner),
+                        outbox,
+                    }
+                })
+                .collect();
+            schedulers.push((queue, workers));
+        }
+        let book = Book::default();
+        let mut agents = Vec::new();
+        for name in system.catalogue.agents() {
+            let workers = (0..stack.workers())
+                .map(|n| AgentWorker {
+                    busy_until: start,
+                    lanes: (0..BATCH)
+                        .map(|lane| {
+                            let (system, outbox, clock, draw) = worker();
+                            let remote = Arc::new(Remote {
+                                inner: memory.remote.clone(),
+                                clock: clock.clone(),
+                            });
+                            let random = SplitMix::seeded(seed ^ draw.wrapping_mul(0x9e37_79b9));
+                            let agent = system
+                                .agent(
+                                    &name,
+                                    remote,
+                                    outbox.clone(),
+                                    random,
+                                    format!("agent-{name}-{n}-{lane}"),
+                                )
+                                .guarded(book.clone(), name.as_str(), system.config.hold);
+                            Lane { clock, outbox, agent }
+                        })
+                        .collect(),
+                })
+                .collect();
+            agents.push((Destination::Agent(name), workers));
+        }
+        World {
+            seed,
+            stack,
+            factor,
+            start,
+            submission: system.submission(queues.clone(), SeqIds::new("c")),
+            supervisor: system.supervisor(queues.clone()),
+            destinations: system.destinations(),
+            clock,
+            memory,
+            dynamo,
+            book,
+            schedulers,
+            agents,
+            handling: Handling::default(),
+            rng: SplitMix::seeded(seed),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.start.until(self.clock.now())
+    }
+
+    /// Deletes a message whose handling is over; leaves one that failed for a passing cause to
+    /// come back, or, from its third receive on, sends it again as a new message; counts one
+    /// that can never be handled (it goes on to the dead letters).
+    async fn settle(
+        &mut self,
+        queue: &Destination,
+        d: &Delivery,
+        handled: Result<()>,
+        outbox: &WorkerOutbox,
+    ) {
+        match handled {
+            Ok(()) => self.memory.queues.delete(queue, &d.receipt).unwrap(),
+            Err(e) if e.is_retryable() => {
+                self.handling.failed += 1;
+                if d.receive_count >= REQUEUE_FROM_RECEIVE {
+                    let message = Message::decode(&d.body).unwrap();
+                    let again = Outgoing { to: queue.clone(), message, delay: REQUEUE_DELAY };
+                    if outbox.send(&[again]).await.is_ok() {
+                        self.handling.requeued += 1;
+                        self.memory.queues.delete(queue, &d.receipt).unwrap();
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("seed {}: a message can never be handled: {e}", self.seed);
+                self.handling.poison += 1;
+            }
+        }
+    }
+
+    /// Lets every worker of every mapping take batches until the next tick, each batch as soon
+    /// as the worker is free and its queue holds messages.
+    async fn work(&mut self) {
+        let now = self.clock.now();
+        let next_tick = now.plus(TICK);
+        let active = self.stack.workers_at(self.elapsed());
+        for q in 0..self.schedulers.len() {
+            loop {
+                let (queue, workers) = &self.schedulers[q];
+                let queue = queue.clone();
+                let Some(i) = (0..active)
+                    .filter(|&i| workers[i].busy_until < next_tick)
+                    .min_by_key(|&i| workers[i].busy_until)
+                else {
+                    break;
+                };
+                let batch = self.memory.queues.receive(&queue, BATCH);
+                if batch.is_empty() {
+                    break;
+                }
+                let w = &self.schedulers[q].1[i];
+                let begins = w.busy_until.max(now);
+                // The batch's effects happen when its work ends.
+                w.clock.set(begins.plus(SCHEDULER_BATCH));
+                let outbox = w.outbox.clone();
+                for d in &batch {
+                    let message = Message::decode(&d.body).unwrap();
+                    let incoming =
+                        Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                    let handled =
+                        self.schedulers[q].1[i].scheduler.handle(&message, incoming).await;
+                    if let Ok(Handled::Illegal(why)) = &handled {
+                        eprintln!("seed {}: illegal input: {why:?}", self.seed);
+                        self.handling.illegal += 1;
+                    }
+                    self.settle(&queue, d, handled.map(|_| ()), &outbox).await;
+                }
+                // A throttled write's retries keep the batch going.
+                let w = &mut self.schedulers[q].1[i];
+                w.busy_until = w.clock.now();
+            }
+        }
+        for a in 0..self.agents.len() {
+            loop {
+                let (queue, workers) = &self.agents[a];
+                let queue = queue.clone();
+                let Some(i) = (0..active)
+                    .filter(|&i| workers[i].busy_until < next_tick)
+                    .min_by_key(|&i| workers[i].busy_until)
+                else {
+                    break;
+                };
+                let batch = self.memory.queues.receive(&queue, BATCH);
+                if batch.is_empty() {
+                    break;
+                }
+                let begins = self.agents[a].1[i].busy_until.max(now);
+                let mut ends = begins.plus(Duration::from_millis(1));
+                for (lane, d) in batch.iter().enumerate() {
+                    let Message::Request(request) = Message::decode(&d.body).unwrap() else {
+                        panic!("seed {}: a request queue held something else", self.seed)
+                    };
+                    let incoming =
+                        Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                    let l = &self.agents[a].1[i].lanes[lane];
+                    l.clock.set(begins);
+                    let handled = l.agent.handle(&request, incoming).await;
+                    let (lane_ends, outbox) = (l.clock.now(), l.outbox.clone());
+                    ends = ends.max(lane_ends);
+                    self.settle(&queue, d, handled.map(|_| ()), &outbox).await;
+                }
+                self.agents[a].1[i].busy_until = ends;
+            }
+        }
+    }
+
+    /// Whether every queue is empty and every order ended.
+    fn quiet(&self) -> bool {
+        self.destinations.iter().all(|d| self.memory.queues.len(d) == 0)
+            && self
+                .memory
+                .store
+                .records()
+                .iter()
+                .all(|r| r.is_terminal() && r.complete_by.is_none())
+    }
+
+    async fn run(&mut self) -> Outcome {
+        let mut out = Outcome::default();
+        let (factor, ceiling) = (self.factor, self.stack.modelled_ceiling());
+        let rate = |t: Duration| {
+            let warming = factor <= 1.0 && t < WARM_UP;
+            if warming { WARM_UP_SHARE * ceiling } else { factor * ceiling }
+        };
+        let mut api = TokenBucket {
+            rate: self.stack.api_rate / self.stack.k(),
+            burst: self.stack.api_burst / self.stack.k(),
+            tokens: self.stack.api_burst / self.stack.k(),
+            at: self.start,
+        };
+        let mut owed = 0.0;
+        // Each client's first try, its 429s so far, and when it tries next.
+        let mut first_try: Vec<Timestamp> = Vec::new();
+        let mut throttled: Vec<u32> = Vec::new();
+        let mut waiting: BinaryHeap<Reverse<(Timestamp, usize)>> = BinaryHeap::new();
+        let mut accepted_at: HashMap<OrderId, Timestamp> = HashMap::new();
+        let mut next_sweep = self.start.plus(SWEEP_EVERY);
+        let limit = Duration::from_secs(1800);
+        loop {
+            self.clock.advance(TICK);
+            let now = self.clock.now();
+            let t = self.elapsed();
+            assert!(t < limit, "seed {}: orders still in flight after 30 minutes", self.seed);
+            let mut due: Vec<usize> = Vec::new();
+            if t <= ARRIVALS_FOR {
+                owed += rate(t) * TICK.as_secs_f64();
+                while owed >= 1.0 {
+                    owed -= 1.0;
+                    due.push(first_try.len());
+                    first_try.push(now);
+                    throttled.push(0);
+                }
+            }
+            while waiting.peek().is_some_and(|Reverse((at, _))| *at <= now) {
+                due.push(waiting.pop().unwrap().0.1);
+            }
+            for i in due {
+                let later = |after: Duration, rng: &SplitMix| {
+                    Reverse((now.plus(after.mul_f64(1.0 + 0.2 * rng.unit())), i))
+                };
+                if !api.take(now) {
+                    out.refused_api += 1;
+                    throttled[i] += 1;
+                    let backoff = Duration::from_secs(1 << (throttled[i] - 1).min(5));
+                    waiting.push(later(backoff.min(CLIENT_MAX_BACKOFF), &self.rng));
+                    continue;
+                }
+                let key = format!("limits-{i}");
+                match self.submission.submit(&key, order_body(i).as_bytes()).await {
+                    Ok(a) => {
+                        accepted_at.entry(a.order_id).or_insert(first_try[i]);
+                    }
+                    Err(Error::Overloaded { retry_after, .. }) => {
+                        out.refused_door += 1;
+                        waiting.push(later(retry_after, &self.rng));
+                    }
+                    Err(e) if e.is_retryable() => {
+                        out.refused_throttled += 1;
+                        waiting.push(later(Duration::from_secs(1), &self.rng));
+                    }
+                    Err(e) => panic!("seed {}: submission failed: {e}", self.seed),
+                }
+            }
+            self.work().await;
+            if now >= next_sweep {
+                self.supervisor.sweep().await.unwrap();
+                self.supervisor.tend(&self.book, true).await.unwrap();
+                next_sweep = next_sweep.plus(SWEEP_EVERY);
+            }
+            let whole_second = t.as_millis() % 1000 == 0;
+            if t > ARRIVALS_FOR && waiting.is_empty() && whole_second && self.quiet() {
+                break;
+            }
+        }
+        out.lasted = self.elapsed();
+        out.offered = first_try.len();
+        self.outcome(out, &accepted_at)
+    }
+
+    fn outcome(&mut self, mut out: Outcome, first_try: &HashMap<OrderId, Timestamp>) -> Outcome {
+        let records = self.memory.store.records();
+        let (from, to) = (self.start.plus(MEASURED_FROM), self.start.plus(ARRIVALS_FOR));
+        let mut to_end = Vec::new();
+        let mut client_wait = Vec::new();
+        let mut ended_in_window = 0;
+        for r in &records {
+            out.accepted += 1;
+            out.first_minute += usize::from(r.created_at < self.start.plus(FIRST_MINUTE));
+            match r.process_state {
+                ProcessState::Processed => out.processed += 1,
+                other => out.other_ends.push((r.order_id, other)),
+            }
+            out.resets += r.timeline.iter().filter(|e| e.what == Happening::RetryScheduled).count();
+            if let Some(ended) = r.ended_at {
+                to_end.push(r.created_at.until(ended));
+                if let Some(tried) = first_try.get(&r.order_id) {
+                    client_wait.push(tried.until(ended));
+                }
+                ended_in_window += usize::from(ended >= from && ended < to);
+            }
+        }
+        out.goodput = ended_in_window as f64 / from.until(to).as_secs_f64();
+        out.to_end = percentiles(&mut to_end);
+        out.client_wait = percentiles(&mut client_wait);
+        out.handling = std::mem::take(&mut self.handling);
+        out.dead_letters =
+            self.destinations.iter().map(|d| self.memory.queues.dead_letters(d).len()).sum();
+        let dynamo = self.dynamo.lock().unwrap();
+        let n = out.accepted.max(1) as f64;
+        out.units_per_order = (dynamo.taken.state / n, dynamo.taken.index / n);
+        out.peak = dynamo.peak;
+        out.refused_writes = dynamo.refused.clone();
+        out.failed_writes = dynamo.failed;
+        assert!(
+            self.memory.remote.max_applications() <= 1,
+            "seed {}: an effect applied twice",
+            self.seed
+        );
+        out
+    }
+}
+
+fn percentiles(all: &mut [Duration]) -> (Duration, Duration) {
+    all.sort_unstable();
+    let at = |p: f64| {
+        all.get(((all.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or_default()
+    };
+    (at(0.5), at(0.95))
+}
+
+fn order_body(i: usize) -> String {
+    format!(
+        r#"{{"customer_id":"c-{i}","currency":"EUR","items":[{{"sku":"SKU-{n}","quantity":1,"unit_price":100}}],
+            "ship_to":{{"name":"N","line1":"L","city":"C","postal_code":"1","country":"FR"}}}}"#,
+        n = i % 7
+    )
+}
+
+fn seed() -> u64 {
+    std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
+}
+
+/// Runs `stack` at `factor` times its ceiling, prints a row of figures, and returns what
+/// failed to hold.
+async fn measure(stack: Stack, factor: f64) -> Vec<String> {
+    let seed = seed();
+    let out = World::new(stack, factor, seed).run().await;
+    let ceiling = stack.modelled_ceiling();
+    let k = stack.k();
+    let secs = |d: Duration| d.as_secs_f64();
+    let refused: Vec<String> =
+        out.refused_writes.iter().map(|(what, n)| format!("{n} {what:?}")).collect();
+    let q = stack.quotas();
+    println!(
+        "| {} (1/{}) | {factor}x | {} | {} | {:.0} | {} | {} | {} / {} / {} | {:.0} ({:.0} %) | {:.1} s / {:.1} s | {:.1} s / {:.1} s | {:.2} / {:.2} | {:.0} of {:.0} / {:.0} of {:.0} / {:.0} of {:.0} | {} ({} failed) | {} / {} | {} | {} | {} s |",
+        stack.name,
+        stack.scale,
+        out.offered,
+        out.accepted,
+        out.first_minute as f64 / FIRST_MINUTE.as_secs_f64() * k,
+        out.processed,
+        out.other_ends.len(),
+        out.refused_api,
+        out.refused_door,
+        out.refused_throttled,
+        out.goodput * k,
+        100.0 * out.goodput / ceiling,
+        secs(out.to_end.0),
+        secs(out.to_end.1),
+        secs(out.client_wait.0),
+        secs(out.client_wait.1),
+        out.units_per_order.0,
+        out.units_per_order.1,
+        out.peak.0 * k,
+        q.state_table * k,
+        out.peak.2 * k,
+        q.index * k,
+        out.peak.3 * k,
+        q.partition * k,
+        if refused.is_empty() { "none".to_owned() } else { refused.join(", ") },
+        out.failed_writes,
+        out.handling.failed,
+        out.handling.requeued,
+        out.resets,
+        out.dead_letters + out.handling.poison as usize,
+        out.lasted.as_secs(),
+    );
+    let mut problems = Vec::new();
+    let mut check = |holds: bool, what: String| {
+        if !holds {
+            problems.push(format!("{} at {factor}x (seed {seed}): {what}", stack.name));
+        }
+    };
+    check(
+        out.goodput >= MIN_GOODPUT * ceiling,
+        format!(
+            "orders finished at {:.0} a second, {:.0} % of the ceiling",
+            out.goodput * k,
+            100.0 * out.goodput / ceiling
+        ),
+    );
+    check(
+        out.accepted == out.offered,
+        format!(
+            "{} of {} orders sent were never accepted",
+            out.offered - out.accepted,
+            out.offered
+        ),
+    );
+    check(
+        out.processed == out.accepted,
+        format!(
+            "{} of {} orders accepted did not end Processed, e.g. {:?}",
+            out.accepted - out.processed,
+            out.accepted,
+            &out.other_ends[..out.other_ends.len().min(3)]
+        ),
+    );
+    check(
+        out.dead_letters == 0 && out.handling.poison == 0,
+        format!("{} dead letters, {} poison", out.dead_letters, out.handling.poison),
+    );
+    check(out.handling.illegal == 0, format!("{} illegal inputs", out.handling.illegal));
+    check(
+        out.to_end.1 <= MAX_QUEUE_WAIT,
+        format!(
+            "95 % of the orders took up to {:.1} s from acceptance to their end, more than the {} s the door allows",
+            out.to_end.1.as_secs_f64(),
+            MAX_QUEUE_WAIT.as_secs()
+        ),
+    );
+    if factor > 1.0 {
+        check(
+            out.refused_api + out.refused_door > 0,
+            "nothing was refused: the arrivals were not above what the stack takes".into(),
+        );
+    }
+    problems
+}
+
+fn header() {
+    println!(
+        "| stack (scale) | sent at | orders sent | accepted | accepted a second in the first minute | processed | other ends | refused: 429 / 503 door / 503 throttled | goodput a second (of the ceiling) | accepted to end, p50 / p95 | first try to end, p50 / p95 | write units per order: table / index | busiest second: StateTable / ByCompleteBy / one shard | tries throttled (writes failed) | handlings failed / sent again | supervisor resets | dead letters | lasted |"
+    );
+    println!(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_stack_takes_its_stated_ceiling_and_sheds_twice_it_without_failing_an_order() {
+    header();
+    let mut problems = Vec::new();
+    for stack in [DEFAULTS, LARGE] {
+        for factor in [1.0, 2.0] {
+            problems.extend(measure(stack, factor).await);
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_restated_quotas_give_the_ceilings_cost_model_states() {
+    let (bound, ceiling) = DEFAULTS.ceiling();
+    assert_eq!(bound, "scheduler, reply queue");
+    assert!((ceiling - DEFAULTS.stated_ceiling).abs() < 0.5, "{ceiling}");
+    let (bound, ceiling) = LARGE.ceiling();
+    assert_eq!(bound, "HTTP API route");
+    assert!((ceiling - LARGE.stated_ceiling).abs() < 0.5, "{ceiling}");
+    // Pre-warmed for 2,000 orders a second, the index takes exactly the route's 3,000, and
+    // its eight partitions more.
+    let of = |name: &str| LARGE.limits().into_iter().find(|l| l.0 == name).unwrap().1;
+    assert!((of("ByCompleteBy") - 3_000.0).abs() < 1e-9);
+    assert!((of("ByCompleteBy, one partition per shard") - 4_000.0).abs() < 1e-9);
+    // The scaled-down model keeps whole workers and the shards of the full-size stack.
+    assert_eq!((LARGE.workers(), LARGE.config().index_shards), (5, 8));
+    assert_eq!(
+        (LARGE.workers_at(Duration::ZERO), LARGE.workers_at(Duration::from_secs(7))),
+        (0, 2)
+    );
+    assert_eq!(DEFAULTS.workers_at(Duration::ZERO), 2);
+}
