@@ -270,11 +270,15 @@ fn report(plan: &Plan, outcomes: &[Outcome], tally: Tally, took: Duration) -> Va
     let requests = tally.posts + tally.gets;
     let per_order = |n: u64| if accepted == 0 { 0.0 } else { n as f64 / accepted as f64 };
     let last = ended_by_second.keys().chain(tally.accepted_by_second.keys()).max().copied();
+    let mut offered_by_second: BTreeMap<u64, u64> = BTreeMap::new();
+    for i in 0..outcomes.len() {
+        Tally::at(&mut offered_by_second, plan.arrival_at(i));
+    }
     let by_second: Vec<Value> = (0..=last.unwrap_or(0))
         .map(|s| {
             json!({
                 "second": s,
-                "offered": (0..outcomes.len()).filter(|&i| plan.arrival_at(i).as_secs() == s).count(),
+                "offered": offered_by_second.get(&s).copied().unwrap_or(0),
                 "accepted": tally.accepted_by_second.get(&s).copied().unwrap_or(0),
                 "refused": tally.refused_by_second.get(&s).copied().unwrap_or(0),
                 "ended": ended_by_second.get(&s).copied().unwrap_or(0),

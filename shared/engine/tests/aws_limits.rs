@@ -789,9 +789,7 @@ impl World {
             loop {
                 let (queue, workers) = &self.schedulers[q];
                 let queue = queue.clone();
-                let Some(i) = (0..active)
-                    .filter(|&i| workers[i].busy_until < next_tick)
-                    .min_by_key(|&i| workers[i].busy_until)
+                let Some(i) = first_free(workers[..active].iter().map(|w| w.busy_until), next_tick)
                 else {
                     break;
                 };
@@ -825,9 +823,7 @@ impl World {
             loop {
                 let (queue, workers) = &self.agents[a];
                 let queue = queue.clone();
-                let Some(i) = (0..active)
-                    .filter(|&i| workers[i].busy_until < next_tick)
-                    .min_by_key(|&i| workers[i].busy_until)
+                let Some(i) = first_free(workers[..active].iter().map(|w| w.busy_until), next_tick)
                 else {
                     break;
                 };
@@ -1107,6 +1103,11 @@ async fn measure(stack: Stack, factor: f64) -> Vec<String> {
         );
     }
     problems
+}
+
+/// The worker that is free soonest, if any is free before `next_tick`.
+fn first_free(busy_until: impl Iterator<Item = Timestamp>, next_tick: Timestamp) -> Option<usize> {
+    busy_until.enumerate().filter(|(_, b)| *b < next_tick).min_by_key(|(_, b)| *b).map(|(i, _)| i)
 }
 
 fn header() {
