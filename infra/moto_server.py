@@ -9,14 +9,16 @@ work grows with the data it holds:
   whatever their size; with the above, a transaction costs time and memory in proportion to
   the table, for ever: a few thousand orders take gigabytes;
 - an SQS queue's attributes are built whole (counting every message, three ways) each time one
-  of them is read, once per attribute asked for, and once per message received (to read its
-  retention period): receiving from a long queue costs the square of its length;
+  of them is read, once per attribute asked for, once per message received (to read its
+  retention period), and once per message sent (to read whether it deduplicates by content):
+  receiving from a long queue costs the square of its length, and so does filling a queue
+  nobody reads (an event rule's target, such as the order events' queue);
 - it looks for its own service modules on disk, and logs, for every request.
 
 Here, objects are not tracked (nothing in the local stack reads the dashboard); a transaction
 backs up only the items it touches and puts them back if it is cancelled; a queue's attributes
-are built once per call, and a message's retention is checked against the queue's setting
-directly; the list of modules is read once, and requests are not logged. What DynamoDB and SQS
+are built once per call, a message sent builds only those it reads, and a message's retention
+is checked against the queue's setting directly; the list of modules is read once, and requests are not logged. What DynamoDB and SQS
 do is unchanged: the contract tests check it on this server.
 
 moto serves requests on several threads, and a conditional write checks its condition and then
@@ -31,13 +33,14 @@ Usage: python moto_server.py -H 127.0.0.1 -p PORT (the arguments of moto.server)
 """
 
 import copy
+import json
 import logging
 import sys
 import threading
 
 import moto.backends
 from moto.core import common_models
-from moto.core.utils import unix_time
+from moto.core.utils import camelcase_to_underscores, unix_time
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.table import Table
 from moto.server import main
@@ -174,7 +177,40 @@ _built = threading.local()
 _attributes = Queue.attributes.fget
 
 
+class _AttributesAsRead(dict):
+    """A queue's attributes, each built when it is read: all that sending a message reads of
+    them is whether the queue deduplicates by content."""
+
+    def __init__(self, queue):
+        super().__init__()
+        self._queue = queue
+
+    def __missing__(self, name):
+        queue = self._queue
+        names = list(queue.BASE_ATTRIBUTES)
+        if queue.fifo_queue:
+            names += queue.FIFO_ATTRIBUTES
+        if queue.kms_master_key_id:
+            names += queue.KMS_ATTRIBUTES
+        if name == "Policy" and queue.policy:
+            return queue.policy
+        if name == "RedrivePolicy" and queue.redrive_policy:
+            return json.dumps(queue.redrive_policy)
+        if name not in names:
+            raise KeyError(name)
+        value = getattr(queue, camelcase_to_underscores(name))
+        return str(value).lower() if isinstance(value, bool) else value
+
+    def get(self, name, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+
 def _queue_attributes(queue):
+    if getattr(_built, "as_read", False):
+        return _AttributesAsRead(queue)
     memo = getattr(_built, "memo", None)
     if memo is None:
         return _attributes(queue)
@@ -195,12 +231,24 @@ def get_queue_attributes(self, queue_name, attribute_names):
         _built.memo = None
 
 
+_send_message = SQSBackend.send_message
+
+
+def send_message(self, *args, **kwargs):
+    _built.as_read = True
+    try:
+        return _send_message(self, *args, **kwargs)
+    finally:
+        _built.as_read = False
+
+
 def is_message_valid_based_on_retention_period(self, queue_name, message):
     retention = int(self.get_queue(queue_name).message_retention_period)
     return message.sent_timestamp / 1000 + retention > unix_time()
 
 
 SQSBackend.get_queue_attributes = get_queue_attributes
+SQSBackend.send_message = send_message
 SQSBackend.is_message_valid_based_on_retention_period = is_message_valid_based_on_retention_period
 
 _modules = frozenset(moto.backends.list_of_moto_modules())
