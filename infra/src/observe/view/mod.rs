@@ -1,12 +1,13 @@
 //! What an operator sees of a local run: orders by state, time to terminal, queue depths,
 //! alerts and dead letters, drawn on one page.
 //!
-//! An [`Observer`] samples the running stack every two seconds, straight from the emulators
-//! (its reads are not the system's cost, so they do not go through the proxy), and keeps the
-//! history. Its [`View`] is drawn by [`PAGE`], a page with no external resources: served live
-//! by [`Observer::serve`] (the page fetches `view.json` every two seconds, and each order links
-//! to its timeline at `orders/{id}`), or written once as a self-contained report by
-//! [`Observer::report`], with the view and every listed order's timeline embedded in it.
+//! An [`Observer`] samples the running stack every two seconds, or less often once its table
+//! is large, straight from the emulators (its reads are not the system's cost, so they do not
+//! go through the proxy), and keeps the history. Its [`View`] is drawn by [`PAGE`], a page
+//! with no external resources: served live by [`Observer::serve`] (the page fetches
+//! `view.json` every two seconds, and each order links to its timeline at `orders/{id}`), or
+//! written once as a self-contained report by [`Observer::report`], with the view and every
+//! listed order's timeline embedded in it.
 
 mod data;
 mod page;
@@ -66,8 +67,9 @@ struct Shared {
     history: Mutex<History>,
 }
 
-/// Samples a running stack every [`SAMPLE_EVERY`] and keeps what it saw; dropping it stops
-/// the sampling and any page it serves.
+/// Samples a running stack every [`SAMPLE_EVERY`], or nine times as long as the last sample
+/// took if that is longer, and keeps what it saw; dropping it stops the sampling and any page
+/// it serves.
 #[derive(Debug)]
 pub struct Observer {
     shared: Arc<Shared>,
@@ -112,9 +114,16 @@ impl Observer {
         shared.sample().await;
         let sampling = shared.clone();
         let task = tokio::spawn(async move {
+            let mut took = Duration::ZERO;
             loop {
-                tokio::time::sleep(SAMPLE_EVERY).await;
+                // A sample scans the whole table, which grows with the orders, and `up` keeps
+                // its observer as long as the stack lives: sampling at most a tenth of the
+                // time keeps watching a stack that took many orders from becoming its
+                // emulator's main work.
+                tokio::time::sleep(SAMPLE_EVERY.max(took * 9)).await;
+                let start = Instant::now();
                 sampling.sample().await;
+                took = start.elapsed();
             }
         });
         Ok(Observer { shared, tasks: vec![task] })
