@@ -30,10 +30,10 @@ use crate::emulation::local::LocalStack;
 use crate::observe::cpu::CpuSample;
 
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
-/// calls, an outage from 15 s to 25 s after start, and payments declined and welcome emails
-/// refused for good now and then.
+/// calls, an outage from 5 s to 15 s after the service starts (while the orders are still
+/// arriving), and payments declined and welcome emails refused for good now and then.
 pub const DEMO_FAULTS: &str = r#"{"default":{"transient_rate":0.15,"lost_answer_rate":0.03,"latency_ms":20,"latency_jitter_ms":40,
-  "outages":[{"start_s":15,"end_s":25}]},"actions":{"charge-payment":{"permanent_rate":0.04},"send-welcome":{"permanent_rate":0.08}}}"#;
+  "outages":[{"start_s":5,"end_s":15}]},"actions":{"charge-payment":{"permanent_rate":0.04},"send-welcome":{"permanent_rate":0.08}}}"#;
 
 /// The reference workflow (`shared/workflows/`) with budgets short enough for a demo.
 pub fn demo_workflow() -> String {
@@ -148,6 +148,8 @@ pub struct Summary {
     pub kills: u32,
     /// Messages that reached a dead-letter queue.
     pub dead_lettered: usize,
+    /// The faults declared an outage and no call met it: the run ended before it began.
+    pub outage_missed: bool,
     pub text: String,
 }
 
@@ -158,9 +160,10 @@ impl Summary {
     /// order raised its alert, and every order that did not go through was failed by a fault
     /// the simulated service injected, not by load or delay; and the figures it reports cover
     /// every finished order; and no message reached a dead-letter queue (neither crashes nor
-    /// throttling are a reason for one).
+    /// throttling are a reason for one); and an outage the faults declare met the orders.
     pub fn passed(&self) -> bool {
         self.unfinished == 0
+            && !self.outage_missed
             && self.dead_lettered == 0
             && self.effects_wrong.is_empty()
             && self.over_rate.is_empty()

@@ -94,6 +94,7 @@ pub(super) async fn summarise(
     s.effects_wrong = effects::mismatches_of(&ledger, &workflows_run(stack), &tally.ends);
     s.effects_wrong.extend(statements_wrong);
     s.over_rate = over_rate(stack, &stats);
+    s.outage_missed = outage_declared(stack) && stats["outage"].as_u64().unwrap_or(0) == 0;
 
     tally.to_terminal.sort_unstable();
     let calls = stack.proxy.counts.snapshot();
@@ -353,6 +354,9 @@ fn outcomes(
         stats["total"], stats["transient"], stats["throttled"], stats["outage"], stats["lost_answer"], stats["permanent"]
     ));
     t.push_str(&format!("busiest second at the service: {}\n", busiest(stats)));
+    if s.outage_missed {
+        t.push_str("THE OUTAGE MET NO CALL: every order was over before it began, so the run did not show what it was for\n");
+    }
     if !s.over_rate.is_empty() {
         t.push_str(&format!("CALLED FASTER THAN DECLARED: {}\n", s.over_rate.join("; ")));
     }
@@ -458,6 +462,24 @@ fn over_rate(stack: &LocalStack, stats: &Value) -> Vec<String> {
     over_rate_of(&config, &workflows_run(stack), stats)
 }
 
+/// Whether the simulated service's faults (`FAULTS`) declare an outage, for any action.
+fn outage_declared(stack: &LocalStack) -> bool {
+    let faults = stack
+        .functions
+        .iter()
+        .find(|f| f.spec.logical_id == "RemoteSimFunction")
+        .and_then(|f| f.spec.environment.get("FAULTS"))
+        .and_then(|json| serde_json::from_str::<Value>(json).ok())
+        .unwrap_or(Value::Null);
+    declares_outage(&faults)
+}
+
+fn declares_outage(faults: &Value) -> bool {
+    let has = |f: &Value| f["outages"].as_array().is_some_and(|o| !o.is_empty());
+    has(&faults["default"])
+        || faults["actions"].as_object().is_some_and(|actions| actions.values().any(has))
+}
+
 fn over_rate_of(
     config: &sas_engine::config::EngineConfig,
     workflows: &[(String, String)],
@@ -515,6 +537,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_outage_is_declared_for_every_action_or_for_one() {
+        let faults = |f: &str| serde_json::from_str::<Value>(f).unwrap_or(Value::Null);
+        assert!(declares_outage(&faults(crate::demo::DEMO_FAULTS)));
+        assert!(declares_outage(&faults(
+            r#"{"default":{},"actions":{"ship":{"outages":[{"start_s":1,"end_s":2}]}}}"#
+        )));
+        assert!(!declares_outage(&faults(r#"{"default":{"transient_rate":0.5}}"#)));
+        assert!(!declares_outage(&faults(r#"{"default":{"outages":[]}}"#)));
+    }
 
     #[test]
     fn a_failed_order_is_explained_only_by_what_the_service_did_to_its_step() {
