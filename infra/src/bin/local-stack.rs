@@ -82,7 +82,7 @@ enum Command {
         #[arg(long)]
         rate: Option<f64>,
         /// Fault knobs of the simulated remote service (default: transient faults, lost
-        /// answers, latency, an outage from 15 s to 25 s, some payments declined).
+        /// answers, latency, an outage from 5 s to 15 s, some payments declined).
         #[arg(long, default_value = DEMO_FAULTS)]
         faults: String,
         /// Run the supervisor's schedule this many times faster than the template's rate.
