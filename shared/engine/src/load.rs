@@ -7,10 +7,11 @@
 //!   (`due_at`); when the scheduler or an agent takes a message on its first delivery, it notes
 //!   how long that message waited. A [`WaitReporter`] per consumer process reports the longest
 //!   wait it saw lately to the [`WaitGauge`], with how many messages it took per second: at
-//!   most every [`REPORT_EVERY`] while waits are above [`REPORT_FLOOR`], and every
-//!   [`HEARTBEAT`] otherwise, so that a queue being consumed is known to be consumed. An idle
-//!   consumer writes nothing. A wait stands for as long as its message's consequences may take:
-//!   the work its consumer may still do on it (an agent's budget), then the claim grace.
+//!   most every [`REPORT_EVERY`] while waits are above [`REPORT_FLOOR`] or while it takes
+//!   messages twice as fast as it last said, and every [`HEARTBEAT`] otherwise, so that a
+//!   queue being consumed is known to be consumed. An idle consumer writes nothing. A wait
+//!   stands for as long as its message's consequences may take: the work its consumer may
+//!   still do on it (an agent's budget), then the claim grace.
 //! - **Depths**, read from the queues themselves ([`QueueDepths`]): how many messages are
 //!   waiting for a consumer right now.
 //!
@@ -76,8 +77,8 @@ struct Track {
     /// Messages taken since the last report, and since when.
     taken: u64,
     since: Option<Timestamp>,
-    /// The last report: when, and the wait and `until` it gave.
-    last: Option<(Timestamp, Duration, Timestamp)>,
+    /// The last report: when, and the wait, `until` and rate it gave.
+    last: Option<(Timestamp, Duration, Timestamp, f64)>,
 }
 
 impl<G: WaitGauge> WaitReporter<G> {
@@ -148,25 +149,29 @@ impl<G: WaitGauge> WaitReporter<G> {
             .iter()
             .max_by_key(|(_, w, until)| (*w, *until))
             .map_or((Duration::ZERO, now), |(_, w, until)| (*w, *until));
+        let span = since.until(now).max(Duration::from_secs(1)).as_secs_f64();
+        let rate = track.taken as f64 / span;
         let due = match track.last {
             None => true,
-            Some((at, last_wait, last_until)) => {
+            Some((at, last_wait, last_until, last_rate)) => {
                 let elapsed = at.until(now);
                 let news = wait != last_wait || (until != last_until && wait >= REPORT_FLOOR);
+                // A consumer taking messages twice as fast as it last said reports it: the door
+                // counts a queue's waiting messages against that rate, and a stack that has
+                // had no traffic would otherwise be held to its first reports' pace until the
+                // heartbeat.
+                let faster = rate >= 2.0 * last_rate.max(1.0);
                 (elapsed >= REPORT_EVERY
-                    && news
-                    && (wait >= REPORT_FLOOR || last_wait >= REPORT_FLOOR))
+                    && (faster || news && (wait >= REPORT_FLOOR || last_wait >= REPORT_FLOOR)))
                     || elapsed >= HEARTBEAT
             }
         };
         if !due {
             return None;
         }
-        let span = since.until(now).max(Duration::from_secs(1)).as_secs_f64();
-        let rate = track.taken as f64 / span;
         // Counted as made now, so that the messages handled beside this one while it is being
         // written do not make the same report again.
-        track.last = Some((now, wait, until));
+        track.last = Some((now, wait, until, rate));
         track.taken = 0;
         track.since = Some(now);
         Some(WaitReport {
@@ -522,6 +527,37 @@ mod tests {
         assert_eq!(gauge.writes(), 5, "the heartbeat at 125 s and the change at 155 s");
         let report = gauge.reports(at(155)).await.unwrap().remove(0);
         assert_eq!((report.wait, report.at), (Duration::ZERO, at(155)));
+    }
+
+    #[tokio::test]
+    async fn a_consumer_taking_messages_ever_faster_says_so_before_its_heartbeat() {
+        let gauge = Arc::new(MemoryWaits::default());
+        let r = WaitReporter::new(gauge.clone(), "p1".into(), GRACE);
+        take(&r, 0, at(0)).await;
+        assert_eq!(gauge.writes(), 1, "the first message, at one a second");
+        // Traffic arrives: 20 messages a second, with waits too short to report.
+        for s in 1..=5 {
+            for _ in 0..20 {
+                take(&r, 0, at(s)).await;
+            }
+        }
+        assert_eq!(gauge.writes(), 2, "twenty times as fast, said once REPORT_EVERY passed");
+        let report = gauge.reports(at(5)).await.unwrap().remove(0);
+        assert!(report.rate > 15.0, "{}", report.rate);
+        // Steady at that pace: nothing more until the heartbeat.
+        for s in 6..60 {
+            for _ in 0..20 {
+                take(&r, 0, at(s)).await;
+            }
+        }
+        assert_eq!(gauge.writes(), 2, "a steady rate is no news");
+        // Twice as fast again.
+        for s in 60..=65 {
+            for _ in 0..45 {
+                take(&r, 0, at(s)).await;
+            }
+        }
+        assert_eq!(gauge.writes(), 3, "the rate doubled");
     }
 
     #[tokio::test]

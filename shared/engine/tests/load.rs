@@ -1007,9 +1007,12 @@ async fn the_old_recovery_fails_orders_for_no_cause_in_a_burst() {
     let capacity = CAPACITY.orders_per_second();
     let (goodput, _) = out.goodput.expect("the burst made a backlog");
     println!(
-        "old recovery: {} of {} orders failed for no injected cause, the backlog drained at {:.0} %",
+        "old recovery: {} of {} orders failed for no injected cause, {} resets, {:.2} times the messages and {:.2} times the writes, the backlog drained at {:.0} %",
         out.unexplained.len(),
         out.accepted,
+        out.resets,
+        out.sent / FAULT_FREE_MESSAGES,
+        out.writes / FAULT_FREE_WRITES,
         100.0 * goodput / capacity
     );
     assert!(out.unexplained.len() > 100, "{:?}", &out.unexplained[..out.unexplained.len().min(3)]);
