@@ -18,8 +18,9 @@ work grows with the data it holds:
 Here, objects are not tracked (nothing in the local stack reads the dashboard); a transaction
 backs up only the items it touches and puts them back if it is cancelled; a queue's attributes
 are built once per call, a message sent builds only those it reads, and a message's retention
-is checked against the queue's setting directly; the list of modules is read once, and requests are not logged. What DynamoDB and SQS
-do is unchanged: the contract tests check it on this server.
+is checked against the queue's setting directly; the list of modules is read once, and requests
+are not logged. What DynamoDB and SQS do is unchanged: the contract tests check it on this
+server.
 
 moto serves requests on several threads, and a conditional write checks its condition and then
 writes as two steps that another thread's write can come between. DynamoDB applies each write

@@ -23,6 +23,8 @@ struct Service {
     stats: Value,
     faulted: Value,
     ledger: Value,
+    /// The faults it ran with.
+    faults: Value,
 }
 
 /// The orders as their records tell them, beyond the counts kept in the [`Summary`].
@@ -69,7 +71,7 @@ pub(super) async fn summarise(
     ran: Ran<'_>,
 ) -> Result<Summary, Error> {
     let Ran { records, accepted, elapsed, door, kills } = ran;
-    let Service { stats, faulted, ledger } = service_reports(stack, http).await?;
+    let Service { stats, faulted, ledger, faults } = service_reports(stack, http).await?;
     let kills = kills.load(Ordering::Relaxed);
 
     let mut s = Summary { orders: accepted, ..Summary::default() };
@@ -94,7 +96,7 @@ pub(super) async fn summarise(
     s.effects_wrong = effects::mismatches_of(&ledger, &workflows_run(stack), &tally.ends);
     s.effects_wrong.extend(statements_wrong);
     s.over_rate = over_rate(stack, &stats);
-    s.outage_missed = outage_declared(stack) && stats["outage"].as_u64().unwrap_or(0) == 0;
+    s.outage_missed = declares_outage(&faults) && stats["outage"].as_u64().unwrap_or(0) == 0;
 
     tally.to_terminal.sort_unstable();
     let calls = stack.proxy.counts.snapshot();
@@ -136,8 +138,9 @@ async fn service_reports(stack: &LocalStack, http: &reqwest::Client) -> Result<S
             .map_err(|e| Error::Local(format!("reading the simulated service's /{path}: {e}")))
         }
     };
-    let (stats, faulted, ledger) = tokio::join!(get("stats"), get("stats/keys"), get("ledger"));
-    Ok(Service { stats: stats?, faulted: faulted?, ledger: ledger? })
+    let (stats, faulted, ledger, faults) =
+        tokio::join!(get("stats"), get("stats/keys"), get("ledger"), get("faults"));
+    Ok(Service { stats: stats?, faulted: faulted?, ledger: ledger?, faults: faults? })
 }
 
 impl Tally {
@@ -462,18 +465,8 @@ fn over_rate(stack: &LocalStack, stats: &Value) -> Vec<String> {
     over_rate_of(&config, &workflows_run(stack), stats)
 }
 
-/// Whether the simulated service's faults (`FAULTS`) declare an outage, for any action.
-fn outage_declared(stack: &LocalStack) -> bool {
-    let faults = stack
-        .functions
-        .iter()
-        .find(|f| f.spec.logical_id == "RemoteSimFunction")
-        .and_then(|f| f.spec.environment.get("FAULTS"))
-        .and_then(|json| serde_json::from_str::<Value>(json).ok())
-        .unwrap_or(Value::Null);
-    declares_outage(&faults)
-}
-
+/// Whether the simulated service's faults (its `GET /faults`) declare an outage, for any
+/// action.
 fn declares_outage(faults: &Value) -> bool {
     let has = |f: &Value| f["outages"].as_array().is_some_and(|o| !o.is_empty());
     has(&faults["default"])
