@@ -13,7 +13,8 @@
 //!   held) and [`pace`] (each service's declared rate and concurrency).
 //! - Services: [`services`] (submission, scheduler, agent, supervisor, status), each generic over
 //!   the [`ports`] it needs.
-//! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts).
+//! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts),
+//!   [`payload`] (large inputs and outputs, kept outside both).
 //! - Policy: [`config`] (every tunable, with defaults), [`retry`], [`load`] (queue waits and
 //!   depths, and what the supervisor and the door make of them).
 //! - [`metrics`]: what the services count and time, through the `metrics` facade.
@@ -44,6 +45,7 @@ pub mod metrics;
 pub mod mutants;
 pub mod order;
 pub mod pace;
+pub mod payload;
 pub mod ports;
 pub mod retry;
 pub mod services;

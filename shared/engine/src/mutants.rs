@@ -37,6 +37,9 @@ pub enum Mutant {
     /// A declared rate's turns are spaced a second over the rate apart, with no room for calls
     /// that take a little longer than others to reach the service.
     SpacingWithoutTravel,
+    /// An agent hands its service the references to stored values as they are, instead of
+    /// the values they stand for.
+    StoredValuesUnread,
 }
 
 impl Mutant {

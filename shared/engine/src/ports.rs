@@ -21,6 +21,7 @@
 //!   version read.
 //! - [`Pace`]: each limited service's next free turn and its places in flight, each taken by
 //!   a conditional write.
+//! - [`Payloads`]: objects written whole and read back whole by key, as S3 keeps them.
 //!
 //! Each has an in-memory implementation in `crate::memory` (the `memory` feature) with the
 //! same semantics, and an AWS implementation outside this crate. Methods return `Send` futures
@@ -492,6 +493,22 @@ pub trait Pace: Send + Sync {
     fn usage(&self, service: &str, now: Timestamp) -> impl Future<Output = Result<Usage>> + Send;
 }
 
+/// Where large values are kept ([`crate::payload`]): whole objects by key. Writing a key again
+/// replaces the object; a key is only ever written with the same content (it names the
+/// content's digest), so a repeated write is harmless.
+pub trait Payloads: Send + Sync {
+    /// Whether this store keeps anything ([`crate::payload::NoPayloads`] does not).
+    fn stores(&self) -> bool {
+        true
+    }
+
+    /// Writes `body` under `key`.
+    fn put(&self, key: &str, body: Vec<u8>) -> impl Future<Output = Result<()>> + Send;
+
+    /// The object under `key`, or `None` if there is none.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+}
+
 /// One call to a remote service: what an agent's [`RemoteService`] is asked to do. The same
 /// call may come more than once (a retry after a passing fault, a step sent again after its
 /// lease expired, a message delivered twice), always with the same `idempotency_key`.
@@ -706,6 +723,18 @@ impl<T: Pace + ?Sized> Pace for std::sync::Arc<T> {
     }
     fn usage(&self, service: &str, now: Timestamp) -> impl Future<Output = Result<Usage>> + Send {
         (**self).usage(service, now)
+    }
+}
+
+impl<T: Payloads + ?Sized> Payloads for std::sync::Arc<T> {
+    fn stores(&self) -> bool {
+        (**self).stores()
+    }
+    fn put(&self, key: &str, body: Vec<u8>) -> impl Future<Output = Result<()>> + Send {
+        (**self).put(key, body)
+    }
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send {
+        (**self).get(key)
     }
 }
 

@@ -85,6 +85,7 @@ use sas_engine::memory::{
     MemoryStore, MemoryWaits, QueueSettings, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
+use sas_engine::payload::NoPayloads;
 use sas_engine::ports::{
     Clock, Created, Destination, Expected, ExpiryIndex, HeldIndex, Incoming, IndexEntry,
     OrderRecord, Outbox, Outgoing, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore,
@@ -656,6 +657,7 @@ impl World {
             catalogue: Arc::new(Catalogue::single(workflow)),
             waits: memory.waits.clone(),
             load: memory.load(),
+            payloads: NoPayloads,
         };
         let queues = &memory.queues;
         for destination in system.destinations() {

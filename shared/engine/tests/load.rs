@@ -41,8 +41,8 @@ use sas_engine::config::EngineConfig;
 use sas_engine::ids::Direction;
 use sas_engine::load::Gauges;
 use sas_engine::memory::{
-    InMemory, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook, MemoryStore,
-    MemoryWaits, SeqIds, SplitMix,
+    InMemory, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryRemote,
+    MemoryServiceBook, MemoryStore, MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::mutants::{self, Mutant};
@@ -402,7 +402,8 @@ struct AgentWorker {
     clock: ManualClock,
     busy_until: Timestamp,
     queue: Destination,
-    agent: Agent<Arc<Remote>, WorkerOutbox, ManualClock, SplitMix, Waits, Book>,
+    agent:
+        Agent<Arc<Remote>, WorkerOutbox, ManualClock, SplitMix, Waits, Book, Arc<MemoryPayloads>>,
 }
 
 /// What a run measured.
@@ -441,7 +442,7 @@ struct World {
     steps: Vec<(String, Option<String>)>,
     injected: Ledger,
     rng: SplitMix,
-    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
+    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Arc<MemoryPayloads>>,
     supervisor: Supervisor<Store, Store, Queues, Bus, ManualClock, Load>,
     schedulers: Vec<SchedulerWorker>,
     agents: Vec<AgentWorker>,

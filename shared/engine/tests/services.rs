@@ -14,10 +14,11 @@ use sas_engine::health::ServiceRecord;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{SLACK, WaitReporter};
 use sas_engine::memory::{
-    Behaviour, ManualClock, MemoryQueues, MemoryRemote, MemoryWaits, SplitMix,
+    Behaviour, ManualClock, MemoryPayloads, MemoryQueues, MemoryRemote, MemoryWaits, SplitMix,
 };
 use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
 use sas_engine::order::Order;
+use sas_engine::payload::{MAX_INLINE_INPUT_LEN, MAX_PAYLOAD_LEN, Stored};
 use sas_engine::ports::{
     Clock, Created, Destination, ENTRY_TRIES, Expected, ExpiryIndex, Incoming, IndexEntry,
     OrderRecord, Read, Saved, ServiceBook, StateStore, WaitGauge,
@@ -528,6 +529,83 @@ async fn an_order_whose_step_answers_too_much_records_why_and_undoes_the_step_to
     assert!(w.handled.iter().all(|(_, h)| !matches!(h, Handled::Illegal(_))), "{:?}", w.handled);
     assert_eq!(w.statuses(id).last().map(String::as_str), Some("compensated"));
     assert_eq!(w.alerts().len(), 1);
+}
+
+#[tokio::test]
+async fn a_large_output_is_stored_and_its_undo_is_told_it_whole() {
+    let mut w = World::new();
+    w.remote.script("charge-payment", [Behaviour::Large(100_000)]);
+    w.remote.script("ship", [Behaviour::Permanent("no carrier".into())]);
+    let id = w.submit("large-charge").await.unwrap().order_id;
+    w.run_for(Duration::from_secs(300)).await;
+    let r = w.state(id);
+    assert_eq!(r.process_state, ProcessState::Error, "{:?}", r.cause);
+    assert_eq!(w.statuses(id).last().map(String::as_str), Some("compensated"));
+    // The record keeps a reference, small enough to ride in any message.
+    let output = r.steps.iter().find(|s| s.name == "charge-payment").unwrap().output.clone();
+    let stored = Stored::of(output.as_ref().unwrap()).expect("the output is stored");
+    assert!(stored.bytes > 100_000 && output.unwrap().to_string().len() <= 512);
+    assert_eq!(w.system.payloads.keys(), vec![stored.key]);
+    // The refund went through, told exactly what the charge answered.
+    assert!(w.remote.applied(&World::key(id, "charge-payment", "undo")));
+    assert_eq!(w.remote.faults().misread, 0);
+    assert_eq!(w.remote.faults().large, 1);
+}
+
+#[tokio::test]
+async fn a_large_input_is_stored_after_the_door_and_every_step_reads_it_whole() {
+    let mut w = World::new();
+    let lines: Vec<String> = (0..50)
+        .map(|n| format!(r#"{{"sku":"SKU-{n}-{}","quantity":1,"unit_price":100}}"#, "X".repeat(50)))
+        .collect();
+    let body = order_body("large-input").replace(
+        r#"[{"sku":"BOOK-1","quantity":2,"unit_price":1250}]"#,
+        &format!("[{}]", lines.join(",")),
+    );
+    assert!(body.len() > MAX_INLINE_INPUT_LEN, "{}", body.len());
+    let id = w.submission.submit("large-input", body.as_bytes()).await.unwrap().order_id;
+    let kept = w.store.orders()[0].order.clone();
+    assert!(Stored::of(kept.input()).is_some(), "the input is kept as a reference: {kept:?}");
+    w.run_for(Duration::from_secs(300)).await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    assert_eq!(w.remote.faults().misread, 0);
+    // Submitted again, it is the same order, and nothing more is stored.
+    let again = w.submission.submit("large-input", body.as_bytes()).await.unwrap();
+    assert!(!again.created && again.order_id == id);
+    assert_eq!(w.system.payloads.keys().len(), 1);
+}
+
+#[tokio::test]
+async fn an_input_above_the_limit_is_refused_and_nothing_is_written() {
+    let w = World::new();
+    let body = format!(r#"{{"customer_id":"{}"}}"#, "c".repeat(MAX_PAYLOAD_LEN));
+    let err = w.submission.submit("huge", body.as_bytes()).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidOrder(_)), "{err}");
+    assert!(err.to_string().contains("more than the 262144"), "{err}");
+    assert!(w.store.orders().is_empty() && w.system.payloads.keys().is_empty());
+    assert!(w.queues.receive(&Destination::Scheduler, 10).is_empty());
+}
+
+#[tokio::test]
+async fn an_output_the_store_cannot_take_now_brings_the_request_back() {
+    let b = AgentBench::new();
+    let shelf = Arc::new(MemoryPayloads::default());
+    let agent = payment_agent(b.remote.clone(), b.queues.clone(), b.clock.clone(), b.waits.clone())
+        .keeping(shelf.clone());
+    let req = b.request(Duration::from_secs(30));
+    b.remote.script("charge-payment", [Behaviour::Large(10_000)]);
+    shelf.fail_next_puts(1);
+    let err = agent.handle(&req, Incoming::first("request-1")).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(b.replies().is_empty(), "no reply without its output");
+    // Again: the service answers from its ledger, and the output is stored once.
+    let outcome = agent.handle(&req, Incoming::first("request-1")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    assert_eq!(b.remote.ledger().len(), 1);
+    assert_eq!(shelf.keys().len(), 1);
+    let Message::Reply(reply) = &b.replies()[0] else { panic!() };
+    let StepOutcome::Done { output } = &reply.outcome else { panic!("{:?}", reply.outcome) };
+    assert!(Stored::of(output).is_some_and(|s| s.bytes > 10_000));
 }
 
 #[tokio::test]

@@ -56,12 +56,13 @@ use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges};
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
-    Behaviour, Delivery, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook,
-    MemoryStore, MemoryWaits, Outage, SeqIds, SplitMix, Throttle,
+    Behaviour, Delivery, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryRemote,
+    MemoryServiceBook, MemoryStore, MemoryWaits, Outage, SeqIds, SplitMix, Throttle,
 };
 use sas_engine::message::{Message, StepRequest};
 use sas_engine::mutants::{self, Mutant};
 use sas_engine::pace::{self, Limits};
+use sas_engine::payload::{self, MAX_INLINE_INPUT_LEN, Stored};
 use sas_engine::ports::{
     Clock, Created, Destination, EventBus, Expected, ExpiryIndex, HeldIndex, Incoming, IndexEntry,
     OrderRecord, Outbox, Outgoing, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore,
@@ -218,6 +219,17 @@ impl<P: HeldIndex> HeldIndex for Crashy<P> {
     }
 }
 
+impl<P: sas_engine::ports::Payloads> sas_engine::ports::Payloads for Crashy<P> {
+    async fn put(&self, key: &str, body: Vec<u8>) -> Result<()> {
+        self.step().await?;
+        self.inner.put(key, body).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.step().await?;
+        self.inner.get(key).await
+    }
+}
+
 impl<P: Outbox> Outbox for Crashy<P> {
     async fn send(&self, messages: &[Outgoing]) -> Result<()> {
         self.step().await?;
@@ -242,7 +254,8 @@ type Waits = Arc<MemoryWaits>;
 type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
 type Book = Arc<MemoryServiceBook>;
 type Remote = Arc<MemoryRemote<Timeline>>;
-type SimAgent = Agent<Watched, Queues, Timeline, SplitMix, Waits, Book>;
+type Payloads = Crashy<Arc<MemoryPayloads>>;
+type SimAgent = Agent<Watched, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
 type Desk = ServiceDesk<Book, Arc<MemoryStore<ManualClock>>, ManualClock>;
 
 /// What reached the services while their records said they were held.
@@ -435,6 +448,9 @@ enum Fault {
     Timeout,
     /// A remote effect applied, answered with more than a step may return.
     OversizeOutput,
+    /// An output, or an order's input, too large to carry in a message: stored outside the
+    /// record, and read back by the agents that need it.
+    LargeValue,
     /// An operator's command on a random order.
     Operator,
     /// Replies handled together, concurrently, as one batch of the reply queue is.
@@ -459,7 +475,7 @@ enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 23] = [
+    const ALL: [Fault; 24] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -474,6 +490,7 @@ impl Fault {
         Fault::LostAnswer,
         Fault::Timeout,
         Fault::OversizeOutput,
+        Fault::LargeValue,
         Fault::Operator,
         Fault::Batched,
         Fault::Answer,
@@ -501,6 +518,7 @@ impl Fault {
             Fault::LostAnswer => "lost-answer",
             Fault::Timeout => "timeout",
             Fault::OversizeOutput => "oversize-output",
+            Fault::LargeValue => "large-value",
             Fault::Operator => "operator",
             Fault::Batched => "batched",
             Fault::Answer => "answer",
@@ -695,14 +713,14 @@ impl std::fmt::Display for Tally {
 
 /// What the services of a run are built on: built once at the start, and again at a deploy.
 struct Wiring {
-    system: Assembly<Store, Bus, ManualClock, Waits, Load>,
+    system: Assembly<Store, Bus, ManualClock, Waits, Load, Payloads>,
     outbox: Queues,
     /// How far ahead of everyone else's the supervisors' clocks read.
     ahead: Duration,
 }
 
 type Services = (
-    Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
+    Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Payloads>,
     Scheduler<Store, Queues, Bus, ManualClock, Waits>,
     [Supervisor<Store, Store, Queues, Bus, ManualClock, Load>; 2],
     Operator<Store, Queues, Bus, ManualClock>,
@@ -737,6 +755,8 @@ struct Sim {
     wiring: Wiring,
     /// Whether the next version is deployed yet.
     deployed: bool,
+    /// Where large inputs and outputs are kept.
+    shelf: Arc<MemoryPayloads>,
     /// The version each order must keep: the current one when it was accepted.
     versions: HashMap<OrderId, u32>,
     rng: SplitMix,
@@ -747,7 +767,7 @@ struct Sim {
     remote: Remote,
     countdown: Arc<AtomicU32>,
     crashes: Arc<AtomicU32>,
-    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load>,
+    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Payloads>,
     scheduler: Scheduler<Store, Queues, Bus, ManualClock, Waits>,
     agents: HashMap<Destination, SimAgent>,
     supervisors: [Supervisor<Store, Store, Queues, Bus, ManualClock, Load>; 2],
@@ -860,6 +880,9 @@ impl Sim {
         };
         let events =
             Crashy { inner: bus.clone(), countdown: countdown.clone(), crashes: crashes.clone() };
+        let shelf = Arc::new(MemoryPayloads::default());
+        let payloads =
+            Crashy { inner: shelf.clone(), countdown: countdown.clone(), crashes: crashes.clone() };
         let workflow = Arc::new(workflow_of(seed));
         let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
         let next = next_version(seed, &workflow).map(|v2| (Arc::new(v2), FAULTY_EVENTS / 2));
@@ -886,6 +909,8 @@ impl Sim {
         // Every remote behaviour is drawn from the seed, before the run starts: the steps'
         // actions first, then their undos, then those a later version adds.
         let mut draw = SplitMix::seeded(seed ^ 0x5eed);
+        // Large outputs are drawn apart, so that the other behaviours are as they were.
+        let mut large = SplitMix::seeded(seed ^ 0x1a56e);
         let actions_of = |w: &Workflow| -> Vec<(String, bool)> {
             let steps = w.steps().iter();
             steps
@@ -902,7 +927,7 @@ impl Sim {
         }
         for (action, undo) in actions {
             let script: Vec<Behaviour> =
-                (0..4000).map(|_| remote_behaviour(&mut draw, undo, faults)).collect();
+                (0..4000).map(|_| remote_behaviour(&mut draw, &mut large, undo, faults)).collect();
             remote.script(&action, script);
         }
         let system = Assembly {
@@ -913,6 +938,7 @@ impl Sim {
             catalogue: catalogue.clone(),
             waits: waits.clone(),
             load: Gauges { waits: waits.clone(), depths: queues.clone() },
+            payloads,
         };
         let book = Book::default();
         let watch = Arc::new(Mutex::new(Watch::default()));
@@ -973,6 +999,7 @@ impl Sim {
             next,
             wiring,
             deployed: false,
+            shelf,
             versions: HashMap::new(),
             rng,
             clock,
@@ -1085,10 +1112,31 @@ impl Sim {
                 r#"{{"customer":{{"name":"H {i}","email":"h{i}@example.com"}},"plan":"basic"}}"#
             )
         } else {
-            format!(
-                r#"{{"customer_id":"c-{i}","currency":"EUR","items":[{{"sku":"SKU-{i}","quantity":1,"unit_price":100}}],
-                "ship_to":{{"name":"N","line1":"L","city":"C","postal_code":"1","country":"FR"}}}}"#
-            )
+            // Now and then as many lines as an order may have, each with a long SKU: an input
+            // larger than a request carries, stored outside the order's record.
+            // (Chosen by the order's number, not drawn, so that the run's draws are as they
+            // would be without.)
+            let large = self.faults_on && self.faults.on(Fault::LargeValue) && i % 8 == 5;
+            if large {
+                self.tally.add(Fault::LargeValue, 1);
+            }
+            let lines = if large { 50 } else { 1 };
+            let items: Vec<String> = (0..lines)
+                .map(|n| {
+                    let sku = match lines {
+                        1 => format!("SKU-{i}"),
+                        _ => format!("SKU-{i}-{n}-{}", "X".repeat(40)),
+                    };
+                    format!(r#"{{"sku":"{sku}","quantity":1,"unit_price":100}}"#)
+                })
+                .collect();
+            let body = format!(
+                r#"{{"customer_id":"c-{i}","currency":"EUR","items":[{}],
+                "ship_to":{{"name":"N","line1":"L","city":"C","postal_code":"1","country":"FR"}}}}"#,
+                items.join(",")
+            );
+            assert!(lines == 1 || body.len() > MAX_INLINE_INPUT_LEN, "{}", body.len());
+            body
         };
         // The client retries with the same key until it is told the order is accepted.
         for _ in 0..20 {
@@ -2012,6 +2060,7 @@ impl Sim {
         self.tally.add(Fault::LostAnswer, remote.lost_answers.into());
         self.tally.add(Fault::Timeout, remote.timeouts.into());
         self.tally.add(Fault::OversizeOutput, remote.oversize.into());
+        self.tally.add(Fault::LargeValue, remote.large.into());
         self.tally.add(Fault::RemoteThrottled, remote.throttled.into());
         for ((_, failed), kind) in self.remote.outages().into_iter().zip(&self.outage_kinds) {
             if failed > 0 {
@@ -2049,6 +2098,28 @@ impl Sim {
     /// its own.
     fn check_outcomes(&self) {
         let seed = self.seed;
+        // Every service saw whole values: no reference passed on, every undo told what its
+        // step answered.
+        let misread = self.remote.faults().misread;
+        assert_eq!(misread, 0, "seed {seed}: {misread} calls were not handed whole values");
+        // Every reference an order keeps names an object that is there, under the order's own
+        // prefix.
+        let kept = self.shelf.keys();
+        for r in self.memory.records() {
+            let order = self.memory.orders().into_iter().find(|o| o.order_id == r.order_id);
+            let values = r.steps.iter().filter_map(|s| s.output.as_ref());
+            for value in values.chain(order.as_ref().map(|o| o.order.input())) {
+                if let Some(stored) = Stored::of(value) {
+                    assert!(
+                        stored.key.starts_with(&payload::prefix(r.order_id))
+                            && kept.contains(&stored.key),
+                        "seed {seed}: {} keeps a reference to {}, which is not there",
+                        r.order_id,
+                        stored.key
+                    );
+                }
+            }
+        }
         let ledger = self.remote.ledger();
         let applied =
             |key: String| ledger.iter().any(|e| e.key == key && e.output.get("noop").is_none());
@@ -2211,8 +2282,14 @@ impl Sim {
 }
 
 /// The next scripted behaviour of a remote action; a kind switched off succeeds instead.
-fn remote_behaviour(draw: &mut SplitMix, undo: bool, faults: Faults) -> Behaviour {
+fn remote_behaviour(
+    draw: &mut SplitMix,
+    large: &mut SplitMix,
+    undo: bool,
+    faults: Faults,
+) -> Behaviour {
     let x = draw.unit();
+    let size = large.unit();
     let (fault, behaviour) = match x {
         x if x < 0.10 => (Fault::RemoteTransient, Behaviour::Transient),
         x if x < 0.14 => (Fault::LostAnswer, Behaviour::ApplyThenLoseAnswer),
@@ -2220,6 +2297,11 @@ fn remote_behaviour(draw: &mut SplitMix, undo: bool, faults: Faults) -> Behaviou
         x if x < 0.16 => (Fault::Timeout, Behaviour::Slow(Duration::from_secs(40))),
         x if x < 0.17 && !undo => (Fault::RemotePermanent, Behaviour::Permanent("refused".into())),
         x if x < 0.18 && !undo => (Fault::OversizeOutput, Behaviour::Oversize),
+        // From a little over what a message carries to a few hundred kilobytes.
+        _ if size < 0.04 => {
+            let bytes = 600 + (size * 5_000_000.0) as usize;
+            (Fault::LargeValue, Behaviour::Large(bytes))
+        }
         _ => return Behaviour::Succeed,
     };
     if faults.on(fault) { behaviour } else { Behaviour::Succeed }
@@ -2774,6 +2856,14 @@ fn a_hold_announced_without_being_recorded_fails_the_simulation() {
     let failure = first_failure(1..=20, breakage)
         .expect("twenty runs passed with holds announced again at every sweep");
     assert!(failure.contains("announced twice"), "{failure}");
+}
+
+#[test]
+fn an_agent_handing_on_references_to_stored_values_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::StoredValuesUnread]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with services handed references instead of values");
+    assert!(failure.contains("not handed whole values"), "{failure}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ use crate::services::Assembly;
 
 mod bus;
 mod clock;
+mod payloads;
 mod queue;
 mod remote;
 mod services;
@@ -26,6 +27,7 @@ mod waits;
 
 pub use bus::{ENTRY_FAILURE, MAX_PUBLISH_BATCH, MAX_PUBLISH_BYTES, MemoryBus};
 pub use clock::{ManualClock, SeqIds, SplitMix};
+pub use payloads::{MemoryPayloads, PayloadStats};
 pub use queue::{
     Delivery, MAX_BODY_BYTES, MAX_DELAY, MAX_RECEIVE_BATCH, MAX_VISIBILITY_TIMEOUT, MemoryQueues,
     QueueSettings,
@@ -43,6 +45,7 @@ pub struct InMemory<C> {
     pub bus: Arc<MemoryBus>,
     pub waits: Arc<MemoryWaits>,
     pub remote: Arc<MemoryRemote<C>>,
+    pub payloads: Arc<MemoryPayloads>,
 }
 
 /// A system assembled on the in-memory ports, with the load read from their queues.
@@ -52,6 +55,7 @@ pub type MemoryAssembly<C> = Assembly<
     C,
     Arc<MemoryWaits>,
     Gauges<Arc<MemoryWaits>, Arc<MemoryQueues<C>>>,
+    Arc<MemoryPayloads>,
 >;
 
 impl<C: Clock + Clone> InMemory<C> {
@@ -62,6 +66,7 @@ impl<C: Clock + Clone> InMemory<C> {
             bus: Arc::new(MemoryBus::new()),
             waits: Arc::new(MemoryWaits::default()),
             remote: Arc::new(MemoryRemote::new(clock)),
+            payloads: Arc::new(MemoryPayloads::default()),
         }
     }
 
@@ -80,6 +85,7 @@ impl<C: Clock + Clone> InMemory<C> {
             catalogue,
             waits: self.waits.clone(),
             load: self.load(),
+            payloads: self.payloads.clone(),
         }
     }
 

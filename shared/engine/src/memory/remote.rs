@@ -45,6 +45,8 @@ pub enum Behaviour {
     /// Takes this long, then behaves as `Succeed`; if that ends at or after the caller's
     /// deadline, the effect is still applied but the caller sees a timeout.
     Slow(Duration),
+    /// Applies the effect and answers an output of about this many bytes of JSON.
+    Large(usize),
     /// Applies the effect and answers more than a step may return.
     Oversize,
 }
@@ -75,6 +77,11 @@ pub struct RemoteFaults {
     pub timeouts: u32,
     /// Effects applied with an answer larger than a step may return.
     pub oversize: u32,
+    /// Effects applied with an answer too large to carry in a message, to be stored.
+    pub large: u32,
+    /// Calls that were handed a stored reference where a value belongs, or an undo handed
+    /// something other than what its step answered: what an agent must never let through.
+    pub misread: u32,
     /// Calls an [`Outage`] failed.
     pub outage: u32,
     /// Calls a [`Throttle`] turned away with a 429.
@@ -306,15 +313,37 @@ impl<C: Clock> MemoryRemote<C> {
 impl State {
     /// Carries out the call's effect once per key, as the service's own logic would.
     fn apply(&mut self, call: &RemoteCall) -> Result<serde_json::Value, RemoteFault> {
-        self.apply_answering(call, false)
+        self.apply_answering(call, 0)
     }
 
-    /// As [`State::apply`], a new effect answering `oversize` output if asked to.
+    /// Counts a call whose values are not whole: a reference to a stored value passed on as
+    /// it is, or an undo told something other than what its step answered.
+    fn check_values(&mut self, call: &RemoteCall) {
+        let referred = std::iter::once(call.order.input())
+            .chain(call.input.iter())
+            .chain(call.outputs.values())
+            .any(crate::payload::is_reference);
+        let undo_misinformed = call.direction == Direction::Undo
+            && call.input.as_ref().is_some_and(|input| {
+                let done = call
+                    .idempotency_key
+                    .rsplit_once('/')
+                    .map(|(step, _)| format!("{step}/{}", Direction::Do.as_str()));
+                let answered = done.and_then(|k| self.by_key.get(&k)).map(|&at| &self.ledger[at]);
+                answered.is_some_and(|entry| &entry.output != input)
+            });
+        if referred || undo_misinformed {
+            self.faults.misread += 1;
+        }
+    }
+
+    /// As [`State::apply`], a new effect answering `padding` bytes more than it would.
     fn apply_answering(
         &mut self,
         call: &RemoteCall,
-        oversize: bool,
+        padding: usize,
     ) -> Result<serde_json::Value, RemoteFault> {
+        self.check_values(call);
         let key = call.idempotency_key.as_str();
         // The step's other direction shares everything in the key up to the last '/'.
         let counterpart = |direction: Direction| {
@@ -348,8 +377,8 @@ impl State {
         } else {
             json!({ "ref": reference })
         };
-        if oversize {
-            output["statement"] = "x".repeat(crate::message::MAX_OUTPUT_LEN).into();
+        if padding > 0 {
+            output["statement"] = "x".repeat(padding).into();
         }
         self.by_key.insert(key.to_owned(), self.ledger.len());
         self.ledger.push(LedgerEntry {
@@ -428,10 +457,15 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
                 state.refused.insert(call.idempotency_key.clone(), reason.clone());
                 Err(RemoteFault::Permanent(reason))
             }
+            Behaviour::Large(bytes) => {
+                let mut state = self.state();
+                state.faults.large += 1;
+                state.apply_answering(call, bytes)
+            }
             Behaviour::Oversize => {
                 let mut state = self.state();
                 state.faults.oversize += 1;
-                state.apply_answering(call, true)
+                state.apply_answering(call, crate::payload::MAX_PAYLOAD_LEN)
             }
             Behaviour::ApplyThenLoseAnswer => {
                 let mut state = self.state();

@@ -18,19 +18,26 @@
 //! request sent back to the queue would come after every request sent meanwhile, and its old
 //! lease could run out while it waits behind them). A throttled call is tried again once the
 //! service's quiet is over, and does not count against the retries.
+//!
+//! An agent that keeps payloads ([`Agent::keeping`]) reads back the stored values a request
+//! refers to before it calls its service, and stores an output too large to carry before it
+//! replies ([`crate::payload`]); the service sees only whole values.
 
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
 use crate::error::Result;
+use crate::ids::OrderId;
 use crate::load::WaitReporter;
 use crate::message::{MAX_DEFER, Message, StepOutcome, StepReply, StepRequest};
 use crate::metrics;
 use crate::mutants::{self, Mutant};
+use crate::order::Order;
+use crate::payload::{self, Kept, NoPayloads};
 use crate::ports::{
-    Clock, Destination, Incoming, Outbox, Outgoing, Random, RemoteCall, RemoteFault, RemoteService,
-    WaitGauge,
+    Clock, Destination, Incoming, Outbox, Outgoing, Payloads, Random, RemoteCall, RemoteFault,
+    RemoteService, WaitGauge,
 };
 use crate::retry::RetryPolicy;
 use crate::time::Timestamp;
@@ -60,7 +67,7 @@ pub enum AgentOutcome {
 
 /// An agent, over its ports.
 #[derive(Debug)]
-pub struct Agent<R, Q, C, X, W, G = NoBook> {
+pub struct Agent<R, Q, C, X, W, G = NoBook, P = NoPayloads> {
     remote: R,
     outbox: Q,
     clock: C,
@@ -69,6 +76,7 @@ pub struct Agent<R, Q, C, X, W, G = NoBook> {
     queue: Destination,
     waits: WaitReporter<W>,
     guard: Option<Guard<G, C>>,
+    payloads: P,
 }
 
 impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q, C, X, W> {
@@ -82,7 +90,26 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
         queue: Destination,
         waits: WaitReporter<W>,
     ) -> Self {
-        Agent { remote, outbox, clock, random, retry, queue, waits, guard: None }
+        Agent {
+            remote,
+            outbox,
+            clock,
+            random,
+            retry,
+            queue,
+            waits,
+            guard: None,
+            payloads: NoPayloads,
+        }
+    }
+}
+
+impl<R, Q, C, X, W, G, P> Agent<R, Q, C, X, W, G, P> {
+    /// The same agent, reading stored inputs from `payloads` and storing its large outputs
+    /// there ([`crate::payload`]).
+    pub fn keeping<K: Payloads>(self, payloads: K) -> Agent<R, Q, C, X, W, G, K> {
+        let Agent { remote, outbox, clock, random, retry, queue, waits, guard, .. } = self;
+        Agent { remote, outbox, clock, random, retry, queue, waits, guard, payloads }
     }
 
     /// The same agent, guarding `service` with its record in `book`.
@@ -91,17 +118,17 @@ impl<R: RemoteService, Q: Outbox, C: Clock, X: Random, W: WaitGauge> Agent<R, Q,
         book: H,
         service: &str,
         policy: HoldPolicy,
-    ) -> Agent<R, Q, C, X, W, H>
+    ) -> Agent<R, Q, C, X, W, H, P>
     where
-        C: Clone,
+        C: Clock + Clone,
     {
         let guard = Guard::new(book, self.clock.clone(), service, policy);
-        let Agent { remote, outbox, clock, random, retry, queue, waits, .. } = self;
-        Agent { remote, outbox, clock, random, retry, queue, waits, guard: Some(guard) }
+        let Agent { remote, outbox, clock, random, retry, queue, waits, payloads, .. } = self;
+        Agent { remote, outbox, clock, random, retry, queue, waits, guard: Some(guard), payloads }
     }
 }
 
-impl<R, Q, C, X, W, G> Agent<R, Q, C, X, W, G>
+impl<R, Q, C, X, W, G, P> Agent<R, Q, C, X, W, G, P>
 where
     R: RemoteService,
     Q: Outbox,
@@ -109,6 +136,7 @@ where
     X: Random,
     W: WaitGauge,
     G: ServiceBook + Pace,
+    P: Payloads,
 {
     /// The same agent, keeping its guarded service within `limits` (an agent without a guard
     /// has no shared tally to keep them with, and is left as it is).
@@ -139,16 +167,7 @@ where
         self.waits
             .observe(&self.queue, request.due_at, incoming, taken, taken.until(deadline))
             .await;
-        let call = RemoteCall {
-            order_id: request.order_id,
-            action: request.action.clone(),
-            direction: request.step.direction,
-            idempotency_key: request.idempotency_key.clone(),
-            order: request.order.clone(),
-            input: request.input.clone(),
-            outputs: request.outputs.clone(),
-            deadline,
-        };
+        let call = self.call_for(request, deadline).await?;
         let mut calls = 0;
         loop {
             if self.clock.now() >= deadline {
@@ -179,7 +198,8 @@ where
                 Ok(output) => {
                     metrics::remote_call("ok", took);
                     self.answered(probe).await;
-                    return self.reply(request, deadline, StepOutcome::done(output), calls).await;
+                    let outcome = self.outcome_of(request.order_id, output).await?;
+                    return self.reply(request, deadline, outcome, calls).await;
                 }
                 Err(RemoteFault::Permanent(reason)) => {
                     metrics::remote_call("refused", took);
@@ -227,6 +247,56 @@ where
             debug!(order_id = %request.order_id, calls, ?delay, %fault, "transient fault, retrying");
             self.clock.sleep(delay).await;
         }
+    }
+
+    /// The call `request` asks for, with every stored value it carries read back.
+    async fn call_for(&self, request: &StepRequest, deadline: Timestamp) -> Result<RemoteCall> {
+        let id = request.order_id;
+        if mutants::on(Mutant::StoredValuesUnread) {
+            return Ok(RemoteCall {
+                order_id: id,
+                action: request.action.clone(),
+                direction: request.step.direction,
+                idempotency_key: request.idempotency_key.clone(),
+                order: request.order.clone(),
+                input: request.input.clone(),
+                outputs: request.outputs.clone(),
+                deadline,
+            });
+        }
+        let order = Order(payload::resolve(&self.payloads, id, request.order.input()).await?);
+        let input = match &request.input {
+            Some(value) => Some(payload::resolve(&self.payloads, id, value).await?),
+            None => None,
+        };
+        let mut outputs = request.outputs.clone();
+        for value in outputs.values_mut() {
+            *value = payload::resolve(&self.payloads, id, value).await?;
+        }
+        Ok(RemoteCall {
+            order_id: id,
+            action: request.action.clone(),
+            direction: request.step.direction,
+            idempotency_key: request.idempotency_key.clone(),
+            order,
+            input,
+            outputs,
+            deadline,
+        })
+    }
+
+    /// The outcome of a call that answered `output`: carried as it is, stored and referred
+    /// to, or too large. A store that cannot take it now fails the request, which comes back:
+    /// the call is made again under the same key, and the service answers it again.
+    async fn outcome_of(
+        &self,
+        order_id: OrderId,
+        output: serde_json::Value,
+    ) -> Result<StepOutcome> {
+        Ok(match payload::keep_output(&self.payloads, order_id, output).await? {
+            Kept::Inline(output) | Kept::Stored(output) => StepOutcome::Done { output },
+            Kept::TooLarge { bytes } => StepOutcome::TooLarge { bytes },
+        })
     }
 
     async fn admit(&self, deadline: Timestamp) -> Admission {

@@ -9,18 +9,20 @@ use crate::catalogue::Catalogue;
 use crate::config::EngineConfig;
 use crate::ids::AgentName;
 use crate::load::{LoadSource, WaitReporter};
+use crate::payload::NoPayloads;
 use crate::ports::{
-    Clock, Destination, EventBus, ExpiryIndex, Ids, Outbox, Random, RemoteService, StateStore,
-    WaitGauge,
+    Clock, Destination, EventBus, ExpiryIndex, Ids, Outbox, Payloads, Random, RemoteService,
+    StateStore, WaitGauge,
 };
 
+use super::guard::NoBook;
 use super::{Agent, Operator, Ports, Scheduler, Submission, Supervisor};
 
 /// What every service of one system is built from. Each service is given its own outbox,
 /// since that is where the harnesses differ most (a submission sends only to the scheduler,
 /// a scheduler's batches, a worker's own clock).
 #[derive(Clone, Debug)]
-pub struct Assembly<S, B, C, W, L> {
+pub struct Assembly<S, B, C, W, L, P = NoPayloads> {
     pub store: S,
     pub bus: B,
     pub clock: C,
@@ -30,9 +32,11 @@ pub struct Assembly<S, B, C, W, L> {
     pub waits: W,
     /// Where the door and the supervisor read the queues' load.
     pub load: L,
+    /// Where large inputs and outputs are kept ([`crate::payload`]).
+    pub payloads: P,
 }
 
-impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone> Assembly<S, B, C, W, L> {
+impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone, P: Clone> Assembly<S, B, C, W, L, P> {
     /// The ports of a service that sends through `outbox`.
     pub fn ports<Q>(&self, outbox: Q) -> Ports<S, Q, B, C> {
         Ports {
@@ -47,7 +51,7 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone> Assembly<S, B, C, W, L> {
 
     /// The same system seen through another clock: a worker's own, or a supervisor's that
     /// runs ahead.
-    pub fn on_clock<K>(&self, clock: K) -> Assembly<S, B, K, W, L> {
+    pub fn on_clock<K>(&self, clock: K) -> Assembly<S, B, K, W, L, P> {
         Assembly {
             store: self.store.clone(),
             bus: self.bus.clone(),
@@ -56,6 +60,7 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone> Assembly<S, B, C, W, L> {
             catalogue: self.catalogue.clone(),
             waits: self.waits.clone(),
             load: self.load.clone(),
+            payloads: self.payloads.clone(),
         }
     }
 
@@ -64,7 +69,7 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone> Assembly<S, B, C, W, L> {
         Assembly { catalogue, ..self.clone() }
     }
 
-    pub fn submission<Q, I>(&self, outbox: Q, ids: I) -> Submission<S, Q, B, C, I, L>
+    pub fn submission<Q, I>(&self, outbox: Q, ids: I) -> Submission<S, Q, B, C, I, L, P>
     where
         S: StateStore,
         Q: Outbox,
@@ -72,8 +77,9 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone> Assembly<S, B, C, W, L> {
         C: Clock,
         I: Ids,
         L: LoadSource,
+        P: Payloads,
     {
-        Submission::new(self.ports(outbox), ids, self.load.clone())
+        Submission::new(self.ports(outbox), ids, self.load.clone()).keeping(self.payloads.clone())
     }
 
     /// A scheduler whose claims and wait reports are signed `owner`.
@@ -119,13 +125,14 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone> Assembly<S, B, C, W, L> {
         outbox: Q,
         random: X,
         reporter: impl Into<String>,
-    ) -> Agent<R, Q, C, X, W>
+    ) -> Agent<R, Q, C, X, W, NoBook, P>
     where
         R: RemoteService,
         Q: Outbox,
         C: Clock,
         X: Random,
         W: WaitGauge,
+        P: Payloads,
     {
         Agent::new(
             remote,
@@ -136,6 +143,7 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone> Assembly<S, B, C, W, L> {
             Destination::Agent(agent.clone()),
             WaitReporter::new(self.waits.clone(), reporter.into(), self.config.claim_grace),
         )
+        .keeping(self.payloads.clone())
     }
 
     /// Every queue of the system: the scheduler's two, then each agent's that a workflow of

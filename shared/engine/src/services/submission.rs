@@ -6,6 +6,9 @@
 //! leaves an order nobody was told of and nothing runs, and the next submission of its key
 //! (the client's retry) writes the record and accepts it.
 //!
+//! An input too large to carry in every request is stored first ([`crate::payload`]), after
+//! the door let the order in, so that a refused order writes nothing anywhere.
+//!
 //! It is also the door: before it writes, it checks that a new order would not wait in the
 //! queues longer than the deployment accepts ([`crate::load`]), and refuses it with a time to
 //! come back otherwise. Accepting an order it could only serve late would make every order
@@ -20,8 +23,11 @@ use crate::error::{Error, Result};
 use crate::ids::{IdempotencyKey, OrderId, Owner};
 use crate::load::{Admission, Cached, DoorTally, LoadSource};
 use crate::machine::{self, Ctx, Decision, Input, decide};
-use crate::order::Rejection;
-use crate::ports::{Clock, Created, EventBus, Ids, OrderRecord, Outbox, Read, StateStore};
+use crate::order::{Order, Rejection};
+use crate::payload::{self, Kept, MAX_INLINE_INPUT_LEN, MAX_PAYLOAD_LEN, NoPayloads};
+use crate::ports::{
+    Clock, Created, EventBus, Ids, OrderRecord, Outbox, Payloads, Read, StateStore,
+};
 use crate::state::StateRecord;
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
@@ -37,15 +43,34 @@ pub struct Accepted {
 
 /// The submission service, over its ports.
 #[derive(Debug)]
-pub struct Submission<S, Q, B, C, I, L> {
+pub struct Submission<S, Q, B, C, I, L, P = NoPayloads> {
     ports: Ports<S, Q, B, C>,
     ids: I,
     load: Cached<L>,
     /// What this door did since the load in use was read.
     tally: Mutex<DoorTally>,
+    payloads: P,
 }
 
-impl<S, Q, B, C, I, L> Submission<S, Q, B, C, I, L>
+impl<S, Q, B, C, I, L> Submission<S, Q, B, C, I, L> {
+    /// `load` tells how long the queues are; it is read at most every few seconds.
+    pub fn new(ports: Ports<S, Q, B, C>, ids: I, load: L) -> Self {
+        let tally = Mutex::default();
+        Submission { ports, ids, load: Cached::new(load), tally, payloads: NoPayloads }
+    }
+}
+
+impl<S, Q, B, C, I, L, P> Submission<S, Q, B, C, I, L, P> {
+    /// The same submission, storing inputs larger than [`MAX_INLINE_INPUT_LEN`] in `payloads`
+    /// ([`crate::payload`]). Without a store, an input is kept whole up to
+    /// [`MAX_PAYLOAD_LEN`].
+    pub fn keeping<K>(self, payloads: K) -> Submission<S, Q, B, C, I, L, K> {
+        let Submission { ports, ids, load, tally, .. } = self;
+        Submission { ports, ids, load, tally, payloads }
+    }
+}
+
+impl<S, Q, B, C, I, L, P> Submission<S, Q, B, C, I, L, P>
 where
     S: StateStore,
     Q: Outbox,
@@ -53,12 +78,8 @@ where
     C: Clock,
     I: Ids,
     L: LoadSource,
+    P: Payloads,
 {
-    /// `load` tells how long the queues are; it is read at most every few seconds.
-    pub fn new(ports: Ports<S, Q, B, C>, ids: I, load: L) -> Self {
-        Submission { ports, ids, load: Cached::new(load), tally: Mutex::default() }
-    }
-
     /// Accepts an order. Invalid input is rejected before anything is written, and so is an
     /// order that would wait too long in the queues ([`Error::Overloaded`]). The same key with
     /// the same order returns the existing order; with a different order it is refused.
@@ -87,11 +108,13 @@ where
             .catalogue
             .for_new_order(workflow)
             .map_err(|why| Error::InvalidOrder(Rejection::one("workflow", why)))?;
+        refuse_too_large(body)?;
         let order = workflow.input(body)?;
         let order_id = OrderId::for_owner_key(owner, &key);
         let now = self.ports.clock.now();
         let wakes = workflow.wakes(&order.0, now)?;
         self.admit(now, workflow).await?;
+        let order = self.keep(order_id, order).await?;
         let ctx = Ctx { now, config: &self.ports.config, workflow, seed: 0 };
         let created = machine::create_waking(order_id, self.ids.new_id(), &wakes, &ctx);
         let record = OrderRecord {
@@ -129,6 +152,20 @@ where
                 let current = self.ports.store.load(order_id, Read::Consistent).await?;
                 self.resubmitted(&current.ok_or_else(|| missing("state record"))?, workflow).await
             }
+        }
+    }
+
+    /// The input as the order keeps it: whole, or stored and referred to.
+    async fn keep(&self, order_id: OrderId, order: Order) -> Result<Order> {
+        let inline = if self.payloads.stores() { MAX_INLINE_INPUT_LEN } else { MAX_PAYLOAD_LEN };
+        match payload::keep(&self.payloads, order_id, order.0, inline).await? {
+            Kept::Inline(value) | Kept::Stored(value) => Ok(Order(value)),
+            // Within the size limit, only an input shaped like a stored reference, with no
+            // store to put it in, gets here.
+            Kept::TooLarge { .. } => Err(Error::InvalidOrder(Rejection::one(
+                "",
+                "an input whose only field is `$stored`, which stands for a stored value here",
+            ))),
         }
     }
 
@@ -173,4 +210,20 @@ where
             }
         }
     }
+}
+
+/// Refuses an input larger than [`MAX_PAYLOAD_LEN`] bytes of JSON as it is kept (without the
+/// spaces a client may have put between its values), before its schema is checked.
+fn refuse_too_large(body: &[u8]) -> Result<()> {
+    if body.len() <= MAX_PAYLOAD_LEN {
+        return Ok(());
+    }
+    // A body that is not JSON is left for the schema check to name.
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else { return Ok(()) };
+    let len = serde_json::to_vec(&value).map_or(usize::MAX, |b| b.len());
+    if len <= MAX_PAYLOAD_LEN {
+        return Ok(());
+    }
+    let why = format!("{len} bytes of JSON, more than the {MAX_PAYLOAD_LEN} an order may have");
+    Err(Error::InvalidOrder(Rejection::one("", why)))
 }

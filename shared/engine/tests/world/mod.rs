@@ -14,7 +14,7 @@ use sas_engine::config::EngineConfig;
 use sas_engine::events::{ALERT_DETAIL_TYPE, STATUS_DETAIL_TYPE, StatusKinds};
 use sas_engine::load::Gauges;
 use sas_engine::memory::{
-    InMemory, ManualClock, MemoryAssembly, MemoryBus, MemoryQueues, MemoryRemote,
+    InMemory, ManualClock, MemoryAssembly, MemoryBus, MemoryPayloads, MemoryQueues, MemoryRemote,
     MemoryServiceBook, MemoryStore, MemoryWaits, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
@@ -35,8 +35,9 @@ pub type Remote = Arc<MemoryRemote<Clock>>;
 pub type Waits = Arc<MemoryWaits>;
 pub type Load = Gauges<Waits, Queues>;
 pub type Book = Arc<MemoryServiceBook>;
+pub type Payloads = Arc<MemoryPayloads>;
 /// An agent of this world: guarded, its service's health in the world's book.
-pub type WorldAgent = Agent<Remote, Queues, Clock, Arc<SplitMix>, Waits, Book>;
+pub type WorldAgent = Agent<Remote, Queues, Clock, Arc<SplitMix>, Waits, Book, Payloads>;
 
 pub struct World {
     pub clock: Clock,
@@ -50,7 +51,7 @@ pub struct World {
     /// What the services are built from: the engine's configuration and the workflows it
     /// runs among them.
     pub system: MemoryAssembly<Clock>,
-    pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load>,
+    pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load, Payloads>,
     pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits>,
     pub agents: HashMap<AgentName, WorldAgent>,
     pub supervisor: Supervisor<Store, Store, Queues, Bus, Clock, Load>,
