@@ -19,6 +19,7 @@ use sas_aws::dynamo::DynamoStore;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::health::DynamoServiceBook;
 use sas_aws::http::HttpRemote;
+use sas_aws::payloads::S3Payloads;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::system::UuidIds;
 use sas_aws::waits::DynamoWaits;
@@ -57,6 +58,7 @@ pub struct TestStack {
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub events: aws_sdk_eventbridge::Client,
+    pub s3: aws_sdk_s3::Client,
 }
 
 impl TestStack {
@@ -89,8 +91,8 @@ impl TestStack {
             attributes,
         };
         let stack = provision(&template, &clients, &options).await.unwrap();
-        let Clients { dynamodb, sqs, events, .. } = clients;
-        TestStack { dynamodb, sqs, events, stack, template }
+        let Clients { dynamodb, sqs, events, s3 } = clients;
+        TestStack { dynamodb, sqs, events, s3, stack, template }
     }
 
     /// Provisions with every call going through the local stack's proxy, whose fault rules the
@@ -102,6 +104,11 @@ impl TestStack {
 
     pub fn name(&self, logical_id: &str) -> String {
         self.stack.reference(logical_id).unwrap_or_else(|| panic!("{logical_id} not provisioned"))
+    }
+
+    /// Large inputs and outputs, in the stack's payload bucket.
+    pub fn payloads(&self) -> S3Payloads {
+        S3Payloads::new(self.s3.clone(), Some(self.name("PayloadBucket")))
     }
 
     pub fn store(&self) -> DynamoStore {
@@ -298,6 +305,7 @@ type TestAgent = Agent<
     SplitMix,
     DynamoWaits,
     DynamoServiceBook,
+    S3Payloads,
 >;
 
 /// The functions' default linger for batched sends.
@@ -310,7 +318,7 @@ pub struct System {
     pub clock: ManualClock,
     pub config: Arc<EngineConfig>,
     pub remote: RemoteService,
-    submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds, Load>,
+    submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds, Load, S3Payloads>,
     status: StatusService<Store>,
     scheduler: Scheduler<Store, Coalescing<Outbox>, Bus, ManualClock, DynamoWaits>,
     /// Each agent with the logical id of its queue.
@@ -391,6 +399,7 @@ impl System {
             catalogue: workflow,
             waits: waits.clone(),
             load: Gauges { waits, depths: t.depths() },
+            payloads: t.payloads(),
         };
         let to_scheduler_outbox = || SqsOutbox::new(t.sqs.clone(), to_scheduler.clone());
         let submission = system.submission(to_scheduler_outbox(), UuidIds);

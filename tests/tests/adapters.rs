@@ -1,6 +1,7 @@
 //! What only the AWS adapters have to get right, against a real emulator (moto), on tables,
-//! queues and a bus created from `template.yaml`: splitting sends into batches, routing events
-//! through the rules, and mapping a missing resource to the right error. The semantics the
+//! queues, a bus and a bucket created from `template.yaml`: splitting sends into batches,
+//! routing events through the rules, mapping a missing resource to the right error, and
+//! keeping large values as objects that read back whole. The semantics the
 //! adapters share with the in-memory ports are in `contract.rs`.
 
 #![allow(clippy::unwrap_used)]
@@ -13,7 +14,8 @@ use sas_engine::config::EngineConfig;
 use sas_engine::events::{BusEvent, StatusKind};
 use sas_engine::message::{Message, Start};
 use sas_engine::order::Order;
-use sas_engine::ports::{Destination, EventBus, OrderRecord, Outbox, Outgoing};
+use sas_engine::payload::{self, Kept, Stored};
+use sas_engine::ports::{Destination, EventBus, OrderRecord, Outbox, Outgoing, Payloads};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, IdempotencyKey, OrderId, Owner, Timestamp};
@@ -44,6 +46,33 @@ fn new_order(key: &str, config: &EngineConfig) -> (OrderRecord, StateRecord) {
         },
         state,
     )
+}
+
+#[tokio::test]
+async fn a_large_value_is_kept_as_one_object_and_reads_back_whole() {
+    let t = TestStack::new("payloads").await;
+    let store = t.payloads();
+    let id = OrderId::for_key(&IdempotencyKey::parse("large-1").unwrap());
+    let value = serde_json::json!({ "document": "é".repeat(60_000) });
+    let Kept::Stored(reference) = payload::keep_output(&store, id, value.clone()).await.unwrap()
+    else {
+        panic!("a 120 kB output is stored")
+    };
+    // Kept again (a retried call), it is the same object.
+    assert_eq!(
+        payload::keep_output(&store, id, value.clone()).await.unwrap(),
+        Kept::Stored(reference.clone())
+    );
+    assert_eq!(payload::resolve(&store, id, &reference).await.unwrap(), value);
+    let key = Stored::of(&reference).unwrap().key;
+    let listed = t.s3.list_objects_v2().bucket(t.name("PayloadBucket")).send().await.unwrap();
+    let keys: Vec<&str> = listed.contents().iter().filter_map(|o| o.key()).collect();
+    assert_eq!(keys, [key.as_str()]);
+    // A key with nothing under it is no object, not an error.
+    assert_eq!(store.get(&format!("{}missing", payload::prefix(id))).await.unwrap(), None);
+    // Without a bucket, nothing is stored.
+    let none = sas_aws::payloads::S3Payloads::new(t.s3.clone(), None);
+    assert!(matches!(payload::keep_output(&none, id, value).await.unwrap(), Kept::TooLarge { .. }));
 }
 
 #[tokio::test]

@@ -72,9 +72,9 @@ fn api_cases() -> Vec<(Request, Expected)> {
     let mut nested = "[".repeat(10_000);
     nested.push_str(&"]".repeat(10_000));
     let mut padded = valid.clone();
-    padded.resize(64 * 1024, b' ');
+    padded.resize(sas_submission::MAX_BODY_BYTES, b' ');
     let mut oversized = valid.clone();
-    oversized.resize(64 * 1024 + 1, b' ');
+    oversized.resize(sas_submission::MAX_BODY_BYTES + 1, b' ');
     let mut with_bom = b"\xEF\xBB\xBF".to_vec();
     with_bom.extend_from_slice(&valid);
     let mut not_utf8 = order_json("c-bad").replace("Ada Lovelace", "Ada \u{1}").into_bytes();

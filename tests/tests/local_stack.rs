@@ -28,6 +28,9 @@
 //!   answer after the end change nothing.
 //! - A new version of a workflow is deployed while orders run: the functions start again on
 //!   it, new orders take it, and the orders in flight finish on the version they started on.
+//! - An order's input larger than a request carries, and a service's answer of 100 kB, are
+//!   kept in the payload bucket: every call gets the whole input, shipping the whole answer,
+//!   and the refund of an undone order is told it whole, while the records keep references.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -796,14 +799,17 @@ fn signer(service: &str) -> SigV4 {
 }
 
 async fn submit(http: &reqwest::Client, api: &str, key: &str) -> String {
-    let body = ORDER;
+    submit_body(http, api, key, ORDER).await
+}
+
+async fn submit_body(http: &reqwest::Client, api: &str, key: &str, body: &str) -> String {
     // A killed submission process fails its request; a client retries with the same key.
     for _ in 0..20 {
         let request = http
             .post(format!("{api}/orders"))
             .header("content-type", "application/json")
             .header("idempotency-key", key)
-            .body(body);
+            .body(body.to_owned());
         let response = signer(EXECUTE_API).send(http, request).await;
         if let Ok(r) = response {
             if r.status() == 202 {
@@ -919,6 +925,74 @@ async fn submit_to(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     panic!("order {key} was never answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_inputs_and_outputs_are_kept_in_the_bucket_and_reach_every_step_whole() {
+    let _turn = TURN.lock().await;
+    // The payment service answers every charge with a 100 kB document.
+    let faults = r#"{"default":{},"actions":{"charge-payment":{"output_bytes":100000}}}"#;
+    let stack = start("e2e-large", faults, 2).await;
+    let http = reqwest::Client::new();
+    // An order of fifty lines, each with a long SKU: larger than a request carries.
+    let lines: Vec<String> = (0..50)
+        .map(|n| format!(r#"{{"sku":"SKU-{n}-{}","quantity":1,"unit_price":100}}"#, "X".repeat(50)))
+        .collect();
+    let mut input: Value = serde_json::from_str(ORDER).unwrap();
+    input["items"] = serde_json::from_str(&format!("[{}]", lines.join(","))).unwrap();
+    let body = serde_json::to_string_pretty(&input).unwrap();
+    let input_bytes = serde_json::to_vec(&input).unwrap().len() as u64;
+    assert!(input_bytes > 4096, "{input_bytes}");
+
+    let shipped = submit_body(&http, &stack.api_url, "e2e-large-1", &body).await;
+    let terminal = ["Processed", "Error", "Cancelled"];
+    let states = wait_for(&http, &stack, std::slice::from_ref(&shipped), &terminal, 60).await;
+    assert_eq!(states[&shipped], "Processed");
+    // Shipping is refused from now on: the next order is undone.
+    let refusing = r#"{"default":{},"actions":{"charge-payment":{"output_bytes":100000},"ship":{"permanent_rate":1.0}}}"#;
+    put_faults(&http, &stack, refusing).await;
+    let undone = submit_body(&http, &stack.api_url, "e2e-large-2", &body).await;
+    let states = wait_for(&http, &stack, std::slice::from_ref(&undone), &terminal, 60).await;
+    assert_eq!(states[&undone], "Error");
+
+    let ledger = ledger(&http, &stack).await;
+    let effects = ledger["effects"].as_array().unwrap();
+    let effect = |order: &str, action: &str| {
+        effects
+            .iter()
+            .find(|e| e["order_id"] == order && e["action"] == action)
+            .unwrap_or_else(|| panic!("no {action} of {order}"))
+    };
+    // Every call carried the whole input, whatever the record keeps.
+    for e in effects.iter().filter(|e| e["order_id"] == shipped || e["order_id"] == undone) {
+        assert_eq!(e["order_bytes"], json!(input_bytes), "{}", e["key"]);
+    }
+    // Shipping got the charge's whole answer; the refund was told it whole.
+    let charged = effect(&shipped, "charge-payment")["output"].clone();
+    let charge_bytes = serde_json::to_vec(&charged).unwrap().len() as u64;
+    assert!(charge_bytes > 100_000, "{charge_bytes}");
+    assert_eq!(effect(&shipped, "ship")["outputs"]["charge-payment"], charged);
+    assert_eq!(effect(&undone, "refund-payment")["input_bytes"], json!(charge_bytes));
+
+    // The records keep references; the bucket keeps the values, two an order.
+    let view = operator_view(&stack, &shipped);
+    let stored = &view["steps"][1]["output"]["$stored"];
+    assert_eq!(stored["bytes"], json!(charge_bytes), "{view}");
+    let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let bucket = stack.stack.reference("PayloadBucket").unwrap();
+    for id in [&shipped, &undone] {
+        let listed = clients
+            .s3
+            .list_objects_v2()
+            .bucket(&bucket)
+            .prefix(format!("orders/{id}/"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(listed.contents().len(), 2, "{id}: {listed:?}");
+    }
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1139,6 +1213,7 @@ async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_d
         .unused
         .iter()
         .filter(|g| g.function == "ledgerAgentFunction" && g.action == "s3:PutObject")
+        .filter(|g| g.resource_name.as_deref().is_some_and(|r| r.starts_with("LedgerStatements")))
         .collect();
     assert!(statements.is_empty(), "the statements' grant was used: {statements:?}");
 }

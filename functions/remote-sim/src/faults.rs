@@ -22,6 +22,8 @@ use sas_rng::SplitMix;
 /// The longest latency (base plus jitter) accepted: 15 minutes, the longest a Lambda function
 /// (and so any caller in this project) can wait.
 pub const MAX_LATENCY_MS: u64 = 15 * 60 * 1000;
+/// The largest document an answer may carry.
+pub const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
 
 /// A window of time, in seconds since the server started, during which the service is down:
 /// every call gets a transient fault and nothing is applied.
@@ -85,6 +87,14 @@ pub struct Faults {
     /// applied, as a partner's published rate limit. Default none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_per_second: Option<u32>,
+    /// How many bytes of a document every new effect's answer carries beside its reference:
+    /// an answer larger than a message carries, which the agent stores. Default 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub output_bytes: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Knobs of one action that differ from the default; `None` keeps the default's value.
@@ -115,6 +125,8 @@ pub struct FaultsOverride {
     pub hold_while: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_per_second: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<usize>,
 }
 
 /// The whole configuration: default knobs, and overrides by action name. The default value
@@ -193,6 +205,7 @@ impl Faults {
             forget_keys: o.forget_keys.unwrap_or(d.forget_keys),
             hold_while: o.hold_while.clone().or_else(|| d.hold_while.clone()),
             max_per_second: o.max_per_second.or(d.max_per_second),
+            output_bytes: o.output_bytes.unwrap_or(d.output_bytes),
         }
     }
 
@@ -214,6 +227,9 @@ impl Faults {
             return Err(invalid(format!(
                 "latency_ms + latency_jitter_ms must be at most {MAX_LATENCY_MS}"
             )));
+        }
+        if self.output_bytes > MAX_OUTPUT_BYTES {
+            return Err(invalid(format!("output_bytes must be at most {MAX_OUTPUT_BYTES}")));
         }
         if self.max_per_second == Some(0) {
             return Err(invalid("max_per_second must be at least 1 (or left out)".to_owned()));

@@ -104,6 +104,10 @@ struct ActionRequest {
     direction: Direction,
     #[serde(default)]
     outputs: Value,
+    #[serde(default)]
+    order: Value,
+    #[serde(default)]
+    input: Value,
 }
 
 /// The router of every endpoint, on this state.
@@ -156,6 +160,8 @@ async fn action(
             Value::Object(map) if map.is_empty() => Value::Null,
             other => other,
         },
+        order_bytes: json_len(&request.order),
+        input_bytes: json_len(&request.input),
     };
     // A call is counted (against the rate, in an outage) as it arrives, as a service's front
     // door counts it, not when a worker gets to it: calls that queue for the worker are not
@@ -206,6 +212,14 @@ async fn action(
         Outcome::LostAnswer => error(StatusCode::SERVICE_UNAVAILABLE, "answer lost"),
         Outcome::Outage => error(StatusCode::SERVICE_UNAVAILABLE, "outage"),
     }
+}
+
+/// The length of `value` in bytes of JSON; 0 for nothing.
+fn json_len(value: &Value) -> u64 {
+    if value.is_null() {
+        return 0;
+    }
+    serde_json::to_vec(value).map_or(0, |b| b.len() as u64)
 }
 
 /// Waits while `file` exists, having written `key` to `{file}.held` for the test that holds it;

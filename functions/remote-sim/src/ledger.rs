@@ -46,6 +46,10 @@ pub struct Call {
     pub direction: Direction,
     /// The outputs of the order's steps before this one, as the call carried them.
     pub outputs: Value,
+    /// How large the order's input it carried was, in bytes of JSON.
+    pub order_bytes: u64,
+    /// How large the input of an undo (what its step answered) was, in bytes of JSON.
+    pub input_bytes: u64,
 }
 
 /// One effect applied by the service, as shown by `GET /ledger`.
@@ -66,6 +70,15 @@ pub struct Effect {
     /// What the call that applied it carried of the steps before (absent if nothing).
     #[serde(skip_serializing_if = "Value::is_null")]
     pub outputs: Value,
+    /// How large the order's input that call carried was, in bytes of JSON.
+    pub order_bytes: u64,
+    /// For an undo, how large the input it was told (its step's answer) was (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub input_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What the ledger says about a call before anything is applied.
@@ -133,6 +146,12 @@ impl Ledger {
     /// ([`Ledger::check`]) applies a key once, and a caller that skipped it and applied a known
     /// key again would show as a second application, answered with the first output.
     pub fn apply(&mut self, call: &Call, noop: bool) -> Value {
+        self.apply_padded(call, noop, 0)
+    }
+
+    /// As [`Ledger::apply`], a new effect answering `padding` more bytes (a document, a
+    /// label: an answer larger than a message carries).
+    pub fn apply_padded(&mut self, call: &Call, noop: bool, padding: usize) -> Value {
         if let Some(&at) = self.by_key.get(&call.key) {
             let effect = &mut self.effects[at];
             effect.applications = effect.applications.saturating_add(1);
@@ -140,11 +159,14 @@ impl Ledger {
         }
         self.last_ref += 1;
         let reference = format!("{}-{}", call.action, self.last_ref);
-        let output = if noop {
+        let mut output = if noop {
             json!({ "ref": reference, "noop": true })
         } else {
             json!({ "ref": reference })
         };
+        if padding > 0 {
+            output["document"] = "d".repeat(padding).into();
+        }
         self.by_key.insert(call.key.clone(), self.effects.len());
         self.effects.push(Effect {
             key: call.key.clone(),
@@ -155,6 +177,8 @@ impl Ledger {
             output: output.clone(),
             calls: self.calls(&call.key),
             outputs: call.outputs.clone(),
+            order_bytes: call.order_bytes,
+            input_bytes: call.input_bytes,
         });
         output
     }
@@ -192,6 +216,8 @@ mod tests {
     fn call(action: &str, direction: Direction) -> Call {
         Call {
             outputs: Value::Null,
+            order_bytes: 0,
+            input_bytes: 0,
             key: format!("order-1/charge/{}", direction.as_str()),
             order_id: "order-1".into(),
             action: action.into(),

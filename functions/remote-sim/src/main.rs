@@ -58,6 +58,8 @@ Fault knobs (--faults or FAULTS, or PUT /faults), as
   outages: [{\"start_s\", \"end_s\"}]    windows, in seconds since start, of 503 to every call
   seed                               seed of every random decision (the same calls, the
                                      same faults)
+  output_bytes                       bytes of a document each new effect answers beside
+                                     its reference (at most 1 MiB)
   forget_keys                        a repeated key applies again (to show a check failing)
   hold_while: \"<file>\"               while the file exists, the action's calls wait before
                                      answering, their effect applied and their key written

@@ -183,7 +183,7 @@ impl Simulator {
                 Check::Tombstoned => Outcome::Tombstoned,
                 // Deduplication off: the known key takes effect again.
                 Check::Replay(_) if faults.forget_keys => {
-                    Outcome::Applied(self.ledger.apply(call, false))
+                    Outcome::Applied(self.ledger.apply_padded(call, false, faults.output_bytes))
                 }
                 Check::Replay(_) if faults.loses_answer(&draws) => Outcome::LostAnswer,
                 Check::Replay(output) => Outcome::Replayed(output),
@@ -194,7 +194,7 @@ impl Simulator {
                     ))
                 }
                 Check::New { noop } => {
-                    let output = self.ledger.apply(call, noop);
+                    let output = self.ledger.apply_padded(call, noop, faults.output_bytes);
                     if faults.loses_answer(&draws) {
                         Outcome::LostAnswer
                     } else {
@@ -253,6 +253,8 @@ mod tests {
             action: action.into(),
             direction,
             outputs: serde_json::Value::Null,
+            order_bytes: 0,
+            input_bytes: 0,
         }
     }
 

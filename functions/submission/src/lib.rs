@@ -16,20 +16,22 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_engine::OrderId;
 use sas_engine::load::LoadSource;
-use sas_engine::ports::{Clock, EventBus, Ids, Outbox, StateStore};
+use sas_engine::payload::MAX_PAYLOAD_LEN;
+use sas_engine::ports::{Clock, EventBus, Ids, Outbox, Payloads, StateStore};
 use sas_engine::services::{Operator, Submission};
 use serde_json::json;
 
-/// Largest request body accepted: an order's input, which every step's request carries (with
-/// the outputs of the steps it depends on) in an SQS message of at most 256 KiB.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Largest request body accepted: twice the largest input, so that an input within
+/// [`MAX_PAYLOAD_LEN`] bytes of JSON is not refused for the spaces around its values; the
+/// input itself is then measured without them.
+pub const MAX_BODY_BYTES: usize = 2 * MAX_PAYLOAD_LEN;
 /// The header carrying the client's idempotency key.
 pub const KEY_HEADER: &str = "idempotency-key";
 
 /// Handles one request of the orders API's writes: an answer if its path names a step, else
 /// a submission.
-pub async fn route<S, Q, B, C, I, L>(
-    submission: &Submission<S, Q, B, C, I, L>,
+pub async fn route<S, Q, B, C, I, L, P>(
+    submission: &Submission<S, Q, B, C, I, L, P>,
     answers: &Operator<S, Q, B, C>,
     request: Request,
 ) -> Response<Body>
@@ -40,6 +42,7 @@ where
     C: Clock,
     I: Ids,
     L: LoadSource,
+    P: Payloads,
 {
     if request.path_parameters().first("step").is_some() {
         respond(answers, request).await
@@ -90,8 +93,8 @@ where
 }
 
 /// Handles one request routed to `POST /orders`, and counts a refusal by its error code.
-pub async fn handle<S, Q, B, C, I, L>(
-    submission: &Submission<S, Q, B, C, I, L>,
+pub async fn handle<S, Q, B, C, I, L, P>(
+    submission: &Submission<S, Q, B, C, I, L, P>,
     request: Request,
 ) -> Response<Body>
 where
@@ -101,6 +104,7 @@ where
     C: Clock,
     I: Ids,
     L: LoadSource,
+    P: Payloads,
 {
     let response = answer(submission, request).await;
     if !response.status().is_success() {
@@ -109,8 +113,8 @@ where
     response
 }
 
-async fn answer<S, Q, B, C, I, L>(
-    submission: &Submission<S, Q, B, C, I, L>,
+async fn answer<S, Q, B, C, I, L, P>(
+    submission: &Submission<S, Q, B, C, I, L, P>,
     request: Request,
 ) -> Response<Body>
 where
@@ -120,6 +124,7 @@ where
     C: Clock,
     I: Ids,
     L: LoadSource,
+    P: Payloads,
 {
     let content_type =
         request.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();

@@ -29,15 +29,16 @@ use sas_engine::health::ServiceRecord;
 use sas_engine::load::Gauges;
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
-    ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook, MemoryStore,
-    MemoryWaits, SplitMix,
+    Behaviour, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryRemote,
+    MemoryServiceBook, MemoryStore, MemoryWaits, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::pace::{Booked, Limits, Place, Usage};
 use sas_engine::ports::Clock;
 use sas_engine::ports::{
     Created, Depth, Destination, Expected, ExpiryIndex, HeldIndex, IndexEntry, OrderRecord, Outbox,
-    Outgoing, Pace, QueueDepths, Read, Saved, ServiceBook, StateStore, WaitGauge, WaitReport,
+    Outgoing, Pace, Payloads, QueueDepths, Read, Saved, ServiceBook, StateStore, WaitGauge,
+    WaitReport,
 };
 use sas_engine::services::{Agent, Answering, Assembly, Operator, Scheduler};
 use sas_engine::state::StateRecord;
@@ -60,6 +61,9 @@ const LARGE: &[(&str, &str)] = &[
     ("ApiThrottlingBurstLimit", "6000"),
 ];
 const MEMORY_GB: f64 = 0.125;
+/// How long a stored value is kept: the template's `PayloadRetentionDays` (90), in the months
+/// S3 bills storage by.
+const PAYLOAD_MONTHS: f64 = 90.0 / 30.4;
 /// The steady load the model runs at.
 const ORDERS_PER_SECOND: usize = 10;
 
@@ -106,6 +110,33 @@ struct Meter {
     /// The functions' embedded-metric output: bytes and lines.
     metric_bytes: f64,
     metric_lines: f64,
+    /// The payload bucket: objects written and read, and the bytes written.
+    s3_puts: f64,
+    s3_gets: f64,
+    s3_bytes: f64,
+}
+
+/// The payload bucket, counted.
+#[derive(Clone, Debug)]
+struct MeteredPayloads {
+    inner: Arc<MemoryPayloads>,
+    meter: Arc<Mutex<Meter>>,
+}
+
+impl Payloads for MeteredPayloads {
+    async fn put(&self, key: &str, body: Vec<u8>) -> Result<()> {
+        {
+            let mut m = self.meter.lock().unwrap_or_else(|e| e.into_inner());
+            m.s3_puts += 1.0;
+            m.s3_bytes += body.len() as f64;
+        }
+        self.inner.put(key, body).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).s3_gets += 1.0;
+        self.inner.get(key).await
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -383,6 +414,8 @@ struct Scenario {
     /// The payment service is held (by hand) as the orders come, and released once they all
     /// wait for it: every order waits once, and is resumed by the supervisor.
     held: bool,
+    /// The payment step answers an output of this many bytes, stored in the payload bucket.
+    large_output: Option<usize>,
 }
 
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -410,6 +443,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 3.0,
             payment: Limits::NONE,
             held: false,
+            large_output: None,
         },
         Scenario {
             name: "three steps",
@@ -417,6 +451,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 5.0,
             payment: Limits::NONE,
             held: false,
+            large_output: None,
         },
         Scenario {
             name: "three steps, the payment service declared at 50 calls a second and 4 in flight",
@@ -424,6 +459,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 5.0,
             payment: Limits { per_second: Some(50), in_flight: Some(4) },
             held: false,
+            large_output: None,
         },
         Scenario {
             name: "three steps, every order waiting once for the payment service while it is held",
@@ -431,6 +467,15 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 5.0,
             payment: Limits::NONE,
             held: true,
+            large_output: None,
+        },
+        Scenario {
+            name: "three steps, the payment step answering 100 KiB (stored, and read by the shipping step)",
+            workflow: sas_workflows::order_fulfilment().into(),
+            sfn_transitions: 5.0,
+            payment: Limits::NONE,
+            held: false,
+            large_output: Some(100 * 1024),
         },
         Scenario {
             name: "three steps, the first two side by side",
@@ -439,6 +484,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 6.0,
             payment: Limits::NONE,
             held: false,
+            large_output: None,
         },
         Scenario {
             name: "three steps and a one-minute wait before shipping",
@@ -447,6 +493,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 6.0,
             payment: Limits::NONE,
             held: false,
+            large_output: None,
         },
         Scenario {
             name: "three steps and an approval from outside before shipping",
@@ -455,6 +502,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 6.0,
             payment: Limits::NONE,
             held: false,
+            large_output: None,
         },
         Scenario {
             name: "ten steps, three of them side by side",
@@ -463,6 +511,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             sfn_transitions: 13.0,
             payment: Limits::NONE,
             held: false,
+            large_output: None,
         },
     ];
     println!(
@@ -610,6 +659,7 @@ async fn run(
         catalogue: Arc::new(Catalogue::single((*workflow).clone())),
         waits: waits.clone(),
         load: Gauges { waits, depths },
+        payloads: MeteredPayloads { inner: Arc::default(), meter: meter.clone() },
     };
     let submission = system.submission(outbox(), UuidIds);
     // The party outside, answering each step that waits for it through the orders API.
@@ -618,6 +668,9 @@ async fn run(
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
     let scheduler = system.scheduler(Coalescing::new(outbox(), linger), "s");
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
+    if let Some(bytes) = s.large_output {
+        remote.script("charge-payment", vec![Behaviour::Large(bytes); orders]);
+    }
     // Every agent guards its service, as deployed: it reads the service's record at most once
     // a second, and a limited one takes its calls' turns and places.
     let book = MeteredBook { inner: Arc::default(), meter: meter.clone() };
@@ -796,6 +849,7 @@ impl Handler
         SplitMix,
         Arc<MeteredWaits>,
         MeteredBook,
+        MeteredPayloads,
     >
 {
     async fn batch(&self, event: SqsEvent) -> SqsBatchResponse {
@@ -834,6 +888,13 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
         ("Lambda invocations", invocations, price::LAMBDA_REQUEST),
         ("Lambda GB-seconds", gb_seconds, price::LAMBDA_GB_SECOND),
         ("EventBridge events", events, price::EVENTBRIDGE_EVENT),
+        ("S3 PUT requests (payloads)", per(m.s3_puts), price::S3_WRITE_REQUEST),
+        ("S3 GET requests (payloads)", per(m.s3_gets), price::S3_READ_REQUEST),
+        (
+            "S3 storage, GB-months (payloads, kept 90 days)",
+            per(m.s3_bytes) / 1e9 * PAYLOAD_MONTHS,
+            price::S3_STORAGE_GB_MONTH,
+        ),
         (
             "CloudWatch Logs, metric lines (bytes)",
             per(m.metric_bytes),
@@ -845,9 +906,15 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
     println!("| --- | ---: | ---: | ---: |");
     let mut total = 0.0;
     for (name, count, unit) in rows {
+        // The payload bucket's rows only where values are stored.
+        if name.starts_with("S3") && count == 0.0 {
+            continue;
+        }
         let cost = count * unit * million;
         total += cost;
-        if name.ends_with("(bytes)") {
+        if name.starts_with("S3 storage") {
+            println!("| {name} | {count:.7} | ${unit:.3}/GB-month | ${cost:.2} |");
+        } else if name.ends_with("(bytes)") {
             println!("| {name} | {count:.0} | ${:.2}/GB | ${cost:.2} |", unit * 1e9);
         } else {
             println!("| {name} | {count:.3} | ${:.4}/M | ${cost:.2} |", unit * million);

@@ -82,7 +82,10 @@ fn not_created(kind: &str) -> Option<&'static str> {
         | "AWS::ApiGatewayV2::Integration"
         | "AWS::ApiGatewayV2::Authorizer" => "served by the local stack on 127.0.0.1",
         "AWS::Lambda::Permission" => "the local stack invokes the functions itself",
-        "AWS::SQS::QueuePolicy" | "AWS::SNS::TopicPolicy" | "AWS::IAM::ManagedPolicy" => {
+        "AWS::SQS::QueuePolicy"
+        | "AWS::SNS::TopicPolicy"
+        | "AWS::S3::BucketPolicy"
+        | "AWS::IAM::ManagedPolicy" => {
             "resource and managed policies are not enforced locally (the functions' own policies are, by the AWS proxy)"
         }
         "AWS::IAM::Role" | "AWS::IAM::RolePolicy" => {

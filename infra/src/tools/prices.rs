@@ -23,6 +23,8 @@ pub const EVENTBRIDGE_EVENT: f64 = 1.00e-6;
 pub const S3_WRITE_REQUEST: f64 = 5.0e-6;
 /// One S3 request that reads (GET, HEAD and the rest but DELETE, which is free).
 pub const S3_READ_REQUEST: f64 = 0.40e-6;
+/// One GB stored for a month in S3 Standard (the first 50 TB).
+pub const S3_STORAGE_GB_MONTH: f64 = 0.023;
 /// One GB of log data ingested by CloudWatch Logs (metric lines are log lines).
 pub const CLOUDWATCH_LOGS_GB: f64 = 0.50;
 /// One Step Functions Standard state transition, for comparison.

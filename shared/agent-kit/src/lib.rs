@@ -89,7 +89,9 @@ use sas_aws::sqs::QueueUrls;
 use sas_aws::system::{Jitter, SystemClock};
 use sas_engine::load::WaitReporter;
 use sas_engine::message::Message;
-use sas_engine::ports::{Clock, Destination, Outbox, Pace, Random, ServiceBook, WaitGauge};
+use sas_engine::ports::{
+    Clock, Destination, Outbox, Pace, Payloads, Random, ServiceBook, WaitGauge,
+};
 use sas_engine::services::Agent;
 use sas_engine::{AgentName, Error};
 use tracing::{Span, info};
@@ -136,7 +138,8 @@ where
         &s.name,
         s.config.hold,
     )
-    .limited(s.limits);
+    .limited(s.limits)
+    .keeping(wiring.payloads(s.payload_bucket.clone()));
     info!(agent = %s.name, "agent ready");
     let (agent, wiring) = (&agent, &wiring);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
@@ -150,8 +153,8 @@ where
 /// `SendMessageBatch`; none waits longer than the linger for the others. A reply can therefore
 /// leave up to the linger after the agent checked CompleteBy; like any delay in delivery, that
 /// is harmless, because its attempt number, not the clock, decides whether it still counts.
-pub async fn handle<R, Q, C, X, W, G>(
-    agent: &Agent<R, Coalescing<Q>, C, X, W, G>,
+pub async fn handle<R, Q, C, X, W, G, P>(
+    agent: &Agent<R, Coalescing<Q>, C, X, W, G, P>,
     event: SqsEvent,
 ) -> SqsBatchResponse
 where
@@ -161,6 +164,7 @@ where
     X: Random,
     W: WaitGauge,
     G: ServiceBook + Pace,
+    P: Payloads,
 {
     // A request kept back by a passing cause goes back to this agent's own queue.
     let home = |m: &Message| matches!(m, Message::Request(_)).then(|| agent.queue().clone());

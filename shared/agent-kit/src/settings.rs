@@ -1,7 +1,8 @@
 //! What every agent reads from its environment at cold start, whatever its service: its name
 //! (`AGENT_NAME`), its own queue (found by its name, where a request kept back by a passing
 //! cause is sent again), the reply queue, the wait reports' table, the services' health table,
-//! its service's declared limits, the engine's tunables and the send linger.
+//! its service's declared limits, the engine's tunables, the send linger and the payload
+//! bucket.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,9 @@ pub struct AgentSettings {
     pub limits: Limits,
     /// How long a reply may wait for others to share a send (`SEND_LINGER_MS`).
     pub linger: Duration,
+    /// Where large inputs and outputs are kept (`PAYLOAD_BUCKET`); none: an output larger
+    /// than a message carries is too large.
+    pub payload_bucket: Option<String>,
 }
 
 impl AgentSettings {
@@ -46,6 +50,7 @@ impl AgentSettings {
             waits_table: env.required("QUEUE_WAITS_TABLE")?,
             services_table: env.required("SERVICES_TABLE")?,
             linger: env.send_linger()?,
+            payload_bucket: env.get("PAYLOAD_BUCKET"),
             name,
         })
     }

@@ -16,6 +16,7 @@
 //! - [`dead_letters`]: the dead-letter queues, read and moved back by operators.
 //! - [`waits`]: the consumers' reports of how long messages waited, in a DynamoDB table.
 //! - [`eventbridge`]: status events and alerts.
+//! - [`payloads`]: large inputs and outputs, as objects in an S3 bucket.
 //! - [`http`]: the remote service an agent calls; [`signing`]: SigV4 for outgoing requests.
 //! - [`system`]: the real clock, ids and randomness.
 //! - [`settings`]: configuration read from the environment; [`clients`]: SDK clients.
@@ -32,6 +33,7 @@ mod errors;
 pub mod eventbridge;
 pub mod health;
 pub mod http;
+pub mod payloads;
 pub mod settings;
 pub mod signing;
 pub mod sqs;

@@ -161,6 +161,8 @@ pub struct Starter {
     pub bus: String,
     pub queues: Vec<(Destination, String)>,
     pub waits_table: String,
+    /// Where large inputs are stored (`PAYLOAD_BUCKET`); none: every input is kept inline.
+    pub payload_bucket: Option<String>,
 }
 
 impl Starter {
@@ -172,6 +174,7 @@ impl Starter {
             bus: env.required("EVENT_BUS_NAME")?,
             queues: env.queues(&engine.agents)?,
             waits_table: env.required("QUEUE_WAITS_TABLE")?,
+            payload_bucket: env.get("PAYLOAD_BUCKET"),
             engine,
         })
     }

@@ -12,6 +12,7 @@ use sas_engine::ports::Destination;
 use crate::depths::SqsDepths;
 use crate::dynamo::DynamoStore;
 use crate::eventbridge::EventBridgeBus;
+use crate::payloads::S3Payloads;
 use crate::settings::Tables;
 use crate::sqs::{QueueUrls, SqsOutbox};
 use crate::waits::DynamoWaits;
@@ -76,6 +77,15 @@ impl Wiring {
     /// An EventBridge client on [`Wiring::sdk`].
     pub fn eventbridge(&self) -> &aws_sdk_eventbridge::Client {
         &self.events
+    }
+
+    /// The payload store in `bucket` (none: nothing is stored), on an S3 client addressed by
+    /// path where the endpoint is one's own.
+    pub fn payloads(&self, bucket: Option<String>) -> S3Payloads {
+        let config = aws_sdk_s3::config::Builder::from(&self.sdk)
+            .force_path_style(self.sdk.endpoint_url().is_some())
+            .build();
+        S3Payloads::new(aws_sdk_s3::Client::from_conf(config), bucket)
     }
 
     /// The state store over the state and orders tables.

@@ -120,6 +120,7 @@ use crate::events::StatusKind;
 use crate::ids::{Direction, OrderId};
 use crate::message::{MAX_OUTPUT_LEN, StepOutcome, StepRef, output_len};
 use crate::mutants::{self, Mutant};
+use crate::payload::MAX_PAYLOAD_LEN;
 use crate::state::{
     AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Lease, Phase,
     ProcessState, StateRecord, StepState, StepStatus, Stop, WaitingFor,

@@ -30,9 +30,11 @@ use crate::time::Timestamp;
 pub const VERSION: u32 = 1;
 /// Longest failure reason kept from an agent, in bytes; longer ones are cut.
 pub const MAX_REASON_LEN: usize = 300;
-/// Largest step output kept, in bytes of JSON, because the output lives in the state record,
-/// which must stay small, and rides in every later step's request. A step whose output is
-/// larger fails (or, if its workflow says so, is reported) with its effect in place.
+/// Largest step output carried as it is, in bytes of JSON: the output lives in the state
+/// record, which must stay small, and rides in every later step's request. An agent that keeps
+/// payloads stores a larger one (up to [`crate::payload::MAX_PAYLOAD_LEN`]) and carries a
+/// reference instead ([`crate::payload`]); above that, or with no store, the step fails (or,
+/// if its workflow says so, is reported) with its effect in place.
 pub const MAX_OUTPUT_LEN: usize = 512;
 
 /// Any message, tagged by `type`.
@@ -83,8 +85,8 @@ pub struct StepRequest {
     pub input: Option<serde_json::Value>,
     /// For a step, the outputs of the steps it depends on (directly or through others), by step
     /// name, so that it can use what they produced (a shipment, the reservation's reference).
-    /// Each is at most [`MAX_OUTPUT_LEN`] bytes of JSON, so a request stays far below SQS's
-    /// 256 KiB.
+    /// Each is at most [`MAX_OUTPUT_LEN`] bytes of JSON (a larger one is a reference to its
+    /// stored value), so a request stays far below SQS's 256 KiB.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, serde_json::Value>,
     /// When the request was sent. Absent from older senders.
@@ -128,7 +130,8 @@ pub enum StepOutcome {
     /// The remote service refused for good (not a transient fault); the action took no effect.
     Failed { reason: String },
     /// The remote action took effect, but its output of `bytes` bytes of JSON is larger than
-    /// [`MAX_OUTPUT_LEN`]: the order records that, and does not carry the output.
+    /// the agent may keep ([`crate::payload::MAX_PAYLOAD_LEN`], or [`MAX_OUTPUT_LEN`] for an
+    /// agent without a payload store): the order records that, and does not carry the output.
     TooLarge { bytes: u64 },
     /// The agent's service is held (down, or refusing more calls for now), and the agent did
     /// not get an answer from it: the step waits for the service to open, under the same keys,

@@ -559,9 +559,9 @@ pub enum RemoteFault {
 
 /// The business service behind one agent: what a team implements for an agent of its own.
 pub trait RemoteService: Send + Sync {
-    /// Performs `call` and answers: `Ok` with the step's output (a JSON value of at most 512
-    /// bytes, which later steps get in their [`RemoteCall::outputs`] and an undo as its
-    /// [`RemoteCall::input`]); [`RemoteFault::Permanent`] when the service refused, which
+    /// Performs `call` and answers: `Ok` with the step's output (a JSON value of at most
+    /// 256 KiB, stored outside the order's record above 512 bytes, which later steps get whole
+    /// in their [`RemoteCall::outputs`] and an undo as its [`RemoteCall::input`]); [`RemoteFault::Permanent`] when the service refused, which
     /// fails the step at once and, as its workflow says, undoes the order; or
     /// [`RemoteFault::Transient`] for anything worth another try (a timeout, throttling, a
     /// 5xx, a connection refused, an error whose effect is not known), which the agent retries

@@ -56,7 +56,14 @@ pub(super) fn reply(
             // The effect is in place but its output cannot be carried: the step is done,
             // without its output, and fails; undone with the others, its undo is told nothing.
             let bytes = too_large.unwrap_or_default();
-            let limit = MAX_OUTPUT_LEN as u64;
+            // An agent that stores large outputs answers TooLarge only above what it may
+            // store; one that does not (or a Done carrying more than a record keeps), above
+            // what a record keeps.
+            let limit = if bytes > MAX_PAYLOAD_LEN as u64 {
+                MAX_PAYLOAD_LEN as u64
+            } else {
+                MAX_OUTPUT_LEN as u64
+            };
             next.steps[i].status = StepStatus::Done;
             next.steps[i].detail = Some(format!(
                 "its output of {bytes} bytes is larger than the {limit} bytes a step may return"
