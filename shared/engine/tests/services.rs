@@ -518,8 +518,8 @@ async fn an_order_whose_step_answers_too_much_records_why_and_undoes_the_step_to
     let r = w.state(id);
     assert_eq!(r.process_state, ProcessState::Error);
     assert!(
-        matches!(&r.cause, Some(sas_engine::state::Cause::OutputTooLarge { step, bytes, limit: 512 })
-            if step == "charge-payment" && *bytes > 512),
+        matches!(&r.cause, Some(sas_engine::state::Cause::OutputTooLarge { step, bytes, limit })
+            if step == "charge-payment" && *limit == MAX_PAYLOAD_LEN as u64 && *bytes > *limit),
         "{:?}",
         r.cause
     );
