@@ -169,6 +169,36 @@ async fn a_paused_order_is_listed_waits_and_finishes_once_resumed() {
 }
 
 #[tokio::test]
+async fn a_processed_order_is_undone_by_its_compensations_and_what_has_none_is_listed() {
+    let s = System::start("admin-undo", "{}").await;
+    let id = submit(&s, "admin-undo-1").await;
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processed);
+    let (status, refused) =
+        command(&s, id, "cancel", json!({"command_id": "c-1", "reason": "returned"})).await;
+    assert_eq!(status, 409, "a processed order is not cancelled: {refused}");
+
+    let (status, done) =
+        command(&s, id, "undo", json!({"command_id": "u-1", "reason": "returned"})).await;
+    assert_eq!((status, done["process_state"].as_str()), (200, Some("Pending")), "{done}");
+    s.settle().await;
+    // The charge refunded, then the stock released; the parcel shipped has no undo.
+    assert_eq!(
+        effects(&s, id).await,
+        ["reserve-inventory", "charge-payment", "ship", "refund-payment", "release-inventory"]
+    );
+    let r = s.state(id).await;
+    assert_eq!(r.process_state, ProcessState::Error);
+    assert_eq!(r.needs_manual_undo(), ["ship"]);
+    let (status, failed) = s.admin("GET", "/admin/orders?list=failed", None, Some(OPERATOR)).await;
+    assert_eq!((status, listed(&failed)), (200, vec![id.to_string()]), "{failed}");
+    let (status, again) =
+        command(&s, id, "undo", json!({"command_id": "u-2", "reason": "again"})).await;
+    assert_eq!(status, 409, "{again}");
+    assert_eq!(again["error"]["code"], "not_processed", "{again}");
+}
+
+#[tokio::test]
 async fn bad_requests_are_refused_and_write_nothing() {
     let s = System::start("admin-bad", "{}").await;
     let id = submit(&s, "admin-bad-1").await;

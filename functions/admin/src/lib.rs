@@ -299,16 +299,17 @@ where
         ("pause", false) => CommandKind::Pause,
         ("resume", false) => CommandKind::Resume,
         ("acknowledge", false) => CommandKind::Acknowledge,
+        ("undo", false) => CommandKind::Undo,
         ("redrive", false) => CommandKind::Redrive,
         ("redrive", true) => CommandKind::RedriveCompensation,
-        ("cancel" | "pause" | "resume" | "acknowledge", true) => {
+        ("cancel" | "pause" | "resume" | "acknowledge" | "undo", true) => {
             return bad_request("compensation applies to redrive only");
         }
         _ => {
             return api::error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "no such command: cancel, pause, resume, redrive or acknowledge",
+                "no such command: cancel, pause, resume, redrive, acknowledge or undo",
                 json!({}),
             );
         }

@@ -69,6 +69,9 @@ enum Verb {
     /// Take note of processed orders whose step's failure was only reported: they leave the
     /// `reported` list (recorded with who you are and why).
     Acknowledge(Act),
+    /// Undo processed orders: each step done is undone by its compensation, last first; they
+    /// end Cancelled, or in Error with what has no undo left to you.
+    Undo(Act),
     /// Run failed orders again from the step that failed (or, with --compensation, retry
     /// their failed undos).
     Redrive {
@@ -295,6 +298,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Verb::Pause(act) => command(&api, "pause", false, act, json_out).await,
         Verb::Resume(act) => command(&api, "resume", false, act, json_out).await,
         Verb::Acknowledge(act) => command(&api, "acknowledge", false, act, json_out).await,
+        Verb::Undo(act) => command(&api, "undo", false, act, json_out).await,
         Verb::Redrive { act, compensation } => {
             command(&api, "redrive", compensation, act, json_out).await
         }

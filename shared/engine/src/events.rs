@@ -157,7 +157,8 @@ pub struct StatusEvent {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alert {
     /// Deterministic: the same failure of the same order always has the same id (an order
-    /// redriven and failing again gets a new one).
+    /// redriven and failing again gets a new one, and so does an undo of a processed order
+    /// that leaves something to undo by hand).
     pub alert_id: String,
     pub order_id: OrderId,
     /// The order's workflow and the version it runs.

@@ -75,6 +75,7 @@
 //! | Error | redrive | Pending with the steps not done queued as their dependencies allow; undone and refused steps done again under new keys |
 //! | Error, undo failed | redrive_compensation | the failed undos queued again under their keys |
 //! | Processed, a failure reported | acknowledge | taken note of, who and why on the timeline: it leaves the operators' list (once) |
+//! | Processed | undo | every completed step queued for undo, last first, as for a cancel: Cancelled once all are undone; Error with its alert if a step has no undo or one fails |
 //! | any other | any | refused, naming the state |
 //!
 //! A cancelled order whose undos all succeed ends Cancelled, with a status event and no alert
@@ -299,6 +300,8 @@ pub enum Refused {
     NothingReported { state: ProcessState },
     #[error("the order's reports were already acknowledged by {by}")]
     Acknowledged { by: String },
+    #[error("the order is {state}: only a Processed order can be undone", state = .state.as_str())]
+    NotProcessed { state: ProcessState },
 }
 
 impl Refused {
@@ -324,6 +327,7 @@ impl Refused {
             Refused::OutputTooLarge { .. } => "output_too_large",
             Refused::NothingReported { .. } => "nothing_reported",
             Refused::Acknowledged { .. } => "already_acknowledged",
+            Refused::NotProcessed { .. } => "not_processed",
         }
     }
 }

@@ -445,16 +445,19 @@ pub enum CommandKind {
     Resume,
     /// Take note of a processed order's reported failures: it leaves the operators' list.
     Acknowledge,
+    /// Undo a processed order: every completed step undone, last first, by its compensation.
+    Undo,
 }
 
 impl CommandKind {
-    pub const ALL: [CommandKind; 6] = [
+    pub const ALL: [CommandKind; 7] = [
         CommandKind::Cancel,
         CommandKind::Redrive,
         CommandKind::RedriveCompensation,
         CommandKind::Pause,
         CommandKind::Resume,
         CommandKind::Acknowledge,
+        CommandKind::Undo,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -465,6 +468,7 @@ impl CommandKind {
             CommandKind::Pause => "pause",
             CommandKind::Resume => "resume",
             CommandKind::Acknowledge => "acknowledge",
+            CommandKind::Undo => "undo",
         }
     }
 
@@ -560,6 +564,8 @@ pub enum Happening {
     AlertSent,
     CancelRequested,
     Cancelled,
+    /// An operator asked for a processed order to be undone.
+    UndoRequested,
     PauseRequested,
     Paused,
     Resumed,

@@ -13,6 +13,7 @@ use sas_engine::events::{SERVICE_DETAIL_TYPE, StatusKinds};
 use sas_engine::health::ServiceRecord;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{SLACK, WaitReporter};
+use sas_engine::machine::Refused;
 use sas_engine::memory::{
     Behaviour, ManualClock, MemoryPayloads, MemoryQueues, MemoryRemote, MemoryWaits, SplitMix,
 };
@@ -24,7 +25,10 @@ use sas_engine::ports::{
     OrderRecord, Read, Saved, ServiceBook, StateStore, WaitGauge,
 };
 use sas_engine::retry::RetryPolicy;
-use sas_engine::services::{Agent, AgentOutcome, Handled, Ports, StatusService, Supervisor};
+use sas_engine::services::{
+    Agent, AgentOutcome, Applied, Command, Handled, Ports, StatusService, Supervisor,
+};
+use sas_engine::state::CommandKind;
 use sas_engine::state::{AlertDelivery, Happening, ProcessState, StateRecord, StepStatus};
 use sas_engine::{Error, OrderId, Owner, Result, Timestamp};
 use world::{World, order_body};
@@ -1818,4 +1822,33 @@ async fn an_order_is_its_owners_and_so_are_its_keys() {
     let reused = w.submission.submit_as(&ada, "shared-key", other.as_bytes()).await;
     assert!(matches!(reused, Err(Error::KeyReused { .. })), "{reused:?}");
     assert!(status.get(b.order_id, &bob).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_processed_order_undone_is_compensated_by_its_own_undos_and_the_rest_left_listed() {
+    let mut w = World::new();
+    let id = w.submit("to-undo").await.unwrap().order_id;
+    w.run_for(Duration::from_secs(60)).await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    let undo = Command::new(CommandKind::Undo, "undo-1", "arn:ops", "returned").unwrap();
+    let commanded = w.operator().command(id, &undo).await.unwrap().unwrap();
+    assert!(matches!(commanded.applied, Applied::Now), "{commanded:?}");
+    w.run_for(Duration::from_secs(120)).await;
+    let r = w.state(id);
+    // The refund and the release went through; shipping has no undo and is left to the
+    // operators, with an alert.
+    assert!(w.remote.applied(&World::key(id, "charge-payment", "undo")));
+    assert!(w.remote.applied(&World::key(id, "reserve-inventory", "undo")));
+    assert_eq!(r.process_state, ProcessState::Error);
+    assert_eq!(r.needs_manual_undo(), ["ship"]);
+    assert_eq!(w.alerts().len(), 1);
+    // Sent again, it is the same command; another finds nothing processed to undo.
+    let again = w.operator().command(id, &undo).await.unwrap().unwrap();
+    assert!(matches!(again.applied, Applied::Before), "{again:?}");
+    let other = Command::new(CommandKind::Undo, "undo-2", "arn:ops", "twice").unwrap();
+    let refused = w.operator().command(id, &other).await.unwrap().unwrap();
+    assert!(
+        matches!(refused.applied, Applied::Refused(Refused::NotProcessed { .. })),
+        "{refused:?}"
+    );
 }

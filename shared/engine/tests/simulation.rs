@@ -590,6 +590,8 @@ struct Tally {
     commands_refused: u64,
     /// Orders that reached Processed after an operator's redrive.
     redriven_to_the_end: u64,
+    /// Processed orders an operator undid.
+    undone: u64,
     /// Orders processed with a step's failure only reported.
     processed_with_reports: u64,
     /// Orders that ended on the version before a deploy, after it.
@@ -649,6 +651,7 @@ impl std::ops::AddAssign for Tally {
         self.commands_applied += o.commands_applied;
         self.commands_refused += o.commands_refused;
         self.redriven_to_the_end += o.redriven_to_the_end;
+        self.undone += o.undone;
         self.processed_with_reports += o.processed_with_reports;
         self.ended_on_old_version += o.ended_on_old_version;
         self.side_by_side += o.side_by_side;
@@ -680,11 +683,12 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
             self.redriven_to_the_end,
+            self.undone,
             self.processed_with_reports,
             self.ended_on_old_version,
             self.side_by_side,
@@ -1570,6 +1574,7 @@ impl Sim {
             Some((ProcessState::Pending | ProcessState::Processing, _)) => {
                 Some(if self.pick(2) == 0 { CommandKind::Cancel } else { CommandKind::Pause })
             }
+            Some((ProcessState::Processed, _)) => Some(CommandKind::Undo),
             _ => None,
         };
         let anything = CommandKind::ALL[self.pick(CommandKind::ALL.len())];
@@ -1728,8 +1733,19 @@ impl Sim {
                     Phase::Compensating => self.tally.undone_side_by_side += 1,
                 }
             }
-            // Terminal states move only by an operator's redrive (an Error record otherwise
-            // only records its alert as sent).
+            // Terminal states move only by an operator's redrive, or, for a Processed order, an
+            // operator's undo (an Error record otherwise only records its alert as sent).
+            let undone = self.terminal.get(id).is_some_and(|before| {
+                before.process_state == ProcessState::Processed
+                    && r.commands.len() > before.commands.len()
+                    && r.commands.last().is_some_and(|c| c.command == CommandKind::Undo)
+                    && matches!(r.last_input, InputRef::Command(_))
+            });
+            if undone {
+                // Undone at once (nothing it did has an undo) or going back over its steps.
+                self.terminal.remove(id);
+                self.tally.undone += 1;
+            }
             if let Some(before) = self.terminal.get(id) {
                 if r.is_terminal() {
                     assert_eq!(
@@ -2694,6 +2710,7 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         if faults.on(Fault::Operator) {
             assert!(total.commands_refused > 0, "no operator command was ever refused");
             assert!(total.redriven_to_the_end > 0, "no redriven order was ever processed");
+            assert!(total.undone > 0, "no processed order was ever undone");
         }
         if faults.on(Fault::RemotePermanent) {
             assert!(total.processed_with_reports > 0, "no order went on past a reported failure");

@@ -1,5 +1,5 @@
-//! Operators' commands: cancel, pause, resume, redrive and acknowledge, each recorded with who
-//! gave it and why, refused when it does not fit the order's state.
+//! Operators' commands: cancel, pause, resume, redrive, acknowledge and undo, each recorded with
+//! who gave it and why, refused when it does not fit the order's state.
 
 use super::*;
 
@@ -39,6 +39,7 @@ pub(super) fn operate(record: &StateRecord, cmd: Command<'_>, ctx: &Ctx<'_>) -> 
         CommandKind::Pause => pause(record, cmd, ctx),
         CommandKind::Resume => resume(record, cmd, ctx),
         CommandKind::Acknowledge => acknowledge(record, cmd, ctx),
+        CommandKind::Undo => undo(record, cmd, ctx),
         CommandKind::Redrive | CommandKind::RedriveCompensation if state != ProcessState::Error => {
             Err(match state {
                 ProcessState::Processed | ProcessState::Cancelled => {
@@ -275,6 +276,29 @@ pub(super) fn cancelled_by(record: &StateRecord) -> Option<Cause> {
 
 /// Takes note of the failures a processed order reported: it leaves the operators' list of
 /// such orders, and nothing else of it changes.
+/// Undo: a Processed order goes back over its completed steps, last first, undoing each by its
+/// compensation, as a cancelled order does; it ends Cancelled, or in Error with its alert if a
+/// step has no undo or an undo fails.
+pub(super) fn undo(
+    record: &StateRecord,
+    cmd: Command<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Decision, Refused> {
+    let state = record.process_state;
+    if state != ProcessState::Processed {
+        return Err(Refused::NotProcessed { state });
+    }
+    let mut next = begin(record, ctx, InputRef::Command(cmd.id.to_owned()));
+    let limit = ctx.config.timeline_limit;
+    next.note_command(ctx.now, Happening::UndoRequested, cmd.by, cmd.reason, limit);
+    next.cause = Some(Cause::Cancelled { by: cmd.by.to_owned(), reason: cmd.reason.to_owned() });
+    next.ended_at = None;
+    // An alert of the failures it reported is moot now: the order is undone on purpose, and
+    // gets an alert of its own should anything be left to undo by hand.
+    next.alert = None;
+    Ok(compensate(next, ctx, Via::Kick))
+}
+
 pub(super) fn acknowledge(
     record: &StateRecord,
     cmd: Command<'_>,

@@ -17,7 +17,7 @@ use crate::ports::{
     Clock, Destination, ENTRY_TRIES, EventBus, Expected, OrderRecord, Outbox, Outgoing, Read,
     Saved, StateStore,
 };
-use crate::state::{Cause, ProcessState, StateRecord, StepStatus};
+use crate::state::{Cause, CommandKind, ProcessState, StateRecord, StepStatus};
 use crate::time::Timestamp;
 
 /// Conflicts tolerated while recording that an alert was sent; each one means another writer
@@ -271,12 +271,19 @@ pub(crate) fn alert_for(record: &StateRecord, now: Timestamp) -> Option<Alert> {
     let processed = record.process_state == ProcessState::Processed;
     let needs_manual_undo = record.needs_manual_undo();
     let id = record.order_id;
+    // The first failure keeps the plain id it always had; a failure after a redrive, or an undo
+    // of a processed order that left something to undo by hand, has one of its own.
+    let mut alert_id = match record.redrives {
+        0 => format!("{id}/alert"),
+        n => format!("{id}/alert/{n}"),
+    };
+    if let Some(undo) = record.commands.last().filter(|c| c.command == CommandKind::Undo)
+        && !processed
+    {
+        alert_id = format!("{alert_id}/undo/{}", undo.id);
+    }
     Some(Alert {
-        // The first failure keeps the plain id it always had.
-        alert_id: match record.redrives {
-            0 => format!("{id}/alert"),
-            n => format!("{id}/alert/{n}"),
-        },
+        alert_id,
         order_id: id,
         workflow: record.workflow.clone(),
         workflow_version: record.workflow_version,

@@ -564,3 +564,79 @@ fn a_step_of_unknown_outcome_stays_on_the_list_when_its_redrive_fails_before_it(
         "the first run's shipment is still unaccounted for"
     );
 }
+
+#[test]
+fn a_processed_order_undone_undoes_its_steps_last_first_and_leaves_what_has_no_undo_listed() {
+    let f = Fixture::new();
+    let mut r = f.claim(&f.new_record(), T0);
+    for n in 1..=3 {
+        r = f.done(&r, T0.plus(secs(n)));
+    }
+    assert_eq!(r.process_state, ProcessState::Processed);
+    let t = f.order(&r, CommandKind::Undo, "u-1", T0.plus(secs(10)));
+    let u = &t.next;
+    // Shipping has no undo; the charge, then the reservation, are queued for the scheduler.
+    assert_eq!(
+        (u.phase, u.process_state, u.ended_at),
+        (Phase::Compensating, ProcessState::Pending, None)
+    );
+    assert_eq!(step_statuses(u), [StepStatus::ToUndo, StepStatus::ToUndo, StepStatus::Done]);
+    assert_eq!(who(u, Happening::UndoRequested), Some((BY.into(), "customer asked".into())));
+    assert!(matches!(t.effects.last(), Some(Effect::Kick { .. })), "{:?}", t.effects);
+    // The same command again is the same undo; a second one finds the order under way.
+    assert_eq!(
+        f.command(u, CommandKind::Undo, "u-1", T0.plus(secs(11))),
+        Decision::Replay(kicks(u))
+    );
+    assert_eq!(
+        f.refused(u, CommandKind::Undo, T0.plus(secs(11))),
+        Refused::NotProcessed { state: ProcessState::Pending }
+    );
+    let mut u = f.claim(u, T0.plus(secs(12)));
+    assert_eq!(step_ref(&u).name, "charge-payment", "the last step with an undo goes first");
+    u = f.done(&u, T0.plus(secs(13)));
+    u = f.done(&u, T0.plus(secs(14)));
+    // What could not be undone is left to the operators, with an alert.
+    assert_eq!(u.process_state, ProcessState::Error);
+    assert_eq!(step_statuses(&u), [StepStatus::Undone, StepStatus::Undone, StepStatus::Done]);
+    assert_eq!(u.needs_manual_undo(), ["ship"]);
+    assert_eq!(u.alert, Some(AlertDelivery::Pending));
+}
+
+#[test]
+fn a_processed_order_whose_every_step_has_an_undo_ends_cancelled_once_undone() {
+    let mut f = Fixture::new();
+    let json = r#"{"name":"pair","steps":[
+        {"name":"reserve-inventory","agent":"inventory","compensation":{"action":"release-inventory"}},
+        {"name":"charge-payment","agent":"payment","compensation":{"action":"refund-payment"}}]}"#;
+    f.workflow = Workflow::from_json(json, &Workflow::agents_in(json)).unwrap();
+    let mut r = f.claim(&f.new_record(), T0);
+    r = f.done(&r, T0.plus(secs(1)));
+    r = f.done(&r, T0.plus(secs(2)));
+    let u = f.order(&r, CommandKind::Undo, "u-1", T0.plus(secs(3))).next;
+    let mut u = f.claim(&u, T0.plus(secs(4)));
+    u = f.done(&u, T0.plus(secs(5)));
+    let t = f.reply(&u, StepOutcome::done(json!({})), T0.plus(secs(6)));
+    assert_eq!(t.next.process_state, ProcessState::Cancelled);
+    assert_eq!(statuses(&t.effects), [StatusKind::Cancelled]);
+    assert_eq!(alerts(&t.effects), 0, "an operator asked for it");
+    assert_eq!(
+        t.next.cause,
+        Some(Cause::Cancelled { by: BY.into(), reason: "customer asked".into() })
+    );
+}
+
+#[test]
+fn only_a_processed_order_can_be_undone() {
+    let f = Fixture::new();
+    let pending = f.new_record();
+    assert_eq!(
+        f.refused(&pending, CommandKind::Undo, T0),
+        Refused::NotProcessed { state: ProcessState::Pending }
+    );
+    let failed = f.compensated();
+    assert_eq!(
+        f.refused(&failed, CommandKind::Undo, T0.plus(secs(10))),
+        Refused::NotProcessed { state: ProcessState::Error }
+    );
+}
