@@ -30,7 +30,8 @@
 //!   it, new orders take it, and the orders in flight finish on the version they started on.
 //! - An order's input larger than a request carries, and a service's answer of 100 kB, are
 //!   kept in the payload bucket: every call gets the whole input, shipping the whole answer,
-//!   and the refund of an undone order is told it whole, while the records keep references.
+//!   and the refund of an undone order is told it whole, while the records keep references;
+//!   the status API shows the references, or the values whole when asked.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -978,6 +979,15 @@ async fn large_inputs_and_outputs_are_kept_in_the_bucket_and_reach_every_step_wh
     let view = operator_view(&stack, &shipped);
     let stored = &view["steps"][1]["output"]["$stored"];
     assert_eq!(stored["bytes"], json!(charge_bytes), "{view}");
+    // The client sees the references, or, asking for them, the values whole.
+    let shown = order(&http, &stack, &shipped).await;
+    assert_eq!(shown["steps"][1]["output"]["$stored"]["bytes"], json!(charge_bytes), "{shown}");
+    assert!(shown["order"]["$stored"].is_object(), "{shown}");
+    let request = http.get(format!("{}/orders/{shipped}?values=whole", stack.api_url));
+    let whole: Value =
+        signer(EXECUTE_API).send(&http, request).await.unwrap().json().await.unwrap();
+    assert_eq!(whole["steps"][1]["output"], charged);
+    assert_eq!(whole["order"], input);
     let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
     let bucket = stack.stack.reference("PayloadBucket").unwrap();
     for id in [&shipped, &undone] {

@@ -12,7 +12,8 @@ async fn main() -> Result<(), Error> {
     let tables = Env::process().tables()?;
     clients::warm_up(clients::touch_table(wiring.dynamodb(), &tables.state)).await;
 
-    let status = StatusService::new(wiring.store(&tables));
+    let bucket = Env::process().get("PAYLOAD_BUCKET");
+    let status = StatusService::new(wiring.store(&tables)).keeping(wiring.payloads(bucket));
     let (status, wiring) = (&status, &wiring);
     lambda_http::run(service_fn(move |request: Request| async move {
         Ok::<_, Error>(wiring.invocation(sas_status::handle(status, request)).await)

@@ -26,7 +26,7 @@ use sas_engine::ports::{
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{
-    Agent, AgentOutcome, Applied, Command, Handled, Ports, StatusService, Supervisor,
+    Agent, AgentOutcome, Applied, Command, Handled, Ports, StatusService, Supervisor, Values,
 };
 use sas_engine::state::CommandKind;
 use sas_engine::state::{AlertDelivery, Happening, ProcessState, StateRecord, StepStatus};
@@ -1851,4 +1851,28 @@ async fn a_processed_order_undone_is_compensated_by_its_own_undos_and_the_rest_l
         matches!(refused.applied, Applied::Refused(Refused::NotProcessed { .. })),
         "{refused:?}"
     );
+}
+
+#[tokio::test]
+async fn an_order_s_stored_values_are_shown_as_references_or_whole_as_asked() {
+    let mut w = World::new();
+    w.remote.script("charge-payment", [Behaviour::Large(20_000)]);
+    let id = w.submit("shown-whole").await.unwrap().order_id;
+    w.run_for(Duration::from_secs(60)).await;
+    let status = StatusService::new(w.store.clone()).keeping(w.system.payloads.clone());
+    let owner = Owner::anonymous();
+    let charge = |v: &sas_engine::services::OrderView| {
+        v.steps.iter().find(|s| s.state.name == "charge-payment").unwrap().state.output.clone()
+    };
+    let referred = status.get(id, &owner).await.unwrap().unwrap();
+    assert!(Stored::of(&charge(&referred).unwrap()).is_some());
+    let whole = status.get_with(id, &owner, Values::Whole).await.unwrap().unwrap();
+    let output = charge(&whole).unwrap();
+    assert_eq!(output["statement"].as_str().map(str::len), Some(20_000), "{output}");
+    // Gone with the retention, a value stays its reference; nobody else sees the order.
+    w.system.payloads.clear();
+    let gone = status.get_with(id, &owner, Values::Whole).await.unwrap().unwrap();
+    assert_eq!(charge(&gone), charge(&referred));
+    let stranger = Owner::iam("arn:aws:iam::123456789012:user/someone-else").unwrap();
+    assert!(status.get_with(id, &stranger, Values::Whole).await.unwrap().is_none());
 }

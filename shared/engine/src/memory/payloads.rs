@@ -41,6 +41,11 @@ impl MemoryPayloads {
         self.lock().failing_gets = n;
     }
 
+    /// Every object deleted, as a lifecycle rule deletes them once their retention is over.
+    pub fn clear(&self) {
+        self.lock().objects.clear();
+    }
+
     pub fn stats(&self) -> PayloadStats {
         self.lock().stats
     }

@@ -23,7 +23,7 @@ pub use effects::Ports;
 pub use guard::{Admission, FRESH, Guard, NoBook};
 pub use operator::{Answering, Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
-pub use status::{OperatorView, OrderView, StatusService};
+pub use status::{OperatorView, OrderView, StatusService, Values};
 pub use submission::{Accepted, Submission};
 pub use supervisor::{RESUME_SPREAD, ServicesReport, Supervisor, SweepReport};
 

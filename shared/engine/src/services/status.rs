@@ -1,12 +1,17 @@
 //! The views of one order: what `GET /orders/{id}` returns to its client, and what an operator
 //! reads (the same, with the commands, alert and redrives the record keeps).
+//!
+//! A value kept in the payload store ([`crate::payload`]) is shown as its reference, unless the
+//! reader asks for whole values ([`Values::Whole`]): then each is read back, which costs a read
+//! of the store each, so that a client polling an order's state pays nothing for its values.
 
 use serde::Serialize;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::{OrderId, Owner};
 use crate::order::Order;
-use crate::ports::{OrderRecord, Read, StateStore};
+use crate::payload::{self, NoPayloads};
+use crate::ports::{OrderRecord, Payloads, Read, StateStore};
 use crate::state::{
     AlertDelivery, Cause, CommandEntry, Phase, ProcessState, StateRecord, StepState, Stop,
     TimelineEntry, WaitingFor,
@@ -79,26 +84,77 @@ pub struct OperatorView {
     pub redrives: u32,
 }
 
+/// How a view shows the values kept in the payload store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Values {
+    /// As references, read from the record alone.
+    #[default]
+    References,
+    /// Whole, each read back from the store. One whose object is gone (past the retention)
+    /// stays a reference.
+    Whole,
+}
+
 /// Reads order views.
 #[derive(Debug)]
-pub struct StatusService<S> {
+pub struct StatusService<S, P = NoPayloads> {
     store: S,
+    payloads: P,
 }
 
 impl<S: StateStore> StatusService<S> {
     pub fn new(store: S) -> Self {
-        StatusService { store }
+        StatusService { store, payloads: NoPayloads }
     }
+}
 
+impl<S, P> StatusService<S, P> {
+    /// The same service, reading whole values back from `payloads` when asked.
+    pub fn keeping<K: Payloads>(self, payloads: K) -> StatusService<S, K> {
+        StatusService { store: self.store, payloads }
+    }
+}
+
+impl<S: StateStore, P: Payloads> StatusService<S, P> {
     /// The view of an order for `caller`, or `None` if there is no such order or it is
     /// someone else's: the two answers must not be told apart, or an id would say that an
     /// order exists.
     pub async fn get(&self, order_id: OrderId, caller: &Owner) -> Result<Option<OrderView>> {
-        Ok(self
-            .load(order_id)
-            .await?
-            .filter(|(order, _)| order.owner == *caller)
-            .map(|(order, state)| view(order, state)))
+        self.get_with(order_id, caller, Values::References).await
+    }
+
+    /// As [`StatusService::get`], with the stored values shown as `values` says.
+    pub async fn get_with(
+        &self,
+        order_id: OrderId,
+        caller: &Owner,
+        values: Values,
+    ) -> Result<Option<OrderView>> {
+        let Some((order, state)) = self.load(order_id).await? else { return Ok(None) };
+        if order.owner != *caller {
+            return Ok(None);
+        }
+        let mut view = view(order, state);
+        if values == Values::Whole {
+            self.read_back(&mut view).await?;
+        }
+        Ok(Some(view))
+    }
+
+    /// Replaces every reference in `view` by the value it stands for.
+    async fn read_back(&self, view: &mut OrderView) -> Result<()> {
+        let id = view.order_id;
+        let values = std::iter::once(&mut view.order.0)
+            .chain(view.steps.iter_mut().filter_map(|s| s.state.output.as_mut()));
+        for value in values {
+            match payload::resolve(&self.payloads, id, value).await {
+                Ok(whole) => *value = whole,
+                // Gone with the retention (or never there): the reference says what it was.
+                Err(Error::Corrupt { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// The operator's view of an order, or `None` if there is no such order.
