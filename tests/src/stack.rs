@@ -320,13 +320,13 @@ pub struct System {
     pub remote: RemoteService,
     submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds, Load, S3Payloads>,
     status: StatusService<Store>,
-    scheduler: Scheduler<Store, Coalescing<Outbox>, Bus, ManualClock, DynamoWaits>,
+    scheduler: Scheduler<Store, Coalescing<Outbox>, Bus, ManualClock, DynamoWaits, S3Payloads>,
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
-    supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock, Load>,
+    supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock, Load, S3Payloads>,
     /// Each service's health, as the agents and the supervisor keep it.
     pub book: DynamoServiceBook,
-    admin: Admin<Store, Outbox, Bus, ManualClock, DynamoServiceBook>,
+    admin: Admin<Store, Outbox, Bus, ManualClock, DynamoServiceBook, S3Payloads>,
     /// Whether a failed message comes back at once, as if its visibility timeout had passed.
     pub fast_redelivery: std::sync::atomic::AtomicBool,
     /// The proxy between the system and moto, when started with [`System::behind_proxy`].

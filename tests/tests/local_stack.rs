@@ -32,6 +32,9 @@
 //!   kept in the payload bucket: every call gets the whole input, shipping the whole answer,
 //!   and the refund of an undone order is told it whole, while the records keep references;
 //!   the status API shows the references, or the values whole when asked.
+//! - A parent order starts two children side by side and is processed once both are, each
+//!   child an order of its own linked to it both ways; a parent cancelled while a child's
+//!   call is on the wire cancels the child, which undoes what it did.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -1001,6 +1004,108 @@ async fn large_inputs_and_outputs_are_kept_in_the_bucket_and_reach_every_step_wh
             .unwrap();
         assert_eq!(listed.contents().len(), 2, "{id}: {listed:?}");
     }
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
+}
+
+/// A parent that reserves the stock, then has two children at once: one charges the card and
+/// confirms the payment, the other ships (and can call the parcel back); and the two
+/// children's workflows.
+fn family() -> String {
+    let charge = json!({"name": "charge", "steps": [
+        {"name": "charge-payment", "agent": "payment", "budget_seconds": 10,
+         "compensation": {"action": "refund-payment", "budget_seconds": 10}},
+        {"name": "confirm-payment", "agent": "payment", "budget_seconds": 10}]});
+    let dispatch = json!({"name": "dispatch", "steps": [
+        {"name": "ship", "agent": "shipping", "budget_seconds": 10,
+         "compensation": {"action": "recall-parcel", "budget_seconds": 10}}]});
+    let parent = json!({"name": "family", "steps": [
+        {"name": "reserve-inventory", "agent": "inventory", "budget_seconds": 10,
+         "compensation": {"action": "release-inventory", "budget_seconds": 10}},
+        {"name": "pay", "child": {"workflow": "charge", "timeout_seconds": 120},
+         "depends_on": ["reserve-inventory"]},
+        {"name": "send", "child": {"workflow": "dispatch", "input": "/input/ship_to", "timeout_seconds": 120},
+         "depends_on": ["reserve-inventory"]}]});
+    json!([charge, dispatch, parent]).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_with_two_children_ends_with_them_and_a_cancel_stops_its_child_in_flight() {
+    let _turn = TURN.lock().await;
+    // The payment service holds every charge open while this file exists.
+    let (hold, held, _) = holding_charges("hold-child-charge");
+    std::fs::remove_file(&hold).unwrap();
+    let faults = json!({"default": {"latency_ms": 20},
+        "actions": {"charge-payment": {"hold_while": hold}}})
+    .to_string();
+    let workflows = family();
+    let setup = Setup { workflow: &workflows, ..Setup::default() };
+    let stack =
+        start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-family", &faults, 2, &[], setup).await;
+    let http = reqwest::Client::new();
+    let (status, body) = submit_to(&http, &stack, Some("family"), "family-1", ORDER).await;
+    assert_eq!(status, 202, "{body}");
+    let first = body["order_id"].as_str().unwrap().to_owned();
+    let terminal = ["Processed", "Error", "Cancelled"];
+    let states = wait_for(&http, &stack, std::slice::from_ref(&first), &terminal, 60).await;
+    assert_eq!(states[&first], "Processed");
+    // Each child is an order of its own, shown with its parent, and the parent with them.
+    let parent = operator_view(&stack, &first);
+    let children: Vec<String> = parent["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["child"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(children.len(), 2, "{parent}");
+    for child in &children {
+        let view = operator_view(&stack, child);
+        assert_eq!(view["process_state"], "Processed", "{view}");
+        assert_eq!(view["parent"]["order_id"], first.as_str(), "{view}");
+    }
+    assert_eq!(
+        parent["steps"][1]["output"]["charge-payment"]["ref"]
+            .as_str()
+            .map(|r| r.starts_with("charge-payment")),
+        Some(true),
+        "{parent}"
+    );
+    let shown = text(&sas(&stack, &["show", &first]));
+    assert!(children.iter().all(|c| shown.contains(c.as_str())), "{shown}");
+    let ledger_now = ledger(&http, &stack).await;
+    let of = |id: &str| effects(&ledger_now, id);
+    assert_eq!(of(&first), ["reserve-inventory"]);
+    assert_eq!(of(&children[0]), ["charge-payment", "confirm-payment"]);
+    assert_eq!(of(&children[1]), ["ship"]);
+
+    // Now every charge is held on the wire, and the next parent is cancelled meanwhile.
+    std::fs::write(&hold, "").unwrap();
+    let (status, body) = submit_to(&http, &stack, Some("family"), "family-2", ORDER).await;
+    assert_eq!(status, 202, "{body}");
+    let second = body["order_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !held.exists() {
+        assert!(Instant::now() < deadline, "the child's charge never reached the service");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled = sas(&stack, &["cancel", &second, "--reason", "customer called"]);
+    assert!(cancelled.status.success(), "{}", text(&cancelled));
+    std::fs::remove_file(&hold).unwrap();
+    let states = wait_for(&http, &stack, std::slice::from_ref(&second), &terminal, 90).await;
+    assert_eq!(states[&second], "Cancelled");
+    let parent = operator_view(&stack, &second);
+    let child_of = |i: usize| parent["steps"][i]["child"].as_str().unwrap().to_owned();
+    let (pay, send) = (child_of(1), child_of(2));
+    // The charging child was cancelled, its charge (made while held) refunded; the shipping
+    // child, processed before the cancel, was undone by its parent: its parcel recalled.
+    for child in [&pay, &send] {
+        let view = operator_view(&stack, child);
+        assert_eq!(view["process_state"], "Cancelled", "{view}");
+    }
+    let ledger_then = ledger(&http, &stack).await;
+    assert_eq!(effects(&ledger_then, &pay), ["charge-payment", "refund-payment"]);
+    assert_eq!(effects(&ledger_then, &send), ["ship", "recall-parcel"]);
+    assert_eq!(effects(&ledger_then, &second), ["reserve-inventory", "release-inventory"]);
     let access = stack.access();
     assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
 }

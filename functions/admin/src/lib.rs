@@ -27,9 +27,10 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
 use sas_engine::machine::Refused;
+use sas_engine::payload::NoPayloads;
 use sas_engine::ports::{
-    Clock, EventBus, HeldIndex, ListQuery, Listing, OrderFinder, Outbox, Pace, ServiceBook,
-    StateStore,
+    Clock, EventBus, HeldIndex, ListQuery, Listing, OrderFinder, Outbox, Pace, Payloads,
+    ServiceBook, StateStore,
 };
 use sas_engine::services::{
     Applied, Command, Commanded, DeskRefusal, Operator, ServiceDesk, StatusService,
@@ -56,9 +57,9 @@ const COPY_BUDGET: Duration = Duration::from_secs(20);
 
 /// What the admin API works with.
 #[derive(Debug)]
-pub struct Admin<S, Q, B, C, G> {
+pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
     pub status: StatusService<S>,
-    pub operator: Operator<S, Q, B, C>,
+    pub operator: Operator<S, Q, B, C, P>,
     pub finder: S,
     pub clock: C,
     /// Shards of the expiry index an in-flight listing reads: all that may hold an entry.
@@ -86,12 +87,16 @@ struct CommandBody {
 }
 
 /// Handles one request routed to `/admin/...`.
-pub async fn handle<S, Q, B, C, G>(admin: &Admin<S, Q, B, C, G>, request: Request) -> Response<Body>
+pub async fn handle<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    request: Request,
+) -> Response<Body>
 where
     S: StateStore + OrderFinder + HeldIndex,
     Q: Outbox,
     B: EventBus,
     C: Clock,
+    P: Payloads,
     G: ServiceBook + Pace,
 {
     // Only a named principal may act: the anonymous caller of a route left without its
@@ -172,13 +177,14 @@ where
     }
 }
 
-async fn list<S, Q, B, C, G>(
-    admin: &Admin<S, Q, B, C, G>,
+async fn list<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
     query: &HashMap<&str, &str>,
 ) -> Response<Body>
 where
     S: StateStore + OrderFinder,
     C: Clock,
+    P: Payloads,
 {
     let older_than = match number(query, "older_than", 0, 0, 366 * 86_400) {
         Ok(s) => Duration::from_secs(s as u64),
@@ -249,7 +255,7 @@ where
     }
 }
 
-async fn show<S, Q, B, C, G>(admin: &Admin<S, Q, B, C, G>, id: &str) -> Response<Body>
+async fn show<S, Q, B, C, G, P>(admin: &Admin<S, Q, B, C, G, P>, id: &str) -> Response<Body>
 where
     S: StateStore,
 {
@@ -266,8 +272,8 @@ where
     }
 }
 
-async fn order_command<S, Q, B, C, G>(
-    admin: &Admin<S, Q, B, C, G>,
+async fn order_command<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
     id: &str,
     command: &str,
     caller: &str,
@@ -278,6 +284,7 @@ where
     Q: Outbox,
     B: EventBus,
     C: Clock,
+    P: Payloads,
 {
     let Ok(order_id) = id.parse::<OrderId>() else {
         return bad_request("the order id must be a UUID");
@@ -344,8 +351,8 @@ where
 }
 
 /// A hold or a release of a service, recorded with the caller and the reason given.
-async fn service_command<S, Q, B, C, G>(
-    admin: &Admin<S, Q, B, C, G>,
+async fn service_command<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
     service: &str,
     verb: &str,
     caller: &str,
@@ -354,6 +361,7 @@ async fn service_command<S, Q, B, C, G>(
 where
     S: HeldIndex,
     C: Clock,
+    P: Payloads,
     G: ServiceBook + Pace,
 {
     if !matches!(verb, "hold" | "release") {
@@ -415,7 +423,7 @@ fn number(
     }
 }
 
-fn unknown_queue<S, Q, B, C, G>(admin: &Admin<S, Q, B, C, G>, queue: &str) -> Response<Body> {
+fn unknown_queue<S, Q, B, C, G, P>(admin: &Admin<S, Q, B, C, G, P>, queue: &str) -> Response<Body> {
     api::error(
         StatusCode::NOT_FOUND,
         "not_found",

@@ -10,6 +10,7 @@ use sas_aws::settings::Env;
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
+use sas_engine::payload::NoPayloads;
 use sas_engine::ports::Destination;
 use sas_engine::services::{Operator, Ports, ServiceDesk, StatusService};
 
@@ -29,6 +30,7 @@ async fn main() -> Result<(), Error> {
             clock: SystemClock,
             config: s.engine.config.clone(),
             catalogue: s.engine.catalogue,
+            payloads: NoPayloads,
         }),
         finder: store.clone(),
         clock: SystemClock,

@@ -8,13 +8,13 @@ pub mod settings;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use sas_aws::batch::{Coalescing, for_each_message_coalescing};
 use sas_engine::message::Message;
-use sas_engine::ports::{Clock, Destination, EventBus, Outbox, StateStore, WaitGauge};
+use sas_engine::ports::{Clock, Destination, EventBus, Outbox, Payloads, StateStore, WaitGauge};
 use sas_engine::services::Scheduler;
 use tracing::{Span, debug};
 
 /// Handles a batch; the failed messages are reported for redelivery.
-pub async fn handle<S, Q, B, C, W>(
-    scheduler: &Scheduler<S, Coalescing<Q>, B, C, W>,
+pub async fn handle<S, Q, B, C, W, P>(
+    scheduler: &Scheduler<S, Coalescing<Q>, B, C, W, P>,
     event: SqsEvent,
 ) -> SqsBatchResponse
 where
@@ -23,6 +23,7 @@ where
     B: EventBus,
     C: Clock,
     W: WaitGauge,
+    P: Payloads,
 {
     for_each_message_coalescing(event, scheduler.outbox(), home, |received| async move {
         let message = Message::decode(&received.body)?;
@@ -37,7 +38,7 @@ where
 /// The queue each kind of message the scheduler takes comes from.
 fn home(message: &Message) -> Option<Destination> {
     match message {
-        Message::Start(_) => Some(Destination::Scheduler),
+        Message::Start(_) | Message::ChildEnded(_) => Some(Destination::Scheduler),
         Message::Reply(_) => Some(Destination::Replies),
         Message::Request(_) => None,
     }

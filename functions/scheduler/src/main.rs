@@ -30,6 +30,8 @@ async fn main() -> Result<(), Error> {
         clock: SystemClock,
         config: s.engine.config,
         catalogue: s.engine.catalogue,
+        // A child's input read from a stored value, a child's outputs kept for its parent.
+        payloads: wiring.payloads(Env::process().get("PAYLOAD_BUCKET")),
     };
     let scheduler = Scheduler::new(ports, wiring.waits(&s.waits_table), owner);
     let (scheduler, wiring) = (&scheduler, &wiring);

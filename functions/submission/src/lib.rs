@@ -32,7 +32,7 @@ pub const KEY_HEADER: &str = "idempotency-key";
 /// a submission.
 pub async fn route<S, Q, B, C, I, L, P>(
     submission: &Submission<S, Q, B, C, I, L, P>,
-    answers: &Operator<S, Q, B, C>,
+    answers: &Operator<S, Q, B, C, P>,
     request: Request,
 ) -> Response<Body>
 where
@@ -53,12 +53,16 @@ where
 
 /// Handles one request routed to `POST /orders/{id}/steps/{step}/{answer}`, and counts a
 /// refusal by its error code.
-pub async fn respond<S, Q, B, C>(answers: &Operator<S, Q, B, C>, request: Request) -> Response<Body>
+pub async fn respond<S, Q, B, C, P>(
+    answers: &Operator<S, Q, B, C, P>,
+    request: Request,
+) -> Response<Body>
 where
     S: StateStore,
     Q: Outbox,
     B: EventBus,
     C: Clock,
+    P: Payloads,
 {
     let params = request.path_parameters();
     let (id, step, verb) = (

@@ -32,10 +32,10 @@ async fn main() -> Result<(), Error> {
         clock: SystemClock,
         config: s.engine.config.clone(),
         catalogue: s.engine.catalogue.clone(),
+        payloads: wiring.payloads(s.payload_bucket.clone()),
     };
     let answers = Operator::new(ports());
-    let submission = Submission::new(ports(), TraceIds, wiring.gauges(&s.waits_table, s.queues))
-        .keeping(wiring.payloads(s.payload_bucket.clone()));
+    let submission = Submission::new(ports(), TraceIds, wiring.gauges(&s.waits_table, s.queues));
     let (submission, answers, wiring) = (&submission, &answers, &wiring);
     lambda_http::run(service_fn(move |request: Request| async move {
         let response = sas_submission::route(submission, answers, request);

@@ -5,15 +5,17 @@
 pub mod settings;
 
 use sas_engine::load::LoadSource;
-use sas_engine::ports::{Clock, EventBus, ExpiryIndex, HeldIndex, Outbox, ServiceBook, StateStore};
+use sas_engine::ports::{
+    Clock, EventBus, ExpiryIndex, HeldIndex, Outbox, Payloads, ServiceBook, StateStore,
+};
 use sas_engine::services::{Supervisor, SweepReport};
 use tracing::{info, warn};
 
 /// Runs one sweep, then tends the services of `book`, and returns the sweep's report (both are
 /// logged). Fails only when no shard could be queried; records that failed individually stay
 /// expired for the next sweep, and services that could not be tended are tended then.
-pub async fn handle<S, X, Q, B, C, L, G>(
-    supervisor: &Supervisor<S, X, Q, B, C, L>,
+pub async fn handle<S, X, Q, B, C, L, G, P>(
+    supervisor: &Supervisor<S, X, Q, B, C, L, P>,
     book: &G,
 ) -> Result<SweepReport, sas_engine::Error>
 where
@@ -24,6 +26,7 @@ where
     C: Clock,
     L: LoadSource,
     G: ServiceBook,
+    P: Payloads,
 {
     let swept = supervisor.sweep().await;
     let flowing = matches!(&swept, Ok(report) if report.stalled.is_none());

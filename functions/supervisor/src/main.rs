@@ -7,6 +7,7 @@ use sas_aws::settings::Env;
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
+use sas_engine::payload::NoPayloads;
 use sas_engine::ports::Destination;
 use sas_engine::services::{Ports, Supervisor};
 use sas_supervisor::settings::Settings;
@@ -24,6 +25,7 @@ async fn main() -> Result<(), Error> {
         clock: SystemClock,
         config: s.engine.config,
         catalogue: s.engine.catalogue,
+        payloads: NoPayloads,
     };
     let supervisor = Supervisor::new(ports, store, wiring.gauges(&s.waits_table, s.queues));
     let (supervisor, wiring, book) = (&supervisor, &wiring, &book);

@@ -114,6 +114,13 @@ pub fn order(view: &Value) -> String {
     if let Some(ended) = view.get("ended_at").and_then(Value::as_str) {
         out.push_str(&format!("ended     {ended}\n"));
     }
+    if let Some(parent) = view.get("parent") {
+        out.push_str(&format!(
+            "parent    {} (its step {})\n",
+            cell(parent, "order_id"),
+            cell(parent, "step")
+        ));
+    }
     if let Some(cause) = view.get("cause") {
         out.push_str(&format!("cause     {}\n", describe_cause(cause, view)));
     }
@@ -158,7 +165,15 @@ pub fn order(view: &Value) -> String {
                 },
                 lease(s),
                 if generation > 0 { format!("run {}", generation + 1) } else { String::new() },
-                s.get("detail").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                match (s.get("child").and_then(Value::as_str), s.get("detail")) {
+                    (Some(child), Some(detail)) => {
+                        format!("child {child}: {}", detail.as_str().unwrap_or_default())
+                    }
+                    (Some(child), None) => format!("child {child}"),
+                    (None, _) => {
+                        s.get("detail").and_then(Value::as_str).unwrap_or_default().to_owned()
+                    }
+                },
             ]
         })
         .collect();

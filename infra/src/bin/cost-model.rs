@@ -297,7 +297,7 @@ impl Outbox for MeteredOutbox {
             let kind = match msg.message {
                 Message::Start(_) => "start",
                 Message::Request(_) => "request",
-                Message::Reply(_) => "reply",
+                Message::Reply(_) | Message::ChildEnded(_) => "reply",
             };
             *m.messages.entry(kind).or_default() += 1.0;
         }
@@ -747,15 +747,16 @@ async fn run(
 
 /// Completes, as the party outside would, every step announced since the first `answered`
 /// announcements; returns how many it answered now.
-async fn answer<S, Q, C>(
+async fn answer<S, Q, C, P>(
     bus: &MemoryBus,
-    answers: &Operator<S, Q, Arc<MemoryBus>, C>,
+    answers: &Operator<S, Q, Arc<MemoryBus>, C, P>,
     answered: &mut usize,
 ) -> std::result::Result<usize, Box<dyn std::error::Error>>
 where
     S: StateStore,
     Q: Outbox,
     C: Clock,
+    P: Payloads,
 {
     let announced = bus.of_type(CALLBACK_DETAIL_TYPE);
     let new = &announced[(*answered).min(announced.len())..];
@@ -834,6 +835,7 @@ impl Handler
         Arc<MemoryBus>,
         ManualClock,
         Arc<MeteredWaits>,
+        MeteredPayloads,
     >
 {
     async fn batch(&self, event: SqsEvent) -> SqsBatchResponse {

@@ -390,6 +390,11 @@ fn describe(letter: &mut DeadLetter, message: &Message) {
             letter.attempt = Some(m.attempt);
             Some(&m.step)
         }
+        Message::ChildEnded(m) => {
+            letter.kind = Some("child_ended");
+            letter.attempt = Some(m.attempt);
+            Some(&m.step)
+        }
     };
     if let Some(step) = step {
         letter.step = Some(step.name.clone());

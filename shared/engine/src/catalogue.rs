@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::ids::AgentName;
 use crate::state::StateRecord;
-use crate::workflow::Workflow;
+use crate::workflow::{Work, Workflow};
 
 /// The workflow an order names when it names none, if the stack runs it: the reference
 /// workflow, whose clients predate the choice.
@@ -35,7 +35,65 @@ impl Catalogue {
             }
             out.push(Arc::new(w));
         }
-        Ok(Catalogue { workflows: out })
+        let catalogue = Catalogue { workflows: out };
+        catalogue.check_children()?;
+        Ok(catalogue)
+    }
+
+    /// Every child step names a workflow (and version) the stack runs, and no workflow starts
+    /// itself, directly or through its children: each such order would start another forever.
+    fn check_children(&self) -> Result<()> {
+        let children = |w: &Workflow| -> Vec<(String, String, Option<u32>)> {
+            w.steps()
+                .iter()
+                .filter_map(|s| match &s.work {
+                    Work::Child(c) => Some((s.name.clone(), c.workflow.clone(), c.version)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for w in &self.workflows {
+            for (step, name, version) in children(w) {
+                let found = match version {
+                    Some(v) => self.version(&name, v).is_some(),
+                    None => self.current(&name).is_some(),
+                };
+                if !found {
+                    let version = version.map_or(String::new(), |v| format!(" version {v}"));
+                    return Err(Error::InvalidWorkflow(format!(
+                        "{} step {step:?} starts {name}{version}, which the stack does not run",
+                        w.name()
+                    )));
+                }
+            }
+        }
+        // Depth-first over the names: a name met again on its own path is a cycle.
+        fn visit<'a>(
+            catalogue: &'a Catalogue,
+            name: &'a str,
+            path: &mut Vec<&'a str>,
+        ) -> Result<()> {
+            if let Some(at) = path.iter().position(|p| *p == name) {
+                let cycle = path[at..].join(" -> ");
+                return Err(Error::InvalidWorkflow(format!(
+                    "{cycle} -> {name}: a workflow would start itself through its children"
+                )));
+            }
+            path.push(name);
+            for w in catalogue.workflows.iter().filter(|w| w.name() == name) {
+                for s in w.steps() {
+                    if let Work::Child(c) = &s.work {
+                        visit(catalogue, &c.workflow, path)?;
+                    }
+                }
+            }
+            path.pop();
+            Ok(())
+        }
+        for w in &self.workflows {
+            visit(self, w.name(), &mut Vec::new())?;
+        }
+        Ok(())
     }
 
     /// A catalogue of one workflow.

@@ -43,6 +43,14 @@ impl OrderId {
         OrderId(Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes()))
     }
 
+    /// The id of the child order that step `step` of `parent` starts in its run `generation`:
+    /// the same for every start of that run, so that a start repeated finds the child it made.
+    pub fn for_child(parent: OrderId, step: &str, generation: u32) -> Self {
+        // A step's name has no NUL, so the parts cannot be spelled two ways.
+        let name = format!("child\0{parent}\0{step}\0{generation}");
+        OrderId(Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes()))
+    }
+
     pub fn from_uuid(id: Uuid) -> Self {
         OrderId(id)
     }

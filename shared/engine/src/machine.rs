@@ -51,6 +51,10 @@
 //! | Pending, Processing | expiry: a callback's lease at its end (no horizon: no answer is in a queue) | the step failed, unanswered |
 //! | Processing | start message of a callback's attempt, at or after its end | the step failed, unanswered (as at its expiry, without waiting for a sweep) |
 //! | Processing | start message of a callback's attempt, before its end | ignored: a heartbeat moved the end, and sent its own |
+//! | Pending, Processing | expiry: a child step's lease at its timeout | the step failed, its outcome unknown: undone (its child cancelled, or undone) with the rest |
+//! | Pending, Processing | a child step's child ended (a child-ended message, read as a reply of its lease) | as an agent's reply: processed is done, with the child's outputs; Error or Cancelled failed; for its undo, undone unless the child left something to undo by hand |
+//! | Pending, Processing (stopping) | any transition while a child step is in flight | its child is asked to cancel (a command of the parent's) |
+//! | any, a child | its parent undoes the step that started it | processed: undone as by an operator's undo; in flight: cancelled; its end answers the parent's undo from then on |
 //! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
@@ -123,7 +127,7 @@ use crate::message::{MAX_OUTPUT_LEN, StepOutcome, StepRef, output_len};
 use crate::mutants::{self, Mutant};
 use crate::payload::MAX_PAYLOAD_LEN;
 use crate::state::{
-    AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Lease, Phase,
+    AlertDelivery, Cause, CommandEntry, CommandKind, Happening, InputRef, Lease, Parent, Phase,
     ProcessState, StateRecord, StepState, StepStatus, Stop, WaitingFor,
 };
 use crate::time::Timestamp;
@@ -176,6 +180,13 @@ pub enum Input<'a> {
     Resubmit,
     /// An operator's command, with its id (the same id is applied once), who gave it and why.
     Command { command: CommandKind, id: &'a str, by: &'a str, reason: &'a str },
+    /// The parent of this child order undoes the step that started it: the child is undone
+    /// if it was processed, cancelled if still in flight, and its end answers the parent's
+    /// undo (`parent`, with the undo's lease) from now on.
+    ParentUndo { parent: &'a Parent },
+    /// The parent of this child order stops while the child is in flight: the child is
+    /// cancelled, and its end still answers the parent's step.
+    ParentStop { parent: &'a Parent },
     /// An answer to step `step`, which waits for a callback: from the party outside, bearing
     /// the token it was given, or from an operator on its behalf (`token` `None`).
     Answer {
@@ -222,6 +233,13 @@ pub enum Effect {
     Status { kind: StatusKind, step: Option<String> },
     /// Publish the order's alert, then record that it was sent.
     Alert,
+    /// Bring the child order of step `step` in line with its lease: started, for a step; undone
+    /// (or cancelled, if still in flight), for its undo.
+    Child { step: usize },
+    /// Cancel the child order of step `step`, in flight while its parent stops.
+    StopChild { step: usize },
+    /// Tell the parent of this child order how it ended.
+    TellParent,
 }
 
 /// A state change to write, and what to do once it is written.
@@ -370,7 +388,9 @@ pub fn remedy(input: &Input<'_>) -> Remedy {
         | Input::AlertSent
         | Input::Resubmit
         | Input::Command { .. }
-        | Input::Answer { .. } => Remedy::Report,
+        | Input::Answer { .. }
+        | Input::ParentUndo { .. }
+        | Input::ParentStop { .. } => Remedy::Report,
     }
 }
 
@@ -435,6 +455,7 @@ pub fn create_waking(
         stop: None,
         commands: Vec::new(),
         redrives: 0,
+        parent: None,
         legacy_cursor: None,
     };
     let mut effects = started(ctx);
@@ -444,7 +465,7 @@ pub fn create_waking(
         }
         match &step.work {
             Work::Wait(wait) => wait_for(&mut next, i, wait, ctx, &mut effects),
-            Work::Agent(_) | Work::Callback => {
+            Work::Agent(_) | Work::Callback | Work::Child(_) => {
                 // At attempt 0, which the start message every new order gets claims.
                 let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
                 let lease = Lease::queued(0, complete_by);
@@ -477,6 +498,12 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
     }
     if let Input::Answer { step, token, answer: given, by, reason } = input {
         return answer(record, Answered { step, token, answer: given, by, reason }, ctx);
+    }
+    if let Input::ParentUndo { parent } = input {
+        return parent_undo(record, parent, ctx);
+    }
+    if let Input::ParentStop { parent } = input {
+        return parent_stop(record, parent, ctx);
     }
     react(record, input, ctx)
 }
@@ -540,7 +567,13 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             Input::Claim { .. } | Input::Reply { .. } | Input::Expire { .. } | Input::Resume { .. },
         ) => Decision::Ignore(Ignored::Terminal),
 
-        (_, Input::Command { .. } | Input::Answer { .. }) => unreachable_command(record),
+        (
+            _,
+            Input::Command { .. }
+            | Input::Answer { .. }
+            | Input::ParentUndo { .. }
+            | Input::ParentStop { .. },
+        ) => unreachable_command(record),
     }
 }
 

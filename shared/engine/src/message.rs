@@ -44,6 +44,22 @@ pub enum Message {
     Start(Start),
     Request(Box<StepRequest>),
     Reply(StepReply),
+    ChildEnded(ChildEnded),
+}
+
+/// "My child order ended": sent by whichever service ended a child, to the scheduler, which
+/// reads the child to learn how and answers the parent's step with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildEnded {
+    /// The parent.
+    pub order_id: OrderId,
+    /// The attempt of the parent step's lease the child answers.
+    pub attempt: u64,
+    pub correlation_id: String,
+    pub step: StepRef,
+    pub child: OrderId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
 }
 
 /// "Claim this order": sent by submission and by the supervisor.
@@ -235,6 +251,7 @@ impl Message {
             "start" => decode_as(fields).map(Message::Start),
             "request" => decode_as(fields).map(|r| Message::Request(Box::new(r))),
             "reply" => decode_as(fields).map(Message::Reply),
+            "child_ended" => decode_as(fields).map(Message::ChildEnded),
             "" => Err(invalid("missing message `type`".into())),
             other => Err(invalid(format!("unknown message type {other:?}"))),
         }
@@ -245,6 +262,7 @@ impl Message {
             Message::Start(m) => m.order_id,
             Message::Request(m) => m.order_id,
             Message::Reply(m) => m.order_id,
+            Message::ChildEnded(m) => m.order_id,
         }
     }
 
@@ -254,6 +272,7 @@ impl Message {
             Message::Start(m) => m.due_at,
             Message::Request(m) => m.due_at,
             Message::Reply(m) => m.due_at,
+            Message::ChildEnded(m) => m.due_at,
         }
     }
 
@@ -262,6 +281,7 @@ impl Message {
             Message::Start(m) => &m.correlation_id,
             Message::Request(m) => &m.correlation_id,
             Message::Reply(m) => &m.correlation_id,
+            Message::ChildEnded(m) => &m.correlation_id,
         }
     }
 }

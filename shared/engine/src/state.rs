@@ -202,6 +202,9 @@ pub struct StepState {
     /// why it is held. Set exactly while its lease is held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<Held>,
+    /// For a step that starts a child order: the child's id, once it was sent to start it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<OrderId>,
 }
 
 /// A step kept back by its service's hold.
@@ -299,6 +302,7 @@ impl StepState {
             token: None,
             answer_by: None,
             held: None,
+            child: None,
         }
     }
 
@@ -506,6 +510,17 @@ pub struct Stop {
     pub reason: String,
 }
 
+/// The parent of a child order: which order and step, and the lease of that step its end
+/// answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parent {
+    pub order_id: OrderId,
+    pub step: crate::message::StepRef,
+    /// The attempt of the parent step's lease: the end of the child counts for it alone.
+    pub attempt: u64,
+    pub correlation_id: String,
+}
+
 /// Delivery of the one operator alert an `Error` record gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -643,6 +658,11 @@ pub struct StateRecord {
     /// How many times an operator redrove the order (either way).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub redrives: u32,
+    /// For a child order: the step of its parent that started it, and the lease of that step
+    /// its end answers (a start, or an undo). Set when it is created; the lease changes when
+    /// its parent undoes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Parent>,
     /// The one step in flight of a record written before each step held its own lease: read
     /// so that [`StateRecord::upgrade`] can give that step its lease, never written.
     #[serde(default, rename = "cursor", skip_serializing)]

@@ -125,6 +125,23 @@ pub enum Work {
     /// Nothing is sent for it and it has nothing to undo; an order that stops does not wait
     /// for it.
     Callback,
+    /// It starts an order of another workflow (a child) and waits for its end: Processed
+    /// completes the step with the child's outputs, Error or Cancelled fails it. Its budget is
+    /// how long the child may take; past it the child is cancelled. Its undo is the child's
+    /// own: a processed child is undone by its compensation.
+    Child(Child),
+}
+
+/// The order a child step starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Child {
+    /// The workflow it runs.
+    pub workflow: String,
+    /// The version it runs; `None`: the newest when the child starts, which it keeps.
+    pub version: Option<u32>,
+    /// Where its input is, as a JSON pointer into `{"input": <the order's input>, "outputs":
+    /// {<step>: <its output>}}`: `/input` (the default), `/input/tenant`, `/outputs/<step>/id`.
+    pub input: String,
 }
 
 /// How long a waiting step waits.
@@ -162,7 +179,7 @@ impl Step {
     pub fn agent(&self) -> Option<&AgentName> {
         match &self.work {
             Work::Agent(agent) => Some(agent),
-            Work::Wait(_) | Work::Callback => None,
+            Work::Wait(_) | Work::Callback | Work::Child(_) => None,
         }
     }
 
@@ -220,6 +237,8 @@ struct StepSpec {
     #[serde(default)]
     callback: Option<CallbackSpec>,
     #[serde(default)]
+    child: Option<ChildSpec>,
+    #[serde(default)]
     budget_seconds: Option<u64>,
     #[serde(default)]
     compensation: Option<CompensationSpec>,
@@ -248,6 +267,17 @@ struct WaitSpec {
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct CallbackSpec {
+    timeout_seconds: u64,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ChildSpec {
+    workflow: String,
+    #[serde(default)]
+    version: Option<u32>,
+    #[serde(default)]
+    input: Option<String>,
     timeout_seconds: u64,
 }
 
@@ -301,7 +331,22 @@ impl Workflow {
         }
         let input = InputSchema::compile(spec.input_schema.unwrap_or_else(any_object))
             .map_err(|e| invalid(format!("input_schema is not a JSON Schema: {e}")))?;
-        Ok(Workflow { name: spec.name, version, steps, input })
+        let workflow = Workflow { name: spec.name.clone(), version, steps, input };
+        // A child's input from a step's output needs that step done before the child starts.
+        for s in workflow.steps() {
+            if let Work::Child(child) = &s.work
+                && let Some(from) = child.input.strip_prefix("/outputs/")
+            {
+                let from = from.split('/').next().unwrap_or_default();
+                if !workflow.upstream(&s.name).contains(from) {
+                    return Err(invalid(format!(
+                        "step {:?} takes its child's input from {from:?}, which it does not depend on",
+                        s.name
+                    )));
+                }
+            }
+        }
+        Ok(workflow)
     }
 
     /// Decodes an order's input and checks it against the workflow's schema. Every problem is
@@ -441,16 +486,25 @@ impl Workflow {
 /// before it in the file, which it depends on unless it names its own dependencies.
 fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<Step, String> {
     check_name(&s.name).map_err(|e| format!("step name {e}"))?;
-    let (work, budget) = match (&s.agent, &s.wait, &s.callback) {
-        (Some(agent), None, None) => {
+    let (work, budget) = match (&s.agent, &s.wait, &s.callback, &s.child) {
+        (Some(agent), None, None, None) => {
             let budget =
                 parse_budget(s.budget_seconds).map_err(|e| format!("step {:?}: {e}", s.name))?;
             (Work::Agent(agent_of(&s.name, agent, agents)?), budget)
         }
-        (None, Some(wait), None) => (Work::Wait(wait_of(s, wait)?), DEFAULT_BUDGET),
-        (None, None, Some(callback)) => (Work::Callback, timeout_of(s, callback)?),
+        (None, Some(wait), None, None) => (Work::Wait(wait_of(s, wait)?), DEFAULT_BUDGET),
+        (None, None, Some(callback), None) => {
+            (Work::Callback, timeout_of(s, "callback", callback.timeout_seconds)?)
+        }
+        (None, None, None, Some(child)) => {
+            let timeout = timeout_of(s, "child", child.timeout_seconds)?;
+            (Work::Child(child_of(s, child)?), timeout)
+        }
         _ => {
-            return Err(format!("step {:?} needs one of an agent, a wait or a callback", s.name));
+            return Err(format!(
+                "step {:?} needs one of an agent, a wait, a callback or a child",
+                s.name
+            ));
         }
     };
     let compensation = match &s.compensation {
@@ -546,7 +600,8 @@ fn wait_of(s: &StepSpec, wait: &WaitSpec) -> Result<Wait, String> {
 }
 
 /// A callback's timeout, and nothing a step of an agent has but its failure policy.
-fn timeout_of(s: &StepSpec, callback: &CallbackSpec) -> Result<Duration, String> {
+/// The timeout of a step that waits for a `what` (a callback, a child), which is its budget.
+fn timeout_of(s: &StepSpec, what: &str, seconds: u64) -> Result<Duration, String> {
     if s.budget_seconds.is_some()
         || s.compensation.is_some()
         || s.expired_leases.is_some()
@@ -554,18 +609,39 @@ fn timeout_of(s: &StepSpec, callback: &CallbackSpec) -> Result<Duration, String>
         || s.max_hold_seconds.is_some()
     {
         return Err(format!(
-            "step {:?} waits for a callback: its timeout is its budget, and it has no compensation, expired_leases, retry_wait_seconds or max_hold_seconds",
+            "step {:?} waits for a {what}: its timeout is its budget, and it has no compensation, expired_leases, retry_wait_seconds or max_hold_seconds",
             s.name
         ));
     }
     let most = MAX_WAIT.as_secs();
-    if !(1..=most).contains(&callback.timeout_seconds) {
+    if !(1..=most).contains(&seconds) {
+        return Err(format!("step {:?}: {what}.timeout_seconds must be from 1 to {most}", s.name));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+/// A child step's order: its workflow's name (whether it is deployed is the catalogue's to
+/// say), and where its input is.
+fn child_of(s: &StepSpec, child: &ChildSpec) -> Result<Child, String> {
+    check_name(&child.workflow).map_err(|e| format!("step {:?}: child.workflow {e}", s.name))?;
+    let input = child.input.clone().unwrap_or_else(|| "/input".to_owned());
+    let root = input.split('/').nth(1).unwrap_or_default();
+    let valid = input.starts_with('/')
+        && match root {
+            "input" => true,
+            "outputs" => input.split('/').nth(2).is_some_and(|step| !step.is_empty()),
+            _ => false,
+        };
+    if !valid {
         return Err(format!(
-            "step {:?}: callback.timeout_seconds must be from 1 to {most}",
+            "step {:?}: child.input must be a JSON pointer under /input or /outputs/<step>, not {input:?}",
             s.name
         ));
     }
-    Ok(Duration::from_secs(callback.timeout_seconds))
+    if child.version == Some(0) {
+        return Err(format!("step {:?}: child.version starts at 1", s.name));
+    }
+    Ok(Child { workflow: child.workflow.clone(), version: child.version, input })
 }
 
 /// `steps` in an order that runs every step after the steps it depends on, keeping the file's

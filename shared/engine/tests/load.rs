@@ -395,7 +395,7 @@ struct SchedulerWorker {
     clock: ManualClock,
     busy_until: Timestamp,
     queue: Destination,
-    scheduler: Scheduler<Store, WorkerOutbox, Bus, ManualClock, Waits>,
+    scheduler: Scheduler<Store, WorkerOutbox, Bus, ManualClock, Waits, Arc<MemoryPayloads>>,
 }
 
 struct AgentWorker {
@@ -443,7 +443,7 @@ struct World {
     injected: Ledger,
     rng: SplitMix,
     submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Arc<MemoryPayloads>>,
-    supervisor: Supervisor<Store, Store, Queues, Bus, ManualClock, Load>,
+    supervisor: Supervisor<Store, Store, Queues, Bus, ManualClock, Load, Arc<MemoryPayloads>>,
     schedulers: Vec<SchedulerWorker>,
     agents: Vec<AgentWorker>,
     /// The services' records and paces, shared by every agent worker.
@@ -579,6 +579,7 @@ impl World {
                 let steps = match &message {
                     Message::Request(r) => vec![r.step.name.clone()],
                     Message::Reply(r) => vec![r.step.name.clone()],
+                    Message::ChildEnded(c) => vec![c.step.name.clone()],
                     // A start message is for the steps queued at its attempt.
                     Message::Start(start) => {
                         let r = self.store.peek(order).unwrap();

@@ -1252,6 +1252,7 @@ async fn replies_of_steps_side_by_side_handled_in_one_batch_are_all_recorded() {
         clock: p.clock,
         config: p.config,
         catalogue: p.catalogue,
+        payloads: p.payloads,
     };
     let scheduler =
         sas_engine::services::Scheduler::new(ports, w.waits.clone(), "scheduler-y".into());
@@ -1333,6 +1334,7 @@ type TestSupervisor = Supervisor<
     world::Bus,
     ManualClock,
     world::Load,
+    world::Payloads,
 >;
 
 fn racing_supervisor(w: &World) -> TestSupervisor {
@@ -1345,6 +1347,7 @@ fn racing_supervisor(w: &World) -> TestSupervisor {
         clock: p.clock,
         config: p.config,
         catalogue: p.catalogue,
+        payloads: p.payloads,
     };
     Supervisor::new(ports, p.store, load)
 }

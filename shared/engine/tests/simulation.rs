@@ -725,9 +725,9 @@ struct Wiring {
 
 type Services = (
     Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Payloads>,
-    Scheduler<Store, Queues, Bus, ManualClock, Waits>,
-    [Supervisor<Store, Store, Queues, Bus, ManualClock, Load>; 2],
-    Operator<Store, Queues, Bus, ManualClock>,
+    Scheduler<Store, Queues, Bus, ManualClock, Waits, Payloads>,
+    [Supervisor<Store, Store, Queues, Bus, ManualClock, Load, Payloads>; 2],
+    Operator<Store, Queues, Bus, ManualClock, Payloads>,
 );
 
 impl Wiring {
@@ -772,10 +772,10 @@ struct Sim {
     countdown: Arc<AtomicU32>,
     crashes: Arc<AtomicU32>,
     submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Payloads>,
-    scheduler: Scheduler<Store, Queues, Bus, ManualClock, Waits>,
+    scheduler: Scheduler<Store, Queues, Bus, ManualClock, Waits, Payloads>,
     agents: HashMap<Destination, SimAgent>,
-    supervisors: [Supervisor<Store, Store, Queues, Bus, ManualClock, Load>; 2],
-    operator: Operator<Store, Queues, Bus, ManualClock>,
+    supervisors: [Supervisor<Store, Store, Queues, Bus, ManualClock, Load, Payloads>; 2],
+    operator: Operator<Store, Queues, Bus, ManualClock, Payloads>,
     /// Command ids handed out so far, and the last command sent for each order.
     commands: u64,
     last_command: HashMap<OrderId, (CommandKind, String)>,

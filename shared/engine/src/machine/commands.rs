@@ -315,3 +315,70 @@ pub(super) fn acknowledge(
     next.note_command(ctx.now, Happening::Acknowledged, cmd.by, cmd.reason, limit);
     Ok(apply(next, Vec::new()))
 }
+
+/// The parent undoes the step that started this child: a processed child is undone, one in
+/// flight cancelled, as an operator's command would (recorded with the parent as its author),
+/// and from now on the child's end answers the parent's undo. A child already ended tells
+/// its parent at once how.
+pub(super) fn parent_undo(record: &StateRecord, parent: &Parent, ctx: &Ctx<'_>) -> Decision {
+    let kind = match record.process_state {
+        ProcessState::Processed => CommandKind::Undo,
+        _ => CommandKind::Cancel,
+    };
+    from_parent(record, parent, kind, true, ctx)
+}
+
+/// The parent stops while this child is in flight: the child is cancelled; its end still
+/// answers the parent's step.
+pub(super) fn parent_stop(record: &StateRecord, parent: &Parent, ctx: &Ctx<'_>) -> Decision {
+    if record.process_state.is_terminal() {
+        return Decision::Ignore(Ignored::Terminal);
+    }
+    from_parent(record, parent, CommandKind::Cancel, false, ctx)
+}
+
+/// Applies `kind` to the child as its parent's command (one id per parent lease), and, with
+/// `relink`, answers the parent's lease `parent` from now on.
+fn from_parent(
+    record: &StateRecord,
+    parent: &Parent,
+    kind: CommandKind,
+    relink: bool,
+    ctx: &Ctx<'_>,
+) -> Decision {
+    let id = format!("parent-{}-{}", parent.step.direction.as_str(), parent.attempt);
+    let by = format!("order {}", parent.order_id);
+    let reason = match parent.step.direction {
+        Direction::Do => "its parent order stops",
+        Direction::Undo => "its parent order is undone",
+    };
+    let linked = record.parent.as_ref() == Some(parent) || !relink;
+    let cmd = Command { kind, id: &id, by: &by, reason };
+    match operate(record, cmd, ctx) {
+        Decision::Apply(mut t) => {
+            if relink {
+                t.next.parent = Some(parent.clone());
+            }
+            if t.next.process_state.is_terminal() && !t.effects.contains(&Effect::TellParent) {
+                t.effects.push(Effect::TellParent);
+            }
+            Decision::Apply(t)
+        }
+        // Nothing to cancel or undo (it is being undone already, or it ended): only the link
+        // changes, and a child that ended says so.
+        Decision::Refuse(_) if !linked => {
+            let mut next = begin(record, ctx, InputRef::Command(id));
+            next.parent = Some(parent.clone());
+            let effects = match next.process_state.is_terminal() {
+                true => vec![Effect::TellParent],
+                false => Vec::new(),
+            };
+            apply(next, effects)
+        }
+        Decision::Refuse(_) if record.process_state.is_terminal() => {
+            Decision::Replay(vec![Effect::TellParent])
+        }
+        Decision::Refuse(_) => Decision::Ignore(Ignored::AlreadyApplied),
+        other => other,
+    }
+}

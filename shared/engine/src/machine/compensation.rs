@@ -86,7 +86,9 @@ pub(super) fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
             next.process_state = ProcessState::Cancelled;
             next.complete_by = None;
             next.note_command(ctx.now, Happening::Cancelled, &by, &reason, limit);
-            return apply(next, status(ctx, StatusKind::Cancelled, None));
+            let mut effects = status(ctx, StatusKind::Cancelled, None);
+            effects.extend(tell_parent(&next));
+            return apply(next, effects);
         }
     }
     let kind = if next.needs_manual_undo().is_empty()
@@ -104,7 +106,13 @@ pub(super) fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
     next.note(ctx.now, happening, None, limit);
     let mut effects = status(ctx, kind, None);
     effects.push(Effect::Alert);
+    effects.extend(tell_parent(&next));
     apply(next, effects)
+}
+
+/// What a child order owes its parent once it ends: word of how it ended.
+pub(super) fn tell_parent(record: &StateRecord) -> Option<Effect> {
+    record.parent.as_ref().map(|_| Effect::TellParent)
 }
 
 /// The supervisor found an Error record whose alert was never confirmed.
@@ -139,9 +147,14 @@ pub(super) fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
         ProcessState::Processing => record
             .leased()
             .filter(|(_, _, l)| l.sent)
-            .map(|(i, s, _)| match awaits_callback(ctx, s) {
-                true => Effect::Announce { step: i },
-                false => Effect::Dispatch { step: i },
+            .map(|(i, s, _)| {
+                if starts_child(ctx, s) {
+                    Effect::Child { step: i }
+                } else if awaits_callback(ctx, s) {
+                    Effect::Announce { step: i }
+                } else {
+                    Effect::Dispatch { step: i }
+                }
             })
             .collect(),
         ProcessState::Pending | ProcessState::Paused => Vec::new(),
@@ -149,6 +162,9 @@ pub(super) fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
             let mut effects = status(ctx, terminal_kind(record), None);
             if record.alert == Some(AlertDelivery::Pending) {
                 effects.push(Effect::Alert);
+            }
+            if record.parent.is_some() {
+                effects.push(Effect::TellParent);
             }
             effects
         }
@@ -168,8 +184,11 @@ pub(super) fn terminal_kind(record: &StateRecord) -> StatusKind {
     }
 }
 
+/// Whether `step` can be undone: by its compensation, or, starting a child, by the child's.
 pub(super) fn has_compensation(workflow: &Workflow, step: &str) -> bool {
-    workflow.step_named(step).is_some_and(|s| s.compensation.is_some())
+    workflow
+        .step_named(step)
+        .is_some_and(|s| s.compensation.is_some() || matches!(s.work, Work::Child(_)))
 }
 
 pub(super) fn unknown_step(state: &StepState) -> Decision {

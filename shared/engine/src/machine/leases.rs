@@ -180,6 +180,14 @@ pub(super) fn dispatch(
     ctx: &Ctx<'_>,
     effects: &mut Vec<Effect>,
 ) {
+    if starts_child(ctx, &next.steps[i]) {
+        send(next, i, complete_by);
+        let state = &next.steps[i];
+        next.steps[i].child =
+            Some(OrderId::for_child(next.order_id, &state.name, state.generation));
+        effects.push(Effect::Child { step: i });
+        return;
+    }
     if !awaits_callback(ctx, &next.steps[i]) {
         send(next, i, complete_by);
         effects.push(Effect::Dispatch { step: i });
@@ -216,6 +224,11 @@ pub(super) fn token(seed: u128, order_id: OrderId, attempt: u64, step: usize) ->
     hash.update(attempt.to_le_bytes());
     hash.update((step as u64).to_le_bytes());
     hash.finalize().iter().take(20).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `state` is a step that starts a child order (to do or to undo).
+pub(super) fn starts_child(ctx: &Ctx<'_>, state: &StepState) -> bool {
+    ctx.workflow.step_named(&state.name).is_some_and(|s| matches!(s.work, Work::Child(_)))
 }
 
 /// Whether `state` is a step that waits for a callback (to do: a callback has no undo).
@@ -307,6 +320,15 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
         next.steps[i].detail = Some(format!("no answer within {} s", step.budget.as_secs()));
         return failed(next, i, Cause::StepTimedOut { step: name, failures }, ctx);
     }
+    if matches!(step.work, Work::Child(_)) && direction == Direction::Do {
+        // Its budget was the time its child had to end. The child may still be running, and
+        // may yet take effect: the step is undone as any step of unknown outcome, which
+        // cancels the child (or undoes it, had it ended processed).
+        next.steps[i].status = StepStatus::Uncertain;
+        next.steps[i].detail =
+            Some(format!("its child did not end within {} s", step.budget.as_secs()));
+        return failed(next, i, Cause::StepTimedOut { step: name, failures }, ctx);
+    }
     let threshold = step.expired_leases.unwrap_or(ctx.config.failure_threshold);
     // An order that stops for good does not wait for a retry of a step: its outcome is
     // unknown now. One that pauses takes the step back, and starts it again on resuming.
@@ -389,7 +411,7 @@ pub(super) fn not_expired(record: &StateRecord, seen: Timestamp, ctx: &Ctx<'_>) 
 pub(super) fn budget_of(state: &StepState, ctx: &Ctx<'_>) -> Option<Duration> {
     let step = ctx.workflow.step_named(&state.name)?;
     match (&step.work, state.direction()) {
-        (Work::Callback, Direction::Do) => Some(step.budget),
+        (Work::Callback, Direction::Do) | (Work::Child(_), _) => Some(step.budget),
         _ => step.action(state.direction()).map(|(_, budget)| budget),
     }
 }

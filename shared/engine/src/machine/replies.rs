@@ -156,7 +156,7 @@ pub(super) enum Via {
 /// flight, then pauses or undoes what it did; an order with nothing left to do or undo ends.
 pub(super) fn proceed(
     mut next: StateRecord,
-    effects: Vec<Effect>,
+    mut effects: Vec<Effect>,
     ctx: &Ctx<'_>,
     via: Via,
 ) -> Decision {
@@ -175,6 +175,12 @@ pub(super) fn proceed(
             }
         }
         if next.steps.iter().any(|s| s.lease.is_some()) {
+            // A child in flight is asked to stop: the order does not wait out its whole run.
+            for (i, s) in next.steps.iter().enumerate() {
+                if s.sent().is_some() && s.direction() == Direction::Do && starts_child(ctx, s) {
+                    effects.push(Effect::StopChild { step: i });
+                }
+            }
             return in_flight(next, effects);
         }
         if let Some(stop) = next.stop.take()
@@ -270,5 +276,6 @@ pub(super) fn processed(
         next.complete_by = Some(ctx.now.plus(ctx.config.alert_retry_after));
         effects.push(Effect::Alert);
     }
+    effects.extend(tell_parent(&next));
     apply(next, effects)
 }

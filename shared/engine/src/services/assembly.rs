@@ -38,7 +38,7 @@ pub struct Assembly<S, B, C, W, L, P = NoPayloads> {
 
 impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone, P: Clone> Assembly<S, B, C, W, L, P> {
     /// The ports of a service that sends through `outbox`.
-    pub fn ports<Q>(&self, outbox: Q) -> Ports<S, Q, B, C> {
+    pub fn ports<Q>(&self, outbox: Q) -> Ports<S, Q, B, C, P> {
         Ports {
             store: self.store.clone(),
             outbox,
@@ -46,6 +46,7 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone, P: Clone> Assembly<S, B, 
             clock: self.clock.clone(),
             config: self.config.clone(),
             catalogue: self.catalogue.clone(),
+            payloads: self.payloads.clone(),
         }
     }
 
@@ -79,39 +80,42 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone, P: Clone> Assembly<S, B, 
         L: LoadSource,
         P: Payloads,
     {
-        Submission::new(self.ports(outbox), ids, self.load.clone()).keeping(self.payloads.clone())
+        Submission::new(self.ports(outbox), ids, self.load.clone())
     }
 
     /// A scheduler whose claims and wait reports are signed `owner`.
-    pub fn scheduler<Q>(&self, outbox: Q, owner: impl Into<String>) -> Scheduler<S, Q, B, C, W>
+    pub fn scheduler<Q>(&self, outbox: Q, owner: impl Into<String>) -> Scheduler<S, Q, B, C, W, P>
     where
         S: StateStore,
         Q: Outbox,
         B: EventBus,
         C: Clock,
         W: WaitGauge,
+        P: Payloads,
     {
         Scheduler::new(self.ports(outbox), self.waits.clone(), owner.into())
     }
 
     /// A supervisor that finds expired work in the store's own index.
-    pub fn supervisor<Q>(&self, outbox: Q) -> Supervisor<S, S, Q, B, C, L>
+    pub fn supervisor<Q>(&self, outbox: Q) -> Supervisor<S, S, Q, B, C, L, P>
     where
         S: StateStore + ExpiryIndex,
         Q: Outbox,
         B: EventBus,
         C: Clock,
         L: LoadSource,
+        P: Payloads,
     {
         Supervisor::new(self.ports(outbox), self.store.clone(), self.load.clone())
     }
 
-    pub fn operator<Q>(&self, outbox: Q) -> Operator<S, Q, B, C>
+    pub fn operator<Q>(&self, outbox: Q) -> Operator<S, Q, B, C, P>
     where
         S: StateStore,
         Q: Outbox,
         B: EventBus,
         C: Clock,
+        P: Payloads,
     {
         Operator::new(self.ports(outbox))
     }

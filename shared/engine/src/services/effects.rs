@@ -13,9 +13,10 @@ use crate::events::{Alert, BusEvent, Callback};
 use crate::ids::{Direction, step_key};
 use crate::machine::{Ctx, Decision, Effect, Input, decide};
 use crate::message::{Message, Start, StepRef, StepRequest};
+use crate::payload::NoPayloads;
 use crate::ports::{
-    Clock, Destination, ENTRY_TRIES, EventBus, Expected, OrderRecord, Outbox, Outgoing, Read,
-    Saved, StateStore,
+    Clock, Destination, ENTRY_TRIES, EventBus, Expected, OrderRecord, Outbox, Outgoing, Payloads,
+    Read, Saved, StateStore,
 };
 use crate::state::{Cause, CommandKind, ProcessState, StateRecord, StepStatus};
 use crate::time::Timestamp;
@@ -29,16 +30,19 @@ const ALERT_RECORD_TRIES: usize = 3;
 /// configuration and the workflows the stack runs. The services carry out the side effects
 /// of their decisions through them.
 #[derive(Clone, Debug)]
-pub struct Ports<S, Q, B, C> {
+pub struct Ports<S, Q, B, C, P = NoPayloads> {
     pub store: S,
     pub outbox: Q,
     pub bus: B,
     pub clock: C,
     pub config: Arc<EngineConfig>,
     pub catalogue: Arc<Catalogue>,
+    /// Where large values are kept: read back to start a child on part of one, and where a
+    /// child's outputs are kept for its parent ([`crate::payload`]).
+    pub payloads: P,
 }
 
-impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
     /// What the machine decides `record`'s next transition with, now: the version of its
     /// workflow it started on.
     pub fn ctx(&self, record: &StateRecord) -> Result<Ctx<'_>> {
@@ -98,6 +102,9 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Ports<S, Q, B, C> {
                     alert_at = Some(events.len());
                     events.push(BusEvent::alert(&alert));
                 }
+                Effect::Child { step } => outgoing.extend(self.child(record, *step).await?),
+                Effect::StopChild { step } => self.stop_child(record, *step).await?,
+                Effect::TellParent => outgoing.extend(self.tell_parent(record)),
             }
         }
         if !outgoing.is_empty() {

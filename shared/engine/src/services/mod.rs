@@ -7,6 +7,7 @@
 
 mod agent;
 mod assembly;
+mod children;
 mod desk;
 mod effects;
 mod guard;

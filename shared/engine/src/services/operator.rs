@@ -14,7 +14,8 @@ use super::effects::Ports;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::machine::{Answer, Decision, Input, Refused, decide};
-use crate::ports::{Clock, EventBus, Outbox, Read, Saved, StateStore};
+use crate::payload::NoPayloads;
+use crate::ports::{Clock, EventBus, Outbox, Payloads, Read, Saved, StateStore};
 use crate::state::{CommandKind, StateRecord};
 
 /// Longest command id, caller and reason accepted, in characters.
@@ -163,12 +164,12 @@ pub struct Commanded {
 
 /// The operator service, over its ports.
 #[derive(Debug)]
-pub struct Operator<S, Q, B, C> {
-    ports: Ports<S, Q, B, C>,
+pub struct Operator<S, Q, B, C, P = NoPayloads> {
+    ports: Ports<S, Q, B, C, P>,
 }
 
-impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock> Operator<S, Q, B, C> {
-    pub fn new(ports: Ports<S, Q, B, C>) -> Self {
+impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Operator<S, Q, B, C, P> {
+    pub fn new(ports: Ports<S, Q, B, C, P>) -> Self {
         Operator { ports }
     }
 

@@ -12,8 +12,9 @@ use crate::ids::OrderId;
 use crate::load::WaitReporter;
 use crate::machine::{Decision, Input, Remedy, Transition, decide, remedy};
 use crate::message::{Message, StepReply};
+use crate::payload::NoPayloads;
 use crate::ports::{
-    Clock, Destination, EventBus, Incoming, Outbox, Read, Saved, StateStore, WaitGauge,
+    Clock, Destination, EventBus, Incoming, Outbox, Payloads, Read, Saved, StateStore, WaitGauge,
 };
 use crate::state::StateRecord;
 
@@ -24,16 +25,24 @@ const CONFLICT_TRIES: usize = 8;
 
 /// The scheduler, over its ports.
 #[derive(Debug)]
-pub struct Scheduler<S, Q, B, C, W> {
-    ports: Ports<S, Q, B, C>,
+pub struct Scheduler<S, Q, B, C, W, P = NoPayloads> {
+    ports: Ports<S, Q, B, C, P>,
     waits: WaitReporter<W>,
     owner: String,
 }
 
-impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S, Q, B, C, W> {
+impl<S, Q, B, C, W, P> Scheduler<S, Q, B, C, W, P>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    W: WaitGauge,
+    P: Payloads,
+{
     /// `owner` identifies this scheduler instance; it is written to LockedBy when it claims,
     /// and names its reports to `waits`.
-    pub fn new(ports: Ports<S, Q, B, C>, waits: W, owner: String) -> Self {
+    pub fn new(ports: Ports<S, Q, B, C, P>, waits: W, owner: String) -> Self {
         Scheduler {
             waits: WaitReporter::new(waits, owner.clone(), ports.config.claim_grace),
             ports,
@@ -74,6 +83,22 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, W: WaitGauge> Scheduler<S,
                 self.run(start.order_id, input).await
             }
             Message::Reply(reply) => self.on_reply(reply, message_id).await,
+            Message::ChildEnded(ended) => {
+                let Some(outcome) = self.ports.outcome_of_child(ended).await? else {
+                    // A child says it ended only once it has: this one is forged or misrouted.
+                    return Err(Error::InvalidMessage(format!(
+                        "child order {} has not ended",
+                        ended.child
+                    )));
+                };
+                let input = Input::Reply {
+                    attempt: ended.attempt,
+                    step: &ended.step,
+                    outcome: &outcome,
+                    message: message_id,
+                };
+                self.run(ended.order_id, input).await
+            }
             Message::Request(_) => {
                 Err(Error::InvalidMessage("a step request was sent to the scheduler".into()))
             }

@@ -38,9 +38,19 @@ pub struct OrderView {
     pub stopping: bool,
     pub steps: Vec<StepView>,
     pub timeline: Vec<TimelineEntry>,
+    /// For a child order: the order and step that started it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentView>,
     pub order: Order,
     pub created_at: String,
     pub updated_at: String,
+}
+
+/// The order and step that started a child order.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ParentView {
+    pub order_id: OrderId,
+    pub step: String,
 }
 
 /// A step as shown: its state, and what it waits for if it waits.
@@ -213,6 +223,7 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
             })
             .collect(),
         timeline: state.timeline,
+        parent: state.parent.map(|p| ParentView { order_id: p.order_id, step: p.step.name }),
         order: order.order,
         created_at: state.created_at.to_rfc3339(),
         updated_at: state.updated_at.to_rfc3339(),

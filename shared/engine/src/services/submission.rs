@@ -44,29 +44,19 @@ pub struct Accepted {
 /// The submission service, over its ports.
 #[derive(Debug)]
 pub struct Submission<S, Q, B, C, I, L, P = NoPayloads> {
-    ports: Ports<S, Q, B, C>,
+    ports: Ports<S, Q, B, C, P>,
     ids: I,
     load: Cached<L>,
     /// What this door did since the load in use was read.
     tally: Mutex<DoorTally>,
-    payloads: P,
-}
-
-impl<S, Q, B, C, I, L> Submission<S, Q, B, C, I, L> {
-    /// `load` tells how long the queues are; it is read at most every few seconds.
-    pub fn new(ports: Ports<S, Q, B, C>, ids: I, load: L) -> Self {
-        let tally = Mutex::default();
-        Submission { ports, ids, load: Cached::new(load), tally, payloads: NoPayloads }
-    }
 }
 
 impl<S, Q, B, C, I, L, P> Submission<S, Q, B, C, I, L, P> {
-    /// The same submission, storing inputs larger than [`MAX_INLINE_INPUT_LEN`] in `payloads`
-    /// ([`crate::payload`]). Without a store, an input is kept whole up to
-    /// [`MAX_PAYLOAD_LEN`].
-    pub fn keeping<K>(self, payloads: K) -> Submission<S, Q, B, C, I, L, K> {
-        let Submission { ports, ids, load, tally, .. } = self;
-        Submission { ports, ids, load, tally, payloads }
+    /// `load` tells how long the queues are; it is read at most every few seconds. Inputs
+    /// larger than [`MAX_INLINE_INPUT_LEN`] are stored in the ports' payloads
+    /// ([`crate::payload`]); with none, an input is kept whole up to [`MAX_PAYLOAD_LEN`].
+    pub fn new(ports: Ports<S, Q, B, C, P>, ids: I, load: L) -> Self {
+        Submission { ports, ids, load: Cached::new(load), tally: Mutex::default() }
     }
 }
 
@@ -157,8 +147,9 @@ where
 
     /// The input as the order keeps it: whole, or stored and referred to.
     async fn keep(&self, order_id: OrderId, order: Order) -> Result<Order> {
-        let inline = if self.payloads.stores() { MAX_INLINE_INPUT_LEN } else { MAX_PAYLOAD_LEN };
-        match payload::keep(&self.payloads, order_id, order.0, inline).await? {
+        let inline =
+            if self.ports.payloads.stores() { MAX_INLINE_INPUT_LEN } else { MAX_PAYLOAD_LEN };
+        match payload::keep(&self.ports.payloads, order_id, order.0, inline).await? {
             Kept::Inline(value) | Kept::Stored(value) => Ok(Order(value)),
             // Within the size limit, only an input shaped like a stored reference, with no
             // store to put it in, gets here.

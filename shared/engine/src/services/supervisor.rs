@@ -33,9 +33,10 @@ use crate::health::ServiceRecord;
 use crate::load::{Horizon, LoadSource};
 use crate::machine::{Decision, Input, decide};
 use crate::mutants::{self, Mutant};
+use crate::payload::NoPayloads;
 use crate::ports::{
-    Clock, EventBus, ExpiryIndex, HeldIndex, IndexEntry, Outbox, Read, Saved, ServiceBook,
-    StateStore,
+    Clock, EventBus, ExpiryIndex, HeldIndex, IndexEntry, Outbox, Payloads, Read, Saved,
+    ServiceBook, StateStore,
 };
 use crate::time::Timestamp;
 
@@ -89,13 +90,13 @@ pub struct ServicesReport {
 
 /// The supervisor, over its ports.
 #[derive(Debug)]
-pub struct Supervisor<S, X, Q, B, C, L> {
-    ports: Ports<S, Q, B, C>,
+pub struct Supervisor<S, X, Q, B, C, L, P = NoPayloads> {
+    ports: Ports<S, Q, B, C, P>,
     index: X,
     load: L,
 }
 
-impl<S, X, Q, B, C, L> Supervisor<S, X, Q, B, C, L>
+impl<S, X, Q, B, C, L, P> Supervisor<S, X, Q, B, C, L, P>
 where
     S: StateStore,
     X: ExpiryIndex,
@@ -103,9 +104,10 @@ where
     B: EventBus,
     C: Clock,
     L: LoadSource,
+    P: Payloads,
 {
     /// `load` tells how long messages wait in the queues.
-    pub fn new(ports: Ports<S, Q, B, C>, index: X, load: L) -> Self {
+    pub fn new(ports: Ports<S, Q, B, C, P>, index: X, load: L) -> Self {
         Supervisor { ports, index, load }
     }
 
@@ -266,7 +268,7 @@ where
     }
 }
 
-impl<S, X, Q, B, C, L> Supervisor<S, X, Q, B, C, L>
+impl<S, X, Q, B, C, L, P> Supervisor<S, X, Q, B, C, L, P>
 where
     S: StateStore,
     X: ExpiryIndex + HeldIndex,
@@ -274,6 +276,7 @@ where
     B: EventBus,
     C: Clock,
     L: LoadSource,
+    P: Payloads,
 {
     /// Tends every service of `book`: announces its last hold or release once, and, if
     /// `resume`, resumes the orders that wait for a service open again, at most

@@ -52,9 +52,9 @@ pub struct World {
     /// runs among them.
     pub system: MemoryAssembly<Clock>,
     pub submission: Submission<Store, Queues, Bus, Clock, Arc<SeqIds>, Load, Payloads>,
-    pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits>,
+    pub scheduler: Scheduler<Store, Queues, Bus, Clock, Waits, Payloads>,
     pub agents: HashMap<AgentName, WorldAgent>,
-    pub supervisor: Supervisor<Store, Store, Queues, Bus, Clock, Load>,
+    pub supervisor: Supervisor<Store, Store, Queues, Bus, Clock, Load, Payloads>,
     /// What each handler returned, in order, for assertions.
     pub handled: Vec<(String, Handled)>,
     pub agent_outcomes: Vec<AgentOutcome>,
@@ -123,12 +123,12 @@ impl World {
     }
 
     /// The ports every service of this world works over, running its current catalogue.
-    pub fn ports(&self) -> Ports<Store, Queues, Bus, Clock> {
+    pub fn ports(&self) -> Ports<Store, Queues, Bus, Clock, Payloads> {
         self.system.ports(self.queues.clone())
     }
 
     /// An operator's service on this world, running its current catalogue.
-    pub fn operator(&self) -> Operator<Store, Queues, Bus, Clock> {
+    pub fn operator(&self) -> Operator<Store, Queues, Bus, Clock, Payloads> {
         self.system.operator(self.queues.clone())
     }
 
@@ -282,6 +282,7 @@ fn kind(m: &Message) -> &'static str {
         Message::Start(_) => "start",
         Message::Request(_) => "request",
         Message::Reply(_) => "reply",
+        Message::ChildEnded(_) => "child_ended",
     }
 }
 
