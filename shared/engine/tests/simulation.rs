@@ -592,6 +592,9 @@ struct Tally {
     redriven_to_the_end: u64,
     /// Processed orders an operator undid.
     undone: u64,
+    /// Child orders started, and those undone by their parent.
+    children: u64,
+    children_undone: u64,
     /// Orders processed with a step's failure only reported.
     processed_with_reports: u64,
     /// Orders that ended on the version before a deploy, after it.
@@ -652,6 +655,8 @@ impl std::ops::AddAssign for Tally {
         self.commands_refused += o.commands_refused;
         self.redriven_to_the_end += o.redriven_to_the_end;
         self.undone += o.undone;
+        self.children += o.children;
+        self.children_undone += o.children_undone;
         self.processed_with_reports += o.processed_with_reports;
         self.ended_on_old_version += o.ended_on_old_version;
         self.side_by_side += o.side_by_side;
@@ -683,12 +688,14 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
             self.redriven_to_the_end,
             self.undone,
+            self.children,
+            self.children_undone,
             self.processed_with_reports,
             self.ended_on_old_version,
             self.side_by_side,
@@ -759,6 +766,8 @@ struct Sim {
     wiring: Wiring,
     /// Whether the next version is deployed yet.
     deployed: bool,
+    /// The workflow a child step of the run's workflow starts, on the seeds that have one.
+    child: Option<Arc<Workflow>>,
     /// Where large inputs and outputs are kept.
     shelf: Arc<MemoryPayloads>,
     /// The version each order must keep: the current one when it was accepted.
@@ -888,7 +897,15 @@ impl Sim {
         let payloads =
             Crashy { inner: shelf.clone(), countdown: countdown.clone(), crashes: crashes.clone() };
         let workflow = Arc::new(workflow_of(seed));
-        let catalogue = Arc::new(Catalogue::single((*workflow).clone()));
+        let child = child_workflow(seed).map(Arc::new);
+        let catalogue = Arc::new(
+            Catalogue::new(
+                std::iter::once((*workflow).clone())
+                    .chain(child.as_ref().map(|c| (**c).clone()))
+                    .collect(),
+            )
+            .unwrap(),
+        );
         let next = next_version(seed, &workflow).map(|v2| (Arc::new(v2), FAULTY_EVENTS / 2));
         let mut versions = vec![&*workflow];
         versions.extend(next.as_ref().map(|(v2, _)| &**v2));
@@ -928,6 +945,9 @@ impl Sim {
             actions.extend(
                 actions_of(v2).into_iter().filter(|a| !actions.contains(a)).collect::<Vec<_>>(),
             );
+        }
+        if let Some(child) = &child {
+            actions.extend(actions_of(child));
         }
         for (action, undo) in actions {
             let script: Vec<Behaviour> =
@@ -995,6 +1015,7 @@ impl Sim {
             .map_or(&workflow, |(v2, _)| v2)
             .steps()
             .iter()
+            .chain(child.iter().flat_map(|c| c.steps()))
             .map(|s| (s.name.clone(), s.compensation.as_ref().map(|c| c.action.clone())))
             .collect();
         Sim {
@@ -1003,6 +1024,7 @@ impl Sim {
             next,
             wiring,
             deployed: false,
+            child: child.clone(),
             shelf,
             versions: HashMap::new(),
             rng,
@@ -1061,7 +1083,9 @@ impl Sim {
     /// one current; what is in flight stays where it is.
     fn deploy(&mut self) {
         let Some((v2, _)) = &self.next else { return };
-        let catalogue = Catalogue::new(vec![(*self.workflow).clone(), (**v2).clone()]).unwrap();
+        let mut workflows = vec![(*self.workflow).clone(), (**v2).clone()];
+        workflows.extend(self.child.as_ref().map(|c| (**c).clone()));
+        let catalogue = Catalogue::new(workflows).unwrap();
         let (submission, scheduler, supervisors, operator) =
             self.wiring.services(Arc::new(catalogue), "d");
         self.submission = submission;
@@ -1076,6 +1100,15 @@ impl Sim {
         match &self.next {
             Some((v2, _)) if v2.version() == version => v2,
             _ => &self.workflow,
+        }
+    }
+
+    /// The workflow `record` runs: the run's own (in the version it started on), or its
+    /// child workflow.
+    fn workflow_of(&self, record: &StateRecord) -> &Workflow {
+        match &self.child {
+            Some(child) if child.name() == record.workflow => child,
+            _ => self.workflow_of_version(record.workflow_version),
         }
     }
 
@@ -1148,7 +1181,11 @@ impl Sim {
             if self.chance(Fault::Throttled, 0.05) {
                 self.memory.fail_next_writes(1);
             }
-            let result = self.submission.submit(&format!("sim-{i}"), body.as_bytes()).await;
+            // Named: a run with a child workflow runs two.
+            let workflow = Some(self.workflow.name());
+            let owner = sas_engine::Owner::anonymous();
+            let key = format!("sim-{i}");
+            let result = self.submission.submit_to(&owner, workflow, &key, body.as_bytes()).await;
             self.disarm();
             if let Ok(accepted) = result {
                 self.accepted.push(accepted.order_id);
@@ -1247,7 +1284,7 @@ impl Sim {
     /// A step is asked with the outputs of the steps it depends on, and of no other.
     fn check_outputs(&self, message: &Message, before: Option<&StateRecord>) {
         let (Message::Request(r), Some(record)) = (message, before) else { return };
-        let upstream = self.workflow_of_version(record.workflow_version).upstream(&r.step.name);
+        let upstream = self.workflow_of(record).upstream(&r.step.name);
         let stray: Vec<&String> =
             r.outputs.keys().filter(|k| !upstream.contains(k.as_str())).collect();
         assert!(
@@ -1410,7 +1447,7 @@ impl Sim {
     /// A step is started only once every step it depends on is passed, and undone only once
     /// every step that depends on it is settled.
     fn check_order_of_steps(&self, r: &StateRecord) {
-        let workflow = self.workflow_of_version(r.workflow_version);
+        let workflow = self.workflow_of(r);
         let status = |name: &str| r.steps.iter().find(|s| s.name == name);
         for (_, step, _) in r.leased() {
             let (ahead, broken) = match r.phase {
@@ -1860,7 +1897,7 @@ impl Sim {
         let seed = self.seed;
         let id = r.order_id;
         let now = self.clock.now();
-        let workflow = self.workflow_of_version(r.workflow_version);
+        let workflow = self.workflow_of(r);
         let stack = self.config.max_hold;
         let max_holds: Vec<Duration> = r
             .steps
@@ -2065,6 +2102,7 @@ impl Sim {
         self.check();
         self.check_announced();
         self.check_outcomes();
+        self.check_children();
         let settled = stopped.until(self.clock.now());
         self.tally.longest_settle = settled;
         self.tally.add(Fault::Crash, self.crashes.load(Ordering::Relaxed).into());
@@ -2112,6 +2150,58 @@ impl Sim {
     /// and nothing of earlier ones; compensated and cancelled ones undid every effect; each
     /// time an order reached Error it raised one distinct alert, and a cancelled order none of
     /// its own.
+    /// Every child's end matches its parent's: a step done has its child processed, a step
+    /// undone or failed has none left processed, and no child is in flight once its parent
+    /// ended.
+    fn check_children(&mut self) {
+        let seed = self.seed;
+        for r in self.memory.records() {
+            for s in r.steps.iter().filter(|s| s.child.is_some()) {
+                let id = s.child.unwrap();
+                let Some(child) = self.memory.peek(id) else {
+                    // Never started: its step must not be done.
+                    assert!(
+                        s.status != StepStatus::Done,
+                        "seed {seed}: {} has {} done without its child",
+                        r.order_id,
+                        s.name
+                    );
+                    continue;
+                };
+                self.tally.children += 1;
+                assert_eq!(
+                    child.parent.as_ref().map(|p| p.order_id),
+                    Some(r.order_id),
+                    "seed {seed}: {id} forgot its parent"
+                );
+                assert!(
+                    !r.is_terminal() || child.is_terminal(),
+                    "seed {seed}: child {id} is {:?} after its parent {} ended {:?}",
+                    child.process_state,
+                    r.order_id,
+                    r.process_state
+                );
+                let processed = child.process_state == ProcessState::Processed;
+                match s.status {
+                    StepStatus::Done => assert!(
+                        processed,
+                        "seed {seed}: {} has {} done, its child {id} {:?}",
+                        r.order_id, s.name, child.process_state
+                    ),
+                    StepStatus::Undone | StepStatus::Failed => assert!(
+                        !processed,
+                        "seed {seed}: {} has {} {:?}, its child {id} processed",
+                        r.order_id, s.name, s.status
+                    ),
+                    _ => {}
+                }
+                if s.status == StepStatus::Undone {
+                    self.tally.children_undone += 1;
+                }
+            }
+        }
+    }
+
     fn check_outcomes(&self) {
         let seed = self.seed;
         // Every service saw whole values: no reference passed on, every undo told what its
@@ -2156,9 +2246,13 @@ impl Sim {
                 ids.len(),
             );
             let key = |s: &sas_engine::state::StepState, d| step_key(id, &s.name, d, s.generation);
-            let workflow = self.workflow_of_version(r.workflow_version);
+            let workflow = self.workflow_of(&r);
             let answered = |s: &sas_engine::state::StepState| {
                 workflow.step_named(&s.name).is_some_and(|w| matches!(w.work, Work::Callback))
+            };
+            // A child step's effects are its child's, checked by `check_children`.
+            let child_step = |s: &sas_engine::state::StepState| {
+                workflow.step_named(&s.name).is_some_and(|w| matches!(w.work, Work::Child(_)))
             };
             let live_for = |step: &str| in_place.get(&(id, step.to_owned())).copied().unwrap_or(0);
             match r.process_state {
@@ -2168,7 +2262,7 @@ impl Sim {
                         r.steps.iter().any(|s| s.reported.is_some()),
                         "seed {seed}: {id} processed: an alert exactly when a failure was reported"
                     );
-                    for s in r.steps.iter().filter(|s| s.reported.is_some()) {
+                    for s in r.steps.iter().filter(|s| s.reported.is_some() && !child_step(s)) {
                         // Passed on a report: refused, it took no effect; left uncertain, it is
                         // in place at most once (checked throughout); done, it is kept.
                         let in_place = live_for(&s.name);
@@ -2212,7 +2306,10 @@ impl Sim {
                             s.name
                         );
                     }
-                    let calls = r.steps.iter().filter(|s| s.wake_at.is_none() && !answered(s));
+                    let calls = r
+                        .steps
+                        .iter()
+                        .filter(|s| s.wake_at.is_none() && !answered(s) && !child_step(s));
                     for s in calls.filter(|s| s.reported.is_none()) {
                         assert!(
                             applied(key(s, Direction::Do)),
@@ -2240,7 +2337,7 @@ impl Sim {
                             self.watch.lock().unwrap().refused.contains(&(id, step.clone()));
                         let by_party = workflow
                             .step_named(step)
-                            .is_some_and(|w| matches!(w.work, Work::Callback));
+                            .is_some_and(|w| matches!(w.work, Work::Callback | Work::Child(_)));
                         assert!(
                             by_service || by_party,
                             "seed {seed}: {id} stopped as refused by {step}, which its service never refused"
@@ -2255,7 +2352,7 @@ impl Sim {
                             "seed {seed}: {id} stopped by {step}, whose failures are only reported"
                         );
                     }
-                    for s in &r.steps {
+                    for s in r.steps.iter().filter(|s| !child_step(s)) {
                         if s.status == StepStatus::Undone {
                             assert!(
                                 applied(key(s, Direction::Undo)) || !applied(key(s, Direction::Do)),
@@ -2357,6 +2454,42 @@ fn next_version(seed: u64, first: &Workflow) -> Option<Workflow> {
     Some(Workflow::from_json(&json, &Workflow::agents_in(&json)).unwrap())
 }
 
+/// Whether the workflow a seed runs starts a child order: on two in five of the seeds that
+/// draw their workflow's shape.
+fn has_child(seed: u64) -> bool {
+    seed % 4 == 3 && SplitMix::seeded(seed ^ 0xc41d0).unit() < 0.4
+}
+
+/// The workflow of the child order a seed's workflow starts, if it starts one: one or two
+/// steps on the agents its parent calls, each with or without an undo.
+fn child_workflow(seed: u64) -> Option<Workflow> {
+    if !has_child(seed) {
+        return None;
+    }
+    let parent = workflow_json(seed);
+    let agents = Workflow::agents_in(&parent);
+    if agents.is_empty() {
+        return None;
+    }
+    let draw = SplitMix::seeded(seed ^ 0xc41d1);
+    let pick = |n: usize| ((draw.unit() * n as f64) as usize).min(n - 1);
+    let steps: Vec<serde_json::Value> = (0..1 + pick(2))
+        .map(|k| {
+            let mut step = serde_json::json!({
+                "name": format!("child-step-{k}"),
+                "agent": agents[pick(agents.len())].as_str(),
+                "budget_seconds": 5 + 5 * pick(6),
+            });
+            if draw.unit() < 0.7 {
+                step["compensation"] = serde_json::json!({"action": format!("child-undo-{k}")});
+            }
+            step
+        })
+        .collect();
+    let json = serde_json::json!({"name": format!("child-{seed}"), "steps": steps}).to_string();
+    Some(Workflow::from_json(&json, &agents).unwrap())
+}
+
 /// The JSON of the workflow a seed runs first (see [`workflow_of`]).
 fn workflow_json(seed: u64) -> String {
     match seed % 4 {
@@ -2398,7 +2531,21 @@ fn workflow_json(seed: u64) -> String {
                 })
                 .collect();
             let steps = with_callbacks(seed, with_waits(seed, with_dependencies(seed, steps)));
-            let steps = with_max_holds(seed, steps);
+            let mut steps = with_max_holds(seed, steps);
+            if has_child(seed) && steps.iter().any(|s| s.get("agent").is_some()) {
+                // Last, after the step above it: a child order of one or two steps, on the
+                // agents its parent calls.
+                let draw = SplitMix::seeded(seed ^ 0xc41d);
+                let mut step = serde_json::json!({
+                    "name": "step-child",
+                    "child": {"workflow": format!("child-{seed}"),
+                              "timeout_seconds": 60 + (draw.unit() * 600.0) as u64},
+                });
+                if draw.unit() < 0.3 {
+                    step["on_failure"] = "report".into();
+                }
+                steps.push(step);
+            }
             serde_json::json!({"name": format!("shape-{seed}"), "steps": steps}).to_string()
         }
     }
@@ -2711,11 +2858,13 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
             assert!(total.commands_refused > 0, "no operator command was ever refused");
             assert!(total.redriven_to_the_end > 0, "no redriven order was ever processed");
             assert!(total.undone > 0, "no processed order was ever undone");
+            assert!(total.children_undone > 0, "no child order was ever undone by its parent");
         }
         if faults.on(Fault::RemotePermanent) {
             assert!(total.processed_with_reports > 0, "no order went on past a reported failure");
         }
         assert!(total.ended_on_old_version > 0, "no order in flight at a deploy ever ended");
+        assert!(total.children > 0, "no child order was ever started");
         assert!(total.side_by_side > 0, "no two steps of an order were ever in flight at once");
         assert!(total.undone_side_by_side > 0, "no two undos of an order ran at once");
         assert!(total.waits_over > 0, "no wait was ever over");

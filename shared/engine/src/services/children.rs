@@ -82,7 +82,9 @@ where
         ))
     }
 
-    /// How `ended`'s child ended, as its parent's step takes it: `None` while it has not.
+    /// How `ended`'s child ended, as its parent's step takes it: `None` if it has not ended
+    /// for that lease of its parent's step (it was relinked to a later one since, or left its
+    /// end to be undone).
     pub async fn outcome_of_child(&self, ended: &ChildEnded) -> Result<Option<StepOutcome>> {
         let Some(child) = self.store.load(ended.child, Read::Consistent).await? else {
             return Err(Error::InvalidMessage(format!(
@@ -90,12 +92,14 @@ where
                 ended.child
             )));
         };
-        let parent_of = child.parent.as_ref().map(|p| p.order_id);
-        if parent_of != Some(ended.order_id) {
+        let Some(link) = child.parent.as_ref().filter(|p| p.order_id == ended.order_id) else {
             return Err(Error::InvalidMessage(format!(
                 "order {} is not a child of {}",
                 ended.child, ended.order_id
             )));
+        };
+        if link.attempt != ended.attempt || link.step.direction != ended.step.direction {
+            return Ok(None);
         }
         let why = |state: ProcessState| {
             let cause =

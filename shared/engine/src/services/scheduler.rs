@@ -10,7 +10,7 @@ use super::effects::Ports;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::load::WaitReporter;
-use crate::machine::{Decision, Input, Remedy, Transition, decide, remedy};
+use crate::machine::{Decision, Ignored, Input, Remedy, Transition, decide, remedy};
 use crate::message::{Message, StepReply};
 use crate::payload::NoPayloads;
 use crate::ports::{
@@ -85,11 +85,10 @@ where
             Message::Reply(reply) => self.on_reply(reply, message_id).await,
             Message::ChildEnded(ended) => {
                 let Some(outcome) = self.ports.outcome_of_child(ended).await? else {
-                    // A child says it ended only once it has: this one is forged or misrouted.
-                    return Err(Error::InvalidMessage(format!(
-                        "child order {} has not ended",
-                        ended.child
-                    )));
+                    // Word of an end the child has left since (its parent undoes it now, and
+                    // it will say again how that ends): late, and nothing to act on.
+                    let why = Ignored::Stale { received: ended.attempt, current: ended.attempt };
+                    return Ok(Handled::Ignored(why));
                 };
                 let input = Input::Reply {
                     attempt: ended.attempt,
