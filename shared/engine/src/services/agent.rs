@@ -252,26 +252,14 @@ where
     /// The call `request` asks for, with every stored value it carries read back.
     async fn call_for(&self, request: &StepRequest, deadline: Timestamp) -> Result<RemoteCall> {
         let id = request.order_id;
-        if mutants::on(Mutant::StoredValuesUnread) {
-            return Ok(RemoteCall {
-                order_id: id,
-                action: request.action.clone(),
-                direction: request.step.direction,
-                idempotency_key: request.idempotency_key.clone(),
-                order: request.order.clone(),
-                input: request.input.clone(),
-                outputs: request.outputs.clone(),
-                deadline,
-            });
-        }
-        let order = Order(payload::resolve(&self.payloads, id, request.order.input()).await?);
+        let order = Order(self.whole(id, request.order.input()).await?);
         let input = match &request.input {
-            Some(value) => Some(payload::resolve(&self.payloads, id, value).await?),
+            Some(value) => Some(self.whole(id, value).await?),
             None => None,
         };
         let mut outputs = request.outputs.clone();
         for value in outputs.values_mut() {
-            *value = payload::resolve(&self.payloads, id, value).await?;
+            *value = self.whole(id, value).await?;
         }
         Ok(RemoteCall {
             order_id: id,
@@ -283,6 +271,14 @@ where
             outputs,
             deadline,
         })
+    }
+
+    /// The value `value` of order `id` stands for, read back if it is stored.
+    async fn whole(&self, id: OrderId, value: &serde_json::Value) -> Result<serde_json::Value> {
+        if mutants::on(Mutant::StoredValuesUnread) {
+            return Ok(value.clone());
+        }
+        payload::resolve(&self.payloads, id, value).await
     }
 
     /// The outcome of a call that answered `output`: carried as it is, stored and referred

@@ -41,29 +41,23 @@ where
     /// The child of `parent`'s step `index`, brought in line with the step's lease: started
     /// for a step, undone (or cancelled) for its undo. Returns what to send.
     pub(super) async fn child(&self, parent: &StateRecord, index: usize) -> Result<Vec<Outgoing>> {
-        let link = link(parent, index)?;
-        let child = OrderId::for_child(parent.order_id, &link.step.name, generation(parent, index));
+        let (link, child) = link(parent, index)?;
         match link.step.direction {
             Direction::Do => self.start_child(parent, index, child, link).await,
             Direction::Undo => {
-                if self.store.load(child, Read::Consistent).await?.is_none() {
-                    // Never started: nothing to undo, and the undo is done.
-                    return Ok(vec![reply(&link, StepOutcome::Done { output: Value::Null })]);
+                if self.drive(child, Input::ParentUndo { parent: &link }).await? {
+                    return Ok(Vec::new());
                 }
-                self.drive(child, Input::ParentUndo { parent: &link }).await?;
-                Ok(Vec::new())
+                // Never started: nothing to undo, and the undo is done.
+                Ok(vec![reply(&link, StepOutcome::Done { output: Value::Null })])
             }
         }
     }
 
     /// Cancels the child of `parent`'s step `index`, in flight while its parent stops.
     pub(super) async fn stop_child(&self, parent: &StateRecord, index: usize) -> Result<()> {
-        let link = link(parent, index)?;
-        let child = OrderId::for_child(parent.order_id, &link.step.name, generation(parent, index));
-        if self.store.load(child, Read::Consistent).await?.is_none() {
-            return Ok(());
-        }
-        self.drive(child, Input::ParentStop { parent: &link }).await
+        let (link, child) = link(parent, index)?;
+        self.drive(child, Input::ParentStop { parent: &link }).await.map(|_| ())
     }
 
     /// Word to the parent of `child`, which has ended.
@@ -164,7 +158,7 @@ where
                 });
             }
         };
-        let order = self.order_record_of(parent).await?;
+        let order = self.order_of(parent).await?;
         let input = match self.child_input(parent, &order, &spec).await? {
             Ok(input) => input,
             Err(why) => return Ok(vec![reply(&link, StepOutcome::failed(&why))]),
@@ -199,7 +193,7 @@ where
                     return Ok(vec![reply(&link, StepOutcome::failed(&why))]);
                 }
             };
-        let run = generation(parent, index);
+        let run = parent.steps[index].generation;
         let key = IdempotencyKey::parse(&format!("child-{}-{index}-{run}", parent.order_id))
             .map_err(Error::from)?;
         let record = OrderRecord {
@@ -253,33 +247,27 @@ where
         Ok(root.pointer(&pointer).cloned().ok_or_else(|| format!("no input at {}", spec.input)))
     }
 
-    async fn order_record_of(&self, record: &StateRecord) -> Result<OrderRecord> {
-        if let Some(order) = self.store.load_order(record.order_id, Read::Consistent).await? {
-            return Ok(order);
-        }
-        Err(Error::Corrupt {
-            order_id: record.order_id,
-            reason: "state record without its order".into(),
-        })
-    }
-
     /// Decides `input` on order `id` and carries out what it decides, as often as other
-    /// writers make it necessary.
-    async fn drive(&self, id: OrderId, input: Input<'_>) -> Result<()> {
+    /// writers make it necessary; `false` if there is no such order.
+    async fn drive(&self, id: OrderId, input: Input<'_>) -> Result<bool> {
         for _ in 0..CHILD_TRIES {
-            let Some(record) = self.store.load(id, Read::Consistent).await? else { return Ok(()) };
+            let Some(record) = self.store.load(id, Read::Consistent).await? else {
+                return Ok(false);
+            };
             match machine::decide(&record, input, &self.ctx(&record)?) {
                 Decision::Apply(t) => {
                     if self.save(&record, &t.next).await? == Saved::Saved {
-                        return Box::pin(self.perform(&t.next, &t.effects)).await;
+                        Box::pin(self.perform(&t.next, &t.effects)).await?;
+                        return Ok(true);
                     }
                 }
                 Decision::Replay(effects) => {
-                    return Box::pin(self.perform(&record, &effects)).await;
+                    Box::pin(self.perform(&record, &effects)).await?;
+                    return Ok(true);
                 }
                 other => {
                     warn!(order_id = %id, ?other, "a parent's word changed nothing of its child");
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         }
@@ -290,24 +278,24 @@ where
     }
 }
 
-/// The link a child keeps to `parent`'s step `index`, as its lease stands.
-fn link(parent: &StateRecord, index: usize) -> Result<Parent> {
-    let state = parent.steps.get(index);
-    let lease = state.and_then(|s| s.sent().copied()).ok_or_else(|| Error::Corrupt {
-        order_id: parent.order_id,
-        reason: format!("child of step {index}, whose lease was not sent"),
-    })?;
-    let state = state.expect("checked above");
-    Ok(Parent {
+/// The link a child keeps to `parent`'s step `index`, as its lease stands, and the child's id
+/// for the step's run.
+fn link(parent: &StateRecord, index: usize) -> Result<(Parent, OrderId)> {
+    let (state, lease) =
+        parent.steps.get(index).and_then(|s| Some((s, *s.sent()?))).ok_or_else(|| {
+            Error::Corrupt {
+                order_id: parent.order_id,
+                reason: format!("child of step {index}, whose lease was not sent"),
+            }
+        })?;
+    let child = OrderId::for_child(parent.order_id, &state.name, state.generation);
+    let link = Parent {
         order_id: parent.order_id,
         step: StepRef { index, name: state.name.clone(), direction: state.direction() },
         attempt: lease.attempt,
         correlation_id: parent.correlation_id.clone(),
-    })
-}
-
-fn generation(parent: &StateRecord, index: usize) -> u32 {
-    parent.steps.get(index).map_or(0, |s| s.generation)
+    };
+    Ok((link, child))
 }
 
 /// An answer to the parent's step that no child gave: a start that could not be made, an undo

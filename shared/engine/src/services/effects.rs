@@ -229,7 +229,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
     }
 
     /// The order `record` is the state of.
-    async fn order_of(&self, record: &StateRecord) -> Result<OrderRecord> {
+    pub(super) async fn order_of(&self, record: &StateRecord) -> Result<OrderRecord> {
         // An order never changes once written, so any copy found is the copy; only one written
         // a moment ago can be missed by the cheaper read.
         if let Some(order) = self.store.load_order(record.order_id, Read::Eventual).await? {
