@@ -305,7 +305,7 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     }
     let claim = |a| Input::Claim { attempt: a, owner: "s", message: "m-claim" };
     let reply = |a, i: usize, name: &str, d, outcome| {
-        (a, StepRef { index: i, name: name.into(), direction: d }, outcome)
+        (a, StepRef { index: i, name: name.into(), direction: d, element: None }, outcome)
     };
     let done = StepOutcome::done(serde_json::json!({"ref": "r"}));
     let refused = StepOutcome::failed("refused");

@@ -1110,6 +1110,83 @@ async fn a_parent_with_two_children_ends_with_them_and_a_cancel_stops_its_child_
     assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
 }
 
+/// A parent that reserves the stock and ships each parcel of its input by a child order of
+/// its own, at most 20 at once, one in ten of them allowed to be refused.
+fn fan() -> String {
+    let parcel = json!({"name": "dispatch-parcel",
+        "input_schema": {"type": "object", "required": ["parcel"]},
+        "steps": [{"name": "ship", "agent": "shipping", "budget_seconds": 10,
+                   "compensation": {"action": "recall-parcel", "budget_seconds": 10}}]});
+    let parent = json!({"name": "ship-all", "steps": [
+        {"name": "reserve-inventory", "agent": "inventory", "budget_seconds": 10,
+         "compensation": {"action": "release-inventory", "budget_seconds": 10}},
+        {"name": "ship-each", "each": {"items": "/input/parcels", "workflow": "dispatch-parcel",
+         "max_concurrency": 20, "tolerance": {"share": 0.1}, "timeout_seconds": 600}}]});
+    json!([parcel, parent]).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_over_two_hundred_parcels_ships_each_by_a_child_within_its_tolerance() {
+    let _turn = TURN.lock().await;
+    // The carrier refuses about one parcel in twenty-five, for good.
+    let faults = json!({"default": {"latency_ms": 20},
+        "actions": {"ship": {"permanent_rate": 0.04, "seed": 7}}})
+    .to_string();
+    let workflows = fan();
+    let setup = Setup { workflow: &workflows, ..Setup::default() };
+    let stack = start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-fan", &faults, 2, &[], setup).await;
+    let http = reqwest::Client::new();
+    let parcels: Vec<Value> =
+        (0..200).map(|k| json!({"parcel": format!("p-{k}"), "kg": 1 + k % 7})).collect();
+    let input = json!({"parcels": parcels}).to_string();
+    let (status, body) = submit_to(&http, &stack, Some("ship-all"), "fan-1", &input).await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["order_id"].as_str().unwrap().to_owned();
+    let terminal = ["Processed", "Error", "Cancelled"];
+    let states = wait_for(&http, &stack, std::slice::from_ref(&id), &terminal, 300).await;
+    let parent = operator_view(&stack, &id);
+    assert_eq!(states[&id], "Processed", "{parent}");
+    let fan = &parent["steps"][1]["fan"];
+    let (ok, failed) = (fan["forward"]["ok"].as_u64().unwrap(), fan["forward"]["failed"].as_u64());
+    assert_eq!(fan["items"], 200, "{fan}");
+    assert_eq!(ok + failed.unwrap_or(0), 200, "{fan}");
+    assert!(failed.is_some_and(|f| (1..=20).contains(&f)), "the carrier refused none: {fan}");
+
+    // The output is every parcel's answer, in order, a gap where the carrier refused.
+    let request = http.get(format!("{}/orders/{id}?values=whole", stack.api_url));
+    let whole: Value =
+        signer(EXECUTE_API).send(&http, request).await.unwrap().json().await.unwrap();
+    let list = whole["steps"][1]["output"].as_array().unwrap().clone();
+    assert_eq!(list.len(), 200);
+    let ledger_now = ledger(&http, &stack).await;
+    let mut shipped = 0;
+    for (k, answer) in list.iter().enumerate() {
+        let child = sas_engine::OrderId::for_element(id.parse().unwrap(), "ship-each", 0, k as u32);
+        let child = child.to_string();
+        let of_child = effects(&ledger_now, &child);
+        if answer.is_null() {
+            assert!(of_child.is_empty(), "parcel {k} refused, yet {of_child:?}");
+            continue;
+        }
+        shipped += 1;
+        assert_eq!(of_child, ["ship"], "parcel {k}");
+        assert_eq!(answer["ship"]["ref"].as_str().map(|r| r.starts_with("ship")), Some(true));
+        if k == 7 {
+            let view = operator_view(&stack, &child);
+            assert_eq!(view["parent"]["order_id"], id.as_str(), "{view}");
+            assert_eq!(view["parent"]["element"], 7, "{view}");
+        }
+    }
+    assert_eq!(shipped, ok);
+    let shown = text(&sas(&stack, &["show", &id]));
+    assert!(
+        shown.contains(&format!("200 elements: 200 started, 0 running, {ok} processed")),
+        "{shown}"
+    );
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workflows_run_side_by_side_one_of_them_on_a_rust_agent_that_calls_dynamodb_and_s3() {
     let _turn = TURN.lock().await;

@@ -115,8 +115,12 @@ pub fn order(view: &Value) -> String {
         out.push_str(&format!("ended     {ended}\n"));
     }
     if let Some(parent) = view.get("parent") {
+        let element = match parent.get("element").and_then(Value::as_u64) {
+            Some(k) => format!(", element {k}"),
+            None => String::new(),
+        };
         out.push_str(&format!(
-            "parent    {} (its step {})\n",
+            "parent    {} (its step {}{element})\n",
             cell(parent, "order_id"),
             cell(parent, "step")
         ));
@@ -166,6 +170,7 @@ pub fn order(view: &Value) -> String {
                 lease(s),
                 if generation > 0 { format!("run {}", generation + 1) } else { String::new() },
                 match (s.get("child").and_then(Value::as_str), s.get("detail")) {
+                    _ if s.get("fan").is_some() => fan(s),
                     (Some(child), Some(detail)) => {
                         format!("child {child}: {}", detail.as_str().unwrap_or_default())
                     }
@@ -276,6 +281,35 @@ fn describe_cause(cause: &Value, view: &Value) -> String {
 
 fn list<'a>(value: &'a Value, key: &str) -> &'a [Value] {
     value.get(key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+/// How far a step over a list went: its children forward (and back, once it is undone), then
+/// its detail.
+fn fan(step: &Value) -> String {
+    let fan = &step["fan"];
+    let count = |w: &Value, key: &str| w.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let pass = |w: &Value, ok: &str, failed: &str| {
+        let running = w.get("running").and_then(Value::as_array).map_or(0, Vec::len);
+        format!(
+            "{} started, {running} running, {} {ok}, {} {failed}",
+            count(w, "next"),
+            count(w, "ok"),
+            count(w, "failed")
+        )
+    };
+    let mut out = match fan.get("items").and_then(Value::as_u64) {
+        Some(items) => {
+            format!("{items} elements: {}", pass(&fan["forward"], "processed", "failed"))
+        }
+        None => "reading its list".to_owned(),
+    };
+    if let Some(back) = fan.get("back") {
+        out.push_str(&format!("; undo: {}", pass(back, "undone", "not undone")));
+    }
+    if let Some(detail) = step.get("detail").and_then(Value::as_str) {
+        out.push_str(&format!(" ({detail})"));
+    }
+    out
 }
 
 #[cfg(test)]

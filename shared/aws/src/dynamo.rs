@@ -45,7 +45,9 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure,
+};
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
     OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
@@ -57,6 +59,10 @@ use serde_json::Value;
 use crate::errors::classify;
 
 const SERVICE: &str = "dynamodb";
+/// Most keys one `BatchGetItem` reads.
+const BATCH_GET: usize = 100;
+/// Calls one batch of keys may take while DynamoDB leaves some unread.
+const BATCH_GET_ROUNDS: u32 = 6;
 /// Name of the expiry index; the template defines it with the same name.
 pub const EXPIRY_INDEX: &str = "ByCompleteBy";
 /// Name of the index of orders needing an operator.
@@ -144,6 +150,67 @@ impl StateStore for DynamoStore {
             .await
             .map_err(|e| classify(SERVICE, e))?;
         out.item.map(|item| order_from_item(id, &item)).transpose()
+    }
+
+    async fn load_many(&self, ids: &[OrderId], read: Read) -> Result<Vec<Option<StateRecord>>> {
+        let mut found: HashMap<OrderId, StateRecord> = HashMap::new();
+        for batch in ids.chunks(BATCH_GET) {
+            let mut keys: Vec<HashMap<String, AttributeValue>> = batch
+                .iter()
+                .map(|id| {
+                    HashMap::from([("OrderId".to_owned(), AttributeValue::S(id.to_string()))])
+                })
+                .collect();
+            // DynamoDB may leave keys unread under load; they are asked for again, a while
+            // later each time, and a batch it keeps refusing is unavailable for now.
+            for round in 0..BATCH_GET_ROUNDS {
+                if keys.is_empty() {
+                    break;
+                }
+                if round > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(50 << round)).await;
+                }
+                let request = KeysAndAttributes::builder()
+                    .set_keys(Some(std::mem::take(&mut keys)))
+                    .consistent_read(read == Read::Consistent)
+                    .build()
+                    .map_err(|e| Error::unavailable(SERVICE, e.to_string()))?;
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.state_table, request)
+                    .send()
+                    .await
+                    .map_err(|e| classify(SERVICE, e))?;
+                for item in
+                    out.responses.unwrap_or_default().remove(&self.state_table).unwrap_or_default()
+                {
+                    let id = item
+                        .get("OrderId")
+                        .and_then(|v| v.as_s().ok())
+                        .and_then(|s| s.parse::<OrderId>().ok())
+                        .ok_or_else(|| {
+                            Error::unavailable(
+                                SERVICE,
+                                "a batch read returned an item without its key",
+                            )
+                        })?;
+                    found.insert(id, state_from_item(id, &item)?);
+                }
+                keys = out
+                    .unprocessed_keys
+                    .and_then(|mut u| u.remove(&self.state_table))
+                    .map(|k| k.keys)
+                    .unwrap_or_default();
+            }
+            if !keys.is_empty() {
+                return Err(Error::unavailable(
+                    SERVICE,
+                    format!("{} keys were left unread {BATCH_GET_ROUNDS} times", keys.len()),
+                ));
+            }
+        }
+        Ok(ids.iter().map(|id| found.remove(id)).collect())
     }
 
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {

@@ -51,6 +51,13 @@ impl OrderId {
         OrderId(Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes()))
     }
 
+    /// The id of the child order that step `step` of `parent` starts for element `element` of
+    /// its list in its run `generation`.
+    pub fn for_element(parent: OrderId, step: &str, generation: u32, element: u32) -> Self {
+        let name = format!("element\0{parent}\0{step}\0{generation}\0{element}");
+        OrderId(Uuid::new_v5(&ORDER_NAMESPACE, name.as_bytes()))
+    }
+
     pub fn from_uuid(id: Uuid) -> Self {
         OrderId(id)
     }

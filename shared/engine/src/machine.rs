@@ -136,6 +136,7 @@ use crate::workflow::{OnFailure, Wait, Work, Workflow};
 mod answers;
 mod commands;
 mod compensation;
+mod fanout;
 mod holds;
 mod leases;
 mod replies;
@@ -143,6 +144,7 @@ mod replies;
 use answers::*;
 use commands::*;
 use compensation::*;
+use fanout::*;
 use holds::*;
 use leases::*;
 use replies::*;
@@ -187,6 +189,9 @@ pub enum Input<'a> {
     /// The parent of this child order stops while the child is in flight: the child is
     /// cancelled, and its end still answers the parent's step.
     ParentStop { parent: &'a Parent },
+    /// The list of step `step` (sent at `attempt`) was read: its length, or why it cannot be
+    /// run.
+    Counted { attempt: u64, step: usize, items: Result<u32, &'a str> },
     /// An answer to step `step`, which waits for a callback: from the party outside, bearing
     /// the token it was given, or from an operator on its behalf (`token` `None`).
     Answer {
@@ -236,8 +241,18 @@ pub enum Effect {
     /// Bring the child order of step `step` in line with its lease: started, for a step; undone
     /// (or cancelled, if still in flight), for its undo.
     Child { step: usize },
-    /// Cancel the child order of step `step`, in flight while its parent stops.
+    /// Cancel the child order of step `step` (for a step over a list, each child in flight),
+    /// in flight while its parent stops.
     StopChild { step: usize },
+    /// Read the list of step `step`, just sent, and decide its length ([`Input::Counted`]).
+    Count { step: usize },
+    /// Bring the children of these elements of step `step`'s list in line with its lease:
+    /// started, for the step; undone (or cancelled, if still in flight), for its undo. An undo
+    /// with no element answers at once: nothing of the list was started.
+    Elements { step: usize, elements: Vec<u32> },
+    /// Read the outputs of step `step`'s children, every element ended, and reply with their
+    /// list as the step's output.
+    Collect { step: usize },
     /// Tell the parent of this child order how it ended.
     TellParent,
 }
@@ -390,7 +405,8 @@ pub fn remedy(input: &Input<'_>) -> Remedy {
         | Input::Command { .. }
         | Input::Answer { .. }
         | Input::ParentUndo { .. }
-        | Input::ParentStop { .. } => Remedy::Report,
+        | Input::ParentStop { .. }
+        | Input::Counted { .. } => Remedy::Report,
     }
 }
 
@@ -505,6 +521,12 @@ pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision
     if let Input::ParentStop { parent } = input {
         return parent_stop(record, parent, ctx);
     }
+    if let Input::Counted { attempt, step, items } = input {
+        if !record.process_state.is_in_flight() {
+            return Decision::Ignore(Ignored::Terminal);
+        }
+        return counted(record, attempt, step, items, ctx);
+    }
     react(record, input, ctx)
 }
 
@@ -572,7 +594,8 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             Input::Command { .. }
             | Input::Answer { .. }
             | Input::ParentUndo { .. }
-            | Input::ParentStop { .. },
+            | Input::ParentStop { .. }
+            | Input::Counted { .. },
         ) => unreachable_command(record),
     }
 }

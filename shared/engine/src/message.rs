@@ -81,6 +81,9 @@ pub struct StepRef {
     pub index: usize,
     pub name: String,
     pub direction: Direction,
+    /// For a step over a list: the element whose child this is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<u32>,
 }
 
 /// "Perform this action before CompleteBy": sent by the scheduler to an agent.

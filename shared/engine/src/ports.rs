@@ -137,6 +137,22 @@ pub trait StateStore: Send + Sync {
         read: Read,
     ) -> impl Future<Output = Result<Option<OrderRecord>>> + Send;
 
+    /// Reads many state records at once, each as [`StateStore::load`] would, in the order of
+    /// `ids`. A store that can read a batch in one call does (DynamoDB: 100 a call).
+    fn load_many(
+        &self,
+        ids: &[OrderId],
+        read: Read,
+    ) -> impl Future<Output = Result<Vec<Option<StateRecord>>>> + Send {
+        async move {
+            let mut records = Vec::with_capacity(ids.len());
+            for &id in ids {
+                records.push(self.load(id, read).await?);
+            }
+            Ok(records)
+        }
+    }
+
     /// Replaces a state record if, and only if, it is still as `expected`. A record
     /// [`check_write`] refuses (its revision must be `expected.revision + 1`) is an error, and
     /// nothing is written.
@@ -595,6 +611,13 @@ impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
         read: Read,
     ) -> impl Future<Output = Result<Option<OrderRecord>>> + Send {
         (**self).load_order(id, read)
+    }
+    fn load_many(
+        &self,
+        ids: &[OrderId],
+        read: Read,
+    ) -> impl Future<Output = Result<Vec<Option<StateRecord>>>> + Send {
+        (**self).load_many(ids, read)
     }
     fn save(
         &self,

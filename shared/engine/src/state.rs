@@ -205,6 +205,45 @@ pub struct StepState {
     /// For a step that starts a child order: the child's id, once it was sent to start it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<OrderId>,
+    /// For a step over a list: how far its children went, as counts (element `k`'s child is
+    /// [`OrderId::for_element`]), so that a list of thousands never reaches the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan: Option<FanState>,
+}
+
+/// How far a step over a list went in its current run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FanState {
+    /// How many elements the list has, once read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<u32>,
+    /// Its children: started over the list's elements in order.
+    pub forward: Window,
+    /// Their undo, over the children started, in order; empty until the step is undone.
+    #[serde(default, skip_serializing_if = "Window::is_empty")]
+    pub back: Window,
+}
+
+/// A pass over elements `0..` in order, a few at a time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    /// The elements before this one were started.
+    pub next: u32,
+    /// Started and not ended, in the order they were started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<u32>,
+    /// Ended well: processed, or undone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ok: u32,
+    /// Ended otherwise: failed, or their undo failed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: u32,
+}
+
+impl Window {
+    pub fn is_empty(&self) -> bool {
+        *self == Window::default()
+    }
 }
 
 /// A step kept back by its service's hold.
@@ -303,6 +342,7 @@ impl StepState {
             answer_by: None,
             held: None,
             child: None,
+            fan: None,
         }
     }
 

@@ -37,6 +37,12 @@ pub const MIN_HOLD: Duration = Duration::from_secs(60);
 pub const MAX_HOLD: Duration = Duration::from_secs(24 * 3600);
 /// The longest a step may wait for a time: a year and a day.
 pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Most elements a step may run a child for ([`Fan`]): the parent's record holds only counts,
+/// but the list of their outputs is one stored value.
+pub const MAX_ELEMENTS: u32 = 10_000;
+/// Most elements of one step in flight at once: each running element is one number on the
+/// parent's record, and one more writer of it.
+pub const MAX_CONCURRENCY: u32 = 100;
 
 /// A loaded, validated workflow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,7 +147,43 @@ pub struct Child {
     pub version: Option<u32>,
     /// Where its input is, as a JSON pointer into `{"input": <the order's input>, "outputs":
     /// {<step>: <its output>}}`: `/input` (the default), `/input/tenant`, `/outputs/<step>/id`.
+    /// For a step over a list, where the list is: each element is one child's input.
     pub input: String,
+    /// `Some` for a step that starts one child per element of the list at `input`.
+    pub fan: Option<Fan>,
+}
+
+/// How a step runs a child for each element of a list: its output is the list of the
+/// children's outputs, in order (`null` for an element that failed within the tolerance);
+/// its undo undoes every child that was processed, and only those.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fan {
+    /// Most children in flight at once, forward and while undoing.
+    pub max_concurrency: u32,
+    /// How many elements may fail before the step does.
+    pub tolerance: Tolerance,
+}
+
+impl Eq for Fan {}
+
+/// How many elements of a list may fail before the step over it fails.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Tolerance {
+    /// This many.
+    Count(u32),
+    /// This share of the elements (0 to 1), rounded down.
+    Share(f64),
+}
+
+impl Tolerance {
+    /// The failures a list of `items` elements tolerates.
+    pub fn allows(self, items: u32) -> u32 {
+        match self {
+            Tolerance::Count(n) => n,
+            // Within 0..=1 (checked at load), so the product fits.
+            Tolerance::Share(share) => (share * f64::from(items)).floor() as u32,
+        }
+    }
 }
 
 /// How long a waiting step waits.
@@ -239,6 +281,8 @@ struct StepSpec {
     #[serde(default)]
     child: Option<ChildSpec>,
     #[serde(default)]
+    each: Option<EachSpec>,
+    #[serde(default)]
     budget_seconds: Option<u64>,
     #[serde(default)]
     compensation: Option<CompensationSpec>,
@@ -279,6 +323,26 @@ struct ChildSpec {
     #[serde(default)]
     input: Option<String>,
     timeout_seconds: u64,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct EachSpec {
+    items: String,
+    workflow: String,
+    #[serde(default)]
+    version: Option<u32>,
+    max_concurrency: u32,
+    #[serde(default)]
+    tolerance: Option<ToleranceSpec>,
+    timeout_seconds: u64,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum ToleranceSpec {
+    Count(u32),
+    Share(f64),
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -486,23 +550,27 @@ impl Workflow {
 /// before it in the file, which it depends on unless it names its own dependencies.
 fn step_of(s: &StepSpec, agents: &[AgentName], above: Option<String>) -> Result<Step, String> {
     check_name(&s.name).map_err(|e| format!("step name {e}"))?;
-    let (work, budget) = match (&s.agent, &s.wait, &s.callback, &s.child) {
-        (Some(agent), None, None, None) => {
+    let (work, budget) = match (&s.agent, &s.wait, &s.callback, &s.child, &s.each) {
+        (Some(agent), None, None, None, None) => {
             let budget =
                 parse_budget(s.budget_seconds).map_err(|e| format!("step {:?}: {e}", s.name))?;
             (Work::Agent(agent_of(&s.name, agent, agents)?), budget)
         }
-        (None, Some(wait), None, None) => (Work::Wait(wait_of(s, wait)?), DEFAULT_BUDGET),
-        (None, None, Some(callback), None) => {
+        (None, Some(wait), None, None, None) => (Work::Wait(wait_of(s, wait)?), DEFAULT_BUDGET),
+        (None, None, Some(callback), None, None) => {
             (Work::Callback, timeout_of(s, "callback", callback.timeout_seconds)?)
         }
-        (None, None, None, Some(child)) => {
+        (None, None, None, Some(child), None) => {
             let timeout = timeout_of(s, "child", child.timeout_seconds)?;
             (Work::Child(child_of(s, child)?), timeout)
         }
+        (None, None, None, None, Some(each)) => {
+            let timeout = timeout_of(s, "each", each.timeout_seconds)?;
+            (Work::Child(each_of(s, each)?), timeout)
+        }
         _ => {
             return Err(format!(
-                "step {:?} needs one of an agent, a wait, a callback or a child",
+                "step {:?} needs one of an agent, a wait, a callback, a child or an each",
                 s.name
             ));
         }
@@ -623,25 +691,66 @@ fn timeout_of(s: &StepSpec, what: &str, seconds: u64) -> Result<Duration, String
 /// A child step's order: its workflow's name (whether it is deployed is the catalogue's to
 /// say), and where its input is.
 fn child_of(s: &StepSpec, child: &ChildSpec) -> Result<Child, String> {
-    check_name(&child.workflow).map_err(|e| format!("step {:?}: child.workflow {e}", s.name))?;
     let input = child.input.clone().unwrap_or_else(|| "/input".to_owned());
-    let root = input.split('/').nth(1).unwrap_or_default();
-    let valid = input.starts_with('/')
+    let (workflow, version) = started(s, "child", &child.workflow, child.version)?;
+    check_pointer(s, "child.input", &input)?;
+    Ok(Child { workflow, version, input, fan: None })
+}
+
+/// A step over a list: a child of `each.workflow` for each element at `each.items`.
+fn each_of(s: &StepSpec, each: &EachSpec) -> Result<Child, String> {
+    let (workflow, version) = started(s, "each", &each.workflow, each.version)?;
+    check_pointer(s, "each.items", &each.items)?;
+    if !(1..=MAX_CONCURRENCY).contains(&each.max_concurrency) {
+        return Err(format!(
+            "step {:?}: each.max_concurrency must be from 1 to {MAX_CONCURRENCY}",
+            s.name
+        ));
+    }
+    let tolerance = match each.tolerance {
+        None => Tolerance::Count(0),
+        Some(ToleranceSpec::Count(n)) => Tolerance::Count(n),
+        Some(ToleranceSpec::Share(x)) if (0.0..=1.0).contains(&x) => Tolerance::Share(x),
+        Some(ToleranceSpec::Share(_)) => {
+            return Err(format!("step {:?}: each.tolerance.share must be from 0 to 1", s.name));
+        }
+    };
+    let fan = Fan { max_concurrency: each.max_concurrency, tolerance };
+    Ok(Child { workflow, version, input: each.items.clone(), fan: Some(fan) })
+}
+
+/// The workflow (and version) a step of kind `what` starts, checked as far as a file can be
+/// alone: whether it is deployed is the catalogue's to say.
+fn started(
+    s: &StepSpec,
+    what: &str,
+    workflow: &str,
+    version: Option<u32>,
+) -> Result<(String, Option<u32>), String> {
+    check_name(workflow).map_err(|e| format!("step {:?}: {what}.workflow {e}", s.name))?;
+    if version == Some(0) {
+        return Err(format!("step {:?}: {what}.version starts at 1", s.name));
+    }
+    Ok((workflow.to_owned(), version))
+}
+
+/// Checks that `pointer` (the field `field`) is a JSON pointer under `/input` or
+/// `/outputs/<step>`.
+fn check_pointer(s: &StepSpec, field: &str, pointer: &str) -> Result<(), String> {
+    let root = pointer.split('/').nth(1).unwrap_or_default();
+    let valid = pointer.starts_with('/')
         && match root {
             "input" => true,
-            "outputs" => input.split('/').nth(2).is_some_and(|step| !step.is_empty()),
+            "outputs" => pointer.split('/').nth(2).is_some_and(|step| !step.is_empty()),
             _ => false,
         };
     if !valid {
         return Err(format!(
-            "step {:?}: child.input must be a JSON pointer under /input or /outputs/<step>, not {input:?}",
+            "step {:?}: {field} must be a JSON pointer under /input or /outputs/<step>, not {pointer:?}",
             s.name
         ));
     }
-    if child.version == Some(0) {
-        return Err(format!("step {:?}: child.version starts at 1", s.name));
-    }
-    Ok(Child { workflow: child.workflow.clone(), version: child.version, input })
+    Ok(())
 }
 
 /// `steps` in an order that runs every step after the steps it depends on, keeping the file's

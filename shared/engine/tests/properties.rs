@@ -917,7 +917,7 @@ proptest! {
         let Ok(record) = serde_json::from_value::<StateRecord>(body) else { return Ok(()) };
         let sound = record.check();
         let ctx = Ctx { now: Timestamp::from_millis(t0.as_millis() + now_offset), config: &config, workflow, seed: 0 };
-        let step = StepRef { index: 0, name: "reserve-inventory".into(), direction: sas_engine::ids::Direction::Do };
+        let step = StepRef { index: 0, name: "reserve-inventory".into(), direction: sas_engine::ids::Direction::Do, element: None };
         let outcome = StepOutcome::done(json!({"ref": "r"}));
         for input in [
             Input::Claim { attempt, owner: "s", message: "m" },

@@ -283,7 +283,12 @@ impl AgentBench {
             order_id,
             attempt: 4,
             correlation_id: "corr".into(),
-            step: StepRef { index: 1, name: "charge-payment".into(), direction: Direction::Do },
+            step: StepRef {
+                index: 1,
+                name: "charge-payment".into(),
+                direction: Direction::Do,
+                element: None,
+            },
             action: "charge-payment".into(),
             complete_by: self.clock.now().plus(budget),
             idempotency_key: step_key(order_id, "charge-payment", Direction::Do, 0),

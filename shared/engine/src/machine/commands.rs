@@ -194,6 +194,7 @@ pub(super) fn redrive(
             StepStatus::Undone | StepStatus::Failed => {
                 s.generation += 1;
                 s.dispatched = false;
+                s.fan = None;
             }
             StepStatus::Uncertain if mutants::on(Mutant::NewKeysForUncertainSteps) => {
                 s.generation += 1;

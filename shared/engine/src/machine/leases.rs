@@ -180,6 +180,10 @@ pub(super) fn dispatch(
     ctx: &Ctx<'_>,
     effects: &mut Vec<Effect>,
 ) {
+    if let Some(fan) = fan_of(ctx, &next.steps[i]) {
+        send(next, i, complete_by);
+        return open(next, i, fan, ctx, effects);
+    }
     if starts_child(ctx, &next.steps[i]) {
         send(next, i, complete_by);
         let state = &next.steps[i];
@@ -301,6 +305,20 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
     if lease.held {
         return held_too_long(next, i, ctx);
     }
+    let child_step =
+        ctx.workflow.step_named(&next.steps[i].name).filter(|s| matches!(s.work, Work::Child(_)));
+    if let Some(step) = child_step
+        && next.steps[i].direction() == Direction::Undo
+    {
+        // Its children end on their own (each is an order the supervisor sees through), however
+        // long their undos take: the step asks them again, and nothing counts against it.
+        next.attempt += 1;
+        let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
+        next.steps[i].lease =
+            Some(Lease { attempt: next.attempt, complete_by, sent: false, ..lease });
+        effects.push(Effect::Kick { delay: Duration::ZERO, attempt: next.attempt });
+        return;
+    }
     let failures = lease.failures.saturating_add(1);
     next.failure_count = next.failure_count.saturating_add(1);
     let name = next.steps[i].name.clone();
@@ -321,12 +339,18 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
         return failed(next, i, Cause::StepTimedOut { step: name, failures }, ctx);
     }
     if matches!(step.work, Work::Child(_)) && direction == Direction::Do {
-        // Its budget was the time its child had to end. The child may still be running, and
-        // may yet take effect: the step is undone as any step of unknown outcome, which
-        // cancels the child (or undoes it, had it ended processed).
-        next.steps[i].status = StepStatus::Uncertain;
+        // Its budget was the time its child (or list of children) had to end. A child may
+        // still be running, and may yet take effect: the step is undone as any step of
+        // unknown outcome, which cancels its children in flight and undoes those processed.
+        let ending = next.cause.is_some() || cancelled_by(next).is_some();
+        let undo = step.on_failure == OnFailure::Undo || ending;
+        next.steps[i].status = if undo { StepStatus::ToUndo } else { StepStatus::Uncertain };
         next.steps[i].detail =
             Some(format!("its child did not end within {} s", step.budget.as_secs()));
+        // A list's children in flight stop now, not when its undo reaches them.
+        if fan_of(ctx, &next.steps[i]).is_some() {
+            effects.push(Effect::StopChild { step: i });
+        }
         return failed(next, i, Cause::StepTimedOut { step: name, failures }, ctx);
     }
     let threshold = step.expired_leases.unwrap_or(ctx.config.failure_threshold);

@@ -12,10 +12,13 @@ pub(super) fn reply(
     message: &str,
     ctx: &Ctx<'_>,
 ) -> Decision {
+    if let Some(k) = step.element {
+        return element(record, attempt, step, k, outcome, message, ctx);
+    }
     let Some((i, leased, lease)) = holder(record, attempt, step) else {
         return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
     };
-    if !lease.sent || awaits_callback(ctx, leased) {
+    if !lease.sent || awaits_callback(ctx, leased) || !whole_reply_fits(ctx, leased) {
         // Nothing goes to an agent for a callback: no agent can answer for it.
         return Decision::Illegal(Illegal::NotDispatched { attempt });
     }
@@ -176,8 +179,14 @@ pub(super) fn proceed(
         }
         if next.steps.iter().any(|s| s.lease.is_some()) {
             // A child in flight is asked to stop: the order does not wait out its whole run.
+            // (A pause waits for it.)
+            let ending = next.cause.is_some() || cancelled_by(&next).is_some();
             for (i, s) in next.steps.iter().enumerate() {
-                if s.sent().is_some() && s.direction() == Direction::Do && starts_child(ctx, s) {
+                if ending
+                    && s.sent().is_some()
+                    && s.direction() == Direction::Do
+                    && starts_child(ctx, s)
+                {
                     effects.push(Effect::StopChild { step: i });
                 }
             }
@@ -186,7 +195,10 @@ pub(super) fn proceed(
         if let Some(stop) = next.stop.take()
             && next.cause.is_none()
         {
-            if next.steps.iter().all(StepState::passed) {
+            // A child its parent undoes is undone even so: its parent counts on it.
+            let undone_by_parent =
+                next.parent.as_ref().is_some_and(|p| p.step.direction == Direction::Undo);
+            if next.steps.iter().all(StepState::passed) && !undone_by_parent {
                 // The stop came too late: nothing is left to stop.
                 return processed(next, effects, ctx);
             }

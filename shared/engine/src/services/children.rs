@@ -41,23 +41,35 @@ where
     /// The child of `parent`'s step `index`, brought in line with the step's lease: started
     /// for a step, undone (or cancelled) for its undo. Returns what to send.
     pub(super) async fn child(&self, parent: &StateRecord, index: usize) -> Result<Vec<Outgoing>> {
-        let (link, child) = link(parent, index)?;
+        let (link, child) = link(parent, index, None)?;
         match link.step.direction {
-            Direction::Do => self.start_child(parent, index, child, link).await,
-            Direction::Undo => {
-                if self.drive(child, Input::ParentUndo { parent: &link }).await? {
-                    return Ok(Vec::new());
-                }
-                // Never started: nothing to undo, and the undo is done.
-                Ok(vec![reply(&link, StepOutcome::Done { output: Value::Null })])
-            }
+            Direction::Do => self.start_child(parent, index, child, link, None).await,
+            Direction::Undo => self.undo_child(child, &link).await,
         }
     }
 
-    /// Cancels the child of `parent`'s step `index`, in flight while its parent stops.
+    /// The child `id` undone (or cancelled) for its parent's undo `link`, or, never started,
+    /// the undo answered: there is nothing to undo.
+    pub(super) async fn undo_child(&self, id: OrderId, link: &Parent) -> Result<Vec<Outgoing>> {
+        if self.drive(id, Input::ParentUndo { parent: link }).await? {
+            return Ok(Vec::new());
+        }
+        Ok(vec![reply(link, StepOutcome::Done { output: Value::Null })])
+    }
+
+    /// Cancels the child of `parent`'s step `index` (each in flight, for a step over a list),
+    /// in flight while its parent stops.
     pub(super) async fn stop_child(&self, parent: &StateRecord, index: usize) -> Result<()> {
-        let (link, child) = link(parent, index)?;
-        self.drive(child, Input::ParentStop { parent: &link }).await.map(|_| ())
+        let running = parent
+            .steps
+            .get(index)
+            .and_then(|s| s.fan.as_ref())
+            .map(|f| f.forward.running.iter().map(|&k| Some(k)).collect::<Vec<_>>());
+        for element in running.unwrap_or_else(|| vec![None]) {
+            let (link, child) = stop_link(parent, index, element)?;
+            self.drive(child, Input::ParentStop { parent: &link }).await?;
+        }
+        Ok(())
     }
 
     /// Word to the parent of `child`, which has ended.
@@ -102,6 +114,10 @@ where
         };
         Ok(Some(match (ended.step.direction, child.process_state) {
             (_, state) if !state.is_terminal() => return Ok(None),
+            // An element's output is read with the others' once the list is done.
+            (Direction::Do, ProcessState::Processed) if ended.step.element.is_some() => {
+                StepOutcome::Done { output: Value::Null }
+            }
             (Direction::Do, ProcessState::Processed) => {
                 self.outputs_for(&child, ended.order_id).await?
             }
@@ -117,6 +133,12 @@ where
     /// A processed child's outputs, by step, as its parent's step output: each value whole,
     /// and the whole kept as any output is (stored under the parent if large).
     async fn outputs_for(&self, child: &StateRecord, parent: OrderId) -> Result<StepOutcome> {
+        let outputs = self.outputs_of_child(child).await?;
+        self.kept_output(parent, outputs).await
+    }
+
+    /// A processed child's outputs by step, each value whole.
+    pub(super) async fn outputs_of_child(&self, child: &StateRecord) -> Result<Value> {
         let mut outputs = Map::new();
         for step in &child.steps {
             if let Some(value) = &step.output {
@@ -124,20 +146,28 @@ where
                 outputs.insert(step.name.clone(), whole);
             }
         }
-        Ok(match payload::keep_output(&self.payloads, parent, Value::Object(outputs)).await? {
+        Ok(Value::Object(outputs))
+    }
+
+    /// `output` as a step of `parent` carries it: kept as any output is (stored under the
+    /// parent if large).
+    pub(super) async fn kept_output(&self, parent: OrderId, output: Value) -> Result<StepOutcome> {
+        Ok(match payload::keep_output(&self.payloads, parent, output).await? {
             Kept::Inline(output) | Kept::Stored(output) => StepOutcome::Done { output },
             Kept::TooLarge { bytes } => StepOutcome::TooLarge { bytes },
         })
     }
 
     /// Starts the child `id` of `parent`'s step `index`, or, if it exists, tells the parent how
-    /// it ended should it have.
-    async fn start_child(
+    /// it ended should it have. Its input is `given` (the parent's order and an element of the
+    /// step's list), or is found at the step's pointer.
+    pub(super) async fn start_child(
         &self,
         parent: &StateRecord,
         index: usize,
         id: OrderId,
         link: Parent,
+        given: Option<(&OrderRecord, &Value)>,
     ) -> Result<Vec<Outgoing>> {
         if let Some(existing) = self.store.load(id, Read::Consistent).await? {
             return Ok(existing
@@ -158,10 +188,15 @@ where
                 });
             }
         };
-        let order = self.order_of(parent).await?;
-        let input = match self.child_input(parent, &order, &spec).await? {
-            Ok(input) => input,
-            Err(why) => return Ok(vec![reply(&link, StepOutcome::failed(&why))]),
+        let (order, input) = match given {
+            Some((order, element)) => (order.clone(), element.clone()),
+            None => {
+                let order = self.order_of(parent).await?;
+                match self.child_input(parent, &order, &spec).await? {
+                    Ok(input) => (order, input),
+                    Err(why) => return Ok(vec![reply(&link, StepOutcome::failed(&why))]),
+                }
+            }
         };
         let found = match spec.version {
             Some(v) => self.catalogue.version(&spec.workflow, v),
@@ -194,8 +229,10 @@ where
                 }
             };
         let run = parent.steps[index].generation;
-        let key = IdempotencyKey::parse(&format!("child-{}-{index}-{run}", parent.order_id))
-            .map_err(Error::from)?;
+        let element = link.step.element.map_or_else(String::new, |k| format!("-{k}"));
+        let key =
+            IdempotencyKey::parse(&format!("child-{}-{index}-{run}{element}", parent.order_id))
+                .map_err(Error::from)?;
         let record = OrderRecord {
             order_id: id,
             owner: order.owner,
@@ -217,8 +254,9 @@ where
         Ok(Vec::new())
     }
 
-    /// The child's input, found at its step's pointer, or why it cannot be.
-    async fn child_input(
+    /// The child's input (for a step over a list, the list), found at its step's pointer, or
+    /// why it cannot be.
+    pub(super) async fn child_input(
         &self,
         parent: &StateRecord,
         order: &OrderRecord,
@@ -249,7 +287,7 @@ where
 
     /// Decides `input` on order `id` and carries out what it decides, as often as other
     /// writers make it necessary; `false` if there is no such order.
-    async fn drive(&self, id: OrderId, input: Input<'_>) -> Result<bool> {
+    pub(super) async fn drive(&self, id: OrderId, input: Input<'_>) -> Result<bool> {
         for _ in 0..CHILD_TRIES {
             let Some(record) = self.store.load(id, Read::Consistent).await? else {
                 return Ok(false);
@@ -278,29 +316,57 @@ where
     }
 }
 
-/// The link a child keeps to `parent`'s step `index`, as its lease stands, and the child's id
-/// for the step's run.
-fn link(parent: &StateRecord, index: usize) -> Result<(Parent, OrderId)> {
-    let (state, lease) =
-        parent.steps.get(index).and_then(|s| Some((s, *s.sent()?))).ok_or_else(|| {
-            Error::Corrupt {
-                order_id: parent.order_id,
-                reason: format!("child of step {index}, whose lease was not sent"),
-            }
-        })?;
-    let child = OrderId::for_child(parent.order_id, &state.name, state.generation);
+/// The link a child keeps to `parent`'s step `index` (for a step over a list, to one
+/// `element`), as its lease stands, and the child's id for the step's run.
+pub(super) fn link(
+    parent: &StateRecord,
+    index: usize,
+    element: Option<u32>,
+) -> Result<(Parent, OrderId)> {
+    let lease = parent.steps.get(index).and_then(|s| s.sent()).ok_or_else(|| Error::Corrupt {
+        order_id: parent.order_id,
+        reason: format!("child of step {index}, whose lease was not sent"),
+    })?;
+    Ok(link_at(parent, index, element, lease.attempt))
+}
+
+/// [`link`], to the step's lease at `attempt`.
+fn link_at(
+    parent: &StateRecord,
+    index: usize,
+    element: Option<u32>,
+    attempt: u64,
+) -> (Parent, OrderId) {
+    let state = &parent.steps[index];
+    let child = match element {
+        Some(k) => OrderId::for_element(parent.order_id, &state.name, state.generation, k),
+        None => OrderId::for_child(parent.order_id, &state.name, state.generation),
+    };
     let link = Parent {
         order_id: parent.order_id,
-        step: StepRef { index, name: state.name.clone(), direction: state.direction() },
-        attempt: lease.attempt,
+        step: StepRef { index, name: state.name.clone(), direction: state.direction(), element },
+        attempt,
         correlation_id: parent.correlation_id.clone(),
     };
-    Ok((link, child))
+    (link, child)
+}
+
+/// The link a stop names: as [`link`], or, for a list whose lease ran out (its children in
+/// flight stop at once), at the parent's last attempt, which only makes the stop's command id.
+fn stop_link(
+    parent: &StateRecord,
+    index: usize,
+    element: Option<u32>,
+) -> Result<(Parent, OrderId)> {
+    match parent.steps.get(index).and_then(|s| s.sent()) {
+        Some(_) => link(parent, index, element),
+        None => Ok(link_at(parent, index, element, parent.attempt)),
+    }
 }
 
 /// An answer to the parent's step that no child gave: a start that could not be made, an undo
 /// with nothing to undo.
-fn reply(link: &Parent, outcome: StepOutcome) -> Outgoing {
+pub(super) fn reply(link: &Parent, outcome: StepOutcome) -> Outgoing {
     Outgoing::now(
         Destination::Scheduler,
         Message::Reply(StepReply {

@@ -104,6 +104,11 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
                 }
                 Effect::Child { step } => outgoing.extend(self.child(record, *step).await?),
                 Effect::StopChild { step } => self.stop_child(record, *step).await?,
+                Effect::Count { step } => self.count(record, *step).await?,
+                Effect::Elements { step, elements } => {
+                    outgoing.extend(self.elements(record, *step, elements).await?)
+                }
+                Effect::Collect { step } => outgoing.push(self.collect(record, *step).await?),
                 Effect::TellParent => outgoing.extend(self.tell_parent(record)),
             }
         }
@@ -175,7 +180,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
             order_id: record.order_id,
             attempt: lease.attempt,
             correlation_id: record.correlation_id.clone(),
-            step: StepRef { index, name: state.name.clone(), direction },
+            step: StepRef { index, name: state.name.clone(), direction, element: None },
             action: action.to_owned(),
             complete_by: lease.complete_by,
             idempotency_key: step_key(record.order_id, &state.name, direction, state.generation),

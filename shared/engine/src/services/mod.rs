@@ -10,6 +10,7 @@ mod assembly;
 mod children;
 mod desk;
 mod effects;
+mod fanout;
 mod guard;
 mod operator;
 mod scheduler;

@@ -51,6 +51,9 @@ pub struct OrderView {
 pub struct ParentView {
     pub order_id: OrderId,
     pub step: String,
+    /// For a step over a list: the element this child runs for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub element: Option<u32>,
 }
 
 /// A step as shown: its state, and what it waits for if it waits.
@@ -223,7 +226,11 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
             })
             .collect(),
         timeline: state.timeline,
-        parent: state.parent.map(|p| ParentView { order_id: p.order_id, step: p.step.name }),
+        parent: state.parent.map(|p| ParentView {
+            order_id: p.order_id,
+            step: p.step.name,
+            element: p.step.element,
+        }),
         order: order.order,
         created_at: state.created_at.to_rfc3339(),
         updated_at: state.updated_at.to_rfc3339(),

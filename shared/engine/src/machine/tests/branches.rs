@@ -36,7 +36,12 @@ impl Fixture {
         outcome: StepOutcome,
     ) -> Transition {
         let state = &record.steps[i];
-        let step = StepRef { index: i, name: state.name.clone(), direction: state.direction() };
+        let step = StepRef {
+            index: i,
+            name: state.name.clone(),
+            direction: state.direction(),
+            element: None,
+        };
         let attempt = state.lease.expect("the step holds a lease").attempt;
         let message = format!("reply-{}-{attempt}", state.name);
         let input = Input::Reply { attempt, step: &step, outcome: &outcome, message: &message };
@@ -100,7 +105,8 @@ fn a_reply_moves_only_the_lease_it_names() {
     let f = trip();
     let r = both_in_flight(&f);
     let flight = r.steps[FLIGHT].lease.unwrap().attempt;
-    let hotel = StepRef { index: HOTEL, name: "hotel".into(), direction: Direction::Do };
+    let hotel =
+        StepRef { index: HOTEL, name: "hotel".into(), direction: Direction::Do, element: None };
     let done = StepOutcome::done(json!({}));
     // The flight's attempt on the hotel's step: a forged or mixed-up message.
     let mixed = Input::Reply { attempt: flight, step: &hotel, outcome: &done, message: "m" };

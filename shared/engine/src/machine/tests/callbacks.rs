@@ -102,7 +102,12 @@ fn a_callback_starts_with_a_token_announced_and_a_lease_as_long_as_its_timeout()
     let InputRef::Message(last) = r.last_input.clone() else { panic!("a reply wrote it") };
     let again = Input::Reply {
         attempt: 0,
-        step: &StepRef { index: CREDIT, name: "credit".into(), direction: Direction::Do },
+        step: &StepRef {
+            index: CREDIT,
+            name: "credit".into(),
+            direction: Direction::Do,
+            element: None,
+        },
         outcome: &StepOutcome::done(json!({})),
         message: &last,
     };
@@ -187,7 +192,12 @@ fn a_forged_token_or_an_answer_to_a_step_that_takes_none_changes_nothing() {
     );
     // An agent's reply naming the approval's attempt: nothing was sent to an agent.
     let attempt = r.steps[APPROVAL].lease.unwrap().attempt;
-    let step = StepRef { index: APPROVAL, name: "approval".into(), direction: Direction::Do };
+    let step = StepRef {
+        index: APPROVAL,
+        name: "approval".into(),
+        direction: Direction::Do,
+        element: None,
+    };
     let outcome = StepOutcome::done(json!({}));
     let reply = Input::Reply { attempt, step: &step, outcome: &outcome, message: "forged" };
     assert_eq!(

@@ -505,7 +505,7 @@ fn a_resubmission_starts_the_order_again_only_while_nobody_claimed_it() {
 
 #[test]
 fn illegal_inputs_go_to_a_dead_letter_queue_only_when_a_message_carried_them() {
-    let step = StepRef { index: 0, name: "x".into(), direction: Direction::Do };
+    let step = StepRef { index: 0, name: "x".into(), direction: Direction::Do, element: None };
     let done = StepOutcome::done(json!({}));
     assert_eq!(remedy(&Input::Claim { attempt: 0, owner: "s", message: "m" }), Remedy::DeadLetter);
     let reply = Input::Reply { attempt: 0, step: &step, outcome: &done, message: "m" };

@@ -99,6 +99,7 @@ fn step_ref(record: &StateRecord) -> StepRef {
         index: cursor(record),
         name: record.steps[cursor(record)].name.clone(),
         direction: record.phase.direction(),
+        element: None,
     }
 }
 
@@ -373,7 +374,12 @@ fn illegal_inputs_are_typed_outcomes() {
     let f = Fixture::new();
     let r = f.claim(&f.new_record(), T0);
     let done = StepOutcome::done(json!({}));
-    let wrong_step = StepRef { index: 1, name: "charge-payment".into(), direction: Direction::Do };
+    let wrong_step = StepRef {
+        index: 1,
+        name: "charge-payment".into(),
+        direction: Direction::Do,
+        element: None,
+    };
     assert!(matches!(
         f.decide(
             &r,
@@ -693,7 +699,12 @@ fn at_the_threshold_completed_steps_and_the_uncertain_one_are_compensated() {
     let mut r = f.claim(c, c.updated_at);
     assert_eq!(
         step_ref(&r),
-        StepRef { index: 1, name: "charge-payment".into(), direction: Direction::Undo }
+        StepRef {
+            index: 1,
+            name: "charge-payment".into(),
+            direction: Direction::Undo,
+            element: None
+        }
     );
     r = f.done(&r, r.updated_at);
     let t = f.reply(&r, StepOutcome::done(json!({})), r.updated_at);
@@ -796,7 +807,7 @@ fn a_corrupt_record_is_refused_not_decided_on() {
     let f = Fixture::new();
     let mut r = f.claim(&f.new_record(), T0);
     r.steps[0].lease = None;
-    let step = StepRef { index: 99, name: "x".into(), direction: Direction::Do };
+    let step = StepRef { index: 99, name: "x".into(), direction: Direction::Do, element: None };
     let done = StepOutcome::done(json!({}));
     for input in [
         Input::Reply { attempt: r.attempt, step: &step, outcome: &done, message: "m" },

@@ -154,9 +154,9 @@ fn a_wait_is_declared_apart_from_what_an_agent_step_has() {
         (r#"{"name":"w","wait":{"until":"release_at"}}"#, "a JSON pointer"),
         (
             r#"{"name":"w","wait":{"seconds":5},"agent":"payment"}"#,
-            "one of an agent, a wait, a callback or a child",
+            "one of an agent, a wait, a callback, a child or an each",
         ),
-        (r#"{"name":"w"}"#, "one of an agent, a wait, a callback or a child"),
+        (r#"{"name":"w"}"#, "one of an agent, a wait, a callback, a child or an each"),
         (r#"{"name":"w","wait":{"seconds":5},"budget_seconds":5}"#, "it has no budget"),
     ] {
         let json = format!(r#"{{"name":"x","steps":[{step}]}}"#);
