@@ -320,8 +320,8 @@ async fn a_permission_taken_out_of_the_template_is_refused_and_the_order_goes_no
     // The scheduler may still read the state table, but no longer write it.
     let template = template_without(
         "SchedulerFunctionRole",
-        "                  - dynamodb:GetItem\n                  - dynamodb:PutItem\n                Resource:\n                  Fn::GetAtt: [StateTable, Arn]\n",
-        "                  - dynamodb:GetItem\n                Resource:\n                  Fn::GetAtt: [StateTable, Arn]\n",
+        "                  - dynamodb:PutItem\n                  - dynamodb:BatchGetItem\n                Resource:\n                  Fn::GetAtt: [StateTable, Arn]\n",
+        "                  - dynamodb:BatchGetItem\n                Resource:\n                  Fn::GetAtt: [StateTable, Arn]\n",
     );
     let stack = start("lp-denied", template, false).await;
     let http = reqwest::Client::new();

@@ -416,6 +416,9 @@ struct Scenario {
     held: bool,
     /// The payment step answers an output of this many bytes, stored in the payload bucket.
     large_output: Option<usize>,
+    /// The order's input lists this many parcels, each shipped by a child order of its own
+    /// (the workflow runs a step over them).
+    parcels: Option<usize>,
 }
 
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -444,6 +447,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: false,
             large_output: None,
+            parcels: None,
         },
         Scenario {
             name: "three steps",
@@ -452,6 +456,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: false,
             large_output: None,
+            parcels: None,
         },
         Scenario {
             name: "three steps, the payment service declared at 50 calls a second and 4 in flight",
@@ -460,6 +465,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits { per_second: Some(50), in_flight: Some(4) },
             held: false,
             large_output: None,
+            parcels: None,
         },
         Scenario {
             name: "three steps, every order waiting once for the payment service while it is held",
@@ -468,6 +474,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: true,
             large_output: None,
+            parcels: None,
         },
         Scenario {
             name: "three steps, the payment step answering 100 KiB (stored, and read by the shipping step)",
@@ -476,6 +483,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: false,
             large_output: Some(100 * 1024),
+            parcels: None,
         },
         Scenario {
             name: "three steps, the first two side by side",
@@ -485,6 +493,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: false,
             large_output: None,
+            parcels: None,
         },
         Scenario {
             name: "three steps and a one-minute wait before shipping",
@@ -494,6 +503,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: false,
             large_output: None,
+            parcels: None,
         },
         Scenario {
             name: "three steps and an approval from outside before shipping",
@@ -503,6 +513,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: false,
             large_output: None,
+            parcels: None,
         },
         Scenario {
             name: "ten steps, three of them side by side",
@@ -512,18 +523,53 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             payment: Limits::NONE,
             held: false,
             large_output: None,
+            parcels: None,
+        },
+        Scenario {
+            name: "three steps, shipping 10 parcels by a child order each",
+            workflow: fan_out(),
+            // A Map state over the parcels, a task per parcel, the two other tasks, start, end.
+            sfn_transitions: 15.0,
+            payment: Limits::NONE,
+            held: false,
+            large_output: None,
+            parcels: Some(10),
+        },
+        Scenario {
+            name: "three steps, shipping 50 parcels by a child order each",
+            workflow: fan_out(),
+            sfn_transitions: 55.0,
+            payment: Limits::NONE,
+            held: false,
+            large_output: None,
+            parcels: Some(50),
         },
     ];
     println!(
         "# Cost per million orders (happy path), {orders} orders measured, SQS batches of {batch}\n"
     );
     let mut three_steps = None;
+    let mut lists = Vec::new();
     for s in scenarios {
-        let meter = runtime.block_on(run(&s, orders, batch as usize))?;
-        report(&s, &meter, orders as f64, batch);
+        // A list's children are orders too: fewer of its orders tell as much.
+        let measured = if s.parcels.is_some() { (orders / 10).max(1) } else { orders };
+        let meter = runtime.block_on(run(&s, measured, batch as usize))?;
+        let total = report(&s, &meter, measured as f64, batch);
+        if let Some(parcels) = s.parcels {
+            lists.push((parcels as f64, total, meter.state_writes / measured as f64));
+        }
         if s.name == "three steps" {
             three_steps = Some((per_order(&s, &meter, orders as f64), s));
         }
+    }
+    if let [(few, few_cost, few_writes), (many, many_cost, many_writes)] = lists[..] {
+        let elements = many - few;
+        println!(
+            "Each parcel more (a child order of one step): ${:.2} per million orders, {:.2} state writes \
+             (the child's own transitions, and its end counted on the parent's record).\n",
+            (many_cost - few_cost) / elements,
+            (many_writes - few_writes) / elements
+        );
     }
     if let Some((per, s)) = three_steps {
         print_ceiling(&per, &s)?;
@@ -609,6 +655,23 @@ fn with_callback(workflow_json: &str, seconds: u64) -> String {
 
 /// Ten steps on five agents, each with an undo: one, then three that depend only on it (run
 /// side by side), then six in a row after all three.
+/// Reserve, ship each parcel of the order by a child order of its own (ten at a time), charge.
+fn fan_out() -> String {
+    serde_json::json!([
+        {"name": "ship-parcel", "steps": [
+            {"name": "ship", "agent": "shipping", "budget_seconds": 30,
+             "compensation": {"action": "recall-parcel"}}]},
+        {"name": "parcels", "steps": [
+            {"name": "reserve-inventory", "agent": "inventory", "budget_seconds": 30,
+             "compensation": {"action": "release-inventory"}},
+            {"name": "ship-each", "each": {"items": "/input/parcels", "workflow": "ship-parcel",
+             "max_concurrency": 10, "timeout_seconds": 3600}},
+            {"name": "charge-payment", "agent": "payment", "budget_seconds": 30,
+             "compensation": {"action": "refund-payment"}}]}
+    ])
+    .to_string()
+}
+
 fn ten_steps() -> String {
     let steps: Vec<serde_json::Value> = (1..=10)
         .map(|i| {
@@ -642,9 +705,22 @@ async fn run(
     let queues = Arc::new(MemoryQueues::new(clock.clone()));
     let outbox = || Arc::new(MeteredOutbox { inner: queues.clone(), meter: meter.clone() });
     let bus = Arc::new(MemoryBus::new());
-    // Every agent the workflow names is deployed.
-    let agents: Vec<AgentName> = Workflow::agents_in(&s.workflow);
-    let workflow = Arc::new(Workflow::from_json(&s.workflow, &agents)?);
+    // Every agent the workflows name is deployed; a list of workflows runs its last.
+    let jsons: Vec<String> = match serde_json::from_str::<serde_json::Value>(&s.workflow)? {
+        serde_json::Value::Array(list) => list.iter().map(|w| w.to_string()).collect(),
+        _ => vec![s.workflow.clone()],
+    };
+    let mut agents: Vec<AgentName> = Vec::new();
+    for json in &jsons {
+        for agent in Workflow::agents_in(json) {
+            if !agents.contains(&agent) {
+                agents.push(agent);
+            }
+        }
+    }
+    let workflows =
+        jsons.iter().map(|j| Workflow::from_json(j, &agents)).collect::<Result<Vec<_>>>()?;
+    let workflow = Arc::new(workflows.last().cloned().ok_or("no workflow")?);
     let mut destinations = vec![Destination::Scheduler, Destination::Replies];
     destinations.extend(agents.iter().cloned().map(Destination::Agent));
     let waits = Arc::new(MeteredWaits { inner: MemoryWaits::default(), meter: meter.clone() });
@@ -656,7 +732,7 @@ async fn run(
         bus: bus.clone(),
         clock: clock.clone(),
         config: Arc::new(EngineConfig::default()),
-        catalogue: Arc::new(Catalogue::single((*workflow).clone())),
+        catalogue: Arc::new(Catalogue::new(workflows)?),
         waits: waits.clone(),
         load: Gauges { waits, depths },
         payloads: MeteredPayloads { inner: Arc::default(), meter: meter.clone() },
@@ -687,9 +763,17 @@ async fn run(
         })
         .collect();
 
-    let body = r#"{"customer_id":"customer-0042","currency":"EUR","items":[{"sku":"BOOK-1","quantity":2,"unit_price":1250},
-        {"sku":"PEN-9","quantity":1,"unit_price":300}],"ship_to":{"name":"Ada Lovelace","line1":"12 St James's Square",
-        "city":"London","postal_code":"SW1Y 4JH","country":"GB"}}"#;
+    let mut body = serde_json::json!({"customer_id": "customer-0042", "currency": "EUR",
+        "items": [{"sku": "BOOK-1", "quantity": 2, "unit_price": 1250},
+                  {"sku": "PEN-9", "quantity": 1, "unit_price": 300}],
+        "ship_to": {"name": "Ada Lovelace", "line1": "12 St James's Square",
+                    "city": "London", "postal_code": "SW1Y 4JH", "country": "GB"}});
+    if let Some(n) = s.parcels {
+        let parcels: Vec<serde_json::Value> =
+            (0..n).map(|k| serde_json::json!({"parcel": format!("P-{k:03}"), "kg": 2})).collect();
+        body["parcels"] = parcels.into();
+    }
+    let body = body.to_string();
     // Orders arrive at ORDERS_PER_SECOND, each second's drained before the next: a steady
     // load the system keeps up with, so that what depends on time (the door's reads of the
     // queues, the consumers' reports) is counted as it would be.
@@ -701,7 +785,9 @@ async fn run(
     let mut answered = 0;
     let _ = take_metric_output();
     for i in 0..orders {
-        submission.submit(&format!("order-{i:08}"), body.as_bytes()).await?;
+        let workflow = Some(workflow.name());
+        let owner = sas_engine::Owner::anonymous();
+        submission.submit_to(&owner, workflow, &format!("order-{i:08}"), body.as_bytes()).await?;
         flush_metrics();
         if (i + 1) % ORDERS_PER_SECOND == 0 || i + 1 == orders {
             drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
@@ -859,7 +945,7 @@ impl Handler
     }
 }
 
-fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
+fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) -> f64 {
     let per = |x: f64| x / orders;
     let million = 1e6;
     let (wru, index, rru) = (per(m.wru), per(m.index_wru), per(m.rru));
@@ -945,4 +1031,5 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) {
         "Step Functions Standard for the same: {} transitions × $25/M + API + event = ${sfn:.0} per million.\n",
         s.sfn_transitions
     );
+    total
 }

@@ -40,6 +40,9 @@ pub enum Mutant {
     /// An agent hands its service the references to stored values as they are, instead of
     /// the values they stand for.
     StoredValuesUnread,
+    /// The end of an element of a list is counted whether or not it was in flight, so that a
+    /// duplicate of it counts again.
+    ElementEndsCountedTwice,
 }
 
 impl Mutant {

@@ -595,6 +595,11 @@ struct Tally {
     /// Child orders started, and those undone by their parent.
     children: u64,
     children_undone: u64,
+    /// Elements of lists run by a child each; steps over a list done with some failed within
+    /// their tolerance, and failed past it.
+    elements: u64,
+    tolerance_met: u64,
+    tolerance_missed: u64,
     /// Orders processed with a step's failure only reported.
     processed_with_reports: u64,
     /// Orders that ended on the version before a deploy, after it.
@@ -657,6 +662,9 @@ impl std::ops::AddAssign for Tally {
         self.undone += o.undone;
         self.children += o.children;
         self.children_undone += o.children_undone;
+        self.elements += o.elements;
+        self.tolerance_met += o.tolerance_met;
+        self.tolerance_missed += o.tolerance_missed;
         self.processed_with_reports += o.processed_with_reports;
         self.ended_on_old_version += o.ended_on_old_version;
         self.side_by_side += o.side_by_side;
@@ -688,7 +696,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; elements of lists {}, lists within their tolerance {}, past it {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -696,6 +704,9 @@ impl std::fmt::Display for Tally {
             self.undone,
             self.children,
             self.children_undone,
+            self.elements,
+            self.tolerance_met,
+            self.tolerance_missed,
             self.processed_with_reports,
             self.ended_on_old_version,
             self.side_by_side,
@@ -1167,8 +1178,17 @@ impl Sim {
                     format!(r#"{{"sku":"{sku}","quantity":1,"unit_price":100}}"#)
                 })
                 .collect();
+            // A list of up to five parcels, for a step that runs a child for each.
+            let parcels = match has_fan(self.seed) {
+                true => {
+                    let list: Vec<String> =
+                        (0..i % 6).map(|n| format!(r#"{{"parcel":{n}}}"#)).collect();
+                    format!(r#""parcels":[{}],"#, list.join(","))
+                }
+                false => String::new(),
+            };
             let body = format!(
-                r#"{{"customer_id":"c-{i}","currency":"EUR","items":[{}],
+                r#"{{"customer_id":"c-{i}","currency":"EUR","items":[{}],{parcels}
                 "ship_to":{{"name":"N","line1":"L","city":"C","postal_code":"1","country":"FR"}}}}"#,
                 items.join(",")
             );
@@ -2156,6 +2176,9 @@ impl Sim {
     fn check_children(&mut self) {
         let seed = self.seed;
         for r in self.memory.records() {
+            for s in r.steps.iter().filter(|s| s.fan.is_some()) {
+                self.check_elements(&r, s);
+            }
             for s in r.steps.iter().filter(|s| s.child.is_some()) {
                 let id = s.child.unwrap();
                 let Some(child) = self.memory.peek(id) else {
@@ -2199,6 +2222,71 @@ impl Sim {
                     self.tally.children_undone += 1;
                 }
             }
+        }
+    }
+
+    /// Every element's child matches its list's end: none past where the list stopped
+    /// starting, none in flight once the parent ended; a list done has as many processed as
+    /// it counts, within its tolerance; a list undone or failed has none left processed.
+    fn check_elements(&mut self, r: &StateRecord, s: &sas_engine::state::StepState) {
+        let seed = self.seed;
+        let fan = s.fan.as_ref().unwrap();
+        let Some(items) = fan.items else { return };
+        let allowed = match &self.workflow.step_named(&s.name).map(|w| &w.work) {
+            Some(Work::Child(c)) => c.fan.unwrap().tolerance.allows(items),
+            _ => panic!("seed {seed}: {} is no list step", s.name),
+        };
+        let (mut processed, mut ended_other) = (0, 0);
+        for k in 0..items {
+            let id = OrderId::for_element(r.order_id, &s.name, s.generation, k);
+            let Some(child) = self.memory.peek(id) else { continue };
+            assert!(
+                k < fan.forward.next,
+                "seed {seed}: element {k} of {} started past its list's window",
+                r.order_id
+            );
+            self.tally.elements += 1;
+            let link = child.parent.as_ref().unwrap();
+            assert_eq!(
+                (link.order_id, link.step.element),
+                (r.order_id, Some(k)),
+                "seed {seed}: {id}"
+            );
+            assert!(
+                !r.is_terminal() || child.is_terminal(),
+                "seed {seed}: element {k} ({id}) is {:?} after its parent {} ended {:?}",
+                child.process_state,
+                r.order_id,
+                r.process_state
+            );
+            match child.process_state {
+                ProcessState::Processed => processed += 1,
+                state if state.is_terminal() => ended_other += 1,
+                _ => {}
+            }
+        }
+        match s.status {
+            StepStatus::Done => {
+                assert_eq!(processed, fan.forward.ok, "seed {seed}: {} {fan:?}", r.order_id);
+                assert_eq!(processed + ended_other, items, "seed {seed}: {} {fan:?}", r.order_id);
+                assert!(
+                    ended_other <= allowed,
+                    "seed {seed}: {} done past its tolerance",
+                    r.order_id
+                );
+                if ended_other > 0 {
+                    self.tally.tolerance_met += 1;
+                }
+            }
+            StepStatus::Undone | StepStatus::Failed => assert_eq!(
+                processed, 0,
+                "seed {seed}: {} has {} {:?}, {processed} of its elements processed",
+                r.order_id, s.name, s.status
+            ),
+            _ => {}
+        }
+        if fan.forward.failed > allowed && r.is_terminal() {
+            self.tally.tolerance_missed += 1;
         }
     }
 
@@ -2460,6 +2548,12 @@ fn has_child(seed: u64) -> bool {
     seed % 4 == 3 && SplitMix::seeded(seed ^ 0xc41d0).unit() < 0.4
 }
 
+/// Whether the child step of a seed's workflow runs a child for each parcel of the order: on
+/// half of the seeds with a child step.
+fn has_fan(seed: u64) -> bool {
+    has_child(seed) && SplitMix::seeded(seed ^ 0xfa40).unit() < 0.5
+}
+
 /// The workflow of the child order a seed's workflow starts, if it starts one: one or two
 /// steps on the agents its parent calls, each with or without an undo.
 fn child_workflow(seed: u64) -> Option<Workflow> {
@@ -2536,11 +2630,27 @@ fn workflow_json(seed: u64) -> String {
                 // Last, after the step above it: a child order of one or two steps, on the
                 // agents its parent calls.
                 let draw = SplitMix::seeded(seed ^ 0xc41d);
+                let timeout = 60 + (draw.unit() * 600.0) as u64;
                 let mut step = serde_json::json!({
                     "name": "step-child",
-                    "child": {"workflow": format!("child-{seed}"),
-                              "timeout_seconds": 60 + (draw.unit() * 600.0) as u64},
+                    "child": {"workflow": format!("child-{seed}"), "timeout_seconds": timeout},
                 });
+                // On half of them, a child for each parcel of the order, a few at a time.
+                let fan = SplitMix::seeded(seed ^ 0xfa40);
+                if has_fan(seed) {
+                    fan.unit();
+                    let tolerance = match (fan.unit() * 3.0) as u32 {
+                        0 => serde_json::json!({"count": 0}),
+                        1 => serde_json::json!({"count": 1}),
+                        _ => serde_json::json!({"share": 0.5}),
+                    };
+                    step = serde_json::json!({
+                        "name": "step-child",
+                        "each": {"items": "/input/parcels", "workflow": format!("child-{seed}"),
+                                 "max_concurrency": 1 + (fan.unit() * 3.0) as u32,
+                                 "tolerance": tolerance, "timeout_seconds": timeout},
+                    });
+                }
                 if draw.unit() < 0.3 {
                     step["on_failure"] = "report".into();
                 }
@@ -2859,12 +2969,15 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
             assert!(total.redriven_to_the_end > 0, "no redriven order was ever processed");
             assert!(total.undone > 0, "no processed order was ever undone");
             assert!(total.children_undone > 0, "no child order was ever undone by its parent");
+            assert!(total.tolerance_met > 0, "no list ever ended within its tolerance");
+            assert!(total.tolerance_missed > 0, "no list ever failed past its tolerance");
         }
         if faults.on(Fault::RemotePermanent) {
             assert!(total.processed_with_reports > 0, "no order went on past a reported failure");
         }
         assert!(total.ended_on_old_version > 0, "no order in flight at a deploy ever ended");
         assert!(total.children > 0, "no child order was ever started");
+        assert!(total.elements > 0, "no list ever ran a child");
         assert!(total.side_by_side > 0, "no two steps of an order were ever in flight at once");
         assert!(total.undone_side_by_side > 0, "no two undos of an order ran at once");
         assert!(total.waits_over > 0, "no wait was ever over");
@@ -2982,6 +3095,14 @@ fn a_redrive_giving_new_keys_to_steps_of_unknown_outcome_fails_the_simulation() 
     let failure = first_failure(1..=400, breakage)
         .expect("400 runs passed with redrives that run an uncertain step again under new keys");
     assert!(failure.contains(" in place 2 times"), "{failure}");
+}
+
+#[test]
+fn a_list_counting_an_element_end_twice_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::ElementEndsCountedTwice]);
+    let failure = first_failure(1..=800, breakage)
+        .expect("800 runs passed counting duplicated ends of a list's elements");
+    assert!(failure.contains("FanState"), "{failure}");
 }
 
 #[test]

@@ -138,7 +138,7 @@ pub(super) fn element(
         let w = if direction == Direction::Do { &f.forward } else { &f.back };
         w.running.contains(&element)
     });
-    if !running {
+    if !running && !mutants::on(Mutant::ElementEndsCountedTwice) {
         // Its end was counted already: a duplicate.
         return stale;
     }
