@@ -12,7 +12,10 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{ACCOUNT_EVERY, ACCOUNT_WORKFLOW, DEMO_CLIENT, EXPRESS_WORKFLOW, workflows_run};
+use super::{
+    ACCOUNT_EVERY, ACCOUNT_WORKFLOW, DEMO_CLIENT, EXPRESS_WORKFLOW, SPLIT_EVERY, SPLIT_WORKFLOW,
+    workflows_run,
+};
 use crate::access::sigv4;
 use crate::emulation::local::LocalStack;
 
@@ -47,7 +50,11 @@ pub(super) fn submit_all(
     let (http, api, door) = (http.clone(), stack.api_url.clone(), door.clone());
     let run = workflows_run(stack);
     let runs = |workflow: &str| run.iter().any(|(name, _)| name == workflow);
-    let (accounts, express) = (runs(ACCOUNT_WORKFLOW), runs(EXPRESS_WORKFLOW));
+    let shapes = Shapes {
+        accounts: runs(ACCOUNT_WORKFLOW),
+        express: runs(EXPRESS_WORKFLOW),
+        split: runs(SPLIT_WORKFLOW),
+    };
     // The demo's client signs its orders, as the API's default authorizer wants.
     let signer = sigv4::local_signer(DEMO_CLIENT, &stack.stack.context.region, sigv4::EXECUTE_API);
     tokio::spawn(async move {
@@ -60,7 +67,7 @@ pub(super) fn submit_all(
                 (http.clone(), api.clone(), slots.clone(), door.clone(), signer.clone());
             submissions.push(tokio::spawn(async move {
                 let _slot = slots.acquire_owned().await;
-                let (path, body) = order(&api, i, accounts, express);
+                let (path, body) = order(&api, i, shapes);
                 submit(&http, &signer, (&path, &body), i, deadline, &door).await
             }));
         }
@@ -135,10 +142,19 @@ async fn submit(
     None
 }
 
+/// Which of the demo's workflows the stack runs, besides the reference one.
+#[derive(Clone, Copy)]
+struct Shapes {
+    accounts: bool,
+    express: bool,
+    split: bool,
+}
+
 /// The path and body of the demo's `i`th order: a shop order, or (with `accounts`, one in
 /// [`ACCOUNT_EVERY`]) an account to open; with `express`, the shop order after each account
-/// runs its express variant.
-fn order(api: &str, i: usize, accounts: bool, express: bool) -> (String, String) {
+/// runs its express variant; with `split`, one in [`SPLIT_EVERY`] is shipped parcel by parcel.
+fn order(api: &str, i: usize, shapes: Shapes) -> (String, String) {
+    let Shapes { accounts, express, split } = shapes;
     let account = accounts && i % ACCOUNT_EVERY == ACCOUNT_EVERY - 1;
     if account {
         let body = serde_json::json!({
@@ -157,6 +173,14 @@ fn order(api: &str, i: usize, accounts: bool, express: bool) -> (String, String)
         );
         if express && i % ACCOUNT_EVERY == 0 {
             (format!("{api}/orders?workflow={EXPRESS_WORKFLOW}"), body)
+        } else if split && i % SPLIT_EVERY == 1 {
+            // Two to five parcels, each shipped by an order of its own.
+            let mut order: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let parcels: Vec<serde_json::Value> = (0..2 + i % 4)
+                .map(|k| serde_json::json!({"parcel": format!("P-{i}-{k}"), "kg": 1 + k}))
+                .collect();
+            order["parcels"] = parcels.into();
+            (format!("{api}/orders?workflow={SPLIT_WORKFLOW}"), order.to_string())
         } else {
             (format!("{api}/orders"), body)
         }

@@ -66,8 +66,10 @@ pub(super) fn per_order(
     let (state_puts, _) = seen("dynamodb", &|op| op == "PutItem on StateTable");
     // A new order's record is a put too.
     let writes = state_puts;
-    let steps = tally.steps as f64 / records.max(1) as f64;
-    let (fault_free_messages, fault_free_writes) = (1.0 + 2.0 * steps, 2.0 + steps);
+    // Per order accepted, counting the work of its children (orders of their own) with it.
+    let (records, steps) = (records as f64, tally.steps as f64);
+    let (fault_free_messages, fault_free_writes) =
+        ((records + 2.0 * steps) / n, (2.0 * records + steps) / n);
     PerOrder { sent, handled, writes, fault_free_messages, fault_free_writes }
 }
 
@@ -279,8 +281,9 @@ impl MetricsSeen {
         records.iter().zip(self.ended).map(|(r, m)| r.saturating_sub(m)).sum()
     }
 
-    pub(super) fn text(&self, s: &Summary) -> String {
-        let records = [s.processed, s.compensated, s.failed];
+    /// What the metrics said, and whether they kept their promise against `records` (ended
+    /// processed, compensated and failed, children too).
+    pub(super) fn text(&self, s: &Summary, records: [usize; 3]) -> String {
         let mut t = self.text.clone();
         if s.metrics_disagree {
             t.push_str(&format!(

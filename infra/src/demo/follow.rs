@@ -59,9 +59,14 @@ pub(super) async fn follow(
         records = scan(&clients.dynamodb, &table).await?;
         let reading = read.elapsed();
         print_progress(&records, started, ids.is_none(), &door);
-        let settled = records.iter().filter(|r| settled(r)).count();
-        let done =
-            ids.as_ref().is_some_and(|ids| settled == ids.len() && records.len() == ids.len());
+        // Every order accepted is there, and every record (theirs and their children's) settled.
+        let seen: std::collections::HashSet<&str> = records
+            .iter()
+            .filter_map(|r| r.get("OrderId").and_then(|v| v.as_s().ok()))
+            .map(String::as_str)
+            .collect();
+        let done = ids.as_ref().is_some_and(|ids| ids.iter().all(|id| seen.contains(id.as_str())))
+            && records.iter().all(settled);
         // Orders accepted late (a run paced slower than its door, or held back by kills) get the
         // whole limit after the last acceptance to end, as the first ones did.
         let ending_by = accepted_at.get().map_or(deadline, |at| *at + limit);

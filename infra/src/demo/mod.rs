@@ -41,13 +41,16 @@ pub fn demo_workflow() -> String {
 }
 
 /// The workflows the demo runs side by side, with budgets short enough for a demo: the
-/// reference one, its express variant and account-opening (as `WORKFLOW_JSON`, a list).
+/// reference one, its express variant, account-opening, and the shop's order shipped parcel by
+/// parcel with the workflow each parcel runs (as `WORKFLOW_JSON`, a list).
 pub fn demo_workflows() -> String {
     let file = |name: &str| sas_workflows::file(name).map_or("", |f| f.json);
     let all: Vec<Value> = [
         demo_workflow(),
         with_budgets(file(EXPRESS_WORKFLOW), 15),
         with_budgets(file(ACCOUNT_WORKFLOW), 15),
+        with_budgets(file(SPLIT_WORKFLOW), 15),
+        with_budgets(file(PARCEL_WORKFLOW), 15),
     ]
     .iter()
     .filter_map(|w| serde_json::from_str(w).ok())
@@ -63,6 +66,12 @@ const ACCOUNT_EVERY: usize = 4;
 /// The third: the shop's order with the stock reserved and the card charged at once, for the
 /// order after each account, where the stack runs it.
 const EXPRESS_WORKFLOW: &str = "express-fulfilment";
+
+/// The fourth: the shop's order shipped parcel by parcel, each parcel a child order of
+/// [`PARCEL_WORKFLOW`], for one order in [`SPLIT_EVERY`], where the stack runs it.
+const SPLIT_WORKFLOW: &str = "split-shipment";
+const PARCEL_WORKFLOW: &str = "parcel-delivery";
+const SPLIT_EVERY: usize = 8;
 
 /// The workflows the stack's submission runs, by name, as JSON: its `WORKFLOW_JSON` (one or a
 /// list), or the files built in.

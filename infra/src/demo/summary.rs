@@ -52,6 +52,26 @@ pub(super) struct Tally {
     /// processed order every step once, a compensated one nothing. An order failed with steps
     /// left to undo by hand may keep those; the count still holds it to at most one each.
     ends: HashMap<String, effects::End>,
+    /// Orders submitted (not children) whose records were read.
+    orders: usize,
+    /// Child orders (a step over a list runs one per element): all, processed, and undone by
+    /// their parent.
+    children: usize,
+    children_processed: usize,
+    children_undone: usize,
+    /// Child orders in Error: compensated, or failed otherwise.
+    children_compensated: usize,
+    children_failed: usize,
+}
+
+/// Whether an order in Error ended compensated, as its timeline says.
+fn compensated(b: &Value) -> bool {
+    let timeline = b["timeline"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let end = timeline.iter().rev().find_map(|e| match e["what"].as_str() {
+        Some(what @ ("processed" | "compensated" | "failed")) => Some(what),
+        _ => None,
+    });
+    end == Some("compensated")
 }
 
 /// What a run left to be summed up: the state records read at its end, and what the clients
@@ -79,11 +99,16 @@ pub(super) async fn summarise(
     for r in records {
         tally.add(r, &faulted, kills, &mut s);
     }
-    s.unfinished += accepted.saturating_sub(records.len());
+    s.unfinished += accepted.saturating_sub(tally.orders);
     s.reported = tally.reported_ids.len();
     s.unexplained =
         tally.compensated_unexplained + tally.failed_unexplained + tally.reported_unexplained;
-    let ended = [s.processed, s.compensated, s.failed];
+    // The functions count every order that ends, children too.
+    let ended = [
+        s.processed + tally.children_processed,
+        s.compensated + tally.children_compensated,
+        s.failed + tally.children_failed,
+    ];
     let metrics = ended_in_metrics(stack, ended, stack.unanswered()).await;
     s.metrics_disagree = !metrics.keeps_promise(ended);
     let traces = traces_seen(stack, records);
@@ -114,7 +139,7 @@ pub(super) async fn summarise(
     s.dead_lettered = stack.dead_letters.arrivals().len();
     t.push_str(&figures::load(stack, &s, &tally, &per_order));
     t.push_str(&traces.text);
-    t.push_str(&metrics.text(&s));
+    t.push_str(&metrics.text(&s, ended));
     t.push_str(&figures::costs(stack, &calls, accepted));
     s.text = t;
     Ok(s)
@@ -144,9 +169,42 @@ async fn service_reports(stack: &LocalStack, http: &reqwest::Client) -> Result<S
 }
 
 impl Tally {
+    /// Counts a child order: not one the clients submitted, but its effects are judged as any
+    /// order's, by how it ended.
+    fn add_child(&mut self, r: &Item, b: &Value) {
+        self.children += 1;
+        let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+        let workflow = b["workflow"].as_str().unwrap_or_default();
+        let end = match state_of(r).as_str() {
+            "Processed" => {
+                self.children_processed += 1;
+                "Processed"
+            }
+            "Cancelled" => {
+                self.children_undone += 1;
+                "Cancelled"
+            }
+            "Error" if compensated(b) => {
+                self.children_compensated += 1;
+                "Compensated"
+            }
+            "Error" => {
+                self.children_failed += 1;
+                return;
+            }
+            _ => return,
+        };
+        self.ends.insert(id, effects::End::new(workflow, end));
+    }
+
     /// Counts one order's record, in `s` and here.
     fn add(&mut self, r: &Item, faulted: &Value, kills: u64, s: &mut Summary) {
         let b = body(r);
+        self.steps += b["steps"].as_array().map_or(0, Vec::len);
+        if b["parent"].is_object() {
+            return self.add_child(r, &b);
+        }
+        self.orders += 1;
         let timeline = b["timeline"].as_array().cloned().unwrap_or_default();
         self.resets += timeline.iter().filter(|e| e["what"] == "retry_scheduled").count();
         if let Some(held) = held_for(&timeline) {
@@ -173,7 +231,6 @@ impl Tally {
         }
         let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
         let why = explained(&b["cause"], &id, faulted, kills);
-        self.steps += b["steps"].as_array().map_or(0, Vec::len);
         let per_workflow = self.by_workflow.entry(workflow.clone()).or_default();
         per_workflow.0 += 1;
         match (state_of(r).as_str(), end.and_then(|e| e["what"].as_str())) {
@@ -344,6 +401,16 @@ fn outcomes(
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    if tally.children > 0 {
+        t.push_str(&format!(
+            "child orders (one per parcel of a split shipment): {} ({} processed, {} undone by their parent, {} compensated, {} failed)\n",
+            tally.children,
+            tally.children_processed,
+            tally.children_undone,
+            tally.children_compensated,
+            tally.children_failed
+        ));
+    }
     let (error_ids, reported_ids) = (&tally.error_ids, &tally.reported_ids);
     t.push_str(&format!(
         "alerts: {} orders in Error and {} processed with a report, {} alerted, {} without an alert\n",
