@@ -24,11 +24,11 @@ const SHIP_EACH: usize = 1;
 /// A parent that reserves the stock, ships each parcel of its input by a child order (at most
 /// `concurrency` at once, `tolerance` of them may fail), then charges the card.
 fn world(concurrency: u32, tolerance: &str) -> World {
-    world_within(concurrency, tolerance, 3600)
+    world_within(concurrency, tolerance, 3600, "undo")
 }
 
-/// [`world`], the list given `timeout` seconds to end.
-fn world_within(concurrency: u32, tolerance: &str, timeout: u64) -> World {
+/// [`world`], the list given `timeout` seconds to end, and its failure doing `on_failure`.
+fn world_within(concurrency: u32, tolerance: &str, timeout: u64, on_failure: &str) -> World {
     let mut w = World::new();
     let child = r#"{"name":"ship-parcel","input_schema":{"type":"object","required":["parcel"]},
         "steps":[{"name":"ship","agent":"shipping","compensation":{"action":"recall"}}]}"#;
@@ -36,7 +36,8 @@ fn world_within(concurrency: u32, tolerance: &str, timeout: u64) -> World {
         r#"{{"name":"ship-all","steps":[
         {{"name":"reserve-inventory","agent":"inventory","compensation":{{"action":"release-inventory"}}}},
         {{"name":"ship-each","each":{{"items":"/input/parcels","workflow":"ship-parcel",
-            "max_concurrency":{concurrency},"tolerance":{tolerance},"timeout_seconds":{timeout}}}}},
+            "max_concurrency":{concurrency},"tolerance":{tolerance},"timeout_seconds":{timeout}}},
+            "on_failure":"{on_failure}"}},
         {{"name":"charge-payment","agent":"payment","compensation":{{"action":"refund-payment"}}}}]}}"#
     );
     let workflows =
@@ -162,6 +163,30 @@ async fn past_the_tolerance_no_more_elements_start_and_only_the_processed_ones_a
 }
 
 #[tokio::test]
+async fn a_list_past_its_tolerance_that_only_reports_lets_the_order_go_on_with_its_parcels_shipped()
+{
+    let mut w = world_within(2, r#"{"count":0}"#, 3600, "report");
+    w.remote.script(
+        "ship",
+        [Behaviour::Succeed, Behaviour::Succeed, Behaviour::Permanent("no such address".into())],
+    );
+    let id = submit(&w, "fan-10", &parcels(5)).await;
+    w.run_for(Duration::from_secs(600)).await;
+    let parent = w.state(id);
+    assert_eq!(parent.process_state, ProcessState::Processed, "{:?}", parent.cause);
+    let step = &parent.steps[SHIP_EACH];
+    assert!(step.reported.is_some(), "{step:?}");
+    assert_eq!(step.status, StepStatus::Uncertain, "{:?}", step.detail);
+    let shipped: Vec<u32> = (0..5).filter(|&k| shipped(&w, id, k)).collect();
+    assert!(shipped.len() >= 2 && (0..5).all(|k| !recalled(&w, id, k)), "{shipped:?}");
+    assert!(w.remote.applied(&World::key(id, "charge-payment", "do")));
+    // The parent's report, and the refused parcel's own Error.
+    let about = |o: OrderId| w.alerts().iter().filter(|a| a["order_id"] == o.to_string()).count();
+    assert_eq!(about(id), 1);
+    assert_eq!((0..5).map(|k| about(element(id, k))).sum::<usize>(), 1);
+}
+
+#[tokio::test]
 async fn a_cancel_stops_the_children_in_flight_and_undoes_the_processed_ones() {
     let mut w = world(4, r#"{"count":0}"#);
     // Shipping is down for now: the first elements retry while the parent is cancelled.
@@ -252,7 +277,7 @@ async fn an_empty_list_completes_the_step_with_an_empty_output() {
 
 #[tokio::test]
 async fn a_list_that_outlives_its_timeout_is_undone_with_its_children_stopped() {
-    let mut w = world_within(2, r#"{"count":0}"#, 120);
+    let mut w = world_within(2, r#"{"count":0}"#, 120, "undo");
     // Two parcels ship, then shipping is down for longer than the list's timeout, though not
     // for ever: the parcels shipped are recalled once it is back.
     let mut script = vec![Behaviour::Succeed; 2];

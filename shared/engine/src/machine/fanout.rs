@@ -239,6 +239,12 @@ fn advance(next: &mut StateRecord, i: usize, fan: Fan, ctx: &Ctx<'_>, effects: &
             s.detail = Some(detail.clone());
             if tripped {
                 failed(next, i, Cause::StepRejected { step: name, reason: detail }, ctx);
+                // Passed on a report, its processed children stay, as an uncertain step's
+                // effect does (undone after all should the order stop later).
+                let s = &mut next.steps[i];
+                if s.reported.is_some() && s.status == StepStatus::ToUndo {
+                    s.status = StepStatus::Uncertain;
+                }
             }
         }
         Direction::Undo => {
