@@ -43,6 +43,9 @@ pub enum Mutant {
     /// The end of an element of a list is counted whether or not it was in flight, so that a
     /// duplicate of it counts again.
     ElementEndsCountedTwice,
+    /// A child its parent undoes while it is in flight ends Processed when the cancel comes
+    /// too late, as an order cancelled by an operator does, and its parent takes it as undone.
+    ChildKeptWhenUndoComesLate,
 }
 
 impl Mutant {

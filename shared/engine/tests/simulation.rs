@@ -3098,6 +3098,14 @@ fn a_redrive_giving_new_keys_to_steps_of_unknown_outcome_fails_the_simulation() 
 }
 
 #[test]
+fn a_child_kept_processed_when_its_parents_undo_comes_late_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::ChildKeptWhenUndoComesLate]);
+    let failure = first_failure(1..=800, breakage)
+        .expect("800 runs passed with children kept processed under their parent's undo");
+    assert!(failure.contains("step-child Undone, its child"), "{failure}");
+}
+
+#[test]
 fn a_list_counting_an_element_end_twice_fails_the_simulation() {
     let breakage = Breakage::Mutants(&[Mutant::ElementEndsCountedTwice]);
     let failure = first_failure(1..=800, breakage)

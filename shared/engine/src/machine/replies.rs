@@ -196,8 +196,10 @@ pub(super) fn proceed(
             && next.cause.is_none()
         {
             // A child its parent undoes is undone even so: its parent counts on it.
-            let undone_by_parent =
-                next.parent.as_ref().is_some_and(|p| p.step.direction == Direction::Undo);
+            let undone_by_parent = next.parent.as_ref().is_some_and(|p| {
+                p.step.direction == Direction::Undo
+                    && !mutants::on(Mutant::ChildKeptWhenUndoComesLate)
+            });
             if next.steps.iter().all(StepState::passed) && !undone_by_parent {
                 // The stop came too late: nothing is left to stop.
                 return processed(next, effects, ctx);
