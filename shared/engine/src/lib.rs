@@ -49,6 +49,7 @@ pub mod payload;
 pub mod ports;
 pub mod retry;
 pub mod services;
+pub mod starts;
 pub mod state;
 pub mod time;
 pub mod workflow;
