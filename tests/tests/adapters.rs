@@ -15,7 +15,9 @@ use sas_engine::events::{BusEvent, StatusKind};
 use sas_engine::message::{Message, Start};
 use sas_engine::order::Order;
 use sas_engine::payload::{self, Kept, Stored};
-use sas_engine::ports::{Destination, EventBus, OrderRecord, Outbox, Outgoing, Payloads};
+use sas_engine::ports::{
+    Destination, EventBus, OrderRecord, Outbox, Outgoing, Payloads, Read, StateStore,
+};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, IdempotencyKey, OrderId, Owner, Timestamp};
@@ -73,6 +75,33 @@ async fn a_large_value_is_kept_as_one_object_and_reads_back_whole() {
     // Without a bucket, nothing is stored.
     let none = sas_aws::payloads::S3Payloads::new(t.s3.clone(), None);
     assert!(matches!(payload::keep_output(&none, id, value).await.unwrap(), Kept::TooLarge { .. }));
+}
+
+#[tokio::test]
+async fn records_are_read_a_hundred_at_a_time_in_the_order_asked_with_none_for_a_missing_one() {
+    let t = TestStack::new("load-many").await;
+    let store = t.store();
+    let config = EngineConfig::default();
+    let mut ids = Vec::new();
+    for k in 0..150 {
+        let (order, state) = new_order(&format!("many-{k}"), &config);
+        store.create_order(&order).await.unwrap();
+        store.create_state(&state).await.unwrap();
+        ids.push(state.order_id);
+    }
+    // Asked for in another order than written, past one call's hundred, with a missing id.
+    ids.reverse();
+    let missing = OrderId::for_key(&IdempotencyKey::parse("never-written").unwrap());
+    ids.insert(70, missing);
+    let read = store.load_many(&ids, Read::Consistent).await.unwrap();
+    assert_eq!(read.len(), ids.len());
+    for (id, record) in ids.iter().zip(&read) {
+        match record {
+            Some(r) => assert_eq!(r.order_id, *id),
+            None => assert_eq!(*id, missing),
+        }
+    }
+    assert_eq!(read.iter().filter(|r| r.is_none()).count(), 1);
 }
 
 #[tokio::test]
