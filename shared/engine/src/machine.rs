@@ -51,7 +51,10 @@
 //! | Pending, Processing | expiry: a callback's lease at its end (no horizon: no answer is in a queue) | the step failed, unanswered |
 //! | Processing | start message of a callback's attempt, at or after its end | the step failed, unanswered (as at its expiry, without waiting for a sweep) |
 //! | Processing | start message of a callback's attempt, before its end | ignored: a heartbeat moved the end, and sent its own |
-//! | Pending, Processing | expiry: a child step's lease at its timeout | the step failed, its outcome unknown: undone (its child cancelled, or undone) with the rest |
+//! | Pending, Processing | expiry: a child step's lease before its timeout (it ends every five minutes) | its children looked at: a start or an end's word lost is made again, under the same lease; nothing counts against it |
+//! | Pending, Processing | expiry: a child step's lease at its timeout | the step failed, its outcome unknown: undone (its child cancelled, or undone) with the rest; a list's children in flight stopped at once |
+//! | Pending, Processing | a list's element ended (a child-ended message naming the element) | counted; more elements started up to the step's concurrency while nothing stops it and no more failed than it tolerates; once none is in flight, the children's outputs collected (the step's reply), or the step failed, its processed children undone with the rest |
+//! | Processing (undoing) | expiry of a child step's undo lease | its children asked again at a new attempt; nothing counts against it |
 //! | Pending, Processing | a child step's child ended (a child-ended message, read as a reply of its lease) | as an agent's reply: processed is done, with the child's outputs; Error or Cancelled failed; for its undo, undone unless the child left something to undo by hand |
 //! | Pending, Processing (stopping) | any transition while a child step is in flight | its child is asked to cancel (a command of the parent's) |
 //! | any, a child | its parent undoes the step that started it | processed: undone as by an operator's undo; in flight: cancelled; its end answers the parent's undo from then on |

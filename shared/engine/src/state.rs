@@ -205,6 +205,11 @@ pub struct StepState {
     /// For a step that starts a child order: the child's id, once it was sent to start it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<OrderId>,
+    /// For a step that starts a child (or a child per element of a list): when its children
+    /// must have ended, its timeout from when it was sent. Its lease ends sooner, so that the
+    /// supervisor looks at its children now and then until this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_by: Option<Timestamp>,
     /// For a step over a list: how far its children went, as counts (element `k`'s child is
     /// [`OrderId::for_element`]), so that a list of thousands never reaches the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -342,6 +347,7 @@ impl StepState {
             answer_by: None,
             held: None,
             child: None,
+            ends_by: None,
             fan: None,
         }
     }

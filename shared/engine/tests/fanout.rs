@@ -14,6 +14,7 @@ use sas_engine::OrderId;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::ids::Owner;
 use sas_engine::memory::Behaviour;
+use sas_engine::ports::{Destination, Incoming};
 use sas_engine::services::Command;
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
@@ -184,6 +185,36 @@ async fn a_list_past_its_tolerance_that_only_reports_lets_the_order_go_on_with_i
     let about = |o: OrderId| w.alerts().iter().filter(|a| a["order_id"] == o.to_string()).count();
     assert_eq!(about(id), 1);
     assert_eq!((0..5).map(|k| about(element(id, k))).sum::<usize>(), 1);
+}
+
+#[tokio::test]
+async fn an_elements_end_lost_on_the_way_is_found_at_the_next_look_not_at_the_timeout() {
+    let mut w = world(2, r#"{"count":0}"#);
+    let id = submit(&w, "fan-11", &parcels(4)).await;
+    // The first word of a child's end is lost: deleted, never handled.
+    let mut lost = None;
+    for _ in 0..200 {
+        for d in w.queues.receive(&Destination::Scheduler, 10) {
+            let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+            if lost.is_none() && d.body.contains("child_ended") {
+                lost = Some(d.body.clone());
+            } else if !w.deliver(&Destination::Scheduler, incoming, &d.body).await {
+                continue;
+            }
+            w.queues.delete(&Destination::Scheduler, &d.receipt).unwrap();
+        }
+        if w.pump().await == 0 && lost.is_some() {
+            break;
+        }
+    }
+    assert!(lost.is_some(), "no child ended");
+    assert!(w.state(id).process_state.is_in_flight());
+    // The supervisor's look at the step's children, five minutes on, finds the end.
+    w.run_for(Duration::from_secs(600)).await;
+    let parent = w.state(id);
+    assert_eq!(parent.process_state, ProcessState::Processed, "{:?}", parent.cause);
+    assert_eq!(parent.failure_count, 0);
+    assert!((0..4).all(|k| shipped(&w, id, k)));
 }
 
 #[tokio::test]

@@ -108,25 +108,14 @@ pub(super) fn element(
     message: &str,
     ctx: &Ctx<'_>,
 ) -> Decision {
-    let stale = Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
-    let Some((i, leased, lease)) = holder(record, attempt, step) else {
-        return stale;
+    let (i, leased, _) = match answered(record, attempt, step) {
+        Ok(found) => found,
+        Err(decision) => return decision,
     };
-    let fan = fan_of(ctx, leased);
-    let Some(fan) = fan.filter(|_| lease.sent && step.index == i && step.name == leased.name)
-    else {
-        return Decision::Illegal(Illegal::WrongStep {
-            leased: leased.name.clone(),
-            replied: step.name.clone(),
-        });
+    let Some(fan) = fan_of(ctx, leased) else {
+        return Decision::Illegal(Illegal::NotDispatched { attempt });
     };
     let direction = leased.direction();
-    if step.direction != direction {
-        return Decision::Illegal(Illegal::WrongDirection {
-            leased: direction,
-            replied: step.direction,
-        });
-    }
     let ok = match outcome {
         StepOutcome::Done { .. } => true,
         StepOutcome::Failed { .. } => false,
@@ -140,7 +129,7 @@ pub(super) fn element(
     });
     if !running && !mutants::on(Mutant::ElementEndsCountedTwice) {
         // Its end was counted already: a duplicate.
-        return stale;
+        return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
     }
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     if let Some(f) = next.steps[i].fan.as_mut() {

@@ -171,6 +171,11 @@ pub(super) fn start(
     Ok(())
 }
 
+/// How often the supervisor looks at the children of a step in flight, its lease ending then:
+/// a start, or word of an end, lost on the way is made again within this time rather than at
+/// the step's timeout.
+pub const CHILD_LOOK: Duration = Duration::from_secs(300);
+
 /// Sends step `i`, due by `complete_by`: its request to its agent, or, for a callback, the
 /// announcement of a fresh token, which only this lease accepts.
 pub(super) fn dispatch(
@@ -180,12 +185,17 @@ pub(super) fn dispatch(
     ctx: &Ctx<'_>,
     effects: &mut Vec<Effect>,
 ) {
+    if starts_child(ctx, &next.steps[i]) {
+        // Forward, its timeout; the lease ends at the next look at its children.
+        if next.steps[i].direction() == Direction::Do {
+            next.steps[i].ends_by = Some(complete_by);
+        }
+        send(next, i, complete_by.min(ctx.now.plus(CHILD_LOOK)));
+    }
     if let Some(fan) = fan_of(ctx, &next.steps[i]) {
-        send(next, i, complete_by);
         return open(next, i, fan, ctx, effects);
     }
     if starts_child(ctx, &next.steps[i]) {
-        send(next, i, complete_by);
         let state = &next.steps[i];
         next.steps[i].child =
             Some(OrderId::for_child(next.order_id, &state.name, state.generation));
@@ -317,6 +327,18 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
         next.steps[i].lease =
             Some(Lease { attempt: next.attempt, complete_by, sent: false, ..lease });
         effects.push(Effect::Kick { delay: Duration::ZERO, attempt: next.attempt });
+        return;
+    }
+    let looked_at = child_step.is_some() && next.steps[i].direction() == Direction::Do;
+    if let Some(end) = next.steps[i].ends_by.filter(|end| looked_at && *end > ctx.now) {
+        // Not its timeout yet, only a look at its children: whatever start or word of an end
+        // was lost is made again, under the same lease, and nothing counts against it.
+        next.steps[i].lease =
+            Some(Lease { complete_by: end.min(ctx.now.plus(CHILD_LOOK)), ..lease });
+        effects.push(match fan_of(ctx, &next.steps[i]) {
+            Some(_) => replay_of(&next.steps[i], i),
+            None => Effect::Child { step: i },
+        });
         return;
     }
     let failures = lease.failures.saturating_add(1);

@@ -15,26 +15,15 @@ pub(super) fn reply(
     if let Some(k) = step.element {
         return element(record, attempt, step, k, outcome, message, ctx);
     }
-    let Some((i, leased, lease)) = holder(record, attempt, step) else {
-        return Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt });
+    let (i, leased, lease) = match answered(record, attempt, step) {
+        Ok(found) => found,
+        Err(decision) => return decision,
     };
-    if !lease.sent || awaits_callback(ctx, leased) || !whole_reply_fits(ctx, leased) {
+    if awaits_callback(ctx, leased) || !whole_reply_fits(ctx, leased) {
         // Nothing goes to an agent for a callback: no agent can answer for it.
         return Decision::Illegal(Illegal::NotDispatched { attempt });
     }
-    if step.index != i || step.name != leased.name {
-        return Decision::Illegal(Illegal::WrongStep {
-            leased: leased.name.clone(),
-            replied: step.name.clone(),
-        });
-    }
     let direction = leased.direction();
-    if step.direction != direction {
-        return Decision::Illegal(Illegal::WrongDirection {
-            leased: direction,
-            replied: step.direction,
-        });
-    }
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     next.steps[i].lease = None;
     let name = leased.name.clone();
@@ -87,9 +76,9 @@ pub(super) fn reply(
         (_, StepOutcome::Held { reason }) => {
             // Nothing is known of the effect of the calls made before the hold: the step
             // waits under the same keys, so that its service answers what it did.
-            park(&mut next, i, lease, reason, ctx);
+            park(&mut next, i, &lease, reason, ctx);
         }
-        (_, StepOutcome::Deferred { until }) => match defer(&mut next, i, lease, *until, ctx) {
+        (_, StepOutcome::Deferred { until }) => match defer(&mut next, i, &lease, *until, ctx) {
             Some(kick) => effects.push(kick),
             None => return unknown_step(&next.steps[i]),
         },
@@ -102,6 +91,38 @@ pub(super) fn reply(
         }
     }
     proceed(next, effects, ctx, Via::Lease)
+}
+
+/// The step a reply (or a child's end) answers, with its lease: the lease at `attempt`, sent,
+/// of the step and direction it names; otherwise what to decide instead (stale, or illegal).
+pub(super) fn answered<'r>(
+    record: &'r StateRecord,
+    attempt: u64,
+    step: &StepRef,
+) -> Result<(usize, &'r StepState, Lease), Decision> {
+    let Some((i, leased, lease)) = holder(record, attempt, step) else {
+        return Err(Decision::Ignore(Ignored::Stale {
+            received: attempt,
+            current: record.attempt,
+        }));
+    };
+    if !lease.sent {
+        return Err(Decision::Illegal(Illegal::NotDispatched { attempt }));
+    }
+    if step.index != i || step.name != leased.name {
+        return Err(Decision::Illegal(Illegal::WrongStep {
+            leased: leased.name.clone(),
+            replied: step.name.clone(),
+        }));
+    }
+    let direction = leased.direction();
+    if step.direction != direction {
+        return Err(Decision::Illegal(Illegal::WrongDirection {
+            leased: direction,
+            replied: step.direction,
+        }));
+    }
+    Ok((i, leased, *lease))
 }
 
 /// The step whose lease holds `attempt`, with the lease.
