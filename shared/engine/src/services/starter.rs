@@ -1,0 +1,101 @@
+//! Orders started without a client: by an event that matches a pattern a workflow declares,
+//! or at the times of a schedule it declares. Each order is keyed by what started it (the
+//! event's id, the schedule's time), and goes through the submission as a client's would, so
+//! that a start delivered or looked at twice finds the order it made.
+
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::submission::{Accepted, Submission};
+use crate::error::{Error, Result};
+use crate::ids::Owner;
+use crate::load::LoadSource;
+use crate::ports::{Clock, EventBus, Ids, Outbox, Payloads, StateStore};
+use crate::starts::{Declared, Start, event_key, schedule_key};
+use crate::time::Timestamp;
+
+/// How one start went.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Started {
+    pub workflow: String,
+    pub key: String,
+    /// The order (new, or the one the key made before), or why its input was refused: a start
+    /// that can never make an order is reported, not tried again.
+    pub outcome: std::result::Result<Accepted, String>,
+}
+
+/// Starts orders for the starts the workflows declare.
+#[derive(Debug)]
+pub struct Starter<S, Q, B, C, I, L, P> {
+    submission: Submission<S, Q, B, C, I, L, P>,
+    starts: Vec<Declared>,
+}
+
+impl<S, Q, B, C, I, L, P> Starter<S, Q, B, C, I, L, P>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    I: Ids,
+    L: LoadSource,
+    P: Payloads,
+{
+    pub fn new(submission: Submission<S, Q, B, C, I, L, P>, starts: Vec<Declared>) -> Self {
+        Starter { submission, starts }
+    }
+
+    /// An event from the bus: an order of each workflow one of whose patterns it matches (one
+    /// per workflow), keyed by the event's id. An error is a passing one (the store, the
+    /// door): the event is to be delivered again, and makes no order twice.
+    pub async fn on_event(&self, event: &Value) -> Result<Vec<Started>> {
+        let Some(id) = event.get("id").and_then(Value::as_str) else {
+            return Err(Error::InvalidMessage("an event without its id".into()));
+        };
+        let mut started = Vec::new();
+        for declared in &self.starts {
+            let Start::Event { pattern, input } = &declared.start else { continue };
+            let done = started.iter().any(|s: &Started| s.workflow == declared.workflow);
+            if done || !pattern.matches(event) {
+                continue;
+            }
+            let key = event_key(&declared.workflow, id);
+            let body = event.pointer(input).cloned().unwrap_or(Value::Null);
+            started.push(self.start(&declared.workflow, key, &body).await?);
+        }
+        Ok(started)
+    }
+
+    /// Every time of every schedule after `after` and at or before `until`: an order each,
+    /// keyed by the time.
+    pub async fn on_schedules(&self, after: Timestamp, until: Timestamp) -> Result<Vec<Started>> {
+        let mut started = Vec::new();
+        for declared in &self.starts {
+            let Start::Schedule { schedule, input } = &declared.start else { continue };
+            for at in schedule.times(after, until) {
+                let key = schedule_key(&declared.workflow, declared.index, at);
+                started.push(self.start(&declared.workflow, key, input).await?);
+            }
+        }
+        Ok(started)
+    }
+
+    async fn start(&self, workflow: &str, key: String, input: &Value) -> Result<Started> {
+        let body = serde_json::to_vec(input).unwrap_or_default();
+        let owner = Owner::anonymous();
+        let outcome = match self.submission.submit_to(&owner, Some(workflow), &key, &body).await {
+            Ok(accepted) => {
+                if accepted.created {
+                    info!(%workflow, %key, order_id = %accepted.order_id, "order started");
+                }
+                Ok(accepted)
+            }
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) => {
+                warn!(%workflow, %key, error = %e, "a start made no order");
+                Err(e.to_string())
+            }
+        };
+        Ok(Started { workflow: workflow.to_owned(), key, outcome })
+    }
+}
