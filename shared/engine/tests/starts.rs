@@ -71,9 +71,7 @@ async fn a_schedules_time_looked_at_by_two_sweeps_starts_one_order() {
     let w = World::new();
     let starter =
         Starter::new(w.system.submission(w.queues.clone(), Arc::new(SeqIds::new("s"))), starts());
-    let t = |minutes: i64| {
-        Timestamp::from_millis(1_800_000_000_000 - 1_800_000_000_000 % 900_000 + minutes * 60_000)
-    };
+    let t = |minutes: i64| Timestamp::from_millis(1_800_000_000_000 + minutes * 60_000);
     // Two sweeps whose windows overlap over the quarter past: three times, three orders.
     let one = starter.on_schedules(t(-1), t(15)).await.unwrap();
     let two = starter.on_schedules(t(14), t(31)).await.unwrap();
