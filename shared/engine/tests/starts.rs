@@ -71,6 +71,7 @@ async fn a_schedules_time_looked_at_by_two_sweeps_starts_one_order() {
     let w = World::new();
     let starter =
         Starter::new(w.system.submission(w.queues.clone(), Arc::new(SeqIds::new("s"))), starts());
+    // 1.8e12 ms since the epoch is on a quarter hour.
     let t = |minutes: i64| Timestamp::from_millis(1_800_000_000_000 + minutes * 60_000);
     // Two sweeps whose windows overlap over the quarter past: three times, three orders.
     let one = starter.on_schedules(t(-1), t(15)).await.unwrap();
