@@ -148,10 +148,8 @@ pub(super) fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
             .leased()
             .filter(|(_, _, l)| l.sent)
             .map(|(i, s, _)| {
-                if fan_of(ctx, s).is_some() {
-                    replay_of(s, i)
-                } else if starts_child(ctx, s) {
-                    Effect::Child { step: i }
+                if starts_child(ctx, s) {
+                    children_again(ctx, s, i)
                 } else if awaits_callback(ctx, s) {
                     Effect::Announce { step: i }
                 } else {

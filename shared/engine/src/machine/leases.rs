@@ -191,11 +191,9 @@ pub(super) fn dispatch(
             next.steps[i].ends_by = Some(complete_by);
         }
         send(next, i, complete_by.min(ctx.now.plus(CHILD_LOOK)));
-    }
-    if let Some(fan) = fan_of(ctx, &next.steps[i]) {
-        return open(next, i, fan, ctx, effects);
-    }
-    if starts_child(ctx, &next.steps[i]) {
+        if let Some(fan) = fan_of(ctx, &next.steps[i]) {
+            return open(next, i, fan, ctx, effects);
+        }
         let state = &next.steps[i];
         next.steps[i].child =
             Some(OrderId::for_child(next.order_id, &state.name, state.generation));
@@ -238,6 +236,16 @@ pub(super) fn token(seed: u128, order_id: OrderId, attempt: u64, step: usize) ->
     hash.update(attempt.to_le_bytes());
     hash.update((step as u64).to_le_bytes());
     hash.finalize().iter().take(20).map(|b| format!("{b:02x}")).collect()
+}
+
+/// What brings the children of step `i` (`state`, which starts them) in line with its lease
+/// again: its child, or its list's elements in flight (or the read of its list, or its
+/// collection).
+pub(super) fn children_again(ctx: &Ctx<'_>, state: &StepState, i: usize) -> Effect {
+    match fan_of(ctx, state) {
+        Some(_) => replay_of(state, i),
+        None => Effect::Child { step: i },
+    }
 }
 
 /// Whether `state` is a step that starts a child order (to do or to undo).
@@ -315,31 +323,32 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
     if lease.held {
         return held_too_long(next, i, ctx);
     }
-    let child_step =
-        ctx.workflow.step_named(&next.steps[i].name).filter(|s| matches!(s.work, Work::Child(_)));
-    if let Some(step) = child_step
-        && next.steps[i].direction() == Direction::Undo
+    if let Some(step) = ctx.workflow.step_named(&next.steps[i].name)
+        && matches!(step.work, Work::Child(_))
     {
-        // Its children end on their own (each is an order the supervisor sees through), however
-        // long their undos take: the step asks them again, and nothing counts against it.
-        next.attempt += 1;
-        let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
-        next.steps[i].lease =
-            Some(Lease { attempt: next.attempt, complete_by, sent: false, ..lease });
-        effects.push(Effect::Kick { delay: Duration::ZERO, attempt: next.attempt });
-        return;
-    }
-    let looked_at = child_step.is_some() && next.steps[i].direction() == Direction::Do;
-    if let Some(end) = next.steps[i].ends_by.filter(|end| looked_at && *end > ctx.now) {
-        // Not its timeout yet, only a look at its children: whatever start or word of an end
-        // was lost is made again, under the same lease, and nothing counts against it.
-        next.steps[i].lease =
-            Some(Lease { complete_by: end.min(ctx.now.plus(CHILD_LOOK)), ..lease });
-        effects.push(match fan_of(ctx, &next.steps[i]) {
-            Some(_) => replay_of(&next.steps[i], i),
-            None => Effect::Child { step: i },
-        });
-        return;
+        match (next.steps[i].direction(), next.steps[i].ends_by) {
+            (Direction::Undo, _) => {
+                // Its children end on their own (each is an order the supervisor sees
+                // through), however long their undos take: the step asks them again, and
+                // nothing counts against it.
+                next.attempt += 1;
+                let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(step.budget);
+                next.steps[i].lease =
+                    Some(Lease { attempt: next.attempt, complete_by, sent: false, ..lease });
+                effects.push(Effect::Kick { delay: Duration::ZERO, attempt: next.attempt });
+                return;
+            }
+            (Direction::Do, Some(end)) if end > ctx.now => {
+                // Not its timeout yet, only a look at its children: whatever start or word of
+                // an end was lost is made again, under the same lease, and nothing counts
+                // against it.
+                let complete_by = end.min(ctx.now.plus(CHILD_LOOK));
+                next.steps[i].lease = Some(Lease { complete_by, ..lease });
+                effects.push(children_again(ctx, &next.steps[i], i));
+                return;
+            }
+            (Direction::Do, _) => {}
+        }
     }
     let failures = lease.failures.saturating_add(1);
     next.failure_count = next.failure_count.saturating_add(1);

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::effects::Ports;
 use crate::error::{Error, Result};
-use crate::ids::{Direction, IdempotencyKey, OrderId};
+use crate::ids::{Direction, IdempotencyKey, OrderId, Owner};
 use crate::machine::{self, Ctx, Decision, Input};
 use crate::message::{ChildEnded, Message, StepOutcome, StepRef, StepReply};
 use crate::order::Order;
@@ -159,15 +159,15 @@ where
     }
 
     /// Starts the child `id` of `parent`'s step `index`, or, if it exists, tells the parent how
-    /// it ended should it have. Its input is `given` (the parent's order and an element of the
-    /// step's list), or is found at the step's pointer.
+    /// it ended should it have. Its input is `given` (the owner of the parent's order and an
+    /// element of the step's list), or is found at the step's pointer.
     pub(super) async fn start_child(
         &self,
         parent: &StateRecord,
         index: usize,
         id: OrderId,
         link: Parent,
-        given: Option<(&OrderRecord, &Value)>,
+        given: Option<(&Owner, &Value)>,
     ) -> Result<Vec<Outgoing>> {
         if let Some(existing) = self.store.load(id, Read::Consistent).await? {
             return Ok(existing
@@ -180,7 +180,7 @@ where
         }
         let workflow = self.catalogue.of(parent)?;
         let spec = match workflow.step(index).map(|s| &s.work) {
-            Some(Work::Child(spec)) => spec.clone(),
+            Some(Work::Child(spec)) => spec,
             _ => {
                 return Err(Error::Corrupt {
                     order_id: parent.order_id,
@@ -188,12 +188,12 @@ where
                 });
             }
         };
-        let (order, input) = match given {
-            Some((order, element)) => (order.clone(), element.clone()),
+        let (owner, body) = match given {
+            Some((owner, element)) => (owner.clone(), serde_json::to_vec(element)),
             None => {
                 let order = self.order_of(parent).await?;
-                match self.child_input(parent, &order, &spec).await? {
-                    Ok(input) => (order, input),
+                match self.child_input(parent, &order, spec).await? {
+                    Ok(input) => (order.owner, serde_json::to_vec(&input)),
                     Err(why) => return Ok(vec![reply(&link, StepOutcome::failed(&why))]),
                 }
             }
@@ -206,7 +206,7 @@ where
             let why = format!("this deployment has no workflow {} to start", spec.workflow);
             return Ok(vec![reply(&link, StepOutcome::failed(&why))]);
         };
-        let body = serde_json::to_vec(&input).unwrap_or_default();
+        let body = body.unwrap_or_default();
         let order_input = match child_workflow.input(&body) {
             Ok(order) => order,
             Err(rejection) => {
@@ -235,7 +235,7 @@ where
                 .map_err(Error::from)?;
         let record = OrderRecord {
             order_id: id,
-            owner: order.owner,
+            owner,
             idempotency_key: key,
             order: Order(kept),
             created_at: now,

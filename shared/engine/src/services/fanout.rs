@@ -10,10 +10,10 @@ use serde_json::Value;
 use super::children::{link, reply};
 use super::effects::Ports;
 use crate::error::{Error, Result};
-use crate::ids::{Direction, OrderId};
+use crate::ids::{Direction, OrderId, Owner};
 use crate::machine::Input;
 use crate::message::StepOutcome;
-use crate::ports::{Clock, EventBus, OrderRecord, Outbox, Outgoing, Payloads, Read, StateStore};
+use crate::ports::{Clock, EventBus, Outbox, Outgoing, Payloads, Read, StateStore};
 use crate::state::{ProcessState, StateRecord};
 use crate::workflow::{MAX_ELEMENTS, Work};
 
@@ -67,7 +67,7 @@ where
             }
             return Ok(outgoing);
         }
-        let (order, list) = match self.list(parent, index).await? {
+        let (owner, list) = match self.list(parent, index).await? {
             Ok(found) => found,
             Err(why) => {
                 // The list was read when the step started; only a changed workflow moves it.
@@ -82,7 +82,7 @@ where
                 continue;
             };
             outgoing.extend(
-                self.start_child(parent, index, child, link, Some((&order, element))).await?,
+                self.start_child(parent, index, child, link, Some((&owner, element))).await?,
             );
         }
         Ok(outgoing)
@@ -112,12 +112,12 @@ where
         Ok(reply(&whole, outcome))
     }
 
-    /// The parent's order and the list of its step `index`, or why there is none.
+    /// The owner of the parent's order and the list of its step `index`, or why there is none.
     async fn list(
         &self,
         parent: &StateRecord,
         index: usize,
-    ) -> Result<std::result::Result<(OrderRecord, Vec<Value>), String>> {
+    ) -> Result<std::result::Result<(Owner, Vec<Value>), String>> {
         let workflow = self.catalogue.of(parent)?;
         let Some(Work::Child(spec)) = workflow.step(index).map(|s| &s.work) else {
             return Err(Error::Corrupt {
@@ -127,7 +127,7 @@ where
         };
         let order = self.order_of(parent).await?;
         Ok(match self.child_input(parent, &order, spec).await? {
-            Ok(Value::Array(list)) => Ok((order, list)),
+            Ok(Value::Array(list)) => Ok((order.owner, list)),
             Ok(_) => Err(format!("the value at {} is not a list", spec.input)),
             Err(why) => Err(why),
         })
