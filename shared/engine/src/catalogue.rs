@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::ids::AgentName;
+use crate::starts::Declared;
 use crate::state::StateRecord;
 use crate::workflow::{Work, Workflow};
 
@@ -141,6 +142,20 @@ impl Catalogue {
             workflow: record.workflow.clone(),
             version: record.workflow_version,
         })
+    }
+
+    /// The starts each workflow declares (as its newest version does), to make its orders
+    /// without a client.
+    pub fn starts(&self) -> Vec<Declared> {
+        let mut declared = Vec::new();
+        for name in self.names() {
+            let Some(workflow) = self.current(name) else { continue };
+            for (index, start) in workflow.starts().iter().enumerate() {
+                let start = start.clone();
+                declared.push(Declared { workflow: name.to_owned(), index, start });
+            }
+        }
+        declared
     }
 
     /// The workflows' names, each once, sorted.

@@ -14,7 +14,7 @@ pub use pattern::Pattern;
 pub use schedule::Schedule;
 
 /// What starts orders of a workflow without a client.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Start {
     /// Each event that matches `pattern`, with the value at the JSON pointer `input` of the
     /// event as the order's input (`/detail` by default).
@@ -24,7 +24,7 @@ pub enum Start {
 }
 
 /// A start a workflow declares: the workflow, and its place among the workflow's starts.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Declared {
     pub workflow: String,
     pub index: usize,

@@ -19,6 +19,7 @@ use crate::error::Error;
 use crate::ids::{AgentName, Direction};
 use crate::order::{FieldError, Order, Rejection};
 use crate::retry::WaitPolicy;
+use crate::starts::{Pattern, Schedule, Start};
 
 /// Shortest budget a step may have: below this an agent cannot make even one remote call.
 pub const MIN_BUDGET: Duration = Duration::from_secs(1);
@@ -51,6 +52,7 @@ pub struct Workflow {
     version: u32,
     steps: Vec<Step>,
     input: InputSchema,
+    starts: Vec<Start>,
 }
 
 /// The JSON Schema of a workflow's input, compiled once.
@@ -266,6 +268,26 @@ struct WorkflowSpec {
     #[serde(default)]
     max_hold_seconds: Option<u64>,
     steps: Vec<StepSpec>,
+    /// What starts its orders without a client.
+    #[serde(default)]
+    starts: Vec<StartSpec>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum StartSpec {
+    Event {
+        pattern: Value,
+        #[serde(default)]
+        input: Option<String>,
+    },
+    Schedule {
+        expression: String,
+        #[serde(default)]
+        timezone: Option<String>,
+        #[serde(default)]
+        input: Option<Value>,
+    },
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -395,7 +417,13 @@ impl Workflow {
         }
         let input = InputSchema::compile(spec.input_schema.unwrap_or_else(any_object))
             .map_err(|e| invalid(format!("input_schema is not a JSON Schema: {e}")))?;
-        let workflow = Workflow { name: spec.name.clone(), version, steps, input };
+        let mut workflow =
+            Workflow { name: spec.name.clone(), version, steps, input, starts: Vec::new() };
+        for (i, start) in spec.starts.iter().enumerate() {
+            let start =
+                workflow.start_of(start).map_err(|e| invalid(format!("starts[{i}]: {e}")))?;
+            workflow.starts.push(start);
+        }
         // A child's input from a step's output needs that step done before the child starts.
         for s in workflow.steps() {
             if let Work::Child(child) = &s.work
@@ -411,6 +439,35 @@ impl Workflow {
             }
         }
         Ok(workflow)
+    }
+
+    /// What starts its orders without a client, in the order the file declares them.
+    pub fn starts(&self) -> &[Start] {
+        &self.starts
+    }
+
+    /// A declared start, checked: its pattern or schedule, and a schedule's input against the
+    /// workflow's schema.
+    fn start_of(&self, spec: &StartSpec) -> Result<Start, String> {
+        match spec {
+            StartSpec::Event { pattern, input } => {
+                let input = input.clone().unwrap_or_else(|| "/detail".to_owned());
+                if !input.is_empty() && !input.starts_with('/') {
+                    return Err(format!("event.input must be a JSON pointer, not {input:?}"));
+                }
+                Ok(Start::Event { pattern: Pattern::new(pattern)?, input })
+            }
+            StartSpec::Schedule { expression, timezone, input } => {
+                let schedule = Schedule::parse(expression, timezone.as_deref())?;
+                let input = input.clone().unwrap_or_else(|| Value::Object(Default::default()));
+                let body = serde_json::to_vec(&input).unwrap_or_default();
+                if body.len() > crate::payload::MAX_INLINE_INPUT_LEN {
+                    return Err("a schedule's input is at most 4 KiB".into());
+                }
+                self.input(&body).map_err(|e| format!("the schedule's input: {e}"))?;
+                Ok(Start::Schedule { schedule, input })
+            }
+        }
     }
 
     /// Decodes an order's input and checks it against the workflow's schema. Every problem is
@@ -976,6 +1033,70 @@ mod tests {
         for (steps, expected) in cases {
             let err = with_dependencies(steps).unwrap_err().to_string();
             assert!(err.contains(expected), "{steps:?}: {err}");
+        }
+    }
+
+    /// A one-step workflow whose input needs a `tenant`, starting as `starts` says.
+    fn with_starts(starts: Value) -> Result<Workflow, Error> {
+        let json = serde_json::json!({"name": "w", "steps": [{"name": "a", "agent": "payment"}],
+            "input_schema": {"type": "object", "required": ["tenant"]}, "starts": starts});
+        Workflow::from_json(&json.to_string(), &agents())
+    }
+
+    #[test]
+    fn a_workflow_declares_its_starts_by_event_and_by_schedule() {
+        let w = with_starts(serde_json::json!([
+            {"event": {"pattern": {"source": ["crm"], "detail-type": ["TenantSignedUp"]}}},
+            {"event": {"pattern": {"source": ["billing"]}, "input": "/detail/account"}},
+            {"schedule": {"expression": "cron(0 2 * * ? *)", "timezone": "Europe/Paris",
+                          "input": {"tenant": "all"}}},
+        ]))
+        .unwrap();
+        let [crate::starts::Start::Event { pattern, input }, second, third] = w.starts() else {
+            panic!("{:?}", w.starts())
+        };
+        assert_eq!(input, "/detail");
+        let event = serde_json::json!({"source": "crm", "detail-type": "TenantSignedUp"});
+        assert!(pattern.matches(&event));
+        assert!(
+            matches!(second, crate::starts::Start::Event { input, .. } if input == "/detail/account")
+        );
+        let crate::starts::Start::Schedule { schedule, input } = third else { panic!("{third:?}") };
+        assert_eq!(input, &serde_json::json!({"tenant": "all"}));
+        // 02:00 in Paris is 01:00 UTC in winter: 2026-11-30T01:00:00Z.
+        let at = crate::time::Timestamp::from_millis(1_796_000_400_000);
+        assert_eq!(schedule.times(at.minus(Duration::from_secs(60)), at), [at]);
+        assert!(with_starts(serde_json::json!([])).unwrap().starts().is_empty());
+    }
+
+    #[test]
+    fn a_start_that_cannot_work_is_refused_at_load_naming_it() {
+        let cases = [
+            (
+                serde_json::json!([{"event": {"pattern": {"source": [{"cidr": "10.0.0.0/24"}]}}}]),
+                "starts[0]",
+            ),
+            (serde_json::json!([{"event": {"pattern": {}, "input": "detail"}}]), "JSON pointer"),
+            (serde_json::json!([{"schedule": {"expression": "every day"}}]), "neither rate"),
+            (
+                serde_json::json!([{"schedule": {"expression": "rate(5 minutes)", "timezone": "Mars/Olympus",
+                                               "input": {"tenant": "t"}}}]),
+                "not a time zone",
+            ),
+            (
+                serde_json::json!([{"schedule": {"expression": "rate(1 hour)"}}]),
+                "the schedule's input",
+            ),
+            (
+                serde_json::json!([{"schedule": {"expression": "rate(1 hour)",
+                                               "input": {"tenant": "x".repeat(5000)}}}]),
+                "at most 4 KiB",
+            ),
+            (serde_json::json!([{"webhook": {}}]), "starts"),
+        ];
+        for (starts, expected) in cases {
+            let err = with_starts(starts.clone()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{starts}: {err}");
         }
     }
 

@@ -13,7 +13,7 @@
 use serde_json::{Map, Value};
 
 /// A checked event pattern.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pattern(Map<String, Value>);
 
 impl Pattern {

@@ -21,7 +21,7 @@ use crate::time::Timestamp;
 pub const MAX_TIMES: usize = 1440;
 
 /// A checked schedule.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Schedule {
     /// Every this many minutes, from the epoch.
     Rate { minutes: u32 },
@@ -30,7 +30,7 @@ pub enum Schedule {
 }
 
 /// The six fields of a cron expression.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fields {
     minutes: Vec<u32>,
     hours: Vec<u32>,
@@ -40,7 +40,7 @@ pub struct Fields {
 }
 
 /// Which days of a month a cron names: by the day of the month, or by the day of the week.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Days {
     OfMonth { days: Vec<u32>, last: bool, nearest_weekday: Option<u32> },
     OfWeek { days: Vec<u32>, last: Option<u32>, nth: Option<(u32, u32)> },
