@@ -26,12 +26,13 @@ use sas_aws::waits::DynamoWaits;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::StatusKinds;
-use sas_engine::load::Gauges;
+use sas_engine::load::{Gauges, Unmetered};
 use sas_engine::memory::{ManualClock, SplitMix};
 use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
 use sas_engine::services::{
-    Agent, Assembly, Scheduler, ServiceDesk, StatusService, Submission, Supervisor, SweepReport,
+    Agent, Assembly, Scheduler, ServiceDesk, Starter, StatusService, Submission, Supervisor,
+    SweepReport,
 };
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
@@ -321,6 +322,10 @@ pub struct System {
     submission: Submission<Store, Outbox, Bus, ManualClock, UuidIds, Load, S3Payloads>,
     status: StatusService<Store>,
     scheduler: Scheduler<Store, Coalescing<Outbox>, Bus, ManualClock, DynamoWaits, S3Payloads>,
+    /// The scheduler's starter, of orders the bus's events start.
+    starter: Starter<Store, Coalescing<Outbox>, Bus, ManualClock, UuidIds, Unmetered, S3Payloads>,
+    /// The supervisor's starter, of orders the schedules start.
+    scheduled: Starter<Store, Outbox, Bus, ManualClock, UuidIds, Unmetered, S3Payloads>,
     /// Each agent with the logical id of its queue.
     agents: Vec<(String, TestAgent)>,
     supervisor: Supervisor<Store, Store, Outbox, Bus, ManualClock, Load, S3Payloads>,
@@ -404,6 +409,7 @@ impl System {
         let to_scheduler_outbox = || SqsOutbox::new(t.sqs.clone(), to_scheduler.clone());
         let submission = system.submission(to_scheduler_outbox(), UuidIds);
         let scheduler_outbox = Coalescing::new(SqsOutbox::new(t.sqs.clone(), agent_urls), LINGER);
+        let starter = system.starter(scheduler_outbox.clone(), UuidIds);
         let scheduler = system.scheduler(scheduler_outbox, "scheduler/test");
         let agents =
             agent_queues
@@ -423,6 +429,7 @@ impl System {
                 })
                 .collect();
         let supervisor = system.supervisor(to_scheduler_outbox());
+        let scheduled = system.starter(to_scheduler_outbox(), UuidIds);
         // Named as operators name them: the scheduler's two queues, then each agent's.
         let names = SCHEDULER_QUEUES
             .map(|(_, name)| name.to_owned())
@@ -463,6 +470,8 @@ impl System {
             submission,
             status,
             scheduler,
+            starter,
+            scheduled,
             agents,
             supervisor,
             book,
@@ -578,7 +587,7 @@ impl System {
     pub async fn handle_batch(&self, queue: &str, event: SqsEvent) -> SqsBatchResponse {
         match self.agents.iter().find(|(q, _)| q == queue) {
             Some((_, agent)) => sas_agent_kit::handle(agent, event).await,
-            None => sas_scheduler::handle(&self.scheduler, event).await,
+            None => sas_scheduler::handle(&self.scheduler, &self.starter, event).await,
         }
     }
 
@@ -626,7 +635,10 @@ impl System {
     }
 
     pub async fn sweep(&self) -> SweepReport {
-        sas_supervisor::handle(&self.supervisor, &self.book).await.unwrap()
+        let look_back = sas_engine::starts::MIN_LOOK_BACK;
+        sas_supervisor::handle(&self.supervisor, &self.book, &self.scheduled, look_back)
+            .await
+            .unwrap()
     }
 
     pub async fn state(&self, id: OrderId) -> StateRecord {

@@ -1,22 +1,27 @@
 //! The supervisor function's handler: per scheduled invocation, one sweep of the expiry index,
 //! then the services tended (holds announced, the orders of a service open again resumed
-//! while the queues flow).
+//! while the queues flow), then the orders of the schedules' times started.
 
 pub mod settings;
 
 use sas_engine::load::LoadSource;
+use std::time::Duration;
+
 use sas_engine::ports::{
-    Clock, EventBus, ExpiryIndex, HeldIndex, Outbox, Payloads, ServiceBook, StateStore,
+    Clock, EventBus, ExpiryIndex, HeldIndex, Ids, Outbox, Payloads, ServiceBook, StateStore,
 };
-use sas_engine::services::{Supervisor, SweepReport};
+use sas_engine::services::{Starter, Supervisor, SweepReport};
 use tracing::{info, warn};
 
-/// Runs one sweep, then tends the services of `book`, and returns the sweep's report (both are
-/// logged). Fails only when no shard could be queried; records that failed individually stay
-/// expired for the next sweep, and services that could not be tended are tended then.
-pub async fn handle<S, X, Q, B, C, L, G, P>(
+/// Runs one sweep, tends the services of `book`, starts the orders of the schedules' times
+/// within `look_back`, and returns the sweep's report (all three are logged). Fails only when
+/// no shard could be queried; records that failed individually stay expired for the next
+/// sweep, services that could not be tended are tended then, and so are times not started.
+pub async fn handle<S, X, Q, B, C, L, G, P, I, U>(
     supervisor: &Supervisor<S, X, Q, B, C, L, P>,
     book: &G,
+    starter: &Starter<S, Q, B, C, I, U, P>,
+    look_back: Duration,
 ) -> Result<SweepReport, sas_engine::Error>
 where
     S: StateStore,
@@ -27,6 +32,8 @@ where
     L: LoadSource,
     G: ServiceBook,
     P: Payloads,
+    I: Ids,
+    U: LoadSource,
 {
     let swept = supervisor.sweep().await;
     let flowing = matches!(&swept, Ok(report) if report.stalled.is_none());
@@ -39,6 +46,14 @@ where
             "services tended"
         ),
         Err(e) => warn!(error = %e, "could not read the services' health"),
+    }
+    match starter.look_back(look_back).await {
+        Ok(started) => {
+            let made = started.iter().filter(|s| s.outcome.as_ref().is_ok_and(|a| a.created));
+            let refused = started.iter().filter(|s| s.outcome.is_err()).count();
+            info!(looked_at = started.len(), started = made.count(), refused, "schedules done");
+        }
+        Err(e) => warn!(error = %e, "the schedules' times are started at the next sweep"),
     }
     let report = swept?;
     info!(

@@ -6,16 +6,18 @@ use sas_aws::health::DynamoServiceBook;
 use sas_aws::settings::Env;
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
+use sas_aws::trace::TraceIds;
 use sas_aws::wiring::Wiring;
+use sas_engine::load::Unmetered;
 use sas_engine::payload::NoPayloads;
 use sas_engine::ports::Destination;
-use sas_engine::services::{Ports, Supervisor};
+use sas_engine::services::{Ports, Starter, Submission, Supervisor};
 use sas_supervisor::settings::Settings;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let wiring = Wiring::start("supervisor").await;
-    let Settings { starter: s, services_table } = Settings::from_env(&Env::process())?;
+    let Settings { starter: s, services_table, look_back } = Settings::from_env(&Env::process())?;
     let store = wiring.store(&s.tables);
     let book = DynamoServiceBook::new(wiring.dynamodb().clone(), services_table);
     let ports = Ports {
@@ -27,10 +29,14 @@ async fn main() -> Result<(), Error> {
         catalogue: s.engine.catalogue,
         payloads: NoPayloads,
     };
+    // A schedule's order is let in whatever the queues' load: one order a time.
+    let starter =
+        Starter::new(Submission::new(ports.clone(), TraceIds, Unmetered), ports.catalogue.starts());
     let supervisor = Supervisor::new(ports, store, wiring.gauges(&s.waits_table, s.queues));
-    let (supervisor, wiring, book) = (&supervisor, &wiring, &book);
+    let (supervisor, wiring, book, starter) = (&supervisor, &wiring, &book, &starter);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {
-        wiring.invocation(sas_supervisor::handle(supervisor, book)).await.map_err(Error::from)
+        let swept = sas_supervisor::handle(supervisor, book, starter, look_back);
+        wiring.invocation(swept).await.map_err(Error::from)
     }))
     .await
 }

@@ -26,7 +26,7 @@ use sas_engine::catalogue::Catalogue;
 use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::CALLBACK_DETAIL_TYPE;
 use sas_engine::health::ServiceRecord;
-use sas_engine::load::Gauges;
+use sas_engine::load::{Gauges, Unmetered};
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
     Behaviour, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryRemote,
@@ -40,7 +40,7 @@ use sas_engine::ports::{
     Outgoing, Pace, Payloads, QueueDepths, Read, Saved, ServiceBook, StateStore, WaitGauge,
     WaitReport,
 };
-use sas_engine::services::{Agent, Answering, Assembly, Operator, Scheduler};
+use sas_engine::services::{Agent, Answering, Assembly, Operator, Scheduler, Starter};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
@@ -298,6 +298,7 @@ impl Outbox for MeteredOutbox {
                 Message::Start(_) => "start",
                 Message::Request(_) => "request",
                 Message::Reply(_) | Message::ChildEnded(_) => "reply",
+                Message::Event(_) => "event",
             };
             *m.messages.entry(kind).or_default() += 1.0;
         }
@@ -742,7 +743,10 @@ async fn run(
     let answers = system.operator(outbox());
     // The scheduler and the agents gather what a batch sends, as their functions do.
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
-    let scheduler = system.scheduler(Coalescing::new(outbox(), linger), "s");
+    let scheduler = (
+        system.scheduler(Coalescing::new(outbox(), linger), "s"),
+        system.starter(Coalescing::new(outbox(), linger), UuidIds),
+    );
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
     if let Some(bytes) = s.large_output {
         remote.script("charge-payment", vec![Behaviour::Large(bytes); orders]);
@@ -914,18 +918,30 @@ trait Handler {
 
 type MeteredQueues = Arc<MeteredOutbox>;
 
-impl Handler
-    for Scheduler<
+/// The scheduler function: its scheduler, and its starter of the orders the bus's events start.
+type SchedulerFn = (
+    Scheduler<
         MeteredStore,
         Coalescing<MeteredQueues>,
         Arc<MemoryBus>,
         ManualClock,
         Arc<MeteredWaits>,
         MeteredPayloads,
-    >
-{
+    >,
+    Starter<
+        MeteredStore,
+        Coalescing<MeteredQueues>,
+        Arc<MemoryBus>,
+        ManualClock,
+        UuidIds,
+        Unmetered,
+        MeteredPayloads,
+    >,
+);
+
+impl Handler for SchedulerFn {
     async fn batch(&self, event: SqsEvent) -> SqsBatchResponse {
-        sas_scheduler::handle(self, event).await
+        sas_scheduler::handle(&self.0, &self.1, event).await
     }
 }
 

@@ -373,7 +373,7 @@ fn no_retries() -> aws_sdk_sqs::config::Builder {
 }
 
 fn describe(letter: &mut DeadLetter, message: &Message) {
-    letter.order_id = Some(message.order_id().to_string());
+    letter.order_id = message.order_id().map(|id| id.to_string());
     let step = match message {
         Message::Start(m) => {
             letter.kind = Some("start");
@@ -394,6 +394,10 @@ fn describe(letter: &mut DeadLetter, message: &Message) {
             letter.kind = Some("child_ended");
             letter.attempt = Some(m.attempt);
             Some(&m.step)
+        }
+        Message::Event(_) => {
+            letter.kind = Some("event");
+            None
         }
     };
     if let Some(step) = step {

@@ -119,10 +119,18 @@ pub const MAX_OWNER_LEN: usize = 2048;
 
 impl Owner {
     const ANONYMOUS: &'static str = "anonymous";
+    /// No caller's spelling: an IAM caller's starts with `arn:`, a token's with `jwt:`.
+    const STARTS: &'static str = "sas:starts";
 
     /// The caller on an API without authorization.
     pub fn anonymous() -> Owner {
         Owner(Owner::ANONYMOUS.to_owned())
+    }
+
+    /// The owner of the orders that events and schedules start ([`crate::starts`]): their
+    /// keys cannot meet a client's.
+    pub fn starts() -> Owner {
+        Owner(Owner::STARTS.to_owned())
     }
 
     /// An IAM principal, by the ARN API Gateway's IAM authorizer gives.

@@ -12,6 +12,10 @@
 //! request says how long the agent may work on it (`budget_ms`), counted from when the agent
 //! takes it: time spent waiting in a queue is never taken from the work.
 //!
+//! A fourth kind comes from outside: an event of the stack's bus, delivered to the scheduler
+//! queue by the bus as it is (no envelope of ours), for the starts the workflows declare
+//! ([`crate::starts`]). It is told apart by its shape and sent again as it came.
+//!
 //! Every envelope has `"v": 1`. Unknown fields are ignored, so a newer sender can add fields
 //! without breaking an older consumer; anything that changes a field's meaning takes a new
 //! version, which an older consumer rejects as a poison message rather than misreading.
@@ -45,6 +49,9 @@ pub enum Message {
     Request(Box<StepRequest>),
     Reply(StepReply),
     ChildEnded(ChildEnded),
+    /// An event of the bus, whole: its fields are the bus's, not ours.
+    #[serde(skip)]
+    Event(Box<serde_json::Value>),
 }
 
 /// "My child order ended": sent by whichever service ended a child, to the scheduler, which
@@ -229,6 +236,9 @@ fn without_quoted_values(reason: &str) -> String {
 impl Message {
     /// The JSON body of this message, with its version.
     pub fn encode(&self) -> String {
+        if let Message::Event(event) = self {
+            return event.to_string();
+        }
         serde_json::to_string(&Outgoing { v: VERSION, message: self }).unwrap_or_default()
     }
 
@@ -241,6 +251,9 @@ impl Message {
         let serde_json::Value::Object(fields) = value else {
             return Err(invalid("not a JSON object".into()));
         };
+        if !fields.contains_key("v") && is_event(&fields) {
+            return Ok(Message::Event(Box::new(serde_json::Value::Object(fields))));
+        }
         match fields.get("v") {
             Some(v) if v.as_u64() == Some(u64::from(VERSION)) => {}
             Some(v) => return Err(invalid(format!("unsupported envelope version {v}"))),
@@ -260,12 +273,14 @@ impl Message {
         }
     }
 
-    pub fn order_id(&self) -> OrderId {
+    /// The order the message is about; an event is about none yet.
+    pub fn order_id(&self) -> Option<OrderId> {
         match self {
-            Message::Start(m) => m.order_id,
-            Message::Request(m) => m.order_id,
-            Message::Reply(m) => m.order_id,
-            Message::ChildEnded(m) => m.order_id,
+            Message::Start(m) => Some(m.order_id),
+            Message::Request(m) => Some(m.order_id),
+            Message::Reply(m) => Some(m.order_id),
+            Message::ChildEnded(m) => Some(m.order_id),
+            Message::Event(_) => None,
         }
     }
 
@@ -276,6 +291,7 @@ impl Message {
             Message::Request(m) => m.due_at,
             Message::Reply(m) => m.due_at,
             Message::ChildEnded(m) => m.due_at,
+            Message::Event(_) => None,
         }
     }
 
@@ -285,8 +301,15 @@ impl Message {
             Message::Request(m) => &m.correlation_id,
             Message::Reply(m) => &m.correlation_id,
             Message::ChildEnded(m) => &m.correlation_id,
+            // What an event starts is correlated by its own id.
+            Message::Event(event) => event.get("id").and_then(|v| v.as_str()).unwrap_or_default(),
         }
     }
+}
+
+/// Whether a body is an event of the bus: EventBridge always gives these three as strings.
+fn is_event(fields: &serde_json::Map<String, serde_json::Value>) -> bool {
+    ["id", "source", "detail-type"].iter().all(|k| fields.get(*k).is_some_and(|v| v.is_string()))
 }
 
 #[cfg(test)]
@@ -370,5 +393,18 @@ mod tests {
             panic!()
         };
         assert!(reason.len() <= MAX_REASON_LEN && reason.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn an_event_of_the_bus_is_told_by_its_shape_and_sent_again_as_it_came() {
+        let body = r#"{"version":"0","id":"e-1","detail-type":"TenantSignedUp","source":"shop.web","time":"2026-11-29T10:00:00Z","detail":{"tenant":"acme"}}"#;
+        let message = Message::decode(body).unwrap();
+        let Message::Event(event) = &message else { panic!("{message:?}") };
+        assert_eq!(event["detail"]["tenant"], "acme");
+        assert_eq!((message.order_id(), message.correlation_id()), (None, "e-1"));
+        assert_eq!(Message::decode(&message.encode()).unwrap(), message);
+        // Without its detail-type it is nothing this system reads.
+        let err = Message::decode(r#"{"id":"e-1","source":"shop.web"}"#).unwrap_err();
+        assert!(err.to_string().contains("version"), "{err}");
     }
 }

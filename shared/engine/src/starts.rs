@@ -3,6 +3,8 @@
 //! it (the event's id, the schedule's time), so a start delivered or looked at twice makes one
 //! order.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::time::Timestamp;
@@ -31,6 +33,17 @@ pub struct Declared {
     pub start: Start,
 }
 
+/// The shortest look back over the schedules' times: a sweep up to this late starts the
+/// orders of the times it passed.
+pub const MIN_LOOK_BACK: Duration = Duration::from_secs(5 * 60);
+
+/// How far back each sweep of a supervisor swept on `sweep` looks for the schedules' times:
+/// two of its longest gaps, so that a sweep missed or failed loses no time, and never less
+/// than [`MIN_LOOK_BACK`].
+pub fn look_back(sweep: &Schedule, now: Timestamp) -> Duration {
+    (sweep.longest_gap(now) * 2).max(MIN_LOOK_BACK)
+}
+
 /// The key of the order of `workflow` that the event `event_id` starts: the event's id as it
 /// is where a key can hold it, its digest where it cannot.
 pub fn event_key(workflow: &str, event_id: &str) -> String {
@@ -49,4 +62,21 @@ pub fn schedule_key(workflow: &str, index: usize, at: Timestamp) -> String {
 fn digest(text: &str) -> String {
     use sha2::{Digest, Sha256};
     Sha256::digest(text.as_bytes()).iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_looks_back_over_two_of_its_gaps_and_never_less_than_five_minutes() {
+        let now = Timestamp::from_millis(1_800_000_000_000);
+        let back = |sweep: &str| look_back(&Schedule::parse(sweep, None).unwrap(), now);
+        assert_eq!(back("rate(1 minute)"), MIN_LOOK_BACK);
+        assert_eq!(back("rate(10 minutes)"), Duration::from_secs(20 * 60));
+        assert_eq!(back("rate(1 hour)"), Duration::from_secs(2 * 3600));
+        // Every 5 minutes from 08:00 to 17:55, Monday to Friday: the weekend is the longest gap.
+        let weekdays = back("cron(0/5 8-17 ? * MON-FRI *)");
+        assert_eq!(weekdays, Duration::from_secs(2 * (2 * 24 + 14) * 3600 + 2 * 5 * 60));
+    }
 }

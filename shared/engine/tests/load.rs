@@ -575,11 +575,12 @@ impl World {
         for d in self.queues.receive(queue, max) {
             if self.rng.unit() < self.scenario.lost {
                 let message = Message::decode(&d.body).unwrap();
-                let order = message.order_id();
+                let order = message.order_id().expect("no event travels in these runs");
                 let steps = match &message {
                     Message::Request(r) => vec![r.step.name.clone()],
                     Message::Reply(r) => vec![r.step.name.clone()],
                     Message::ChildEnded(c) => vec![c.step.name.clone()],
+                    Message::Event(_) => Vec::new(),
                     // A start message is for the steps queued at its attempt.
                     Message::Start(start) => {
                         let r = self.store.peek(order).unwrap();

@@ -1275,7 +1275,7 @@ impl Sim {
             }
             self.maybe_crash();
             let message = Message::decode(&d.body).unwrap();
-            let before = self.memory.peek(message.order_id());
+            let before = message.order_id().and_then(|id| self.memory.peek(id));
             self.check_outputs(&message, before.as_ref());
             let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
             let handled = match &message {
@@ -1322,7 +1322,7 @@ impl Sim {
             taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
         let mut requests = Vec::new();
         for m in &messages {
-            self.check_outputs(m, self.memory.peek(m.order_id()).as_ref());
+            self.check_outputs(m, m.order_id().and_then(|id| self.memory.peek(id)).as_ref());
             let Message::Request(r) = m else { panic!("seed {}: {m:?} on {dest:?}", self.seed) };
             self.watch.lock().unwrap().throttled.remove(&r.idempotency_key);
             requests.push(r);
@@ -1432,7 +1432,7 @@ impl Sim {
         let messages: Vec<Message> =
             taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
         let befores: Vec<Option<StateRecord>> =
-            messages.iter().map(|m| self.memory.peek(m.order_id())).collect();
+            messages.iter().map(|m| m.order_id().and_then(|id| self.memory.peek(id))).collect();
         let scheduler = &self.scheduler;
         let handled =
             futures_util::future::join_all(taken.iter().zip(&messages).map(|(d, m)| async move {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::catalogue::Catalogue;
 use crate::config::EngineConfig;
 use crate::ids::AgentName;
-use crate::load::{LoadSource, WaitReporter};
+use crate::load::{LoadSource, Unmetered, WaitReporter};
 use crate::payload::NoPayloads;
 use crate::ports::{
     Clock, Destination, EventBus, ExpiryIndex, Ids, Outbox, Payloads, Random, RemoteService,
@@ -16,7 +16,7 @@ use crate::ports::{
 };
 
 use super::guard::NoBook;
-use super::{Agent, Operator, Ports, Scheduler, Submission, Supervisor};
+use super::{Agent, Operator, Ports, Scheduler, Starter, Submission, Supervisor};
 
 /// What every service of one system is built from. Each service is given its own outbox,
 /// since that is where the harnesses differ most (a submission sends only to the scheduler,
@@ -81,6 +81,21 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone, P: Clone> Assembly<S, B, 
         P: Payloads,
     {
         Submission::new(self.ports(outbox), ids, self.load.clone())
+    }
+
+    /// A starter of the orders the catalogue's workflows start by event and by schedule, through
+    /// a submission without a door ([`Unmetered`]).
+    pub fn starter<Q, I>(&self, outbox: Q, ids: I) -> Starter<S, Q, B, C, I, Unmetered, P>
+    where
+        S: StateStore,
+        Q: Outbox,
+        B: EventBus,
+        C: Clock,
+        I: Ids,
+        P: Payloads,
+    {
+        let submission = Submission::new(self.ports(outbox), ids, Unmetered);
+        Starter::new(submission, self.catalogue.starts())
     }
 
     /// A scheduler whose claims and wait reports are signed `owner`.

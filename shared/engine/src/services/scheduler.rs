@@ -66,7 +66,9 @@ where
     /// the message waited is reported for its queue.
     pub async fn handle(&self, message: &Message, incoming: Incoming<'_>) -> Result<Handled> {
         let queue = match message {
-            Message::Start(_) => Destination::Scheduler,
+            Message::Start(_) | Message::ChildEnded(_) | Message::Event(_) => {
+                Destination::Scheduler
+            }
             _ => Destination::Replies,
         };
         let now = self.ports.clock.now();
@@ -100,6 +102,10 @@ where
             }
             Message::Request(_) => {
                 Err(Error::InvalidMessage("a step request was sent to the scheduler".into()))
+            }
+            // Its consumer hands an event to the starter ([`super::Starter`]), never here.
+            Message::Event(_) => {
+                Err(Error::InvalidMessage("an event was handed to the scheduler".into()))
             }
         }
     }

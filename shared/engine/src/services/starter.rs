@@ -1,7 +1,15 @@
 //! Orders started without a client: by an event that matches a pattern a workflow declares,
 //! or at the times of a schedule it declares. Each order is keyed by what started it (the
 //! event's id, the schedule's time), and goes through the submission as a client's would, so
-//! that a start delivered or looked at twice finds the order it made.
+//! that a start delivered or looked at twice finds the order it made. Their owner is
+//! [`Owner::starts`], whose keys no client's can meet.
+//!
+//! A schedule's times are looked at by every sweep of the supervisor whose window holds them,
+//! so that a late or failed sweep loses none; a time this starter already started is skipped
+//! without a call for as long as the process lives.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use serde_json::Value;
 use tracing::{info, warn};
@@ -29,6 +37,8 @@ pub struct Started {
 pub struct Starter<S, Q, B, C, I, L, P> {
     submission: Submission<S, Q, B, C, I, L, P>,
     starts: Vec<Declared>,
+    /// The keys of the schedules' times this process started (or saw refused), by time.
+    started: Mutex<HashMap<String, Timestamp>>,
 }
 
 impl<S, Q, B, C, I, L, P> Starter<S, Q, B, C, I, L, P>
@@ -42,7 +52,7 @@ where
     P: Payloads,
 {
     pub fn new(submission: Submission<S, Q, B, C, I, L, P>, starts: Vec<Declared>) -> Self {
-        Starter { submission, starts }
+        Starter { submission, starts, started: Mutex::default() }
     }
 
     /// An event from the bus: an order of each workflow one of whose patterns it matches (one
@@ -66,23 +76,40 @@ where
         Ok(started)
     }
 
+    /// Every time of every schedule within `window` of now (see [`Starter::on_schedules`]).
+    pub async fn look_back(&self, window: std::time::Duration) -> Result<Vec<Started>> {
+        let now = self.submission.now();
+        self.on_schedules(now.minus(window), now).await
+    }
+
     /// Every time of every schedule after `after` and at or before `until`: an order each,
     /// keyed by the time.
+    /// Times this process started before are left out.
     pub async fn on_schedules(&self, after: Timestamp, until: Timestamp) -> Result<Vec<Started>> {
+        self.remembered().retain(|_, at| *at > after);
         let mut started = Vec::new();
         for declared in &self.starts {
             let Start::Schedule { schedule, input } = &declared.start else { continue };
             for at in schedule.times(after, until) {
                 let key = schedule_key(&declared.workflow, declared.index, at);
-                started.push(self.start(&declared.workflow, key, input).await?);
+                if self.remembered().contains_key(&key) {
+                    continue;
+                }
+                let one = self.start(&declared.workflow, key.clone(), input).await?;
+                self.remembered().insert(key, at);
+                started.push(one);
             }
         }
         Ok(started)
     }
 
+    fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<String, Timestamp>> {
+        self.started.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     async fn start(&self, workflow: &str, key: String, input: &Value) -> Result<Started> {
         let body = serde_json::to_vec(input).unwrap_or_default();
-        let owner = Owner::anonymous();
+        let owner = Owner::starts();
         let outcome = match self.submission.submit_to(&owner, Some(workflow), &key, &body).await {
             Ok(accepted) => {
                 if accepted.created {

@@ -179,6 +179,11 @@ where
     /// Refuses a new order while the queues would keep it waiting longer than
     /// `max_queue_wait` in all. If the queues cannot be read, the order is let in: the door must not
     /// turn away orders because a metric is missing.
+    /// Now, by its clock.
+    pub(super) fn now(&self) -> Timestamp {
+        self.ports.clock.now()
+    }
+
     async fn admit(&self, now: Timestamp, workflow: &Workflow) -> Result<()> {
         let load = match self.load.load(now).await {
             Ok(load) => load,

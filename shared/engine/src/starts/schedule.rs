@@ -11,6 +11,8 @@
 //! `SUN`-`SAT`, months 1 to 12 or `JAN`-`DEC`. A local time that a clock change skips never
 //! comes; one it repeats comes once, at its first occurrence.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Datelike, Duration as Span, NaiveDate, Timelike, Utc};
 use chrono_tz::Tz;
 
@@ -85,6 +87,15 @@ impl Schedule {
         }
         times.reverse();
         times
+    }
+
+    /// The longest time between two of its times over the eight days after `from` (a week and
+    /// its gap around the weekend), eight days if it names fewer than two times in them.
+    pub fn longest_gap(&self, from: Timestamp) -> Duration {
+        let span = Duration::from_secs(8 * 24 * 3600);
+        let times = self.times(from, from.plus(span));
+        let gaps = times.windows(2).map(|w| w[1].as_millis() - w[0].as_millis());
+        gaps.max().map_or(span, |ms| Duration::from_millis(ms.unsigned_abs()))
     }
 
     /// Whether the schedule names the minute `minute` (minutes since the epoch).

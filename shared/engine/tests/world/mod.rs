@@ -283,6 +283,7 @@ fn kind(m: &Message) -> &'static str {
         Message::Request(_) => "request",
         Message::Reply(_) => "reply",
         Message::ChildEnded(_) => "child_ended",
+        Message::Event(_) => "event",
     }
 }
 
