@@ -46,6 +46,8 @@ pub enum Mutant {
     /// A child its parent undoes while it is in flight ends Processed when the cancel comes
     /// too late, as an order cancelled by an operator does, and its parent takes it as undone.
     ChildKeptWhenUndoComesLate,
+    /// An event delivered again, whose order exists, starts another under a key of its own.
+    EventStartedAgain,
 }
 
 impl Mutant {

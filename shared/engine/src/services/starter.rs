@@ -71,7 +71,12 @@ where
             }
             let key = event_key(&declared.workflow, id);
             let body = event.pointer(input).cloned().unwrap_or(Value::Null);
-            started.push(self.start(&declared.workflow, key, &body).await?);
+            let one = self.start(&declared.workflow, key.clone(), &body).await?;
+            let found = one.outcome.as_ref().is_ok_and(|a| !a.created);
+            if found && crate::mutants::on(crate::mutants::Mutant::EventStartedAgain) {
+                self.start(&declared.workflow, format!("{key}-again"), &body).await?;
+            }
+            started.push(one);
         }
         Ok(started)
     }
