@@ -35,6 +35,10 @@
 //! - A parent order starts two children side by side and is processed once both are, each
 //!   child an order of its own linked to it both ways; a parent cancelled while a child's
 //!   call is on the wire cancels the child, which undoes what it did.
+//! - An event put on the stack's bus starts one order of the workflow whose pattern it
+//!   matches, however often it is delivered, and one it does not match starts none; a
+//!   schedule's every minute starts one order, from the few minutes before the stack came up
+//!   on, with none missed.
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -1730,4 +1734,128 @@ fn holding_charges(name: &str) -> (std::path::PathBuf, std::path::PathBuf, Strin
     let _ = std::fs::remove_file(&held);
     let faults = json!({"actions": {"charge-payment": {"hold_while": hold}}}).to_string();
     (hold, held, faults)
+}
+
+/// A workflow that events and a schedule start: a tenant signed up, and every minute.
+fn started() -> String {
+    let tenant = json!({"name": "tenant-setup",
+        "input_schema": {"type": "object", "required": ["tenant"],
+                         "properties": {"tenant": {"type": "string"}}},
+        "steps": [{"name": "reserve-inventory", "agent": "inventory", "budget_seconds": 10}],
+        "starts": [
+            {"event": {"pattern": {"source": ["crm"], "detail-type": ["TenantSignedUp"]}}},
+            {"schedule": {"expression": "rate(1 minute)", "input": {"tenant": "every-minute"}}}]});
+    json!([tenant]).to_string()
+}
+
+/// Every stored order's owner and key, by id.
+async fn orders_by_id(stack: &LocalStack) -> HashMap<String, (String, String)> {
+    let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let table = stack.stack.reference("OrdersTable").unwrap();
+    let scan = clients.dynamodb.scan().table_name(table).consistent_read(true).send().await;
+    let s = |item: &HashMap<String, aws_sdk_dynamodb::types::AttributeValue>, k: &str| {
+        item[k].as_s().unwrap().clone()
+    };
+    let items = scan.unwrap().items.unwrap_or_default();
+    items.iter().map(|i| (s(i, "OrderId"), (s(i, "Owner"), s(i, "IdempotencyKey")))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_and_a_schedules_times_start_one_order_each_however_often_they_come() {
+    let _turn = TURN.lock().await;
+    let faults = json!({"default": {"latency_ms": 20}}).to_string();
+    let workflows = started();
+    let setup = Setup { workflow: &workflows, ..Setup::default() };
+    let began = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let stack =
+        start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-starts", &faults, 2, &[], setup).await;
+    let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let entry = |source: &str, kind: &str, detail: Value| {
+        aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+            .event_bus_name(stack.stack.reference("EventBus").unwrap())
+            .source(source)
+            .detail_type(kind)
+            .detail(detail.to_string())
+            .build()
+    };
+    // One event the workflow's pattern matches, one it does not.
+    let put = clients
+        .events
+        .put_events()
+        .entries(entry("crm", "TenantSignedUp", json!({"tenant": "acme"})))
+        .entries(entry("billing", "InvoicePaid", json!({"tenant": "acme"})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.failed_entry_count(), 0, "{put:?}");
+    let signed_up = put.entries()[0].event_id().unwrap().to_owned();
+    // One event delivered twice, as the bus may deliver one.
+    let twice = json!({"version": "0", "id": "signed-up-twice", "source": "crm",
+        "detail-type": "TenantSignedUp", "time": "2026-11-29T10:00:00Z", "region": "us-east-1",
+        "resources": [], "detail": {"tenant": "globex"}});
+    let queue = stack.stack.reference("SchedulerQueue").unwrap();
+    for _ in 0..2 {
+        let send = clients.sqs.send_message().queue_url(&queue).message_body(twice.to_string());
+        send.send().await.unwrap();
+    }
+
+    // Each order started is processed; wait for the first schedule's time after the stack
+    // came up, and for every order there is then to end.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let minute = 60_000;
+    let first_after_up = (began.as_millis() as i64 / minute + 1) * minute;
+    let (orders, views) = loop {
+        let orders = orders_by_id(&stack).await;
+        let views: HashMap<String, Value> =
+            orders.keys().map(|id| (id.clone(), operator_view(&stack, id))).collect();
+        let scheduled_since_up = orders.values().any(|(_, key)| {
+            key.rsplit('-')
+                .next()
+                .and_then(|ms| ms.parse::<i64>().ok())
+                .is_some_and(|ms| key.starts_with("schedule-") && ms >= first_after_up)
+        });
+        let ended = views.values().all(|v| v["process_state"] == "Processed");
+        if (scheduled_since_up && ended && orders.len() >= 3) || Instant::now() > deadline {
+            break (orders, views);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    for (id, view) in &views {
+        assert_eq!(view["process_state"], "Processed", "{id}: {view}");
+    }
+    assert!(orders.values().all(|(owner, _)| owner == "sas:starts"), "{orders:?}");
+    let keys: Vec<&str> = orders.values().map(|(_, key)| key.as_str()).collect();
+    let mut by_event: Vec<&str> =
+        keys.iter().filter_map(|k| k.strip_prefix("event-tenant-setup-")).collect();
+    by_event.sort_unstable();
+    let mut expected = vec![signed_up.as_str(), "signed-up-twice"];
+    expected.sort_unstable();
+    assert_eq!(by_event, expected, "one order per matching event, none for the other");
+    let event_order = |event: &str| {
+        let key =
+            sas_engine::IdempotencyKey::parse(&format!("event-tenant-setup-{event}")).unwrap();
+        sas_engine::OrderId::for_owner_key(&sas_engine::Owner::starts(), &key).to_string()
+    };
+    assert_eq!(views[&event_order(&signed_up)]["order"]["tenant"], "acme");
+    let http = reqwest::Client::new();
+    let ledger_now = ledger(&http, &stack).await;
+    assert_eq!(effects(&ledger_now, &event_order("signed-up-twice")), ["reserve-inventory"]);
+
+    // The schedule's times: whole minutes in a row, from at most five minutes before the
+    // stack's first sweep to after it came up, one order each.
+    let mut times: Vec<i64> = keys
+        .iter()
+        .filter_map(|k| k.strip_prefix("schedule-tenant-setup-1-"))
+        .map(|ms| ms.parse().unwrap())
+        .collect();
+    times.sort_unstable();
+    assert!(times.windows(2).all(|w| w[1] - w[0] == minute), "a time missed: {times:?}");
+    assert!(times.first().is_some_and(|t| *t > began.as_millis() as i64 - 6 * minute), "{times:?}");
+    assert!(times.last().is_some_and(|t| *t >= first_after_up), "{times:?}");
+    assert_eq!(keys.len(), 2 + times.len(), "{keys:?}");
+    for (id, (_, key)) in orders.iter().filter(|(_, (_, key))| key.starts_with("schedule-")) {
+        assert_eq!(views[id]["order"]["tenant"], "every-minute", "{key}");
+    }
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
 }

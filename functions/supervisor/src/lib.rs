@@ -48,11 +48,13 @@ where
         Err(e) => warn!(error = %e, "could not read the services' health"),
     }
     match starter.look_back(look_back).await {
-        Ok(started) => {
+        // Said only when a time came: most sweeps find none.
+        Ok(started) if !started.is_empty() => {
             let made = started.iter().filter(|s| s.outcome.as_ref().is_ok_and(|a| a.created));
             let refused = started.iter().filter(|s| s.outcome.is_err()).count();
             info!(looked_at = started.len(), started = made.count(), refused, "schedules done");
         }
+        Ok(_) => {}
         Err(e) => warn!(error = %e, "the schedules' times are started at the next sweep"),
     }
     let report = swept?;

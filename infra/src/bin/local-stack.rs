@@ -24,6 +24,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use sas_infra::access::jwt;
 use sas_infra::demo::{self, Chaos, DEMO_FAULTS};
+use sas_infra::emulation::aws::{Clients, Endpoints};
 use sas_infra::emulation::emulator::workspace_root;
 use sas_infra::emulation::local::{LocalStack, Options};
 use sas_infra::emulation::proxy::FaultRule;
@@ -103,6 +104,20 @@ enum Command {
         /// Seed of the choice of the processes killed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+    },
+    /// Put an event on the bus of the stack that `up` runs, as another service would: the
+    /// workflows whose `starts` match it start an order each. Prints the event's id and the
+    /// orders it starts.
+    PutEvent {
+        /// The event's source (`crm`); the stack's own, `sas.orders`, starts nothing.
+        #[arg(long)]
+        source: String,
+        /// The event's detail-type (`TenantSignedUp`).
+        #[arg(long)]
+        detail_type: String,
+        /// The event's detail, a JSON object.
+        #[arg(long, default_value = "{}")]
+        detail: String,
     },
     /// Print a token of the local JWT issuer, for a stack run with `--parameter ApiAuth=JWT`
     /// (send it as `Authorization: Bearer <token>`).
@@ -194,6 +209,9 @@ async fn main() -> ExitCode {
         }
         Command::Expand { output } => return expand(&output),
         Command::Reload { no_build } => return reload(no_build).await,
+        Command::PutEvent { source, detail_type, detail } => {
+            return put_event(&source, &detail_type, &detail).await;
+        }
         Command::Token { issuer, audience, subject, minutes } => {
             let now = chrono::Utc::now();
             let ttl = chrono::Duration::minutes(minutes);
@@ -251,7 +269,7 @@ async fn main() -> ExitCode {
     }
     print_how_to(&stack);
     write_sam_env_vars(&options, &stack, &bin_dir);
-    let control = match Control::start(&bin_dir).await {
+    let control = match Control::start(&bin_dir, &stack).await {
         Ok(control) => control,
         Err(e) => return fail(e),
     };
@@ -538,7 +556,7 @@ struct Control {
 }
 
 impl Control {
-    async fn start(bin_dir: &std::path::Path) -> Result<Control, String> {
+    async fn start(bin_dir: &std::path::Path, stack: &LocalStack) -> Result<Control, String> {
         use axum::routing::post;
         let (sender, requests) = tokio::sync::mpsc::channel(1);
         let app = axum::Router::new().route(
@@ -566,8 +584,15 @@ impl Control {
             let _ = axum::serve(listener, app).await;
         });
         let file = control_file(bin_dir);
-        let about =
-            serde_json::json!({"pid": std::process::id(), "control": format!("http://{address}")});
+        let about = serde_json::json!({
+            "pid": std::process::id(),
+            "control": format!("http://{address}"),
+            // What `put-event` needs: where EventBridge answers, and the stack's bus.
+            "endpoint": stack.endpoint,
+            "region": stack.stack.context.region,
+            "bus": stack.stack.reference("EventBus"),
+            "api": stack.api_url,
+        });
         std::fs::write(&file, about.to_string())
             .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
         println!(
@@ -605,6 +630,82 @@ async fn run_until_stopped(stack: &mut LocalStack, mut control: Control) {
 }
 
 /// `local-stack reload`: builds, then asks the stack that `up` runs to reload.
+/// What the control file of the stack `up` runs says, or why there is none.
+fn running_stack() -> Result<serde_json::Value, String> {
+    let bin_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+        .ok_or("cannot tell where this program is")?;
+    let file = control_file(&bin_dir);
+    std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .ok_or_else(|| format!(
+            "no local stack is running here ({} is missing): start one with `cargo run -p sas-infra --bin local-stack -- up`",
+            file.display()
+        ))
+}
+
+async fn put_event(source: &str, detail_type: &str, detail: &str) -> ExitCode {
+    let about = match running_stack() {
+        Ok(about) => about,
+        Err(e) => return fail(e),
+    };
+    let detail: serde_json::Value = match serde_json::from_str(detail) {
+        Ok(value @ serde_json::Value::Object(_)) => value,
+        _ => return fail("--detail must be a JSON object"),
+    };
+    let (Some(endpoint), Some(region), Some(bus)) =
+        (about["endpoint"].as_str(), about["region"].as_str(), about["bus"].as_str())
+    else {
+        return fail("the running stack does not say where its bus is: start it again with `up`");
+    };
+    let clients = Clients::new(&Endpoints::single(endpoint), region).await;
+    let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+        .event_bus_name(bus)
+        .source(source)
+        .detail_type(detail_type)
+        .detail(detail.to_string())
+        .build();
+    let put = match clients.events.put_events().entries(entry).send().await {
+        Ok(put) => put,
+        Err(e) => return fail(aws_sdk_eventbridge::error::DisplayErrorContext(e).to_string()),
+    };
+    let Some(id) = put.entries().first().and_then(|e| e.event_id()) else {
+        return fail(format!("the bus took no event: {put:?}"));
+    };
+    println!("local-stack: event {id} put on {bus}");
+    // Which orders it starts, as the scheduler will tell.
+    let event = serde_json::json!({"id": id, "source": source, "detail-type": detail_type,
+                                   "detail": detail});
+    let catalogue = match sas_aws::settings::built_in_catalogue() {
+        Ok(catalogue) => catalogue,
+        Err(e) => return fail(e.to_string()),
+    };
+    let api = about["api"].as_str().unwrap_or("http://127.0.0.1:3000");
+    let secret = sas_infra::access::sigv4::LOCAL_SECRET_KEY;
+    let mut none = true;
+    let mut named = std::collections::BTreeSet::new();
+    for declared in catalogue.starts() {
+        let sas_engine::starts::Start::Event { pattern, .. } = &declared.start else { continue };
+        if !pattern.matches(&event) || !named.insert(declared.workflow.clone()) {
+            continue;
+        }
+        let key = sas_engine::starts::event_key(&declared.workflow, id);
+        let Ok(key) = sas_engine::IdempotencyKey::parse(&key) else { continue };
+        let order = sas_engine::OrderId::for_owner_key(&sas_engine::Owner::starts(), &key);
+        println!(
+            "local-stack: it starts order {order} of {}; see it with: SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- show {order}",
+            declared.workflow
+        );
+        none = false;
+    }
+    if none {
+        println!("local-stack: no workflow's starts match it: it starts nothing");
+    }
+    ExitCode::SUCCESS
+}
+
 async fn reload(no_build: bool) -> ExitCode {
     let root = workspace_root();
     let Some(bin_dir) =

@@ -73,7 +73,8 @@ pub struct MoveTask {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeadLetter {
     pub message_id: String,
-    /// `start`, `request` or `reply`; absent if the body is not a message of this system.
+    /// `start`, `request`, `reply`, `child_ended` or `event` (an event of the bus for the
+    /// workflows' starts); absent if the body is not a message of this system.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
