@@ -585,9 +585,11 @@ impl System {
 
     /// Hands `event` to the handler of the function that consumes `queue` (by logical id).
     pub async fn handle_batch(&self, queue: &str, event: SqsEvent) -> SqsBatchResponse {
+        // On the heap: a batch's handler is a large future, and the tests' threads have small
+        // stacks.
         match self.agents.iter().find(|(q, _)| q == queue) {
-            Some((_, agent)) => sas_agent_kit::handle(agent, event).await,
-            None => sas_scheduler::handle(&self.scheduler, &self.starter, event).await,
+            Some((_, agent)) => Box::pin(sas_agent_kit::handle(agent, event)).await,
+            None => Box::pin(sas_scheduler::handle(&self.scheduler, &self.starter, event)).await,
         }
     }
 

@@ -1770,6 +1770,14 @@ async fn events_and_a_schedules_times_start_one_order_each_however_often_they_co
     let stack =
         start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-starts", &faults, 2, &[], setup).await;
     let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
+    let queue = stack.stack.reference("SchedulerQueue").unwrap();
+    // Redelivery in a second instead of the template's minute: a refused event's five
+    // receives, quickly. A receive already waiting (long polls last 20 s) hides what it gets
+    // for the old minute.
+    let visibility = aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout;
+    let set = clients.sqs.set_queue_attributes().queue_url(&queue).attributes(visibility, "1");
+    set.send().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(21)).await;
     let entry = |source: &str, kind: &str, detail: Value| {
         aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
             .event_bus_name(stack.stack.reference("EventBus").unwrap())
@@ -1778,12 +1786,14 @@ async fn events_and_a_schedules_times_start_one_order_each_however_often_they_co
             .detail(detail.to_string())
             .build()
     };
-    // One event the workflow's pattern matches, one it does not.
+    // One event the workflow's pattern matches, one it does not, and one that matches but
+    // whose input the workflow's schema refuses.
     let put = clients
         .events
         .put_events()
         .entries(entry("crm", "TenantSignedUp", json!({"tenant": "acme"})))
         .entries(entry("billing", "InvoicePaid", json!({"tenant": "acme"})))
+        .entries(entry("crm", "TenantSignedUp", json!({"name": "no tenant"})))
         .send()
         .await
         .unwrap();
@@ -1793,7 +1803,6 @@ async fn events_and_a_schedules_times_start_one_order_each_however_often_they_co
     let twice = json!({"version": "0", "id": "signed-up-twice", "source": "crm",
         "detail-type": "TenantSignedUp", "time": "2026-11-29T10:00:00Z", "region": "us-east-1",
         "resources": [], "detail": {"tenant": "globex"}});
-    let queue = stack.stack.reference("SchedulerQueue").unwrap();
     for _ in 0..2 {
         let send = clients.sqs.send_message().queue_url(&queue).message_body(twice.to_string());
         send.send().await.unwrap();
@@ -1856,6 +1865,17 @@ async fn events_and_a_schedules_times_start_one_order_each_however_often_they_co
     for (id, (_, key)) in orders.iter().filter(|(_, (_, key))| key.starts_with("schedule-")) {
         assert_eq!(views[id]["order"]["tenant"], "every-minute", "{key}");
     }
+    // The refused event wrote nothing (above), and ends in the dead-letter queue, saying why.
+    let started = Instant::now();
+    while stack.dead_letters.arrivals().is_empty() && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let arrivals = stack.dead_letters.arrivals();
+    assert_eq!(arrivals.len(), 1, "{arrivals:#?}");
+    let refused = &arrivals[0];
+    assert_eq!(refused.kind.as_deref(), Some("event"), "{refused}");
+    assert!(refused.reason.contains("the event starts no order of tenant-setup"), "{refused}");
+    assert!(refused.reason.contains("\"tenant\" is a required property"), "{refused}");
     let access = stack.access();
     assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
 }

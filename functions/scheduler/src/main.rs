@@ -42,7 +42,8 @@ async fn main() -> Result<(), Error> {
     let scheduler = Scheduler::new(ports, wiring.waits(&s.waits_table), owner);
     let (scheduler, starter, wiring) = (&scheduler, &starter, &wiring);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
-        let handled = sas_scheduler::handle(scheduler, starter, event.payload);
+        // On the heap: a batch's handler is a large future.
+        let handled = Box::pin(sas_scheduler::handle(scheduler, starter, event.payload));
         Ok::<_, Error>(wiring.invocation(handled).await)
     }))
     .await

@@ -174,7 +174,8 @@ impl DeadLetters {
         let condemned = Condemned {
             message_id: message.message_id().unwrap_or_default().to_owned(),
             order_id: text("order_id"),
-            kind: text("type"),
+            // An event of the bus has no type of ours (see `sas_engine::message`).
+            kind: text("type").or_else(|| text("detail-type").map(|_| "event".to_owned())),
             receives,
             failure: failure.map(shorten),
         };

@@ -92,3 +92,16 @@ async fn a_schedules_time_looked_at_by_two_sweeps_starts_one_order() {
     assert_eq!(second[0].key, elsewhere[1].key);
     assert!(first[1].key.starts_with("schedule-order-fulfilment-1-"));
 }
+
+#[tokio::test]
+async fn an_event_whose_input_its_workflow_refuses_starts_nothing_and_says_why() {
+    let w = World::new();
+    let starter =
+        Starter::new(w.system.submission(w.queues.clone(), Arc::new(SeqIds::new("s"))), starts());
+    let mut refused = event("e-3", "EUR");
+    refused["detail"]["items"] = json!([]);
+    let started = starter.on_event(&refused).await.unwrap();
+    let why = started[0].outcome.clone().unwrap_err();
+    assert!(why.contains("/items"), "{why}");
+    assert!(w.store.records().is_empty() && w.store.orders().is_empty());
+}
