@@ -138,3 +138,83 @@ fn a_child_of_a_workflow_the_stack_does_not_run_or_of_itself_is_refused_at_load(
     let err = Workflow::from_json(from_later, &agent_names()).unwrap_err().to_string();
     assert!(err.contains("does not depend on"), "{err}");
 }
+
+/// A parent whose child step times out while the child's charge is on the wire: the parent
+/// undoes the child, whose cancel comes too late for the charge. Returns the parent and the
+/// child once everything ended.
+async fn undone_while_on_the_wire(
+    w: &mut World,
+) -> (sas_engine::state::StateRecord, sas_engine::state::StateRecord) {
+    let child = r#"{"name":"charge","steps":[
+        {"name":"charge-payment","agent":"payment","budget_seconds":300,
+         "compensation":{"action":"refund-payment"}}]}"#;
+    let parent = r#"{"name":"order-fulfilment","version":2,"steps":[
+        {"name":"reserve-inventory","agent":"inventory","compensation":{"action":"release-inventory"}},
+        {"name":"pay","child":{"workflow":"charge","timeout_seconds":60}}]}"#;
+    let workflows = [child, parent].map(|json| Workflow::from_json(json, &agent_names()).unwrap());
+    w.deploy(Catalogue::new(workflows.to_vec()).unwrap());
+    let id = w.submit("parent-5").await.unwrap().order_id;
+    let payment = sas_engine::ports::Destination::Agent(sas_engine::AgentName::new("payment"));
+    // Everything runs but the payment agent: the charge waits on its queue.
+    let others =
+        |w: &World| w.destinations().into_iter().filter(|d| *d != payment).collect::<Vec<_>>();
+    for _ in 0..20 {
+        for dest in others(w) {
+            while w.queues.visible_len(&dest) > 0 {
+                w.step(&dest).await;
+            }
+        }
+    }
+    // The payment agent takes the charge and calls its service, which takes its time.
+    let charge = w.queues.receive(&payment, 1).pop().expect("the charge is on its way");
+    w.queues.change_visibility(&payment, &charge.receipt, Duration::from_secs(3600)).unwrap();
+    // The child step's timeout passes: the parent undoes its child, in flight.
+    w.clock.advance(Duration::from_secs(60));
+    for _ in 0..20 {
+        if w.state(id).phase == sas_engine::state::Phase::Compensating {
+            break;
+        }
+        w.clock.advance(Duration::from_secs(5));
+        w.sweep().await;
+        for dest in others(w) {
+            while w.queues.visible_len(&dest) > 0 {
+                w.step(&dest).await;
+            }
+        }
+    }
+    assert_eq!(w.state(id).phase, sas_engine::state::Phase::Compensating);
+    assert!(w.state(child_of(id)).process_state.is_in_flight());
+    // Then the charge lands, and everything settles.
+    let incoming = sas_engine::ports::Incoming {
+        message_id: &charge.message_id,
+        receive_count: charge.receive_count,
+    };
+    assert!(w.deliver(&payment, incoming, &charge.body).await);
+    w.queues.delete(&payment, &charge.receipt).unwrap();
+    w.run_for(Duration::from_secs(300)).await;
+    (w.state(id), w.state(child_of(id)))
+}
+
+#[tokio::test]
+async fn a_child_its_parent_undoes_while_its_call_is_on_the_wire_is_undone_once_the_call_lands() {
+    let mut w = World::new();
+    let (parent, child) = undone_while_on_the_wire(&mut w).await;
+    assert_eq!(child.process_state, ProcessState::Cancelled, "{:?}", child.cause);
+    assert!(w.remote.applied(&World::key(child.order_id, "charge-payment", "do")));
+    assert!(w.remote.applied(&World::key(child.order_id, "charge-payment", "undo")));
+    let pay = parent.steps.iter().find(|s| s.name == "pay").unwrap();
+    assert_eq!(pay.status, StepStatus::Undone, "{:?}", pay.detail);
+    assert!(parent.needs_manual_undo().is_empty(), "{:?}", parent.needs_manual_undo());
+}
+
+#[tokio::test]
+async fn with_the_guard_broken_the_child_is_kept_processed_and_its_charge_in_place() {
+    // The broken guard `ChildKeptWhenUndoComesLate` (see `sas_engine::mutants`): the test
+    // above fails with it, which this shows.
+    let _broken =
+        sas_engine::mutants::switch_on(&[sas_engine::mutants::Mutant::ChildKeptWhenUndoComesLate]);
+    let mut w = World::new();
+    let (_, child) = undone_while_on_the_wire(&mut w).await;
+    assert_eq!(child.process_state, ProcessState::Processed);
+    assert!(!w.remote.applied(&World::key(child.order_id, "charge-payment", "undo")));
+}

@@ -229,6 +229,22 @@ impl<C: Clock> MemoryQueues<C> {
         Ok(())
     }
 
+    /// Puts the message of `receipt` back, visible at once, as if that receive had not been:
+    /// what a consumer that took a batch and handles only some of it does for the rest, so
+    /// that they are not counted towards the dead-letter list for receives never handled.
+    pub fn put_back(&self, dest: &Destination, receipt: &str) -> Result<()> {
+        let now = self.clock.now();
+        let mut state = self.state();
+        let message = state
+            .queues
+            .get_mut(dest)
+            .and_then(|q| q.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)))
+            .ok_or_else(|| unknown_receipt(receipt, "the latest receipt"))?;
+        message.visible_at = now;
+        message.receive_count = message.receive_count.saturating_sub(1);
+        Ok(())
+    }
+
     /// Makes the next `n` calls to [`Outbox::send`] fail as unavailable, sending nothing.
     /// Replaces any count set before.
     pub fn fail_next_sends(&self, n: usize) {
