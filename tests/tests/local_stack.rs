@@ -1824,7 +1824,10 @@ async fn events_and_a_schedules_times_start_one_order_each_however_often_they_co
                 .is_some_and(|ms| key.starts_with("schedule-") && ms >= first_after_up)
         });
         let ended = views.values().all(|v| v["process_state"] == "Processed");
-        if (scheduled_since_up && ended && orders.len() >= 3) || Instant::now() > deadline {
+        let by_events = [signed_up.as_str(), "signed-up-twice"].iter().all(|event| {
+            orders.values().any(|(_, key)| key == &format!("event-tenant-setup-{event}"))
+        });
+        if (scheduled_since_up && by_events && ended) || Instant::now() > deadline {
             break (orders, views);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
