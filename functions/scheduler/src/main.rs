@@ -7,8 +7,7 @@ use sas_aws::settings::{Env, reporter_name};
 use sas_aws::system::SystemClock;
 use sas_aws::trace::TraceIds;
 use sas_aws::wiring::Wiring;
-use sas_engine::load::Unmetered;
-use sas_engine::services::{Ports, Scheduler, Starter, Submission};
+use sas_engine::services::{Ports, Scheduler, Starter};
 use sas_scheduler::settings::Settings;
 
 #[tokio::main]
@@ -35,10 +34,8 @@ async fn main() -> Result<(), Error> {
         // A child's input read from a stored value, a child's outputs kept for its parent.
         payloads: wiring.payloads(Env::process().get("PAYLOAD_BUCKET")),
     };
-    // The bus's events start orders as a client's submission would, without its door: the
-    // queue they came through holds them while the system is busy.
-    let starts = ports.catalogue.starts();
-    let starter = Starter::new(Submission::new(ports.clone(), TraceIds, Unmetered), starts);
+    // The bus's events start orders as a client's submission would, without its door.
+    let starter = Starter::unmetered(ports.clone(), TraceIds);
     let scheduler = Scheduler::new(ports, wiring.waits(&s.waits_table), owner);
     let (scheduler, starter, wiring) = (&scheduler, &starter, &wiring);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {

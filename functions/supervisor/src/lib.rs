@@ -4,9 +4,9 @@
 
 pub mod settings;
 
-use sas_engine::load::LoadSource;
 use std::time::Duration;
 
+use sas_engine::load::LoadSource;
 use sas_engine::ports::{
     Clock, EventBus, ExpiryIndex, HeldIndex, Ids, Outbox, Payloads, ServiceBook, StateStore,
 };

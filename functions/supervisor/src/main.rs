@@ -8,10 +8,9 @@ use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
 use sas_aws::trace::TraceIds;
 use sas_aws::wiring::Wiring;
-use sas_engine::load::Unmetered;
 use sas_engine::payload::NoPayloads;
 use sas_engine::ports::Destination;
-use sas_engine::services::{Ports, Starter, Submission, Supervisor};
+use sas_engine::services::{Ports, Starter, Supervisor};
 use sas_supervisor::settings::Settings;
 
 #[tokio::main]
@@ -30,8 +29,7 @@ async fn main() -> Result<(), Error> {
         payloads: NoPayloads,
     };
     // A schedule's order is let in whatever the queues' load: one order a time.
-    let starter =
-        Starter::new(Submission::new(ports.clone(), TraceIds, Unmetered), ports.catalogue.starts());
+    let starter = Starter::unmetered(ports.clone(), TraceIds);
     let supervisor = Supervisor::new(ports, store, wiring.gauges(&s.waits_table, s.queues));
     let (supervisor, wiring, book, starter) = (&supervisor, &wiring, &book, &starter);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {

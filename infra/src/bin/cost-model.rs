@@ -405,6 +405,7 @@ impl QueueDepths for MeteredDepths {
     }
 }
 
+#[derive(Default)]
 struct Scenario {
     name: &'static str,
     workflow: String,
@@ -448,127 +449,85 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                           "compensation":{"action":"refund-payment"}}]}"#
                 .into(),
             sfn_transitions: 3.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps",
             workflow: sas_workflows::order_fulfilment().into(),
             sfn_transitions: 5.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps, the payment service declared at 50 calls a second and 4 in flight",
             workflow: sas_workflows::order_fulfilment().into(),
             sfn_transitions: 5.0,
             payment: Limits { per_second: Some(50), in_flight: Some(4) },
-            held: false,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps, every order waiting once for the payment service while it is held",
             workflow: sas_workflows::order_fulfilment().into(),
             sfn_transitions: 5.0,
-            payment: Limits::NONE,
             held: true,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps, the payment step answering 100 KiB (stored, and read by the shipping step)",
             workflow: sas_workflows::order_fulfilment().into(),
             sfn_transitions: 5.0,
-            payment: Limits::NONE,
-            held: false,
             large_output: Some(100 * 1024),
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps, the first two side by side",
             workflow: sas_workflows::file("express-fulfilment").map_or("", |f| f.json).into(),
             // The Parallel state and its two branches' tasks, the last task, start and end.
             sfn_transitions: 6.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps and a one-minute wait before shipping",
             workflow: with_wait(sas_workflows::order_fulfilment(), 60),
             // The Wait state is one more transition.
             sfn_transitions: 6.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps and an approval from outside before shipping",
             workflow: with_callback(sas_workflows::order_fulfilment(), 172_800),
             // A task that waits for its token is one more transition.
             sfn_transitions: 6.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "ten steps, three of them side by side",
             workflow: ten_steps(),
             // Ten tasks, the Parallel state around three of them, and the start and end.
             sfn_transitions: 13.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
-            parcels: None,
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps, shipping 10 parcels by a child order each",
             workflow: fan_out(),
             // A Map state over the parcels, a task per parcel, the two other tasks, start, end.
             sfn_transitions: 15.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
             parcels: Some(10),
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps, shipping 50 parcels by a child order each",
             workflow: fan_out(),
             sfn_transitions: 55.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
             parcels: Some(50),
-            by_event: false,
+            ..Scenario::default()
         },
         Scenario {
             name: "three steps, each order started by an event on the bus",
             workflow: sas_workflows::order_fulfilment().into(),
             // EventBridge starting the state machine: the same transitions.
             sfn_transitions: 5.0,
-            payment: Limits::NONE,
-            held: false,
-            large_output: None,
-            parcels: None,
             by_event: true,
+            ..Scenario::default()
         },
     ];
     println!(
@@ -732,7 +691,7 @@ async fn run(
     let outbox = || Arc::new(MeteredOutbox { inner: queues.clone(), meter: meter.clone() });
     let bus = Arc::new(MemoryBus::new());
     // Every agent the workflows name is deployed; a list of workflows runs its last.
-    let jsons: Vec<String> = match serde_json::from_str::<serde_json::Value>(&s.workflow)? {
+    let mut jsons: Vec<String> = match serde_json::from_str::<serde_json::Value>(&s.workflow)? {
         serde_json::Value::Array(list) => list.iter().map(|w| w.to_string()).collect(),
         _ => vec![s.workflow.clone()],
     };
@@ -744,7 +703,6 @@ async fn run(
             }
         }
     }
-    let mut jsons = jsons;
     if s.by_event
         && let Some(last) = jsons.last_mut()
     {

@@ -629,26 +629,27 @@ async fn run_until_stopped(stack: &mut LocalStack, mut control: Control) {
     }
 }
 
-/// `local-stack reload`: builds, then asks the stack that `up` runs to reload.
-/// What the control file of the stack `up` runs says, or why there is none.
-fn running_stack() -> Result<serde_json::Value, String> {
+/// The folder of this program's binaries, and what the control file of the stack `up` runs
+/// there says, or why there is none.
+fn running_stack() -> Result<(std::path::PathBuf, serde_json::Value), String> {
     let bin_dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
         .ok_or("cannot tell where this program is")?;
     let file = control_file(&bin_dir);
-    std::fs::read_to_string(&file)
+    let about = std::fs::read_to_string(&file)
         .ok()
         .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
         .ok_or_else(|| format!(
             "no local stack is running here ({} is missing): start one with `cargo run -p sas-infra --bin local-stack -- up`",
             file.display()
-        ))
+        ))?;
+    Ok((bin_dir, about))
 }
 
 async fn put_event(source: &str, detail_type: &str, detail: &str) -> ExitCode {
     let about = match running_stack() {
-        Ok(about) => about,
+        Ok((_, about)) => about,
         Err(e) => return fail(e),
     };
     let detail: serde_json::Value = match serde_json::from_str(detail) {
@@ -706,23 +707,15 @@ async fn put_event(source: &str, detail_type: &str, detail: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `local-stack reload`: builds, then asks the stack that `up` runs to reload.
 async fn reload(no_build: bool) -> ExitCode {
     let root = workspace_root();
-    let Some(bin_dir) =
-        std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
-    else {
-        return fail("cannot tell where this program is");
+    let (bin_dir, about) = match running_stack() {
+        Ok(running) => running,
+        Err(e) => return fail(e),
     };
-    let file = control_file(&bin_dir);
-    let Some(control) = std::fs::read_to_string(&file)
-        .ok()
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        .and_then(|about| about["control"].as_str().map(str::to_owned))
-    else {
-        return fail(format!(
-            "no local stack is running here ({} is missing): start one with `cargo run -p sas-infra --bin local-stack -- up`",
-            file.display()
-        ));
+    let Some(control) = about["control"].as_str() else {
+        return fail("the running stack's control file names no control address");
     };
     if !no_build && !build(&root, &bin_dir) {
         return fail("building the function binaries failed; the stack runs as it was");

@@ -219,14 +219,7 @@ impl<C: Clock> MemoryQueues<C> {
             ));
         }
         let now = self.clock.now();
-        let mut state = self.state();
-        let message = state
-            .queues
-            .get_mut(dest)
-            .and_then(|q| q.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)))
-            .ok_or_else(|| unknown_receipt(receipt, "the latest receipt"))?;
-        message.visible_at = now.plus(timeout);
-        Ok(())
+        self.latest(dest, receipt, |message| message.visible_at = now.plus(timeout))
     }
 
     /// Puts the message of `receipt` back, visible at once, as if that receive had not been:
@@ -234,14 +227,26 @@ impl<C: Clock> MemoryQueues<C> {
     /// that they are not counted towards the dead-letter list for receives never handled.
     pub fn put_back(&self, dest: &Destination, receipt: &str) -> Result<()> {
         let now = self.clock.now();
+        self.latest(dest, receipt, |message| {
+            message.visible_at = now;
+            message.receive_count = message.receive_count.saturating_sub(1);
+        })
+    }
+
+    /// Changes the message whose latest receipt is `receipt`.
+    fn latest(
+        &self,
+        dest: &Destination,
+        receipt: &str,
+        change: impl FnOnce(&mut Stored),
+    ) -> Result<()> {
         let mut state = self.state();
         let message = state
             .queues
             .get_mut(dest)
             .and_then(|q| q.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)))
             .ok_or_else(|| unknown_receipt(receipt, "the latest receipt"))?;
-        message.visible_at = now;
-        message.receive_count = message.receive_count.saturating_sub(1);
+        change(message);
         Ok(())
     }
 

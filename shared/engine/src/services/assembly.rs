@@ -85,17 +85,8 @@ impl<S: Clone, B: Clone, C: Clone, W: Clone, L: Clone, P: Clone> Assembly<S, B, 
 
     /// A starter of the orders the catalogue's workflows start by event and by schedule, through
     /// a submission without a door ([`Unmetered`]).
-    pub fn starter<Q, I>(&self, outbox: Q, ids: I) -> Starter<S, Q, B, C, I, Unmetered, P>
-    where
-        S: StateStore,
-        Q: Outbox,
-        B: EventBus,
-        C: Clock,
-        I: Ids,
-        P: Payloads,
-    {
-        let submission = Submission::new(self.ports(outbox), ids, Unmetered);
-        Starter::new(submission, self.catalogue.starts())
+    pub fn starter<Q, I>(&self, outbox: Q, ids: I) -> Starter<S, Q, B, C, I, Unmetered, P> {
+        Starter::unmetered(self.ports(outbox), ids)
     }
 
     /// A scheduler whose claims and wait reports are signed `owner`.

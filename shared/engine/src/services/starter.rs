@@ -14,10 +14,11 @@ use std::sync::Mutex;
 use serde_json::Value;
 use tracing::{info, warn};
 
+use super::effects::Ports;
 use super::submission::{Accepted, Submission};
 use crate::error::{Error, Result};
 use crate::ids::Owner;
-use crate::load::LoadSource;
+use crate::load::{LoadSource, Unmetered};
 use crate::ports::{Clock, EventBus, Ids, Outbox, Payloads, StateStore};
 use crate::starts::{Declared, Start, event_key, schedule_key};
 use crate::time::Timestamp;
@@ -39,6 +40,20 @@ pub struct Starter<S, Q, B, C, I, L, P> {
     starts: Vec<Declared>,
     /// The keys of the schedules' times this process started (or saw refused), by time.
     started: Mutex<HashMap<String, Timestamp>>,
+}
+
+impl<S, Q, B, C, I, P> Starter<S, Q, B, C, I, Unmetered, P> {
+    /// A starter of the starts `ports`' catalogue declares, through a submission without a
+    /// door ([`Unmetered`]): nobody could be told to bring an event or a schedule's time back
+    /// later, and the queue an event came through holds it while the system is busy.
+    pub fn unmetered(ports: Ports<S, Q, B, C, P>, ids: I) -> Self {
+        let starts = ports.catalogue.starts();
+        Starter {
+            submission: Submission::new(ports, ids, Unmetered),
+            starts,
+            started: Mutex::default(),
+        }
+    }
 }
 
 impl<S, Q, B, C, I, L, P> Starter<S, Q, B, C, I, L, P>
@@ -88,8 +103,7 @@ where
     }
 
     /// Every time of every schedule after `after` and at or before `until`: an order each,
-    /// keyed by the time.
-    /// Times this process started before are left out.
+    /// keyed by the time. Times this process started before are left out.
     pub async fn on_schedules(&self, after: Timestamp, until: Timestamp) -> Result<Vec<Started>> {
         self.remembered().retain(|_, at| *at > after);
         let mut started = Vec::new();

@@ -89,9 +89,13 @@ impl Schedule {
         times
     }
 
-    /// The longest time between two of its times over the eight days after `from` (a week and
-    /// its gap around the weekend), eight days if it names fewer than two times in them.
+    /// The longest time between two of its times: a rate's period; a cron's longest gap over
+    /// the eight days after `from` (a week and its gap around the weekend), eight days if it
+    /// names fewer than two times in them.
     pub fn longest_gap(&self, from: Timestamp) -> Duration {
+        if let Schedule::Rate { minutes } = self {
+            return Duration::from_secs(u64::from(*minutes) * 60);
+        }
         let span = Duration::from_secs(8 * 24 * 3600);
         let times = self.times(from, from.plus(span));
         let gaps = times.windows(2).map(|w| w[1].as_millis() - w[0].as_millis());
