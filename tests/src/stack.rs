@@ -385,6 +385,7 @@ impl System {
         let workflow =
             Workflow::from_json(sas_workflows::order_fulfilment(), &agent_names).unwrap();
         let workflow = Arc::new(Catalogue::single(workflow));
+        let actions = workflow.actions();
         // The scheduler's outbox, as its settings make it: the agents' queues and its own two.
         let mut agent_urls = QueueUrls::default()
             .with(Destination::Scheduler, t.name("SchedulerQueue"))
@@ -456,6 +457,7 @@ impl System {
                 clock: clock.clone(),
                 agents: agent_names.clone(),
                 limits: Default::default(),
+                actions,
             },
             shards: sas_engine::config::MAX_INDEX_SHARDS,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
@@ -565,7 +567,8 @@ impl System {
             event["requestContext"]["authorizer"] = serde_json::json!({"iam": {"userArn": caller}});
         }
         let request = lambda_http::request::from_str(&event.to_string()).unwrap();
-        decode(sas_admin::handle(&self.admin, request).await)
+        // On the heap, as a batch's handler: the tests' threads have small stacks.
+        decode(Box::pin(sas_admin::handle(&self.admin, request)).await)
     }
 
     /// One round of the event sources: every queue's visible messages, in batches, to their
@@ -638,7 +641,7 @@ impl System {
 
     pub async fn sweep(&self) -> SweepReport {
         let look_back = sas_engine::starts::MIN_LOOK_BACK;
-        sas_supervisor::handle(&self.supervisor, &self.book, &self.scheduled, look_back)
+        Box::pin(sas_supervisor::handle(&self.supervisor, &self.book, &self.scheduled, look_back))
             .await
             .unwrap()
     }

@@ -183,8 +183,8 @@ async fn orders_held_by_a_long_outage_wait_for_it_and_the_cli_shows_and_steers_t
     let forged = sas_with_secret(&stack, "not-the-key", &["services"]);
     assert!(!forged.status.success() && text(&forged).contains("403"), "{}", text(&forged));
 
-    // The agent holds its service: the orders wait for it, with nothing undone, where the
-    // leases of the orders would otherwise have run out (the failure threshold is 2).
+    // The agent holds the service's charges: the orders wait for them, with nothing undone,
+    // where the leases of the orders would otherwise have run out (the failure threshold is 2).
     let payment = |stack: &LocalStack| {
         let listed = sas(stack, &["services", "-o", "json"]);
         assert!(listed.status.success(), "{}", text(&listed));
@@ -195,8 +195,12 @@ async fn orders_held_by_a_long_outage_wait_for_it_and_the_cli_shows_and_steers_t
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let service = payment(&stack);
-        if service["state"] == "held" && service["waiting"] == 6 {
-            assert_eq!(service["probing"], true, "{service}");
+        if service["state"] == "actions_held" && service["waiting"] == 6 {
+            let hold = &service["holds"][0];
+            assert_eq!(
+                (&hold["action"], &hold["probing"]),
+                (&json!("charge-payment"), &json!(true))
+            );
             break;
         }
         assert!(Instant::now() < deadline, "the orders never all waited: {service}");
@@ -210,17 +214,19 @@ async fn orders_held_by_a_long_outage_wait_for_it_and_the_cli_shows_and_steers_t
     }
     let table = sas(&stack, &["services"]);
     println!("{}", text(&table));
-    assert!(text(&table).contains("held, probing"), "{}", text(&table));
+    assert!(text(&table).contains("payment/charge-payment  held, probing"), "{}", text(&table));
 
     // An operator takes the hold over for a maintenance window: no probe goes, so the orders
     // wait even once the service answers again, until the operator releases it.
     let held = sas(&stack, &["hold", "payment", "--reason", "provider maintenance"]);
     assert!(held.status.success(), "{}", text(&held));
     let service = payment(&stack);
-    assert_eq!(service["held_by"], "arn:aws:iam::123456789012:user/ops-e2e", "{service}");
+    let whole = &service["holds"][0];
+    assert_eq!(service["state"], "held", "{service}");
+    assert_eq!(whole["held_by"], "arn:aws:iam::123456789012:user/ops-e2e", "{service}");
     assert_eq!(
-        (service["probing"].clone(), service["reason"].clone()),
-        (json!(false), json!("provider maintenance"))
+        (whole["action"].clone(), whole["probing"].clone(), whole["reason"].clone()),
+        (Value::Null, json!(false), json!("provider maintenance"))
     );
     put_faults(&http, &stack, SOUND).await;
     // Several sweeps (one a second here) pass, and nothing moves.
@@ -254,10 +260,51 @@ async fn orders_held_by_a_long_outage_wait_for_it_and_the_cli_shows_and_steers_t
     }
     let service = payment(&stack);
     assert_eq!((service["state"].clone(), service["waiting"].clone()), (json!("open"), json!(0)));
-    assert_eq!(service["released"]["by"], "arn:aws:iam::123456789012:user/ops-e2e", "{service}");
+    for hold in service["holds"].as_array().unwrap() {
+        // The whole service released, and the charges' hold with it.
+        assert_eq!(hold["released"]["by"], "arn:aws:iam::123456789012:user/ops-e2e", "{service}");
+    }
     let left = sas(&stack, &["list", "failed", "-o", "json"]);
     let page: Value = serde_json::from_slice(&left.stdout).unwrap();
     assert_eq!(page["orders"], json!([]), "{page}");
+    // Each change reached the operators' alerts queue, once: the agent's hold of the charges,
+    // the operator's hold of the service, and its release (which released the charges too).
+    let changes = hold_alerts(&stack, 4).await;
+    let seen: Vec<(String, String)> = changes
+        .iter()
+        .map(|d| (d["action"].as_str().unwrap_or("-").to_owned(), d["state"].to_string()))
+        .collect();
+    let wanted =
+        [("charge-payment", "held"), ("-", "held"), ("-", "open"), ("charge-payment", "open")];
+    for want in wanted.map(|(on, state)| (on, format!("{state:?}"))) {
+        assert!(seen.contains(&(want.0.to_owned(), want.1.to_owned())), "{want:?} in {seen:?}");
+    }
+}
+
+/// The first `want` alerts about services that reached the alerts queue, as their details.
+async fn hold_alerts(stack: &LocalStack, want: usize) -> Vec<Value> {
+    let sqs = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await.sqs;
+    let queue = stack.stack.reference("AlertsQueue").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut found = Vec::new();
+    while found.len() < want {
+        assert!(Instant::now() < deadline, "only {found:?} of {want} reached the alerts queue");
+        let received = sqs
+            .receive_message()
+            .queue_url(&queue)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        for m in received.messages() {
+            let event: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+            if event["detail-type"] == "ServiceHoldChanged" {
+                found.push(event["detail"].clone());
+            }
+        }
+    }
+    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

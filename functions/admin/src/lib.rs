@@ -14,8 +14,8 @@
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue |
-//! | `GET /admin/services` | each service: open or held (since when, why, by whom, probing), orders waiting |
-//! | `POST /admin/services/{agent}/{hold\|release}` | holds a service by hand, or releases it: `{"reason"}` |
+//! | `GET /admin/services` | each service: open or held, and each hold of it or of one of its actions (since when, why, by whom, probing, what the probes last met), orders waiting |
+//! | `POST /admin/services/{agent}/{hold\|release}` | holds a service, or one of its actions, by hand, or releases it: `{"reason", "action"?}` |
 
 pub mod settings;
 
@@ -74,6 +74,9 @@ pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
 #[serde(deny_unknown_fields)]
 struct ServiceBody {
     reason: String,
+    /// One action of the service alone; absent: the whole service.
+    #[serde(default)]
+    action: Option<String>,
 }
 
 /// A command's body.
@@ -373,20 +376,23 @@ where
     }
     let body: ServiceBody = match serde_json::from_slice(bytes) {
         Ok(b) => b,
-        Err(e) => return bad_request(&format!("the body must be {{\"reason\"}}: {e}")),
+        Err(e) => {
+            return bad_request(&format!("the body must be {{\"reason\", \"action\"?}}: {e}"));
+        }
     };
     if body.reason.trim().is_empty() || body.reason.chars().count() > MAX_REASON_CHARS {
         return bad_request(&format!(
             "a reason of 1 to {MAX_REASON_CHARS} characters is required: it is recorded with the hold or release"
         ));
     }
+    let action = body.action.as_deref();
     let done = match verb {
-        "hold" => admin.desk.hold(service, caller, &body.reason).await,
-        _ => admin.desk.release(service, caller, &body.reason).await,
+        "hold" => admin.desk.hold(service, action, caller, &body.reason).await,
+        _ => admin.desk.release(service, action, caller, &body.reason).await,
     };
     match done {
         Ok(Ok(view)) => api::json(StatusCode::OK, &json!({ "service": view })),
-        Ok(Err(refused @ DeskRefusal::Unknown { .. })) => {
+        Ok(Err(refused @ (DeskRefusal::Unknown { .. } | DeskRefusal::UnknownAction { .. }))) => {
             api::error(StatusCode::NOT_FOUND, refused.code(), &refused.to_string(), json!({}))
         }
         Ok(Err(refused)) => {

@@ -20,6 +20,7 @@ async fn main() -> Result<(), Error> {
     let s = Settings::from_env(&Env::process())?;
     clients::warm_up(clients::touch_table(wiring.dynamodb(), &s.tables.state)).await;
     let store = wiring.store(&s.tables);
+    let actions = s.engine.catalogue.actions();
     let admin = Admin {
         status: StatusService::new(store.clone()),
         operator: Operator::new(Ports {
@@ -40,6 +41,7 @@ async fn main() -> Result<(), Error> {
             clock: SystemClock,
             agents: s.engine.agents.clone(),
             limits: s.engine.config.limits.clone(),
+            actions,
         },
         shards: sas_engine::config::MAX_INDEX_SHARDS,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),

@@ -33,7 +33,8 @@ async fn main() -> Result<(), Error> {
     let supervisor = Supervisor::new(ports, store, wiring.gauges(&s.waits_table, s.queues));
     let (supervisor, wiring, book, starter) = (&supervisor, &wiring, &book, &starter);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<serde_json::Value>| async move {
-        let swept = sas_supervisor::handle(supervisor, book, starter, look_back);
+        // On the heap: a sweep's future, with the services' tending, is a large one.
+        let swept = Box::pin(sas_supervisor::handle(supervisor, book, starter, look_back));
         wiring.invocation(swept).await.map_err(Error::from)
     }))
     .await

@@ -102,22 +102,30 @@ enum Verb {
         #[arg(long)]
         reason: String,
     },
-    /// Each service: open, or held (since when, why, by whom; probed, if its agent held it),
-    /// and how many orders wait for it.
+    /// Each service: open, or held as a whole or one action at a time (since when, why, by
+    /// whom; probed, if its agent held it, and what the probes last met), and how many orders
+    /// wait for each hold.
     Services,
-    /// Hold a service by hand (a maintenance window): its agent calls it no more and its orders
-    /// wait, without failing, until it is released (recorded with who you are and why).
+    /// Hold a service by hand (a maintenance window), or one of its actions: its agent calls
+    /// it no more and its orders wait, without failing, until it is released (recorded with
+    /// who you are and why).
     Hold {
         /// The agent of the service.
         agent: String,
+        /// Hold only this action of the service (a step's name, or an undo's action).
+        #[arg(long)]
+        action: Option<String>,
         #[arg(long)]
         reason: String,
     },
-    /// Release a held service, whoever held it: the orders that waited for it go on, at the
-    /// stack's pace.
+    /// Release a held service, whoever held it, with every action held (or only `--action`):
+    /// the orders that waited go on, at the stack's pace.
     Release {
         /// The agent of the service.
         agent: String,
+        /// Release only this action's hold.
+        #[arg(long)]
+        action: Option<String>,
         #[arg(long)]
         reason: String,
     },
@@ -326,11 +334,11 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Verb::Hold { agent, reason } => {
-            service_command(&api, &agent, "hold", &reason, json_out).await
+        Verb::Hold { agent, action, reason } => {
+            service_command(&api, &agent, action.as_deref(), "hold", &reason, json_out).await
         }
-        Verb::Release { agent, reason } => {
-            service_command(&api, &agent, "release", &reason, json_out).await
+        Verb::Release { agent, action, reason } => {
+            service_command(&api, &agent, action.as_deref(), "release", &reason, json_out).await
         }
         Verb::Dlq { command } => dead_letters(&api, command, json_out).await,
         Verb::Load(_) => unreachable!("handled above"),
@@ -378,25 +386,25 @@ async fn offer(api: Api, args: LoadArgs, json_out: bool) -> Result<ExitCode, Cli
     Ok(if processed == all { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-/// Holds or releases (`verb`) the service of `agent`.
+/// Holds or releases (`verb`) the service of `agent`, or only its `action`.
 async fn service_command(
     api: &Api,
     agent: &str,
+    action: Option<&str>,
     verb: &str,
     reason: &str,
     json_out: bool,
 ) -> Result<ExitCode, CliError> {
     let path = format!("/admin/services/{}/{verb}", encode(agent));
-    let answer = api.post(&path, &json!({ "reason": reason })).await?;
+    let mut body = json!({ "reason": reason });
+    if let Some(action) = action {
+        body["action"] = json!(action);
+    }
+    let answer = api.post(&path, &body).await?;
     if json_out {
         print_json(&answer);
     } else {
-        let service = &answer["service"];
-        let waiting = service["waiting"].as_u64().unwrap_or(0);
-        match service["state"].as_str() {
-            Some("held") => println!("{agent}: held; {waiting} orders wait for it"),
-            _ => println!("{agent}: open; the {waiting} orders that waited go on"),
-        }
+        print!("{}", render::service_change(&answer["service"], action, verb));
     }
     Ok(ExitCode::SUCCESS)
 }

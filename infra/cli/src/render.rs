@@ -28,36 +28,57 @@ pub fn cell(value: &Value, key: &str) -> String {
     value.get(key).and_then(Value::as_str).unwrap_or("-").to_owned()
 }
 
-/// `sas services`: one line per service.
+/// `sas services`: one line per service that nothing of is held, and one per hold (of the
+/// whole service, or of one action: `payment/charge-payment`) for the others, saying why it
+/// goes on (`probes: <what the last met>`).
 pub fn services(answer: &Value) -> String {
     let services = answer["services"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let rows: Vec<Vec<String>> = services
-        .iter()
-        .map(|s| {
-            let state = match (s["state"].as_str(), s["probing"].as_bool()) {
-                (Some("held"), Some(true)) => "held, probing".to_owned(),
-                (Some(state), _) => state.to_owned(),
-                (None, _) => "-".to_owned(),
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for s in services {
+        let service = cell(s, "service");
+        let holds = s["holds"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let held: Vec<&Value> = holds.iter().filter(|h| h["state"] == "held").collect();
+        if held.is_empty() {
+            let waiting = s["waiting"].to_string();
+            let row = [service, "open".into(), "-".into(), "-".into(), "-".into(), waiting];
+            rows.push(row.into_iter().chain([rate(s), in_flight(s)]).collect());
+            continue;
+        }
+        for h in held {
+            let name = match h["action"].as_str() {
+                Some(action) => format!("{service}/{action}"),
+                None => service.clone(),
             };
-            let by = match (s["state"].as_str(), s["held_by"].as_str()) {
-                (Some("held"), Some(by)) => by.to_owned(),
-                (Some("held"), None) => "its agent".to_owned(),
-                _ => "-".to_owned(),
+            let probing = h["probing"].as_bool() == Some(true);
+            let state = if probing { "held, probing" } else { "held" };
+            let by = h["held_by"].as_str().unwrap_or("its agent").to_owned();
+            let why = match h["last_probe"].as_str() {
+                Some(probe) => format!("{}; probes: {probe}", cell(h, "reason")),
+                None => cell(h, "reason"),
             };
-            vec![
-                cell(s, "service"),
-                state,
-                time(&s["held_since"]),
-                by,
-                cell(s, "reason"),
-                s["waiting"].to_string(),
-                rate(s),
-                in_flight(s),
-            ]
-        })
-        .collect();
+            let waiting = h["waiting"].to_string();
+            let row = [name, state.into(), time(&h["held_since"]), by, why, waiting];
+            rows.push(row.into_iter().chain([rate(s), in_flight(s)]).collect());
+        }
+    }
     let header = ["service", "state", "since", "by", "why", "waiting", "calls/s", "in flight"];
     table(&header, &rows)
+}
+
+/// What `sas hold` and `sas release` print: what is held now, or that it is open.
+pub fn service_change(service: &Value, action: Option<&str>, verb: &str) -> String {
+    let name = cell(service, "service");
+    let named = match action {
+        Some(action) => format!("{name}/{action}"),
+        None => name,
+    };
+    let holds = service["holds"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let hold = holds.iter().find(|h| h["action"].as_str() == action);
+    let waiting = hold.and_then(|h| h["waiting"].as_u64()).unwrap_or(0);
+    match verb {
+        "hold" => format!("{named}: held; {waiting} orders wait for it\n"),
+        _ => format!("{named}: open; the {waiting} orders that waited go on\n"),
+    }
 }
 
 /// The rate a service's calls keep to, and how far ahead its turns are taken: `5, booked 3.2 s
@@ -438,25 +459,33 @@ mod tests {
     }
 
     #[test]
-    fn services_read_as_one_line_each_with_who_held_them() {
+    fn services_read_as_one_line_each_or_one_per_hold_with_who_held_them() {
         let answer = serde_json::json!({"services": [
-            {"service": "payment", "state": "held", "probing": true, "held_since": 1_772_359_200_000_i64,
-             "reason": "5 passing faults in a row, the last: 503", "waiting": 61},
-            {"service": "shipping", "state": "held", "probing": false, "held_since": "2026-03-01T09:00:00Z",
-             "held_by": "arn:ops", "reason": "carrier maintenance", "waiting": 3},
-            {"service": "inventory", "state": "open", "probing": false, "waiting": 0,
+            {"service": "payment", "state": "actions_held", "waiting": 61, "holds": [
+                {"action": "charge-payment", "state": "held", "probing": true,
+                 "held_since": 1_772_359_200_000_i64, "last_probe": "403 Forbidden",
+                 "reason": "5 passing faults in a row, the last: 503", "waiting": 61},
+                {"action": "refund-payment", "state": "open", "probing": false, "waiting": 0}]},
+            {"service": "shipping", "state": "held", "waiting": 3, "holds": [
+                {"state": "held", "probing": false, "held_since": "2026-03-01T09:00:00Z",
+                 "held_by": "arn:ops", "reason": "carrier maintenance", "waiting": 3}]},
+            {"service": "inventory", "state": "open", "waiting": 0,
              "limits": {"per_second": 5, "in_flight": 4},
              "in_use": {"booked_ahead_ms": 3_200, "in_flight": 2}},
-            {"service": "shipping-rates", "state": "open", "probing": false, "waiting": 0,
+            {"service": "shipping-rates", "state": "open", "waiting": 0,
              "learned_per_second": 3, "in_use": {"booked_ahead_ms": 0, "in_flight": 0}},
-            {"service": "tax", "state": "open", "probing": false, "waiting": 0,
+            {"service": "tax", "state": "open", "waiting": 0,
              "limits": {"per_second": 10}, "learned_per_second": 4,
              "in_use": {"booked_ahead_ms": 0, "in_flight": 0}}
         ]});
         let printed = services(&answer);
         let lines: Vec<&str> = printed.lines().collect();
-        assert!(lines[1].contains("payment") && lines[1].contains("held, probing"), "{printed}");
+        assert!(
+            lines[1].contains("payment/charge-payment") && lines[1].contains("held, probing"),
+            "{printed}"
+        );
         assert!(lines[1].contains("its agent") && lines[1].contains("61"), "{printed}");
+        assert!(lines[1].contains("probes: 403 Forbidden"), "{printed}");
         assert!(lines[1].contains("2026-03-01 10:00:00"), "{printed}");
         assert!(
             lines[2].contains("arn:ops") && lines[2].contains("carrier maintenance"),

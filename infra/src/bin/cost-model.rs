@@ -164,7 +164,7 @@ fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
 /// Writes of the `ByHeldService` index (keys only: `HeldOn`, `HeldSince`): one as an order
 /// starts or stops waiting for a held service, none while it waits.
 fn held_index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
-    let key = |r: &StateRecord| r.held_on().map(|h| (h.service.clone(), h.since));
+    let key = |r: &StateRecord| r.held_on().map(|h| (h.key(), h.since));
     match (old.and_then(key), key(new)) {
         (None, None) => 0.0,
         (Some(a), Some(b)) if a == b => 0.0,
@@ -774,7 +774,7 @@ async fn run(
     // queues, the consumers' reports) is counted as it would be.
     if s.held {
         let now = clock.now();
-        let held = ServiceRecord::open("payment", now).hold_by(now, "ops", "maintenance");
+        let held = ServiceRecord::open("payment", now).hold_by(now, None, "ops", "maintenance");
         book.save(&held.ok_or("the payment service could not be held")?).await?;
     }
     let mut answered = 0;
@@ -809,7 +809,7 @@ async fn run(
             return Err(format!("{waiting} of {orders} orders wait for the held service").into());
         }
         let record = book.load("payment").await?.ok_or("the payment service has no record")?;
-        let released = record.release_by(clock.now(), "ops", "maintenance over");
+        let released = record.release_by(clock.now(), None, "ops", "maintenance over");
         book.save(&released.ok_or("the payment service could not be released")?).await?;
     }
     // Orders that wait are woken by their delayed start messages, and those of a released

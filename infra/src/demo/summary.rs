@@ -461,34 +461,31 @@ fn held_for(timeline: &[Value]) -> Option<i64> {
     held
 }
 
-/// The services' holds, as their records tell (how long, and the probes that reached each
-/// while held: the only calls that did), and the time orders spent waiting for them.
+/// The services' holds, as their records tell (of a whole service, or of one action: how
+/// long, and the probes that reached each while held: the only calls that did), and the time
+/// orders spent waiting for them.
 async fn holds(stack: &LocalStack, clients: &Clients, held: &[i64]) -> String {
     let table = stack.stack.reference("ServicesTable").unwrap_or_default();
     let records = scan(&clients.dynamodb, &table).await.unwrap_or_default();
     let mut services = Vec::new();
-    for record in records.iter().map(body).filter(|b| b.is_object()) {
-        let service = record["service"].as_str().unwrap_or_default();
-        let (since, until, probes, by) = match (&record["held"], &record["released"]) {
-            (Value::Object(_), _) => {
-                let h = &record["held"];
-                (h["since"].as_i64(), None, h["probes"].as_u64(), h["by"].as_str())
-            }
-            (_, Value::Object(_)) => {
-                let r = &record["released"];
-                (r["held_since"].as_i64(), r["at"].as_i64(), r["probes"].as_u64(), None)
-            }
-            _ => continue,
-        };
-        let how_long = match (since, until) {
-            (Some(since), Some(until)) => format!("for {:.0} s", (until - since) as f64 / 1000.0),
-            _ => "still held".to_owned(),
-        };
-        let by = by.map_or("its agent".to_owned(), |by| format!("operator {by}"));
-        let probes = probes.unwrap_or(0);
-        services.push(format!(
-            "{service} (last held by {by}, {how_long}, {probes} probes reached it while held)"
-        ));
+    let records = records.iter().map(body).filter_map(|b| serde_json::from_value(b).ok());
+    for record in records.collect::<Vec<sas_engine::health::ServiceRecord>>() {
+        for (on, scope) in record.scopes() {
+            let (since, until, probes, by) = match (&scope.held, &scope.released) {
+                (Some(h), _) => (h.since, None, h.probes, h.by.clone()),
+                (None, Some(r)) => (r.held_since, Some(r.at), r.probes, None),
+                (None, None) => continue,
+            };
+            let how_long = match until {
+                Some(until) => format!("for {:.0} s", since.until(until).as_secs_f64()),
+                None => "still held".to_owned(),
+            };
+            let by = by.map_or("its agent".to_owned(), |by| format!("operator {by}"));
+            let name = sas_engine::health::hold_key(&record.service, on);
+            services.push(format!(
+                "{name} (last held by {by}, {how_long}, {probes} probes reached it while held)"
+            ));
+        }
     }
     let mut held = held.to_vec();
     held.sort_unstable();

@@ -23,8 +23,9 @@
 //! with `AttentionStep` and `CauseKind` projected for filtering. Entering costs one index write
 //! and leaving one; orders that never fail never enter it.
 //!
-//! A third sparse index, `ByHeldService`, holds only the orders that wait for a held service:
-//! such an item carries `HeldOn` (S, the service's agent) and `HeldSince` (N), keys only. An
+//! A third sparse index, `ByHeldService`, holds only the orders that wait for a hold: such an
+//! item carries `HeldOn` (S: the service's agent, or `<agent>/<action>` for a hold of one
+//! action) and `HeldSince` (N), keys only. An
 //! order enters it when its step is held and leaves it when the step resumes, so a waiting
 //! order costs nothing per sweep, and a service that opens finds its orders without a scan.
 //!
@@ -579,7 +580,7 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         item.insert("WorkflowVersion".into(), number(r.workflow_version));
     }
     if let Some(held) = r.held_on() {
-        item.insert("HeldOn".into(), AttributeValue::S(held.service.clone()));
+        item.insert("HeldOn".into(), AttributeValue::S(held.key()));
         item.insert("HeldSince".into(), number(held.since.as_millis()));
     }
     item.insert("Body".into(), AttributeValue::S(body.to_string()));

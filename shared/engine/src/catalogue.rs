@@ -2,6 +2,7 @@
 //! take a workflow's newest version; an order keeps the version it started on to its end, its
 //! compensation, its cancellation and its redrive, for as long as that version is deployed.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -175,6 +176,19 @@ impl Catalogue {
             }
         }
         agents
+    }
+
+    /// Every action any version of any workflow asks of each agent (its steps' and their
+    /// undos'), by agent, each once, sorted: what of a service can be held.
+    pub fn actions(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut actions: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for step in self.workflows.iter().flat_map(|w| w.steps()) {
+            let Some(agent) = step.agent() else { continue };
+            let of = actions.entry(agent.as_str().to_owned()).or_default();
+            of.insert(step.name.clone());
+            of.extend(step.compensation.as_ref().map(|c| c.action.clone()));
+        }
+        actions
     }
 }
 

@@ -60,13 +60,11 @@ pub struct EngineConfig {
     /// as its failure, for steps and workflows that name no `max_hold_seconds`. Default 6
     /// hours; from 1 minute to 1 day. Env `MAX_HOLD_SECONDS`.
     pub max_hold: Duration,
-    /// When an agent holds its service, and how it probes it while held.
-    /// Env `HOLD_AFTER_FAILURES`, `HOLD_WINDOW_SECONDS`, `PROBE_EVERY_SECONDS`.
+    /// When an agent holds an action of its service, how it probes it while held, how fast
+    /// the orders that waited resume, and when the operators are told a hold goes on.
+    /// Env `HOLD_AFTER_FAILURES`, `HOLD_WINDOW_SECONDS`, `PROBE_EVERY_SECONDS`,
+    /// `RESUME_PER_SECOND`, `HOLD_ALERT_AFTER_SECONDS`.
     pub hold: HoldPolicy,
-    /// Orders a second the supervisor resumes for a service that opened again, spread over
-    /// the minute between its sweeps, so that the orders that waited reach the service at a
-    /// pace it takes rather than all at once. Default 10. Env `RESUME_PER_SECOND`.
-    pub resume_per_second: u32,
     /// What each limited service accepts, by agent: calls a second and calls in flight, kept
     /// by its agent's executions together and by the supervisor when it resumes the orders
     /// that waited for it. Env `SERVICE_RATES` and `SERVICE_CONCURRENCY`, each a list of
@@ -112,18 +110,28 @@ impl Scale {
     }
 }
 
-/// When a service is held, and how it is probed while held.
+/// When a service's action is held, how it is probed while held, how the orders that waited
+/// for it resume, and when the operators hear that a hold goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HoldPolicy {
-    /// Passing faults in a row (timeouts, 5xx, 429, refused connections), across all the
-    /// agent's executions, after which its service is held. Default 5.
+    /// Passing faults in a row (timeouts, 5xx, 429, refused connections) of one action's
+    /// calls, met by one of the agent's executions, after which the action is held for
+    /// every execution. Default 5.
     pub after_failures: u32,
     /// The faults must come within this long of the first of them; a fault after a quieter
     /// spell starts the count again. Default 60 s.
     pub window: Duration,
-    /// While held, one call at most this often goes to the service as a probe (across all the
-    /// agent's executions); the first that succeeds opens the service. Default 10 s.
+    /// While held, one call of the action at most this often goes to the service as a probe
+    /// (across all the agent's executions); the first that is answered opens it. Default 10 s.
     pub probe_every: Duration,
+    /// Orders a second the supervisor resumes for a hold that ended, spread over the minute
+    /// between its sweeps, and the calls a second the resumed orders make of the service
+    /// across all the agent's executions, so that the orders that waited reach it at a pace
+    /// it takes rather than all at once. Default 10; from 1 to 1000.
+    pub resume_per_second: u32,
+    /// A hold that lasts this long is announced once more, with what its probes last met, so
+    /// that a hold that does not end is looked at. Default 10 minutes; at least 1 minute.
+    pub alert_after: Duration,
 }
 
 /// Orders a second a stack expects unless it declares otherwise: what the template's default
@@ -136,6 +144,8 @@ impl Default for HoldPolicy {
             after_failures: 5,
             window: Duration::from_secs(60),
             probe_every: Duration::from_secs(10),
+            resume_per_second: 10,
+            alert_after: Duration::from_secs(600),
         }
     }
 }
@@ -158,7 +168,6 @@ impl Default for EngineConfig {
             redrive_window: Duration::from_secs(24 * 3600),
             max_hold: Duration::from_secs(6 * 3600),
             hold: HoldPolicy::default(),
-            resume_per_second: 10,
             limits: BTreeMap::new(),
         }
     }
@@ -207,8 +216,9 @@ impl EngineConfig {
                 after_failures: parse(&lookup, "HOLD_AFTER_FAILURES", d.hold.after_failures)?,
                 window: secs(&lookup, "HOLD_WINDOW_SECONDS", d.hold.window)?,
                 probe_every: secs(&lookup, "PROBE_EVERY_SECONDS", d.hold.probe_every)?,
+                resume_per_second: parse(&lookup, "RESUME_PER_SECOND", d.hold.resume_per_second)?,
+                alert_after: secs(&lookup, "HOLD_ALERT_AFTER_SECONDS", d.hold.alert_after)?,
             },
-            resume_per_second: parse(&lookup, "RESUME_PER_SECOND", d.resume_per_second)?,
             limits: limits(&lookup)?,
         };
         config.validate()?;
@@ -242,8 +252,11 @@ impl EngineConfig {
         if !(MIN_HOLD..=MAX_HOLD).contains(&self.max_hold) {
             return bad("MAX_HOLD_SECONDS must be from 60 to 86400");
         }
-        if !(1..=1000).contains(&self.resume_per_second) {
+        if !(1..=1000).contains(&self.hold.resume_per_second) {
             return bad("RESUME_PER_SECOND must be from 1 to 1000");
+        }
+        if self.hold.alert_after < Duration::from_secs(60) {
+            return bad("HOLD_ALERT_AFTER_SECONDS must be at least 60");
         }
         if self.hold.after_failures == 0 {
             return bad("HOLD_AFTER_FAILURES must be at least 1");

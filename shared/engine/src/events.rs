@@ -299,14 +299,19 @@ impl BusEvent {
     }
 }
 
-/// An alert for operators that a service was held, or opened again: one per hold and one per
-/// release, whatever the number of orders that wait.
+/// An alert for operators about a hold of a service or of one of its actions: one when it
+/// begins, one when it ends, and one more if it lasts past the operators' threshold
+/// ([`crate::config::HoldPolicy::alert_after`]), whatever the number of orders that wait.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceEvent {
-    /// Deterministic: the same hold (or release) always has the same id.
+    /// Deterministic: the same hold, release or overdue hold always has the same id.
     pub event_id: String,
     pub service: String,
-    /// `held` or `open`.
+    /// The action held or released; absent: the whole service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// `held`, `open`, or `still_held` (a hold that has lasted past the operators'
+    /// threshold).
     pub state: String,
     /// When the hold began.
     pub held_since: Timestamp,
@@ -318,37 +323,59 @@ pub struct ServiceEvent {
     pub by: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
-    /// Orders waiting for the service when the alert was made.
+    /// Probes that reached it during the hold so far (or in all, for `open`).
+    #[serde(default)]
+    pub probes: u64,
+    /// For a hold that goes on: the fault its probes last met.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe: Option<String>,
+    /// Orders waiting for it when the alert was made.
     pub waiting: u64,
 }
 
 impl ServiceEvent {
-    /// The alert `record`'s last change owes, if it is a hold or a release.
-    pub fn of(record: &crate::health::ServiceRecord, waiting: u64) -> Option<ServiceEvent> {
-        let service = record.service.clone();
-        match (&record.held, &record.released) {
-            (Some(hold), _) => Some(ServiceEvent {
-                event_id: format!("{service}-held-{}", hold.since.as_millis()),
-                service,
-                state: "held".into(),
-                held_since: hold.since,
-                released_at: None,
-                by: hold.by.clone(),
-                reason: hold.reason.clone(),
-                waiting,
-            }),
-            (None, Some(release)) => Some(ServiceEvent {
-                event_id: format!("{service}-open-{}", release.at.as_millis()),
-                service,
-                state: "open".into(),
-                held_since: release.held_since,
-                released_at: Some(release.at),
-                by: release.by.clone(),
-                reason: release.reason.clone(),
-                waiting,
-            }),
-            (None, None) => None,
+    /// The alert owed for the change of `record`'s scope `on` (`None`: the whole service), if
+    /// it was ever held; `waiting`: the orders that wait for it.
+    pub fn of(
+        record: &crate::health::ServiceRecord,
+        on: Option<&str>,
+        waiting: u64,
+    ) -> Option<ServiceEvent> {
+        let scope = record.scope(on)?;
+        let event_id = crate::health::event_id(&record.service, on, &scope.event_key()?);
+        let mut event = ServiceEvent {
+            event_id,
+            service: record.service.clone(),
+            action: on.map(str::to_owned),
+            state: String::new(),
+            held_since: Timestamp::from_millis(0),
+            released_at: None,
+            by: None,
+            reason: String::new(),
+            probes: 0,
+            last_probe: None,
+            waiting,
+        };
+        match (&scope.held, &scope.released) {
+            (Some(hold), _) => {
+                event.state = if hold.overdue { "still_held" } else { "held" }.into();
+                event.held_since = hold.since;
+                event.by = hold.by.clone();
+                event.reason = hold.reason.clone();
+                event.probes = hold.probes;
+                event.last_probe = hold.last_probe.clone();
+            }
+            (None, Some(release)) => {
+                event.state = "open".into();
+                event.held_since = release.held_since;
+                event.released_at = Some(release.at);
+                event.by = release.by.clone();
+                event.reason = release.reason.clone();
+                event.probes = release.probes;
+            }
+            (None, None) => return None,
         }
+        Some(event)
     }
 }
 

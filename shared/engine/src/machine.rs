@@ -176,9 +176,10 @@ pub enum Input<'a> {
     /// The supervisor found the record in the expiry index with this CompleteBy; the record's
     /// messages may still be waiting in a queue for up to `horizon` after it.
     Expire { complete_by: Timestamp, horizon: Duration },
-    /// The supervisor found `service` open again: the order's steps held on it go on, their
-    /// start message sent after `delay`.
-    Resume { service: &'a str, delay: Duration },
+    /// The supervisor found the hold `on` names ([`crate::state::Held::key`]: a service, or
+    /// one action of it) ended: the order's steps held on it go on, their start message sent
+    /// after `delay`.
+    Resume { on: &'a str, delay: Duration },
     /// The order's alert was accepted by the event bus.
     AlertSent,
     /// The order was submitted again with the same key and the same content.
@@ -568,9 +569,7 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             expire(record, complete_by, horizon, ctx)
         }
         (Paused, Input::Expire { .. }) => Decision::Ignore(Ignored::Moved),
-        (Pending | Processing, Input::Resume { service, delay }) => {
-            resume_held(record, service, delay, ctx)
-        }
+        (Pending | Processing, Input::Resume { on, delay }) => resume_held(record, on, delay, ctx),
         (Paused, Input::Resume { .. }) => Decision::Ignore(Ignored::Paused),
         (Error | Processed, Input::Expire { complete_by, .. })
             if record.alert == Some(AlertDelivery::Pending) =>

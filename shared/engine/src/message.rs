@@ -122,6 +122,11 @@ pub struct StepRequest {
     /// whose agents work until `complete_by`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_ms: Option<u64>,
+    /// The step waited for a hold of its service, and was resumed since: its calls take their
+    /// turns at the stack's resume rate, so that the orders that waited do not all reach the
+    /// service as it comes back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
 }
 
 /// "This is how it went": sent by an agent to the scheduler, only before CompleteBy.
@@ -159,10 +164,15 @@ pub enum StepOutcome {
     /// the agent may keep ([`crate::payload::MAX_PAYLOAD_LEN`], or [`MAX_OUTPUT_LEN`] for an
     /// agent without a payload store): the order records that, and does not carry the output.
     TooLarge { bytes: u64 },
-    /// The agent's service is held (down, or refusing more calls for now), and the agent did
-    /// not get an answer from it: the step waits for the service to open, under the same keys,
-    /// without counting against its leases. `reason` says why the service is held.
-    Held { reason: String },
+    /// The agent's service, or the step's action there, is held (down, or refusing more
+    /// calls for now), and the agent did not get an answer from it: the step waits for it to
+    /// open, under the same keys, without counting against its leases. `reason` says why it
+    /// is held; `action` names the action held, absent when the whole service is.
+    Held {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        action: Option<String>,
+    },
     /// The agent's service had no room for the call before the budget ended (its turns or
     /// places in flight were taken, or it asked to be left alone for longer): the agent did
     /// not call it again, and the step goes again at `until`, under the same keys, at a new
@@ -179,9 +189,13 @@ impl StepOutcome {
         }
     }
 
-    /// Builds a `Held` outcome, cutting the reason to [`MAX_REASON_LEN`] bytes.
-    pub fn held(reason: &str) -> StepOutcome {
-        StepOutcome::Held { reason: truncate(reason, MAX_REASON_LEN) }
+    /// Builds a `Held` outcome for a hold of `action` (`None`: of the whole service), cutting
+    /// the reason to [`MAX_REASON_LEN`] bytes.
+    pub fn held(reason: &str, action: Option<&str>) -> StepOutcome {
+        StepOutcome::Held {
+            reason: truncate(reason, MAX_REASON_LEN),
+            action: action.map(str::to_owned),
+        }
     }
 
     /// Builds a `Failed` outcome, cutting the reason to [`MAX_REASON_LEN`] bytes.

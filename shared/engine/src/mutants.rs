@@ -48,6 +48,12 @@ pub enum Mutant {
     ChildKeptWhenUndoComesLate,
     /// An event delivered again, whose order exists, starts another under a key of its own.
     EventStartedAgain,
+    /// A hold of one action stops every call of its service, and any call of the service may
+    /// probe it: an action that answers waits for another that does not, and its answer opens
+    /// a hold it did not try.
+    ProbeOfAnotherAction,
+    /// A refusal counts towards a hold, as a passing fault does.
+    RefusalCountsTowardsHold,
 }
 
 impl Mutant {

@@ -6,8 +6,8 @@
 //! - [`ExpiryIndex`]: a sparse, sharded index of records by CompleteBy, queried one shard at a
 //!   time. Eventually consistent: it may lag behind the table, so whoever acts on an entry
 //!   re-reads the record and writes with a condition.
-//! - [`HeldIndex`]: a sparse index of the orders that wait for a held service, by service
-//!   and since when, so that a service opening again finds its orders without a scan and an
+//! - [`HeldIndex`]: a sparse index of the orders that wait for a hold, by what is held (a
+//!   service, or one action of it) and since when, so that a service opening again finds its orders without a scan and an
 //!   order that waits costs nothing per sweep.
 //! - [`OrderFinder`]: the orders that need an operator (in Error, paused, or in flight for
 //!   long), newest first and a page at a time, found through sparse indexes, never a scan.
@@ -194,16 +194,13 @@ pub trait ExpiryIndex: Send + Sync {
 
 /// The sparse index of orders waiting for a held service ([`StateRecord::held_on`]).
 pub trait HeldIndex: Send + Sync {
-    /// Orders waiting for `service`, the longest-waiting first, at most `limit`. Eventually
-    /// consistent: whoever acts on one re-reads it.
-    fn held(
-        &self,
-        service: &str,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<OrderId>>> + Send;
+    /// Orders waiting for the hold `on` names ([`crate::state::Held::key`]: a service, or one
+    /// action of it), the longest-waiting first, at most `limit`. Eventually consistent:
+    /// whoever acts on one re-reads it.
+    fn held(&self, on: &str, limit: usize) -> impl Future<Output = Result<Vec<OrderId>>> + Send;
 
-    /// How many orders wait for `service`.
-    fn count_held(&self, service: &str) -> impl Future<Output = Result<u64>> + Send;
+    /// How many orders wait for the hold `on` names.
+    fn count_held(&self, on: &str) -> impl Future<Output = Result<u64>> + Send;
 }
 
 /// Which orders an operator asks for.

@@ -251,16 +251,26 @@ impl Window {
     }
 }
 
-/// A step kept back by its service's hold.
+/// A step kept back by a hold of its service, or of its action there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
     /// The agent of the service that is held.
     pub service: String,
+    /// The action held, if the hold is the action's alone; `None`: the whole service is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
     /// When the step first found the service held.
     pub since: Timestamp,
-    /// Why the service is held, as its agent said.
+    /// Why it is held, as its agent said.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+}
+
+impl Held {
+    /// The name the order is listed under while it waits ([`crate::health::hold_key`]).
+    pub fn key(&self) -> String {
+        crate::health::hold_key(&self.service, self.action.as_deref())
+    }
 }
 
 /// One step's hold on the system's attention while it is done or undone.
@@ -766,16 +776,16 @@ impl StateRecord {
         Some(index_key(kept, self.earliest_lease()?))
     }
 
-    /// The service the order waits for, if a step of it is held: of its held steps, the one
-    /// held first. The store lists the order under it (one service at a time: should two of
-    /// its steps wait for two services, the write that resumes the first lists it under the
-    /// other).
+    /// The hold the order waits for, if a step of it is held: of its held steps, the one held
+    /// first. The store lists the order under its [`Held::key`] (one hold at a time: should
+    /// two of its steps wait for two holds, the write that resumes the first lists it under
+    /// the other).
     pub fn held_on(&self) -> Option<&Held> {
         // A step's hold is set exactly while its lease is held (see `check`).
         self.steps
             .iter()
             .filter_map(|s| s.held.as_ref())
-            .min_by_key(|h| (h.since, h.service.as_str()))
+            .min_by_key(|h| (h.since, h.service.as_str(), h.action.as_deref()))
     }
 
     /// A record written before each step held its own lease, as this version keeps it: the

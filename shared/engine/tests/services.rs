@@ -297,6 +297,7 @@ impl AgentBench {
             outputs: Default::default(),
             due_at: Some(self.clock.now()),
             budget_ms: Some(budget.as_millis() as u64),
+            resumed: false,
         }
     }
 
@@ -334,7 +335,7 @@ async fn the_agent_retries_transient_faults_with_jittered_backoff() {
 }
 
 #[tokio::test]
-async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_on_an_answer() {
+async fn a_guarded_agent_holds_a_failing_action_probes_it_alone_and_opens_it_on_an_answer() {
     use sas_engine::config::HoldPolicy;
     use sas_engine::memory::MemoryServiceBook;
 
@@ -373,15 +374,29 @@ async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_
     let first = request("a");
     let outcome = agent.handle(&first, Incoming::first("m1")).await.unwrap();
     assert_eq!(outcome, AgentOutcome::Held { calls: 3 });
-    assert!(held(&last_reply()));
+    let reply = last_reply();
+    assert!(held(&reply));
     let record = book.load("payment").await.unwrap().unwrap();
-    let hold = record.held.clone().unwrap();
+    let (on, hold) = record.holding("charge-payment").unwrap();
+    assert_eq!(on, Some("charge-payment"), "the action is held, not the whole service");
+    let hold = hold.clone();
     assert!(hold.reason.starts_with("3 passing faults in a row"), "{}", hold.reason);
+    let StepOutcome::Held { action, .. } = reply else { panic!() };
+    assert_eq!(action.as_deref(), Some("charge-payment"));
 
-    // While held, nothing is called...
+    // While held, nothing of it is called...
     let outcome = agent.handle(&request("b"), Incoming::first("m2")).await.unwrap();
     assert_eq!(outcome, AgentOutcome::Held { calls: 0 });
     assert_eq!(remote.faults().transient, 3);
+    // ... but a refund, which answers, is: what is held is what is down.
+    let mut refund = request("refund");
+    refund.action = "refund-payment".into();
+    refund.step.direction = Direction::Undo;
+    let outcome = agent.handle(&refund, Incoming::first("m-refund")).await.unwrap();
+    assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
+    let record = book.load("payment").await.unwrap().unwrap();
+    assert!(record.holding("charge-payment").is_some(), "a refund's answer opens no charge");
+    let _ = last_reply();
     // ... but one probe per interval, which fails while the service is down.
     clock.advance(policy.probe_every);
     let outcome = agent.handle(&request("c"), Incoming::first("m3")).await.unwrap();
@@ -390,6 +405,10 @@ async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_
     assert_eq!(outcome, AgentOutcome::Held { calls: 0 });
     assert_eq!(remote.faults().transient, 4);
     let _ = last_reply();
+    // The probe's fault says why the hold goes on.
+    let record = book.load("payment").await.unwrap().unwrap();
+    let probed = record.holding("charge-payment").unwrap().1;
+    assert_eq!((probed.probes, probed.last_probe.is_some()), (1, true), "{probed:?}");
 
     // The service is back: the next probe succeeds and opens it.
     remote.unscript("charge-payment");
@@ -397,8 +416,9 @@ async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_
     let outcome = agent.handle(&request("e"), Incoming::first("m5")).await.unwrap();
     assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
     let record = book.load("payment").await.unwrap().unwrap();
-    assert!(record.held.is_none() && record.unannounced);
-    assert_eq!(record.released.unwrap().held_since, hold.since);
+    assert!(!record.is_held() && record.unannounced());
+    let released = record.scope(Some("charge-payment")).unwrap().released.clone().unwrap();
+    assert_eq!(released.held_since, hold.since);
 
     // On an open, healthy service the guard writes nothing.
     let writes = book.writes();
@@ -408,6 +428,47 @@ async fn a_guarded_agent_holds_its_failing_service_probes_it_alone_and_opens_it_
         assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
     }
     assert_eq!(book.writes(), writes);
+}
+
+/// The last reply on the reply queue's outcome.
+fn last_reply_of(queues: &MemoryQueues<ManualClock>) -> StepOutcome {
+    let replies: Vec<Message> = queues
+        .receive(&Destination::Replies, 10)
+        .into_iter()
+        .map(|d| Message::decode(&d.body).unwrap())
+        .collect();
+    let Some(Message::Reply(reply)) = replies.last().cloned() else { panic!("no reply") };
+    reply.outcome
+}
+
+#[tokio::test]
+async fn refusals_never_hold_a_service_however_many_come_in_a_row() {
+    use sas_engine::config::HoldPolicy;
+    use sas_engine::memory::MemoryServiceBook;
+
+    let clock = ManualClock::default();
+    let remote = Arc::new(MemoryRemote::new(clock.clone()));
+    let queues = Arc::new(MemoryQueues::new(clock.clone()));
+    let book = Arc::new(MemoryServiceBook::default());
+    let policy = HoldPolicy { after_failures: 3, ..HoldPolicy::default() };
+    let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), Arc::default())
+        .guarded(book.clone(), "payment", policy);
+    let b = AgentBench::new();
+    // A grant missing: every charge is denied, which is no sign that the service is down.
+    let denied = Behaviour::Permanent("AccessDenied: not authorized to perform charge".into());
+    remote.script("charge-payment", std::iter::repeat_n(denied, 20));
+    for k in 0..10 {
+        let mut r = b.request(Duration::from_secs(30));
+        r.complete_by = clock.now().plus(Duration::from_secs(30));
+        r.idempotency_key = format!("{}/{k}", r.idempotency_key);
+        let outcome = agent.handle(&r, Incoming::first(&format!("m{k}"))).await.unwrap();
+        assert_eq!(outcome, AgentOutcome::Replied { done: false, calls: 1 });
+        let StepOutcome::Failed { reason } = last_reply_of(&queues) else { panic!() };
+        assert!(reason.contains("AccessDenied"), "{reason}");
+    }
+    let record = book.load("payment").await.unwrap();
+    assert!(record.as_ref().is_none_or(|r| !r.is_held()), "{record:?}");
+    assert_eq!(book.writes(), 0, "refusals write nothing to the services' book");
 }
 
 #[tokio::test]
@@ -1103,12 +1164,48 @@ async fn a_service_that_throttles_with_no_rate_declared_is_called_at_a_rate_lear
     let record = book.load("payment").await.unwrap().unwrap();
     let took = start.until(clock.now());
     let throttled = service.log().throttled;
-    assert!(record.held.is_none(), "throttling that a lower rate answers holds nothing");
+    assert!(!record.is_held(), "throttling that a lower rate answers holds nothing");
     assert_eq!(calls, 300 + throttled, "each throttled call was made again");
     // Called as it comes, the service throttles more calls than it takes (465 for these 300):
     // at the learned rate, one in ten at most, and two thirds of its rate kept.
     assert!(throttled <= 300 / 10, "{throttled} throttled in {took:?}");
     assert!(took <= Duration::from_secs(90), "300 calls took {took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_orders_resumed_after_a_hold_reach_their_service_at_the_resume_rate() {
+    // Sixty orders resumed at once, as a supervisor's delays in whole seconds and the queues'
+    // delivery may bunch them, through two executions of an agent whose service declares no
+    // rate: their calls go at the stack's resume rate (10 a second), across both.
+    let b = AgentBench::new();
+    let service = Stamped::new(&b.clock);
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    let clock = Paused::new(&b.clock);
+    let agents: Vec<_> = (0..2)
+        .map(|_| {
+            paced_agent(&b, &service, clock.clone(), book.clone(), sas_engine::pace::Limits::NONE)
+        })
+        .collect();
+    let resumed: Vec<StepRequest> =
+        (0..60).map(|i| StepRequest { resumed: true, ..nth_request(&b, i) }).collect();
+    let outcomes = futures_util::future::join_all(
+        resumed.iter().enumerate().map(|(i, r)| agents[i % 2].handle(r, Incoming::first("m"))),
+    )
+    .await;
+    for outcome in outcomes {
+        assert!(matches!(outcome.unwrap(), AgentOutcome::Replied { done: true, calls: 1 }));
+    }
+    let busiest = service.busiest_second();
+    assert!(busiest <= 10, "{busiest} calls in one second at a resume rate of 10");
+    // The orders that did not wait are not slowed by it.
+    let fresh: Vec<StepRequest> = (60..90).map(|i| nth_request(&b, i)).collect();
+    let start = clock.now();
+    let outcomes = futures_util::future::join_all(
+        fresh.iter().enumerate().map(|(i, r)| agents[i % 2].handle(r, Incoming::first("m"))),
+    )
+    .await;
+    assert!(outcomes.into_iter().all(|o| o.is_ok()));
+    assert!(start.until(clock.now()) < Duration::from_secs(1), "fresh calls go at once");
 }
 
 /// A services book on which an operator holds the payment service the moment a call takes
@@ -1142,7 +1239,7 @@ impl sas_engine::ports::Pace for HeldWhileWaiting {
         let booked = self.book.take_turn(service, spacing, now, latest).await?;
         let record = self.book.load(service).await?;
         let record = record.unwrap_or_else(|| ServiceRecord::open(service, self.clock.now()));
-        let held = record.hold_by(self.clock.now(), "ops", "maintenance").unwrap();
+        let held = record.hold_by(self.clock.now(), None, "ops", "maintenance").unwrap();
         self.book.save(&held).await?;
         Ok(booked)
     }
@@ -1426,7 +1523,8 @@ async fn racing_supervisors_announce_a_hold_and_its_release_once() {
     let w = World::new();
     let now = w.clock.now();
     let policy = HoldPolicy::default();
-    let held = ServiceRecord::open("payment", now).hold(now, 5, "503", &policy).unwrap();
+    let held =
+        ServiceRecord::open("payment", now).hold(now, "charge-payment", 5, "503", &policy).unwrap();
     assert_eq!(w.book.save(&held).await.unwrap(), Saved::Saved);
     // Every read and write of the book gives way, so the two tendings interleave.
     let book = Yielding(w.book.clone());
@@ -1437,14 +1535,14 @@ async fn racing_supervisors_announce_a_hold_and_its_release_once() {
     assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 0, "announced already");
 
     let record = w.book.load("payment").await.unwrap().unwrap();
-    let released = record.release_by(w.clock.now(), "ops", "back").unwrap();
+    let released = record.release_by(w.clock.now(), None, "ops", "back").unwrap();
     assert_eq!(w.book.save(&released).await.unwrap(), Saved::Saved);
     let (ra, rb) = tokio::join!(a.tend(&book, true), b.tend(&book, true));
     assert_eq!(ra.unwrap().announced + rb.unwrap().announced, 1);
     let states: Vec<_> =
         w.bus.of_type(SERVICE_DETAIL_TYPE).iter().map(|e| e["state"].clone()).collect();
     assert_eq!(states, ["held", "open"]);
-    assert!(!w.book.load("payment").await.unwrap().unwrap().unannounced);
+    assert!(!w.book.load("payment").await.unwrap().unwrap().unannounced());
 }
 
 #[tokio::test]

@@ -51,7 +51,7 @@ use std::time::Duration;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::{ALERT_DETAIL_TYPE, CALLBACK_DETAIL_TYPE, SERVICE_DETAIL_TYPE};
-use sas_engine::health::ServiceRecord;
+use sas_engine::health::hold_key;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges, Unmetered};
 use sas_engine::machine::Answer;
@@ -68,9 +68,9 @@ use sas_engine::ports::{
     OrderRecord, Outbox, Outgoing, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore,
 };
 use sas_engine::services::{
-    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, FRESH, Operator,
-    RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Starter, Submission, Supervisor,
-    SweepReport,
+    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, DeskRefusal, FRESH,
+    Operator, RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Starter, Submission,
+    Supervisor, SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Lease, Phase, ProcessState, StateRecord,
@@ -83,12 +83,14 @@ const ORDERS: usize = 12;
 const FAULTY_EVENTS: usize = 600;
 /// How often the supervisor sweeps once the faults stop.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
-/// Holds on the scale of simulated time: a service is held after four passing faults in a row
-/// within 20 s, and probed every 5 s.
+/// Holds on the scale of simulated time: an action is held after four passing faults in a row
+/// within 20 s, and probed every 5 s; a hold that lasts ten minutes is announced once more.
 const HOLD: HoldPolicy = HoldPolicy {
     after_failures: 4,
     window: Duration::from_secs(20),
     probe_every: Duration::from_secs(5),
+    resume_per_second: 10,
+    alert_after: Duration::from_secs(600),
 };
 
 /// The agents' and the services' clock: the manual clock, but handlers running side by side (an
@@ -262,14 +264,19 @@ type Desk = ServiceDesk<Book, Arc<MemoryStore<ManualClock>>, ManualClock>;
 /// What reached the services while their records said they were held.
 #[derive(Debug, Default)]
 struct Watch {
-    /// Per service: since when its hold (the last seen) began, and how many of its probes went.
+    /// Per hold (a service's, or one action's, by [`hold_key`]): since when the last seen
+    /// began, and how many of its probes went.
     probes: HashMap<String, (Timestamp, u64)>,
+    /// Per action (by [`hold_key`]): when a call of it was last answered (done or refused).
+    answered: HashMap<String, Timestamp>,
     /// Probes that reached a held service.
     probed: u64,
     /// Calls in the first [`FRESH`] of a hold: the guard may still go by a read from before it.
     late: u64,
     /// Calls that reached a held service and were not its probe.
     intruders: Vec<String>,
+    /// Calls that reached a service while its agent held another of its actions.
+    beside_holds: u64,
     /// Calls numbered as they reach their service.
     calls: u64,
     /// Per service: when the calls that reached it within the last second came.
@@ -339,6 +346,10 @@ impl RemoteService for Watched {
         }
         let throttled = matches!(answer, Err(RemoteFault::Throttled { .. }));
         watch.throttled.insert(call.idempotency_key.clone(), throttled);
+        if matches!(answer, Ok(_) | Err(RemoteFault::Permanent(_))) {
+            let action = hold_key(&self.service, Some(&call.action));
+            watch.answered.insert(action, self.clock.now());
+        }
         if let Err(RemoteFault::Permanent(_)) = &answer {
             watch.refused.insert((call.order_id, call.action.clone()));
         }
@@ -356,8 +367,17 @@ impl Watched {
         let record = self.book.records().into_iter().find(|r| r.service == self.service);
         watch.learned_calls +=
             u64::from(record.as_ref().is_some_and(|r| r.learned_at(now).is_some()));
-        if let Some(hold) = record.and_then(|r| r.held) {
-            let seen = watch.probes.entry(self.service.clone()).or_insert((hold.since, 0));
+        let beside = |(on, hold): (Option<&str>, &sas_engine::health::Hold)| {
+            hold.by.is_none() && on.is_some_and(|a| a != call.action)
+        };
+        if record.as_ref().is_some_and(|r| r.holds().any(beside)) {
+            watch.beside_holds += 1;
+        }
+        // The hold that stops a call of this action, if any: the whole service's or the
+        // action's own. A call of another action is none of its business.
+        if let Some((on, hold)) = record.as_ref().and_then(|r| r.holding(&call.action)) {
+            let held = hold_key(&self.service, on);
+            let seen = watch.probes.entry(held.clone()).or_insert((hold.since, 0));
             if seen.0 != hold.since {
                 *seen = (hold.since, 0);
             }
@@ -368,8 +388,7 @@ impl Watched {
                 watch.late += 1;
             } else {
                 watch.intruders.push(format!(
-                    "{} was called for {} of {} while held since {} s before, and not as its probe",
-                    self.service,
+                    "{held} was called for {} of {} while held since {} s before, and not as its probe",
                     call.action,
                     call.order_id,
                     hold.since.until(now).as_secs()
@@ -473,10 +492,18 @@ enum Fault {
     RemoteThrottled,
     /// Requests of one agent handled together, concurrently, as one batch of its queue is.
     AgentBatch,
+    /// A service whose forward actions are down for a spell while its undos answer (on the
+    /// seeds whose services misbehave, as the two below).
+    ForwardDown,
+    /// A service whose undos are down for a spell while its forward actions answer.
+    UndoDown,
+    /// One action of a service refused for good for a spell, as a grant taken away is: no
+    /// sign of the service being down, the step's own failure.
+    Denied,
 }
 
 impl Fault {
-    const ALL: [Fault; 24] = [
+    const ALL: [Fault; 27] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -501,6 +528,9 @@ impl Fault {
         Fault::ManualHold,
         Fault::RemoteThrottled,
         Fault::AgentBatch,
+        Fault::ForwardDown,
+        Fault::UndoDown,
+        Fault::Denied,
     ];
 
     fn name(self) -> &'static str {
@@ -529,6 +559,9 @@ impl Fault {
             Fault::ManualHold => "manual-hold",
             Fault::RemoteThrottled => "remote-throttled",
             Fault::AgentBatch => "agent-batch",
+            Fault::ForwardDown => "forward-down",
+            Fault::UndoDown => "undo-down",
+            Fault::Denied => "denied",
         }
     }
 
@@ -616,9 +649,12 @@ struct Tally {
     answers_refused: u64,
     /// Steps that waited for an answer in vain, until their timeout.
     unanswered: u64,
-    /// Holds and releases announced, one alert each.
+    /// Holds, releases and holds past the operators' threshold announced, one alert each.
     holds_announced: u64,
     releases_announced: u64,
+    overdue_announced: u64,
+    /// Calls that reached a service while its agent held another of its actions.
+    beside_holds: u64,
     /// Runs of steps (or undos) that waited for their held service, and those of them that
     /// failed for it, held past their `max_hold`.
     parked: u64,
@@ -681,6 +717,8 @@ impl std::ops::AddAssign for Tally {
         self.unanswered += o.unanswered;
         self.holds_announced += o.holds_announced;
         self.releases_announced += o.releases_announced;
+        self.overdue_announced += o.overdue_announced;
+        self.beside_holds += o.beside_holds;
         self.parked += o.parked;
         self.held_too_long += o.held_too_long;
         self.resumed += o.resumed;
@@ -705,7 +743,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; elements of lists {}, lists within their tolerance {}, past it {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; orders started by events {}, events delivered twice {}, events that matched nothing {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; elements of lists {}, lists within their tolerance {}, past it {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}, still held past the threshold {}; calls beside another action's hold {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; orders started by events {}, events delivered twice {}, events that matched nothing {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -726,6 +764,8 @@ impl std::fmt::Display for Tally {
             self.unanswered,
             self.holds_announced,
             self.releases_announced,
+            self.overdue_announced,
+            self.beside_holds,
             self.parked,
             self.held_too_long,
             self.resumed,
@@ -856,8 +896,9 @@ struct Sim {
     /// and releases by hand.
     book: Book,
     desk: Desk,
-    /// The agents of the run's workflow: its services.
+    /// The agents of the run's workflow: its services, each with its actions.
     services: Vec<String>,
+    actions: HashMap<String, Vec<String>>,
     /// Whether the seed's services misbehave over time (see [`service_faults`]), and the kind
     /// of each outage, in the order the remote was given them.
     service_faults: bool,
@@ -1030,12 +1071,18 @@ impl Sim {
             .collect();
         let services: Vec<String> =
             workflow.agents().into_iter().map(|a| a.as_str().to_owned()).collect();
+        let service_actions = workflow
+            .agents()
+            .into_iter()
+            .map(|a| (a.as_str().to_owned(), crate::actions_of(&versions, a)))
+            .collect();
         let desk = ServiceDesk {
             book: book.clone(),
             index: memory.clone(),
             clock: clock.clone(),
             agents: workflow.agents().into_iter().cloned().collect(),
             limits: config.limits.clone(),
+            actions: catalogue.actions(),
         };
         let destinations = system.destinations();
         let wiring = Wiring { system, outbox, ahead };
@@ -1102,6 +1149,7 @@ impl Sim {
             book,
             desk,
             services,
+            actions: service_actions,
             service_faults: misbehaving.is_some(),
             outage_kinds,
             watch,
@@ -1127,6 +1175,8 @@ impl Sim {
         let mut workflows = vec![(*self.workflow).clone(), (**v2).clone()];
         workflows.extend(self.child.as_ref().map(|c| (**c).clone()));
         let catalogue = Catalogue::new(workflows).unwrap();
+        // The operators' desk knows the new version's actions, as the redeployed admin does.
+        self.desk.actions = catalogue.actions();
         let (submission, scheduler, supervisors, operator, starter) =
             self.wiring.services(Arc::new(catalogue), "d");
         self.submission = submission;
@@ -1629,47 +1679,73 @@ impl Sim {
         }
     }
 
-    /// An operator holds a service by hand (a maintenance window) or, if it holds one already,
-    /// releases it; now and then it releases a service its agent holds instead.
+    /// An operator holds a service by hand (a maintenance window), or one action of it, or,
+    /// if it holds one already, releases it; now and then it releases a service its agent
+    /// holds an action of instead (which releases them all).
     async fn hold_by_hand(&mut self) {
         // A person's hand: never within the millisecond of the change before, as a hold's
         // alert is named by the millisecond it began.
         self.clock.advance(Duration::from_millis(1 + self.pick(1000) as u64));
         let target = self.services[self.pick(self.services.len())].clone();
         let coin = self.pick(2) == 0;
+        let one_action = self.pick(3) == 0;
         let records = self.book.records();
-        let held = |r: &&ServiceRecord, by_hand: bool| {
-            r.held.as_ref().is_some_and(|h| h.by.is_some() == by_hand)
-        };
-        let by_hand = records.iter().find(|r| held(r, true));
-        let agents = records.iter().any(|r| r.service == target && held(&r, false));
+        let by_hand = records.iter().find_map(|r| {
+            let (on, _) = r.holds().find(|(_, h)| h.by.is_some())?;
+            Some((r.service.clone(), on.map(str::to_owned)))
+        });
+        let agents =
+            records.iter().any(|r| r.service == target && r.holds().any(|(_, h)| h.by.is_none()));
         let release = match by_hand {
-            Some(held) => Some(held.service.clone()),
-            None if agents && coin => Some(target.clone()),
+            Some(held) => Some(held),
+            None if agents && coin => Some((target.clone(), None)),
             None => None,
         };
         let done = match &release {
-            Some(service) => self.desk.release(service, "sim-operator", "maintenance over").await,
-            None => self.desk.hold(&target, "sim-operator", "maintenance window").await,
+            Some((service, on)) => {
+                self.desk.release(service, on.as_deref(), "sim-operator", "maintenance over").await
+            }
+            None => {
+                // The actions deployed so far: the desk refuses a version's before its deploy.
+                let actions: Vec<String> =
+                    self.desk.actions.get(&target).into_iter().flatten().cloned().collect();
+                let action = one_action.then(|| actions[self.pick(actions.len())].clone());
+                let why = "maintenance window";
+                self.desk.hold(&target, action.as_deref(), "sim-operator", why).await
+            }
         };
         // A refusal (held already, the same way) changes nothing; the desk itself never fails
-        // here.
-        if let Err(e) = done {
-            panic!("seed {}: the desk failed on {target}: {e}", self.seed);
+        // here, and knows every action the workflows ask of the service.
+        match done {
+            Err(e) => panic!("seed {}: the desk failed on {target}: {e}", self.seed),
+            Ok(Err(refused @ DeskRefusal::UnknownAction { .. })) => {
+                panic!("seed {}: the desk refused a hold: {refused}", self.seed)
+            }
+            Ok(_) => {}
         }
     }
 
     /// Once the faults stop, the operator releases what it holds.
     async fn release_by_hand(&mut self) {
         for record in self.book.records() {
-            if record.held.as_ref().is_some_and(|h| h.by.is_some()) {
+            // The whole service released releases its actions with it.
+            let held: Vec<Option<String>> = match &record.whole.held {
+                Some(hold) if hold.by.is_some() => vec![None],
+                _ => record
+                    .holds()
+                    .filter(|(_, h)| h.by.is_some())
+                    .map(|(on, _)| on.map(str::to_owned))
+                    .collect(),
+            };
+            for on in held {
+                let why = "the faults stopped";
                 let released =
-                    self.desk.release(&record.service, "sim-operator", "the faults stopped").await;
+                    self.desk.release(&record.service, on.as_deref(), "sim-operator", why).await;
                 assert!(
                     matches!(released, Ok(Ok(_))),
                     "seed {}: {} not released: {released:?}",
                     self.seed,
-                    record.service
+                    hold_key(&record.service, on.as_deref())
                 );
             }
         }
@@ -1972,23 +2048,60 @@ impl Sim {
         assert!(most <= 1, "seed {seed}: an effect applied twice");
     }
 
-    /// Nothing but its probe reaches a held service (calls in the first [`FRESH`] of a hold
-    /// aside), and each change of a service's record is announced at most once.
+    /// Nothing but its probe reaches a held action (calls in the first [`FRESH`] of a hold
+    /// aside); what is held is what is down: an agent holds one action, never for refusals,
+    /// and a probe's answer opens only the action it tried; and each change of a service's
+    /// record is announced at most once.
     fn check_services(&mut self) {
         let seed = self.seed;
         let now = self.clock.now();
+        let records = self.book.records();
         {
             let watch = self.watch.lock().unwrap();
             assert!(watch.intruders.is_empty(), "seed {seed}: {}", watch.intruders[0]);
             assert!(watch.overruns.is_empty(), "seed {seed}: {}", watch.overruns[0]);
-        }
-        let records = self.book.records();
-        for service in &self.services {
-            if records.iter().any(|r| &r.service == service && r.held.is_some()) {
-                self.open_since.remove(service);
-            } else {
-                self.open_since.entry(service.clone()).or_insert((now, self.tends));
+            for r in &records {
+                for (on, scope) in r.scopes() {
+                    let key = hold_key(&r.service, on);
+                    if let Some(hold) = scope.held.as_ref().filter(|h| h.by.is_none()) {
+                        assert!(on.is_some(), "seed {seed}: the agent held all of {key}: {hold:?}");
+                        let refused = ["refused", "cancelled: already compensated", "AccessDenied"];
+                        assert!(
+                            !refused.iter().any(|r| hold.reason.contains(r)),
+                            "seed {seed}: {key} held for refusals: {}",
+                            hold.reason
+                        );
+                    }
+                    let Some(release) = scope.released.as_ref().filter(|r| r.by.is_none()) else {
+                        continue;
+                    };
+                    let answered = watch.answered.get(&key);
+                    assert!(
+                        answered.is_some_and(|at| *at >= release.held_since),
+                        "seed {seed}: {key} opened by a probe at {} s, though no call of it was answered since its hold began {} s before",
+                        release.at.until(now).as_secs(),
+                        release.held_since.until(now).as_secs()
+                    );
+                }
             }
+        }
+        // Each hold's orders wait while it, or the whole service, is held.
+        let mut open = HashSet::new();
+        for service in &self.services {
+            let record = records.iter().find(|r| &r.service == service);
+            let whole = record.is_some_and(|r| r.whole.held.is_some());
+            let actions = &self.actions[service];
+            let scopes = std::iter::once(None).chain(actions.iter().map(|a| Some(a.as_str())));
+            for on in scopes {
+                let held = record.and_then(|r| r.scope(on)).is_some_and(|s| s.held.is_some());
+                if !held && (on.is_none() || !whole) {
+                    open.insert(hold_key(service, on));
+                }
+            }
+        }
+        self.open_since.retain(|key, _| open.contains(key));
+        for key in open {
+            self.open_since.entry(key).or_insert((now, self.tends));
         }
         let published = self.bus.count();
         if published == self.bus_seen {
@@ -2007,6 +2120,7 @@ impl Sim {
             );
             match state.as_str() {
                 "held" => self.tally.holds_announced += 1,
+                "still_held" => self.tally.overdue_announced += 1,
                 _ => self.tally.releases_announced += 1,
             }
         }
@@ -2028,6 +2142,14 @@ impl Sim {
             .steps
             .iter()
             .map(|s| workflow.step_named(&s.name).map_or(stack, |w| w.max_hold(stack)))
+            .collect();
+        let own_actions: Vec<Option<String>> = r
+            .steps
+            .iter()
+            .map(|s| {
+                let step = workflow.step_named(&s.name)?;
+                Some(step.action(s.direction())?.0.to_owned())
+            })
             .collect();
         let previous = self.previous.insert(id, r.clone());
         let by_command = matches!(r.last_input, InputRef::Command(_));
@@ -2092,6 +2214,15 @@ impl Sim {
                     if lease.held && !self.first_park.contains_key(&key) {
                         self.first_park.insert(key, (run, now));
                         self.tally.parked += 1;
+                        // It waits for the whole service, or for its own action: never for
+                        // another action held while its own answers.
+                        let own = own_actions[i].as_deref();
+                        let on = s.held.as_ref().and_then(|h| h.action.as_deref());
+                        assert!(
+                            on.is_none() || on == own,
+                            "seed {seed}: {id} {} ({own:?}) waits for a hold of {on:?}",
+                            s.name
+                        );
                     }
                 }
             }
@@ -2099,7 +2230,7 @@ impl Sim {
         // An order is listed under the service it waits for (the one it first waited for, of
         // two): the first tending once that is open and the order listed resumes it. A step may
         // start waiting after its service opened (its agent's answer was on its way).
-        let listed = r.held_on().map(|h| h.service.clone());
+        let listed = r.held_on().map(|h| h.key());
         if self.listed_at.get(&id).map(|(service, _)| service) != Some(&listed) {
             self.listed_at.insert(id, (listed, self.tends));
         }
@@ -2107,39 +2238,48 @@ impl Sim {
             return;
         }
         if let Some(held) = r.held_on() {
-            if let Some(&(open, tends)) = self.open_since.get(&held.service) {
+            if let Some(&(open, tends)) = self.open_since.get(&held.key()) {
                 let from = self.stopped.map_or(open, |stopped| open.max(stopped));
                 let listed = self.listed_at.get(&id).map_or(0, |(_, at)| *at);
                 assert!(
                     self.tends <= tends.max(listed).max(self.tends_at_stop),
                     "seed {seed}: {id} still waits for {}, open for {} s since the faults stopped",
-                    held.service,
+                    held.key(),
                     from.until(now).as_secs()
                 );
             }
         }
     }
 
-    /// Once the faults stop, every hold and release is announced, and each service's last
-    /// alert tells its state.
+    /// Once the faults stop, every hold and release is announced, and the last alert of each
+    /// thing ever held (a service, or one action of it) tells its state.
     fn check_announced(&self) {
         let seed = self.seed;
         let alerts = self.bus.of_type(SERVICE_DETAIL_TYPE);
         for record in self.book.records() {
-            assert!(!record.unannounced, "seed {seed}: {} left unannounced", record.service);
-            let last = alerts.iter().rev().find(|a| a["service"] == record.service.as_str());
-            if record.held.is_none() && record.released.is_none() {
-                // Never held: its record only keeps a quiet the service asked for.
-                assert!(last.is_none(), "seed {seed}: {} announced, never held", record.service);
-                continue;
+            assert!(!record.unannounced(), "seed {seed}: {} left unannounced", record.service);
+            for (on, scope) in record.scopes() {
+                let key = hold_key(&record.service, on);
+                let last = alerts.iter().rev().find(|a| {
+                    a["service"] == record.service.as_str() && a["action"].as_str() == on
+                });
+                let states: &[&str] = match (&scope.held, &scope.released) {
+                    (Some(hold), _) if hold.overdue => &["still_held"],
+                    (Some(_), _) => &["held"],
+                    (None, Some(_)) => &["open"],
+                    (None, None) => {
+                        // Never held: the record keeps a quiet the service asked for, or the
+                        // holds of its actions.
+                        assert!(last.is_none(), "seed {seed}: {key} announced, never held");
+                        continue;
+                    }
+                };
+                let told = last.and_then(|a| a["state"].as_str());
+                assert!(
+                    told.is_some_and(|t| states.contains(&t)),
+                    "seed {seed}: the last alert of {key} ({told:?}) does not tell its state {states:?}"
+                );
             }
-            let state = if record.held.is_some() { "held" } else { "open" };
-            assert_eq!(
-                last.and_then(|a| a["state"].as_str()),
-                Some(state),
-                "seed {seed}: the last alert of {} does not tell its state",
-                record.service
-            );
         }
     }
 
@@ -2219,7 +2359,7 @@ impl Sim {
         // announcement's time runs out.
         let tended = self.supervisors[0].tend(&self.book, true).await;
         self.tended(tended, true);
-        if self.book.records().iter().any(|r| r.unannounced) {
+        if self.book.records().iter().any(|r| r.unannounced()) {
             self.clock.advance(self.config.alert_retry_after);
             let tended = self.supervisors[0].tend(&self.book, true).await;
             self.tended(tended, true);
@@ -2250,6 +2390,7 @@ impl Sim {
         let watch = self.watch.lock().unwrap();
         self.tally.probes = watch.probed;
         self.tally.late_calls = watch.late;
+        self.tally.beside_holds = watch.beside_holds;
         self.tally.paced_seeds = u64::from(self.paced);
         self.tally.limited_calls = watch.limited_calls;
         self.tally.full_seconds = watch.full_seconds;
@@ -2938,10 +3079,47 @@ fn service_faults(
         if faults.on(kind) {
             let until = from.plus(seconds(down));
             let recovery = seconds(recovery);
-            outages.push((kind, Outage { actions, from, until, flapping, recovery }));
+            let refusal = None;
+            outages.push((kind, Outage { actions, from, until, flapping, recovery, refusal }));
+        }
+    }
+    // Drawn apart, so that the spells above are as they were: on half these seeds, one more
+    // spell of a part of a service, for 20 s to 20 min: its forward actions down while its
+    // undos answer, or the reverse, or one of its actions refused for good.
+    let more = SplitMix::seeded(seed ^ 0x0ff2);
+    if more.unit() < 0.5 {
+        let pick = |n: usize| ((more.unit() * n as f64) as usize).min(n.saturating_sub(1));
+        let agent = agents[pick(agents.len())];
+        let (forward, undos) = split_actions(versions, agent);
+        let from = start.plus(seconds(more.unit() * 900.0));
+        let until = from.plus(seconds(20.0 * 60f64.powf(more.unit())));
+        let (kind, actions, refusal) = match pick(3) {
+            0 => (Fault::ForwardDown, forward, None),
+            1 => (Fault::UndoDown, undos, None),
+            _ => {
+                let all = [forward, undos].concat();
+                let action = all[pick(all.len())].clone();
+                let refusal = format!("AccessDenied: not authorized to perform {action}");
+                (Fault::Denied, vec![action], Some(refusal))
+            }
+        };
+        if faults.on(kind) && !actions.is_empty() {
+            let recovery = Duration::ZERO;
+            let outage = Outage { actions, from, until, flapping: None, recovery, refusal };
+            outages.push((kind, outage));
         }
     }
     Some(ServiceFaults { max_hold, outages })
+}
+
+/// `agent`'s forward actions and its undos in `versions`, each once.
+fn split_actions(versions: &[&Workflow], agent: &AgentName) -> (Vec<String>, Vec<String>) {
+    let undos: Vec<String> = versions
+        .iter()
+        .flat_map(|w| w.steps())
+        .filter_map(|s| Some(s.compensation.as_ref()?.action.clone()))
+        .collect();
+    actions_of(versions, agent).into_iter().partition(|a| !undos.contains(a))
 }
 
 /// Every action of `agent`'s steps in `versions`, undos included, each once.
@@ -3146,6 +3324,12 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         if outages.iter().any(|&f| faults.on(f)) {
             assert!(total.probes > 0, "no held service was ever probed");
         }
+        if faults.on(Fault::ForwardDown) || faults.on(Fault::UndoDown) {
+            assert!(total.beside_holds > 0, "no action was called while another was held");
+        }
+        if faults.on(Fault::Denied) {
+            assert!(total.count(Fault::Denied) > 0, "no call was ever denied");
+        }
         assert!(total.paced_seeds > 0, "no seed's services declared limits");
         assert!(total.full_seconds > 0, "no call ever filled its service's declared second");
         assert!(total.full_places > 0, "no call ever took its service's last place in flight");
@@ -3208,7 +3392,10 @@ fn first_failure(seeds: std::ops::RangeInclusive<u64>, breakage: Breakage) -> Op
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()));
-            return Some(text.unwrap_or_default());
+            let text = text.unwrap_or_default();
+            // The seed and the message the README quotes, under --nocapture.
+            eprintln!("{breakage:?} failed at seed {seed}: {text}");
+            return Some(text);
         }
     }
     None
@@ -3318,10 +3505,26 @@ fn an_agent_handing_on_references_to_stored_values_fails_the_simulation() {
 #[test]
 fn a_declared_rate_spaced_with_no_room_for_travel_fails_the_simulation() {
     let breakage = Breakage::Mutants(&[Mutant::SpacingWithoutTravel]);
-    let failure = first_failure(1..=20, breakage).expect(
-        "twenty runs passed with turns a second over the rate apart, whatever travel takes",
-    );
+    let failure = first_failure(1..=60, breakage)
+        .expect("sixty runs passed with turns a second over the rate apart, whatever travel takes");
     assert!(failure.contains("calls within a second"), "{failure}");
+}
+
+#[test]
+fn a_hold_that_stops_and_is_probed_by_any_action_of_its_service_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::ProbeOfAnotherAction]);
+    let failure = first_failure(1..=400, breakage)
+        .expect("400 runs passed with holds that another action's answer opens");
+    let noticed = ["opened by a probe", "waits for a hold of"].iter().any(|n| failure.contains(n));
+    assert!(noticed, "{failure}");
+}
+
+#[test]
+fn a_refusal_counted_towards_a_hold_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::RefusalCountsTowardsHold]);
+    let failure = first_failure(1..=400, breakage)
+        .expect("400 runs passed with services held for the calls they refused");
+    assert!(failure.contains("held for refusals"), "{failure}");
 }
 
 #[test]

@@ -164,19 +164,24 @@ async fn an_outage_holds_its_orders_and_they_finish_once_the_service_is_back() {
     for id in &ids {
         let r = w.state(*id);
         assert_eq!((r.process_state, r.failure_count), (ProcessState::Pending, 0), "{id}");
-        assert_eq!(r.held_on().map(|h| h.service.as_str()), Some("payment"));
+        assert_eq!(r.held_on().map(|h| h.key()).as_deref(), Some("payment/charge-payment"));
         assert_eq!(r.steps[0].status, StepStatus::Done, "nothing was undone");
     }
     // The faults that made the hold, then one probe per interval at most.
     let calls = w.remote.faults().transient;
     let probes = u32::try_from(down.as_secs() / policy.probe_every.as_secs()).unwrap() + 1;
     assert!(calls <= policy.after_failures + probes, "{calls} calls while it was down");
+    // One alert for the hold of the charge, and one more once it lasted past the operators'
+    // threshold (ten minutes), with what its probes met.
     let held = w.bus.of_type(SERVICE_DETAIL_TYPE);
-    assert_eq!(held.len(), 1, "one alert for the hold: {held:?}");
-    assert_eq!(
-        (held[0]["service"].as_str(), held[0]["state"].as_str()),
-        (Some("payment"), Some("held"))
-    );
+    assert_eq!(held.len(), 2, "one alert for the hold, one when it went on: {held:?}");
+    fn told(a: &serde_json::Value) -> (Option<&str>, Option<&str>, Option<&str>, Option<u64>) {
+        (a["service"].as_str(), a["action"].as_str(), a["state"].as_str(), a["waiting"].as_u64())
+    }
+    assert_eq!(told(&held[0]), (Some("payment"), Some("charge-payment"), Some("held"), Some(5)));
+    assert_eq!(told(&held[1]).2, Some("still_held"));
+    assert_eq!(held[1]["last_probe"].as_str(), Some("unavailable"), "{}", held[1]);
+    assert!(held[1]["probes"].as_u64().unwrap() > 50, "{}", held[1]);
     assert!(w.alerts().is_empty(), "no order failed");
 
     w.remote.unscript("charge-payment");
@@ -187,9 +192,43 @@ async fn an_outage_holds_its_orders_and_they_finish_once_the_service_is_back() {
         assert_eq!(w.remote.applications(&World::key(*id, "charge-payment", "do")), 1);
     }
     let changes = w.bus.of_type(SERVICE_DETAIL_TYPE);
-    assert_eq!(changes.len(), 2, "one alert for the release: {changes:?}");
-    assert_eq!(changes[1]["state"].as_str(), Some("open"));
+    assert_eq!(changes.len(), 3, "one alert for the release: {changes:?}");
+    assert_eq!(changes[2]["state"].as_str(), Some("open"));
     assert!(w.alerts().is_empty());
+}
+
+#[tokio::test]
+async fn a_release_spreads_the_orders_that_waited_no_more_than_the_resume_rate_a_second() {
+    use sas_engine::health::ServiceRecord;
+    use sas_engine::ports::ServiceBook;
+    let mut w = World::new();
+    let now = w.clock.now();
+    let held =
+        ServiceRecord::open("payment", now).hold_by(now, None, "ops", "maintenance").unwrap();
+    w.book.save(&held).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..35 {
+        ids.push(w.submit(&format!("spread-{n}")).await.unwrap().order_id);
+    }
+    w.run_for(Duration::from_secs(120)).await;
+    let record = w.book.load("payment").await.unwrap().unwrap();
+    w.book.save(&record.release_by(w.clock.now(), None, "ops", "done").unwrap()).await.unwrap();
+    let released = w.clock.now();
+    assert_eq!(w.tend().await.resumed, 35);
+    // SQS delays messages by whole seconds: each of the first seconds gets ten start messages,
+    // the stack's resume rate, and none gets more. A resumed lease starts after its delay.
+    let config = &w.system.config;
+    let budget = Duration::from_secs(30);
+    let mut per_second = std::collections::BTreeMap::new();
+    for id in &ids {
+        let lease = w.state(*id).steps[1].lease.unwrap();
+        let delay = released.until(lease.complete_by) - config.claim_grace - budget;
+        *per_second.entry(delay.as_secs()).or_insert(0) += 1;
+    }
+    let spread: Vec<(u64, i32)> = per_second.into_iter().collect();
+    assert_eq!(spread, [(0, 10), (1, 10), (2, 10), (3, 5)]);
+    w.run_for(Duration::from_secs(300)).await;
+    assert!(ids.iter().all(|id| w.state(*id).process_state == ProcessState::Processed));
 }
 
 #[tokio::test]
@@ -198,7 +237,8 @@ async fn orders_of_a_released_service_resume_only_once_the_queues_flow() {
     use sas_engine::ports::ServiceBook;
     let mut w = World::new();
     let now = w.clock.now();
-    let held = ServiceRecord::open("payment", now).hold_by(now, "ops", "maintenance").unwrap();
+    let held =
+        ServiceRecord::open("payment", now).hold_by(now, None, "ops", "maintenance").unwrap();
     w.book.save(&held).await.unwrap();
     let mut ids = Vec::new();
     for n in 0..3 {
@@ -211,7 +251,7 @@ async fn orders_of_a_released_service_resume_only_once_the_queues_flow() {
 
     // Released while the scheduler takes nothing: a new order's start message waits an hour.
     let record = w.book.load("payment").await.unwrap().unwrap();
-    w.book.save(&record.release_by(w.clock.now(), "ops", "done").unwrap()).await.unwrap();
+    w.book.save(&record.release_by(w.clock.now(), None, "ops", "done").unwrap()).await.unwrap();
     w.submit("behind").await.unwrap();
     w.clock.advance(Duration::from_secs(3600));
     let report = w.sweep().await;

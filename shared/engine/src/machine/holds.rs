@@ -9,10 +9,18 @@ use super::*;
 use crate::message::MAX_DEFER;
 use crate::state::Held;
 
-/// The agent answered that step `i`'s service is held: the step (or undo) waits for it at a
-/// new attempt, which fences off anything still on its way for the old one. Its count of
-/// expired leases is kept as it was, and its time held counts from the first hold.
-pub(super) fn park(next: &mut StateRecord, i: usize, lease: &Lease, reason: &str, ctx: &Ctx<'_>) {
+/// The agent answered that step `i`'s service, or its `action` there, is held: the step (or
+/// undo) waits for it at a new attempt, which fences off anything still on its way for the
+/// old one. Its count of expired leases is kept as it was, and its time held counts from the
+/// first hold.
+pub(super) fn park(
+    next: &mut StateRecord,
+    i: usize,
+    lease: &Lease,
+    reason: &str,
+    action: Option<&str>,
+    ctx: &Ctx<'_>,
+) {
     let name = next.steps[i].name.clone();
     let Some(step) = ctx.workflow.step_named(&name) else { return };
     let service = step.agent().map(|a| a.as_str().to_owned()).unwrap_or_default();
@@ -21,7 +29,8 @@ pub(super) fn park(next: &mut StateRecord, i: usize, lease: &Lease, reason: &str
         Some(budget) if mutants::on(Mutant::HeldStepBurnsLease) => ctx.now.plus(budget),
         _ => since.plus(step.max_hold(ctx.config.max_hold)),
     };
-    next.steps[i].held = Some(Held { service, since, reason: reason.to_owned() });
+    let action = action.map(str::to_owned);
+    next.steps[i].held = Some(Held { service, action, since, reason: reason.to_owned() });
     next.attempt += 1;
     next.steps[i].lease = Some(Lease {
         attempt: next.attempt,
@@ -66,18 +75,18 @@ pub(super) fn defer(
     Some(Effect::Kick { delay, attempt })
 }
 
-/// The supervisor found `service` open: every step of the order held on it is queued again,
-/// at one new attempt, with a start message after `delay` (the supervisor spreads the orders
-/// it resumes over time, at the pace the service accepts).
+/// The supervisor found the hold the key `on` names ([`Held::key`]) ended: every step of the
+/// order held on it is queued again, at one new attempt, with a start message after `delay`
+/// (the supervisor spreads the orders it resumes over time, at the pace the service accepts).
 pub(super) fn resume_held(
     record: &StateRecord,
-    service: &str,
+    on: &str,
     delay: Duration,
     ctx: &Ctx<'_>,
 ) -> Decision {
     let held: Vec<usize> = record
         .leased()
-        .filter(|(_, s, l)| l.held && s.held.as_ref().is_some_and(|h| h.service == service))
+        .filter(|(_, s, l)| l.held && s.held.as_ref().is_some_and(|h| h.key() == on))
         .map(|(i, _, _)| i)
         .collect();
     if held.is_empty() {

@@ -73,10 +73,10 @@ pub(super) fn reply(
             next.steps[i].status = StepStatus::Undone;
             next.note(ctx.now, Happening::StepUndone, Some(name), limit);
         }
-        (_, StepOutcome::Held { reason }) => {
+        (_, StepOutcome::Held { reason, action }) => {
             // Nothing is known of the effect of the calls made before the hold: the step
             // waits under the same keys, so that its service answers what it did.
-            park(&mut next, i, &lease, reason, ctx);
+            park(&mut next, i, &lease, reason, action.as_deref(), ctx);
         }
         (_, StepOutcome::Deferred { until }) => match defer(&mut next, i, &lease, *until, ctx) {
             Some(kick) => effects.push(kick),

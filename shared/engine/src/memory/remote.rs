@@ -84,6 +84,8 @@ pub struct RemoteFaults {
     pub misread: u32,
     /// Calls an [`Outage`] failed.
     pub outage: u32,
+    /// Calls an [`Outage`] with a refusal refused.
+    pub denied: u32,
     /// Calls a [`Throttle`] turned away with a 429.
     pub throttled: u32,
 }
@@ -128,7 +130,10 @@ impl Throttling {
 
 /// A spell during which the service fails calls of `actions` with a passing fault, whatever
 /// their script: from `from` until `until` (every call, or, `flapping`, in turns of that long
-/// down then up), then, for `recovery`, a share of them falling evenly from all to none.
+/// down then up), then, for `recovery`, a share of them falling evenly from all to none. With
+/// a `refusal`, the calls it fails are refused for good instead, with that reason (a grant
+/// taken away: access denied), but for the keys the service applied already, which it answers
+/// as it did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outage {
     pub actions: Vec<String>,
@@ -138,6 +143,8 @@ pub struct Outage {
     pub flapping: Option<Duration>,
     /// How long after `until` the service takes to answer every call again.
     pub recovery: Duration,
+    /// The reason the calls are refused for, when they are refused rather than failed.
+    pub refusal: Option<String>,
 }
 
 impl Outage {
@@ -407,14 +414,23 @@ impl<C: Clock> RemoteService for MemoryRemote<C> {
                 return Err(transient("deadline passed"));
             }
             let now = self.clock.now();
-            let down = state
-                .outages
-                .iter_mut()
-                .find_map(|(o, failed, debt)| o.fails(&call.action, now, debt).then_some(failed));
-            if let Some(failed) = down {
-                *failed += 1;
-                state.faults.outage += 1;
-                return Err(transient("unavailable: outage"));
+            let known = state.by_key.contains_key(&call.idempotency_key);
+            let down = state.outages.iter_mut().find_map(|(o, failed, debt)| {
+                o.fails(&call.action, now, debt).then_some((failed, o.refusal.clone()))
+            });
+            match down {
+                Some((failed, None)) => {
+                    *failed += 1;
+                    state.faults.outage += 1;
+                    return Err(transient("unavailable: outage"));
+                }
+                Some((failed, Some(reason))) if !known => {
+                    *failed += 1;
+                    state.faults.denied += 1;
+                    return Err(RemoteFault::Permanent(reason));
+                }
+                Some((_, Some(_))) => return state.apply(call),
+                None => {}
             }
             let turned_away = state
                 .throttles
@@ -736,6 +752,7 @@ mod tests {
             until: start.plus(Duration::from_secs(20)),
             flapping: None,
             recovery: Duration::from_secs(10),
+            refusal: None,
         });
         clock.advance(Duration::from_secs(10));
         let other = RemoteCall { action: "ship".into(), ..call(Direction::Do, clock.now()) };
@@ -765,6 +782,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refusing_spell_refuses_new_keys_for_good_and_answers_the_known_ones() {
+        let (clock, remote) = setup();
+        let start = clock.now();
+        let applied = call(Direction::Do, clock.now());
+        remote.call(&applied).await.unwrap();
+        remote.outage(Outage {
+            actions: vec!["charge".into()],
+            from: start,
+            until: start.plus(Duration::from_secs(60)),
+            flapping: None,
+            recovery: Duration::ZERO,
+            refusal: Some("AccessDenied".into()),
+        });
+        let mut new = call(Direction::Do, clock.now());
+        new.idempotency_key = format!("{}-new", do_key());
+        assert_eq!(
+            remote.call(&new).await.unwrap_err(),
+            RemoteFault::Permanent("AccessDenied".into())
+        );
+        assert_eq!(remote.call(&applied).await.unwrap(), json!({ "ref": "charge-1" }));
+        // Once it is over, the key refused during it goes through: nothing was decided of it.
+        clock.advance(Duration::from_secs(60));
+        new.deadline = clock.now().plus(Duration::from_secs(60));
+        assert!(remote.call(&new).await.is_ok());
+        assert_eq!((remote.faults().denied, remote.outages()[0].1), (1, 1));
+    }
+
+    #[tokio::test]
     async fn a_flapping_service_is_down_and_up_in_turns_until_its_outages_end() {
         let (clock, remote) = setup();
         let start = clock.now();
@@ -774,6 +819,7 @@ mod tests {
             until: start.plus(Duration::from_secs(60)),
             flapping: Some(Duration::from_secs(2)),
             recovery: Duration::from_secs(60),
+            refusal: None,
         });
         let mut seen = Vec::new();
         for _ in 0..4 {

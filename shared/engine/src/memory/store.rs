@@ -331,28 +331,23 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
 }
 
 impl<C: Clock> HeldIndex for MemoryStore<C> {
-    async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
+    async fn held(&self, on: &str, limit: usize) -> Result<Vec<OrderId>> {
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
         let mut held: Vec<(Timestamp, OrderId)> = inner
             .states
             .values()
-            .filter_map(|r| {
-                r.held_on().filter(|h| h.service == service).map(|h| (h.since, r.order_id))
-            })
+            .filter_map(|r| r.held_on().filter(|h| h.key() == on).map(|h| (h.since, r.order_id)))
             .collect();
         held.sort_unstable();
         Ok(held.into_iter().take(limit).map(|(_, id)| id).collect())
     }
 
-    async fn count_held(&self, service: &str) -> Result<u64> {
+    async fn count_held(&self, on: &str) -> Result<u64> {
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
-        Ok(inner
-            .states
-            .values()
-            .filter(|r| r.held_on().is_some_and(|h| h.service == service))
-            .count() as u64)
+        Ok(inner.states.values().filter(|r| r.held_on().is_some_and(|h| h.key() == on)).count()
+            as u64)
     }
 }
 

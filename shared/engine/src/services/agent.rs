@@ -7,10 +7,12 @@
 //! not even an error; the supervisor finds the lease. A reply that arrives after the lease ran
 //! out is still worth sending: the attempt it carries, not the clock, decides whether it counts.
 //!
-//! A guarded agent ([`Agent::guarded`]) asks its [`Guard`] before each call: while its service
-//! is held it does not call it (but for the guard's probes), and answers `held` at once, so
-//! that the step waits for the service without burning its lease. Passing faults it meets are
-//! counted towards the hold; once the service is held, it stops retrying and answers `held`.
+//! A guarded agent ([`Agent::guarded`]) asks its [`Guard`] before each call: while the call's
+//! action (or the whole service) is held it does not call it (but for the guard's probes), and
+//! answers `held` at once, naming what is held, so that the step waits for it without burning
+//! its lease. Passing faults it meets are counted towards a hold of the action; once it is
+//! held, it stops retrying and answers `held`. A refusal is the step's own failure, never a
+//! sign that the service is down: it counts towards no hold.
 //! A guarded agent whose service declares limits ([`Agent::limited`]) calls it only in its
 //! turn; a request that cannot have its turn within its budget, or meets a service that asked
 //! to be left alone for longer, is not called: the agent answers that the step is deferred
@@ -175,14 +177,15 @@ where
                 metrics::agent_finished("expired");
                 return Ok(AgentOutcome::Expired { calls });
             }
-            let (probe, pass) = match self.admit(deadline).await {
-                Admission::Call(pass) => (false, pass),
-                Admission::Probe(pass) => (true, pass),
-                Admission::Held { .. } if mutants::on(Mutant::HeldAgentCallsService) => {
-                    (false, Pass::default())
+            // `probe`: the hold this call probes (`Some(None)`: the whole service's).
+            let (probe, pass) = match self.admit(&call.action, deadline, request.resumed).await {
+                Admission::Call(pass) => (None, pass),
+                Admission::Probe { pass, on } => (Some(on), pass),
+                Admission::Held(_) if mutants::on(Mutant::HeldAgentCallsService) => {
+                    (None, Pass::default())
                 }
-                Admission::Held { reason } => {
-                    let outcome = StepOutcome::held(&reason);
+                Admission::Held(holding) => {
+                    let outcome = StepOutcome::held(&holding.reason, holding.on.as_deref());
                     return self.reply(request, deadline, outcome, calls).await;
                 }
                 Admission::Busy { until } => {
@@ -194,16 +197,22 @@ where
             let answer = self.remote.call(&call).await;
             let took = started.until(self.clock.now());
             self.done(pass).await;
+            let probe = probe.as_ref().map(Option::as_deref);
             let (fault, throttled) = match answer {
                 Ok(output) => {
                     metrics::remote_call("ok", took);
-                    self.answered(probe).await;
+                    self.answered(&call.action, probe).await;
                     let outcome = self.outcome_of(request.order_id, output).await?;
                     return self.reply(request, deadline, outcome, calls).await;
                 }
+                Err(RemoteFault::Permanent(reason))
+                    if mutants::on(Mutant::RefusalCountsTowardsHold) =>
+                {
+                    (reason, None)
+                }
                 Err(RemoteFault::Permanent(reason)) => {
                     metrics::remote_call("refused", took);
-                    self.answered(probe).await;
+                    self.answered(&call.action, probe).await;
                     let outcome = StepOutcome::failed(&reason);
                     return self.reply(request, deadline, outcome, calls).await;
                 }
@@ -221,9 +230,9 @@ where
                     Some(retry_after) => guard.throttled(retry_after).await,
                     None => true,
                 };
-                if (counts && guard.fault(&fault).await) || probe {
-                    // Held (or still held, its probe failed): the step waits for the service.
-                    let outcome = StepOutcome::held(&fault);
+                if let Some(holding) = guard.fault(&call.action, &fault, counts, probe).await {
+                    // Held (or still held, its probe failed): the step waits for it.
+                    let outcome = StepOutcome::held(&fault, holding.on.as_deref());
                     return self.reply(request, deadline, outcome, calls).await;
                 }
                 if throttled.is_some() {
@@ -295,9 +304,9 @@ where
         })
     }
 
-    async fn admit(&self, deadline: Timestamp) -> Admission {
+    async fn admit(&self, action: &str, deadline: Timestamp, resumed: bool) -> Admission {
         match &self.guard {
-            Some(guard) => guard.admit(deadline).await,
+            Some(guard) => guard.admit(action, deadline, resumed).await,
             None => Admission::Call(Pass::default()),
         }
     }
@@ -324,9 +333,9 @@ where
         self.reply(request, deadline, StepOutcome::Deferred { until }, calls).await
     }
 
-    async fn answered(&self, probe: bool) {
+    async fn answered(&self, action: &str, probe: Option<Option<&str>>) {
         if let Some(guard) = &self.guard {
-            guard.answered(probe).await;
+            guard.answered(action, probe).await;
         }
     }
 

@@ -1,15 +1,16 @@
-//! The operators' desk for the services: what each deployed service's state is (open, held by
-//! its agent and probed, or held by an operator), how many orders wait for it, what it is
-//! declared to accept, the rate learned from its throttling and what it uses of those now, and
-//! the hold and release an operator gives by hand (a maintenance window), recorded with who
-//! and why.
+//! The operators' desk for the services: what each deployed service's state is (open, or its
+//! holds: of the whole service or of one action, by its agent and probed, or by an operator,
+//! and what the probes last met), how many orders wait for each, what it is declared to
+//! accept, the rate learned from its throttling and what it uses of those now, and the hold
+//! and release an operator gives by hand (a maintenance window, of the service or of one
+//! action), recorded with who and why.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::health::{Release, ServiceRecord};
+use crate::health::{Release, Scope, ServiceRecord, hold_key};
 use crate::ids::AgentName;
 use crate::pace::{Limits, Usage};
 use crate::ports::{Clock, HeldIndex, Pace, Saved, ServiceBook};
@@ -19,30 +20,13 @@ use crate::time::Timestamp;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ServiceView {
     pub service: String,
-    /// `open` or `held`.
+    /// `open`; `held`: the whole service; or `actions_held`: some of its actions.
     pub state: &'static str,
-    /// Held by its agent: one call goes to it now and then as a probe, and the first answered
-    /// opens it. An operator's hold is not probed.
-    pub probing: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_since: Option<Timestamp>,
-    /// Who held it (`None`: its agent) and why.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_by: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Probes sent during this hold, and when the next may go.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub probes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_probe: Option<Timestamp>,
-    /// The passing fault that made its agent's last hold.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_fault: Option<String>,
-    /// How its last hold ended.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub released: Option<Release>,
-    /// Orders waiting for it.
+    /// What of it was ever held, the whole service first, then each action by name: held
+    /// now, or how its last hold ended.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<HoldView>,
+    /// Orders waiting for it, whatever holds them.
     pub waiting: u64,
     /// What it is declared to accept (calls a second, calls in flight).
     pub limits: Limits,
@@ -58,11 +42,47 @@ pub struct ServiceView {
     pub quiet_until: Option<Timestamp>,
 }
 
-impl ServiceView {
-    fn of(record: &ServiceRecord, waiting: u64, now: Timestamp) -> ServiceView {
-        let hold = record.held.as_ref();
-        ServiceView {
-            service: record.service.clone(),
+/// A hold of a service, or of one of its actions, as operators see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HoldView {
+    /// The action; absent: the whole service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// `open` or `held`.
+    pub state: &'static str,
+    /// Held by its agent: one call of it goes now and then as a probe, and the first answered
+    /// opens it. An operator's hold is not probed.
+    pub probing: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_since: Option<Timestamp>,
+    /// Who held it (`None`: its agent) and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Probes sent during this hold, and when the next may go.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_probe: Option<Timestamp>,
+    /// What the probes last met: why the hold goes on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_probe: Option<String>,
+    /// The passing fault that made its agent's last hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_fault: Option<String>,
+    /// How its last hold ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released: Option<Release>,
+    /// Orders waiting for it.
+    pub waiting: u64,
+}
+
+impl HoldView {
+    fn of(on: Option<&str>, scope: &Scope, waiting: u64) -> HoldView {
+        let hold = scope.held.as_ref();
+        HoldView {
+            action: on.map(str::to_owned),
             state: if hold.is_some() { "held" } else { "open" },
             probing: hold.is_some_and(|h| h.by.is_none()),
             held_since: hold.map(|h| h.since),
@@ -70,9 +90,26 @@ impl ServiceView {
             reason: hold.map(|h| h.reason.clone()),
             probes: hold.map(|h| h.probes),
             next_probe: hold.filter(|h| h.by.is_none()).map(|h| h.next_probe),
-            last_fault: record.last_fault.clone(),
-            released: record.released.clone(),
+            last_probe: hold.and_then(|h| h.last_probe.clone()),
+            last_fault: scope.last_fault.clone(),
+            released: scope.released.clone(),
             waiting,
+        }
+    }
+}
+
+impl ServiceView {
+    fn of(record: &ServiceRecord, holds: Vec<HoldView>, now: Timestamp) -> ServiceView {
+        let state = match (record.whole.held.is_some(), record.is_held()) {
+            (true, _) => "held",
+            (false, true) => "actions_held",
+            (false, false) => "open",
+        };
+        ServiceView {
+            service: record.service.clone(),
+            state,
+            waiting: holds.iter().map(|h| h.waiting).sum(),
+            holds,
             limits: Limits::NONE,
             learned_per_second: record.learned_at(now),
             in_use: None,
@@ -86,10 +123,12 @@ impl ServiceView {
 pub enum DeskRefusal {
     #[error("no agent {service:?} is deployed: one of {deployed}")]
     Unknown { service: String, deployed: String },
-    #[error("{service} is open: there is no hold to release")]
-    NotHeld { service: String },
-    #[error("{service} is already held by {by}, for the same reason")]
-    AlreadyHeld { service: String, by: String },
+    #[error("no workflow asks {service} for {action:?}: one of {known}")]
+    UnknownAction { service: String, action: String, known: String },
+    #[error("{held} is open: there is no hold to release")]
+    NotHeld { held: String },
+    #[error("{held} is already held by {by}, for the same reason")]
+    AlreadyHeld { held: String, by: String },
 }
 
 impl DeskRefusal {
@@ -97,6 +136,7 @@ impl DeskRefusal {
     pub fn code(&self) -> &'static str {
         match self {
             DeskRefusal::Unknown { .. } => "unknown_service",
+            DeskRefusal::UnknownAction { .. } => "unknown_action",
             DeskRefusal::NotHeld { .. } => "not_held",
             DeskRefusal::AlreadyHeld { .. } => "already_held",
         }
@@ -113,6 +153,9 @@ pub struct ServiceDesk<G, X, C> {
     pub agents: Vec<AgentName>,
     /// What each limited service is declared to accept, by agent.
     pub limits: BTreeMap<String, Limits>,
+    /// The actions the workflows ask of each agent ([`crate::catalogue::Catalogue::actions`]):
+    /// what of its service an operator may hold alone.
+    pub actions: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl<G: ServiceBook + Pace, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
@@ -126,43 +169,55 @@ impl<G: ServiceBook + Pace, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
                 .find(|r| r.service == agent.as_str())
                 .cloned()
                 .unwrap_or_else(|| ServiceRecord::open(agent.as_str(), self.clock.now()));
-            let waiting = self.index.count_held(agent.as_str()).await?;
-            views.push(self.view(&record, waiting).await?);
+            views.push(self.view(&record).await?);
         }
         Ok(views)
     }
 
-    /// Holds `service` by hand: its agent calls it no more (no probe either) until an operator
-    /// releases it; the orders that reach it wait, and the supervisor announces the hold.
+    /// Holds `service` by hand, or only its `action`: its agent calls it no more (no probe
+    /// either) until an operator releases it; the orders that reach it wait, and the
+    /// supervisor announces the hold.
     pub async fn hold(
         &self,
         service: &str,
+        action: Option<&str>,
         by: &str,
         reason: &str,
     ) -> Result<std::result::Result<ServiceView, DeskRefusal>> {
-        self.change(service, |r, now| match r.hold_by(now, by, reason) {
+        let held = hold_key(service, action);
+        self.change(service, action, |r, now| match r.hold_by(now, action, by, reason) {
             Some(next) => Ok(next),
-            None => Err(DeskRefusal::AlreadyHeld { service: service.into(), by: by.into() }),
+            None => Err(DeskRefusal::AlreadyHeld { held: held.clone(), by: by.into() }),
         })
         .await
     }
 
-    /// Releases `service`, whoever held it: the supervisor resumes the orders that waited.
+    /// Releases `service`, whoever held it, with every action held (or only its `action`):
+    /// the supervisor resumes the orders that waited.
     pub async fn release(
         &self,
         service: &str,
+        action: Option<&str>,
         by: &str,
         reason: &str,
     ) -> Result<std::result::Result<ServiceView, DeskRefusal>> {
-        self.change(service, |r, now| {
-            r.release_by(now, by, reason).ok_or(DeskRefusal::NotHeld { service: service.into() })
+        let held = hold_key(service, action);
+        self.change(service, action, |r, now| {
+            r.release_by(now, action, by, reason).ok_or(DeskRefusal::NotHeld { held: held.clone() })
         })
         .await
     }
 
-    async fn view(&self, record: &ServiceRecord, waiting: u64) -> Result<ServiceView> {
+    async fn view(&self, record: &ServiceRecord) -> Result<ServiceView> {
         let now = self.clock.now();
-        let mut view = ServiceView::of(record, waiting, now);
+        let mut holds = Vec::new();
+        for (on, scope) in record.scopes() {
+            let waiting = self.index.count_held(&hold_key(&record.service, on)).await?;
+            if scope.held.is_some() || scope.released.is_some() || waiting > 0 {
+                holds.push(HoldView::of(on, scope, waiting));
+            }
+        }
+        let mut view = ServiceView::of(record, holds, now);
         let limits = self.limits.get(&record.service).copied().unwrap_or(Limits::NONE);
         view.limits = limits;
         if !limits.is_none() || view.learned_per_second.is_some() {
@@ -174,6 +229,7 @@ impl<G: ServiceBook + Pace, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
     async fn change(
         &self,
         service: &str,
+        action: Option<&str>,
         change: impl Fn(&ServiceRecord, Timestamp) -> std::result::Result<ServiceRecord, DeskRefusal>,
     ) -> Result<std::result::Result<ServiceView, DeskRefusal>> {
         if !self.agents.iter().any(|a| a.as_str() == service) {
@@ -181,6 +237,18 @@ impl<G: ServiceBook + Pace, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
             return Ok(Err(DeskRefusal::Unknown {
                 service: service.to_owned(),
                 deployed: deployed.join(", "),
+            }));
+        }
+        let known = self.actions.get(service);
+        if let Some(action) = action
+            && !known.is_some_and(|k| k.contains(action))
+        {
+            let known: Vec<&str> =
+                known.iter().flat_map(|k| k.iter()).map(String::as_str).collect();
+            return Ok(Err(DeskRefusal::UnknownAction {
+                service: service.to_owned(),
+                action: action.to_owned(),
+                known: known.join(", "),
             }));
         }
         // An agent may write between the read and the write: read again and retry a few times.
@@ -195,8 +263,7 @@ impl<G: ServiceBook + Pace, X: HeldIndex, C: Clock> ServiceDesk<G, X, C> {
                 Err(refused) => return Ok(Err(refused)),
             };
             if self.book.save(&next).await? == Saved::Saved {
-                let waiting = self.index.count_held(service).await?;
-                return Ok(Ok(self.view(&next, waiting).await?));
+                return Ok(Ok(self.view(&next).await?));
             }
         }
         Err(Error::unavailable("services", format!("{service}: its record kept changing")))

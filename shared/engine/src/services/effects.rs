@@ -193,6 +193,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
             },
             due_at: Some(now),
             budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
+            resumed: lease.held_since.is_some(),
         };
         let agent = step.agent().ok_or_else(|| corrupt(format!("step {:?} waits", state.name)))?;
         Ok(Outgoing::now(Destination::Agent(agent.clone()), Message::Request(Box::new(request))))

@@ -1,7 +1,10 @@
-//! An agent's guard on its service: before each call it asks whether the service is open and
-//! has room for the call, and after it tells what came of the call, so that the agent holds
-//! the service after passing faults in a row and, while it is held, sends it nothing but one
-//! probe at a time; keeps within the service's declared rate and concurrency across all the
+//! An agent's guard on its service: before each call it asks whether the call's action (and
+//! the service) is open and has room for the call, and after it tells what came of the call,
+//! so that the agent holds an action after passing faults in a row of its calls and, while it
+//! is held, sends it nothing but one probe at a time (an action that answers goes on while
+//! another is held); paces the calls of orders resumed after a hold at the stack's resume
+//! rate across all the agent's executions, so that a service that comes back is not met by
+//! every order that waited for it at once; keeps within the service's declared rate and concurrency across all the
 //! agent's executions ([`crate::pace`]); leaves it alone for as long as it asked when it
 //! throttled a call; and, once it throttled one, keeps to a rate learned from its throttling
 //! ([`crate::health::Learned`]), below any declared one, so that a service whose limit nobody
@@ -20,17 +23,22 @@
 //! every place in flight is taken, or the service asked to be left alone until after it) is
 //! not made: the request is kept back until there is room, and its lease does not burn.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tracing::{info, warn};
 
 use crate::config::HoldPolicy;
-use crate::health::{CUT_WAVE, Calling, QUIET_STEP, ServiceRecord, Streak};
+use crate::health::{CUT_WAVE, Calling, QUIET_STEP, ServiceRecord, Streak, hold_key};
+use crate::mutants::{self, Mutant};
 use crate::pace::{self, Booked, Limits, MAX_MISSED_TURNS, PLACE_POLL, Place, TURN_SLACK, Usage};
 use crate::ports::{Clock, Pace, Saved, ServiceBook};
 use crate::time::Timestamp;
+
+/// What the service's name is followed by in the key of the turns its resumed calls take
+/// ([`Pace::take_turn`]): no agent's name holds a `/`.
+const RESUMED: &str = "/resumed";
 
 /// How long a record read stays good enough to decide on.
 pub const FRESH: Duration = Duration::from_secs(1);
@@ -107,13 +115,29 @@ impl Recent {
 pub enum Admission {
     /// The service is open and has room: call it now, and hand the pass back when done.
     Call(Pass),
-    /// The service is held, and this call is its probe.
-    Probe(Pass),
-    /// The service is held: do not call it.
-    Held { reason: String },
+    /// The call's action (or, in a record from before holds were per action, the whole
+    /// service) is held by its agent, and this call is its probe: `on` names what it probes
+    /// (`None`: the whole service).
+    Probe { pass: Pass, on: Option<String> },
+    /// The call's action, or the whole service, is held: do not call it.
+    Held(Holding),
     /// The service has no room for the call before its budget ends: keep the request back
     /// until `until`.
     Busy { until: Timestamp },
+}
+
+/// A hold that stops a call: why, and what it is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    pub reason: String,
+    /// The action held; `None`: the whole service.
+    pub on: Option<String>,
+}
+
+impl Holding {
+    fn of(on: Option<&str>, hold: &crate::health::Hold) -> Holding {
+        Holding { reason: hold.reason.clone(), on: on.map(str::to_owned) }
+    }
 }
 
 /// What an admitted call holds until it is over: its place in flight, if the service's
@@ -175,7 +199,8 @@ pub struct Guard<G, C> {
     policy: HoldPolicy,
     limits: Limits,
     seen: Mutex<Option<(Timestamp, ServiceRecord)>>,
-    streak: Mutex<Streak>,
+    /// The passing faults this execution met in a row, per action.
+    streaks: Mutex<BTreeMap<String, Streak>>,
     /// How long this execution's last turn took to write.
     lead: Mutex<Duration>,
     /// This execution's recent calls and the throttles among them.
@@ -192,7 +217,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             policy,
             limits: Limits::NONE,
             seen: Mutex::new(None),
-            streak: Mutex::new(Streak::default()),
+            streaks: Mutex::new(BTreeMap::new()),
             lead: Mutex::new(Duration::ZERO),
             recent: Mutex::new(Recent::default()),
         }
@@ -203,24 +228,29 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         Guard { limits, ..self }
     }
 
-    /// Whether to call the service, for a call that must be over by `deadline`. It may wait
-    /// (for the second its call is counted in, a place in flight, or the end of a quiet the
-    /// service asked for) before it answers.
-    pub async fn admit(&self, deadline: Timestamp) -> Admission {
+    /// Whether to call the service for `action`, for a call that must be over by `deadline`;
+    /// `resumed`: the call is an order's first since it waited for a hold, and takes its turn
+    /// at the resume rate. It may wait (for the second its call is counted in, a place in
+    /// flight, or the end of a quiet the service asked for) before it answers.
+    pub async fn admit(&self, action: &str, deadline: Timestamp, resumed: bool) -> Admission {
         let record = self.current().await;
-        let probe = match &record.held {
-            None => false,
-            Some(hold) => {
+        let holding = match mutants::on(Mutant::ProbeOfAnotherAction) {
+            true => record.holds().next(),
+            false => record.holding(action),
+        };
+        let probe = match holding {
+            None => None,
+            Some((on, hold)) => {
                 let now = self.clock.now();
-                let taken = match record.probe(now, &self.policy) {
+                let taken = match record.probe(now, on, &self.policy) {
                     Some(next) => self.write(next).await,
                     None => false,
                 };
                 if !taken {
-                    return Admission::Held { reason: hold.reason.clone() };
+                    return Admission::Held(Holding::of(on, hold));
                 }
-                info!(service = %self.service, "probing the held service");
-                true
+                info!(service = %self.service, held = %hold_key(&self.service, on), "probing what is held");
+                Some(on.map(str::to_owned))
             }
         };
         let now = self.clock.now();
@@ -238,24 +268,32 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             None => None,
         };
         // A wait for a quiet's end, a place or a turn may outlast the read the call was let
-        // through on: a service held meanwhile by another execution is not called. A call with
+        // through on: an action held meanwhile by another execution is not called. A call with
         // a turn looks while it waits for it, so that the read does not make it late.
-        let turned = match self.rate(&record, self.clock.now()) {
-            Some(per_second) => match self.turn(per_second, deadline, !probe).await {
-                Ok(()) => true,
-                Err(busy) => {
-                    self.done(Pass { place }).await;
-                    return busy;
-                }
-            },
-            None => false,
-        };
-        let pass = Pass { place };
-        if probe {
-            self.called();
-            return Admission::Probe(pass);
+        let recheck = probe.is_none().then_some(action);
+        let mut turned = false;
+        if resumed && probe.is_none() {
+            let key = format!("{}{RESUMED}", self.service);
+            let per_second = self.policy.resume_per_second;
+            if let Err(busy) = self.turn(&key, per_second, deadline, recheck).await {
+                self.done(Pass { place }).await;
+                return busy;
+            }
+            turned = true;
         }
-        if !turned && let Err(held) = self.still_open().await {
+        if let Some(per_second) = self.rate(&record, self.clock.now()) {
+            if let Err(busy) = self.turn(&self.service, per_second, deadline, recheck).await {
+                self.done(Pass { place }).await;
+                return busy;
+            }
+            turned = true;
+        }
+        let pass = Pass { place };
+        if let Some(on) = probe {
+            self.called();
+            return Admission::Probe { pass, on };
+        }
+        if !turned && let Err(held) = self.still_open(action).await {
             self.done(pass).await;
             return held;
         }
@@ -274,10 +312,11 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         self.recent.lock().unwrap_or_else(|e| e.into_inner()).call(now);
     }
 
-    /// Whether the service is still open, as read within the last [`FRESH`].
-    async fn still_open(&self) -> Result<(), Admission> {
-        match self.current().await.held {
-            Some(hold) => Err(Admission::Held { reason: hold.reason }),
+    /// Whether `action` is still open, as read within the last [`FRESH`].
+    async fn still_open(&self, action: &str) -> Result<(), Admission> {
+        let record = self.current().await;
+        match record.holding(action) {
+            Some((on, hold)) => Err(Admission::Held(Holding::of(on, hold))),
             None => Ok(()),
         }
     }
@@ -300,43 +339,44 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         }
     }
 
-    /// Takes the call's turn and waits for it. The turn asked for starts no sooner than the
-    /// last turn took to write, so that the call is not late for it from the start; a call
-    /// late all the same takes another turn, and after [`MAX_MISSED_TURNS`] is kept back.
-    /// With `recheck`, the service's record is looked at [`FRESH`] before the turn (or at once
-    /// if it is nearer): a hold found ends the wait, and no read stands between the turn and
-    /// the call.
+    /// Takes the call's turn among those of `key` (the service's, or its resumed calls') and
+    /// waits for it. The turn asked for starts no sooner than the last turn took to write, so
+    /// that the call is not late for it from the start; a call late all the same takes
+    /// another turn, and after [`MAX_MISSED_TURNS`] is kept back. With `recheck` (the call's
+    /// action), the service's record is looked at [`FRESH`] before the turn (or at once if it
+    /// is nearer): a hold found ends the wait, and no read stands between the turn and the
+    /// call.
     async fn turn(
         &self,
+        key: &str,
         per_second: u32,
         deadline: Timestamp,
-        recheck: bool,
+        recheck: Option<&str>,
     ) -> Result<(), Admission> {
         let latest = deadline.minus(CALL_ROOM);
         let spacing = pace::spacing(per_second);
         for _ in 0..=MAX_MISSED_TURNS {
             let asked = self.clock.now();
             let lead = *self.lead.lock().unwrap_or_else(|e| e.into_inner());
-            let start = match self
-                .book
-                .take_turn(&self.service, spacing, asked.plus(lead), latest)
-                .await
-            {
+            let start = match self.book.take_turn(key, spacing, asked.plus(lead), latest).await {
                 Ok(Booked::Start(start)) => start,
                 Ok(Booked::TooLate { next }) => return Err(Admission::Busy { until: next }),
                 Err(e) => {
                     warn!(service = %self.service, error = %e, "the service's turns are unreadable: the call goes");
-                    return if recheck { self.still_open().await } else { Ok(()) };
+                    return match recheck {
+                        Some(action) => self.still_open(action).await,
+                        None => Ok(()),
+                    };
                 }
             };
             let taken = self.clock.now();
             *self.lead.lock().unwrap_or_else(|e| e.into_inner()) = asked.until(taken).min(MAX_LEAD);
-            if recheck {
+            if let Some(action) = recheck {
                 let look = start.minus(FRESH);
                 if look > taken {
                     self.clock.sleep(taken.until(look)).await;
                 }
-                self.still_open().await?;
+                self.still_open(action).await?;
             }
             let now = self.clock.now();
             if start > now {
@@ -400,31 +440,47 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         learned.is_none_or(|l| l.at.plus(CUT_WAVE) <= now)
     }
 
-    /// The call got an answer (done or refused): the service works.
-    pub async fn answered(&self, probe: bool) {
-        self.streak.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        if !probe {
-            return;
-        }
+    /// A call of `action` got an answer (done or refused): what it called works. `probe`: the
+    /// call was the probe of that hold (`Some(None)`: of the whole service), which it ends.
+    pub async fn answered(&self, action: &str, probe: Option<Option<&str>>) {
+        self.streaks.lock().unwrap_or_else(|e| e.into_inner()).remove(action);
+        let Some(on) = probe else { return };
         let now = self.clock.now();
-        if self.change(|r| r.answered(now, true)).await {
-            info!(service = %self.service, "the probe was answered: the service is open again");
+        if self.change(|r| r.answered(now, on, true)).await {
+            info!(service = %self.service, held = %hold_key(&self.service, on), "the probe was answered: open again");
         }
     }
 
-    /// The call met a passing fault. Returns whether the service is now held.
-    pub async fn fault(&self, reason: &str) -> bool {
+    /// A call of `action` met a passing fault (`counts`: one that counts towards a hold);
+    /// `probe`, as for [`Guard::answered`]: the hold goes on, and records the fault. Returns
+    /// the hold the action is under now, if it is held.
+    pub async fn fault(
+        &self,
+        action: &str,
+        reason: &str,
+        counts: bool,
+        probe: Option<Option<&str>>,
+    ) -> Option<Holding> {
         let now = self.clock.now();
         let policy = self.policy;
-        let faults = self.streak.lock().unwrap_or_else(|e| e.into_inner()).fault(now, &policy);
-        if faults >= policy.after_failures {
-            self.change(|r| r.hold(now, faults, reason, &policy)).await;
+        if let Some(on) = probe {
+            self.change(|r| r.probe_failed(now, on, reason)).await;
+        } else if counts {
+            let faults = {
+                let mut streaks = self.streaks.lock().unwrap_or_else(|e| e.into_inner());
+                streaks.entry(action.to_owned()).or_default().fault(now, &policy)
+            };
+            if faults >= policy.after_failures {
+                self.change(|r| r.hold(now, action, faults, reason, &policy)).await;
+            }
         }
-        let held = self.current().await.held.is_some();
-        if held {
-            warn!(service = %self.service, %reason, "the service is held");
+        let record = self.current().await;
+        let holding = record.holding(action).map(|(on, hold)| Holding::of(on, hold));
+        if let Some(holding) = &holding {
+            let held = hold_key(&self.service, holding.on.as_deref());
+            warn!(service = %self.service, %held, %reason, "held");
         }
-        held
+        holding
     }
 
     fn remember(&self, record: ServiceRecord) {

@@ -21,7 +21,7 @@ mod supervisor;
 
 pub use agent::{Agent, AgentOutcome};
 pub use assembly::Assembly;
-pub use desk::{DeskRefusal, ServiceDesk, ServiceView};
+pub use desk::{DeskRefusal, HoldView, ServiceDesk, ServiceView};
 pub use effects::Ports;
 pub use guard::{Admission, FRESH, Guard, NoBook};
 pub use operator::{Answering, Applied, Command, Commanded, Operator};

@@ -11,12 +11,14 @@
 //! ago than that horizon: the others may only be waiting for their messages, and are neither
 //! read nor written. While a queue holds messages that no consumer takes, it judges nothing.
 //!
-//! It also tends the services ([`Supervisor::tend`]): one alert for each hold and each
-//! release, and, for a service open again, the orders that waited for it resumed at the
-//! stack's `RESUME_PER_SECOND`, spread over the minute until its next sweep. An alert, too, is
+//! It also tends the services ([`Supervisor::tend`]): one alert for each hold (of a service or
+//! of one of its actions), each release and each hold that lasts past the operators'
+//! threshold, and, for a hold that ended, the orders that waited for it resumed at the stack's
+//! `RESUME_PER_SECOND`, spread over the minute until its next sweep. An alert, too, is
 //! written before it is sent: the supervisor records on the service's record that it
 //! announces the change, so that two supervisors tending at once publish it once.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -29,7 +31,7 @@ use crate::OrderId;
 use crate::config::MAX_INDEX_SHARDS;
 use crate::error::{Error, Result};
 use crate::events::{BusEvent, ServiceEvent};
-use crate::health::ServiceRecord;
+use crate::health::{ServiceRecord, hold_key};
 use crate::load::{Horizon, LoadSource};
 use crate::machine::{Decision, Input, decide};
 use crate::mutants::{self, Mutant};
@@ -73,6 +75,9 @@ const REPAIRS_AT_ONCE: usize = 32;
 
 /// The time over which the orders a sweep resumes are spread: until the next sweep.
 pub const RESUME_SPREAD: Duration = Duration::from_secs(60);
+
+/// Alerts of one service published at once: what one `PutEvents` takes.
+const MAX_SERVICE_ALERTS: usize = 10;
 
 /// What one tending of the services did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -278,126 +283,186 @@ where
     L: LoadSource,
     P: Payloads,
 {
-    /// Tends every service of `book`: announces its last hold or release once, and, if
-    /// `resume`, resumes the orders that wait for a service open again, at most
-    /// `RESUME_PER_SECOND` a second (or its declared rate, if lower). A supervisor whose sweep
-    /// found the queues stalled, or could not read them, resumes nothing: orders sent into
-    /// queues nobody takes from would only add to what waits there.
+    /// Tends every service of `book`: announces each hold, each release and each hold that
+    /// lasted past `HOLD_ALERT_AFTER_SECONDS` once, and, if `resume`, resumes the orders that
+    /// wait for a hold that ended, at most `RESUME_PER_SECOND` a second for the service (or
+    /// its declared rate, if lower). A supervisor whose sweep found the queues stalled, or
+    /// could not read them, resumes nothing: orders sent into queues nobody takes from would
+    /// only add to what waits there.
     pub async fn tend<G: ServiceBook>(&self, book: &G, resume: bool) -> Result<ServicesReport> {
         let mut report = ServicesReport::default();
         for record in book.all().await? {
-            if record.held.is_some() {
+            if record.is_held() {
                 report.held += 1;
             }
-            // One count per service and sweep: orders a released service has not resumed yet
+            // One count per scope and sweep: orders a hold that ended has not resumed yet
             // still wait.
-            let waiting = self.index.count_held(&record.service).await;
-            let counted = *waiting.as_ref().unwrap_or(&0);
-            crate::metrics::service_state(&record.service, record.held.is_some(), counted);
-            if record.unannounced {
+            let waiting = self.waiting(&record).await;
+            let counted = waiting.as_ref().map_or(0, |w| w.values().sum());
+            crate::metrics::service_state(&record.service, record.is_held(), counted);
+            let record = self.overdue(book, record).await;
+            if record.unannounced() {
                 let announced = match waiting {
-                    Ok(waiting) => self.announce(book, &record, waiting).await,
+                    Ok(waiting) => self.announce(book, &record, &waiting).await,
                     Err(e) => Err(e),
                 };
                 match announced {
-                    Ok(true) => report.announced += 1,
-                    Ok(false) => {}
+                    Ok(n) => report.announced += n,
                     Err(e) => {
-                        warn!(service = %record.service, error = %e, "could not announce the service's hold");
+                        warn!(service = %record.service, error = %e, "could not announce the service's holds");
                         report.errors += 1;
                     }
                 }
             }
-            match &record.held {
-                _ if !resume => {}
-                None if mutants::on(Mutant::NoResume) => {}
-                None => self.resume(&record, 0, &mut report).await,
-                // Only a call probes a held service: with every order waiting, one of them
-                // goes, as the probe the agent is due.
-                Some(hold) if hold.by.is_none() && hold.next_probe <= self.ports.clock.now() => {
-                    self.resume(&record, 1, &mut report).await;
-                }
-                Some(_) => {}
+            if resume {
+                self.resume(&record, &mut report).await;
             }
         }
         Ok(report)
     }
 
-    /// Publishes the alert of the service's last hold or release, with the `waiting` orders,
-    /// once: it first records that it announces it (until `ALERT_RETRY_SECONDS` from now),
-    /// then publishes, then records it announced. Returns whether it published. A supervisor
-    /// that loses the first write to another (tending at once, or an agent's write) leaves the
-    /// alert to it, or to the next sweep; one that fails to publish, to the first sweep after
-    /// its time.
+    /// The orders waiting for each of `record`'s scopes, by hold key.
+    async fn waiting(&self, record: &ServiceRecord) -> Result<BTreeMap<String, u64>> {
+        let mut waiting = BTreeMap::new();
+        for (on, _) in record.scopes() {
+            let key = hold_key(&record.service, on);
+            let count = self.index.count_held(&key).await?;
+            waiting.insert(key, count);
+        }
+        Ok(waiting)
+    }
+
+    /// `record` with its holds past the operators' threshold marked to be announced once
+    /// more; as it was if none is, or if another writer got there first (the next sweep
+    /// looks again).
+    async fn overdue<G: ServiceBook>(&self, book: &G, record: ServiceRecord) -> ServiceRecord {
+        let now = self.ports.clock.now();
+        let Some(next) = record.overdue(now, self.ports.config.hold.alert_after) else {
+            return record;
+        };
+        match book.save(&next).await {
+            Ok(Saved::Saved) => next,
+            Ok(Saved::Conflict) => record,
+            Err(e) => {
+                warn!(service = %record.service, error = %e, "could not mark a hold overdue");
+                record
+            }
+        }
+    }
+
+    /// Publishes the alerts of `record`'s changes not yet announced, with the orders
+    /// `waiting` for each, once: it first records that it announces them (until
+    /// `ALERT_RETRY_SECONDS` from now), then publishes, then records them announced. Returns
+    /// how many it published. A supervisor that loses the first write to another (tending at
+    /// once, or an agent's write) leaves the alerts to it, or to the next sweep; one that
+    /// fails to publish, to the first sweep after its time.
     async fn announce<G: ServiceBook>(
         &self,
         book: &G,
         record: &ServiceRecord,
-        waiting: u64,
-    ) -> Result<bool> {
+        waiting: &BTreeMap<String, u64>,
+    ) -> Result<usize> {
         let now = self.ports.clock.now();
         let until = now.plus(self.ports.config.alert_retry_after);
-        let Some(taken) = record.announcing(now, until) else { return Ok(false) };
+        let Some(taken) = record.announcing(now, until) else { return Ok(0) };
         if book.save(&taken).await? == Saved::Conflict {
-            return Ok(false);
+            return Ok(0);
         }
-        if let Some(event) = ServiceEvent::of(&taken, waiting) {
-            let published = self.ports.bus.publish(&[BusEvent::service(&event)]).await?;
-            if let Some((_, reason)) = published.failed.first() {
-                return Err(Error::PublishFailed {
-                    failed: 1,
-                    total: 1,
-                    first_reason: reason.clone(),
-                });
+        let service = taken.service.clone();
+        let events: Vec<ServiceEvent> = taken
+            .scopes()
+            .filter(|(_, scope)| scope.unannounced)
+            .filter_map(|(on, _)| {
+                let waiting = waiting.get(&hold_key(&service, on)).copied().unwrap_or(0);
+                ServiceEvent::of(&taken, on, waiting)
+            })
+            // One PutEvents takes ten: the others are announced at the next sweep.
+            .take(MAX_SERVICE_ALERTS)
+            .collect();
+        let batch: Vec<BusEvent> = events.iter().map(BusEvent::service).collect();
+        let published = self.ports.bus.publish(&batch).await?;
+        let sent: Vec<String> = events
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !published.failed.iter().any(|(f, _)| f == i))
+            .map(|(_, e)| e.event_id.clone())
+            .collect();
+        if !mutants::on(Mutant::AnnouncementUnrecorded) {
+            // Recorded on what it wrote, or on what an agent wrote since (a probe taken keeps
+            // the announcement under way); a scope that changed since keeps its change.
+            let mut current = taken;
+            for _ in 0..5 {
+                let Some(done) = current.announced(self.ports.clock.now(), &sent) else { break };
+                if book.save(&done).await? == Saved::Saved {
+                    break;
+                }
+                match book.load(&service).await? {
+                    Some(latest) => current = latest,
+                    None => break,
+                }
             }
         }
-        if mutants::on(Mutant::AnnouncementUnrecorded) {
-            return Ok(true);
+        if let Some((_, reason)) = published.failed.first() {
+            return Err(Error::PublishFailed {
+                failed: published.failed.len(),
+                total: batch.len(),
+                first_reason: reason.clone(),
+            });
         }
-        // Recorded on what it wrote, or on what an agent wrote since (a probe taken keeps the
-        // announcement under way); a newer change is announced at the next sweep.
-        let mut current = taken;
-        for _ in 0..5 {
-            let Some(done) = current.announced(self.ports.clock.now()) else { break };
-            if book.save(&done).await? == Saved::Saved {
-                break;
-            }
-            match book.load(&record.service).await? {
-                Some(latest) if latest.announcing == Some(until) => current = latest,
-                _ => break,
-            }
-        }
-        Ok(true)
+        Ok(sent.len())
     }
 
-    /// Resumes the orders waiting for `record`'s service: `only` of them (0: as many as the
-    /// minute until the next sweep takes at `RESUME_PER_SECOND`, or at the service's declared
-    /// or learned rate if that is lower), their start messages spread over it.
-    async fn resume(&self, record: &ServiceRecord, only: usize, report: &mut ServicesReport) {
+    /// Resumes the orders waiting for `record`'s holds that ended: for each scope open (and
+    /// not under a hold of the whole service), as many as the minute until the next sweep
+    /// takes at `RESUME_PER_SECOND` (or at the service's declared or learned rate if that is
+    /// lower), the service's scopes together; for each hold of its agent whose probe is due,
+    /// one, which carries the probe. Their start messages are spread over the minute, no more
+    /// in any second than the rate: SQS delays messages by whole seconds.
+    async fn resume(&self, record: &ServiceRecord, report: &mut ServicesReport) {
         let config = &self.ports.config;
+        let now = self.ports.clock.now();
         let service = record.service.as_str();
-        let rate = record.rate_at(config.limits_of(service).per_second, self.ports.clock.now());
-        let per_second = u64::from(config.resume_per_second.min(rate.unwrap_or(u32::MAX)).max(1));
-        let limit = match only {
-            0 => usize::try_from(per_second * RESUME_SPREAD.as_secs()).unwrap_or(usize::MAX),
-            n => n,
-        };
-        let waiting = match self.index.held(service, limit).await {
-            Ok(waiting) => waiting,
-            Err(e) => {
-                warn!(%service, error = %e, "could not read the orders waiting for the service");
-                report.errors += 1;
-                return;
+        let rate = record.rate_at(config.limits_of(service).per_second, now);
+        let per_second = config.hold.resume_per_second.min(rate.unwrap_or(u32::MAX)).max(1);
+        let per_second = usize::try_from(per_second).unwrap_or(usize::MAX);
+        let mut room = per_second.saturating_mul(RESUME_SPREAD.as_secs() as usize);
+        let mut resumed = 0usize;
+        for (on, scope) in record.scopes() {
+            let only = match &scope.held {
+                // Nothing of a service held as a whole goes but its own probe.
+                _ if on.is_some() && record.whole.held.is_some() => continue,
+                None if mutants::on(Mutant::NoResume) => continue,
+                None => room,
+                // Only a call probes a hold: with every order waiting, one of them goes, as
+                // the probe the agent is due.
+                Some(hold) if hold.by.is_none() && hold.next_probe <= now => room.min(1),
+                Some(_) => continue,
+            };
+            if only == 0 {
+                break;
             }
-        };
-        for (k, order_id) in waiting.into_iter().enumerate() {
-            let delay = Duration::from_millis(k as u64 * 1000 / per_second);
-            match self.act(order_id, Input::Resume { service, delay }).await {
-                Ok(Handled::Applied) => report.resumed += 1,
-                Ok(_) => {}
+            let key = hold_key(service, on);
+            let waiting = match self.index.held(&key, only).await {
+                Ok(waiting) => waiting,
                 Err(e) => {
-                    warn!(%order_id, error = %e, "could not resume an order");
+                    warn!(held = %key, error = %e, "could not read the orders waiting for a hold");
                     report.errors += 1;
+                    continue;
+                }
+            };
+            for order_id in waiting {
+                let delay = Duration::from_secs((resumed / per_second) as u64);
+                match self.act(order_id, Input::Resume { on: &key, delay }).await {
+                    Ok(Handled::Applied) => {
+                        report.resumed += 1;
+                        resumed += 1;
+                        room = room.saturating_sub(1);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(%order_id, error = %e, "could not resume an order");
+                        report.errors += 1;
+                    }
                 }
             }
         }

@@ -7,11 +7,11 @@ use crate::state::WaitingFor;
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn held(reason: &str) -> StepOutcome {
-    StepOutcome::held(reason)
+    StepOutcome::held(reason, None)
 }
 
-fn resume(f: &Fixture, r: &StateRecord, service: &str, delay: u64, now: Timestamp) -> Decision {
-    f.decide(r, Input::Resume { service, delay: secs(delay) }, now)
+fn resume(f: &Fixture, r: &StateRecord, on: &str, delay: u64, now: Timestamp) -> Decision {
+    f.decide(r, Input::Resume { on, delay: secs(delay) }, now)
 }
 
 /// An order whose first step (inventory) found its service held at T0 + 1 s.
@@ -93,6 +93,28 @@ fn the_supervisor_resumes_a_held_step_once_its_service_is_open() {
     let done = f.done(&claimed, now.plus(secs(4)));
     assert_eq!(done.steps[0].status, StepStatus::Done);
     assert_eq!(done.failure_count, 0);
+}
+
+#[test]
+fn a_step_held_by_a_hold_of_its_action_waits_under_that_action_and_resumes_with_it() {
+    let f = Fixture::new();
+    let r = f.claim(&f.new_record(), T0);
+    let outcome = StepOutcome::held("5 faults in a row: 503", Some("reserve-inventory"));
+    let parked = f.reply(&r, outcome, T0.plus(secs(1))).next;
+    let hold = parked.held_on().unwrap();
+    assert_eq!(hold.key(), "inventory/reserve-inventory");
+    // The whole service opening, or another action's hold ending, is not what it waits for.
+    for other in ["inventory", "inventory/release-inventory"] {
+        assert_eq!(
+            resume(&f, &parked, other, 0, T0.plus(HOUR)),
+            Decision::Ignore(Ignored::NotHeld)
+        );
+    }
+    let Decision::Apply(t) = resume(&f, &parked, "inventory/reserve-inventory", 0, T0.plus(HOUR))
+    else {
+        panic!("not resumed")
+    };
+    assert!(t.next.held_on().is_none());
 }
 
 #[test]
