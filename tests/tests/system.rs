@@ -224,3 +224,126 @@ async fn the_same_key_returns_the_same_order_and_a_different_order_is_refused() 
     s.settle().await;
     assert_eq!(s.state(order_id(&first)).await.process_state, ProcessState::Processed);
 }
+
+/// The steps of `ledger` applied for order `id`, by action, in the order applied.
+fn applied(ledger: &Value, id: sas_engine::OrderId) -> Vec<String> {
+    let effects = ledger["effects"].as_array().cloned().unwrap_or_default();
+    effects
+        .iter()
+        .filter(|e| e["key"].as_str().is_some_and(|k| k.starts_with(&id.to_string())))
+        .map(|e| e["action"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Delivers every queue but `except` until none of them has anything left.
+async fn settle_but(s: &System, except: &str) {
+    for _ in 0..200 {
+        let mut delivered = 0;
+        for (_, queue) in s.t.work_queues() {
+            if queue != except {
+                delivered += s.pump_queue(&queue).await;
+            }
+        }
+        if delivered == 0 {
+            return;
+        }
+    }
+    panic!("the system did not settle");
+}
+
+#[tokio::test]
+async fn a_held_charge_reaches_the_operators_alerts_and_a_refund_goes_on_beside_it() {
+    let s = System::start("held-charge", r#"{"actions": {"ship": {"permanent_rate": 1.0}}}"#).await;
+    // Order A is charged, and its shipment waits in the shipping queue.
+    let (_, body) = s.post(Some("order-held-a"), "application/json", &order_json("c-a")).await;
+    let a = order_id(&body);
+    settle_but(&s, "shippingQueue").await;
+    assert_eq!(applied(&s.remote.ledger().await, a), ["reserve-inventory", "charge-payment"]);
+
+    // Every charge fails for now: order B's hold the charges, and B waits.
+    let down = r#"{"actions": {"ship": {"permanent_rate": 1.0},
+                              "charge-payment": {"transient_rate": 1.0}}}"#;
+    s.remote.set_faults(down).await;
+    let (_, body) = s.post(Some("order-held-b"), "application/json", &order_json("c-b")).await;
+    let b = order_id(&body);
+    settle_but(&s, "shippingQueue").await;
+    let held = s.state(b).await;
+    assert_eq!(held.process_state, ProcessState::Pending);
+    assert_eq!(held.held_on().map(|h| h.key()).as_deref(), Some("payment/charge-payment"));
+
+    // A's shipment is refused: its refund goes to the payment service, whose charges are held
+    // but whose refunds answer, and A is undone.
+    s.settle().await;
+    let undone = s.state(a).await;
+    assert_eq!((undone.process_state, undone.phase), (ProcessState::Error, Phase::Compensating));
+    let steps: Vec<StepStatus> = undone.steps.iter().map(|s| s.status).collect();
+    assert_eq!(steps, [StepStatus::Undone, StepStatus::Undone, StepStatus::Failed]);
+    assert!(applied(&s.remote.ledger().await, a).contains(&"refund-payment".to_owned()));
+
+    // The sweep announces the hold: the alert rule takes it to the operators' queue.
+    s.sweep().await;
+    let alerts = s.t.drain("AlertsQueue").await;
+    let holds: Vec<&Value> =
+        alerts.iter().filter(|a| a["detail-type"] == "ServiceHoldChanged").collect();
+    assert_eq!(holds.len(), 1, "{alerts:?}");
+    let detail = &holds[0]["detail"];
+    assert_eq!(
+        (&detail["service"], &detail["action"], &detail["state"], &detail["waiting"]),
+        (&Value::from("payment"), &Value::from("charge-payment"), &Value::from("held"), &1.into())
+    );
+    assert!(alerts.iter().any(|a| a["detail-type"] == "OrderNeedsAttention"), "A's: {alerts:?}");
+    let ops = Some("arn:aws:iam::123456789012:user/ops");
+    let (status, services) = s.admin("GET", "/admin/services", None, ops).await;
+    assert_eq!(status, 200, "{services}");
+    let payment = services["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["service"] == "payment")
+        .unwrap()
+        .clone();
+    assert_eq!(payment["state"], "actions_held", "{payment}");
+    assert_eq!(payment["holds"][0]["action"], "charge-payment", "{payment}");
+
+    // The charges answer again: the next probe, carried by B, opens them, and the release
+    // is announced in turn.
+    s.remote.set_faults("{}").await;
+    s.clock.advance(s.config.hold.probe_every);
+    s.sweep().await;
+    s.settle().await;
+    assert_eq!(s.state(b).await.process_state, ProcessState::Processed);
+    s.sweep().await;
+    let alerts = s.t.drain("AlertsQueue").await;
+    let opened: Vec<&Value> = alerts
+        .iter()
+        .filter(|a| a["detail-type"] == "ServiceHoldChanged" && a["detail"]["state"] == "open")
+        .collect();
+    assert_eq!(opened.len(), 1, "{alerts:?}");
+    assert_eq!(opened[0]["detail"]["action"], "charge-payment");
+}
+
+#[tokio::test]
+async fn a_denied_call_fails_its_step_at_once_and_holds_nothing() {
+    let s = System::start("denied-charge", r#"{"actions": {"charge-payment": {"denied": true}}}"#)
+        .await;
+    let mut ids = Vec::new();
+    for k in 0..6 {
+        let key = format!("order-denied-{k}");
+        let (_, body) = s.post(Some(&key), "application/json", &order_json("c-d")).await;
+        ids.push(order_id(&body));
+    }
+    s.settle().await;
+    for id in ids {
+        let r = s.state(id).await;
+        assert_eq!((r.process_state, r.phase), (ProcessState::Error, Phase::Compensating));
+        let cause = r.cause.as_ref().unwrap();
+        assert_eq!(cause.kind(), "step_rejected", "{cause}");
+        assert!(cause.to_string().contains("AccessDenied"), "{cause}");
+        assert_eq!(r.failure_count, 0, "refused at once, no lease ran out");
+    }
+    use sas_engine::ports::ServiceBook;
+    let record = s.book.load("payment").await.unwrap();
+    assert!(record.is_none_or(|r| !r.is_held()), "six denials in a row hold nothing");
+    let stats = s.remote.stats().await;
+    assert_eq!(stats["actions"]["charge-payment"]["denied"], 6, "each charge called once: {stats}");
+}

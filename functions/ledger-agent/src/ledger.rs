@@ -3,12 +3,14 @@
 //! writes the account's statement, `statements/<account>.json` in the ledger's S3 bucket, as
 //! the account now stands. Both are idempotent on the step's key, as every agent's actions must
 //! be: a call repeated after a lost answer finds its own effect and answers the same (the
-//! statement is written again, whole, with the same content).
+//! statement is written again, whole, with the same content). A failed SDK call is reported as
+//! the kit classifies it ([`sdk_fault`]): throttling, a 5xx or a timeout passes and is tried
+//! again; an access denied or any other refusal fails the step with its cause, at once.
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
-use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService};
+use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService, sdk_fault};
 use serde_json::{Value, json};
 
 /// Largest first deposit the ledger takes, in minor units: above it, opening is refused.
@@ -34,7 +36,7 @@ impl Ledger {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| fault("S3", e))
+            .map_err(|e| sdk_fault("S3", e))
     }
 
     async fn open(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
@@ -69,7 +71,7 @@ impl Ledger {
                     "account {account} was opened by another call"
                 )));
             }
-            Err(e) => return Err(fault("DynamoDB", e)),
+            Err(e) => return Err(sdk_fault("DynamoDB", e)),
         }
         let statement = json!({
             "account_id": account,
@@ -106,7 +108,7 @@ impl Ledger {
             Err(e) if e.code() == Some("ConditionalCheckFailedException") => {
                 return Ok(json!({ "closed": false, "account_id": account }));
             }
-            Err(e) => return Err(fault("DynamoDB", e)),
+            Err(e) => return Err(sdk_fault("DynamoDB", e)),
         };
         let text = |name: &str| match closed.get(name) {
             Some(AttributeValue::S(s) | AttributeValue::N(s)) => Value::String(s.clone()),
@@ -139,26 +141,6 @@ impl RemoteService for Ledger {
 fn account_number(order_id: &str) -> String {
     let digits: String = order_id.chars().filter(char::is_ascii_hexdigit).take(12).collect();
     format!("ACC-{}", digits.to_ascii_uppercase())
-}
-
-/// A failed SDK call, as the kit retries it: whatever the cause, the agent tries again within
-/// the step's budget, then the supervisor's policy decides. A refusal is the ledger's own
-/// answer, never an SDK error: a misconfigured table or role must not undo customers' orders.
-/// The fault names the service's code and message (an access denied names the action and the
-/// resource), and without them, the SDK's whole chain of causes.
-fn fault<E>(service: &str, e: E) -> RemoteFault
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    match (e.code(), e.message()) {
-        (Some(code), message) => {
-            RemoteFault::Transient(format!("{service}: {code} {}", message.unwrap_or_default()))
-        }
-        (None, _) => RemoteFault::Transient(format!(
-            "{service}: {}",
-            aws_sdk_dynamodb::error::DisplayErrorContext(e)
-        )),
-    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,11 @@ pub struct Faults {
     /// Whether `permanent_rate` also refuses `undo` calls (a compensation that cannot be
     /// done). Default `false`.
     pub permanent_undo: bool,
+    /// Whether every call of a new key is answered 403 (the caller's grant or credentials
+    /// refused), nothing applied, `do` and `undo` alike: the service answers, so this is no
+    /// sign of it being down. A key it applied before is answered as it was. Default `false`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub denied: bool,
     /// Probability (0 to 1) that a successful call applies (or replays) its effect and then
     /// answers 503, as if the answer was lost on the way back. Default 0.
     pub lost_answer_rate: f64,
@@ -113,6 +118,8 @@ pub struct FaultsOverride {
     pub permanent_rate: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub permanent_undo: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub denied: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost_answer_rate: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -199,6 +206,7 @@ impl Faults {
             throttle_rate: o.throttle_rate.unwrap_or(d.throttle_rate),
             permanent_rate: o.permanent_rate.unwrap_or(d.permanent_rate),
             permanent_undo: o.permanent_undo.unwrap_or(d.permanent_undo),
+            denied: o.denied.unwrap_or(d.denied),
             lost_answer_rate: o.lost_answer_rate.unwrap_or(d.lost_answer_rate),
             outages: o.outages.clone().unwrap_or_else(|| d.outages.clone()),
             seed: o.seed.unwrap_or(d.seed),

@@ -202,6 +202,7 @@ async fn action(
         )
             .into_response(),
         Outcome::Permanent(reason) => permanent(StatusCode::UNPROCESSABLE_ENTITY, reason),
+        Outcome::Denied(reason) => permanent(StatusCode::FORBIDDEN, reason),
         Outcome::Tombstoned => permanent(StatusCode::CONFLICT, "cancelled: already compensated"),
         Outcome::Transient => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         Outcome::Throttled => {

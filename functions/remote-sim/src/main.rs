@@ -54,6 +54,8 @@ Fault knobs (--faults or FAULTS, or PUT /faults), as
   max_per_second                     calls of the action taken in one second; the others
                                      get 429, nothing applied (a partner's rate limit)
   permanent_rate, permanent_undo     chance a new key is refused for good (and its undos too)
+  denied                             every new key gets 403, undos too (a grant or credentials
+                                     refused: the service answers, it is not down)
   lost_answer_rate                   chance a call applies, then answers 503
   outages: [{\"start_s\", \"end_s\"}]    windows, in seconds since start, of 503 to every call
   seed                               seed of every random decision (the same calls, the

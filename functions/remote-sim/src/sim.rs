@@ -9,8 +9,9 @@
 //! 3. a transient fault (503, nothing applied);
 //! 4. the ledger: a `do` of an undone step is refused (tombstone); a key already applied
 //!    answers its recorded output (or, with `forget_keys`, takes effect again);
-//! 5. a permanent refusal of the key (422, nothing applied), only for keys not yet applied,
-//!    since a service that did something says so rather than declining it afterwards;
+//! 5. a denial of the caller (403, nothing applied) or a permanent refusal of the key (422,
+//!    nothing applied), only for keys not yet applied, since a service that did something
+//!    says so rather than declining it afterwards;
 //! 6. the effect is applied; then the answer may be lost (503, effect in place).
 //!
 //! Infrastructure faults (1 to 3) come before the ledger because they happen in front of the
@@ -35,6 +36,8 @@ pub enum Outcome {
     Replayed(Value),
     /// Refused for good; nothing applied.
     Permanent(String),
+    /// The caller was refused (its grant or credentials); nothing applied.
+    Denied(String),
     /// A `do` of a step already undone; refused for good, nothing applied.
     Tombstoned,
     /// Failed transiently; nothing applied.
@@ -48,13 +51,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// The outcome's name, as counted in [`Counts`]: `ok`, `replayed`, `permanent`,
+    /// The outcome's name, as counted in [`Counts`]: `ok`, `replayed`, `permanent`, `denied`,
     /// `tombstoned`, `transient`, `throttled`, `lost_answer` or `outage`.
     pub fn kind(&self) -> &'static str {
         match self {
             Outcome::Applied(_) => "ok",
             Outcome::Replayed(_) => "replayed",
             Outcome::Permanent(_) => "permanent",
+            Outcome::Denied(_) => "denied",
             Outcome::Tombstoned => "tombstoned",
             Outcome::Transient => "transient",
             Outcome::Throttled => "throttled",
@@ -85,6 +89,7 @@ pub struct Counts {
     pub ok: u64,
     pub replayed: u64,
     pub permanent: u64,
+    pub denied: u64,
     pub transient: u64,
     pub throttled: u64,
     pub lost_answer: u64,
@@ -102,6 +107,7 @@ impl Counts {
             Outcome::Applied(_) => &mut self.ok,
             Outcome::Replayed(_) => &mut self.replayed,
             Outcome::Permanent(_) => &mut self.permanent,
+            Outcome::Denied(_) => &mut self.denied,
             Outcome::Tombstoned => &mut self.tombstoned,
             Outcome::Transient => &mut self.transient,
             Outcome::Throttled => &mut self.throttled,
@@ -187,6 +193,10 @@ impl Simulator {
                 }
                 Check::Replay(_) if faults.loses_answer(&draws) => Outcome::LostAnswer,
                 Check::Replay(output) => Outcome::Replayed(output),
+                Check::New { .. } if faults.denied => Outcome::Denied(format!(
+                    "AccessDenied: the caller may not {} (simulated denial)",
+                    call.action
+                )),
                 Check::New { .. } if faults.refuses(&call.key, call.direction) => {
                     Outcome::Permanent(format!(
                         "{} refused (simulated permanent fault)",
@@ -421,6 +431,19 @@ mod tests {
             with(Faults { permanent_rate: 1.0, permanent_undo: true, ..Faults::default() });
         assert!(matches!(sim.handle(&refund(), 0.0).outcome, Outcome::Permanent(_)));
         assert!(sim.ledger().effects().is_empty());
+    }
+
+    #[test]
+    fn a_denied_caller_gets_403_for_new_keys_and_its_answers_for_those_applied() {
+        let mut sim = Simulator::default();
+        sim.handle(&charge(), 0.0);
+        sim.set_config(FaultConfig {
+            default: Faults { denied: true, ..Faults::default() },
+            ..FaultConfig::default()
+        });
+        assert!(matches!(sim.handle(&charge(), 0.0).outcome, Outcome::Replayed(_)));
+        assert!(matches!(sim.handle(&refund(), 0.0).outcome, Outcome::Denied(_)));
+        assert_eq!((sim.stats().all.denied, sim.ledger().effects().len()), (1, 1));
     }
 
     #[test]

@@ -24,12 +24,14 @@
 //! An agent that calls an AWS service builds its client once, in [`run`]'s builder, from the
 //! function's SDK configuration ([`Wiring::sdk`]): its region, its role's credentials and, on
 //! the local stack, the endpoint whose proxy checks every call against the role's grants in
-//! the template. S3 on an endpoint of one's own is addressed by path. A failed call is
-//! [`RemoteFault::Transient`] unless the service refused the action for good:
+//! the template. S3 on an endpoint of one's own is addressed by path. A failed call is reported
+//! as [`sdk_fault`] classifies it: a timeout, throttling or a 5xx passes (tried again within the
+//! step's budget, and in a row they hold the action), while an access denied, a validation
+//! error or any other refusal fails the step at once with its cause and holds nothing:
 //!
 //! ```no_run
 //! use aws_sdk_s3::primitives::ByteStream;
-//! use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService, run};
+//! use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService, run, sdk_fault};
 //! use serde_json::{Value, json};
 //!
 //! struct Archive {
@@ -49,7 +51,7 @@
 //!             .body(body)
 //!             .send()
 //!             .await
-//!             .map_err(|e| RemoteFault::Transient(aws_sdk_s3::error::DisplayErrorContext(e).to_string()))?;
+//!             .map_err(|e| sdk_fault("S3", e))?;
 //!         Ok(json!({ "archived": key }))
 //!     }
 //! }
@@ -69,8 +71,9 @@
 //! ```
 //!
 //! Everything else is the kit's: the request queue and its batches, retries with backoff
-//! within the step's budget, the service held after passing faults in a row (its steps wait,
-//! answered `held`, and one probe at a time goes to it until it answers), its declared rate
+//! within the step's budget, an action of the service held after passing faults in a row of
+//! its calls (its steps wait, answered `held`, and one probe at a time goes to it until it
+//! answers, while the service's other actions go on), its declared rate
 //! and concurrency kept across executions, the quiet a throttling service asks for, the reply (sent only while the lease holds, fenced by its attempt
 //! number), requests sent again when a passing cause keeps them back, the wait reports the
 //! supervisor reads, traces, metrics and logs.
@@ -96,6 +99,7 @@ use sas_engine::services::Agent;
 use sas_engine::{AgentName, Error};
 use tracing::{Span, info};
 
+pub use sas_aws::errors::remote_fault as sdk_fault;
 pub use sas_aws::wiring::Wiring;
 pub use sas_engine::Direction;
 pub use sas_engine::order::Order;

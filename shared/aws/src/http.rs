@@ -6,9 +6,11 @@
 //! before it, by name). A 2xx answer is the step's output. A 429, or a 503 that says when to
 //! come back (`Retry-After` in seconds), is the service throttling: every execution of the
 //! agent leaves it alone that long. 408, other 5xx, timeouts and connection failures are
-//! transient (the effect may or may not have happened; the retry carries the same key). 401 and 403 are
-//! transient too: the agent's own credentials were refused, which an operator fixes, not a
-//! refusal of the order. Any other 4xx is a permanent refusal.
+//! transient (the effect may or may not have happened; the retry carries the same key), and
+//! in a row they hold the action. Any other 4xx, 401 and 403 included, is a refusal: the step
+//! fails at once with the service's answer as its cause, and nothing is held, since the
+//! service answered (credentials or a grant refused are fixed by an operator, who redrives the
+//! orders they failed).
 //!
 //! Calls authenticate as [`ServiceAuth`] says: signed with SigV4 for services behind IAM, or
 //! with a token read from Secrets Manager at cold start, in a header marked sensitive so that
@@ -150,11 +152,7 @@ impl<C: Clock> RemoteService for HttpRemote<C> {
         {
             return Err(RemoteFault::Throttled { reason: status.to_string(), retry_after });
         }
-        if status == StatusCode::REQUEST_TIMEOUT
-            || status == StatusCode::UNAUTHORIZED
-            || status == StatusCode::FORBIDDEN
-            || status.is_server_error()
-        {
+        if status == StatusCode::REQUEST_TIMEOUT || status.is_server_error() {
             // Only the status: transient faults are logged, and a body may echo the order.
             Err(RemoteFault::Transient(status.to_string()))
         } else {

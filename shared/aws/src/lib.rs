@@ -29,7 +29,7 @@ pub mod clients;
 pub mod dead_letters;
 pub mod depths;
 pub mod dynamo;
-mod errors;
+pub mod errors;
 pub mod eventbridge;
 pub mod health;
 pub mod http;
