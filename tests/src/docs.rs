@@ -141,6 +141,48 @@ mod tests {
         assert_eq!(broken.len(), 2, "{broken:?}");
     }
 
+    /// The blocks of `text` fenced as `lang`, in order.
+    fn blocks(text: &str, lang: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut open: Option<String> = None;
+        for line in text.lines() {
+            match (&mut open, line.trim_start().strip_prefix("```")) {
+                (None, Some(info)) if info.split([' ', ',']).next() == Some(lang) => {
+                    open = Some(String::new());
+                }
+                (Some(block), Some(_)) => {
+                    found.push(std::mem::take(block));
+                    open = None;
+                }
+                (Some(block), None) => {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+                (None, _) => {}
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn the_readme_s_workflow_and_its_starts_are_ones_the_engine_takes() {
+        use sas_engine::workflow::Workflow;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let json = blocks(&readme, "json");
+        assert!(json.len() >= 2, "the README's workflow and its starts: {json:?}");
+        let file = &json[0];
+        let workflow = Workflow::from_json(file, &Workflow::agents_in(file)).unwrap();
+        assert_eq!(workflow.name(), "tenant-provisioning");
+        // Step 6 adds its starts to the same file.
+        let starts: serde_json::Value = serde_json::from_str(&format!("{{{}}}", json[1])).unwrap();
+        let mut with_starts: serde_json::Value = serde_json::from_str(file).unwrap();
+        with_starts["starts"] = starts["starts"].clone();
+        let text = with_starts.to_string();
+        let started = Workflow::from_json(&text, &Workflow::agents_in(&text)).unwrap();
+        assert_eq!(started.starts().len(), 2);
+    }
+
     #[test]
     fn every_link_of_the_documents_leads_somewhere() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();

@@ -185,3 +185,9 @@ where
     })
     .await
 }
+
+/// The repository's README, whose Rust example (an agent on this kit, as a team copies it) is
+/// compiled with the kit's tests, so that it never drifts from the kit's API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;
