@@ -1742,7 +1742,34 @@ async fn a_reload_deploys_a_new_version_while_orders_run_and_each_order_keeps_it
     assert!(reload.not_applied.is_empty(), "{reload}");
     // Asked again, with nothing changed, it restarts nothing.
     let again = stack.reload(stack.options().clone()).await.unwrap();
-    assert!(again.restarted.is_empty(), "{again}");
+    assert!(again.restarted.is_empty() && again.regranted.is_empty(), "{again}");
+    // A grant taken out of the template is out of force at the reload, with no restart, and
+    // put back the same way.
+    let original = stack.options().clone();
+    let mut trimmed = original.clone();
+    let text = std::fs::read_to_string(&trimmed.template).unwrap();
+    let grant = "              - dynamodb:PutItem\n              - dynamodb:UpdateItem\n";
+    assert_eq!(text.matches(grant).count(), 1, "the ledger's grant is in the template");
+    trimmed.template = std::path::Path::new(TARGET_TMPDIR).join("e2e-version-template.yaml");
+    std::fs::write(&trimmed.template, text.replace(grant, "              - dynamodb:PutItem\n"))
+        .unwrap();
+    let puts = |stack: &LocalStack| {
+        let policies = stack.proxy.access.as_ref().unwrap().policies();
+        let ledger = &policies.functions["ledgerAgentFunction"];
+        ledger.statements.iter().any(|s| {
+            s.actions.iter().any(|a| a == "dynamodb:UpdateItem")
+                && s.resources.iter().any(|r| r.ends_with("-ledger-accounts"))
+        })
+    };
+    assert!(puts(&stack));
+    let regranted = stack.reload(trimmed).await.unwrap();
+    assert_eq!(regranted.regranted, ["ledgerAgentFunction"], "{regranted}");
+    assert!(regranted.restarted.is_empty(), "{regranted}");
+    assert!(regranted.to_string().contains("ledgerAgentFunction: its grants changed"));
+    assert!(!puts(&stack), "the grant taken out is no longer in force");
+    let back = stack.reload(original).await.unwrap();
+    assert_eq!(back.regranted, ["ledgerAgentFunction"], "{back}");
+    assert!(puts(&stack));
     let mut new = Vec::new();
     for i in 0..2 {
         new.push(submit(&http, &stack.api_url, &format!("e2e-v2-{i}")).await);

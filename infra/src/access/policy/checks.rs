@@ -184,13 +184,14 @@ impl fmt::Display for Grant {
 
 /// The live check: every request signed with a function's access key id is decided against
 /// that function's permissions; other keys (the stack's own clients) are not checked. Clones
-/// share their records.
+/// share their records. The permissions can be replaced while it runs (a reload that read the
+/// template again): each request is decided on those in force when it comes.
 #[derive(Clone, Debug)]
 pub struct Access(Arc<Shared>);
 
 #[derive(Debug)]
 struct Shared {
-    policies: Policies,
+    policies: std::sync::RwLock<Arc<Policies>>,
     records: Mutex<Records>,
 }
 
@@ -207,11 +208,29 @@ impl Access {
     pub fn new(policies: Policies) -> Access {
         let records =
             Records { services: PROXY_SERVICES.map(str::to_owned).into(), ..Records::default() };
+        let policies = std::sync::RwLock::new(Arc::new(policies));
         Access(Arc::new(Shared { policies, records: Mutex::new(records) }))
     }
 
-    pub fn policies(&self) -> &Policies {
-        &self.0.policies
+    /// The permissions in force.
+    pub fn policies(&self) -> Arc<Policies> {
+        self.0.policies.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `policies` in force from now on; returns the functions whose permissions changed
+    /// (added or dropped included), whose grants' uses are counted afresh.
+    pub fn replace(&self, policies: Policies) -> Vec<String> {
+        let before = self.policies();
+        let ids: BTreeSet<&String> =
+            before.functions.keys().chain(policies.functions.keys()).collect();
+        let changed: Vec<String> = ids
+            .into_iter()
+            .filter(|id| before.functions.get(*id) != policies.functions.get(*id))
+            .cloned()
+            .collect();
+        lock(&self.0.records).uses.retain(|(function, _), _| !changed.contains(function));
+        *self.0.policies.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policies);
+        changed
     }
 
     /// Whether a request to an AWS API may go on: `Ok` if it is allowed or not signed by a
@@ -221,11 +240,12 @@ impl Access {
         access_key_id: &str,
         request: &AwsRequest<'_>,
     ) -> Result<(), Box<Denial>> {
-        if !self.0.policies.functions.contains_key(access_key_id) {
+        let policies = self.policies();
+        if !policies.functions.contains_key(access_key_id) {
             return Ok(());
         }
         let operation = operation(request);
-        match needs(request, &self.0.policies.scope) {
+        match needs(request, &policies.scope) {
             Ok(needs) => self.authorize_needs(access_key_id, &operation, &needs),
             Err(Unmapped { action, reason }) => {
                 let mut records = lock(&self.0.records);
@@ -254,7 +274,8 @@ impl Access {
         operation: &str,
         needs: &[Need],
     ) -> Result<(), Box<Denial>> {
-        let Some(permissions) = self.0.policies.functions.get(access_key_id) else {
+        let policies = self.policies();
+        let Some(permissions) = policies.functions.get(access_key_id) else {
             return Ok(());
         };
         let decision = permissions.decide(needs);
@@ -290,8 +311,8 @@ impl Access {
 
     /// Every grant of every function, with how many requests it allowed.
     pub fn grants(&self) -> Vec<Grant> {
+        let policies = self.policies();
         let records = lock(&self.0.records);
-        let policies = &self.0.policies;
         let mut out = Vec::new();
         for (function, permissions) in &policies.functions {
             for (si, s) in permissions.statements.iter().enumerate() {

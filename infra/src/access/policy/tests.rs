@@ -504,6 +504,30 @@ fn the_records_tell_denials_and_grants_no_call_used() {
 }
 
 #[test]
+fn grants_replaced_while_the_check_runs_decide_the_calls_to_come() {
+    let grant = |actions: &str| {
+        one(&format!(
+            r#"            - Effect: Allow
+              Action: [{actions}]
+              Resource:
+                Fn::GetAtt: [Table, Arn]"#
+        ))
+        .unwrap()
+    };
+    let access = Access::new(grant("dynamodb:GetItem, dynamodb:DeleteItem"));
+    let item = br#"{"TableName":"local-Table"}"#;
+    let delete =
+        || access.authorize("F", &json_request(Some("DynamoDB_20120810.DeleteItem"), item));
+    assert_eq!(delete(), Ok(()));
+    // A grant taken out of the template, and the template read again.
+    assert_eq!(access.replace(grant("dynamodb:GetItem")), ["F"]);
+    assert!(delete().is_err(), "the grant taken away is no longer in force");
+    assert_eq!(access.replace(grant("dynamodb:GetItem")), Vec::<String>::new(), "unchanged");
+    let unused: Vec<String> = access.report().unused.iter().map(|g| g.action.clone()).collect();
+    assert_eq!(unused, ["dynamodb:GetItem"], "the grants in force, their uses counted afresh");
+}
+
+#[test]
 fn grants_of_services_no_check_sees_are_told_apart() {
     let p = one(r#"            - Effect: Allow
               Action: lambda:InvokeFunctionUrl

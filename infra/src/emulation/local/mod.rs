@@ -119,6 +119,9 @@ pub struct LocalStack {
 pub struct Reload {
     /// The functions started again, each with what changed (`build`, `environment`).
     pub restarted: Vec<(String, String)>,
+    /// The functions whose grants (their role's policies in the template) changed: the AWS
+    /// proxy decides their calls on the new ones from now on, without a restart.
+    pub regranted: Vec<String>,
     /// The functions left running as they were, with nothing changed.
     pub unchanged: Vec<String>,
     /// What changed but was not applied, and why, each as a sentence.
@@ -127,8 +130,11 @@ pub struct Reload {
 
 impl std::fmt::Display for Reload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.restarted.is_empty() {
+        if self.restarted.is_empty() && self.regranted.is_empty() {
             writeln!(f, "nothing to restart: every function runs its current build and settings")?;
+        }
+        for function in &self.regranted {
+            writeln!(f, "{function}: its grants changed: in force now")?;
         }
         for (function, what) in &self.restarted {
             writeln!(f, "{function}: started again ({what} changed)")?;
@@ -203,6 +209,16 @@ impl LocalStack {
             ))
         })?;
         let mut reload = Reload::default();
+        // Grants apply to the calls to come, whatever else changes: the proxy checks each
+        // call against the role's policies it holds.
+        if let Some(access) = &self.proxy.access {
+            match policy::policies(&template, &self.stack) {
+                Ok(policies) => reload.regranted = access.replace(policies),
+                Err(e) => reload.not_applied.push(format!(
+                    "the functions' grants: {e} (`local-stack up` again creates what they name)"
+                )),
+            }
+        }
         for running in &self.functions {
             if !wanted.iter().any(|w| w.logical_id == running.spec.logical_id) {
                 reload.not_applied.push(format!(
