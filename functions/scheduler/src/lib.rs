@@ -7,7 +7,7 @@
 pub mod settings;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use sas_aws::batch::{Coalescing, for_each_message_coalescing};
+use sas_aws::batch::{Coalescing, Turns, for_each_message_coalescing};
 use sas_engine::load::LoadSource;
 use sas_engine::message::Message;
 use sas_engine::ports::{
@@ -33,18 +33,24 @@ where
     I: Ids,
     L: LoadSource,
 {
-    for_each_message_coalescing(event, scheduler.outbox(), home, |received| async move {
-        let message = Message::decode(&received.body)?;
-        if let Message::Event(event) = &message {
-            return start(starter, event).await;
-        }
-        if let Some(order_id) = message.order_id() {
-            Span::current().record("order_id", tracing::field::display(order_id));
-        }
-        let handled = scheduler.handle(&message, received.incoming()).await?;
-        debug!(?handled, "handled");
-        Ok(())
-    })
+    for_each_message_coalescing(
+        event,
+        scheduler.outbox(),
+        home,
+        Turns::PerOrder,
+        |received| async move {
+            let message = Message::decode(&received.body)?;
+            if let Message::Event(event) = &message {
+                return start(starter, event).await;
+            }
+            if let Some(order_id) = message.order_id() {
+                Span::current().record("order_id", tracing::field::display(order_id));
+            }
+            let handled = scheduler.handle(&message, received.incoming()).await?;
+            debug!(?handled, "handled");
+            Ok(())
+        },
+    )
     .await
 }
 

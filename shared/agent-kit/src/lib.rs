@@ -84,7 +84,7 @@ pub mod settings;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{LambdaEvent, service_fn};
-use sas_aws::batch::{Coalescing, for_each_message_coalescing};
+use sas_aws::batch::{Coalescing, Turns, for_each_message_coalescing};
 use sas_aws::clients;
 use sas_aws::health::DynamoServiceBook;
 use sas_aws::settings::{Env, reporter_name};
@@ -172,7 +172,7 @@ where
 {
     // A request kept back by a passing cause goes back to this agent's own queue.
     let home = |m: &Message| matches!(m, Message::Request(_)).then(|| agent.queue().clone());
-    for_each_message_coalescing(event, agent.outbox(), home, |received| async move {
+    for_each_message_coalescing(event, agent.outbox(), home, Turns::None, |received| async move {
         let Message::Request(request) = Message::decode(&received.body)? else {
             return Err(Error::InvalidMessage(
                 "only step requests belong on an agent's queue".into(),

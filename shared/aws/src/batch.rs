@@ -13,13 +13,21 @@
 //! handler still learns whether its own messages were sent, so a failed send fails exactly the
 //! messages that needed it, and their redelivery sends again.
 //!
+//! A consumer whose handlers write the order a message is about (the scheduler) has the
+//! messages of one order handled in turn, in the batch's order, and those of different orders
+//! side by side: the ends of a parent's children, or replies of an order's steps side by side,
+//! that come in one batch then never meet each other's writes.
+//!
 //! A passing cause (throttling, a service's 5xx, a timeout) must delay a message, never
 //! dead-letter it, however long it lasts; but SQS counts every receive against the queue's
 //! `maxReceiveCount` whatever the cause. So a message that fails for such a cause on its
 //! [`REQUEUE_FROM_RECEIVE`]th receive or later is sent again to its own queue, as a new message
-//! with a fresh count, [`REQUEUE_DELAY`] later, and the old one is deleted. Only a message that
-//! cannot be handled at all reaches the dead-letter queue. The queues' `maxReceiveCount` must be
-//! above [`REQUEUE_FROM_RECEIVE`], so that a failed resend still has receives to spare.
+//! with a fresh count, [`REQUEUE_DELAY`] later, and the old one is deleted. A message whose
+//! order other writers kept changing ([`Error::Contended`]: many children ending at once, in
+//! other invocations) is sent again at once, [`CONTENDED_DELAY`] later, rather than left to its
+//! visibility timeout. Only a message that cannot be handled at all reaches the dead-letter
+//! queue. The queues' `maxReceiveCount` must be above [`REQUEUE_FROM_RECEIVE`], so that a
+//! failed resend still has receives to spare.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,6 +50,11 @@ pub const REQUEUE_FROM_RECEIVE: u32 = 3;
 
 /// How long a message sent again waits before it is delivered.
 pub const REQUEUE_DELAY: Duration = Duration::from_secs(60);
+
+/// How long a message whose order other writers kept changing waits before it is delivered
+/// again: long enough for a burst of writers to be through, far shorter than a visibility
+/// timeout.
+pub const CONTENDED_DELAY: Duration = Duration::from_secs(1);
 
 tokio::task_local! {
     /// The batch the message being handled belongs to, inside a coalescing batch.
@@ -230,13 +243,25 @@ where
     response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
 }
 
+/// Which messages of a batch are handled in turn rather than side by side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turns {
+    /// Every message side by side (an agent's requests, which write no order).
+    None,
+    /// The messages about one order in turn, in the batch's order (the scheduler's, each of
+    /// which writes the order it is about).
+    PerOrder,
+}
+
 /// Like [`for_each_message`], with what the handlers send through `outbox` gathered into as
 /// few sends as the linger allows. `home` names the queue a message is consumed from, where it
-/// is sent again when it keeps failing for a passing cause.
+/// is sent again when it keeps failing for a passing cause; `turns`, which messages wait for
+/// each other.
 pub async fn for_each_message_coalescing<Q, H, F, Fut>(
     event: SqsEvent,
     outbox: &Coalescing<Q>,
     home: H,
+    turns: Turns,
     handle: F,
 ) -> SqsBatchResponse
 where
@@ -245,49 +270,80 @@ where
     F: Fn(Received) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
-    let gate = Arc::new(Gate::new(event.records.len()));
-    let handlers = join_all(event.records.into_iter().map(|record| {
-        let received = Received::from_record(record);
-        let hop = received.begin_hop();
-        let (id, body, receive_count) =
-            (received.message_id.clone(), received.body.clone(), received.receive_count);
-        let handled = handle(received);
-        let home = &home;
-        let work = async move {
-            match handled.await {
-                Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
-                    requeue(outbox, &body, home, receive_count, e).await
-                }
-                other => other,
-            }
-        };
-        let work = BATCH.scope(gate.clone(), handle_one(hop, id, work));
+    let lines = in_turns(event.records.into_iter().map(Received::from_record).collect(), turns);
+    let gate = Arc::new(Gate::new(lines.len()));
+    let (handle, home) = (&handle, &home);
+    let handlers = join_all(lines.into_iter().map(|line| {
         let gate = gate.clone();
         async move {
-            let result = work.await;
+            let mut results = Vec::with_capacity(line.len());
+            for received in line {
+                let hop = received.begin_hop();
+                let (id, body, receive_count) =
+                    (received.message_id.clone(), received.body.clone(), received.receive_count);
+                let handled = handle(received);
+                let work = async move {
+                    match handled.await {
+                        Err(e @ Error::Contended { .. }) => {
+                            requeue(outbox, &body, home, receive_count, CONTENDED_DELAY, e).await
+                        }
+                        Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
+                            requeue(outbox, &body, home, receive_count, REQUEUE_DELAY, e).await
+                        }
+                        other => other,
+                    }
+                };
+                results.push(BATCH.scope(gate.clone(), handle_one(hop, id, work)).await);
+            }
             gate.finished();
-            result
+            results
         }
     }));
     let (results, ()) = tokio::join!(handlers, gate.serve(&outbox.inner, outbox.linger));
-    response(results.into_iter().filter_map(|(id, ok)| (!ok).then_some(id)))
+    response(results.into_iter().flatten().filter_map(|(id, ok)| (!ok).then_some(id)))
 }
 
-/// Sends a message that failed with `error` again, as a new message, to the queue `home` names
-/// for it: done if the send worked, else the error stands and the queue redelivers it.
+/// The batch's messages as lines handled side by side, each line's messages in turn: one line
+/// per message, or, [`Turns::PerOrder`], one per order (a message whose order cannot be read
+/// has a line of its own).
+fn in_turns(records: Vec<Received>, turns: Turns) -> Vec<Vec<Received>> {
+    let mut lines: Vec<Vec<Received>> = Vec::new();
+    let mut of_order: std::collections::HashMap<sas_engine::OrderId, usize> = Default::default();
+    for received in records {
+        let order = match turns {
+            Turns::None => None,
+            Turns::PerOrder => Message::decode(&received.body).ok().and_then(|m| m.order_id()),
+        };
+        match order.and_then(|id| of_order.get(&id).copied()) {
+            Some(line) => lines[line].push(received),
+            None => {
+                if let Some(id) = order {
+                    of_order.insert(id, lines.len());
+                }
+                lines.push(vec![received]);
+            }
+        }
+    }
+    lines
+}
+
+/// Sends a message that failed with `error` again, as a new message, `delay` later, to the
+/// queue `home` names for it: done if the send worked, else the error stands and the queue
+/// redelivers it.
 async fn requeue<Q: Outbox>(
     outbox: &Coalescing<Q>,
     body: &str,
     home: impl Fn(&Message) -> Option<Destination>,
     receive_count: u32,
+    delay: Duration,
     error: Error,
 ) -> Result<()> {
     let Some((to, message)) = Message::decode(body).ok().and_then(|m| Some((home(&m)?, m))) else {
         return Err(error);
     };
-    match outbox.send(&[Outgoing { to, message, delay: REQUEUE_DELAY }]).await {
+    match outbox.send(&[Outgoing { to, message, delay }]).await {
         Ok(()) => {
-            info!(%error, receive_count, delay_s = REQUEUE_DELAY.as_secs(), "sent again as a new message, so that a passing cause delays it and never dead-letters it");
+            info!(%error, receive_count, delay_s = delay.as_secs(), "sent again as a new message, so that a passing cause delays it and never dead-letters it");
             Ok(())
         }
         Err(resend) => {
@@ -443,6 +499,7 @@ mod tests {
             event(&["a", "b", "c"]),
             &outbox,
             nowhere,
+            Turns::None,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 outbox_ref.send(&[start(1), start(2)]).await?;
@@ -468,6 +525,7 @@ mod tests {
             event(&["a", "b", "quiet"]),
             &outbox,
             nowhere,
+            Turns::None,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 if id != "quiet" {
@@ -489,6 +547,7 @@ mod tests {
             event(&["a", "b", "slow"]),
             &outbox,
             nowhere,
+            Turns::None,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 if id == "slow" {
@@ -517,6 +576,7 @@ mod tests {
             event(&["a", "quiet"]),
             &outbox,
             nowhere,
+            Turns::None,
             |r: Received| async move {
                 let id = r.message_id.as_str();
                 if id == "quiet" {
@@ -556,6 +616,7 @@ mod tests {
                 received_as("m", &body, count),
                 &outbox,
                 home,
+                Turns::None,
                 throttled,
             )
             .await;
@@ -567,6 +628,7 @@ mod tests {
             received_as("m", &body, REQUEUE_FROM_RECEIVE),
             &outbox,
             home,
+            Turns::None,
             throttled,
         )
         .await;
@@ -580,18 +642,133 @@ mod tests {
 
         // A message that cannot be handled is not sent again: it is for the dead-letter queue.
         let poison = |_: Received| async { Err(Error::InvalidMessage("poison".into())) };
-        let response =
-            for_each_message_coalescing(received_as("p", &body, 4), &outbox, home, poison).await;
+        let response = for_each_message_coalescing(
+            received_as("p", &body, 4),
+            &outbox,
+            home,
+            Turns::None,
+            poison,
+        )
+        .await;
         assert_eq!(failed(&response), ["p"]);
         // Nor is one whose home is unknown, or one whose resend fails.
-        let response =
-            for_each_message_coalescing(received_as("n", &body, 4), &outbox, nowhere, throttled)
-                .await;
+        let response = for_each_message_coalescing(
+            received_as("n", &body, 4),
+            &outbox,
+            nowhere,
+            Turns::None,
+            throttled,
+        )
+        .await;
         assert_eq!(failed(&response), ["n"]);
         recorder.queues.fail_next_sends(1);
-        let response =
-            for_each_message_coalescing(received_as("f", &body, 4), &outbox, home, throttled).await;
+        let response = for_each_message_coalescing(
+            received_as("f", &body, 4),
+            &outbox,
+            home,
+            Turns::None,
+            throttled,
+        )
+        .await;
         assert_eq!(failed(&response), ["f"]);
         assert_eq!(recorder.queues.sent_count(&Destination::Scheduler), 1);
+    }
+
+    /// A reply of `order`'s step `n`, as a message body.
+    fn reply_of(order: &str, n: u64) -> String {
+        use sas_engine::message::{StepOutcome, StepRef, StepReply};
+        let order_id = OrderId::for_key(&IdempotencyKey::parse(order).unwrap());
+        Message::Reply(StepReply {
+            order_id,
+            attempt: n,
+            correlation_id: "c".into(),
+            step: StepRef {
+                index: 0,
+                name: "s".into(),
+                direction: sas_engine::Direction::Do,
+                element: None,
+            },
+            complete_by: sas_engine::Timestamp::from_millis(0),
+            idempotency_key: format!("k{n}"),
+            outcome: StepOutcome::done(serde_json::json!({})),
+            due_at: None,
+        })
+        .encode()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_messages_of_one_order_are_handled_in_turn_and_those_of_others_side_by_side() {
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(10));
+        let mut event = SqsEvent::default();
+        for (id, order, n) in [("p1", "parent", 1), ("x", "other", 1), ("p2", "parent", 2)] {
+            let mut m = SqsMessage::default();
+            m.message_id = Some(id.to_owned());
+            m.body = Some(reply_of(order, n));
+            event.records.push(m);
+        }
+        let running: Mutex<Vec<String>> = Mutex::default();
+        let seen: Mutex<Vec<(String, Vec<String>)>> = Mutex::default();
+        let (running, seen) = (&running, &seen);
+        let handled = |turns: Turns| {
+            let event = event.clone();
+            let outbox = &outbox;
+            async move {
+                seen.lock().unwrap().clear();
+                for_each_message_coalescing(
+                    event,
+                    outbox,
+                    nowhere,
+                    turns,
+                    |r: Received| async move {
+                        let id = r.message_id.clone();
+                        let beside = running.lock().unwrap().clone();
+                        seen.lock().unwrap().push((id.clone(), beside));
+                        running.lock().unwrap().push(id.clone());
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        running.lock().unwrap().retain(|r| *r != id);
+                        Ok(())
+                    },
+                )
+                .await
+            }
+        };
+        assert!(failed(&handled(Turns::PerOrder).await).is_empty());
+        let order: Vec<(String, Vec<String>)> = seen.lock().unwrap().clone();
+        // p2 began once p1 was over, with only the other order's message beside it.
+        let p2 = order.iter().find(|(id, _)| id == "p2").unwrap();
+        assert!(!p2.1.contains(&"p1".to_owned()), "{order:?}");
+        let x = order.iter().find(|(id, _)| id == "x").unwrap();
+        assert_eq!(x.1, ["p1"], "another order's message ran beside: {order:?}");
+        // Side by side, all three run at once.
+        assert!(failed(&handled(Turns::None).await).is_empty());
+        let p2 = seen.lock().unwrap().iter().find(|(id, _)| id == "p2").unwrap().clone();
+        assert_eq!(p2.1.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_whose_order_others_kept_writing_is_sent_again_a_second_later() {
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(10));
+        let body = start(1).message.encode();
+        let home = |_: &Message| Some(Destination::Scheduler);
+        let contended = |_: Received| async {
+            let order_id = OrderId::for_key(&IdempotencyKey::parse("k1").unwrap());
+            Err(Error::Contended { order_id, tries: 8 })
+        };
+        // At its first receive: it does not wait for its visibility timeout.
+        let response = for_each_message_coalescing(
+            received_as("m", &body, 1),
+            &outbox,
+            home,
+            Turns::PerOrder,
+            contended,
+        )
+        .await;
+        assert!(failed(&response).is_empty());
+        assert!(recorder.queues.receive(&Destination::Scheduler, 10).is_empty(), "came early");
+        recorder.clock.advance(CONTENDED_DELAY);
+        let again = recorder.queues.receive(&Destination::Scheduler, 10);
+        assert_eq!(again.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), [body.as_str()]);
     }
 }

@@ -64,6 +64,12 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// Another writer changed the order at each of `tries` tries to write it (siblings' ends,
+    /// replies, a sweep, all at once): the message is worth handling again soon, once they
+    /// are through.
+    #[error("order {order_id} met another writer {tries} times")]
+    Contended { order_id: OrderId, tries: usize },
+
     /// A dependency refused the call in a way that retrying will not change (permissions,
     /// malformed request, missing resource).
     #[error("{service} refused the call: {source}")]
@@ -97,7 +103,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::Unavailable { .. } | Error::PublishFailed { .. } | Error::Overloaded { .. }
+            Error::Unavailable { .. }
+                | Error::Contended { .. }
+                | Error::PublishFailed { .. }
+                | Error::Overloaded { .. }
         )
     }
 

@@ -309,10 +309,7 @@ where
                 }
             }
         }
-        Err(Error::unavailable(
-            "state store",
-            format!("order {id} met another writer {CHILD_TRIES} times"),
-        ))
+        Err(Error::Contended { order_id: id, tries: CHILD_TRIES })
     }
 }
 

@@ -148,10 +148,7 @@ where
                 return Ok(handled);
             }
         }
-        Err(Error::Unavailable {
-            service: "state store",
-            source: format!("order {order_id} met another writer {CONFLICT_TRIES} times").into(),
-        })
+        Err(Error::Contended { order_id, tries: CONFLICT_TRIES })
     }
 
     /// Decides `input` on `record` and acts on the decision; `None` if the write met another
