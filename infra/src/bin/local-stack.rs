@@ -685,22 +685,20 @@ async fn put_event(source: &str, detail_type: &str, detail: &str) -> ExitCode {
     };
     let api = about["api"].as_str().unwrap_or("http://127.0.0.1:3000");
     let secret = sas_infra::access::sigv4::LOCAL_SECRET_KEY;
-    let mut none = true;
-    let mut named = std::collections::BTreeSet::new();
-    for declared in catalogue.starts() {
-        let sas_engine::starts::Start::Event { pattern, .. } = &declared.start else { continue };
-        if !pattern.matches(&event) || !named.insert(declared.workflow.clone()) {
-            continue;
+    let started = sas_infra::tools::workflows::started_by(&catalogue, &event);
+    for (workflow, outcome) in &started {
+        match outcome {
+            Ok(order) => println!(
+                "local-stack: it starts order {order} of {workflow}; see it with: SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- show {order}"
+            ),
+            // The scheduler refuses it the same way, and the event ends in its dead-letter
+            // queue.
+            Err(why) => println!(
+                "local-stack: it starts no order of {workflow}: {why}; the event will end in the scheduler's dead-letter queue (`sas dlq peek scheduler`)"
+            ),
         }
-        let key = sas_engine::starts::event_key(&declared.workflow, id);
-        let Ok(key) = sas_engine::IdempotencyKey::parse(&key) else { continue };
-        let order = sas_engine::OrderId::for_owner_key(&sas_engine::Owner::starts(), &key);
-        println!(
-            "local-stack: it starts order {order} of {}; see it with: SAS_API_URL={api} AWS_ACCESS_KEY_ID=ops AWS_SECRET_ACCESS_KEY={secret} cargo run -q -p sas-cli -- show {order}",
-            declared.workflow
-        );
-        none = false;
     }
+    let none = started.is_empty();
     if none {
         println!("local-stack: no workflow's starts match it: it starts nothing");
     }

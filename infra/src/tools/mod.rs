@@ -1,7 +1,8 @@
 //! What the tool binaries (`check-workflows`, `cost-model`, `sweep-cost`) share with the rest
 //! of the crate.
 //!
-//! - [`workflows`]: the repository's workflow files checked against the template.
+//! - [`workflows`]: the repository's workflow files checked against the template, and what an
+//!   event on the bus starts by them.
 //! - [`prices`]: the one price table, used by the cost model and the demo's summary.
 //! - [`ceiling`]: how many orders a second one stack takes, from AWS's quotas and what an
 //!   order uses of each resource.

@@ -120,6 +120,39 @@ pub fn problems(sources: &[Source], agents: &[AgentName]) -> Vec<String> {
     wrong
 }
 
+/// What an event on the bus starts, as the scheduler will decide it: for each workflow whose
+/// start matches it (once per workflow), the order it starts, or why its input is refused (the
+/// event then ends in the scheduler's dead-letter queue, and no order is made).
+pub fn started_by(
+    catalogue: &sas_engine::catalogue::Catalogue,
+    event: &Value,
+) -> Vec<(String, Result<sas_engine::OrderId, String>)> {
+    use sas_engine::starts::{Start, event_key};
+    let id = event["id"].as_str().unwrap_or_default();
+    let mut started: Vec<(String, Result<sas_engine::OrderId, String>)> = Vec::new();
+    for declared in catalogue.starts() {
+        let Start::Event { pattern, input } = &declared.start else { continue };
+        if !pattern.matches(event) || started.iter().any(|(w, _)| *w == declared.workflow) {
+            continue;
+        }
+        let body = event.pointer(input).cloned().unwrap_or(Value::Null);
+        let refused = catalogue
+            .current(&declared.workflow)
+            .map(|w| w.input(body.to_string().as_bytes()))
+            .and_then(Result::err);
+        let key = sas_engine::IdempotencyKey::parse(&event_key(&declared.workflow, id));
+        let outcome = match (refused, key) {
+            (Some(rejection), _) => Err(format!("its input is refused: {rejection}")),
+            (None, Err(e)) => Err(format!("the event's id makes no key: {e}")),
+            (None, Ok(key)) => {
+                Ok(sas_engine::OrderId::for_owner_key(&sas_engine::Owner::starts(), &key))
+            }
+        };
+        started.push((declared.workflow.clone(), outcome));
+    }
+    started
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +173,27 @@ mod tests {
             "the built-in files are the folder's"
         );
         assert_eq!(problems(&sources, &agents), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_event_starts_an_order_only_where_its_input_is_taken() {
+        let catalogue = sas_aws::settings::built_in_catalogue().unwrap();
+        let signed_up = |detail: Value| {
+            serde_json::json!({"id": "ev-1", "source": "shop.web",
+                               "detail-type": "CustomerSignedUp", "detail": detail})
+        };
+        let good = signed_up(serde_json::json!({
+            "customer": {"name": "Ada", "email": "ada@example.com"}, "plan": "basic"}));
+        let started = started_by(&catalogue, &good);
+        assert_eq!(started.len(), 1, "{started:?}");
+        assert_eq!(started[0].0, "account-opening");
+        assert!(started[0].1.is_ok(), "{started:?}");
+        // The same event, its input refused: no order is named.
+        let refused = started_by(&catalogue, &signed_up(serde_json::json!({"plan": "basic"})));
+        let why = refused[0].1.as_ref().unwrap_err();
+        assert!(why.contains("its input is refused") && why.contains("customer"), "{why}");
+        let other = serde_json::json!({"id": "ev-2", "source": "billing", "detail-type": "X"});
+        assert!(started_by(&catalogue, &other).is_empty());
     }
 
     #[test]
