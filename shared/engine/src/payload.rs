@@ -130,6 +130,21 @@ pub async fn resolve<P: Payloads>(store: &P, order_id: OrderId, value: &Value) -
         .map_err(|e| corrupt(format!("the stored value {:?} is not JSON: {e}", stored.key)))
 }
 
+/// The field a reference is given, in a view of whole values, when its value cannot be read
+/// back: why.
+pub const UNREADABLE: &str = "unreadable";
+
+/// Why a stored value could not be read back, for its reader: the error's own words, without
+/// the record's id it names already.
+pub fn unreadable(error: &Error) -> String {
+    match error {
+        Error::Corrupt { reason, .. } => {
+            format!("{reason} (values are kept for the stack's PayloadRetentionDays)")
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Keeps a step's output: inline up to [`MAX_OUTPUT_LEN`] bytes, stored above.
 pub async fn keep_output<P: Payloads>(store: &P, order_id: OrderId, output: Value) -> Result<Kept> {
     keep(store, order_id, output, MAX_OUTPUT_LEN).await

@@ -646,6 +646,33 @@ async fn a_large_input_is_stored_after_the_door_and_every_step_reads_it_whole() 
 }
 
 #[tokio::test]
+async fn an_order_whose_stored_input_is_gone_fails_at_once_with_that_cause() {
+    let mut w = World::new();
+    let lines: Vec<String> = (0..50)
+        .map(|n| format!(r#"{{"sku":"SKU-{n}-{}","quantity":1,"unit_price":100}}"#, "X".repeat(50)))
+        .collect();
+    let body = order_body("gone-input1").replace(
+        r#"[{"sku":"BOOK-1","quantity":2,"unit_price":1250}]"#,
+        &format!("[{}]", lines.join(",")),
+    );
+    assert!(body.len() > MAX_INLINE_INPUT_LEN, "{}", body.len());
+    let id = w.submission.submit("gone-input1", body.as_bytes()).await.unwrap().order_id;
+    assert_eq!(w.system.payloads.keys().len(), 1, "the input is stored");
+    // The stored input is gone before the first step reads it (its retention was too short).
+    w.system.payloads.clear();
+    w.run_for(Duration::from_secs(60)).await;
+    let r = w.state(id);
+    assert_eq!((r.process_state, r.failure_count), (ProcessState::Error, 0), "{r:?}");
+    let cause = r.cause.unwrap().to_string();
+    assert!(
+        cause.contains("a value it needs is unreadable") && cause.contains("is gone"),
+        "{cause}"
+    );
+    assert!(w.remote.ledger().is_empty(), "the service was never called");
+    assert_eq!(w.alerts().len(), 1, "the operators are told");
+}
+
+#[tokio::test]
 async fn an_input_above_the_limit_is_refused_and_nothing_is_written() {
     let w = World::new();
     let body = format!(r#"{{"customer_id":"{}"}}"#, "c".repeat(MAX_PAYLOAD_LEN));
@@ -1975,10 +2002,15 @@ async fn an_order_s_stored_values_are_shown_as_references_or_whole_as_asked() {
     let whole = status.get_with(id, &owner, Values::Whole).await.unwrap().unwrap();
     let output = charge(&whole).unwrap();
     assert_eq!(output["statement"].as_str().map(str::len), Some(20_000), "{output}");
-    // Gone with the retention, a value stays its reference; nobody else sees the order.
+    // Gone with the retention, a value stays its reference, saying so; nobody else sees the
+    // order.
     w.system.payloads.clear();
     let gone = status.get_with(id, &owner, Values::Whole).await.unwrap().unwrap();
-    assert_eq!(charge(&gone), charge(&referred));
+    let mut told = charge(&gone).unwrap();
+    let why = told.as_object_mut().unwrap().remove("unreadable").unwrap();
+    assert!(why.as_str().unwrap().contains("is gone"), "{why}");
+    assert!(why.as_str().unwrap().contains("PayloadRetentionDays"), "{why}");
+    assert_eq!(Some(told), charge(&referred));
     let stranger = Owner::iam("arn:aws:iam::123456789012:user/someone-else").unwrap();
     assert!(status.get_with(id, &stranger, Values::Whole).await.unwrap().is_none());
 }

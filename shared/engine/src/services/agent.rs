@@ -169,7 +169,20 @@ where
         self.waits
             .observe(&self.queue, request.due_at, incoming, taken, taken.until(deadline))
             .await;
-        let call = self.call_for(request, deadline).await?;
+        let call = match self.call_for(request, deadline).await {
+            Ok(call) => call,
+            // A value the step needs can never be read back (gone with its retention, or not
+            // the one written): its service is not called, and the step fails at once with
+            // that cause, rather than leave its lease to run out again and again.
+            Err(e) if !e.is_retryable() => {
+                let why = payload::unreadable(&e);
+                warn!(order_id = %request.order_id, %why, "a stored value the step needs cannot be read");
+                let outcome =
+                    StepOutcome::failed(&format!("a value it needs is unreadable: {why}"));
+                return self.reply(request, deadline, outcome, 0).await;
+            }
+            Err(e) => return Err(e),
+        };
         let mut calls = 0;
         loop {
             if self.clock.now() >= deadline {

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ids::{OrderId, Owner};
 use crate::order::Order;
 use crate::payload::{self, NoPayloads};
@@ -162,8 +162,14 @@ impl<S: StateStore, P: Payloads> StatusService<S, P> {
         for value in values {
             match payload::resolve(&self.payloads, id, value).await {
                 Ok(whole) => *value = whole,
-                // Gone with the retention (or never there): the reference says what it was.
-                Err(Error::Corrupt { .. }) => {}
+                // Gone with the retention (or never there), or refused for good: the reference
+                // stays, saying what it was and why it is not read back.
+                Err(e) if !e.is_retryable() => {
+                    if let Some(reference) = value.as_object_mut() {
+                        let why = payload::unreadable(&e);
+                        reference.insert(payload::UNREADABLE.into(), why.into());
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
