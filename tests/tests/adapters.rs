@@ -75,6 +75,25 @@ async fn a_large_value_is_kept_as_one_object_and_reads_back_whole() {
     // Without a bucket, nothing is stored.
     let none = sas_aws::payloads::S3Payloads::new(t.s3.clone(), None);
     assert!(matches!(payload::keep_output(&none, id, value).await.unwrap(), Kept::TooLarge { .. }));
+
+    // The bucket is created as the template declares it: encrypted, closed to the public,
+    // its objects the bucket owner's, and expired PayloadRetentionDays (90) after they were
+    // written, which the provisioning reports the emulator does not do.
+    let bucket = t.name("PayloadBucket");
+    let encryption = t.s3.get_bucket_encryption().bucket(&bucket).send().await.unwrap();
+    let rule = &encryption.server_side_encryption_configuration().unwrap().rules()[0];
+    let algorithm = rule.apply_server_side_encryption_by_default().unwrap().sse_algorithm();
+    assert_eq!(algorithm.as_str(), "AES256");
+    let blocked = t.s3.get_public_access_block().bucket(&bucket).send().await.unwrap();
+    let blocked = blocked.public_access_block_configuration().unwrap();
+    assert_eq!(blocked.block_public_acls(), Some(true));
+    assert_eq!(blocked.restrict_public_buckets(), Some(true));
+    let lifecycle = t.s3.get_bucket_lifecycle_configuration().bucket(&bucket).send().await.unwrap();
+    let expiry = &lifecycle.rules()[0];
+    assert_eq!(expiry.id(), Some("expire-order-values"));
+    assert_eq!(expiry.expiration().and_then(|e| e.days()), Some(90));
+    let told: Vec<&str> = t.stack.skipped.iter().map(|(id, ..)| id.as_str()).collect();
+    assert!(told.contains(&"PayloadBucket.LifecycleConfiguration"), "{told:?}");
 }
 
 #[tokio::test]

@@ -381,14 +381,17 @@ fn demo_run(
 /// What was not created, and where the stack's AWS API and HTTP API are.
 fn print_stack(stack: &LocalStack) {
     // One line per reason: the API alone is a dozen resources.
-    let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut skipped: BTreeMap<(bool, &str), Vec<&str>> = BTreeMap::new();
     for (id, kind, why) in &stack.stack.skipped {
         if !kind.starts_with("AWS::Serverless::") {
-            skipped.entry(why.as_str()).or_default().push(id.as_str());
+            // `<resource>.<property>`: a resource created, one of its properties not as on AWS.
+            let property = id.contains('.');
+            skipped.entry((property, why.as_str())).or_default().push(id.as_str());
         }
     }
-    for (why, ids) in skipped {
-        println!("local-stack: not created locally ({why}): {}", ids.join(", "));
+    for ((property, why), ids) in skipped {
+        let what = if property { "not as on AWS" } else { "not created locally" };
+        println!("local-stack: {what} ({why}): {}", ids.join(", "));
     }
     println!("local-stack: AWS API at {} (a proxy in front of moto)", stack.endpoint);
     println!(

@@ -178,7 +178,12 @@ async fn create(
             create_table(dynamodb, &mut stack.context, id, name, properties).await?
         }
         "AWS::SQS::Queue" => create_queue(sqs, &mut stack.context, id, name, properties).await?,
-        "AWS::S3::Bucket" => create_bucket(s3, &mut stack.context, id, name, properties).await?,
+        "AWS::S3::Bucket" => {
+            let unapplied = create_bucket(s3, &mut stack.context, id, name, properties).await?;
+            for (property, reason) in unapplied {
+                stack.skipped.push((format!("{id}.{property}"), kind.into(), reason));
+            }
+        }
         "AWS::Events::EventBus" => {
             create_bus(events, &mut stack.context, id, name, properties).await?
         }
@@ -290,29 +295,176 @@ fn bucket_name(name: &str) -> String {
     name
 }
 
+/// Creates the bucket with the configuration its properties declare (encryption, public
+/// access block, ownership, lifecycle rules); returns each property it did not apply, with why.
 async fn create_bucket(
     client: &aws_sdk_s3::Client,
     ctx: &mut Context,
     id: &str,
     default_name: &str,
     p: &Value,
-) -> Result<(), String> {
+) -> Result<Vec<(String, String)>, String> {
     let name = bucket_name(&text(p, "BucketName").unwrap_or_else(|| default_name.to_owned()));
+    let failed = |call: &str, e: String| format!("{call} {name}: {e}");
     match client.create_bucket().bucket(&name).send().await {
         Ok(_) => {}
         // Started again on the same emulator: the bucket is the stack's already.
         Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you()) => {}
         Err(e) => {
-            return Err(format!(
-                "CreateBucket {name}: {}",
-                aws_sdk_s3::error::DisplayErrorContext(e)
+            return Err(failed(
+                "CreateBucket",
+                aws_sdk_s3::error::DisplayErrorContext(e).to_string(),
             ));
         }
     }
     ctx.refs.insert(id.to_owned(), Value::String(name.clone()));
     ctx.attributes
         .insert((id.to_owned(), "Arn".into()), Value::String(format!("arn:aws:s3:::{name}")));
-    Ok(())
+    let mut unapplied = Vec::new();
+    for (property, value) in p.as_object().into_iter().flatten() {
+        let applied = match property.as_str() {
+            "BucketName" => Ok(true),
+            "BucketEncryption" => bucket::encryption(client, &name, value).await,
+            "PublicAccessBlockConfiguration" => bucket::public_access(client, &name, value).await,
+            "OwnershipControls" => bucket::ownership(client, &name, value).await,
+            "LifecycleConfiguration" => bucket::lifecycle(client, &name, value).await,
+            _ => Ok(false),
+        };
+        match applied {
+            Ok(true) => {}
+            Ok(false) => unapplied.push((property.clone(), "not configured locally".into())),
+            Err(e) => return Err(failed(property, e)),
+        }
+    }
+    if p.get("LifecycleConfiguration").is_some() {
+        // Configured, and read back as on AWS; the emulator keeps objects past their rule.
+        unapplied.push((
+            "LifecycleConfiguration".into(),
+            "configured, but the emulator expires no object".into(),
+        ));
+    }
+    Ok(unapplied)
+}
+
+/// A bucket's configuration, from its template properties, as the S3 API takes it. Each
+/// returns whether it applied the property (`false`: a form it does not know).
+mod bucket {
+    use aws_sdk_s3::Client;
+    use aws_sdk_s3::error::DisplayErrorContext;
+    use aws_sdk_s3::types::{
+        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
+        LifecycleRuleFilter, ObjectOwnership, OwnershipControls, OwnershipControlsRule,
+        PublicAccessBlockConfiguration, ServerSideEncryption, ServerSideEncryptionByDefault,
+        ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
+    };
+    use serde_json::Value;
+
+    fn error(e: impl std::error::Error + Send + Sync + 'static) -> String {
+        DisplayErrorContext(e).to_string()
+    }
+
+    pub(super) async fn encryption(client: &Client, name: &str, v: &Value) -> Result<bool, String> {
+        let rules = v["ServerSideEncryptionConfiguration"].as_array().cloned().unwrap_or_default();
+        let mut configuration = ServerSideEncryptionConfiguration::builder();
+        for rule in &rules {
+            let by_default = &rule["ServerSideEncryptionByDefault"];
+            let Some(algorithm) = by_default["SSEAlgorithm"].as_str() else { return Ok(false) };
+            let mut default = ServerSideEncryptionByDefault::builder()
+                .sse_algorithm(ServerSideEncryption::from(algorithm));
+            if let Some(key) = by_default["KMSMasterKeyID"].as_str() {
+                default = default.kms_master_key_id(key);
+            }
+            let rule = ServerSideEncryptionRule::builder()
+                .apply_server_side_encryption_by_default(default.build().map_err(error)?);
+            configuration = configuration.rules(rule.build());
+        }
+        client
+            .put_bucket_encryption()
+            .bucket(name)
+            .server_side_encryption_configuration(configuration.build().map_err(error)?)
+            .send()
+            .await
+            .map_err(error)?;
+        Ok(!rules.is_empty())
+    }
+
+    pub(super) async fn public_access(
+        client: &Client,
+        name: &str,
+        v: &Value,
+    ) -> Result<bool, String> {
+        let flag = |key: &str| v[key].as_bool().or_else(|| v[key].as_str().map(|s| s == "true"));
+        let block = PublicAccessBlockConfiguration::builder()
+            .set_block_public_acls(flag("BlockPublicAcls"))
+            .set_block_public_policy(flag("BlockPublicPolicy"))
+            .set_ignore_public_acls(flag("IgnorePublicAcls"))
+            .set_restrict_public_buckets(flag("RestrictPublicBuckets"))
+            .build();
+        client
+            .put_public_access_block()
+            .bucket(name)
+            .public_access_block_configuration(block)
+            .send()
+            .await
+            .map_err(error)?;
+        Ok(true)
+    }
+
+    pub(super) async fn ownership(client: &Client, name: &str, v: &Value) -> Result<bool, String> {
+        let mut controls = OwnershipControls::builder();
+        for rule in v["Rules"].as_array().into_iter().flatten() {
+            let Some(owner) = rule["ObjectOwnership"].as_str() else { return Ok(false) };
+            let rule = OwnershipControlsRule::builder()
+                .object_ownership(ObjectOwnership::from(owner))
+                .build()
+                .map_err(error)?;
+            controls = controls.rules(rule);
+        }
+        client
+            .put_bucket_ownership_controls()
+            .bucket(name)
+            .ownership_controls(controls.build().map_err(error)?)
+            .send()
+            .await
+            .map_err(error)?;
+        Ok(true)
+    }
+
+    pub(super) async fn lifecycle(client: &Client, name: &str, v: &Value) -> Result<bool, String> {
+        let mut configuration = BucketLifecycleConfiguration::builder();
+        for rule in v["Rules"].as_array().into_iter().flatten() {
+            let known = ["Id", "Status", "Prefix", "ExpirationInDays"];
+            if rule.as_object().is_none_or(|r| r.keys().any(|k| !known.contains(&k.as_str()))) {
+                return Ok(false);
+            }
+            let days = rule["ExpirationInDays"]
+                .as_i64()
+                .or_else(|| rule["ExpirationInDays"].as_str().and_then(|d| d.parse().ok()));
+            let status = match rule["Status"].as_str() {
+                Some("Enabled") => ExpirationStatus::Enabled,
+                _ => ExpirationStatus::Disabled,
+            };
+            let prefix = rule["Prefix"].as_str().unwrap_or_default();
+            let mut built = LifecycleRule::builder()
+                .status(status)
+                .filter(LifecycleRuleFilter::builder().prefix(prefix).build());
+            if let Some(id) = rule["Id"].as_str() {
+                built = built.id(id);
+            }
+            if let Some(days) = days.and_then(|d| i32::try_from(d).ok()) {
+                built = built.expiration(LifecycleExpiration::builder().days(days).build());
+            }
+            configuration = configuration.rules(built.build().map_err(error)?);
+        }
+        client
+            .put_bucket_lifecycle_configuration()
+            .bucket(name)
+            .lifecycle_configuration(configuration.build().map_err(error)?)
+            .send()
+            .await
+            .map_err(error)?;
+        Ok(true)
+    }
 }
 
 fn text(v: &Value, key: &str) -> Option<String> {
