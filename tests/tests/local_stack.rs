@@ -1585,7 +1585,7 @@ async fn a_reviewed_order_ships_once_approved_and_is_undone_if_refused_or_never_
     assert!(detail["outputs"]["charge-payment"].is_object(), "the charge's output: {detail}");
     // While it waits, the order's readers do not see the token.
     let view = order(&http, &stack, &approved).await;
-    assert_eq!(view["steps"][2]["status"], "not_started", "{view}");
+    assert_eq!(view["steps"][2]["status"], "in_progress", "{view}");
     assert!(view["steps"][2].get("token").is_none(), "{view}");
     // They see it waiting for an answer, until it is due, and when the wait began.
     let due = view["steps"][2]["answer_by"].as_i64().expect("the answer's due time");

@@ -407,11 +407,11 @@ mod tests {
         let view = serde_json::json!({
             "order_id": "o-3", "process_state": "Processing", "phase": "forward",
             "steps": [
-                {"name": "flight", "status": "not_started",
+                {"name": "flight", "status": "in_progress",
                  "lease": {"attempt": 2, "complete_by": 1_772_360_142_000_i64, "sent": true}},
-                {"name": "hotel", "status": "not_started",
+                {"name": "hotel", "status": "in_progress",
                  "lease": {"attempt": 3, "complete_by": 1_772_360_142_000_i64, "failures": 1}},
-                {"name": "cooling-off", "status": "not_started",
+                {"name": "cooling-off", "status": "in_progress",
                  "lease": {"attempt": 4, "complete_by": 1_772_446_542_000_i64, "timer": true}}
             ]
         });
@@ -429,7 +429,7 @@ mod tests {
             "cause": {"kind": "step_rejected", "step": "charge", "reason": "card declined"},
             "steps": [
                 {"name": "charge", "status": "failed", "detail": "card declined"},
-                {"name": "approval", "status": "not_started",
+                {"name": "approval", "status": "in_progress",
                  "lease": {"attempt": 2, "complete_by": 1_772_360_142_000_i64, "sent": true},
                  "answer_by": 1_772_360_142_000_i64,
                  "waiting": {"for": "answer", "until": 1_772_360_142_000_i64}}

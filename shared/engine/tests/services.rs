@@ -1987,6 +1987,32 @@ async fn a_processed_order_undone_is_compensated_by_its_own_undos_and_the_rest_l
 }
 
 #[tokio::test]
+async fn a_step_under_way_reads_in_progress_and_an_undo_under_way_undoing() {
+    let mut w = World::new();
+    let id = w.submit("shown-in-flight").await.unwrap().order_id;
+    let status = StatusService::new(w.store.clone());
+    let owner = Owner::anonymous();
+    let shown = |view: sas_engine::services::OrderView| {
+        let json = serde_json::to_value(&view).unwrap();
+        let steps = json["steps"].as_array().unwrap().clone();
+        steps.iter().map(|s| s["status"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    // Claimed: the first step's request is on its way.
+    w.step(&Destination::Scheduler).await;
+    let view = status.get(id, &owner).await.unwrap().unwrap();
+    assert_eq!(shown(view), ["in_progress", "not_started", "not_started"]);
+    // The shipment refused: the charge's undo under way, the stock's not begun.
+    w.remote.script("ship", [Behaviour::Permanent("no carrier".into())]);
+    for dest in ["inventory", "payment", "shipping"] {
+        let agent = Destination::Agent(sas_engine::AgentName::new(dest));
+        w.step(&agent).await;
+        w.step(&Destination::Replies).await;
+    }
+    let view = status.get(id, &owner).await.unwrap().unwrap();
+    assert_eq!(shown(view), ["to_undo", "undoing", "failed"]);
+}
+
+#[tokio::test]
 async fn an_order_s_stored_values_are_shown_as_references_or_whole_as_asked() {
     let mut w = World::new();
     w.remote.script("charge-payment", [Behaviour::Large(20_000)]);

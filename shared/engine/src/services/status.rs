@@ -13,8 +13,8 @@ use crate::order::Order;
 use crate::payload::{self, NoPayloads};
 use crate::ports::{OrderRecord, Payloads, Read, StateStore};
 use crate::state::{
-    AlertDelivery, Cause, CommandEntry, Phase, ProcessState, StateRecord, StepState, Stop,
-    TimelineEntry, WaitingFor,
+    AlertDelivery, Cause, CommandEntry, Phase, ProcessState, StateRecord, StepState, StepStatus,
+    Stop, TimelineEntry, WaitingFor,
 };
 use crate::time::Timestamp;
 
@@ -56,13 +56,40 @@ pub struct ParentView {
     pub element: Option<u32>,
 }
 
-/// A step as shown: its state, and what it waits for if it waits.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// A step as shown: its state, with its status as a reader means it ([`StepView::status`]),
+/// and what it waits for if it waits.
+#[derive(Clone, Debug, PartialEq)]
 pub struct StepView {
-    #[serde(flatten)]
     pub state: StepState,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting: Option<Waiting>,
+}
+
+impl StepView {
+    /// The step's status as shown: `in_progress` for a step under way (queued, in flight, or
+    /// waiting: for its service, a time, an answer or its children), `undoing` for an undo under
+    /// way, otherwise the status the record keeps (`not_started`, `done`, `failed`...).
+    pub fn status(&self) -> &'static str {
+        match (self.state.status, self.state.lease.is_some()) {
+            (StepStatus::NotStarted, true) => "in_progress",
+            (StepStatus::ToUndo, true) => "undoing",
+            (status, _) => status.as_str(),
+        }
+    }
+}
+
+impl Serialize for StepView {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error as _;
+        let mut shown = serde_json::to_value(&self.state).map_err(S::Error::custom)?;
+        if let Some(fields) = shown.as_object_mut() {
+            fields.insert("status".into(), self.status().into());
+            if let Some(waiting) = &self.waiting {
+                let waiting = serde_json::to_value(waiting).map_err(S::Error::custom)?;
+                fields.insert("waiting".into(), waiting);
+            }
+        }
+        shown.serialize(serializer)
+    }
 }
 
 /// What a waiting step waits for, and until when: its time, when it wakes; or an answer from
