@@ -260,8 +260,14 @@ async fn put_faults(State(app): State<App>, body: Bytes) -> Response {
 async fn ledger(State(app): State<App>) -> Response {
     let sim = app.sim();
     let ledger = sim.ledger();
-    Json(json!({ "effects": ledger.effects(), "max_applications": ledger.max_applications() }))
-        .into_response()
+    let started_at_ms =
+        app.started_at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    Json(json!({
+        "started_at_ms": started_at_ms,
+        "effects": ledger.effects(),
+        "max_applications": ledger.max_applications(),
+    }))
+    .into_response()
 }
 
 async fn effect(State(app): State<App>, Path(key): Path<String>) -> Response {

@@ -75,6 +75,10 @@ pub struct Effect {
     /// For an undo, how large the input it was told (its step's answer) was (0: none).
     #[serde(skip_serializing_if = "is_zero")]
     pub input_bytes: u64,
+    /// When it took effect, in seconds since the service started (`started_at_ms` in
+    /// `GET /ledger`, milliseconds since the epoch), so that the pace of the effects can be
+    /// read from the ledger.
+    pub at_s: f64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -146,12 +150,13 @@ impl Ledger {
     /// ([`Ledger::check`]) applies a key once, and a caller that skipped it and applied a known
     /// key again would show as a second application, answered with the first output.
     pub fn apply(&mut self, call: &Call, noop: bool) -> Value {
-        self.apply_padded(call, noop, 0)
+        self.apply_padded(call, noop, 0, 0.0)
     }
 
     /// As [`Ledger::apply`], a new effect answering `padding` more bytes (a document, a
-    /// label: an answer larger than a message carries).
-    pub fn apply_padded(&mut self, call: &Call, noop: bool, padding: usize) -> Value {
+    /// label: an answer larger than a message carries), applied `at_s` seconds after the
+    /// service started.
+    pub fn apply_padded(&mut self, call: &Call, noop: bool, padding: usize, at_s: f64) -> Value {
         if let Some(&at) = self.by_key.get(&call.key) {
             let effect = &mut self.effects[at];
             effect.applications = effect.applications.saturating_add(1);
@@ -179,6 +184,7 @@ impl Ledger {
             outputs: call.outputs.clone(),
             order_bytes: call.order_bytes,
             input_bytes: call.input_bytes,
+            at_s,
         });
         output
     }

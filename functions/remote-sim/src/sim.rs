@@ -189,7 +189,8 @@ impl Simulator {
                 Check::Tombstoned => Outcome::Tombstoned,
                 // Deduplication off: the known key takes effect again.
                 Check::Replay(_) if faults.forget_keys => {
-                    Outcome::Applied(self.ledger.apply_padded(call, false, faults.output_bytes))
+                    let bytes = faults.output_bytes;
+                    Outcome::Applied(self.ledger.apply_padded(call, false, bytes, now_s))
                 }
                 Check::Replay(_) if faults.loses_answer(&draws) => Outcome::LostAnswer,
                 Check::Replay(output) => Outcome::Replayed(output),
@@ -204,7 +205,7 @@ impl Simulator {
                     ))
                 }
                 Check::New { noop } => {
-                    let output = self.ledger.apply_padded(call, noop, faults.output_bytes);
+                    let output = self.ledger.apply_padded(call, noop, faults.output_bytes, now_s);
                     if faults.loses_answer(&draws) {
                         Outcome::LostAnswer
                     } else {

@@ -222,6 +222,11 @@ async fn the_router_serves_the_ledger_semantics_and_the_faults() {
     assert_eq!(first_effect["direction"], json!("do"));
     assert_eq!(first_effect["applications"], json!(1));
     assert_eq!(first_effect["calls"], json!(3));
+    // When each took effect, in seconds since the service started, as its clock says.
+    let times: Vec<f64> =
+        ledger["effects"].as_array().unwrap().iter().map(|e| e["at_s"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert!(ledger["started_at_ms"].as_u64().is_some(), "{ledger}");
 
     // The statistics count every call by outcome.
     let stats = get(&app, "/stats").await.body;
@@ -255,7 +260,8 @@ async fn the_router_serves_the_ledger_semantics_and_the_faults() {
 
     // Reset empties the ledger and the stats, and references start again.
     assert_eq!(send(&app, Method::POST, "/reset", None, None).await.status, StatusCode::OK);
-    assert_eq!(get(&app, "/ledger").await.body, json!({"effects": [], "max_applications": 0}));
+    let emptied = get(&app, "/ledger").await.body;
+    assert_eq!((&emptied["effects"], &emptied["max_applications"]), (&json!([]), &json!(0)));
     assert_eq!(get(&app, "/stats").await.body["total"], json!(0));
     assert_eq!(get(&app, "/stats").await.body["busiest_second"], json!(0));
     let fresh = call(&app, "reserve-inventory", "o1", "reserve", "do").await;

@@ -491,6 +491,9 @@ fn print_how_to(stack: &LocalStack) {
         .and_then(|v| v.as_str())
     {
         println!(
+            "local-stack: read what the simulated service did (each effect with its key and the second it took effect), and its calls by outcome: curl --aws-sigv4 'aws:amz:{region}:lambda' --user 'ops:{secret}' {url}ledger (or {url}stats)"
+        );
+        println!(
             "local-stack: change the simulated service's faults: curl --aws-sigv4 'aws:amz:{region}:lambda' --user 'ops:{secret}' -X PUT {url}faults -H 'content-type: application/json' -d '{{}}'"
         );
     }
