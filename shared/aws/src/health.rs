@@ -8,8 +8,8 @@
 //! `<service>#rate`, its next free turn (`Next`, epoch milliseconds), and `<service>#flight`,
 //! its places in flight (`P<n>`: until when place n is taken, in epoch milliseconds). Each call
 //! takes its turn with one update conditional on the turn it read, and its place with one and
-//! gives it back with one; each execution remembers what it last read, so that its first try
-//! is usually the one that lands.
+//! gives it back with one; each execution remembers what it last read, and takes its turns one
+//! at a time, so that its first try is usually the one that lands.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -43,6 +43,10 @@ pub struct DynamoServiceBook {
     table: String,
     /// What this execution last read of each limited service's tally and places.
     seen: Arc<Mutex<Seen>>,
+    /// This execution takes one turn at a time: each starts from the turn the one before it
+    /// wrote, so that the calls of one batch, asking together, do not write over each other
+    /// (only another execution's turn can stand in the way).
+    turning: Arc<tokio::sync::Mutex<()>>,
 }
 
 #[derive(Debug, Default)]
@@ -53,7 +57,7 @@ struct Seen {
 
 impl DynamoServiceBook {
     pub fn new(client: Client, table: String) -> Self {
-        DynamoServiceBook { client, table, seen: Arc::default() }
+        DynamoServiceBook { client, table, seen: Arc::default(), turning: Arc::default() }
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -146,6 +150,7 @@ impl Pace for DynamoServiceBook {
         now: Timestamp,
         latest: Timestamp,
     ) -> Result<Booked> {
+        let _one_at_a_time = self.turning.lock().await;
         let mut seen = self.seen().turns.get(service).copied();
         for _ in 0..TRIES {
             let turn = pace::turn(seen, now, spacing);

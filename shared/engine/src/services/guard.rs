@@ -275,14 +275,14 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         if resumed && probe.is_none() {
             let key = format!("{}{RESUMED}", self.service);
             let per_second = self.policy.resume_per_second;
-            if let Err(busy) = self.turn(&key, per_second, deadline, recheck).await {
+            if let Err(busy) = self.turn(&key, per_second, deadline, recheck, false).await {
                 self.done(Pass { place }).await;
                 return busy;
             }
             turned = true;
         }
         if let Some(per_second) = self.rate(&record, self.clock.now()) {
-            if let Err(busy) = self.turn(&self.service, per_second, deadline, recheck).await {
+            if let Err(busy) = self.turn(&self.service, per_second, deadline, recheck, true).await {
                 self.done(Pass { place }).await;
                 return busy;
             }
@@ -342,19 +342,26 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
     /// Takes the call's turn among those of `key` (the service's, or its resumed calls') and
     /// waits for it. The turn asked for starts no sooner than the last turn took to write, so
     /// that the call is not late for it from the start; a call late all the same takes
-    /// another turn, and after [`MAX_MISSED_TURNS`] is kept back. With `recheck` (the call's
-    /// action), the service's record is looked at [`FRESH`] before the turn (or at once if it
-    /// is nearer): a hold found ends the wait, and no read stands between the turn and the
-    /// call.
+    /// another turn, and after [`MAX_MISSED_TURNS`] is kept back, unless `exact` is false (a
+    /// pace rather than the service's limit: the resume rate), when it goes late. With
+    /// `recheck` (the call's action), the service's record is looked at [`FRESH`] before the
+    /// turn (or at once if it is nearer): a hold found ends the wait, and no read stands
+    /// between the turn and the call.
     async fn turn(
         &self,
         key: &str,
         per_second: u32,
         deadline: Timestamp,
         recheck: Option<&str>,
+        exact: bool,
     ) -> Result<(), Admission> {
         let latest = deadline.minus(CALL_ROOM);
-        let spacing = pace::spacing(per_second);
+        // A pace keeps to its rate, no more: the supervisor sends the resumed orders at it, so
+        // that spaced wider their turns would fall behind them.
+        let spacing = match exact {
+            true => pace::spacing(per_second),
+            false => Duration::from_millis(1000 / u64::from(per_second.max(1))),
+        };
         for _ in 0..=MAX_MISSED_TURNS {
             let asked = self.clock.now();
             let lead = *self.lead.lock().unwrap_or_else(|e| e.into_inner());
@@ -383,8 +390,10 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
                 self.clock.sleep(now.until(start)).await;
             }
             let late = start.until(self.clock.now());
-            if late <= TURN_SLACK {
-                crate::metrics::service_rate_limit(per_second);
+            if late <= TURN_SLACK || !exact {
+                if exact {
+                    crate::metrics::service_rate_limit(per_second);
+                }
                 return Ok(());
             }
             info!(service = %self.service, late_ms = late.as_millis() as u64, "the call got to its turn late: it takes another");
