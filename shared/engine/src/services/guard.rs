@@ -4,11 +4,12 @@
 //! is held, sends it nothing but one probe at a time (an action that answers goes on while
 //! another is held); paces the calls of orders resumed after a hold at the stack's resume
 //! rate across all the agent's executions, so that a service that comes back is not met by
-//! every order that waited for it at once; keeps within the service's declared rate and concurrency across all the
-//! agent's executions ([`crate::pace`]); leaves it alone for as long as it asked when it
-//! throttled a call; and, once it throttled one, keeps to a rate learned from its throttling
-//! ([`crate::health::Learned`]), below any declared one, so that a service whose limit nobody
-//! declared, or declared too high, is not pressed into throttling again and again.
+//! every order that waited for it at once; keeps within the service's declared rate and
+//! concurrency across all the agent's executions ([`crate::pace`]); leaves it alone for as
+//! long as it asked when it throttled a call; and, once it throttled one, keeps to a rate
+//! learned from its throttling ([`crate::health::Learned`]), below any declared one, so that a
+//! service whose limit nobody declared, or declared too high, is not pressed into throttling
+//! again and again.
 //!
 //! The guard reads the service's record at most once a second per execution (the decision to
 //! stop calling may lag that much behind another execution's hold, which costs a few calls at
