@@ -188,7 +188,7 @@ async fn process_state(stack: &LocalStack, id: &str) -> Option<String> {
     attribute(stack, id, "ProcessState").await
 }
 
-/// The service the order waits for, if it is held.
+/// The hold the order waits for, if it is held: `<service>/<action>` for an action's.
 async fn held_on(stack: &LocalStack, id: &str) -> Option<String> {
     attribute(stack, id, "HeldOn").await
 }
@@ -255,12 +255,12 @@ async fn orders_run_to_the_end_with_no_call_refused() {
         assert_eq!(status, 200, "GET {path}: {body}");
     }
 
-    // An outage holds an order, which waits for the payment service and goes on, untouched by
-    // anyone, once the service is back: the supervisor sends it as the service's probe.
+    // An outage holds an order, which waits for the payment service's charges and goes on,
+    // untouched by anyone, once they answer again: the supervisor sends it as their probe.
     put_faults(&http, &stack, PAYMENT_OUTAGE).await;
     let held = vec![submit(&http, &stack, "lp-outage").await];
     let deadline = Instant::now() + Duration::from_secs(90);
-    while held_on(&stack, &held[0]).await.as_deref() != Some("payment") {
+    while held_on(&stack, &held[0]).await.as_deref() != Some("payment/charge-payment") {
         if Instant::now() >= deadline {
             panic!(
                 "the order was never held: it is {:?}; the service counted {}\n{}",

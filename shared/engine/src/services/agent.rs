@@ -225,6 +225,9 @@ where
                 }
                 Err(RemoteFault::Permanent(reason)) => {
                     metrics::remote_call("refused", took);
+                    // The cause the order keeps, said where the agent's operators look too: a
+                    // grant missing is read here first.
+                    info!(action = %call.action, %reason, "the service refused the call: the step fails");
                     self.answered(&call.action, probe).await;
                     let outcome = StepOutcome::failed(&reason);
                     return self.reply(request, deadline, outcome, calls).await;
