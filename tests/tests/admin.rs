@@ -355,3 +355,35 @@ async fn dead_letters_are_described_and_moved_back_to_their_queue() {
     s.settle().await;
     assert_eq!(s.state(id).await.process_state, ProcessState::Processed);
 }
+
+#[tokio::test]
+async fn an_operator_holds_one_action_and_a_wrong_action_is_refused_with_nothing_written() {
+    use sas_engine::ports::ServiceBook;
+    let s = System::start("admin-hold-action", "{}").await;
+    let hold =
+        |body: Value| s.admin("POST", "/admin/services/payment/hold", Some(body), Some(OPERATOR));
+    // An action no workflow asks of the agent, or one that is not a string: nothing written.
+    let (status, body) = hold(json!({"reason": "x", "action": "fly-to-the-moon"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("unknown_action")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("charge-payment"), "{body}");
+    let (status, body) = hold(json!({"reason": "x", "action": null})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(s.book.load("payment").await.unwrap().is_none(), "nothing was written");
+
+    // The refunds frozen by hand: the charges go on, and the service says which is held.
+    let (status, body) =
+        hold(json!({"reason": "refunds frozen", "action": "refund-payment"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["service"]["state"], "actions_held", "{body}");
+    assert_eq!(body["service"]["holds"][0]["action"], "refund-payment", "{body}");
+    assert_eq!(body["service"]["holds"][0]["held_by"], OPERATOR, "{body}");
+    let id = submit(&s, "held-refunds").await;
+    s.settle().await;
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processed);
+    let release = json!({"reason": "thawed", "action": "refund-payment"});
+    let path = "/admin/services/payment/release";
+    let (status, body) = s.admin("POST", path, Some(release.clone()), Some(OPERATOR)).await;
+    assert_eq!((status, body["service"]["state"].as_str()), (200, Some("open")), "{body}");
+    let (status, body) = s.admin("POST", path, Some(release), Some(OPERATOR)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("not_held")), "{body}");
+}

@@ -74,9 +74,15 @@ pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
 #[serde(deny_unknown_fields)]
 struct ServiceBody {
     reason: String,
-    /// One action of the service alone; absent: the whole service.
-    #[serde(default)]
+    /// One action of the service alone; absent: the whole service. A `null` is refused, as
+    /// any value that is not a string.
+    #[serde(default, deserialize_with = "present_string")]
     action: Option<String>,
+}
+
+/// A field that is a string when present.
+fn present_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
 }
 
 /// A command's body.
