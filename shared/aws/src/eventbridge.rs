@@ -12,7 +12,7 @@ use crate::errors::classify;
 
 const SERVICE: &str = "eventbridge";
 /// `source` of every event the system publishes; rules match on it.
-pub const EVENT_SOURCE: &str = "sas.orders";
+pub const EVENT_SOURCE: &str = sas_engine::starts::OWN_SOURCE;
 
 /// The [`EventBus`] port on EventBridge.
 #[derive(Clone, Debug)]

@@ -15,6 +15,11 @@ pub mod schedule;
 pub use pattern::Pattern;
 pub use schedule::Schedule;
 
+/// `source` of every event the system publishes (status events, alerts). They never start an
+/// order, lest an order's events start more: the stack's start rule takes every source but
+/// this one, and a pattern that only this source matches is refused when its workflow loads.
+pub const OWN_SOURCE: &str = "sas.orders";
+
 /// What starts orders of a workflow without a client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Start {

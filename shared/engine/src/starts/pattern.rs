@@ -26,6 +26,13 @@ impl Pattern {
             return Err("an event pattern names at least one field".into());
         }
         check_fields(fields, "")?;
+        let own = |v: &Value| v.as_str() == Some(super::OWN_SOURCE);
+        if fields.get("source").and_then(Value::as_array).is_some_and(|s| s.iter().all(own)) {
+            return Err(format!(
+                "/source: only the stack's own events have source {}, and they never start an order: name the source of the events that should",
+                super::OWN_SOURCE
+            ));
+        }
         Ok(Pattern(fields.clone()))
     }
 
@@ -255,6 +262,7 @@ mod tests {
             (json!([]), "a JSON object"),
             (json!({}), "at least one field"),
             (json!({"source": "shop"}), "/source: a field holds"),
+            (json!({"source": ["sas.orders"]}), "/source: only the stack's own events"),
             (json!({"source": []}), "/source: a field holds"),
             (json!({"detail": {"ip": [{"cidr": "10.0.0.0/24"}]}}), "\"cidr\" is not one"),
             (json!({"detail": {"n": [{"numeric": [">"]}]}}), "numeric"),
