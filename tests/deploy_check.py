@@ -17,11 +17,22 @@ Checked on the expanded template, with the choice's parameters and conditions re
   function's timeout plus its batching window, as AWS advises;
 - every queue's poller is bounded (a `MaximumConcurrency`), and together they fit in the
   concurrency AWS gives an account by default (1,000); beyond a new account's 10 they are
-  printed as throttled at times, which delays messages and fails none.
+  printed as throttled at times;
+- each function's environment fits Lambda's 4 KB, every name as long as it can be;
+- what a delete keeps is named by CloudFormation or after the stack's id, never by a name the
+  next create under the same stack name would take again;
+- the HTTP API's access log is a vended log group (`/aws/vendedlogs/...`), so that no stack
+  grows the account's one CloudWatch Logs resource policy;
+- every bucket is encrypted, private, TLS-only, with a lifecycle rule;
+- every rule's target has a retry policy and a dead-letter queue;
+- no alarm mails an OK when a deploy creates it (no `OKActions`);
+- `samconfig.toml` lets `sam deploy` run without --guided and a failed first create be retried.
 
 Then the expanded template is created in moto's CloudFormation (at `MOTO_URL`), and what moto
 did not create is listed: moto skips several resource types, so the creation checks the wiring
-(references, conditions, the parameters), not a deploy.
+(references, conditions, the parameters), not a deploy. At the defaults a stack's life is
+played there too (created, updated with an agent added, deleted with what it keeps put back,
+created again under the same name), and `sam deploy` runs with `samconfig.toml` alone.
 
 Usage: deploy_check.py TEMPLATE. Prints one block per choice; exits 1 if any check failed.
 `deploy_check.py --compare BEFORE AFTER` tells what deploying AFTER over a stack of BEFORE
@@ -67,19 +78,29 @@ def agent_loop(template):
     raise ValueError("no Fn::ForEach loop of Resources declares a function: the agents cannot be found")
 
 
+def stage_id(agent):
+    """A ten-character id, as API Gateway gives its APIs, made from the agent's name."""
+    return (re.sub(r"[^a-z0-9]", "", agent.lower()) + "0123456789")[:10]
+
+
 def choices(template):
     """The defaults, and each choice the README documents. The agents are the entries of the
     template's agent loop, so an agent added there is covered without a change here."""
     _, agents = agent_loop(template)
-    own_urls = {"ServiceUrls": ",".join(f"{a}=https://{a}.example.com" for a in agents)}
+    # Each URL as long as an API Gateway stage's (an id, a region and a stage): about 70
+    # characters, so that the environments are sized as a team's would be.
+    own_urls = {"ServiceUrls": ",".join(f"{a}=https://{stage_id(a)}.execute-api.ap-southeast-4.amazonaws.com/live/" for a in agents)}
+    # Every per-agent list with an entry for every agent, each as long as it can be.
     secrets = dict(own_urls)
     secrets["ServiceAuth"] = ",".join(f"{a}={['BEARER', 'API_KEY'][n % 2]}" for n, a in enumerate(agents))
+    secrets["ServiceRates"] = ",".join(f"{a}=500" for a in agents)
+    secrets["ServiceConcurrency"] = ",".join(f"{a}=10000" for a in agents)
     return {
         "defaults": {},
         "ApiAuth JWT": {"ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders"},
         "ApiAuth NONE": {"ApiAuth": "NONE"},
         "own service URLs": own_urls,
-        "secrets": secrets,
+        "secrets and limits": secrets,
         "lean and reserved": {
             "CreateDashboard": "false",
             "KeepOrdersOnDelete": "false",
@@ -526,6 +547,132 @@ def check_retention(expanded, choice):
     return problems
 
 
+# The property that names a resource, by type, for the types a stack may keep.
+NAME_PROPERTY = {
+    "AWS::DynamoDB::Table": "TableName", "AWS::S3::Bucket": "BucketName", "AWS::SQS::Queue": "QueueName",
+    "AWS::Logs::LogGroup": "LogGroupName", "AWS::SNS::Topic": "TopicName", "AWS::Events::EventBus": "Name",
+    "AWS::SecretsManager::Secret": "Name", "AWS::IAM::Role": "RoleName", "AWS::KMS::Alias": "AliasName",
+}
+
+
+def names_stack_id(value):
+    """Whether a name, as the template writes it, holds the stack's id: unique to one create."""
+    if isinstance(value, dict) and set(value) == {"Fn::Sub"}:
+        arg = value["Fn::Sub"]
+        text, variables = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
+        ids = {n for n, v in variables.items() if v == STACK_ID} | {"AWS::StackId"}
+        return any("${" + n + "}" in text for n in ids)
+    if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+        return any(names_stack_id(v) or v == STACK_ID for v in value["Fn::Join"][1])
+    return False
+
+
+def check_kept(expanded, choice):
+    """What a delete keeps (`Retain`, `RetainExceptOnCreate`) is either named by CloudFormation
+    or named after the stack's id: a name of its own that does not hold the id (the stack's
+    name, a literal) is met again by the next create under the same stack name, which fails
+    with "already exists". Prints what a delete keeps."""
+    problems, kept = [], []
+    for rid, r in expanded["Resources"].items():
+        if r.get("Condition") and not choice.holds(r["Condition"]):
+            continue
+        policy = choice.resolve_ifs({"p": r.get("DeletionPolicy", "Delete")})["p"]
+        if policy not in ("Retain", "RetainExceptOnCreate"):
+            continue
+        kept.append(rid)
+        name = choice.resolve_ifs(r.get("Properties", {})).get(NAME_PROPERTY.get(r["Type"], ""))
+        if name is not None and not names_stack_id(name):
+            problems.append(
+                f"{rid} is kept by a delete under the name {json.dumps(name)}: a stack created again under the same name meets it and fails (already exists); name it after the stack's id, or let CloudFormation name it"
+            )
+    print(f"kept by a delete: {', '.join(sorted(kept)) or 'nothing'}")
+    return problems
+
+
+def check_vended_logs(expanded, choice):
+    """A log group that an AWS service delivers logs into (the HTTP API's access log) is named
+    under /aws/vendedlogs/: otherwise the delivery adds the group to the account's one
+    CloudWatch Logs resource policy (5,120 characters), which no delete cleans, and after
+    enough stacks or deploys the stage's creation fails. No stack writes that policy itself."""
+    problems = []
+    resources = expanded["Resources"]
+    for rid, r in resources.items():
+        if r["Type"] == "AWS::Logs::ResourcePolicy":
+            problems.append(f"{rid} writes the account's CloudWatch Logs resource policy, which every stack shares")
+        if r["Type"] != "AWS::ApiGatewayV2::Stage":
+            continue
+        destination = choice.resolve_ifs(r.get("Properties", {})).get("AccessLogSettings", {}).get("DestinationArn")
+        if destination is None:
+            continue
+        group = destination.get("Fn::GetAtt", [None])[0] if isinstance(destination, dict) else None
+        name = resources.get(group, {}).get("Properties", {}).get("LogGroupName")
+        text = name.get("Fn::Sub") if isinstance(name, dict) else name
+        text = text[0] if isinstance(text, list) else text
+        if not (isinstance(text, str) and text.startswith("/aws/vendedlogs/")):
+            problems.append(
+                f"{rid} delivers its access log into {group or json.dumps(destination)}, not named under /aws/vendedlogs/: each stack grows the account's CloudWatch Logs resource policy"
+            )
+    return problems
+
+
+def check_ok_actions(expanded):
+    """No alarm has OKActions: CloudWatch runs them when a new alarm first reaches OK, so every
+    deploy that adds alarms (each agent adds four) would mail an operator an "OK" for each."""
+    return [
+        f"{rid} has OKActions: a deploy that creates it mails an OK nobody asked for; announce a clear from ALARM to OK by a rule"
+        for rid, r in expanded["Resources"].items()
+        if r["Type"] == "AWS::CloudWatch::Alarm" and r.get("Properties", {}).get("OKActions")
+    ]
+
+
+def check_rule_targets(expanded, choice):
+    """Every target of every rule (the schedules SAM makes included) has a retry policy and a
+    dead-letter queue: without them, an event EventBridge cannot deliver is dropped after a
+    day of retries and nobody learns of it."""
+    problems = []
+    for rid, r in expanded["Resources"].items():
+        if r["Type"] != "AWS::Events::Rule" or (r.get("Condition") and not choice.holds(r["Condition"])):
+            continue
+        for target in choice.resolve_ifs(r.get("Properties", {})).get("Targets", []):
+            missing = [k for k in ("RetryPolicy", "DeadLetterConfig") if k not in target]
+            if missing:
+                problems.append(f"{rid}'s target {target.get('Id')} has no {' and no '.join(missing)}: what it cannot deliver is lost unseen")
+    return problems
+
+
+def check_buckets(expanded, choice):
+    """Every bucket is encrypted, blocks public access, takes requests over TLS only (a bucket
+    policy denying aws:SecureTransport false) and has a lifecycle rule."""
+    problems = []
+    resources = expanded["Resources"]
+    tls_only = set()
+    for r in resources.values():
+        if r["Type"] != "AWS::S3::BucketPolicy":
+            continue
+        props = r.get("Properties", {})
+        bucket = props.get("Bucket", {}).get("Ref") if isinstance(props.get("Bucket"), dict) else None
+        for s in props.get("PolicyDocument", {}).get("Statement", []):
+            secure = s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport")
+            if s.get("Effect") == "Deny" and s.get("Principal") == "*" and str(secure).lower() == "false":
+                tls_only.add(bucket)
+    for rid, r in resources.items():
+        if r["Type"] != "AWS::S3::Bucket" or (r.get("Condition") and not choice.holds(r["Condition"])):
+            continue
+        props = choice.resolve_ifs(r.get("Properties", {}))
+        block = props.get("PublicAccessBlockConfiguration", {})
+        missing = [
+            what for what, ok in (
+                ("encryption", "BucketEncryption" in props),
+                ("public access blocked", all(block.get(k) in (True, "true") for k in ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"))),
+                ("TLS-only bucket policy", rid in tls_only),
+                ("lifecycle rule", bool(props.get("LifecycleConfiguration", {}).get("Rules"))),
+            ) if not ok
+        ]
+        if missing:
+            problems.append(f"{rid} lacks: {', '.join(missing)}")
+    return problems
+
+
 # CloudFormation's most resources in one stack, and IAM's most characters of inline policy
 # (all of a role's inline policies together, white space left out).
 MOST_RESOURCES = 500
@@ -582,6 +729,80 @@ def check_limits(expanded, choice):
     if sizes:
         role, size = max(sizes.items(), key=lambda kv: kv[1])
         print(f"limits: {len(resources)} of {MOST_RESOURCES} resources; the largest inline policy, {role}'s, {size} of {MOST_ROLE_POLICY} characters at most")
+    return problems
+
+
+# Lambda's most bytes of environment variables per function (keys and values together).
+MOST_ENVIRONMENT = 4096
+
+
+def text_of(value, choice, variables=None):
+    """What an intrinsic function becomes once CloudFormation has filled it in, as text (or a
+    list, for a list parameter, `Fn::Split`): parameters take the choice's values, and
+    everything only a deploy knows (a resource's name or attribute, the stack's name and id)
+    the longest text it can be (`longest`)."""
+    variables = variables or {}
+    if isinstance(value, (str, int, float, bool)):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, list):
+        return [text_of(v, choice, variables) for v in value]
+    ((function, arg),) = value.items()
+    if function == "Ref":
+        if arg in choice.parameters:
+            text = choice.parameters[arg]
+            return text.split(",") if arg in choice.lists else text
+        if arg == "AWS::StackId":
+            parts = ("AWS::Partition", "AWS::Region", "AWS::AccountId", "AWS::StackName", "AWS::StackId")
+            return "arn:{}:cloudformation:{}:{}:stack/{}/{}".format(*(LONGEST[p] for p in parts))
+        return LONGEST.get(arg, ANY_ARN)
+    if function == "Fn::GetAtt":
+        return ANY_ARN
+    if function == "Fn::Join":
+        separator, items = arg
+        items = text_of(items, choice, variables)
+        return separator.join(i if isinstance(i, str) else separator.join(i) for i in items)
+    if function == "Fn::Split":
+        separator, text = arg
+        return text_of(text, choice, variables).split(separator)
+    if function == "Fn::Select":
+        index, items = arg
+        return text_of(items, choice, variables)[int(text_of(index, choice, variables))]
+    if function == "Fn::Sub":
+        text, own = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
+        own = {k: (LONGEST["AWS::StackId"] if v == STACK_ID else text_of(v, choice, variables)) for k, v in own.items()}
+
+        def fill(match):
+            name = match.group(1)
+            if name in own:
+                return own[name]
+            if name in choice.parameters:
+                return choice.parameters[name]
+            return LONGEST.get(name, ANY_ARN)
+
+        return re.sub(r"\$\{([^}!]+)\}", fill, text)
+    raise ValueError(f"{function} in an environment variable")
+
+
+def check_environments(expanded, choice):
+    """Each function's environment fits Lambda's 4 KB, with the choice's parameters and every
+    name as long as it can be."""
+    problems, sizes = [], {}
+    for rid, r in expanded["Resources"].items():
+        if r["Type"] != "AWS::Lambda::Function" or (r.get("Condition") and not choice.holds(r["Condition"])):
+            continue
+        variables = choice.resolve_ifs(r.get("Properties", {})).get("Environment", {}).get("Variables", {})
+        try:
+            filled_in = {k: text_of(v, choice) for k, v in variables.items()}
+        except (IndexError, ValueError) as e:
+            problems.append(f"{rid}'s environment cannot be filled in ({e or 'Fn::Select out of range'}): CloudFormation would fail the deploy")
+            continue
+        sizes[rid] = sum(len(k.encode()) + len(v.encode()) for k, v in filled_in.items())
+    for rid, size in sorted(sizes.items()):
+        if size > MOST_ENVIRONMENT:
+            problems.append(f"{rid}'s environment takes {size} bytes, over Lambda's {MOST_ENVIRONMENT}")
+    if sizes:
+        rid, size = max(sizes.items(), key=lambda kv: kv[1])
+        print(f"environments: the largest, {rid}'s, {size} of {MOST_ENVIRONMENT} bytes at most")
     return problems
 
 
@@ -753,6 +974,168 @@ def create(cloudformation, name, expanded, overrides, choice):
     failures = [f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason')}" for e in events if e["ResourceStatus"].endswith("FAILED")]
     created = {r["LogicalResourceId"] for r in cloudformation.list_stack_resources(StackName=name)["StackResourceSummaries"]}
     return status, failures, created
+
+
+def settle(cloudformation, name):
+    """The stack's status once it is no longer in progress, and its resources' failures."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        status = cloudformation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
+        if not status.endswith("IN_PROGRESS"):
+            break
+        time.sleep(1)
+    events = cloudformation.describe_stack_events(StackName=name)["StackEvents"]
+    return status, [f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason')}" for e in events if e["ResourceStatus"].endswith("FAILED")]
+
+
+def put_back(session, endpoint, kind, physical):
+    """A resource a delete kept, made again in moto under its name (moto's delete removes
+    what AWS keeps)."""
+    if kind == "AWS::DynamoDB::Table":
+        session.client("dynamodb", endpoint_url=endpoint).create_table(
+            TableName=physical, BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+        )
+    elif kind == "AWS::S3::Bucket":
+        session.client("s3", endpoint_url=endpoint).create_bucket(Bucket=physical)
+    else:
+        raise ValueError(f"a kept {kind} cannot be put back here")
+
+
+# The configuration `sam deploy` reads, beside the template.
+SAMCONFIG = os.environ.get("SAMCONFIG") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "samconfig.toml")
+
+
+def check_samconfig(expanded):
+    """`samconfig.toml` lets `sam deploy` run without --guided: a stack name, a bucket for the
+    packaged template (SAM CLI's own, `resolve_s3`, or one named), the capabilities the
+    template needs, and a failed first create deleted (`on_failure = "DELETE"`): otherwise it is
+    left in ROLLBACK_COMPLETE, and SAM CLI takes the next deploy for an update, which
+    CloudFormation refuses."""
+    import tomllib
+
+    with open(SAMCONFIG, "rb") as f:
+        deploy = tomllib.load(f).get("default", {}).get("deploy", {}).get("parameters", {})
+    problems = []
+    if not deploy.get("stack_name"):
+        problems.append("samconfig.toml names no stack_name: sam deploy without --guided stops at \"Missing option '--stack-name'\"")
+    if not (deploy.get("resolve_s3") or deploy.get("s3_bucket")):
+        problems.append("samconfig.toml has neither resolve_s3 nor s3_bucket: the packaged template is over 51,200 bytes and needs a bucket")
+    capabilities = set(str(deploy.get("capabilities", "")).split())
+    types = {r["Type"] for r in expanded["Resources"].values()}
+    # Names IAM resources: a role's RoleName, a managed policy's ManagedPolicyName, ...
+    naming = {"AWS::IAM::Role": "RoleName", "AWS::IAM::ManagedPolicy": "ManagedPolicyName", "AWS::IAM::User": "UserName", "AWS::IAM::Group": "GroupName"}
+    named_iam = any(naming.get(r["Type"]) in r.get("Properties", {}) for r in expanded["Resources"].values())
+    needed = set()
+    if any(t.startswith("AWS::IAM::") for t in types):
+        needed.add("CAPABILITY_NAMED_IAM" if named_iam else "CAPABILITY_IAM")
+    needed.add("CAPABILITY_AUTO_EXPAND")  # the template's transforms
+    if needed - capabilities - ({"CAPABILITY_IAM"} if "CAPABILITY_NAMED_IAM" in capabilities else set()):
+        problems.append(f"samconfig.toml's capabilities {sorted(capabilities)} miss {sorted(needed - capabilities)}")
+    if deploy.get("on_failure") != "DELETE":
+        problems.append("samconfig.toml does not set on_failure = \"DELETE\": a failed first create stays in ROLLBACK_COMPLETE, and the next sam deploy is refused as an update")
+    return problems
+
+
+def check_non_guided_deploy(expanded, choice, session, endpoint):
+    """`sam deploy` with nothing but `samconfig.toml`, as CI runs it, into moto: SAM CLI's
+    managed bucket, the template uploaded there, a change set created and executed. moto
+    expands neither the loops nor SAM's resources, so it is handed the template expanded here;
+    it gives no outputs to a stack made by a change set, so SAM CLI's own bucket stack is made
+    beforehand with SAM CLI's template, as SAM CLI would make it; and it reads a template URL
+    by its path only on `localhost`."""
+    from samcli.lib.bootstrap.bootstrap import SAM_CLI_STACK_NAME, _get_stack_template
+
+    cloudformation = session.client("cloudformation", endpoint_url=endpoint)
+    cloudformation.create_stack(
+        StackName=SAM_CLI_STACK_NAME, TemplateBody=_get_stack_template(), Capabilities=["CAPABILITY_IAM"],
+        Tags=[{"Key": "ManagedStackSource", "Value": "AwsSamCli"}],
+    )
+    settle(cloudformation, SAM_CLI_STACK_NAME)
+    work = tempfile.mkdtemp(prefix="deploy-check-")
+    path = os.path.join(work, "expanded.json")
+    with open(path, "w") as f:
+        json.dump(for_moto(expanded, choice)[0], f)
+    env = dict(
+        os.environ, SAM_CLI_TELEMETRY="0", AWS_ENDPOINT_URL=endpoint.replace("127.0.0.1", "localhost"),
+        AWS_ACCESS_KEY_ID="deploy-check", AWS_SECRET_ACCESS_KEY="local", AWS_REGION="us-east-1", AWS_DEFAULT_REGION="us-east-1",
+    )
+    command = [sys.executable, "-m", "samcli", "deploy", "--template-file", path, "--config-file", os.path.abspath(SAMCONFIG)]
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+    said = " ".join((done.stdout + done.stderr).split())
+    if done.returncode != 0:
+        return [f"sam deploy with samconfig.toml alone failed: {said[-600:]}"]
+    import tomllib
+
+    with open(SAMCONFIG, "rb") as f:
+        name = tomllib.load(f)["default"]["deploy"]["parameters"]["stack_name"]
+    status = cloudformation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
+    print(f"sam deploy: with samconfig.toml alone, stack {name} {status}")
+    return [] if status == "CREATE_COMPLETE" else [f"sam deploy left stack {name} {status}"]
+
+
+def play_lifecycle(template, session, endpoint):
+    """A stack's life at the defaults, in moto's CloudFormation: created; updated with one
+    agent more (its queues, function and alarms, and the workflows that use it in the code);
+    deleted, with what the delete keeps put back as AWS leaves it; and created again under the
+    same name. Each step must end complete."""
+    cloudformation = session.client("cloudformation", endpoint_url=endpoint)
+    name = "deploy-check-life"
+    _, agents = agent_loop(template)
+
+    def body(t):
+        looped = expand_loops(t, {})
+        choice = Choice(looped, {})
+        expanded = expand(looped, {})
+        return json.dumps(for_moto(expanded, choice)[0]), expanded, choice
+
+    capabilities = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
+    problems = []
+    first, expanded, choice = body(template)
+    grown, _, _ = body(with_agents(template, len(agents) + 1))
+    steps = [
+        ("create", lambda: cloudformation.create_stack(StackName=name, TemplateBody=first, Capabilities=capabilities)),
+        ("update with an agent added", lambda: cloudformation.update_stack(StackName=name, TemplateBody=grown, Capabilities=capabilities)),
+    ]
+    for step, call in steps:
+        try:
+            call()
+            status, failures = settle(cloudformation, name)
+        except Exception as e:  # moto refuses at once what AWS would fail while creating
+            status, failures = "refused", [" ".join(str(e).split())[-300:]]
+        print(f"life: {step}: {status}")
+        if not status.endswith("_COMPLETE") or "ROLLBACK" in status:
+            return [f"the stack's {step} ended {status}: {'; '.join(failures[:3])}"]
+    resources = cloudformation.list_stack_resources(StackName=name)["StackResourceSummaries"]
+    physical = {r["LogicalResourceId"]: (r["ResourceType"], r["PhysicalResourceId"]) for r in resources}
+    kept = []
+    for rid, r in expanded["Resources"].items():
+        policy = choice.resolve_ifs({"p": r.get("DeletionPolicy", "Delete")})["p"]
+        if policy in ("Retain", "RetainExceptOnCreate") and rid in physical:
+            kept.append(physical[rid])
+    cloudformation.delete_stack(StackName=name)
+    deadline = time.time() + 120
+    while time.time() < deadline and any(
+        s["StackStatus"] != "DELETE_COMPLETE" for s in cloudformation.list_stacks()["StackSummaries"] if s["StackName"] == name
+    ):
+        time.sleep(1)
+    for kind, resource in kept:
+        try:
+            put_back(session, endpoint, kind, resource)
+        except Exception as e:
+            if "already" not in str(e).lower() and "exist" not in str(e).lower():
+                raise
+    print(f"life: deleted, keeping {len(kept)} resources: {', '.join(r for _, r in kept)}")
+    try:
+        cloudformation.create_stack(StackName=name, TemplateBody=first, Capabilities=capabilities)
+        status, failures = settle(cloudformation, name)
+    except Exception as e:
+        status, failures = "refused", [" ".join(str(e).split())[-300:]]
+    print(f"life: created again under the same name: {status}")
+    if status != "CREATE_COMPLETE":
+        problems.append(f"the stack created again after a delete ended {status}: {'; '.join(failures[:3])}")
+    return problems
 
 
 # Stands in for cargo under `sam build`: `cargo metadata` names the target directory, and
@@ -948,6 +1331,20 @@ def main():
         for p in check_packaging(sys.argv[1], template, session, endpoint):
             print(f"FAILED: {p}")
             failed = True
+        for p in play_lifecycle(template, session, endpoint):
+            print(f"FAILED: {p}")
+            failed = True
+        looped = expand_loops(template, {})
+        for p in check_non_guided_deploy(expand(looped, {}), Choice(looped, {}), session, endpoint):
+            print(f"FAILED: {p}")
+            failed = True
+    try:
+        for p in check_samconfig(expand(expand_loops(template, {}), {})):
+            print(f"FAILED: {p}")
+            failed = True
+    except Exception as e:
+        print(f"FAILED: samconfig.toml: {e}")
+        failed = True
     for n, (choice_name, overrides) in enumerate(documented.items()):
         print(f"== {choice_name}: {json.dumps(overrides) if overrides else 'the defaults'}")
         problems = check_rules(template)
@@ -974,6 +1371,12 @@ def main():
         problems += check_dashboards(expanded, choice, own_metrics)
         problems += check_retention(expanded, choice)
         problems += check_limits(expanded, choice)
+        problems += check_environments(expanded, choice)
+        problems += check_kept(expanded, choice)
+        problems += check_vended_logs(expanded, choice)
+        problems += check_buckets(expanded, choice)
+        problems += check_rule_targets(expanded, choice)
+        problems += check_ok_actions(expanded)
         resources = expanded["Resources"]
         expected = {rid for rid, r in resources.items() if not r.get("Condition") or choice.holds(r["Condition"])}
         print(f"expanded: {len(resources)} resources, {len(expected)} of them in this choice")
@@ -992,7 +1395,7 @@ def main():
             print(f"FAILED: {p}")
         failed |= bool(problems)
         if not problems:
-            print("checks: rules, reservations, grants, visibility timeouts, pollers, dashboards, retention, limits: all hold")
+            print("checks: rules, reservations, grants, visibility timeouts, pollers, dashboards, retention, limits, environments, kept names, vended logs, buckets, rule targets, alarms' OK actions: all hold")
     print("deploy check: " + ("FAILED" if failed else "passed"))
     sys.exit(1 if failed else 0)
 

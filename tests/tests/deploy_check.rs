@@ -85,7 +85,19 @@ fn the_template_deploys_at_its_defaults_and_at_each_documented_choice() {
         printed.contains("packaging: 11 functions of 8 binaries, 8 distinct artefacts"),
         "{printed}"
     );
-    assert_eq!(printed.matches("limits: 140 of 500 resources").count(), choices, "{printed}");
+    assert_eq!(printed.matches("limits: 144 of 500 resources").count(), choices, "{printed}");
+    // A stack's life: created, updated with an agent added, deleted (what it keeps put back as
+    // AWS keeps it), and created again under the same name.
+    for step in [
+        "life: create: CREATE_COMPLETE",
+        "life: update with an agent added: UPDATE_COMPLETE",
+        "life: created again under the same name: CREATE_COMPLETE",
+        "kept by a delete: LedgerAccountsTable, LedgerStatementsBucket, OrdersTable, PayloadBucket, StateTable",
+        // `sam deploy` with the committed samconfig.toml and no flag.
+        "sam deploy: with samconfig.toml alone, stack sas CREATE_COMPLETE",
+    ] {
+        assert!(printed.contains(step), "{step}: {printed}");
+    }
 }
 
 #[test]
@@ -94,16 +106,34 @@ fn one_stack_holds_as_many_agents_as_the_readme_says_and_no_more() {
     let output = check_with(&template, None, Some(MOST_AGENTS));
     let printed = text(&output);
     assert!(output.status.success(), "{printed}");
-    assert!(printed.contains("limits: 492 of 500 resources"), "{printed}");
+    assert!(printed.contains("limits: 496 of 500 resources"), "{printed}");
+    // Every function's environment fits, with every agent's entries in every per-agent list.
+    assert!(
+        printed.contains("environments: the largest, AdminFunction's, 3357 of 4096"),
+        "{printed}"
+    );
     let output = check_with(&template, None, Some(MOST_AGENTS + 1));
     let printed = text(&output);
     assert!(!output.status.success(), "one agent more must not fit: {printed}");
     assert!(
-        printed.contains("the stack has 503 resources, over CloudFormation's 500"),
+        printed.contains("the stack has 507 resources, over CloudFormation's 500"),
         "{printed}"
     );
     let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
     assert!(readme.contains(&format!("holds {MOST_AGENTS} agents")), "the README states the limit");
+
+    // Given every agent's entry of the service URLs, as the stack did, each agent's
+    // environment is over Lambda's 4 KB at that many agents.
+    let urls = "              SERVICE_URLS:\n                Fn::Join:\n                  - \"\"\n                  - - \"${Agent}=\"\n";
+    let whole = "              SERVICE_URLS:\n                Fn::Join: [\",\", {Ref: ServiceUrls}]\n              SERVICE_URLS_OWN:\n                Fn::Join:\n                  - \"\"\n                  - - \"${Agent}=\"\n";
+    let output = check_with(&broken("whole-lists", &[(urls, whole)]), None, Some(MOST_AGENTS));
+    let printed = text(&output);
+    assert!(!output.status.success(), "{printed}");
+    assert!(
+        printed.contains("agent01AgentFunction's environment takes")
+            && printed.contains("over Lambda's 4096"),
+        "{printed}"
+    );
 }
 
 /// `template.yaml` with each `(old, new)` of `changes` made once, written for this test.
@@ -213,6 +243,37 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
             "OrdersTable is kept with DeletionPolicy Retain",
         ),
         (
+            // Kept by a delete under a name the next create takes again.
+            "kept-under-the-stack-s-name",
+            "      TableName:\n        Fn::Sub:\n          - \"ledger-accounts-${StackId}\"\n          - {StackId: {Fn::Select: [2, {Fn::Split: [\"/\", {Ref: AWS::StackId}]}]}}\n",
+            "      TableName:\n        Fn::Sub: \"${AWS::StackName}-ledger-accounts\"\n",
+            "LedgerAccountsTable is kept by a delete under the name",
+        ),
+        (
+            "access-log-outside-vendedlogs",
+            "          - \"/aws/vendedlogs/${AWS::StackName}/${StackId}/api-access\"\n",
+            "          - \"/sas/${AWS::StackName}/${StackId}/api-access\"\n",
+            "HttpApiStage delivers its access log into ApiAccessLogGroup, not named under /aws/vendedlogs/",
+        ),
+        (
+            "bucket-without-tls-only",
+            "              - Fn::GetAtt: [LedgerStatementsBucket, Arn]\n              - Fn::Sub: \"${LedgerStatementsBucket.Arn}/*\"\n            Condition:\n              Bool:\n                aws:SecureTransport: \"false\"\n",
+            "              - Fn::GetAtt: [LedgerStatementsBucket, Arn]\n              - Fn::Sub: \"${LedgerStatementsBucket.Arn}/*\"\n",
+            "LedgerStatementsBucket lacks: TLS-only bucket policy",
+        ),
+        (
+            "rule-target-without-dead-letters",
+            "        - Id: CallbacksQueue\n          Arn:\n            Fn::GetAtt: [CallbacksQueue, Arn]\n          DeadLetterConfig:\n            Arn:\n              Fn::GetAtt: [EventsDeadLetterQueue, Arn]\n",
+            "        - Id: CallbacksQueue\n          Arn:\n            Fn::GetAtt: [CallbacksQueue, Arn]\n",
+            "CallbacksRule's target CallbacksQueue has no DeadLetterConfig",
+        ),
+        (
+            "ok-actions",
+            "      AlarmActions:\n        - Ref: AlertsTopic\n\n  EventsDeadLetterAlarm:\n",
+            "      AlarmActions:\n        - Ref: AlertsTopic\n      OKActions:\n        - Ref: AlertsTopic\n\n  EventsDeadLetterAlarm:\n",
+            "SchedulerDeadLetterAlarm has OKActions",
+        ),
+        (
             "pollers-too-many",
             "    Type: Number\n    Default: 2\n    MinValue: 2\n    MaxValue: 1000\n",
             "    Type: Number\n    Default: 200\n    MinValue: 2\n    MaxValue: 1000\n",
@@ -229,6 +290,38 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
         let printed = text(&output);
         assert!(!output.status.success(), "{name}: the check passed a broken template: {printed}");
         assert!(printed.contains(named), "{name}: the check must say {named:?}: {printed}");
+    }
+}
+
+/// `samconfig.toml` without what `sam deploy` needs without --guided fails the check, named.
+#[test]
+fn a_configuration_that_only_a_guided_deploy_takes_fails_the_check() {
+    let config = std::fs::read_to_string(workspace_root().join("samconfig.toml")).unwrap();
+    let stripped: String = config
+        .lines()
+        .filter(|l| !l.starts_with("stack_name") && !l.starts_with("on_failure"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(stripped, config, "samconfig.toml sets stack_name and on_failure");
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deploy-check-samconfig.toml");
+    std::fs::write(&path, stripped).unwrap();
+    let python = python_with(
+        ".venv-sam",
+        &TOOLS,
+        "samcli.lib.cfn_language_extensions, samtranslator, boto3, yaml",
+    )
+    .unwrap();
+    let output = Command::new(python)
+        .arg(workspace_root().join("tests/deploy_check.py"))
+        .arg(workspace_root().join("template.yaml"))
+        .env("STACK_METRICS", sas_engine::metrics::NAMES.join(","))
+        .env("SAMCONFIG", &path)
+        .output()
+        .unwrap();
+    let printed = text(&output);
+    assert!(!output.status.success(), "{printed}");
+    for named in ["names no stack_name", "does not set on_failure = \"DELETE\""] {
+        assert!(printed.contains(named), "{named}: {printed}");
     }
 }
 

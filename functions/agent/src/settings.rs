@@ -1,8 +1,8 @@
 //! Where the HTTP agent's service is and how it authenticates there, read at cold start (the
-//! rest of an agent's settings are the kit's). Every HTTP agent of a stack gets the same two
-//! lists and takes its own entry, found by its `AGENT_NAME`: `SERVICE_URLS` (`agent=url`
-//! entries, comma-separated; the stack's ServiceUrls) and `SERVICE_AUTH` (`agent=kind`
-//! entries; ServiceAuth). An agent without a URL calls `SIMULATED_SERVICE_URL`, the demo
+//! rest of an agent's settings are the kit's). Each takes its own entry, found by its
+//! `AGENT_NAME`, of `SERVICE_URLS` (`agent=url` entries, comma-separated; the template gives
+//! it only its own of the stack's ServiceUrls, `agent=` where it has none) and `SERVICE_AUTH`
+//! (`agent=kind` entries; ServiceAuth). An agent without a URL calls `SIMULATED_SERVICE_URL`, the demo
 //! service deployed while no URL is set, signed for Lambda. The kinds are `sigv4` (the
 //! default; signed for `lambda` on function URLs and `execute-api` otherwise), `bearer` or
 //! `api-key` (the text of the secret `SERVICE_SECRET_ID`, read once per cold start), or `none`,
@@ -128,5 +128,10 @@ mod tests {
         assert_eq!(sim.auth, Auth::SigV4 { signing_name: "lambda".into() });
         let err = settings(&[("SERVICE_URLS", "inventory=https://i.example")]).unwrap_err();
         assert!(err.to_string().contains("add payment=https://"), "{err}");
+        // The template gives an agent without an entry `<agent>=`.
+        let err = settings(&[("SERVICE_URLS", "payment="), ("SERVICE_AUTH", "payment=")]);
+        assert!(err.unwrap_err().to_string().contains("add payment=https://"));
+        let own = [("SERVICE_URLS", "payment="), ("SIMULATED_SERVICE_URL", "http://127.0.0.1:9/")];
+        assert_eq!(settings(&own).unwrap().service_url, "http://127.0.0.1:9/");
     }
 }

@@ -1,9 +1,9 @@
 //! The ledger agent: an agent written in Rust on the agent kit, which calls AWS services
 //! through the AWS SDK instead of an HTTP service. It opens and closes the accounts of the
-//! account-opening workflow in a DynamoDB table of its own, named after the stack
-//! (`<stack>-ledger-accounts`, from `STACK_NAME`), and keeps a statement of each account in an
-//! S3 bucket named after the stack's id (`ledger-<stack id>`, from `STACK_ID`). Its role may
-//! write there and nowhere else.
+//! account-opening workflow in a DynamoDB table of its own, and keeps a statement of each
+//! account in an S3 bucket, both named after the stack's id (`ledger-accounts-<stack id>` and
+//! `ledger-<stack id>`, from `STACK_ID`): a delete keeps them, and a stack created again under
+//! the same name has another id. Its role may write there and nowhere else.
 
 mod ledger;
 
@@ -13,7 +13,7 @@ use sas_aws::settings::Env;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let env = Env::process();
-    let (stack, stack_id) = (env.required("STACK_NAME")?, env.required("STACK_ID")?);
+    let stack_id = env.required("STACK_ID")?;
     sas_agent_kit::run(async |wiring, _| {
         let sdk = wiring.sdk();
         // An endpoint of one's own (the local stack, LocalStack) serves buckets by path:
@@ -23,7 +23,7 @@ async fn main() -> Result<(), Error> {
             .build();
         Ok(ledger::Ledger {
             accounts: wiring.dynamodb().clone(),
-            table: format!("{stack}-ledger-accounts"),
+            table: format!("ledger-accounts-{stack_id}"),
             statements: aws_sdk_s3::Client::from_conf(s3),
             bucket: format!("ledger-{stack_id}"),
         })

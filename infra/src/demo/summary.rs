@@ -311,7 +311,8 @@ async fn with_accounts(
     clients: &Clients,
     mut ledger: Value,
 ) -> Result<(Value, Vec<String>), Error> {
-    let accounts = format!("{}-ledger-accounts", stack.stack.context.stack_name);
+    // The ledger's table as the template names it.
+    let accounts = stack.stack.reference("LedgerAccountsTable").unwrap_or_default();
     // The bucket as the template names it: a stack without it keeps no statements.
     let bucket = stack.stack.reference("LedgerStatementsBucket");
     let mut statements_wrong = Vec::new();
@@ -517,14 +518,13 @@ fn busiest(stats: &Value) -> String {
 /// declared rate (`ServiceRates`), one line each. The service counts each action on its own,
 /// so the calls of two actions of one agent in one second are not added up here.
 fn over_rate(stack: &LocalStack, stats: &Value) -> Vec<String> {
-    let Some(agent) =
-        stack.functions.iter().find(|f| f.spec.environment.contains_key("AGENT_NAME"))
-    else {
+    // The supervisor reads every service's limits; an agent has only its own.
+    let Some(supervisor) = stack.functions.iter().find(|f| f.spec.binary == "supervisor") else {
         return Vec::new();
     };
-    let env = &agent.spec.environment;
+    let env = &supervisor.spec.environment;
     let Ok(config) = sas_engine::config::EngineConfig::from_lookup(|k| env.get(k).cloned()) else {
-        return vec!["the agents' SERVICE_RATES could not be read".to_owned()];
+        return vec!["the supervisor's SERVICE_RATES could not be read".to_owned()];
     };
     over_rate_of(&config, &workflows_run(stack), stats)
 }

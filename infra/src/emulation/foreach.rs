@@ -115,6 +115,9 @@ fn substitute(value: &Value, id: &str, item: &str) -> Value {
         Value::Array(items) => {
             Value::Array(items.iter().map(|v| substitute(v, id, item)).collect())
         }
+        // Every `${id}` of the loop's output is replaced, in plain strings too (a delimiter of
+        // `Fn::Split`, which takes no function), as the transform does.
+        Value::String(text) => Value::String(in_key(text, id, item)),
         other => other.clone(),
     }
 }

@@ -391,16 +391,32 @@ mod tests {
         assert_eq!(sim.reserved_concurrency, Some(1));
         let own_services = local_dry_run(
             &t,
-            &[(
-                "ServiceUrls",
-                "inventory=https://inventory.example,payment=https://payment.example,shipping=https://shipping.example",
-            )],
+            &[
+                (
+                    "ServiceUrls",
+                    "inventory=https://inventory.example,payment=https://payment.example,shipping=https://shipping.example",
+                ),
+                ("ServiceRates", "shipping=20,payment=5"),
+            ],
         );
         let deployed = functions(&t, &own_services).unwrap();
         assert!(
             deployed.iter().all(|f| f.logical_id != "RemoteSimFunction"),
             "every agent has a service of its own: the simulated one is not deployed"
         );
+        // Each agent holds its own entries of the per-agent lists only (`<agent>=` where it
+        // has none); the supervisor holds every agent's limits.
+        let env = |id: &str, key: &str| {
+            let f = deployed.iter().find(|f| f.logical_id == id).unwrap();
+            f.environment.get(key).cloned().unwrap_or_default()
+        };
+        assert_eq!(env("paymentAgentFunction", "SERVICE_URLS"), "payment=https://payment.example");
+        assert_eq!(env("paymentAgentFunction", "SERVICE_RATES"), "payment=5");
+        assert_eq!(env("shippingAgentFunction", "SERVICE_RATES"), "shipping=20");
+        assert_eq!(env("inventoryAgentFunction", "SERVICE_RATES"), "inventory=");
+        assert_eq!(env("ledgerAgentFunction", "SERVICE_URLS"), "ledger=");
+        assert_eq!(env("SupervisorFunction", "SERVICE_RATES"), "shipping=20,payment=5");
+        assert_eq!(env("SchedulerFunction", "SERVICE_RATES"), "");
         assert_eq!(by_id("RemoteSimFunction").function_url, Some(Some(RouteAuth::Iam)));
         assert_eq!(scheduler.function_url, None);
     }

@@ -352,10 +352,11 @@ mod bucket {
     use aws_sdk_s3::Client;
     use aws_sdk_s3::error::DisplayErrorContext;
     use aws_sdk_s3::types::{
-        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
-        LifecycleRuleFilter, ObjectOwnership, OwnershipControls, OwnershipControlsRule,
-        PublicAccessBlockConfiguration, ServerSideEncryption, ServerSideEncryptionByDefault,
-        ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
+        AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus,
+        LifecycleExpiration, LifecycleRule, LifecycleRuleFilter, ObjectOwnership,
+        OwnershipControls, OwnershipControlsRule, PublicAccessBlockConfiguration,
+        ServerSideEncryption, ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration,
+        ServerSideEncryptionRule,
     };
     use serde_json::Value;
 
@@ -433,7 +434,8 @@ mod bucket {
     pub(super) async fn lifecycle(client: &Client, name: &str, v: &Value) -> Result<bool, String> {
         let mut configuration = BucketLifecycleConfiguration::builder();
         for rule in v["Rules"].as_array().into_iter().flatten() {
-            let known = ["Id", "Status", "Prefix", "ExpirationInDays"];
+            let known =
+                ["Id", "Status", "Prefix", "ExpirationInDays", "AbortIncompleteMultipartUpload"];
             if rule.as_object().is_none_or(|r| r.keys().any(|k| !known.contains(&k.as_str()))) {
                 return Ok(false);
             }
@@ -453,6 +455,13 @@ mod bucket {
             }
             if let Some(days) = days.and_then(|d| i32::try_from(d).ok()) {
                 built = built.expiration(LifecycleExpiration::builder().days(days).build());
+            }
+            let unfinished = &rule["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"];
+            let unfinished =
+                unfinished.as_i64().or_else(|| unfinished.as_str().and_then(|d| d.parse().ok()));
+            if let Some(days) = unfinished.and_then(|d| i32::try_from(d).ok()) {
+                let abort = AbortIncompleteMultipartUpload::builder().days_after_initiation(days);
+                built = built.abort_incomplete_multipart_upload(abort.build());
             }
             configuration = configuration.rules(built.build().map_err(error)?);
         }

@@ -262,7 +262,8 @@ impl Env {
 
 impl Env {
     /// `agent`'s value in the list `variable` of `agent=value` entries separated by commas
-    /// (how the template passes one setting per agent), if it has one.
+    /// (how the template passes one setting per agent), if it has one: the template gives each
+    /// agent only its own entry, `agent=` where it has none.
     pub fn entry(&self, variable: &str, agent: &str) -> Result<Option<String>> {
         let list = self.get(variable).unwrap_or_default();
         for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -272,7 +273,8 @@ impl Env {
                 )));
             };
             if name.trim() == agent {
-                return Ok(Some(value.trim().to_owned()));
+                let value = value.trim();
+                return Ok((!value.is_empty()).then(|| value.to_owned()));
             }
         }
         Ok(None)

@@ -289,6 +289,10 @@ fn limits(lookup: &impl Fn(&str) -> Option<String>) -> Result<BTreeMap<String, L
                 ))
             };
             let (agent, value) = item.split_once('=').ok_or_else(bad)?;
+            // An agent's own entry is `agent=` where the list has none for it.
+            if value.trim().is_empty() {
+                continue;
+            }
             let n = value.trim().parse::<u32>().map_err(|_| bad())?;
             if !(1..=most).contains(&n) {
                 return Err(bad());
@@ -355,6 +359,9 @@ mod tests {
         assert_eq!(c.limits_of("payment"), Limits { per_second: Some(5), in_flight: Some(3) });
         assert_eq!(c.limits_of("shipping"), Limits { per_second: Some(20), in_flight: None });
         assert_eq!(c.limits_of("inventory"), Limits::NONE);
+        // An agent's own entry where the list has none for it.
+        let own = from(&[("SERVICE_RATES", "inventory="), ("SERVICE_CONCURRENCY", "inventory=")]);
+        assert_eq!(own.unwrap().limits_of("inventory"), Limits::NONE);
         for bad in ["payment=0", "payment=five", "payment", "payment=501"] {
             let err = from(&[("SERVICE_RATES", bad)]).unwrap_err().to_string();
             assert!(err.contains("SERVICE_RATES") && err.contains(bad), "{err}");
