@@ -36,14 +36,16 @@ pub fn target_dir(target_tmpdir: &Path) -> PathBuf {
     target_tmpdir.parent().map_or_else(|| workspace_root().join("target"), Path::to_path_buf)
 }
 
-/// Builds the function binaries (and `sas`) as they ship (`cargo build --bins`), and returns
-/// their folder.
+/// Builds the function binaries (and `sas`) from the code they ship with, and returns their
+/// folder. The test targets are named too so that cargo resolves the dependencies' features as
+/// `cargo test` did (the dev-dependencies add tokio's `test-util`): otherwise tokio, and the SDK
+/// and all else above it, would be built a second time with other features.
 pub fn build_binaries(target_tmpdir: &Path) -> PathBuf {
     let target = target_dir(target_tmpdir);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(workspace_root())
-        .args(["build", "--workspace", "--bins", "--quiet", "--target-dir"])
+        .args(["build", "--workspace", "--bins", "--tests", "--quiet", "--target-dir"])
         .arg(&target)
         .status()
         .unwrap();
