@@ -181,6 +181,7 @@ impl TestStack {
             .message_system_attribute_names(
                 aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
             )
+            .message_attribute_names("All")
             .send()
             .await
             .unwrap()
@@ -613,6 +614,16 @@ impl System {
             record.message_id = m.message_id().map(str::to_owned);
             record.receipt_handle = m.receipt_handle().map(str::to_owned);
             record.body = m.body().map(str::to_owned);
+            // As Lambda hands them over: the receive count, and the message attributes.
+            for (name, value) in m.attributes().into_iter().flatten() {
+                record.attributes.insert(name.as_str().to_owned(), value.clone());
+            }
+            for (name, value) in m.message_attributes().into_iter().flatten() {
+                let mut attribute = aws_lambda_events::event::sqs::SqsMessageAttribute::default();
+                attribute.string_value = value.string_value().map(str::to_owned);
+                attribute.data_type = Some(value.data_type().to_owned());
+                record.message_attributes.insert(name.clone(), attribute);
+            }
             event.records.push(record);
         }
         let response = handler(event).await;

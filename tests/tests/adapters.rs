@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use sas_aws::eventbridge::EventBridgeBus;
-use sas_aws::sqs::{QueueUrls, SqsOutbox};
+use sas_aws::sqs::{AGAIN_OF_ATTRIBUTE, QueueUrls, SqsOutbox};
 use sas_engine::config::EngineConfig;
 use sas_engine::events::{BusEvent, StatusKind};
 use sas_engine::message::{Message, Start};
@@ -136,11 +136,7 @@ async fn the_outbox_batches_by_queue_and_honours_delays() {
     };
     let mut messages: Vec<Outgoing> =
         (0..23).map(|n| Outgoing::now(Destination::Scheduler, start(n))).collect();
-    messages.push(Outgoing {
-        to: Destination::Scheduler,
-        message: start(99),
-        delay: Duration::from_secs(30),
-    });
+    messages.push(Outgoing::later(Destination::Scheduler, start(99), Duration::from_secs(30)));
     outbox.send(&messages).await.unwrap();
     let mut received = Vec::new();
     loop {
@@ -154,20 +150,28 @@ async fn the_outbox_batches_by_queue_and_honours_delays() {
         }
     }
     assert_eq!(received.len(), 23, "the delayed message is not visible yet");
+    // A message sent again carries the id its consumer knows it by.
+    outbox
+        .send(&[Outgoing::again(Destination::Replies, start(7), Duration::ZERO, "m-7")])
+        .await
+        .unwrap();
+    let again = t.receive("ReplyQueue", 0).await;
+    let carried = again[0].message_attributes().and_then(|a| a.get(AGAIN_OF_ATTRIBUTE));
+    assert_eq!(carried.and_then(|a| a.string_value()), Some("m-7"), "{again:?}");
     // A destination the function was not configured for is a configuration error.
     let err = outbox
         .send(&[Outgoing::now(Destination::Agent(AgentName::new("fax")), start(1))])
         .await
         .unwrap_err();
     assert!(err.to_string().contains("fax"), "{err}");
-    // A queue that does not exist is a permanent error.
+    // A queue that does not exist (yet: a stack update may be creating it) is a passing cause.
     let missing = SqsOutbox::new(
         t.sqs.clone(),
         QueueUrls::default()
             .with(Destination::Replies, format!("{}-missing", t.name("ReplyQueue"))),
     );
     let err = missing.send(&[Outgoing::now(Destination::Replies, start(1))]).await.unwrap_err();
-    assert!(!err.is_retryable(), "{err}");
+    assert!(err.is_retryable() && err.to_string().contains("does not exist"), "{err}");
 }
 
 #[tokio::test]

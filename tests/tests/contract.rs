@@ -488,7 +488,7 @@ async fn queue_contract<Q: Outbox + QueueDepths, C: Consumer>(
     max_receive_count: u32,
 ) {
     let dest = Destination::Scheduler;
-    let delayed = |n, delay| Outgoing { to: dest.clone(), message: start(n, now), delay };
+    let delayed = |n, delay| Outgoing::later(dest.clone(), start(n, now), delay);
     let depth = async || {
         let depths = outbox.depths().await.unwrap();
         depths.iter().find(|(q, _)| *q == dest).map(|(_, depth)| *depth).unwrap_or_default()

@@ -347,3 +347,53 @@ async fn a_denied_call_fails_its_step_at_once_and_holds_nothing() {
     let stats = s.remote.stats().await;
     assert_eq!(stats["actions"]["charge-payment"]["denied"], 6, "each charge called once: {stats}");
 }
+
+#[tokio::test]
+async fn an_agent_queue_made_after_the_scheduler_sends_to_it_delays_its_orders_and_fails_none() {
+    let s = System::start("queue-later", "{}").await;
+    s.fast_redelivery.store(true, std::sync::atomic::Ordering::Relaxed);
+    // A stack update adding an agent may run the scheduler's new code before CloudFormation
+    // has made the agent's queue: here the first step's queue is not there yet.
+    let (_, queue) =
+        s.t.agent_queues().into_iter().find(|(a, _)| a.as_str() == "inventory").unwrap();
+    let url = s.t.name(&queue);
+    let attributes =
+        s.t.sqs
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+            .send()
+            .await
+            .unwrap();
+    s.t.sqs.delete_queue().queue_url(&url).send().await.unwrap();
+    let (_, body) = s.post(Some("order-queue-later"), "application/json", &order_json("c-q")).await;
+    let id = order_id(&body);
+    // The start is claimed, its dispatch cannot be sent, and the message comes back; from its
+    // third receive it is sent again as a new message, a minute later, so that however long
+    // the queue takes to come it never reaches the dead letters.
+    for _ in 0..sas_aws::batch::REQUEUE_FROM_RECEIVE {
+        assert_eq!(s.pump_queue("SchedulerQueue").await, 1);
+    }
+    assert_eq!(s.pump_queue("SchedulerQueue").await, 0, "sent again for later");
+    assert!(s.t.drain_raw("SchedulerDeadLetterQueue").await.is_empty());
+    assert_eq!(s.state(id).await.process_state, ProcessState::Processing);
+
+    // The queue is made. The message sent again is known by the first one's id: the claim that
+    // one wrote is replayed and its dispatch sent, rather than the claim refused as stale and
+    // the order left until its lease runs out.
+    let kept = ["VisibilityTimeout", "RedrivePolicy", "MessageRetentionPeriod"];
+    let mut made = s.t.sqs.create_queue().queue_name(url.rsplit('/').next().unwrap());
+    for (name, value) in attributes.attributes().into_iter().flatten() {
+        if kept.contains(&name.as_str()) {
+            made = made.attributes(name.clone(), value);
+        }
+    }
+    made.send().await.unwrap();
+    tokio::time::sleep(sas_aws::batch::REQUEUE_DELAY + Duration::from_secs(1)).await;
+    s.settle().await;
+    let r = s.state(id).await;
+    assert_eq!((r.process_state, r.failure_count), (ProcessState::Processed, 0));
+    for queue in ["SchedulerDeadLetterQueue", "ReplyDeadLetterQueue", "inventoryDeadLetterQueue"] {
+        assert!(s.t.drain_raw(queue).await.is_empty(), "{queue}");
+    }
+}

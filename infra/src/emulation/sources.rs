@@ -89,6 +89,7 @@ async fn gather(
             .max_number_of_messages(want - i32::try_from(messages.len()).unwrap_or(want))
             .wait_time_seconds(wait)
             .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
             .send()
             .await;
         match received {
@@ -235,12 +236,27 @@ fn record(m: &aws_sdk_sqs::types::Message, mapping: &SqsMapping) -> Value {
         .flatten()
         .map(|(k, v)| (k.as_str().to_owned(), Value::String(v.clone())))
         .collect();
+    // As Lambda hands them over: each with its type, and string or binary lists left empty.
+    let message_attributes: serde_json::Map<String, Value> = m
+        .message_attributes()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let value = json!({
+                "stringValue": v.string_value(),
+                "stringListValues": [],
+                "binaryListValues": [],
+                "dataType": v.data_type(),
+            });
+            (k.clone(), value)
+        })
+        .collect();
     json!({
         "messageId": m.message_id(),
         "receiptHandle": m.receipt_handle(),
         "body": m.body(),
         "attributes": attributes,
-        "messageAttributes": {},
+        "messageAttributes": message_attributes,
         "md5OfBody": m.md5_of_body(),
         "eventSource": "aws:sqs",
         "eventSourceARN": mapping.queue_arn,

@@ -42,6 +42,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::sqs::AGAIN_OF_ATTRIBUTE;
 use crate::trace;
 
 /// From this receive on, a message failing for a passing cause is sent again instead of being
@@ -201,6 +202,9 @@ pub struct Received {
     pub receive_count: u32,
     /// The `AWSTraceHeader` it was sent with, if any.
     pub trace_header: Option<String>,
+    /// The id of the message it was sent again for, if it is one (its
+    /// [`AGAIN_OF_ATTRIBUTE`] message attribute).
+    pub again_of: Option<String>,
 }
 
 impl Received {
@@ -215,7 +219,16 @@ impl Received {
             body: record.body.unwrap_or_default(),
             receive_count,
             trace_header: record.attributes.get(trace::ATTRIBUTE).cloned(),
+            again_of: record
+                .message_attributes
+                .get(AGAIN_OF_ATTRIBUTE)
+                .and_then(|a| a.string_value.clone()),
         }
+    }
+
+    /// The id the engine knows it by: the message it was sent again for, else its own.
+    pub fn identity(&self) -> &str {
+        self.again_of.as_deref().unwrap_or(&self.message_id)
     }
 
     /// Begins its hop of its order's trace.
@@ -225,7 +238,7 @@ impl Received {
 
     /// The message as the engine's services take it.
     pub fn incoming(&self) -> Incoming<'_> {
-        Incoming { message_id: &self.message_id, receive_count: self.receive_count }
+        Incoming { message_id: self.identity(), receive_count: self.receive_count }
     }
 }
 
@@ -279,16 +292,17 @@ where
             let mut results = Vec::with_capacity(line.len());
             for received in line {
                 let hop = received.begin_hop();
-                let (id, body, receive_count) =
-                    (received.message_id.clone(), received.body.clone(), received.receive_count);
+                let (id, receive_count) = (received.message_id.clone(), received.receive_count);
+                let sent =
+                    Sent { body: received.body.clone(), identity: received.identity().into() };
                 let handled = handle(received);
                 let work = async move {
                     match handled.await {
                         Err(e @ Error::Contended { .. }) => {
-                            requeue(outbox, &body, home, receive_count, CONTENDED_DELAY, e).await
+                            requeue(outbox, &sent, home, receive_count, CONTENDED_DELAY, e).await
                         }
                         Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
-                            requeue(outbox, &body, home, receive_count, REQUEUE_DELAY, e).await
+                            requeue(outbox, &sent, home, receive_count, REQUEUE_DELAY, e).await
                         }
                         other => other,
                     }
@@ -327,21 +341,28 @@ fn in_turns(records: Vec<Received>, turns: Turns) -> Vec<Vec<Received>> {
     lines
 }
 
-/// Sends a message that failed with `error` again, as a new message, `delay` later, to the
-/// queue `home` names for it: done if the send worked, else the error stands and the queue
-/// redelivers it.
+/// What a message that may be sent again was: its body, and the id the engine knows it by.
+struct Sent {
+    body: String,
+    identity: String,
+}
+
+/// Sends a message that failed with `error` again, as a new message known by the same id,
+/// `delay` later, to the queue `home` names for it: done if the send worked, else the error
+/// stands and the queue redelivers it.
 async fn requeue<Q: Outbox>(
     outbox: &Coalescing<Q>,
-    body: &str,
+    sent: &Sent,
     home: impl Fn(&Message) -> Option<Destination>,
     receive_count: u32,
     delay: Duration,
     error: Error,
 ) -> Result<()> {
-    let Some((to, message)) = Message::decode(body).ok().and_then(|m| Some((home(&m)?, m))) else {
+    let decoded = Message::decode(&sent.body).ok();
+    let Some((to, message)) = decoded.and_then(|m| Some((home(&m)?, m))) else {
         return Err(error);
     };
-    match outbox.send(&[Outgoing { to, message, delay }]).await {
+    match outbox.send(&[Outgoing::again(to, message, delay, &sent.identity)]).await {
         Ok(()) => {
             info!(%error, receive_count, delay_s = delay.as_secs(), "sent again as a new message, so that a passing cause delays it and never dead-letters it");
             Ok(())
@@ -406,6 +427,7 @@ fn response(failed: impl Iterator<Item = String>) -> SqsBatchResponse {
 mod tests {
     use std::sync::Arc;
 
+    use aws_lambda_events::event::sqs::SqsMessageAttribute;
     use sas_engine::memory::{ManualClock, MemoryQueues};
     use sas_engine::message::{Message, Start};
     use sas_engine::ports::Destination;
@@ -486,8 +508,15 @@ mod tests {
         record.message_id = Some("m-1".into());
         assert_eq!(Received::from_record(record.clone()).incoming().receive_count, 1);
         record.attributes.insert("ApproximateReceiveCount".into(), "4".into());
-        let received = Received::from_record(record);
+        let received = Received::from_record(record.clone());
         assert_eq!(received.incoming(), Incoming { message_id: "m-1", receive_count: 4 });
+        // One sent again is known by the id of the message it was sent again for.
+        let mut first = SqsMessageAttribute::default();
+        (first.string_value, first.data_type) = (Some("m-0".into()), Some("String".into()));
+        record.message_attributes.insert(AGAIN_OF_ATTRIBUTE.into(), first);
+        let received = Received::from_record(record);
+        assert_eq!(received.incoming(), Incoming { message_id: "m-0", receive_count: 4 });
+        assert_eq!(received.message_id, "m-1", "its failure is reported by its own id");
     }
 
     #[tokio::test(start_paused = true)]
@@ -637,8 +666,10 @@ mod tests {
         assert!(recorder.queues.receive(&Destination::Scheduler, 10).is_empty(), "came early");
         recorder.clock.advance(REQUEUE_DELAY);
         let later = recorder.queues.receive(&Destination::Scheduler, 10);
-        let later: Vec<_> = later.iter().map(|m| (m.body.as_str(), m.receive_count)).collect();
-        assert_eq!(later, [(body.as_str(), 1)]);
+        let later: Vec<_> =
+            later.iter().map(|m| (m.body.as_str(), m.receive_count, m.identity())).collect();
+        // Known by the first one's id, so that a transition it wrote is replayed.
+        assert_eq!(later, [(body.as_str(), 1, "m")]);
 
         // A message that cannot be handled is not sent again: it is for the dead-letter queue.
         let poison = |_: Received| async { Err(Error::InvalidMessage("poison".into())) };

@@ -5,15 +5,19 @@
 //! `SendMessageBatch` answers 200 even when some entries failed. An entry failed on SQS's side
 //! is sent again by itself (the others were accepted: sending them again would only duplicate
 //! them), up to [`ENTRY_TRIES`] tries; one still failing, or failed as the sender's fault, fails
-//! the send, so the caller's input is retried, and duplicates are harmless by design.
+//! the send, so the caller's input is retried, and duplicates are harmless by design. A queue
+//! that does not exist yet fails a send as a passing cause.
+//!
+//! A message sent again for one its consumer could not handle carries that one's id in the
+//! [`AGAIN_OF_ATTRIBUTE`] message attribute, so that the engine takes it as the same message.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
-    BatchResultErrorEntry, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
-    SendMessageBatchRequestEntry,
+    BatchResultErrorEntry, MessageAttributeValue, MessageSystemAttributeNameForSends,
+    MessageSystemAttributeValue, SendMessageBatchRequestEntry,
 };
 use sas_engine::ports::{Destination, ENTRY_TRIES, MAX_DELAY, Outbox, Outgoing};
 use sas_engine::{Error, Result};
@@ -22,6 +26,17 @@ use crate::errors::classify;
 use crate::trace;
 
 const SERVICE: &str = "sqs";
+
+/// The message attribute that carries [`Outgoing::again_of`].
+pub const AGAIN_OF_ATTRIBUTE: &str = "SasAgainOf";
+
+/// [`Outgoing::again_of`] as message attributes.
+fn again_of_attribute(outgoing: &Outgoing) -> Option<HashMap<String, MessageAttributeValue>> {
+    let id = outgoing.again_of.as_ref()?;
+    let value =
+        MessageAttributeValue::builder().data_type("String").string_value(id).build().ok()?;
+    Some(HashMap::from([(AGAIN_OF_ATTRIBUTE.to_owned(), value)]))
+}
 /// Most entries in one SendMessageBatch call.
 const BATCH: usize = 10;
 
@@ -113,6 +128,7 @@ impl SqsOutbox {
                         .message_body(m.message.encode())
                         .delay_seconds(delay_seconds(m.delay)?)
                         .set_message_system_attributes(trace_attribute(&m.message))
+                        .set_message_attributes(again_of_attribute(m))
                         .build()
                         .map_err(|e| Error::rejected(SERVICE, e))
                 })
@@ -124,7 +140,7 @@ impl SqsOutbox {
                 .set_entries(Some(entries))
                 .send()
                 .await
-                .map_err(|e| classify(SERVICE, e))?;
+                .map_err(|e| sending_failed(url, e))?;
             let failed = out.failed();
             let Some(first) = failed.first() else {
                 return Ok(None);
@@ -155,6 +171,30 @@ impl SqsOutbox {
         }
         Ok(None)
     }
+}
+
+/// Why a send failed. A queue that does not exist is a passing cause: a stack update that adds
+/// an agent can start the scheduler's new code, which sends to the agent's queue by its name,
+/// before CloudFormation has created that queue; the message waits for it rather than ending in
+/// the dead letters.
+fn sending_failed(
+    url: &str,
+    e: aws_sdk_sqs::error::SdkError<
+        aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError,
+        aws_sdk_sqs::config::http::HttpResponse,
+    >,
+) -> Error {
+    let missing = e.as_service_error().is_some_and(|s| {
+        s.is_queue_does_not_exist()
+            || s.meta().code() == Some("AWS.SimpleQueueService.NonExistentQueue")
+    });
+    if missing {
+        return Error::unavailable(
+            SERVICE,
+            format!("queue {url} does not exist (yet: a stack update may be creating it)"),
+        );
+    }
+    classify(SERVICE, e)
 }
 
 /// `DelaySeconds` for `delay`: whole seconds, rounded up so that SQS never delivers early;

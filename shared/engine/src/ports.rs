@@ -339,7 +339,8 @@ impl Destination {
 /// A message as its consumer took it from the queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Incoming<'a> {
-    /// The id the queue gave the message; the same on every delivery of it.
+    /// The id the queue gave the message, the same on every delivery of it; for a message sent
+    /// again, the id of the one it was sent again for ([`Outgoing::again_of`]).
     pub message_id: &'a str,
     /// How many times it has been received, this time included (SQS's
     /// `ApproximateReceiveCount`): above 1, it came back after a consumer failed.
@@ -370,11 +371,24 @@ pub struct Outgoing {
     pub to: Destination,
     pub message: Message,
     pub delay: Duration,
+    /// The id its consumer knows it by, when it is a message sent again (a new message to the
+    /// queue, with a fresh receive count) for the one of that id: a transition the first one
+    /// wrote is then replayed, not refused as stale. SQS carries it as a message attribute.
+    pub again_of: Option<String>,
 }
 
 impl Outgoing {
     pub fn now(to: Destination, message: Message) -> Outgoing {
-        Outgoing { to, message, delay: Duration::ZERO }
+        Outgoing::later(to, message, Duration::ZERO)
+    }
+
+    pub fn later(to: Destination, message: Message, delay: Duration) -> Outgoing {
+        Outgoing { to, message, delay, again_of: None }
+    }
+
+    /// `message`, received as `identity`, sent again to `to` `delay` later.
+    pub fn again(to: Destination, message: Message, delay: Duration, identity: &str) -> Outgoing {
+        Outgoing { to, message, delay, again_of: Some(identity.to_owned()) }
     }
 }
 

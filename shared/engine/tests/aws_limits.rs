@@ -767,7 +767,8 @@ impl World {
                 self.handling.failed += 1;
                 if d.receive_count >= REQUEUE_FROM_RECEIVE {
                     let message = Message::decode(&d.body).unwrap();
-                    let again = Outgoing { to: queue.clone(), message, delay: REQUEUE_DELAY };
+                    let again =
+                        Outgoing::again(queue.clone(), message, REQUEUE_DELAY, d.identity());
                     if outbox.send(&[again]).await.is_ok() {
                         self.handling.requeued += 1;
                         self.memory.queues.delete(queue, &d.receipt).unwrap();
@@ -807,7 +808,7 @@ impl World {
                 for d in &batch {
                     let message = Message::decode(&d.body).unwrap();
                     let incoming =
-                        Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                        Incoming { message_id: d.identity(), receive_count: d.receive_count };
                     let handled =
                         self.schedulers[q].1[i].scheduler.handle(&message, incoming).await;
                     if let Ok(Handled::Illegal(why)) = &handled {
@@ -840,7 +841,7 @@ impl World {
                         panic!("seed {}: a request queue held something else", self.seed)
                     };
                     let incoming =
-                        Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                        Incoming { message_id: d.identity(), receive_count: d.receive_count };
                     let l = &self.agents[a].1[i].lanes[lane];
                     l.clock.set(begins);
                     let handled = l.agent.handle(&request, incoming).await;

@@ -620,7 +620,7 @@ impl World {
             for d in &batch {
                 let message = Message::decode(&d.body).unwrap();
                 let incoming =
-                    Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                    Incoming { message_id: d.identity(), receive_count: d.receive_count };
                 match w.scheduler.handle(&message, incoming).await {
                     Ok(_) => self.queues.delete(&queue, &d.receipt).unwrap(),
                     Err(Error::InvalidMessage(why)) => {
@@ -640,7 +640,7 @@ impl World {
             let w = &mut self.agents[i];
             w.clock.set(now);
             let Message::Request(request) = Message::decode(&d.body).unwrap() else { panic!() };
-            let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+            let incoming = Incoming { message_id: d.identity(), receive_count: d.receive_count };
             let failed = || {
                 let injected = self.injected.lock().unwrap();
                 let of = injected.get(&request.order_id);

@@ -1404,7 +1404,7 @@ impl Sim {
             let message = Message::decode(&d.body).unwrap();
             let before = message.order_id().and_then(|id| self.memory.peek(id));
             self.check_outputs(&message, before.as_ref());
-            let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+            let incoming = Incoming { message_id: d.identity(), receive_count: d.receive_count };
             let handled = match &message {
                 Message::Request(r) => {
                     self.watch.lock().unwrap().throttled.remove(&r.idempotency_key);
@@ -1464,7 +1464,7 @@ impl Sim {
         let outcomes =
             futures_util::future::join_all(taken.iter().zip(&requests).map(|(d, r)| async move {
                 let incoming =
-                    Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                    Incoming { message_id: d.identity(), receive_count: d.receive_count };
                 agent.handle(r, incoming).await
             }))
             .await;
@@ -1570,7 +1570,7 @@ impl Sim {
         let handled =
             futures_util::future::join_all(taken.iter().zip(&messages).map(|(d, m)| async move {
                 let incoming =
-                    Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+                    Incoming { message_id: d.identity(), receive_count: d.receive_count };
                 scheduler.handle(m, incoming).await
             }))
             .await;

@@ -62,6 +62,15 @@ pub struct Delivery {
     pub body: String,
     /// How many times the message has been received, this time included.
     pub receive_count: u32,
+    /// What it was sent with as [`Outgoing::again_of`].
+    pub again_of: Option<String>,
+}
+
+impl Delivery {
+    /// The id its consumer knows it by: the one it was sent again for, else its own.
+    pub fn identity(&self) -> &str {
+        self.again_of.as_deref().unwrap_or(&self.message_id)
+    }
 }
 
 /// SQS standard queues, one per [`Destination`], created on first use.
@@ -102,6 +111,7 @@ struct Stored {
     receipt: Option<String>,
     /// Receipts of the earlier receives, which still delete it.
     old_receipts: Vec<String>,
+    again_of: Option<String>,
 }
 
 impl<C: Clock> MemoryQueues<C> {
@@ -125,7 +135,7 @@ impl<C: Clock> MemoryQueues<C> {
     pub fn send_raw(&self, dest: &Destination, body: String) -> Result<String> {
         check_body(&body)?;
         let now = self.clock.now();
-        Ok(self.state().push(dest, body, now, now))
+        Ok(self.state().push(dest, body, now, now, None))
     }
 
     /// Receives up to `max` (at most [`MAX_RECEIVE_BATCH`]) visible messages, earliest visible
@@ -174,6 +184,7 @@ impl<C: Clock> MemoryQueues<C> {
                 receipt,
                 body: message.body.clone(),
                 receive_count: message.receive_count,
+                again_of: message.again_of.clone(),
             });
         }
         // Moved in the order they came due, so the dead-letter list reads like a queue too.
@@ -319,6 +330,7 @@ impl State {
         body: String,
         sent_at: Timestamp,
         visible_at: Timestamp,
+        again_of: Option<String>,
     ) -> String {
         self.next_message += 1;
         let seq = self.next_message;
@@ -334,6 +346,7 @@ impl State {
             receive_count: 0,
             receipt: None,
             old_receipts: Vec::new(),
+            again_of,
         });
         id
     }
@@ -389,7 +402,13 @@ impl<C: Clock> Outbox for MemoryQueues<C> {
             match failing {
                 Some((at, tries)) if at == index => retried = Some((outgoing, body, tries)),
                 _ => {
-                    state.push(&outgoing.to, body, now, now.plus(outgoing.delay));
+                    state.push(
+                        &outgoing.to,
+                        body,
+                        now,
+                        now.plus(outgoing.delay),
+                        outgoing.again_of.clone(),
+                    );
                 }
             }
         }
@@ -399,7 +418,13 @@ impl<C: Clock> Outbox for MemoryQueues<C> {
                 format!("a message to {:?} failed {ENTRY_TRIES} tries (injected)", outgoing.to),
             )),
             Some((outgoing, body, _)) => {
-                state.push(&outgoing.to, body, now, now.plus(outgoing.delay));
+                state.push(
+                    &outgoing.to,
+                    body,
+                    now,
+                    now.plus(outgoing.delay),
+                    outgoing.again_of.clone(),
+                );
                 Ok(())
             }
             None => Ok(()),
@@ -480,7 +505,7 @@ mod tests {
     }
 
     async fn send(q: &MemoryQueues<ManualClock>, n: u64, delay: Duration) -> Result<()> {
-        q.send(&[Outgoing { to: Destination::Scheduler, message: start(n), delay }]).await
+        q.send(&[Outgoing::later(Destination::Scheduler, start(n), delay)]).await
     }
 
     const S: Destination = Destination::Scheduler;
@@ -536,6 +561,24 @@ mod tests {
         assert_eq!(sent, [1, 3]);
         q.send(&batch).await.unwrap();
         assert_eq!(q.visible_len(&S), 3, "the fault was spent");
+    }
+
+    #[tokio::test]
+    async fn a_message_sent_again_is_known_by_the_first_ones_id() {
+        let (_, q) = setup();
+        send(&q, 1, Duration::ZERO).await.unwrap();
+        let first = q.receive(&S, 1).pop().unwrap();
+        assert_eq!(first.identity(), first.message_id);
+        let again = Outgoing::again(S, start(1), Duration::ZERO, first.identity());
+        q.send(&[again]).await.unwrap();
+        q.delete(&S, &first.receipt).unwrap();
+        let second = q.receive(&S, 1).pop().unwrap();
+        assert_ne!(second.message_id, first.message_id);
+        assert_eq!((second.identity(), second.receive_count), (first.message_id.as_str(), 1));
+        // Sent again once more, it keeps the first id.
+        q.send(&[Outgoing::again(S, start(1), Duration::ZERO, second.identity())]).await.unwrap();
+        q.delete(&S, &second.receipt).unwrap();
+        assert_eq!(q.receive(&S, 1).pop().unwrap().identity(), first.message_id);
     }
 
     #[tokio::test]

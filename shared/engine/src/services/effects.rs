@@ -81,16 +81,16 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
                 Effect::Announce { step } => {
                     events.push(self.announcement(record, *step, now).await?)
                 }
-                Effect::Kick { delay, attempt } => outgoing.push(Outgoing {
-                    to: Destination::Scheduler,
-                    message: Message::Start(Start {
+                Effect::Kick { delay, attempt } => outgoing.push(Outgoing::later(
+                    Destination::Scheduler,
+                    Message::Start(Start {
                         order_id: record.order_id,
                         attempt: *attempt,
                         correlation_id: record.correlation_id.clone(),
                         due_at: Some(now.plus(*delay)),
                     }),
-                    delay: *delay,
-                }),
+                    *delay,
+                )),
                 Effect::Status { kind, step } => {
                     events.push(BusEvent::status(record, *kind, step.clone(), now))
                 }
