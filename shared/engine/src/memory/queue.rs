@@ -324,6 +324,12 @@ impl<C: Clock> MemoryQueues<C> {
 }
 
 impl State {
+    /// Stores `outgoing` (its `body` encoded), sent at `now`.
+    fn push_sent(&mut self, outgoing: &Outgoing, body: String, now: Timestamp) -> String {
+        let visible_at = now.plus(outgoing.delay);
+        self.push(&outgoing.to, body, now, visible_at, outgoing.again_of.clone())
+    }
+
     fn push(
         &mut self,
         dest: &Destination,
@@ -402,13 +408,7 @@ impl<C: Clock> Outbox for MemoryQueues<C> {
             match failing {
                 Some((at, tries)) if at == index => retried = Some((outgoing, body, tries)),
                 _ => {
-                    state.push(
-                        &outgoing.to,
-                        body,
-                        now,
-                        now.plus(outgoing.delay),
-                        outgoing.again_of.clone(),
-                    );
+                    state.push_sent(outgoing, body, now);
                 }
             }
         }
@@ -418,13 +418,7 @@ impl<C: Clock> Outbox for MemoryQueues<C> {
                 format!("a message to {:?} failed {ENTRY_TRIES} tries (injected)", outgoing.to),
             )),
             Some((outgoing, body, _)) => {
-                state.push(
-                    &outgoing.to,
-                    body,
-                    now,
-                    now.plus(outgoing.delay),
-                    outgoing.again_of.clone(),
-                );
+                state.push_sent(outgoing, body, now);
                 Ok(())
             }
             None => Ok(()),
