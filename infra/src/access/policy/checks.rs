@@ -36,6 +36,10 @@ pub struct Denial {
     /// The first need that was not allowed.
     pub action: String,
     pub resource: String,
+    /// The partition keys of the items it touched, for a DynamoDB request of one item (of the
+    /// first request refused so): IAM's message does not give them, the report does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leading_keys: Option<Vec<String>>,
     pub cause: Cause,
     /// How many requests were refused so (in the records of [`Access`]).
     pub count: u64,
@@ -140,9 +144,13 @@ impl AccessReport {
                 Cause::ExplicitDeny => "a Deny statement refuses it".to_owned(),
                 Cause::Unmapped(why) => format!("not mapped: {why}"),
             };
+            let keys = match &d.leading_keys {
+                Some(keys) => format!(" (partition key {})", keys.join(", ")),
+                None => String::new(),
+            };
             writeln!(
                 f,
-                "  DENIED {}: {} on {} ({}: {cause}), {} time(s)",
+                "  DENIED {}: {} on {}{keys} ({}: {cause}), {} time(s)",
                 d.function, d.action, d.resource, d.operation, d.count
             )?;
         }
@@ -257,6 +265,7 @@ impl Access {
                         operation: operation.to_owned(),
                         action,
                         resource: "*".into(),
+                        leading_keys: None,
                         cause: Cause::Unmapped(reason),
                         count: 1,
                     },
@@ -302,6 +311,7 @@ impl Access {
                     operation: operation.to_owned(),
                     action: need.action,
                     resource: need.resource,
+                    leading_keys: need.leading_keys,
                     cause: if explicit { Cause::ExplicitDeny } else { Cause::NoAllow },
                     count: 1,
                 },

@@ -12,10 +12,13 @@
 //!
 //! Evaluation is IAM's for identity-based policies: an explicit `Deny` wins, then any `Allow`;
 //! otherwise the request is denied. Actions match case-insensitively, resources
-//! case-sensitively, both with the wildcards `*` and `?`. What cannot be evaluated exactly is
-//! refused when the policies are read, never skipped: managed policies, SAM policy templates,
-//! conditions (but on an `Allow` of services no local request reaches), `NotAction` and
-//! `NotResource` in an `Allow`, a role given by ARN, a permissions boundary. A request is mapped
+//! case-sensitively, both with the wildcards `*` and `?`; an `Allow` may hold DynamoDB's
+//! requests of one item to partition keys (`ForAllValues:StringLike` or `StringEquals` on
+//! `dynamodb:LeadingKeys`), read from the request with the table's key schema in the template.
+//! What cannot be evaluated exactly is refused when the policies are read, never skipped:
+//! managed policies, SAM policy templates, any other condition (but on an `Allow` of services no
+//! local request reaches), `NotAction` and `NotResource` in an `Allow`, a role given by ARN, a
+//! permissions boundary. A request is mapped
 //! to every (action, resource ARN) pair IAM authorises it by (a transaction by its item
 //! actions, a batch by its single action); a request that cannot be mapped is denied.
 //!
@@ -40,7 +43,7 @@ pub use checks::{Access, AccessReport, Cause, Denial, Grant};
 pub use needs::{Unmapped, needs, operation};
 pub use read::{Policies, Scope, policies, read_document};
 pub use rest::maps as speaks_rest_json;
-pub use verdict::{Decision, Effect, Need, Origin, Permissions, Statement, wildcard};
+pub use verdict::{Condition, Decision, Effect, Need, Origin, Permissions, Statement, wildcard};
 pub use wire::{AwsRequest, Protocol, form_pairs};
 
 /// The services whose requests the proxy maps, and so checks.

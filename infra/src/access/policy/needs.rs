@@ -327,12 +327,21 @@ fn dynamodb(operation: &str, json: &Value, scope: &Scope) -> Result<Vec<Need>, S
         }
     };
     let need = |action: &str, resource: String| Need::new(format!("dynamodb:{action}"), resource);
+    // A request of one item is also known by its item's partition key.
+    let item_need = |action: &str, body: &Value| -> Result<Need, String> {
+        let arn = table(text(body, "TableName")?);
+        let key = leading_key(body, &arn, scope);
+        let need = need(action, arn);
+        Ok(match key {
+            Some(key) => need.with_leading_keys(vec![key]),
+            None => need,
+        })
+    };
     match operation {
-        "GetItem"
-        | "PutItem"
-        | "UpdateItem"
-        | "DeleteItem"
-        | "DescribeTable"
+        "GetItem" | "PutItem" | "UpdateItem" | "DeleteItem" => {
+            Ok(vec![item_need(operation, json)?])
+        }
+        "DescribeTable"
         | "CreateTable"
         | "DeleteTable"
         | "UpdateTable"
@@ -366,7 +375,7 @@ fn dynamodb(operation: &str, json: &Value, scope: &Scope) -> Result<Vec<Need>, S
                         ("TransactGetItems", "Get") => "GetItem",
                         _ => return Err(format!("transaction item {kind} is not mapped")),
                     };
-                    Ok(need(action, table(text(body, "TableName")?)))
+                    item_need(action, body)
                 })
                 .collect()
         }
@@ -379,6 +388,14 @@ fn dynamodb(operation: &str, json: &Value, scope: &Scope) -> Result<Vec<Need>, S
         "ListTables" => Ok(vec![need(operation, "*".to_owned())]),
         other => Err(format!("the DynamoDB operation {other} is not mapped")),
     }
+}
+
+/// The partition key of the item a request of one item names (its `Key`, or a put's `Item`),
+/// where the template gives the table's key schema.
+fn leading_key(body: &Value, table: &str, scope: &Scope) -> Option<String> {
+    let attribute = scope.partition_keys.get(table)?;
+    let value = body.get("Key").or_else(|| body.get("Item"))?.get(attribute)?;
+    ["S", "N", "B"].iter().find_map(|kind| value.get(kind)?.as_str()).map(str::to_owned)
 }
 
 fn sqs(operation: &str, json: &Value, scope: &Scope) -> Result<Vec<Need>, String> {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::PROXY_SERVICES;
-use super::verdict::{Effect, Origin, Permissions, Statement};
+use super::verdict::{Condition, Effect, Origin, Permissions, Statement};
 use crate::Error;
 use crate::emulation::provision::Stack;
 use crate::emulation::template::{Template, scalar_string};
@@ -28,6 +28,9 @@ pub struct Scope {
     /// Secret ARNs by secret name: a request may name a secret either way, and its ARN ends
     /// with a suffix only the service knows.
     pub secrets: BTreeMap<String, String>,
+    /// Each table's partition key attribute, by the table's ARN: what a request of one item
+    /// is known by in a condition on `dynamodb:LeadingKeys`.
+    pub partition_keys: BTreeMap<String, String>,
 }
 
 /// Every function's permissions, and what requests are resolved against.
@@ -79,6 +82,14 @@ pub fn policies(template: &Template, stack: &Stack) -> Result<Policies, Error> {
         let target = redrive.get("deadLetterTargetArn").map(scalar_string).transpose()?;
         if let (Some(dlq), Some(arn)) = (target, stack.attribute(id, "Arn")) {
             scope.redrive_sources.entry(dlq).or_default().push(arn);
+        }
+    }
+    for (id, resource) in template.of_kind("AWS::DynamoDB::Table") {
+        let Some(arn) = stack.attribute(id, "Arn") else { continue };
+        let schema = resource.properties.get("KeySchema").and_then(Value::as_array);
+        let hash = schema.into_iter().flatten().find(|k| k["KeyType"] == "HASH");
+        if let Some(name) = hash.and_then(|k| k["AttributeName"].as_str()) {
+            scope.partition_keys.insert(arn, name.to_owned());
         }
     }
     let mut names = Vec::new();
@@ -179,6 +190,7 @@ fn made_by_sam(stack: &Stack, properties: &Value) -> Result<Vec<Statement>, Stri
             not_action: false,
             resources: vec!["*".to_owned()],
             not_resource: false,
+            condition: None,
             origin: Origin::Implied(SQS_EVENT_SOURCE_POLICY.to_owned()),
         });
     }
@@ -265,17 +277,35 @@ fn statement(value: &Value) -> Result<Statement, String> {
         Some("Deny") => Effect::Deny,
         other => return Err(format!("Effect must be Allow or Deny, not {other:?}")),
     };
-    // A condition is not evaluated locally. On an Allow for services the proxy never maps (a
-    // KMS decrypt Secrets Manager makes for the caller) it changes nothing local; anywhere else
-    // it would, so it is refused.
-    if map.contains_key("Condition") {
+    // Of conditions, only an Allow's hold on DynamoDB's partition keys is evaluated locally.
+    // Any other on an Allow for services the proxy never maps (a KMS decrypt Secrets Manager
+    // makes for the caller) changes nothing local; anywhere else it would, so it is refused.
+    let mut condition = None;
+    if let Some(written) = map.get("Condition") {
         let actions = strings(map.get("Action").unwrap_or(&Value::Null)).unwrap_or_default();
         let unseen = |a: &String| {
             let service = a.split_once(':').map_or(a.as_str(), |(s, _)| s).to_ascii_lowercase();
             !service.contains(['*', '?']) && !PROXY_SERVICES.contains(&service.as_str())
         };
-        if effect == Effect::Deny || actions.is_empty() || !actions.iter().all(unseen) {
-            return Err("conditions are not evaluated locally".into());
+        let ignored = effect == Effect::Allow && !actions.is_empty() && actions.iter().all(unseen);
+        if !ignored {
+            let Some(keys) = leading_keys(written)? else {
+                return Err("conditions are not evaluated locally".into());
+            };
+            if effect == Effect::Deny {
+                return Err("conditions are not evaluated locally in a Deny".into());
+            }
+            let one_item = |a: &String| {
+                ITEM_ACTIONS.iter().any(|item| a.eq_ignore_ascii_case(&format!("dynamodb:{item}")))
+            };
+            if actions.is_empty() || !actions.iter().all(one_item) {
+                return Err(format!(
+                    "dynamodb:LeadingKeys is evaluated locally only on the actions of one item \
+                     ({}), each named",
+                    ITEM_ACTIONS.join(", ")
+                ));
+            }
+            condition = Some(keys);
         }
     }
     let pair = |positive: &str, negative: &str| -> Result<(Vec<String>, bool), String> {
@@ -292,7 +322,38 @@ fn statement(value: &Value) -> Result<Statement, String> {
     };
     let (actions, not_action) = pair("Action", "NotAction")?;
     let (resources, not_resource) = pair("Resource", "NotResource")?;
-    Ok(Statement { effect, actions, not_action, resources, not_resource, origin: Origin::Template })
+    Ok(Statement {
+        effect,
+        actions,
+        not_action,
+        resources,
+        not_resource,
+        condition,
+        origin: Origin::Template,
+    })
+}
+
+/// The DynamoDB actions on one item: each request names its item's key, so its partition key
+/// is always known.
+const ITEM_ACTIONS: [&str; 5] =
+    ["GetItem", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"];
+
+/// A condition that is one `ForAllValues:StringLike` or `ForAllValues:StringEquals` on
+/// `dynamodb:LeadingKeys` and nothing else; `None` for any other condition.
+fn leading_keys(condition: &Value) -> Result<Option<Condition>, String> {
+    let Some(map) = condition.as_object().filter(|m| m.len() == 1) else { return Ok(None) };
+    let (operator, keys) = map.iter().next().expect("one entry");
+    let like = match operator.as_str() {
+        "ForAllValues:StringLike" => true,
+        "ForAllValues:StringEquals" => false,
+        _ => return Ok(None),
+    };
+    let Some(keys) = keys.as_object().filter(|k| k.len() == 1) else { return Ok(None) };
+    let (key, values) = keys.iter().next().expect("one entry");
+    if !key.eq_ignore_ascii_case("dynamodb:LeadingKeys") {
+        return Ok(None);
+    }
+    Ok(Some(Condition::LeadingKeys { patterns: strings(values)?, like }))
 }
 
 /// A string, or a non-empty list of strings.

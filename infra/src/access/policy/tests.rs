@@ -39,6 +39,10 @@ fn one(statements: &str) -> Result<Policies, Error> {
 Resources:
   Table:
     Type: AWS::DynamoDB::Table
+    Properties:
+      KeySchema:
+        - {{AttributeName: Id, KeyType: HASH}}
+        - {{AttributeName: At, KeyType: RANGE}}
   Queue:
     Type: AWS::SQS::Queue
   Other:
@@ -340,6 +344,91 @@ fn each_poller_may_read_its_own_queues_and_no_other() {
             "{function} has a role of its own: nothing is attached behind the template's back"
         );
     }
+}
+
+#[test]
+fn each_agent_writes_only_its_own_items_of_the_services_table() {
+    let (stack, policies) = real();
+    let table = stack.reference("ServicesTable").unwrap();
+    let update = |function: &str, key: &str| {
+        let body = serde_json::json!({ "TableName": table, "Key": { "Service": { "S": key } } });
+        request(&policies, function, "DynamoDB_20120810.UpdateItem", body)
+    };
+    // Its health, a hold of one action, the turns of its resumed calls, its tally and places.
+    for own in
+        ["payment", "payment/charge", "payment/resumed#rate", "payment#rate", "payment#flight"]
+    {
+        assert!(matches!(update("paymentAgentFunction", own), Decision::Allowed(_)), "{own}");
+    }
+    for other in ["shipping", "shipping#rate", "shipping/resumed#rate", "paymentx", "paymentx#rate"]
+    {
+        let decision = update("paymentAgentFunction", other);
+        let services = stack.attribute("ServicesTable", "Arn").unwrap();
+        assert_eq!(denied(&decision), Some(("dynamodb:UpdateItem", services.as_str(), false)));
+    }
+    let put = serde_json::json!({ "TableName": table, "Item": { "Service": { "S": "shipping" } } });
+    assert!(
+        denied(&request(
+            &policies,
+            "paymentAgentFunction",
+            "DynamoDB_20120810.PutItem",
+            put.clone()
+        ))
+        .is_some()
+    );
+    // An operator's hold or the supervisor's record of one is written for any service.
+    assert!(matches!(
+        request(&policies, "SupervisorFunction", "DynamoDB_20120810.PutItem", put),
+        Decision::Allowed(_)
+    ));
+    // A transaction is held to the keys of each of its items.
+    let both = serde_json::json!({ "TransactItems": [
+        { "Update": { "TableName": table, "Key": { "Service": { "S": "payment#rate" } } } },
+        { "Update": { "TableName": table, "Key": { "Service": { "S": "shipping#rate" } } } }] });
+    let decision =
+        request(&policies, "paymentAgentFunction", "DynamoDB_20120810.TransactWriteItems", both);
+    let need = match decision {
+        Decision::Denied { need, .. } => need,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(need.leading_keys, Some(vec!["shipping#rate".to_owned()]));
+}
+
+#[test]
+fn a_condition_on_partition_keys_is_evaluated_only_where_every_request_names_one() {
+    let policies = one(
+        "            - Effect: Allow\n              Action: [dynamodb:GetItem]\n              Resource: \"*\"\n              Condition: {ForAllValues:StringEquals: {dynamodb:LeadingKeys: [a]}}",
+    )
+    .unwrap();
+    let get = |table: &str, key: &str| {
+        let key = serde_json::json!({ "Id": { "S": key }, "At": { "N": "1" } });
+        let body = serde_json::json!({ "TableName": table, "Key": key });
+        request(&policies, "F", "DynamoDB_20120810.GetItem", body)
+    };
+    let table = TABLE.rsplit_once('/').unwrap().1;
+    assert!(matches!(get(table, "a"), Decision::Allowed(_)));
+    assert!(denied(&get(table, "b")).is_some());
+    assert!(denied(&get(table, "a*")).is_some(), "StringEquals takes no wildcard");
+    // A table whose key schema the template does not give: its partition key cannot be read,
+    // and a key that cannot be read matches nothing.
+    assert!(denied(&get("elsewhere", "a")).is_some());
+    let refused = |statements: &str| one(statements).unwrap_err().to_string();
+    let scan = refused(
+        "            - Effect: Allow\n              Action: [dynamodb:GetItem, dynamodb:Scan]\n              Resource: \"*\"\n              Condition: {ForAllValues:StringLike: {dynamodb:LeadingKeys: [a]}}",
+    );
+    assert!(scan.contains("only on the actions of one item"), "{scan}");
+    let every = refused(
+        "            - Effect: Allow\n              Action: dynamodb:*\n              Resource: \"*\"\n              Condition: {ForAllValues:StringLike: {dynamodb:LeadingKeys: [a]}}",
+    );
+    assert!(every.contains("only on the actions of one item"), "{every}");
+    let deny = refused(
+        "            - Effect: Deny\n              Action: dynamodb:GetItem\n              Resource: \"*\"\n              Condition: {ForAllValues:StringLike: {dynamodb:LeadingKeys: [a]}}",
+    );
+    assert!(deny.contains("in a Deny"), "{deny}");
+    let other = refused(
+        "            - Effect: Allow\n              Action: dynamodb:GetItem\n              Resource: \"*\"\n              Condition: {ForAnyValue:StringLike: {dynamodb:LeadingKeys: [a]}}",
+    );
+    assert!(other.contains("conditions are not evaluated locally"), "{other}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! IAM's verdict for identity-based policies: an explicit `Deny` wins, then any `Allow`;
 //! otherwise the request is denied. Actions match case-insensitively, resources
-//! case-sensitively, both with the wildcards `*` and `?`.
+//! case-sensitively, both with the wildcards `*` and `?`. The one condition evaluated is an
+//! `Allow`'s hold on the partition keys of DynamoDB's single-item requests.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,14 +34,44 @@ pub struct Statement {
     pub resources: Vec<String>,
     /// `NotResource`: every resource but these (only in a `Deny`).
     pub not_resource: bool,
+    /// What the statement's `Condition` asks of a request besides its action and resource.
+    pub condition: Option<Condition>,
     pub origin: Origin,
+}
+
+/// The conditions evaluated locally.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// `ForAllValues:StringLike` (or `StringEquals`, then `like` is false) on
+    /// `dynamodb:LeadingKeys`: every partition key the request touches matches one of the
+    /// patterns. Read only on actions of one item, whose key every request names.
+    LeadingKeys { patterns: Vec<String>, like: bool },
+}
+
+impl Condition {
+    fn holds(&self, need: &Need) -> bool {
+        match self {
+            // A request whose keys are unknown is not taken to match.
+            Condition::LeadingKeys { patterns, like } => {
+                need.leading_keys.as_ref().is_some_and(|keys| {
+                    keys.iter().all(|key| {
+                        patterns.iter().any(|p| if *like { wildcard(p, key) } else { p == key })
+                    })
+                })
+            }
+        }
+    }
 }
 
 impl Statement {
     fn covers(&self, need: &Need) -> bool {
         let action = self.actions.iter().any(|p| action_matches(p, &need.action));
         let resource = self.resources.iter().any(|p| wildcard(p, &need.resource));
-        action != self.not_action && resource != self.not_resource
+        action != self.not_action && resource != self.not_resource && self.allows_context(need)
+    }
+
+    fn allows_context(&self, need: &Need) -> bool {
+        self.condition.as_ref().is_none_or(|c| c.holds(need))
     }
 }
 
@@ -51,11 +82,21 @@ pub struct Need {
     pub action: String,
     /// The ARN, or `*` for actions that take no resource.
     pub resource: String,
+    /// The partition key values of the items a DynamoDB request of one item touches (IAM's
+    /// `dynamodb:LeadingKeys`), where they are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leading_keys: Option<Vec<String>>,
 }
 
 impl Need {
     pub fn new(action: impl Into<String>, resource: impl Into<String>) -> Need {
-        Need { action: action.into(), resource: resource.into() }
+        Need { action: action.into(), resource: resource.into(), leading_keys: None }
+    }
+
+    /// The need with the partition keys its request touches.
+    pub fn with_leading_keys(mut self, keys: Vec<String>) -> Need {
+        self.leading_keys = Some(keys);
+        self
     }
 }
 
@@ -88,7 +129,7 @@ impl Permissions {
             }
             let before = used.len();
             for (si, s) in self.statements.iter().enumerate() {
-                if s.effect != Effect::Allow {
+                if s.effect != Effect::Allow || !s.allows_context(need) {
                     continue;
                 }
                 for (ai, action) in s.actions.iter().enumerate() {
