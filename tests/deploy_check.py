@@ -32,7 +32,9 @@ Then the expanded template is created in moto's CloudFormation (at `MOTO_URL`), 
 did not create is listed: moto skips several resource types, so the creation checks the wiring
 (references, conditions, the parameters), not a deploy. At the defaults a stack's life is
 played there too (created, updated with an agent added, deleted with what it keeps put back,
-created again under the same name), and `sam deploy` runs with `samconfig.toml` alone.
+created again under the same name), and `sam deploy` runs with `samconfig.toml` alone; and on a
+moto of its own whose CloudFormation fails a first create as AWS does (rolled back), the same
+`sam deploy` run twice must create the stack the second time.
 
 Usage: deploy_check.py TEMPLATE. Prints one block per choice; exits 1 if any check failed.
 `deploy_check.py --compare BEFORE AFTER` tells what deploying AFTER over a stack of BEFORE
@@ -1038,21 +1040,21 @@ def check_samconfig(expanded):
     return problems
 
 
-def check_non_guided_deploy(expanded, choice, session, endpoint):
-    """`sam deploy` with nothing but `samconfig.toml`, as CI runs it, into moto: SAM CLI's
-    managed bucket, the template uploaded there, a change set created and executed. moto
-    expands neither the loops nor SAM's resources, so it is handed the template expanded here;
-    it gives no outputs to a stack made by a change set, so SAM CLI's own bucket stack is made
-    beforehand with SAM CLI's template, as SAM CLI would make it; and it reads a template URL
-    by its path only on `localhost`."""
+def sam_deploy_with_config(expanded, choice, session, endpoint):
+    """`sam deploy` with nothing but `samconfig.toml`, as CI runs it, into the moto at
+    `endpoint`: its exit code and what it said. moto expands neither the loops nor SAM's
+    resources, so it is handed the template expanded here; it gives no outputs to a stack made
+    by a change set, so SAM CLI's own bucket stack is made beforehand with SAM CLI's template,
+    as SAM CLI would make it; and it reads a template URL by its path only on `localhost`."""
     from samcli.lib.bootstrap.bootstrap import SAM_CLI_STACK_NAME, _get_stack_template
 
     cloudformation = session.client("cloudformation", endpoint_url=endpoint)
-    cloudformation.create_stack(
-        StackName=SAM_CLI_STACK_NAME, TemplateBody=_get_stack_template(), Capabilities=["CAPABILITY_IAM"],
-        Tags=[{"Key": "ManagedStackSource", "Value": "AwsSamCli"}],
-    )
-    settle(cloudformation, SAM_CLI_STACK_NAME)
+    if not any(s["StackName"] == SAM_CLI_STACK_NAME for s in cloudformation.describe_stacks()["Stacks"]):
+        cloudformation.create_stack(
+            StackName=SAM_CLI_STACK_NAME, TemplateBody=_get_stack_template(), Capabilities=["CAPABILITY_IAM"],
+            Tags=[{"Key": "ManagedStackSource", "Value": "AwsSamCli"}],
+        )
+        settle(cloudformation, SAM_CLI_STACK_NAME)
     work = tempfile.mkdtemp(prefix="deploy-check-")
     path = os.path.join(work, "expanded.json")
     with open(path, "w") as f:
@@ -1063,16 +1065,91 @@ def check_non_guided_deploy(expanded, choice, session, endpoint):
     )
     command = [sys.executable, "-m", "samcli", "deploy", "--template-file", path, "--config-file", os.path.abspath(SAMCONFIG)]
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
-    said = " ".join((done.stdout + done.stderr).split())
-    if done.returncode != 0:
-        return [f"sam deploy with samconfig.toml alone failed: {said[-600:]}"]
+    return done.returncode, " ".join((done.stdout + done.stderr).split())
+
+
+def configured_stack_name():
     import tomllib
 
     with open(SAMCONFIG, "rb") as f:
-        name = tomllib.load(f)["default"]["deploy"]["parameters"]["stack_name"]
-    status = cloudformation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
+        return tomllib.load(f)["default"]["deploy"]["parameters"].get("stack_name")
+
+
+def stack_status(cloudformation, name):
+    """The status of the stack `name`, or None when there is none."""
+    try:
+        return cloudformation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
+    except Exception as e:
+        if "does not exist" in str(e):
+            return None
+        raise
+
+
+def check_non_guided_deploy(expanded, choice, session, endpoint):
+    """`sam deploy` with nothing but `samconfig.toml` creates the stack."""
+    code, said = sam_deploy_with_config(expanded, choice, session, endpoint)
+    if code != 0:
+        return [f"sam deploy with samconfig.toml alone failed: {said[-600:]}"]
+    name = configured_stack_name()
+    status = stack_status(session.client("cloudformation", endpoint_url=endpoint), name)
     print(f"sam deploy: with samconfig.toml alone, stack {name} {status}")
     return [] if status == "CREATE_COMPLETE" else [f"sam deploy left stack {name} {status}"]
+
+
+def play_failed_first_create(expanded, choice, session):
+    """A first create that fails, then the retry the README gives: the same `sam deploy` again.
+    moto has no failure path (an error while creating a resource is raised to the caller), so
+    this runs on a moto of its own, in this process, whose CloudFormation fails the stack's
+    first create as AWS does: nothing of it is left but the stack, in ROLLBACK_COMPLETE. SAM CLI with `on_failure = "DELETE"` then deletes it, and the retry
+    creates the stack; left rolled back, the retry would be refused as an update."""
+    from moto.cloudformation import models
+    from moto.server import ThreadedMotoServer
+
+    name = configured_stack_name()
+    if not name:
+        return ["a failed first create is not played: samconfig.toml names no stack_name"]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = "http://localhost:%d" % server.get_host_and_port()[1]
+    backend = models.CloudFormationBackend
+    original = backend.execute_change_set
+    failing = {name}
+
+    def execute_change_set(self, change_set_name, stack_name=None):
+        change_set = self.change_sets.get(change_set_name) or next(
+            (c for c in self.change_sets.values() if c.change_set_name == change_set_name), None
+        )
+        stack = change_set and self.stacks[change_set.stack_id]
+        if not stack or change_set.change_set_type != "CREATE" or stack.name not in failing:
+            return original(self, change_set_name, stack_name)
+        failing.discard(stack.name)
+        stack._add_stack_event("CREATE_IN_PROGRESS", resource_status_reason="User Initiated")
+        stack._add_stack_event("CREATE_FAILED", resource_status_reason="The following resource(s) failed to create: [StateTable]. ")
+        stack._add_stack_event("ROLLBACK_IN_PROGRESS")
+        stack._add_stack_event("ROLLBACK_COMPLETE")
+        change_set.execution_status = "EXECUTE_FAILED"
+        stack.status = "ROLLBACK_COMPLETE"
+
+    backend.execute_change_set = execute_change_set
+    try:
+        put_code(session, endpoint)
+        cloudformation = session.client("cloudformation", endpoint_url=endpoint)
+        code, said = sam_deploy_with_config(expanded, choice, session, endpoint)
+        after = stack_status(cloudformation, name)
+        print(f"failed first create: sam deploy exited {code}, stack {name} then {after or 'deleted'}")
+        if code == 0:
+            return [f"the failed first create was not played: sam deploy succeeded: {said[-300:]}"]
+        if after is not None:
+            return [f"a failed first create left stack {name} in {after}: the same sam deploy again would be refused as an update"]
+        code, said = sam_deploy_with_config(expanded, choice, session, endpoint)
+        status = stack_status(cloudformation, name)
+        print(f"failed first create: the same sam deploy again exited {code}, stack {name} {status}")
+        if code != 0 or status != "CREATE_COMPLETE":
+            return [f"after a failed first create, the same sam deploy again ended {status}: {said[-400:]}"]
+        return []
+    finally:
+        backend.execute_change_set = original
+        server.stop()
 
 
 def play_lifecycle(template, session, endpoint):
@@ -1297,6 +1374,16 @@ def compare(before_path, after_path):
     sys.exit(1 if removed or replaced else 0)
 
 
+def put_code(session, endpoint):
+    """The code every function of a template handed to moto runs (see `for_moto`)."""
+    s3 = session.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket="deploy-check")
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as z:
+        z.writestr("bootstrap", "")
+    s3.put_object(Bucket="deploy-check", Key="code.zip", Body=code.getvalue())
+
+
 def main():
     # SAM's translator fills the pseudo parameters from the session's region.
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -1307,12 +1394,7 @@ def main():
     session = boto3.session.Session(aws_access_key_id="deploy-check", aws_secret_access_key="local", region_name="us-east-1")
     endpoint = os.environ.get("MOTO_URL")
     if endpoint:
-        s3 = session.client("s3", endpoint_url=endpoint)
-        s3.create_bucket(Bucket="deploy-check")
-        code = io.BytesIO()
-        with zipfile.ZipFile(code, "w") as z:
-            z.writestr("bootstrap", "")
-        s3.put_object(Bucket="deploy-check", Key="code.zip", Body=code.getvalue())
+        put_code(session, endpoint)
         cloudformation = session.client("cloudformation", endpoint_url=endpoint)
     # The metric names the functions emit (shared/engine/src/metrics.rs), from the test.
     own_metrics = set(filter(None, os.environ.get("STACK_METRICS", "").split(",")))
@@ -1336,6 +1418,11 @@ def main():
             failed = True
         looped = expand_loops(template, {})
         for p in check_non_guided_deploy(expand(looped, {}), Choice(looped, {}), session, endpoint):
+            print(f"FAILED: {p}")
+            failed = True
+    if (endpoint and not os.environ.get("AGENTS")) or os.environ.get("SAMCONFIG"):
+        looped = expand_loops(template, {})
+        for p in play_failed_first_create(expand(looped, {}), Choice(looped, {}), session):
             print(f"FAILED: {p}")
             failed = True
     try:

@@ -16,12 +16,16 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use sas_infra::emulation::emulator::{python_with, workspace_root};
+use sas_infra::emulation::emulator::{MOTO_REQUIREMENT, python_with, workspace_root};
 use sas_tests::Moto;
 
 /// SAM CLI as `sam_local.rs` pins it (from 1.170, with the language extensions module); it
-/// brings SAM's translator, boto3 and PyYAML.
-const TOOLS: [&str; 1] = ["aws-sam-cli>=1.170,<2"];
+/// brings SAM's translator, boto3 and PyYAML. moto beside it, in the check's own process, for
+/// a CloudFormation that fails a first create as AWS does.
+const TOOLS: [&str; 2] = ["aws-sam-cli>=1.170,<2", MOTO_REQUIREMENT];
+
+/// What the check imports.
+const MODULES: &str = "samcli.lib.cfn_language_extensions, samtranslator, boto3, yaml, moto.server";
 
 /// The most agents one stack holds: 500 resources, 79 of the stack's own and 11 per agent.
 const MOST_AGENTS: usize = 37;
@@ -32,12 +36,7 @@ fn check(template: &Path, moto: Option<&Moto>) -> Output {
 
 /// The check, with the template's list of agents grown to `agents` if given.
 fn check_with(template: &Path, moto: Option<&Moto>, agents: Option<usize>) -> Output {
-    let python = python_with(
-        ".venv-sam",
-        &TOOLS,
-        "samcli.lib.cfn_language_extensions, samtranslator, boto3, yaml",
-    )
-    .unwrap();
+    let python = python_with(".venv-sam", &TOOLS, MODULES).unwrap();
     let mut command = Command::new(python);
     command.arg(workspace_root().join("tests/deploy_check.py")).arg(template);
     command.env("STACK_METRICS", sas_engine::metrics::NAMES.join(","));
@@ -95,6 +94,9 @@ fn the_template_deploys_at_its_defaults_and_at_each_documented_choice() {
         "kept by a delete: LedgerAccountsTable, LedgerStatementsBucket, OrdersTable, PayloadBucket, StateTable",
         // `sam deploy` with the committed samconfig.toml and no flag.
         "sam deploy: with samconfig.toml alone, stack sas CREATE_COMPLETE",
+        // A first create that fails is deleted, and the same command run again creates it.
+        "failed first create: sam deploy exited 1, stack sas then deleted",
+        "failed first create: the same sam deploy again exited 0, stack sas CREATE_COMPLETE",
     ] {
         assert!(printed.contains(step), "{step}: {printed}");
     }
@@ -293,34 +295,40 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
     }
 }
 
-/// `samconfig.toml` without what `sam deploy` needs without --guided fails the check, named.
+/// `samconfig.toml` without what `sam deploy` needs without --guided fails the check, named:
+/// without a stack name; and with a failed first create rolled back rather than deleted, which
+/// the same `sam deploy` run again cannot retry.
 #[test]
 fn a_configuration_that_only_a_guided_deploy_takes_fails_the_check() {
     let config = std::fs::read_to_string(workspace_root().join("samconfig.toml")).unwrap();
-    let stripped: String = config
-        .lines()
-        .filter(|l| !l.starts_with("stack_name") && !l.starts_with("on_failure"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert_ne!(stripped, config, "samconfig.toml sets stack_name and on_failure");
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deploy-check-samconfig.toml");
-    std::fs::write(&path, stripped).unwrap();
-    let python = python_with(
-        ".venv-sam",
-        &TOOLS,
-        "samcli.lib.cfn_language_extensions, samtranslator, boto3, yaml",
-    )
-    .unwrap();
-    let output = Command::new(python)
-        .arg(workspace_root().join("tests/deploy_check.py"))
-        .arg(workspace_root().join("template.yaml"))
-        .env("STACK_METRICS", sas_engine::metrics::NAMES.join(","))
-        .env("SAMCONFIG", &path)
-        .output()
-        .unwrap();
-    let printed = text(&output);
-    assert!(!output.status.success(), "{printed}");
-    for named in ["names no stack_name", "does not set on_failure = \"DELETE\""] {
+    let python = python_with(".venv-sam", &TOOLS, MODULES).unwrap();
+    let check = |name: &str, config: String| {
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("deploy-check-{name}.toml"));
+        std::fs::write(&path, config).unwrap();
+        let output = Command::new(&python)
+            .arg(workspace_root().join("tests/deploy_check.py"))
+            .arg(workspace_root().join("template.yaml"))
+            .env("STACK_METRICS", sas_engine::metrics::NAMES.join(","))
+            .env("SAMCONFIG", &path)
+            .output()
+            .unwrap();
+        let printed = text(&output);
+        assert!(!output.status.success(), "{name}: {printed}");
+        printed
+    };
+    let unnamed: String =
+        config.lines().filter(|l| !l.starts_with("stack_name")).map(|l| format!("{l}\n")).collect();
+    assert_ne!(unnamed, config, "samconfig.toml sets stack_name");
+    let printed = check("unnamed", unnamed);
+    assert!(printed.contains("names no stack_name"), "{printed}");
+
+    let rolled_back = config.replace("on_failure = \"DELETE\"", "on_failure = \"ROLLBACK\"");
+    assert_ne!(rolled_back, config, "samconfig.toml sets on_failure");
+    let printed = check("rolled-back", rolled_back);
+    for named in [
+        "does not set on_failure = \"DELETE\"",
+        "a failed first create left stack sas in ROLLBACK_COMPLETE",
+    ] {
         assert!(printed.contains(named), "{named}: {printed}");
     }
 }

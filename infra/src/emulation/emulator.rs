@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The moto release line the tests are written against.
-const MOTO_REQUIREMENT: &str = "moto[server]>=5.1,<6";
+pub const MOTO_REQUIREMENT: &str = "moto[server]>=5.1,<6";
 
 /// A running moto server.
 #[derive(Debug)]
