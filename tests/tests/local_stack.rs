@@ -743,8 +743,12 @@ async fn throttling_delays_orders_and_dead_letters_none() {
     let refused = stack.proxy.faults.hits();
     stack.proxy.faults.clear();
     // Then, while the orders catch up, other functions of the account take two of its three
-    // executions for a while: the queues' pollers are throttled.
-    let others = stack.account.as_ref().unwrap().occupy(2);
+    // executions for a while: the queues' pollers are throttled. They take them as soon as
+    // the invocations in flight let them, while the backlog is still there.
+    let others =
+        tokio::time::timeout(Duration::from_secs(10), stack.account.as_ref().unwrap().occupy(2))
+            .await
+            .expect("two of the account's executions were not free within 10 s");
     tokio::time::sleep(Duration::from_secs(15)).await;
     drop(others);
 

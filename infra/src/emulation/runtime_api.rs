@@ -69,9 +69,9 @@ impl AccountConcurrency {
     }
 
     /// Takes `n` executions, as other functions of the account would, until the permit is
-    /// dropped; `None` if fewer are free.
-    pub fn occupy(&self, n: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.in_use.clone().try_acquire_many_owned(n).ok()
+    /// dropped: as soon as they are free, which may be only once invocations in flight end.
+    pub async fn occupy(&self, n: u32) -> tokio::sync::OwnedSemaphorePermit {
+        self.in_use.clone().acquire_many_owned(n).await.expect("the semaphore is never closed")
     }
 }
 
