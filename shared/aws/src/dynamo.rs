@@ -49,6 +49,7 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure,
 };
+use sas_engine::keys::{Queued, Slots};
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
     OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
@@ -234,6 +235,31 @@ impl StateStore for DynamoStore {
             .await;
         Ok(if took(result)? { Saved::Saved } else { Saved::Conflict })
     }
+
+    // No table keeps concurrency keys: the settings refuse a workflow that declares one at
+    // cold start, so none of these is ever called.
+    async fn slots(&self, _key: &str) -> Result<Slots> {
+        Err(no_keys())
+    }
+    async fn save_slots(&self, _next: &Slots) -> Result<Saved> {
+        Err(no_keys())
+    }
+    async fn join(&self, _key: &str, _queued: &Queued) -> Result<()> {
+        Err(no_keys())
+    }
+    async fn line(&self, _key: &str, _limit: usize) -> Result<Vec<Queued>> {
+        Err(no_keys())
+    }
+    async fn ahead(&self, _key: &str, _position: &str) -> Result<u32> {
+        Err(no_keys())
+    }
+    async fn leave(&self, _key: &str, _queued: &Queued) -> Result<()> {
+        Err(no_keys())
+    }
+}
+
+fn no_keys() -> Error {
+    Error::Config("this stack's tables keep no concurrency keys".into())
 }
 
 impl ExpiryIndex for DynamoStore {

@@ -80,8 +80,21 @@ impl Env {
             }
             None => built_in_catalogue()?,
         };
+        refuse_keys(&catalogue)?;
         let agents = catalogue.agents();
         Ok((Arc::new(catalogue), agents))
+    }
+}
+
+/// Refuses a workflow with a concurrency key: the stack's tables keep no key's places nor
+/// its line yet ([`crate::dynamo::DynamoStore`]), so its orders could never start.
+fn refuse_keys(catalogue: &Catalogue) -> Result<()> {
+    match catalogue.all().find(|w| w.concurrency().is_some()) {
+        Some(w) => Err(Error::InvalidWorkflow(format!(
+            "{} declares a concurrency key, which this stack's tables cannot keep yet: deploy it without `concurrency`",
+            w.name()
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -321,6 +334,15 @@ mod tests {
         let kept =
             file("w.v2", r#"{"name":"w","version":2,"steps":[{"name":"a","agent":"payment"}]}"#);
         assert_eq!(load_workflow_file(&kept, &agents).unwrap().version(), 2);
+    }
+
+    #[test]
+    fn a_workflow_with_a_concurrency_key_is_refused_at_cold_start() {
+        let keyed = r#"{"name":"w","steps":[{"name":"a","agent":"payment"}],
+            "input_schema":{"type":"object","properties":{"customer_id":{"type":"string"}}},
+            "concurrency":{"key":"/input/customer_id","limit":1}}"#;
+        let err = Env::from_pairs([("WORKFLOW_JSON", keyed)]).catalogue().unwrap_err();
+        assert!(err.to_string().contains("declares a concurrency key"), "{err}");
     }
 
     #[test]

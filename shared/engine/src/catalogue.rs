@@ -39,7 +39,25 @@ impl Catalogue {
         }
         let catalogue = Catalogue { workflows: out };
         catalogue.check_children()?;
+        catalogue.check_groups()?;
         Ok(catalogue)
+    }
+
+    /// Workflows that share their concurrency keys (one `group`) agree on how many orders of a
+    /// key may run at once: the newest version of each, which new orders take.
+    fn check_groups(&self) -> Result<()> {
+        let mut limits: BTreeMap<&str, (&str, u32)> = BTreeMap::new();
+        for name in self.names() {
+            let Some(c) = self.current(name).and_then(|w| w.concurrency()) else { continue };
+            let (first, limit) = *limits.entry(c.group.as_str()).or_insert((name, c.limit));
+            if limit != c.limit {
+                return Err(Error::InvalidWorkflow(format!(
+                    "{name} and {first} share the concurrency group {:?} with limits {} and {limit}: one key has one limit",
+                    c.group, c.limit
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Every child step names a workflow (and version) the stack runs, and no workflow starts
@@ -201,6 +219,25 @@ mod tests {
             r#"{{"name":"{name}","version":{version},"steps":[{{"name":"a","agent":"{agent}"}}]}}"#
         );
         Workflow::from_json(&json, &[AgentName::new(agent)]).unwrap()
+    }
+
+    fn keyed(name: &str, group: &str, limit: u32) -> Workflow {
+        let json = serde_json::json!({"name": name, "steps": [{"name": "a", "agent": "payment"}],
+            "input_schema": {"type": "object", "properties": {"customer_id": {"type": "string"}}},
+            "concurrency": {"key": "/input/customer_id", "limit": limit, "group": group}});
+        Workflow::from_json(&json.to_string(), &[AgentName::new("payment")]).unwrap()
+    }
+
+    #[test]
+    fn workflows_sharing_their_keys_must_give_one_limit() {
+        let same = Catalogue::new(vec![keyed("a", "customer", 2), keyed("b", "customer", 2)]);
+        assert!(same.is_ok());
+        let apart = Catalogue::new(vec![keyed("a", "customer", 1), keyed("b", "other", 2)]);
+        assert!(apart.is_ok());
+        let err = Catalogue::new(vec![keyed("a", "customer", 1), keyed("b", "customer", 2)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("share the concurrency group \"customer\""), "{err}");
     }
 
     #[test]

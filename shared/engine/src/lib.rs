@@ -10,7 +10,8 @@
 //!   (order ids, idempotency keys), [`time`].
 //! - State: [`state`] (the record and its invariants) and [`machine`] (the one transition
 //!   function: every state change is decided there); [`health`] (each service's, open or
-//!   held) and [`pace`] (each service's declared rate and concurrency).
+//!   held), [`pace`] (each service's declared rate and concurrency) and [`keys`] (how many
+//!   orders of one key may run at once, and the line of those waiting).
 //! - Services: [`services`] (submission, scheduler, agent, supervisor, status), each generic over
 //!   the [`ports`] it needs.
 //! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts),
@@ -36,6 +37,7 @@ pub mod error;
 pub mod events;
 pub mod health;
 pub mod ids;
+pub mod keys;
 pub mod load;
 pub mod machine;
 #[cfg(feature = "memory")]

@@ -61,6 +61,12 @@
 //! | Error, Processed (alert pending) | expiry, CompleteBy passed | alert published again |
 //! | Error, Processed (alert pending) | alert sent | alert recorded, record leaves the expiry index |
 //! | Pending | the submission again (same key, same order), never claimed | start message again |
+//! | Pending, in its key's line | start message of its attempt, after a look at the line: it holds a place | admitted: the steps that depend on nothing leased and dispatched |
+//! | Pending, in its key's line | the same, no place | ignored (it waits on); for a workflow that skips, Cancelled (`key_busy`) |
+//! | Pending, in its key's line | expiry: past its `max_wait` | Error (`key_waited_too_long`) and alert; nothing is undone |
+//! | Pending, in its key's line | expiry, before | looked at again later; its entry in the line written again, a start message now |
+//! | Processed, Error, Cancelled, its key's place not recorded given back | expiry | the place given back again (the alert too, if still owed) |
+//! | Processed, Error, Cancelled | its key's place given back | recorded: it leaves the expiry index (unless its alert is owed) |
 //! | Processed, Error, Cancelled | any message or expiry (but an alert's, above) | ignored: terminal states move only by an operator's command |
 //! | Paused | any message, expiry or resume | ignored: nothing of it is in flight |
 //!
@@ -83,6 +89,8 @@
 //! | Error, undo failed | redrive_compensation | the failed undos queued again under their keys |
 //! | Processed, a failure reported | acknowledge | taken note of, who and why on the timeline: it leaves the operators' list (once) |
 //! | Processed | undo | every completed step queued for undo, last first, as for a cancel: Cancelled once all are undone; Error with its alert if a step has no undo or one fails |
+//! | Pending, in its key's line | pause | refused: nothing of it runs yet |
+//! | Error, Processed, of a workflow with a concurrency key | redrive, redrive_compensation, undo | as above, but what it would queue waits until it is admitted again, in line behind the orders of its key |
 //! | any other | any | refused, naming the state |
 //!
 //! A cancelled order whose undos all succeed ends Cancelled, with a status event and no alert
@@ -118,7 +126,8 @@
 //! and the dispatch of an input to its part; `leases` (claims, dispatch, waits, expiry),
 //! `replies` (an agent's answer and how the order goes on), `compensation` (undoing, the end in
 //! Error, replays), `answers` (callbacks answered from outside), `holds` (steps waiting for
-//! their held service) and `commands` (operators').
+//! their held service), `line` (orders waiting for their concurrency key, see
+//! [`crate::keys`]) and `commands` (operators').
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -142,6 +151,7 @@ mod compensation;
 mod fanout;
 mod holds;
 mod leases;
+mod line;
 mod replies;
 
 use answers::*;
@@ -150,6 +160,7 @@ use compensation::*;
 use fanout::*;
 use holds::*;
 use leases::*;
+use line::*;
 use replies::*;
 
 /// Operator commands remembered on a record for recognising a repeat; an older one sent again
@@ -171,6 +182,10 @@ pub struct Ctx<'a> {
 pub enum Input<'a> {
     /// A start message (queue id `message`) asks the scheduler to claim the order at `attempt`.
     Claim { attempt: u64, owner: &'a str, message: &'a str },
+    /// A start message (queue id `message`) at `attempt` of an order waiting in its key's
+    /// line, handled after the line was looked at: `admitted` if the order holds one of the
+    /// key's places ([`crate::keys`]).
+    Admission { attempt: u64, owner: &'a str, message: &'a str, admitted: bool },
     /// An agent replied (queue id `message`) for a step at `attempt`.
     Reply { attempt: u64, step: &'a StepRef, outcome: &'a StepOutcome, message: &'a str },
     /// The supervisor found the record in the expiry index with this CompleteBy; the record's
@@ -182,6 +197,8 @@ pub enum Input<'a> {
     Resume { on: &'a str, delay: Duration },
     /// The order's alert was accepted by the event bus.
     AlertSent,
+    /// The ended order's place among its key's was given back ([`crate::keys`]).
+    Released,
     /// The order was submitted again with the same key and the same content.
     Resubmit,
     /// An operator's command, with its id (the same id is applied once), who gave it and why.
@@ -259,6 +276,11 @@ pub enum Effect {
     Collect { step: usize },
     /// Tell the parent of this child order how it ended.
     TellParent,
+    /// Write the order's entry in its key's line (it waits there).
+    Join,
+    /// Give the order's place among its key's running orders back, take it out of the line,
+    /// and admit the next in line.
+    Release,
 }
 
 /// A state change to write, and what to do once it is written.
@@ -294,6 +316,11 @@ pub enum Ignored {
     AlreadyApplied,
     /// No step of the order waits for the service named.
     NotHeld,
+    /// The order waits in its key's line: every place of its key is taken, or orders
+    /// accepted before it wait too.
+    InLine,
+    /// The ended order's place was already recorded given back, or it held none.
+    Released,
 }
 
 /// Why an operator command was refused. Nothing was written.
@@ -339,6 +366,10 @@ pub enum Refused {
     Acknowledged { by: String },
     #[error("the order is {state}: only a Processed order can be undone", state = .state.as_str())]
     NotProcessed { state: ProcessState },
+    #[error(
+        "the order waits in line for its key {key}: nothing of it runs yet (cancel it, or pause it once it starts)"
+    )]
+    InLine { key: String },
 }
 
 impl Refused {
@@ -365,6 +396,7 @@ impl Refused {
             Refused::NothingReported { .. } => "nothing_reported",
             Refused::Acknowledged { .. } => "already_acknowledged",
             Refused::NotProcessed { .. } => "not_processed",
+            Refused::InLine { .. } => "in_line",
         }
     }
 }
@@ -401,10 +433,11 @@ pub enum Remedy {
 /// The remedy for an illegal `input`.
 pub fn remedy(input: &Input<'_>) -> Remedy {
     match input {
-        Input::Claim { .. } | Input::Reply { .. } => Remedy::DeadLetter,
+        Input::Claim { .. } | Input::Reply { .. } | Input::Admission { .. } => Remedy::DeadLetter,
         Input::Expire { .. }
         | Input::Resume { .. }
         | Input::AlertSent
+        | Input::Released
         | Input::Resubmit
         | Input::Command { .. }
         | Input::Answer { .. }
@@ -429,15 +462,17 @@ pub enum Decision {
 /// each step that depends on nothing queued with the claim grace and its whole budget before
 /// its CompleteBy (or, if it waits, until it wakes), and one start message for them all.
 pub fn create(order_id: OrderId, correlation_id: String, ctx: &Ctx<'_>) -> Transition {
-    create_waking(order_id, correlation_id, &[], ctx)
+    create_waking(order_id, correlation_id, &[], None, ctx)
 }
 
 /// [`create`], for an order whose steps that wait until a time of its input wake at `wakes`
-/// (see [`Workflow::wakes`]).
+/// (see [`Workflow::wakes`]), and which, with a concurrency key (see [`Workflow::key_of`]),
+/// waits in that key's line before any step starts.
 pub fn create_waking(
     order_id: OrderId,
     correlation_id: String,
     wakes: &[(String, Timestamp)],
+    key: Option<String>,
     ctx: &Ctx<'_>,
 ) -> Transition {
     let steps = ctx
@@ -476,8 +511,15 @@ pub fn create_waking(
         commands: Vec::new(),
         redrives: 0,
         parent: None,
+        slot: None,
         legacy_cursor: None,
     };
+    if let Some(key) = key {
+        next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
+        let mut effects = into_line(&mut next, key, ctx);
+        effects.extend(status(ctx, StatusKind::Received, None));
+        return Transition { next, effects };
+    }
     let mut effects = started(ctx);
     for (i, step) in ctx.workflow.steps().iter().enumerate() {
         if !step.depends_on.is_empty() {
@@ -539,20 +581,40 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
     use ProcessState::{Cancelled, Error, Paused, Pending, Processed, Processing};
     match (record.process_state, input) {
         // The same queue message again: its transition is written, its effects may not be.
-        (_, Input::Claim { message, .. } | Input::Reply { message, .. })
-            if record.last_input.is_message(message) =>
-        {
-            Decision::Replay(replay(record, ctx))
-        }
+        (
+            _,
+            Input::Claim { message, .. }
+            | Input::Reply { message, .. }
+            | Input::Admission { message, .. },
+        ) if record.last_input.is_message(message) => Decision::Replay(replay(record, ctx)),
 
         // The client submitted again, perhaps because the first submission died between its
         // write and its start message: while nobody has claimed the order, start it again (a
         // duplicate start leads to one claim).
         (Pending, Input::Resubmit) if record.last_input == InputRef::Submit => {
+            if record.waits_in_line() {
+                let kick = Effect::Kick { delay: Duration::ZERO, attempt: record.attempt };
+                return Decision::Replay(vec![Effect::Join, kick]);
+            }
             Decision::Replay(started(ctx))
         }
         (_, Input::Resubmit) => Decision::Ignore(Ignored::Started),
 
+        // Only a start message handled after a look at its key's line starts a waiting order.
+        (Pending, Input::Claim { .. }) if record.waits_in_line() => {
+            Decision::Ignore(Ignored::InLine)
+        }
+        (Pending, Input::Admission { attempt, owner, message, admitted })
+            if record.waits_in_line() =>
+        {
+            admission(record, attempt, owner, message, admitted, ctx)
+        }
+        (Pending, Input::Expire { complete_by, .. }) if record.waits_in_line() => {
+            look_again(record, complete_by, ctx)
+        }
+        (_, Input::Admission { attempt, .. }) => {
+            Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt })
+        }
         (Pending | Processing, Input::Claim { attempt, owner, message }) => {
             claim(record, attempt, owner, message, ctx)
         }
@@ -571,11 +633,17 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
         (Paused, Input::Expire { .. }) => Decision::Ignore(Ignored::Moved),
         (Pending | Processing, Input::Resume { on, delay }) => resume_held(record, on, delay, ctx),
         (Paused, Input::Resume { .. }) => Decision::Ignore(Ignored::Paused),
+        (Error | Processed | Cancelled, Input::Expire { complete_by, .. })
+            if record.release_pending() =>
+        {
+            release_again(record, complete_by, ctx)
+        }
         (Error | Processed, Input::Expire { complete_by, .. })
             if record.alert == Some(AlertDelivery::Pending) =>
         {
             retry_alert(record, complete_by, ctx)
         }
+        (_, Input::Released) => released(record, ctx),
 
         (Error | Processed, Input::AlertSent) => match record.alert {
             Some(AlertDelivery::Pending) => alert_sent(record, ctx),
@@ -640,7 +708,17 @@ fn status(ctx: &Ctx<'_>, kind: StatusKind, step: Option<String>) -> Vec<Effect> 
     }
 }
 
-fn apply(mut next: StateRecord, effects: Vec<Effect>) -> Decision {
+fn apply(mut next: StateRecord, mut effects: Vec<Effect>) -> Decision {
+    // An order that ended in this write gives its key's place back, and stays in the expiry
+    // index until that is recorded.
+    if next.release_pending()
+        && next.ended_at == Some(next.updated_at)
+        && !effects.contains(&Effect::Release)
+    {
+        effects.push(Effect::Release);
+        let look = next.updated_at.plus(crate::keys::RELEASE_CHECK);
+        next.complete_by = Some(next.complete_by.map_or(look, |at| at.min(look)));
+    }
     // Whatever resumed, ended or took back a held lease ended the step's wait for its service.
     for s in next.steps.iter_mut().filter(|s| !s.lease.is_some_and(|l| l.held)) {
         s.held = None;

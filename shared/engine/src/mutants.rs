@@ -54,6 +54,11 @@ pub enum Mutant {
     ProbeOfAnotherAction,
     /// A refusal counts towards a hold, as a passing fault does.
     RefusalCountsTowardsHold,
+    /// An order that ended records its key's place given back without giving it back.
+    PlaceKeptOnEnd,
+    /// An order that ended gives back its key's place and another's besides, as a counter
+    /// decremented twice would.
+    PlaceFreedTwice,
 }
 
 impl Mutant {

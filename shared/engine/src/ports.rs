@@ -3,6 +3,8 @@
 //!
 //! - [`StateStore`]: conditional single-item writes, and one small transaction (order and state
 //!   record together). A failed condition is an outcome ([`Saved::Conflict`]), not an error.
+//!   It also keeps each concurrency key's places (one item, written on its version) and its
+//!   line (read in order, consistently).
 //! - [`ExpiryIndex`]: a sparse, sharded index of records by CompleteBy, queried one shard at a
 //!   time. Eventually consistent: it may lag behind the table, so whoever acts on an entry
 //!   re-reads the record and writes with a condition.
@@ -36,6 +38,7 @@ use crate::error::Result;
 use crate::events::{BusEvent, PublishReport};
 use crate::health::ServiceRecord;
 use crate::ids::{AgentName, Direction, IdempotencyKey, OrderId, Owner};
+use crate::keys::{Queued, Slots};
 use crate::message::Message;
 use crate::order::Order;
 use crate::pace::{Booked, Place, Usage};
@@ -161,6 +164,28 @@ pub trait StateStore: Send + Sync {
         next: &StateRecord,
         expected: Expected,
     ) -> impl Future<Output = Result<Saved>> + Send;
+
+    // Concurrency keys ([`crate::keys`]): each key's places and its line.
+
+    /// The places of `key`, read consistently; [`Slots::empty`] if none was ever written.
+    fn slots(&self, key: &str) -> impl Future<Output = Result<Slots>> + Send;
+
+    /// Writes `next` if the stored places of its key are still at `next.version - 1` (none
+    /// stored, for version 1); reports a conflict otherwise.
+    fn save_slots(&self, next: &Slots) -> impl Future<Output = Result<Saved>> + Send;
+
+    /// Writes `queued` into `key`'s line, at its [`Queued::position`]; written again, the
+    /// same entry.
+    fn join(&self, key: &str, queued: &Queued) -> impl Future<Output = Result<()>> + Send;
+
+    /// The first `limit` entries of `key`'s line, in order, read consistently.
+    fn line(&self, key: &str, limit: usize) -> impl Future<Output = Result<Vec<Queued>>> + Send;
+
+    /// How many entries of `key`'s line come before `position`.
+    fn ahead(&self, key: &str, position: &str) -> impl Future<Output = Result<u32>> + Send;
+
+    /// Takes the entry at `queued`'s position out of `key`'s line, if it is there.
+    fn leave(&self, key: &str, queued: &Queued) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// One entry of the expiry index.
@@ -636,6 +661,24 @@ impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
         expected: Expected,
     ) -> impl Future<Output = Result<Saved>> + Send {
         (**self).save(next, expected)
+    }
+    fn slots(&self, key: &str) -> impl Future<Output = Result<Slots>> + Send {
+        (**self).slots(key)
+    }
+    fn save_slots(&self, next: &Slots) -> impl Future<Output = Result<Saved>> + Send {
+        (**self).save_slots(next)
+    }
+    fn join(&self, key: &str, queued: &Queued) -> impl Future<Output = Result<()>> + Send {
+        (**self).join(key, queued)
+    }
+    fn line(&self, key: &str, limit: usize) -> impl Future<Output = Result<Vec<Queued>>> + Send {
+        (**self).line(key, limit)
+    }
+    fn ahead(&self, key: &str, position: &str) -> impl Future<Output = Result<u32>> + Send {
+        (**self).ahead(key, position)
+    }
+    fn leave(&self, key: &str, queued: &Queued) -> impl Future<Output = Result<()>> + Send {
+        (**self).leave(key, queued)
     }
 }
 

@@ -408,6 +408,11 @@ pub enum Cause {
     Cancelled { by: String, reason: String },
     /// The step's service was held for longer than the step may wait for it (`max_hold`).
     ServiceHeldTooLong { step: String, service: String, held_s: u64 },
+    /// Its concurrency key had every place taken (or orders waiting), and its workflow skips
+    /// an order then (`on_conflict: skip`): it never ran.
+    KeyBusy { key: String },
+    /// It waited in its concurrency key's line for longer than its workflow's `max_wait`.
+    KeyWaitedTooLong { key: String, waited_s: u64 },
 }
 
 /// The cause as a sentence, for people: `charge-payment was refused: card declined`.
@@ -429,6 +434,12 @@ impl std::fmt::Display for Cause {
             Cause::ServiceHeldTooLong { step, service, held_s } => {
                 write!(f, "{step} waited {} for {service}, which stayed held", Span(*held_s))
             }
+            Cause::KeyBusy { key } => {
+                write!(f, "skipped: {key} was busy, and the workflow skips an order then")
+            }
+            Cause::KeyWaitedTooLong { key, waited_s } => {
+                write!(f, "waited {} in line for {key}, longer than its max_wait", Span(*waited_s))
+            }
         }
     }
 }
@@ -442,7 +453,9 @@ impl Cause {
             | Cause::OutputTooLarge { step, .. }
             | Cause::ServiceHeldTooLong { step, .. }
             | Cause::UnknownStep { step } => Some(step),
-            Cause::Cancelled { .. } => None,
+            Cause::Cancelled { .. } | Cause::KeyBusy { .. } | Cause::KeyWaitedTooLong { .. } => {
+                None
+            }
         }
     }
 
@@ -470,6 +483,8 @@ impl Cause {
             Cause::UnknownStep { .. } => "unknown_step",
             Cause::Cancelled { .. } => "cancelled",
             Cause::ServiceHeldTooLong { .. } => "service_held_too_long",
+            Cause::KeyBusy { .. } => "key_busy",
+            Cause::KeyWaitedTooLong { .. } => "key_waited_too_long",
         }
     }
 }
@@ -647,6 +662,10 @@ pub enum Happening {
     Acknowledged,
     /// The service a step waited for was open again: the step goes on.
     HoldEnded,
+    /// The order joined its concurrency key's line.
+    InLine,
+    /// The order took one of its key's places: it runs.
+    Admitted,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -719,6 +738,11 @@ pub struct StateRecord {
     /// its parent undoes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<Parent>,
+    /// For an order of a workflow with a concurrency key: its key, its place in the key's line,
+    /// and whether it holds one of the key's places ([`crate::keys`]). Kept once it ended, so
+    /// that its place is given back and a redrive waits in line again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<crate::keys::Slot>,
     /// The one step in flight of a record written before each step held its own lease: read
     /// so that [`StateRecord::upgrade`] can give that step its lease, never written.
     #[serde(default, rename = "cursor", skip_serializing)]
@@ -774,6 +798,17 @@ impl StateRecord {
     /// entry where it is; the earliest lease's end otherwise.
     pub fn index_key(&self, kept: Option<Timestamp>) -> Option<Timestamp> {
         Some(index_key(kept, self.earliest_lease()?))
+    }
+
+    /// Whether the order ended and its place among its key's is not yet recorded given back.
+    pub fn release_pending(&self) -> bool {
+        self.process_state.is_terminal() && self.slot.as_ref().is_some_and(|s| !s.released)
+    }
+
+    /// Whether the order waits in its concurrency key's line: Pending, not yet admitted.
+    pub fn waits_in_line(&self) -> bool {
+        self.process_state == ProcessState::Pending
+            && self.slot.as_ref().is_some_and(|s| !s.admitted)
     }
 
     /// The hold the order waits for, if a step of it is held: of its held steps, the one held
@@ -1023,10 +1058,10 @@ impl StateRecord {
             }
             ProcessState::Processed => self.check_processed(),
             ProcessState::Cancelled => {
-                if self.complete_by.is_some() || self.alert.is_some() {
+                if self.complete_by.is_some() != self.release_pending() || self.alert.is_some() {
                     return self.broken("cancelled order with CompleteBy or alert");
                 }
-                if !matches!(self.cause, Some(Cause::Cancelled { .. })) {
+                if !matches!(self.cause, Some(Cause::Cancelled { .. } | Cause::KeyBusy { .. })) {
                     return self.broken("cancelled without the operator's cancel as its cause");
                 }
                 if !self.needs_manual_undo().is_empty() {
@@ -1043,7 +1078,9 @@ impl StateRecord {
                     Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
                         return self.broken("alert pending but not in the expiry index");
                     }
-                    Some(AlertDelivery::Sent) if self.complete_by.is_some() => {
+                    Some(AlertDelivery::Sent)
+                        if self.complete_by.is_some() != self.release_pending() =>
+                    {
                         return self.broken("alert sent but still in the expiry index");
                     }
                     _ => {}
@@ -1072,7 +1109,9 @@ impl StateRecord {
             Some(AlertDelivery::Pending) if self.complete_by.is_none() => {
                 self.broken("alert pending but not in the expiry index")
             }
-            Some(AlertDelivery::Sent) | None if self.complete_by.is_some() => {
+            Some(AlertDelivery::Sent) | None
+                if self.complete_by.is_some() != self.release_pending() =>
+            {
                 self.broken("processed order with CompleteBy and no alert pending")
             }
             _ => Ok(()),
@@ -1083,6 +1122,14 @@ impl StateRecord {
     fn check_progress(&self) -> Result<(), String> {
         let sent = self.leased().any(|(_, _, l)| l.sent);
         let queued = self.leased().any(|(_, _, l)| !l.sent);
+        if let Some(slot) = &self.slot
+            && !slot.admitted
+        {
+            if self.process_state != ProcessState::Pending || sent || queued {
+                return self.broken("an order waiting in its key's line is Pending, with no lease");
+            }
+            return Ok(());
+        }
         match self.process_state {
             ProcessState::Paused if sent || queued => return self.broken("paused with a lease"),
             ProcessState::Processing if !sent => {

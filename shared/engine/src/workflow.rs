@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::error::Error;
 use crate::ids::{AgentName, Direction};
+use crate::keys::{self, Concurrency, MAX_LIMIT as MAX_KEY_LIMIT, OnConflict};
 use crate::order::{FieldError, Order, Rejection};
 use crate::retry::WaitPolicy;
 use crate::starts::{Pattern, Schedule, Start};
@@ -53,6 +54,7 @@ pub struct Workflow {
     steps: Vec<Step>,
     input: InputSchema,
     starts: Vec<Start>,
+    concurrency: Option<Concurrency>,
 }
 
 /// The JSON Schema of a workflow's input, compiled once.
@@ -271,6 +273,22 @@ struct WorkflowSpec {
     /// What starts its orders without a client.
     #[serde(default)]
     starts: Vec<StartSpec>,
+    /// How many of its orders of one key may run at once.
+    #[serde(default)]
+    concurrency: Option<ConcurrencySpec>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ConcurrencySpec {
+    key: String,
+    limit: u32,
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    max_wait_seconds: Option<u64>,
+    #[serde(default)]
+    on_conflict: OnConflict,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -417,8 +435,21 @@ impl Workflow {
         }
         let input = InputSchema::compile(spec.input_schema.unwrap_or_else(any_object))
             .map_err(|e| invalid(format!("input_schema is not a JSON Schema: {e}")))?;
-        let mut workflow =
-            Workflow { name: spec.name.clone(), version, steps, input, starts: Vec::new() };
+        let concurrency = match &spec.concurrency {
+            Some(c) => Some(
+                concurrency_of(&spec.name, c, &input)
+                    .map_err(|e| invalid(format!("concurrency: {e}")))?,
+            ),
+            None => None,
+        };
+        let mut workflow = Workflow {
+            name: spec.name.clone(),
+            version,
+            steps,
+            input,
+            starts: Vec::new(),
+            concurrency,
+        };
         for (i, start) in spec.starts.iter().enumerate() {
             let start =
                 workflow.start_of(start).map_err(|e| invalid(format!("starts[{i}]: {e}")))?;
@@ -494,6 +525,17 @@ impl Workflow {
 
     pub fn version(&self) -> u32 {
         self.version
+    }
+
+    /// How many orders of one key may run at once, if the workflow says.
+    pub fn concurrency(&self) -> Option<&Concurrency> {
+        self.concurrency.as_ref()
+    }
+
+    /// The concurrency key of an order with `input` (`None` for a workflow without one), or
+    /// why its input has none.
+    pub fn key_of(&self, input: &Value) -> Result<Option<String>, Rejection> {
+        self.concurrency.as_ref().map(|c| c.key_of(input)).transpose()
     }
 
     pub fn input_schema(&self) -> &InputSchema {
@@ -789,6 +831,77 @@ fn started(
         return Err(format!("step {:?}: {what}.version starts at 1", s.name));
     }
     Ok((workflow.to_owned(), version))
+}
+
+/// A workflow's `concurrency`, checked against its input schema: the key must be a property
+/// the schema declares, as a string or an integer.
+fn concurrency_of(
+    workflow: &str,
+    spec: &ConcurrencySpec,
+    input: &InputSchema,
+) -> Result<Concurrency, String> {
+    if !(1..=MAX_KEY_LIMIT).contains(&spec.limit) {
+        return Err(format!("limit must be from 1 to {MAX_KEY_LIMIT}, not {}", spec.limit));
+    }
+    let group = spec.group.clone().unwrap_or_else(|| workflow.to_owned());
+    check_name(&group).map_err(|e| format!("group {e}"))?;
+    let max_wait = match spec.max_wait_seconds {
+        None => None,
+        Some(n) if (1..=keys::MAX_WAIT.as_secs()).contains(&n) => Some(Duration::from_secs(n)),
+        Some(_) => {
+            return Err(format!("max_wait_seconds must be from 1 to {}", keys::MAX_WAIT.as_secs()));
+        }
+    };
+    let Some(pointer) = spec.key.strip_prefix("/input").filter(|p| p.starts_with('/')) else {
+        return Err(format!(
+            "key must be a JSON pointer into the input such as \"/input/customer_id\", not {:?}",
+            spec.key
+        ));
+    };
+    let root = input.schema();
+    // A schema that is only a reference within the file stands for what it refers to.
+    fn resolve<'a>(root: &'a Value, mut schema: &'a Value) -> &'a Value {
+        for _ in 0..8 {
+            let at = schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#'));
+            match at.and_then(|at| root.pointer(at)) {
+                Some(target) => schema = target,
+                None => break,
+            }
+        }
+        schema
+    }
+    let mut schema = resolve(root, root);
+    for token in pointer.split('/').skip(1) {
+        let name = token.replace("~1", "/").replace("~0", "~");
+        match schema.get("properties").and_then(|p| p.get(&name)).map(|p| resolve(root, p)) {
+            Some(inner) => schema = inner,
+            None => {
+                return Err(format!(
+                    "key {:?}: the input_schema declares no property {name:?} there",
+                    spec.key
+                ));
+            }
+        }
+    }
+    let kinds: Vec<&str> = match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    if kinds.is_empty() || kinds.iter().any(|k| !matches!(*k, "string" | "integer")) {
+        return Err(format!(
+            "key {:?}: the input_schema must declare it a string or an integer",
+            spec.key
+        ));
+    }
+    Ok(Concurrency {
+        pointer: pointer.to_owned(),
+        declared: spec.key.clone(),
+        limit: spec.limit,
+        group,
+        max_wait,
+        on_conflict: spec.on_conflict,
+    })
 }
 
 /// Checks that `pointer` (the field `field`) is a JSON pointer under `/input` or
@@ -1097,6 +1210,63 @@ mod tests {
         for (starts, expected) in cases {
             let err = with_starts(starts.clone()).unwrap_err().to_string();
             assert!(err.contains(expected), "{starts}: {err}");
+        }
+    }
+
+    fn with_concurrency(concurrency: serde_json::Value) -> Result<Workflow, Error> {
+        let mut spec: Value = serde_json::from_str(sas_workflows::order_fulfilment()).unwrap();
+        spec["concurrency"] = concurrency;
+        Workflow::from_json(&spec.to_string(), &Workflow::agents_in(&spec.to_string()))
+    }
+
+    #[test]
+    fn a_concurrency_key_is_read_from_the_input_as_its_schema_declares_it() {
+        let w =
+            with_concurrency(serde_json::json!({"key": "/input/customer_id", "limit": 1})).unwrap();
+        let c = w.concurrency().unwrap();
+        assert_eq!((c.limit, c.group.as_str(), c.max_wait), (1, "order-fulfilment", None));
+        let input = serde_json::json!({"customer_id": "c-1"});
+        assert_eq!(w.key_of(&input).unwrap().as_deref(), Some("order-fulfilment/c-1"));
+        let err = w.key_of(&serde_json::json!({})).unwrap_err();
+        assert_eq!(err.errors[0].field, "/customer_id");
+        assert!(err.to_string().contains("concurrency.key"), "{err}");
+        let shared = with_concurrency(serde_json::json!({
+            "key": "/input/customer_id", "limit": 3, "group": "customer",
+            "max_wait_seconds": 600, "on_conflict": "skip"
+        }))
+        .unwrap();
+        let c = shared.concurrency().unwrap();
+        assert_eq!(c.max_wait, Some(Duration::from_secs(600)));
+        assert_eq!(c.on_conflict, OnConflict::Skip);
+        assert_eq!(shared.key_of(&input).unwrap().as_deref(), Some("customer/c-1"));
+        assert_eq!(with_starts(serde_json::json!([])).unwrap().key_of(&input).unwrap(), None);
+    }
+
+    #[test]
+    fn a_concurrency_that_cannot_work_is_refused_at_load_naming_it() {
+        let cases = [
+            (serde_json::json!({"key": "/input/customer_id", "limit": 0}), "limit must be"),
+            (serde_json::json!({"key": "/input/customer_id", "limit": 101}), "limit must be"),
+            (serde_json::json!({"key": "customer_id", "limit": 1}), "JSON pointer into the input"),
+            (serde_json::json!({"key": "/input/tenant", "limit": 1}), "no property \"tenant\""),
+            (serde_json::json!({"key": "/input/ship_to", "limit": 1}), "a string or an integer"),
+            (serde_json::json!({"key": "/input/items", "limit": 1}), "a string or an integer"),
+            (
+                serde_json::json!({"key": "/input/customer_id", "limit": 1, "group": "no space"}),
+                "group",
+            ),
+            (
+                serde_json::json!({"key": "/input/customer_id", "limit": 1, "max_wait_seconds": 0}),
+                "max_wait_seconds",
+            ),
+            (
+                serde_json::json!({"key": "/input/customer_id", "limit": 1, "on_conflict": "cancel"}),
+                "on_conflict",
+            ),
+        ];
+        for (concurrency, expected) in cases {
+            let err = with_concurrency(concurrency.clone()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{concurrency}: {err}");
         }
     }
 

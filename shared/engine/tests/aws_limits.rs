@@ -79,6 +79,7 @@ use std::time::Duration;
 
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::{EngineConfig, MAX_INDEX_SHARDS, Scale};
+use sas_engine::keys::{Queued, Slots};
 use sas_engine::load::Gauges;
 use sas_engine::memory::{
     Delivery, InMemory, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryServiceBook,
@@ -464,6 +465,24 @@ impl StateStore for Throttled {
         let state = old.as_ref().map_or(1.0, table_units).max(table_units(next));
         self.admit(&Units { state, index, shard: next.shard, orders: 0.0 })?;
         self.inner.save(next, expected).await
+    } // Its workflows have no concurrency key.
+    async fn slots(&self, key: &str) -> Result<Slots> {
+        self.inner.slots(key).await
+    }
+    async fn save_slots(&self, next: &Slots) -> Result<Saved> {
+        self.inner.save_slots(next).await
+    }
+    async fn join(&self, key: &str, queued: &Queued) -> Result<()> {
+        self.inner.join(key, queued).await
+    }
+    async fn line(&self, key: &str, limit: usize) -> Result<Vec<Queued>> {
+        self.inner.line(key, limit).await
+    }
+    async fn ahead(&self, key: &str, position: &str) -> Result<u32> {
+        self.inner.ahead(key, position).await
+    }
+    async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
+        self.inner.leave(key, queued).await
     }
 }
 

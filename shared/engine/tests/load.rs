@@ -826,9 +826,11 @@ impl World {
                         Cause::StepTimedOut { step, failures } => {
                             what.lease_faults.get(step).copied().unwrap_or(0) >= *failures
                         }
-                        // The load simulation's services answer small outputs, and none is
-                        // held for hours.
+                        // The load simulation's services answer small outputs, none is
+                        // held for hours, and its workflows have no concurrency key.
                         Cause::OutputTooLarge { .. }
+                        | Cause::KeyBusy { .. }
+                        | Cause::KeyWaitedTooLong { .. }
                         | Cause::ServiceHeldTooLong { .. }
                         | Cause::UnknownStep { .. }
                         | Cause::Cancelled { .. } => false,

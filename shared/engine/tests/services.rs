@@ -12,6 +12,7 @@ use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::{SERVICE_DETAIL_TYPE, StatusKinds};
 use sas_engine::health::ServiceRecord;
 use sas_engine::ids::{Direction, step_key};
+use sas_engine::keys::{Queued, Slots};
 use sas_engine::load::{SLACK, WaitReporter};
 use sas_engine::machine::Refused;
 use sas_engine::memory::{
@@ -1428,6 +1429,30 @@ impl<S: StateStore> StateStore for Yielding<S> {
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
         tokio::task::yield_now().await;
         self.0.save(next, expected).await
+    }
+    async fn slots(&self, key: &str) -> Result<Slots> {
+        tokio::task::yield_now().await;
+        self.0.slots(key).await
+    }
+    async fn save_slots(&self, next: &Slots) -> Result<Saved> {
+        tokio::task::yield_now().await;
+        self.0.save_slots(next).await
+    }
+    async fn join(&self, key: &str, queued: &Queued) -> Result<()> {
+        tokio::task::yield_now().await;
+        self.0.join(key, queued).await
+    }
+    async fn line(&self, key: &str, limit: usize) -> Result<Vec<Queued>> {
+        tokio::task::yield_now().await;
+        self.0.line(key, limit).await
+    }
+    async fn ahead(&self, key: &str, position: &str) -> Result<u32> {
+        tokio::task::yield_now().await;
+        self.0.ahead(key, position).await
+    }
+    async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
+        tokio::task::yield_now().await;
+        self.0.leave(key, queued).await
     }
 }
 

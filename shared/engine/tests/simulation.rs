@@ -36,6 +36,11 @@
 //! through the faults: every order must keep the version it started on, and its steps, to its
 //! end.
 //!
+//! On a third of the seeds the workflow runs one or two orders of a customer at a time (a
+//! `concurrency` key on the customer, and orders of three customers): after every event, no
+//! key has more places taken than its limit, and no order runs without its place; once every
+//! order ended, every place was given back and nobody is left in line.
+//!
 //! `SEED=n cargo test -p sas-engine --test simulation` replays one seed exactly;
 //! `SIM_SEEDS=n` runs n seeds (default 2000). Every kind of fault can be switched off:
 //! `SIM_FAULTS_OFF=crash,lost` drops those kinds, `SIM_FAULTS=duplicated` keeps only the kinds
@@ -53,6 +58,7 @@ use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::{ALERT_DETAIL_TYPE, CALLBACK_DETAIL_TYPE, SERVICE_DETAIL_TYPE};
 use sas_engine::health::hold_key;
 use sas_engine::ids::{Direction, step_key};
+use sas_engine::keys::{Queued, Slots};
 use sas_engine::load::{self, Gauges, Unmetered};
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
@@ -195,6 +201,30 @@ impl<P: StateStore> StateStore for Crashy<P> {
     async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
         self.step().await?;
         self.inner.save(next, expected).await
+    }
+    async fn slots(&self, key: &str) -> Result<Slots> {
+        self.step().await?;
+        self.inner.slots(key).await
+    }
+    async fn save_slots(&self, next: &Slots) -> Result<Saved> {
+        self.step().await?;
+        self.inner.save_slots(next).await
+    }
+    async fn join(&self, key: &str, queued: &Queued) -> Result<()> {
+        self.step().await?;
+        self.inner.join(key, queued).await
+    }
+    async fn line(&self, key: &str, limit: usize) -> Result<Vec<Queued>> {
+        self.step().await?;
+        self.inner.line(key, limit).await
+    }
+    async fn ahead(&self, key: &str, position: &str) -> Result<u32> {
+        self.step().await?;
+        self.inner.ahead(key, position).await
+    }
+    async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
+        self.step().await?;
+        self.inner.leave(key, queued).await
     }
 }
 
@@ -615,6 +645,9 @@ impl Faults {
 #[derive(Debug, Default, Clone, Copy)]
 struct Tally {
     injected: [u64; Fault::ALL.len()],
+    /// Checks that found a key with every place taken, and orders found waiting in line.
+    keys_full: u64,
+    in_line: u64,
     /// Records both supervisors went for, where the conditional write stopped the second.
     races_lost: u64,
     /// Longest simulated time from the faults stopping to every order finished.
@@ -697,6 +730,8 @@ impl std::ops::AddAssign for Tally {
             *a += b;
         }
         self.races_lost += o.races_lost;
+        self.keys_full += o.keys_full;
+        self.in_line += o.in_line;
         self.longest_settle = self.longest_settle.max(o.longest_settle);
         self.commands_applied += o.commands_applied;
         self.commands_refused += o.commands_refused;
@@ -1092,6 +1127,16 @@ impl Sim {
         let settle_bound = settle_bound(&config, &workflow)
             .max(next.as_ref().map_or(Duration::ZERO, |(v2, _)| settle_bound(&config, v2)))
             + paced.as_ref().map_or(Duration::ZERO, |p| p.settle_bound(&versions));
+        // Orders of one customer run a limit at a time: the last in line starts once those
+        // before it ended, each round at most a look later than its place freed (its start
+        // lost, its place taken back).
+        let settle_bound = match keyed(seed) {
+            Some(limit) => {
+                let rounds = ORDERS.div_ceil(3 * limit as usize) as u32;
+                (settle_bound + sas_engine::keys::LAST_LOOK) * rounds
+            }
+            None => settle_bound,
+        };
         // A later version keeps every step of the first (it may add some).
         let steps = next
             .as_ref()
@@ -1236,9 +1281,11 @@ impl Sim {
 
     async fn submit(&mut self, i: usize) {
         // An input the run's workflow takes: each example's own shape, an order for the rest.
+        // With a concurrency key, orders of three customers.
+        let customer = if keyed(self.seed).is_some() { i % 3 } else { i };
         let body = if self.workflow.name() == "account-opening" {
             format!(
-                r#"{{"customer":{{"name":"H {i}","email":"h{i}@example.com"}},"plan":"basic"}}"#
+                r#"{{"customer":{{"name":"H {i}","email":"h{customer}@example.com"}},"plan":"basic"}}"#
             )
         } else {
             // Now and then as many lines as an order may have, each with a long SKU: an input
@@ -1269,7 +1316,7 @@ impl Sim {
                 false => String::new(),
             };
             let body = format!(
-                r#"{{"customer_id":"c-{i}","currency":"EUR","items":[{}],{parcels}
+                r#"{{"customer_id":"c-{customer}","currency":"EUR","items":[{}],{parcels}
                 "ship_to":{{"name":"N","line1":"L","city":"C","postal_code":"1","country":"FR"}}}}"#,
                 items.join(",")
             );
@@ -1305,7 +1352,17 @@ impl Sim {
                 return;
             }
         }
-        panic!("seed {}: order {i} never accepted", self.seed);
+        let workflow = Some(self.workflow.name());
+        let last = self
+            .submission
+            .submit_to(
+                &sas_engine::Owner::anonymous(),
+                workflow,
+                &format!("sim-{i}"),
+                body.as_bytes(),
+            )
+            .await;
+        panic!("seed {}: order {i} never accepted: {last:?}", self.seed);
     }
 
     /// Puts the event of order `i` on the scheduler queue, as the bus's rule does.
@@ -2046,6 +2103,59 @@ impl Sim {
         // And each key took effect at most once.
         let most = if self.count_keys { self.remote.max_applications() } else { 0 };
         assert!(most <= 1, "seed {seed}: an effect applied twice");
+        self.check_keys(&records);
+    }
+
+    /// No more orders of a customer run than its workflow's limit: each runs only while it
+    /// holds one of its key's places, and a key never has more places taken than its limit.
+    fn check_keys(&mut self, records: &HashMap<OrderId, StateRecord>) {
+        let (seed, Some(limit)) = (self.seed, keyed(self.seed)) else { return };
+        let slots: HashMap<String, sas_engine::keys::Slots> =
+            self.memory.all_slots().into_iter().map(|s| (s.key.clone(), s)).collect();
+        for s in slots.values() {
+            assert!(
+                s.running.len() <= limit as usize,
+                "seed {seed}: {} places of {} taken, over its limit of {limit}",
+                s.running.len(),
+                s.key
+            );
+        }
+        let mut running: HashMap<&str, Vec<OrderId>> = HashMap::new();
+        for (id, r) in records {
+            let Some(slot) = r.slot.as_ref().filter(|s| s.admitted && !r.is_terminal()) else {
+                continue;
+            };
+            let held =
+                slots.get(&slot.key).is_some_and(|s| s.running.contains_key(&slot.place(*id)));
+            assert!(held, "seed {seed}: {id} runs for {} without its place", slot.key);
+            running.entry(&slot.key).or_default().push(*id);
+        }
+        for (key, ids) in running {
+            assert!(
+                ids.len() <= limit as usize,
+                "seed {seed}: {} orders of {key} running at once: {ids:?}",
+                ids.len()
+            );
+            if ids.len() == limit as usize {
+                self.tally.keys_full += 1;
+            }
+        }
+        self.tally.in_line += records.values().filter(|r| r.waits_in_line()).count() as u64;
+    }
+
+    /// Once every order ended, every place was given back and nobody is left in line.
+    fn check_keys_at_end(&self) {
+        let seed = self.seed;
+        for s in self.memory.all_slots() {
+            assert!(
+                s.running.is_empty(),
+                "seed {seed}: places of {} never given back: {:?}",
+                s.key,
+                s.running
+            );
+        }
+        let lines = self.memory.lines();
+        assert!(lines.is_empty(), "seed {seed}: left in line: {lines:?}");
     }
 
     /// Nothing but its probe reaches a held action (calls in the first [`FRESH`] of a hold
@@ -2341,6 +2451,16 @@ impl Sim {
         while !self.finished() {
             self.resume_paused().await;
             self.check();
+            if self.clock.now() >= stop {
+                for (id, _) in self.unfinished() {
+                    eprintln!("{:#?}", self.memory.peek(id));
+                }
+                eprintln!(
+                    "places: {:#?}\nlines: {:#?}",
+                    self.memory.all_slots(),
+                    self.memory.lines()
+                );
+            }
             assert!(
                 self.clock.now() < stop,
                 "seed {}: orders still in flight {:?} after the faults stopped: {:?}",
@@ -2367,6 +2487,7 @@ impl Sim {
         self.check();
         self.check_announced();
         self.check_outcomes();
+        self.check_keys_at_end();
         self.check_children();
         self.check_events().await;
         let settled = stopped.until(self.clock.now());
@@ -2872,7 +2993,24 @@ fn started_by_event(o: &OrderRecord) -> bool {
 fn workflow_json(seed: u64) -> String {
     let mut spec: serde_json::Value = serde_json::from_str(&workflow_shape(seed)).unwrap();
     spec["starts"] = serde_json::json!([{"event": {"pattern": {"source": ["sim.shop"]}}}]);
+    if let Some(limit) = keyed(seed) {
+        let key = match spec["name"].as_str() {
+            Some("account-opening") => "/input/customer/email",
+            _ => "/input/customer_id",
+        };
+        if spec.get("input_schema").is_none() {
+            spec["input_schema"] = serde_json::json!({"type": "object",
+                "properties": {"customer_id": {"type": "string"}}, "required": ["customer_id"]});
+        }
+        spec["concurrency"] = serde_json::json!({"key": key, "limit": limit});
+    }
     spec.to_string()
+}
+
+/// The concurrency limit per customer of the workflow a seed runs, on a third of the seeds:
+/// one or two orders of a customer at a time.
+fn keyed(seed: u64) -> Option<u32> {
+    (seed % 3 == 0).then(|| 1 + (seed / 3 % 2) as u32)
 }
 
 fn workflow_shape(seed: u64) -> String {
@@ -3334,6 +3472,8 @@ async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
         assert!(total.full_seconds > 0, "no call ever filled its service's declared second");
         assert!(total.full_places > 0, "no call ever took its service's last place in flight");
         assert!(total.kept_back > 0, "no request was ever kept back");
+        assert!(total.keys_full > 0, "no customer's key ever had every place taken");
+        assert!(total.in_line > 0, "no order ever waited in its key's line");
         if faults.on(Fault::RemoteThrottled) {
             assert!(total.learned_calls > 0, "no call ever went at a rate learned from 429s");
         }
@@ -3525,6 +3665,24 @@ fn a_refusal_counted_towards_a_hold_fails_the_simulation() {
     let failure = first_failure(1..=400, breakage)
         .expect("400 runs passed with services held for the calls they refused");
     assert!(failure.contains("held for refusals"), "{failure}");
+}
+
+#[test]
+fn a_place_never_given_back_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::PlaceKeptOnEnd]);
+    let failure = first_failure(1..=20, breakage)
+        .expect("twenty runs passed with orders that kept their key's place once ended");
+    let noticed = ["never given back", "still in flight"].iter().any(|n| failure.contains(n));
+    assert!(noticed, "{failure}");
+}
+
+#[test]
+fn a_place_given_back_twice_fails_the_simulation() {
+    let breakage = Breakage::Mutants(&[Mutant::PlaceFreedTwice]);
+    let failure = first_failure(1..=40, breakage)
+        .expect("forty runs passed with orders that gave back two places when they ended");
+    let noticed = ["without its place", "running at once"].iter().any(|n| failure.contains(n));
+    assert!(noticed, "{failure}");
 }
 
 #[test]

@@ -113,6 +113,9 @@ pub(super) fn pause(
             Err(Refused::Finished { state, command: cmd.kind })
         }
         ProcessState::Paused => Err(Refused::AlreadyPaused),
+        ProcessState::Pending if record.waits_in_line() => Err(Refused::InLine {
+            key: record.slot.as_ref().map(|s| s.key.clone()).unwrap_or_default(),
+        }),
         ProcessState::Pending | ProcessState::Processing => match &record.stop {
             Some(stop) if stop.command == CommandKind::Cancel => Err(Refused::Cancelling),
             Some(_) => Err(Refused::Pausing),
@@ -209,7 +212,7 @@ pub(super) fn redrive(
     }
     next.phase = Phase::Forward;
     next.cause = None;
-    Ok(restart(next, ctx, cmd))
+    Ok(restart(record, next, ctx, cmd))
 }
 
 /// Redrive of the compensation: the undos that failed are queued again, under their keys (an
@@ -231,19 +234,25 @@ pub(super) fn redrive_compensation(
         }
     }
     next.phase = Phase::Compensating;
-    Ok(restart(next, ctx, cmd))
+    Ok(restart(record, next, ctx, cmd))
 }
 
 /// Puts a redriven record back in flight, its free steps queued at a new attempt with their
-/// start message.
-pub(super) fn restart(mut next: StateRecord, ctx: &Ctx<'_>, cmd: Command<'_>) -> Decision {
+/// start message; an order with a concurrency key waits in line first.
+pub(super) fn restart(
+    record: &StateRecord,
+    mut next: StateRecord,
+    ctx: &Ctx<'_>,
+    cmd: Command<'_>,
+) -> Decision {
     next.failure_count = 0;
     next.alert = None;
     next.ended_at = None;
     next.redrives += 1;
     next.active_since = Some(ctx.now);
     next.note_command(ctx.now, Happening::Redriven, cmd.by, cmd.reason, ctx.config.timeline_limit);
-    proceed(next, Vec::new(), ctx, Via::Kick)
+    let relaunched = proceed(next, Vec::new(), ctx, Via::Kick);
+    in_line_first(record, relaunched, ctx)
 }
 
 pub(super) fn within_window(record: &StateRecord, ctx: &Ctx<'_>) -> Result<(), Refused> {
@@ -297,7 +306,7 @@ pub(super) fn undo(
     // An alert of the failures it reported is moot now: the order is undone on purpose, and
     // gets an alert of its own should anything be left to undo by hand.
     next.alert = None;
-    Ok(compensate(next, ctx, Via::Kick))
+    Ok(in_line_first(record, compensate(next, ctx, Via::Kick), ctx))
 }
 
 pub(super) fn acknowledge(

@@ -91,6 +91,15 @@ pub(super) fn fail(mut next: StateRecord, ctx: &Ctx<'_>) -> Decision {
             return apply(next, effects);
         }
     }
+    if matches!(next.cause, Some(Cause::KeyBusy { .. })) {
+        // Skipped: it never ran, and its workflow asked for exactly that.
+        next.process_state = ProcessState::Cancelled;
+        next.complete_by = None;
+        next.note(ctx.now, Happening::Cancelled, None, limit);
+        let mut effects = status(ctx, StatusKind::Cancelled, None);
+        effects.extend(tell_parent(&next));
+        return apply(next, effects);
+    }
     let kind = if next.needs_manual_undo().is_empty()
         && next.steps.iter().any(|s| s.status == StepStatus::Undone)
     {
@@ -133,7 +142,11 @@ pub(super) fn alert_sent(record: &StateRecord, ctx: &Ctx<'_>) -> Decision {
     // terminal status event, but no longer the alert.
     let mut next = begin(record, ctx, record.last_input.clone());
     next.alert = Some(AlertDelivery::Sent);
-    next.complete_by = None;
+    // An order whose key's place is not yet recorded given back stays where the supervisor
+    // finds it.
+    if !next.release_pending() {
+        next.complete_by = None;
+    }
     next.note(ctx.now, Happening::AlertSent, None, ctx.config.timeline_limit);
     apply(next, Vec::new())
 }
@@ -165,6 +178,9 @@ pub(super) fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
             }
             if record.parent.is_some() {
                 effects.push(Effect::TellParent);
+            }
+            if record.slot.is_some() {
+                effects.push(Effect::Release);
             }
             effects
         }

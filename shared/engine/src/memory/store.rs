@@ -18,12 +18,13 @@
 //! Every record written is first checked by [`check_write`], as the DynamoDB adapter checks it,
 //! so a transition that breaks an invariant fails loudly instead of being stored.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
+use crate::keys::{Queued, Slots};
 use crate::ports::{
     Clock, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed,
     Listing, OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
@@ -80,6 +81,10 @@ struct Inner {
     /// The condition broken on purpose: a save checks the revision only.
     revision_only: bool,
     stats: StoreStats,
+    /// Each concurrency key's places.
+    slots: HashMap<String, Slots>,
+    /// Each concurrency key's line, by position.
+    lines: HashMap<String, BTreeMap<String, Queued>>,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -131,6 +136,17 @@ impl<C: Clock> MemoryStore<C> {
     /// Every order.
     pub fn orders(&self) -> Vec<OrderRecord> {
         self.lock().orders.values().cloned().collect()
+    }
+
+    /// Every concurrency key's places, as stored.
+    pub fn all_slots(&self) -> Vec<Slots> {
+        self.lock().slots.values().cloned().collect()
+    }
+
+    /// Every concurrency key's line, in order.
+    pub fn lines(&self) -> Vec<(String, Vec<Queued>)> {
+        let inner = self.lock();
+        inner.lines.iter().map(|(k, l)| (k.clone(), l.values().cloned().collect())).collect()
     }
 
     /// Entries in the index as a sweep would see them now, for tests.
@@ -293,6 +309,61 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         inner.record_version(now, next);
         inner.record_index_change(now, next);
         Ok(Saved::Saved)
+    }
+
+    async fn slots(&self, key: &str) -> Result<Slots> {
+        let mut inner = self.lock();
+        inner.stats.reads += 1;
+        Ok(inner.slots.get(key).cloned().unwrap_or_else(|| Slots::empty(key)))
+    }
+
+    async fn save_slots(&self, next: &Slots) -> Result<Saved> {
+        check_size(next)?;
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        let stored = inner.slots.get(&next.key).map_or(0, |s| s.version);
+        if next.version != stored + 1 {
+            inner.stats.conflicts += 1;
+            return Ok(Saved::Conflict);
+        }
+        inner.stats.writes += 1;
+        inner.slots.insert(next.key.clone(), next.clone());
+        Ok(Saved::Saved)
+    }
+
+    async fn join(&self, key: &str, queued: &Queued) -> Result<()> {
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        inner.stats.writes += 1;
+        inner.lines.entry(key.to_owned()).or_default().insert(queued.position(), queued.clone());
+        Ok(())
+    }
+
+    async fn line(&self, key: &str, limit: usize) -> Result<Vec<Queued>> {
+        let mut inner = self.lock();
+        inner.stats.reads += 1;
+        let line = inner.lines.get(key);
+        Ok(line.map(|l| l.values().take(limit).cloned().collect()).unwrap_or_default())
+    }
+
+    async fn ahead(&self, key: &str, position: &str) -> Result<u32> {
+        let mut inner = self.lock();
+        inner.stats.reads += 1;
+        let ahead = inner.lines.get(key).map_or(0, |l| l.range(..position.to_owned()).count());
+        Ok(u32::try_from(ahead).unwrap_or(u32::MAX))
+    }
+
+    async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        inner.stats.writes += 1;
+        if let Some(line) = inner.lines.get_mut(key) {
+            line.remove(&queued.position());
+            if line.is_empty() {
+                inner.lines.remove(key);
+            }
+        }
+        Ok(())
     }
 }
 

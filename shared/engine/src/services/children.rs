@@ -220,6 +220,10 @@ where
             Ok(wakes) => wakes,
             Err(e) => return Ok(vec![reply(&link, StepOutcome::failed(&e.to_string()))]),
         };
+        let line = match child_workflow.key_of(&order_input.0) {
+            Ok(line) => line,
+            Err(e) => return Ok(vec![reply(&link, StepOutcome::failed(&e.to_string()))]),
+        };
         let kept =
             match payload::keep(&self.payloads, id, order_input.0, MAX_INLINE_INPUT_LEN).await? {
                 Kept::Inline(v) | Kept::Stored(v) => v,
@@ -241,7 +245,8 @@ where
             created_at: now,
         };
         let ctx = Ctx { now, config: &self.config, workflow: child_workflow, seed: 0 };
-        let mut created = machine::create_waking(id, parent.correlation_id.clone(), &wakes, &ctx);
+        let mut created =
+            machine::create_waking(id, parent.correlation_id.clone(), &wakes, line, &ctx);
         created.next.parent = Some(link);
         // As submission does: the order first, then its state record; a start that died
         // between the two finds the order and writes the record.

@@ -21,9 +21,9 @@ use crate::ports::{
 use crate::state::{Cause, CommandKind, ProcessState, StateRecord, StepStatus};
 use crate::time::Timestamp;
 
-/// Conflicts tolerated while recording that an alert was sent; each one means another writer
-/// touched the record, which can only happen a few times.
-const ALERT_RECORD_TRIES: usize = 3;
+/// Conflicts tolerated while recording that an alert was sent or a place given back; each one
+/// means another writer touched the record, which can only happen a few times.
+const RECORD_TRIES: usize = 3;
 
 /// The ports and settings that every service writing orders shares, given to each as one
 /// bundle: the state store, the outbox, the event bus and the clock, with the engine's
@@ -110,6 +110,15 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
                 }
                 Effect::Collect { step } => outgoing.push(self.collect(record, *step).await?),
                 Effect::TellParent => outgoing.extend(self.tell_parent(record)),
+                Effect::Join => {
+                    if let Some((slot, queued)) = super::line::entry_of(record) {
+                        self.store.join(&slot.key, &queued).await?;
+                    }
+                }
+                Effect::Release => {
+                    self.release(record).await?;
+                    self.record_released(record).await?;
+                }
             }
         }
         if !outgoing.is_empty() {
@@ -249,13 +258,26 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
         })
     }
 
-    /// Marks the alert as sent, re-reading the record if someone wrote it meanwhile.
+    /// Records that `written`'s place was given back: it leaves the expiry index. If that
+    /// cannot be written, the supervisor gives the place back once more later.
+    async fn record_released(&self, written: &StateRecord) -> Result<()> {
+        self.record_done(written, Input::Released, "its place given back").await
+    }
+
+    /// Marks the alert as sent. The alert is out; if that cannot be written, the supervisor
+    /// publishes it once more later rather than lose it.
     async fn record_alert_sent(&self, written: &StateRecord) -> Result<()> {
+        self.record_done(written, Input::AlertSent, "its alert sent").await
+    }
+
+    /// Writes what `input` records of `written`, re-reading the record if someone wrote it
+    /// meanwhile; nothing if it is already recorded.
+    async fn record_done(&self, written: &StateRecord, input: Input<'_>, what: &str) -> Result<()> {
         let mut record = written.clone();
-        for _ in 0..ALERT_RECORD_TRIES {
+        for _ in 0..RECORD_TRIES {
             let ctx = self.ctx(&record)?;
-            let Decision::Apply(t) = decide(&record, Input::AlertSent, &ctx) else {
-                debug!(order_id = %record.order_id, "alert already recorded");
+            let Decision::Apply(t) = decide(&record, input, &ctx) else {
+                debug!(order_id = %record.order_id, what, "already recorded");
                 return Ok(());
             };
             if self.save(&record, &t.next).await? == Saved::Saved {
@@ -266,8 +288,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
                 None => return Ok(()),
             }
         }
-        // The alert is out; the supervisor will publish it once more later rather than lose it.
-        warn!(order_id = %written.order_id, "could not record the alert as sent");
+        warn!(order_id = %written.order_id, what, "could not record it");
         Ok(())
     }
 }

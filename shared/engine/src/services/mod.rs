@@ -12,6 +12,7 @@ mod desk;
 mod effects;
 mod fanout;
 mod guard;
+mod line;
 mod operator;
 mod scheduler;
 mod starter;

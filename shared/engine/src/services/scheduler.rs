@@ -126,7 +126,11 @@ where
         // that write's condition proves the copy was the latest. Anything else (a conflict, or
         // a message that looks stale, repeated or impossible against the copy) is judged again
         // on a consistent read.
-        if let Some(record) = self.ports.store.load(order_id, Read::Eventual).await? {
+        // An order waiting in its key's line is judged on a consistent read, after a look at
+        // the line.
+        if let Some(record) = self.ports.store.load(order_id, Read::Eventual).await?
+            && !record.waits_in_line()
+        {
             if let Decision::Apply(t) = decide(&record, input, &self.ports.ctx(&record)?) {
                 if self.apply(&record, &t).await? == Saved::Saved {
                     return Ok(Handled::Applied);
@@ -155,6 +159,15 @@ where
     /// writer's.
     async fn judge(&self, record: &StateRecord, input: Input<'_>) -> Result<Option<Handled>> {
         let order_id = record.order_id;
+        let input = match input {
+            Input::Claim { attempt, owner, message }
+                if record.waits_in_line() && attempt == record.attempt =>
+            {
+                let admitted = self.ports.take_place(record).await?;
+                Input::Admission { attempt, owner, message, admitted }
+            }
+            other => other,
+        };
         let handled = match decide(record, input, &self.ports.ctx(record)?) {
             Decision::Apply(t) => match self.apply(record, &t).await? {
                 Saved::Saved => Handled::Applied,

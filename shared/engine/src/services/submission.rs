@@ -103,10 +103,11 @@ where
         let order_id = OrderId::for_owner_key(owner, &key);
         let now = self.ports.clock.now();
         let wakes = workflow.wakes(&order.0, now)?;
+        let line = workflow.key_of(&order.0)?;
         self.admit(now, workflow).await?;
         let order = self.keep(order_id, order).await?;
         let ctx = Ctx { now, config: &self.ports.config, workflow, seed: 0 };
-        let created = machine::create_waking(order_id, self.ids.new_id(), &wakes, &ctx);
+        let created = machine::create_waking(order_id, self.ids.new_id(), &wakes, line, &ctx);
         let record = OrderRecord {
             order_id,
             owner: owner.clone(),

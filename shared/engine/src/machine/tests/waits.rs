@@ -140,7 +140,7 @@ fn a_wait_until_a_time_of_the_input_is_checked_at_submission() {
     }
     let f = Fixture { workflow, ..Fixture::new() };
     let id = OrderId::for_key(&crate::ids::IdempotencyKey::parse("later-1").unwrap());
-    let t = create_waking(id, "c".into(), &wakes, &f.ctx(T0));
+    let t = create_waking(id, "c".into(), &wakes, None, &f.ctx(T0));
     t.next.check().unwrap();
     assert_eq!(t.next.complete_by, Some(T0.plus(DAY)));
 }
