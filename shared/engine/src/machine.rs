@@ -711,10 +711,7 @@ fn status(ctx: &Ctx<'_>, kind: StatusKind, step: Option<String>) -> Vec<Effect> 
 fn apply(mut next: StateRecord, mut effects: Vec<Effect>) -> Decision {
     // An order that ended in this write gives its key's place back, and stays in the expiry
     // index until that is recorded.
-    if next.release_pending()
-        && next.ended_at == Some(next.updated_at)
-        && !effects.contains(&Effect::Release)
-    {
+    if next.release_pending() && next.ended_at == Some(next.updated_at) {
         effects.push(Effect::Release);
         let look = next.updated_at.plus(crate::keys::RELEASE_CHECK);
         next.complete_by = Some(next.complete_by.map_or(look, |at| at.min(look)));

@@ -11,6 +11,7 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::events::{Alert, BusEvent, Callback};
 use crate::ids::{Direction, step_key};
+use crate::keys::Queued;
 use crate::machine::{Ctx, Decision, Effect, Input, decide};
 use crate::message::{Message, Start, StepRef, StepRequest};
 use crate::payload::NoPayloads;
@@ -111,8 +112,8 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
                 Effect::Collect { step } => outgoing.push(self.collect(record, *step).await?),
                 Effect::TellParent => outgoing.extend(self.tell_parent(record)),
                 Effect::Join => {
-                    if let Some((slot, queued)) = super::line::entry_of(record) {
-                        self.store.join(&slot.key, &queued).await?;
+                    if let Some(slot) = &record.slot {
+                        self.store.join(&slot.key, &Queued::of(record, slot)).await?;
                     }
                 }
                 Effect::Release => {

@@ -10,7 +10,7 @@ use tracing::{debug, info};
 use super::effects::Ports;
 use crate::error::Result;
 use crate::ids::OrderId;
-use crate::keys::{self, CHECK_PLACES_AFTER, Queued, Slot, Slots, Standing};
+use crate::keys::{self, CHECK_PLACES_AFTER, Queued, Slots, Standing};
 use crate::message::{Message, Start};
 use crate::mutants::{self, Mutant};
 use crate::ports::{Clock, Destination, Outbox, Outgoing, Payloads, Read, Saved, StateStore};
@@ -29,12 +29,14 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
         let Some(slot) = record.slot.as_ref() else { return Ok(false) };
         let limit = self.limit_of(record)?;
         let place = slot.place(record.order_id);
-        let mut slots = self.admit(&slot.key, limit, Some(record.order_id)).await?;
+        let read = self.store.slots(&slot.key).await?;
+        let mut slots = self.admit(read, limit, Some(record.order_id)).await?;
         let now = self.clock.now();
         let full = slots.running.len() >= limit as usize;
         let long_held = slots.running.values().any(|at| at.plus(CHECK_PLACES_AFTER) <= now);
         if !slots.running.contains_key(&place) && full && long_held && self.reclaim(&slots).await? {
-            slots = self.admit(&slot.key, limit, Some(record.order_id)).await?;
+            let read = self.store.slots(&slot.key).await?;
+            slots = self.admit(read, limit, Some(record.order_id)).await?;
         }
         Ok(slots.running.contains_key(&place))
     }
@@ -44,12 +46,9 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
     pub(super) async fn release(&self, record: &StateRecord) -> Result<()> {
         let Some(slot) = record.slot.as_ref() else { return Ok(()) };
         let place = slot.place(record.order_id);
+        let mut slots = self.store.slots(&slot.key).await?;
         for _ in 0..KEY_TRIES {
-            let slots = self.store.slots(&slot.key).await?;
-            if !slots.running.contains_key(&place) {
-                break;
-            }
-            if mutants::on(Mutant::PlaceKeptOnEnd) {
+            if !slots.running.contains_key(&place) || mutants::on(Mutant::PlaceKeptOnEnd) {
                 break;
             }
             let mut next = slots.clone();
@@ -61,12 +60,15 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
             next.version += 1;
             if self.store.save_slots(&next).await? == Saved::Saved {
                 debug!(order_id = %record.order_id, key = %slot.key, "place given back");
+                slots = next;
                 break;
             }
+            slots = self.store.slots(&slot.key).await?;
         }
+        // Even an admitted order: the admission that took its place may have died before it
+        // took it out of the line, and a full key's line is not read.
         self.store.leave(&slot.key, &Queued::of(record, slot)).await?;
-        let limit = self.limit_of(record)?;
-        self.admit(&slot.key, limit, None).await?;
+        self.admit(slots, self.limit_of(record)?, None).await?;
         Ok(())
     }
 
@@ -86,11 +88,12 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
         }))
     }
 
-    /// Admits the head of `key`'s line into its free places and sends each order admitted its
-    /// start message (but `except`'s, whose handler goes on with it); the places as written,
-    /// or as last read if the places kept changing under it.
-    async fn admit(&self, key: &str, limit: u32, except: Option<OrderId>) -> Result<Slots> {
-        let mut slots = self.store.slots(key).await?;
+    /// Admits the head of its key's line into the free places of `slots` (as just read) and
+    /// sends each order admitted its start message (but `except`'s, whose handler goes on with
+    /// it); the places as written, or as last read if the places kept changing under it.
+    async fn admit(&self, mut slots: Slots, limit: u32, except: Option<OrderId>) -> Result<Slots> {
+        let key = slots.key.clone();
+        let key = key.as_str();
         for _ in 0..KEY_TRIES {
             let line = if slots.running.len() < limit as usize {
                 self.store.line(key, limit as usize).await?
@@ -161,9 +164,4 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
         let workflow = self.catalogue.of(record)?;
         Ok(workflow.concurrency().map_or(keys::MAX_LIMIT, |c| c.limit))
     }
-}
-
-/// The entry of `record` in its key's line, if it has a key.
-pub(super) fn entry_of(record: &StateRecord) -> Option<(&Slot, Queued)> {
-    record.slot.as_ref().map(|slot| (slot, Queued::of(record, slot)))
 }
