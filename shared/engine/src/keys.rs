@@ -39,6 +39,8 @@ pub const MAX_LIMIT: u32 = 100;
 pub const MAX_VALUE_LEN: usize = 256;
 /// Longest `max_wait_seconds`: a waiting order is kept as long as a redrive may come.
 pub const MAX_WAIT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// A position after every entry of a line: the orders ahead of it are the whole line.
+pub const END_OF_LINE: &str = "~";
 /// How soon a waiting order is looked at again at first; the interval grows with its wait.
 pub const FIRST_LOOK: Duration = Duration::from_secs(60);
 /// The longest interval between two looks at a waiting order.
@@ -152,6 +154,9 @@ pub struct Slots {
     pub key: String,
     /// Place ([`Slot::place`]) to when it was taken.
     pub running: BTreeMap<String, Timestamp>,
+    /// The limit the last admission kept to (0 before any): what operators are shown.
+    #[serde(default)]
+    pub limit: u32,
     /// 0 while nothing was ever written for the key.
     pub version: u64,
 }
@@ -159,7 +164,7 @@ pub struct Slots {
 impl Slots {
     /// The places of `key` before anything was written of it.
     pub fn empty(key: &str) -> Slots {
-        Slots { key: key.to_owned(), running: BTreeMap::new(), version: 0 }
+        Slots { key: key.to_owned(), running: BTreeMap::new(), limit: 0, version: 0 }
     }
 
     /// The order a place is taken by: the id before its run.
@@ -219,6 +224,7 @@ pub struct Plan {
 pub fn plan(slots: &Slots, line: &[Queued], limit: u32, now: Timestamp) -> Option<Plan> {
     let mut next = slots.clone();
     next.version += 1;
+    next.limit = limit;
     let (mut admitted, mut stale) = (Vec::new(), Vec::new());
     for queued in line {
         if next.running.contains_key(&queued.place()) {
@@ -276,6 +282,7 @@ pub fn ended_places<'a>(
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Standing {
     pub key: String,
+    /// As the key's places last recorded it; 0 if they never did.
     pub limit: u32,
     /// Orders of the key running now.
     pub running: u32,
@@ -292,11 +299,11 @@ impl std::fmt::Display for Standing {
             (3, n) if n != 13 => "rd",
             _ => "th",
         };
-        write!(
-            f,
-            "{}: {} running of {}, this order {}{nth} in line",
-            self.key, self.running, self.limit, self.position
-        )
+        write!(f, "{}: {} running", self.key, self.running)?;
+        if self.limit > 0 {
+            write!(f, " of {}", self.limit)?;
+        }
+        write!(f, ", this order {}{nth} in line", self.position)
     }
 }
 
@@ -380,5 +387,7 @@ mod tests {
             since: Timestamp::from_millis(0),
         };
         assert_eq!(s.to_string(), "customer/c-1: 1 running of 1, this order 2nd in line");
+        let unknown = Standing { limit: 0, position: 13, ..s };
+        assert_eq!(unknown.to_string(), "customer/c-1: 1 running, this order 13th in line");
     }
 }

@@ -228,6 +228,21 @@ pub trait HeldIndex: Send + Sync {
     fn count_held(&self, on: &str) -> impl Future<Output = Result<u64>> + Send;
 }
 
+/// A concurrency key with orders running, as [`KeyIndex`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BusyKey {
+    pub key: String,
+    /// Since when it has had orders running without a break.
+    pub since: Timestamp,
+}
+
+/// The sparse index of concurrency keys with orders running, for operators.
+pub trait KeyIndex: Send + Sync {
+    /// Up to `limit` keys with orders running, the longest busy first. Eventually consistent:
+    /// a key that just became busy or idle may be missing or still there.
+    fn busy_keys(&self, limit: usize) -> impl Future<Output = Result<Vec<BusyKey>>> + Send;
+}
+
 /// Which orders an operator asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Listing {
@@ -812,6 +827,12 @@ impl<T: Payloads + ?Sized> Payloads for std::sync::Arc<T> {
     }
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send {
         (**self).get(key)
+    }
+}
+
+impl<T: KeyIndex + ?Sized> KeyIndex for std::sync::Arc<T> {
+    fn busy_keys(&self, limit: usize) -> impl Future<Output = Result<Vec<BusyKey>>> + Send {
+        (**self).busy_keys(limit)
     }
 }
 

@@ -26,8 +26,8 @@ use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::keys::{Queued, Slots};
 use crate::ports::{
-    Clock, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed,
-    Listing, OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
+    BusyKey, Clock, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, KeyIndex, ListPage,
+    ListQuery, Listed, Listing, OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -83,6 +83,8 @@ struct Inner {
     stats: StoreStats,
     /// Each concurrency key's places.
     slots: HashMap<String, Slots>,
+    /// Since when each key with orders running has had some: the busy keys' index.
+    busy: HashMap<String, Timestamp>,
     /// Each concurrency key's line, by position.
     lines: HashMap<String, BTreeMap<String, Queued>>,
 }
@@ -328,6 +330,14 @@ impl<C: Clock> StateStore for MemoryStore<C> {
         }
         inner.stats.writes += 1;
         inner.slots.insert(next.key.clone(), next.clone());
+        match next.running.values().max() {
+            None => {
+                inner.busy.remove(&next.key);
+            }
+            Some(newest) => {
+                inner.busy.entry(next.key.clone()).or_insert(*newest);
+            }
+        }
         Ok(Saved::Saved)
     }
 
@@ -398,6 +408,21 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
             .filter(|(s, complete_by, _)| *s == shard && *complete_by <= due_by)
             .filter_map(|(_, _, id)| inner.states.get(id).map(StateRecord::watched_since))
             .min())
+    }
+}
+
+impl<C: Clock> KeyIndex for MemoryStore<C> {
+    async fn busy_keys(&self, limit: usize) -> Result<Vec<BusyKey>> {
+        let mut inner = self.lock();
+        inner.stats.reads += 1;
+        let mut busy: Vec<BusyKey> = inner
+            .busy
+            .iter()
+            .map(|(key, since)| BusyKey { key: key.clone(), since: *since })
+            .collect();
+        busy.sort_by(|a, b| (a.since, &a.key).cmp(&(b.since, &b.key)));
+        busy.truncate(limit);
+        Ok(busy)
     }
 }
 

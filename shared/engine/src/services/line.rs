@@ -10,7 +10,7 @@ use tracing::{debug, info};
 use super::effects::Ports;
 use crate::error::Result;
 use crate::ids::OrderId;
-use crate::keys::{self, CHECK_PLACES_AFTER, Queued, Slots, Standing};
+use crate::keys::{self, CHECK_PLACES_AFTER, Plan, Queued, Slots, Standing};
 use crate::message::{Message, Start};
 use crate::mutants::{self, Mutant};
 use crate::ports::{Clock, Destination, Outbox, Outgoing, Payloads, Read, Saved, StateStore};
@@ -30,78 +30,75 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
         let limit = self.limit_of(record)?;
         let place = slot.place(record.order_id);
         let read = self.store.slots(&slot.key).await?;
-        let mut slots = self.admit(read, limit, Some(record.order_id)).await?;
+        let mut slots = self.admit(read, limit, Some(record.order_id), None).await?;
         let now = self.clock.now();
         let full = slots.running.len() >= limit as usize;
         let long_held = slots.running.values().any(|at| at.plus(CHECK_PLACES_AFTER) <= now);
         if !slots.running.contains_key(&place) && full && long_held && self.reclaim(&slots).await? {
             let read = self.store.slots(&slot.key).await?;
-            slots = self.admit(read, limit, Some(record.order_id)).await?;
+            slots = self.admit(read, limit, Some(record.order_id), None).await?;
         }
         Ok(slots.running.contains_key(&place))
     }
 
     /// Gives `record`'s place back (it ended), takes it out of its key's line if it was still
-    /// there, and admits the next in line.
+    /// there, and admits the next in line in the same write: a key with orders waiting never
+    /// looks idle between two of them.
     pub(super) async fn release(&self, record: &StateRecord) -> Result<()> {
         let Some(slot) = record.slot.as_ref() else { return Ok(()) };
-        let place = slot.place(record.order_id);
-        let mut slots = self.store.slots(&slot.key).await?;
-        for _ in 0..KEY_TRIES {
-            if !slots.running.contains_key(&place) || mutants::on(Mutant::PlaceKeptOnEnd) {
-                break;
-            }
-            let mut next = slots.clone();
-            next.running.remove(&place);
-            if mutants::on(Mutant::PlaceFreedTwice) {
-                let other = next.running.keys().next().cloned();
-                other.map(|p| next.running.remove(&p));
-            }
-            next.version += 1;
-            if self.store.save_slots(&next).await? == Saved::Saved {
-                debug!(order_id = %record.order_id, key = %slot.key, "place given back");
-                slots = next;
-                break;
-            }
-            slots = self.store.slots(&slot.key).await?;
-        }
         // Even an admitted order: the admission that took its place may have died before it
-        // took it out of the line, and a full key's line is not read.
+        // took it out of the line, and a full key's line is not read. Out of the line first,
+        // or the place it frees could be given to it again.
         self.store.leave(&slot.key, &Queued::of(record, slot)).await?;
-        self.admit(slots, self.limit_of(record)?, None).await?;
+        let slots = self.store.slots(&slot.key).await?;
+        let place = slot.place(record.order_id);
+        self.admit(slots, self.limit_of(record)?, None, Some(&place)).await?;
         Ok(())
     }
 
     /// Where `record` stands in its key's line, if it waits there.
     pub async fn standing(&self, record: &StateRecord) -> Result<Option<Standing>> {
-        let Some(slot) = record.slot.as_ref().filter(|_| record.waits_in_line()) else {
-            return Ok(None);
-        };
-        let slots = self.store.slots(&slot.key).await?;
-        let ahead = self.store.ahead(&slot.key, &Queued::of(record, slot).position()).await?;
-        Ok(Some(Standing {
-            key: slot.key.clone(),
-            limit: self.limit_of(record)?,
-            running: u32::try_from(slots.running.len()).unwrap_or(u32::MAX),
-            position: ahead + 1,
-            since: slot.since,
-        }))
+        standing(&self.store, record).await
     }
 
-    /// Admits the head of its key's line into the free places of `slots` (as just read) and
-    /// sends each order admitted its start message (but `except`'s, whose handler goes on with
-    /// it); the places as written, or as last read if the places kept changing under it.
-    async fn admit(&self, mut slots: Slots, limit: u32, except: Option<OrderId>) -> Result<Slots> {
+    /// Gives back `freeing` (the place of an order that ended), if it is still taken, and
+    /// admits the head of its key's line into the free places of `slots` (as just read), in one
+    /// write; sends each order admitted its start message (but `except`'s, whose handler goes
+    /// on with it). The places as written, or as last read if they kept changing under it.
+    async fn admit(
+        &self,
+        mut slots: Slots,
+        limit: u32,
+        except: Option<OrderId>,
+        freeing: Option<&str>,
+    ) -> Result<Slots> {
         let key = slots.key.clone();
         let key = key.as_str();
         for _ in 0..KEY_TRIES {
-            let line = if slots.running.len() < limit as usize {
+            let mut base = slots.clone();
+            let freed = freeing.is_some_and(|place| {
+                base.running.contains_key(place) && !mutants::on(Mutant::PlaceKeptOnEnd)
+            });
+            if let Some(place) = freeing.filter(|_| freed) {
+                base.running.remove(place);
+                if mutants::on(Mutant::PlaceFreedTwice) {
+                    let other = base.running.keys().next().cloned();
+                    other.map(|p| base.running.remove(&p));
+                }
+            }
+            let line = if base.running.len() < limit as usize {
                 self.store.line(key, limit as usize).await?
             } else {
                 Vec::new()
             };
-            let Some(plan) = keys::plan(&slots, &line, limit, self.clock.now()) else {
-                return Ok(slots);
+            let plan = match keys::plan(&base, &line, limit, self.clock.now()) {
+                Some(plan) => plan,
+                None if freed => {
+                    let mut next = base;
+                    next.version += 1;
+                    Plan { next, admitted: Vec::new(), stale: Vec::new() }
+                }
+                None => return Ok(slots),
             };
             if self.store.save_slots(&plan.next).await? == Saved::Conflict {
                 slots = self.store.slots(key).await?;
@@ -128,6 +125,9 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
                 .collect();
             if !starts.is_empty() {
                 self.outbox.send(&starts).await?;
+            }
+            if freed {
+                debug!(key, place = freeing, "place given back");
             }
             for q in &plan.admitted {
                 info!(order_id = %q.order_id, key, "admitted to its key's place");
@@ -164,4 +164,21 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
         let workflow = self.catalogue.of(record)?;
         Ok(workflow.concurrency().map_or(keys::MAX_LIMIT, |c| c.limit))
     }
+}
+
+/// Where `record` stands in its key's line, if it waits there: the key's places as they are
+/// now, and the orders ahead of it.
+pub async fn standing<S: StateStore>(store: &S, record: &StateRecord) -> Result<Option<Standing>> {
+    let Some(slot) = record.slot.as_ref().filter(|_| record.waits_in_line()) else {
+        return Ok(None);
+    };
+    let slots = store.slots(&slot.key).await?;
+    let ahead = store.ahead(&slot.key, &Queued::of(record, slot).position()).await?;
+    Ok(Some(Standing {
+        key: slot.key.clone(),
+        limit: slots.limit,
+        running: u32::try_from(slots.running.len()).unwrap_or(u32::MAX),
+        position: ahead + 1,
+        since: slot.since,
+    }))
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::ids::{OrderId, Owner};
+use crate::keys::Standing;
 use crate::order::Order;
 use crate::payload::{self, NoPayloads};
 use crate::ports::{OrderRecord, Payloads, Read, StateStore};
@@ -41,9 +42,21 @@ pub struct OrderView {
     /// For a child order: the order and step that started it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentView>,
+    /// For an order waiting for its concurrency key: where it stands in the key's line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_line: Option<InLine>,
     pub order: Order,
     pub created_at: String,
     pub updated_at: String,
+}
+
+/// Where an order waiting for its concurrency key stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InLine {
+    #[serde(flatten)]
+    pub standing: Standing,
+    /// As `sas show` prints it: `customer/c-1: 1 running of 1, this order 2nd in line`.
+    pub summary: String,
 }
 
 /// The order and step that started a child order.
@@ -174,7 +187,9 @@ impl<S: StateStore, P: Payloads> StatusService<S, P> {
         if order.owner != *caller {
             return Ok(None);
         }
+        let in_line = self.in_line(&state).await?;
         let mut view = view(order, state);
+        view.in_line = in_line;
         if values == Values::Whole {
             self.read_back(&mut view).await?;
         }
@@ -208,7 +223,8 @@ impl<S: StateStore, P: Payloads> StatusService<S, P> {
         let Some((order, mut state)) = self.load(order_id).await? else {
             return Ok(None);
         };
-        Ok(Some(OperatorView {
+        let in_line = self.in_line(&state).await?;
+        let mut view = OperatorView {
             owner: order.owner.clone(),
             needs_manual_undo: state.needs_manual_undo(),
             correlation_id: std::mem::take(&mut state.correlation_id),
@@ -218,7 +234,16 @@ impl<S: StateStore, P: Payloads> StatusService<S, P> {
             commands: std::mem::take(&mut state.commands),
             redrives: state.redrives,
             view: view(order, state),
-        }))
+        };
+        view.view.in_line = in_line;
+        Ok(Some(view))
+    }
+
+    /// Where `state` stands in its key's line, if it waits there: two reads of the keys'
+    /// table, for waiting orders only.
+    async fn in_line(&self, state: &StateRecord) -> Result<Option<InLine>> {
+        let standing = super::line::standing(&self.store, state).await?;
+        Ok(standing.map(|standing| InLine { summary: standing.to_string(), standing }))
     }
 
     async fn load(&self, order_id: OrderId) -> Result<Option<(OrderRecord, StateRecord)>> {
@@ -264,6 +289,7 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
             step: p.step.name,
             element: p.step.element,
         }),
+        in_line: None,
         order: order.order,
         created_at: state.created_at.to_rfc3339(),
         updated_at: state.updated_at.to_rfc3339(),
