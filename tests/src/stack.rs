@@ -20,6 +20,7 @@ use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::health::DynamoServiceBook;
 use sas_aws::http::HttpRemote;
 use sas_aws::payloads::S3Payloads;
+use sas_aws::settings::Tables;
 use sas_aws::sqs::{QueueUrls, SqsOutbox};
 use sas_aws::system::UuidIds;
 use sas_aws::waits::DynamoWaits;
@@ -31,8 +32,8 @@ use sas_engine::memory::{ManualClock, SplitMix};
 use sas_engine::ports::{Destination, Read};
 use sas_engine::retry::WaitPolicy;
 use sas_engine::services::{
-    Agent, Assembly, Scheduler, ServiceDesk, Starter, StatusService, Submission, Supervisor,
-    SweepReport,
+    Agent, Assembly, Keyring, Scheduler, ServiceDesk, Starter, StatusService, Submission,
+    Supervisor, SweepReport,
 };
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
@@ -113,7 +114,12 @@ impl TestStack {
     }
 
     pub fn store(&self) -> DynamoStore {
-        DynamoStore::new(self.dynamodb.clone(), self.name("StateTable"), self.name("OrdersTable"))
+        let tables = Tables {
+            state: self.name("StateTable"),
+            orders: self.name("OrdersTable"),
+            keys: self.name("KeysTable"),
+        };
+        DynamoStore::new(self.dynamodb.clone(), &tables)
     }
 
     /// The services' health table.
@@ -460,6 +466,7 @@ impl System {
                 limits: Default::default(),
                 actions,
             },
+            keyring: Keyring::new(t.store()),
             shards: sas_engine::config::MAX_INDEX_SHARDS,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
         };

@@ -27,6 +27,7 @@ use sas_aws::waits::DynamoWaits;
 use sas_engine::config::EngineConfig;
 use sas_engine::events::{BusEvent, STATUS_DETAIL_TYPE, StatusKind};
 use sas_engine::ids::{Direction, step_key};
+use sas_engine::keys::{Queued, Slots};
 use sas_engine::machine::{Ctx, Decision, Input, decide};
 use sas_engine::memory::{
     Behaviour, ENTRY_FAILURE, ManualClock, MemoryBus, MemoryQueues, MemoryRemote, MemoryStore,
@@ -36,9 +37,10 @@ use sas_engine::message::{Message, Start};
 use sas_engine::message::{StepOutcome, StepRef};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    Clock, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex, ListPage, ListQuery,
-    Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing, QueueDepths, Read, RemoteCall,
-    RemoteFault, RemoteService, Saved, StateStore, WaitGauge, WaitReport,
+    BusyKey, Clock, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex, KeyIndex,
+    ListPage, ListQuery, Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing,
+    QueueDepths, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore, WaitGauge,
+    WaitReport,
 };
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
@@ -264,6 +266,87 @@ async fn memory_store_with_stale_reads_keeps_the_store_contract() {
 async fn dynamodb_store_keeps_the_store_contract() {
     let t = TestStack::new("contract-store").await;
     store_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000), Eventual::Latest).await;
+}
+
+// ---------------------------------------------------------------- concurrency keys
+
+fn queued(n: u128, since: i64) -> Queued {
+    Queued {
+        order_id: OrderId::for_key(&IdempotencyKey::parse(&format!("queued-{n}")).unwrap()),
+        run: 0,
+        since: Timestamp::from_millis(since),
+        attempt: 2,
+        correlation_id: format!("corr-{n}"),
+    }
+}
+
+/// A key's places are written only on the version read, and taken from nowhere else; its line
+/// reads back in the order of acceptance, whatever the order of the writes, and each key's
+/// line is its own.
+async fn keys_contract<S: StateStore + KeyIndex>(store: &S, prefix: &str, t0: Timestamp) {
+    let key = format!("{prefix}/c-1");
+    let other = format!("{prefix}/c-10");
+    let empty = store.slots(&key).await.unwrap();
+    assert_eq!(empty, Slots::empty(&key), "nothing written: no place taken, version 0");
+
+    let mut first = empty.clone();
+    first.version = 1;
+    first.limit = 2;
+    first.running.insert(queued(1, 10).place(), t0);
+    assert_eq!(store.save_slots(&first).await.unwrap(), Saved::Saved);
+    assert_eq!(store.save_slots(&first).await.unwrap(), Saved::Conflict, "version 1 again");
+    assert_eq!(store.slots(&key).await.unwrap(), first);
+
+    let mut second = first.clone();
+    second.version = 2;
+    second.running.insert(queued(2, 20).place(), t0.plus(Duration::from_secs(1)));
+    let mut racing = first.clone();
+    racing.version = 2;
+    racing.running.insert(queued(3, 30).place(), t0);
+    assert_eq!(store.save_slots(&second).await.unwrap(), Saved::Saved);
+    assert_eq!(store.save_slots(&racing).await.unwrap(), Saved::Conflict, "read the same");
+    assert_eq!(store.slots(&key).await.unwrap(), second);
+    // Busy since its first place was taken, not since the last.
+    let busy = store.busy_keys(100).await.unwrap();
+    assert_eq!(busy, vec![BusyKey { key: key.clone(), since: t0 }]);
+    let mut idle = second.clone();
+    idle.version = 3;
+    idle.running.clear();
+    assert_eq!(store.save_slots(&idle).await.unwrap(), Saved::Saved);
+    assert_eq!(store.slots(&key).await.unwrap(), idle);
+    assert_eq!(store.busy_keys(100).await.unwrap(), vec![], "idle: listed no more");
+    assert_eq!(store.slots(&other).await.unwrap(), Slots::empty(&other), "a key of its own");
+
+    // Joined out of order, and one twice: read back oldest first, once each.
+    for q in [queued(5, 300), queued(3, 100), queued(4, 200), queued(5, 300)] {
+        store.join(&key, &q).await.unwrap();
+    }
+    store.join(&other, &queued(9, 50)).await.unwrap();
+    let line = store.line(&key, 10).await.unwrap();
+    assert_eq!(line, vec![queued(3, 100), queued(4, 200), queued(5, 300)]);
+    assert_eq!(store.line(&key, 2).await.unwrap(), line[..2].to_vec());
+    let key_ref = key.as_str();
+    let ahead = |q: Queued| async move { store.ahead(key_ref, &q.position()).await.unwrap() };
+    assert_eq!((ahead(queued(3, 100)).await, ahead(queued(5, 300)).await), (0, 2));
+    assert_eq!(ahead(queued(6, 250)).await, 2, "a position not in line counts those before it");
+
+    store.leave(&key, &queued(4, 200)).await.unwrap();
+    store.leave(&key, &queued(4, 200)).await.unwrap();
+    assert_eq!(store.line(&key, 10).await.unwrap(), vec![queued(3, 100), queued(5, 300)]);
+    assert_eq!(ahead(queued(5, 300)).await, 1);
+    assert_eq!(store.line(&other, 10).await.unwrap(), vec![queued(9, 50)]);
+}
+
+#[tokio::test]
+async fn memory_store_keeps_the_keys_contract() {
+    let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
+    keys_contract(&MemoryStore::new(clock.clone()), "shape", clock.now()).await;
+}
+
+#[tokio::test]
+async fn dynamodb_store_keeps_the_keys_contract() {
+    let t = TestStack::new("contract-keys").await;
+    keys_contract(&t.store(), "shape", Timestamp::from_millis(1_800_000_000_000)).await;
 }
 
 // ---------------------------------------------------------------- order finder

@@ -84,14 +84,14 @@ fn the_template_deploys_at_its_defaults_and_at_each_documented_choice() {
         printed.contains("packaging: 11 functions of 8 binaries, 8 distinct artefacts"),
         "{printed}"
     );
-    assert_eq!(printed.matches("limits: 144 of 500 resources").count(), choices, "{printed}");
+    assert_eq!(printed.matches("limits: 146 of 500 resources").count(), choices, "{printed}");
     // A stack's life: created, updated with an agent added, deleted (what it keeps put back as
     // AWS keeps it), and created again under the same name.
     for step in [
         "life: create: CREATE_COMPLETE",
         "life: update with an agent added: UPDATE_COMPLETE",
         "life: created again under the same name: CREATE_COMPLETE",
-        "kept by a delete: LedgerAccountsTable, LedgerStatementsBucket, OrdersTable, PayloadBucket, StateTable",
+        "kept by a delete: KeysTable, LedgerAccountsTable, LedgerStatementsBucket, OrdersTable, PayloadBucket, StateTable",
         // `sam deploy` with the committed samconfig.toml and no flag.
         "sam deploy: with samconfig.toml alone, stack sas CREATE_COMPLETE",
         // A first create that fails is deleted, and the same command run again creates it.
@@ -108,10 +108,10 @@ fn one_stack_holds_as_many_agents_as_the_readme_says_and_no_more() {
     let output = check_with(&template, None, Some(MOST_AGENTS));
     let printed = text(&output);
     assert!(output.status.success(), "{printed}");
-    assert!(printed.contains("limits: 496 of 500 resources"), "{printed}");
+    assert!(printed.contains("limits: 498 of 500 resources"), "{printed}");
     // Every function's environment fits, with every agent's entries in every per-agent list.
     assert!(
-        printed.contains("environments: the largest, AdminFunction's, 3357 of 4096"),
+        printed.contains("environments: the largest, AdminFunction's, 3527 of 4096"),
         "{printed}"
     );
     let output = check_with(&template, None, Some(MOST_AGENTS + 1));

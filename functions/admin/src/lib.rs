@@ -14,6 +14,7 @@
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue |
+//! | `GET /admin/keys?key=&limit=` | the concurrency keys with orders running (how many run and wait, since when), or one key's running orders and line |
 //! | `GET /admin/services` | each service: open or held, and each hold of it or of one of its actions (since when, why, by whom, probing, what the probes last met), orders waiting |
 //! | `POST /admin/services/{agent}/{hold\|release}` | holds a service, or one of its actions, by hand, or releases it: `{"reason", "action"?}` |
 
@@ -29,11 +30,11 @@ use sas_aws::dead_letters::DeadLetters;
 use sas_engine::machine::Refused;
 use sas_engine::payload::NoPayloads;
 use sas_engine::ports::{
-    Clock, EventBus, HeldIndex, ListQuery, Listing, OrderFinder, Outbox, Pace, Payloads,
+    Clock, EventBus, HeldIndex, KeyIndex, ListQuery, Listing, OrderFinder, Outbox, Pace, Payloads,
     ServiceBook, StateStore,
 };
 use sas_engine::services::{
-    Applied, Command, Commanded, DeskRefusal, Operator, ServiceDesk, StatusService,
+    Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService,
 };
 use sas_engine::state::CommandKind;
 use sas_engine::{Error, OrderId};
@@ -46,6 +47,8 @@ pub const DEFAULT_PAGE: usize = 25;
 pub const MAX_PAGE: usize = 100;
 /// Longest step or cause filter accepted.
 const MAX_FILTER_LEN: usize = 64;
+/// Longest concurrency key asked for, in characters: a group name, a slash and a value.
+const MAX_KEY_LEN: usize = 400;
 /// Longest reason a hold or release may give.
 const MAX_REASON_CHARS: usize = 300;
 /// Largest command body accepted.
@@ -67,6 +70,8 @@ pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
     pub dead_letters: DeadLetters,
     /// The services, their holds, and the orders waiting for them.
     pub desk: ServiceDesk<G, S, C>,
+    /// The concurrency keys, their running orders and their lines.
+    pub keyring: Keyring<S>,
 }
 
 /// A hold's or release's body.
@@ -101,7 +106,7 @@ pub async fn handle<S, Q, B, C, G, P>(
     request: Request,
 ) -> Response<Body>
 where
-    S: StateStore + OrderFinder + HeldIndex,
+    S: StateStore + OrderFinder + HeldIndex + KeyIndex,
     Q: Outbox,
     B: EventBus,
     C: Clock,
@@ -175,6 +180,7 @@ where
                 Err(e) => failure(&e),
             }
         }
+        (Method::GET, ["admin", "keys"]) => keys(&admin.keyring, &query).await,
         (Method::GET, ["admin", "services"]) => match admin.desk.list().await {
             Ok(services) => api::json(StatusCode::OK, &json!({ "services": services })),
             Err(e) => failure(&e),
@@ -260,6 +266,28 @@ where
             api::json(StatusCode::OK, &json!({ "orders": orders, "next": page.next }))
         }
         Err(Error::InvalidCommand(message)) => bad_request(&message),
+        Err(e) => failure(&e),
+    }
+}
+
+/// `GET /admin/keys`: the busy keys, or the one `key` names.
+async fn keys<S: StateStore + KeyIndex>(
+    keyring: &Keyring<S>,
+    query: &HashMap<&str, &str>,
+) -> Response<Body> {
+    let limit = match number(query, "limit", MAX_PAGE, 1, sas_engine::services::MAX_LINE) {
+        Ok(l) => l,
+        Err(message) => return bad_request(&message),
+    };
+    let answer = match query.get("key") {
+        Some(key) if key.is_empty() || key.chars().count() > MAX_KEY_LEN => {
+            return bad_request(&format!("key must be 1 to {MAX_KEY_LEN} characters"));
+        }
+        Some(key) => keyring.key(key, limit).await.map(|view| json!(view)),
+        None => keyring.list(limit).await.map(|keys| json!({ "keys": keys })),
+    };
+    match answer {
+        Ok(body) => api::json(StatusCode::OK, &body),
         Err(e) => failure(&e),
     }
 }

@@ -12,7 +12,7 @@ use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
 use sas_engine::payload::NoPayloads;
 use sas_engine::ports::Destination;
-use sas_engine::services::{Operator, Ports, ServiceDesk, StatusService};
+use sas_engine::services::{Keyring, Operator, Ports, ServiceDesk, StatusService};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -37,12 +37,13 @@ async fn main() -> Result<(), Error> {
         clock: SystemClock,
         desk: ServiceDesk {
             book: DynamoServiceBook::new(wiring.dynamodb().clone(), s.services_table),
-            index: store,
+            index: store.clone(),
             clock: SystemClock,
             agents: s.engine.agents.clone(),
             limits: s.engine.config.limits.clone(),
             actions,
         },
+        keyring: Keyring::new(store),
         shards: sas_engine::config::MAX_INDEX_SHARDS,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };

@@ -106,6 +106,15 @@ enum Verb {
     /// whom; probed, if its agent held it, and what the probes last met), and how many orders
     /// wait for each hold.
     Services,
+    /// The concurrency keys with orders running: how many run and wait, since when; with a
+    /// key, its running orders and its line, first to start first.
+    Keys {
+        /// One key (`<group>/<value>`, as `sas keys` lists them).
+        key: Option<String>,
+        /// Most keys, or most orders of the line, to show.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
     /// Hold a service by hand (a maintenance window), or one of its actions: its agent calls
     /// it no more and its orders wait, without failing, until it is released (recorded with
     /// who you are and why).
@@ -229,6 +238,9 @@ struct Act {
     /// Select the orders by filter instead of by id: failed, paused, in-flight or reported.
     #[arg(long, value_enum, conflicts_with = "order_ids")]
     select: Option<Listing>,
+    /// Select the orders waiting in this concurrency key's line, first in line first.
+    #[arg(long, conflicts_with_all = ["order_ids", "select"])]
+    key: Option<String>,
     /// With --select in-flight: only orders in flight for at least this long (90s, 15m, 2h, 3d).
     #[arg(long, value_parser = parse_age, requires = "select")]
     older_than: Option<u64>,
@@ -324,6 +336,21 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Verb::Refuse { order_id, step, reason } => {
             let body = json!({ "reason": reason });
             answer(&api, &order_id, &step, "refuse", &body, json_out).await
+        }
+        Verb::Keys { key, limit } => {
+            let path = match &key {
+                Some(key) => format!("/admin/keys?key={}&limit={limit}", encode(key)),
+                None => format!("/admin/keys?limit={limit}"),
+            };
+            let answer = api.get(&path).await?;
+            if json_out {
+                print_json(&answer);
+            } else if key.is_some() {
+                print!("{}", render::key(&answer));
+            } else {
+                print!("{}", render::keys(&answer));
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Verb::Services => {
             let answer = api.get("/admin/services").await?;
@@ -533,10 +560,13 @@ async fn orders_to_act_on(
     act: &Act,
     json_out: bool,
 ) -> Result<Option<Vec<String>>, CliError> {
+    if let Some(key) = &act.key {
+        return waiting_for(api, verb, key, act, json_out).await;
+    }
     let Some(list) = act.select else {
         if act.order_ids.is_empty() {
             return Err(CliError::Usage(format!(
-                "name the orders to {verb}, or select them with --select"
+                "name the orders to {verb}, or select them with --select or --key"
             )));
         }
         return Ok(Some(act.order_ids.clone()));
@@ -562,6 +592,32 @@ async fn orders_to_act_on(
         return Ok(None);
     }
     Ok(Some(orders.iter().filter_map(|o| o["order_id"].as_str().map(str::to_owned)).collect()))
+}
+
+/// The orders waiting in `key`'s line, first in line first; listed only, without --yes.
+async fn waiting_for(
+    api: &Api,
+    verb: &str,
+    key: &str,
+    act: &Act,
+    json_out: bool,
+) -> Result<Option<Vec<String>>, CliError> {
+    let limit = act.max.clamp(1, 1000);
+    let view = api.get(&format!("/admin/keys?key={}&limit={limit}", encode(key))).await?;
+    let waiting = view["waiting"].as_array().cloned().unwrap_or_default();
+    if !act.yes {
+        if json_out {
+            print_json(&json!({ "orders": waiting, "acted": false }));
+        } else {
+            print!("{}", render::key(&view));
+            println!(
+                "{} orders wait for {key}; nothing was changed. Add --yes to {verb} them.",
+                waiting.len()
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(waiting.iter().filter_map(|o| o["order_id"].as_str().map(str::to_owned)).collect()))
 }
 
 fn describe_result(id: &str, result: &Value) -> String {

@@ -65,6 +65,53 @@ pub fn services(answer: &Value) -> String {
     table(&header, &rows)
 }
 
+/// `sas keys`: one line per concurrency key with orders running.
+pub fn keys(answer: &Value) -> String {
+    let keys = answer["keys"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if keys.is_empty() {
+        return "no key has orders running\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = keys
+        .iter()
+        .map(|k| {
+            let running = match k["limit"].as_u64() {
+                Some(limit) if limit > 0 => format!("{}/{limit}", k["running"]),
+                _ => k["running"].to_string(),
+            };
+            let first = k.get("oldest_waiting_since").map_or_else(|| "-".to_owned(), time);
+            vec![cell(k, "key"), running, k["waiting"].to_string(), cell(k, "busy_since"), first]
+        })
+        .collect();
+    table(&["key", "running", "waiting", "busy since", "first waiting since"], &rows)
+}
+
+/// `sas keys <key>`: its running orders, then its line, first to start first.
+pub fn key(view: &Value) -> String {
+    let list = |name: &str| view[name].as_array().map(Vec::as_slice).unwrap_or_default().to_vec();
+    let (running, waiting) = (list("running"), list("waiting"));
+    let mut out = format!(
+        "key       {}\nrunning   {} of {}\n",
+        cell(view, "key"),
+        running.len(),
+        view["limit"]
+    );
+    let mut rows: Vec<Vec<String>> = running
+        .iter()
+        .map(|p| vec!["running".into(), cell(p, "order_id"), cell(p, "since")])
+        .collect();
+    rows.extend(
+        waiting
+            .iter()
+            .enumerate()
+            .map(|(n, p)| vec![format!("{}", n + 1), cell(p, "order_id"), cell(p, "since")]),
+    );
+    out.push_str(&table(&["", "order", "since"], &rows));
+    if view["more_waiting"].as_bool() == Some(true) {
+        out.push_str("(more wait behind these: raise --limit)\n");
+    }
+    out
+}
+
 /// What `sas hold` and `sas release` print: what is held now, or that it is open.
 pub fn service_change(service: &Value, action: Option<&str>, verb: &str) -> String {
     let name = cell(service, "service");
@@ -144,6 +191,13 @@ pub fn order(view: &Value) -> String {
             "parent    {} (its step {}{element})\n",
             cell(parent, "order_id"),
             cell(parent, "step")
+        ));
+    }
+    if let Some(line) = view.get("in_line") {
+        out.push_str(&format!(
+            "in line   {} (waiting since {})\n",
+            cell(line, "summary"),
+            time(&line["since"])
         ));
     }
     if let Some(cause) = view.get("cause") {
@@ -400,6 +454,47 @@ mod tests {
         );
         assert!(text.contains("statement answered 900 bytes, more than the 512"), "{text}");
         assert!(text.contains("send-welcome  failed (reported)"), "{text}");
+    }
+
+    #[test]
+    fn a_waiting_order_says_where_it_stands_and_keys_read_as_lines() {
+        let view = serde_json::json!({
+            "order_id": "o-4", "process_state": "Pending", "phase": "forward", "steps": [],
+            "in_line": {"key": "order-fulfilment/c-1", "limit": 1, "running": 1, "position": 2,
+                        "since": 1_772_360_142_000_i64,
+                        "summary": "order-fulfilment/c-1: 1 running of 1, this order 2nd in line"}
+        });
+        let text = order(&view);
+        assert!(
+            text.contains("in line   order-fulfilment/c-1: 1 running of 1, this order 2nd in line (waiting since 2026-03-01 10:15:42.000)"),
+            "{text}"
+        );
+        let listed = keys(&serde_json::json!({"keys": [
+            {"key": "order-fulfilment/c-1", "limit": 1, "running": 1, "waiting": 3,
+             "busy_since": "2026-03-01T10:15:40Z", "oldest_waiting_since": "2026-03-01T10:15:41Z"},
+            {"key": "order-fulfilment/c-2", "limit": 0, "running": 2, "waiting": 0,
+             "busy_since": "2026-03-01T10:15:41Z"}]}));
+        let lines: Vec<&str> = listed.lines().collect();
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>()[..3],
+            ["order-fulfilment/c-1", "1/1", "3"]
+        );
+        assert!(lines[2].ends_with("-") && lines[2].contains(" 2 "), "{listed}");
+        assert_eq!(keys(&serde_json::json!({"keys": []})), "no key has orders running\n");
+        let one = key(&serde_json::json!({"key": "order-fulfilment/c-1", "limit": 1,
+            "running": [{"order_id": "o-1", "since": "2026-03-01T10:15:40Z"}],
+            "waiting": [{"order_id": "o-2", "since": "2026-03-01T10:15:41Z"},
+                        {"order_id": "o-3", "since": "2026-03-01T10:15:42Z"}],
+            "more_waiting": true}));
+        assert!(one.contains("running   1 of 1"), "{one}");
+        let rows: Vec<&str> = one.lines().filter(|l| l.contains("o-")).collect();
+        assert!(
+            rows[0].starts_with("running")
+                && rows[1].starts_with("1 ")
+                && rows[2].starts_with("2 "),
+            "{one}"
+        );
+        assert!(one.contains("more wait behind these"), "{one}");
     }
 
     #[test]

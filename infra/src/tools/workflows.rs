@@ -74,10 +74,6 @@ pub fn problems(sources: &[Source], agents: &[AgentName]) -> Vec<String> {
     let mut loaded = Vec::new();
     for source in sources {
         match load_workflow(&source.path, source.name(), &source.json, agents) {
-            Ok(workflow) if workflow.concurrency().is_some() => wrong.push(format!(
-                "{}: declares a concurrency key, which this stack's tables cannot keep yet: deploy it without `concurrency`",
-                source.path
-            )),
             Ok(workflow) => {
                 used.extend(workflow.agents().into_iter().cloned());
                 loaded.push((source, workflow));
@@ -234,9 +230,7 @@ mod tests {
                 "input_schema":{"type":"object","properties":{"customer_id":{"type":"string"}}},
                 "concurrency":{"key":"/input/customer_id","limit":1}}"#,
         );
-        let wrong = problems(&[keyed], &[AgentName::new("payment")]);
-        assert_eq!(wrong.len(), 1, "{wrong:?}");
-        assert!(wrong[0].contains("declares a concurrency key"), "{wrong:?}");
+        assert_eq!(problems(&[keyed], &[AgentName::new("payment")]), Vec::<String>::new());
     }
 }
 

@@ -1,5 +1,5 @@
-//! The state store on DynamoDB: the state table, the orders table, and the sparse, sharded
-//! `ByCompleteBy` index the supervisor sweeps.
+//! The state store on DynamoDB: the state table, the orders table, the sparse, sharded
+//! `ByCompleteBy` index the supervisor sweeps, and the concurrency keys' table.
 //!
 //! # Items
 //!
@@ -31,6 +31,8 @@
 //!
 //! Orders table, key `OrderId` (S): `IdempotencyKey` (S), `Order` (S, JSON), `CreatedAt` (N).
 //!
+//! Keys table: the places and lines of concurrency keys (see [`keys`]).
+//!
 //! # Writes
 //!
 //! Every state change is one `PutItem` on the condition
@@ -59,6 +61,10 @@ use sas_engine::{Error, OrderId, Result, Timestamp};
 use serde_json::Value;
 
 use crate::errors::classify;
+use crate::settings::Tables;
+
+mod keys;
+pub use keys::{BUSY_INDEX, BUSY_SHARDS, busy_shard};
 
 const SERVICE: &str = "dynamodb";
 /// Most keys one `BatchGetItem` reads.
@@ -75,17 +81,23 @@ pub const HELD_INDEX: &str = "ByHeldService";
 /// A DynamoDB item.
 pub type Item = HashMap<String, AttributeValue>;
 
-/// The two tables and the index.
+/// The state, orders and keys tables, and their indexes.
 #[derive(Clone, Debug)]
 pub struct DynamoStore {
     client: Client,
     state_table: String,
     orders_table: String,
+    keys_table: String,
 }
 
 impl DynamoStore {
-    pub fn new(client: Client, state_table: String, orders_table: String) -> Self {
-        DynamoStore { client, state_table, orders_table }
+    pub fn new(client: Client, tables: &Tables) -> Self {
+        DynamoStore {
+            client,
+            state_table: tables.state.clone(),
+            orders_table: tables.orders.clone(),
+            keys_table: tables.keys.clone(),
+        }
     }
 }
 
@@ -236,30 +248,24 @@ impl StateStore for DynamoStore {
         Ok(if took(result)? { Saved::Saved } else { Saved::Conflict })
     }
 
-    // No table keeps concurrency keys: the settings refuse a workflow that declares one at
-    // cold start, so none of these is ever called.
-    async fn slots(&self, _key: &str) -> Result<Slots> {
-        Err(no_keys())
+    async fn slots(&self, key: &str) -> Result<Slots> {
+        self.read_slots(key).await
     }
-    async fn save_slots(&self, _next: &Slots) -> Result<Saved> {
-        Err(no_keys())
+    async fn save_slots(&self, next: &Slots) -> Result<Saved> {
+        self.write_slots(next).await
     }
-    async fn join(&self, _key: &str, _queued: &Queued) -> Result<()> {
-        Err(no_keys())
+    async fn join(&self, key: &str, queued: &Queued) -> Result<()> {
+        self.put_in_line(key, queued).await
     }
-    async fn line(&self, _key: &str, _limit: usize) -> Result<Vec<Queued>> {
-        Err(no_keys())
+    async fn line(&self, key: &str, limit: usize) -> Result<Vec<Queued>> {
+        self.read_line(key, limit).await
     }
-    async fn ahead(&self, _key: &str, _position: &str) -> Result<u32> {
-        Err(no_keys())
+    async fn ahead(&self, key: &str, position: &str) -> Result<u32> {
+        self.count_ahead(key, position).await
     }
-    async fn leave(&self, _key: &str, _queued: &Queued) -> Result<()> {
-        Err(no_keys())
+    async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
+        self.out_of_line(key, queued).await
     }
-}
-
-fn no_keys() -> Error {
-    Error::Config("this stack's tables keep no concurrency keys".into())
 }
 
 impl ExpiryIndex for DynamoStore {

@@ -80,21 +80,8 @@ impl Env {
             }
             None => built_in_catalogue()?,
         };
-        refuse_keys(&catalogue)?;
         let agents = catalogue.agents();
         Ok((Arc::new(catalogue), agents))
-    }
-}
-
-/// Refuses a workflow with a concurrency key: the stack's tables keep no key's places nor
-/// its line yet ([`crate::dynamo::DynamoStore`]), so its orders could never start.
-fn refuse_keys(catalogue: &Catalogue) -> Result<()> {
-    match catalogue.all().find(|w| w.concurrency().is_some()) {
-        Some(w) => Err(Error::InvalidWorkflow(format!(
-            "{} declares a concurrency key, which this stack's tables cannot keep yet: deploy it without `concurrency`",
-            w.name()
-        ))),
-        None => Ok(()),
     }
 }
 
@@ -135,11 +122,13 @@ pub fn load_workflow(path: &str, name: &str, json: &str, agents: &[AgentName]) -
     Ok(workflow)
 }
 
-/// The two tables every engine function reads: `STATE_TABLE` and `ORDERS_TABLE`.
+/// The tables every engine function reads: `STATE_TABLE`, `ORDERS_TABLE` and `KEYS_TABLE`.
 #[derive(Clone, Debug)]
 pub struct Tables {
     pub state: String,
     pub orders: String,
+    /// The concurrency keys' places and lines.
+    pub keys: String,
 }
 
 /// What every function that runs workflows reads: the engine's tunables, the workflows and
@@ -153,7 +142,11 @@ pub struct Engine {
 
 impl Env {
     pub fn tables(&self) -> Result<Tables> {
-        Ok(Tables { state: self.required("STATE_TABLE")?, orders: self.required("ORDERS_TABLE")? })
+        Ok(Tables {
+            state: self.required("STATE_TABLE")?,
+            orders: self.required("ORDERS_TABLE")?,
+            keys: self.required("KEYS_TABLE")?,
+        })
     }
 
     pub fn engine(&self) -> Result<Engine> {
@@ -337,12 +330,16 @@ mod tests {
     }
 
     #[test]
-    fn a_workflow_with_a_concurrency_key_is_refused_at_cold_start() {
+    fn a_workflow_with_a_concurrency_key_runs_and_one_whose_key_cannot_resolve_is_refused() {
         let keyed = r#"{"name":"w","steps":[{"name":"a","agent":"payment"}],
             "input_schema":{"type":"object","properties":{"customer_id":{"type":"string"}}},
             "concurrency":{"key":"/input/customer_id","limit":1}}"#;
-        let err = Env::from_pairs([("WORKFLOW_JSON", keyed)]).catalogue().unwrap_err();
-        assert!(err.to_string().contains("declares a concurrency key"), "{err}");
+        let (catalogue, _) = Env::from_pairs([("WORKFLOW_JSON", keyed)]).catalogue().unwrap();
+        assert_eq!(catalogue.current("w").unwrap().concurrency().unwrap().limit, 1);
+        let unresolved = keyed.replace("/input/customer_id", "/input/account");
+        let err = Env::from_pairs([("WORKFLOW_JSON", unresolved.as_str())]).catalogue();
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("concurrency") && err.contains("no property \"account\""), "{err}");
     }
 
     #[test]

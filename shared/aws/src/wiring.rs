@@ -88,9 +88,9 @@ impl Wiring {
         S3Payloads::new(aws_sdk_s3::Client::from_conf(config), bucket)
     }
 
-    /// The state store over the state and orders tables.
+    /// The state store over the state, orders and keys tables.
     pub fn store(&self, tables: &Tables) -> DynamoStore {
-        DynamoStore::new(self.dynamodb.clone(), tables.state.clone(), tables.orders.clone())
+        DynamoStore::new(self.dynamodb.clone(), tables)
     }
 
     /// An outbox sending to `urls`.
