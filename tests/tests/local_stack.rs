@@ -39,6 +39,11 @@
 //!   matches, however often it is delivered, and one it does not match starts none; a
 //!   schedule's every minute starts one order, from the few minutes before the stack came up
 //!   on, with none missed.
+//! - Orders of one customer, under `"concurrency": {"key": "/input/customer_id", "limit": 1}`,
+//!   run one at a time in the order they were accepted, and every one is processed: no two of
+//!   a customer overlap in the simulated service's ledger; a waiting order's view says where
+//!   it stands, and `sas keys` lists the busy customers. (`SAME_KEY_ORDERS=200` runs the
+//!   README's case of 200 orders over 20 customers; CI runs 40 over 4.)
 //! - The API keeps its OpenAPI document: schemathesis (from PyPI, into `.venv-contract`)
 //!   generates requests from it and checks every answer.
 //!
@@ -925,6 +930,133 @@ async fn wait_for(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_of_one_customer_run_one_at_a_time_in_the_order_they_were_accepted() {
+    let _turn = TURN.lock().await;
+    let orders: usize =
+        std::env::var("SAME_KEY_ORDERS").ok().and_then(|n| n.parse().ok()).unwrap_or(40).max(10);
+    let customers = orders / 10;
+    let mut keyed: Value = serde_json::from_str(&FAST_WORKFLOW).unwrap();
+    keyed["concurrency"] = json!({ "key": "/input/customer_id", "limit": 1 });
+    let workflow = keyed.to_string();
+    let setup = Setup { workflow: &workflow, ..Setup::default() };
+    let stack = start_stack_within(TARGET_TMPDIR.as_ref(), "e2e-keys", SOUND, 2, &[], setup).await;
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+
+    // Each customer's orders sent one after another (within a customer, the order of
+    // acceptance is this one), the customers side by side: a customer's orders come in a burst,
+    // and all but its first wait in line.
+    let sends = (0..customers).map(|c| {
+        let (http, api) = (http.clone(), stack.api_url.clone());
+        async move {
+            let mut ids = Vec::new();
+            for n in 0..orders / customers {
+                let mut body: Value = serde_json::from_str(ORDER).unwrap();
+                body["customer_id"] = json!(format!("c-{c}"));
+                let key = format!("same-{c}-{n}");
+                ids.push((
+                    format!("c-{c}"),
+                    submit_body(&http, &api, &key, &body.to_string()).await,
+                ));
+            }
+            ids
+        }
+    });
+    let submitted: Vec<(String, String)> =
+        futures_util::future::join_all(sends).await.into_iter().flatten().collect();
+    // A customer's last order waits behind its others, and says so (once every order is
+    // accepted, at least one customer has orders left in line: each runs ten in a row).
+    let mut waiting = None;
+    for c in 0..customers {
+        let customer = format!("c-{c}");
+        let (_, last) = submitted.iter().rev().find(|(of, _)| *of == customer).unwrap();
+        let view = order(&http, &stack, last).await;
+        if view["process_state"] == "Pending" && view.get("in_line").is_some() {
+            waiting = Some((customer, view));
+            break;
+        }
+    }
+    let (customer, view) = waiting.expect("every customer's last order had started already");
+    let key = format!("order-fulfilment/{customer}");
+    let line = &view["in_line"];
+    assert_eq!((&line["key"], &line["limit"]), (&json!(key), &json!(1)), "{view}");
+    assert!(line["summary"].as_str().unwrap().contains("in line"), "{view}");
+    let listed = sas(&stack, &["keys", "-o", "json"]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let busy = listed["keys"].as_array().unwrap();
+    let entry = busy.iter().find(|k| k["key"] == json!(key)).expect("the customer is busy");
+    assert_eq!(entry["running"], 1, "{listed}");
+
+    // Followed by each customer's last order (a customer's orders end in line order), so that
+    // reading every order's state each second does not load the stack it measures; then every
+    // order once.
+    let lasts: Vec<String> = (0..customers)
+        .filter_map(|c| submitted.iter().rev().find(|(of, _)| *of == format!("c-{c}")))
+        .map(|(_, id)| id.clone())
+        .collect();
+    wait_for(&http, &stack, &lasts, &["Processed", "Error", "Cancelled"], 900).await;
+    let ended = started.elapsed();
+    let ids: Vec<String> = submitted.iter().map(|(_, id)| id.clone()).collect();
+    let states = wait_for(&http, &stack, &ids, &["Processed", "Error", "Cancelled"], 60).await;
+    assert_eq!(count(&states).get("Processed"), Some(&orders), "{:?}", count(&states));
+
+    // Each order's effects span [first, last] in the ledger's time; a customer's spans are
+    // disjoint and follow the order of acceptance.
+    let ledger = ledger(&http, &stack).await;
+    let span = |id: &str| -> (f64, f64) {
+        let times: Vec<f64> = ledger["effects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["order_id"] == id)
+            .map(|e| e["at_s"].as_f64().unwrap())
+            .collect();
+        assert!(!times.is_empty(), "order {id} has no effect in the ledger");
+        (times.iter().copied().fold(f64::MAX, f64::min), times.iter().copied().fold(0.0, f64::max))
+    };
+    let mut gaps = Vec::new();
+    for c in 0..customers {
+        let customer = format!("c-{c}");
+        let spans: Vec<(f64, f64)> =
+            submitted.iter().filter(|(of, _)| *of == customer).map(|(_, id)| span(id)).collect();
+        for pair in spans.windows(2) {
+            assert!(
+                pair[1].0 > pair[0].1,
+                "{customer}: an order started at {:.3} s, before the one accepted before it ended at {:.3} s",
+                pair[1].0,
+                pair[0].1
+            );
+            gaps.push(pair[1].0 - pair[0].1);
+        }
+        if std::env::var_os("SAME_KEY_TIMELINES").is_some() {
+            for (_, id) in submitted.iter().filter(|(of, _)| *of == customer) {
+                let view = order(&http, &stack, id).await;
+                let (first, last) = span(id);
+                println!("{customer} {id} effects {first:.3}..{last:.3}");
+                for e in view["timeline"].as_array().unwrap() {
+                    println!("    {} {}", e["at"], e["what"]);
+                }
+            }
+        }
+    }
+    gaps.sort_by(f64::total_cmp);
+    // The keys' table is read and written under the functions' own grants.
+    let access = stack.access();
+    assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
+    println!(
+        "same key: {orders} orders over {customers} customers at limit 1, sent in a burst per \
+         customer, all Processed in {:.0} s; no two orders of a customer overlapped in the \
+         ledger: each began after the one accepted before it ended, {:.0} ms after it at the \
+         median ({:.0} ms at least, {:.0} ms at most)",
+        ended.as_secs_f64(),
+        gaps[gaps.len() / 2] * 1000.0,
+        gaps[0] * 1000.0,
+        gaps[gaps.len() - 1] * 1000.0
+    );
 }
 
 async fn ledger(http: &reqwest::Client, stack: &LocalStack) -> Value {
