@@ -118,7 +118,7 @@ fn one_stack_holds_as_many_agents_as_the_readme_says_and_no_more() {
     let printed = text(&output);
     assert!(!output.status.success(), "one agent more must not fit: {printed}");
     assert!(
-        printed.contains("the stack has 507 resources, over CloudFormation's 500"),
+        printed.contains("the stack has 509 resources, over CloudFormation's 500"),
         "{printed}"
     );
     let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
