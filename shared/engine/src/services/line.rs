@@ -76,15 +76,15 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
         let key = key.as_str();
         for _ in 0..KEY_TRIES {
             let mut base = slots.clone();
-            let freed = freeing.is_some_and(|place| {
-                base.running.contains_key(place) && !mutants::on(Mutant::PlaceKeptOnEnd)
-            });
-            if let Some(place) = freeing.filter(|_| freed) {
-                base.running.remove(place);
-                if mutants::on(Mutant::PlaceFreedTwice) {
-                    let other = base.running.keys().next().cloned();
-                    other.map(|p| base.running.remove(&p));
+            let freed = match freeing {
+                Some(place) if !mutants::on(Mutant::PlaceKeptOnEnd) => {
+                    base.running.remove(place).is_some()
                 }
+                _ => false,
+            };
+            if freed && mutants::on(Mutant::PlaceFreedTwice) {
+                let other = base.running.keys().next().cloned();
+                other.map(|p| base.running.remove(&p));
             }
             let line = if base.running.len() < limit as usize {
                 self.store.line(key, limit as usize).await?
