@@ -30,6 +30,14 @@ walk copies of the table's collections, so that a long scan does not stop every 
 moto picks a query's partition out of the whole table, sorted, which made every read of one
 order cost in proportion to all the orders ever made; here it reads that partition alone.
 
+moto takes MessageGroupId on a standard queue and keeps it, but delivers in sending order; SQS
+makes such a queue a fair queue. Here a receive from a standard queue hands out messages as a
+fair queue does: a group (a tenant) is noisy while it holds more than a tenth of the messages in
+flight and at least 30 of them, or took more than a tenth of the consumers' time lately (from
+receive to delete, halving every minute); while any group is noisy, the quiet groups' messages
+come first, then the noisy groups', the next from whichever has the fewest in flight. A message
+without a group is a tenant of its own. The engine's in-memory queues decide by the same rule.
+
 Usage: python moto_server.py -H 127.0.0.1 -p PORT (the arguments of moto.server).
 """
 
@@ -251,6 +259,119 @@ def is_message_valid_based_on_retention_period(self, queue_name, message):
 SQSBackend.get_queue_attributes = get_queue_attributes
 SQSBackend.send_message = send_message
 SQSBackend.is_message_valid_based_on_retention_period = is_message_valid_based_on_retention_period
+
+# Fair queues. What each group took of the consumers' time, by queue: {id(queue): {group:
+# (seconds, at)}}, halving every FAIR_HALF_LIFE seconds.
+FAIR_HALF_LIFE = 60.0
+NOISY_SHARE = 0.1
+NOISY_IN_FLIGHT = 30
+_fair_time = {}
+_fair_lock = threading.Lock()
+_receiving = threading.local()
+
+
+def _decayed(seconds, at, now):
+    return seconds * 0.5 ** ((now - at) / FAIR_HALF_LIFE)
+
+
+def _worked(queue, group, took, now):
+    with _fair_lock:
+        times = _fair_time.setdefault(id(queue), {})
+        seconds, at = times.get(group, (0.0, now))
+        times[group] = (_decayed(seconds, at, now) + took, now)
+
+
+def _fair(queue, visible):
+    """The visible messages of a standard queue in the order a fair queue delivers them."""
+    now = unix_time()
+    in_flight = {}
+    for m in queue._messages:
+        if m.group_id is not None and m.approximate_receive_count > 0 and not m.visible:
+            in_flight[m.group_id] = in_flight.get(m.group_id, 0) + 1
+    for m in visible:
+        if m.group_id is not None:
+            in_flight.setdefault(m.group_id, 0)
+    with _fair_lock:
+        times = {g: _decayed(c, at, now) for g, (c, at) in _fair_time.get(id(queue), {}).items()}
+    busy = sum(times.values())
+    groups = max(len(in_flight), len([c for c in times.values() if c > 0]))
+    if groups < 2:
+        return visible
+    flying = sum(in_flight.values())
+    noisy = {
+        g
+        for g, n in in_flight.items()
+        if (n >= NOISY_IN_FLIGHT and n > NOISY_SHARE * flying)
+        or (busy > 0 and times.get(g, 0.0) > NOISY_SHARE * busy)
+    }
+    if not noisy:
+        return visible
+    order = []
+    waiting = {}
+    for m in visible:
+        if m.group_id in noisy:
+            waiting.setdefault(m.group_id, []).append(m)
+        else:
+            order.append(m)
+    heads = {g: 0 for g in waiting}
+    while heads:
+        g = min(heads, key=lambda g: in_flight.get(g, 0))
+        order.append(waiting[g][heads[g]])
+        in_flight[g] = in_flight.get(g, 0) + 1
+        heads[g] += 1
+        if heads[g] == len(waiting[g]):
+            del heads[g]
+    return order
+
+
+_messages = Queue.messages.fget
+
+
+def _messages_in_turn(self):
+    visible = _messages(self)
+    if getattr(_receiving, "on", False) and not self.fifo_queue:
+        return _fair(self, visible)
+    return visible
+
+
+Queue.messages = property(_messages_in_turn)
+_receive_message = SQSBackend.receive_message
+# When each grouped message handed out was received, with its group, by receipt: its consumer's
+# time on it ends when that receipt deletes it. Receipts never used are forgotten, oldest first.
+_received = {}
+MAX_RECEIPTS = 100_000
+
+
+def receive_message(self, *args, **kwargs):
+    _receiving.on = True
+    try:
+        received = _receive_message(self, *args, **kwargs)
+    finally:
+        _receiving.on = False
+    now = unix_time()
+    with _fair_lock:
+        for m in received:
+            if m.group_id is not None:
+                _received[m.receipt_handle] = (now, m.group_id)
+        while len(_received) > MAX_RECEIPTS:
+            del _received[next(iter(_received))]
+    return received
+
+
+_queue_delete_message = Queue.delete_message
+
+
+def queue_delete_message(self, receipt_handle):
+    _queue_delete_message(self, receipt_handle)
+    with _fair_lock:
+        found = _received.pop(receipt_handle, None)
+    if found is not None:
+        now = unix_time()
+        _worked(self, found[1], max(now - found[0], 0.001), now)
+
+
+SQSBackend.receive_message = receive_message
+Queue.delete_message = queue_delete_message
 
 _modules = frozenset(moto.backends.list_of_moto_modules())
 moto.backends.list_of_moto_modules = lambda: _modules

@@ -184,9 +184,7 @@ impl TestStack {
             .queue_url(self.name(queue_logical_id))
             .max_number_of_messages(10)
             .wait_time_seconds(wait_seconds)
-            .message_system_attribute_names(
-                aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
-            )
+            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()
             .await

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use aws_sdk_sqs::types::MessageSystemAttributeName;
 use sas_aws::eventbridge::EventBridgeBus;
 use sas_aws::sqs::{AGAIN_OF_ATTRIBUTE, QueueUrls, SqsOutbox};
 use sas_engine::config::EngineConfig;
@@ -132,7 +133,15 @@ async fn the_outbox_batches_by_queue_and_honours_delays() {
     let outbox = SqsOutbox::new(t.sqs.clone(), urls);
     let start = |n: u64| {
         let id = OrderId::for_key(&IdempotencyKey::parse(&format!("k{n}")).unwrap());
-        Message::Start(Start { order_id: id, attempt: n, correlation_id: "c".into(), due_at: None })
+        // Every other message is of a tenant: the others are each their own to a fair queue.
+        let group = (n % 2 == 0).then(|| format!("tenant-{}", n % 3));
+        Message::Start(Start {
+            order_id: id,
+            attempt: n,
+            correlation_id: "c".into(),
+            due_at: None,
+            group,
+        })
     };
     let mut messages: Vec<Outgoing> =
         (0..23).map(|n| Outgoing::now(Destination::Scheduler, start(n))).collect();
@@ -145,11 +154,16 @@ async fn the_outbox_batches_by_queue_and_honours_delays() {
             break;
         }
         for m in batch {
-            received.push(Message::decode(m.body().unwrap()).unwrap());
+            let message = Message::decode(m.body().unwrap()).unwrap();
+            let group =
+                m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId));
+            assert_eq!(group.map(String::as_str), message.group(), "sent as its MessageGroupId");
+            received.push(message);
             t.delete("SchedulerQueue", m.receipt_handle().unwrap()).await;
         }
     }
     assert_eq!(received.len(), 23, "the delayed message is not visible yet");
+    assert!(received.iter().filter(|m| m.group().is_some()).count() >= 11);
     // A message sent again carries the id its consumer knows it by.
     outbox
         .send(&[Outgoing::again(Destination::Replies, start(7), Duration::ZERO, "m-7")])

@@ -277,6 +277,8 @@ fn queued(n: u128, since: i64) -> Queued {
         since: Timestamp::from_millis(since),
         attempt: 2,
         correlation_id: format!("corr-{n}"),
+        // Every other entry carries a group, so that both kinds read back as written.
+        group: (n % 2 == 0).then(|| format!("tenant-{n}")),
     }
 }
 
@@ -542,7 +544,13 @@ trait Consumer {
 
 fn start(n: u64, at: Timestamp) -> Message {
     let id = OrderId::for_key(&IdempotencyKey::parse(&format!("q{n}")).unwrap());
-    Message::Start(Start { order_id: id, attempt: n, correlation_id: "c".into(), due_at: Some(at) })
+    Message::Start(Start {
+        order_id: id,
+        attempt: n,
+        correlation_id: "c".into(),
+        due_at: Some(at),
+        group: None,
+    })
 }
 
 fn attempts(got: &[(String, String, String, u32)]) -> Vec<u64> {
@@ -563,7 +571,7 @@ fn attempts(got: &[(String, String, String, u32)]) -> Vec<u64> {
 /// every other message delivered once. A message not deleted comes back, with the same id and
 /// a higher receive count; a receipt of an earlier receive still deletes it; after too many
 /// receives it goes to the dead-letter queue. The depths count what waits, what is in flight
-/// and what is delayed.
+/// and what is delayed. Groups are delivered fairly.
 async fn queue_contract<Q: Outbox + QueueDepths, C: Consumer>(
     outbox: &Q,
     consumer: &C,
@@ -643,6 +651,25 @@ async fn queue_contract<Q: Outbox + QueueDepths, C: Consumer>(
     for (_, receipt, ..) in &got {
         consumer.delete(receipt).await;
     }
+
+    // A fair queue: while one group holds the consumers, the others' messages come first, a
+    // priority group and a message without a group among them.
+    let of = |group: Option<&str>, n: u64| {
+        let Message::Start(mut start) = start(n, now) else { unreachable!() };
+        start.group = group.map(str::to_owned);
+        Outgoing::now(dest.clone(), Message::Start(start))
+    };
+    let bulk: Vec<Outgoing> = (100..200).map(|n| of(Some("bulk"), n)).collect();
+    outbox.send(&bulk).await.unwrap();
+    for _ in 0..4 {
+        assert_eq!(consumer.receive().await.len(), 10, "the consumers hold 40 of the bulk");
+    }
+    outbox.send(&[of(Some("quiet"), 1), of(Some("bulk#priority"), 2)]).await.unwrap();
+    outbox.send(&[of(None, 3)]).await.unwrap();
+    let got = consumer.receive().await;
+    let in_order: Vec<u64> = got.iter().flat_map(|m| attempts(std::slice::from_ref(m))).collect();
+    assert_eq!(in_order[..3], [1, 2, 3], "{in_order:?}");
+    assert!(in_order[3..].iter().all(|n| *n >= 100), "then the bulk: {in_order:?}");
 }
 
 struct MemoryConsumer {

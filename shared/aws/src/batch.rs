@@ -455,6 +455,7 @@ mod tests {
                 attempt: n,
                 correlation_id: "c".into(),
                 due_at: None,
+                group: None,
             }),
         )
     }
@@ -723,6 +724,7 @@ mod tests {
             idempotency_key: format!("k{n}"),
             outcome: StepOutcome::done(serde_json::json!({})),
             due_at: None,
+            group: None,
         })
         .encode()
     }

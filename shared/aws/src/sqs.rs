@@ -10,6 +10,9 @@
 //!
 //! A message sent again for one its consumer could not handle carries that one's id in the
 //! [`AGAIN_OF_ATTRIBUTE`] message attribute, so that the engine takes it as the same message.
+//!
+//! A message of an order with a group ([`sas_engine::fair`]) is sent with it as its
+//! `MessageGroupId`: on a standard queue, that is what makes SQS deliver the tenants fairly.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -129,6 +132,7 @@ impl SqsOutbox {
                         .delay_seconds(delay_seconds(m.delay)?)
                         .set_message_system_attributes(trace_attribute(&m.message))
                         .set_message_attributes(again_of_attribute(m))
+                        .set_message_group_id(m.message.group().map(str::to_owned))
                         .build()
                         .map_err(|e| Error::rejected(SERVICE, e))
                 })

@@ -70,6 +70,10 @@ pub struct EngineConfig {
     /// that waited for it. Env `SERVICE_RATES` and `SERVICE_CONCURRENCY`, each a list of
     /// `agent=n` entries separated by commas; an agent in neither has no limit.
     pub limits: BTreeMap<String, Limits>,
+    /// Whether tenants share the queues and the door fairly ([`crate::fair`]): every message
+    /// carries its order's tenant as its group, and the door expects a tenant's order to wait
+    /// behind its tenant's part of the backlog. Default on. Env `FAIR_QUEUES`: `on` or `off`.
+    pub fair_queues: bool,
 }
 
 /// Shards of the expiry index the supervisor and the operator's listing read, whatever the
@@ -169,6 +173,7 @@ impl Default for EngineConfig {
             max_hold: Duration::from_secs(6 * 3600),
             hold: HoldPolicy::default(),
             limits: BTreeMap::new(),
+            fair_queues: true,
         }
     }
 }
@@ -220,6 +225,15 @@ impl EngineConfig {
                 alert_after: secs(&lookup, "HOLD_ALERT_AFTER_SECONDS", d.hold.alert_after)?,
             },
             limits: limits(&lookup)?,
+            fair_queues: match lookup("FAIR_QUEUES").as_deref() {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(other) => {
+                    return Err(Error::Config(format!(
+                        "FAIR_QUEUES must be on or off, not {other:?}"
+                    )));
+                }
+            },
         };
         config.validate()?;
         Ok(config)

@@ -182,6 +182,9 @@ pub struct Queued {
     /// The attempt its start message must name.
     pub attempt: u64,
     pub correlation_id: String,
+    /// The group its start message carries ([`crate::fair`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl Queued {
@@ -193,6 +196,7 @@ impl Queued {
             since: slot.since,
             attempt: record.attempt,
             correlation_id: record.correlation_id.clone(),
+            group: record.group.clone(),
         }
     }
 
@@ -318,6 +322,7 @@ mod tests {
             since: Timestamp::from_millis(since),
             attempt: 0,
             correlation_id: String::new(),
+            group: None,
         }
     }
 

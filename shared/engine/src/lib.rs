@@ -17,7 +17,8 @@
 //! - Messages and events: [`message`] (queue envelopes), [`events`] (status events and alerts),
 //!   [`payload`] (large inputs and outputs, kept outside both).
 //! - Policy: [`config`] (every tunable, with defaults), [`retry`], [`load`] (queue waits and
-//!   depths, and what the supervisor and the door make of them).
+//!   depths, and what the supervisor and the door make of them), [`fair`] (tenants: the group
+//!   their messages are delivered by, and their part of the door).
 //! - [`metrics`]: what the services count and time, through the `metrics` facade.
 //! - [`mutants`]: guards broken on purpose, switched on only by tests.
 //! - `memory` (feature `memory`): in-memory ports with the semantics of DynamoDB, SQS and
@@ -35,6 +36,7 @@ pub mod catalogue;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod fair;
 pub mod health;
 pub mod ids;
 pub mod keys;

@@ -287,11 +287,15 @@ impl Load {
     /// is asked to wait at least as long as the slowest queue needs to take the orders of
     /// every client refused before it, so that they come back spread out rather than all at
     /// once, again and again.
+    ///
+    /// `part` is the part of that wait the new order's tenant waits (1 without fair queues; see
+    /// [`crate::fair::Shares::part`]).
     pub fn admission(
         &self,
         max_wait: Duration,
         workflow: &Workflow,
         tally: &DoorTally,
+        part: f64,
     ) -> Admission {
         // Every queue an order's messages pass through, once per visit.
         let mut path = vec![Destination::Scheduler];
@@ -323,7 +327,8 @@ impl Load {
             })
             .fold(f64::INFINITY, f64::min);
         let ahead = Duration::from_secs_f64(tally.admitted as f64 / slowest);
-        let total = self.of(&Destination::Scheduler).expected_wait() + longest + ahead;
+        let total = (self.of(&Destination::Scheduler).expected_wait() + longest + ahead)
+            .mul_f64(part.clamp(0.0, 1.0));
         if total <= max_wait {
             return Admission::Admit;
         }
@@ -673,9 +678,9 @@ mod tests {
             report(Destination::Agent(AgentName::new("payment")), 0, 10.0, 0),
         ];
         let load = Load::new(at(1), &reports, &[busy("inventory"), busy("payment")]);
-        assert_eq!(load.admission(max, &both, &DoorTally::default()), Admission::Admit);
+        assert_eq!(load.admission(max, &both, &DoorTally::default(), 1.0), Admission::Admit);
         assert!(matches!(
-            load.admission(max, &in_a_row, &DoorTally::default()),
+            load.admission(max, &in_a_row, &DoorTally::default(), 1.0),
             Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(40)
         ));
     }
@@ -690,16 +695,16 @@ mod tests {
         let slow = [report(Destination::Scheduler, 0, 2.0, 0)];
         let load = Load::new(at(1), &slow, &[(Destination::Scheduler, depth(500))]);
         assert!(matches!(
-            load.admission(max, &w, &DoorTally::default()),
+            load.admission(max, &w, &DoorTally::default(), 1.0),
             Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(50)
         ));
         // 400 waiting at 20 a second: 20 s, admitted.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(400))]);
-        assert_eq!(load.admission(max, &w, &DoorTally::default()), Admission::Admit);
+        assert_eq!(load.admission(max, &w, &DoorTally::default(), 1.0), Admission::Admit);
         // 1000 waiting: 50 s, refused, back in 20 s.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(1000))]);
         assert_eq!(
-            load.admission(max, &w, &DoorTally::default()),
+            load.admission(max, &w, &DoorTally::default(), 1.0),
             Admission::Refuse {
                 busiest: Destination::Scheduler,
                 expected_wait: Duration::from_secs(50),
@@ -715,17 +720,17 @@ mod tests {
         depths.push((Destination::Replies, depth(100)));
         let load = Load::new(at(1), &[], &depths);
         assert!(matches!(
-            load.admission(max, &w, &DoorTally::default()),
+            load.admission(max, &w, &DoorTally::default(), 1.0),
             Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(60)
         ));
         // Orders let in since the queues were read count too, at the slowest queue: here the
         // replies, taken at the nominal 10 a second, three per order. 100 orders admitted are
         // 30 s ahead of a new one.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(100))]);
-        assert_eq!(load.admission(max, &w, &DoorTally::default()), Admission::Admit);
+        assert_eq!(load.admission(max, &w, &DoorTally::default(), 1.0), Admission::Admit);
         let tally = DoorTally { admitted: 100, ..DoorTally::default() };
         assert!(matches!(
-            load.admission(max, &w, &tally),
+            load.admission(max, &w, &tally, 1.0),
             Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(35)
         ));
         // Clients refused since are asked to come back spread out: the 51st refused waits for
@@ -733,14 +738,22 @@ mod tests {
         // 15.3 s), not only for the 5 s the queues are over.
         let tally = DoorTally { admitted: 100, refused: 50, ..DoorTally::default() };
         assert!(matches!(
-            load.admission(max, &w, &tally),
+            load.admission(max, &w, &tally, 1.0),
             Admission::Refuse { retry_after, .. } if retry_after == Duration::from_secs(16)
         ));
         // A huge backlog asks for at most a minute.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(1_000_000))]);
         assert!(matches!(
-            load.admission(max, &w, &DoorTally::default()),
+            load.admission(max, &w, &DoorTally::default(), 1.0),
             Admission::Refuse { retry_after, .. } if retry_after == MAX_RETRY_AFTER
         ));
+        // With fair queues, a tenant waits behind its part of the backlog: the 50 s that turn
+        // away the tenant who made it let in one whose part is a tenth.
+        let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(1000))]);
+        assert!(matches!(
+            load.admission(max, &w, &DoorTally::default(), 1.0),
+            Admission::Refuse { .. }
+        ));
+        assert_eq!(load.admission(max, &w, &DoorTally::default(), 0.1), Admission::Admit);
     }
 }

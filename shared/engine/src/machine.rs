@@ -511,6 +511,7 @@ pub fn create_waking(
         commands: Vec::new(),
         redrives: 0,
         parent: None,
+        group: None,
         slot: None,
         legacy_cursor: None,
     };

@@ -67,6 +67,10 @@ pub struct ChildEnded {
     pub child: OrderId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub due_at: Option<Timestamp>,
+    /// The order's group ([`crate::fair`]), which the queue delivers it by. Absent without
+    /// fair queues, and from older senders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// "Claim this order": sent by submission and by the supervisor.
@@ -80,6 +84,10 @@ pub struct Start {
     /// When the message became due: sent, plus its delay. Absent from older senders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub due_at: Option<Timestamp>,
+    /// The order's group ([`crate::fair`]), which the queue delivers it by. Absent without
+    /// fair queues, and from older senders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Which step, and which way.
@@ -127,6 +135,10 @@ pub struct StepRequest {
     /// service as it comes back.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resumed: bool,
+    /// The order's group ([`crate::fair`]), which the queue delivers it by. Absent without
+    /// fair queues, and from older senders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// "This is how it went": sent by an agent to the scheduler, only before CompleteBy.
@@ -142,6 +154,10 @@ pub struct StepReply {
     /// When the reply was sent. Absent from older senders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub due_at: Option<Timestamp>,
+    /// The order's group ([`crate::fair`]), which the queue delivers it by. Absent without
+    /// fair queues, and from older senders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// The longest SQS delays a message: a start message due later is not sent, and a sweep acts
@@ -309,6 +325,18 @@ impl Message {
         }
     }
 
+    /// The group the queue delivers it by ([`crate::fair`]): its order's. An event, not yet
+    /// anyone's order, is its own.
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            Message::Start(m) => m.group.as_deref(),
+            Message::Request(m) => m.group.as_deref(),
+            Message::Reply(m) => m.group.as_deref(),
+            Message::ChildEnded(m) => m.group.as_deref(),
+            Message::Event(_) => None,
+        }
+    }
+
     pub fn correlation_id(&self) -> &str {
         match self {
             Message::Start(m) => &m.correlation_id,
@@ -338,6 +366,7 @@ mod tests {
             attempt: 3,
             correlation_id: "c-1".into(),
             due_at: Some(Timestamp::from_millis(1_000)),
+            group: Some("acme#priority".into()),
         })
     }
 

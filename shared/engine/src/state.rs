@@ -738,6 +738,11 @@ pub struct StateRecord {
     /// its parent undoes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<Parent>,
+    /// The group its messages carry ([`crate::fair`]): its tenant, marked for a priority
+    /// order. A child order has its parent's. `None` without fair queues, and on records
+    /// written before them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// For an order of a workflow with a concurrency key: its key, its place in the key's line,
     /// and whether it holds one of the key's places ([`crate::keys`]). Kept once it ended, so
     /// that its place is given back and a redrive waits in line again.

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::ids::{AgentName, Direction};
+use crate::fair::Fairness;
+use crate::ids::{AgentName, Direction, Owner};
 use crate::keys::{self, Concurrency, MAX_LIMIT as MAX_KEY_LIMIT, OnConflict};
 use crate::order::{FieldError, Order, Rejection};
 use crate::retry::WaitPolicy;
@@ -55,6 +56,7 @@ pub struct Workflow {
     input: InputSchema,
     starts: Vec<Start>,
     concurrency: Option<Concurrency>,
+    fairness: Fairness,
 }
 
 /// The JSON Schema of a workflow's input, compiled once.
@@ -276,6 +278,18 @@ struct WorkflowSpec {
     /// How many of its orders of one key may run at once.
     #[serde(default)]
     concurrency: Option<ConcurrencySpec>,
+    /// Whose its orders are, and which go first, when tenants share the stack.
+    #[serde(default)]
+    fairness: Option<FairnessSpec>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct FairnessSpec {
+    #[serde(default)]
+    tenant: Option<String>,
+    #[serde(default)]
+    priority: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -442,6 +456,10 @@ impl Workflow {
             ),
             None => None,
         };
+        let fairness = match &spec.fairness {
+            Some(f) => fairness_of(f, &input).map_err(|e| invalid(format!("fairness: {e}")))?,
+            None => Fairness::default(),
+        };
         let mut workflow = Workflow {
             name: spec.name.clone(),
             version,
@@ -449,6 +467,7 @@ impl Workflow {
             input,
             starts: Vec::new(),
             concurrency,
+            fairness,
         };
         for (i, start) in spec.starts.iter().enumerate() {
             let start =
@@ -536,6 +555,12 @@ impl Workflow {
     /// why its input has none.
     pub fn key_of(&self, input: &Value) -> Result<Option<String>, Rejection> {
         self.concurrency.as_ref().map(|c| c.key_of(input)).transpose()
+    }
+
+    /// The group of an order with `input` submitted by `owner` ([`crate::fair`]), or why its
+    /// input names no tenant.
+    pub fn group_of(&self, input: &Value, owner: &Owner) -> Result<String, Rejection> {
+        self.fairness.group_of(input, owner)
     }
 
     pub fn input_schema(&self) -> &InputSchema {
@@ -852,10 +877,29 @@ fn concurrency_of(
             return Err(format!("max_wait_seconds must be from 1 to {}", keys::MAX_WAIT.as_secs()));
         }
     };
-    let Some(pointer) = spec.key.strip_prefix("/input").filter(|p| p.starts_with('/')) else {
+    let pointer = input_property("key", &spec.key, input, &["string", "integer"])?;
+    Ok(Concurrency {
+        pointer,
+        declared: spec.key.clone(),
+        limit: spec.limit,
+        group,
+        max_wait,
+        on_conflict: spec.on_conflict,
+    })
+}
+
+/// The pointer relative to the input of `declared` (the field `field`, a pointer such as
+/// `/input/customer_id`), which the input schema must declare as one of `kinds`.
+fn input_property(
+    field: &str,
+    declared: &str,
+    input: &InputSchema,
+    kinds: &[&str],
+) -> Result<String, String> {
+    let Some(pointer) = declared.strip_prefix("/input").filter(|p| p.starts_with('/')) else {
         return Err(format!(
-            "key must be a JSON pointer into the input such as \"/input/customer_id\", not {:?}",
-            spec.key
+            "{field} must be a JSON pointer into the input such as \"/input/customer_id\", not \
+             {declared:?}"
         ));
     };
     let root = input.schema();
@@ -877,31 +921,44 @@ fn concurrency_of(
             Some(inner) => schema = inner,
             None => {
                 return Err(format!(
-                    "key {:?}: the input_schema declares no property {name:?} there",
-                    spec.key
+                    "{field} {declared:?}: the input_schema declares no property {name:?} there"
                 ));
             }
         }
     }
-    let kinds: Vec<&str> = match schema.get("type") {
+    let declared_kinds: Vec<&str> = match schema.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
         Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
         _ => Vec::new(),
     };
-    if kinds.is_empty() || kinds.iter().any(|k| !matches!(*k, "string" | "integer")) {
+    if declared_kinds.is_empty() || declared_kinds.iter().any(|k| !kinds.contains(k)) {
         return Err(format!(
-            "key {:?}: the input_schema must declare it a string or an integer",
-            spec.key
+            "{field} {declared:?}: the input_schema must declare it {}",
+            kinds
+                .iter()
+                .map(|k| if k.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                    format!("an {k}")
+                } else {
+                    format!("a {k}")
+                })
+                .collect::<Vec<_>>()
+                .join(" or ")
         ));
     }
-    Ok(Concurrency {
-        pointer: pointer.to_owned(),
-        declared: spec.key.clone(),
-        limit: spec.limit,
-        group,
-        max_wait,
-        on_conflict: spec.on_conflict,
-    })
+    Ok(pointer.to_owned())
+}
+
+/// A workflow's `fairness`, checked against its input schema.
+fn fairness_of(spec: &FairnessSpec, input: &InputSchema) -> Result<Fairness, String> {
+    let mut tenant = None;
+    if let Some(t) = &spec.tenant {
+        tenant = Some((input_property("tenant", t, input, &["string", "integer"])?, t.clone()));
+    }
+    let mut priority = None;
+    if let Some(p) = &spec.priority {
+        priority = Some((input_property("priority", p, input, &["boolean"])?, p.clone()));
+    }
+    Ok(Fairness { tenant, priority })
 }
 
 /// Checks that `pointer` (the field `field`) is a JSON pointer under `/input` or
@@ -1267,6 +1324,39 @@ mod tests {
         for (concurrency, expected) in cases {
             let err = with_concurrency(concurrency.clone()).unwrap_err().to_string();
             assert!(err.contains(expected), "{concurrency}: {err}");
+        }
+    }
+
+    #[test]
+    fn fairness_names_a_tenant_and_a_priority_the_schema_declares() {
+        let with_fairness = |fairness: serde_json::Value| {
+            let mut spec: Value = serde_json::from_str(sas_workflows::order_fulfilment()).unwrap();
+            spec["input_schema"]["properties"]["rush"] = serde_json::json!({"type": "boolean"});
+            spec["fairness"] = fairness;
+            Workflow::from_json(&spec.to_string(), &Workflow::agents_in(&spec.to_string()))
+        };
+        let w = with_fairness(
+            serde_json::json!({"tenant": "/input/customer_id", "priority": "/input/rush"}),
+        )
+        .unwrap();
+        let owner = Owner::anonymous();
+        let input = serde_json::json!({"customer_id": "c-1", "rush": true});
+        assert_eq!(w.group_of(&input, &owner).unwrap(), "c-1#priority");
+        let input = serde_json::json!({"customer_id": "c-1"});
+        assert_eq!(w.group_of(&input, &owner).unwrap(), "c-1");
+        // Without fairness, the caller is the tenant.
+        let plain = with_concurrency(serde_json::json!({"key": "/input/customer_id", "limit": 1}));
+        assert_eq!(plain.unwrap().group_of(&input, &owner).unwrap(), "anonymous");
+        let cases = [
+            (serde_json::json!({"tenant": "customer_id"}), "JSON pointer into the input"),
+            (serde_json::json!({"tenant": "/input/nobody"}), "no property \"nobody\""),
+            (serde_json::json!({"tenant": "/input/items"}), "a string or an integer"),
+            (serde_json::json!({"priority": "/input/customer_id"}), "a boolean"),
+            (serde_json::json!({"weight": 2}), "unknown field"),
+        ];
+        for (fairness, expected) in cases {
+            let err = with_fairness(fairness.clone()).unwrap_err().to_string();
+            assert!(err.contains(expected) && err.contains("fairness"), "{fairness}: {err}");
         }
     }
 

@@ -62,6 +62,14 @@
 //! - in every run, 95 % of the orders accepted end within `MAX_QUEUE_WAIT_SECONDS` (60 s) of
 //!   their acceptance, as the door promises.
 //!
+//! **Neighbours.** The same stack at its defaults, shared by tenants (each its own caller): four
+//! send one order a second each for a minute; a fifth, five seconds in, sends 3,000 as fast as
+//! the route takes them (nine tenths of its rate, above what the stack finishes), so that a
+//! backlog builds in the queues. With fair queues (the in-memory queues deliver as SQS fair
+//! queues do, by the orders' groups), the four's p95 from first try to Processed stays within
+//! 1.5 times what they get alone, and the door refuses none of their orders; without, it does
+//! not (which shows the burst made a backlog to wait behind).
+//!
 //! Left out: reads (the tables' read units, never near their quotas here), the account's Lambda
 //! concurrency and each function's scaling rate (above what these sets use), DynamoDB's burst
 //! capacity and the SDK's client-side retry quota, several submission containers each with its
@@ -94,7 +102,7 @@ use sas_engine::ports::{
 use sas_engine::services::{Agent, Assembly, Handled, Scheduler, Submission, Supervisor};
 use sas_engine::state::{Happening, ProcessState, StateRecord};
 use sas_engine::workflow::Workflow;
-use sas_engine::{Error, OrderId, Result, Timestamp};
+use sas_engine::{Error, IdempotencyKey, OrderId, Owner, Result, Timestamp};
 
 // AWS's quotas, as `infra/src/tools/ceiling.rs` states and cites them.
 /// Write units a second one partition takes: one shard of `ByCompleteBy`.
@@ -612,11 +620,16 @@ struct Outcome {
     refused_api: u64,
     refused_door: u64,
     refused_throttled: u64,
+    /// With neighbours, the door's refusals of the quiet tenants' orders.
+    refused_others: u64,
     /// Orders ended per second over the measured window.
     goodput: f64,
     /// Accepted to ended, and first try to ended (the client's wait), p50 and p95.
     to_end: (Duration, Duration),
     client_wait: (Duration, Duration),
+    /// With neighbours, the same for the bulk tenant's orders and for the others'.
+    bulk_wait: (Duration, Duration),
+    quiet_wait: (Duration, Duration),
     /// Orders accepted in the first minute.
     first_minute: usize,
     resets: usize,
@@ -648,10 +661,37 @@ struct World {
     destinations: Vec<Destination>,
     handling: Handling,
     rng: SplitMix,
+    /// Tenants sharing the stack, instead of one client sending at `factor` times the ceiling.
+    neighbours: Option<Neighbours>,
 }
+
+/// One tenant's burst among tenants sending a few orders a second each.
+#[derive(Clone, Copy, Debug)]
+struct Neighbours {
+    /// Orders the bulk tenant sends, from [`BULK_FROM`], as fast as the route takes them.
+    bulk: usize,
+    /// Tenants sending one order a second each, for [`QUIET_FOR`].
+    quiet: usize,
+}
+
+/// When the bulk tenant starts, and how fast it sends: nine tenths of what the route takes,
+/// above what the stack finishes, so that a backlog builds in the queues and none at the route.
+const BULK_FROM: Duration = Duration::from_secs(5);
+const BULK_SHARE_OF_ROUTE: f64 = 0.9;
+const QUIET_FOR: Duration = Duration::from_secs(60);
 
 impl World {
     fn new(stack: Stack, factor: f64, seed: u64) -> World {
+        World::build(stack, factor, seed, stack.config())
+    }
+
+    /// `neighbours` on `stack`, its queues fair or not.
+    fn neighbours(stack: Stack, neighbours: Neighbours, fair: bool, seed: u64) -> World {
+        let config = EngineConfig { fair_queues: fair, ..stack.config() };
+        World { neighbours: Some(neighbours), ..World::build(stack, 1.0, seed, config) }
+    }
+
+    fn build(stack: Stack, factor: f64, seed: u64, config: EngineConfig) -> World {
         let clock = ManualClock::default();
         let start = clock.now();
         let memory = InMemory::new(clock.clone());
@@ -672,7 +712,7 @@ impl World {
             store: throttled(clock.clone(), None),
             bus: memory.bus.clone(),
             clock: clock.clone(),
-            config: Arc::new(stack.config()),
+            config: Arc::new(config),
             catalogue: Arc::new(Catalogue::single(workflow)),
             waits: memory.waits.clone(),
             load: memory.load(),
@@ -763,6 +803,7 @@ impl World {
             agents,
             handling: Handling::default(),
             rng: SplitMix::seeded(seed),
+            neighbours: None,
         }
     }
 
@@ -898,6 +939,17 @@ impl World {
             at: self.start,
         };
         let mut owed = 0.0;
+        // With neighbours: what each tenant is owed, and has sent.
+        let mut tenants: Vec<(Owner, f64, usize)> = Vec::new();
+        if let Some(n) = self.neighbours {
+            let owner = |name: String| {
+                (Owner::iam(&format!("arn:aws:iam::123456789012:user/{name}")).unwrap(), 0.0, 0)
+            };
+            tenants.push(owner("bulk".into()));
+            tenants.extend((0..n.quiet).map(|q| owner(format!("quiet-{q}"))));
+        }
+        // Each client's tenant, with neighbours.
+        let mut tenant_of: Vec<usize> = Vec::new();
         // Each client's first try, its 429s so far, and when it tries next.
         let mut first_try: Vec<Timestamp> = Vec::new();
         let mut throttled: Vec<u32> = Vec::new();
@@ -911,7 +963,27 @@ impl World {
             let t = self.elapsed();
             assert!(t < limit, "seed {}: orders still in flight after 30 minutes", self.seed);
             let mut due: Vec<usize> = Vec::new();
-            if t <= ARRIVALS_FOR {
+            if let Some(n) = self.neighbours {
+                let route = self.stack.api_rate / self.stack.k();
+                for (tenant, (_, owed, sent)) in tenants.iter_mut().enumerate() {
+                    let (rate, from, most) = match tenant {
+                        0 => (BULK_SHARE_OF_ROUTE * route, BULK_FROM, n.bulk),
+                        _ => (1.0, Duration::ZERO, (QUIET_FOR.as_secs() as usize)),
+                    };
+                    if t < from {
+                        continue;
+                    }
+                    *owed += rate * TICK.as_secs_f64();
+                    while *owed >= 1.0 && *sent < most {
+                        *owed -= 1.0;
+                        *sent += 1;
+                        due.push(first_try.len());
+                        first_try.push(now);
+                        throttled.push(0);
+                        tenant_of.push(tenant);
+                    }
+                }
+            } else if t <= ARRIVALS_FOR {
                 owed += rate(t) * TICK.as_secs_f64();
                 while owed >= 1.0 {
                     owed -= 1.0;
@@ -935,12 +1007,15 @@ impl World {
                     continue;
                 }
                 let key = format!("limits-{i}");
-                match self.submission.submit(&key, order_body(i).as_bytes()).await {
+                let owner =
+                    tenant_of.get(i).map_or_else(Owner::anonymous, |t| tenants[*t].0.clone());
+                match self.submission.submit_as(&owner, &key, order_body(i).as_bytes()).await {
                     Ok(a) => {
                         accepted_at.entry(a.order_id).or_insert(first_try[i]);
                     }
                     Err(Error::Overloaded { retry_after, .. }) => {
                         out.refused_door += 1;
+                        out.refused_others += u64::from(tenant_of.get(i).is_some_and(|t| *t != 0));
                         waiting.push(later(retry_after, &self.rng));
                     }
                     Err(e) if e.is_retryable() => {
@@ -957,16 +1032,35 @@ impl World {
                 next_sweep = next_sweep.plus(SWEEP_EVERY);
             }
             let whole_second = t.as_millis() % 1000 == 0;
-            if t > ARRIVALS_FOR && waiting.is_empty() && whole_second && self.quiet() {
+            let arriving = match self.neighbours {
+                Some(n) => tenants.iter().enumerate().any(|(i, (_, _, sent))| {
+                    *sent < if i == 0 { n.bulk } else { QUIET_FOR.as_secs() as usize }
+                }),
+                None => t <= ARRIVALS_FOR,
+            };
+            if !arriving && waiting.is_empty() && whole_second && self.quiet() {
                 break;
             }
         }
         out.lasted = self.elapsed();
         out.offered = first_try.len();
-        self.outcome(out, &accepted_at)
+        // Each order's tenant, by its id: the bulk's is 0.
+        let tenant_of: HashMap<OrderId, usize> = (0..tenant_of.len())
+            .map(|i| {
+                let key = IdempotencyKey::parse(&format!("limits-{i}")).unwrap();
+                (OrderId::for_owner_key(&tenants[tenant_of[i]].0, &key), tenant_of[i])
+            })
+            .collect();
+        self.outcome(out, &accepted_at, &tenant_of)
     }
 
-    fn outcome(&mut self, mut out: Outcome, first_try: &HashMap<OrderId, Timestamp>) -> Outcome {
+    fn outcome(
+        &mut self,
+        mut out: Outcome,
+        first_try: &HashMap<OrderId, Timestamp>,
+        tenant_of: &HashMap<OrderId, usize>,
+    ) -> Outcome {
+        let mut by_tenant: [Vec<Duration>; 2] = Default::default();
         let records = self.memory.store.records();
         let (from, to) = (self.start.plus(MEASURED_FROM), self.start.plus(ARRIVALS_FOR));
         let mut to_end = Vec::new();
@@ -984,6 +1078,9 @@ impl World {
                 to_end.push(r.created_at.until(ended));
                 if let Some(tried) = first_try.get(&r.order_id) {
                     client_wait.push(tried.until(ended));
+                    if let Some(t) = tenant_of.get(&r.order_id) {
+                        by_tenant[usize::from(*t != 0)].push(tried.until(ended));
+                    }
                 }
                 ended_in_window += usize::from(ended >= from && ended < to);
             }
@@ -991,6 +1088,8 @@ impl World {
         out.goodput = ended_in_window as f64 / from.until(to).as_secs_f64();
         out.to_end = percentiles(&mut to_end);
         out.client_wait = percentiles(&mut client_wait);
+        out.bulk_wait = percentiles(&mut by_tenant[0]);
+        out.quiet_wait = percentiles(&mut by_tenant[1]);
         out.handling = std::mem::take(&mut self.handling);
         out.dead_letters =
             self.destinations.iter().map(|d| self.memory.queues.dead_letters(d).len()).sum();
@@ -1151,6 +1250,65 @@ async fn one_stack_takes_its_stated_ceiling_and_sheds_twice_it_without_failing_a
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// How much slower the quiet tenants' orders may be with a neighbour's burst than alone.
+const NEIGHBOUR_SLOWDOWN: f64 = 1.5;
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_tenant_s_burst_slows_its_own_orders_not_the_other_tenants() {
+    let seed = seed();
+    let stack = DEFAULTS;
+    let quiet = Neighbours { bulk: 0, quiet: 4 };
+    let noisy = Neighbours { bulk: 3_000, quiet: 4 };
+    println!(
+        "| {} stack | bulk tenant's orders | fair queues | others' orders, p50 / p95 | bulk's orders, p50 / p95 | refused: 429 / 503 door (the others') | processed | lasted |",
+        stack.name
+    );
+    println!("| --- | ---: | --- | --- | --- | --- | ---: | ---: |");
+    let mut runs = Vec::new();
+    for (neighbours, fair) in [(quiet, true), (noisy, true), (noisy, false)] {
+        let out = World::neighbours(stack, neighbours, fair, seed).run().await;
+        let secs = |d: Duration| d.as_secs_f64();
+        println!(
+            "| seed {seed} | {} | {} | {:.1} s / {:.1} s | {} | {} / {} ({}) | {} of {} | {} s |",
+            neighbours.bulk,
+            if fair { "on" } else { "off" },
+            secs(out.quiet_wait.0),
+            secs(out.quiet_wait.1),
+            if neighbours.bulk == 0 {
+                "-".to_owned()
+            } else {
+                format!("{:.1} s / {:.1} s", secs(out.bulk_wait.0), secs(out.bulk_wait.1))
+            },
+            out.refused_api,
+            out.refused_door,
+            out.refused_others,
+            out.processed,
+            out.accepted,
+            out.lasted.as_secs(),
+        );
+        assert_eq!(out.accepted, out.offered, "seed {seed}: every order sent is accepted");
+        assert_eq!(out.processed, out.accepted, "seed {seed}: {:?}", &out.other_ends);
+        runs.push(out);
+    }
+    let (alone, fair, unfair) = (&runs[0], &runs[1], &runs[2]);
+    let bound = alone.quiet_wait.1.mul_f64(NEIGHBOUR_SLOWDOWN);
+    assert!(
+        fair.quiet_wait.1 <= bound,
+        "seed {seed}: with fair queues the others' p95 is {:?}, more than {NEIGHBOUR_SLOWDOWN} times \
+         the {:?} they get alone",
+        fair.quiet_wait.1,
+        alone.quiet_wait.1
+    );
+    // The burst does make a backlog: without fair queues the others wait behind it.
+    assert!(
+        unfair.quiet_wait.1 > bound,
+        "seed {seed}: the burst made no backlog the others could wait behind: {:?}",
+        unfair.quiet_wait
+    );
+    assert!(fair.bulk_wait.1 > fair.quiet_wait.1, "the bulk waits behind its own burst");
+    assert_eq!(fair.refused_others, 0, "seed {seed}: the door turned the others away");
 }
 
 #[test]

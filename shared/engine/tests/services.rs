@@ -223,6 +223,53 @@ async fn the_door_refuses_orders_that_would_wait_too_long_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn a_tenant_that_floods_the_door_is_refused_for_its_own_backlog_not_the_others() {
+    let config =
+        EngineConfig { max_queue_wait: Duration::from_secs(10), ..EngineConfig::default() };
+    let bulk = Owner::iam("arn:aws:iam::123456789012:user/bulk").unwrap();
+    let quiet = Owner::iam("arn:aws:iam::123456789012:user/quiet").unwrap();
+    for fair in [true, false] {
+        let w = World::with(EngineConfig { fair_queues: fair, ..config.clone() });
+        let submit = |owner: &Owner, key: String| {
+            let body = order_body(&key);
+            let submission = &w.submission;
+            let owner = owner.clone();
+            async move { submission.submit_as(&owner, &key, body.as_bytes()).await }
+        };
+        let mut admitted = 0;
+        while submit(&bulk, format!("bulk-{admitted}")).await.is_ok() {
+            admitted += 1;
+        }
+        assert!(admitted >= 34, "{admitted}");
+        let mut quiet_admitted = 0;
+        for n in 0..10 {
+            if submit(&quiet, format!("quiet-{n}")).await.is_ok() {
+                quiet_admitted += 1;
+            }
+        }
+        let bulk_again = submit(&bulk, "bulk-again".into()).await;
+        assert!(matches!(bulk_again, Err(Error::Overloaded { .. })), "{bulk_again:?}");
+        if fair {
+            assert_eq!(quiet_admitted, 10, "the quiet tenant's orders wait behind its own");
+            // Each order's messages carry its tenant's group.
+            let records = w.store.records();
+            let groups: std::collections::BTreeSet<_> =
+                records.iter().filter_map(|r| r.group.as_deref()).collect();
+            assert_eq!(groups, [bulk.as_str(), quiet.as_str()].into_iter().collect());
+            let starts = w.queues.receive(&Destination::Scheduler, 10);
+            assert!(
+                starts
+                    .iter()
+                    .all(|d| { Message::decode(&d.body).unwrap().group() == Some(bulk.as_str()) })
+            );
+        } else {
+            assert_eq!(quiet_admitted, 0, "without fair queues, everyone waits behind the bulk");
+            assert!(w.store.records().iter().all(|r| r.group.is_none()));
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_door_reads_the_queues_at_most_every_few_seconds() {
     let w = World::new();
     for i in 0..20 {
@@ -299,6 +346,7 @@ impl AgentBench {
             due_at: Some(self.clock.now()),
             budget_ms: Some(budget.as_millis() as u64),
             resumed: false,
+            group: Some("acme".into()),
         }
     }
 

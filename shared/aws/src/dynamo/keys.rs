@@ -128,6 +128,9 @@ impl DynamoStore {
         item.insert("Since".to_owned(), number(queued.since.as_millis()));
         item.insert("Attempt".to_owned(), number(queued.attempt));
         item.insert("CorrelationId".to_owned(), AttributeValue::S(queued.correlation_id.clone()));
+        if let Some(group) = &queued.group {
+            item.insert("Group".to_owned(), AttributeValue::S(group.clone()));
+        }
         self.client
             .put_item()
             .table_name(&self.keys_table)
@@ -280,6 +283,7 @@ fn queued_from_item(item: &Item) -> Result<Queued> {
         since: Timestamp::from_millis(parse_number(item, "Since")?),
         attempt: parse_number(item, "Attempt")?,
         correlation_id: string(item, "CorrelationId")?.to_owned(),
+        group: item.get("Group").and_then(|v| v.as_s().ok()).cloned(),
     })
 }
 

@@ -15,6 +15,12 @@
 //! whole seconds (the adapter rounds up, so a message is never early on either); ordering is
 //! exact (earliest visible first, then in sending order) where SQS is only roughly ordered; and
 //! every visible message is returned, where SQS may sample a subset of its servers.
+//!
+//! A message sent with a group ([`crate::message::Message::group`]) is delivered as a fair
+//! queue delivers it ([`crate::fair::Noise`]): while a group holds more than its share of the
+//! messages in flight, or of the consumers' time, the quiet groups' messages come first, then
+//! the noisy groups', the one with the fewest in flight first. A message without a group is a
+//! tenant of its own, never noisy.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,6 +28,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::fair::Noise;
 pub use crate::ports::MAX_DELAY;
 use crate::ports::{Clock, Depth, Destination, ENTRY_TRIES, Outbox, Outgoing, QueueDepths};
 use crate::time::Timestamp;
@@ -98,6 +105,8 @@ struct Queue {
     messages: Vec<Stored>,
     dead: Vec<String>,
     sent: usize,
+    /// What each group took of the consumers' time lately.
+    noise: Noise,
 }
 
 struct Stored {
@@ -112,6 +121,9 @@ struct Stored {
     /// Receipts of the earlier receives, which still delete it.
     old_receipts: Vec<String>,
     again_of: Option<String>,
+    group: Option<String>,
+    /// When it was last received: a consumer's time on it ends when it is deleted.
+    received_at: Option<Timestamp>,
 }
 
 impl<C: Clock> MemoryQueues<C> {
@@ -135,7 +147,7 @@ impl<C: Clock> MemoryQueues<C> {
     pub fn send_raw(&self, dest: &Destination, body: String) -> Result<String> {
         check_body(&body)?;
         let now = self.clock.now();
-        Ok(self.state().push(dest, body, now, now, None))
+        Ok(self.state().push(dest, body, now, now, None, None))
     }
 
     /// Receives up to `max` (at most [`MAX_RECEIVE_BATCH`]) visible messages, earliest visible
@@ -151,17 +163,11 @@ impl<C: Clock> MemoryQueues<C> {
         };
         let settings = queue.settings;
 
-        let mut due: Vec<(Timestamp, u64)> = queue
-            .messages
-            .iter()
-            .filter(|m| m.visible_at <= now)
-            .map(|m| (m.visible_at, m.seq))
-            .collect();
-        due.sort_unstable();
+        let due = queue.fair_order(now);
 
         let mut deliveries = Vec::new();
         let mut redriven = Vec::new();
-        for (_, seq) in due {
+        for seq in due {
             if deliveries.len() >= max {
                 break;
             }
@@ -176,6 +182,7 @@ impl<C: Clock> MemoryQueues<C> {
             let receipt = format!("{}#r-{}", message.id, next_receipt);
             message.receive_count += 1;
             message.visible_at = now.plus(settings.visibility_timeout);
+            message.received_at = Some(now);
             if let Some(old) = message.receipt.replace(receipt.clone()) {
                 message.old_receipts.push(old);
             }
@@ -201,6 +208,7 @@ impl<C: Clock> MemoryQueues<C> {
     /// later receive superseded while another consumer holds the message. A receipt never
     /// issued, or of a message no longer on the queue, is rejected.
     pub fn delete(&self, dest: &Destination, receipt: &str) -> Result<()> {
+        let now = self.clock.now();
         let mut state = self.state();
         let queue =
             state.queues.get_mut(dest).ok_or_else(|| unknown_receipt(receipt, "a receipt"))?;
@@ -211,7 +219,10 @@ impl<C: Clock> MemoryQueues<C> {
                 m.receipt.as_deref() == Some(receipt) || m.old_receipts.iter().any(|r| r == receipt)
             })
             .ok_or_else(|| unknown_receipt(receipt, "a receipt"))?;
-        queue.messages.remove(at);
+        let message = queue.messages.remove(at);
+        if let (Some(group), Some(received)) = (&message.group, message.received_at) {
+            queue.noise.worked(group, received.until(now), now);
+        }
         Ok(())
     }
 
@@ -327,7 +338,8 @@ impl State {
     /// Stores `outgoing` (its `body` encoded), sent at `now`.
     fn push_sent(&mut self, outgoing: &Outgoing, body: String, now: Timestamp) -> String {
         let visible_at = now.plus(outgoing.delay);
-        self.push(&outgoing.to, body, now, visible_at, outgoing.again_of.clone())
+        let group = outgoing.message.group().map(str::to_owned);
+        self.push(&outgoing.to, body, now, visible_at, outgoing.again_of.clone(), group)
     }
 
     fn push(
@@ -337,6 +349,7 @@ impl State {
         sent_at: Timestamp,
         visible_at: Timestamp,
         again_of: Option<String>,
+        group: Option<String>,
     ) -> String {
         self.next_message += 1;
         let seq = self.next_message;
@@ -353,8 +366,61 @@ impl State {
             receipt: None,
             old_receipts: Vec::new(),
             again_of,
+            group,
+            received_at: None,
         });
         id
+    }
+}
+
+impl Queue {
+    /// The visible messages, in the order a receive takes them: earliest visible first, then in
+    /// sending order; but the quiet groups' before the noisy groups', and among the noisy, the
+    /// next from whichever has the fewest in flight.
+    fn fair_order(&self, now: Timestamp) -> Vec<u64> {
+        let mut due: Vec<(Timestamp, u64, Option<&str>)> = self
+            .messages
+            .iter()
+            .filter(|m| m.visible_at <= now)
+            .map(|m| (m.visible_at, m.seq, m.group.as_deref()))
+            .collect();
+        due.sort_unstable();
+        let mut in_flight: HashMap<&str, usize> = HashMap::new();
+        for m in self.messages.iter().filter(|m| m.visible_at > now && m.receive_count > 0) {
+            if let Some(group) = m.group.as_deref() {
+                *in_flight.entry(group).or_default() += 1;
+            }
+        }
+        // A group with messages waiting and none in flight counts too, at none.
+        for (_, _, group) in &due {
+            if let Some(group) = group {
+                in_flight.entry(group).or_default();
+            }
+        }
+        let noisy = self.noise.noisy(&in_flight, now);
+        if noisy.is_empty() {
+            return due.into_iter().map(|(_, seq, _)| seq).collect();
+        }
+        let mut order = Vec::with_capacity(due.len());
+        let mut waiting: HashMap<&str, std::collections::VecDeque<u64>> = HashMap::new();
+        for (_, seq, group) in due {
+            match group.filter(|g| noisy.contains(g)) {
+                Some(g) => waiting.entry(g).or_default().push_back(seq),
+                None => order.push(seq),
+            }
+        }
+        while let Some(group) = waiting
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .min_by_key(|(g, q)| (in_flight.get(*g).copied().unwrap_or(0), q.front().copied()))
+            .map(|(g, _)| *g)
+        {
+            if let Some(seq) = waiting.get_mut(group).and_then(|q| q.pop_front()) {
+                order.push(seq);
+                *in_flight.entry(group).or_default() += 1;
+            }
+        }
+        order
     }
 }
 
@@ -483,6 +549,7 @@ mod tests {
             attempt: n,
             correlation_id: format!("c-{n}"),
             due_at: None,
+            group: None,
         })
     }
 
@@ -517,6 +584,60 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(attempt(&got[0].body), 1);
         assert_eq!(got[0].message_id, "m-1");
+    }
+
+    fn of(group: &str, n: u64) -> Outgoing {
+        let Message::Start(mut start) = start(n) else { unreachable!() };
+        start.group = Some(group.to_owned());
+        Outgoing::now(S, Message::Start(start))
+    }
+
+    fn attempts(got: &[Delivery]) -> Vec<u64> {
+        got.iter().map(|d| attempt(&d.body)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_group_holding_the_consumers_waits_behind_the_quiet_groups() {
+        let (clock, q) = setup();
+        let bulk: Vec<Outgoing> = (0..100).map(|n| of("bulk", n)).collect();
+        q.send(&bulk).await.unwrap();
+        // Consumers take 40 of the bulk and work on them.
+        for _ in 0..4 {
+            assert_eq!(q.receive(&S, 10).len(), 10);
+        }
+        clock.advance(Duration::from_secs(1));
+        q.send(&[of("quiet-1", 1000), of("quiet-2", 2000), of("acme", 3000)]).await.unwrap();
+        q.send(&[of("acme#priority", 4000)]).await.unwrap();
+        let got = q.receive(&S, 10);
+        assert_eq!(attempts(&got)[..4], [1000, 2000, 3000, 4000], "the quiet first");
+        assert!(attempts(&got)[4..].iter().all(|n| *n < 100), "then the bulk");
+        // Below its share in flight, and before it took the consumers' time, a group is served
+        // in its turn.
+        let (_, q) = setup();
+        q.send(&(0..5).map(|n| of("bulk", n)).collect::<Vec<_>>()).await.unwrap();
+        q.send(&[of("quiet", 1000)]).await.unwrap();
+        assert_eq!(attempts(&q.receive(&S, 10)), [0, 1, 2, 3, 4, 1000]);
+    }
+
+    #[tokio::test]
+    async fn a_group_that_took_the_consumers_time_lately_goes_after_the_others() {
+        let (clock, q) = setup();
+        // A bulk of slow messages, each taking its consumer 2 s; a quiet group's, 100 ms.
+        for n in 0..10 {
+            q.send(&[of("slow", n), of("quiet", 100 + n)]).await.unwrap();
+            for _ in 0..2 {
+                let d = q.receive(&S, 1).remove(0);
+                let took = if attempt(&d.body) < 100 { 2000 } else { 100 };
+                clock.advance(Duration::from_millis(took));
+                q.delete(&S, &d.receipt).unwrap();
+            }
+        }
+        q.send(&[of("slow", 50), of("slow", 51), of("quiet", 150)]).await.unwrap();
+        assert_eq!(attempts(&q.receive(&S, 3)), [150, 50, 51]);
+        // With one group only, nobody is its neighbour: in sending order.
+        let (_, q) = setup();
+        q.send(&[of("alone", 1), of("alone", 2)]).await.unwrap();
+        assert_eq!(attempts(&q.receive(&S, 10)), [1, 2]);
     }
 
     #[tokio::test]

@@ -392,6 +392,7 @@ where
             idempotency_key: request.idempotency_key.clone(),
             outcome,
             due_at: Some(now),
+            group: request.group.clone(),
         };
         self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
         let Some(done) = done else {

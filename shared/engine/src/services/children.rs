@@ -84,6 +84,7 @@ where
                 step: parent.step.clone(),
                 child: child.order_id,
                 due_at: Some(self.clock.now()),
+                group: child.group.clone(),
             }),
         ))
     }
@@ -248,6 +249,7 @@ where
         let mut created =
             machine::create_waking(id, parent.correlation_id.clone(), &wakes, line, &ctx);
         created.next.parent = Some(link);
+        created.next.group = parent.group.clone();
         // As submission does: the order first, then its state record; a start that died
         // between the two finds the order and writes the record.
         self.store.create_order(&record).await?;
@@ -368,6 +370,8 @@ fn stop_link(
 
 /// An answer to the parent's step that no child gave: a start that could not be made, an undo
 /// with nothing to undo.
+/// It carries no group: a message without one is a tenant of its own to a fair queue, and
+/// these are rare.
 pub(super) fn reply(link: &Parent, outcome: StepOutcome) -> Outgoing {
     Outgoing::now(
         Destination::Scheduler,
@@ -380,6 +384,7 @@ pub(super) fn reply(link: &Parent, outcome: StepOutcome) -> Outgoing {
             idempotency_key: String::new(),
             outcome,
             due_at: None,
+            group: None,
         }),
     )
 }

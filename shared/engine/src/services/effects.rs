@@ -89,6 +89,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
                         attempt: *attempt,
                         correlation_id: record.correlation_id.clone(),
                         due_at: Some(now.plus(*delay)),
+                        group: record.group.clone(),
                     }),
                     *delay,
                 )),
@@ -204,6 +205,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
             due_at: Some(now),
             budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
             resumed: lease.held_since.is_some(),
+            group: record.group.clone(),
         };
         let agent = step.agent().ok_or_else(|| corrupt(format!("step {:?} waits", state.name)))?;
         Ok(Outgoing::now(Destination::Agent(agent.clone()), Message::Request(Box::new(request))))

@@ -119,6 +119,7 @@ impl<S: StateStore, Q: Outbox, B, C: Clock, P: Payloads> Ports<S, Q, B, C, P> {
                             attempt: q.attempt,
                             correlation_id: q.correlation_id.clone(),
                             due_at: Some(self.clock.now()),
+                            group: q.group.clone(),
                         }),
                     )
                 })

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use super::effects::Ports;
 use crate::error::{Error, Result};
+use crate::fair::{self, Shares};
 use crate::ids::{IdempotencyKey, OrderId, Owner};
 use crate::load::{Admission, Cached, DoorTally, LoadSource};
 use crate::machine::{self, Ctx, Decision, Input, decide};
@@ -49,6 +50,8 @@ pub struct Submission<S, Q, B, C, I, L, P = NoPayloads> {
     load: Cached<L>,
     /// What this door did since the load in use was read.
     tally: Mutex<DoorTally>,
+    /// Each tenant's part of the orders this door let in lately.
+    shares: Mutex<Shares>,
 }
 
 impl<S, Q, B, C, I, L, P> Submission<S, Q, B, C, I, L, P> {
@@ -56,7 +59,13 @@ impl<S, Q, B, C, I, L, P> Submission<S, Q, B, C, I, L, P> {
     /// larger than [`MAX_INLINE_INPUT_LEN`] are stored in the ports' payloads
     /// ([`crate::payload`]); with none, an input is kept whole up to [`MAX_PAYLOAD_LEN`].
     pub fn new(ports: Ports<S, Q, B, C, P>, ids: I, load: L) -> Self {
-        Submission { ports, ids, load: Cached::new(load), tally: Mutex::default() }
+        Submission {
+            ports,
+            ids,
+            load: Cached::new(load),
+            tally: Mutex::default(),
+            shares: Mutex::default(),
+        }
     }
 }
 
@@ -104,10 +113,13 @@ where
         let now = self.ports.clock.now();
         let wakes = workflow.wakes(&order.0, now)?;
         let line = workflow.key_of(&order.0)?;
-        self.admit(now, workflow).await?;
+        let group = workflow.group_of(&order.0, owner)?;
+        let group = self.ports.config.fair_queues.then_some(group);
+        self.admit(now, workflow, group.as_deref()).await?;
         let order = self.keep(order_id, order).await?;
         let ctx = Ctx { now, config: &self.ports.config, workflow, seed: 0 };
-        let created = machine::create_waking(order_id, self.ids.new_id(), &wakes, line, &ctx);
+        let mut created = machine::create_waking(order_id, self.ids.new_id(), &wakes, line, &ctx);
+        created.next.group = group;
         let record = OrderRecord {
             order_id,
             owner: owner.clone(),
@@ -185,7 +197,11 @@ where
         self.ports.clock.now()
     }
 
-    async fn admit(&self, now: Timestamp, workflow: &Workflow) -> Result<()> {
+    ///
+    /// With fair queues, an order of `group` waits behind its tenant's part of the backlog only
+    /// ([`Shares::part`]): a tenant that floods the door is refused for its own backlog, and
+    /// the others are let in while their part of it is short.
+    async fn admit(&self, now: Timestamp, workflow: &Workflow, group: Option<&str>) -> Result<()> {
         let load = match self.load.load(now).await {
             Ok(load) => load,
             Err(e) => {
@@ -193,11 +209,17 @@ where
                 return Ok(());
             }
         };
+        let tenant = group.map(fair::tenant_of);
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let part = tenant.map_or(1.0, |t| shares.part(t, now));
         let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
         let so_far = tally.for_load(&load);
-        match load.admission(self.ports.config.max_queue_wait, workflow, &so_far) {
+        match load.admission(self.ports.config.max_queue_wait, workflow, &so_far, part) {
             Admission::Admit => {
                 tally.admitted += 1;
+                if let Some(tenant) = tenant {
+                    shares.admitted(tenant, now);
+                }
                 Ok(())
             }
             Admission::Refuse { busiest, expected_wait, retry_after } => {
