@@ -12,11 +12,11 @@
 //! gained nothing. The in-memory queues deliver by the same rule ([`Noise`]).
 //!
 //! What fair queues do not do is keep the door: a backlog the noisy tenant made is the whole
-//! queue's depth, and the door would refuse everyone's orders for it. The door keeps each
-//! tenant's part of the orders it let in lately ([`Shares`]) and expects a tenant's order to
-//! wait only its tenant's part of the backlog.
+//! queue's depth, and the door would refuse everyone's orders for it. The door keeps, by
+//! tenant, the orders it let in that may still be waiting ([`Shares`]), and expects a tenant's
+//! order to wait only its tenant's part of the backlog.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -106,56 +106,63 @@ pub fn tenant_of(group: &str) -> &str {
     group.strip_suffix(PRIORITY).unwrap_or(group)
 }
 
-/// How long a door remembers what it let in: a tenant's part halves every so long.
+/// The shortest an order let in counts among its tenant's orders ahead of newcomers: what its
+/// steps take besides waiting in the queues.
+pub const SHARE_FLOOR: Duration = Duration::from_secs(5);
+/// How long the consumers' time a group took counts, halving every so long.
 pub const SHARE_HALF_LIFE: Duration = Duration::from_secs(60);
-/// A tenant whose orders let in lately count less than this is not counted among the tenants
-/// sharing the door.
-const PRESENT: f64 = 0.5;
-/// Most tenants a door remembers; the least present are forgotten first.
+/// Most groups whose time a queue remembers; the least busy are forgotten first.
 const MAX_TENANTS: usize = 10_000;
 
-/// The orders one door let in lately, by tenant, each counting less as it ages.
+/// The orders one door let in that may still be in the queues, by tenant: each counts until the
+/// wait it was let in with has passed (at least [`SHARE_FLOOR`]). An order of a tenant under
+/// its share is let in with a short wait and soon stops counting; the orders of the tenant
+/// that made the backlog count as long as the backlog is expected to last. Orders refused
+/// never count: they are not in the queues, whatever their clients do next.
 #[derive(Clone, Debug, Default)]
 pub struct Shares {
-    tenants: HashMap<String, (f64, Timestamp)>,
+    /// Orders still counted, by tenant.
+    counts: HashMap<String, u64>,
+    total: u64,
+    /// When they stop counting: (the second, the tenant) and how many.
+    until: BTreeMap<(i64, String), u64>,
 }
 
 impl Shares {
-    /// Notes that an order of `tenant` was let in at `now`.
-    pub fn admitted(&mut self, tenant: &str, now: Timestamp) {
-        let count = self.count(tenant, now) + 1.0;
-        self.tenants.insert(tenant.to_owned(), (count, now));
-        if self.tenants.len() > MAX_TENANTS {
-            self.tenants.retain(|_, (c, at)| decayed(*c, *at, now) >= PRESENT);
-        }
+    /// Notes that an order of `tenant` was let in at `now`, expected to wait `wait` in the
+    /// queues.
+    pub fn admitted(&mut self, tenant: &str, now: Timestamp, wait: Duration) {
+        let until = (now.plus(wait.max(SHARE_FLOOR)).as_millis() + 999).div_euclid(1000);
+        *self.until.entry((until, tenant.to_owned())).or_default() += 1;
+        *self.counts.entry(tenant.to_owned()).or_default() += 1;
+        self.total += 1;
     }
 
     /// The part of the queues' backlog an order of `tenant` waits behind, from 0 to 1: its
-    /// tenant's part of the orders let in lately, over an even share of the tenants present.
-    /// Fair queues hand a tenant under its share its messages ahead of the others', so its
-    /// orders wait behind its own alone; a door that let in one tenant only has it wait behind
-    /// the whole backlog, which is that tenant's.
-    pub fn part(&self, tenant: &str, now: Timestamp) -> f64 {
-        let mut total = 0.0;
-        let mut present = 0usize;
-        for (c, at) in self.tenants.values() {
-            let c = decayed(*c, *at, now);
-            total += c;
-            if c >= PRESENT {
-                present += 1;
+    /// tenant's part of the orders still counted, over an even share of the tenants that have
+    /// any (itself among them). Fair queues hand a tenant under its share its messages ahead of
+    /// the others', so its orders wait behind its own alone; a door that let in one tenant only
+    /// has it wait behind the whole backlog, which is that tenant's.
+    pub fn part(&mut self, tenant: &str, now: Timestamp) -> f64 {
+        let second = now.as_millis().div_euclid(1000);
+        while let Some(entry) = self.until.first_entry() {
+            if entry.key().0 > second {
+                break;
+            }
+            let ((_, gone), n) = entry.remove_entry();
+            self.total -= n;
+            if let Some(c) = self.counts.get_mut(&gone) {
+                *c -= n;
+                if *c == 0 {
+                    self.counts.remove(&gone);
+                }
             }
         }
-        let own = self.count(tenant, now);
-        if total <= 0.0 || own <= 0.0 {
+        let own = self.counts.get(tenant).copied().unwrap_or(0);
+        if own == 0 || self.total == 0 {
             return 0.0;
         }
-        // A newcomer not yet present counts among the tenants it shares with.
-        let present = present.max(1) + usize::from(own < PRESENT);
-        (own / total * present as f64).min(1.0)
-    }
-
-    fn count(&self, tenant: &str, now: Timestamp) -> f64 {
-        self.tenants.get(tenant).map_or(0.0, |(c, at)| decayed(*c, *at, now))
+        (own as f64 / self.total as f64 * self.counts.len() as f64).min(1.0)
     }
 }
 
@@ -266,28 +273,30 @@ mod tests {
     fn a_tenant_under_its_share_waits_behind_its_own_part_of_the_backlog() {
         let mut shares = Shares::default();
         assert_eq!(shares.part("alone", at(0)), 0.0, "nothing let in: nothing ahead");
-        for s in 0..60 {
-            for _ in 0..30 {
-                shares.admitted("noisy", at(s));
-            }
+        // A burst let in with a minute's wait; four tenants at one a second, each let in with
+        // its part of that minute.
+        for _ in 0..300 {
+            shares.admitted("bulk", at(0), Duration::from_secs(60));
+        }
+        for s in 0..30 {
             for quiet in ["q1", "q2", "q3", "q4"] {
-                shares.admitted(quiet, at(s));
+                let part = shares.part(quiet, at(s));
+                assert!(part < 0.1, "{quiet} at {s} s: {part}");
+                shares.admitted(quiet, at(s), Duration::from_secs(60).mul_f64(part));
             }
         }
-        let noisy = shares.part("noisy", at(60));
-        let quiet = shares.part("q1", at(60));
-        assert_eq!(noisy, 1.0, "the noisy tenant waits behind the whole backlog");
-        assert!(quiet < 0.2, "a quiet one behind its part: {quiet}");
-        assert!(shares.part("newcomer", at(60)) == 0.0);
+        assert_eq!(shares.part("bulk", at(30)), 1.0, "the bulk waits behind its own backlog");
+        // Once the backlog's time has passed, the bulk counts no more.
+        assert_eq!(shares.part("bulk", at(61)), 0.0);
         // Alone, a tenant's part is the whole.
         let mut one = Shares::default();
-        one.admitted("only", at(0));
+        one.admitted("only", at(0), Duration::from_secs(30));
         assert_eq!(one.part("only", at(1)), 1.0);
         // Even tenants each wait behind the whole backlog: they made it together.
         let mut even = Shares::default();
-        for s in 0..10 {
-            even.admitted("a", at(s));
-            even.admitted("b", at(s));
+        for _ in 0..10 {
+            even.admitted("a", at(0), Duration::from_secs(30));
+            even.admitted("b", at(0), Duration::from_secs(30));
         }
         assert!((even.part("a", at(10)) - 1.0).abs() < 1e-9);
     }

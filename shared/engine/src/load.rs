@@ -330,7 +330,7 @@ impl Load {
         let total = (self.of(&Destination::Scheduler).expected_wait() + longest + ahead)
             .mul_f64(part.clamp(0.0, 1.0));
         if total <= max_wait {
-            return Admission::Admit;
+            return Admission::Admit { expected_wait: total };
         }
         let busiest = waits.iter().max_by_key(|(_, w)| *w).map(|(q, _)| q.clone());
         let spread = Duration::from_secs_f64((tally.refused + 1) as f64 / slowest);
@@ -457,14 +457,11 @@ pub enum Horizon {
 /// The door's verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
-    Admit,
+    /// Let in, expected to wait `expected_wait` in the queues.
+    Admit { expected_wait: Duration },
     /// A new order would wait `expected_wait` in the queues, most of it on `busiest`: come
     /// back after `retry_after`.
-    Refuse {
-        busiest: Destination,
-        expected_wait: Duration,
-        retry_after: Duration,
-    },
+    Refuse { busiest: Destination, expected_wait: Duration, retry_after: Duration },
 }
 
 #[cfg(test)]
@@ -678,7 +675,10 @@ mod tests {
             report(Destination::Agent(AgentName::new("payment")), 0, 10.0, 0),
         ];
         let load = Load::new(at(1), &reports, &[busy("inventory"), busy("payment")]);
-        assert_eq!(load.admission(max, &both, &DoorTally::default(), 1.0), Admission::Admit);
+        assert!(matches!(
+            load.admission(max, &both, &DoorTally::default(), 1.0),
+            Admission::Admit { .. }
+        ));
         assert!(matches!(
             load.admission(max, &in_a_row, &DoorTally::default(), 1.0),
             Admission::Refuse { expected_wait, .. } if expected_wait == Duration::from_secs(40)
@@ -700,7 +700,10 @@ mod tests {
         ));
         // 400 waiting at 20 a second: 20 s, admitted.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(400))]);
-        assert_eq!(load.admission(max, &w, &DoorTally::default(), 1.0), Admission::Admit);
+        assert!(matches!(
+            load.admission(max, &w, &DoorTally::default(), 1.0),
+            Admission::Admit { .. }
+        ));
         // 1000 waiting: 50 s, refused, back in 20 s.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(1000))]);
         assert_eq!(
@@ -727,7 +730,10 @@ mod tests {
         // replies, taken at the nominal 10 a second, three per order. 100 orders admitted are
         // 30 s ahead of a new one.
         let load = Load::new(at(1), &reports, &[(Destination::Scheduler, depth(100))]);
-        assert_eq!(load.admission(max, &w, &DoorTally::default(), 1.0), Admission::Admit);
+        assert!(matches!(
+            load.admission(max, &w, &DoorTally::default(), 1.0),
+            Admission::Admit { .. }
+        ));
         let tally = DoorTally { admitted: 100, ..DoorTally::default() };
         assert!(matches!(
             load.admission(max, &w, &tally, 1.0),
@@ -754,6 +760,9 @@ mod tests {
             load.admission(max, &w, &DoorTally::default(), 1.0),
             Admission::Refuse { .. }
         ));
-        assert_eq!(load.admission(max, &w, &DoorTally::default(), 0.1), Admission::Admit);
+        assert!(matches!(
+            load.admission(max, &w, &DoorTally::default(), 0.1),
+            Admission::Admit { .. }
+        ));
     }
 }

@@ -50,7 +50,7 @@ pub struct Submission<S, Q, B, C, I, L, P = NoPayloads> {
     load: Cached<L>,
     /// What this door did since the load in use was read.
     tally: Mutex<DoorTally>,
-    /// Each tenant's part of the orders this door let in lately.
+    /// The orders this door let in that may still wait, by tenant.
     shares: Mutex<Shares>,
 }
 
@@ -215,10 +215,10 @@ where
         let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
         let so_far = tally.for_load(&load);
         match load.admission(self.ports.config.max_queue_wait, workflow, &so_far, part) {
-            Admission::Admit => {
+            Admission::Admit { expected_wait } => {
                 tally.admitted += 1;
                 if let Some(tenant) = tenant {
-                    shares.admitted(tenant, now);
+                    shares.admitted(tenant, now, expected_wait);
                 }
                 Ok(())
             }
