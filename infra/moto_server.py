@@ -284,8 +284,7 @@ def _worked(queue, group, took, now):
 def _fair(queue, visible):
     """The visible messages of a standard queue in the order a fair queue delivers them."""
     # With the messages waiting all of one group, there is nothing to put first.
-    waiting = {m.group_id for m in visible}
-    if len(waiting) < 2:
+    if len({m.group_id for m in visible}) < 2:
         return visible
     now = unix_time()
     in_flight = {}

@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::ids::Owner;
-use crate::order::Rejection;
+use crate::order::{Rejection, token_at};
 use crate::time::Timestamp;
 
 /// What a priority order's group has after its tenant.
@@ -52,24 +52,10 @@ impl Fairness {
         let tenant = match &self.tenant {
             None => owner.as_str().to_owned(),
             Some((pointer, declared)) => {
-                let refuse = |why: String| Err(Rejection::one(pointer.clone(), why));
-                match input.pointer(pointer) {
-                    None | Some(Value::Null) => {
-                        return refuse(format!(
-                            "the workflow shares the stack by {declared} (fairness.tenant): it is \
-                             missing"
-                        ));
-                    }
-                    Some(Value::String(s)) if s.is_empty() => {
-                        return refuse("an empty tenant".into());
-                    }
-                    Some(Value::String(s)) if s.len() > MAX_VALUE_LEN => {
-                        return refuse(format!("a tenant is at most {MAX_VALUE_LEN} bytes"));
-                    }
-                    Some(Value::String(s)) => s.clone(),
-                    Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
-                    Some(_) => return refuse("a tenant is a string or an integer".into()),
-                }
+                let missing = format!(
+                    "the workflow shares the stack by {declared} (fairness.tenant): it is missing"
+                );
+                token_at(input, pointer, ("tenant", "a tenant"), MAX_VALUE_LEN, missing)?
             }
         };
         let priority = self

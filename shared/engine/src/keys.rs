@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::OrderId;
-use crate::order::Rejection;
+use crate::order::{Rejection, token_at};
 use crate::state::StateRecord;
 use crate::time::Timestamp;
 
@@ -82,22 +82,12 @@ pub struct Concurrency {
 impl Concurrency {
     /// The key of an order with `input`: `<group>/<value>`; or why the input has none.
     pub fn key_of(&self, input: &Value) -> Result<String, Rejection> {
-        let refuse = |why: &str| Err(Rejection::one(self.pointer.clone(), why));
-        let value = match input.pointer(&self.pointer) {
-            None | Some(Value::Null) => {
-                return refuse(&format!(
-                    "the workflow runs one order at a time per {} (concurrency.key): it is missing",
-                    self.declared
-                ));
-            }
-            Some(Value::String(s)) if s.is_empty() => return refuse("an empty key"),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
-            Some(_) => return refuse("a concurrency key is a string or an integer"),
-        };
-        if value.len() > MAX_VALUE_LEN {
-            return refuse(&format!("a concurrency key is at most {MAX_VALUE_LEN} bytes"));
-        }
+        let missing = format!(
+            "the workflow runs one order at a time per {} (concurrency.key): it is missing",
+            self.declared
+        );
+        let what = ("key", "a concurrency key");
+        let value = token_at(input, &self.pointer, what, MAX_VALUE_LEN, missing)?;
         Ok(format!("{}/{value}", self.group))
     }
 }

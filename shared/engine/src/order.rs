@@ -43,6 +43,31 @@ impl fmt::Display for Rejection {
     }
 }
 
+/// What a workflow reads from an order's input to sort it (a concurrency key, a tenant): the
+/// value at `pointer`, a non-empty string of at most `max_len` bytes or an integer, as a string.
+/// `noun` and `what` name it in a refusal ("key", "a concurrency key"); `missing` is the
+/// refusal of an input without it.
+pub fn token_at(
+    input: &Value,
+    pointer: &str,
+    (noun, what): (&str, &str),
+    max_len: usize,
+    missing: String,
+) -> Result<String, Rejection> {
+    let refuse = |why: String| Err(Rejection::one(pointer, why));
+    let value = match input.pointer(pointer) {
+        None | Some(Value::Null) => return refuse(missing),
+        Some(Value::String(s)) if s.is_empty() => return refuse(format!("an empty {noun}")),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+        Some(_) => return refuse(format!("{what} is a string or an integer")),
+    };
+    if value.len() > max_len {
+        return refuse(format!("{what} is at most {max_len} bytes"));
+    }
+    Ok(value)
+}
+
 /// An order's input, valid for its workflow. It is what every step's request carries as
 /// `order`; its shape is the workflow's to define.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

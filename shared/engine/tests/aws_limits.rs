@@ -102,7 +102,7 @@ use sas_engine::ports::{
 use sas_engine::services::{Agent, Assembly, Handled, Scheduler, Submission, Supervisor};
 use sas_engine::state::{Happening, ProcessState, StateRecord};
 use sas_engine::workflow::Workflow;
-use sas_engine::{Error, IdempotencyKey, OrderId, Owner, Result, Timestamp};
+use sas_engine::{Error, OrderId, Owner, Result, Timestamp};
 
 // AWS's quotas, as `infra/src/tools/ceiling.rs` states and cites them.
 /// Write units a second one partition takes: one shard of `ByCompleteBy`.
@@ -948,8 +948,12 @@ impl World {
             tenants.push(owner("bulk".into()));
             tenants.extend((0..n.quiet).map(|q| owner(format!("quiet-{q}"))));
         }
-        // Each client's tenant, with neighbours.
+        // Each client's tenant, with neighbours; and each order's, once accepted.
         let mut tenant_of: Vec<usize> = Vec::new();
+        let mut order_tenant: HashMap<OrderId, usize> = HashMap::new();
+        let most = |n: Neighbours, tenant: usize| {
+            if tenant == 0 { n.bulk } else { QUIET_FOR.as_secs() as usize }
+        };
         // Each client's first try, its 429s so far, and when it tries next.
         let mut first_try: Vec<Timestamp> = Vec::new();
         let mut throttled: Vec<u32> = Vec::new();
@@ -966,15 +970,15 @@ impl World {
             if let Some(n) = self.neighbours {
                 let route = self.stack.api_rate / self.stack.k();
                 for (tenant, (_, owed, sent)) in tenants.iter_mut().enumerate() {
-                    let (rate, from, most) = match tenant {
-                        0 => (BULK_SHARE_OF_ROUTE * route, BULK_FROM, n.bulk),
-                        _ => (1.0, Duration::ZERO, (QUIET_FOR.as_secs() as usize)),
+                    let (rate, from) = match tenant {
+                        0 => (BULK_SHARE_OF_ROUTE * route, BULK_FROM),
+                        _ => (1.0, Duration::ZERO),
                     };
                     if t < from {
                         continue;
                     }
                     *owed += rate * TICK.as_secs_f64();
-                    while *owed >= 1.0 && *sent < most {
+                    while *owed >= 1.0 && *sent < most(n, tenant) {
                         *owed -= 1.0;
                         *sent += 1;
                         due.push(first_try.len());
@@ -1012,6 +1016,9 @@ impl World {
                 match self.submission.submit_as(&owner, &key, order_body(i).as_bytes()).await {
                     Ok(a) => {
                         accepted_at.entry(a.order_id).or_insert(first_try[i]);
+                        if let Some(t) = tenant_of.get(i) {
+                            order_tenant.insert(a.order_id, *t);
+                        }
                     }
                     Err(Error::Overloaded { retry_after, .. }) => {
                         out.refused_door += 1;
@@ -1033,9 +1040,7 @@ impl World {
             }
             let whole_second = t.as_millis() % 1000 == 0;
             let arriving = match self.neighbours {
-                Some(n) => tenants.iter().enumerate().any(|(i, (_, _, sent))| {
-                    *sent < if i == 0 { n.bulk } else { QUIET_FOR.as_secs() as usize }
-                }),
+                Some(n) => tenants.iter().enumerate().any(|(i, (_, _, sent))| *sent < most(n, i)),
                 None => t <= ARRIVALS_FOR,
             };
             if !arriving && waiting.is_empty() && whole_second && self.quiet() {
@@ -1044,14 +1049,7 @@ impl World {
         }
         out.lasted = self.elapsed();
         out.offered = first_try.len();
-        // Each order's tenant, by its id: the bulk's is 0.
-        let tenant_of: HashMap<OrderId, usize> = (0..tenant_of.len())
-            .map(|i| {
-                let key = IdempotencyKey::parse(&format!("limits-{i}")).unwrap();
-                (OrderId::for_owner_key(&tenants[tenant_of[i]].0, &key), tenant_of[i])
-            })
-            .collect();
-        self.outcome(out, &accepted_at, &tenant_of)
+        self.outcome(out, &accepted_at, &order_tenant)
     }
 
     fn outcome(

@@ -385,6 +385,10 @@ impl Queue {
             .map(|m| (m.visible_at, m.seq, m.group.as_deref()))
             .collect();
         due.sort_unstable();
+        // With the messages waiting all of one group, there is nothing to put first.
+        if due.iter().all(|(_, _, g)| *g == due[0].2) {
+            return due.into_iter().map(|(_, seq, _)| seq).collect();
+        }
         let mut in_flight: HashMap<&str, usize> = HashMap::new();
         for m in self.messages.iter().filter(|m| m.visible_at > now && m.receive_count > 0) {
             if let Some(group) = m.group.as_deref() {
