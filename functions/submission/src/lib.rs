@@ -18,7 +18,7 @@ use sas_engine::OrderId;
 use sas_engine::load::LoadSource;
 use sas_engine::payload::MAX_PAYLOAD_LEN;
 use sas_engine::ports::{Clock, EventBus, Ids, Outbox, Payloads, StateStore};
-use sas_engine::services::{Operator, Submission};
+use sas_engine::services::{Asked, Operator, Submission};
 use serde_json::json;
 
 /// Largest request body accepted: twice the largest input, so that an input within
@@ -165,9 +165,10 @@ where
         Err(e) => return api::from_error(&e),
     };
     // `?workflow=<name>` picks the workflow; without it, the stack's default one.
+    // `?priority=high` marks the order a priority of its tenant.
     let query = request.query_string_parameters();
-    let workflow = query.first("workflow");
-    match submission.submit_to(&owner, workflow, key, body).await {
+    let asked = Asked { workflow: query.first("workflow"), priority: query.first("priority") };
+    match submission.submit_asking(&owner, asked, key, body).await {
         Ok(accepted) => api::accepted(&accepted.order_id.to_string(), accepted.created),
         Err(e) => api::from_error(&e),
     }

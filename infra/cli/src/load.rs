@@ -349,6 +349,7 @@ fn percentiles(h: &Histogram<u64>) -> Value {
         "count": h.len(),
         "p50": h.value_at_quantile(0.50),
         "p90": h.value_at_quantile(0.90),
+        "p95": h.value_at_quantile(0.95),
         "p99": h.value_at_quantile(0.99),
         "p99_9": h.value_at_quantile(0.999),
         "max": h.max(),

@@ -193,6 +193,13 @@ pub fn order(view: &Value) -> String {
             cell(parent, "step")
         ));
     }
+    if let Some(group) = view.get("group").and_then(Value::as_str) {
+        let tenant = match group.strip_suffix("#priority") {
+            Some(tenant) => format!("{tenant} (a priority order)"),
+            None => group.to_owned(),
+        };
+        out.push_str(&format!("tenant    {tenant}\n"));
+    }
     if let Some(line) = view.get("in_line") {
         out.push_str(&format!(
             "in line   {} (waiting since {})\n",
@@ -462,9 +469,11 @@ mod tests {
             "order_id": "o-4", "process_state": "Pending", "phase": "forward", "steps": [],
             "in_line": {"key": "order-fulfilment/c-1", "limit": 1, "running": 1, "position": 2,
                         "since": 1_772_360_142_000_i64,
-                        "summary": "order-fulfilment/c-1: 1 running of 1, this order 2nd in line"}
+                        "summary": "order-fulfilment/c-1: 1 running of 1, this order 2nd in line"},
+            "group": "acme#priority"
         });
         let text = order(&view);
+        assert!(text.contains("tenant    acme (a priority order)\n"), "{text}");
         assert!(
             text.contains("in line   order-fulfilment/c-1: 1 running of 1, this order 2nd in line (waiting since 2026-03-01 10:15:42.000)"),
             "{text}"

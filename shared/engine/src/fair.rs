@@ -46,9 +46,9 @@ pub struct Fairness {
 }
 
 impl Fairness {
-    /// The group of an order with `input`, submitted by `owner`; or why the input names no
-    /// tenant.
-    pub fn group_of(&self, input: &Value, owner: &Owner) -> Result<String, Rejection> {
+    /// The group of an order with `input`, submitted by `owner` (`asked`: the caller marked it
+    /// a priority); or why the input names no tenant.
+    pub fn group_of(&self, input: &Value, owner: &Owner, asked: bool) -> Result<String, Rejection> {
         let tenant = match &self.tenant {
             None => owner.as_str().to_owned(),
             Some((pointer, declared)) => {
@@ -64,7 +64,7 @@ impl Fairness {
             .and_then(|(pointer, _)| input.pointer(pointer))
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        Ok(group(&tenant, priority))
+        Ok(group(&tenant, priority || asked))
     }
 }
 
@@ -241,16 +241,20 @@ mod tests {
     fn the_tenant_is_read_from_the_input_or_is_the_caller() {
         let owner = Owner::anonymous();
         let by_caller = Fairness::default();
-        assert_eq!(by_caller.group_of(&serde_json::json!({}), &owner).unwrap(), "anonymous");
+        assert_eq!(by_caller.group_of(&serde_json::json!({}), &owner, false).unwrap(), "anonymous");
+        // The caller may mark an order a priority, whatever its workflow declares.
+        let asked = by_caller.group_of(&serde_json::json!({}), &owner, true).unwrap();
+        assert_eq!(asked, "anonymous#priority");
         let declared = Fairness {
             tenant: Some(("/tenant".into(), "/input/tenant".into())),
             priority: Some(("/rush".into(), "/input/rush".into())),
         };
         let input = serde_json::json!({"tenant": "t-1", "rush": true});
-        assert_eq!(declared.group_of(&input, &owner).unwrap(), "t-1#priority");
+        assert_eq!(declared.group_of(&input, &owner, false).unwrap(), "t-1#priority");
         let input = serde_json::json!({"tenant": 7});
-        assert_eq!(declared.group_of(&input, &owner).unwrap(), "7");
-        let err = declared.group_of(&serde_json::json!({"rush": true}), &owner).unwrap_err();
+        assert_eq!(declared.group_of(&input, &owner, false).unwrap(), "7");
+        assert_eq!(declared.group_of(&input, &owner, true).unwrap(), "7#priority");
+        let err = declared.group_of(&serde_json::json!({"rush": true}), &owner, false).unwrap_err();
         assert_eq!(err.errors[0].field, "/tenant");
         assert!(err.to_string().contains("fairness.tenant"), "{err}");
     }

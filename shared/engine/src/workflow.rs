@@ -559,8 +559,8 @@ impl Workflow {
 
     /// The group of an order with `input` submitted by `owner` ([`crate::fair`]), or why its
     /// input names no tenant.
-    pub fn group_of(&self, input: &Value, owner: &Owner) -> Result<String, Rejection> {
-        self.fairness.group_of(input, owner)
+    pub fn group_of(&self, input: &Value, owner: &Owner, asked: bool) -> Result<String, Rejection> {
+        self.fairness.group_of(input, owner, asked)
     }
 
     pub fn input_schema(&self) -> &InputSchema {
@@ -1341,12 +1341,12 @@ mod tests {
         .unwrap();
         let owner = Owner::anonymous();
         let input = serde_json::json!({"customer_id": "c-1", "rush": true});
-        assert_eq!(w.group_of(&input, &owner).unwrap(), "c-1#priority");
+        assert_eq!(w.group_of(&input, &owner, false).unwrap(), "c-1#priority");
         let input = serde_json::json!({"customer_id": "c-1"});
-        assert_eq!(w.group_of(&input, &owner).unwrap(), "c-1");
+        assert_eq!(w.group_of(&input, &owner, false).unwrap(), "c-1");
         // Without fairness, the caller is the tenant.
         let plain = with_concurrency(serde_json::json!({"key": "/input/customer_id", "limit": 1}));
-        assert_eq!(plain.unwrap().group_of(&input, &owner).unwrap(), "anonymous");
+        assert_eq!(plain.unwrap().group_of(&input, &owner, false).unwrap(), "anonymous");
         let cases = [
             (serde_json::json!({"tenant": "customer_id"}), "JSON pointer into the input"),
             (serde_json::json!({"tenant": "/input/nobody"}), "no property \"nobody\""),

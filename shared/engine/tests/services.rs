@@ -27,7 +27,7 @@ use sas_engine::ports::{
 };
 use sas_engine::retry::RetryPolicy;
 use sas_engine::services::{
-    Agent, AgentOutcome, Applied, Command, Handled, Ports, StatusService, Supervisor, Values,
+    Agent, AgentOutcome, Applied, Asked, Command, Handled, Ports, StatusService, Supervisor, Values,
 };
 use sas_engine::state::CommandKind;
 use sas_engine::state::{AlertDelivery, Happening, ProcessState, StateRecord, StepStatus};
@@ -267,6 +267,44 @@ async fn a_tenant_that_floods_the_door_is_refused_for_its_own_backlog_not_the_ot
             assert!(w.store.records().iter().all(|r| r.group.is_none()));
         }
     }
+}
+
+#[tokio::test]
+async fn a_caller_may_mark_its_order_a_priority_of_its_tenant() {
+    let w = World::new();
+    let acme = Owner::iam("arn:aws:iam::123456789012:user/acme").unwrap();
+    let submit = |key: &'static str, priority: Option<&'static str>| {
+        let body = order_body(key);
+        let (submission, acme) = (&w.submission, acme.clone());
+        let asked = Asked { workflow: None, priority };
+        async move { submission.submit_asking(&acme, asked, key, body.as_bytes()).await }
+    };
+    let rush = submit("rush", Some("high")).await.unwrap().order_id;
+    let plain = submit("plain", Some("normal")).await.unwrap().order_id;
+    let unsaid = submit("unsaid", None).await.unwrap().order_id;
+    let group =
+        |id: OrderId| w.store.records().into_iter().find(|r| r.order_id == id).unwrap().group;
+    let priority = format!("{}#priority", acme.as_str());
+    assert_eq!(group(rush), Some(priority.clone()));
+    assert_eq!(
+        (group(plain), group(unsaid)),
+        (Some(acme.as_str().into()), Some(acme.as_str().into()))
+    );
+    let starts = w.queues.receive(&Destination::Scheduler, 10);
+    let groups: Vec<_> = starts
+        .iter()
+        .map(|d| Message::decode(&d.body).unwrap().group().map(str::to_owned))
+        .collect();
+    assert!(groups.contains(&Some(priority)), "{groups:?}");
+
+    // A priority the API does not know is refused, naming it, and writes nothing.
+    let puts = w.store.stats().order_puts;
+    let err = submit("urgent", Some("urgent")).await.unwrap_err();
+    let Error::InvalidOrder(rejection) = &err else { panic!("{err}") };
+    assert_eq!(rejection.errors[0].field, "priority", "{err}");
+    assert_eq!(w.store.stats().order_puts, puts);
+    // The key sent again is its order, at the priority it was first given.
+    assert_eq!(submit("rush", None).await.unwrap().order_id, rush);
 }
 
 #[tokio::test]

@@ -32,7 +32,7 @@ pub use operator::{Answering, Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
 pub use starter::{Started, Starter};
 pub use status::{InLine, OperatorView, OrderView, StatusService, Values};
-pub use submission::{Accepted, Submission};
+pub use submission::{Accepted, Asked, Submission};
 pub use supervisor::{RESUME_SPREAD, ServicesReport, Supervisor, SweepReport};
 
 use crate::machine::{Ignored, Illegal};

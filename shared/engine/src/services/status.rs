@@ -45,6 +45,10 @@ pub struct OrderView {
     /// For an order waiting for its concurrency key: where it stands in the key's line.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_line: Option<InLine>,
+    /// The group its messages carry ([`crate::fair`]): its tenant, with `#priority` for a
+    /// priority order. Absent without fair queues.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     pub order: Order,
     pub created_at: String,
     pub updated_at: String,
@@ -290,6 +294,7 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
             element: p.step.element,
         }),
         in_line: None,
+        group: state.group,
         order: order.order,
         created_at: state.created_at.to_rfc3339(),
         updated_at: state.updated_at.to_rfc3339(),

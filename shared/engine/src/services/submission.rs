@@ -42,6 +42,29 @@ pub struct Accepted {
     pub created: bool,
 }
 
+/// What a caller asks of a new order besides its input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Asked<'a> {
+    /// The workflow it runs; `None`: the stack's default one.
+    pub workflow: Option<&'a str>,
+    /// `high` marks it a priority of its tenant ([`crate::fair`]), as its workflow's
+    /// `fairness.priority` may; `normal` (or `None`) leaves that to its input.
+    pub priority: Option<&'a str>,
+}
+
+impl Asked<'_> {
+    /// Whether the caller asked for a priority order, or why what it asked is not a priority.
+    fn priority(&self) -> Result<bool> {
+        match self.priority {
+            None | Some("normal") => Ok(false),
+            Some("high") => Ok(true),
+            Some(_) => {
+                Err(Error::InvalidOrder(Rejection::one("priority", "must be `high` or `normal`")))
+            }
+        }
+    }
+}
+
 /// The submission service, over its ports.
 #[derive(Debug)]
 pub struct Submission<S, Q, B, C, I, L, P = NoPayloads> {
@@ -101,11 +124,25 @@ where
         key: &str,
         body: &[u8],
     ) -> Result<Accepted> {
+        self.submit_asking(owner, Asked { workflow, priority: None }, key, body).await
+    }
+
+    /// Accepts an order for `owner` as it asks ([`Asked`]: its workflow, a priority); see
+    /// [`Submission::submit_to`]. A key sent again returns its order as first accepted, at the
+    /// priority it was first given.
+    pub async fn submit_asking(
+        &self,
+        owner: &Owner,
+        asked: Asked<'_>,
+        key: &str,
+        body: &[u8],
+    ) -> Result<Accepted> {
         let key = IdempotencyKey::parse(key)?;
+        let priority = asked.priority()?;
         let workflow: &Workflow = self
             .ports
             .catalogue
-            .for_new_order(workflow)
+            .for_new_order(asked.workflow)
             .map_err(|why| Error::InvalidOrder(Rejection::one("workflow", why)))?;
         refuse_too_large(body)?;
         let order = workflow.input(body)?;
@@ -113,7 +150,7 @@ where
         let now = self.ports.clock.now();
         let wakes = workflow.wakes(&order.0, now)?;
         let line = workflow.key_of(&order.0)?;
-        let group = workflow.group_of(&order.0, owner)?;
+        let group = workflow.group_of(&order.0, owner, priority)?;
         let group = self.ports.config.fair_queues.then_some(group);
         self.admit(now, workflow, group.as_deref()).await?;
         let order = self.keep(order_id, order).await?;
