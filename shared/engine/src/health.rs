@@ -556,6 +556,11 @@ impl Streak {
         self.faults
     }
 
+    /// The faults in a row so far.
+    pub fn faults(&self) -> u32 {
+        self.faults
+    }
+
     /// An answer ends the streak.
     pub fn clear(&mut self) {
         *self = Streak::default();

@@ -135,6 +135,10 @@ pub struct StepRequest {
     /// service as it comes back.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resumed: bool,
+    /// The step fails if this lease runs out (its expired leases would reach the step's
+    /// threshold): the agent holds the action rather than let passing faults alone fail it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_lease: bool,
     /// The order's group ([`crate::fair`]), which the queue delivers it by. Absent without
     /// fair queues, and from older senders.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -384,6 +384,7 @@ impl AgentBench {
             due_at: Some(self.clock.now()),
             budget_ms: Some(budget.as_millis() as u64),
             resumed: false,
+            last_lease: false,
             group: Some("acme".into()),
         }
     }
@@ -515,6 +516,63 @@ async fn a_guarded_agent_holds_a_failing_action_probes_it_alone_and_opens_it_on_
         assert_eq!(outcome, AgentOutcome::Replied { done: true, calls: 1 });
     }
     assert_eq!(book.writes(), writes);
+}
+
+#[tokio::test]
+async fn a_step_s_last_lease_met_only_by_passing_faults_holds_its_action_rather_than_fail_it() {
+    use sas_engine::config::HoldPolicy;
+    use sas_engine::memory::MemoryServiceBook;
+
+    let clock = ManualClock::default();
+    let remote = Arc::new(MemoryRemote::new(clock.clone()));
+    let queues = Arc::new(MemoryQueues::new(clock.clone()));
+    let waits = Arc::new(MemoryWaits::default());
+    let book = Arc::new(MemoryServiceBook::default());
+    let policy = HoldPolicy { after_failures: 5, ..HoldPolicy::default() };
+    let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), waits).guarded(
+        book.clone(),
+        "payment",
+        policy,
+    );
+    let b = AgentBench::new();
+    // A budget with room for fewer calls than a hold takes: an execution under load, or one
+    // of many sharing the service's calls.
+    let request = |key: &str, last_lease: bool| {
+        let budget = Duration::from_millis(500);
+        let mut r = b.request(budget);
+        r.complete_by = clock.now().plus(budget);
+        r.due_at = Some(clock.now());
+        r.idempotency_key = format!("{}/{key}", r.idempotency_key);
+        StepRequest { last_lease, ..r }
+    };
+    remote.script("charge-payment", std::iter::repeat_n(Behaviour::Transient, 100));
+
+    // A lease that may run out again gives up, and its step is tried again later.
+    let outcome = agent.handle(&request("a", false), Incoming::first("m1")).await.unwrap();
+    let AgentOutcome::GaveUp { calls } = outcome else { panic!("{outcome:?}") };
+    assert!(calls < policy.after_failures, "{calls} calls");
+    assert!(book.load("payment").await.unwrap().is_none_or(|r| !r.is_held()));
+
+    // The step's last lease does not fail it for faults that pass: the action is held, and
+    // the step waits for its probes.
+    clock.advance(policy.window * 2);
+    let outcome = agent.handle(&request("b", true), Incoming::first("m2")).await.unwrap();
+    let AgentOutcome::Held { calls } = outcome else { panic!("{outcome:?}") };
+    assert!(calls < policy.after_failures, "{calls} calls");
+    let record = book.load("payment").await.unwrap().unwrap();
+    let (on, hold) = record.holding("charge-payment").unwrap();
+    assert_eq!(on, Some("charge-payment"));
+    assert!(hold.reason.contains("passing faults in a row"), "{}", hold.reason);
+    let StepOutcome::Held { action, .. } = last_reply_of(&queues) else { panic!() };
+    assert_eq!(action.as_deref(), Some("charge-payment"));
+
+    // A refusal on the last lease is the step's own failure, as ever.
+    remote.unscript("charge-payment");
+    let mut refund = request("refund", true);
+    (refund.action, refund.step.direction) = ("refund-payment".into(), Direction::Undo);
+    remote.script("refund-payment", [Behaviour::Permanent("no such charge".into())]);
+    let outcome = agent.handle(&refund, Incoming::first("m3")).await.unwrap();
+    assert!(matches!(outcome, AgentOutcome::Replied { done: false, .. }), "{outcome:?}");
 }
 
 /// The last reply on the reply queue's outcome.
@@ -1775,9 +1833,10 @@ async fn a_lagging_index_entry_is_rechecked_against_the_table() {
 
 #[tokio::test]
 async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
-    // Faults that never add up to a hold: every lease of the first step runs out.
+    // Faults that never add up to a hold in a row: the first step's leases run out, up to its
+    // last (which would hold the action instead).
     let hold = HoldPolicy { after_failures: u32::MAX, ..HoldPolicy::default() };
-    let mut w = World::with(EngineConfig { failure_threshold: 2, hold, ..EngineConfig::default() });
+    let mut w = World::with(EngineConfig { failure_threshold: 3, hold, ..EngineConfig::default() });
     w.remote.script("reserve-inventory", std::iter::repeat_n(Behaviour::Transient, 1_000));
     let id = w.submit("patient").await.unwrap().order_id;
     w.settle().await;
@@ -1788,17 +1847,17 @@ async fn a_record_whose_deadline_has_not_passed_is_never_touched() {
     assert_eq!(w.sweep().await.acted, 1);
     w.clock.advance(w.system.config.wait.wait(1));
     w.settle().await;
-    // Failure count at threshold - 1, lease running: the last attempt.
+    // One failure counted, the next lease running.
     let r = w.state(id);
     assert_eq!((r.failure_count, r.process_state), (1, ProcessState::Processing));
     let cb = r.earliest_lease().unwrap();
     w.clock.set(cb.plus(SLACK).minus(Duration::from_millis(1)));
     assert_eq!(w.sweep().await.acted, 0);
     assert_eq!(w.state(id), r, "not a byte changed");
-    // At the deadline it is acted on: the uncertain reservation is queued for release.
+    // At the deadline it is acted on: a second failure is counted.
     w.clock.set(cb.plus(SLACK));
     assert_eq!(w.sweep().await.acted, 1);
-    assert_eq!(w.state(id).phase, sas_engine::state::Phase::Compensating);
+    assert_eq!(w.state(id).failure_count, 2);
 }
 
 /// The scheduler takes one start message; every other queue is handled at once.

@@ -184,8 +184,15 @@ where
             Err(e) => return Err(e),
         };
         let mut calls = 0;
+        // The last passing fault that counts towards a hold, if every call so far met one.
+        let mut last_fault: Option<String> = None;
         loop {
             if self.clock.now() >= deadline {
+                if let Some(outcome) =
+                    self.held_at_last(request, &call, last_fault.as_deref()).await
+                {
+                    return self.reply(request, deadline, outcome, calls).await;
+                }
                 info!(order_id = %request.order_id, calls, "budget spent before the call: dropped");
                 metrics::agent_finished("expired");
                 return Ok(AgentOutcome::Expired { calls });
@@ -246,6 +253,9 @@ where
                     Some(retry_after) => guard.throttled(retry_after).await,
                     None => true,
                 };
+                if counts {
+                    last_fault = Some(fault.clone());
+                }
                 if let Some(holding) = guard.fault(&call.action, &fault, counts, probe).await {
                     // Held (or still held, its probe failed): the step waits for it.
                     let outcome = StepOutcome::held(&fault, holding.on.as_deref());
@@ -256,14 +266,22 @@ where
                     continue;
                 }
             }
-            if calls >= self.retry.max_calls {
+            let spent = calls >= self.retry.max_calls;
+            // An unguarded agent waits out a throttle itself.
+            let backoff = self.retry.delay(calls, self.random.unit());
+            let delay = throttled.flatten().map_or(backoff, |after| after.max(backoff));
+            if spent || self.clock.now().plus(delay) >= deadline {
+                if let Some(outcome) =
+                    self.held_at_last(request, &call, last_fault.as_deref()).await
+                {
+                    return self.reply(request, deadline, outcome, calls).await;
+                }
+            }
+            if spent {
                 warn!(order_id = %request.order_id, calls, %fault, "retries exhausted");
                 metrics::agent_finished("gave_up");
                 return Ok(AgentOutcome::GaveUp { calls });
             }
-            // An unguarded agent waits out a throttle itself.
-            let backoff = self.retry.delay(calls, self.random.unit());
-            let delay = throttled.flatten().map_or(backoff, |after| after.max(backoff));
             if self.clock.now().plus(delay) >= deadline {
                 info!(order_id = %request.order_id, calls, %fault, "no time left for another try");
                 metrics::agent_finished("gave_up");
@@ -272,6 +290,23 @@ where
             debug!(order_id = %request.order_id, calls, ?delay, %fault, "transient fault, retrying");
             self.clock.sleep(delay).await;
         }
+    }
+
+    /// A step's last lease that ends with every call met by a passing fault (the last:
+    /// `last_fault`) is held rather than left to fail the order: the outcome to reply, if its
+    /// action is held now.
+    async fn held_at_last(
+        &self,
+        request: &StepRequest,
+        call: &RemoteCall,
+        last_fault: Option<&str>,
+    ) -> Option<StepOutcome> {
+        let (Some(guard), Some(fault)) = (&self.guard, last_fault) else { return None };
+        if !request.last_lease {
+            return None;
+        }
+        let holding = guard.hold_at_last(&call.action, fault).await?;
+        Some(StepOutcome::held(fault, holding.on.as_deref()))
     }
 
     /// The call `request` asks for, with every stored value it carries read back.

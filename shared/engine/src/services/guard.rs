@@ -493,6 +493,28 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
         holding
     }
 
+    /// The last lease of a step ran out of tries on passing faults of `action` alone (the last:
+    /// `reason`): rather than let them fail the step, the action is held now, whatever the
+    /// count in a row, and its probes tell when it answers again. An execution that met fewer
+    /// than [`HoldPolicy::after_failures`] (its share of the calls, under load, or just started)
+    /// would otherwise fail the order for an outage. Returns the hold the action is under.
+    pub async fn hold_at_last(&self, action: &str, reason: &str) -> Option<Holding> {
+        let now = self.clock.now();
+        let faults = self
+            .streaks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(action)
+            .map_or(1, |s| s.faults().max(1));
+        self.change(|r| r.hold(now, action, faults, reason, &self.policy)).await;
+        let holding = self.current().await.holding(action).map(|(on, hold)| Holding::of(on, hold));
+        if let Some(holding) = &holding {
+            let held = hold_key(&self.service, holding.on.as_deref());
+            warn!(service = %self.service, %held, %reason, "held: the step's last lease met only passing faults");
+        }
+        holding
+    }
+
     fn remember(&self, record: ServiceRecord) {
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some((self.clock.now(), record));
     }
