@@ -223,6 +223,12 @@ pub struct Compensation {
 }
 
 impl Step {
+    /// How many times its lease may run out before it fails, the stack's `failure_threshold`
+    /// unless the step says.
+    pub fn lease_limit(&self, failure_threshold: u32) -> u32 {
+        self.expired_leases.unwrap_or(failure_threshold)
+    }
+
     /// The agent that performs the step; `None` for a step that waits.
     pub fn agent(&self) -> Option<&AgentName> {
         match &self.work {

@@ -422,22 +422,38 @@ async fn the_agent_retries_transient_faults_with_jittered_backoff() {
     assert!(matches!(reply.outcome, StepOutcome::Done { .. }));
 }
 
-#[tokio::test]
-async fn a_guarded_agent_holds_a_failing_action_probes_it_alone_and_opens_it_on_an_answer() {
-    use sas_engine::config::HoldPolicy;
-    use sas_engine::memory::MemoryServiceBook;
+/// A guarded payment agent, its service's health kept in `book`, over ports of its own.
+struct Guarded {
+    clock: ManualClock,
+    remote: Arc<MemoryRemote<ManualClock>>,
+    queues: Arc<MemoryQueues<ManualClock>>,
+    book: Arc<sas_engine::memory::MemoryServiceBook>,
+    agent: GuardedAgent,
+}
 
+type GuardedAgent = Agent<
+    Arc<MemoryRemote<ManualClock>>,
+    Arc<MemoryQueues<ManualClock>>,
+    ManualClock,
+    SplitMix,
+    Arc<MemoryWaits>,
+    Arc<sas_engine::memory::MemoryServiceBook>,
+>;
+
+fn guarded(policy: HoldPolicy) -> Guarded {
     let clock = ManualClock::default();
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
     let queues = Arc::new(MemoryQueues::new(clock.clone()));
-    let waits = Arc::new(MemoryWaits::default());
-    let book = Arc::new(MemoryServiceBook::default());
+    let book = Arc::new(sas_engine::memory::MemoryServiceBook::default());
+    let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), Arc::default())
+        .guarded(book.clone(), "payment", policy);
+    Guarded { clock, remote, queues, book, agent }
+}
+
+#[tokio::test]
+async fn a_guarded_agent_holds_a_failing_action_probes_it_alone_and_opens_it_on_an_answer() {
     let policy = HoldPolicy { after_failures: 3, ..HoldPolicy::default() };
-    let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), waits).guarded(
-        book.clone(),
-        "payment",
-        policy,
-    );
+    let Guarded { clock, remote, queues, book, agent } = guarded(policy);
     let b = AgentBench::new();
     let request = |key: &str| {
         let mut r = b.request(Duration::from_secs(30));
@@ -520,20 +536,8 @@ async fn a_guarded_agent_holds_a_failing_action_probes_it_alone_and_opens_it_on_
 
 #[tokio::test]
 async fn a_step_s_last_lease_met_only_by_passing_faults_holds_its_action_rather_than_fail_it() {
-    use sas_engine::config::HoldPolicy;
-    use sas_engine::memory::MemoryServiceBook;
-
-    let clock = ManualClock::default();
-    let remote = Arc::new(MemoryRemote::new(clock.clone()));
-    let queues = Arc::new(MemoryQueues::new(clock.clone()));
-    let waits = Arc::new(MemoryWaits::default());
-    let book = Arc::new(MemoryServiceBook::default());
     let policy = HoldPolicy { after_failures: 5, ..HoldPolicy::default() };
-    let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), waits).guarded(
-        book.clone(),
-        "payment",
-        policy,
-    );
+    let Guarded { clock, remote, queues, book, agent } = guarded(policy);
     let b = AgentBench::new();
     // A budget with room for fewer calls than a hold takes: an execution under load, or one
     // of many sharing the service's calls.
@@ -588,16 +592,8 @@ fn last_reply_of(queues: &MemoryQueues<ManualClock>) -> StepOutcome {
 
 #[tokio::test]
 async fn refusals_never_hold_a_service_however_many_come_in_a_row() {
-    use sas_engine::config::HoldPolicy;
-    use sas_engine::memory::MemoryServiceBook;
-
-    let clock = ManualClock::default();
-    let remote = Arc::new(MemoryRemote::new(clock.clone()));
-    let queues = Arc::new(MemoryQueues::new(clock.clone()));
-    let book = Arc::new(MemoryServiceBook::default());
     let policy = HoldPolicy { after_failures: 3, ..HoldPolicy::default() };
-    let agent = payment_agent(remote.clone(), queues.clone(), clock.clone(), Arc::default())
-        .guarded(book.clone(), "payment", policy);
+    let Guarded { clock, remote, queues, book, agent } = guarded(policy);
     let b = AgentBench::new();
     // A grant missing: every charge is denied, which is no sign that the service is down.
     let denied = Behaviour::Permanent("AccessDenied: not authorized to perform charge".into());

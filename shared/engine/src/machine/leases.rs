@@ -384,7 +384,7 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
         }
         return failed(next, i, Cause::StepTimedOut { step: name, failures }, ctx);
     }
-    let threshold = step.expired_leases.unwrap_or(ctx.config.failure_threshold);
+    let threshold = step.lease_limit(ctx.config.failure_threshold);
     // An order that stops for good does not wait for a retry of a step: its outcome is
     // unknown now. One that pauses takes the step back, and starts it again on resuming.
     let ending =

@@ -206,7 +206,7 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
             budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
             resumed: lease.held_since.is_some(),
             last_lease: lease.failures.saturating_add(1)
-                >= step.expired_leases.unwrap_or(self.config.failure_threshold),
+                >= step.lease_limit(self.config.failure_threshold),
             group: record.group.clone(),
         };
         let agent = step.agent().ok_or_else(|| corrupt(format!("step {:?} waits", state.name)))?;

@@ -484,6 +484,11 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
                 self.change(|r| r.hold(now, action, faults, reason, &policy)).await;
             }
         }
+        self.holding(action, reason).await
+    }
+
+    /// The hold `action` is under now, if any, said where operators look.
+    async fn holding(&self, action: &str, reason: &str) -> Option<Holding> {
         let record = self.current().await;
         let holding = record.holding(action).map(|(on, hold)| Holding::of(on, hold));
         if let Some(holding) = &holding {
@@ -507,12 +512,7 @@ impl<G: ServiceBook + Pace, C: Clock> Guard<G, C> {
             .get(action)
             .map_or(1, |s| s.faults().max(1));
         self.change(|r| r.hold(now, action, faults, reason, &self.policy)).await;
-        let holding = self.current().await.holding(action).map(|(on, hold)| Holding::of(on, hold));
-        if let Some(holding) = &holding {
-            let held = hold_key(&self.service, holding.on.as_deref());
-            warn!(service = %self.service, %held, %reason, "held: the step's last lease met only passing faults");
-        }
-        holding
+        self.holding(action, reason).await
     }
 
     fn remember(&self, record: ServiceRecord) {
