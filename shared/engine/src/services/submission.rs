@@ -226,14 +226,14 @@ where
         Ok(Accepted { order_id: current.order_id, created: false })
     }
 
-    /// Refuses a new order while the queues would keep it waiting longer than
-    /// `max_queue_wait` in all. If the queues cannot be read, the order is let in: the door must not
-    /// turn away orders because a metric is missing.
     /// Now, by its clock.
     pub(super) fn now(&self) -> Timestamp {
         self.ports.clock.now()
     }
 
+    /// Refuses a new order while the queues would keep it waiting longer than
+    /// `max_queue_wait` in all. If the queues cannot be read, the order is let in: the door must not
+    /// turn away orders because a metric is missing.
     ///
     /// With fair queues, an order of `group` waits behind its tenant's part of the backlog only
     /// ([`Shares::part`]): a tenant that floods the door is refused for its own backlog, and
