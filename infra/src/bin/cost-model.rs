@@ -8,13 +8,16 @@
 //! calls, and the agents' reads and writes of their services' records, turns and places.
 //! The functions' metric lines are counted too: the engine's metrics, printed in CloudWatch's
 //! embedded metric format by the recorder the functions install, once per invocation and once
-//! more after a write that ended an order, as they do. Prices are AWS list prices for
-//! us-east-1; the arithmetic is printed.
+//! more after a write that ended an order, as they do; so are their own log lines, written by
+//! their own subscriber. What a deployment at the template's defaults adds is priced with
+//! them: Lambda's lines and traces for each invocation, the API's access log line, the orders'
+//! traces, the bus's deliveries, and what an ended order keeps in DynamoDB each month. Prices
+//! are AWS list prices for us-east-1; the arithmetic is printed.
 //!
 //! `cargo run -p sas-infra --bin cost-model -- [ORDERS] [BATCH]` (defaults 1000 orders, and
 //! SQS batches of 10 as the event source mappings deliver under load).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -67,12 +70,90 @@ const MEMORY_GB: f64 = 0.125;
 const PAYLOAD_MONTHS: f64 = 90.0 / 30.4;
 /// The steady load the model runs at.
 const ORDERS_PER_SECOND: usize = 10;
+/// Bytes DynamoDB adds to each item it stores (for its indexing), in the size it bills.
+const ITEM_OVERHEAD: usize = 100;
 
 /// Bytes and lines of embedded-metric output printed so far, all scenarios together.
 static METRIC_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static METRIC_LINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static COLLECTOR: std::sync::OnceLock<&'static metrics_cloudwatch_embedded::Collector> =
     std::sync::OnceLock::new();
+
+/// Bytes and lines of the functions' own log lines (their `tracing` output, as JSON, at
+/// `LogLevel`'s default), all scenarios together.
+static LOG_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LOG_LINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Where the functions' log lines go here: counted instead of printed.
+struct CountedLog;
+
+impl std::io::Write for CountedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        LOG_BYTES.fetch_add(buf.len() as u64, Relaxed);
+        LOG_LINES.fetch_add(buf.iter().filter(|&&b| b == b'\n').count() as u64, Relaxed);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Takes the log output counted since the last call: bytes and lines.
+fn take_log_output() -> (f64, f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (LOG_BYTES.swap(0, Relaxed) as f64, LOG_LINES.swap(0, Relaxed) as f64)
+}
+
+/// What Lambda itself writes to a function's log for each invocation, in its text format:
+/// START, END, and REPORT with the X-Ray line it carries under active tracing (three events).
+const LAMBDA_LINES: [&str; 3] = [
+    "START RequestId: 3f2b8c1e-7a4d-4e9b-b1c6-0d5e8f7a9b21 Version: $LATEST\n",
+    "END RequestId: 3f2b8c1e-7a4d-4e9b-b1c6-0d5e8f7a9b21\n",
+    "REPORT RequestId: 3f2b8c1e-7a4d-4e9b-b1c6-0d5e8f7a9b21\tDuration: 38.47 ms\tBilled Duration: 39 ms\tMemory Size: 128 MB\tMax Memory Used: 31 MB\t\nXRAY TraceId: 1-6750a1b2-3c4d5e6f7a8b9c0d1e2f3a4b\tSegmentId: 5a6b7c8d9e0f1a2b\tSampled: true\t\n",
+];
+
+/// Lambda's default sampling of the invocations it traces itself, per function: the first
+/// invocation each second and this share of the rest. Its traces are the invocations' own,
+/// apart from the orders' (a batch holds messages of many orders).
+const LAMBDA_SAMPLED_SHARE: f64 = 0.05;
+
+/// Traces Lambda records a second for a function invoked `rate` times a second.
+fn lambda_traces(rate: f64) -> f64 {
+    rate.min(1.0) + LAMBDA_SAMPLED_SHARE * (rate - 1.0).max(0.0)
+}
+
+/// The API's access log line for one request: the stage's format from the template, each
+/// `$context` variable given a value as long as API Gateway's (the caller signed with SigV4,
+/// as `ApiAuth`'s default `AWS_IAM` requires).
+fn access_log_line(format: &str) -> String {
+    let value = |variable: &str| match variable {
+        "requestId" => "Hn3kXj6ZIAMEb7Q=",
+        "requestTime" => "03/Dec/2026:22:16:36 +0000",
+        "identity.sourceIp" => "203.0.113.42",
+        "identity.caller" => "AROAZ3EXAMPLE7ROLEID2:shop-web",
+        "identity.userArn" => "arn:aws:sts::123456789012:assumed-role/shop-web/shop-web",
+        "routeKey" => "POST /orders",
+        "status" => "202",
+        "responseLength" => "58",
+        "responseLatency" => "41",
+        _ => "-",
+    };
+    let mut line = String::new();
+    let mut rest = format;
+    while let Some(at) = rest.find("$context.") {
+        line.push_str(&rest[..at]);
+        let name = &rest[at + "$context.".len()..];
+        let end =
+            name.find(|c: char| !(c.is_ascii_alphanumeric() || c == '.')).unwrap_or(name.len());
+        line.push_str(value(&name[..end]));
+        rest = &name[end..];
+    }
+    line.push_str(rest);
+    line.push('\n');
+    line
+}
 
 /// What a function prints when an invocation ends (or an order has just ended), counted
 /// instead of printed.
@@ -111,6 +192,16 @@ struct Meter {
     /// The functions' embedded-metric output: bytes and lines.
     metric_bytes: f64,
     metric_lines: f64,
+    /// The functions' own log lines: bytes and lines.
+    log_bytes: f64,
+    log_lines: f64,
+    /// Orders, their children included, and the distinct traces they belong to.
+    records: f64,
+    traces: f64,
+    /// What the finished orders keep in DynamoDB: their items' sizes, with the 100 bytes
+    /// DynamoDB adds to each item it stores.
+    stored_bytes: f64,
+    stored_items: f64,
     /// The payload bucket: objects written and read, and the bytes written.
     s3_puts: f64,
     s3_gets: f64,
@@ -201,6 +292,10 @@ impl StateStore for MeteredStore {
         let mut m = self.meter.lock().unwrap_or_else(|e| e.into_inner());
         m.wru += units(order_item_size(order), 1024);
         m.orders_wru += units(order_item_size(order), 1024);
+        if created == Created::Created {
+            m.stored_bytes += (order_item_size(order) + ITEM_OVERHEAD) as f64;
+            m.stored_items += 1.0;
+        }
         Ok(created)
     }
 
@@ -444,6 +539,14 @@ impl QueueDepths for MeteredDepths {
     }
 }
 
+/// What a stack deployed at the template's defaults adds to each order's bill.
+struct Deployed {
+    /// Share of orders traced whole (`TraceSamplePercent`).
+    trace_share: f64,
+    /// The API's access log line for a request.
+    access_line: String,
+}
+
 #[derive(Default)]
 struct Scenario {
     name: &'static str,
@@ -475,6 +578,17 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let batch: f64 =
         args.next().map(|a| a.parse::<f64>()).transpose()?.unwrap_or(10.0).clamp(1.0, 10.0);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
+    let template = Template::load(&path)?;
+    let defaults = Params::of_stack("defaults", &template, &[])?;
+    let access_format = template
+        .resource("HttpApiStage")
+        .and_then(|stage| stage.properties["AccessLogSettings"]["Format"].as_str())
+        .ok_or("the HTTP API's stage has no access log format")?;
+    let deployed =
+        Deployed { trace_share: defaults.trace_share, access_line: access_log_line(access_format) };
+    // The functions' log lines, as they print them at `LogLevel`'s default.
+    sas_aws::telemetry::init_json(tracing_subscriber::EnvFilter::new("info"), || CountedLog);
     // The recorder the functions install, in a stack's namespace (`orders` here), under a
     // function name as long as theirs.
     let collector = metrics_cloudwatch_embedded::Builder::new()
@@ -596,7 +710,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         // A list's children are orders too: fewer of its orders tell as much.
         let measured = if s.parcels.is_some() { (orders / 10).max(1) } else { orders };
         let meter = runtime.block_on(run(&s, measured, batch as usize))?;
-        let total = report(&s, &meter, measured as f64, batch);
+        let total = report(&s, &meter, measured as f64, batch, &deployed);
         if let Some(parcels) = s.parcels {
             lists.push((parcels as f64, total, meter.state_writes / measured as f64));
         }
@@ -614,7 +728,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         );
     }
     if let Some((per, s)) = three_steps {
-        print_ceiling(&per, &s)?;
+        print_ceiling(&per, &s, &template, defaults)?;
     }
     Ok(())
 }
@@ -642,11 +756,10 @@ fn per_order(s: &Scenario, m: &Meter, orders: f64) -> PerOrder {
 fn print_ceiling(
     per: &PerOrder,
     s: &Scenario,
+    template: &Template,
+    defaults: Params,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
-    let template = Template::load(&path)?;
-    let defaults = Params::of_stack("defaults", &template, &[])?;
-    let large = Params::of_stack("large", &template, LARGE)?;
+    let large = Params::of_stack("large", template, LARGE)?;
     println!(
         "## How far one stack goes: the {} workflow
 ",
@@ -850,6 +963,7 @@ async fn run(
     }
     let mut answered = 0;
     let _ = take_metric_output();
+    let _ = take_log_output();
     for i in 0..orders {
         let workflow = Some(workflow.name());
         let owner = sas_engine::Owner::anonymous();
@@ -903,6 +1017,14 @@ async fn run(
     let events = bus.count() as f64;
     let mut m = std::mem::take(&mut *meter.lock().unwrap_or_else(|e| e.into_inner()));
     (m.metric_bytes, m.metric_lines) = take_metric_output();
+    (m.log_bytes, m.log_lines) = take_log_output();
+    let records = memory.records();
+    m.records = records.len() as f64;
+    m.traces = records.iter().map(|r| &r.correlation_id).collect::<HashSet<_>>().len() as f64;
+    for r in &records {
+        m.stored_bytes += (state_item_size(r)? + ITEM_OVERHEAD) as f64;
+        m.stored_items += 1.0;
+    }
     m.messages.insert("event", events);
     m.messages.insert("answer", answered as f64);
     Ok(m)
@@ -1034,7 +1156,7 @@ impl Handler
     }
 }
 
-fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) -> f64 {
+fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64, deployed: &Deployed) -> f64 {
     let per = |x: f64| x / orders;
     let million = 1e6;
     let (wru, index, rru) = (per(m.wru), per(m.index_wru), per(m.rru));
@@ -1060,15 +1182,35 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) -> f64 {
         / 1000.0;
     // The event that starts an order is put on the bus as the status events are.
     let events = msg("event") + started;
+    // The orders' traces, and those Lambda records of the invocations it samples, function
+    // by function, at the model's rate.
+    let rate = ORDERS_PER_SECOND as f64;
+    let agents = Workflow::agents_in(&s.workflow).len().max(1) as f64;
+    let lambda_traces = (lambda_traces((submitted + msg("answer")) * rate)
+        + lambda_traces(scheduler_invocations * rate)
+        + agents * lambda_traces(agent_invocations / agents * rate))
+        / rate;
+    let traces = deployed.trace_share * per(m.traces) + lambda_traces;
+    // CloudWatch Logs bills each event's bytes and 26 more.
+    let logged = |bytes: f64, lines: f64| bytes + lines * price::CLOUDWATCH_LOGS_EVENT_BYTES;
+    let lambda_bytes = logged(
+        LAMBDA_LINES.iter().map(|l| l.len()).sum::<usize>() as f64,
+        LAMBDA_LINES.len() as f64,
+    );
+    let access_bytes = logged(deployed.access_line.len() as f64, 1.0);
     let rows = [
         ("API Gateway HTTP API requests", submitted + msg("answer"), price::HTTP_API_REQUEST),
         ("DynamoDB write units (table)", wru, price::DYNAMODB_WRU),
         ("DynamoDB write units (index)", index, price::DYNAMODB_WRU),
         ("DynamoDB read units", rru, price::DYNAMODB_RRU),
         ("SQS requests", sqs, price::SQS_REQUEST),
+        // Every event the stack puts on its bus matches one rule, whose target is a queue:
+        // the status events' sample subscriber queue, the callbacks' queue.
+        ("SQS requests, the bus's rules delivering the events", msg("event"), price::SQS_REQUEST),
         ("Lambda invocations", invocations, price::LAMBDA_REQUEST),
         ("Lambda GB-seconds", gb_seconds, price::LAMBDA_GB_SECOND),
         ("EventBridge events", events, price::EVENTBRIDGE_EVENT),
+        ("X-Ray traces recorded", traces, price::XRAY_TRACE),
         ("S3 PUT requests (payloads)", per(m.s3_puts), price::S3_WRITE_REQUEST),
         ("S3 GET requests (payloads)", per(m.s3_gets), price::S3_READ_REQUEST),
         (
@@ -1078,7 +1220,22 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) -> f64 {
         ),
         (
             "CloudWatch Logs, metric lines (bytes)",
-            per(m.metric_bytes),
+            logged(per(m.metric_bytes), per(m.metric_lines)),
+            price::CLOUDWATCH_LOGS_GB / 1e9,
+        ),
+        (
+            "CloudWatch Logs, the functions' log lines (bytes)",
+            logged(per(m.log_bytes), per(m.log_lines)),
+            price::CLOUDWATCH_LOGS_GB / 1e9,
+        ),
+        (
+            "CloudWatch Logs, Lambda's START, END and REPORT lines (bytes)",
+            invocations * lambda_bytes,
+            price::CLOUDWATCH_LOGS_GB / 1e9,
+        ),
+        (
+            "CloudWatch Logs, the API's access log (bytes)",
+            (submitted + msg("answer")) * access_bytes,
             price::CLOUDWATCH_LOGS_GB / 1e9,
         ),
     ];
@@ -1117,6 +1274,23 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64) -> f64 {
         "State writes per order: {:.2}, one conditional write per transition; largest state item written: {} bytes.",
         m.state_writes / orders,
         m.largest_item
+    );
+    println!(
+        "Log lines per order: {:.2} of the functions' own ({:.0} bytes), {:.0} of Lambda's; traces: {:.3} of orders (`TraceSamplePercent` {:.0}), {lambda_traces:.3} of Lambda's own.",
+        per(m.log_lines),
+        per(m.log_bytes),
+        invocations * LAMBDA_LINES.len() as f64,
+        deployed.trace_share * per(m.traces),
+        deployed.trace_share * 100.0,
+    );
+    let stored = per(m.stored_bytes);
+    let month = stored / 1e9 * (price::DYNAMODB_STORAGE_GB_MONTH + price::DYNAMODB_PITR_GB_MONTH);
+    println!(
+        "Kept in DynamoDB once ended: {stored:.0} bytes per order ({:.2} items, each counted with DynamoDB's 100 bytes), ${:.2} per million orders for each month they are kept, at ${:.2} per GB-month and ${:.2} more for point-in-time recovery; nothing expires them.",
+        per(m.stored_items),
+        month * million,
+        price::DYNAMODB_STORAGE_GB_MONTH,
+        price::DYNAMODB_PITR_GB_MONTH,
     );
     let sfn = s.sfn_transitions * price::STEP_FUNCTIONS_TRANSITION * million
         + (price::HTTP_API_REQUEST + price::EVENTBRIDGE_EVENT) * million;

@@ -155,6 +155,8 @@ pub struct Params {
     pub index_warm: f64,
     /// Sweeps a minute (`SweepSchedule`).
     pub sweeps_per_minute: f64,
+    /// Share of orders traced whole (`TraceSamplePercent`), from 0 to 1.
+    pub trace_share: f64,
 }
 
 impl Params {
@@ -198,6 +200,7 @@ impl Params {
             state_table_warm: warm(&table, NEW_TABLE_WCU.value),
             index_warm: warm(index, NEW_INDEX_WCU.value),
             sweeps_per_minute: 1.0,
+            trace_share: number("TraceSamplePercent")? / 100.0,
         })
     }
 }
@@ -433,6 +436,7 @@ mod tests {
             state_table_warm: NEW_TABLE_WCU.value,
             index_warm: NEW_INDEX_WCU.value,
             sweeps_per_minute: 1.0,
+            trace_share: 1.0,
         }
     }
 

@@ -27,6 +27,14 @@ pub const S3_READ_REQUEST: f64 = 0.40e-6;
 pub const S3_STORAGE_GB_MONTH: f64 = 0.023;
 /// One GB of log data ingested by CloudWatch Logs (metric lines are log lines).
 pub const CLOUDWATCH_LOGS_GB: f64 = 0.50;
+/// CloudWatch Logs counts this many bytes with each log event besides its message.
+pub const CLOUDWATCH_LOGS_EVENT_BYTES: f64 = 26.0;
+/// One trace recorded by X-Ray.
+pub const XRAY_TRACE: f64 = 5.0e-6;
+/// One GB of a DynamoDB table (Standard class) stored for a month, items and indexes.
+pub const DYNAMODB_STORAGE_GB_MONTH: f64 = 0.25;
+/// One GB of a table's size for a month under point-in-time recovery (continuous backups).
+pub const DYNAMODB_PITR_GB_MONTH: f64 = 0.20;
 /// One Step Functions Standard state transition, for comparison.
 pub const STEP_FUNCTIONS_TRANSITION: f64 = 25.0e-6;
 

@@ -13,20 +13,36 @@ use tracing_subscriber::EnvFilter;
 /// Installs the global subscriber. Call once, first thing in `main`.
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     if std::env::var("LOG_FORMAT").is_ok_and(|f| f == "text") {
         use std::io::IsTerminal;
-        builder.without_time().with_ansi(std::io::stdout().is_terminal()).init();
-    } else {
-        // Lambda stamps every line itself; a second timestamp is noise.
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_target(false)
             .without_time()
+            .with_ansi(std::io::stdout().is_terminal())
             .init();
+    } else {
+        init_json(filter, std::io::stdout);
     }
+}
+
+/// Installs the subscriber that prints what a deployed function prints, JSON lines, to
+/// `writer`: the cost model counts their bytes with the same format.
+pub fn init_json<W>(filter: EnvFilter, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(writer)
+        .json()
+        .flatten_event(true)
+        .with_current_span(true)
+        .with_span_list(false)
+        // Lambda stamps every line itself; a second timestamp is noise.
+        .without_time()
+        .init();
 }
 
 /// The recorder's collector, once installed.
