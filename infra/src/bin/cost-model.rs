@@ -727,6 +727,12 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             (many_writes - few_writes) / elements
         );
     }
+    println!("## What the stack costs a month with no orders\n");
+    print!(
+        "{}",
+        sas_infra::tools::idle::render(&sas_infra::tools::idle::idle(&template, &defaults)?)
+    );
+    println!();
     if let Some((per, s)) = three_steps {
         print_ceiling(&per, &s, &template, defaults)?;
     }

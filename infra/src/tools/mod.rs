@@ -6,7 +6,9 @@
 //! - [`prices`]: the one price table, used by the cost model and the demo's summary.
 //! - [`ceiling`]: how many orders a second one stack takes, from AWS's quotas and what an
 //!   order uses of each resource.
+//! - [`idle`]: what a stack costs a month with no orders, counted from the template.
 
 pub mod ceiling;
+pub mod idle;
 pub mod prices;
 pub mod workflows;
