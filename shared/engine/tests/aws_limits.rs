@@ -205,7 +205,7 @@ const LARGE: Stack = Stack {
     api_rate: 3_000.0,
     api_burst: 6_000.0,
     expected_rate: 2_000,
-    state_table_wcu: 19_000.0,
+    state_table_wcu: 21_000.0,
     index_wcu: 6_000.0,
     stated_ceiling: 3_000.0,
 };
