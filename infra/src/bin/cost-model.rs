@@ -14,8 +14,9 @@
 //! traces, the bus's deliveries, and what an ended order keeps in DynamoDB each month. Prices
 //! are AWS list prices for us-east-1; the arithmetic is printed.
 //!
-//! `cargo run -p sas-infra --bin cost-model -- [ORDERS] [BATCH]` (defaults 1000 orders, and
-//! SQS batches of 10 as the event source mappings deliver under load).
+//! `cargo run -p sas-infra --bin cost-model -- [ORDERS] [BATCH]`: 1000 orders by default, in
+//! SQS batches as the template's mappings fill them at the model's rate ([`batches`]), or of
+//! BATCH messages each (10: what the mappings deliver under load).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -50,6 +51,7 @@ use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
 
 use sas_infra::emulation::template::Template;
+use sas_infra::tools::batches;
 use sas_infra::tools::ceiling::{self, Durations, Params, PerOrder};
 use sas_infra::tools::prices as price;
 
@@ -539,6 +541,50 @@ impl QueueDepths for MeteredDepths {
     }
 }
 
+/// Mean messages a batch, by queue: the scheduler's start and reply queues, and an agent's.
+#[derive(Clone, Copy, Debug)]
+struct Batches {
+    start: f64,
+    replies: f64,
+    agent: f64,
+}
+
+impl Batches {
+    /// Full batches, as under load.
+    const FULL: Batches = Batches { start: 10.0, replies: 10.0, agent: 10.0 };
+
+    /// The batches the template's mappings make at the model's rate of `s`'s orders, whose
+    /// messages `counted` counted over `orders`. An agent's rate is its share of the requests.
+    fn filled(s: &Scenario, counted: &Meter, orders: f64, params: &Params) -> Batches {
+        let rate = |k: &str| {
+            counted.messages.get(k).copied().unwrap_or(0.0) / orders * ORDERS_PER_SECOND as f64
+        };
+        let agents = Workflow::agents_in(&s.workflow).len().max(1) as f64;
+        let mapping = |invocation_ms: f64, window_s: f64| batches::Mapping {
+            concurrency: params.poller_concurrency as usize,
+            invocation_s: invocation_ms / 1000.0,
+            window_s,
+            batch_size: ceiling::BATCH_SIZE as usize,
+        };
+        let scheduler = mapping(DURATIONS.scheduler_batch_ms, params.scheduler_window_s);
+        // The agents' mappings declare no batching window.
+        let agent = mapping(DURATIONS.agent_batch_ms, 0.0);
+        Batches {
+            start: batches::mean_batch(&scheduler, rate("start") + rate("bus_event")),
+            replies: batches::mean_batch(&scheduler, rate("reply")),
+            agent: batches::mean_batch(&agent, rate("request") / agents),
+        }
+    }
+
+    fn of(&self, destination: &Destination) -> f64 {
+        match destination {
+            Destination::Scheduler => self.start,
+            Destination::Replies => self.replies,
+            Destination::Agent(_) => self.agent,
+        }
+    }
+}
+
 /// What a stack deployed at the template's defaults adds to each order's bill.
 struct Deployed {
     /// Share of orders traced whole (`TraceSamplePercent`).
@@ -575,8 +621,10 @@ struct Scenario {
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let orders: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1000);
-    let batch: f64 =
-        args.next().map(|a| a.parse::<f64>()).transpose()?.unwrap_or(10.0).clamp(1.0, 10.0);
+    // Batches of a fixed size if given (10: what the mappings deliver under load), or as the
+    // mappings fill them at the model's rate.
+    let fixed: Option<f64> =
+        args.next().map(|a| a.parse::<f64>()).transpose()?.map(|b| b.clamp(1.0, 10.0));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
     let template = Template::load(&path)?;
@@ -701,16 +749,29 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             ..Scenario::default()
         },
     ];
-    println!(
-        "# Cost per million orders (happy path), {orders} orders measured, SQS batches of {batch}\n"
-    );
+    let filled = match fixed {
+        Some(b) => format!("SQS batches of {b}"),
+        None => format!(
+            "SQS batches as the template's mappings fill them at {ORDERS_PER_SECOND} orders a second"
+        ),
+    };
+    println!("# Cost per million orders (happy path), {orders} orders measured, {filled}\n");
     let mut three_steps = None;
     let mut lists = Vec::new();
     for s in scenarios {
         // A list's children are orders too: fewer of its orders tell as much.
         let measured = if s.parcels.is_some() { (orders / 10).max(1) } else { orders };
-        let meter = runtime.block_on(run(&s, measured, batch as usize))?;
-        let total = report(&s, &meter, measured as f64, batch, &deployed);
+        // The messages an order sends do not depend on how they are batched: a first run
+        // counts them, and gives each queue's rate.
+        let batches = match fixed {
+            Some(b) => Batches { start: b, replies: b, agent: b },
+            None => {
+                let counted = runtime.block_on(run(&s, measured, &Batches::FULL))?;
+                Batches::filled(&s, &counted, measured as f64, &defaults)
+            }
+        };
+        let meter = runtime.block_on(run(&s, measured, &batches))?;
+        let total = report(&s, &meter, measured as f64, &batches, &deployed);
         if let Some(parcels) = s.parcels {
             lists.push((parcels as f64, total, meter.state_writes / measured as f64));
         }
@@ -857,8 +918,9 @@ fn ten_steps() -> String {
 async fn run(
     s: &Scenario,
     orders: usize,
-    batch_size: usize,
+    batches: &Batches,
 ) -> std::result::Result<Meter, Box<dyn std::error::Error>> {
+    let batch_size = |dest: &Destination| batches.of(dest).round().max(1.0) as usize;
     let clock = ManualClock::default();
     let meter = Arc::new(Mutex::new(Meter::default()));
     let memory = Arc::new(MemoryStore::new(clock.clone()));
@@ -987,9 +1049,9 @@ async fn run(
         }
         flush_metrics();
         if (i + 1) % ORDERS_PER_SECOND == 0 || i + 1 == orders {
-            drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
+            drain(&queues, &clock, &destinations, &batch_size, &scheduler, &agents).await?;
             while answer(&bus, &answers, &mut answered).await? > 0 {
-                drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
+                drain(&queues, &clock, &destinations, &batch_size, &scheduler, &agents).await?;
             }
             clock.advance(std::time::Duration::from_secs(1));
         }
@@ -1014,7 +1076,7 @@ async fn run(
             supervisor.tend(&book, true).await?;
         }
         clock.advance(std::time::Duration::from_secs(1));
-        drain(&queues, &clock, &destinations, batch_size, &scheduler, &agents).await?;
+        drain(&queues, &clock, &destinations, &batch_size, &scheduler, &agents).await?;
     }
     let unfinished = memory.records().iter().filter(|r| !r.is_terminal()).count();
     if unfinished > 0 {
@@ -1068,7 +1130,7 @@ async fn drain<S, A>(
     queues: &MemoryQueues<ManualClock>,
     clock: &ManualClock,
     destinations: &[Destination],
-    batch_size: usize,
+    batch_size: &dyn Fn(&Destination) -> usize,
     scheduler: &S,
     agents: &HashMap<Destination, A>,
 ) -> std::result::Result<(), Box<dyn std::error::Error>>
@@ -1082,7 +1144,7 @@ where
             // Each batch a moment after the last, as on AWS: a lease taken later ends later,
             // and moving the record's index entry costs what it would.
             clock.advance(std::time::Duration::from_millis(1));
-            let batch = queues.receive(dest, batch_size);
+            let batch = queues.receive(dest, batch_size(dest));
             delivered += batch.len();
             let mut event = SqsEvent::default();
             for d in &batch {
@@ -1162,7 +1224,7 @@ impl Handler
     }
 }
 
-fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64, deployed: &Deployed) -> f64 {
+fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &Deployed) -> f64 {
     let per = |x: f64| x / orders;
     let million = 1e6;
     let (wru, index, rru) = (per(m.wru), per(m.index_wru), per(m.rru));
@@ -1171,14 +1233,13 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64, deployed: &Deployed)
     // An order a client submits comes through the HTTP API and the submission function; one
     // an event starts, as a message the bus's rule sends to the scheduler queue.
     let (submitted, started) = if s.by_event { (0.0, 1.0) } else { (1.0, 0.0) };
-    let consumed = msg("start") + msg("request") + msg("reply") + msg("bus_event");
-    // The event source mapping receives up to `batch` messages per ReceiveMessage and deletes
-    // them with one DeleteMessageBatch.
-    let receives_and_deletes = 2.0 * consumed / batch;
+    let scheduler_invocations =
+        (msg("start") + msg("bus_event")) / batches.start + msg("reply") / batches.replies;
+    let agent_invocations = msg("request") / batches.agent;
+    // Each batch is one ReceiveMessage and one DeleteMessageBatch.
+    let receives_and_deletes = 2.0 * (scheduler_invocations + agent_invocations);
     let depth_reads = per(m.depth_requests);
     let sqs = sends + receives_and_deletes + depth_reads;
-    let scheduler_invocations = (msg("start") + msg("reply") + msg("bus_event")) / batch;
-    let agent_invocations = msg("request") / batch;
     // The submission, and each answer from outside, one invocation of the submission function.
     let invocations = submitted + msg("answer") + scheduler_invocations + agent_invocations;
     let gb_seconds = MEMORY_GB
@@ -1270,6 +1331,13 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batch: f64, deployed: &Deployed)
         msg("start"),
         msg("request"),
         msg("reply")
+    );
+    println!(
+        "Messages a batch: {:.2} start, {:.2} replies, {:.2} an agent's requests; {:.2} invocations of the scheduler and the agents per order.",
+        batches.start,
+        batches.replies,
+        batches.agent,
+        scheduler_invocations + agent_invocations
     );
     println!(
         "Metric lines per order: {:.2} ({:.0} bytes), printed once per invocation and once after each write that ended an order.",

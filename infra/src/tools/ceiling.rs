@@ -157,6 +157,8 @@ pub struct Params {
     pub sweeps_per_minute: f64,
     /// Share of orders traced whole (`TraceSamplePercent`), from 0 to 1.
     pub trace_share: f64,
+    /// How long the scheduler's mappings gather a batch (`SchedulerBatchingWindowSeconds`).
+    pub scheduler_window_s: f64,
 }
 
 impl Params {
@@ -201,6 +203,7 @@ impl Params {
             index_warm: warm(index, NEW_INDEX_WCU.value),
             sweeps_per_minute: 1.0,
             trace_share: number("TraceSamplePercent")? / 100.0,
+            scheduler_window_s: number("SchedulerBatchingWindowSeconds")?,
         })
     }
 }
@@ -437,6 +440,7 @@ mod tests {
             index_warm: NEW_INDEX_WCU.value,
             sweeps_per_minute: 1.0,
             trace_share: 1.0,
+            scheduler_window_s: 0.0,
         }
     }
 

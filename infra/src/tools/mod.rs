@@ -7,7 +7,9 @@
 //! - [`ceiling`]: how many orders a second one stack takes, from AWS's quotas and what an
 //!   order uses of each resource.
 //! - [`idle`]: what a stack costs a month with no orders, counted from the template.
+//! - [`batches`]: how full a queue mapping's batches are at a given rate.
 
+pub mod batches;
 pub mod ceiling;
 pub mod idle;
 pub mod prices;
