@@ -197,8 +197,7 @@ struct Meter {
     /// The functions' own log lines: bytes and lines.
     log_bytes: f64,
     log_lines: f64,
-    /// Orders, their children included, and the distinct traces they belong to.
-    records: f64,
+    /// The distinct traces the orders, their children included, belong to.
     traces: f64,
     /// What the finished orders keep in DynamoDB: their items' sizes, with the 100 bytes
     /// DynamoDB adds to each item it stores.
@@ -551,7 +550,12 @@ struct Batches {
 
 impl Batches {
     /// Full batches, as under load.
-    const FULL: Batches = Batches { start: 10.0, replies: 10.0, agent: 10.0 };
+    const FULL: Batches = Batches::all(10.0);
+
+    /// Batches of `messages` on every queue.
+    const fn all(messages: f64) -> Batches {
+        Batches { start: messages, replies: messages, agent: messages }
+    }
 
     /// The batches the template's mappings make at the model's rate of `s`'s orders, whose
     /// messages `counted` counted over `orders`. An agent's rate is its share of the requests.
@@ -559,7 +563,7 @@ impl Batches {
         let rate = |k: &str| {
             counted.messages.get(k).copied().unwrap_or(0.0) / orders * ORDERS_PER_SECOND as f64
         };
-        let agents = Workflow::agents_in(&s.workflow).len().max(1) as f64;
+        let agents = s.agents();
         let mapping = |invocation_ms: f64, window_s: f64| batches::Mapping {
             concurrency: params.poller_concurrency as usize,
             invocation_s: invocation_ms / 1000.0,
@@ -616,6 +620,13 @@ struct Scenario {
     /// many orders in a row are of one customer, accepted together: all but the first of them
     /// wait in line.
     per_customer: Option<usize>,
+}
+
+impl Scenario {
+    /// The agents its workflow calls (at least one, as a divisor).
+    fn agents(&self) -> f64 {
+        Workflow::agents_in(&self.workflow).len().max(1) as f64
+    }
 }
 
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -764,7 +775,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         // The messages an order sends do not depend on how they are batched: a first run
         // counts them, and gives each queue's rate.
         let batches = match fixed {
-            Some(b) => Batches { start: b, replies: b, agent: b },
+            Some(b) => Batches::all(b),
             None => {
                 let counted = runtime.block_on(run(&s, measured, &Batches::FULL))?;
                 Batches::filled(&s, &counted, measured as f64, &defaults)
@@ -803,7 +814,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
 /// What one order of `s` used of each resource the ceiling counts.
 fn per_order(s: &Scenario, m: &Meter, orders: f64) -> PerOrder {
     let msg = |k: &str| m.messages.get(k).copied().unwrap_or(0.0) / orders;
-    let agents = Workflow::agents_in(&s.workflow).len().max(1) as f64;
+    let agents = s.agents();
     PerOrder {
         api_requests: 1.0 + msg("answer"),
         orders_table_wcu: m.orders_wru / orders,
@@ -1087,7 +1098,6 @@ async fn run(
     (m.metric_bytes, m.metric_lines) = take_metric_output();
     (m.log_bytes, m.log_lines) = take_log_output();
     let records = memory.records();
-    m.records = records.len() as f64;
     m.traces = records.iter().map(|r| &r.correlation_id).collect::<HashSet<_>>().len() as f64;
     for r in &records {
         m.stored_bytes += (state_item_size(r)? + ITEM_OVERHEAD) as f64;
@@ -1252,7 +1262,7 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
     // The orders' traces, and those Lambda records of the invocations it samples, function
     // by function, at the model's rate.
     let rate = ORDERS_PER_SECOND as f64;
-    let agents = Workflow::agents_in(&s.workflow).len().max(1) as f64;
+    let agents = s.agents();
     let lambda_traces = (lambda_traces((submitted + msg("answer")) * rate)
         + lambda_traces(scheduler_invocations * rate)
         + agents * lambda_traces(agent_invocations / agents * rate))
