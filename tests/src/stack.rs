@@ -93,7 +93,7 @@ impl TestStack {
             attributes,
         };
         let stack = provision(&template, &clients, &options).await.unwrap();
-        let Clients { dynamodb, sqs, events, s3 } = clients;
+        let Clients { dynamodb, sqs, events, s3, .. } = clients;
         TestStack { dynamodb, sqs, events, s3, stack, template }
     }
 

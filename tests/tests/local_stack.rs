@@ -64,6 +64,7 @@ use sas_infra::emulation::emulator::{python_with, workspace_root};
 use sas_infra::emulation::functions::EventSource;
 use sas_infra::emulation::local::LocalStack;
 use sas_infra::emulation::proxy::{FaultRule, WireFault};
+use sas_infra::observe::traces::OrderTraces;
 use sas_tests::e2e::{
     FAST_WORKFLOW, SOUND, Setup, put_faults, start_stack, start_stack_within, target_dir,
 };
@@ -375,6 +376,57 @@ async fn an_order_cancelled_while_its_payment_is_in_flight_ends_cancelled_with_i
     );
     assert_eq!(view["alert"], Value::Null, "a cancelled order raises no alert: {view}");
     assert_eq!(view["needs_manual_undo"], json!([]), "{view}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_sampled_away_is_traced_from_its_first_fault_and_a_sound_one_not_at_all() {
+    let _turn = TURN.lock().await;
+    // No order is sampled at its start; every charge is refused, so every order is undone.
+    let refusing =
+        r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"permanent_rate":1.0}}}"#;
+    let stack = start_with("e2e-traces", refusing, 2, &[("TraceSamplePercent", "0")]).await;
+    let http = reqwest::Client::new();
+    let id = submit(&http, &stack.api_url, "e2e-traces-1").await;
+    let states =
+        wait_for(&http, &stack, std::slice::from_ref(&id), &["Processed", "Error"], 60).await;
+    assert_eq!(states[&id], "Error");
+    let view = operator_view(&stack, &id);
+    let trace = view["correlation_id"].as_str().unwrap().to_owned();
+
+    // The trace begins at the refused charge: the payment agent's hop, whose parent (the
+    // scheduler's dispatch, before any fault) was not kept. The reply, the release and its
+    // reply follow, each a child of the one before.
+    let segments = stack.traces.segments(std::slice::from_ref(&trace)).await.unwrap();
+    let hops: Vec<(&str, &str, &str)> = segments
+        .iter()
+        .map(|s| {
+            let note = |k: &str| s.annotations.get(k).map_or("", String::as_str);
+            (s.name.as_str(), note("message"), note("step"))
+        })
+        .collect();
+    assert!(segments.iter().all(|s| s.trace_id == trace && s.order_id() == Some(id.as_str())));
+    assert_eq!(
+        hops,
+        [
+            ("paymentAgentFunction", "request", "charge-payment"),
+            ("SchedulerFunction", "reply", "charge-payment"),
+            ("inventoryAgentFunction", "request", "reserve-inventory"),
+            ("SchedulerFunction", "reply", "reserve-inventory"),
+        ],
+        "{segments:#?}"
+    );
+    let traces = OrderTraces::of(&segments);
+    assert_eq!(traces.orphans, 1, "only the first kept hop's parent is missing: {segments:#?}");
+
+    // Once the payment service takes charges again, an order that goes well is not traced.
+    put_faults(&http, &stack, SOUND).await;
+    let sound = submit(&http, &stack.api_url, "e2e-traces-2").await;
+    let states =
+        wait_for(&http, &stack, std::slice::from_ref(&sound), &["Processed", "Error"], 60).await;
+    assert_eq!(states[&sound], "Processed");
+    let trace = operator_view(&stack, &sound)["correlation_id"].as_str().unwrap().to_owned();
+    let segments = stack.traces.segments(&[trace]).await.unwrap();
+    assert!(segments.is_empty(), "{segments:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

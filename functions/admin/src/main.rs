@@ -17,6 +17,8 @@ use sas_engine::services::{Keyring, Operator, Ports, ServiceDesk, StatusService}
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let wiring = Wiring::start("admin").await;
+    // An operator's command is about an order someone is looking at: keep its trace.
+    sas_aws::trace::keep_every_send();
     let s = Settings::from_env(&Env::process())?;
     clients::warm_up(clients::touch_table(wiring.dynamodb(), &s.tables.state)).await;
     let store = wiring.store(&s.tables);

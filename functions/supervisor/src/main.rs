@@ -16,6 +16,9 @@ use sas_supervisor::settings::Settings;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let wiring = Wiring::start("supervisor").await;
+    // What the supervisor sends is about orders in trouble (a lease or a deadline ran out, a
+    // hold ended) or started by a schedule: few, and each worth its trace.
+    sas_aws::trace::keep_every_send();
     let Settings { starter: s, services_table, look_back } = Settings::from_env(&Env::process())?;
     let store = wiring.store(&s.tables);
     let book = DynamoServiceBook::new(wiring.dynamodb().clone(), services_table);

@@ -109,12 +109,15 @@ fn take_log_output() -> (f64, f64) {
 }
 
 /// What Lambda itself writes to a function's log for each invocation, in its text format:
-/// START, END, and REPORT with the X-Ray line it carries under active tracing (three events).
+/// START, END, and REPORT (three events).
 const LAMBDA_LINES: [&str; 3] = [
     "START RequestId: 3f2b8c1e-7a4d-4e9b-b1c6-0d5e8f7a9b21 Version: $LATEST\n",
     "END RequestId: 3f2b8c1e-7a4d-4e9b-b1c6-0d5e8f7a9b21\n",
-    "REPORT RequestId: 3f2b8c1e-7a4d-4e9b-b1c6-0d5e8f7a9b21\tDuration: 38.47 ms\tBilled Duration: 39 ms\tMemory Size: 128 MB\tMax Memory Used: 31 MB\t\nXRAY TraceId: 1-6750a1b2-3c4d5e6f7a8b9c0d1e2f3a4b\tSegmentId: 5a6b7c8d9e0f1a2b\tSampled: true\t\n",
+    "REPORT RequestId: 3f2b8c1e-7a4d-4e9b-b1c6-0d5e8f7a9b21\tDuration: 38.47 ms\tBilled Duration: 39 ms\tMemory Size: 128 MB\tMax Memory Used: 31 MB\t\n",
 ];
+
+/// What the REPORT line carries more under Lambda's own tracing (`Tracing: Active`).
+const LAMBDA_XRAY_LINE: &str = "XRAY TraceId: 1-6750a1b2-3c4d5e6f7a8b9c0d1e2f3a4b\tSegmentId: 5a6b7c8d9e0f1a2b\tSampled: true\t\n";
 
 /// Lambda's default sampling of the invocations it traces itself, per function: the first
 /// invocation each second and this share of the rest. Its traces are the invocations' own,
@@ -199,6 +202,9 @@ struct Meter {
     log_lines: f64,
     /// The distinct traces the orders, their children included, belong to.
     traces: f64,
+    /// The traces kept whatever the sampling: a message told of a fault in their order, or the
+    /// supervisor sent one ([`sas_aws::trace`]).
+    kept: HashSet<String>,
     /// What the finished orders keep in DynamoDB: their items' sizes, with the 100 bytes
     /// DynamoDB adds to each item it stores.
     stored_bytes: f64,
@@ -420,6 +426,8 @@ impl HeldIndex for MeteredStore {
 struct MeteredOutbox {
     inner: Arc<MemoryQueues<ManualClock>>,
     meter: Arc<Mutex<Meter>>,
+    /// The supervisor's: every trace it sends for is kept.
+    keeps_every_trace: bool,
 }
 
 impl Outbox for MeteredOutbox {
@@ -436,6 +444,9 @@ impl Outbox for MeteredOutbox {
                 Message::Event(_) => "bus_event",
             };
             *m.messages.entry(kind).or_default() += 1.0;
+            if self.keeps_every_trace || msg.message.tells_of_fault() {
+                m.kept.insert(msg.message.correlation_id().to_owned());
+            }
         }
         // SendMessageBatch: one request per queue per ten messages.
         m.send_requests += per_queue.values().map(|n| n.div_ceil(10) as f64).sum::<f64>();
@@ -593,6 +604,8 @@ impl Batches {
 struct Deployed {
     /// Share of orders traced whole (`TraceSamplePercent`).
     trace_share: f64,
+    /// Lambda traces the invocations itself (`Tracing: Active` on the functions).
+    lambda_tracing: bool,
     /// The API's access log line for a request.
     access_line: String,
 }
@@ -644,8 +657,12 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .resource("HttpApiStage")
         .and_then(|stage| stage.properties["AccessLogSettings"]["Format"].as_str())
         .ok_or("the HTTP API's stage has no access log format")?;
-    let deployed =
-        Deployed { trace_share: defaults.trace_share, access_line: access_log_line(access_format) };
+    let lambda_tracing = template.globals["Function"]["Tracing"] == "Active";
+    let deployed = Deployed {
+        trace_share: defaults.trace_share,
+        lambda_tracing,
+        access_line: access_log_line(access_format),
+    };
     // The functions' log lines, as they print them at `LogLevel`'s default.
     sas_aws::telemetry::init_json(tracing_subscriber::EnvFilter::new("info"), || CountedLog);
     // The recorder the functions install, in a stack's namespace (`orders` here), under a
@@ -937,7 +954,13 @@ async fn run(
     let memory = Arc::new(MemoryStore::new(clock.clone()));
     let store = MeteredStore { inner: memory.clone(), meter: meter.clone() };
     let queues = Arc::new(MemoryQueues::new(clock.clone()));
-    let outbox = || Arc::new(MeteredOutbox { inner: queues.clone(), meter: meter.clone() });
+    let outbox = || {
+        Arc::new(MeteredOutbox {
+            inner: queues.clone(),
+            meter: meter.clone(),
+            keeps_every_trace: false,
+        })
+    };
     let bus = Arc::new(MemoryBus::new());
     // Every agent the workflows name is deployed; a list of workflows runs its last.
     let mut jsons: Vec<String> = match serde_json::from_str::<serde_json::Value>(&s.workflow)? {
@@ -1067,7 +1090,11 @@ async fn run(
             clock.advance(std::time::Duration::from_secs(1));
         }
     }
-    let supervisor = system.supervisor(outbox());
+    let supervisor = system.supervisor(Arc::new(MeteredOutbox {
+        inner: queues.clone(),
+        meter: meter.clone(),
+        keeps_every_trace: true,
+    }));
     if s.held {
         let waiting = memory.records().iter().filter(|r| r.held_on().is_some()).count();
         if waiting != orders {
@@ -1260,18 +1287,25 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
     // The event that starts an order is put on the bus as the status events are.
     let events = msg("event") + started;
     // The orders' traces, and those Lambda records of the invocations it samples, function
-    // by function, at the model's rate.
+    // by function, at the model's rate, if it traces them itself.
     let rate = ORDERS_PER_SECOND as f64;
     let agents = s.agents();
-    let lambda_traces = (lambda_traces((submitted + msg("answer")) * rate)
-        + lambda_traces(scheduler_invocations * rate)
-        + agents * lambda_traces(agent_invocations / agents * rate))
-        / rate;
-    let traces = deployed.trace_share * per(m.traces) + lambda_traces;
+    let lambda_traces = if deployed.lambda_tracing {
+        (lambda_traces((submitted + msg("answer")) * rate)
+            + lambda_traces(scheduler_invocations * rate)
+            + agents * lambda_traces(agent_invocations / agents * rate))
+            / rate
+    } else {
+        0.0
+    };
+    // Every trace kept for a fault, and the share sampled of the others.
+    let kept = m.kept.len() as f64;
+    let traces = per(kept + deployed.trace_share * (m.traces - kept).max(0.0)) + lambda_traces;
     // CloudWatch Logs bills each event's bytes and 26 more.
     let logged = |bytes: f64, lines: f64| bytes + lines * price::CLOUDWATCH_LOGS_EVENT_BYTES;
     let lambda_bytes = logged(
-        LAMBDA_LINES.iter().map(|l| l.len()).sum::<usize>() as f64,
+        (LAMBDA_LINES.iter().map(|l| l.len()).sum::<usize>()
+            + if deployed.lambda_tracing { LAMBDA_XRAY_LINE.len() } else { 0 }) as f64,
         LAMBDA_LINES.len() as f64,
     );
     let access_bytes = logged(deployed.access_line.len() as f64, 1.0);
@@ -1360,11 +1394,12 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
         m.largest_item
     );
     println!(
-        "Log lines per order: {:.2} of the functions' own ({:.0} bytes), {:.0} of Lambda's; traces: {:.3} of orders (`TraceSamplePercent` {:.0}), {lambda_traces:.3} of Lambda's own.",
+        "Log lines per order: {:.2} of the functions' own ({:.0} bytes), {:.0} of Lambda's; traces: {:.3} of orders ({:.3} kept for a fault or sent by the supervisor, the rest at `TraceSamplePercent` {:.0}), {lambda_traces:.3} of Lambda's own.",
         per(m.log_lines),
         per(m.log_bytes),
         invocations * LAMBDA_LINES.len() as f64,
-        deployed.trace_share * per(m.traces),
+        traces - lambda_traces,
+        per(kept),
         deployed.trace_share * 100.0,
     );
     let stored = per(m.stored_bytes);

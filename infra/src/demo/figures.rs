@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::Summary;
-use super::records::{Item, body};
-use super::summary::Tally;
+use super::records::{Item, body, state_of};
+use super::summary::{Tally, reported_steps};
 use crate::emulation::functions::EventSource;
 use crate::emulation::local::{LocalStack, REMOTE_SERVICE, RunningFunction};
 use crate::emulation::proxy::{Seen, label};
@@ -228,32 +228,51 @@ fn price(service: &str, operation: &str) -> (f64, String) {
     }
 }
 
-/// What the traces said: how many orders were not in one trace of their own, and the line
-/// that says so.
+/// What the traces said: how many orders were not traced as they should be, and the line that
+/// says so (or why the traces could not be read).
 pub(super) struct TracesSeen {
     pub(super) broken: usize,
     pub(super) text: String,
 }
 
-/// Whether every order's hops are in one trace, the one its correlation id names, as the
-/// segments the functions sent to the local X-Ray daemon say.
-pub(super) fn traces_seen(stack: &LocalStack, records: &[Item]) -> TracesSeen {
-    let seen = OrderTraces::of(&stack.traces.segments());
-    let (mut whole, mut broken, mut hops) = (0, 0, 0);
+/// Whether the traces are what the stack promises, as the segments the functions sent to the
+/// emulator's X-Ray holds: an order's hops, if any were sent, are all in the one trace its
+/// correlation id names; and an order that did not end processed (a step refused, undone,
+/// or failed) has its trace, kept from its first fault whatever `TraceSamplePercent` says.
+pub(super) async fn traces_seen(stack: &LocalStack, records: &[Item]) -> TracesSeen {
+    let ids: Vec<String> = records
+        .iter()
+        .filter_map(|r| body(r)["correlation_id"].as_str().map(str::to_owned))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let segments = match stack.traces.segments(&ids).await {
+        Ok(segments) => segments,
+        Err(e) => {
+            let text = format!("traces: could not be read from X-Ray: {e}\n");
+            return TracesSeen { broken: records.len(), text };
+        }
+    };
+    let seen = OrderTraces::of(&segments);
+    let (mut traced, mut faulted, mut unsampled, mut broken, mut hops) = (0, 0, 0, 0, 0);
     for r in records {
         let id = r.get("OrderId").and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
-        let correlation = body(r)["correlation_id"].as_str().unwrap_or_default().to_owned();
+        let b = body(r);
+        let correlation = b["correlation_id"].as_str().unwrap_or_default().to_owned();
+        let troubled = state_of(r) != "Processed" || !reported_steps(&b).is_empty();
         match seen.by_order.get(&id) {
             Some((traces, n)) if traces == &[correlation] => {
-                whole += 1;
+                traced += 1;
+                faulted += usize::from(troubled);
                 hops += n;
             }
+            None if !troubled => unsampled += 1,
             _ => broken += 1,
         }
     }
     let text = format!(
-        "traces: {whole} orders each in one trace of its own ({:.2} hops each on average), {broken} split or missing; {} hops whose parent segment was not received\n",
-        hops as f64 / whole.max(1) as f64,
+        "traces: {traced} orders each in one trace of its own ({:.2} hops each on average), {faulted} of them for a fault; {unsampled} processed orders not sampled; {broken} split or missing; {} hops whose parent segment was not sent (an order kept from its first fault)\n",
+        hops as f64 / traced.max(1) as f64,
         seen.orphans
     );
     TracesSeen { broken, text }

@@ -111,7 +111,7 @@ pub(super) async fn summarise(
     ];
     let metrics = ended_in_metrics(stack, ended, stack.unanswered()).await;
     s.metrics_disagree = !metrics.keeps_promise(ended);
-    let traces = traces_seen(stack, records);
+    let traces = traces_seen(stack, records).await;
     s.traces_broken = traces.broken;
 
     let alerted = alerted(stack, clients).await;
@@ -584,7 +584,7 @@ fn explained(cause: &Value, order_id: &str, faulted: &Value, kills: u64) -> bool
 }
 
 /// The steps of an order (its record's body) whose failures were only reported.
-fn reported_steps(body: &Value) -> Vec<&Value> {
+pub(super) fn reported_steps(body: &Value) -> Vec<&Value> {
     let steps = body["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
     steps.iter().filter(|st| st.get("reported").is_some()).collect()
 }

@@ -38,6 +38,7 @@ pub struct Clients {
     pub events: aws_sdk_eventbridge::Client,
     /// Path-style (`<endpoint>/<bucket>/<key>`), as a local endpoint needs.
     pub s3: aws_sdk_s3::Client,
+    pub xray: aws_sdk_xray::Client,
 }
 
 impl Clients {
@@ -76,6 +77,11 @@ impl Clients {
                 aws_sdk_s3::config::Builder::from(&sdk)
                     .endpoint_url(&endpoints.sqs_and_events)
                     .force_path_style(true)
+                    .build(),
+            ),
+            xray: aws_sdk_xray::Client::from_conf(
+                aws_sdk_xray::config::Builder::from(&sdk)
+                    .endpoint_url(&endpoints.sqs_and_events)
                     .build(),
             ),
         }

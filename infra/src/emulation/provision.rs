@@ -172,7 +172,7 @@ async fn create(
     name: &str,
     properties: &Value,
 ) -> Result<(), String> {
-    let Clients { dynamodb, sqs, events, s3 } = clients;
+    let Clients { dynamodb, sqs, events, s3, .. } = clients;
     match kind {
         "AWS::DynamoDB::Table" => {
             create_table(dynamodb, &mut stack.context, id, name, properties).await?

@@ -1,16 +1,13 @@
-//! The X-Ray daemon's local counterpart: a UDP listener on loopback that the functions send
-//! their trace segments to (`AWS_XRAY_DAEMON_ADDRESS`), keeping them so that one order's trace
-//! can be followed and checked.
+//! The orders' traces as X-Ray holds them: the functions send their segments to X-Ray's API
+//! (the local stack's emulator), and this reads them back by trace id, so that one order's
+//! trace can be followed and checked.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use tokio::net::UdpSocket;
-use tokio::task::JoinHandle;
 
-/// Largest datagram read; a segment is far smaller.
-const DATAGRAM: usize = 64 * 1024;
+/// Most trace ids one `BatchGetTraces` takes.
+const TRACES_PER_CALL: usize = 5;
 
 /// One segment as a function sent it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,54 +31,48 @@ impl Segment {
     }
 }
 
-/// The segments received so far; cheap to clone.
-#[derive(Clone, Debug, Default)]
+/// X-Ray's traces, read with a client of its API; cheap to clone.
+#[derive(Clone, Debug)]
 pub struct Traces {
-    segments: Arc<Mutex<Vec<Segment>>>,
-    /// Datagrams that were not a segment document.
-    unreadable: Arc<Mutex<u64>>,
+    client: aws_sdk_xray::Client,
 }
 
 impl Traces {
-    /// Listens on `socket` until the returned task is aborted.
-    pub fn listen(&self, socket: UdpSocket) -> JoinHandle<()> {
-        let this = self.clone();
-        tokio::spawn(async move {
-            let mut buffer = vec![0u8; DATAGRAM];
-            while let Ok(n) = socket.recv(&mut buffer).await {
-                this.ingest(&buffer[..n]);
+    pub fn new(client: aws_sdk_xray::Client) -> Traces {
+        Traces { client }
+    }
+
+    /// Every segment of the traces `ids`, earliest first; a trace X-Ray does not hold has
+    /// none. Segments X-Ray holds but cannot be read as ours are left out.
+    pub async fn segments(&self, ids: &[String]) -> Result<Vec<Segment>, String> {
+        let mut found = Vec::new();
+        for chunk in ids.chunks(TRACES_PER_CALL) {
+            let mut next = None;
+            loop {
+                let page = self
+                    .client
+                    .batch_get_traces()
+                    .set_trace_ids(Some(chunk.to_vec()))
+                    .set_next_token(next)
+                    .send()
+                    .await
+                    .map_err(|e| format!("{}", aws_sdk_xray::error::DisplayErrorContext(&e)))?;
+                for trace in page.traces() {
+                    found.extend(
+                        trace
+                            .segments()
+                            .iter()
+                            .filter_map(|s| serde_json::from_str::<Segment>(s.document()?).ok()),
+                    );
+                }
+                next = page.next_token().map(str::to_owned);
+                if next.is_none() {
+                    break;
+                }
             }
-        })
-    }
-
-    /// Takes one datagram: the daemon's header line, then a segment document.
-    fn ingest(&self, datagram: &[u8]) {
-        let text = String::from_utf8_lossy(datagram);
-        let segment = text
-            .split_once('\n')
-            .filter(|(header, _)| header.contains("\"format\""))
-            .and_then(|(_, document)| serde_json::from_str::<Segment>(document).ok());
-        match segment {
-            Some(s) => self.segments.lock().unwrap_or_else(|e| e.into_inner()).push(s),
-            None => *self.unreadable.lock().unwrap_or_else(|e| e.into_inner()) += 1,
         }
-    }
-
-    /// Every segment so far, in the order they arrived.
-    pub fn segments(&self) -> Vec<Segment> {
-        self.segments.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// The segments annotated with `order_id`, earliest first.
-    pub fn of_order(&self, order_id: &str) -> Vec<Segment> {
-        let mut found: Vec<Segment> =
-            self.segments().into_iter().filter(|s| s.order_id() == Some(order_id)).collect();
         found.sort_by(|a, b| a.start_time.total_cmp(&b.start_time));
-        found
-    }
-
-    pub fn unreadable(&self) -> u64 {
-        *self.unreadable.lock().unwrap_or_else(|e| e.into_inner())
+        Ok(found)
     }
 }
 
@@ -121,30 +112,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_datagram_is_a_header_line_and_a_segment() {
-        let t = Traces::default();
-        t.ingest(br#"{"format":"json","version":1}
-{"name":"SchedulerFunction","id":"a1","trace_id":"1-5759e988-bd862e3fe1be46a994272793","start_time":1.0,"end_time":2.0,"fault":false,"annotations":{"order_id":"o"}}"#);
-        t.ingest(b"nonsense");
-        assert_eq!(t.of_order("o").len(), 1);
-        assert_eq!(t.unreadable(), 1);
-        let child = Segment {
+    fn an_order_is_whole_when_its_segments_are_one_trace_of_parents_and_children() {
+        let segment = |id: &str, parent: Option<&str>| Segment {
             name: "agent".into(),
-            id: "b2".into(),
+            id: id.into(),
             trace_id: "1-5759e988-bd862e3fe1be46a994272793".into(),
-            parent_id: Some("a1".into()),
+            parent_id: parent.map(str::to_owned),
             start_time: 2.0,
             end_time: 3.0,
             fault: false,
             annotations: BTreeMap::from([("order_id".into(), "o".into())]),
         };
-        let mut all = t.segments();
-        all.push(child);
-        let traces = OrderTraces::of(&all);
+        let document = r#"{"name":"SchedulerFunction","id":"a1","trace_id":"1-5759e988-bd862e3fe1be46a994272793","start_time":1.0,"end_time":2.0,"fault":false,"annotations":{"order_id":"o"}}"#;
+        let first: Segment = serde_json::from_str(document).unwrap();
+        assert_eq!(first, segment("a1", None).with_times(1.0, 2.0, "SchedulerFunction"));
+        let traces = OrderTraces::of(&[first.clone(), segment("b2", Some("a1"))]);
         assert_eq!(
             traces.by_order["o"],
             (vec!["1-5759e988-bd862e3fe1be46a994272793".to_owned()], 2)
         );
         assert_eq!(traces.orphans, 0);
+        assert_eq!(OrderTraces::of(&[segment("c3", Some("gone"))]).orphans, 1);
+    }
+
+    impl Segment {
+        fn with_times(mut self, start: f64, end: f64, name: &str) -> Segment {
+            (self.start_time, self.end_time, self.name) = (start, end, name.into());
+            self
+        }
     }
 }

@@ -47,7 +47,7 @@ const BATCH: usize = 10;
 fn trace_attribute(
     message: &sas_engine::message::Message,
 ) -> Option<HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue>> {
-    let header = trace::header_for(message.correlation_id())?;
+    let header = trace::header_of(message)?;
     let value = MessageSystemAttributeValue::builder()
         .data_type("String")
         .string_value(header.to_string())

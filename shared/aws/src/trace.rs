@@ -6,18 +6,26 @@
 //! anything more: each send sets SQS's `AWSTraceHeader` system attribute to the trace, with
 //! the segment of the hop that sent it as parent ([`header_for`]). Each consumer continues it:
 //! the handling of one message is a segment ([`Hop`]) in the trace its header names, child of
-//! the sender's segment, with the order and correlation ids as annotations, sent to the X-Ray
-//! daemon that Lambda runs beside the function (`AWS_XRAY_DAEMON_ADDRESS`) when it ends. No
-//! daemon, no segments; the headers are set regardless.
+//! the sender's segment, with the order and correlation ids as annotations. The segments an
+//! invocation ends are sent to X-Ray's API (`PutTraceSegments`) in one call as it ends
+//! ([`flush`]), not to the daemon: Lambda runs that only for invocations it samples itself,
+//! and its own tracing (`Tracing: Active`) would record a trace of its own for each function
+//! every second, which a batch of many orders' messages has no use for.
 //!
-//! Lambda's own segments for an invocation belong to the invocation's trace, not the order's:
-//! a batch holds messages of many orders.
+//! Which orders are traced is decided twice. At the start, `TRACE_SAMPLE_PERCENT` of them, by
+//! their trace id, so that every hop agrees without being told. Then at the first fault: a
+//! message that tells of one ([`Message::tells_of_fault`]), a hop that fails, and every send
+//! of a process that only acts on orders in trouble ([`keep_every_send`]) mark the trace
+//! sampled from there on, and the header carries the mark to every later hop. An order that
+//! goes wrong is thus traced from its first fault whatever the share; one that does not costs
+//! nothing unless it was sampled.
 
 use std::collections::HashMap;
-use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use sas_engine::message::Message;
 use sas_engine::ports::Ids;
 use serde::Serialize;
 use serde_json::Value;
@@ -79,12 +87,29 @@ impl std::fmt::Display for TraceHeader {
     }
 }
 
+/// A hop being handled: its segment's id, and whether its trace is kept.
+#[derive(Debug)]
+struct Open {
+    id: String,
+    sampled: bool,
+}
+
 /// The segments open in this process, by trace: a message sent for an order while one of its
 /// hops is being handled here is that hop's child. A batch's sends go out together, from
 /// another task than the handlers', so this cannot be a task-local.
-fn open_hops() -> &'static Mutex<HashMap<String, String>> {
-    static OPEN: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+fn open_hops() -> &'static Mutex<HashMap<String, Open>> {
+    static OPEN: OnceLock<Mutex<HashMap<String, Open>>> = OnceLock::new();
     OPEN.get_or_init(Mutex::default)
+}
+
+/// Set by [`keep_every_send`].
+static EVERY_SEND: AtomicBool = AtomicBool::new(false);
+
+/// Keeps the trace of every order this process sends a message for: the supervisor's sends
+/// (a lease ran out, a deadline passed, a hold ended) and the operators' commands are about
+/// orders worth a look.
+pub fn keep_every_send() {
+    EVERY_SEND.store(true, Ordering::Relaxed);
 }
 
 /// Whether the order with trace `root` is traced, out of `percent` of all orders. Decided
@@ -103,13 +128,31 @@ fn sample_percent() -> u8 {
     })
 }
 
-/// The `AWSTraceHeader` for a message of the order with `correlation_id`, if it has a trace.
-pub fn header_for(correlation_id: &str) -> Option<TraceHeader> {
+/// The `AWSTraceHeader` for `message`, if its order has a trace.
+pub fn header_of(message: &Message) -> Option<TraceHeader> {
+    header_for(message.correlation_id(), message.tells_of_fault())
+}
+
+/// The `AWSTraceHeader` for a message of the order with `correlation_id`, if it has a trace;
+/// `fault` if the message tells of a fault, which keeps the trace from here on (the hop
+/// sending it included).
+pub fn header_for(correlation_id: &str, fault: bool) -> Option<TraceHeader> {
+    header_at(correlation_id, fault || EVERY_SEND.load(Ordering::Relaxed), sample_percent())
+}
+
+/// [`header_for`], with `keep` if the trace is kept from here on, out of `percent` sampled.
+fn header_at(correlation_id: &str, keep: bool, percent: u8) -> Option<TraceHeader> {
     if !is_trace_id(correlation_id) {
         return None;
     }
-    let parent = open_hops().lock().unwrap_or_else(|e| e.into_inner()).get(correlation_id).cloned();
-    let sampled = sampled(correlation_id, sample_percent());
+    let mut open = open_hops().lock().unwrap_or_else(|e| e.into_inner());
+    let (parent, sampled) = match open.get_mut(correlation_id) {
+        Some(hop) => {
+            hop.sampled |= keep;
+            (Some(hop.id.clone()), hop.sampled)
+        }
+        None => (None, keep || sampled(correlation_id, percent)),
+    };
     Some(TraceHeader { root: correlation_id.to_owned(), parent, sampled })
 }
 
@@ -162,7 +205,7 @@ impl Hop {
             open_hops()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(t.root.clone(), id.clone());
+                .insert(t.root.clone(), Open { id: id.clone(), sampled: t.sampled });
         }
         Hop { trace, id, about, started: now() }
     }
@@ -176,16 +219,20 @@ impl Hop {
         &self.about
     }
 
-    /// Ends the hop and sends its segment; `failed` marks it as a fault.
+    /// Ends the hop and sends its segment if its trace is kept; `failed` marks it as a fault,
+    /// and keeps it.
     pub fn end(self, failed: bool) {
         let Some(trace) = &self.trace else { return };
-        {
+        let kept_since = {
             let mut open = open_hops().lock().unwrap_or_else(|e| e.into_inner());
-            if open.get(&trace.root) == Some(&self.id) {
-                open.remove(&trace.root);
+            match open.get(&trace.root) {
+                Some(hop) if hop.id == self.id => {
+                    open.remove(&trace.root).is_some_and(|h| h.sampled)
+                }
+                _ => false,
             }
-        }
-        if !trace.sampled {
+        };
+        if !(trace.sampled || kept_since || failed) {
             return;
         }
         let segment = Segment {
@@ -245,28 +292,56 @@ fn segment_name() -> &'static str {
     })
 }
 
-/// The daemon's UDP address: `AWS_XRAY_DAEMON_ADDRESS` is `host:port`, or
-/// `tcp:host:port udp:host:port`.
-fn daemon_address(value: &str) -> Option<String> {
-    let udp = value.split_whitespace().find_map(|p| p.strip_prefix("udp:"));
-    let address = udp.unwrap_or(value).trim();
-    (!address.is_empty() && !address.contains(' ')).then(|| address.to_owned())
+/// The segments ended and not yet sent, as documents.
+fn pending() -> &'static Mutex<Vec<String>> {
+    static PENDING: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    PENDING.get_or_init(Mutex::default)
 }
 
-/// Sends a segment to the daemon: one datagram, fire and forget, as the X-Ray SDKs do. A
-/// segment that cannot be sent is not worth failing a message for.
+/// The X-Ray client the segments are sent with ([`install`]).
+static CLIENT: OnceLock<aws_sdk_xray::Client> = OnceLock::new();
+
+/// Sends the segments with `client` from now on; without one they are dropped.
+pub fn install(client: aws_sdk_xray::Client) {
+    let _ = CLIENT.set(client);
+}
+
+/// Most documents in one `PutTraceSegments` call.
+const SEGMENTS_PER_CALL: usize = 50;
+
 fn emit(segment: &Segment<'_>) {
-    static SOCKET: OnceLock<Option<(UdpSocket, String)>> = OnceLock::new();
-    let socket = SOCKET.get_or_init(|| {
-        let address = daemon_address(&std::env::var("AWS_XRAY_DAEMON_ADDRESS").ok()?)?;
-        let socket = UdpSocket::bind("0.0.0.0:0").ok()?;
-        socket.set_nonblocking(true).ok()?;
-        Some((socket, address))
-    });
-    let Some((socket, address)) = socket else { return };
-    let Ok(document) = serde_json::to_string(segment) else { return };
-    let datagram = format!("{{\"format\":\"json\",\"version\":1}}\n{document}");
-    let _ = socket.send_to(datagram.as_bytes(), address.as_str());
+    if CLIENT.get().is_none() {
+        return;
+    }
+    if let Ok(document) = serde_json::to_string(segment) {
+        pending().lock().unwrap_or_else(|e| e.into_inner()).push(document);
+    }
+}
+
+/// Sends the segments ended since the last call: done at the end of each invocation, before
+/// Lambda freezes the process. Most invocations have none (their orders were not sampled,
+/// and met no fault) and call nothing. A segment that cannot be sent is not worth failing an
+/// invocation for: it is logged and dropped.
+pub async fn flush() {
+    let Some(client) = CLIENT.get() else { return };
+    let documents = std::mem::take(&mut *pending().lock().unwrap_or_else(|e| e.into_inner()));
+    for chunk in documents.chunks(SEGMENTS_PER_CALL) {
+        let sent = client
+            .put_trace_segments()
+            .set_trace_segment_documents(Some(chunk.to_vec()))
+            .send()
+            .await;
+        match sent {
+            Ok(out) if !out.unprocessed_trace_segments().is_empty() => {
+                let refused = out.unprocessed_trace_segments().len();
+                tracing::warn!(refused, "X-Ray refused trace segments");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %aws_sdk_xray::error::DisplayErrorContext(&e), segments = chunk.len(), "trace segments not sent")
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -298,18 +373,36 @@ mod tests {
     #[test]
     fn a_send_during_a_hop_is_its_child_and_continues_its_trace() {
         let root = TraceIds.new_id();
-        assert_eq!(header_for(&root).unwrap().parent, None, "no hop of this order is open");
+        assert_eq!(header_for(&root, false).unwrap().parent, None, "no hop of this order is open");
         let incoming = format!("Root={root};Parent=1111222233334444;Sampled=1");
         let hop = Hop::begin(Some(&incoming), About::default());
         assert_eq!(hop.trace_id(), Some(root.as_str()));
-        let sent = header_for(&root).unwrap();
+        let sent = header_for(&root, false).unwrap();
         assert_eq!(
             (sent.root.as_str(), sent.parent.as_deref()),
             (root.as_str(), Some(hop.id.as_str()))
         );
         hop.end(false);
-        assert_eq!(header_for(&root).unwrap().parent, None, "closed");
-        assert!(header_for("98f0c25b-d07c-4996-8a28-a93fbfee6967").is_none());
+        assert_eq!(header_for(&root, false).unwrap().parent, None, "closed");
+        assert!(header_for("98f0c25b-d07c-4996-8a28-a93fbfee6967", false).is_none());
+    }
+
+    #[test]
+    fn a_fault_keeps_a_trace_that_was_not_sampled_from_that_hop_on() {
+        let root = TraceIds.new_id();
+        assert!(!header_at(&root, false, 0).unwrap().sampled, "none sampled at the start");
+        let hop = Hop::begin(Some(&format!("Root={root};Sampled=0")), About::default());
+        assert!(!header_at(&root, false, 0).unwrap().sampled);
+        let fault = header_at(&root, true, 0).unwrap();
+        assert_eq!((fault.sampled, fault.parent.as_deref()), (true, Some(hop.id.as_str())));
+        assert!(header_at(&root, false, 0).unwrap().sampled, "the rest of the hop's sends too");
+        let kept = open_hops().lock().unwrap().get(&root).is_some_and(|h| h.sampled);
+        assert!(kept, "and the hop's own segment");
+        hop.end(false);
+        // The next hop reads the mark from the header its message carries.
+        let next = Hop::begin(Some(&fault.to_string()), About::default());
+        assert!(header_at(&root, false, 0).unwrap().sampled);
+        next.end(false);
     }
 
     #[test]
@@ -320,15 +413,6 @@ mod tests {
         let tenth = share(10);
         assert!((100..300).contains(&tenth), "about a tenth: {tenth}");
         assert!(ids.iter().all(|id| sampled(id, 10) == sampled(id, 10)));
-    }
-
-    #[test]
-    fn the_daemon_address_takes_both_forms() {
-        assert_eq!(daemon_address("169.254.79.129:2000").as_deref(), Some("169.254.79.129:2000"));
-        assert_eq!(
-            daemon_address("tcp:127.0.0.1:2000 udp:127.0.0.1:2001").as_deref(),
-            Some("127.0.0.1:2001")
-        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! One wiring path for every function: logging and metrics set up, the SDK configured once per
-//! cold start, the engine's ports built on its clients, and each invocation's metrics printed
-//! when it ends. A function's `main` reads its settings, asks this for the ports it needs and
+//! cold start, the engine's ports built on its clients, and each invocation's trace segments
+//! sent and metrics printed when it ends. A function's `main` reads its settings, asks this for the ports it needs and
 //! hands them to its service; nothing else is repeated between functions.
 
 use std::future::Future;
@@ -46,6 +46,7 @@ impl Wiring {
             .filter(|n| !n.is_empty())
             .and_then(|namespace| telemetry::metrics(&namespace, role));
         let sdk = clients::sdk_config().await;
+        crate::trace::install(aws_sdk_xray::Client::new(&sdk));
         Wiring {
             dynamodb: clients::dynamodb(&sdk),
             sqs: clients::sqs(&sdk),
@@ -117,9 +118,11 @@ impl Wiring {
         Gauges { waits: self.waits(waits_table), depths: SqsDepths::new(self.sqs.clone(), queues) }
     }
 
-    /// Runs one invocation's work, then prints the metrics it recorded.
+    /// Runs one invocation's work, then sends the trace segments it ended and prints the
+    /// metrics it recorded.
     pub async fn invocation<T>(&self, work: impl Future<Output = T>) -> T {
         let out = work.await;
+        crate::trace::flush().await;
         if self.metrics.is_some() {
             telemetry::print_metrics();
         }

@@ -329,6 +329,26 @@ impl Message {
         }
     }
 
+    /// Whether it tells of a fault in its order: the service refused the step, kept no room
+    /// for its output or is held; a lease ran out before (the last one, or a step resumed
+    /// after a hold); or a step is being undone. An order's trace, if it was not sampled at
+    /// its start, is kept from its first such message on.
+    pub fn tells_of_fault(&self) -> bool {
+        match self {
+            Message::Request(m) => m.step.direction == Direction::Undo || m.resumed || m.last_lease,
+            Message::Reply(m) => {
+                m.step.direction == Direction::Undo
+                    || matches!(
+                        m.outcome,
+                        StepOutcome::Failed { .. }
+                            | StepOutcome::TooLarge { .. }
+                            | StepOutcome::Held { .. }
+                    )
+            }
+            Message::Start(_) | Message::ChildEnded(_) | Message::Event(_) => false,
+        }
+    }
+
     /// The group the queue delivers it by ([`crate::fair`]): its order's. An event, not yet
     /// anyone's order, is its own.
     pub fn group(&self) -> Option<&str> {
@@ -440,6 +460,33 @@ mod tests {
             panic!()
         };
         assert!(reason.len() <= MAX_REASON_LEN && reason.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn a_refusal_a_hold_an_undo_or_a_lease_run_out_tells_of_a_fault() {
+        let step = |direction| StepRef { index: 0, name: "pay".into(), direction, element: None };
+        let reply = |direction, outcome| {
+            Message::Reply(StepReply {
+                order_id: OrderId::for_key(&IdempotencyKey::parse("k1").unwrap()),
+                attempt: 1,
+                correlation_id: "c-1".into(),
+                step: step(direction),
+                complete_by: Timestamp::from_millis(1_000),
+                idempotency_key: "k1-pay".into(),
+                outcome,
+                due_at: None,
+                group: None,
+            })
+        };
+        let done = || StepOutcome::Done { output: serde_json::json!({}) };
+        assert!(!start().tells_of_fault());
+        assert!(!reply(Direction::Do, done()).tells_of_fault());
+        let later = StepOutcome::Deferred { until: Timestamp::from_millis(2_000) };
+        assert!(!reply(Direction::Do, later).tells_of_fault(), "waiting its turn is no fault");
+        assert!(reply(Direction::Do, StepOutcome::failed("no funds")).tells_of_fault());
+        assert!(reply(Direction::Do, StepOutcome::held("down", None)).tells_of_fault());
+        assert!(reply(Direction::Do, StepOutcome::TooLarge { bytes: 600 }).tells_of_fault());
+        assert!(reply(Direction::Undo, done()).tells_of_fault());
     }
 
     #[test]

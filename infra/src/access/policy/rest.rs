@@ -1,6 +1,6 @@
-//! The REST-JSON services the proxy maps (EventBridge Scheduler, Lambda's invocations): each
-//! operation by its method and path template, with the resource ARN it is authorised on, from
-//! the path, the query and the body as the service's IAM reference says.
+//! The REST-JSON services the proxy maps (X-Ray's segments, EventBridge Scheduler, Lambda's
+//! invocations): each operation by its method and path template, with the resource ARN it is
+//! authorised on, from the path, the query and the body as the service's IAM reference says.
 
 use serde_json::Value;
 
@@ -49,6 +49,16 @@ impl Matched<'_> {
 }
 
 const ROUTES: &[Route] = &[
+    // X-Ray's trace segments, which the functions send themselves: its write actions take no
+    // resource.
+    Route {
+        service: "xray",
+        method: "POST",
+        path: "/TraceSegments",
+        operation: "PutTraceSegments",
+        action: None,
+        needs: anything,
+    },
     // EventBridge Scheduler: a schedule lives in a group (`default` unless named), given in the
     // body when it is written and in the query when it is read or deleted. Creating or
     // updating one also passes the role its target runs as.

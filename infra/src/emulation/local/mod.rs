@@ -99,7 +99,7 @@ pub struct LocalStack {
     pub metrics: Metrics,
     /// What reached a dead-letter queue, and why.
     pub dead_letters: DeadLetters,
-    /// The trace segments the functions sent.
+    /// The trace segments the functions sent to X-Ray.
     pub traces: Traces,
     /// The panics the functions printed, whatever their output is for.
     pub panics: Panics,
@@ -109,8 +109,6 @@ pub struct LocalStack {
     pub account: Option<AccountConcurrency>,
     /// How it was started, and last reloaded.
     options: Options,
-    /// The local X-Ray daemon's address, in every process's environment.
-    daemon_address: String,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -294,7 +292,7 @@ impl LocalStack {
             let drained = drain.await.unwrap_or(false);
             let running = &mut self.functions[at];
             for (n, process) in running.processes.iter().enumerate() {
-                let at = wiring::Reached { endpoint: &self.endpoint, daemon: &self.daemon_address };
+                let at = wiring::Reached { endpoint: &self.endpoint };
                 let process_spec =
                     wiring::process_spec(&spec, &program, &running.api, at, &options.region, n + 1);
                 process.replace(process_spec.environment);
@@ -362,13 +360,10 @@ impl LocalStack {
         let redrives = dead_letters::redrives(&template, &stack)?;
         // Straight to the emulator: watching is not the system's cost.
         tasks.push(dead_letters.watch(clients.sqs.clone(), redrives.clone()));
-        let traces = Traces::default();
+        let traces = Traces::new(clients.xray.clone());
         let panics = Panics::default();
         let logs = Logs::default();
         let account = options.account_concurrency.map(AccountConcurrency::new);
-        let daemon = tokio::net::UdpSocket::bind("127.0.0.1:0").await.map_err(network)?;
-        let daemon_address = daemon.local_addr().map_err(network)?.to_string();
-        tasks.push(traces.listen(daemon));
         // Every function signs with an access key of its own, checked against its policy.
         let access = Access::new(policy::policies(&template, &stack)?);
         let (proxy, endpoint) = start_proxy(&emulators, access, &mut tasks).await?;
@@ -387,7 +382,6 @@ impl LocalStack {
             panics: &panics,
             logs: &logs,
             redrives: &redrives,
-            daemon_address: daemon_address.clone(),
             account: account.as_ref(),
             callers,
         };
@@ -416,7 +410,6 @@ impl LocalStack {
             logs,
             account,
             options: options.clone(),
-            daemon_address,
             tasks,
         })
     }

@@ -45,8 +45,6 @@ pub(super) struct Wiring<'a> {
     pub(super) panics: &'a Panics,
     pub(super) logs: &'a Logs,
     pub(super) redrives: &'a [Redrive],
-    /// The local X-Ray daemon's address.
-    pub(super) daemon_address: String,
     pub(super) account: Option<&'a AccountConcurrency>,
     pub(super) callers: Arc<Callers>,
 }
@@ -138,7 +136,7 @@ impl Wiring<'_> {
         api: &RuntimeApi,
         n: usize,
     ) -> Managed {
-        let at = Reached { endpoint: self.endpoint, daemon: &self.daemon_address };
+        let at = Reached { endpoint: self.endpoint };
         let mut process = process_spec(spec, program, api, at, &self.options.region, n);
         process.echo = self.options.show_logs;
         process.metrics = Some(self.metrics.clone());
@@ -293,11 +291,10 @@ fn queue_url(stack: &Stack, arn: &str) -> Result<String, Error> {
         .ok_or_else(|| Error::Local(format!("no queue with ARN {arn} was created")))
 }
 
-/// Where a function's process reaches the stack: the AWS API and the X-Ray daemon.
+/// Where a function's process reaches the stack: the AWS API (X-Ray's included).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Reached<'a> {
     pub(super) endpoint: &'a str,
-    pub(super) daemon: &'a str,
 }
 
 pub(super) fn process_spec(
@@ -318,7 +315,6 @@ pub(super) fn process_spec(
         ("AWS_LAMBDA_LOG_GROUP_NAME", format!("/aws/lambda/{name}")),
         ("AWS_LAMBDA_LOG_STREAM_NAME", format!("local/{n}")),
         ("AWS_ENDPOINT_URL", at.endpoint.to_owned()),
-        ("AWS_XRAY_DAEMON_ADDRESS", at.daemon.to_owned()),
         ("AWS_REGION", region.to_owned()),
         ("AWS_DEFAULT_REGION", region.to_owned()),
         // Credentials of its own: the proxy knows the function by its access key id.

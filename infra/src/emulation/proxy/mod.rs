@@ -1,5 +1,6 @@
 //! The local stack's AWS proxy: the functions reach the emulators through it. It forwards every
-//! request unchanged to the emulator that serves its service, counts requests by service and
+//! request unchanged to the emulator that serves its service (but for a batch of messages with
+//! trace headers, which moto would drop: [`split`]), counts requests by service and
 //! operation (so the demo can report what an order really costs), and, when asked, answers in
 //! place of the emulator with the faults AWS itself produces: throttling, server errors,
 //! transactions cancelled for given reasons, slow answers, and batches (`SendMessageBatch`,
@@ -22,6 +23,7 @@
 mod answers;
 mod calls;
 mod faults;
+mod split;
 #[cfg(test)]
 mod tests;
 
@@ -184,6 +186,11 @@ impl Proxy {
         body: Bytes,
         failed_entry: Option<(usize, serde_json::Value)>,
     ) -> Response<Body> {
+        if (call.service.as_str(), call.operation.as_str()) == ("sqs", "SendMessageBatch") {
+            if let Some(sends) = split::entries_as_sends(&body) {
+                return self.forward_each(client, parts, call, sends, failed_entry).await;
+            }
+        }
         let upstream = self.upstreams.of(&call.service);
         let url = format!("{upstream}{}", parts.uri.path_and_query().map_or("/", |p| p.as_str()));
         let mut outgoing = client.request(parts.method.clone(), url).body(body);
@@ -225,6 +232,48 @@ impl Proxy {
                 status(StatusCode::BAD_GATEWAY)
             }
         }
+    }
+
+    /// Forwards a `SendMessageBatch` as its entries' `SendMessage`s ([`split`]), counts it
+    /// once, and answers as the batch would, with `failed_entry` reported failed in it.
+    async fn forward_each(
+        &self,
+        client: &reqwest::Client,
+        parts: &Parts,
+        call: &Call,
+        sends: Vec<(String, serde_json::Value)>,
+        failed_entry: Option<(usize, serde_json::Value)>,
+    ) -> Response<Body> {
+        let upstream = self.upstreams.of(&call.service);
+        let mut results = Vec::with_capacity(sends.len());
+        for (id, send) in sends {
+            let mut outgoing = client.post(format!("{upstream}/")).body(send.to_string());
+            for (name, value) in &parts.headers {
+                if name != "host" && name != "content-length" && name != "x-amz-target" {
+                    outgoing = outgoing.header(name, value);
+                }
+            }
+            let answer = outgoing.header("x-amz-target", "AmazonSQS.SendMessage").send().await;
+            let Ok(answer) = answer else {
+                self.counts.add(call, 0);
+                return status(StatusCode::BAD_GATEWAY);
+            };
+            let ok = answer.status().is_success();
+            results.push(split::entry_result(&id, ok, &answer.bytes().await.unwrap_or_default()));
+        }
+        let sent = results.iter().filter(|r| r.is_ok()).count() as u64;
+        let mut bytes = split::batch_answer(results).to_string().into_bytes();
+        if let Some((index, entry)) = &failed_entry {
+            if let Some(with) = with_failed_entry(&call.service, Some(&bytes), *index, entry) {
+                bytes = with;
+            }
+        }
+        self.counts.add(call, sent);
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/x-amz-json-1.0")
+            .body(Body::from(bytes))
+            .unwrap_or_else(|_| status(StatusCode::BAD_GATEWAY))
     }
 
     fn control(&self, method: &Method, body: &[u8]) -> Response<Body> {
