@@ -1,6 +1,6 @@
 //! The local stack's AWS proxy: the functions reach the emulators through it. It forwards every
 //! request unchanged to the emulator that serves its service (but for a batch of messages with
-//! trace headers, which moto would drop: [`split`]), counts requests by service and
+//! kept traces, whose headers moto would drop: [`split`]), counts requests by service and
 //! operation (so the demo can report what an order really costs), and, when asked, answers in
 //! place of the emulator with the faults AWS itself produces: throttling, server errors,
 //! transactions cancelled for given reasons, slow answers, and batches (`SendMessageBatch`,

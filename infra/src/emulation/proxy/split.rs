@@ -1,16 +1,24 @@
 //! moto keeps the system attributes of a message sent alone (`SendMessage`), but drops each
 //! entry's of a batch (`SendMessageBatch`): the trace header (`AWSTraceHeader`) would not reach
-//! the consumer, as it does on AWS. A batch whose entries carry any is therefore sent to the
-//! emulator entry by entry, and answered as the batch it was: one request, counted once.
+//! the consumer, as it does on AWS. A batch with an entry whose trace is kept (`Sampled=1`) is
+//! therefore sent to the emulator entry by entry, and answered as the batch it was: one
+//! request, counted once. A batch of unsampled traces goes whole, as the emulator is the local
+//! stack's bottleneck: their consumers decide the same from the trace id, and lose only the
+//! name of a parent segment nobody records.
 
 use serde_json::{Map, Value, json};
 
 /// The entries of a `SendMessageBatch` body (JSON protocol) as `SendMessage` bodies, with their
-/// ids; `None` if no entry carries system attributes (the batch goes as it is).
+/// ids; `None` if no entry's trace is kept (the batch goes as it is).
 pub(super) fn entries_as_sends(body: &[u8]) -> Option<Vec<(String, Value)>> {
     let batch: Value = serde_json::from_slice(body).ok()?;
     let entries = batch["Entries"].as_array()?;
-    if !entries.iter().any(|e| e.get("MessageSystemAttributes").is_some()) {
+    let kept = |e: &Value| {
+        e.pointer("/MessageSystemAttributes/AWSTraceHeader/StringValue")
+            .and_then(Value::as_str)
+            .is_some_and(|h| h.contains("Sampled=1"))
+    };
+    if !entries.iter().any(kept) {
         return None;
     }
     let queue = batch.get("QueueUrl")?.clone();
@@ -68,11 +76,15 @@ mod tests {
 
     #[test]
     fn a_batch_with_trace_headers_is_sent_entry_by_entry_and_answered_as_one() {
-        let plain = json!({"QueueUrl": "q", "Entries": [{"Id": "0", "MessageBody": "a"}]});
+        let header = |h: &str| json!({"AWSTraceHeader": {"DataType": "String", "StringValue": h}});
+        let plain = json!({"QueueUrl": "q", "Entries": [
+            {"Id": "0", "MessageBody": "a"},
+            {"Id": "1", "MessageBody": "b", "MessageSystemAttributes": header("Root=1-a-b;Sampled=0")},
+        ]});
         assert!(entries_as_sends(plain.to_string().as_bytes()).is_none());
         let traced = json!({"QueueUrl": "q", "Entries": [
-            {"Id": "0", "MessageBody": "a", "DelaySeconds": 3, "MessageSystemAttributes":
-                {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1-a-b"}}},
+            {"Id": "0", "MessageBody": "a", "DelaySeconds": 3,
+                "MessageSystemAttributes": header("Root=1-a-b;Sampled=1")},
             {"Id": "1", "MessageBody": "b"},
         ]});
         let sends = entries_as_sends(traced.to_string().as_bytes()).unwrap();
@@ -80,10 +92,7 @@ mod tests {
         assert_eq!(sends[0].0, "0");
         assert_eq!(sends[0].1["QueueUrl"], "q");
         assert_eq!(sends[0].1["DelaySeconds"], 3);
-        assert_eq!(
-            sends[0].1["MessageSystemAttributes"]["AWSTraceHeader"]["StringValue"],
-            "Root=1-a-b"
-        );
+        assert_eq!(sends[0].1["MessageSystemAttributes"], header("Root=1-a-b;Sampled=1"));
         assert!(sends[0].1.get("Id").is_none());
 
         let sent = entry_result("0", true, br#"{"MessageId":"m","MD5OfMessageBody":"x"}"#);
