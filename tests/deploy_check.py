@@ -108,6 +108,7 @@ def choices(template):
             "KeepOrdersOnDelete": "false",
             "RemoteSimReservedConcurrency": "true",
             "SchedulerBatchingWindowSeconds": "10",
+            "AgentBatchingWindowSeconds": "10",
             "LogRetentionDays": "7",
         },
     }

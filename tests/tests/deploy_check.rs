@@ -221,9 +221,9 @@ fn each_deploy_fault_fails_the_check_and_is_named() {
         (
             // An agent's queue, made by the loop, too short for its function's 90 s.
             "agent-short-visibility",
-            "      VisibilityTimeout: 540 # the agent's function: 6 x 90 s\n",
-            "      VisibilityTimeout: 539\n",
-            "inventoryQueue hides a message 539 s, under 6 x 90 s + 0 s",
+            "      VisibilityTimeout: 550 # the agent's function: 6 x 90 s, and the longest batching window (10 s)\n",
+            "      VisibilityTimeout: 549\n",
+            "inventoryQueue hides a message 549 s, under 6 x 90 s + 10 s",
         ),
         (
             // A trailing comma where a row was taken out.

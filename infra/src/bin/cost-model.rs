@@ -582,8 +582,7 @@ impl Batches {
             batch_size: ceiling::BATCH_SIZE as usize,
         };
         let scheduler = mapping(DURATIONS.scheduler_batch_ms, params.scheduler_window_s);
-        // The agents' mappings declare no batching window.
-        let agent = mapping(DURATIONS.agent_batch_ms, 0.0);
+        let agent = mapping(DURATIONS.agent_batch_ms, params.agent_window_s);
         Batches {
             start: batches::mean_batch(&scheduler, rate("start") + rate("bus_event")),
             replies: batches::mean_batch(&scheduler, rate("reply")),

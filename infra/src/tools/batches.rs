@@ -44,12 +44,17 @@ pub fn mean_batch(mapping: &Mapping, rate: f64) -> f64 {
     while next < arrivals.len() {
         let (slot, since) =
             free.iter().copied().enumerate().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((0, 0.0));
-        // A long poll answers as soon as a message is there; a window keeps gathering.
-        let closes = since.max(arrivals[next]) + mapping.window_s;
+        // A long poll answers as soon as a message is there; a window keeps gathering, until
+        // the batch is full.
+        let opens = since.max(arrivals[next]);
+        let mut closes = opens + mapping.window_s;
         let mut taken = 0;
         while next < arrivals.len() && taken < mapping.batch_size && arrivals[next] <= closes {
             next += 1;
             taken += 1;
+        }
+        if taken == mapping.batch_size {
+            closes = opens.max(arrivals[next - 1]);
         }
         free[slot] = closes + mapping.invocation_s;
         batches += 1;

@@ -159,6 +159,8 @@ pub struct Params {
     pub trace_share: f64,
     /// How long the scheduler's mappings gather a batch (`SchedulerBatchingWindowSeconds`).
     pub scheduler_window_s: f64,
+    /// How long each agent's mapping does (`AgentBatchingWindowSeconds`).
+    pub agent_window_s: f64,
 }
 
 impl Params {
@@ -204,6 +206,7 @@ impl Params {
             sweeps_per_minute: 1.0,
             trace_share: number("TraceSamplePercent")? / 100.0,
             scheduler_window_s: number("SchedulerBatchingWindowSeconds")?,
+            agent_window_s: number("AgentBatchingWindowSeconds")?,
         })
     }
 }
@@ -441,6 +444,7 @@ mod tests {
             sweeps_per_minute: 1.0,
             trace_share: 1.0,
             scheduler_window_s: 0.0,
+            agent_window_s: 0.0,
         }
     }
 

@@ -442,6 +442,11 @@ fn provision_options(
     // The simulated service keeps its ledger of keys in one process's memory; a laptop has
     // no account quota to spare the reservation from, so it is on unless asked otherwise.
     parameters.entry(SIM_RESERVATION.to_owned()).or_insert_with(|| "true".to_owned());
+    // Locally, a batching window saves nothing (no bill) and only slows every hop: none
+    // unless asked for.
+    for window in ["SchedulerBatchingWindowSeconds", "AgentBatchingWindowSeconds"] {
+        parameters.entry(window.to_owned()).or_insert_with(|| "0".to_owned());
+    }
     ProvisionOptions {
         stack_name: options.stack_name.clone(),
         region: options.region.clone(),
