@@ -118,7 +118,7 @@ async fn truth(stack: &LocalStack) -> Truth {
             "Cancelled" => ended += 1,
             _ => {}
         }
-        let body: Value = serde_json::from_str(&text("Body")).unwrap();
+        let body: Value = serde_json::from_str(&sas_aws::dynamo::body_text(item).unwrap()).unwrap();
         first_entry
             .insert(text("OrderId"), body["timeline"][0]["what"].as_str().unwrap().to_owned());
     }

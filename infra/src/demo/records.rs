@@ -35,8 +35,8 @@ pub(super) fn settled(r: &Item) -> bool {
 }
 
 pub(super) fn body(r: &Item) -> Value {
-    r.get("Body")
-        .and_then(|v| v.as_s().ok())
-        .and_then(|s| serde_json::from_str(s).ok())
+    sas_aws::dynamo::body_text(r)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or(Value::Null)
 }

@@ -8,7 +8,9 @@
 //! while Processing), `CompleteBy` (N, epoch ms, only while the record needs watching),
 //! `FailureCount` (N), `Attempt` (N), `Revision` (N), and `ExpiryShard` (N), the index's
 //! partition key. Everything else (steps, outputs, timeline, ...) is one JSON document in
-//! `Body` (S). An item whose `CompleteBy` is removed drops out of the index: finished orders
+//! `Body` (B), deflated: a write is billed per started kilobyte, and the repetitive JSON of a
+//! record shrinks to about half (items written before hold it as text, S, and read as well;
+//! [`body_text`] reads either for tools that read items themselves). An item whose `CompleteBy` is removed drops out of the index: finished orders
 //! cost the sweep nothing. `CreatedAt` (N) is projected into that index too, so orders in
 //! flight for long are listed from it without reading the table, and the oldest one's age is
 //! read from it. It holds since when the system has been working on the order without a
@@ -48,6 +50,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure,
 };
@@ -615,14 +618,37 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         item.insert("HeldOn".into(), AttributeValue::S(held.key()));
         item.insert("HeldSince".into(), number(held.since.as_millis()));
     }
-    item.insert("Body".into(), AttributeValue::S(body.to_string()));
+    let deflated = miniz_oxide::deflate::compress_to_vec(body.to_string().as_bytes(), 9);
+    item.insert("Body".into(), AttributeValue::B(Blob::new(deflated)));
     Ok(item)
+}
+
+/// The largest body inflated: a state item holds at most 400 KB, and JSON seldom deflates to
+/// less than a tenth, so anything larger is not a record's.
+const BODY_INFLATED_MAX: usize = 8 << 20;
+
+/// The JSON text of a state item's `Body`, deflated (B) or as items were written before (S).
+pub fn body_text(item: &Item) -> std::result::Result<String, String> {
+    match item.get("Body") {
+        Some(AttributeValue::B(blob)) => {
+            let bytes = miniz_oxide::inflate::decompress_to_vec_with_limit(
+                blob.as_ref(),
+                BODY_INFLATED_MAX,
+            )
+            .map_err(|e| format!("Body does not inflate: {e}"))?;
+            String::from_utf8(bytes).map_err(|e| format!("Body is not UTF-8: {e}"))
+        }
+        Some(AttributeValue::S(text)) => Ok(text.clone()),
+        Some(_) => Err("Body is neither binary nor a string".into()),
+        None => Err("item without Body".into()),
+    }
 }
 
 fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
     let corrupt = |reason: String| Error::Corrupt { order_id: id, reason };
-    let body = string(item, "Body").map_err(|e| corrupt(e.to_string()))?;
-    let mut value: Value = serde_json::from_str(body).map_err(|e| corrupt(format!("Body: {e}")))?;
+    let body = body_text(item).map_err(corrupt)?;
+    let mut value: Value =
+        serde_json::from_str(&body).map_err(|e| corrupt(format!("Body: {e}")))?;
     let Value::Object(map) = &mut value else {
         return Err(corrupt("Body is not an object".into()));
     };
@@ -711,7 +737,8 @@ fn corrupt_index(raw: &str) -> Error {
 }
 
 /// Size of a state item as DynamoDB bills it: attribute names plus values (strings in UTF-8
-/// bytes, numbers at about one byte per two digits plus one). Used by the cost model.
+/// bytes, binaries in bytes, numbers at about one byte per two digits plus one). Used by the
+/// cost model.
 pub fn state_item_size(record: &StateRecord) -> Result<usize> {
     Ok(item_size(&state_item(record)?))
 }
@@ -727,6 +754,7 @@ fn item_size(item: &Item) -> usize {
             name.len()
                 + match value {
                     AttributeValue::S(s) => s.len(),
+                    AttributeValue::B(b) => b.as_ref().len(),
                     AttributeValue::N(n) => n.trim_start_matches('-').len().div_ceil(2) + 1,
                     _ => 0,
                 }
@@ -782,7 +810,7 @@ mod tests {
         r.failure_count = 1;
         let mut item = state_item(&r).unwrap();
         // As the version before wrote it: the step in flight named by a cursor.
-        let body = string(&item, "Body").unwrap().replacen('{', r#"{"cursor":0,"#, 1);
+        let body = body_text(&item).unwrap().replacen('{', r#"{"cursor":0,"#, 1);
         item.insert("Body".into(), AttributeValue::S(body));
         let read = state_from_item(r.order_id, &item).unwrap();
         let lease = read.steps[0].lease.unwrap();
@@ -812,9 +840,32 @@ mod tests {
         r.cause = None;
         r.alert = None;
         let item = state_item(&r).unwrap();
-        let body = item["Body"].as_s().unwrap();
+        let body = body_text(&item).unwrap();
         assert!(!body.contains("null") && !body.contains("created_at"), "{body}");
         assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn the_body_is_kept_deflated_and_one_written_as_text_still_reads() {
+        let r = record();
+        let mut item = state_item(&r).unwrap();
+        let text = body_text(&item).unwrap();
+        let deflated = item["Body"].as_b().unwrap().as_ref().len();
+        assert!(deflated * 2 < text.len() + 100, "{deflated} bytes for {} of text", text.len());
+        item.insert("Body".into(), AttributeValue::S(text));
+        assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn a_body_that_does_not_inflate_is_a_corrupt_record() {
+        let r = record();
+        let mut item = state_item(&r).unwrap();
+        item.insert("Body".into(), AttributeValue::B(Blob::new(b"not deflate".to_vec())));
+        let err = state_from_item(r.order_id, &item).unwrap_err();
+        assert!(
+            matches!(&err, Error::Corrupt { reason, .. } if reason.contains("inflate")),
+            "{err}"
+        );
     }
 
     #[test]

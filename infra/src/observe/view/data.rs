@@ -118,7 +118,10 @@ impl Record {
                 .get("CreatedAt")
                 .and_then(|v| v.as_n().ok())
                 .and_then(|n| n.parse().ok()),
-            body: text("Body").and_then(|b| serde_json::from_str(&b).ok()).unwrap_or(Value::Null),
+            body: sas_aws::dynamo::body_text(item)
+                .ok()
+                .and_then(|b| serde_json::from_str(&b).ok())
+                .unwrap_or(Value::Null),
         })
     }
 
