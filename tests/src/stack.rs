@@ -89,7 +89,8 @@ impl TestStack {
         let options = Options {
             stack_name: format!("{name}-{}-{n}", std::process::id()),
             region: "us-east-1".into(),
-            parameters: HashMap::new(),
+            // The tests read the status events from the sample subscriber's queue.
+            parameters: HashMap::from([("CreateOrderEventsQueue".into(), "true".into())]),
             attributes,
         };
         let stack = provision(&template, &clients, &options).await.unwrap();

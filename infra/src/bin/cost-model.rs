@@ -25,10 +25,9 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use sas_aws::batch::Coalescing;
 use sas_aws::dynamo::{order_item_size, state_item_size};
 use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
-use sas_aws::system::UuidIds;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::{EngineConfig, HoldPolicy};
-use sas_engine::events::CALLBACK_DETAIL_TYPE;
+use sas_engine::events::{BusEvent, CALLBACK_DETAIL_TYPE};
 use sas_engine::health::ServiceRecord;
 use sas_engine::keys::{Queued, Slots};
 use sas_engine::load::{Gauges, Unmetered};
@@ -41,16 +40,17 @@ use sas_engine::message::Message;
 use sas_engine::pace::{Booked, Limits, Place, Usage};
 use sas_engine::ports::Clock;
 use sas_engine::ports::{
-    Created, Depth, Destination, Expected, ExpiryIndex, HeldIndex, IndexEntry, OrderRecord, Outbox,
-    Outgoing, Pace, Payloads, QueueDepths, Read, Saved, ServiceBook, StateStore, WaitGauge,
+    Created, Depth, Destination, Expected, ExpiryIndex, HeldIndex, Ids, IndexEntry, OrderRecord,
+    Outbox, Outgoing, Pace, Payloads, QueueDepths, Read, Saved, ServiceBook, StateStore, WaitGauge,
     WaitReport,
 };
 use sas_engine::services::{Agent, Answering, Assembly, Operator, Scheduler, Starter};
+use sas_engine::starts::{OWN_SOURCE, Pattern};
 use sas_engine::state::StateRecord;
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, OrderId, Result, Timestamp};
 
-use sas_infra::emulation::template::Template;
+use sas_infra::emulation::template::{Context, Template};
 use sas_infra::tools::batches;
 use sas_infra::tools::ceiling::{self, Durations, Params, PerOrder};
 use sas_infra::tools::prices as price;
@@ -205,6 +205,8 @@ struct Meter {
     /// The traces kept whatever the sampling: a message told of a fault in their order, or the
     /// supervisor sent one ([`sas_aws::trace`]).
     kept: HashSet<String>,
+    /// The events the stack put on its bus.
+    events: Vec<BusEvent>,
     /// What the finished orders keep in DynamoDB: their items' sizes, with the 100 bytes
     /// DynamoDB adds to each item it stores.
     stored_bytes: f64,
@@ -607,6 +609,65 @@ struct Deployed {
     lambda_tracing: bool,
     /// The API's access log line for a request.
     access_line: String,
+    /// The bus's rules the stack has at the defaults.
+    rules: Rules,
+}
+
+/// Version 4 UUIDs, as the functions make them, from a seeded generator: a deflated record is
+/// as large as the functions' and the figures are the same from run to run.
+#[derive(Debug)]
+struct SeededUuids(SplitMix);
+
+impl Default for SeededUuids {
+    fn default() -> Self {
+        SeededUuids(SplitMix::seeded(58))
+    }
+}
+
+impl Ids for SeededUuids {
+    fn new_id(&self) -> String {
+        let bits = (u128::from(self.0.next_u64()) << 64) | u128::from(self.0.next_u64());
+        uuid::Builder::from_random_bytes(bits.to_le_bytes()).into_uuid().to_string()
+    }
+}
+
+/// The rules on the stack's bus, as a stack at the defaults has them (a rule whose condition
+/// does not hold is not there): each rule's pattern, and how many of its targets are queues.
+struct Rules(Vec<(Pattern, f64)>);
+
+impl Rules {
+    fn of(template: &Template, ctx: &Context) -> std::result::Result<Rules, String> {
+        let mut rules = Vec::new();
+        for (id, rule) in template.of_kind("AWS::Events::Rule") {
+            if !ctx.holds(rule.condition.as_deref()) {
+                continue;
+            }
+            let Some(pattern) = rule.properties.get("EventPattern") else { continue };
+            let pattern = ctx.eval(pattern).map_err(|e| format!("{id}: {e}"))?;
+            let pattern = Pattern::of_rule(&pattern).map_err(|e| format!("{id}: {e}"))?;
+            let targets = rule.properties["Targets"].as_array().into_iter().flatten();
+            let queues = targets
+                .filter(|t| {
+                    let target =
+                        t["Arn"]["Fn::GetAtt"][0].as_str().and_then(|q| template.resource(q));
+                    target.is_some_and(|r| r.kind == "AWS::SQS::Queue")
+                })
+                .count();
+            rules.push((pattern, queues as f64));
+        }
+        Ok(Rules(rules))
+    }
+
+    /// The SQS requests the rules make to deliver `event`, one per queue it reaches.
+    fn deliveries(&self, event: &BusEvent) -> f64 {
+        let event = serde_json::json!({
+            "source": OWN_SOURCE,
+            "detail-type": event.detail_type,
+            "detail": serde_json::from_str::<serde_json::Value>(&event.detail).unwrap_or_default(),
+        });
+        let reached = self.0.iter().filter(|(p, _)| p.matches(&event));
+        reached.fold(0.0, |all, (_, queues)| all + queues)
+    }
 }
 
 #[derive(Default)]
@@ -657,10 +718,12 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .and_then(|stage| stage.properties["AccessLogSettings"]["Format"].as_str())
         .ok_or("the HTTP API's stage has no access log format")?;
     let lambda_tracing = template.globals["Function"]["Tracing"] == "Active";
+    let at_defaults = Context::new(&template, "cost-model", "us-east-1", &HashMap::new())?;
     let deployed = Deployed {
         trace_share: defaults.trace_share,
         lambda_tracing,
         access_line: access_log_line(access_format),
+        rules: Rules::of(&template, &at_defaults)?,
     };
     // The functions' log lines, as they print them at `LogLevel`'s default.
     sas_aws::telemetry::init_json(tracing_subscriber::EnvFilter::new("info"), || CountedLog);
@@ -1007,14 +1070,16 @@ async fn run(
         load: Gauges { waits, depths },
         payloads: MeteredPayloads { inner: Arc::default(), meter: meter.clone() },
     };
-    let submission = system.submission(outbox(), UuidIds);
+    // One generator for the run: its ids never repeat.
+    let ids = Arc::new(SeededUuids::default());
+    let submission = system.submission(outbox(), ids.clone());
     // The party outside, answering each step that waits for it through the orders API.
     let answers = system.operator(outbox());
     // The scheduler and the agents gather what a batch sends, as their functions do.
     let linger = std::time::Duration::from_millis(DEFAULT_SEND_LINGER_MS);
     let scheduler = (
         system.scheduler(Coalescing::new(outbox(), linger), "s"),
-        system.starter(Coalescing::new(outbox(), linger), UuidIds),
+        system.starter(Coalescing::new(outbox(), linger), ids.clone()),
     );
     let remote = Arc::new(MemoryRemote::new(clock.clone()));
     if let Some(bytes) = s.large_output {
@@ -1119,7 +1184,7 @@ async fn run(
     if unfinished > 0 {
         return Err(format!("{unfinished} orders did not finish").into());
     }
-    let events = bus.count() as f64;
+    let published = bus.published();
     let mut m = std::mem::take(&mut *meter.lock().unwrap_or_else(|e| e.into_inner()));
     (m.metric_bytes, m.metric_lines) = take_metric_output();
     (m.log_bytes, m.log_lines) = take_log_output();
@@ -1129,7 +1194,8 @@ async fn run(
         m.stored_bytes += (state_item_size(r)? + ITEM_OVERHEAD) as f64;
         m.stored_items += 1.0;
     }
-    m.messages.insert("event", events);
+    m.messages.insert("event", published.len() as f64);
+    m.events = published;
     m.messages.insert("answer", answered as f64);
     Ok(m)
 }
@@ -1232,7 +1298,7 @@ type SchedulerFn = (
         Coalescing<MeteredQueues>,
         Arc<MemoryBus>,
         ManualClock,
-        UuidIds,
+        Arc<SeededUuids>,
         Unmetered,
         MeteredPayloads,
     >,
@@ -1314,9 +1380,13 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
         ("DynamoDB write units (index)", index, price::DYNAMODB_WRU),
         ("DynamoDB read units", rru, price::DYNAMODB_RRU),
         ("SQS requests", sqs, price::SQS_REQUEST),
-        // Every event the stack puts on its bus matches one rule, whose target is a queue:
-        // the status events' sample subscriber queue, the callbacks' queue.
-        ("SQS requests, the bus's rules delivering the events", msg("event"), price::SQS_REQUEST),
+        // Each rule the stack has that an event matches delivers it to its queues: the
+        // callbacks' queue, the alerts' queue, the sample subscriber's queue if created.
+        (
+            "SQS requests, the bus's rules delivering the events",
+            per(m.events.iter().map(|e| deployed.rules.deliveries(e)).sum()),
+            price::SQS_REQUEST,
+        ),
         ("Lambda invocations", invocations, price::LAMBDA_REQUEST),
         ("Lambda GB-seconds", gb_seconds, price::LAMBDA_GB_SECOND),
         ("EventBridge events", events, price::EVENTBRIDGE_EVENT),

@@ -19,6 +19,20 @@ pub struct Pattern(Map<String, Value>);
 impl Pattern {
     /// Checks `pattern`, naming the first field at fault.
     pub fn new(pattern: &Value) -> Result<Pattern, String> {
+        let checked = Pattern::of_rule(pattern)?;
+        let own = |v: &Value| v.as_str() == Some(super::OWN_SOURCE);
+        if checked.0.get("source").and_then(Value::as_array).is_some_and(|s| s.iter().all(own)) {
+            return Err(format!(
+                "/source: only the stack's own events have source {}, and they never start an order: name the source of the events that should",
+                super::OWN_SOURCE
+            ));
+        }
+        Ok(checked)
+    }
+
+    /// Checks `pattern` as one of the stack's own rules holds it: unlike a start's, it may pick
+    /// the stack's own events.
+    pub fn of_rule(pattern: &Value) -> Result<Pattern, String> {
         let Value::Object(fields) = pattern else {
             return Err("an event pattern is a JSON object".into());
         };
@@ -26,13 +40,6 @@ impl Pattern {
             return Err("an event pattern names at least one field".into());
         }
         check_fields(fields, "")?;
-        let own = |v: &Value| v.as_str() == Some(super::OWN_SOURCE);
-        if fields.get("source").and_then(Value::as_array).is_some_and(|s| s.iter().all(own)) {
-            return Err(format!(
-                "/source: only the stack's own events have source {}, and they never start an order: name the source of the events that should",
-                super::OWN_SOURCE
-            ));
-        }
         Ok(Pattern(fields.clone()))
     }
 
@@ -271,5 +278,16 @@ mod tests {
             let e = Pattern::new(&pattern).unwrap_err();
             assert!(e.contains(error), "{pattern}: {e}");
         }
+    }
+
+    #[test]
+    fn a_rule_of_the_stack_may_pick_its_own_events_and_is_checked_as_a_start_is() {
+        let own = json!({"source": ["sas.orders"], "detail-type": ["OrderStatusChanged"]});
+        let rule = Pattern::of_rule(&own).unwrap();
+        let event = json!({"source": "sas.orders", "detail-type": "OrderStatusChanged"});
+        assert!(rule.matches(&event));
+        assert!(!rule.matches(&json!({"source": "sas.orders", "detail-type": "Other"})));
+        let e = Pattern::of_rule(&json!({"source": "sas.orders"})).unwrap_err();
+        assert!(e.contains("/source: a field holds"), "{e}");
     }
 }
