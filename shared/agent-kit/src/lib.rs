@@ -95,9 +95,9 @@ use sas_engine::message::Message;
 use sas_engine::ports::{
     Clock, Destination, Outbox, Pace, Payloads, Random, ServiceBook, WaitGauge,
 };
-use sas_engine::services::Agent;
+use sas_engine::services::{Agent, AgentOutcome};
 use sas_engine::{AgentName, Error};
-use tracing::{Span, info};
+use tracing::{Span, debug, info};
 
 pub use sas_aws::errors::remote_fault as sdk_fault;
 pub use sas_aws::wiring::Wiring;
@@ -180,7 +180,13 @@ where
         };
         Span::current().record("order_id", tracing::field::display(request.order_id));
         let outcome = agent.handle(&request, received.incoming()).await?;
-        info!(action = %request.action, attempt = request.attempt, ?outcome, "step handled");
+        // A step done is in the order's timeline; the log keeps what went otherwise (and,
+        // at debug, every step), which is what an operator searches it for.
+        if matches!(outcome, AgentOutcome::Replied { done: true, .. }) {
+            debug!(action = %request.action, attempt = request.attempt, ?outcome, "step handled");
+        } else {
+            info!(action = %request.action, attempt = request.attempt, ?outcome, "step handled");
+        }
         Ok(())
     })
     .await
