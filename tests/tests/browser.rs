@@ -5,7 +5,7 @@
 //! - the states chart's Processed series ends at the orders the table holds as Processed;
 //! - the time-to-terminal bars add up to the orders that ended, and the alerts table has a
 //!   row per order in Error;
-//! - the queue chart has a series per queue of the template, dead-letter queues included;
+//! - the queue chart has a series per queue of the stack, dead-letter queues included;
 //! - an order's link leads to its timeline (a page of its own live, a section of the report),
 //!   which names the order and shows its first timeline entry.
 //!
@@ -125,7 +125,12 @@ async fn truth(stack: &LocalStack) -> Truth {
     assert_eq!(first_entry.len(), ORDERS, "every order is in the table");
     ended += processed + errors;
     let template = Template::load(&workspace_root().join("template.yaml")).unwrap();
-    let queues = template.of_kind("AWS::SQS::Queue").map(|(id, _)| id.to_owned()).collect();
+    // The queues the stack has: a queue whose condition does not hold is not made.
+    let queues = template
+        .of_kind("AWS::SQS::Queue")
+        .filter(|(_, queue)| stack.stack.context.holds(queue.condition.as_deref()))
+        .map(|(id, _)| id.to_owned())
+        .collect();
     Truth { processed, ended, errors, first_entry, queues }
 }
 
