@@ -537,7 +537,7 @@ async fn post_raw(stack: &LocalStack, key: &[u8], body: &str) -> (u16, Value) {
 /// Orders stored so far, read from the emulator.
 async fn orders_stored(stack: &LocalStack) -> i32 {
     let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
-    let table = stack.stack.reference("OrdersTable").unwrap();
+    let table = stack.stack.reference("StateTable").unwrap();
     let scan = clients.dynamodb.scan().table_name(table).consistent_read(true).send().await;
     scan.unwrap().count()
 }
@@ -2029,13 +2029,15 @@ fn started() -> String {
 /// Every stored order's owner and key, by id.
 async fn orders_by_id(stack: &LocalStack) -> HashMap<String, (String, String)> {
     let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
-    let table = stack.stack.reference("OrdersTable").unwrap();
+    let table = stack.stack.reference("StateTable").unwrap();
     let scan = clients.dynamodb.scan().table_name(table).consistent_read(true).send().await;
-    let s = |item: &HashMap<String, aws_sdk_dynamodb::types::AttributeValue>, k: &str| {
-        item[k].as_s().unwrap().clone()
-    };
     let items = scan.unwrap().items.unwrap_or_default();
-    items.iter().map(|i| (s(i, "OrderId"), (s(i, "Owner"), s(i, "IdempotencyKey")))).collect()
+    let order = |item: &HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
+        let body: Value = serde_json::from_str(&sas_aws::dynamo::body_text(item).unwrap()).unwrap();
+        let field = |k: &str| body["submitted"][k].as_str().unwrap().to_owned();
+        (item["OrderId"].as_s().unwrap().clone(), (field("owner"), field("key")))
+    };
+    items.iter().map(order).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

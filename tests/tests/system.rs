@@ -213,16 +213,73 @@ async fn the_same_key_returns_the_same_order_and_a_different_order_is_refused() 
     let (status, again) = s.post(Some("order-same"), "application/json", &order_json("c-6")).await;
     assert_eq!((status, &again["created"]), (202, &Value::Bool(false)));
     assert_eq!(first["order_id"], again["order_id"]);
-    assert_eq!((s.t.count("OrdersTable").await, s.t.count("StateTable").await), (1, 1));
+    // One item: the order is kept in its state record.
+    assert_eq!((s.t.count("OrdersTable").await, s.t.count("StateTable").await), (0, 1));
 
     let (status, conflict) =
         s.post(Some("order-same"), "application/json", &order_json("someone-else")).await;
     assert_eq!(status, 409, "{conflict}");
     assert_eq!(conflict["error"]["code"], "idempotency_key_reused");
     assert_eq!(conflict["error"]["order_id"], first["order_id"]);
-    assert_eq!((s.t.count("OrdersTable").await, s.t.count("StateTable").await), (1, 1));
+    assert_eq!((s.t.count("OrdersTable").await, s.t.count("StateTable").await), (0, 1));
     s.settle().await;
     assert_eq!(s.state(order_id(&first)).await.process_state, ProcessState::Processed);
+}
+
+#[tokio::test]
+async fn an_ended_order_carries_when_dynamodb_may_forget_it_and_a_failed_one_does_not() {
+    let days = 30;
+    let config = sas_tests::stack::test_config();
+    let retention = Some(Duration::from_secs(days * 24 * 3600));
+    let s = System::with_config(
+        "retention",
+        r#"{"actions": {"charge-payment": {"permanent_rate": 1.0}}}"#,
+        sas_engine::config::EngineConfig { retention, ..config },
+    )
+    .await;
+    // The table's time to live reads the attribute the records carry.
+    let ttl = s.t.dynamodb.describe_time_to_live().table_name(s.t.name("StateTable")).send().await;
+    let ttl = ttl.unwrap().time_to_live_description.unwrap();
+    assert_eq!(ttl.attribute_name(), Some("ExpiresAt"), "{ttl:?}");
+    let (status, accepted) =
+        s.post(Some("kept-a-month"), "application/json", &order_json("c-7")).await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = order_id(&accepted);
+    s.settle().await;
+    let record = s.state(id).await;
+    // The payment service declines every card: the order is undone, and kept for an operator.
+    assert_eq!((record.process_state, record.expires_at), (ProcessState::Error, None));
+    let item =
+        s.t.dynamodb
+            .get_item()
+            .table_name(s.t.name("StateTable"))
+            .key("OrderId", aws_sdk_dynamodb::types::AttributeValue::S(id.to_string()))
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+    assert!(!item.contains_key("ExpiresAt"), "{item:?}");
+    // An order that ends well is forgotten 30 days after its end, to the second.
+    s.remote.set_faults("{}").await;
+    let (_, accepted) = s.post(Some("kept-b-month"), "application/json", &order_json("c-8")).await;
+    let id = order_id(&accepted);
+    s.settle().await;
+    let record = s.state(id).await;
+    assert_eq!(record.process_state, ProcessState::Processed);
+    let item =
+        s.t.dynamodb
+            .get_item()
+            .table_name(s.t.name("StateTable"))
+            .key("OrderId", aws_sdk_dynamodb::types::AttributeValue::S(id.to_string()))
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+    let at: i64 = item["ExpiresAt"].as_n().unwrap().parse().unwrap();
+    let ended = record.ended_at.unwrap().as_millis();
+    assert_eq!(at, (ended + days as i64 * 86_400_000 + 999) / 1000, "{item:?}");
 }
 
 /// The steps of `ledger` applied for order `id`, by action, in the order applied.

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use crate::emulation::aws::Clients;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ScalarAttributeType,
+    ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
@@ -540,6 +540,25 @@ async fn create_table(
         Ok(_) => {}
         Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
         Err(e) => return Err(aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()),
+    }
+    let ttl = p.get("TimeToLiveSpecification");
+    if let Some(attribute) =
+        ttl.filter(|t| t["Enabled"] == true).and_then(|t| text(t, "AttributeName"))
+    {
+        let spec = TimeToLiveSpecification::builder()
+            .attribute_name(attribute)
+            .enabled(true)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let set = client.update_time_to_live().table_name(&name).time_to_live_specification(spec);
+        match set.send().await {
+            Ok(_) => {}
+            // Set already: the table was there.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.meta().code() == Some("ValidationException")) => {}
+            Err(e) => return Err(aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()),
+        }
     }
     ctx.refs.insert(id.into(), Value::String(name.clone()));
     let arn = format!("arn:aws:dynamodb:{}:{LOCAL_ACCOUNT}:table/{name}", ctx.region);

@@ -560,8 +560,9 @@ impl DynamoStore {
 }
 
 /// Top-level attributes of a state item; everything else of the record goes into `Body`.
-const TOP_LEVEL: [&str; 8] = [
+const TOP_LEVEL: [&str; 9] = [
     "order_id",
+    "expires_at",
     "process_state",
     "locked_by",
     "complete_by",
@@ -596,6 +597,10 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
     if let Some(cb) = r.complete_by {
         // The index needs both of its keys: without CompleteBy the item is not in it.
         item.insert("CompleteBy".into(), number(cb.as_millis()));
+    }
+    if let Some(at) = r.expires_at {
+        // What DynamoDB's time to live reads: seconds since the epoch.
+        item.insert("ExpiresAt".into(), number(at.as_millis().div_euclid(1000)));
     }
     item.insert("CreatedAt".into(), number(r.watched_since().as_millis()));
     if r.watched_since() != r.created_at {
@@ -668,6 +673,13 @@ fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
             .map(|_| parse_number::<i64>(item, "CompleteBy"))
             .transpose()?
             .map_or(Value::Null, Value::from),
+    );
+    map.insert(
+        "expires_at".into(),
+        item.get("ExpiresAt")
+            .map(|_| parse_number::<i64>(item, "ExpiresAt"))
+            .transpose()?
+            .map_or(Value::Null, |secs| Value::from(secs.saturating_mul(1000))),
     );
     map.insert("failure_count".into(), parse_number::<u32>(item, "FailureCount")?.into());
     map.insert("attempt".into(), parse_number::<u64>(item, "Attempt")?.into());

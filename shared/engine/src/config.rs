@@ -56,6 +56,12 @@ pub struct EngineConfig {
     /// the services remember keys, it could do such a step twice. Default 24 hours.
     /// Env `REDRIVE_WINDOW_SECONDS`.
     pub redrive_window: Duration,
+    /// How long an order is kept once it ended and needs nobody (processed with nothing left
+    /// to acknowledge, or cancelled): after that the store forgets it, and its key may be used
+    /// again. `None`: kept for ever. Orders in Error or paused are kept until an operator ends
+    /// them. At least [`MIN_RETENTION`], as long as the queues keep a message, so that a late
+    /// one finds its order. Default 30 days. Env `ORDER_RETENTION_DAYS` (0: for ever).
+    pub retention: Option<Duration>,
     /// How long a step may wait for its service while the service is held, before that counts
     /// as its failure, for steps and workflows that name no `max_hold_seconds`. Default 6
     /// hours; from 1 minute to 1 day. Env `MAX_HOLD_SECONDS`.
@@ -79,6 +85,9 @@ pub struct EngineConfig {
 /// Shards of the expiry index the supervisor and the operator's listing read, whatever the
 /// declared rate: writers use the first [`Scale::index_shards`] of them.
 pub const MAX_INDEX_SHARDS: u16 = 32;
+
+/// The shortest a stack keeps an order that ended: as long as SQS keeps a message.
+pub const MIN_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// Orders a second one shard of the expiry index is given. A shard is one partition of the
 /// index, which takes 1,000 writes a second, and a three-step order writes its entry twice:
@@ -170,6 +179,7 @@ impl Default for EngineConfig {
             timeline_limit: 16,
             max_queue_wait: Duration::from_secs(60),
             redrive_window: Duration::from_secs(24 * 3600),
+            retention: Some(Duration::from_secs(30 * 24 * 3600)),
             max_hold: Duration::from_secs(6 * 3600),
             hold: HoldPolicy::default(),
             limits: BTreeMap::new(),
@@ -189,6 +199,7 @@ impl EngineConfig {
             )));
         }
         let scale = Scale::for_rate(expected_rate);
+        let retention_days = d.retention_days();
         let config = EngineConfig {
             failure_threshold: parse(&lookup, "FAILURE_THRESHOLD", d.failure_threshold)?,
             wait: WaitPolicy {
@@ -216,6 +227,10 @@ impl EngineConfig {
             timeline_limit: parse(&lookup, "TIMELINE_LIMIT", d.timeline_limit)?,
             max_queue_wait: secs(&lookup, "MAX_QUEUE_WAIT_SECONDS", d.max_queue_wait)?,
             redrive_window: secs(&lookup, "REDRIVE_WINDOW_SECONDS", d.redrive_window)?,
+            retention: match parse(&lookup, "ORDER_RETENTION_DAYS", retention_days)? {
+                0 => None,
+                days => Some(Duration::from_secs(days.saturating_mul(24 * 3600))),
+            },
             max_hold: secs(&lookup, "MAX_HOLD_SECONDS", d.max_hold)?,
             hold: HoldPolicy {
                 after_failures: parse(&lookup, "HOLD_AFTER_FAILURES", d.hold.after_failures)?,
@@ -239,6 +254,11 @@ impl EngineConfig {
         Ok(config)
     }
 
+    /// The retention in whole days, 0 for ever.
+    fn retention_days(&self) -> u64 {
+        self.retention.map_or(0, |r| r.as_secs() / (24 * 3600))
+    }
+
     /// What `agent`'s service accepts.
     pub fn limits_of(&self, agent: &str) -> Limits {
         self.limits.get(agent).copied().unwrap_or(Limits::NONE)
@@ -249,6 +269,11 @@ impl EngineConfig {
         let bad = |m: &str| Err(Error::Config(m.to_owned()));
         if self.failure_threshold == 0 {
             return bad("FAILURE_THRESHOLD must be at least 1");
+        }
+        if self.retention.is_some_and(|r| r < MIN_RETENTION) {
+            return bad(
+                "ORDER_RETENTION_DAYS must be 0 (for ever) or at least 14: the queues keep a message 14 days, and a late one must find its order",
+            );
         }
         if !(1..=MAX_INDEX_SHARDS).contains(&self.index_shards) {
             return bad("the expiry index takes from 1 to 32 shards");
@@ -380,6 +405,16 @@ mod tests {
             let err = from(&[("SERVICE_RATES", bad)]).unwrap_err().to_string();
             assert!(err.contains("SERVICE_RATES") && err.contains(bad), "{err}");
         }
+    }
+
+    #[test]
+    fn orders_are_kept_for_ever_or_at_least_as_long_as_the_queues_keep_a_message() {
+        let days = |d: &str| from(&[("ORDER_RETENTION_DAYS", d)]).map(|c| c.retention);
+        assert_eq!(days("0").unwrap(), None);
+        assert_eq!(days("30").unwrap(), Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(days("14").unwrap(), Some(MIN_RETENTION));
+        let err = days("7").unwrap_err().to_string();
+        assert!(err.contains("ORDER_RETENTION_DAYS") && err.contains("14"), "{err}");
     }
 
     #[test]

@@ -514,6 +514,8 @@ pub fn create_waking(
         group: None,
         slot: None,
         legacy_cursor: None,
+        submitted: None,
+        expires_at: None,
     };
     if let Some(key) = key {
         next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
@@ -550,8 +552,20 @@ fn started(ctx: &Ctx<'_>) -> Vec<Effect> {
     effects
 }
 
-/// Decides what `input` does to `record`. See the module documentation for the tables.
+/// Decides what `input` does to `record`. See the module documentation for the tables. What
+/// it writes says when the store may forget the order ([`StateRecord::expiry`]): never
+/// while anything is left to do with it.
 pub fn decide(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
+    match decide_input(record, input, ctx) {
+        Decision::Apply(mut t) => {
+            t.next.expires_at = t.next.expiry(ctx.config.retention);
+            Decision::Apply(t)
+        }
+        other => other,
+    }
+}
+
+fn decide_input(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
     // Everything below may rely on the invariants (leases on steps that can hold them, ...).
     if let Err(reason) = record.check() {
         return Decision::Illegal(Illegal::Corrupt { reason });

@@ -27,13 +27,20 @@
 //! - Each step has a `generation`, part of its idempotency keys: a step done again after it was
 //!   undone (or refused) by a redrive is a new action for its service, not a repeat.
 //!
+//! - `submitted` is the order itself as its client sent it (who, under which key, its input),
+//!   kept in its record so that accepting an order is one write and running it reads nothing
+//!   else; records written before it was kept there find their order in the orders table.
+//! - `expires_at` is when the store may forget an order that ended and needs nobody: set by
+//!   [`StateRecord::expiry`] on every write, for the retention the stack keeps orders.
+//!
 //! [`StateRecord::check`] states the invariants; every transition keeps them.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Direction, OrderId};
+use crate::ids::{Direction, IdempotencyKey, OrderId, Owner};
+use crate::order::Order;
 use crate::time::Timestamp;
 
 /// How long before its earliest lease ends the expiry index may hold an order in flight.
@@ -752,6 +759,23 @@ pub struct StateRecord {
     /// so that [`StateRecord::upgrade`] can give that step its lease, never written.
     #[serde(default, rename = "cursor", skip_serializing)]
     pub legacy_cursor: Option<usize>,
+    /// The order as submitted. `None` on records written before orders were kept in their
+    /// records: theirs is in the orders table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted: Option<Submitted>,
+    /// When the store may delete the record: set once it ended and needs nobody
+    /// ([`StateRecord::expiry`]); `None` while it may still change, or with no retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
+}
+
+/// An order as its client submitted it: who, under which idempotency key, and its input
+/// (checked against its workflow's schema; a large one stored and referred to).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Submitted {
+    pub owner: Owner,
+    pub key: IdempotencyKey,
+    pub input: Order,
 }
 
 impl StateRecord {
@@ -803,6 +827,39 @@ impl StateRecord {
     /// entry where it is; the earliest lease's end otherwise.
     pub fn index_key(&self, kept: Option<Timestamp>) -> Option<Timestamp> {
         Some(index_key(kept, self.earliest_lease()?))
+    }
+
+    /// The order as submitted, if the record keeps it (see [`StateRecord::submitted`]).
+    pub fn order(&self) -> Option<crate::ports::OrderRecord> {
+        let submitted = self.submitted.as_ref()?;
+        Some(crate::ports::OrderRecord {
+            order_id: self.order_id,
+            owner: submitted.owner.clone(),
+            idempotency_key: submitted.key.clone(),
+            order: submitted.input.clone(),
+            created_at: self.created_at,
+        })
+    }
+
+    /// When the store may forget this record, if it is kept `retention` after it ends: the
+    /// end plus the retention, rounded up to a second (the store counts in seconds), once the
+    /// order ended and nothing is left to do or to tell about it. An order in Error, paused,
+    /// with a failure reported and not acknowledged, an alert or a key's place not yet
+    /// recorded, is kept until that changes; a child order is kept as long as its parent may
+    /// undo it, which its own record cannot tell, so always.
+    pub fn expiry(&self, retention: Option<Duration>) -> Option<Timestamp> {
+        let retention = retention?;
+        let ended = self.ended_at?;
+        let done = matches!(self.process_state, ProcessState::Processed | ProcessState::Cancelled);
+        if !done
+            || self.parent.is_some()
+            || self.complete_by.is_some()
+            || self.attention().is_some()
+        {
+            return None;
+        }
+        let at = ended.plus(retention).as_millis();
+        Some(Timestamp::from_millis(at.saturating_add(999) / 1000 * 1000))
     }
 
     /// Whether the order ended and its place among its key's is not yet recorded given back.
@@ -1050,6 +1107,12 @@ impl StateRecord {
         }
         if self.process_state.is_terminal() != self.ended_at.is_some() {
             return self.broken("EndedAt must be set exactly while terminal");
+        }
+        if self.expires_at.is_some() && self.attention().is_some() {
+            return self.broken("an order an operator must look at would expire");
+        }
+        if self.expires_at.is_some() && (!self.is_terminal() || self.complete_by.is_some()) {
+            return self.broken("an order the system still works on would expire");
         }
         match self.process_state {
             ProcessState::Pending | ProcessState::Processing | ProcessState::Paused => {

@@ -21,9 +21,9 @@
 //!   message 60 s later, as the deployed consumers do, so that a passing cause never
 //!   dead-letters it.
 //! - **DynamoDB** takes so many write units a second: `StateTable` 4,000 when new, or its warm
-//!   throughput; `OrdersTable` 4,000; the `ByCompleteBy` index 4,000 when new, or its warm
-//!   throughput; and each shard of that index, one partition, 1,000. A state write costs one
-//!   unit, two for a finished record (just over 1 KB); an order's item one. A write that
+//!   throughput; the `ByCompleteBy` index 4,000 when new, or its warm throughput; and each
+//!   shard of that index, one partition, 1,000. A state write costs one unit (the order is
+//!   kept in its record, which stays under 1 KB). A write that
 //!   changes the record's entry in the index costs index units on the record's shard, as
 //!   `cost-model` counts them: one to add or remove the entry, two to move it. A write that
 //!   would take any of these past what its second has left is throttled (an index that cannot
@@ -107,8 +107,7 @@ use sas_engine::{Error, OrderId, Owner, Result, Timestamp};
 // AWS's quotas, as `infra/src/tools/ceiling.rs` states and cites them.
 /// Write units a second one partition takes: one shard of `ByCompleteBy`.
 const PARTITION_WCU: f64 = 1_000.0;
-/// Write units a second a new on-demand table takes (`OrdersTable`, and `StateTable` unless
-/// pre-warmed).
+/// Write units a second a new on-demand table takes (`StateTable` unless pre-warmed).
 const NEW_TABLE_WCU: f64 = 4_000.0;
 /// Write units a second a new on-demand index takes, unless pre-warmed.
 const NEW_INDEX_WCU: f64 = 4_000.0;
@@ -123,7 +122,6 @@ const API_REQUESTS: f64 = 1.0;
 const STARTS: f64 = 1.0;
 const REPLIES: f64 = 3.0;
 const AGENT_REQUESTS: f64 = 1.0;
-const ORDERS_TABLE_WCU: f64 = 1.0;
 const STATE_TABLE_WCU: f64 = 5.015;
 const INDEX_WCU: f64 = 2.0;
 
@@ -224,7 +222,6 @@ impl Stack {
             ("scheduler, reply queue", mapping(SCHEDULER_BATCH, REPLIES)),
             ("an agent's queue", mapping(AGENT_BATCH, AGENT_REQUESTS)),
             ("StateTable", self.state_table_wcu / STATE_TABLE_WCU),
-            ("OrdersTable", NEW_TABLE_WCU / ORDERS_TABLE_WCU),
             ("ByCompleteBy", self.index_wcu / INDEX_WCU),
             ("ByCompleteBy, one partition per shard", shards * PARTITION_WCU / INDEX_WCU),
         ]
@@ -260,7 +257,6 @@ impl Stack {
     fn quotas(&self) -> Quotas {
         Quotas {
             state_table: self.state_table_wcu / self.k(),
-            orders_table: NEW_TABLE_WCU / self.k(),
             index: self.index_wcu / self.k(),
             partition: PARTITION_WCU / self.k(),
         }
@@ -282,7 +278,6 @@ impl Stack {
 #[derive(Clone, Copy, Debug)]
 struct Quotas {
     state_table: f64,
-    orders_table: f64,
     index: f64,
     partition: f64,
 }
@@ -291,7 +286,6 @@ struct Quotas {
 #[derive(Clone, Copy, Debug, Default)]
 struct Units {
     state: f64,
-    orders: f64,
     index: f64,
     shard: u16,
 }
@@ -300,7 +294,6 @@ struct Units {
 #[derive(Clone, Copy, Debug, Default)]
 struct Used {
     state: f64,
-    orders: f64,
     index: f64,
     shards: [f64; MAX_INDEX_SHARDS as usize],
 }
@@ -309,7 +302,6 @@ struct Used {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Refusal {
     StateTable,
-    OrdersTable,
     Index,
     Partition,
 }
@@ -319,8 +311,8 @@ enum Refusal {
 struct Dynamo {
     quotas: Quotas,
     seconds: BTreeMap<i64, Used>,
-    /// The busiest second of each: `StateTable`, `OrdersTable`, the index, its busiest shard.
-    peak: (f64, f64, f64, f64),
+    /// The busiest second of each: `StateTable`, the index, its busiest shard.
+    peak: (f64, f64, f64),
     /// Units taken in all.
     taken: Used,
     /// Tries refused, by what refused them; writes failed after every try.
@@ -333,7 +325,7 @@ impl Dynamo {
         Dynamo {
             quotas,
             seconds: BTreeMap::new(),
-            peak: (0.0, 0.0, 0.0, 0.0),
+            peak: (0.0, 0.0, 0.0),
             taken: Used::default(),
             refused: BTreeMap::new(),
             failed: 0,
@@ -351,8 +343,6 @@ impl Dynamo {
         let shard = usize::from(units.shard);
         let refusal = if used.state + units.state > q.state_table {
             Some(Refusal::StateTable)
-        } else if used.orders + units.orders > q.orders_table {
-            Some(Refusal::OrdersTable)
         } else if used.index + units.index > q.index {
             Some(Refusal::Index)
         } else if used.shards[shard] + units.index > q.partition {
@@ -365,25 +355,19 @@ impl Dynamo {
             return Err(refusal);
         }
         used.state += units.state;
-        used.orders += units.orders;
         used.index += units.index;
         used.shards[shard] += units.index;
-        let (state, orders, index, busiest) = self.peak;
-        self.peak = (
-            state.max(used.state),
-            orders.max(used.orders),
-            index.max(used.index),
-            busiest.max(used.shards[shard]),
-        );
+        let (state, index, busiest) = self.peak;
+        self.peak = (state.max(used.state), index.max(used.index), busiest.max(used.shards[shard]));
         self.taken.state += units.state;
-        self.taken.orders += units.orders;
         self.taken.index += units.index;
         Ok(())
     }
 }
 
 /// Table write units of a state write: one, the finished record's included (with its body
-/// deflated, the reference workflow's record stays under 1 KB: 544 bytes at most).
+/// deflated, the reference workflow's record, its order in it, stays under 1 KB: 738 bytes at
+/// most).
 const STATE_WRITE_UNITS: f64 = 1.0;
 
 /// Writes of the `ByCompleteBy` index, which projects the keys and `CreatedAt`: one to add or
@@ -443,14 +427,13 @@ impl Throttled {
 
 impl StateStore for Throttled {
     async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
-        self.admit(&Units { orders: ORDERS_TABLE_WCU, ..Units::default() })?;
         self.inner.create_order(order).await
     }
 
     async fn create_state(&self, state: &StateRecord) -> Result<Created> {
         let new = self.inner.peek(state.order_id).is_none();
         let index = if new { index_units(None, state) } else { 0.0 };
-        self.admit(&Units { state: STATE_WRITE_UNITS, index, shard: state.shard, orders: 0.0 })?;
+        self.admit(&Units { state: STATE_WRITE_UNITS, index, shard: state.shard })?;
         self.inner.create_state(state).await
     }
 
@@ -468,7 +451,7 @@ impl StateStore for Throttled {
         // it does.
         let holds = old.as_ref().is_some_and(|o| Expected::of(o) == expected);
         let index = if holds { index_units(old.as_ref(), next) } else { 0.0 };
-        self.admit(&Units { state: STATE_WRITE_UNITS, index, shard: next.shard, orders: 0.0 })?;
+        self.admit(&Units { state: STATE_WRITE_UNITS, index, shard: next.shard })?;
         self.inner.save(next, expected).await
     } // Its workflows have no concurrency key.
     async fn slots(&self, key: &str) -> Result<Slots> {
@@ -635,7 +618,7 @@ struct Outcome {
     /// DynamoDB: units taken per order (state table, index), the busiest second of each
     /// budget against its quota, tries refused by what, writes failed after every try.
     units_per_order: (f64, f64),
-    peak: (f64, f64, f64, f64),
+    peak: (f64, f64, f64),
     refused_writes: BTreeMap<Refusal, u64>,
     failed_writes: u64,
     lasted: Duration,
@@ -1156,9 +1139,9 @@ async fn measure(stack: Stack, factor: f64) -> Vec<String> {
         out.units_per_order.1,
         out.peak.0 * k,
         q.state_table * k,
-        out.peak.2 * k,
+        out.peak.1 * k,
         q.index * k,
-        out.peak.3 * k,
+        out.peak.2 * k,
         q.partition * k,
         if refused.is_empty() { "none".to_owned() } else { refused.join(", ") },
         out.failed_writes,

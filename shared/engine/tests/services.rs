@@ -59,11 +59,11 @@ async fn the_same_key_and_order_return_the_existing_order() {
 async fn the_same_key_with_another_order_is_refused_and_writes_nothing() {
     let w = World::new();
     let id = w.submit("key-2").await.unwrap().order_id;
-    let before = (w.store.stats().writes, w.queues.sent_count(&Destination::Scheduler));
+    let before = (w.store.peek(id), w.queues.sent_count(&Destination::Scheduler));
     let other = order_body("a-much-longer-key");
     let err = w.submission.submit("key-2", other.as_bytes()).await.unwrap_err();
     assert!(matches!(err, Error::KeyReused { existing } if existing == id), "{err}");
-    assert_eq!((w.store.stats().writes, w.queues.sent_count(&Destination::Scheduler)), before);
+    assert_eq!((w.store.peek(id), w.queues.sent_count(&Destination::Scheduler)), before);
     assert_eq!(
         w.store.orders()[0].order,
         Order(serde_json::from_str(&order_body("key-2")).unwrap())
@@ -154,27 +154,66 @@ async fn a_throttled_submission_can_be_retried_with_the_same_key() {
 }
 
 #[tokio::test]
-async fn an_order_written_without_its_record_is_accepted_by_the_next_submission_of_its_key() {
+async fn an_order_whose_record_was_written_before_records_kept_orders_is_still_its_keys() {
     let mut w = World::new();
-    // The order's put succeeds, the record's fails: the submission died in between.
-    w.store.fail_writes_after(1, 1);
-    let err = w.submit("key-5").await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert_eq!((w.store.orders().len(), w.store.records().len()), (1, 0));
-    // Nothing runs for it, and nobody was told of it.
-    w.settle().await;
-    assert_eq!(w.queues.sent_count(&Destination::Scheduler), 0);
-    assert_eq!(w.bus.count(), 0);
-    // The client's retry writes the record and accepts it, once.
-    let ok = w.submit("key-5").await.unwrap();
-    assert!(ok.created);
+    let id = w.submit("key-5").await.unwrap().order_id;
+    // As an earlier version wrote it: the order in the orders table, the record without it.
+    let record = w.state(id);
+    let order = record.order().unwrap();
+    let mut legacy = record.clone();
+    legacy.submitted = None;
+    legacy.revision += 1;
+    assert_eq!(w.store.create_order(&order).await.unwrap(), Created::Created);
+    assert_eq!(w.store.save(&legacy, Expected::of(&record)).await.unwrap(), Saved::Saved);
+    // Sent again, the key is its order; another body under it is refused.
     assert!(!w.submit("key-5").await.unwrap().created);
-    // Another body under the same key is still refused.
     let other = br#"{"customer_id":"c-9","currency":"EUR","items":[{"sku":"X","quantity":1,"unit_price":1}],"ship_to":{"name":"A","line1":"1","city":"P","postal_code":"1","country":"FR"}}"#;
     assert!(matches!(w.submission.submit("key-5", other).await, Err(Error::KeyReused { .. })));
+    // It runs on the order found in the orders table, and its status shows it.
     w.settle().await;
-    assert_eq!(w.state(ok.order_id).process_state, ProcessState::Processed);
-    assert_eq!((w.store.orders().len(), w.store.records().len()), (1, 1));
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    assert_eq!(w.remote.max_applications(), 1);
+    let status = StatusService::new(w.store.clone());
+    let view = status.get(id, &Owner::anonymous()).await.unwrap().unwrap();
+    assert_eq!(view.order, order.order);
+}
+
+#[tokio::test]
+async fn an_order_is_forgotten_its_retention_after_it_ended_and_its_key_is_free_again() {
+    let month = Duration::from_secs(30 * 24 * 3600);
+    let mut w = World::with(EngineConfig { retention: Some(month), ..EngineConfig::default() });
+    let id = w.submit("key-6").await.unwrap().order_id;
+    assert_eq!(w.state(id).expires_at, None, "in flight");
+    w.settle().await;
+    let ended = w.state(id);
+    assert_eq!(ended.process_state, ProcessState::Processed);
+    let due = ended.expires_at.expect("a processed order expires");
+    assert!(due >= ended.ended_at.unwrap().plus(month) && due.as_millis() % 1000 == 0, "{due:?}");
+    // Kept until then, and the key is its order.
+    w.clock.advance(month - Duration::from_secs(60));
+    assert_eq!(w.store.forget_expired(), 0);
+    assert!(!w.submit("key-6").await.unwrap().created);
+    w.clock.advance(Duration::from_secs(61));
+    assert_eq!(w.store.forget_expired(), 1);
+    let status = StatusService::new(w.store.clone());
+    assert!(status.get(id, &Owner::anonymous()).await.unwrap().is_none());
+    // The key sent again is a new order, which runs.
+    assert!(w.submit("key-6").await.unwrap().created);
+    w.settle().await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+}
+
+#[tokio::test]
+async fn an_order_in_error_is_kept_whatever_the_retention() {
+    let month = Duration::from_secs(30 * 24 * 3600);
+    let mut w = World::with(EngineConfig { retention: Some(month), ..EngineConfig::default() });
+    w.remote.script("charge-payment", [Behaviour::Permanent("card declined".into())]);
+    let id = w.submit("key-7").await.unwrap().order_id;
+    w.settle().await;
+    let failed = w.state(id);
+    assert_eq!((failed.process_state, failed.expires_at), (ProcessState::Error, None));
+    w.clock.advance(month * 12);
+    assert_eq!(w.store.forget_expired(), 0);
 }
 
 #[tokio::test]
@@ -200,7 +239,7 @@ async fn the_door_refuses_orders_that_would_wait_too_long_and_writes_nothing() {
     assert!(err.is_retryable());
     // Read again 5 s later: 34 start messages wait; still room for a little more.
     w.clock.advance(sas_engine::load::REPORT_EVERY);
-    let before = (w.store.stats().order_puts, w.queues.sent_count(&Destination::Scheduler));
+    let before = (w.store.stats().writes, w.queues.sent_count(&Destination::Scheduler));
     assert_eq!(before.0, 34, "the refused order wrote nothing");
     let mut more = 0;
     while w.submit(&format!("later-{more}")).await.is_ok() {
@@ -218,7 +257,7 @@ async fn the_door_refuses_orders_that_would_wait_too_long_and_writes_nothing() {
         })
         .collect();
     assert!(waits.windows(2).all(|p| p[0] <= p[1]), "{waits:?}");
-    let after = (w.store.stats().order_puts, w.queues.sent_count(&Destination::Scheduler));
+    let after = (w.store.stats().writes, w.queues.sent_count(&Destination::Scheduler));
     assert_eq!(after.1, before.1 + more, "a refused order sends nothing");
 }
 
@@ -298,11 +337,11 @@ async fn a_caller_may_mark_its_order_a_priority_of_its_tenant() {
     assert!(groups.contains(&Some(priority)), "{groups:?}");
 
     // A priority the API does not know is refused, naming it, and writes nothing.
-    let puts = w.store.stats().order_puts;
+    let puts = w.store.stats().writes;
     let err = submit("urgent", Some("urgent")).await.unwrap_err();
     let Error::InvalidOrder(rejection) = &err else { panic!("{err}") };
     assert_eq!(rejection.errors[0].field, "priority", "{err}");
-    assert_eq!(w.store.stats().order_puts, puts);
+    assert_eq!(w.store.stats().writes, puts);
     // The key sent again is its order, at the priority it was first given.
     assert_eq!(submit("rush", None).await.unwrap().order_id, rush);
 }
@@ -1468,9 +1507,9 @@ async fn an_order_runs_whole_when_every_cheap_read_misses() {
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
     assert_eq!(w.remote.max_applications(), 1);
     assert!(w.handled.iter().all(|(_, h)| *h == Handled::Applied), "{:?}", w.handled);
-    // Each of the four scheduler messages missed once, and each of the three requests missed
-    // its order once.
-    assert_eq!(w.store.stats().stale_reads, 7);
+    // Each of the four scheduler messages missed once; the requests take the order from its
+    // record, and read nothing more.
+    assert_eq!(w.store.stats().stale_reads, 4);
 }
 
 #[tokio::test]

@@ -135,9 +135,27 @@ impl<C: Clock> MemoryStore<C> {
         self.lock().states.values().cloned().collect()
     }
 
-    /// Every order.
+    /// Every order: kept in its record, or in the orders table for a record written before.
     pub fn orders(&self) -> Vec<OrderRecord> {
-        self.lock().orders.values().cloned().collect()
+        let inner = self.lock();
+        let kept = inner.states.values().filter_map(StateRecord::order);
+        let legacy = inner.orders.values().filter(|o| {
+            inner.states.get(&o.order_id).is_none_or(|state| state.submitted.is_none())
+        });
+        kept.chain(legacy.cloned()).collect()
+    }
+
+    /// Deletes every record whose `expires_at` is past, as DynamoDB's time to live does some
+    /// time after; returns how many. Such a record is in no index.
+    pub fn forget_expired(&self) -> usize {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        let before = inner.states.len();
+        inner.states.retain(|_, state| state.expires_at.is_none_or(|at| at > now));
+        let gone = before - inner.states.len();
+        let Inner { states, versions, .. } = &mut *inner;
+        versions.retain(|id, _| states.contains_key(id));
+        gone
     }
 
     /// Every concurrency key's places, as stored.

@@ -23,7 +23,7 @@ use crate::ports::{
     Clock, Created, Destination, EventBus, OrderRecord, Outbox, Outgoing, Payloads, Read, Saved,
     StateStore,
 };
-use crate::state::{Parent, ProcessState, StateRecord};
+use crate::state::{Parent, ProcessState, StateRecord, Submitted};
 use crate::workflow::{Child, Work};
 
 /// Writes a child's transition may meet before the parent's effect gives up for now (and its
@@ -238,21 +238,12 @@ where
         let key =
             IdempotencyKey::parse(&format!("child-{}-{index}-{run}{element}", parent.order_id))
                 .map_err(Error::from)?;
-        let record = OrderRecord {
-            order_id: id,
-            owner,
-            idempotency_key: key,
-            order: Order(kept),
-            created_at: now,
-        };
         let ctx = Ctx { now, config: &self.config, workflow: child_workflow, seed: 0 };
         let mut created =
             machine::create_waking(id, parent.correlation_id.clone(), &wakes, line, &ctx);
         created.next.parent = Some(link);
         created.next.group = parent.group.clone();
-        // As submission does: the order first, then its state record; a start that died
-        // between the two finds the order and writes the record.
-        self.store.create_order(&record).await?;
+        created.next.submitted = Some(Submitted { owner, key, input: Order(kept) });
         if self.store.create_state(&created.next).await? == Created::AlreadyExists {
             return Ok(Vec::new());
         }

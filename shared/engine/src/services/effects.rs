@@ -248,8 +248,12 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
         Ok(BusEvent::callback(&callback, lease.attempt))
     }
 
-    /// The order `record` is the state of.
+    /// The order `record` is the state of: kept in the record, or, for a record written
+    /// before orders were, in the orders table.
     pub(super) async fn order_of(&self, record: &StateRecord) -> Result<OrderRecord> {
+        if let Some(order) = record.order() {
+            return Ok(order);
+        }
         // An order never changes once written, so any copy found is the copy; only one written
         // a moment ago can be missed by the cheaper read.
         if let Some(order) = self.store.load_order(record.order_id, Read::Eventual).await? {

@@ -251,11 +251,16 @@ impl<S: StateStore, P: Payloads> StatusService<S, P> {
     }
 
     async fn load(&self, order_id: OrderId) -> Result<Option<(OrderRecord, StateRecord)>> {
-        let Some(order) = self.store.load_order(order_id, Read::Consistent).await? else {
-            return Ok(None);
-        };
         let Some(state) = self.store.load(order_id, Read::Consistent).await? else {
             return Ok(None);
+        };
+        // A record written before orders were kept in their records has it in the orders table.
+        let order = match state.order() {
+            Some(order) => order,
+            None => match self.store.load_order(order_id, Read::Consistent).await? {
+                Some(order) => order,
+                None => return Ok(None),
+            },
         };
         Ok(Some((order, state)))
     }

@@ -1,10 +1,10 @@
-//! Submission: validates an order, writes it, then its state record, and kicks the scheduler.
-//! Idempotent on the client's key.
+//! Submission: validates an order, writes its state record with the order in it, and kicks
+//! the scheduler. Idempotent on the client's key.
 //!
-//! The two writes are conditional puts, not a transaction, which would cost twice as much. An
-//! order is accepted once its state record is written: a submission that dies between the two
-//! leaves an order nobody was told of and nothing runs, and the next submission of its key
-//! (the client's retry) writes the record and accepts it.
+//! The one write is a conditional put: an order is accepted once its record is written, and a
+//! key sent again finds the record and compares the order it holds. A submission that dies
+//! after the write leaves an order nobody kicked, which the client's retry (or the supervisor)
+//! starts.
 //!
 //! An input too large to carry in every request is stored first ([`crate::payload`]), after
 //! the door let the order in, so that a refused order writes nothing anywhere.
@@ -26,10 +26,8 @@ use crate::load::{Admission, Cached, DoorTally, LoadSource};
 use crate::machine::{self, Ctx, Decision, Input, decide};
 use crate::order::{Order, Rejection};
 use crate::payload::{self, Kept, MAX_INLINE_INPUT_LEN, MAX_PAYLOAD_LEN, NoPayloads};
-use crate::ports::{
-    Clock, Created, EventBus, Ids, OrderRecord, Outbox, Payloads, Read, StateStore,
-};
-use crate::state::StateRecord;
+use crate::ports::{Clock, Created, EventBus, Ids, Outbox, Payloads, Read, StateStore};
+use crate::state::{StateRecord, Submitted};
 use crate::time::Timestamp;
 use crate::workflow::Workflow;
 
@@ -157,29 +155,8 @@ where
         let ctx = Ctx { now, config: &self.ports.config, workflow, seed: 0 };
         let mut created = machine::create_waking(order_id, self.ids.new_id(), &wakes, line, &ctx);
         created.next.group = group;
-        let record = OrderRecord {
-            order_id,
-            owner: owner.clone(),
-            idempotency_key: key,
-            order,
-            created_at: now,
-        };
+        created.next.submitted = Some(Submitted { owner: owner.clone(), key, input: order });
 
-        let missing = |what: &str| Error::Corrupt {
-            order_id,
-            reason: format!("{what} reported as existing but not found"),
-        };
-        if self.ports.store.create_order(&record).await? == Created::AlreadyExists {
-            let existing = self.ports.store.load_order(order_id, Read::Consistent).await?;
-            if existing.ok_or_else(|| missing("order"))?.order != record.order {
-                return Err(Error::KeyReused { existing: order_id });
-            }
-            if let Some(current) = self.ports.store.load(order_id, Read::Consistent).await? {
-                return self.resubmitted(&current, workflow).await;
-            }
-            // Written by a submission that died before the state record: never accepted, and
-            // accepted now.
-        }
         match self.ports.store.create_state(&created.next).await? {
             Created::Created => {
                 info!(%order_id, correlation_id = %created.next.correlation_id, "order accepted");
@@ -187,10 +164,21 @@ where
                 self.ports.perform(&created.next, &created.effects).await?;
                 Ok(Accepted { order_id, created: true })
             }
-            // A submission of the same key wrote it in the meantime.
+            // The key was used before, or a submission of it is racing this one.
             Created::AlreadyExists => {
-                let current = self.ports.store.load(order_id, Read::Consistent).await?;
-                self.resubmitted(&current.ok_or_else(|| missing("state record"))?, workflow).await
+                let Some(current) = self.ports.store.load(order_id, Read::Consistent).await? else {
+                    // Forgotten since (its retention ran out): the client may send it again.
+                    return Err(Error::unavailable(
+                        "state store",
+                        "the order of this key was being forgotten; send it again",
+                    ));
+                };
+                let existing = self.ports.order_of(&current).await?;
+                let asked = created.next.submitted.as_ref().map(|s| &s.input);
+                if Some(&existing.order) != asked {
+                    return Err(Error::KeyReused { existing: order_id });
+                }
+                self.resubmitted(&current, workflow).await
             }
         }
     }
