@@ -208,7 +208,9 @@ struct Meter {
     /// The events the stack put on its bus.
     events: Vec<BusEvent>,
     /// What the finished orders keep in DynamoDB: their items' sizes, with the 100 bytes
-    /// DynamoDB adds to each item it stores.
+    /// DynamoDB adds to each item it stores; those forgotten after the retention, and those
+    /// kept for ever (child orders, and every order without a retention).
+    expiring_bytes: f64,
     stored_bytes: f64,
     stored_items: f64,
     /// The payload bucket: objects written and read, and the bytes written.
@@ -611,6 +613,8 @@ struct Deployed {
     access_line: String,
     /// The bus's rules the stack has at the defaults.
     rules: Rules,
+    /// How long an ended order is kept (`OrderRetentionDays`), if not for ever.
+    retention: Option<std::time::Duration>,
 }
 
 /// Version 4 UUIDs, as the functions make them, from a seeded generator: a deflated record is
@@ -724,6 +728,8 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         lambda_tracing,
         access_line: access_log_line(access_format),
         rules: Rules::of(&template, &at_defaults)?,
+        retention: (defaults.retention_days > 0.0)
+            .then(|| std::time::Duration::from_secs_f64(defaults.retention_days * 86_400.0)),
     };
     // The functions' log lines, as they print them at `LogLevel`'s default.
     sas_aws::telemetry::init_json(tracing_subscriber::EnvFilter::new("info"), || CountedLog);
@@ -856,11 +862,12 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         let batches = match fixed {
             Some(b) => Batches::all(b),
             None => {
-                let counted = runtime.block_on(run(&s, measured, &Batches::FULL))?;
+                let counted =
+                    runtime.block_on(run(&s, measured, &Batches::FULL, deployed.retention))?;
                 Batches::filled(&s, &counted, measured as f64, &defaults)
             }
         };
-        let meter = runtime.block_on(run(&s, measured, &batches))?;
+        let meter = runtime.block_on(run(&s, measured, &batches, deployed.retention))?;
         let total = report(&s, &meter, measured as f64, &batches, &deployed);
         if let Some(parcels) = s.parcels {
             lists.push((parcels as f64, total, meter.state_writes / measured as f64));
@@ -896,7 +903,6 @@ fn per_order(s: &Scenario, m: &Meter, orders: f64) -> PerOrder {
     let agents = s.agents();
     PerOrder {
         api_requests: 1.0 + msg("answer"),
-        orders_table_wcu: m.orders_wru / orders,
         state_table_wcu: (m.wru - m.orders_wru) / orders,
         index_wcu: m.index_wru / orders,
         starts: msg("start"),
@@ -923,9 +929,8 @@ fn print_ceiling(
         s.name
     );
     println!(
-        "Per order: {:.2} API requests, {:.3} write units on OrdersTable and {:.3} on StateTable, {:.3} on `ByCompleteBy`; {:.1} start, {:.1} replies, {:.1} requests on each of {:.0} agents' queues; {:.1} `PutEvents`. Orders a second each resource allows, in batches of {:.0}, with invocations of {:.0} ms (submission), {:.0} ms (scheduler batch) and {:.0} ms (agent batch), assumed. `large`: {}.\n",
+        "Per order: {:.2} API requests, {:.3} write units on StateTable, {:.3} on `ByCompleteBy`; {:.1} start, {:.1} replies, {:.1} requests on each of {:.0} agents' queues; {:.1} `PutEvents`. Orders a second each resource allows, in batches of {:.0}, with invocations of {:.0} ms (submission), {:.0} ms (scheduler batch) and {:.0} ms (agent batch), assumed. `large`: {}.\n",
         per.api_requests,
-        per.orders_table_wcu,
         per.state_table_wcu,
         per.index_wcu,
         per.starts,
@@ -1009,6 +1014,7 @@ async fn run(
     s: &Scenario,
     orders: usize,
     batches: &Batches,
+    retention: Option<std::time::Duration>,
 ) -> std::result::Result<Meter, Box<dyn std::error::Error>> {
     let batch_size = |dest: &Destination| batches.of(dest).round().max(1.0) as usize;
     let clock = ManualClock::default();
@@ -1064,7 +1070,7 @@ async fn run(
         store,
         bus: bus.clone(),
         clock: clock.clone(),
-        config: Arc::new(EngineConfig::default()),
+        config: Arc::new(EngineConfig { retention, ..EngineConfig::default() }),
         catalogue: Arc::new(Catalogue::new(workflows)?),
         waits: waits.clone(),
         load: Gauges { waits, depths },
@@ -1191,7 +1197,12 @@ async fn run(
     let records = memory.records();
     m.traces = records.iter().map(|r| &r.correlation_id).collect::<HashSet<_>>().len() as f64;
     for r in &records {
-        m.stored_bytes += (state_item_size(r)? + ITEM_OVERHEAD) as f64;
+        let bytes = (state_item_size(r)? + ITEM_OVERHEAD) as f64;
+        if r.expires_at.is_some() {
+            m.expiring_bytes += bytes;
+        } else {
+            m.stored_bytes += bytes;
+        }
         m.stored_items += 1.0;
     }
     m.messages.insert("event", published.len() as f64);
@@ -1329,6 +1340,10 @@ impl Handler
 fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &Deployed) -> f64 {
     let per = |x: f64| x / orders;
     let million = 1e6;
+    // A month as AWS bills storage: 730 hours. An expired item is paid for until DynamoDB
+    // deletes it, within two days.
+    let retention_months = deployed.retention.map_or(0.0, |r| r.as_secs_f64() / (730.0 * 3600.0));
+    let kept_months = deployed.retention.map_or(0.0, |_| retention_months + 48.0 / 730.0);
     let (wru, index, rru) = (per(m.wru), per(m.index_wru), per(m.rru));
     let sends = per(m.send_requests);
     let msg = |k: &str| per(m.messages.get(k).copied().unwrap_or(0.0));
@@ -1394,6 +1409,11 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
         ("S3 PUT requests (payloads)", per(m.s3_puts), price::S3_WRITE_REQUEST),
         ("S3 GET requests (payloads)", per(m.s3_gets), price::S3_READ_REQUEST),
         (
+            "DynamoDB storage, GB-months (ended orders, until deleted)",
+            per(m.expiring_bytes) / 1e9 * kept_months,
+            price::DYNAMODB_STORAGE_GB_MONTH + price::DYNAMODB_PITR_GB_MONTH,
+        ),
+        (
             "S3 storage, GB-months (payloads, kept 90 days)",
             per(m.s3_bytes) / 1e9 * PAYLOAD_MONTHS,
             price::S3_STORAGE_GB_MONTH,
@@ -1430,7 +1450,7 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
         }
         let cost = count * unit * million;
         total += cost;
-        if name.starts_with("S3 storage") {
+        if name.contains("storage") {
             println!("| {name} | {count:.7} | ${unit:.3}/GB-month | ${cost:.2} |");
         } else if name.ends_with("(bytes)") {
             println!("| {name} | {count:.0} | ${:.2}/GB | ${cost:.2} |", unit * 1e9);
@@ -1471,14 +1491,16 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
         per(kept),
         deployed.trace_share * 100.0,
     );
-    let stored = per(m.stored_bytes);
-    let month = stored / 1e9 * (price::DYNAMODB_STORAGE_GB_MONTH + price::DYNAMODB_PITR_GB_MONTH);
+    let (expiring, stored) = (per(m.expiring_bytes), per(m.stored_bytes));
+    let gb_month = price::DYNAMODB_STORAGE_GB_MONTH + price::DYNAMODB_PITR_GB_MONTH;
     println!(
-        "Kept in DynamoDB once ended: {stored:.0} bytes per order ({:.2} items, each counted with DynamoDB's 100 bytes), ${:.2} per million orders for each month they are kept, at ${:.2} per GB-month and ${:.2} more for point-in-time recovery; nothing expires them.",
+        "Kept in DynamoDB once ended: {:.0} bytes per order ({:.2} items, each counted with DynamoDB's 100 bytes, at ${:.2} per GB-month and ${:.2} more for point-in-time recovery): {expiring:.0} deleted {:.0} days after the order ended (`OrderRetentionDays`), and up to two days later (DynamoDB's time to live), in the total; {stored:.0} kept for ever (child orders), ${:.2} per million orders for each month, not in it.",
+        expiring + stored,
         per(m.stored_items),
-        month * million,
         price::DYNAMODB_STORAGE_GB_MONTH,
         price::DYNAMODB_PITR_GB_MONTH,
+        retention_months * 730.0 / 24.0,
+        stored / 1e9 * gb_month * million,
     );
     let sfn = s.sfn_transitions * price::STEP_FUNCTIONS_TRANSITION * million
         + (price::HTTP_API_REQUEST + price::EVENTBRIDGE_EVENT) * million;

@@ -126,7 +126,6 @@ impl Durations {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PerOrder {
     pub api_requests: f64,
-    pub orders_table_wcu: f64,
     pub state_table_wcu: f64,
     /// Writes of the `ByCompleteBy` index, spread over its shards.
     pub index_wcu: f64,
@@ -161,6 +160,8 @@ pub struct Params {
     pub scheduler_window_s: f64,
     /// How long each agent's mapping does (`AgentBatchingWindowSeconds`).
     pub agent_window_s: f64,
+    /// Days an ended order is kept (`OrderRetentionDays`; 0: for ever).
+    pub retention_days: f64,
 }
 
 impl Params {
@@ -207,6 +208,7 @@ impl Params {
             trace_share: number("TraceSamplePercent")? / 100.0,
             scheduler_window_s: number("SchedulerBatchingWindowSeconds")?,
             agent_window_s: number("AgentBatchingWindowSeconds")?,
+            retention_days: number("OrderRetentionDays")?,
         })
     }
 }
@@ -293,13 +295,6 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             shows: "writes throttled past the SDK's retries: the message comes back later, the door answers 503",
         },
         Limit {
-            resource: "OrdersTable, new (on-demand)",
-            bound: cite(&NEW_TABLE_WCU),
-            orders_per_second: fixed(NEW_TABLE_WCU.value / per.orders_table_wcu),
-            new_stack_only: true,
-            shows: "the submission's put throttled: 503 with Retry-After, nothing accepted",
-        },
-        Limit {
             resource: "`ByCompleteBy`, new (on-demand index; pre-warmed as its table)",
             bound: cite(&NEW_INDEX_WCU),
             orders_per_second: each(&|p| p.index_warm / per.index_wcu),
@@ -350,7 +345,6 @@ pub fn ramp_minutes(per: &PerOrder, params: &Params, orders_per_second: f64) -> 
         if needed <= start { 0.0 } else { (needed / start).log2().ceil() }
     };
     let most = doublings(orders_per_second * per.state_table_wcu, params.state_table_warm)
-        .max(doublings(orders_per_second * per.orders_table_wcu, NEW_TABLE_WCU.value))
         .max(doublings(orders_per_second * per.index_wcu, params.index_warm));
     most * 30.0
 }
@@ -420,7 +414,6 @@ mod tests {
     fn three_steps() -> PerOrder {
         PerOrder {
             api_requests: 1.0,
-            orders_table_wcu: 1.0,
             state_table_wcu: 6.0,
             index_wcu: 2.0,
             starts: 1.0,
@@ -445,6 +438,7 @@ mod tests {
             trace_share: 1.0,
             scheduler_window_s: 0.0,
             agent_window_s: 0.0,
+            retention_days: 30.0,
         }
     }
 
@@ -453,10 +447,10 @@ mod tests {
         Template::load(&path).unwrap()
     }
 
-    /// What `cost-model` counts for a three-step order: 1 write unit on `OrdersTable`, 6.68 on
-    /// `StateTable`, 2 on `ByCompleteBy`.
+    /// What `cost-model` counts for a three-step order: 5.015 write units on `StateTable`, 2 on
+    /// `ByCompleteBy`.
     fn counted() -> PerOrder {
-        PerOrder { orders_table_wcu: 1.0, state_table_wcu: 6.68, index_wcu: 2.0, ..three_steps() }
+        PerOrder { state_table_wcu: 5.015, index_wcu: 2.0, ..three_steps() }
     }
 
     #[test]
@@ -477,7 +471,6 @@ mod tests {
             // Half again the declared rate, for retries and resumes.
             assert!(p.state_table_warm / per.state_table_wcu >= 1.5 * r, "StateTable at {rate}");
             assert!(p.index_warm / per.index_wcu >= 1.5 * r, "ByCompleteBy at {rate}");
-            assert!(NEW_TABLE_WCU.value / per.orders_table_wcu >= 1.5 * r, "OrdersTable at {rate}");
             assert!(
                 p.index_shards * PARTITION_WCU.value / per.index_wcu >= 2.0 * r,
                 "shards at {rate}"
