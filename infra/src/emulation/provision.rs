@@ -175,7 +175,13 @@ async fn create(
     let Clients { dynamodb, sqs, events, s3, .. } = clients;
     match kind {
         "AWS::DynamoDB::Table" => {
-            create_table(dynamodb, &mut stack.context, id, name, properties).await?
+            create_table(dynamodb, &mut stack.context, id, name, properties).await?;
+            if properties.get("TimeToLiveSpecification").is_some() {
+                // Set, and described as on AWS; the emulator keeps items past their time.
+                let reason = "configured, but the emulator deletes no expired item".into();
+                let property = format!("{id}.TimeToLiveSpecification");
+                stack.skipped.push((property, kind.into(), reason));
+            }
         }
         "AWS::SQS::Queue" => create_queue(sqs, &mut stack.context, id, name, properties).await?,
         "AWS::S3::Bucket" => {
