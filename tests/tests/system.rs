@@ -249,16 +249,7 @@ async fn an_ended_order_carries_when_dynamodb_may_forget_it_and_a_failed_one_doe
     let record = s.state(id).await;
     // The payment service declines every card: the order is undone, and kept for an operator.
     assert_eq!((record.process_state, record.expires_at), (ProcessState::Error, None));
-    let item =
-        s.t.dynamodb
-            .get_item()
-            .table_name(s.t.name("StateTable"))
-            .key("OrderId", aws_sdk_dynamodb::types::AttributeValue::S(id.to_string()))
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap();
+    let item = stored_item(&s, id).await;
     assert!(!item.contains_key("ExpiresAt"), "{item:?}");
     // An order that ends well is forgotten 30 days after its end, to the second.
     s.remote.set_faults("{}").await;
@@ -267,19 +258,20 @@ async fn an_ended_order_carries_when_dynamodb_may_forget_it_and_a_failed_one_doe
     s.settle().await;
     let record = s.state(id).await;
     assert_eq!(record.process_state, ProcessState::Processed);
-    let item =
-        s.t.dynamodb
-            .get_item()
-            .table_name(s.t.name("StateTable"))
-            .key("OrderId", aws_sdk_dynamodb::types::AttributeValue::S(id.to_string()))
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap();
+    let item = stored_item(&s, id).await;
     let at: i64 = item["ExpiresAt"].as_n().unwrap().parse().unwrap();
     let ended = record.ended_at.unwrap().as_millis();
     assert_eq!(at, (ended + days as i64 * 86_400_000 + 999) / 1000, "{item:?}");
+}
+
+/// Order `id`'s item in `StateTable`, as stored.
+async fn stored_item(
+    s: &System,
+    id: sas_engine::OrderId,
+) -> std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
+    let key = aws_sdk_dynamodb::types::AttributeValue::S(id.to_string());
+    let got = s.t.dynamodb.get_item().table_name(s.t.name("StateTable")).key("OrderId", key);
+    got.send().await.unwrap().item.unwrap()
 }
 
 /// The steps of `ledger` applied for order `id`, by action, in the order applied.
