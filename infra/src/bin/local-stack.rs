@@ -105,6 +105,22 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Measure each function's processor time, per invocation and per message, on release
+    /// binaries: the reference workflow without faults, twice (batches gathered for 0 s, then
+    /// for 1 s), then how long each invocation lasts on AWS by memory size.
+    Durations {
+        #[command(flatten)]
+        stack: StackArgs,
+        /// Orders of each run.
+        #[arg(long, default_value_t = 300)]
+        orders: usize,
+        /// Orders a second.
+        #[arg(long, default_value_t = 10.0)]
+        rate: f64,
+        /// Write what was measured to this file (`cost-model` reads `infra/durations.json`).
+        #[arg(long)]
+        write: Option<std::path::PathBuf>,
+    },
     /// Put an event on the bus of the stack that `up` runs, as another service would: the
     /// workflows whose `starts` match it start an order each. Prints the event's id and the
     /// orders it starts.
@@ -137,7 +153,7 @@ enum Command {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 struct StackArgs {
     /// AWS API endpoint to use instead of starting moto (LocalStack, a moto already running).
     #[arg(long, env = "AWS_ENDPOINT_URL")]
@@ -196,6 +212,8 @@ struct DemoRun {
     limit: Duration,
     logs: bool,
     chaos: Option<Chaos>,
+    /// The workflows its stack runs (`WORKFLOW_JSON`): the demo's several, unless given.
+    workflows: Option<String>,
 }
 
 #[tokio::main]
@@ -217,6 +235,9 @@ async fn main() -> ExitCode {
             let ttl = chrono::Duration::minutes(minutes);
             println!("{}", jwt::mint(&jwt::claims(&issuer, &audience, &subject, now, ttl)));
             return ExitCode::SUCCESS;
+        }
+        Command::Durations { stack, orders, rate, write } => {
+            return measure_durations(stack, orders, rate, write.as_deref()).await;
         }
         Command::Demo { stack, orders, rate, faults, speed, limit, logs, kill_every, seed } => {
             let demo = match demo_run(orders, rate, limit, logs, kill_every, seed) {
@@ -292,11 +313,11 @@ fn options(
     demo: Option<&DemoRun>,
 ) -> (Options, Vec<FaultRule>) {
     let mut parameters: HashMap<String, String> = HashMap::new();
-    if demo.is_some() {
+    if let Some(demo) = demo {
         parameters.extend(demo::demo_parameters());
+        let workflows = demo.workflows.clone().unwrap_or_else(demo::demo_workflows);
         overrides.extend(
-            ENGINE_FUNCTIONS
-                .map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), demo::demo_workflows())),
+            ENGINE_FUNCTIONS.map(|f| (f.to_owned(), "WORKFLOW_JSON".to_owned(), workflows.clone())),
         );
     }
     parameters.extend(args.parameters);
@@ -375,7 +396,114 @@ fn demo_run(
         None => None,
     };
     let limit = Duration::from_secs(limit.unwrap_or(600.max(orders as u64 / 2)));
-    Ok(DemoRun { orders, rate, limit, logs, chaos })
+    Ok(DemoRun { orders, rate, limit, logs, chaos, workflows: None })
+}
+
+/// `local-stack durations`: runs the reference workflow without faults on a stack whose
+/// batching windows are 0 s, then on one whose windows are 1 s, sums what each kind of
+/// function did and the processor time it took, and fits each kind's time per invocation and
+/// per message (see `sas_infra::tools::durations`).
+async fn measure_durations(
+    args: StackArgs,
+    orders: usize,
+    rate: f64,
+    write: Option<&std::path::Path>,
+) -> ExitCode {
+    use sas_infra::tools::durations::{self, Measured, Run, Sample};
+    if !(rate.is_finite() && rate > 0.0) {
+        return fail("--rate must be a positive number");
+    }
+    let root = workspace_root();
+    let Some(bin_dir) =
+        std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+    else {
+        return fail("cannot tell where this program is");
+    };
+    if !bin_dir.ends_with("release") {
+        return fail(
+            "processor time is measured on release binaries: cargo run --release -p sas-infra --bin local-stack -- durations",
+        );
+    }
+    if !args.no_build && !build(&root, &bin_dir) {
+        return fail("building the function binaries failed");
+    }
+    let mut runs = Vec::new();
+    for window in ["0", "1"] {
+        let mut args = args.clone();
+        args.no_build = true;
+        args.parameters.extend(
+            ["SchedulerBatchingWindowSeconds", "AgentBatchingWindowSeconds"]
+                .map(|p| (p.to_owned(), window.to_owned())),
+        );
+        let parameters: BTreeMap<String, String> = args.parameters.iter().cloned().collect();
+        let limit = Duration::from_secs(600);
+        let demo = DemoRun {
+            orders,
+            rate: Some(rate),
+            limit,
+            logs: false,
+            chaos: None,
+            workflows: Some(demo::demo_workflow()),
+        };
+        let (options, _) =
+            options(args, &root, &bin_dir, vec![remote_faults("{}")], 60.0, Some(&demo));
+        let stack = match LocalStack::up(&options).await {
+            Ok(s) => s,
+            Err(e) => return fail(e),
+        };
+        let started = std::time::Instant::now();
+        let summary = match demo::run(&stack, orders, Some(rate), limit, None).await {
+            Ok(summary) => summary,
+            Err(e) => return fail(e),
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        drop(stack);
+        if summary.processed != orders || !summary.passed() {
+            print!("{}", summary.text);
+            return fail(format!(
+                "{} of the {orders} orders were processed: what was measured is not a run without faults",
+                summary.processed
+            ));
+        }
+        let mut by_kind: BTreeMap<String, Sample> = BTreeMap::new();
+        for u in &summary.uses {
+            let Some(kind) = durations::kind_of(&u.binary) else { continue };
+            let s = by_kind.entry(kind.to_owned()).or_default();
+            s.invocations += u.invocations;
+            s.records += u.records;
+            s.cpu_seconds += u.cpu_seconds;
+        }
+        if by_kind.values().all(|s| s.cpu_seconds == 0.0) {
+            return fail("this machine does not say what processor time its processes take");
+        }
+        println!(
+            "durations: windows of {window} s, {orders} orders at {rate} a second, {seconds:.0} s:"
+        );
+        for (kind, s) in &by_kind {
+            println!(
+                "  {kind}: {} invocations, {:.2} messages each, {:.2} ms of processor time each",
+                s.invocations,
+                s.records as f64 / (s.invocations.max(1)) as f64,
+                1000.0 * s.cpu_seconds / (s.invocations.max(1)) as f64
+            );
+        }
+        runs.push(Run { parameters, orders, rate, seconds, by_kind });
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let command = format!(
+        "cargo run --release -p sas-infra --bin local-stack -- durations --orders {orders} --rate {rate}"
+    );
+    let machine = format!("{cores} cores, {}", std::env::consts::ARCH);
+    let measured = Measured::from_runs(&command, &machine, runs);
+    print!("{}", durations::render(&measured));
+    if let Some(path) = write {
+        let text = serde_json::to_string_pretty(&measured).unwrap_or_default() + "\n";
+        if let Err(e) = std::fs::write(path, text) {
+            return fail(format!("{}: {e}", path.display()));
+        }
+        println!("durations: written to {}", path.display());
+    }
+    ExitCode::SUCCESS
 }
 
 /// What was not created, and where the stack's AWS API and HTTP API are.

@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::emulation::local::LocalStack;
-use crate::observe::cpu::CpuSample;
+use crate::observe::cpu::{CpuSample, FunctionUse};
 
 /// Faults of the simulated services during the demo: transient faults, lost answers, slow
 /// calls, an outage from 5 s to 15 s after the service starts (while the orders are still
@@ -159,6 +159,9 @@ pub struct Summary {
     pub dead_lettered: usize,
     /// The faults declared an outage and no call met it: the run ended before it began.
     pub outage_missed: bool,
+    /// What each function did during the run, and the processor time it took (where the
+    /// machine tells it).
+    pub uses: Vec<FunctionUse>,
     pub text: String,
 }
 
@@ -225,6 +228,7 @@ pub async fn run(
     let mut summary = summary?;
     if let (Some(before), Some(after)) = (before, CpuSample::take(stack)) {
         summary.text.push_str(&after.since(&before));
+        summary.uses = after.uses(&before, stack);
     }
     if chaos.is_some() {
         summary.text.push_str(&format!(

@@ -239,9 +239,8 @@ pub(crate) fn project_template() -> Template {
 }
 
 /// A dry run of `template` as the local stack names things (stack `local` in us-east-1, the
-/// simulated service's URL on a made-up port), with `parameters`: for tests.
-#[cfg(test)]
-pub(crate) fn local_dry_run(template: &Template, parameters: &[(&str, &str)]) -> Stack {
+/// simulated service's URL on a made-up port), with `parameters`.
+pub fn local_names(template: &Template, parameters: &[(&str, &str)]) -> Result<Stack, Error> {
     let options = Options {
         stack_name: "local".into(),
         region: "us-east-1".into(),
@@ -251,7 +250,13 @@ pub(crate) fn local_dry_run(template: &Template, parameters: &[(&str, &str)]) ->
             Value::String("http://127.0.0.1:9999/".into()),
         )]),
     };
-    dry_run(template, &options).unwrap()
+    dry_run(template, &options)
+}
+
+/// [`local_names`], for tests.
+#[cfg(test)]
+pub(crate) fn local_dry_run(template: &Template, parameters: &[(&str, &str)]) -> Stack {
+    local_names(template, parameters).unwrap()
 }
 
 /// References to resources that are not created still resolve, to what they would be named.

@@ -102,6 +102,8 @@ pub struct RuntimeApi {
     account: Option<AccountConcurrency>,
     /// Invocations of this function the account's quota refused.
     throttled: Arc<AtomicU64>,
+    /// Records (SQS messages, ...) the invocations' events carried, all together.
+    records: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RuntimeApi {
@@ -146,6 +148,7 @@ impl RuntimeApi {
             unanswered: Arc::default(),
             account: None,
             throttled: Arc::default(),
+            records: Arc::default(),
         })
     }
 
@@ -163,6 +166,12 @@ impl RuntimeApi {
     /// Invocations so far.
     pub fn invocations(&self) -> u64 {
         self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// Records the events of the invocations so far carried (an SQS batch's messages); an
+    /// event that is not a batch (an API request, a schedule's) counts none.
+    pub fn records(&self) -> u64 {
+        self.records.load(Ordering::Relaxed)
     }
 
     /// Invocations so far that got no answer in time (a process killed while it held one,
@@ -222,6 +231,11 @@ impl RuntimeApi {
             },
             None => None,
         };
+        let records = serde_json::from_str::<serde_json::Value>(&payload)
+            .ok()
+            .and_then(|event| event.get("Records")?.as_array().map(Vec::len))
+            .unwrap_or(0);
+        self.records.fetch_add(records as u64, Ordering::Relaxed);
         let id = format!(
             "{:08x}-local-{}",
             std::process::id(),

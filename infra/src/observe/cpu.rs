@@ -10,11 +10,32 @@ use std::time::Instant;
 
 use crate::emulation::local::LocalStack;
 
-/// Processor seconds each part had used at one moment.
+/// Processor seconds each part had used at one moment, and what each function had been
+/// invoked for until then.
 #[derive(Clone, Debug)]
 pub struct CpuSample {
     at: Instant,
     by_part: BTreeMap<String, f64>,
+    calls: BTreeMap<String, Calls>,
+}
+
+/// A function's invocations and the records (messages) they carried.
+#[derive(Clone, Copy, Debug, Default)]
+struct Calls {
+    invocations: u64,
+    records: u64,
+}
+
+/// What one function did between two samples, and the processor time it took.
+#[derive(Clone, Debug)]
+pub struct FunctionUse {
+    /// Its logical id.
+    pub function: String,
+    /// The binary it runs: functions of one binary do the same work.
+    pub binary: String,
+    pub invocations: u64,
+    pub records: u64,
+    pub cpu_seconds: f64,
 }
 
 impl CpuSample {
@@ -46,7 +67,37 @@ impl CpuSample {
             };
             *by_part.entry(part).or_default() += p.ticks as f64 / ticks;
         }
-        Some(CpuSample { at: Instant::now(), by_part })
+        let calls = stack
+            .functions
+            .iter()
+            .map(|f| {
+                let calls = Calls { invocations: f.api.invocations(), records: f.api.records() };
+                (f.spec.logical_id.clone(), calls)
+            })
+            .collect();
+        Some(CpuSample { at: Instant::now(), by_part, calls })
+    }
+
+    /// What each function of `stack` did between `earlier` and this sample.
+    pub fn uses(&self, earlier: &CpuSample, stack: &LocalStack) -> Vec<FunctionUse> {
+        stack
+            .functions
+            .iter()
+            .map(|f| {
+                let id = &f.spec.logical_id;
+                let (now, then) = (self.calls.get(id), earlier.calls.get(id));
+                let count = |c: Option<&Calls>, of: fn(&Calls) -> u64| c.map_or(0, of);
+                let cpu = |s: &CpuSample| s.by_part.get(id).copied().unwrap_or(0.0);
+                FunctionUse {
+                    function: id.clone(),
+                    binary: f.spec.binary.clone(),
+                    invocations: count(now, |c| c.invocations)
+                        .saturating_sub(count(then, |c| c.invocations)),
+                    records: count(now, |c| c.records).saturating_sub(count(then, |c| c.records)),
+                    cpu_seconds: cpu(self) - cpu(earlier),
+                }
+            })
+            .collect()
     }
 
     /// What each part used between `earlier` and this sample, busiest first, in a line.

@@ -6,11 +6,14 @@
 //! - [`prices`]: the one price table, used by the cost model and the demo's summary.
 //! - [`ceiling`]: how many orders a second one stack takes, from AWS's quotas and what an
 //!   order uses of each resource.
+//! - [`durations`]: how long each function's invocation lasts on AWS, from its processor time
+//!   measured on the local stack and its memory.
 //! - [`idle`]: what a stack costs a month with no orders, counted from the template.
 //! - [`batches`]: how full a queue mapping's batches are at a given rate.
 
 pub mod batches;
 pub mod ceiling;
+pub mod durations;
 pub mod idle;
 pub mod prices;
 pub mod workflows;
