@@ -53,11 +53,8 @@ use sas_engine::{AgentName, OrderId, Result, Timestamp};
 use sas_infra::emulation::template::{Context, Template};
 use sas_infra::tools::batches;
 use sas_infra::tools::ceiling::{self, Durations, Params, PerOrder};
+use sas_infra::tools::durations::{self as timing, Measured, Memory};
 use sas_infra::tools::prices as price;
-
-/// Billed duration assumed per invocation (128 MB, warm): [`Durations::ASSUMED`]. Measured
-/// figures from a deployment replace these; they are a small part of the total either way.
-const DURATIONS: Durations = Durations::ASSUMED;
 
 /// The larger parameter set the README gives, for `sam deploy --parameter-overrides`.
 const LARGE: &[(&str, &str)] = &[
@@ -66,7 +63,6 @@ const LARGE: &[(&str, &str)] = &[
     ("ApiThrottlingRateLimit", "3000"),
     ("ApiThrottlingBurstLimit", "6000"),
 ];
-const MEMORY_GB: f64 = 0.125;
 /// How long a stored value is kept: the template's `PayloadRetentionDays` (90), in the months
 /// S3 bills storage by.
 const PAYLOAD_MONTHS: f64 = 90.0 / 30.4;
@@ -574,7 +570,13 @@ impl Batches {
 
     /// The batches the template's mappings make at the model's rate of `s`'s orders, whose
     /// messages `counted` counted over `orders`. An agent's rate is its share of the requests.
-    fn filled(s: &Scenario, counted: &Meter, orders: f64, params: &Params) -> Batches {
+    fn filled(
+        s: &Scenario,
+        counted: &Meter,
+        orders: f64,
+        params: &Params,
+        full: &Durations,
+    ) -> Batches {
         let rate = |k: &str| {
             counted.messages.get(k).copied().unwrap_or(0.0) / orders * ORDERS_PER_SECOND as f64
         };
@@ -585,8 +587,8 @@ impl Batches {
             window_s,
             batch_size: ceiling::BATCH_SIZE as usize,
         };
-        let scheduler = mapping(DURATIONS.scheduler_batch_ms, params.scheduler_window_s);
-        let agent = mapping(DURATIONS.agent_batch_ms, params.agent_window_s);
+        let scheduler = mapping(full.scheduler_batch_ms, params.scheduler_window_s);
+        let agent = mapping(full.agent_batch_ms, params.agent_window_s);
         Batches {
             start: batches::mean_batch(&scheduler, rate("start") + rate("bus_event")),
             replies: batches::mean_batch(&scheduler, rate("reply")),
@@ -615,6 +617,17 @@ struct Deployed {
     rules: Rules,
     /// How long an ended order is kept (`OrderRetentionDays`), if not for ever.
     retention: Option<std::time::Duration>,
+    /// Each function's processor time, as `local-stack durations` measured it.
+    measured: Measured,
+    /// Each kind of function's memory.
+    memory: Memory,
+}
+
+impl Deployed {
+    /// How long invocations last whose batches hold `batch` messages.
+    fn durations(&self, batch: f64) -> Durations {
+        Durations::on_aws(&self.measured, &self.memory, batch)
+    }
 }
 
 /// Version 4 UUIDs, as the functions make them, from a seeded generator: a deflated record is
@@ -730,7 +743,10 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         rules: Rules::of(&template, &at_defaults)?,
         retention: (defaults.retention_days > 0.0)
             .then(|| std::time::Duration::from_secs_f64(defaults.retention_days * 86_400.0)),
+        measured: Measured::recorded()?,
+        memory: Memory::of_stack(&template, &[])?,
     };
+    let full = deployed.durations(ceiling::BATCH_SIZE);
     // The functions' log lines, as they print them at `LogLevel`'s default.
     sas_aws::telemetry::init_json(tracing_subscriber::EnvFilter::new("info"), || CountedLog);
     // The recorder the functions install, in a stack's namespace (`orders` here), under a
@@ -864,7 +880,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             None => {
                 let counted =
                     runtime.block_on(run(&s, measured, &Batches::FULL, deployed.retention))?;
-                Batches::filled(&s, &counted, measured as f64, &defaults)
+                Batches::filled(&s, &counted, measured as f64, &defaults, &full)
             }
         };
         let meter = runtime.block_on(run(&s, measured, &batches, deployed.retention))?;
@@ -873,7 +889,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             lists.push((parcels as f64, total, meter.state_writes / measured as f64));
         }
         if s.name == "three steps" {
-            three_steps = Some((per_order(&s, &meter, orders as f64), s));
+            three_steps = Some((per_order(&s, &meter, orders as f64), s, batches));
         }
     }
     if let [(few, few_cost, few_writes), (many, many_cost, many_writes)] = lists[..] {
@@ -891,10 +907,68 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         sas_infra::tools::idle::render(&sas_infra::tools::idle::idle(&template, &defaults)?)
     );
     println!();
-    if let Some((per, s)) = three_steps {
-        print_ceiling(&per, &s, &template, defaults)?;
+    println!("## How long an invocation lasts\n");
+    print!("{}", timing::render(&deployed.measured));
+    println!(
+        "\nThe template's memory: submission {:.0} MB, scheduler {:.0} MB, agents {:.0} MB, supervisor {:.0} MB.\n",
+        deployed.memory.submission_mb,
+        deployed.memory.scheduler_mb,
+        deployed.memory.agent_mb,
+        deployed.memory.supervisor_mb
+    );
+    if let Some((per, s, batches)) = three_steps {
+        let large = Params::of_stack("large", &template, LARGE)?;
+        print_memory_choice(&per, &batches, &deployed.measured, &[&defaults, &large]);
+        print_ceiling(&per, &s, &template, defaults, &full)?;
     }
     Ok(())
+}
+
+/// For each kind of function and memory size, what its invocations cost per million orders
+/// (`per` of them, in `batches` as at the model's rate) and the orders a second its queue's
+/// mapping takes in full batches, for each parameter set: the two sides of choosing its memory.
+fn print_memory_choice(per: &PerOrder, batches: &Batches, measured: &Measured, sets: &[&Params]) {
+    println!(
+        "What each kind of function's memory costs (Lambda's GB-seconds per million orders of the three-step workflow, at {ORDERS_PER_SECOND} orders a second) and the orders a second its queue then takes (full batches, `PollerConcurrency` batches at once) at {}:\n",
+        sets.iter().map(|p| p.name).collect::<Vec<_>>().join(" / ")
+    );
+    let sizes: Vec<String> = timing::MEMORY_SIZES.iter().map(|mb| format!("{mb:.0} MB")).collect();
+    println!("| function | {} |", sizes.join(" | "));
+    println!("| --- |{}", " ---: |".repeat(sizes.len()));
+    let gb_s = |ms: f64, mb: f64| ms / 1000.0 * mb / 1024.0 * price::LAMBDA_GB_SECOND * 1e6;
+    let takes = |p: &Params, batch_ms: f64, per_order: f64| {
+        p.poller_concurrency * ceiling::BATCH_SIZE / (batch_ms / 1000.0) / per_order
+    };
+    let rows: [(&str, &dyn Fn(f64) -> String); 3] = [
+        ("submission", &|mb| {
+            let d = Durations::on_aws(measured, &Memory::all(mb), 1.0);
+            format!("${:.2}", gb_s(per.api_requests * d.submission_ms, mb))
+        }),
+        ("scheduler", &|mb| {
+            let at = |b: f64| Durations::on_aws(measured, &Memory::all(mb), b).scheduler_batch_ms;
+            let cost = per.starts / batches.start * at(batches.start)
+                + per.replies / batches.replies * at(batches.replies);
+            let full = at(ceiling::BATCH_SIZE);
+            let ceilings: Vec<String> = sets
+                .iter()
+                .map(|p| format!("{:.0}", takes(p, full, per.starts.max(per.replies))))
+                .collect();
+            format!("${:.2}, {}/s", gb_s(cost, mb), ceilings.join(" / "))
+        }),
+        ("agents", &|mb| {
+            let at = |b: f64| Durations::on_aws(measured, &Memory::all(mb), b).agent_batch_ms;
+            let cost = per.agents * per.agent_requests / batches.agent * at(batches.agent);
+            let full = at(ceiling::BATCH_SIZE);
+            let ceilings: Vec<String> =
+                sets.iter().map(|p| format!("{:.0}", takes(p, full, per.agent_requests))).collect();
+            format!("${:.2}, {}/s", gb_s(cost, mb), ceilings.join(" / "))
+        }),
+    ];
+    for (name, cell) in rows {
+        let cells: Vec<String> = timing::MEMORY_SIZES.iter().map(|&mb| cell(mb)).collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+    println!();
 }
 
 /// What one order of `s` used of each resource the ceiling counts.
@@ -921,6 +995,7 @@ fn print_ceiling(
     s: &Scenario,
     template: &Template,
     defaults: Params,
+    durations: &Durations,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let large = Params::of_stack("large", template, LARGE)?;
     println!(
@@ -929,7 +1004,7 @@ fn print_ceiling(
         s.name
     );
     println!(
-        "Per order: {:.2} API requests, {:.3} write units on StateTable, {:.3} on `ByCompleteBy`; {:.1} start, {:.1} replies, {:.1} requests on each of {:.0} agents' queues; {:.1} `PutEvents`. Orders a second each resource allows, in batches of {:.0}, with invocations of {:.0} ms (submission), {:.0} ms (scheduler batch) and {:.0} ms (agent batch), assumed. `large`: {}.\n",
+        "Per order: {:.2} API requests, {:.3} write units on StateTable, {:.3} on `ByCompleteBy`; {:.1} start, {:.1} replies, {:.1} requests on each of {:.0} agents' queues; {:.1} `PutEvents`. Orders a second each resource allows, in batches of {:.0}, with invocations of {:.0} ms (submission), {:.0} ms (scheduler batch) and {:.0} ms (agent batch): the waits assumed and the processor time measured, at the template's memory. `large`: {}.\n",
         per.api_requests,
         per.state_table_wcu,
         per.index_wcu,
@@ -939,12 +1014,12 @@ fn print_ceiling(
         per.agents,
         per.put_events,
         ceiling::BATCH_SIZE,
-        DURATIONS.submission_ms,
-        DURATIONS.scheduler_batch_ms,
-        DURATIONS.agent_batch_ms,
+        durations.submission_ms,
+        durations.scheduler_batch_ms,
+        durations.agent_batch_ms,
         LARGE.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
     );
-    print!("{}", ceiling::render(per, &DURATIONS, &[defaults, large]));
+    print!("{}", ceiling::render(per, durations, &[defaults, large]));
     Ok(())
 }
 
@@ -1350,8 +1425,9 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
     // An order a client submits comes through the HTTP API and the submission function; one
     // an event starts, as a message the bus's rule sends to the scheduler queue.
     let (submitted, started) = if s.by_event { (0.0, 1.0) } else { (1.0, 0.0) };
-    let scheduler_invocations =
-        (msg("start") + msg("bus_event")) / batches.start + msg("reply") / batches.replies;
+    let (start_invocations, reply_invocations) =
+        ((msg("start") + msg("bus_event")) / batches.start, msg("reply") / batches.replies);
+    let scheduler_invocations = start_invocations + reply_invocations;
     let agent_invocations = msg("request") / batches.agent;
     // Each batch is one ReceiveMessage and one DeleteMessageBatch.
     let receives_and_deletes = 2.0 * (scheduler_invocations + agent_invocations);
@@ -1359,11 +1435,19 @@ fn report(s: &Scenario, m: &Meter, orders: f64, batches: &Batches, deployed: &De
     let sqs = sends + receives_and_deletes + depth_reads;
     // The submission, and each answer from outside, one invocation of the submission function.
     let invocations = submitted + msg("answer") + scheduler_invocations + agent_invocations;
-    let gb_seconds = MEMORY_GB
-        * ((submitted + msg("answer")) * DURATIONS.submission_ms
-            + scheduler_invocations * DURATIONS.scheduler_batch_ms
-            + agent_invocations * DURATIONS.agent_batch_ms)
-        / 1000.0;
+    // Each invocation as long as its batch makes it, at its function's memory.
+    let (of_starts, of_replies, of_agents) = (
+        deployed.durations(batches.start),
+        deployed.durations(batches.replies),
+        deployed.durations(batches.agent),
+    );
+    let memory = &deployed.memory;
+    let gb_seconds = ((submitted + msg("answer")) * of_starts.submission_ms * memory.submission_mb
+        + start_invocations * of_starts.scheduler_batch_ms * memory.scheduler_mb
+        + reply_invocations * of_replies.scheduler_batch_ms * memory.scheduler_mb
+        + agent_invocations * of_agents.agent_batch_ms * memory.agent_mb)
+        / 1000.0
+        / 1024.0;
     // The event that starts an order is put on the bus as the status events are.
     let events = msg("event") + started;
     // The orders' traces, and those Lambda records of the invocations it samples, function

@@ -4,9 +4,9 @@
 //!
 //! What an order uses is counted by `cost-model` (the same run that prices it); the quotas are
 //! AWS's defaults, each with the page that states it; the parameters are the template's
-//! defaults or the larger set the README gives. How long an invocation lasts on AWS cannot be
-//! counted here: the figures assumed are [`Durations::ASSUMED`], and every mapping's ceiling
-//! scales with them.
+//! defaults or the larger set the README gives. How long an invocation lasts comes from
+//! [`super::durations`]: the processor time measured on the local stack, at each function's
+//! memory, and the waits on AWS's APIs, assumed; every mapping's ceiling scales with it.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -113,13 +113,6 @@ pub struct Durations {
     pub scheduler_batch_ms: f64,
     /// An agent's batch lasts as long as its slowest remote call.
     pub agent_batch_ms: f64,
-}
-
-impl Durations {
-    /// Assumed, not measured: DynamoDB's single-digit-millisecond reads and writes, an SQS send,
-    /// and remote calls of about 80 ms.
-    pub const ASSUMED: Durations =
-        Durations { submission_ms: 30.0, scheduler_batch_ms: 40.0, agent_batch_ms: 100.0 };
 }
 
 /// What one order uses of each resource, as counted by `cost-model`.
@@ -488,7 +481,7 @@ mod tests {
 
     #[test]
     fn each_ceiling_is_the_quota_over_what_an_order_uses_of_it() {
-        let limits = limits(&three_steps(), &Durations::ASSUMED, &[set(2.0, 8.0)]);
+        let limits = limits(&three_steps(), &Durations::WAITS, &[set(2.0, 8.0)]);
         let of = |name: &str| {
             limits.iter().find(|l| l.resource.starts_with(name)).unwrap().orders_per_second[0]
         };

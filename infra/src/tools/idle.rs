@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use crate::Error;
 use crate::emulation::template::{Context, Template};
 use crate::tools::ceiling::Params;
+use crate::tools::durations::{Measured, Memory, slowdown};
 use crate::tools::prices as price;
 
 /// A month, in the seconds CloudWatch and Lambda bill by (30.4 days).
@@ -28,8 +29,9 @@ const LONG_POLL_SECONDS: f64 = 20.0;
 const SUPERVISOR_SERIES: f64 = 4.0;
 /// What a sweep prints to its log, measured on the local stack, and what Lambda adds.
 const SWEEP_LOG_BYTES: f64 = 3_000.0 + 450.0;
-/// A sweep's duration at 128 MB.
-const SWEEP_SECONDS: f64 = 0.1;
+/// What a sweep waits for: its queries of the index's shards and its reads of the queues'
+/// depths, side by side. Its processor time is measured ([`crate::tools::durations`]).
+const SWEEP_WAIT_SECONDS: f64 = 0.1;
 
 /// One line of the monthly bill.
 #[derive(Clone, Debug)]
@@ -67,8 +69,11 @@ pub fn idle(template: &Template, params: &Params) -> Result<Vec<Line>, Error> {
     // Each sweep: two queries of each index shard and a scan of the wait reports (half a
     // read unit each, eventually consistent and small), and a read of each queue's depth.
     let sweep_reads = sweeps * (2.0 * params.index_shards + 1.0) * 0.5;
+    let mb = Memory::of_stack(template, &[])?.supervisor_mb;
+    let sweep_cpu_s = Measured::recorded()?.of("supervisor").of_batch(0.0) / 1000.0;
+    let sweep_seconds = SWEEP_WAIT_SECONDS + sweep_cpu_s * slowdown(mb);
     let sweep_cost = sweeps * price::LAMBDA_REQUEST
-        + sweeps * SWEEP_SECONDS * 0.125 * price::LAMBDA_GB_SECOND
+        + sweeps * sweep_seconds * mb / 1024.0 * price::LAMBDA_GB_SECOND
         + sweep_reads * price::DYNAMODB_RRU
         + sweeps * queues * price::SQS_REQUEST;
     let log_gb = sweeps * SWEEP_LOG_BYTES / 1e9;
