@@ -30,7 +30,7 @@ pub struct EngineConfig {
     /// again. Default 120 s. Env `ALERT_RETRY_SECONDS`.
     pub alert_retry_after: Duration,
     /// Orders a second the stack is sized for, from which the two figures below follow.
-    /// Default 100; from 1 to [`MAX_EXPECTED_RATE`]. Env `EXPECTED_ORDERS_PER_SECOND`.
+    /// Default 50; from 1 to [`MAX_EXPECTED_RATE`]. Env `EXPECTED_ORDERS_PER_SECOND`.
     pub expected_rate: u32,
     /// Shards of the expiry index new entries are written to ([`Scale::index_shards`]). The
     /// supervisor reads all [`MAX_INDEX_SHARDS`], so that a lower rate never strands an entry.
@@ -149,7 +149,7 @@ pub struct HoldPolicy {
 
 /// Orders a second a stack expects unless it declares otherwise: what the template's default
 /// pollers take with room to spare.
-const DEFAULT_RATE: u32 = 100;
+const DEFAULT_RATE: u32 = 50;
 
 impl Default for HoldPolicy {
     fn default() -> Self {

@@ -14,8 +14,9 @@
 //!   clients come back after what it says, and up to a fifth more. So do the clients of a
 //!   submission whose write DynamoDB throttled (503, `Retry-After: 1`).
 //! - **Each SQS event source mapping** runs at most `PollerConcurrency` batches of 10 at once,
-//!   and only as many as it has scaled to: 5 at first, 300 more a minute. A scheduler batch
-//!   lasts 40 ms; an agent's lasts 100 ms, its remote calls made side by side. A message whose
+//!   and only as many as it has scaled to: 5 at first, 300 more a minute. A batch lasts as
+//!   `cost-model` takes it: the waits assumed and the processor time measured, at the
+//!   template's memory (below); an agent's remote calls are made side by side. A message whose
 //!   handling failed comes back after its queue's visibility timeout (71 s for the scheduler's
 //!   queues, 540 s for an agent's) and, from its third receive on, is sent again as a new
 //!   message 60 s later, as the deployed consumers do, so that a passing cause never
@@ -125,10 +126,36 @@ const AGENT_REQUESTS: f64 = 1.0;
 const STATE_TABLE_WCU: f64 = 5.015;
 const INDEX_WCU: f64 = 2.0;
 
-// How long invocations last: `ceiling.rs`'s assumed durations.
-const SCHEDULER_BATCH: Duration = Duration::from_millis(40);
+// How long invocations last, as `cost-model` takes them (`infra/src/tools/durations.rs`): what
+// each waits for on AWS, assumed (an agent's batch, as long as its slowest remote call), and
+// the processor time `local-stack durations` measured for a batch of 10, slowed to the share of
+// a vCPU the template's memory buys.
+const SCHEDULER_WAIT_MS: f64 = 40.0;
+const AGENT_WAIT_MS: f64 = 100.0;
+const SCHEDULER_MEMORY_MB: f64 = 1024.0;
+const AGENT_MEMORY_MB: f64 = 128.0;
+const ONE_VCPU_MB: f64 = 1769.0;
+const MEASURED: &str = include_str!("../../../infra/durations.json");
+
+/// How long a batch of 10 of function `kind` lasts: `wait_ms`, and its processor time at
+/// `memory_mb`, to the millisecond.
+fn batch_duration(kind: &str, wait_ms: f64, memory_mb: f64) -> Duration {
+    let measured: serde_json::Value = serde_json::from_str(MEASURED).unwrap();
+    let work = &measured["work"][kind];
+    let cpu_ms = work["invocation_ms"].as_f64().unwrap()
+        + BATCH as f64 * work["message_ms"].as_f64().unwrap();
+    let ms = wait_ms + cpu_ms * (ONE_VCPU_MB / memory_mb).max(1.0);
+    Duration::from_millis(ms.round() as u64)
+}
+
+fn scheduler_batch() -> Duration {
+    batch_duration("scheduler", SCHEDULER_WAIT_MS, SCHEDULER_MEMORY_MB)
+}
+
 /// An agent's batch lasts as long as its slowest remote call: each call takes this.
-const AGENT_BATCH: Duration = Duration::from_millis(100);
+fn agent_batch() -> Duration {
+    batch_duration("agent", AGENT_WAIT_MS, AGENT_MEMORY_MB)
+}
 
 // The deployed consumers (`template.yaml`, `shared/aws/src/batch.rs`).
 const SCHEDULER_VISIBILITY: Duration = Duration::from_secs(71);
@@ -190,10 +217,11 @@ const DEFAULTS: Stack = Stack {
     poller_concurrency: 2,
     api_rate: 200.0,
     api_burst: 400.0,
-    expected_rate: 100,
+    expected_rate: 50,
     state_table_wcu: NEW_TABLE_WCU,
     index_wcu: NEW_INDEX_WCU,
-    stated_ceiling: 500.0 / 3.0,
+    // Two batches of 10 at once on an agent's queue, each 271 ms.
+    stated_ceiling: 20.0 / 0.271,
 };
 
 const LARGE: Stack = Stack {
@@ -218,9 +246,9 @@ impl Stack {
         let shards = f64::from(Scale::for_rate(self.expected_rate).index_shards);
         vec![
             ("HTTP API route", self.api_rate / API_REQUESTS),
-            ("scheduler, start queue", mapping(SCHEDULER_BATCH, STARTS)),
-            ("scheduler, reply queue", mapping(SCHEDULER_BATCH, REPLIES)),
-            ("an agent's queue", mapping(AGENT_BATCH, AGENT_REQUESTS)),
+            ("scheduler, start queue", mapping(scheduler_batch(), STARTS)),
+            ("scheduler, reply queue", mapping(scheduler_batch(), REPLIES)),
+            ("an agent's queue", mapping(agent_batch(), AGENT_REQUESTS)),
             ("StateTable", self.state_table_wcu / STATE_TABLE_WCU),
             ("ByCompleteBy", self.index_wcu / INDEX_WCU),
             ("ByCompleteBy, one partition per shard", shards * PARTITION_WCU / INDEX_WCU),
@@ -513,7 +541,7 @@ impl Outbox for WorkerOutbox {
 }
 
 /// A remote service that answers every call, on the calling lane's clock, after
-/// [`AGENT_BATCH`].
+/// [`agent_batch`].
 #[derive(Debug)]
 struct Remote {
     inner: Arc<MemoryRemote<ManualClock>>,
@@ -522,7 +550,7 @@ struct Remote {
 
 impl RemoteService for Remote {
     async fn call(&self, call: &RemoteCall) -> std::result::Result<serde_json::Value, RemoteFault> {
-        self.clock.advance(AGENT_BATCH);
+        self.clock.advance(agent_batch());
         self.inner.call(call).await
     }
 }
@@ -843,7 +871,7 @@ impl World {
                 let w = &self.schedulers[q].1[i];
                 let begins = w.busy_until.max(now);
                 // The batch's effects happen when its work ends.
-                w.clock.set(begins.plus(SCHEDULER_BATCH));
+                w.clock.set(begins.plus(scheduler_batch()));
                 let outbox = w.outbox.clone();
                 for d in &batch {
                     let message = Message::decode(&d.body).unwrap();
@@ -1292,7 +1320,7 @@ async fn a_tenant_s_burst_slows_its_own_orders_not_the_other_tenants() {
 #[test]
 fn the_restated_quotas_give_the_ceilings_cost_model_states() {
     let (bound, ceiling) = DEFAULTS.ceiling();
-    assert_eq!(bound, "scheduler, reply queue");
+    assert_eq!(bound, "an agent's queue");
     assert!((ceiling - DEFAULTS.stated_ceiling).abs() < 0.5, "{ceiling}");
     let (bound, ceiling) = LARGE.ceiling();
     assert_eq!(bound, "HTTP API route");
