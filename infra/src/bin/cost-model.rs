@@ -27,7 +27,7 @@ use sas_aws::dynamo::{order_item_size, state_item_size};
 use sas_aws::settings::DEFAULT_SEND_LINGER_MS;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::config::{EngineConfig, HoldPolicy};
-use sas_engine::events::{BusEvent, CALLBACK_DETAIL_TYPE};
+use sas_engine::events::{BusEvent, CALLBACK_DETAIL_TYPE, STATUS_DETAIL_TYPE};
 use sas_engine::health::ServiceRecord;
 use sas_engine::keys::{Queued, Slots};
 use sas_engine::load::{Gauges, Unmetered};
@@ -61,7 +61,7 @@ const LARGE: &[(&str, &str)] = &[
     ("ExpectedOrdersPerSecond", "2000"),
     ("PollerConcurrency", "100"),
     ("ApiThrottlingRateLimit", "3000"),
-    ("ApiThrottlingBurstLimit", "6000"),
+    ("ApiThrottlingBurstLimit", "5000"),
 ];
 /// How long a stored value is kept: the template's `PayloadRetentionDays` (90), in the months
 /// S3 bills storage by.
@@ -889,7 +889,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             lists.push((parcels as f64, total, meter.state_writes / measured as f64));
         }
         if s.name == "three steps" {
-            three_steps = Some((per_order(&s, &meter, orders as f64), s, batches));
+            three_steps = Some((per_order(&s, &meter, orders as f64, &deployed.rules), s, batches));
         }
     }
     if let [(few, few_cost, few_writes), (many, many_cost, many_writes)] = lists[..] {
@@ -972,9 +972,10 @@ fn print_memory_choice(per: &PerOrder, batches: &Batches, measured: &Measured, s
 }
 
 /// What one order of `s` used of each resource the ceiling counts.
-fn per_order(s: &Scenario, m: &Meter, orders: f64) -> PerOrder {
+fn per_order(s: &Scenario, m: &Meter, orders: f64, rules: &Rules) -> PerOrder {
     let msg = |k: &str| m.messages.get(k).copied().unwrap_or(0.0) / orders;
     let agents = s.agents();
+    let status = m.events.iter().filter(|e| e.detail_type == STATUS_DETAIL_TYPE).count();
     PerOrder {
         api_requests: 1.0 + msg("answer"),
         state_table_wcu: (m.wru - m.orders_wru) / orders,
@@ -985,6 +986,9 @@ fn per_order(s: &Scenario, m: &Meter, orders: f64) -> PerOrder {
         agents,
         // One request per event: what an order publishes goes out as it happens.
         put_events: msg("event"),
+        rule_deliveries: m.events.iter().map(|e| rules.deliveries(e)).sum::<f64>() / orders,
+        // At the defaults (`StatusEvents=terminal`) every status event is an order's end.
+        terminal_events: status as f64 / orders,
     }
 }
 

@@ -102,6 +102,41 @@ pub const PUT_EVENTS_RPS: Quota = Quota {
     source: EVENTBRIDGE_QUOTAS,
 };
 
+/// `PutEvents` requests a second per account in us-east-2, the smallest of the quotas these
+/// tables cite (smaller regions have smaller ones still).
+pub const PUT_EVENTS_RPS_US_EAST_2: Quota = Quota {
+    value: 2_400.0,
+    what: "`PutEvents`: 2,400 requests a second per account in us-east-2",
+    source: EVENTBRIDGE_QUOTAS,
+};
+/// Events a bus delivers to its rules' targets a second, per account, by region: one for each
+/// rule an event matches. Past it, deliveries are delayed, not lost.
+pub const RULE_DELIVERIES: [Quota; 3] = [
+    Quota {
+        value: 18_750.0,
+        what: "deliveries to rule targets: 18,750 a second in us-east-1, us-west-2 and eu-west-1",
+        source: EVENTBRIDGE_QUOTAS,
+    },
+    Quota {
+        value: 4_500.0,
+        what: "4,500 in us-east-2 and eu-central-1",
+        source: EVENTBRIDGE_QUOTAS,
+    },
+    Quota {
+        value: 750.0,
+        what: "750 in af-south-1, ap-northeast-3, ap-southeast-3 and eu-south-1 (1,100 in the regions not named)",
+        source: EVENTBRIDGE_QUOTAS,
+    },
+];
+/// Requests the HTTP API takes at once across the account's APIs, before its steady rate.
+pub const API_ACCOUNT_BURST: Quota = Quota {
+    value: 5_000.0,
+    what: "a burst of 5,000 requests per account and region, all APIs",
+    source: API_GATEWAY_QUOTAS,
+};
+/// How far above its declared rate every binder of a stack should be.
+pub const HEADROOM: f64 = 0.3;
+
 /// Messages an event source mapping hands one invocation (the template's `BatchSize`).
 pub const BATCH_SIZE: f64 = 10.0;
 
@@ -129,6 +164,11 @@ pub struct PerOrder {
     /// Agents an order calls: their mappings run side by side.
     pub agents: f64,
     pub put_events: f64,
+    /// Deliveries of its events to the targets of the stack's own rules (the alerts', the
+    /// callbacks').
+    pub rule_deliveries: f64,
+    /// Its terminal status events: each rule a team adds on them delivers one.
+    pub terminal_events: f64,
 }
 
 /// The stack's parameters that bound its throughput, and what follows from them.
@@ -137,6 +177,8 @@ pub struct Params {
     pub name: &'static str,
     pub poller_concurrency: f64,
     pub api_rate: f64,
+    /// `ApiThrottlingBurstLimit`.
+    pub api_burst: f64,
     /// `ExpectedOrdersPerSecond`, from which the next four follow.
     pub expected_rate: f64,
     pub index_shards: f64,
@@ -192,6 +234,7 @@ impl Params {
             name,
             poller_concurrency: number("PollerConcurrency")?,
             api_rate: number("ApiThrottlingRateLimit")?,
+            api_burst: number("ApiThrottlingBurstLimit")?,
             expected_rate,
             index_shards: f64::from(scale.index_shards),
             sweep_limit: scale.sweep_limit as f64,
@@ -216,6 +259,9 @@ pub struct Limit {
     pub orders_per_second: Vec<f64>,
     /// True while the tables are new; false once they have ramped.
     pub new_stack_only: bool,
+    /// False for a quota of another region than us-east-1, or one that only a team's own rule
+    /// meets: shown with its margin, left out of the stack's ceiling.
+    pub counted: bool,
     pub shows: &'static str,
 }
 
@@ -241,6 +287,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: "the stack's parameter".into(),
             orders_per_second: each(&|p| p.api_rate / per.api_requests),
             new_stack_only: false,
+            counted: true,
             shows: "API Gateway answers 429; the client sends the order again with its key",
         },
         Limit {
@@ -248,6 +295,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&API_ACCOUNT_RPS),
             orders_per_second: fixed(API_ACCOUNT_RPS.value / per.api_requests),
             new_stack_only: false,
+            counted: true,
             shows: "API Gateway answers 429",
         },
         Limit {
@@ -255,6 +303,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&MAPPING_CONCURRENCY),
             orders_per_second: each(&|p| mapping(p, d.scheduler_batch_ms, per.starts)),
             new_stack_only: false,
+            counted: true,
             shows: "start messages wait in the queue; past `MaxQueueWaitSeconds` the door answers 503 with Retry-After",
         },
         Limit {
@@ -262,6 +311,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&MAPPING_CONCURRENCY),
             orders_per_second: each(&|p| mapping(p, d.scheduler_batch_ms, per.replies)),
             new_stack_only: false,
+            counted: true,
             shows: "replies wait in the queue; orders slow down, the door sheds new ones with 503",
         },
         Limit {
@@ -269,6 +319,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&MAPPING_CONCURRENCY),
             orders_per_second: each(&|p| mapping(p, d.agent_batch_ms, per.agent_requests)),
             new_stack_only: false,
+            counted: true,
             shows: "requests wait in the agent's queue; the door sheds new orders with 503",
         },
         Limit {
@@ -278,6 +329,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
                 LAMBDA_CONCURRENCY.value / executions_per_order_per_second(per, d),
             ),
             new_stack_only: false,
+            counted: true,
             shows: "invocations throttled: API Gateway answers 500 to the submission (clients retry), queued messages wait",
         },
         Limit {
@@ -285,6 +337,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: format!("{}, or its warm throughput", cite(&NEW_TABLE_WCU)),
             orders_per_second: each(&|p| p.state_table_warm / per.state_table_wcu),
             new_stack_only: true,
+            counted: true,
             shows: "writes throttled past the SDK's retries: the message comes back later, the door answers 503",
         },
         Limit {
@@ -292,6 +345,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&NEW_INDEX_WCU),
             orders_per_second: each(&|p| p.index_warm / per.index_wcu),
             new_stack_only: true,
+            counted: true,
             shows: "the index throttles the table's writes, as below",
         },
         Limit {
@@ -299,6 +353,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&TABLE_MAX_WCU),
             orders_per_second: fixed(TABLE_MAX_WCU.value / per.state_table_wcu),
             new_stack_only: false,
+            counted: true,
             shows: "writes throttled, as above",
         },
         Limit {
@@ -306,6 +361,7 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&PARTITION_WCU),
             orders_per_second: each(&|p| p.index_shards * PARTITION_WCU.value / per.index_wcu),
             new_stack_only: false,
+            counted: true,
             shows: "the index throttles the table's writes (an index that cannot keep up holds back its table)",
         },
         Limit {
@@ -313,9 +369,53 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             bound: cite(&PUT_EVENTS_RPS),
             orders_per_second: fixed(PUT_EVENTS_RPS.value / per.put_events),
             new_stack_only: false,
+            counted: true,
             shows: "terminal events late (published again); alerts republished by the supervisor",
         },
+        Limit {
+            resource: "EventBridge `PutEvents`, us-east-2",
+            bound: cite(&PUT_EVENTS_RPS_US_EAST_2),
+            orders_per_second: fixed(PUT_EVENTS_RPS_US_EAST_2.value / per.put_events),
+            new_stack_only: false,
+            counted: false,
+            shows: "as above",
+        },
+        Limit {
+            resource: "EventBridge deliveries, one rule of yours on the terminal events: us-east-1",
+            bound: cite(&RULE_DELIVERIES[0]),
+            orders_per_second: fixed(RULE_DELIVERIES[0].value / deliveries(per)),
+            new_stack_only: false,
+            counted: false,
+            shows: "the events reach their targets late; none is lost",
+        },
+        Limit {
+            resource: "the same: us-east-2",
+            bound: cite(&RULE_DELIVERIES[1]),
+            orders_per_second: fixed(RULE_DELIVERIES[1].value / deliveries(per)),
+            new_stack_only: false,
+            counted: false,
+            shows: "as above",
+        },
+        Limit {
+            resource: "the same: the smallest regions",
+            bound: cite(&RULE_DELIVERIES[2]),
+            orders_per_second: fixed(RULE_DELIVERIES[2].value / deliveries(per)),
+            new_stack_only: false,
+            counted: false,
+            shows: "as above; `StatusEvents=none` (or fewer kinds) publishes fewer",
+        },
     ]
+}
+
+/// Deliveries to rule targets one order makes: the stack's own rules', and one rule's of the
+/// team's on its terminal events.
+fn deliveries(per: &PerOrder) -> f64 {
+    per.rule_deliveries + per.terminal_events
+}
+
+/// How far above `declared` a binder that takes `ceiling` orders a second is, as a share.
+pub fn margin(ceiling: f64, declared: f64) -> f64 {
+    ceiling / declared - 1.0
 }
 
 fn cite(q: &Quota) -> String {
@@ -326,7 +426,7 @@ fn cite(q: &Quota) -> String {
 pub fn binding(limits: &[Limit], i: usize, new_stack: bool) -> Option<&Limit> {
     limits
         .iter()
-        .filter(|l| new_stack || !l.new_stack_only)
+        .filter(|l| l.counted && (new_stack || !l.new_stack_only))
         .min_by(|a, b| a.orders_per_second[i].total_cmp(&b.orders_per_second[i]))
 }
 
@@ -356,7 +456,17 @@ pub fn render(per: &PerOrder, d: &Durations, sets: &[Params]) -> String {
     let _ = writeln!(t, "| resource | bound by | {} | when exceeded |", names.join(" | "));
     let _ = writeln!(t, "| --- | --- | {}--- |", "---: | ".repeat(sets.len()));
     for l in &limits {
-        let cells: Vec<String> = l.orders_per_second.iter().map(|v| format!("{v:.0}")).collect();
+        // Each ceiling with its margin over the set's declared rate, in bold under the headroom.
+        let cells: Vec<String> = l
+            .orders_per_second
+            .iter()
+            .zip(sets)
+            .map(|(v, p)| {
+                let m = margin(*v, p.expected_rate);
+                let cell = format!("{v:.0} ({:+.0} %)", 100.0 * m);
+                if m < HEADROOM { format!("**{cell}**") } else { cell }
+            })
+            .collect();
         let _ =
             writeln!(t, "| {} | {} | {} | {} |", l.resource, l.bound, cells.join(" | "), l.shows);
     }
@@ -387,6 +497,38 @@ pub fn render(per: &PerOrder, d: &Durations, sets: &[Params]) -> String {
             p.sweep_limit,
             p.index_shards,
         );
+        let close: Vec<String> = limits
+            .iter()
+            .filter(|l| margin(l.orders_per_second[i], p.expected_rate) < HEADROOM)
+            .map(|l| {
+                let m = margin(l.orders_per_second[i], p.expected_rate);
+                format!("{} ({:+.0} %)", l.resource, 100.0 * m)
+            })
+            .collect();
+        let _ = if close.is_empty() {
+            writeln!(
+                t,
+                "  Every binder takes at least {:.0} % more than the {:.0} orders a second it declares.",
+                100.0 * HEADROOM,
+                p.expected_rate
+            )
+        } else {
+            writeln!(
+                t,
+                "  Within {:.0} % of the {:.0} orders a second it declares: {}.",
+                100.0 * HEADROOM,
+                p.expected_rate,
+                close.join("; ")
+            )
+        };
+        if p.api_burst > API_ACCOUNT_BURST.value {
+            let _ = writeln!(
+                t,
+                "  Its route's burst of {:.0} is more than the account's {}: the account's binds first.",
+                p.api_burst,
+                cite(&API_ACCOUNT_BURST)
+            );
+        }
     }
     let executions = executions_per_order_per_second(per, d);
     let _ = writeln!(
@@ -414,6 +556,8 @@ mod tests {
             agent_requests: 1.0,
             agents: 3.0,
             put_events: 1.0,
+            rule_deliveries: 0.0,
+            terminal_events: 1.0,
         }
     }
 
@@ -422,6 +566,7 @@ mod tests {
             name: "p",
             poller_concurrency: poller,
             api_rate: 200.0,
+            api_burst: 400.0,
             expected_rate: 100.0,
             index_shards: shards,
             sweep_limit: 500.0,
@@ -493,6 +638,25 @@ mod tests {
         assert!((of("`ByCompleteBy`, new") - 2_000.0).abs() < 1e-9);
         let first = binding(&limits, 0, true).unwrap();
         assert_eq!(first.resource, "scheduler, reply queue (`PollerConcurrency`)");
+    }
+
+    #[test]
+    fn a_quota_of_another_region_shows_its_margin_and_never_sets_the_ceiling() {
+        let per = three_steps();
+        let p = Params { expected_rate: 2_000.0, api_rate: 3_000.0, ..set(100.0, 8.0) };
+        let all = limits(&per, &Durations::WAITS, std::slice::from_ref(&p));
+        let smallest = all.iter().find(|l| l.resource == "the same: the smallest regions").unwrap();
+        assert!((smallest.orders_per_second[0] - 750.0).abs() < 1e-9);
+        assert_eq!(
+            binding(&all, 0, false).unwrap().resource,
+            "HTTP API route (`ApiThrottlingRateLimit`)"
+        );
+        let text = render(&per, &Durations::WAITS, &[p]);
+        // Under the headroom, in bold, with the margin over the declared rate.
+        assert!(text.contains("| **2400 (+20 %)** |"), "{text}");
+        assert!(text.contains("| **750 ("), "{text}");
+        assert!(text.contains("| 3000 (+50 %) |"), "{text}");
+        assert!(text.contains("Within 30 % of the 2000 orders a second it declares:"), "{text}");
     }
 
     #[test]
