@@ -229,7 +229,7 @@ const LARGE: Stack = Stack {
     scale: 20,
     poller_concurrency: 100,
     api_rate: 3_000.0,
-    api_burst: 6_000.0,
+    api_burst: 5_000.0,
     expected_rate: 2_000,
     state_table_wcu: 21_000.0,
     index_wcu: 6_000.0,
