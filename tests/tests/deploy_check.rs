@@ -111,7 +111,7 @@ fn one_stack_holds_as_many_agents_as_the_readme_says_and_no_more() {
     assert!(printed.contains("limits: 498 of 500 resources"), "{printed}");
     // Every function's environment fits, with every agent's entries in every per-agent list.
     assert!(
-        printed.contains("environments: the largest, AdminFunction's, 3560 of 4096"),
+        printed.contains("environments: the largest, AdminFunction's, 3559 of 4096"),
         "{printed}"
     );
     let output = check_with(&template, None, Some(MOST_AGENTS + 1));
