@@ -936,9 +936,6 @@ fn print_memory_choice(per: &PerOrder, batches: &Batches, measured: &Measured, s
     println!("| function | {} |", sizes.join(" | "));
     println!("| --- |{}", " ---: |".repeat(sizes.len()));
     let gb_s = |ms: f64, mb: f64| ms / 1000.0 * mb / 1024.0 * price::LAMBDA_GB_SECOND * 1e6;
-    let takes = |p: &Params, batch_ms: f64, per_order: f64| {
-        p.poller_concurrency * ceiling::BATCH_SIZE / (batch_ms / 1000.0) / per_order
-    };
     let rows: [(&str, &dyn Fn(f64) -> String); 3] = [
         ("submission", &|mb| {
             let d = Durations::on_aws(measured, &Memory::all(mb), 1.0);
@@ -951,7 +948,7 @@ fn print_memory_choice(per: &PerOrder, batches: &Batches, measured: &Measured, s
             let full = at(ceiling::BATCH_SIZE);
             let ceilings: Vec<String> = sets
                 .iter()
-                .map(|p| format!("{:.0}", takes(p, full, per.starts.max(per.replies))))
+                .map(|p| format!("{:.0}", ceiling::mapping(p, full, per.starts.max(per.replies))))
                 .collect();
             format!("${:.2}, {}/s", gb_s(cost, mb), ceilings.join(" / "))
         }),
@@ -959,8 +956,10 @@ fn print_memory_choice(per: &PerOrder, batches: &Batches, measured: &Measured, s
             let at = |b: f64| Durations::on_aws(measured, &Memory::all(mb), b).agent_batch_ms;
             let cost = per.agents * per.agent_requests / batches.agent * at(batches.agent);
             let full = at(ceiling::BATCH_SIZE);
-            let ceilings: Vec<String> =
-                sets.iter().map(|p| format!("{:.0}", takes(p, full, per.agent_requests))).collect();
+            let ceilings: Vec<String> = sets
+                .iter()
+                .map(|p| format!("{:.0}", ceiling::mapping(p, full, per.agent_requests)))
+                .collect();
             format!("${:.2}, {}/s", gb_s(cost, mb), ceilings.join(" / "))
         }),
     ];

@@ -248,11 +248,7 @@ async fn main() -> ExitCode {
         }
     };
     let root = workspace_root();
-    // The function binaries are built beside this one: same target directory (whatever
-    // CARGO_TARGET_DIR or cargo's configuration says) and same profile.
-    let Some(bin_dir) =
-        std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
-    else {
+    let Some(bin_dir) = bin_dir() else {
         return fail("cannot tell where this program is");
     };
     if !stack_args.no_build && !build(&root, &bin_dir) {
@@ -414,9 +410,7 @@ async fn measure_durations(
         return fail("--rate must be a positive number");
     }
     let root = workspace_root();
-    let Some(bin_dir) =
-        std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
-    else {
+    let Some(bin_dir) = bin_dir() else {
         return fail("cannot tell where this program is");
     };
     if !bin_dir.ends_with("release") {
@@ -660,6 +654,12 @@ fn remote_faults(faults: &str) -> (String, String, String) {
     ("RemoteSimFunction".to_owned(), "FAULTS".to_owned(), faults.to_owned())
 }
 
+/// Where the function binaries are: beside this one, in the same target directory (whatever
+/// CARGO_TARGET_DIR or cargo's configuration says) and profile.
+fn bin_dir() -> Option<std::path::PathBuf> {
+    std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+}
+
 /// Builds every binary of the workspace into `bin_dir` (a profile folder of a target directory).
 fn build(root: &std::path::Path, bin_dir: &std::path::Path) -> bool {
     let mut cargo =
@@ -766,10 +766,7 @@ async fn run_until_stopped(stack: &mut LocalStack, mut control: Control) {
 /// The folder of this program's binaries, and what the control file of the stack `up` runs
 /// there says, or why there is none.
 fn running_stack() -> Result<(std::path::PathBuf, serde_json::Value), String> {
-    let bin_dir = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
-        .ok_or("cannot tell where this program is")?;
+    let bin_dir = bin_dir().ok_or("cannot tell where this program is")?;
     let file = control_file(&bin_dir);
     let about = std::fs::read_to_string(&file)
         .ok()

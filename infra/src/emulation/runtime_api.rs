@@ -168,8 +168,9 @@ impl RuntimeApi {
         self.next_id.load(Ordering::Relaxed)
     }
 
-    /// Records the events of the invocations so far carried (an SQS batch's messages); an
-    /// event that is not a batch (an API request, a schedule's) counts none.
+    /// Records the events of the invocations so far carried (an SQS batch's messages), as
+    /// their invokers said; an event that is not a batch (an API request, a schedule's) counts
+    /// none.
     pub fn records(&self) -> u64 {
         self.records.load(Ordering::Relaxed)
     }
@@ -219,6 +220,17 @@ impl RuntimeApi {
 
     /// Invokes the function with `payload` (JSON) and waits at most `timeout` for its answer.
     pub async fn invoke(&self, payload: String, timeout: Duration) -> Result<String, InvokeError> {
+        self.invoke_carrying(payload, 0, timeout).await
+    }
+
+    /// [`invoke`](RuntimeApi::invoke) with an event that carries `records` (an SQS batch's
+    /// messages), counted once the invocation is taken.
+    pub async fn invoke_carrying(
+        &self,
+        payload: String,
+        records: usize,
+        timeout: Duration,
+    ) -> Result<String, InvokeError> {
         // Held until the invocation ends: a concurrent execution of the account.
         let _execution = match &self.account {
             Some(account) => match account.in_use.clone().try_acquire_owned() {
@@ -231,10 +243,6 @@ impl RuntimeApi {
             },
             None => None,
         };
-        let records = serde_json::from_str::<serde_json::Value>(&payload)
-            .ok()
-            .and_then(|event| event.get("Records")?.as_array().map(Vec::len))
-            .unwrap_or(0);
         self.records.fetch_add(records as u64, Ordering::Relaxed);
         let id = format!(
             "{:08x}-local-{}",

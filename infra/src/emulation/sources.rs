@@ -110,17 +110,19 @@ async fn gather(
 /// First and longest pause between tries of a throttled invocation.
 const THROTTLE_BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(8));
 
-/// Invokes the function, trying again with backoff while it is throttled and the next try
-/// would still start before `give_up_at`; the last answer otherwise.
+/// Invokes the function with an event of `records` messages, trying again with backoff while
+/// it is throttled and the next try would still start before `give_up_at`; the last answer
+/// otherwise.
 async fn invoke_through_throttling(
     api: &RuntimeApi,
     payload: &str,
+    records: usize,
     timeout: Duration,
     give_up_at: std::time::Instant,
 ) -> Result<String, InvokeError> {
     let mut pause = THROTTLE_BACKOFF.0;
     loop {
-        match api.invoke(payload.to_owned(), timeout).await {
+        match api.invoke_carrying(payload.to_owned(), records, timeout).await {
             Err(InvokeError::Throttled(quota))
                 if std::time::Instant::now() + pause < give_up_at =>
             {
@@ -154,6 +156,7 @@ async fn deliver(
     let failed: Vec<String> = match invoke_through_throttling(
         api,
         &event,
+        messages.len(),
         mapping.timeout,
         give_up_at,
     )
@@ -294,7 +297,8 @@ pub fn schedule(
             // again, here until it goes through or the next one is due.
             let give_up_at = std::time::Instant::now() + period;
             let payload = event.to_string();
-            if let Err(e) = invoke_through_throttling(&api, &payload, timeout, give_up_at).await {
+            if let Err(e) = invoke_through_throttling(&api, &payload, 0, timeout, give_up_at).await
+            {
                 warn!(%function, error = %e, "scheduled invocation failed");
             }
         }

@@ -265,7 +265,9 @@ pub struct Limit {
     pub shows: &'static str,
 }
 
-fn mapping(params: &Params, batch_ms: f64, messages_per_order: f64) -> f64 {
+/// Orders a second a queue's mapping takes: `PollerConcurrency` full batches at once, each
+/// lasting `batch_ms`, an order sending `messages_per_order` to the queue.
+pub fn mapping(params: &Params, batch_ms: f64, messages_per_order: f64) -> f64 {
     params.poller_concurrency * BATCH_SIZE / (batch_ms / 1000.0) / messages_per_order
 }
 
@@ -281,7 +283,7 @@ pub fn executions_per_order_per_second(per: &PerOrder, d: &Durations) -> f64 {
 pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
     let each = |f: &dyn Fn(&Params) -> f64| sets.iter().map(f).collect::<Vec<_>>();
     let fixed = |v: f64| sets.iter().map(|_| v).collect::<Vec<_>>();
-    vec![
+    let mut all = vec![
         Limit {
             resource: "HTTP API route (`ApiThrottlingRateLimit`)",
             bound: "the stack's parameter".into(),
@@ -380,31 +382,28 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             counted: false,
             shows: "as above",
         },
-        Limit {
-            resource: "EventBridge deliveries, one rule of yours on the terminal events: us-east-1",
-            bound: cite(&RULE_DELIVERIES[0]),
-            orders_per_second: fixed(RULE_DELIVERIES[0].value / deliveries(per)),
-            new_stack_only: false,
-            counted: false,
-            shows: "the events reach their targets late; none is lost",
-        },
-        Limit {
-            resource: "the same: us-east-2",
-            bound: cite(&RULE_DELIVERIES[1]),
-            orders_per_second: fixed(RULE_DELIVERIES[1].value / deliveries(per)),
-            new_stack_only: false,
-            counted: false,
-            shows: "as above",
-        },
-        Limit {
-            resource: "the same: the smallest regions",
-            bound: cite(&RULE_DELIVERIES[2]),
-            orders_per_second: fixed(RULE_DELIVERIES[2].value / deliveries(per)),
-            new_stack_only: false,
-            counted: false,
-            shows: "as above; `StatusEvents=none` (or fewer kinds) publishes fewer",
-        },
-    ]
+    ];
+    // One rule of a team's on the terminal events, region by region: shown, never the ceiling.
+    let regions = [
+        (
+            "EventBridge deliveries, one rule of yours on the terminal events: us-east-1",
+            "the events reach their targets late; none is lost",
+        ),
+        ("the same: us-east-2", "as above"),
+        (
+            "the same: the smallest regions",
+            "as above; `StatusEvents=none` (or fewer kinds) publishes fewer",
+        ),
+    ];
+    all.extend(RULE_DELIVERIES.iter().zip(regions).map(|(quota, (resource, shows))| Limit {
+        resource,
+        bound: cite(quota),
+        orders_per_second: fixed(quota.value / deliveries(per)),
+        new_stack_only: false,
+        counted: false,
+        shows,
+    }));
+    all
 }
 
 /// Deliveries to rule targets one order makes: the stack's own rules', and one rule's of the

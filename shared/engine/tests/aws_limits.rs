@@ -137,11 +137,15 @@ const AGENT_MEMORY_MB: f64 = 128.0;
 const ONE_VCPU_MB: f64 = 1769.0;
 const MEASURED: &str = include_str!("../../../infra/durations.json");
 
+/// What `local-stack durations` measured, read once: the simulation asks at every batch.
+static WORK: std::sync::LazyLock<serde_json::Value> = std::sync::LazyLock::new(|| {
+    serde_json::from_str::<serde_json::Value>(MEASURED).unwrap()["work"].clone()
+});
+
 /// How long a batch of 10 of function `kind` lasts: `wait_ms`, and its processor time at
 /// `memory_mb`, to the millisecond.
 fn batch_duration(kind: &str, wait_ms: f64, memory_mb: f64) -> Duration {
-    let measured: serde_json::Value = serde_json::from_str(MEASURED).unwrap();
-    let work = &measured["work"][kind];
+    let work = &WORK[kind];
     let cpu_ms = work["invocation_ms"].as_f64().unwrap()
         + BATCH as f64 * work["message_ms"].as_f64().unwrap();
     let ms = wait_ms + cpu_ms * (ONE_VCPU_MB / memory_mb).max(1.0);
