@@ -466,7 +466,7 @@ impl System {
                 actions,
             },
             keyring: Keyring::new(t.store()),
-            shards: sas_engine::config::MAX_INDEX_SHARDS,
+            shards: config.index_shards,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
         };
         let status = StatusService::new(t.store());

@@ -46,7 +46,7 @@ async fn main() -> Result<(), Error> {
             actions,
         },
         keyring: Keyring::new(store),
-        shards: sas_engine::config::MAX_INDEX_SHARDS,
+        shards: s.engine.config.index_shards,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };
     let (admin, wiring) = (&admin, &wiring);

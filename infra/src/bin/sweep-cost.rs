@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
 use sas_aws::dynamo::{EXPIRY_INDEX, state_item};
-use sas_engine::config::{EngineConfig, MAX_INDEX_SHARDS};
+use sas_engine::config::{EngineConfig, INDEX_SHARDS};
 use sas_engine::state::{ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_engine::{IdempotencyKey, OrderId, Timestamp};
@@ -56,12 +56,10 @@ async fn main() -> Result<(), Error> {
         load(client, &table, &items(n, &workflow, &config, now)?).await?;
         let (read, bytes) = sweep(client, &table, now).await?;
         // One query per shard, each billed at least one unit: 0.5 read units per 4 KB, rounded up.
-        let units: f64 = f64::from(MAX_INDEX_SHARDS) * 0.5 + (bytes.div_ceil(4096) as f64) * 0.5
+        let units: f64 = f64::from(INDEX_SHARDS) * 0.5 + (bytes.div_ceil(4096) as f64) * 0.5
             - if bytes > 0 { 0.5 } else { 0.0 };
         let total = count(client, &table).await?;
-        println!(
-            "| {n} | {EXPIRED} | {total} | {read} | {units:.1} ({MAX_INDEX_SHARDS} queries) |"
-        );
+        println!("| {n} | {EXPIRED} | {total} | {read} | {units:.1} ({INDEX_SHARDS} queries) |");
     }
     Ok(())
 }
@@ -130,7 +128,7 @@ async fn sweep(
     now: Timestamp,
 ) -> Result<(usize, usize), Error> {
     let (mut read, mut bytes) = (0usize, 0usize);
-    for shard in 0..MAX_INDEX_SHARDS {
+    for shard in 0..INDEX_SHARDS {
         // The same query the supervisor's adapter makes.
         let out = client
             .query()

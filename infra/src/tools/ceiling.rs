@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use sas_engine::config::Scale;
+use sas_engine::config::{INDEX_SHARDS, Scale, busiest_partition};
 use serde_json::Value;
 
 use crate::Error;
@@ -87,8 +87,8 @@ pub const TABLE_MAX_WCU: Quota = Quota {
     what: "40,000 write units a second per table (raisable)",
     source: DYNAMODB_QUOTAS,
 };
-/// Write units a second one partition takes; an index partition key whose sort key only
-/// grows (a time) cannot be split by heat, so this is what one shard of the expiry index takes.
+/// Write units a second one partition takes. A new index has one partition per 1,000 units
+/// of its warm throughput, and DynamoDB places each shard of the expiry index on one of them.
 pub const PARTITION_WCU: Quota = Quota {
     value: 1_000.0,
     what: "1,000 write units a second per partition",
@@ -179,8 +179,9 @@ pub struct Params {
     pub api_rate: f64,
     /// `ApiThrottlingBurstLimit`.
     pub api_burst: f64,
-    /// `ExpectedOrdersPerSecond`, from which the next four follow.
+    /// `ExpectedOrdersPerSecond`, from which the sweep limit and the warm throughputs follow.
     pub expected_rate: f64,
+    /// Shards of `ByCompleteBy` (the same for every rate).
     pub index_shards: f64,
     pub sweep_limit: f64,
     /// Write units a second `StateTable` and `ByCompleteBy` take from their first minute: a new
@@ -236,7 +237,7 @@ impl Params {
             api_rate: number("ApiThrottlingRateLimit")?,
             api_burst: number("ApiThrottlingBurstLimit")?,
             expected_rate,
-            index_shards: f64::from(scale.index_shards),
+            index_shards: f64::from(INDEX_SHARDS),
             sweep_limit: scale.sweep_limit as f64,
             state_table_warm: warm(&table, NEW_TABLE_WCU.value),
             index_warm: warm(index, NEW_INDEX_WCU.value),
@@ -359,12 +360,12 @@ pub fn limits(per: &PerOrder, d: &Durations, sets: &[Params]) -> Vec<Limit> {
             shows: "writes throttled, as above",
         },
         Limit {
-            resource: "`ByCompleteBy`, one partition per shard (one per 250 of `ExpectedOrdersPerSecond`)",
+            resource: "`ByCompleteBy`, new, its busiest partition (its shards placed at random on one partition per 1,000 units; what 1 new index in 100 meets)",
             bound: cite(&PARTITION_WCU),
-            orders_per_second: each(&|p| p.index_shards * PARTITION_WCU.value / per.index_wcu),
-            new_stack_only: false,
+            orders_per_second: each(&|p| busiest_partition_ceiling(per, p)),
+            new_stack_only: true,
             counted: true,
-            shows: "the index throttles the table's writes (an index that cannot keep up holds back its table)",
+            shows: "the index throttles the table's writes (an index that cannot keep up holds back its table), until DynamoDB splits the partition",
         },
         Limit {
             resource: "EventBridge `PutEvents`",
@@ -446,6 +447,23 @@ pub fn ramp_minutes(per: &PerOrder, params: &Params, orders_per_second: f64) -> 
 pub fn recovery_minutes(params: &Params, orders_per_second: f64, seconds: f64) -> f64 {
     (orders_per_second * seconds / (params.sweep_limit * params.sweeps_per_minute)).ceil()
 }
+
+/// Partitions a new `ByCompleteBy` has: one per 1,000 units of its warm throughput.
+pub fn index_partitions(params: &Params) -> u16 {
+    (params.index_warm / PARTITION_WCU.value).ceil() as u16
+}
+
+/// Orders a second a new `ByCompleteBy` takes before the partition holding the most of its
+/// shards, in the placement one new index in a hundred meets, is full: each shard takes an
+/// even share of the index's writes.
+pub fn busiest_partition_ceiling(per: &PerOrder, params: &Params) -> f64 {
+    let shards = params.index_shards as u16;
+    let most = busiest_partition(shards, index_partitions(params), PLACEMENT_SHARE);
+    PARTITION_WCU.value * f64::from(shards) / f64::from(most) / per.index_wcu
+}
+
+/// Share of new indexes whose busiest partition holds no more shards than the ceiling assumes.
+pub const PLACEMENT_SHARE: f64 = 0.99;
 
 /// The ceiling table, in Markdown.
 pub fn render(per: &PerOrder, d: &Durations, sets: &[Params]) -> String {
@@ -609,8 +627,8 @@ mod tests {
             assert!(p.state_table_warm / per.state_table_wcu >= 1.5 * r, "StateTable at {rate}");
             assert!(p.index_warm / per.index_wcu >= 1.5 * r, "ByCompleteBy at {rate}");
             assert!(
-                p.index_shards * PARTITION_WCU.value / per.index_wcu >= 2.0 * r,
-                "shards at {rate}"
+                busiest_partition_ceiling(&per, &p) >= (1.0 + HEADROOM) * r,
+                "the index's busiest partition at {rate}"
             );
             assert!(recovery_minutes(&p, r, 60.0) <= 5.0, "recovery at {rate}");
         }
@@ -619,8 +637,9 @@ mod tests {
         assert_eq!((small.state_table_warm, small.index_warm), (4_000.0, 4_000.0));
         let large =
             Params::of_stack("l", &template, &[("ExpectedOrdersPerSecond", "2000")]).unwrap();
-        assert_eq!((large.state_table_warm, large.index_warm), (21_000.0, 6_000.0));
-        assert_eq!((large.index_shards, large.sweep_limit), (8.0, 24_000.0));
+        assert_eq!((large.state_table_warm, large.index_warm), (21_000.0, 12_000.0));
+        assert_eq!((large.index_shards, large.sweep_limit), (128.0, 24_000.0));
+        assert_eq!(index_partitions(&large), 12);
     }
 
     #[test]
@@ -633,8 +652,9 @@ mod tests {
         assert!((of("scheduler, reply") - 500.0 / 3.0).abs() < 1e-9);
         assert!((of("an agent's") - 200.0).abs() < 1e-9);
         assert!((of("StateTable, new") - 4_000.0 / 6.0).abs() < 1e-9);
-        assert!((of("`ByCompleteBy`, one partition") - 4_000.0).abs() < 1e-9);
-        assert!((of("`ByCompleteBy`, new") - 2_000.0).abs() < 1e-9);
+        // 8 shards on a new index's 4 partitions: 6 on one, in one placement in a hundred.
+        assert!((of("`ByCompleteBy`, new, its busiest") - 1_000.0 * 8.0 / 6.0 / 2.0).abs() < 1e-9);
+        assert!((of("`ByCompleteBy`, new (") - 2_000.0).abs() < 1e-9);
         let first = binding(&limits, 0, true).unwrap();
         assert_eq!(first.resource, "scheduler, reply queue (`PollerConcurrency`)");
     }

@@ -108,7 +108,7 @@ pub fn idle(template: &Template, params: &Params) -> Result<Vec<Line>, Error> {
         },
         Line {
             item: format!(
-                "the supervisor's sweeps: {sweeps:.0} invocations, each querying the expiry index twice per shard ({:.0} at the declared rate), scanning the wait reports and reading {queues:.0} queues' depths",
+                "the supervisor's sweeps: {sweeps:.0} invocations, each querying each of the expiry index's {:.0} shards twice, scanning the wait reports and reading {queues:.0} queues' depths",
                 params.index_shards
             ),
             count: String::new(),

@@ -523,9 +523,13 @@ impl DynamoStore {
             // An order in flight has no failure cause: nothing can match.
             return Ok(Vec::new());
         }
-        let shards = (0..query.shards.max(1)).map(|shard| self.watched(shard, cutoff, None));
+        use futures_util::StreamExt;
+        // A few at a time: the shards are many, and the listing waits for them all anyway.
+        let mut shards = futures_util::stream::iter(0..query.shards.max(1))
+            .map(|shard| self.watched(shard, cutoff, None))
+            .buffer_unordered(16);
         let mut candidates = Vec::new();
-        for found in futures_util::future::join_all(shards).await {
+        while let Some(found) = shards.next().await {
             candidates.extend(found?);
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));

@@ -29,11 +29,11 @@ pub struct EngineConfig {
     /// How long a published-but-unconfirmed alert waits before the supervisor publishes it
     /// again. Default 120 s. Env `ALERT_RETRY_SECONDS`.
     pub alert_retry_after: Duration,
-    /// Orders a second the stack is sized for, from which the two figures below follow.
+    /// Orders a second the stack is sized for, from which the sweep limit follows.
     /// Default 50; from 1 to [`MAX_EXPECTED_RATE`]. Env `EXPECTED_ORDERS_PER_SECOND`.
     pub expected_rate: u32,
-    /// Shards of the expiry index new entries are written to ([`Scale::index_shards`]). The
-    /// supervisor reads all [`MAX_INDEX_SHARDS`], so that a lower rate never strands an entry.
+    /// Shards of the expiry index: entries are written to them and the supervisor reads them
+    /// all. [`INDEX_SHARDS`], whatever the rate; fewer only in tests.
     pub index_shards: u16,
     /// Most expired records the supervisor handles in one sweep, all shards together; the rest
     /// wait for the next sweep ([`Scale::sweep_limit`]).
@@ -82,20 +82,56 @@ pub struct EngineConfig {
     pub fair_queues: bool,
 }
 
-/// Shards of the expiry index the supervisor and the operator's listing read, whatever the
-/// declared rate: writers use the first [`Scale::index_shards`] of them.
-pub const MAX_INDEX_SHARDS: u16 = 32;
+/// Shards of the expiry index. DynamoDB places each on one of the index's partitions, where
+/// it cannot be told to, and a new index has only a few partitions: with many more shards
+/// than partitions, every partition gets close to its share of the writes however the shards
+/// fall, and no partition of a new stack is full before the index as a whole is. The same
+/// for every declared rate, so that a stack whose rate changes never leaves an entry on a
+/// shard nobody reads; a sweep reads them all, each query costing half a read unit.
+pub const INDEX_SHARDS: u16 = 128;
+
+/// Shards on the busiest of `partitions` partitions, when DynamoDB places `shards` of them
+/// each on any partition alike, in at least `share` of the placements: with `share` 0.99, what
+/// one new index in a hundred meets at worst. The writes that partition takes against its
+/// 1,000 units a second bound a new index, until DynamoDB splits its busiest partitions.
+pub fn busiest_partition(shards: u16, partitions: u16, share: f64) -> u16 {
+    let k = usize::from(shards);
+    let p = partitions.max(1);
+    // No partition holds more than m: k!/p^k times the coefficient of x^k in
+    // (1 + x + x^2/2! + ... + x^m/m!)^p.
+    let within = |m: usize| {
+        let terms: Vec<f64> = (0..=m.min(k))
+            .scan(1.0, |t, j| {
+                if j > 0 {
+                    *t /= j as f64;
+                }
+                Some(*t)
+            })
+            .collect();
+        let mut poly = vec![0.0; k + 1];
+        poly[0] = 1.0;
+        for _ in 0..p {
+            let mut next = vec![0.0; k + 1];
+            for (i, a) in poly.iter().enumerate().filter(|(_, a)| **a != 0.0) {
+                for (j, t) in terms.iter().enumerate().take(k - i + 1) {
+                    next[i + j] += a * t;
+                }
+            }
+            poly = next;
+        }
+        poly[k] * (1..=k).map(|i| i as f64 / f64::from(p)).product::<f64>()
+    };
+    (shards.div_ceil(p).max(1)..=shards)
+        .find(|&m| within(usize::from(m)) >= share)
+        .unwrap_or(shards)
+}
 
 /// The shortest a stack keeps an order that ended: as long as SQS keeps a message.
 pub const MIN_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 
-/// Orders a second one shard of the expiry index is given. A shard is one partition of the
-/// index, which takes 1,000 writes a second, and a three-step order writes its entry twice:
-/// half of that partition leaves room for retries, holds and resumes.
-pub const ORDERS_PER_SHARD: u32 = 250;
-
-/// The highest rate a stack may declare: every shard the supervisor reads in use.
-pub const MAX_EXPECTED_RATE: u32 = ORDERS_PER_SHARD * MAX_INDEX_SHARDS as u32;
+/// The highest rate a stack may declare: about what one table takes at its default quota of
+/// 40,000 write units a second.
+pub const MAX_EXPECTED_RATE: u32 = 8_000;
 
 /// Sweeps in which the supervisor repairs every lease of a minute of orders at the declared
 /// rate, should they all expire at once (a regional hiccup, a function down for a minute).
@@ -104,8 +140,6 @@ pub const RECOVERY_SWEEPS: u32 = 5;
 /// What follows from the orders a second a stack expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scale {
-    /// Shards new index entries are spread over: one per [`ORDERS_PER_SHARD`].
-    pub index_shards: u16,
     /// Records one sweep repairs at most: a minute of orders over [`RECOVERY_SWEEPS`].
     pub sweep_limit: usize,
 }
@@ -115,11 +149,7 @@ impl Scale {
     /// [`MAX_EXPECTED_RATE`]).
     pub fn for_rate(orders_per_second: u32) -> Scale {
         let rate = orders_per_second.clamp(1, MAX_EXPECTED_RATE);
-        Scale {
-            index_shards: u16::try_from(rate.div_ceil(ORDERS_PER_SHARD))
-                .unwrap_or(MAX_INDEX_SHARDS),
-            sweep_limit: (rate * 60).div_ceil(RECOVERY_SWEEPS) as usize,
-        }
+        Scale { sweep_limit: (rate * 60).div_ceil(RECOVERY_SWEEPS) as usize }
     }
 }
 
@@ -172,7 +202,7 @@ impl Default for EngineConfig {
             claim_grace: Duration::from_secs(30),
             alert_retry_after: Duration::from_secs(120),
             expected_rate: DEFAULT_RATE,
-            index_shards: scale.index_shards,
+            index_shards: INDEX_SHARDS,
             sweep_limit: scale.sweep_limit,
             status_events: StatusKinds::default(),
             agent_retry: RetryPolicy::default(),
@@ -209,7 +239,7 @@ impl EngineConfig {
             claim_grace: secs(&lookup, "CLAIM_GRACE_SECONDS", d.claim_grace)?,
             alert_retry_after: secs(&lookup, "ALERT_RETRY_SECONDS", d.alert_retry_after)?,
             expected_rate,
-            index_shards: scale.index_shards,
+            index_shards: d.index_shards,
             sweep_limit: scale.sweep_limit,
             status_events: match lookup("STATUS_EVENTS") {
                 Some(v) => v.parse()?,
@@ -275,8 +305,8 @@ impl EngineConfig {
                 "ORDER_RETENTION_DAYS must be 0 (for ever) or at least 14: the queues keep a message 14 days, and a late one must find its order",
             );
         }
-        if !(1..=MAX_INDEX_SHARDS).contains(&self.index_shards) {
-            return bad("the expiry index takes from 1 to 32 shards");
+        if !(1..=INDEX_SHARDS).contains(&self.index_shards) {
+            return bad(&format!("the expiry index takes from 1 to {INDEX_SHARDS} shards"));
         }
         if self.sweep_limit == 0 {
             return bad("the sweep limit must be at least 1");
@@ -435,18 +465,33 @@ mod tests {
     }
 
     #[test]
-    fn the_index_s_shards_and_the_sweep_limit_follow_from_the_declared_rate() {
+    fn the_busiest_partition_is_what_one_placement_in_a_hundred_exceeds() {
+        // Worked out apart; drawing random placements agrees.
+        for (shards, partitions, most) in
+            [(8, 6, 5), (32, 16, 8), (64, 12, 13), (128, 4, 46), (128, 12, 22)]
+        {
+            assert_eq!(
+                busiest_partition(shards, partitions, 0.99),
+                most,
+                "{shards} on {partitions}"
+            );
+        }
+        // However they fall, one partition holds at least its share, and all at most.
+        assert_eq!(busiest_partition(8, 1, 0.99), 8);
+        assert_eq!(busiest_partition(128, 128, 0.0), 1);
+        assert!(busiest_partition(128, 12, 0.5) < busiest_partition(128, 12, 0.99));
+    }
+
+    #[test]
+    fn the_sweep_limit_follows_from_the_declared_rate_and_the_shards_do_not() {
         let c = from(&[("EXPECTED_ORDERS_PER_SECOND", "2000")]).unwrap();
-        assert_eq!((c.expected_rate, c.index_shards, c.sweep_limit), (2000, 8, 24_000));
+        assert_eq!((c.expected_rate, c.index_shards, c.sweep_limit), (2000, INDEX_SHARDS, 24_000));
+        assert_eq!(from(&[]).unwrap().index_shards, INDEX_SHARDS);
         // A minute of leases at the declared rate is repaired in RECOVERY_SWEEPS sweeps.
         for rate in [1, 100, 250, 251, 1000, 2000, MAX_EXPECTED_RATE] {
             let scale = Scale::for_rate(rate);
             assert!(scale.sweep_limit * RECOVERY_SWEEPS as usize >= rate as usize * 60);
-            assert!(u32::from(scale.index_shards) * ORDERS_PER_SHARD >= rate, "{rate}");
-            assert!(scale.index_shards <= MAX_INDEX_SHARDS);
         }
-        assert_eq!(Scale::for_rate(251).index_shards, 2);
-        assert_eq!(Scale::for_rate(MAX_EXPECTED_RATE).index_shards, MAX_INDEX_SHARDS);
         for bad in ["0", "8001", "many"] {
             let err = from(&[("EXPECTED_ORDERS_PER_SECOND", bad)]).unwrap_err().to_string();
             assert!(err.contains("EXPECTED_ORDERS_PER_SECOND"), "{err}");

@@ -23,9 +23,12 @@
 //!   dead-letters it.
 //! - **DynamoDB** takes so many write units a second: `StateTable` 4,000 when new, or its warm
 //!   throughput; the `ByCompleteBy` index 4,000 when new, or its warm throughput; and each
-//!   shard of that index, one partition, 1,000. A state write costs one unit (the order is
+//!   partition of that index, one per 1,000 units of it, 1,000. Its 128 shards lie on its
+//!   partitions as they do in one new index in a hundred, the worst of the others: as many as
+//!   [`busiest_partition`] says on the first, the rest spread evenly over the others. A state
+//!   write costs one unit (the order is
 //!   kept in its record, which stays under 1 KB). A write that
-//!   changes the record's entry in the index costs index units on the record's shard, as
+//!   changes the record's entry in the index costs index units on its shard's partition, as
 //!   `cost-model` counts them: one to add or remove the entry, two to move it. A write that
 //!   would take any of these past what its second has left is throttled (an index that cannot
 //!   keep up holds back its table's writes) and costs nothing. Where a function's time is
@@ -33,9 +36,9 @@
 //!   2 s, on that function's clock; then, and at once for the submission and the supervisor,
 //!   the store fails as the DynamoDB adapter fails a `ProvisionedThroughputExceededException`:
 //!   [`Error::Unavailable`], retryable.
-//! - **The supervisor** sweeps once a minute, repairing at most `sweep_limit` records; the
-//!   index's shards and that limit follow from `ExpectedOrdersPerSecond` through
-//!   [`Scale::for_rate`], as in the deployed functions.
+//! - **The supervisor** sweeps once a minute, repairing at most `sweep_limit` records; that
+//!   limit follows from `ExpectedOrdersPerSecond` through [`Scale::for_rate`], as in the
+//!   deployed functions.
 //!
 //! The quotas are restated here from `infra/src/tools/ceiling.rs`, which cites the page of each
 //! (this crate cannot depend on the infra crate); the per-order uses and invocation durations
@@ -45,7 +48,7 @@
 //! **Scaled down.** A set may be run at 1/k of its size: every rate, quota and capacity (API
 //! rate and burst, mapping concurrency, write units, sweep limit) divided by k, durations
 //! unchanged, so that orders behave as at full size while k times fewer of them are simulated.
-//! `defaults` runs at full size; `large` at 1/20 (150 orders a second for its 3,000). A
+//! `defaults` runs at full size; `large` at 1/20 (145 orders a second for its 2,909). A
 //! scaled-down mapping's worker stands for k batches at once, and starts once the mapping has
 //! scaled to all k of them: the first of `large`'s 3 s after the first message, the second at
 //! 7 s (where AWS adds a batch at a time). A scaled-down partition sees its writes' random
@@ -87,7 +90,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sas_engine::catalogue::Catalogue;
-use sas_engine::config::{EngineConfig, MAX_INDEX_SHARDS, Scale};
+use sas_engine::config::{EngineConfig, INDEX_SHARDS, Scale, busiest_partition};
 use sas_engine::keys::{Queued, Slots};
 use sas_engine::load::Gauges;
 use sas_engine::memory::{
@@ -106,8 +109,12 @@ use sas_engine::workflow::Workflow;
 use sas_engine::{Error, OrderId, Owner, Result, Timestamp};
 
 // AWS's quotas, as `infra/src/tools/ceiling.rs` states and cites them.
-/// Write units a second one partition takes: one shard of `ByCompleteBy`.
+/// Write units a second one partition takes; a new index has one per 1,000 units of its warm
+/// throughput.
 const PARTITION_WCU: f64 = 1_000.0;
+/// Share of new indexes whose busiest partition holds no more shards than the stated ceiling
+/// assumes.
+const PLACEMENT_SHARE: f64 = 0.99;
 /// Write units a second a new on-demand table takes (`StateTable` unless pre-warmed).
 const NEW_TABLE_WCU: f64 = 4_000.0;
 /// Write units a second a new on-demand index takes, unless pre-warmed.
@@ -236,8 +243,9 @@ const LARGE: Stack = Stack {
     api_burst: 5_000.0,
     expected_rate: 2_000,
     state_table_wcu: 21_000.0,
-    index_wcu: 6_000.0,
-    stated_ceiling: 3_000.0,
+    index_wcu: 12_000.0,
+    // A new index's busiest partition: 22 of the 128 shards, each 2 units an order.
+    stated_ceiling: 1_000.0 * 128.0 / 22.0 / 2.0,
 };
 
 impl Stack {
@@ -247,7 +255,9 @@ impl Stack {
         let mapping = |batch: Duration, per_order: f64| {
             f64::from(self.poller_concurrency) * BATCH as f64 / batch.as_secs_f64() / per_order
         };
-        let shards = f64::from(Scale::for_rate(self.expected_rate).index_shards);
+        let shards = f64::from(INDEX_SHARDS);
+        let busiest =
+            f64::from(busiest_partition(INDEX_SHARDS, self.partitions(), PLACEMENT_SHARE));
         vec![
             ("HTTP API route", self.api_rate / API_REQUESTS),
             ("scheduler, start queue", mapping(scheduler_batch(), STARTS)),
@@ -255,7 +265,7 @@ impl Stack {
             ("an agent's queue", mapping(agent_batch(), AGENT_REQUESTS)),
             ("StateTable", self.state_table_wcu / STATE_TABLE_WCU),
             ("ByCompleteBy", self.index_wcu / INDEX_WCU),
-            ("ByCompleteBy, one partition per shard", shards * PARTITION_WCU / INDEX_WCU),
+            ("ByCompleteBy, its busiest partition", shards / busiest * PARTITION_WCU / INDEX_WCU),
         ]
     }
 
@@ -286,6 +296,27 @@ impl Stack {
         ((batches / self.k()).floor() as usize).min(self.workers())
     }
 
+    /// Partitions of a new `ByCompleteBy`.
+    fn partitions(&self) -> u16 {
+        (self.index_wcu / PARTITION_WCU).ceil() as u16
+    }
+
+    /// The partition each shard lies on: as many as one new index in a hundred has on its
+    /// busiest partition on the first, the others dealt out in turn over the rest.
+    fn placement(&self) -> Vec<usize> {
+        let partitions = usize::from(self.partitions());
+        assert!(partitions <= MOST_PARTITIONS, "{partitions} partitions");
+        let busiest =
+            usize::from(busiest_partition(INDEX_SHARDS, self.partitions(), PLACEMENT_SHARE));
+        (0..usize::from(INDEX_SHARDS))
+            .map(|shard| match shard.checked_sub(busiest) {
+                None => 0,
+                Some(_) if partitions == 1 => 0,
+                Some(rest) => 1 + rest % (partitions - 1),
+            })
+            .collect()
+    }
+
     fn quotas(&self) -> Quotas {
         Quotas {
             state_table: self.state_table_wcu / self.k(),
@@ -298,7 +329,6 @@ impl Stack {
         let scale = Scale::for_rate(self.expected_rate);
         EngineConfig {
             expected_rate: self.expected_rate,
-            index_shards: scale.index_shards,
             sweep_limit: scale.sweep_limit.div_ceil(self.scale as usize),
             max_queue_wait: MAX_QUEUE_WAIT,
             ..EngineConfig::default()
@@ -314,7 +344,8 @@ struct Quotas {
     partition: f64,
 }
 
-/// What one write costs: units of each table, and of the index on the record's shard.
+/// What one write costs: units of each table, and of the index on the record's shard's
+/// partition.
 #[derive(Clone, Copy, Debug, Default)]
 struct Units {
     state: f64,
@@ -322,12 +353,15 @@ struct Units {
     shard: u16,
 }
 
+/// Partitions a modelled index has at most (32 thousand units of warm throughput).
+const MOST_PARTITIONS: usize = 32;
+
 /// Units used in one second.
 #[derive(Clone, Copy, Debug, Default)]
 struct Used {
     state: f64,
     index: f64,
-    shards: [f64; MAX_INDEX_SHARDS as usize],
+    partitions: [f64; MOST_PARTITIONS],
 }
 
 /// What refused a write.
@@ -342,8 +376,10 @@ enum Refusal {
 #[derive(Debug)]
 struct Dynamo {
     quotas: Quotas,
+    /// The partition of each shard.
+    placement: Vec<usize>,
     seconds: BTreeMap<i64, Used>,
-    /// The busiest second of each: `StateTable`, the index, its busiest shard.
+    /// The busiest second of each: `StateTable`, the index, its busiest partition.
     peak: (f64, f64, f64),
     /// Units taken in all.
     taken: Used,
@@ -353,9 +389,10 @@ struct Dynamo {
 }
 
 impl Dynamo {
-    fn new(quotas: Quotas) -> Self {
+    fn new(quotas: Quotas, placement: Vec<usize>) -> Self {
         Dynamo {
             quotas,
+            placement,
             seconds: BTreeMap::new(),
             peak: (0.0, 0.0, 0.0),
             taken: Used::default(),
@@ -372,12 +409,12 @@ impl Dynamo {
         }
         let q = self.quotas;
         let used = self.seconds.entry(second).or_default();
-        let shard = usize::from(units.shard);
+        let partition = self.placement[usize::from(units.shard)];
         let refusal = if used.state + units.state > q.state_table {
             Some(Refusal::StateTable)
         } else if used.index + units.index > q.index {
             Some(Refusal::Index)
-        } else if used.shards[shard] + units.index > q.partition {
+        } else if used.partitions[partition] + units.index > q.partition {
             Some(Refusal::Partition)
         } else {
             None
@@ -388,9 +425,10 @@ impl Dynamo {
         }
         used.state += units.state;
         used.index += units.index;
-        used.shards[shard] += units.index;
+        used.partitions[partition] += units.index;
         let (state, index, busiest) = self.peak;
-        self.peak = (state.max(used.state), index.max(used.index), busiest.max(used.shards[shard]));
+        self.peak =
+            (state.max(used.state), index.max(used.index), busiest.max(used.partitions[partition]));
         self.taken.state += units.state;
         self.taken.index += units.index;
         Ok(())
@@ -398,7 +436,7 @@ impl Dynamo {
 }
 
 /// Table write units of a state write: one, the finished record's included (with its body
-/// deflated, the reference workflow's record, its order in it, stays under 1 KB: 738 bytes at
+/// deflated, the reference workflow's record, its order in it, stays under 1 KB: 739 bytes at
 /// most).
 const STATE_WRITE_UNITS: f64 = 1.0;
 
@@ -707,7 +745,7 @@ impl World {
         let clock = ManualClock::default();
         let start = clock.now();
         let memory = InMemory::new(clock.clone());
-        let dynamo = Arc::new(Mutex::new(Dynamo::new(stack.quotas())));
+        let dynamo = Arc::new(Mutex::new(Dynamo::new(stack.quotas(), stack.placement())));
         let throttled = |clock: ManualClock, retries: Option<SplitMix>| {
             Arc::new(Throttled {
                 inner: memory.store.clone(),
@@ -1243,7 +1281,7 @@ fn first_free(busy_until: impl Iterator<Item = Timestamp>, next_tick: Timestamp)
 
 fn header() {
     println!(
-        "| stack (scale) | sent at | orders sent | accepted | accepted a second in the first minute | processed | other ends | refused: 429 / 503 door / 503 throttled | goodput a second (of the ceiling) | accepted to end, p50 / p95 | first try to end, p50 / p95 | write units per order: table / index | busiest second: StateTable / ByCompleteBy / one shard | tries throttled (writes failed) | handlings failed / sent again | supervisor resets | dead letters | lasted |"
+        "| stack (scale) | sent at | orders sent | accepted | accepted a second in the first minute | processed | other ends | refused: 429 / 503 door / 503 throttled | goodput a second (of the ceiling) | accepted to end, p50 / p95 | first try to end, p50 / p95 | write units per order: table / index | busiest second: StateTable / ByCompleteBy / its busiest partition | tries throttled (writes failed) | handlings failed / sent again | supervisor resets | dead letters | lasted |"
     );
     println!(
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |"
@@ -1327,15 +1365,18 @@ fn the_restated_quotas_give_the_ceilings_cost_model_states() {
     assert_eq!(bound, "an agent's queue");
     assert!((ceiling - DEFAULTS.stated_ceiling).abs() < 0.5, "{ceiling}");
     let (bound, ceiling) = LARGE.ceiling();
-    assert_eq!(bound, "HTTP API route");
+    assert_eq!(bound, "ByCompleteBy, its busiest partition");
     assert!((ceiling - LARGE.stated_ceiling).abs() < 0.5, "{ceiling}");
-    // Pre-warmed for 2,000 orders a second, the index takes exactly the route's 3,000, and
-    // its eight partitions more.
+    // Pre-warmed for 2,000 orders a second, the index takes twice the route's 3,000, and its
+    // busiest partition (22 of the 128 shards on one of 12) a little less than the route.
     let of = |name: &str| LARGE.limits().into_iter().find(|l| l.0 == name).unwrap().1;
-    assert!((of("ByCompleteBy") - 3_000.0).abs() < 1e-9);
-    assert!((of("ByCompleteBy, one partition per shard") - 4_000.0).abs() < 1e-9);
+    assert!((of("ByCompleteBy") - 6_000.0).abs() < 1e-9);
+    assert!((of("ByCompleteBy, its busiest partition") - 128_000.0 / 22.0 / 2.0).abs() < 1e-9);
+    let placement = LARGE.placement();
+    assert_eq!(placement.iter().filter(|&&p| p == 0).count(), 22);
+    assert!((1..12).all(|p| placement.iter().filter(|&&q| q == p).count() <= 10));
     // The scaled-down model keeps whole workers and the shards of the full-size stack.
-    assert_eq!((LARGE.workers(), LARGE.config().index_shards), (5, 8));
+    assert_eq!((LARGE.workers(), LARGE.config().index_shards), (5, INDEX_SHARDS));
     assert_eq!(
         (LARGE.workers_at(Duration::ZERO), LARGE.workers_at(Duration::from_secs(7))),
         (0, 2)

@@ -1787,7 +1787,7 @@ async fn a_sweep_is_bounded_and_the_rest_waits_for_the_next() {
     lose_all(&w, &Destination::Scheduler);
     w.clock.advance(Duration::from_secs(60) + SLACK);
     let first = w.sweep().await;
-    assert!(first.acted <= 8, "{first:?}");
+    assert_eq!((first.found, first.acted), (8, 8), "{first:?}");
     let mut total = first.acted;
     for _ in 0..10 {
         total += w.sweep().await.acted;
@@ -1798,42 +1798,49 @@ async fn a_sweep_is_bounded_and_the_rest_waits_for_the_next() {
 }
 
 #[tokio::test]
-async fn a_stack_redeployed_for_a_lower_rate_still_repairs_what_the_higher_rate_indexed() {
-    let busy = EngineConfig { status_events: StatusKinds::all(), ..Scaled::at(4_000) };
-    let mut w = World::with(busy);
-    assert_eq!(w.system.config.index_shards, 16);
-    for i in 0..200 {
-        w.submit(&format!("busy-{i}")).await.unwrap();
+async fn a_bounded_sweep_repairs_the_longest_expired_first() {
+    let config = EngineConfig { sweep_limit: 4, index_shards: 4, ..EngineConfig::default() };
+    let w = World::with(config);
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(w.submit(&format!("queue-{i}")).await.unwrap().order_id);
+        w.clock.advance(Duration::from_secs(1));
+    }
+    lose_all(&w, &Destination::Scheduler);
+    w.clock.advance(Duration::from_secs(60) + SLACK);
+    let now = w.clock.now();
+    let report = w.sweep().await;
+    assert_eq!((report.found, report.acted), (4, 4), "{report:?}");
+    let repaired: Vec<bool> =
+        ids.iter().map(|&id| w.state(id).complete_by.is_some_and(|at| at > now)).collect();
+    assert_eq!(repaired, [true, true, true, true, false, false, false, false, false, false]);
+}
+
+#[tokio::test]
+async fn a_stack_that_wrote_to_fewer_shards_is_still_repaired_whole() {
+    // Before the index had its fixed shards, a stack spread its entries over 32 at most.
+    let before = EngineConfig {
+        index_shards: 32,
+        status_events: StatusKinds::all(),
+        ..EngineConfig::default()
+    };
+    let mut w = World::with(before);
+    for i in 0..100 {
+        w.submit(&format!("before-{i}")).await.unwrap();
     }
     let shards: std::collections::BTreeSet<u16> =
         w.store.records().iter().map(|r| r.shard).collect();
-    assert!(shards.iter().any(|&s| s >= 1), "the entries are spread: {shards:?}");
-    // Every start message lost, and the stack redeployed for 100 orders a second: one shard.
+    assert!(shards.len() > 16 && shards.iter().all(|&s| s < 32), "{shards:?}");
+    // Every start message lost, and the stack updated to today's shards.
     lose_all(&w, &Destination::Scheduler);
-    w.system.config = Arc::new(Scaled::at(100));
+    w.system.config = Arc::new(EngineConfig::default());
     w.supervisor = w.system.supervisor(w.queues.clone());
-    assert_eq!(w.system.config.index_shards, 1);
+    assert_eq!(w.system.config.index_shards, sas_engine::config::INDEX_SHARDS);
     w.clock.advance(Duration::from_secs(60) + SLACK);
-    // One sweep finds every one of them: the limit, 1,200 a sweep, is a shard in use's share.
     let report = w.sweep().await;
-    assert_eq!((report.found, report.acted), (200, 200), "{report:?}");
+    assert_eq!((report.found, report.acted), (100, 100), "{report:?}");
     w.run_for(Duration::from_secs(600)).await;
     assert!(w.store.records().iter().all(|r| r.process_state == ProcessState::Processed));
-}
-
-/// An engine configured for a declared rate, as `EXPECTED_ORDERS_PER_SECOND` sets it.
-struct Scaled;
-
-impl Scaled {
-    fn at(rate: u32) -> EngineConfig {
-        let scale = sas_engine::config::Scale::for_rate(rate);
-        EngineConfig {
-            expected_rate: rate,
-            index_shards: scale.index_shards,
-            sweep_limit: scale.sweep_limit,
-            ..EngineConfig::default()
-        }
-    }
 }
 
 #[tokio::test]

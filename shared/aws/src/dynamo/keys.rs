@@ -18,6 +18,8 @@
 
 use std::collections::HashMap;
 
+use futures_util::StreamExt;
+
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Select};
@@ -30,9 +32,11 @@ use crate::errors::classify;
 
 /// Name of the index of keys with orders running; the template defines it with the same name.
 pub const BUSY_INDEX: &str = "ByBusyKey";
-/// Partitions of [`BUSY_INDEX`]: keys spread over them by a hash of their name, so that no one
-/// index partition takes every key's busy spells.
-pub const BUSY_SHARDS: u16 = 8;
+/// Shards of [`BUSY_INDEX`]: keys spread over them by a hash of their name. Many more than
+/// the index has partitions, so that however DynamoDB places them each partition takes about
+/// its share of the keys' busy spells (as the expiry index's shards). Only an operator's
+/// listing reads them all.
+pub const BUSY_SHARDS: u16 = 128;
 
 const PLACES: &str = "places";
 const LINE: &str = "line#";
@@ -218,21 +222,23 @@ impl DynamoStore {
 impl KeyIndex for DynamoStore {
     async fn busy_keys(&self, limit: usize) -> Result<Vec<BusyKey>> {
         let page = i32::try_from(limit.clamp(1, 1000)).unwrap_or(1000);
-        let mut busy = Vec::new();
         // The longest busy of each shard, then of all: a key listed is never passed over for
-        // a key busy for less time.
-        for shard in 0..BUSY_SHARDS {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.keys_table)
-                .index_name(BUSY_INDEX)
-                .key_condition_expression("BusyShard = :shard")
-                .expression_attribute_values(":shard", number(shard))
-                .limit(page)
-                .send()
-                .await
-                .map_err(|e| classify(SERVICE, e))?;
+        // a key busy for less time. A few shards at a time.
+        let mut shards = futures_util::stream::iter(0..BUSY_SHARDS)
+            .map(|shard| {
+                self.client
+                    .query()
+                    .table_name(&self.keys_table)
+                    .index_name(BUSY_INDEX)
+                    .key_condition_expression("BusyShard = :shard")
+                    .expression_attribute_values(":shard", number(shard))
+                    .limit(page)
+                    .send()
+            })
+            .buffer_unordered(16);
+        let mut busy = Vec::new();
+        while let Some(out) = shards.next().await {
+            let out = out.map_err(|e| classify(SERVICE, e))?;
             for item in out.items() {
                 let key = string(item, "Key")?.to_owned();
                 let since = Timestamp::from_millis(parse_number(item, "BusySince")?);
@@ -294,11 +300,11 @@ mod tests {
     #[test]
     fn keys_spread_over_every_shard_and_stay_where_they_are() {
         let shards: std::collections::BTreeSet<u16> =
-            (0..200).map(|n| busy_shard(&format!("customer/c-{n}"))).collect();
+            (0..2000).map(|n| busy_shard(&format!("customer/c-{n}"))).collect();
         assert_eq!(shards.len(), usize::from(BUSY_SHARDS));
         assert_eq!(busy_shard("customer/c-1"), busy_shard("customer/c-1"));
         // Pinned: an index entry written by one build is found by the next.
-        assert_eq!(busy_shard(""), u16::try_from(0xcbf2_9ce4_8422_2325_u64 % 8).unwrap());
+        assert_eq!(busy_shard(""), u16::try_from(0xcbf2_9ce4_8422_2325_u64 % 128).unwrap());
     }
 
     #[test]

@@ -21,14 +21,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use futures_util::{StreamExt, stream};
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::Handled;
 use super::effects::Ports;
 use crate::OrderId;
-use crate::config::MAX_INDEX_SHARDS;
 use crate::error::{Error, Result};
 use crate::events::{BusEvent, ServiceEvent};
 use crate::health::{ServiceRecord, hold_key};
@@ -73,6 +71,10 @@ pub struct SweepReport {
 /// Expired records one sweep handles at once.
 const REPAIRS_AT_ONCE: usize = 32;
 
+/// Queries of the index's shards a sweep has in flight at once: enough that a sweep of every
+/// shard takes a few round trips, few enough that a small function opens few connections.
+const SHARD_QUERIES_AT_ONCE: usize = 16;
+
 /// The time over which the orders a sweep resumes are spread: until the next sweep.
 pub const RESUME_SPREAD: Duration = Duration::from_secs(60);
 
@@ -116,9 +118,10 @@ where
         Supervisor { ports, index, load }
     }
 
-    /// One sweep over every shard, about `sweep_limit` records in all. Shards are queried
-    /// concurrently, and records handled [`REPAIRS_AT_ONCE`] at a time. Fails if the queues' load cannot be read (without it a late
-    /// message cannot be told from a lost one), or if no shard could be queried at all.
+    /// One sweep over every shard, at most `sweep_limit` records in all, the longest expired
+    /// first. Shards are queried [`SHARD_QUERIES_AT_ONCE`] at a time, and records handled
+    /// [`REPAIRS_AT_ONCE`] at a time. Fails if the queues' load cannot be read (without it a
+    /// late message cannot be told from a lost one), or if no shard could be queried at all.
     pub async fn sweep(&self) -> Result<SweepReport> {
         let now = self.ports.clock.now();
         // Read before anything can stop the sweep: an order held up by a stalled queue is
@@ -138,14 +141,16 @@ where
             }
         };
         let cutoff = now.minus(horizon);
-        // Every shard that may hold an entry is read, and each is given the share of the limit
-        // a shard in use needs: shards above those in use hold only what a higher rate wrote.
-        let per_shard =
-            self.ports.config.sweep_limit.div_ceil(usize::from(self.ports.config.index_shards));
-        let queries = join_all(
-            (0..MAX_INDEX_SHARDS).map(|shard| self.index.expired(shard, cutoff, per_shard.max(1))),
-        )
-        .await;
+        // Each shard is asked for twice its even share of the limit, since leases do not
+        // expire evenly over the shards; the limit itself bounds the repairs.
+        let shards = self.ports.config.index_shards;
+        let limit = self.ports.config.sweep_limit;
+        let per_shard = (2 * limit).div_ceil(usize::from(shards)).max(1);
+        let queries: Vec<_> = stream::iter(0..shards)
+            .map(|shard| self.index.expired(shard, cutoff, per_shard))
+            .buffer_unordered(SHARD_QUERIES_AT_ONCE)
+            .collect()
+            .await;
 
         let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
         let mut report = SweepReport { horizon_ms, oldest_ms, ..SweepReport::default() };
@@ -160,8 +165,12 @@ where
                 }
             }
         }
-        if let Some(e) = first_error.filter(|_| report.errors == usize::from(MAX_INDEX_SHARDS)) {
+        if let Some(e) = first_error.filter(|_| report.errors == usize::from(shards)) {
             return Err(e);
+        }
+        if entries.len() > limit {
+            entries.sort_by_key(|entry| entry.complete_by);
+            entries.truncate(limit);
         }
         report.found = entries.len();
         // Side by side, a bounded number at once: a minute of a busy stack's leases is repaired
@@ -194,8 +203,11 @@ where
     async fn oldest(&self, now: Timestamp) -> Option<u64> {
         let config = &self.ports.config;
         let due_by = now.plus(config.claim_grace + config.wait.max + crate::workflow::MAX_BUDGET);
-        let results =
-            join_all((0..MAX_INDEX_SHARDS).map(|shard| self.index.oldest(shard, due_by))).await;
+        let results: Vec<_> = stream::iter(0..config.index_shards)
+            .map(|shard| self.index.oldest(shard, due_by))
+            .buffer_unordered(SHARD_QUERIES_AT_ONCE)
+            .collect()
+            .await;
         let mut oldest: Option<Timestamp> = None;
         for result in results {
             match result {
