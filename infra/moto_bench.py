@@ -1,8 +1,8 @@
 """What infra/moto_server.py buys: the same requests against moto's own server and against it.
 
 For each server, on a free port: a table of N items takes transactions of one small item
-(what submission does) and queries of one key (what a read of an order's items does), and a
-queue of N messages takes receives and queue-attribute reads (what the event sources and the
+(what submission does), queries of one key (what a read of an order's items does) and queries
+of each of an index's 128 shards in turn (what a sweep does), and a queue of N messages takes receives and queue-attribute reads (what the event sources and the
 door do). Prints the time per request and the server's memory.
 
 Usage: .venv/bin/python infra/moto_bench.py [N] (default 3000).
@@ -17,6 +17,8 @@ import time
 import boto3
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Shards of the state table's expiry index.
+SHARDS = 128
 
 
 def free_port():
@@ -60,11 +62,16 @@ def bench(name, command, n):
                 time.sleep(0.1)
         ddb.create_table(
             TableName="t", BillingMode="PAY_PER_REQUEST",
-            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
-            KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}])
+            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"},
+                                  {"AttributeName": "s", "AttributeType": "N"}],
+            KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+            GlobalSecondaryIndexes=[{
+                "IndexName": "by_s", "KeySchema": [{"AttributeName": "s", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "KEYS_ONLY"}}])
         body = {"S": "x" * 600}
         for i in range(n):
-            ddb.put_item(TableName="t", Item={"k": {"S": f"item-{i}"}, "body": body})
+            ddb.put_item(TableName="t", Item={
+                "k": {"S": f"item-{i}"}, "s": {"N": str(i % SHARDS)}, "body": body})
         url = sqs.create_queue(QueueName="q")["QueueUrl"]
         for i in range(0, n, 10):
             sqs.send_message_batch(QueueUrl=url, Entries=[
@@ -77,12 +84,15 @@ def bench(name, command, n):
         query = timed(100, lambda i: ddb.query(
             TableName="t", KeyConditionExpression="k = :k",
             ExpressionAttributeValues={":k": {"S": f"item-{i}"}}))
+        shard = timed(SHARDS, lambda i: ddb.query(
+            TableName="t", IndexName="by_s", KeyConditionExpression="s = :s",
+            ExpressionAttributeValues={":s": {"N": str(i)}}))
         attributes = timed(100, lambda i: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
             "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
             "ApproximateNumberOfMessagesDelayed"]))
         receive = timed(50, lambda i: sqs.receive_message(
             QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0))
-        print(f"| {name} | {transaction:.1f} ms | {grown} MB | {query:.1f} ms | {receive:.1f} ms | {attributes:.1f} ms |")
+        print(f"| {name} | {transaction:.1f} ms | {grown} MB | {query:.1f} ms | {shard:.1f} ms | {receive:.1f} ms | {attributes:.1f} ms |")
     finally:
         server.kill()
 
@@ -91,8 +101,8 @@ def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     python = sys.executable
     print(f"{n} items in the table, {n} messages in the queue:\n")
-    print("| server | transaction | memory after 200 transactions | query of one key | receive of 10 | queue attributes |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| server | transaction | memory after 200 transactions | query of one key | query of an index's shard | receive of 10 | queue attributes |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     bench("moto.server", [python, "-m", "moto.server"], n)
     bench("infra/moto_server.py", [python, os.path.join(HERE, "moto_server.py")], n)
 

@@ -28,7 +28,9 @@ to an item atomically, and the services table's turns depend on it; here every D
 and every read of items by key, holds one lock while it runs. Queries and scans do not: they
 walk copies of the table's collections, so that a long scan does not stop every other call.
 moto picks a query's partition out of the whole table, sorted, which made every read of one
-order cost in proportion to all the orders ever made; here it reads that partition alone.
+order cost in proportion to all the orders ever made; here it reads that partition alone. A
+query of an index walks the items grouped by the value it names, grouped once after each
+write rather than walking the whole table for every query.
 
 moto takes MessageGroupId on a standard queue and keeps it, but delivers in sending order; SQS
 makes such a queue a fair queue. Here a receive from a standard queue hands out messages as a
@@ -110,6 +112,9 @@ DynamoDBBackend.transact_write_items = transact_write_items
 
 _dynamodb = threading.RLock()
 
+# DynamoDB writes made so far: what an index query's buckets (below) were built after.
+_writes = [0]
+
 
 def _atomic(method):
     def call(self, *args, **kwargs):
@@ -119,20 +124,30 @@ def _atomic(method):
     return call
 
 
+def _atomic_write(method):
+    def call(self, *args, **kwargs):
+        with _dynamodb:
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                _writes[0] += 1
+
+    return call
+
+
 # Writes, and the reads DynamoDB serialises with them. A query or a scan may see part of a
 # transaction on DynamoDB too (read-committed per item), and holding the lock for one would stop
 # every other call for as long as it takes, which grows with the table.
+for _name in ("get_item", "batch_get_item", "transact_get_items"):
+    setattr(DynamoDBBackend, _name, _atomic(getattr(DynamoDBBackend, _name)))
 for _name in (
-    "get_item",
-    "batch_get_item",
     "put_item",
     "update_item",
     "delete_item",
     "batch_write_item",
-    "transact_get_items",
     "transact_write_items",
 ):
-    setattr(DynamoDBBackend, _name, _atomic(getattr(DynamoDBBackend, _name)))
+    setattr(DynamoDBBackend, _name, _atomic_write(getattr(DynamoDBBackend, _name)))
 
 # Unlocked, a query or a scan walks the table's items while other threads write: it walks a
 # copy of each collection (taken whole under the interpreter lock), not the collection itself.
@@ -156,7 +171,7 @@ def _items(self, partition=None):
 def all_items(self):
     within = getattr(_querying, "table", None)
     if within is not None and within[0] is self:
-        return _items(self, within[1])
+        return within[2] if within[2] is not None else _items(self, within[1])
     return sorted(_items(self), key=lambda x: (x.hash_key, x.range_key) if x.range_key else x.hash_key)
 
 
@@ -168,9 +183,34 @@ def has_idx_items(self, index_name):
 _query = Table.query
 
 
+def _index_bucket(table, conditions):
+    """The items whose attribute equals the one value a query of an index names, or None.
+
+    The items are grouped by that attribute's value once per write, not walked whole for each
+    query: a sweep queries every shard of an index in turn."""
+    if not conditions or len(conditions) != 1:
+        return None
+    name, value = conditions[0]
+    version = _writes[0]
+    cache = table.__dict__.setdefault("_buckets", {})
+    built = cache.get(name)
+    if built is None or built[0] != version:
+        buckets = {}
+        for item in _items(table):
+            found = item.attrs.get(name)
+            if found is not None:
+                buckets.setdefault(found, []).append(item)
+        built = (version, buckets)
+        cache[name] = built
+    return built[1].get(value, [])
+
+
 def query(self, hash_key, *args, **kwargs):
     index_name = kwargs.get("index_name", args[6] if len(args) > 6 else None)
-    _querying.table = (self, hash_key if index_name is None else None)
+    if index_name is None:
+        _querying.table = (self, hash_key, None)
+    else:
+        _querying.table = (self, None, _index_bucket(self, kwargs.get("hash_key_conditions")))
     try:
         return _query(self, hash_key, *args, **kwargs)
     finally:
