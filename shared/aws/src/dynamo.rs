@@ -54,6 +54,8 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure,
 };
+use futures_util::StreamExt;
+use sas_engine::config::SHARD_QUERIES_AT_ONCE;
 use sas_engine::keys::{Queued, Slots};
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
@@ -523,11 +525,9 @@ impl DynamoStore {
             // An order in flight has no failure cause: nothing can match.
             return Ok(Vec::new());
         }
-        use futures_util::StreamExt;
-        // A few at a time: the shards are many, and the listing waits for them all anyway.
         let mut shards = futures_util::stream::iter(0..query.shards.max(1))
             .map(|shard| self.watched(shard, cutoff, None))
-            .buffer_unordered(16);
+            .buffer_unordered(SHARD_QUERIES_AT_ONCE);
         let mut candidates = Vec::new();
         while let Some(found) = shards.next().await {
             candidates.extend(found?);

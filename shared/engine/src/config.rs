@@ -90,6 +90,11 @@ pub struct EngineConfig {
 /// shard nobody reads; a sweep reads them all, each query costing half a read unit.
 pub const INDEX_SHARDS: u16 = 128;
 
+/// Queries of an index's shards in flight at once, wherever every shard is read (a sweep, an
+/// operator's listing): enough that all of them take a few round trips, few enough that a
+/// small function opens few connections.
+pub const SHARD_QUERIES_AT_ONCE: usize = 16;
+
 /// Shards on the busiest of `partitions` partitions, when DynamoDB places `shards` of them
 /// each on any partition alike, in at least `share` of the placements: with `share` 0.99, what
 /// one new index in a hundred meets at worst. The writes that partition takes against its

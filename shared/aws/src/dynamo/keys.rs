@@ -23,6 +23,7 @@ use futures_util::StreamExt;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Select};
+use sas_engine::config::SHARD_QUERIES_AT_ONCE;
 use sas_engine::keys::{Queued, Slots};
 use sas_engine::ports::{BusyKey, KeyIndex, Saved};
 use sas_engine::{Error, Result, Timestamp};
@@ -235,7 +236,7 @@ impl KeyIndex for DynamoStore {
                     .limit(page)
                     .send()
             })
-            .buffer_unordered(16);
+            .buffer_unordered(SHARD_QUERIES_AT_ONCE);
         let mut busy = Vec::new();
         while let Some(out) = shards.next().await {
             let out = out.map_err(|e| classify(SERVICE, e))?;

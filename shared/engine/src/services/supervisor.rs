@@ -27,6 +27,7 @@ use tracing::{Instrument, debug, error, info_span, warn};
 use super::Handled;
 use super::effects::Ports;
 use crate::OrderId;
+use crate::config::SHARD_QUERIES_AT_ONCE;
 use crate::error::{Error, Result};
 use crate::events::{BusEvent, ServiceEvent};
 use crate::health::{ServiceRecord, hold_key};
@@ -70,10 +71,6 @@ pub struct SweepReport {
 
 /// Expired records one sweep handles at once.
 const REPAIRS_AT_ONCE: usize = 32;
-
-/// Queries of the index's shards a sweep has in flight at once: enough that a sweep of every
-/// shard takes a few round trips, few enough that a small function opens few connections.
-const SHARD_QUERIES_AT_ONCE: usize = 16;
 
 /// The time over which the orders a sweep resumes are spread: until the next sweep.
 pub const RESUME_SPREAD: Duration = Duration::from_secs(60);
