@@ -445,6 +445,10 @@ async fn measure_durations(
             Ok(s) => s,
             Err(e) => return fail(e),
         };
+        let starts = match environment_starts(&stack, Duration::from_secs(60)).await {
+            Ok(starts) => starts,
+            Err(e) => return fail(e),
+        };
         let started = std::time::Instant::now();
         let summary = match demo::run(&stack, orders, Some(rate), limit, None).await {
             Ok(summary) => summary,
@@ -467,6 +471,11 @@ async fn measure_durations(
             s.records += u.records;
             s.cpu_seconds += u.cpu_seconds;
         }
+        for (kind, (environments, seconds)) in starts {
+            let s = by_kind.entry(kind).or_default();
+            s.environments += environments;
+            s.init_cpu_seconds += seconds;
+        }
         if by_kind.values().all(|s| s.cpu_seconds == 0.0) {
             return fail("this machine does not say what processor time its processes take");
         }
@@ -475,10 +484,12 @@ async fn measure_durations(
         );
         for (kind, s) in &by_kind {
             println!(
-                "  {kind}: {} invocations, {:.2} messages each, {:.2} ms of processor time each",
+                "  {kind}: {} invocations, {:.2} messages each, {:.2} ms of processor time each; {} environments, {:.1} ms each to start",
                 s.invocations,
                 s.records as f64 / (s.invocations.max(1)) as f64,
-                1000.0 * s.cpu_seconds / (s.invocations.max(1)) as f64
+                1000.0 * s.cpu_seconds / (s.invocations.max(1)) as f64,
+                s.environments,
+                1000.0 * s.init_cpu_seconds / (s.environments.max(1)) as f64
             );
         }
         runs.push(Run { parameters, orders, rate, seconds, by_kind });
@@ -880,4 +891,36 @@ async fn stopped() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// Waits, at most `limit`, until every process of `stack`'s functions has started (made its
+/// first call for an invocation, none having been made yet); then, by kind of function, its
+/// processes and the processor time they took to start.
+async fn environment_starts(
+    stack: &LocalStack,
+    limit: Duration,
+) -> Result<BTreeMap<String, (u64, f64)>, String> {
+    use sas_infra::observe::cpu;
+    use sas_infra::tools::durations;
+    let deadline = std::time::Instant::now() + limit;
+    while stack.functions.iter().any(|f| f.api.polls() < f.processes.len() as u64) {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("the functions' processes did not all start within {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut starts: BTreeMap<String, (u64, f64)> = BTreeMap::new();
+    for f in &stack.functions {
+        let Some(kind) = durations::kind_of(&f.spec.binary) else { continue };
+        for process in &f.processes {
+            let taken = process
+                .pid()
+                .and_then(cpu::run_time)
+                .ok_or("this machine does not say what processor time its processes take")?;
+            let s = starts.entry(kind.to_owned()).or_default();
+            s.0 += 1;
+            s.1 += taken.as_secs_f64();
+        }
+    }
+    Ok(starts)
 }

@@ -88,6 +88,9 @@ struct Shared {
     in_flight: Mutex<HashMap<String, oneshot::Sender<Result<String, InvokeError>>>>,
     /// While true, no invocation is handed out: the function's processes are being replaced.
     paused: tokio::sync::watch::Sender<bool>,
+    /// Calls for a next invocation so far: before the first invocation, one per process that
+    /// finished starting.
+    polls: AtomicU64,
 }
 
 /// The Runtime API of one function.
@@ -124,6 +127,7 @@ impl RuntimeApi {
             waiting: tokio::sync::Mutex::new(waiting),
             in_flight: Mutex::default(),
             paused: tokio::sync::watch::Sender::new(false),
+            polls: AtomicU64::new(0),
         });
         let app = Router::new()
             .route("/2018-06-01/runtime/invocation/next", get(next))
@@ -161,6 +165,12 @@ impl RuntimeApi {
     /// The value for the function's `AWS_LAMBDA_RUNTIME_API` variable.
     pub fn address(&self) -> String {
         self.address.to_string()
+    }
+
+    /// Calls its processes made for a next invocation: until one is invoked, how many of them
+    /// have finished starting (a process's start ends with its first call).
+    pub fn polls(&self) -> u64 {
+        self.shared.polls.load(Ordering::Relaxed)
     }
 
     /// Invocations so far.
@@ -271,6 +281,7 @@ fn now_ms() -> u128 {
 }
 
 async fn next(State(shared): State<Arc<Shared>>) -> Response {
+    shared.polls.fetch_add(1, Ordering::Relaxed);
     loop {
         // Holding the lock while waiting queues the pollers; dropping a poller's connection
         // drops its wait without losing an invocation.

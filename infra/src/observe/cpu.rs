@@ -171,6 +171,19 @@ fn descends_from(table: &BTreeMap<u32, Proc>, mut pid: u32, ancestor: u32) -> bo
     false
 }
 
+/// The processor time process `pid`'s threads have taken, to the nanosecond (`/proc`'s
+/// `schedstat` of each thread, where the `stat` ticks count only hundredths of a second): what
+/// a process did before its first invocation is a few milliseconds. Threads already ended
+/// took theirs with them.
+pub fn run_time(pid: u32) -> Option<std::time::Duration> {
+    let mut nanos = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else { continue };
+        nanos += stat.split_whitespace().next().and_then(|n| n.parse::<u64>().ok())?;
+    }
+    Some(std::time::Duration::from_nanos(nanos))
+}
+
 /// Linux reports process time in ticks of `USER_HZ`, a hundred a second on every architecture
 /// it supports; without `/proc` there is nothing to read.
 fn ticks_per_second() -> Option<f64> {
@@ -186,6 +199,24 @@ mod tests {
         let line = "4242 (tokio (rt) 1) S 4000 4242 4000 0 -1 4194560 1 0 0 0 250 40 0 0 20 0 9 0";
         let p = parse_stat(line, "agent".into()).unwrap();
         assert_eq!((p.parent, p.name.as_str(), p.ticks), (4000, "tokio (rt) 1", 290));
+    }
+
+    #[test]
+    fn a_process_s_run_time_is_read_to_below_a_tick() {
+        if run_time(std::process::id()).is_none() {
+            return;
+        }
+        // At least this thread's own time (other threads may end, and take theirs with them),
+        // once it has run for 3 ms.
+        let own = || {
+            let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+            let nanos = stat.split_whitespace().next().unwrap().parse::<u64>().unwrap();
+            std::time::Duration::from_nanos(nanos)
+        };
+        while own() < std::time::Duration::from_millis(3) {}
+        let mine = own();
+        let taken = run_time(std::process::id()).unwrap();
+        assert!(taken >= mine, "{taken:?} for the process, {mine:?} for this thread");
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct Work {
     pub invocation_ms: f64,
     /// For each message of its batch.
     pub message_ms: f64,
+    /// What an execution environment takes to start, before its first invocation (Lambda's
+    /// `Init Duration`, less its waits): once per environment, so once per cold start.
+    #[serde(default)]
+    pub init_ms: f64,
 }
 
 impl Work {
@@ -48,8 +52,21 @@ impl Work {
     /// The line through what `runs` measured: milliseconds per invocation against messages per
     /// invocation, by least squares. Where the runs' batches hardly differ, or the line would
     /// give a negative part, the time is put where it must be: all per invocation, or all per
-    /// message.
+    /// message. An environment's start is averaged over every one the runs started.
     pub fn fit(runs: &[Sample]) -> Work {
+        let environments: u64 = runs.iter().map(|r| r.environments).sum();
+        let init_seconds: f64 = runs.iter().map(|r| r.init_cpu_seconds).sum();
+        Work {
+            init_ms: if environments == 0 {
+                0.0
+            } else {
+                1000.0 * init_seconds / environments as f64
+            },
+            ..Work::line(runs)
+        }
+    }
+
+    fn line(runs: &[Sample]) -> Work {
         let points: Vec<(f64, f64)> = runs
             .iter()
             .filter(|r| r.invocations > 0)
@@ -66,20 +83,20 @@ impl Work {
         let sxx: f64 = points.iter().map(|(x, _)| (x - mx).powi(2)).sum();
         let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
         if mx <= 0.0 {
-            return Work { invocation_ms: my, message_ms: 0.0 };
+            return Work { invocation_ms: my, message_ms: 0.0, ..Work::default() };
         }
         // Batches that differ by less than one message say nothing of the slope.
         if sxx < 1.0 / n {
-            return Work { invocation_ms: 0.0, message_ms: my / mx };
+            return Work { invocation_ms: 0.0, message_ms: my / mx, ..Work::default() };
         }
         let slope = sxy / sxx;
         let intercept = my - slope * mx;
         if slope < 0.0 {
-            Work { invocation_ms: my, message_ms: 0.0 }
+            Work { invocation_ms: my, message_ms: 0.0, ..Work::default() }
         } else if intercept < 0.0 {
-            Work { invocation_ms: 0.0, message_ms: my / mx }
+            Work { invocation_ms: 0.0, message_ms: my / mx, ..Work::default() }
         } else {
-            Work { invocation_ms: intercept, message_ms: slope }
+            Work { invocation_ms: intercept, message_ms: slope, ..Work::default() }
         }
     }
 }
@@ -91,6 +108,12 @@ pub struct Sample {
     pub invocations: u64,
     pub records: u64,
     pub cpu_seconds: f64,
+    /// Its processes, each an execution environment, and the processor time they took to
+    /// start, before the run.
+    #[serde(default)]
+    pub environments: u64,
+    #[serde(default)]
+    pub init_cpu_seconds: f64,
 }
 
 /// One run of the measurement: its template parameters and what each kind of function did.
@@ -222,15 +245,18 @@ pub fn render(m: &Measured) -> String {
         "\nProcessor time measured on {} by `{}`, in ms of one core:\n\n",
         m.machine, m.command
     );
-    t.push_str("| function | per invocation | per message | a batch of 10 |\n");
-    t.push_str("| --- | ---: | ---: | ---: |\n");
+    t.push_str(
+        "| function | per invocation | per message | a batch of 10 | an environment's start |\n",
+    );
+    t.push_str("| --- | ---: | ---: | ---: | ---: |\n");
     for kind in KINDS {
         let w = m.of(kind);
         t.push_str(&format!(
-            "| {kind} | {:.2} | {:.2} | {:.2} |\n",
+            "| {kind} | {:.2} | {:.2} | {:.2} | {:.1} |\n",
             w.invocation_ms,
             w.message_ms,
-            w.of_batch(10.0)
+            w.of_batch(10.0),
+            w.init_ms
         ));
     }
     t.push_str("\nAn invocation on AWS, in ms: what it waits for (assumed) and that processor time at the memory's share of a vCPU:\n\n");
@@ -266,7 +292,20 @@ mod tests {
     use super::*;
 
     fn sample(invocations: u64, records: u64, cpu_seconds: f64) -> Sample {
-        Sample { invocations, records, cpu_seconds }
+        Sample { invocations, records, cpu_seconds, ..Sample::default() }
+    }
+
+    #[test]
+    fn an_environment_s_start_is_averaged_over_every_environment_the_runs_started() {
+        let started = |environments, init_cpu_seconds| Sample {
+            environments,
+            init_cpu_seconds,
+            ..sample(10, 10, 0.01)
+        };
+        // 2 environments of 10 ms and 6 of 14 ms: 13 ms each.
+        let work = Work::fit(&[started(2, 0.020), started(6, 0.084)]);
+        assert!((work.init_ms - 13.0).abs() < 1e-9, "{work:?}");
+        assert_eq!(Work::fit(&[sample(10, 10, 0.01)]).init_ms, 0.0);
     }
 
     #[test]
@@ -282,7 +321,7 @@ mod tests {
     fn runs_that_cannot_give_a_line_put_the_time_where_it_must_be() {
         // No messages (the submission): all of it per invocation.
         let api = Work::fit(&[sample(200, 0, 0.4), sample(100, 0, 0.2)]);
-        assert_eq!(api, Work { invocation_ms: 2.0, message_ms: 0.0 });
+        assert_eq!(api, Work { invocation_ms: 2.0, message_ms: 0.0, init_ms: 0.0 });
         // Batches alike: all of it per message, which overstates a full batch's, never less.
         let same = Work::fit(&[sample(100, 200, 0.4), sample(100, 210, 0.42)]);
         assert_eq!(same.invocation_ms, 0.0);
@@ -297,8 +336,12 @@ mod tests {
     #[test]
     fn a_small_function_takes_its_processor_time_as_many_times_longer_as_its_share_is_smaller() {
         let mut measured = Measured::default();
-        measured.work.insert("scheduler".into(), Work { invocation_ms: 1.0, message_ms: 0.5 });
-        measured.work.insert("agent".into(), Work { invocation_ms: 2.0, message_ms: 0.0 });
+        measured
+            .work
+            .insert("scheduler".into(), Work { invocation_ms: 1.0, message_ms: 0.5, init_ms: 0.0 });
+        measured
+            .work
+            .insert("agent".into(), Work { invocation_ms: 2.0, message_ms: 0.0, init_ms: 0.0 });
         let at_vcpu = Durations::on_aws(&measured, &Memory::all(ONE_VCPU_MB), 10.0);
         assert!((at_vcpu.scheduler_batch_ms - 46.0).abs() < 1e-9);
         assert!((at_vcpu.agent_batch_ms - 102.0).abs() < 1e-9);
