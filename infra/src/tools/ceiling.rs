@@ -550,7 +550,7 @@ pub fn render(per: &PerOrder, d: &Durations, sets: &[Params]) -> String {
     let executions = executions_per_order_per_second(per, d);
     let _ = writeln!(
         t,
-        "- Each order a second keeps {executions:.3} executions busy: {:.0} at 1,000 orders a second, {:.0} at 2,000. A function adds at most {}, so a burst meets no Lambda ramp below about {:.0} orders a second.",
+        "- Each order a second keeps {executions:.3} executions busy on average, in warm environments and full batches: {:.0} at 1,000 orders a second, {:.0} at 2,000. A function adds at most {}, so a burst meets no Lambda ramp below about {:.0} orders a second. A stack started cold meets more in its first second, each new environment's start added to its first invocation (the load simulation: all 1,000 of an account's executions for a cold stack sent 2,000 orders a second).",
         executions * 1000.0,
         executions * 2000.0,
         cite(&LAMBDA_SCALING_RATE),
