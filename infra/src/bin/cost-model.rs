@@ -395,15 +395,10 @@ fn query_units(items: usize) -> f64 {
 }
 
 impl ExpiryIndex for MeteredStore {
-    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
-        let found = self.inner.expired(shard, now, limit).await?;
+    async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
+        let found = self.inner.due(shard, due_by).await?;
         self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += query_units(found.len());
         Ok(found)
-    }
-
-    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
-        self.meter.lock().unwrap_or_else(|e| e.into_inner()).rru += query_units(1);
-        self.inner.oldest(shard, due_by).await
     }
 }
 

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
 use sas_aws::dynamo::{EXPIRY_INDEX, state_item};
 use sas_engine::config::{EngineConfig, INDEX_SHARDS};
 use sas_engine::state::{ProcessState, StateRecord, StepStatus};
-use sas_engine::workflow::Workflow;
+use sas_engine::workflow::{MAX_BUDGET, Workflow};
 use sas_engine::{IdempotencyKey, OrderId, Timestamp};
 use sas_infra::emulation::aws::{Clients, Endpoints};
 use sas_infra::emulation::emulator::{Moto, workspace_root};
@@ -120,28 +120,41 @@ async fn load(
     Ok(())
 }
 
-/// The supervisor's sweep at `now`: its index query on every shard. Returns the index entries
-/// read and their size in bytes.
+/// The supervisor's sweep at `now`: its read of every shard, up to the longest a lease can
+/// last, page after page. Returns the index entries read and their size in bytes.
 async fn sweep(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
     now: Timestamp,
 ) -> Result<(usize, usize), Error> {
+    let config = EngineConfig::default();
+    let due_by = now.plus(config.claim_grace + config.wait.max + MAX_BUDGET);
     let (mut read, mut bytes) = (0usize, 0usize);
     for shard in 0..INDEX_SHARDS {
-        // The same query the supervisor's adapter makes.
-        let out = client
-            .query()
-            .table_name(table)
-            .index_name(EXPIRY_INDEX)
-            .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :now")
-            .expression_attribute_values(":s", AttributeValue::N(shard.to_string()))
-            .expression_attribute_values(":now", AttributeValue::N(now.as_millis().to_string()))
-            .limit(1000)
-            .send()
-            .await?;
-        read += usize::try_from(out.scanned_count()).unwrap_or(0);
-        bytes += out.items().iter().map(entry_size).sum::<usize>();
+        let mut start = None;
+        loop {
+            // The same query the supervisor's adapter makes.
+            let out = client
+                .query()
+                .table_name(table)
+                .index_name(EXPIRY_INDEX)
+                .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :due")
+                .expression_attribute_values(":s", AttributeValue::N(shard.to_string()))
+                .expression_attribute_values(
+                    ":due",
+                    AttributeValue::N(due_by.as_millis().to_string()),
+                )
+                .projection_expression("OrderId, CompleteBy, CreatedAt")
+                .set_exclusive_start_key(start)
+                .send()
+                .await?;
+            read += usize::try_from(out.scanned_count()).unwrap_or(0);
+            bytes += out.items().iter().map(entry_size).sum::<usize>();
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
     }
     Ok((read, bytes))
 }

@@ -66,9 +66,9 @@ pub fn idle(template: &Template, params: &Params) -> Result<Vec<Line>, Error> {
     let series = SUPERVISOR_SERIES + 2.0 * queues;
     let receives = mappings * POLLERS_PER_MAPPING * MONTH_SECONDS / LONG_POLL_SECONDS;
     let sweeps = params.sweeps_per_minute * MONTH_SECONDS / 60.0;
-    // Each sweep: two queries of each index shard and a scan of the wait reports (half a
-    // read unit each, eventually consistent and small), and a read of each queue's depth.
-    let sweep_reads = sweeps * (2.0 * params.index_shards + 1.0) * 0.5;
+    // Each sweep: a query of each index shard and a scan of the wait reports (half a read unit
+    // each, eventually consistent and small), and a read of each queue's depth.
+    let sweep_reads = sweeps * (params.index_shards + 1.0) * 0.5;
     let mb = Memory::of_stack(template, &[])?.supervisor_mb;
     let sweep_cpu_s = Measured::recorded()?.of("supervisor").of_batch(0.0) / 1000.0;
     let sweep_seconds = SWEEP_WAIT_SECONDS + sweep_cpu_s * slowdown(mb);
@@ -108,7 +108,7 @@ pub fn idle(template: &Template, params: &Params) -> Result<Vec<Line>, Error> {
         },
         Line {
             item: format!(
-                "the supervisor's sweeps: {sweeps:.0} invocations, each querying each of the expiry index's {:.0} shards twice, scanning the wait reports and reading {queues:.0} queues' depths",
+                "the supervisor's sweeps: {sweeps:.0} invocations, each querying each of the expiry index's {:.0} shards, scanning the wait reports and reading {queues:.0} queues' depths",
                 params.index_shards
             ),
             count: String::new(),

@@ -274,34 +274,8 @@ impl StateStore for DynamoStore {
 }
 
 impl ExpiryIndex for DynamoStore {
-    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
-        let limit = i32::try_from(limit.clamp(1, 1000)).unwrap_or(1000);
-        let out = self
-            .client
-            .query()
-            .table_name(&self.state_table)
-            .index_name(EXPIRY_INDEX)
-            .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :now")
-            .expression_attribute_values(":s", number(shard))
-            .expression_attribute_values(":now", number(now.as_millis()))
-            .limit(limit)
-            .send()
-            .await
-            .map_err(|e| classify(SERVICE, e))?;
-        out.items()
-            .iter()
-            .map(|item| {
-                let raw = string(item, "OrderId")?;
-                let order_id = raw.parse().map_err(|_| corrupt_index(raw))?;
-                let complete_by = Timestamp::from_millis(parse_number(item, "CompleteBy")?);
-                Ok(IndexEntry { order_id, complete_by })
-            })
-            .collect()
-    }
-
-    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
-        let watched = self.watched(shard, None, Some(due_by)).await?;
-        Ok(watched.into_iter().map(|(created, _)| created).min())
+    async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
+        self.watched(shard, None, Some(due_by)).await
     }
 }
 
@@ -464,15 +438,15 @@ impl DynamoStore {
         }
     }
 
-    /// Every order of `shard` of the expiry index, watched since `since_by` or before and due
-    /// by `due_by` if given, with since when it is watched (see `CreatedAt` above): the shard
-    /// (up to `due_by`), page after page.
+    /// Every entry of `shard` of the expiry index, watched since `since_by` or before and due
+    /// by `due_by` if given, with since when it is watched (see `CreatedAt` above), earliest
+    /// due first: the shard (up to `due_by`), page after page.
     async fn watched(
         &self,
         shard: u16,
         since_by: Option<Timestamp>,
         due_by: Option<Timestamp>,
-    ) -> Result<Vec<(Timestamp, OrderId)>> {
+    ) -> Result<Vec<IndexEntry>> {
         let mut found = Vec::new();
         let mut start = None;
         loop {
@@ -486,7 +460,7 @@ impl DynamoStore {
                     None => "ExpiryShard = :s",
                 })
                 .expression_attribute_values(":s", number(shard))
-                .projection_expression("OrderId, CreatedAt")
+                .projection_expression("OrderId, CompleteBy, CreatedAt")
                 .set_exclusive_start_key(start);
             if let Some(due) = due_by {
                 query = query.expression_attribute_values(":due", number(due.as_millis()));
@@ -499,9 +473,10 @@ impl DynamoStore {
             let out = query.send().await.map_err(|e| classify(SERVICE, e))?;
             for item in out.items() {
                 let raw = string(item, "OrderId")?;
-                let id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
-                let created = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
-                found.push((created, id));
+                let order_id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
+                let complete_by = Timestamp::from_millis(parse_number(item, "CompleteBy")?);
+                let watched_since = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
+                found.push(IndexEntry { order_id, complete_by, watched_since });
             }
             start = out.last_evaluated_key;
             if start.is_none() {
@@ -530,7 +505,7 @@ impl DynamoStore {
             .buffer_unordered(SHARD_QUERIES_AT_ONCE);
         let mut candidates = Vec::new();
         while let Some(found) = shards.next().await {
-            candidates.extend(found?);
+            candidates.extend(found?.into_iter().map(|e| (e.watched_since, e.order_id)));
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         candidates.dedup();

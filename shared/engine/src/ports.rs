@@ -193,28 +193,21 @@ pub trait StateStore: Send + Sync {
 pub struct IndexEntry {
     pub order_id: OrderId,
     pub complete_by: Timestamp,
+    /// Since when its order is watched ([`StateRecord::watched_since`]).
+    pub watched_since: Timestamp,
 }
 
 /// The sparse CompleteBy index.
 pub trait ExpiryIndex: Send + Sync {
-    /// Entries of `shard` whose CompleteBy is at or before `now`, earliest first, at most
-    /// `limit`. Eventually consistent.
-    fn expired(
-        &self,
-        shard: u16,
-        now: Timestamp,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send;
-
-    /// Since when the longest-watched order of `shard` still in the index with a CompleteBy at
-    /// or before `due_by` is watched ([`StateRecord::watched_since`]), if the shard holds any:
-    /// an order due later is waiting for a time or an answer, not held up. Reads the shard up
-    /// to `due_by`: one small index item per order being watched. Eventually consistent.
-    fn oldest(
+    /// Every entry of `shard` whose CompleteBy is at or before `due_by`, earliest first: the
+    /// shard up to `due_by`, one small index item per order being watched, page after page.
+    /// The sweep's one read of a shard: its head is what has expired, and the longest-watched
+    /// of them all tells how long the oldest order has been worked on. Eventually consistent.
+    fn due(
         &self,
         shard: u16,
         due_by: Timestamp,
-    ) -> impl Future<Output = Result<Option<Timestamp>>> + Send;
+    ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send;
 }
 
 /// The sparse index of orders waiting for a held service ([`StateRecord::held_on`]).
@@ -698,21 +691,12 @@ impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
 }
 
 impl<T: ExpiryIndex + ?Sized> ExpiryIndex for std::sync::Arc<T> {
-    fn expired(
-        &self,
-        shard: u16,
-        now: Timestamp,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send {
-        (**self).expired(shard, now, limit)
-    }
-
-    fn oldest(
+    fn due(
         &self,
         shard: u16,
         due_by: Timestamp,
-    ) -> impl Future<Output = Result<Option<Timestamp>>> + Send {
-        (**self).oldest(shard, due_by)
+    ) -> impl Future<Output = Result<Vec<IndexEntry>>> + Send {
+        (**self).due(shard, due_by)
     }
 }
 

@@ -720,12 +720,8 @@ impl StateStore for Throttled {
 }
 
 impl ExpiryIndex for Throttled {
-    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
-        self.inner.expired(shard, now, limit).await
-    }
-
-    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
-        self.inner.oldest(shard, due_by).await
+    async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
+        self.inner.due(shard, due_by).await
     }
 }
 

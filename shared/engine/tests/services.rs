@@ -1636,12 +1636,8 @@ impl<S: StateStore> StateStore for Yielding<S> {
 }
 
 impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {
-    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
-        self.0.expired(shard, now, limit).await
-    }
-
-    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
-        self.0.oldest(shard, due_by).await
+    async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
+        self.0.due(shard, due_by).await
     }
 }
 
@@ -1865,8 +1861,7 @@ async fn a_lagging_index_entry_is_rechecked_against_the_table() {
     w.clock.advance(Duration::from_secs(121)); // the index now shows the Pending deadline
     w.settle().await; // meanwhile the order finishes; the index has not caught up
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
-    let entry =
-        w.store.expired(id.shard(w.system.config.index_shards), w.clock.now(), 10).await.unwrap();
+    let entry = w.store.due(id.shard(w.system.config.index_shards), w.clock.now()).await.unwrap();
     assert_eq!(entry.len(), 1, "the index still lists the finished order");
     let handled = w.supervisor.handle(entry[0], Duration::ZERO).await.unwrap();
     assert!(matches!(handled, Handled::Ignored(_)), "{handled:?}");

@@ -229,14 +229,9 @@ impl<P: StateStore> StateStore for Crashy<P> {
 }
 
 impl<P: ExpiryIndex> ExpiryIndex for Crashy<P> {
-    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+    async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
         tokio::task::yield_now().await;
-        self.inner.expired(shard, now, limit).await
-    }
-
-    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
-        tokio::task::yield_now().await;
-        self.inner.oldest(shard, due_by).await
+        self.inner.due(shard, due_by).await
     }
 }
 

@@ -58,8 +58,8 @@ pub struct MemoryStore<C> {
 }
 
 /// A write as the index will see it: when it was made, whose record, and the entry (shard,
-/// CompleteBy) it leaves, if any.
-type IndexChange = (Timestamp, OrderId, Option<(u16, Timestamp)>);
+/// CompleteBy, since when the order is watched) it leaves, if any.
+type IndexChange = (Timestamp, OrderId, Option<(u16, Timestamp, Timestamp)>);
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -74,7 +74,8 @@ struct Inner {
     index_backlog: VecDeque<IndexChange>,
     /// The index as a sweep sees it: (shard, CompleteBy, order).
     index: BTreeSet<(u16, Timestamp, OrderId)>,
-    indexed: HashMap<OrderId, (u16, Timestamp)>,
+    /// Each indexed order's entry, with since when it is watched (projected as in DynamoDB).
+    indexed: HashMap<OrderId, (u16, Timestamp, Timestamp)>,
     failing_writes: u32,
     /// Writes that succeed before the failing ones begin.
     spared_writes: u32,
@@ -219,7 +220,7 @@ impl Inner {
     }
 
     fn record_index_change(&mut self, now: Timestamp, record: &StateRecord) {
-        let entry = record.complete_by.map(|cb| (record.shard, cb));
+        let entry = record.complete_by.map(|cb| (record.shard, cb, record.watched_since()));
         self.index_backlog.push_back((now, record.order_id, entry));
     }
 
@@ -230,12 +231,12 @@ impl Inner {
                 break;
             }
             self.index_backlog.pop_front();
-            if let Some((shard, cb)) = self.indexed.remove(&id) {
+            if let Some((shard, cb, _)) = self.indexed.remove(&id) {
                 self.index.remove(&(shard, cb, id));
             }
-            if let Some((shard, cb)) = entry {
+            if let Some((shard, cb, watched)) = entry {
                 self.index.insert((shard, cb, id));
-                self.indexed.insert(id, (shard, cb));
+                self.indexed.insert(id, (shard, cb, watched));
             }
         }
     }
@@ -396,7 +397,7 @@ impl<C: Clock> StateStore for MemoryStore<C> {
 }
 
 impl<C: Clock> ExpiryIndex for MemoryStore<C> {
-    async fn expired(&self, shard: u16, now: Timestamp, limit: usize) -> Result<Vec<IndexEntry>> {
+    async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
         let clock_now = self.clock.now();
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
@@ -404,28 +405,17 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
         if !inner.index_backlog.is_empty() {
             inner.stats.stale_index_queries += 1;
         }
+        let inner = &*inner;
         let from = (shard, Timestamp::from_millis(i64::MIN), OrderId::from_uuid(uuid::Uuid::nil()));
-        let to = (shard, now, OrderId::from_uuid(uuid::Uuid::max()));
+        let to = (shard, due_by, OrderId::from_uuid(uuid::Uuid::max()));
         Ok(inner
             .index
             .range(from..=to)
-            .take(limit)
-            .map(|&(_, complete_by, order_id)| IndexEntry { order_id, complete_by })
+            .filter_map(|&(_, complete_by, order_id)| {
+                let (_, _, watched_since) = *inner.indexed.get(&order_id)?;
+                Some(IndexEntry { order_id, complete_by, watched_since })
+            })
             .collect())
-    }
-
-    async fn oldest(&self, shard: u16, due_by: Timestamp) -> Result<Option<Timestamp>> {
-        let clock_now = self.clock.now();
-        let mut inner = self.lock();
-        inner.stats.index_queries += 1;
-        inner.catch_up(clock_now);
-        let inner = &*inner;
-        Ok(inner
-            .index
-            .iter()
-            .filter(|(s, complete_by, _)| *s == shard && *complete_by <= due_by)
-            .filter_map(|(_, _, id)| inner.states.get(id).map(StateRecord::watched_since))
-            .min())
     }
 }
 

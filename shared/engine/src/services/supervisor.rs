@@ -116,14 +116,24 @@ where
     }
 
     /// One sweep over every shard, at most `sweep_limit` records in all, the longest expired
-    /// first. Shards are queried [`SHARD_QUERIES_AT_ONCE`] at a time, and records handled
-    /// [`REPAIRS_AT_ONCE`] at a time. Fails if the queues' load cannot be read (without it a
-    /// late message cannot be told from a lost one), or if no shard could be queried at all.
+    /// first. Each shard is read once, [`SHARD_QUERIES_AT_ONCE`] at a time, for what is due
+    /// by the longest a lease can last: how long the oldest order has been worked on comes from
+    /// all of it, and what has expired is its head. Records are handled [`REPAIRS_AT_ONCE`] at
+    /// a time. Fails if the queues' load cannot be read (without it a late message cannot be
+    /// told from a lost one), or if no shard could be read at all.
     pub async fn sweep(&self) -> Result<SweepReport> {
         let now = self.ports.clock.now();
+        let config = &self.ports.config;
+        let shards = config.index_shards;
         // Read before anything can stop the sweep: an order held up by a stalled queue is
-        // exactly what this figure must show.
-        let oldest_ms = self.oldest(now).await;
+        // exactly what the oldest order's age must show.
+        let due_by = now.plus(config.claim_grace + config.wait.max + crate::workflow::MAX_BUDGET);
+        let reads: Vec<Result<Vec<IndexEntry>>> = stream::iter(0..shards)
+            .map(|shard| self.index.due(shard, due_by))
+            .buffer_unordered(SHARD_QUERIES_AT_ONCE)
+            .collect()
+            .await;
+        let oldest_ms = oldest(&reads, now);
         let load = self.load.load(now).await?;
         let horizon = match load.horizon(&self.ports.catalogue) {
             _ if mutants::on(Mutant::NoHorizon) => Duration::ZERO,
@@ -138,24 +148,21 @@ where
             }
         };
         let cutoff = now.minus(horizon);
-        // Each shard is asked for twice its even share of the limit, since leases do not
+        // Each shard gives at most twice its even share of the limit, since leases do not
         // expire evenly over the shards; the limit itself bounds the repairs.
-        let shards = self.ports.config.index_shards;
-        let limit = self.ports.config.sweep_limit;
+        let limit = config.sweep_limit;
         let per_shard = (2 * limit).div_ceil(usize::from(shards)).max(1);
-        let queries: Vec<_> = stream::iter(0..shards)
-            .map(|shard| self.index.expired(shard, cutoff, per_shard))
-            .buffer_unordered(SHARD_QUERIES_AT_ONCE)
-            .collect()
-            .await;
 
         let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
         let mut report = SweepReport { horizon_ms, oldest_ms, ..SweepReport::default() };
         let mut first_error = None;
         let mut entries = Vec::new();
-        for result in queries {
+        for result in reads {
             match result {
-                Ok(found) => entries.extend(found),
+                // Earliest due first.
+                Ok(due) => entries.extend(
+                    due.into_iter().take_while(|e| e.complete_by <= cutoff).take(per_shard),
+                ),
                 Err(e) => {
                     report.errors += 1;
                     first_error.get_or_insert(e);
@@ -189,35 +196,6 @@ where
         }
         crate::metrics::swept(report.found, report.acted, report.lost_races);
         Ok(report)
-    }
-
-    /// How long the system has been working on the oldest order in the index without a break
-    /// (0 if it holds none; see [`crate::state::StateRecord::watched_since`]), recorded as a
-    /// metric. `None`, and nothing recorded, if a shard could not be read: a partial figure
-    /// could hide the very order it is for. An order due later than any step's lease can last
-    /// (its claim grace, longest retry wait and longest budget) is waiting for a time or an
-    /// answer, and is left out; so is one whose every lease waits so, until its wait ends.
-    async fn oldest(&self, now: Timestamp) -> Option<u64> {
-        let config = &self.ports.config;
-        let due_by = now.plus(config.claim_grace + config.wait.max + crate::workflow::MAX_BUDGET);
-        let results: Vec<_> = stream::iter(0..config.index_shards)
-            .map(|shard| self.index.oldest(shard, due_by))
-            .buffer_unordered(SHARD_QUERIES_AT_ONCE)
-            .collect()
-            .await;
-        let mut oldest: Option<Timestamp> = None;
-        for result in results {
-            match result {
-                Ok(found) => oldest = oldest.into_iter().chain(found).min(),
-                Err(e) => {
-                    warn!(error = %e, "could not read the oldest order being watched");
-                    return None;
-                }
-            }
-        }
-        let age = oldest.map_or(Duration::ZERO, |at| at.until(now));
-        crate::metrics::oldest_in_flight(age);
-        Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
     }
 
     /// Handles one index entry: re-read, decide, write conditionally, then act. `horizon` is
@@ -476,4 +454,26 @@ where
             }
         }
     }
+}
+
+/// How long the system has been working on the oldest order in the index without a break (0 if
+/// it holds none; see [`crate::state::StateRecord::watched_since`]), from every shard's `reads`,
+/// recorded as a metric. `None`, and nothing recorded, if a shard could not be read: a partial
+/// figure could hide the very order it is for. An order due later than any step's lease can
+/// last (its claim grace, longest retry wait and longest budget) is waiting for a time or an
+/// answer, and is not among them; nor is one whose every lease waits so, until its wait ends.
+fn oldest(reads: &[Result<Vec<IndexEntry>>], now: Timestamp) -> Option<u64> {
+    let mut oldest: Option<Timestamp> = None;
+    for read in reads {
+        match read {
+            Ok(due) => oldest = oldest.into_iter().chain(due.iter().map(|e| e.watched_since)).min(),
+            Err(e) => {
+                warn!(error = %e, "could not read the oldest order being watched");
+                return None;
+            }
+        }
+    }
+    let age = oldest.map_or(Duration::ZERO, |at| at.until(now));
+    crate::metrics::oldest_in_flight(age);
+    Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
