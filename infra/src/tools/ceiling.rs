@@ -148,6 +148,9 @@ pub struct Durations {
     pub scheduler_batch_ms: f64,
     /// An agent's batch lasts as long as its slowest remote call.
     pub agent_batch_ms: f64,
+    /// What a new environment adds to the submission that starts it: Lambda's start of it,
+    /// and the function's init.
+    pub submission_start_ms: f64,
 }
 
 /// What one order uses of each resource, as counted by `cost-model`.
@@ -548,13 +551,16 @@ pub fn render(per: &PerOrder, d: &Durations, sets: &[Params]) -> String {
         }
     }
     let executions = executions_per_order_per_second(per, d);
+    let from_idle = per.api_requests * (d.submission_ms + d.submission_start_ms) / 1000.0;
     let _ = writeln!(
         t,
-        "- Each order a second keeps {executions:.3} executions busy on average, in warm environments and full batches: {:.0} at 1,000 orders a second, {:.0} at 2,000. A function adds at most {}, so a burst meets no Lambda ramp below about {:.0} orders a second. A stack started cold meets more in its first second, each new environment's start added to its first invocation (the load simulation: all 1,000 of an account's executions for a cold stack sent 2,000 orders a second).",
+        "- Each order a second keeps {executions:.3} executions busy on average, in warm environments and full batches: {:.0} at 1,000 orders a second, {:.0} at 2,000. A function adds at most {}, so a stack in use meets no Lambda ramp below about {:.0} orders a second. From idle, each submission starts an environment of its own, which adds {:.0} ms (Lambda's start of it, assumed, and the function's measured init): a burst from idle above about {:.0} orders a second meets the submission's ramp in its first seconds, and what it cannot start yet is answered 500 (see the load simulation).",
         executions * 1000.0,
         executions * 2000.0,
         cite(&LAMBDA_SCALING_RATE),
-        LAMBDA_SCALING_RATE.value / executions
+        LAMBDA_SCALING_RATE.value / executions,
+        d.submission_start_ms,
+        LAMBDA_SCALING_RATE.value / from_idle
     );
     t
 }

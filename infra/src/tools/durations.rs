@@ -27,6 +27,11 @@ use crate::emulation::template::Template;
 /// Lambda gives more than one above it, which the functions' short batches do not use.
 pub const ONE_VCPU_MB: f64 = 1769.0;
 
+/// Lambda's part of a cold start, before the function's init: making the environment, fetching
+/// the code, the init's TLS handshakes. Not measurable without AWS: assumed, on the slow side of
+/// the "under 100 ms to over 1 second" AWS gives for a cold start.
+pub const ENVIRONMENT_START_MS: f64 = 500.0;
+
 /// Where `local-stack durations` writes what it measured, from the workspace's root.
 pub const MEASURED_FILE: &str = "infra/durations.json";
 
@@ -217,8 +222,12 @@ impl Durations {
     /// single-digit-millisecond reads and writes and an SQS send (a submission: one write and
     /// one send; a scheduler's batch: its reads, writes and sends side by side), and a remote
     /// call of about 80 ms for an agent's batch, whose calls are made side by side.
-    pub const WAITS: Durations =
-        Durations { submission_ms: 30.0, scheduler_batch_ms: 40.0, agent_batch_ms: 100.0 };
+    pub const WAITS: Durations = Durations {
+        submission_ms: 30.0,
+        scheduler_batch_ms: 40.0,
+        agent_batch_ms: 100.0,
+        submission_start_ms: ENVIRONMENT_START_MS,
+    };
 
     /// How long invocations last on functions of `memory`: the waits, and the processor time
     /// `measured`, for batches of `batch` messages, slowed to each function's share of a vCPU.
@@ -231,6 +240,8 @@ impl Durations {
             submission_ms: w.submission_ms + cpu("submission", 0.0, memory.submission_mb),
             scheduler_batch_ms: w.scheduler_batch_ms + cpu("scheduler", batch, memory.scheduler_mb),
             agent_batch_ms: w.agent_batch_ms + cpu("agent", batch, memory.agent_mb),
+            submission_start_ms: w.submission_start_ms
+                + measured.of("submission").init_ms * slowdown(memory.submission_mb),
         }
     }
 }

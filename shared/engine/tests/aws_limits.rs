@@ -165,10 +165,8 @@ const AGENT_WAIT_MS: f64 = 100.0;
 const SUBMISSION_MEMORY_MB: f64 = 128.0;
 const SCHEDULER_MEMORY_MB: f64 = 1024.0;
 const AGENT_MEMORY_MB: f64 = 128.0;
-/// Lambda's part of a cold start, before the function's own init: making the environment,
-/// fetching the code, and the init's TLS handshakes and warm-up calls. Not measurable without
-/// AWS: assumed, within the "under 100 ms to over 1 second" AWS gives for a cold start, on its
-/// slow side.
+/// Lambda's part of a cold start, before the function's own init (`ENVIRONMENT_START_MS` in
+/// `infra/src/tools/durations.rs`): assumed, on the slow side of what AWS gives.
 const ENVIRONMENT_START_MS: f64 = 500.0;
 const ONE_VCPU_MB: f64 = 1769.0;
 const MEASURED: &str = include_str!("../../../infra/durations.json");
@@ -509,11 +507,11 @@ struct Lambda {
     running: BTreeMap<String, Vec<Timestamp>>,
     /// Each function's environments, and those it added in each window.
     environments: BTreeMap<String, (usize, BTreeMap<i64, f64>)>,
-    /// The most executions in flight at once, cold starts, invocations throttled, and when
-    /// the last was.
+    /// The most executions in flight at once, cold starts, invocations throttled (by the
+    /// account's quota, by a function's scaling), and when the last was.
     peak: usize,
     cold_starts: u64,
-    throttled: u64,
+    throttled: (u64, u64),
     last_throttled: Option<Timestamp>,
     /// A window of the run (the last minute of arrivals), the most executions at once in it,
     /// and their time in it all together.
@@ -531,7 +529,7 @@ impl Lambda {
             environments: BTreeMap::new(),
             peak: 0,
             cold_starts: 0,
-            throttled: 0,
+            throttled: (0, 0),
             last_throttled: None,
             measured_peak: 0,
             measured: (start.plus(MEASURED_FROM), start.plus(ARRIVALS_FOR)),
@@ -552,24 +550,33 @@ impl Lambda {
     }
 
     /// Whether an invocation of `function` at `now` would be taken, and if so whether it
-    /// needs a new environment; nothing is taken.
-    fn would_take(&mut self, function: &str, now: Timestamp) -> Option<bool> {
+    /// needs a new environment, or else what refuses it; nothing is taken.
+    fn would_take(&mut self, function: &str, now: Timestamp) -> std::result::Result<bool, Limit> {
         let in_flight = self.in_flight(now);
         let busy = self.running.get(function).map_or(0, Vec::len);
         let (environments, added) = self.environments.get(function).cloned().unwrap_or_default();
         let cold = busy >= environments;
         let window = now.as_millis().div_euclid(SCALING_WINDOW.as_millis() as i64);
         let added = added.get(&window).copied().unwrap_or(0.0);
-        let refused = in_flight as f64 + 1.0 > self.quota || (cold && added + 1.0 > self.scaling);
-        (!refused).then_some(cold)
+        // A function's scaling is told first: no quota raised would lift it.
+        if cold && added + 1.0 > self.scaling {
+            Err(Limit::Scaling)
+        } else if in_flight as f64 + 1.0 > self.quota {
+            Err(Limit::Account)
+        } else {
+            Ok(cold)
+        }
     }
 
     /// Starts an invocation of `function` at `now`, or throttles it (`None`); returns whether
     /// it starts a new environment. [`Lambda::ran`] says when it ends.
     fn invoke(&mut self, function: &str, now: Timestamp) -> Option<bool> {
-        let Some(cold) = self.would_take(function, now) else {
-            self.throttle(now);
-            return None;
+        let cold = match self.would_take(function, now) {
+            Ok(cold) => cold,
+            Err(limit) => {
+                self.throttle(now, limit);
+                return None;
+            }
         };
         if cold {
             let window = now.as_millis().div_euclid(SCALING_WINDOW.as_millis() as i64);
@@ -581,9 +588,12 @@ impl Lambda {
         Some(cold)
     }
 
-    /// Counts an invocation refused at `now`.
-    fn throttle(&mut self, now: Timestamp) {
-        self.throttled += 1;
+    /// Counts an invocation `limit` refused at `now`.
+    fn throttle(&mut self, now: Timestamp, limit: Limit) {
+        match limit {
+            Limit::Account => self.throttled.0 += 1,
+            Limit::Scaling => self.throttled.1 += 1,
+        }
         self.last_throttled = self.last_throttled.max(Some(now));
     }
 
@@ -600,6 +610,15 @@ impl Lambda {
             self.measured_peak = self.measured_peak.max(at_once);
         }
     }
+}
+
+/// What makes Lambda throttle an invocation.
+#[derive(Clone, Copy, Debug)]
+enum Limit {
+    /// Every execution the account may run is running.
+    Account,
+    /// Its function needs a new environment and has added all it may in this window.
+    Scaling,
 }
 
 /// The functions, as [`Lambda`] knows them: the scheduler takes both its queues.
@@ -873,7 +892,7 @@ struct Outcome {
     measured_executions: usize,
     mean_executions: f64,
     cold_starts: u64,
-    invocations_throttled: u64,
+    invocations_throttled: (u64, u64),
     throttled_until: Option<Duration>,
     lasted: Duration,
 }
@@ -1146,7 +1165,8 @@ impl World {
                     break;
                 }
                 // A throttled invocation leaves its messages in the queue for a later try.
-                if self.lambda.would_take(SCHEDULER, begins).is_none() && self.throttled(begins) {
+                if let Err(limit) = self.lambda.would_take(SCHEDULER, begins) {
+                    self.throttled(begins, limit);
                     break;
                 }
                 let batch = self.memory.queues.receive(&queue, BATCH);
@@ -1192,7 +1212,8 @@ impl World {
                 if !self.batch_ready(&queue, now) {
                     break;
                 }
-                if self.lambda.would_take(&function, begins).is_none() && self.throttled(begins) {
+                if let Err(limit) = self.lambda.would_take(&function, begins) {
+                    self.throttled(begins, limit);
                     break;
                 }
                 let batch = self.memory.queues.receive(&queue, BATCH);
@@ -1246,8 +1267,8 @@ impl World {
 
     /// Counts an invocation the mapping could not make: it backs off, and tries again at the
     /// next tick. Always true.
-    fn throttled(&mut self, at: Timestamp) -> bool {
-        self.lambda.throttle(at);
+    fn throttled(&mut self, at: Timestamp, limit: Limit) -> bool {
+        self.lambda.throttle(at, limit);
         true
     }
 
@@ -1502,7 +1523,7 @@ async fn measure(stack: Stack, factor: f64, from: Start) -> Vec<String> {
         out.refused_writes.iter().map(|(what, n)| format!("{n} {what:?}")).collect();
     let q = stack.quotas();
     println!(
-        "| {} (1/{}) | {sent_at:.0} ({factor:.2}x), {} | {} | {} | {:.0} | {} | {} | {} / {} / {} / {} | {:.0} ({:.0} %) | {:.1} s / {:.1} s | {:.1} s / {:.1} s | {:.2} / {:.2} | {:.0} of {:.0} / {:.0} of {:.0} / {:.0} of {:.0} | {} ({} failed) | {:.0} of {:.0} / {:.0} / {:.0} ({:.3} an order a second) / {:.0} / {:.0}{} | {} / {} | {} | {} | {} s |",
+        "| {} (1/{}) | {sent_at:.0} ({factor:.2}x), {} | {} | {} | {:.0} | {} | {} | {} / {} / {} / {} | {:.0} ({:.0} %) | {:.1} s / {:.1} s | {:.1} s / {:.1} s | {:.2} / {:.2} | {:.0} of {:.0} / {:.0} of {:.0} / {:.0} of {:.0} | {} ({} failed) | {:.0} of {:.0} / {:.0} / {:.0} ({:.3} an order a second) / {:.0} / {:.0} / {:.0}{} | {} / {} | {} | {} | {} s |",
         stack.name,
         stack.scale,
         from.name(),
@@ -1537,7 +1558,8 @@ async fn measure(stack: Stack, factor: f64, from: Start) -> Vec<String> {
         out.mean_executions * k,
         out.mean_executions / owed,
         out.cold_starts as f64 * k,
-        out.invocations_throttled as f64 * k,
+        out.invocations_throttled.0 as f64 * k,
+        out.invocations_throttled.1 as f64 * k,
         out.throttled_until
             .map_or_else(String::new, |t| format!(" (the last at {} s)", t.as_secs())),
         out.handling.failed,
@@ -1622,7 +1644,7 @@ fn first_free(busy_until: impl Iterator<Item = Timestamp>, next_tick: Timestamp)
 
 fn header() {
     println!(
-        "| stack (scale) | sent at (of the ceiling), start | orders sent | accepted | accepted a second in the first minute | processed | other ends | refused: 429 / 500 Lambda throttled / 503 door / 503 throttled | goodput a second (of the ceiling) | accepted to end, p50 / p95 | first try to end, p50 / p95 | write units per order: table / index | busiest second: StateTable / ByCompleteBy / its busiest partition | tries throttled (writes failed) | Lambda: executions at once: busiest / busiest over the last minute / on average over it (per order a second); cold starts / invocations throttled | handlings failed / sent again | supervisor resets | dead letters | lasted |"
+        "| stack (scale) | sent at (of the ceiling), start | orders sent | accepted | accepted a second in the first minute | processed | other ends | refused: 429 / 500 Lambda throttled / 503 door / 503 throttled | goodput a second (of the ceiling) | accepted to end, p50 / p95 | first try to end, p50 / p95 | write units per order: table / index | busiest second: StateTable / ByCompleteBy / its busiest partition | tries throttled (writes failed) | Lambda: executions at once: busiest / busiest over the last minute / on average over it (per order a second); cold starts / invocations throttled: by the account's quota / by a function's scaling | handlings failed / sent again | supervisor resets | dead letters | lasted |"
     );
     println!(
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |"
