@@ -620,6 +620,8 @@ pub enum InputRef {
     Submit,
     /// The queue message with this id (a start message claimed, or a reply recorded).
     Message(String),
+    /// The queue messages with these ids, of one order and one batch, recorded in one write.
+    Messages(Vec<String>),
     /// The supervisor acted on an expired lease.
     Expire,
     /// The operator command with this id.
@@ -632,7 +634,23 @@ pub enum InputRef {
 
 impl InputRef {
     pub fn is_message(&self, id: &str) -> bool {
-        matches!(self, InputRef::Message(m) if m == id)
+        match self {
+            InputRef::Message(m) => m == id,
+            InputRef::Messages(all) => all.iter().any(|m| m == id),
+            _ => false,
+        }
+    }
+
+    /// This input and the message `id`, recorded by one write: the messages it names, then
+    /// `id`.
+    pub fn and_message(&self, id: &str) -> InputRef {
+        let mut all = match self {
+            InputRef::Message(m) => vec![m.clone()],
+            InputRef::Messages(all) => all.clone(),
+            _ => Vec::new(),
+        };
+        all.push(id.to_owned());
+        InputRef::Messages(all)
     }
 }
 

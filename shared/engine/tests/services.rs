@@ -1583,6 +1583,53 @@ async fn replies_of_steps_side_by_side_handled_in_one_batch_are_all_recorded() {
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
 }
 
+#[tokio::test]
+async fn the_replies_of_one_order_in_one_batch_are_recorded_by_one_write() {
+    // Three steps at once, then a last one: their three replies, handled as one order's turn
+    // of a batch, make one write; any of them delivered again replays what it owed.
+    let mut w = World::new();
+    let four = r#"{"name":"four","steps":[
+        {"name":"reserve-inventory","agent":"inventory","depends_on":[]},
+        {"name":"charge-payment","agent":"payment","depends_on":[]},
+        {"name":"hold-stock","agent":"shipping","depends_on":[]},
+        {"name":"ship","agent":"shipping","depends_on":["reserve-inventory","charge-payment","hold-stock"]}]}"#;
+    let workflow = sas_engine::workflow::Workflow::from_json(four, &world::agent_names());
+    w.deploy(sas_engine::catalogue::Catalogue::single(workflow.unwrap()));
+    let id = w.submit("four").await.unwrap().order_id;
+    assert!(w.step(&Destination::Scheduler).await);
+    for agent in ["inventory", "payment", "shipping"] {
+        assert!(w.step(&Destination::Agent(sas_engine::AgentName::new(agent))).await);
+    }
+    let replies = w.queues.receive(&Destination::Replies, 10);
+    assert_eq!(replies.len(), 3);
+    let messages: Vec<(Message, String)> =
+        replies.iter().map(|d| (Message::decode(&d.body).unwrap(), d.message_id.clone())).collect();
+    let turn: Vec<(Message, Incoming<'_>)> = messages
+        .iter()
+        .map(|(m, id)| (m.clone(), Incoming { message_id: id, receive_count: 1 }))
+        .collect();
+    let writes = w.store.stats().writes;
+    let handled: Vec<Handled> =
+        w.scheduler.handle_turn(&turn).await.into_iter().map(Result::unwrap).collect();
+    assert_eq!(handled, vec![Handled::Applied; 3]);
+    assert_eq!(w.store.stats().writes, writes + 1, "one write for the three replies");
+    let record = w.state(id);
+    assert!(record.steps[..3].iter().all(|s| s.status == StepStatus::Done), "{:?}", record.steps);
+    assert!(messages.iter().all(|(_, m)| record.last_input.is_message(m)), "every reply is named");
+    // The last step was sent once, by the one write's effects.
+    assert_eq!(w.queues.len(&Destination::Agent(sas_engine::AgentName::new("shipping"))), 1);
+    // The second reply again, as after a crash before its effects: it replays them.
+    let (again, again_id) = &messages[1];
+    let incoming = Incoming { message_id: again_id, receive_count: 2 };
+    assert_eq!(w.scheduler.handle(again, incoming).await.unwrap(), Handled::Replayed);
+    for reply in &replies {
+        w.queues.delete(&Destination::Replies, &reply.receipt).unwrap();
+    }
+    w.settle().await;
+    assert_eq!(w.state(id).process_state, ProcessState::Processed);
+    assert_eq!(w.remote.max_applications(), 1);
+}
+
 // ---------------------------------------------------------------- supervisor
 
 /// A store that yields to the runtime before every call, so that two services running

@@ -525,10 +525,13 @@ enum Fault {
     /// One action of a service refused for good for a spell, as a grant taken away is: no
     /// sign of the service being down, the step's own failure.
     Denied,
+    /// One order's messages of a batch handled in one turn, as the deployed scheduler does:
+    /// what they do written at once, a crash anywhere in it.
+    Folded,
 }
 
 impl Fault {
-    const ALL: [Fault; 27] = [
+    const ALL: [Fault; 28] = [
         Fault::Lost,
         Fault::Duplicated,
         Fault::Reordered,
@@ -556,6 +559,7 @@ impl Fault {
         Fault::ForwardDown,
         Fault::UndoDown,
         Fault::Denied,
+        Fault::Folded,
     ];
 
     fn name(self) -> &'static str {
@@ -587,6 +591,7 @@ impl Fault {
             Fault::ForwardDown => "forward-down",
             Fault::UndoDown => "undo-down",
             Fault::Denied => "denied",
+            Fault::Folded => "folded",
         }
     }
 
@@ -1403,6 +1408,20 @@ impl Sim {
             if batch.is_empty() {
                 continue;
             }
+            // One order's messages of the batch, in one turn.
+            let of_one_order = one_order(&batch);
+            if of_one_order.len() > 1 && self.chance(Fault::Folded, 0.5) {
+                let mut taken = Vec::new();
+                for (k, d) in batch.into_iter().enumerate() {
+                    if of_one_order.contains(&k) {
+                        taken.push(d);
+                    } else {
+                        let _ = self.queues.put_back(&dest, &d.receipt);
+                    }
+                }
+                self.deliver_turn(&dest, taken).await;
+                return true;
+            }
             if dest == Destination::Replies && batch.len() > 1 && self.chance(Fault::Batched, 0.3) {
                 let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
                 for other in &batch {
@@ -1596,10 +1615,9 @@ impl Sim {
         let after = self.memory.peek(reply.order_id).unwrap();
         // (A redelivery of the message that wrote `before` only finishes its effects, such as
         // recording that its alert went out.)
-        let this = InputRef::Message(message_id.to_owned());
         let moved_by_it = after.revision > before.revision
-            && after.last_input == this
-            && before.last_input != this;
+            && after.last_input.is_message(message_id)
+            && !before.last_input.is_message(message_id);
         let held = before.steps.get(reply.step.index).and_then(|s| s.sent().copied());
         assert!(
             !moved_by_it || held.is_some_and(|l| l.attempt == reply.attempt),
@@ -1609,6 +1627,33 @@ impl Sim {
             reply.order_id,
             reply.step.name,
         );
+    }
+
+    /// Handles one order's messages of a batch in one turn, as the deployed scheduler does:
+    /// what they do is written at once, and a crash may stop it at any of its port calls.
+    async fn deliver_turn(&mut self, dest: &Destination, taken: Vec<Delivery>) {
+        let messages: Vec<Message> =
+            taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
+        let before = messages[0].order_id().and_then(|id| self.memory.peek(id));
+        let turn: Vec<(Message, Incoming<'_>)> = taken
+            .iter()
+            .zip(&messages)
+            .map(|(d, m)| {
+                (m.clone(), Incoming { message_id: d.identity(), receive_count: d.receive_count })
+            })
+            .collect();
+        self.maybe_crash();
+        let handled = self.scheduler.handle_turn(&turn).await;
+        self.disarm();
+        for ((d, m), handled) in taken.iter().zip(&messages).zip(handled) {
+            if let Err(Error::InvalidMessage(why)) = &handled {
+                panic!("seed {}: a message the system sent was refused: {why}", self.seed);
+            }
+            self.check_fenced(m, &d.message_id, before.as_ref());
+            if handled.is_ok() {
+                let _ = self.queues.delete(dest, &d.receipt);
+            }
+        }
     }
 
     /// Handles up to three replies at once, as the scheduler handles a batch: their writes meet
@@ -3702,4 +3747,24 @@ fn the_settle_bound_follows_from_the_configuration() {
 /// while the queues flow.
 fn flowing(swept: &sas_engine::Result<SweepReport>) -> bool {
     matches!(swept, Ok(report) if report.stalled.is_none())
+}
+
+/// The positions in `batch` of the scheduler's messages about the order of its first one (the
+/// replies and children's ends a turn folds), if there are two or more.
+fn one_order(batch: &[Delivery]) -> Vec<usize> {
+    let messages: Vec<Option<Message>> =
+        batch.iter().map(|d| Message::decode(&d.body).ok()).collect();
+    let foldable =
+        |m: &Option<Message>| matches!(m, Some(Message::Reply(_) | Message::ChildEnded(_)));
+    let Some(order) = messages.first().filter(|m| foldable(m)).and_then(|m| m.as_ref()?.order_id())
+    else {
+        return Vec::new();
+    };
+    let same: Vec<usize> = (0..batch.len())
+        .filter(|&k| {
+            foldable(&messages[k])
+                && messages[k].as_ref().and_then(Message::order_id) == Some(order)
+        })
+        .collect();
+    if same.len() > 1 { same } else { Vec::new() }
 }
