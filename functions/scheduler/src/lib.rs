@@ -7,7 +7,7 @@
 pub mod settings;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use sas_aws::batch::{Coalescing, Turns, for_each_message_coalescing};
+use sas_aws::batch::{Coalescing, Received, for_each_turn_coalescing};
 use sas_engine::load::LoadSource;
 use sas_engine::message::Message;
 use sas_engine::ports::{
@@ -33,25 +33,62 @@ where
     I: Ids,
     L: LoadSource,
 {
-    for_each_message_coalescing(
-        event,
-        scheduler.outbox(),
-        home,
-        Turns::PerOrder,
-        |received| async move {
-            let message = Message::decode(&received.body)?;
-            if let Message::Event(event) = &message {
-                return start(starter, event).await;
-            }
-            if let Some(order_id) = message.order_id() {
-                Span::current().record("order_id", tracing::field::display(order_id));
-            }
-            let handled = scheduler.handle(&message, received.incoming()).await?;
-            debug!(?handled, "handled");
-            Ok(())
-        },
-    )
+    for_each_turn_coalescing(event, scheduler.outbox(), home, |line| async move {
+        // One order's messages of the batch, recorded together; an event, alone.
+        if let [received] = &line[..] {
+            return vec![handle_one(scheduler, starter, received).await];
+        }
+        let decoded: Vec<Result<Message>> = line.iter().map(|r| Message::decode(&r.body)).collect();
+        let turn: Vec<(Message, sas_engine::ports::Incoming<'_>)> = line
+            .iter()
+            .zip(&decoded)
+            .filter_map(|(r, m)| Some((m.as_ref().ok()?.clone(), r.incoming())))
+            .collect();
+        let mut handled = scheduler.handle_turn(&turn).await.into_iter();
+        decoded
+            .into_iter()
+            .map(|m| match m {
+                Err(e) => Err(e),
+                Ok(_) => match handled.next() {
+                    Some(Ok(h)) => {
+                        debug!(?h, "handled");
+                        Ok(())
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => Err(Error::InvalidMessage("a message left unhandled".into())),
+                },
+            })
+            .collect()
+    })
     .await
+}
+
+/// Handles one message alone: an event, or the only message of its order in the batch.
+async fn handle_one<S, Q, B, C, W, P, I, L>(
+    scheduler: &Scheduler<S, Coalescing<Q>, B, C, W, P>,
+    starter: &Starter<S, Coalescing<Q>, B, C, I, L, P>,
+    received: &Received,
+) -> Result<()>
+where
+    S: StateStore,
+    Q: Outbox,
+    B: EventBus,
+    C: Clock,
+    W: WaitGauge,
+    P: Payloads,
+    I: Ids,
+    L: LoadSource,
+{
+    let message = Message::decode(&received.body)?;
+    if let Message::Event(event) = &message {
+        return start(starter, event).await;
+    }
+    if let Some(order_id) = message.order_id() {
+        Span::current().record("order_id", tracing::field::display(order_id));
+    }
+    let handled = scheduler.handle(&message, received.incoming()).await?;
+    debug!(?handled, "handled");
+    Ok(())
 }
 
 /// Starts the orders an event starts. An event that matches a start but whose input its

@@ -317,6 +317,67 @@ where
     response(results.into_iter().flatten().filter_map(|(id, ok)| (!ok).then_some(id)))
 }
 
+/// Like [`for_each_message_coalescing`] with [`Turns::PerOrder`], each order's messages of the
+/// batch handed to `handle` together, in the batch's order, so that it may record them all
+/// with one write; `handle` says what became of each. A message that keeps failing is sent
+/// again as [`for_each_message_coalescing`] does.
+pub async fn for_each_turn_coalescing<Q, H, F, Fut>(
+    event: SqsEvent,
+    outbox: &Coalescing<Q>,
+    home: H,
+    handle: F,
+) -> SqsBatchResponse
+where
+    Q: Outbox,
+    H: Fn(&Message) -> Option<Destination>,
+    F: Fn(Vec<Received>) -> Fut,
+    Fut: Future<Output = Vec<Result<()>>>,
+{
+    let records = event.records.into_iter().map(Received::from_record).collect();
+    let lines = in_turns(records, Turns::PerOrder);
+    let gate = Arc::new(Gate::new(lines.len()));
+    let (handle, home) = (&handle, &home);
+    let handlers = join_all(lines.into_iter().map(|line| {
+        let gate = gate.clone();
+        async move {
+            let kept: Vec<(trace::Hop, String, u32, Sent)> = line
+                .iter()
+                .map(|r| {
+                    let sent = Sent { body: r.body.clone(), identity: r.identity().into() };
+                    (r.begin_hop(), r.message_id.clone(), r.receive_count, sent)
+                })
+                .collect();
+            let about = kept.first().map(|(hop, ..)| hop.about());
+            let span = info_span!(
+                "turn",
+                messages = kept.len(),
+                order_id = about.as_ref().and_then(|a| a.order_id.as_deref()),
+                correlation_id = about.as_ref().and_then(|a| a.correlation_id.as_deref()),
+            );
+            let handled = BATCH.scope(gate.clone(), handle(line).instrument(span)).await;
+            let mut results = Vec::with_capacity(kept.len());
+            for ((hop, id, receive_count, sent), handled) in kept.into_iter().zip(handled) {
+                let work = async move {
+                    match handled {
+                        Err(e @ Error::Contended { .. }) => {
+                            requeue(outbox, &sent, home, receive_count, CONTENDED_DELAY, e).await
+                        }
+                        Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
+                            requeue(outbox, &sent, home, receive_count, REQUEUE_DELAY, e).await
+                        }
+                        other => other,
+                    }
+                };
+                results.push(BATCH.scope(gate.clone(), handle_one(hop, id, work)).await);
+            }
+            gate.finished();
+            results
+        }
+    }));
+    let (results, ()) = tokio::join!(handlers, gate.serve(&outbox.inner, outbox.linger));
+    response(results.into_iter().flatten().filter_map(|(id, ok)| (!ok).then_some(id)))
+}
+
 /// The batch's messages as lines handled side by side, each line's messages in turn: one line
 /// per message, or, [`Turns::PerOrder`], one per order (a message whose order cannot be read
 /// has a line of its own).
@@ -727,6 +788,38 @@ mod tests {
             group: None,
         })
         .encode()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_order_s_messages_are_handed_over_together_and_each_answers_for_itself() {
+        let recorder = Recorder::new();
+        let outbox = Coalescing::new(recorder.clone(), Duration::from_millis(10));
+        let mut event = SqsEvent::default();
+        for (id, order, n) in [("p1", "parent", 1), ("x", "other", 1), ("p2", "parent", 2)] {
+            let mut m = SqsMessage::default();
+            m.message_id = Some(id.to_owned());
+            m.body = Some(reply_of(order, n));
+            event.records.push(m);
+        }
+        let lines: Mutex<Vec<Vec<String>>> = Mutex::default();
+        let lines = &lines;
+        let response =
+            for_each_turn_coalescing(event, &outbox, nowhere, |line: Vec<Received>| async move {
+                let ids: Vec<String> = line.iter().map(|r| r.message_id.clone()).collect();
+                lines.lock().unwrap().push(ids.clone());
+                // The second of the parent's fails; the others are done.
+                ids.iter()
+                    .map(|id| match id.as_str() {
+                        "p2" => Err(Error::unavailable("test", "a passing cause")),
+                        _ => Ok(()),
+                    })
+                    .collect()
+            })
+            .await;
+        let mut seen = lines.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, [vec!["p1".to_owned(), "p2".to_owned()], vec!["x".to_owned()]]);
+        assert_eq!(failed(&response), ["p2"]);
     }
 
     #[tokio::test(start_paused = true)]
