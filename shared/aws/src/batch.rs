@@ -16,7 +16,8 @@
 //! A consumer whose handlers write the order a message is about (the scheduler) has the
 //! messages of one order handled in turn, in the batch's order, and those of different orders
 //! side by side: the ends of a parent's children, or replies of an order's steps side by side,
-//! that come in one batch then never meet each other's writes.
+//! that come in one batch then never meet each other's writes. [`for_each_turn_coalescing`]
+//! hands one order's messages over together, for the scheduler to record them in one write.
 //!
 //! A passing cause (throttling, a service's 5xx, a timeout) must delay a message, never
 //! dead-letter it, however long it lasts; but SQS counts every receive against the queue's
