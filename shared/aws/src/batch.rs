@@ -297,17 +297,8 @@ where
                 let sent =
                     Sent { body: received.body.clone(), identity: received.identity().into() };
                 let handled = handle(received);
-                let work = async move {
-                    match handled.await {
-                        Err(e @ Error::Contended { .. }) => {
-                            requeue(outbox, &sent, home, receive_count, CONTENDED_DELAY, e).await
-                        }
-                        Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
-                            requeue(outbox, &sent, home, receive_count, REQUEUE_DELAY, e).await
-                        }
-                        other => other,
-                    }
-                };
+                let work =
+                    async move { settle(outbox, &sent, home, receive_count, handled.await).await };
                 results.push(BATCH.scope(gate.clone(), handle_one(hop, id, work)).await);
             }
             gate.finished();
@@ -358,17 +349,7 @@ where
             let handled = BATCH.scope(gate.clone(), handle(line).instrument(span)).await;
             let mut results = Vec::with_capacity(kept.len());
             for ((hop, id, receive_count, sent), handled) in kept.into_iter().zip(handled) {
-                let work = async move {
-                    match handled {
-                        Err(e @ Error::Contended { .. }) => {
-                            requeue(outbox, &sent, home, receive_count, CONTENDED_DELAY, e).await
-                        }
-                        Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
-                            requeue(outbox, &sent, home, receive_count, REQUEUE_DELAY, e).await
-                        }
-                        other => other,
-                    }
-                };
+                let work = async move { settle(outbox, &sent, home, receive_count, handled).await };
                 results.push(BATCH.scope(gate.clone(), handle_one(hop, id, work)).await);
             }
             gate.finished();
@@ -407,6 +388,27 @@ fn in_turns(records: Vec<Received>, turns: Turns) -> Vec<Vec<Received>> {
 struct Sent {
     body: String,
     identity: String,
+}
+
+/// What became of a message, once one that keeps failing for a passing cause is sent again:
+/// at once if its order's other writers kept it out, from its [`REQUEUE_FROM_RECEIVE`]th
+/// receive otherwise.
+async fn settle<Q: Outbox>(
+    outbox: &Coalescing<Q>,
+    sent: &Sent,
+    home: impl Fn(&Message) -> Option<Destination>,
+    receive_count: u32,
+    handled: Result<()>,
+) -> Result<()> {
+    match handled {
+        Err(e @ Error::Contended { .. }) => {
+            requeue(outbox, sent, home, receive_count, CONTENDED_DELAY, e).await
+        }
+        Err(e) if e.is_retryable() && receive_count >= REQUEUE_FROM_RECEIVE => {
+            requeue(outbox, sent, home, receive_count, REQUEUE_DELAY, e).await
+        }
+        other => other,
+    }
 }
 
 /// Sends a message that failed with `error` again, as a new message known by the same id,

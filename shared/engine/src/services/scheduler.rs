@@ -65,14 +65,9 @@ where
     /// message is delivered again, which is how a redelivery is told from a duplicate. How long
     /// the message waited is reported for its queue.
     pub async fn handle(&self, message: &Message, incoming: Incoming<'_>) -> Result<Handled> {
-        let queue = match message {
-            Message::Start(_) | Message::ChildEnded(_) | Message::Event(_) => {
-                Destination::Scheduler
-            }
-            _ => Destination::Replies,
-        };
         let now = self.ports.clock.now();
         // The scheduler acts on a message at once: no work follows the wait.
+        let queue = queue_of(message);
         self.waits.observe(&queue, message.due_at(), incoming, now, Duration::ZERO).await;
         let message_id = incoming.message_id;
         match message {
@@ -134,10 +129,7 @@ where
         // What each child that ended says, read before anything is decided.
         let mut outcomes: Vec<Option<StepOutcome>> = Vec::with_capacity(messages.len());
         for (message, incoming) in messages {
-            let queue = match message {
-                Message::ChildEnded(_) => Destination::Scheduler,
-                _ => Destination::Replies,
-            };
+            let queue = queue_of(message);
             self.waits.observe(&queue, message.due_at(), *incoming, now, Duration::ZERO).await;
             let (result, outcome) = match message {
                 Message::ChildEnded(ended) => match self.ports.outcome_of_child(ended).await {
@@ -470,4 +462,12 @@ fn lease_of(effect: &Effect, record: &StateRecord) -> Option<Option<u64>> {
         _ => return None,
     };
     Some(record.steps.get(step).and_then(|s| s.sent()).map(|l| l.attempt))
+}
+
+/// The queue a message of the scheduler's comes from.
+fn queue_of(message: &Message) -> Destination {
+    match message {
+        Message::Start(_) | Message::ChildEnded(_) | Message::Event(_) => Destination::Scheduler,
+        _ => Destination::Replies,
+    }
 }
