@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::ids::AgentName;
 use crate::starts::Declared;
 use crate::state::StateRecord;
-use crate::workflow::{Work, Workflow};
+use crate::workflow::{Inline, Work, Workflow};
 
 /// The workflow an order names when it names none, if the stack runs it: the reference
 /// workflow, whose clients predate the choice.
@@ -20,23 +20,56 @@ pub struct Catalogue {
     workflows: Vec<Arc<Workflow>>,
 }
 
+/// What a step over a list of `name` (at `version`, or the newest) runs inline, if the child
+/// it would start is one call of an agent: in the version a pass starting now runs, and in
+/// every other version such a pass may have started on.
+fn inline_of(workflows: &[Workflow], name: &str, version: Option<u32>) -> Option<Inline> {
+    let of_name = || workflows.iter().filter(move |w| w.name() == name);
+    let runs = version.or_else(|| of_name().map(Workflow::version).max())?;
+    let steps: BTreeMap<u32, crate::workflow::Step> = of_name()
+        .filter(|w| version.is_none_or(|v| w.version() == v))
+        .filter_map(|w| Some((w.version(), w.inline_step()?.clone())))
+        .collect();
+    steps.contains_key(&runs).then_some(Inline { version: runs, steps })
+}
+
 impl Catalogue {
     /// The catalogue of `workflows`; two with one name and version are an error.
     pub fn new(workflows: Vec<Workflow>) -> Result<Catalogue> {
         if workflows.is_empty() {
             return Err(Error::InvalidWorkflow("a stack runs at least one workflow".into()));
         }
-        let mut out: Vec<Arc<Workflow>> = Vec::with_capacity(workflows.len());
-        for w in workflows {
-            if out.iter().any(|o| o.name() == w.name() && o.version() == w.version()) {
+        for (i, w) in workflows.iter().enumerate() {
+            if workflows[..i].iter().any(|o| o.name() == w.name() && o.version() == w.version()) {
                 return Err(Error::InvalidWorkflow(format!(
                     "{} version {} is defined twice",
                     w.name(),
                     w.version()
                 )));
             }
-            out.push(Arc::new(w));
         }
+        let mut workflows = workflows;
+        let inline: Vec<(usize, usize, Inline)> = workflows
+            .iter()
+            .enumerate()
+            .flat_map(|(w, workflow)| {
+                workflow.steps().iter().enumerate().filter_map(move |(s, step)| match &step.work {
+                    Work::Child(c) if c.fan.is_some() => {
+                        Some((w, s, c.workflow.clone(), c.version))
+                    }
+                    _ => None,
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|(w, s, name, version)| {
+                Some((w, s, inline_of(&workflows, &name, version)?))
+            })
+            .collect();
+        for (w, s, inline) in inline {
+            workflows[w].run_inline(s, inline);
+        }
+        let out: Vec<Arc<Workflow>> = workflows.into_iter().map(Arc::new).collect();
         let catalogue = Catalogue { workflows: out };
         catalogue.check_children()?;
         catalogue.check_groups()?;
@@ -269,5 +302,67 @@ mod tests {
         assert!(two.for_new_order(None).unwrap_err().contains("name the order's workflow"));
         let twice = Catalogue::new(vec![workflow("trip", 1, "hotel"), workflow("trip", 1, "car")]);
         assert!(twice.unwrap_err().to_string().contains("trip version 1 is defined twice"));
+    }
+
+    fn fan(name: &str, child: &str, version: Option<u32>) -> Workflow {
+        let mut each = serde_json::json!({"workflow": child, "items": "/input/parcels", "max_concurrency": 10,
+                "timeout_seconds": 600});
+        if let Some(v) = version {
+            each["version"] = v.into();
+        }
+        let json = serde_json::json!({"name": name, "steps": [{"name": "ship", "each": each}]});
+        Workflow::from_json(&json.to_string(), &[]).unwrap()
+    }
+
+    fn inline_of<'a>(c: &'a Catalogue, name: &str) -> Option<&'a Inline> {
+        match &c.current(name)?.step(0)?.work {
+            Work::Child(child) => child.inline.as_ref(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_list_over_one_call_of_an_agent_runs_inline_in_every_version_a_pass_may_have_taken() {
+        let two_steps = serde_json::json!({"name": "parcel", "version": 3, "steps": [
+            {"name": "a", "agent": "shipping"}, {"name": "b", "agent": "shipping"}]});
+        let two_steps = Workflow::from_json(&two_steps.to_string(), &[AgentName::new("shipping")]);
+        let c = Catalogue::new(vec![
+            workflow("parcel", 1, "shipping"),
+            workflow("parcel", 2, "shipping"),
+            fan("shipment", "parcel", None),
+            fan("pinned", "parcel", Some(1)),
+        ])
+        .unwrap();
+        let inline = inline_of(&c, "shipment").expect("runs inline");
+        assert_eq!(inline.version, 2);
+        assert_eq!(inline.steps.keys().copied().collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(inline.step(1).unwrap().name, "a");
+        let pinned = inline_of(&c, "pinned").expect("runs inline");
+        assert_eq!((pinned.version, pinned.steps.len()), (1, 1));
+        // A newest version of two steps runs as child orders; an older one that a pass may
+        // have started on still runs inline to its end.
+        let c = Catalogue::new(vec![
+            workflow("parcel", 1, "shipping"),
+            two_steps.unwrap(),
+            fan("shipment", "parcel", None),
+        ])
+        .unwrap();
+        assert!(inline_of(&c, "shipment").is_none());
+    }
+
+    #[test]
+    fn a_child_with_a_key_or_a_reported_failure_runs_as_child_orders() {
+        let reported = serde_json::json!({"name": "mail", "steps": [
+            {"name": "send", "agent": "mailer", "on_failure": "report"}]});
+        let reported = Workflow::from_json(&reported.to_string(), &[AgentName::new("mailer")]);
+        let c = Catalogue::new(vec![
+            keyed("keyed", "customer", 1),
+            reported.unwrap(),
+            fan("per-key", "keyed", None),
+            fan("mailing", "mail", None),
+        ])
+        .unwrap();
+        assert!(inline_of(&c, "per-key").is_none());
+        assert!(inline_of(&c, "mailing").is_none());
     }
 }

@@ -7,7 +7,7 @@
 //! at run time (an agent nobody deployed, two steps with one name, an empty list, a budget no
 //! agent could honour, a schema that is not one) is an error at load instead.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,6 +157,30 @@ pub struct Child {
     pub input: String,
     /// `Some` for a step that starts one child per element of the list at `input`.
     pub fan: Option<Fan>,
+    /// For a step over a list whose child workflow is a single call of an agent: that call,
+    /// which the step makes for each element on its own record rather than starting child
+    /// orders (set by the catalogue, which knows the child workflow).
+    pub inline: Option<Inline>,
+}
+
+/// The one step of a child workflow that a step over a list runs inline: each element is one
+/// call of the step's agent under the element's own keys, and its undo one call of the
+/// step's compensation, as the element's child order would have made them, without the
+/// child's record, messages and index entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inline {
+    /// The child's version a pass that starts now runs: the one its child orders would run.
+    pub version: u32,
+    /// The step of each version of the child that may run inline, by version: a pass runs
+    /// the version it started with to its end.
+    pub steps: BTreeMap<u32, Step>,
+}
+
+impl Inline {
+    /// The step a pass that started on `version` runs.
+    pub fn step(&self, version: u32) -> Option<&Step> {
+        self.steps.get(&version)
+    }
 }
 
 /// How a step runs a child for each element of a list: its output is the list of the
@@ -596,6 +620,30 @@ impl Workflow {
         &self.steps
     }
 
+    /// Its one step, if a step over a list may run it inline ([`Inline`]): an agent's call
+    /// whose failure undoes the order (a reported failure would end the child processed
+    /// without its effect), in a workflow with no concurrency key (whose places only child
+    /// orders take).
+    pub fn inline_step(&self) -> Option<&Step> {
+        match self.steps.as_slice() {
+            [step]
+                if matches!(step.work, Work::Agent(_))
+                    && step.on_failure == OnFailure::Undo
+                    && self.concurrency.is_none() =>
+            {
+                Some(step)
+            }
+            _ => None,
+        }
+    }
+
+    /// Sets what step `index` (over a list) runs inline.
+    pub(crate) fn run_inline(&mut self, index: usize, inline: Inline) {
+        if let Some(Work::Child(child)) = self.steps.get_mut(index).map(|s| &mut s.work) {
+            child.inline = Some(inline);
+        }
+    }
+
     pub fn step(&self, index: usize) -> Option<&Step> {
         self.steps.get(index)
     }
@@ -824,7 +872,7 @@ fn child_of(s: &StepSpec, child: &ChildSpec) -> Result<Child, String> {
     let input = child.input.clone().unwrap_or_else(|| "/input".to_owned());
     let (workflow, version) = started(s, "child", &child.workflow, child.version)?;
     check_pointer(s, "child.input", &input)?;
-    Ok(Child { workflow, version, input, fan: None })
+    Ok(Child { workflow, version, input, fan: None, inline: None })
 }
 
 /// A step over a list: a child of `each.workflow` for each element at `each.items`.
@@ -846,7 +894,7 @@ fn each_of(s: &StepSpec, each: &EachSpec) -> Result<Child, String> {
         }
     };
     let fan = Fan { max_concurrency: each.max_concurrency, tolerance };
-    Ok(Child { workflow, version, input: each.items.clone(), fan: Some(fan) })
+    Ok(Child { workflow, version, input: each.items.clone(), fan: Some(fan), inline: None })
 }
 
 /// The workflow (and version) a step of kind `what` starts, checked as far as a file can be
