@@ -125,7 +125,7 @@ fn home(message: &Message) -> Option<Destination> {
         Message::Start(_) | Message::ChildEnded(_) | Message::Event(_) => {
             Some(Destination::Scheduler)
         }
-        Message::Reply(_) => Some(Destination::Replies),
-        Message::Request(_) => None,
+        Message::Reply(_) | Message::ElementsReply(_) => Some(Destination::Replies),
+        Message::Request(_) | Message::Elements(_) => None,
     }
 }

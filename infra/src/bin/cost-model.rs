@@ -434,8 +434,8 @@ impl Outbox for MeteredOutbox {
             *per_queue.entry(&msg.to).or_default() += 1;
             let kind = match msg.message {
                 Message::Start(_) => "start",
-                Message::Request(_) => "request",
-                Message::Reply(_) | Message::ChildEnded(_) => "reply",
+                Message::Request(_) | Message::Elements(_) => "request",
+                Message::Reply(_) | Message::ChildEnded(_) | Message::ElementsReply(_) => "reply",
                 Message::Event(_) => "bus_event",
             };
             *m.messages.entry(kind).or_default() += 1.0;

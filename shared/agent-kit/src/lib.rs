@@ -171,12 +171,23 @@ where
     P: Payloads,
 {
     // A request kept back by a passing cause goes back to this agent's own queue.
-    let home = |m: &Message| matches!(m, Message::Request(_)).then(|| agent.queue().clone());
+    let home = |m: &Message| {
+        matches!(m, Message::Request(_) | Message::Elements(_)).then(|| agent.queue().clone())
+    };
     for_each_message_coalescing(event, agent.outbox(), home, Turns::None, |received| async move {
-        let Message::Request(request) = Message::decode(&received.body)? else {
-            return Err(Error::InvalidMessage(
-                "only step requests belong on an agent's queue".into(),
-            ));
+        let request = match Message::decode(&received.body)? {
+            Message::Request(request) => request,
+            Message::Elements(request) => {
+                Span::current().record("order_id", tracing::field::display(request.order_id));
+                let ended = agent.handle_elements(&request, received.incoming()).await?;
+                debug!(action = %request.action, attempt = request.attempt, ?ended, "elements handled");
+                return Ok(());
+            }
+            _ => {
+                return Err(Error::InvalidMessage(
+                    "only step requests belong on an agent's queue".into(),
+                ));
+            }
         };
         Span::current().record("order_id", tracing::field::display(request.order_id));
         let outcome = agent.handle(&request, received.incoming()).await?;

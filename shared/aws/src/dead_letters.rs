@@ -396,6 +396,16 @@ fn describe(letter: &mut DeadLetter, message: &Message) {
             letter.attempt = Some(m.attempt);
             Some(&m.step)
         }
+        Message::Elements(m) => {
+            letter.kind = Some("elements");
+            letter.attempt = Some(m.attempt);
+            Some(&m.step)
+        }
+        Message::ElementsReply(m) => {
+            letter.kind = Some("elements_reply");
+            letter.attempt = Some(m.attempt);
+            Some(&m.step)
+        }
         Message::Event(_) => {
             letter.kind = Some("event");
             None

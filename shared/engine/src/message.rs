@@ -49,6 +49,10 @@ pub enum Message {
     Request(Box<StepRequest>),
     Reply(StepReply),
     ChildEnded(ChildEnded),
+    /// The calls of some elements of a step over a list run inline, to one agent.
+    Elements(Box<ElementsRequest>),
+    /// How some of those calls went, in one reply.
+    ElementsReply(ElementsReply),
     /// An event of the bus, whole: its fields are the bus's, not ours.
     #[serde(skip)]
     Event(Box<serde_json::Value>),
@@ -162,6 +166,115 @@ pub struct StepReply {
     /// fair queues, and from older senders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+}
+
+/// Most elements one [`ElementsRequest`] carries: what one SQS batch would.
+pub const MAX_ELEMENTS_A_REQUEST: usize = 10;
+
+/// "Perform these elements' calls before CompleteBy": sent by the scheduler to the agent of a
+/// step over a list that runs inline ([`crate::workflow::Inline`]), for elements started
+/// together. Each element is called as the step of its child order would be, under its own
+/// order id and keys; the request's lease is the step's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ElementsRequest {
+    /// The order whose step runs over the list.
+    pub order_id: OrderId,
+    pub attempt: u64,
+    pub correlation_id: String,
+    /// The step over the list (no element named: the request is for those in `elements`).
+    pub step: StepRef,
+    /// The remote action: the child step's name, or its compensation's action.
+    pub action: String,
+    pub complete_by: Timestamp,
+    pub elements: Vec<ElementCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_lease: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// One element's call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ElementCall {
+    /// Its place in the list.
+    pub element: u32,
+    /// The id its child order would have had, which its service sees as the call's order.
+    pub order_id: OrderId,
+    /// The same for every re-send of this element's call (its child's step's key).
+    pub idempotency_key: String,
+    /// The element: its child's input.
+    pub input: serde_json::Value,
+    /// For an undo, the output of the element's call being undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<serde_json::Value>,
+}
+
+/// "This is how these went": sent by an agent for an [`ElementsRequest`], naming each element
+/// it has an answer for. An element it has none for (its budget ran out, its faults outlasted
+/// the retries) is left out, as a step's request is left unanswered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ElementsReply {
+    pub order_id: OrderId,
+    pub attempt: u64,
+    pub correlation_id: String,
+    pub step: StepRef,
+    pub complete_by: Timestamp,
+    pub outcomes: Vec<ElementOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// How one element's call went.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ElementOutcome {
+    pub element: u32,
+    pub outcome: StepOutcome,
+}
+
+impl ElementsRequest {
+    /// Element `call`'s request, as the step of its child order would have been sent: what
+    /// the agent performs for it.
+    pub fn request_of(&self, call: &ElementCall) -> StepRequest {
+        StepRequest {
+            order_id: call.order_id,
+            attempt: self.attempt,
+            correlation_id: self.correlation_id.clone(),
+            step: StepRef { element: Some(call.element), ..self.step.clone() },
+            action: self.action.clone(),
+            complete_by: self.complete_by,
+            idempotency_key: call.idempotency_key.clone(),
+            order: Order(call.input.clone()),
+            input: call.output.clone(),
+            outputs: BTreeMap::new(),
+            due_at: self.due_at,
+            budget_ms: self.budget_ms,
+            resumed: self.resumed,
+            last_lease: self.last_lease,
+            group: self.group.clone(),
+        }
+    }
+
+    /// The reply with `outcomes`.
+    pub fn reply(&self, outcomes: Vec<ElementOutcome>, now: Timestamp) -> ElementsReply {
+        ElementsReply {
+            order_id: self.order_id,
+            attempt: self.attempt,
+            correlation_id: self.correlation_id.clone(),
+            step: self.step.clone(),
+            complete_by: self.complete_by,
+            outcomes,
+            due_at: Some(now),
+            group: self.group.clone(),
+        }
+    }
 }
 
 /// The longest SQS delays a message: a start message due later is not sent, and a sweep acts
@@ -302,6 +415,8 @@ impl Message {
             "request" => decode_as(fields).map(|r| Message::Request(Box::new(r))),
             "reply" => decode_as(fields).map(Message::Reply),
             "child_ended" => decode_as(fields).map(Message::ChildEnded),
+            "elements" => decode_as(fields).map(|r| Message::Elements(Box::new(r))),
+            "elements_reply" => decode_as(fields).map(Message::ElementsReply),
             "" => Err(invalid("missing message `type`".into())),
             other => Err(invalid(format!("unknown message type {other:?}"))),
         }
@@ -314,6 +429,8 @@ impl Message {
             Message::Request(m) => Some(m.order_id),
             Message::Reply(m) => Some(m.order_id),
             Message::ChildEnded(m) => Some(m.order_id),
+            Message::Elements(m) => Some(m.order_id),
+            Message::ElementsReply(m) => Some(m.order_id),
             Message::Event(_) => None,
         }
     }
@@ -325,6 +442,8 @@ impl Message {
             Message::Request(m) => m.due_at,
             Message::Reply(m) => m.due_at,
             Message::ChildEnded(m) => m.due_at,
+            Message::Elements(m) => m.due_at,
+            Message::ElementsReply(m) => m.due_at,
             Message::Event(_) => None,
         }
     }
@@ -345,6 +464,20 @@ impl Message {
                             | StepOutcome::Held { .. }
                     )
             }
+            Message::Elements(m) => {
+                m.step.direction == Direction::Undo || m.resumed || m.last_lease
+            }
+            Message::ElementsReply(m) => {
+                m.step.direction == Direction::Undo
+                    || m.outcomes.iter().any(|o| {
+                        matches!(
+                            o.outcome,
+                            StepOutcome::Failed { .. }
+                                | StepOutcome::TooLarge { .. }
+                                | StepOutcome::Held { .. }
+                        )
+                    })
+            }
             Message::Start(_) | Message::ChildEnded(_) | Message::Event(_) => false,
         }
     }
@@ -357,6 +490,8 @@ impl Message {
             Message::Request(m) => m.group.as_deref(),
             Message::Reply(m) => m.group.as_deref(),
             Message::ChildEnded(m) => m.group.as_deref(),
+            Message::Elements(m) => m.group.as_deref(),
+            Message::ElementsReply(m) => m.group.as_deref(),
             Message::Event(_) => None,
         }
     }
@@ -367,6 +502,8 @@ impl Message {
             Message::Request(m) => &m.correlation_id,
             Message::Reply(m) => &m.correlation_id,
             Message::ChildEnded(m) => &m.correlation_id,
+            Message::Elements(m) => &m.correlation_id,
+            Message::ElementsReply(m) => &m.correlation_id,
             // What an event starts is correlated by its own id.
             Message::Event(event) => event.get("id").and_then(|v| v.as_str()).unwrap_or_default(),
         }

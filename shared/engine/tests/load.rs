@@ -580,6 +580,8 @@ impl World {
                     Message::Request(r) => vec![r.step.name.clone()],
                     Message::Reply(r) => vec![r.step.name.clone()],
                     Message::ChildEnded(c) => vec![c.step.name.clone()],
+                    Message::Elements(r) => vec![r.step.name.clone()],
+                    Message::ElementsReply(r) => vec![r.step.name.clone()],
                     Message::Event(_) => Vec::new(),
                     // A start message is for the steps queued at its attempt.
                     Message::Start(start) => {

@@ -18,7 +18,9 @@ use sas_engine::machine::Refused;
 use sas_engine::memory::{
     Behaviour, ManualClock, MemoryPayloads, MemoryQueues, MemoryRemote, MemoryWaits, SplitMix,
 };
-use sas_engine::message::{Message, StepOutcome, StepRef, StepRequest};
+use sas_engine::message::{
+    ElementCall, ElementOutcome, ElementsRequest, Message, StepOutcome, StepRef, StepRequest,
+};
 use sas_engine::order::Order;
 use sas_engine::payload::{MAX_INLINE_INPUT_LEN, MAX_PAYLOAD_LEN, Stored};
 use sas_engine::ports::{
@@ -745,6 +747,71 @@ async fn a_permanent_fault_is_reported_while_the_lease_holds() {
     assert_eq!(b.handle(&req).await.unwrap(), AgentOutcome::Replied { done: false, calls: 1 });
     let Message::Reply(reply) = &b.replies()[0] else { panic!() };
     assert_eq!(reply.outcome, StepOutcome::Failed { reason: "card declined".into() });
+}
+
+#[tokio::test]
+async fn the_elements_of_one_request_are_called_under_their_own_keys_and_answered_at_once() {
+    let b = AgentBench::new();
+    let step = b.request(Duration::from_secs(30));
+    let elements: Vec<ElementCall> = (0..3)
+        .map(|k| {
+            let id = OrderId::for_element(step.order_id, "ship", 0, k);
+            ElementCall {
+                element: k,
+                order_id: id,
+                idempotency_key: step_key(id, "charge-payment", Direction::Do, 0),
+                input: serde_json::json!({"parcel": k}),
+                output: None,
+            }
+        })
+        .collect();
+    let request = ElementsRequest {
+        order_id: step.order_id,
+        attempt: step.attempt,
+        correlation_id: step.correlation_id.clone(),
+        step: StepRef { name: "ship".into(), ..step.step.clone() },
+        action: "charge-payment".into(),
+        complete_by: step.complete_by,
+        elements: elements.clone(),
+        due_at: step.due_at,
+        budget_ms: step.budget_ms,
+        resumed: false,
+        last_lease: false,
+        group: step.group.clone(),
+    };
+    // The first call answers, the second is refused, the third meets only passing faults.
+    b.remote.script(
+        "charge-payment",
+        [Behaviour::Succeed, Behaviour::Permanent("no such parcel".into())]
+            .into_iter()
+            .chain(std::iter::repeat_n(Behaviour::Transient, 100)),
+    );
+    let ended = b.agent.handle_elements(&request, Incoming::first("m1")).await.unwrap();
+    assert_eq!(ended[0], (0, AgentOutcome::Replied { done: true, calls: 1 }));
+    assert_eq!(ended[1], (1, AgentOutcome::Replied { done: false, calls: 1 }));
+    assert!(matches!(ended[2], (2, AgentOutcome::GaveUp { .. })), "{ended:?}");
+    // One reply, for the two that have an answer; the third is left to the lease.
+    let replies = b.replies();
+    assert_eq!(replies.len(), 1);
+    let Message::ElementsReply(reply) = &replies[0] else { panic!("{replies:?}") };
+    assert_eq!((reply.order_id, reply.attempt, reply.step.element), (step.order_id, 4, None));
+    let outcomes: Vec<&ElementOutcome> = reply.outcomes.iter().collect();
+    assert_eq!(outcomes.len(), 2);
+    assert!(matches!(
+        outcomes[0],
+        ElementOutcome { element: 0, outcome: StepOutcome::Done { .. } }
+    ));
+    assert_eq!(outcomes[1].outcome, StepOutcome::Failed { reason: "no such parcel".into() });
+    // Each call was made under its element's own key, as its child order's step would be.
+    for call in &elements {
+        assert!(b.remote.calls(&call.idempotency_key) >= 1, "{}", call.idempotency_key);
+    }
+    assert!(b.remote.applied(&elements[0].idempotency_key));
+    let entry = &b.remote.ledger()[0];
+    assert_eq!(entry.order_id, elements[0].order_id, "the service sees the element's own order");
+    // The reply names the request's whole step again, through the queue as it goes.
+    let encoded = Message::ElementsReply(reply.clone()).encode();
+    assert_eq!(Message::decode(&encoded).unwrap(), Message::ElementsReply(reply.clone()));
 }
 
 #[tokio::test]

@@ -32,7 +32,9 @@ use tracing::{debug, info, warn};
 use crate::error::Result;
 use crate::ids::OrderId;
 use crate::load::WaitReporter;
-use crate::message::{MAX_DEFER, Message, StepOutcome, StepReply, StepRequest};
+use crate::message::{
+    ElementOutcome, ElementsRequest, MAX_DEFER, Message, StepOutcome, StepReply, StepRequest,
+};
 use crate::metrics;
 use crate::mutants::{self, Mutant};
 use crate::order::Order;
@@ -165,10 +167,82 @@ where
         incoming: Incoming<'_>,
     ) -> Result<AgentOutcome> {
         let taken = self.clock.now();
-        let deadline = deadline(request, taken);
+        let deadline = deadline(request.budget_ms, request.complete_by, taken);
         self.waits
             .observe(&self.queue, request.due_at, incoming, taken, taken.until(deadline))
             .await;
+        match self.perform(request, deadline).await? {
+            Performed::Answer { outcome, calls } => {
+                let Some(settled) = self.settle(request, deadline, &outcome, calls) else {
+                    return Ok(AgentOutcome::Expired { calls });
+                };
+                let reply = StepReply {
+                    order_id: request.order_id,
+                    attempt: request.attempt,
+                    correlation_id: request.correlation_id.clone(),
+                    step: request.step.clone(),
+                    complete_by: request.complete_by,
+                    idempotency_key: request.idempotency_key.clone(),
+                    outcome,
+                    due_at: Some(self.clock.now()),
+                    group: request.group.clone(),
+                };
+                let reply = Outgoing::now(Destination::Replies, Message::Reply(reply));
+                self.outbox.send(&[reply]).await?;
+                Ok(settled)
+            }
+            Performed::Silent(outcome) => Ok(outcome),
+        }
+    }
+
+    /// Performs the calls of the elements `request` carries, side by side, each as its child
+    /// order's step would be (under its own keys, guard and turns), and answers those that have
+    /// an answer in one reply. What became of each, by element. An `Err` (a call's stored
+    /// value could not be read or kept now, or the reply could not be sent) should make the
+    /// request come back: every call is made again under its key, which is harmless.
+    pub async fn handle_elements(
+        &self,
+        request: &ElementsRequest,
+        incoming: Incoming<'_>,
+    ) -> Result<Vec<(u32, AgentOutcome)>> {
+        let taken = self.clock.now();
+        let deadline = deadline(request.budget_ms, request.complete_by, taken);
+        self.waits
+            .observe(&self.queue, request.due_at, incoming, taken, taken.until(deadline))
+            .await;
+        let requests: Vec<StepRequest> =
+            request.elements.iter().map(|call| request.request_of(call)).collect();
+        let performed =
+            futures_util::future::join_all(requests.iter().map(|r| self.perform(r, deadline)))
+                .await;
+        let mut answers = Vec::new();
+        let mut ended = Vec::with_capacity(requests.len());
+        for (element, performed) in requests.iter().zip(performed) {
+            let k = element.step.element.unwrap_or_default();
+            match performed? {
+                Performed::Answer { outcome, calls } => {
+                    match self.settle(element, deadline, &outcome, calls) {
+                        Some(settled) => {
+                            ended.push((k, settled));
+                            answers.push(ElementOutcome { element: k, outcome });
+                        }
+                        None => ended.push((k, AgentOutcome::Expired { calls })),
+                    }
+                }
+                Performed::Silent(outcome) => ended.push((k, outcome)),
+            }
+        }
+        if !answers.is_empty() {
+            let reply = request.reply(answers, self.clock.now());
+            let reply = Outgoing::now(Destination::Replies, Message::ElementsReply(reply));
+            self.outbox.send(&[reply]).await?;
+        }
+        Ok(ended)
+    }
+
+    /// Calls the service for `request` until it answers, or the step is held, kept back, or
+    /// out of time or retries.
+    async fn perform(&self, request: &StepRequest, deadline: Timestamp) -> Result<Performed> {
         let call = match self.call_for(request, deadline).await {
             Ok(call) => call,
             // A value the step needs can never be read back (gone with its retention, or not
@@ -179,7 +253,7 @@ where
                 warn!(order_id = %request.order_id, %why, "a stored value the step needs cannot be read");
                 let outcome =
                     StepOutcome::failed(&format!("a value it needs is unreadable: {why}"));
-                return self.reply(request, deadline, outcome, 0).await;
+                return Ok(Performed::Answer { outcome, calls: 0 });
             }
             Err(e) => return Err(e),
         };
@@ -191,11 +265,11 @@ where
                 if let Some(outcome) =
                     self.held_at_last(request, &call, last_fault.as_deref()).await
                 {
-                    return self.reply(request, deadline, outcome, calls).await;
+                    return Ok(Performed::Answer { outcome, calls });
                 }
                 info!(order_id = %request.order_id, calls, "budget spent before the call: dropped");
                 metrics::agent_finished("expired");
-                return Ok(AgentOutcome::Expired { calls });
+                return Ok(Performed::Silent(AgentOutcome::Expired { calls }));
             }
             // `probe`: the hold this call probes (`Some(None)`: the whole service's).
             let (probe, pass) = match self.admit(&call.action, deadline, request.resumed).await {
@@ -206,10 +280,10 @@ where
                 }
                 Admission::Held(holding) => {
                     let outcome = StepOutcome::held(&holding.reason, holding.on.as_deref());
-                    return self.reply(request, deadline, outcome, calls).await;
+                    return Ok(Performed::Answer { outcome, calls });
                 }
                 Admission::Busy { until } => {
-                    return self.keep_back(request, deadline, until, calls).await;
+                    return Ok(self.keep_back(request, until, calls));
                 }
             };
             calls += 1;
@@ -223,7 +297,7 @@ where
                     metrics::remote_call("ok", took);
                     self.answered(&call.action, probe).await;
                     let outcome = self.outcome_of(request.order_id, output).await?;
-                    return self.reply(request, deadline, outcome, calls).await;
+                    return Ok(Performed::Answer { outcome, calls });
                 }
                 Err(RemoteFault::Permanent(reason))
                     if mutants::on(Mutant::RefusalCountsTowardsHold) =>
@@ -237,7 +311,7 @@ where
                     info!(action = %call.action, %reason, "the service refused the call: the step fails");
                     self.answered(&call.action, probe).await;
                     let outcome = StepOutcome::failed(&reason);
-                    return self.reply(request, deadline, outcome, calls).await;
+                    return Ok(Performed::Answer { outcome, calls });
                 }
                 Err(RemoteFault::Transient(reason)) => {
                     metrics::remote_call("transient", took);
@@ -259,7 +333,7 @@ where
                 if let Some(holding) = guard.fault(&call.action, &fault, counts, probe).await {
                     // Held (or still held, its probe failed): the step waits for it.
                     let outcome = StepOutcome::held(&fault, holding.on.as_deref());
-                    return self.reply(request, deadline, outcome, calls).await;
+                    return Ok(Performed::Answer { outcome, calls });
                 }
                 if throttled.is_some() {
                     // The next admission waits out the quiet the service asked for.
@@ -274,18 +348,18 @@ where
                 if let Some(outcome) =
                     self.held_at_last(request, &call, last_fault.as_deref()).await
                 {
-                    return self.reply(request, deadline, outcome, calls).await;
+                    return Ok(Performed::Answer { outcome, calls });
                 }
             }
             if spent {
                 warn!(order_id = %request.order_id, calls, %fault, "retries exhausted");
                 metrics::agent_finished("gave_up");
-                return Ok(AgentOutcome::GaveUp { calls });
+                return Ok(Performed::Silent(AgentOutcome::GaveUp { calls }));
             }
             if self.clock.now().plus(delay) >= deadline {
                 info!(order_id = %request.order_id, calls, %fault, "no time left for another try");
                 metrics::agent_finished("gave_up");
-                return Ok(AgentOutcome::GaveUp { calls });
+                return Ok(Performed::Silent(AgentOutcome::GaveUp { calls }));
             }
             debug!(order_id = %request.order_id, calls, ?delay, %fault, "transient fault, retrying");
             self.clock.sleep(delay).await;
@@ -371,17 +445,11 @@ where
     /// Tells the scheduler that `request`'s service has no room for it before `until`: the
     /// step goes again then, at a lease that starts then, so that nothing counts against it
     /// however long the service's room takes to come.
-    async fn keep_back(
-        &self,
-        request: &StepRequest,
-        deadline: Timestamp,
-        until: Timestamp,
-        calls: u32,
-    ) -> Result<AgentOutcome> {
+    fn keep_back(&self, request: &StepRequest, until: Timestamp, calls: u32) -> Performed {
         let now = self.clock.now();
         let until = until.max(now.plus(Duration::from_secs(1))).min(now.plus(MAX_DEFER));
         info!(order_id = %request.order_id, delay_s = now.until(until).as_secs(), "no room at the service within the budget: deferred");
-        self.reply(request, deadline, StepOutcome::Deferred { until }, calls).await
+        Performed::Answer { outcome: StepOutcome::Deferred { until }, calls }
     }
 
     async fn answered(&self, action: &str, probe: Option<Option<&str>>) {
@@ -390,64 +458,53 @@ where
         }
     }
 
-    async fn reply(
+    /// What answering `outcome` to `request` makes of it, or `None` if the answer outlived
+    /// the budget and is not sent: the supervisor treats the step as silent, and the next
+    /// attempt gets the recorded answer under the same key.
+    fn settle(
         &self,
         request: &StepRequest,
         deadline: Timestamp,
-        outcome: StepOutcome,
+        outcome: &StepOutcome,
         calls: u32,
-    ) -> Result<AgentOutcome> {
-        let now = self.clock.now();
-        if now >= deadline {
-            // The answer outlived the budget: the supervisor treats the step as silent, and
-            // the next attempt gets the recorded answer under the same key.
+    ) -> Option<AgentOutcome> {
+        if self.clock.now() >= deadline {
             info!(order_id = %request.order_id, calls, "answer after the budget: not sent");
             metrics::agent_finished("expired");
-            return Ok(AgentOutcome::Expired { calls });
+            return None;
         }
-        let deferred = match &outcome {
-            StepOutcome::Deferred { until } => Some(*until),
-            _ => None,
-        };
-        let done = match &outcome {
-            StepOutcome::Done { .. } => Some(true),
+        let done = match outcome {
+            StepOutcome::Done { .. } => true,
             StepOutcome::TooLarge { bytes } => {
                 warn!(order_id = %request.order_id, bytes, "the service's answer is too large to carry");
-                Some(true)
+                true
             }
-            StepOutcome::Failed { .. } => Some(false),
-            StepOutcome::Held { .. } | StepOutcome::Deferred { .. } => None,
-        };
-        let reply = StepReply {
-            order_id: request.order_id,
-            attempt: request.attempt,
-            correlation_id: request.correlation_id.clone(),
-            step: request.step.clone(),
-            complete_by: request.complete_by,
-            idempotency_key: request.idempotency_key.clone(),
-            outcome,
-            due_at: Some(now),
-            group: request.group.clone(),
-        };
-        self.outbox.send(&[Outgoing::now(Destination::Replies, Message::Reply(reply))]).await?;
-        let Some(done) = done else {
-            if let Some(until) = deferred {
+            StepOutcome::Failed { .. } => false,
+            StepOutcome::Deferred { until } => {
                 metrics::agent_finished("kept_back");
-                return Ok(AgentOutcome::KeptBack { calls, until });
+                return Some(AgentOutcome::KeptBack { calls, until: *until });
             }
-            metrics::agent_finished("held");
-            return Ok(AgentOutcome::Held { calls });
+            StepOutcome::Held { .. } => {
+                metrics::agent_finished("held");
+                return Some(AgentOutcome::Held { calls });
+            }
         };
         metrics::agent_finished("replied");
-        Ok(AgentOutcome::Replied { done, calls })
+        Some(AgentOutcome::Replied { done, calls })
     }
 }
 
-/// When the agent must be done with `request`, taken at `taken`: its budget from then, or, for
+/// What became of a request's calls: an answer to send, or nothing to send.
+enum Performed {
+    Answer { outcome: StepOutcome, calls: u32 },
+    Silent(AgentOutcome),
+}
+
+/// When the agent must be done with a request taken at `taken`: its budget from then, or, for
 /// a request from an older scheduler that carries none, its CompleteBy.
-fn deadline(request: &StepRequest, taken: Timestamp) -> Timestamp {
+fn deadline(budget_ms: Option<u64>, complete_by: Timestamp, taken: Timestamp) -> Timestamp {
     if mutants::on(Mutant::AgentDeadlineFromCompleteBy) {
-        return request.complete_by;
+        return complete_by;
     }
-    request.budget_ms.map_or(request.complete_by, |ms| taken.plus(Duration::from_millis(ms)))
+    budget_ms.map_or(complete_by, |ms| taken.plus(Duration::from_millis(ms)))
 }

@@ -95,8 +95,11 @@ where
                 };
                 self.run(ended.order_id, input).await
             }
-            Message::Request(_) => {
+            Message::Request(_) | Message::Elements(_) => {
                 Err(Error::InvalidMessage("a step request was sent to the scheduler".into()))
+            }
+            Message::ElementsReply(_) => {
+                Err(Error::InvalidMessage("no step of this stack runs a list inline".into()))
             }
             // Its consumer hands an event to the starter ([`super::Starter`]), never here.
             Message::Event(_) => {

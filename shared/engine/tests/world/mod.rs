@@ -283,6 +283,8 @@ fn kind(m: &Message) -> &'static str {
         Message::Request(_) => "request",
         Message::Reply(_) => "reply",
         Message::ChildEnded(_) => "child_ended",
+        Message::Elements(_) => "elements",
+        Message::ElementsReply(_) => "elements_reply",
         Message::Event(_) => "event",
     }
 }
