@@ -38,7 +38,7 @@ use sas_engine::message::{StepOutcome, StepRef};
 use sas_engine::order::Order;
 use sas_engine::ports::{
     BusyKey, Clock, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex, KeyIndex,
-    ListPage, ListQuery, Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing,
+    ListPage, ListQuery, Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing, Page,
     QueueDepths, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore, WaitGauge,
     WaitReport,
 };
@@ -338,6 +338,36 @@ async fn keys_contract<S: StateStore + KeyIndex>(store: &S, prefix: &str, t0: Ti
     assert_eq!(store.line(&key, 10).await.unwrap(), vec![queued(3, 100), queued(5, 300)]);
     assert_eq!(ahead(queued(5, 300)).await, 1);
     assert_eq!(store.line(&other, 10).await.unwrap(), vec![queued(9, 50)]);
+
+    // Pages of a pass run inline: read back in the order of their ids, one written again
+    // replaced, each pass's its own; kept beside the keys, they never meet a key's line, even
+    // under the same name.
+    let page = |pass: &str, id: &str, outputs: &[(u32, serde_json::Value)]| Page {
+        pass: pass.to_owned(),
+        id: id.to_owned(),
+        outputs: outputs.iter().cloned().collect(),
+    };
+    let pass = format!("{prefix}/order#ship-each#0");
+    let later = page(&pass, &Page::id_of(12, "m-2"), &[(2, serde_json::json!({"ref": "ship-3"}))]);
+    let first = page(
+        &pass,
+        &Page::id_of(9, "m-1"),
+        &[(0, serde_json::json!({"ref": "ship-1"})), (1, serde_json::json!(null))],
+    );
+    store.put_page(&later).await.unwrap();
+    store.put_page(&first).await.unwrap();
+    store.put_page(&first).await.unwrap();
+    store.put_page(&page(&key, "1", &[(0, serde_json::json!(1))])).await.unwrap();
+    assert_eq!(store.pages(&pass).await.unwrap(), vec![first.clone(), later.clone()]);
+    assert_eq!(store.line(&key, 10).await.unwrap(), vec![queued(3, 100), queued(5, 300)]);
+    assert_eq!(ahead(queued(5, 300)).await, 1, "a page is not in a line");
+    store.drop_pages(&key).await.unwrap();
+    assert_eq!(store.line(&key, 10).await.unwrap(), vec![queued(3, 100), queued(5, 300)]);
+    assert_eq!(store.pages(&key).await.unwrap(), vec![]);
+    assert_eq!(store.pages(&pass).await.unwrap().len(), 2, "another pass's pages stay");
+    store.drop_pages(&pass).await.unwrap();
+    store.drop_pages(&pass).await.unwrap();
+    assert_eq!(store.pages(&pass).await.unwrap(), vec![]);
 }
 
 #[tokio::test]

@@ -59,7 +59,7 @@ use sas_engine::config::SHARD_QUERIES_AT_ONCE;
 use sas_engine::keys::{Queued, Slots};
 use sas_engine::ports::{
     Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
-    OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
+    OrderFinder, OrderRecord, Page, Read, Saved, StateStore, check_write,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -69,6 +69,7 @@ use crate::errors::classify;
 use crate::settings::Tables;
 
 mod keys;
+mod pages;
 pub use keys::{BUSY_INDEX, BUSY_SHARDS, busy_shard};
 
 const SERVICE: &str = "dynamodb";
@@ -270,6 +271,18 @@ impl StateStore for DynamoStore {
     }
     async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
         self.out_of_line(key, queued).await
+    }
+
+    async fn put_page(&self, page: &Page) -> Result<()> {
+        self.write_page(page).await
+    }
+
+    async fn pages(&self, pass: &str) -> Result<Vec<Page>> {
+        self.read_pages(pass).await
+    }
+
+    async fn drop_pages(&self, pass: &str) -> Result<()> {
+        self.delete_pages(pass).await
     }
 }
 

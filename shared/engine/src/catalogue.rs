@@ -54,7 +54,7 @@ impl Catalogue {
             .enumerate()
             .flat_map(|(w, workflow)| {
                 workflow.steps().iter().enumerate().filter_map(move |(s, step)| match &step.work {
-                    Work::Child(c) if c.fan.is_some() => {
+                    Work::Child(c) if c.fan.is_some_and(|f| !f.as_orders) => {
                         Some((w, s, c.workflow.clone(), c.version))
                     }
                     _ => None,

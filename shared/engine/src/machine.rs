@@ -135,7 +135,7 @@ use std::time::Duration;
 use crate::config::EngineConfig;
 use crate::events::StatusKind;
 use crate::ids::{Direction, OrderId};
-use crate::message::{MAX_OUTPUT_LEN, StepOutcome, StepRef, output_len};
+use crate::message::{ElementOutcome, MAX_OUTPUT_LEN, StepOutcome, StepRef, output_len};
 use crate::mutants::{self, Mutant};
 use crate::payload::MAX_PAYLOAD_LEN;
 use crate::state::{
@@ -188,6 +188,9 @@ pub enum Input<'a> {
     Admission { attempt: u64, owner: &'a str, message: &'a str, admitted: bool },
     /// An agent replied (queue id `message`) for a step at `attempt`.
     Reply { attempt: u64, step: &'a StepRef, outcome: &'a StepOutcome, message: &'a str },
+    /// An agent answered (queue id `message`) calls of elements of a step over a list run
+    /// inline, at `attempt`; `step` names the step, and which way the calls went.
+    Elements { attempt: u64, step: &'a StepRef, outcomes: &'a [ElementOutcome], message: &'a str },
     /// The supervisor found the record in the expiry index with this CompleteBy; the record's
     /// messages may still be waiting in a queue for up to `horizon` after it.
     Expire { complete_by: Timestamp, horizon: Duration },
@@ -271,11 +274,17 @@ pub enum Effect {
     /// started, for the step; undone (or cancelled, if still in flight), for its undo. An undo
     /// with no element answers at once: nothing of the list was started.
     Elements { step: usize, elements: Vec<u32> },
+    /// Send the calls of these elements of step `step`'s pass, run inline, again after
+    /// `delay`: their service had no room for them sooner, or their lease ran out.
+    ElementsAgain { step: usize, elements: Vec<u32>, delay: Duration },
     /// Read the outputs of step `step`'s children, every element ended, and reply with their
     /// list as the step's output.
     Collect { step: usize },
     /// Tell the parent of this child order how it ended.
     TellParent,
+    /// Delete the pages of the order's passes run inline: it ended, and has nothing left that
+    /// an operator may have to undo.
+    DropPages,
     /// Write the order's entry in its key's line (it waits there).
     Join,
     /// Give the order's place among its key's running orders back, take it out of the line,
@@ -288,6 +297,8 @@ pub enum Effect {
 pub struct Transition {
     pub next: StateRecord,
     pub effects: Vec<Effect>,
+    /// The outputs of elements run inline that this write takes: written before it.
+    pub pages: Vec<crate::ports::Page>,
 }
 
 /// Why an input changed nothing. All of these are normal under at-least-once delivery.
@@ -433,7 +444,10 @@ pub enum Remedy {
 /// The remedy for an illegal `input`.
 pub fn remedy(input: &Input<'_>) -> Remedy {
     match input {
-        Input::Claim { .. } | Input::Reply { .. } | Input::Admission { .. } => Remedy::DeadLetter,
+        Input::Claim { .. }
+        | Input::Reply { .. }
+        | Input::Elements { .. }
+        | Input::Admission { .. } => Remedy::DeadLetter,
         Input::Expire { .. }
         | Input::Resume { .. }
         | Input::AlertSent
@@ -521,7 +535,7 @@ pub fn create_waking(
         next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
         let mut effects = into_line(&mut next, key, ctx);
         effects.extend(status(ctx, StatusKind::Received, None));
-        return Transition { next, effects };
+        return Transition { next, effects, pages: Vec::new() };
     }
     let mut effects = started(ctx);
     for (i, step) in ctx.workflow.steps().iter().enumerate() {
@@ -542,7 +556,7 @@ pub fn create_waking(
     // that its index entry can stay there while the steps that follow end within the lead.
     next.complete_by = next.index_key(Some(ctx.now.plus(ctx.config.claim_grace)));
     next.note(ctx.now, Happening::Received, None, ctx.config.timeline_limit);
-    Transition { next, effects }
+    Transition { next, effects, pages: Vec::new() }
 }
 
 /// What a new order owes the world: its start message, and its first status event.
@@ -600,6 +614,7 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             _,
             Input::Claim { message, .. }
             | Input::Reply { message, .. }
+            | Input::Elements { message, .. }
             | Input::Admission { message, .. },
         ) if record.last_input.is_message(message) => Decision::Replay(replay(record, ctx)),
 
@@ -634,12 +649,15 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
             claim(record, attempt, owner, message, ctx)
         }
         (Paused, Input::Claim { .. }) => Decision::Ignore(Ignored::Paused),
-        (Paused, Input::Reply { attempt, .. }) => {
+        (Paused, Input::Reply { attempt, .. } | Input::Elements { attempt, .. }) => {
             Decision::Ignore(Ignored::Stale { received: attempt, current: record.attempt })
         }
 
         (Pending | Processing, Input::Reply { attempt, step, outcome, message }) => {
             reply(record, attempt, step, outcome, message, ctx)
+        }
+        (Pending | Processing, Input::Elements { attempt, step, outcomes, message }) => {
+            elements_answered(record, attempt, step, outcomes, message, ctx)
         }
 
         (Pending | Processing, Input::Expire { complete_by, horizon }) => {
@@ -671,7 +689,11 @@ fn react(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decision {
 
         (
             Processed | Error | Cancelled,
-            Input::Claim { .. } | Input::Reply { .. } | Input::Expire { .. } | Input::Resume { .. },
+            Input::Claim { .. }
+            | Input::Reply { .. }
+            | Input::Elements { .. }
+            | Input::Expire { .. }
+            | Input::Resume { .. },
         ) => Decision::Ignore(Ignored::Terminal),
 
         (
@@ -691,6 +713,14 @@ fn unreachable_command(record: &StateRecord) -> Decision {
     Decision::Illegal(Illegal::Corrupt {
         reason: format!("{}: a command reached the message path", record.order_id),
     })
+}
+
+/// Whether `record` ended with pages of passes run inline that nothing needs any more: none
+/// of its steps is left for an operator to undo.
+fn pages_done(record: &StateRecord) -> bool {
+    record.is_terminal()
+        && record.steps.iter().any(|s| s.fan.as_ref().is_some_and(|f| f.inline.is_some()))
+        && record.needs_manual_undo().is_empty()
 }
 
 /// `decision`, with `effects` performed before its own.
@@ -731,11 +761,14 @@ fn apply(mut next: StateRecord, mut effects: Vec<Effect>) -> Decision {
         let look = next.updated_at.plus(crate::keys::RELEASE_CHECK);
         next.complete_by = Some(next.complete_by.map_or(look, |at| at.min(look)));
     }
+    if next.ended_at == Some(next.updated_at) && pages_done(&next) {
+        effects.push(Effect::DropPages);
+    }
     // Whatever resumed, ended or took back a held lease ended the step's wait for its service.
     for s in next.steps.iter_mut().filter(|s| !s.lease.is_some_and(|l| l.held)) {
         s.held = None;
     }
-    Decision::Apply(Box::new(Transition { next, effects }))
+    Decision::Apply(Box::new(Transition { next, effects, pages: Vec::new() }))
 }
 
 #[cfg(test)]

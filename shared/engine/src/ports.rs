@@ -186,6 +186,44 @@ pub trait StateStore: Send + Sync {
 
     /// Takes the entry at `queued`'s position out of `key`'s line, if it is there.
     fn leave(&self, key: &str, queued: &Queued) -> impl Future<Output = Result<()>> + Send;
+
+    // Pages ([`Page`]): the outputs of the elements of passes over lists run inline.
+
+    /// Writes `page`, replacing any with its pass and id.
+    fn put_page(&self, page: &Page) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every page of `pass`, in the order of their ids, read consistently.
+    fn pages(&self, pass: &str) -> impl Future<Output = Result<Vec<Page>>> + Send;
+
+    /// Deletes every page of `pass`.
+    fn drop_pages(&self, pass: &str) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The outputs of elements of a pass over a list run inline, kept until the order no longer
+/// needs them: one page for each write that took answers of that pass, written before it
+/// (a page whose write then lost to another writer's is never read: the elements it holds are
+/// taken, and paged, again). The record keeps only which elements ended well.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page {
+    /// The pass: [`Page::pass_of`].
+    pub pass: String,
+    /// Unique within the pass, in the order of the writes: the revision of the write that
+    /// took its answers, then the queue id of the reply that brought them.
+    pub id: String,
+    /// The output of each element it holds.
+    pub outputs: std::collections::BTreeMap<u32, serde_json::Value>,
+}
+
+impl Page {
+    /// The pass of `order`'s step `step` at its run `generation`.
+    pub fn pass_of(order: OrderId, step: &str, generation: u32) -> String {
+        format!("{order}#{step}#{generation}")
+    }
+
+    /// The id of the page of the write at `revision` that took the reply `message`.
+    pub fn id_of(revision: u64, message: &str) -> String {
+        format!("{revision:020}#{message}")
+    }
 }
 
 /// One entry of the expiry index.
@@ -687,6 +725,15 @@ impl<T: StateStore + ?Sized> StateStore for std::sync::Arc<T> {
     }
     fn leave(&self, key: &str, queued: &Queued) -> impl Future<Output = Result<()>> + Send {
         (**self).leave(key, queued)
+    }
+    fn put_page(&self, page: &Page) -> impl Future<Output = Result<()>> + Send {
+        (**self).put_page(page)
+    }
+    fn pages(&self, pass: &str) -> impl Future<Output = Result<Vec<Page>>> + Send {
+        (**self).pages(pass)
+    }
+    fn drop_pages(&self, pass: &str) -> impl Future<Output = Result<()>> + Send {
+        (**self).drop_pages(pass)
     }
 }
 

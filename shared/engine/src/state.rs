@@ -35,6 +35,7 @@
 //!
 //! [`StateRecord::check`] states the invariants; every transition keeps them.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -234,6 +235,117 @@ pub struct FanState {
     /// Their undo, over the children started, in order; empty until the step is undone.
     #[serde(default, skip_serializing_if = "Window::is_empty")]
     pub back: Window,
+    /// For a pass run inline ([`crate::workflow::Inline`]): the version of the child workflow
+    /// whose step it runs, taken when the list was read. `None`: its elements are child
+    /// orders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<u32>,
+    /// Inline: the elements started that leave nothing to undo (refused by their service, or
+    /// undone already).
+    #[serde(default, skip_serializing_if = "ElementSet::is_empty")]
+    pub settled: ElementSet,
+    /// Inline: the elements that ended failed with their effect perhaps in place (an output
+    /// too large to keep, or no answer past the lease limit): each is undone at once, as its
+    /// child order would have undone itself.
+    #[serde(default, skip_serializing_if = "ElementSet::is_empty")]
+    pub dirty: ElementSet,
+    /// Inline, forward: the dirty elements whose undo is in flight.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cleaning: Vec<u32>,
+    /// Inline: how many leases of the step ran out while each element in flight was.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub strikes: BTreeMap<u32, u32>,
+}
+
+/// A set of a list's elements, kept as runs of consecutive ones (`"0-3,7"`): a few bytes
+/// whether few of the list are in it or most.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ElementSet(Vec<(u32, u32)>);
+
+impl ElementSet {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn contains(&self, k: u32) -> bool {
+        self.0.iter().any(|&(a, b)| a <= k && k <= b)
+    }
+
+    /// How many elements it holds.
+    pub fn len(&self) -> u32 {
+        self.0.iter().map(|&(a, b)| b - a + 1).sum()
+    }
+
+    pub fn insert(&mut self, k: u32) {
+        if self.contains(k) {
+            return;
+        }
+        let at = self.0.partition_point(|&(_, b)| b < k);
+        self.0.insert(at, (k, k));
+        // Join the run with its neighbours where they touch.
+        if at + 1 < self.0.len() && self.0[at + 1].0 == k + 1 {
+            self.0[at].1 = self.0[at + 1].1;
+            self.0.remove(at + 1);
+        }
+        if at > 0 && self.0[at - 1].1 + 1 == k {
+            self.0[at - 1].1 = self.0[at].1;
+            self.0.remove(at);
+        }
+    }
+
+    pub fn remove(&mut self, k: u32) {
+        let Some(at) = self.0.iter().position(|&(a, b)| a <= k && k <= b) else { return };
+        let (a, b) = self.0[at];
+        match (a == k, b == k) {
+            (true, true) => {
+                self.0.remove(at);
+            }
+            (true, false) => self.0[at].0 = k + 1,
+            (false, true) => self.0[at].1 = k - 1,
+            (false, false) => {
+                self.0[at].1 = k - 1;
+                self.0.insert(at + 1, (k + 1, b));
+            }
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().flat_map(|&(a, b)| a..=b)
+    }
+}
+
+impl Serialize for ElementSet {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let runs: Vec<String> = self
+            .0
+            .iter()
+            .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+            .collect();
+        serializer.serialize_str(&runs.join(","))
+    }
+}
+
+impl<'de> Deserialize<'de> for ElementSet {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let mut set = ElementSet::default();
+        for run in text.split(',').filter(|r| !r.is_empty()) {
+            let bad = |_| serde::de::Error::custom(format!("not a run of elements: {run:?}"));
+            let (a, b) = match run.split_once('-') {
+                Some((a, b)) => (a.parse().map_err(bad)?, b.parse().map_err(bad)?),
+                None => {
+                    let k = run.parse().map_err(bad)?;
+                    (k, k)
+                }
+            };
+            let after_last = set.0.last().is_none_or(|&(_, last)| last.saturating_add(1) < a);
+            if a > b || !after_last {
+                return Err(serde::de::Error::custom(format!("a run out of order: {run:?}")));
+            }
+            set.0.push((a, b));
+        }
+        Ok(set)
+    }
 }
 
 /// A pass over elements `0..` in order, a few at a time.
@@ -1283,6 +1395,31 @@ impl StateRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_set_of_elements_keeps_runs_and_reads_back_what_it_wrote() {
+        let mut set = ElementSet::default();
+        for k in [3, 1, 2, 7, 0, 9, 8] {
+            set.insert(k);
+        }
+        assert_eq!(serde_json::to_string(&set).unwrap(), r#""0-3,7-9""#);
+        assert_eq!(set.len(), 7);
+        set.remove(2);
+        set.remove(9);
+        set.remove(5);
+        assert_eq!(set.iter().collect::<Vec<_>>(), [0, 1, 3, 7, 8]);
+        let text = serde_json::to_string(&set).unwrap();
+        assert_eq!(text, r#""0-1,3,7-8""#);
+        assert_eq!(serde_json::from_str::<ElementSet>(&text).unwrap(), set);
+        assert!(set.contains(3) && !set.contains(2) && !set.contains(100));
+        for bad in [r#""3,1""#, r#""1-3,3""#, r#""4-2""#, r#""x""#] {
+            assert!(serde_json::from_str::<ElementSet>(bad).is_err(), "{bad}");
+        }
+        // A whole list of ten thousand in a few bytes.
+        let mut all = ElementSet::default();
+        (0..10_000).for_each(|k| all.insert(k));
+        assert_eq!(serde_json::to_string(&all).unwrap(), r#""0-9999""#);
+    }
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_millis(s * 1000)

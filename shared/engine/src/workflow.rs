@@ -192,6 +192,10 @@ pub struct Fan {
     pub max_concurrency: u32,
     /// How many elements may fail before the step does.
     pub tolerance: Tolerance,
+    /// Each element runs as a child order of its own even when the child workflow is one
+    /// call of an agent ([`Inline`]): its own record, status events and timeline, at the
+    /// price of an order.
+    pub as_orders: bool,
 }
 
 impl Eq for Fan {}
@@ -420,6 +424,8 @@ struct EachSpec {
     #[serde(default)]
     tolerance: Option<ToleranceSpec>,
     timeout_seconds: u64,
+    #[serde(default)]
+    as_orders: bool,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -893,7 +899,7 @@ fn each_of(s: &StepSpec, each: &EachSpec) -> Result<Child, String> {
             return Err(format!("step {:?}: each.tolerance.share must be from 0 to 1", s.name));
         }
     };
-    let fan = Fan { max_concurrency: each.max_concurrency, tolerance };
+    let fan = Fan { max_concurrency: each.max_concurrency, tolerance, as_orders: each.as_orders };
     Ok(Child { workflow, version, input: each.items.clone(), fan: Some(fan), inline: None })
 }
 

@@ -736,6 +736,15 @@ impl StateStore for Throttled {
     async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
         self.inner.leave(key, queued).await
     }
+    async fn put_page(&self, page: &sas_engine::ports::Page) -> Result<()> {
+        self.inner.put_page(page).await
+    }
+    async fn pages(&self, pass: &str) -> Result<Vec<sas_engine::ports::Page>> {
+        self.inner.pages(pass).await
+    }
+    async fn drop_pages(&self, pass: &str) -> Result<()> {
+        self.inner.drop_pages(pass).await
+    }
 }
 
 impl ExpiryIndex for Throttled {

@@ -1,6 +1,8 @@
 //! A step over a list: one child order per element, a few at a time, within a tolerance of
 //! failures; its output is the children's outputs in order, and its undo undoes every child
-//! that was processed, and only those.
+//! that was processed, and only those. A child workflow of one call of an agent runs inline,
+//! each element one call under the keys its child would have had: every test that holds for
+//! both runs in both ways.
 
 #![allow(clippy::unwrap_used)] // test crate: helpers outside #[test] fns panic on failed setup
 
@@ -22,14 +24,32 @@ use world::{World, agent_names};
 
 const SHIP_EACH: usize = 1;
 
-/// A parent that reserves the stock, ships each parcel of its input by a child order (at most
-/// `concurrency` at once, `tolerance` of them may fail), then charges the card.
-fn world(concurrency: u32, tolerance: &str) -> World {
-    world_within(concurrency, tolerance, 3600, "undo")
+/// How the elements run: each a child order, or inline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Orders,
+    Inline,
+}
+
+use Mode::{Inline, Orders};
+
+const BOTH: [Mode; 2] = [Orders, Inline];
+
+/// A parent that reserves the stock, ships each parcel of its input (at most `concurrency` at
+/// once, `tolerance` of them may fail), then charges the card.
+fn world(mode: Mode, concurrency: u32, tolerance: &str) -> World {
+    world_within(mode, concurrency, tolerance, 3600, "undo")
 }
 
 /// [`world`], the list given `timeout` seconds to end, and its failure doing `on_failure`.
-fn world_within(concurrency: u32, tolerance: &str, timeout: u64, on_failure: &str) -> World {
+fn world_within(
+    mode: Mode,
+    concurrency: u32,
+    tolerance: &str,
+    timeout: u64,
+    on_failure: &str,
+) -> World {
+    let as_orders = mode == Orders;
     let mut w = World::new();
     let child = r#"{"name":"ship-parcel","input_schema":{"type":"object","required":["parcel"]},
         "steps":[{"name":"ship","agent":"shipping","compensation":{"action":"recall"}}]}"#;
@@ -37,7 +57,8 @@ fn world_within(concurrency: u32, tolerance: &str, timeout: u64, on_failure: &st
         r#"{{"name":"ship-all","steps":[
         {{"name":"reserve-inventory","agent":"inventory","compensation":{{"action":"release-inventory"}}}},
         {{"name":"ship-each","each":{{"items":"/input/parcels","workflow":"ship-parcel",
-            "max_concurrency":{concurrency},"tolerance":{tolerance},"timeout_seconds":{timeout}}},
+            "max_concurrency":{concurrency},"tolerance":{tolerance},"timeout_seconds":{timeout},
+            "as_orders":{as_orders}}},
             "on_failure":"{on_failure}"}},
         {{"name":"charge-payment","agent":"payment","compensation":{{"action":"refund-payment"}}}}]}}"#
     );
@@ -45,6 +66,11 @@ fn world_within(concurrency: u32, tolerance: &str, timeout: u64, on_failure: &st
         [child, parent.as_str()].map(|json| Workflow::from_json(json, &agent_names()).unwrap());
     w.deploy(Catalogue::new(workflows.to_vec()).unwrap());
     w
+}
+
+/// How `parent`'s list runs, as its record says.
+fn runs_inline(w: &World, parent: OrderId) -> bool {
+    w.state(parent).steps[SHIP_EACH].fan.as_ref().is_some_and(|f| f.inline.is_some())
 }
 
 fn parcels(n: u32) -> String {
@@ -74,15 +100,30 @@ async fn whole(w: &World, id: OrderId, value: &Value) -> Value {
     sas_engine::payload::resolve(&w.system.payloads, id, value).await.unwrap()
 }
 
-/// The children of `parent` still in flight.
+/// The elements of `parent` in flight: its children not ended, or its calls out.
 fn in_flight(w: &World, parent: OrderId) -> usize {
+    if runs_inline(w, parent) {
+        let fan = w.state(parent).steps[SHIP_EACH].fan.clone().unwrap_or_default();
+        return fan.forward.running.len() + fan.cleaning.len();
+    }
     let of = |r: &StateRecord| r.parent.as_ref().is_some_and(|p| p.order_id == parent);
     w.store.records().iter().filter(|r| of(r) && !r.process_state.is_terminal()).count()
 }
 
+/// No element of `parent` has a child order: they ran inline.
+fn no_child(w: &World, parent: OrderId, items: u32) -> bool {
+    (0..items).all(|k| w.store.peek(element(parent, k)).is_none())
+}
+
 #[tokio::test]
-async fn every_element_runs_as_a_child_a_few_at_a_time_and_the_outputs_come_back_in_order() {
-    let mut w = world(3, r#"{"count":0}"#);
+async fn every_element_runs_a_few_at_a_time_and_the_outputs_come_back_in_order() {
+    for mode in BOTH {
+        every_element_in_order(mode).await;
+    }
+}
+
+async fn every_element_in_order(mode: Mode) {
+    let mut w = world(mode, 3, r#"{"count":0}"#);
     let id = submit(&w, "fan-1", &parcels(10)).await;
     let mut most = 0;
     for _ in 0..400 {
@@ -101,20 +142,41 @@ async fn every_element_runs_as_a_child_a_few_at_a_time_and_the_outputs_come_back
     assert_eq!(list.len(), 10);
     for k in 0..10 {
         assert!(shipped(&w, id, k));
-        let child = w.state(element(id, k));
-        assert_eq!(child.process_state, ProcessState::Processed);
-        assert_eq!(child.parent.as_ref().unwrap().step.element, Some(k));
-        // In order: element k's output is its child's.
-        assert_eq!(Some(&list[k as usize]["ship"]), child.steps[0].output.as_ref());
+        // In order: element k's output is its step's, by name, as a child's outputs are.
+        let ledger = w.remote.ledger();
+        let call = ledger.iter().find(|e| e.key == World::key(element(id, k), "ship", "do"));
+        assert_eq!(list[k as usize]["ship"], call.unwrap().output, "{mode:?} element {k}");
+        if mode == Orders {
+            let child = w.state(element(id, k));
+            assert_eq!(child.process_state, ProcessState::Processed);
+            assert_eq!(child.parent.as_ref().unwrap().step.element, Some(k));
+            assert_eq!(Some(&list[k as usize]["ship"]), child.steps[0].output.as_ref());
+        }
     }
     let fan = step.fan.as_ref().unwrap();
     assert_eq!((fan.items, fan.forward.ok, fan.forward.failed), (Some(10), 10, 0));
+    assert_eq!(fan.inline.is_some(), mode == Inline);
+    if mode == Inline {
+        assert!(no_child(&w, id, 10));
+        // The outputs' pages went with the order's end.
+        let pass = sas_engine::ports::Page::pass_of(id, "ship-each", 0);
+        assert!(w.store.pages_of(&pass).is_empty(), "pages left: {pass}");
+    }
     assert!(w.remote.applied(&World::key(id, "charge-payment", "do")));
 }
 
 #[tokio::test]
 async fn failures_within_the_tolerance_leave_a_gap_in_the_output_and_the_order_goes_on() {
-    let mut w = world(2, r#"{"share":0.25}"#);
+    for mode in BOTH {
+        failures_within_the_tolerance_leave_a_gap_in_the_output_and_the_order_goes_on_in(mode)
+            .await;
+    }
+}
+
+async fn failures_within_the_tolerance_leave_a_gap_in_the_output_and_the_order_goes_on_in(
+    mode: Mode,
+) {
+    let mut w = world(mode, 2, r#"{"share":0.25}"#);
     w.remote.script("ship", vec![Behaviour::Permanent("no such address".into()); 2]);
     let id = submit(&w, "fan-2", &parcels(8)).await;
     w.run_for(Duration::from_secs(300)).await;
@@ -128,7 +190,16 @@ async fn failures_within_the_tolerance_leave_a_gap_in_the_output_and_the_order_g
 
 #[tokio::test]
 async fn past_the_tolerance_no_more_elements_start_and_only_the_processed_ones_are_undone() {
-    let mut w = world(2, r#"{"count":1}"#);
+    for mode in BOTH {
+        past_the_tolerance_no_more_elements_start_and_only_the_processed_ones_are_undone_in(mode)
+            .await;
+    }
+}
+
+async fn past_the_tolerance_no_more_elements_start_and_only_the_processed_ones_are_undone_in(
+    mode: Mode,
+) {
+    let mut w = world(mode, 2, r#"{"count":1}"#);
     // The first two are shipped, then two refused: the tolerance of one is passed.
     w.remote.script(
         "ship",
@@ -166,7 +237,15 @@ async fn past_the_tolerance_no_more_elements_start_and_only_the_processed_ones_a
 #[tokio::test]
 async fn a_list_past_its_tolerance_that_only_reports_lets_the_order_go_on_with_its_parcels_shipped()
 {
-    let mut w = world_within(2, r#"{"count":0}"#, 3600, "report");
+    for mode in BOTH {
+        a_list_past_its_tolerance_that_only_reports_lets_the_order_go_on_with_its_parcels_shipped_in(mode).await;
+    }
+}
+
+async fn a_list_past_its_tolerance_that_only_reports_lets_the_order_go_on_with_its_parcels_shipped_in(
+    mode: Mode,
+) {
+    let mut w = world_within(mode, 2, r#"{"count":0}"#, 3600, "report");
     w.remote.script(
         "ship",
         [Behaviour::Succeed, Behaviour::Succeed, Behaviour::Permanent("no such address".into())],
@@ -184,12 +263,13 @@ async fn a_list_past_its_tolerance_that_only_reports_lets_the_order_go_on_with_i
     // The parent's report, and the refused parcel's own Error.
     let about = |o: OrderId| w.alerts().iter().filter(|a| a["order_id"] == o.to_string()).count();
     assert_eq!(about(id), 1);
-    assert_eq!((0..5).map(|k| about(element(id, k))).sum::<usize>(), 1);
+    let own = (0..5).map(|k| about(element(id, k))).sum::<usize>();
+    assert_eq!(own, usize::from(mode == Orders), "{mode:?}");
 }
 
 #[tokio::test]
 async fn an_elements_end_lost_on_the_way_is_found_at_the_next_look_not_at_the_timeout() {
-    let mut w = world(2, r#"{"count":0}"#);
+    let mut w = world(Orders, 2, r#"{"count":0}"#);
     let id = submit(&w, "fan-11", &parcels(4)).await;
     // The first word of a child's end is lost: deleted, never handled.
     let mut lost = None;
@@ -219,7 +299,13 @@ async fn an_elements_end_lost_on_the_way_is_found_at_the_next_look_not_at_the_ti
 
 #[tokio::test]
 async fn a_cancel_stops_the_children_in_flight_and_undoes_the_processed_ones() {
-    let mut w = world(4, r#"{"count":0}"#);
+    for mode in BOTH {
+        a_cancel_stops_the_children_in_flight_and_undoes_the_processed_ones_in(mode).await;
+    }
+}
+
+async fn a_cancel_stops_the_children_in_flight_and_undoes_the_processed_ones_in(mode: Mode) {
+    let mut w = world(mode, 4, r#"{"count":0}"#);
     // Shipping is down for now: the first elements retry while the parent is cancelled.
     w.remote.script("ship", vec![Behaviour::Transient; 6]);
     let id = submit(&w, "fan-4", &parcels(30)).await;
@@ -238,7 +324,7 @@ async fn a_cancel_stops_the_children_in_flight_and_undoes_the_processed_ones() {
         // unknown recalls it too: a recall of nothing is harmless); none after the stop left.
         assert!(!shipped(&w, id, k) || recalled(&w, id, k), "element {k}");
         let child = w.store.peek(element(id, k));
-        assert_eq!(child.is_some(), k < fan.forward.next, "element {k}");
+        assert_eq!(child.is_some(), mode == Orders && k < fan.forward.next, "element {k}");
         assert!(child.is_none_or(|c| c.process_state == ProcessState::Cancelled), "element {k}");
     }
     assert!(w.remote.applied(&World::key(id, "reserve-inventory", "undo")));
@@ -246,7 +332,13 @@ async fn a_cancel_stops_the_children_in_flight_and_undoes_the_processed_ones() {
 
 #[tokio::test]
 async fn undoing_a_processed_parent_undoes_every_element() {
-    let mut w = world(5, r#"{"count":0}"#);
+    for mode in BOTH {
+        undoing_a_processed_parent_undoes_every_element_in(mode).await;
+    }
+}
+
+async fn undoing_a_processed_parent_undoes_every_element_in(mode: Mode) {
+    let mut w = world(mode, 5, r#"{"count":0}"#);
     let id = submit(&w, "fan-5", &parcels(12)).await;
     w.run_for(Duration::from_secs(120)).await;
     assert_eq!(w.state(id).process_state, ProcessState::Processed);
@@ -261,7 +353,13 @@ async fn undoing_a_processed_parent_undoes_every_element() {
 
 #[tokio::test]
 async fn a_thousand_elements_keep_the_parent_record_small() {
-    let mut w = world(50, r#"{"count":0}"#);
+    for mode in BOTH {
+        a_thousand_elements_keep_the_parent_record_small_in(mode).await;
+    }
+}
+
+async fn a_thousand_elements_keep_the_parent_record_small_in(mode: Mode) {
+    let mut w = world(mode, 50, r#"{"count":0}"#);
     let id = submit(&w, "fan-6", &parcels(1000)).await;
     let mut largest = 0;
     for _ in 0..20_000 {
@@ -284,7 +382,13 @@ async fn a_thousand_elements_keep_the_parent_record_small() {
 
 #[tokio::test]
 async fn a_list_that_is_not_there_fails_the_step_with_nothing_started() {
-    let mut w = world(3, r#"{"count":0}"#);
+    for mode in BOTH {
+        a_list_that_is_not_there_fails_the_step_with_nothing_started_in(mode).await;
+    }
+}
+
+async fn a_list_that_is_not_there_fails_the_step_with_nothing_started_in(mode: Mode) {
+    let mut w = world(mode, 3, r#"{"count":0}"#);
     let id = submit(&w, "fan-7", r#"{"parcels":{"not":"a list"}}"#).await;
     w.run_for(Duration::from_secs(120)).await;
     let parent = w.state(id);
@@ -298,7 +402,13 @@ async fn a_list_that_is_not_there_fails_the_step_with_nothing_started() {
 
 #[tokio::test]
 async fn an_empty_list_completes_the_step_with_an_empty_output() {
-    let mut w = world(3, r#"{"count":0}"#);
+    for mode in BOTH {
+        an_empty_list_completes_the_step_with_an_empty_output_in(mode).await;
+    }
+}
+
+async fn an_empty_list_completes_the_step_with_an_empty_output_in(mode: Mode) {
+    let mut w = world(mode, 3, r#"{"count":0}"#);
     let id = submit(&w, "fan-8", &parcels(0)).await;
     w.run_for(Duration::from_secs(120)).await;
     let parent = w.state(id);
@@ -308,22 +418,114 @@ async fn an_empty_list_completes_the_step_with_an_empty_output() {
 
 #[tokio::test]
 async fn a_list_that_outlives_its_timeout_is_undone_with_its_children_stopped() {
-    let mut w = world_within(2, r#"{"count":0}"#, 120, "undo");
+    for mode in BOTH {
+        a_list_that_outlives_its_timeout_is_undone_with_its_children_stopped_in(mode).await;
+    }
+}
+
+async fn a_list_that_outlives_its_timeout_is_undone_with_its_children_stopped_in(mode: Mode) {
+    let mut w = world_within(mode, 2, r#"{"count":0}"#, 120, "undo");
     // Two parcels ship, then shipping is down for longer than the list's timeout, though not
     // for ever: the parcels shipped are recalled once it is back.
     let mut script = vec![Behaviour::Succeed; 2];
-    script.extend(vec![Behaviour::Transient; 40]);
+    script.extend(vec![Behaviour::Transient; 400]);
     w.remote.script("ship", script);
     let id = submit(&w, "fan-9", &parcels(6)).await;
     w.run_for(Duration::from_secs(7200)).await;
     let parent = w.state(id);
-    assert_eq!(parent.process_state, ProcessState::Error, "{:?}", parent.cause);
+    assert_eq!(
+        parent.process_state,
+        ProcessState::Error,
+        "{mode:?} {:?} {:#?} {:?}",
+        parent.cause,
+        parent.timeline,
+        w.remote.faults()
+    );
     assert!(format!("{:?}", parent.cause).contains("StepTimedOut"), "{:?}", parent.cause);
     let step = &parent.steps[SHIP_EACH];
     assert_eq!(step.status, StepStatus::Undone, "{:?}", step.detail);
     assert_eq!(in_flight(&w, id), 0);
     assert!((0..2).all(|k| shipped(&w, id, k) && recalled(&w, id, k)));
     assert!(parent.needs_manual_undo().is_empty(), "{:?}", parent.needs_manual_undo());
+}
+
+#[tokio::test]
+async fn inline_the_elements_started_together_go_in_one_request_and_one_write_takes_their_answers()
+{
+    let mut w = world(Inline, 10, r#"{"count":0}"#);
+    let id = submit(&w, "fan-20", &parcels(10)).await;
+    w.run_for(Duration::from_secs(120)).await;
+    let parent = w.state(id);
+    assert_eq!(parent.process_state, ProcessState::Processed, "{:?}", parent.cause);
+    let replies = w.handled.iter().filter(|(kind, _)| kind == "elements_reply").count();
+    assert_eq!(replies, 1, "ten elements started together are answered in one reply");
+    assert_eq!(w.agent_outcomes.len() - 2, 10, "one call each (and the two plain steps)");
+    // Written at its start, claim, each plain step's end, the list's read, the elements'
+    // answers, the collected list, and its end: the ten elements took one write.
+    assert!(parent.revision <= 8, "the parent was written {} times", parent.revision);
+    assert!(no_child(&w, id, 10));
+}
+
+#[tokio::test]
+async fn inline_an_answer_lost_on_the_way_costs_a_lease_and_the_calls_go_again_under_their_keys() {
+    let mut w = world(Inline, 2, r#"{"count":0}"#);
+    let id = submit(&w, "fan-21", &parcels(4)).await;
+    let mut lost = false;
+    for _ in 0..200 {
+        for d in w.queues.receive(&Destination::Replies, 10) {
+            let incoming = Incoming { message_id: &d.message_id, receive_count: d.receive_count };
+            if !lost && d.body.contains("elements_reply") {
+                lost = true;
+            } else if !w.deliver(&Destination::Replies, incoming, &d.body).await {
+                continue;
+            }
+            w.queues.delete(&Destination::Replies, &d.receipt).unwrap();
+        }
+        if w.pump().await == 0 && lost {
+            break;
+        }
+    }
+    assert!(lost, "no elements were answered");
+    w.run_for(Duration::from_secs(600)).await;
+    let parent = w.state(id);
+    assert_eq!(parent.process_state, ProcessState::Processed, "{:?}", parent.cause);
+    assert!((0..4).all(|k| shipped(&w, id, k)));
+    // Called again under the same keys: each parcel shipped once.
+    assert_eq!(w.remote.max_applications(), 1);
+    assert!(parent.timeline.iter().any(|e| e.what == sas_engine::state::Happening::LeaseExpired));
+    assert!(parent.steps[SHIP_EACH].fan.as_ref().unwrap().strikes.is_empty());
+}
+
+#[tokio::test]
+async fn inline_an_output_too_large_to_keep_fails_its_element_and_undoes_it_at_once() {
+    let mut w = world(Inline, 1, r#"{"count":1}"#);
+    w.remote.script("ship", [Behaviour::Succeed, Behaviour::Oversize]);
+    let id = submit(&w, "fan-22", &parcels(3)).await;
+    w.run_for(Duration::from_secs(300)).await;
+    let parent = w.state(id);
+    assert_eq!(parent.process_state, ProcessState::Processed, "{:?}", parent.cause);
+    let step = &parent.steps[SHIP_EACH];
+    let fan = step.fan.as_ref().unwrap();
+    assert_eq!((fan.forward.ok, fan.forward.failed), (2, 1), "{fan:?}");
+    // Its effect took place and could not be kept: undone as its child would have undone it.
+    assert!(shipped(&w, id, 1) && recalled(&w, id, 1));
+    assert!(fan.dirty.is_empty() && fan.settled.contains(1), "{fan:?}");
+    let output = whole(&w, id, step.output.as_ref().unwrap()).await;
+    assert!(output[1].is_null() && !output[0].is_null() && !output[2].is_null(), "{output}");
+    assert!(!recalled(&w, id, 0) && !recalled(&w, id, 2));
+}
+
+#[tokio::test]
+async fn inline_an_element_whose_input_its_child_refuses_fails_without_a_call() {
+    let mut w = world(Inline, 3, r#"{"count":1}"#);
+    let body = json!({"parcels": [{"parcel": "p-0"}, {"weight": 2}, {"parcel": "p-2"}]});
+    let id = submit(&w, "fan-23", &body.to_string()).await;
+    w.run_for(Duration::from_secs(300)).await;
+    let parent = w.state(id);
+    assert_eq!(parent.process_state, ProcessState::Processed, "{:?}", parent.cause);
+    assert_eq!(w.remote.calls(&World::key(element(id, 1), "ship", "do")), 0);
+    let output = whole(&w, id, parent.steps[SHIP_EACH].output.as_ref().unwrap()).await;
+    assert!(output[1].is_null() && shipped(&w, id, 0) && shipped(&w, id, 2), "{output}");
 }
 
 #[test]

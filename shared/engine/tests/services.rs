@@ -1747,6 +1747,18 @@ impl<S: StateStore> StateStore for Yielding<S> {
         tokio::task::yield_now().await;
         self.0.leave(key, queued).await
     }
+    async fn put_page(&self, page: &sas_engine::ports::Page) -> Result<()> {
+        tokio::task::yield_now().await;
+        self.0.put_page(page).await
+    }
+    async fn pages(&self, pass: &str) -> Result<Vec<sas_engine::ports::Page>> {
+        tokio::task::yield_now().await;
+        self.0.pages(pass).await
+    }
+    async fn drop_pages(&self, pass: &str) -> Result<()> {
+        tokio::task::yield_now().await;
+        self.0.drop_pages(pass).await
+    }
 }
 
 impl<S: ExpiryIndex> ExpiryIndex for Yielding<S> {

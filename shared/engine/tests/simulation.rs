@@ -71,7 +71,8 @@ use sas_engine::pace::{self, Limits};
 use sas_engine::payload::{self, MAX_INLINE_INPUT_LEN, Stored};
 use sas_engine::ports::{
     Clock, Created, Destination, EventBus, Expected, ExpiryIndex, HeldIndex, Incoming, IndexEntry,
-    OrderRecord, Outbox, Outgoing, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore,
+    OrderRecord, Outbox, Outgoing, Page, Read, RemoteCall, RemoteFault, RemoteService, Saved,
+    StateStore,
 };
 use sas_engine::services::{
     Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, DeskRefusal, FRESH,
@@ -225,6 +226,18 @@ impl<P: StateStore> StateStore for Crashy<P> {
     async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
         self.step().await?;
         self.inner.leave(key, queued).await
+    }
+    async fn put_page(&self, page: &Page) -> Result<()> {
+        self.step().await?;
+        self.inner.put_page(page).await
+    }
+    async fn pages(&self, pass: &str) -> Result<Vec<Page>> {
+        tokio::task::yield_now().await;
+        self.inner.pages(pass).await
+    }
+    async fn drop_pages(&self, pass: &str) -> Result<()> {
+        self.step().await?;
+        self.inner.drop_pages(pass).await
     }
 }
 
@@ -665,6 +678,8 @@ struct Tally {
     /// Elements of lists run by a child each; steps over a list done with some failed within
     /// their tolerance, and failed past it.
     elements: u64,
+    /// Of those, run inline: each one call, no child.
+    inline_elements: u64,
     tolerance_met: u64,
     tolerance_missed: u64,
     /// Orders processed with a step's failure only reported.
@@ -740,6 +755,7 @@ impl std::ops::AddAssign for Tally {
         self.children += o.children;
         self.children_undone += o.children_undone;
         self.elements += o.elements;
+        self.inline_elements += o.inline_elements;
         self.tolerance_met += o.tolerance_met;
         self.tolerance_missed += o.tolerance_missed;
         self.processed_with_reports += o.processed_with_reports;
@@ -778,7 +794,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; elements of lists {}, lists within their tolerance {}, past it {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}, still held past the threshold {}; calls beside another action's hold {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; orders started by events {}, events delivered twice {}, events that matched nothing {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; elements of lists {} ({} inline), lists within their tolerance {}, past it {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}, still held past the threshold {}; calls beside another action's hold {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; orders started by events {}, events delivered twice {}, events that matched nothing {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -787,6 +803,7 @@ impl std::fmt::Display for Tally {
             self.children,
             self.children_undone,
             self.elements,
+            self.inline_elements,
             self.tolerance_met,
             self.tolerance_missed,
             self.processed_with_reports,
@@ -1483,6 +1500,14 @@ impl Sim {
                     self.agent_handled(r, &outcome);
                     outcome.map(|_| ())
                 }
+                Message::Elements(r) => {
+                    for call in &r.elements {
+                        self.watch.lock().unwrap().throttled.remove(&call.idempotency_key);
+                    }
+                    let ended = self.agents[&dest].handle_elements(r, incoming).await;
+                    self.elements_handled(r, &ended);
+                    ended.map(|_| ())
+                }
                 Message::Event(e) => self.starter.on_event(e).await.map(|started| {
                     for s in started {
                         let refused = s.outcome.err();
@@ -1524,29 +1549,81 @@ impl Sim {
     async fn handle_together(&mut self, dest: &Destination, taken: Vec<Delivery>) {
         let messages: Vec<Message> =
             taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
-        let mut requests = Vec::new();
         for m in &messages {
             self.check_outputs(m, m.order_id().and_then(|id| self.memory.peek(id)).as_ref());
-            let Message::Request(r) = m else { panic!("seed {}: {m:?} on {dest:?}", self.seed) };
-            self.watch.lock().unwrap().throttled.remove(&r.idempotency_key);
-            requests.push(r);
+            let keys: Vec<&String> = match m {
+                Message::Request(r) => vec![&r.idempotency_key],
+                Message::Elements(r) => r.elements.iter().map(|c| &c.idempotency_key).collect(),
+                _ => panic!("seed {}: {m:?} on {dest:?}", self.seed),
+            };
+            for key in keys {
+                self.watch.lock().unwrap().throttled.remove(key);
+            }
         }
         let agent = &self.agents[dest];
         let outcomes =
-            futures_util::future::join_all(taken.iter().zip(&requests).map(|(d, r)| async move {
+            futures_util::future::join_all(taken.iter().zip(&messages).map(|(d, m)| async move {
                 let incoming =
                     Incoming { message_id: d.identity(), receive_count: d.receive_count };
-                agent.handle(r, incoming).await
+                match m {
+                    Message::Elements(r) => {
+                        agent.handle_elements(r, incoming).await.map(AgentDid::Elements)
+                    }
+                    Message::Request(r) => agent.handle(r, incoming).await.map(AgentDid::Step),
+                    _ => unreachable!("only requests are taken together"),
+                }
             }))
             .await;
-        for ((d, r), outcome) in taken.iter().zip(requests).zip(outcomes) {
+        for ((d, m), outcome) in taken.iter().zip(&messages).zip(outcomes) {
             if let Err(Error::InvalidMessage(why)) = &outcome {
                 panic!("seed {}: a message the system sent was refused: {why}", self.seed);
             }
-            self.agent_handled(r, &outcome);
-            if outcome.is_ok() {
+            let ok = outcome.is_ok();
+            match (m, outcome) {
+                (Message::Request(r), outcome) => {
+                    let outcome = outcome.map(|did| match did {
+                        AgentDid::Step(o) => o,
+                        AgentDid::Elements(_) => unreachable!("a request answers as a step"),
+                    });
+                    self.agent_handled(r, &outcome);
+                }
+                (Message::Elements(r), outcome) => {
+                    let ended = outcome.map(|did| match did {
+                        AgentDid::Elements(ended) => ended,
+                        AgentDid::Step(_) => unreachable!("elements answer each"),
+                    });
+                    self.elements_handled(r, &ended);
+                }
+                _ => {}
+            }
+            if ok {
                 let _ = self.queues.delete(dest, &d.receipt);
             }
+        }
+    }
+
+    /// [`Sim::agent_handled`] for each element of an elements request: none is let go right
+    /// after a 429. (An element kept back keeps its step's lease, which covers it.)
+    fn elements_handled(
+        &mut self,
+        r: &sas_engine::message::ElementsRequest,
+        ended: &Result<Vec<(u32, AgentOutcome)>>,
+    ) {
+        let Ok(ended) = ended else { return };
+        let watch = self.watch.lock().unwrap();
+        for (k, outcome) in ended {
+            if !matches!(outcome, AgentOutcome::GaveUp { .. } | AgentOutcome::Expired { .. }) {
+                continue;
+            }
+            let Some(call) = r.elements.iter().find(|c| c.element == *k) else { continue };
+            let throttled = watch.throttled.get(&call.idempotency_key).copied();
+            assert!(
+                throttled != Some(true),
+                "seed {}: the agent of {} let element {k} of {} go right after a 429: {outcome:?}",
+                self.seed,
+                r.step.name,
+                r.order_id
+            );
         }
     }
 
@@ -2293,12 +2370,22 @@ impl Sim {
             .iter()
             .map(|s| workflow.step_named(&s.name).map_or(stack, |w| w.max_hold(stack)))
             .collect();
-        let own_actions: Vec<Option<String>> = r
+        // A pass run inline calls its child's step, and undoes the elements that need it on
+        // the way: either action of it may be held.
+        let child = self.child.as_ref().and_then(|c| c.inline_step());
+        let own_actions: Vec<Vec<String>> = r
             .steps
             .iter()
-            .map(|s| {
-                let step = workflow.step_named(&s.name)?;
-                Some(step.action(s.direction())?.0.to_owned())
+            .map(|s| match (s.fan.as_ref().and_then(|f| f.inline), child) {
+                (Some(_), Some(step)) => [Direction::Do, Direction::Undo]
+                    .iter()
+                    .filter_map(|d| Some(step.action(*d)?.0.to_owned()))
+                    .collect(),
+                _ => workflow
+                    .step_named(&s.name)
+                    .and_then(|step| Some(step.action(s.direction())?.0.to_owned()))
+                    .into_iter()
+                    .collect(),
             })
             .collect();
         let previous = self.previous.insert(id, r.clone());
@@ -2366,10 +2453,10 @@ impl Sim {
                         self.tally.parked += 1;
                         // It waits for the whole service, or for its own action: never for
                         // another action held while its own answers.
-                        let own = own_actions[i].as_deref();
+                        let own = &own_actions[i];
                         let on = s.held.as_ref().and_then(|h| h.action.as_deref());
                         assert!(
-                            on.is_none() || on == own,
+                            on.is_none_or(|on| own.iter().any(|a| a == on)),
                             "seed {seed}: {id} {} ({own:?}) waits for a hold of {on:?}",
                             s.name
                         );
@@ -2614,7 +2701,10 @@ impl Sim {
         let seed = self.seed;
         for r in self.memory.records() {
             for s in r.steps.iter().filter(|s| s.fan.is_some()) {
-                self.check_elements(&r, s);
+                match s.fan.as_ref().and_then(|f| f.inline) {
+                    Some(version) => self.check_inline(&r, s, version),
+                    None => self.check_elements(&r, s),
+                }
             }
             for s in r.steps.iter().filter(|s| s.child.is_some()) {
                 let id = s.child.unwrap();
@@ -2659,6 +2749,84 @@ impl Sim {
                     self.tally.children_undone += 1;
                 }
             }
+        }
+    }
+
+    /// Every element of a pass run inline matches its list's end, as the service's ledger
+    /// keeps it under the element's keys: none called past where the list stopped starting,
+    /// none applied twice; a list done has its elements that ended well in place and those
+    /// that failed not (unless nothing can undo them); a list undone or failed has none left
+    /// in place; and the pages of an order that ended with nothing left to undo are gone.
+    fn check_inline(&mut self, r: &StateRecord, s: &sas_engine::state::StepState, version: u32) {
+        let seed = self.seed;
+        let fan = s.fan.as_ref().unwrap();
+        let Some(items) = fan.items else { return };
+        let allowed = match &self.workflow_of(r).step_named(&s.name).map(|w| &w.work) {
+            Some(Work::Child(c)) => c.fan.unwrap().tolerance.allows(items),
+            _ => panic!("seed {seed}: {} is no list step", s.name),
+        };
+        let child = self.child.as_ref().expect("a list runs the run's child workflow");
+        assert_eq!(child.version(), version, "seed {seed}: {} ran another child", r.order_id);
+        let step = child.inline_step().cloned().expect("a child run inline is one call");
+        let key = |k: u32, direction| {
+            let id = OrderId::for_element(r.order_id, &s.name, s.generation, k);
+            sas_engine::ids::step_key(id, &step.name, direction, 0)
+        };
+        let mut in_place = 0;
+        for k in 0..items {
+            let (done, undo) = (key(k, Direction::Do), key(k, Direction::Undo));
+            if k >= fan.forward.next {
+                assert_eq!(
+                    self.remote.calls(&done),
+                    0,
+                    "seed {seed}: element {k} of {} called past its list's window",
+                    r.order_id
+                );
+                continue;
+            }
+            self.tally.elements += 1;
+            self.tally.inline_elements += 1;
+            if self.remote.applied(&done) && !self.remote.applied(&undo) {
+                in_place += 1;
+            }
+        }
+        let undoable = step.compensation.is_some();
+        match s.status {
+            StepStatus::Done => {
+                assert!(
+                    in_place == fan.forward.ok || (!undoable && in_place >= fan.forward.ok),
+                    "seed {seed}: {} has {} done with {in_place} elements in place: {fan:?}",
+                    r.order_id,
+                    s.name
+                );
+                assert!(
+                    fan.forward.failed <= allowed,
+                    "seed {seed}: {} past its tolerance",
+                    r.order_id
+                );
+                if fan.forward.failed > 0 {
+                    self.tally.tolerance_met += 1;
+                }
+            }
+            StepStatus::Undone | StepStatus::Failed if undoable => assert_eq!(
+                in_place, 0,
+                "seed {seed}: {} has {} {:?}, {in_place} of its elements in place: {fan:?}",
+                r.order_id, s.name, s.status
+            ),
+            _ => {}
+        }
+        if fan.forward.failed > allowed && r.is_terminal() {
+            self.tally.tolerance_missed += 1;
+        }
+        if r.is_terminal() && r.needs_manual_undo().is_empty() {
+            let pass = sas_engine::ports::Page::pass_of(r.order_id, &s.name, s.generation);
+            assert!(
+                self.memory.pages_of(&pass).is_empty(),
+                "seed {seed}: {} ended {:?} with the pages of {} left",
+                r.order_id,
+                r.process_state,
+                s.name
+            );
         }
     }
 
@@ -3112,11 +3280,14 @@ fn workflow_shape(seed: u64) -> String {
                         1 => serde_json::json!({"count": 1}),
                         _ => serde_json::json!({"share": 0.5}),
                     };
+                    // A child of one call runs inline, unless asked to run as orders.
+                    let as_orders = SplitMix::seeded(seed ^ 0x1a11).unit() < 0.3;
                     step = serde_json::json!({
                         "name": "step-child",
                         "each": {"items": "/input/parcels", "workflow": format!("child-{seed}"),
                                  "max_concurrency": 1 + (fan.unit() * 3.0) as u32,
-                                 "tolerance": tolerance, "timeout_seconds": timeout},
+                                 "tolerance": tolerance, "timeout_seconds": timeout,
+                                 "as_orders": as_orders},
                     });
                 }
                 if draw.unit() < 0.3 {
@@ -3767,4 +3938,10 @@ fn one_order(batch: &[Delivery]) -> Vec<usize> {
         })
         .collect();
     if same.len() > 1 { same } else { Vec::new() }
+}
+
+/// What an agent did with a request taken in a batch.
+enum AgentDid {
+    Step(AgentOutcome),
+    Elements(Vec<(u32, AgentOutcome)>),
 }

@@ -182,6 +182,9 @@ pub(super) fn replay(record: &StateRecord, ctx: &Ctx<'_>) -> Vec<Effect> {
             if record.slot.is_some() {
                 effects.push(Effect::Release);
             }
+            if pages_done(record) {
+                effects.push(Effect::DropPages);
+            }
             effects
         }
     }

@@ -8,6 +8,7 @@
 use super::*;
 use crate::message::MAX_DEFER;
 use crate::state::Held;
+use crate::workflow::Step;
 
 /// The agent answered that step `i`'s service, or its `action` there, is held: the step (or
 /// undo) waits for it at a new attempt, which fences off anything still on its way for the
@@ -21,14 +22,33 @@ pub(super) fn park(
     action: Option<&str>,
     ctx: &Ctx<'_>,
 ) {
+    let Some(step) = ctx.workflow.step_named(&next.steps[i].name) else { return };
+    park_on(next, i, lease, reason, action, step, ctx);
+}
+
+/// [`park`], for step `i` whose calls are `step`'s: its own, or, for a pass over a list run
+/// inline, its child's, whose service is held and whose `max_hold` it waits for.
+pub(super) fn park_on(
+    next: &mut StateRecord,
+    i: usize,
+    lease: &Lease,
+    reason: &str,
+    action: Option<&str>,
+    step: &Step,
+    ctx: &Ctx<'_>,
+) {
     let name = next.steps[i].name.clone();
-    let Some(step) = ctx.workflow.step_named(&name) else { return };
     let service = step.agent().map(|a| a.as_str().to_owned()).unwrap_or_default();
     let since = lease.held_since.unwrap_or(ctx.now);
-    let until = match budget_of(&next.steps[i], ctx) {
+    let mut until = match budget_of(&next.steps[i], ctx) {
         Some(budget) if mutants::on(Mutant::HeldStepBurnsLease) => ctx.now.plus(budget),
         _ => since.plus(step.max_hold(ctx.config.max_hold)),
     };
+    // A pass over a list waits no longer than its own timeout.
+    if let Some(end) = next.steps[i].ends_by.filter(|_| next.steps[i].direction() == Direction::Do)
+    {
+        until = until.min(end);
+    }
     let action = action.map(str::to_owned);
     next.steps[i].held = Some(Held { service, action, since, reason: reason.to_owned() });
     next.attempt += 1;

@@ -186,8 +186,11 @@ pub(super) fn dispatch(
     effects: &mut Vec<Effect>,
 ) {
     if starts_child(ctx, &next.steps[i]) {
-        // Forward, its timeout; the lease ends at the next look at its children.
-        if next.steps[i].direction() == Direction::Do {
+        // Forward, its timeout; the lease ends at the next look at its children. A pass run
+        // inline that waited for its held service goes on within the timeout it had.
+        let after_hold = next.steps[i].lease.is_some_and(|l| l.held_since.is_some())
+            && next.steps[i].ends_by.is_some();
+        if next.steps[i].direction() == Direction::Do && !after_hold {
             next.steps[i].ends_by = Some(complete_by);
         }
         send(next, i, complete_by.min(ctx.now.plus(CHILD_LOOK)));
@@ -320,13 +323,23 @@ pub(super) fn judge(next: &mut StateRecord, i: usize, ctx: &Ctx<'_>, effects: &m
     if lease.timer {
         return wake(next, i, ctx, effects);
     }
-    if lease.held {
+    // A pass run inline past its own timeout times out, held or not.
+    let past_timeout = inline_step(ctx, &next.steps[i]).is_some()
+        && next.steps[i].direction() == Direction::Do
+        && next.steps[i].ends_by.is_some_and(|end| end <= ctx.now);
+    if lease.held && !past_timeout {
         return held_too_long(next, i, ctx);
     }
     if let Some(step) = ctx.workflow.step_named(&next.steps[i].name)
         && matches!(step.work, Work::Child(_))
     {
+        let inline = inline_step(ctx, &next.steps[i]).is_some();
         match (next.steps[i].direction(), next.steps[i].ends_by) {
+            // A pass run inline has calls, not children, in flight: they take strikes.
+            (Direction::Undo, _) if inline => return inline_expired(next, i, lease, ctx, effects),
+            (Direction::Do, Some(end)) if inline && end > ctx.now => {
+                return inline_expired(next, i, lease, ctx, effects);
+            }
             (Direction::Undo, _) => {
                 // Its children end on their own (each is an order the supervisor sees
                 // through), however long their undos take: the step asks them again, and

@@ -27,7 +27,8 @@ use crate::ids::OrderId;
 use crate::keys::{Queued, Slots};
 use crate::ports::{
     BusyKey, Clock, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, KeyIndex, ListPage,
-    ListQuery, Listed, Listing, OrderFinder, OrderRecord, Read, Saved, StateStore, check_write,
+    ListQuery, Listed, Listing, OrderFinder, OrderRecord, Page, Read, Saved, StateStore,
+    check_write,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -88,11 +89,18 @@ struct Inner {
     busy: HashMap<String, Timestamp>,
     /// Each concurrency key's line, by position.
     lines: HashMap<String, BTreeMap<String, Queued>>,
+    /// Each pass's pages, by id.
+    pages: HashMap<String, BTreeMap<String, Page>>,
 }
 
 impl<C: Clock> MemoryStore<C> {
     pub fn new(clock: C) -> Self {
         MemoryStore { inner: Arc::default(), clock }
+    }
+
+    /// The pages of `pass`, as they are now.
+    pub fn pages_of(&self, pass: &str) -> Vec<Page> {
+        self.lock().pages.get(pass).map(|p| p.values().cloned().collect()).unwrap_or_default()
     }
 
     /// Breaks the store's condition on purpose: a save then checks the expected revision only,
@@ -392,6 +400,27 @@ impl<C: Clock> StateStore for MemoryStore<C> {
                 inner.lines.remove(key);
             }
         }
+        Ok(())
+    }
+
+    async fn put_page(&self, page: &Page) -> Result<()> {
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        inner.stats.writes += 1;
+        inner.pages.entry(page.pass.clone()).or_default().insert(page.id.clone(), page.clone());
+        Ok(())
+    }
+
+    async fn pages(&self, pass: &str) -> Result<Vec<Page>> {
+        let inner = self.lock();
+        Ok(inner.pages.get(pass).map(|p| p.values().cloned().collect()).unwrap_or_default())
+    }
+
+    async fn drop_pages(&self, pass: &str) -> Result<()> {
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        inner.stats.writes += 1;
+        inner.pages.remove(pass);
         Ok(())
     }
 }

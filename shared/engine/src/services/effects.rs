@@ -105,12 +105,18 @@ impl<S: StateStore, Q: Outbox, B: EventBus, C: Clock, P: Payloads> Ports<S, Q, B
                     events.push(BusEvent::alert(&alert));
                 }
                 Effect::Child { step } => outgoing.extend(self.child(record, *step).await?),
+                // A call in flight cannot be stopped: its answer is waited for.
+                Effect::StopChild { step } if super::fanout::is_inline(record, *step) => {}
                 Effect::StopChild { step } => self.stop_child(record, *step).await?,
                 Effect::Count { step } => self.count(record, *step).await?,
                 Effect::Elements { step, elements } => {
                     outgoing.extend(self.elements(record, *step, elements).await?)
                 }
+                Effect::ElementsAgain { step, elements, delay } => {
+                    outgoing.extend(self.element_calls(record, *step, elements, *delay).await?)
+                }
                 Effect::Collect { step } => outgoing.push(self.collect(record, *step).await?),
+                Effect::DropPages => self.drop_pages(record).await?,
                 Effect::TellParent => outgoing.extend(self.tell_parent(record)),
                 Effect::Join => {
                     if let Some(slot) = &record.slot {

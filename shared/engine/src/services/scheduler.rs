@@ -98,8 +98,14 @@ where
             Message::Request(_) | Message::Elements(_) => {
                 Err(Error::InvalidMessage("a step request was sent to the scheduler".into()))
             }
-            Message::ElementsReply(_) => {
-                Err(Error::InvalidMessage("no step of this stack runs a list inline".into()))
+            Message::ElementsReply(reply) => {
+                let input = Input::Elements {
+                    attempt: reply.attempt,
+                    step: &reply.step,
+                    outcomes: &reply.outcomes,
+                    message: message_id,
+                };
+                self.run(reply.order_id, input).await
             }
             // Its consumer hands an event to the starter ([`super::Starter`]), never here.
             Message::Event(_) => {
@@ -118,7 +124,8 @@ where
         let order_id = messages.first().and_then(|(m, _)| m.order_id());
         let foldable = messages.len() > 1
             && messages.iter().all(|(m, _)| {
-                matches!(m, Message::Reply(_) | Message::ChildEnded(_)) && m.order_id() == order_id
+                matches!(m, Message::Reply(_) | Message::ChildEnded(_) | Message::ElementsReply(_))
+                    && m.order_id() == order_id
             });
         let Some(order_id) = order_id.filter(|_| foldable) else {
             let mut handled = Vec::with_capacity(messages.len());
@@ -166,6 +173,12 @@ where
                         attempt: e.attempt,
                         step: &e.step,
                         outcome: outcomes[i].as_ref()?,
+                        message: message_id,
+                    },
+                    Message::ElementsReply(r) => Input::Elements {
+                        attempt: r.attempt,
+                        step: &r.step,
+                        outcomes: &r.outcomes,
                         message: message_id,
                     },
                     _ => return None,
@@ -252,8 +265,11 @@ where
         let mut effects = Vec::new();
         let mut replays = Vec::new();
         let mut out = Vec::with_capacity(inputs.len());
+        let mut pages = Vec::new();
         for (i, input) in inputs {
-            let Input::Reply { message, .. } = input else { continue };
+            let (Input::Reply { message, .. } | Input::Elements { message, .. }) = input else {
+                continue;
+            };
             match decide(&current, *input, &self.ports.ctx(&current)?) {
                 Decision::Apply(t) => {
                     recorded = Some(match &recorded {
@@ -264,6 +280,7 @@ where
                         let lease = lease_of(&e, &t.next);
                         (e, lease)
                     }));
+                    pages.extend(t.pages);
                     current = t.next;
                     out.push((*i, Ok(Handled::Applied)));
                 }
@@ -305,6 +322,9 @@ where
             // One write, whatever the number of transitions it holds.
             current.revision = record.revision + 1;
             current.last_input = recorded;
+            for page in &pages {
+                self.ports.store.put_page(page).await?;
+            }
             if self.ports.save(record, &current).await? == Saved::Conflict {
                 return Ok(None);
             }
@@ -429,6 +449,11 @@ where
 
     /// Writes a transition over `record` and, if the write took, performs its effects.
     async fn apply(&self, record: &StateRecord, t: &Transition) -> Result<Saved> {
+        // The outputs the write takes are kept before it, so that no write names an element
+        // ended well whose output could be lost.
+        for page in &t.pages {
+            self.ports.store.put_page(page).await?;
+        }
         let saved = self.ports.save(record, &t.next).await?;
         if saved == Saved::Saved {
             debug!(order_id = %record.order_id, state = t.next.process_state.as_str(), attempt = t.next.attempt, "transition");
@@ -461,6 +486,7 @@ fn lease_of(effect: &Effect, record: &StateRecord) -> Option<Option<u64>> {
         | Effect::Child { step }
         | Effect::Count { step }
         | Effect::Elements { step, .. }
+        | Effect::ElementsAgain { step, .. }
         | Effect::Collect { step } => *step,
         _ => return None,
     };

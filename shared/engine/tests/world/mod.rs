@@ -188,6 +188,15 @@ impl World {
                     Err(_) => false,
                 }
             }
+            (Destination::Agent(name), Message::Elements(request)) => {
+                match self.agents[name].handle_elements(request, incoming).await {
+                    Ok(ended) => {
+                        self.agent_outcomes.extend(ended.into_iter().map(|(_, o)| o));
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
             (Destination::Scheduler | Destination::Replies, _) => {
                 match self.scheduler.handle(&message, incoming).await {
                     Ok(handled) => {
