@@ -680,6 +680,8 @@ struct Tally {
     elements: u64,
     /// Of those, run inline: each one call, no child.
     inline_elements: u64,
+    /// Lists run inline whose service was still held at their own timeout.
+    held_past_timeout: u64,
     tolerance_met: u64,
     tolerance_missed: u64,
     /// Orders processed with a step's failure only reported.
@@ -756,6 +758,7 @@ impl std::ops::AddAssign for Tally {
         self.children_undone += o.children_undone;
         self.elements += o.elements;
         self.inline_elements += o.inline_elements;
+        self.held_past_timeout += o.held_past_timeout;
         self.tolerance_met += o.tolerance_met;
         self.tolerance_missed += o.tolerance_missed;
         self.processed_with_reports += o.processed_with_reports;
@@ -794,7 +797,7 @@ impl std::fmt::Display for Tally {
         }
         write!(
             f,
-            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; elements of lists {} ({} inline), lists within their tolerance {}, past it {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}, still held past the threshold {}; calls beside another action's hold {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; orders started by events {}, events delivered twice {}, events that matched nothing {}; longest settle {} s",
+            "supervisor races lost {}; operator commands applied {}, refused {}; redriven orders processed {}; processed orders undone {}; child orders {}, undone by their parent {}; elements of lists {} ({} inline, {} lists held past their timeout), lists within their tolerance {}, past it {}; processed with a reported failure {}; ended on the version before a deploy {}; with steps in flight side by side {}, undos {}; waits over {}; answers applied {}, refused {}; unanswered {}; holds announced {}, releases {}, still held past the threshold {}; calls beside another action's hold {}; steps waiting for a held service {}, of which held too long {}; orders resumed {}; probes {}; calls in a hold's first second {}; seeds with declared limits {}, calls at limited services {}, of which filled a second {}, took the last place {}; calls at a learned rate {}; requests kept back {}; orders started by events {}, events delivered twice {}, events that matched nothing {}; longest settle {} s",
             self.races_lost,
             self.commands_applied,
             self.commands_refused,
@@ -804,6 +807,7 @@ impl std::fmt::Display for Tally {
             self.children_undone,
             self.elements,
             self.inline_elements,
+            self.held_past_timeout,
             self.tolerance_met,
             self.tolerance_missed,
             self.processed_with_reports,
@@ -2419,6 +2423,17 @@ impl Sim {
                         max_holds[i]
                     );
                     self.tally.held_too_long += 1;
+                } else if s.fan.as_ref().is_some_and(|f| f.inline.is_some())
+                    && s.ends_by.is_some_and(|end| end <= now)
+                {
+                    // A list run inline waits for its held service within its own timeout.
+                    assert!(
+                        s.detail.as_deref().is_some_and(|d| d.contains("did not end within")),
+                        "seed {seed}: {id} {} ended its wait past its timeout otherwise: {:?}",
+                        s.name,
+                        s.detail
+                    );
+                    self.tally.held_past_timeout += 1;
                 } else {
                     // An order that stops takes back what waits to be sent, held steps too.
                     assert!(

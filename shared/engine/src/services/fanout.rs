@@ -223,6 +223,8 @@ where
             };
             // What its undo is told travels as a step's output does: a large one by reference.
             let output = match outputs.get(&k).filter(|_| direction == Direction::Undo) {
+                // Kept by reference already (as its call's agent answered it).
+                Some(output) if payload::is_reference(output) => Some(output.clone()),
                 Some(output) => {
                     match payload::keep(&self.payloads, id, output.clone(), MAX_OUTPUT_LEN).await? {
                         Kept::Inline(v) | Kept::Stored(v) => Some(v),
