@@ -16,6 +16,7 @@ use crate::Error;
 use crate::access::sigv4;
 use crate::emulation::aws::Clients;
 use crate::emulation::local::LocalStack;
+use sas_engine::state::FanState;
 
 /// What the simulated service says it did: its fault counts, the faults it injected per step
 /// key, and its ledger of effects.
@@ -62,6 +63,27 @@ pub(super) struct Tally {
     /// Child orders in Error: compensated, or failed otherwise.
     children_compensated: usize,
     children_failed: usize,
+    /// The child workflow of each step over a list, by workflow and step.
+    lists: HashMap<(String, String), String>,
+    /// Elements of lists run inline whose effects are held to their list's end.
+    elements: usize,
+}
+
+/// The child workflow of each step over a list of `workflows` (by name, as JSON), by workflow
+/// and step.
+fn lists_of(workflows: &[(String, String)]) -> HashMap<(String, String), String> {
+    let mut lists = HashMap::new();
+    for (name, json) in workflows {
+        let spec: Value = serde_json::from_str(json).unwrap_or_default();
+        for step in spec["steps"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            if let (Some(step), Some(child)) =
+                (step["name"].as_str(), step["each"]["workflow"].as_str())
+            {
+                lists.insert((name.clone(), step.to_owned()), child.to_owned());
+            }
+        }
+    }
+    lists
 }
 
 /// Whether an order in Error ended compensated, as its timeline says.
@@ -95,7 +117,7 @@ pub(super) async fn summarise(
     let kills = kills.load(Ordering::Relaxed);
 
     let mut s = Summary { orders: accepted, ..Summary::default() };
-    let mut tally = Tally::default();
+    let mut tally = Tally { lists: lists_of(&workflows_run(stack)), ..Tally::default() };
     for r in records {
         tally.add(r, &faulted, kills, &mut s);
     }
@@ -262,8 +284,32 @@ impl Tally {
             }
             _ => s.unfinished += 1,
         }
+        self.add_elements(&id, &b, self.ends.get(&id).map(|e| e.state.clone()));
         if state_of(r) == "Error" {
             self.error_ids.push(id);
+        }
+    }
+
+    /// Holds each element of the order's lists run inline to what its list says of it, as a
+    /// child order is held to its end: in place once if it ended well in an order processed,
+    /// and not at all otherwise (`end`: the order's end, if it has one to hold it to).
+    fn add_elements(&mut self, id: &str, b: &Value, end: Option<String>) {
+        let (Some(end), Ok(parent)) = (end, id.parse::<sas_engine::OrderId>()) else { return };
+        for step in b["steps"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            let Ok(fan) = serde_json::from_value::<FanState>(step["fan"].clone()) else { continue };
+            let (Some(_), Some(items)) = (fan.inline, fan.items) else { continue };
+            let name = step["name"].as_str().unwrap_or_default();
+            let generation = step["generation"].as_u64().unwrap_or(0) as u32;
+            let of = (b["workflow"].as_str().unwrap_or_default().to_owned(), name.to_owned());
+            let Some(workflow) = self.lists.get(&of).cloned() else { continue };
+            for k in 0..items.min(fan.forward.next) {
+                let ended_well = !fan.settled.contains(k) && !fan.dirty.contains(k);
+                let state =
+                    if end == "Processed" && ended_well { "Processed" } else { "Compensated" };
+                let element = sas_engine::OrderId::for_element(parent, name, generation, k);
+                self.ends.insert(element.to_string(), effects::End::new(&workflow, state));
+                self.elements += 1;
+            }
         }
     }
 }
@@ -432,9 +478,10 @@ fn outcomes(
         t.push_str(&format!("CALLED FASTER THAN DECLARED: {}\n", s.over_rate.join("; ")));
     }
     t.push_str(&format!(
-        "effects in place, per order and step: {} wrong ({} processed or compensated orders held to their end, every order to at most once a step){}\n",
+        "effects in place, per order and step: {} wrong ({} processed or compensated orders and {} elements of their lists held to their end, every order to at most once a step){}\n",
         s.effects_wrong.len(),
-        tally.ends.len(),
+        tally.ends.len() - tally.elements,
+        tally.elements,
         s.effects_wrong.iter().take(5).map(|w| format!("\n  {w}")).collect::<String>()
     ));
     t
