@@ -450,15 +450,7 @@ pub(super) fn elements_answered(
                 kept.insert(k, output.clone());
             }
             (Direction::Do, false, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
-                f.forward.running.retain(|&e| e != k);
-                f.forward.failed += 1;
-                if inline.compensation.is_some() {
-                    f.dirty.insert(k);
-                    f.cleaning.push(k);
-                } else {
-                    // In place, and nothing can undo it.
-                    f.settled.insert(k);
-                }
+                failed_in_place(f, k, inline.compensation.is_some());
             }
             (Direction::Do, false, _) => {
                 f.forward.running.retain(|&e| e != k);
@@ -541,6 +533,20 @@ pub(super) fn elements_answered(
     with_pages(proceed(next, effects, ctx, Via::Lease), page)
 }
 
+/// Element `k`, called, ended failed with its effect perhaps in place: undone at once if it
+/// can be, as its child order would have undone itself; otherwise left as it is, nothing
+/// able to undo it.
+fn failed_in_place(f: &mut FanState, k: u32, undoable: bool) {
+    f.forward.running.retain(|&e| e != k);
+    f.forward.failed += 1;
+    if undoable {
+        f.dirty.insert(k);
+        f.cleaning.push(k);
+    } else {
+        f.settled.insert(k);
+    }
+}
+
 /// `decision`, whose write takes the outputs on `page`.
 fn with_pages(decision: Decision, page: Option<Page>) -> Decision {
     match decision {
@@ -596,14 +602,7 @@ pub(super) fn inline_expired(
             f.cleaning.retain(|&e| e != k);
             undo_lost.get_or_insert(k);
         } else {
-            f.forward.running.retain(|&e| e != k);
-            f.forward.failed += 1;
-            if inline.compensation.is_some() {
-                f.dirty.insert(k);
-                f.cleaning.push(k);
-            } else {
-                f.settled.insert(k);
-            }
+            failed_in_place(f, k, inline.compensation.is_some());
         }
     }
     next.attempt += 1;

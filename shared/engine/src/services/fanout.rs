@@ -130,6 +130,17 @@ where
                 });
             }
         }
+        self.collected(parent, index, outputs).await
+    }
+
+    /// The reply of `parent`'s step `index` whose output is the list of its elements'
+    /// `outputs`, kept as any output is.
+    async fn collected(
+        &self,
+        parent: &StateRecord,
+        index: usize,
+        outputs: Vec<Value>,
+    ) -> Result<Outgoing> {
         let (whole, _) = link(parent, index, None)?;
         let outcome = self.kept_output(parent.order_id, Value::Array(outputs)).await?;
         Ok(reply(&whole, outcome))
@@ -313,9 +324,7 @@ where
             let whole = payload::resolve(&self.payloads, id, &output).await?;
             outputs.push(Value::Object([(step.name.clone(), whole)].into_iter().collect()));
         }
-        let (whole, _) = link(parent, index, None)?;
-        let outcome = self.kept_output(parent.order_id, Value::Array(outputs)).await?;
-        Ok(reply(&whole, outcome))
+        self.collected(parent, index, outputs).await
     }
 
     /// The output each element of `state`'s pass answered, from the first page that holds it.
