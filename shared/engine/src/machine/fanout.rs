@@ -271,7 +271,7 @@ fn advance(next: &mut StateRecord, i: usize, fan: Fan, ctx: &Ctx<'_>, effects: &
             Direction::Undo => inline.and_then(undo_budget),
         };
         if let Some(budget) = budget {
-            call_lease(next, i, budget, ctx);
+            extend_lease(next, i, budget, ctx);
         }
     }
     let Some(state) = next.steps[i].fan.as_mut() else { return };
@@ -358,11 +358,30 @@ fn in_flight(state: &FanState) -> Vec<u32> {
 }
 
 /// Step `i`'s lease covers the calls just sent, each with `budget`: it ends no sooner than
-/// their budgets do, and no later than the step's own timeout.
+/// their budgets do, and no later than the step's own timeout. A lease just taken ends then;
+/// one that covers calls still in flight is only ever made longer.
 fn call_lease(next: &mut StateRecord, i: usize, budget: Duration, ctx: &Ctx<'_>) {
+    lease_for_calls(next, i, budget, ctx, false);
+}
+
+/// [`call_lease`], for calls sent beside others still in flight.
+fn extend_lease(next: &mut StateRecord, i: usize, budget: Duration, ctx: &Ctx<'_>) {
+    lease_for_calls(next, i, budget, ctx, true);
+}
+
+fn lease_for_calls(
+    next: &mut StateRecord,
+    i: usize,
+    budget: Duration,
+    ctx: &Ctx<'_>,
+    beside: bool,
+) {
     let ends_by = next.steps[i].ends_by.filter(|_| next.steps[i].direction() == Direction::Do);
     let Some(lease) = next.steps[i].lease.as_mut() else { return };
     let mut complete_by = ctx.now.plus(ctx.config.claim_grace).plus(budget);
+    if beside {
+        complete_by = complete_by.max(lease.complete_by);
+    }
     if let Some(end) = ends_by {
         complete_by = complete_by.min(end);
     }
@@ -490,7 +509,7 @@ pub(super) fn elements_answered(
     if !dirtied.is_empty() && held.is_none() {
         effects.push(Effect::Elements { step: i, elements: dirtied });
         if let Some(budget) = undo_budget(inline) {
-            call_lease(&mut next, i, budget, ctx);
+            extend_lease(&mut next, i, budget, ctx);
         }
     }
     if !taken && held.is_none() && deferred.is_empty() {
