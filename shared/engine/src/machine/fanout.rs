@@ -44,7 +44,8 @@ pub(super) fn open(
     effects: &mut Vec<Effect>,
 ) {
     let direction = next.steps[i].direction();
-    let inline = inline_step(ctx, &next.steps[i]).map(|s| s.budget);
+    let inline_step = inline_step(ctx, &next.steps[i]);
+    let inline = inline_step.map(|s| s.budget);
     let ends_by = next.steps[i].ends_by;
     let past_timeout = inline.is_some() && ends_by.is_some_and(|e| e <= ctx.now);
     let state = next.steps[i].fan.get_or_insert_with(FanState::default);
@@ -77,7 +78,7 @@ pub(super) fn open(
                 state.strikes.clear();
             }
             if inline.is_some() {
-                if let Some(budget) = inline_step(ctx, &next.steps[i]).and_then(undo_budget) {
+                if let Some(budget) = inline_step.and_then(undo_budget) {
                     call_lease(next, i, budget, ctx);
                 }
                 return advance(next, i, fan, ctx, effects);
@@ -429,6 +430,7 @@ pub(super) fn elements_answered(
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     let name = leased.name.clone();
     let mut taken = false;
+    let mut dirtied = Vec::new();
     let mut kept = std::collections::BTreeMap::new();
     let mut held = None;
     let mut deferred: Vec<(u32, Timestamp)> = Vec::new();
@@ -469,7 +471,9 @@ pub(super) fn elements_answered(
                 kept.insert(k, output.clone());
             }
             (Direction::Do, false, StepOutcome::Done { .. } | StepOutcome::TooLarge { .. }) => {
-                failed_in_place(f, k, inline.compensation.is_some());
+                if failed_in_place(f, k, inline.compensation.is_some()) {
+                    dirtied.push(k);
+                }
             }
             (Direction::Do, false, _) => {
                 f.forward.running.retain(|&e| e != k);
@@ -500,12 +504,6 @@ pub(super) fn elements_answered(
     let mut effects = Vec::new();
     // The undo of a dirty element started just now goes out with this write (or, should the
     // pass wait for its service, once it resumes).
-    let dirtied: Vec<u32> = f
-        .cleaning
-        .iter()
-        .copied()
-        .filter(|k| !record.steps[i].fan.as_ref().is_some_and(|old| old.cleaning.contains(k)))
-        .collect();
     if !dirtied.is_empty() && held.is_none() {
         effects.push(Effect::Elements { step: i, elements: dirtied });
         if let Some(budget) = undo_budget(inline) {
@@ -515,19 +513,19 @@ pub(super) fn elements_answered(
     if !taken && held.is_none() && deferred.is_empty() {
         return stale;
     }
+    let page = (!kept.is_empty()).then(|| Page {
+        pass: Page::pass_of(record.order_id, &name, leased.generation),
+        id: Page::id_of(next.revision, message),
+        outputs: kept,
+    });
     if let Some((k, reason)) = undo_refused {
         let reason = format!("the undo of element {k} was refused: {reason}");
         next.steps[i].detail = Some(reason.clone());
-        failed(&mut next, i, Cause::StepRejected { step: name.clone(), reason }, ctx);
+        failed(&mut next, i, Cause::StepRejected { step: name, reason }, ctx);
     }
     if let Some((reason, action)) = held {
         // The whole pass waits for its service, each element in flight sent again on resuming.
         park_on(&mut next, i, &lease, &reason, action.as_deref(), inline, ctx);
-        let page = (!kept.is_empty()).then(|| Page {
-            pass: Page::pass_of(record.order_id, &name, leased.generation),
-            id: Page::id_of(next.revision, message),
-            outputs: std::mem::take(&mut kept),
-        });
         return with_pages(proceed(next, effects, ctx, Via::Lease), page);
     }
     if let Some(until) = deferred.iter().map(|(_, until)| *until).max() {
@@ -544,18 +542,13 @@ pub(super) fn elements_answered(
         }
     }
     advance(&mut next, i, fan, ctx, &mut effects);
-    let page = (!kept.is_empty()).then(|| Page {
-        pass: Page::pass_of(record.order_id, &name, leased.generation),
-        id: Page::id_of(next.revision, message),
-        outputs: kept,
-    });
     with_pages(proceed(next, effects, ctx, Via::Lease), page)
 }
 
 /// Element `k`, called, ended failed with its effect perhaps in place: undone at once if it
-/// can be, as its child order would have undone itself; otherwise left as it is, nothing
-/// able to undo it.
-fn failed_in_place(f: &mut FanState, k: u32, undoable: bool) {
+/// can be, as its child order would have undone itself (true: its undo is to be sent);
+/// otherwise left as it is, nothing able to undo it.
+fn failed_in_place(f: &mut FanState, k: u32, undoable: bool) -> bool {
     f.forward.running.retain(|&e| e != k);
     f.forward.failed += 1;
     if undoable {
@@ -564,6 +557,7 @@ fn failed_in_place(f: &mut FanState, k: u32, undoable: bool) {
     } else {
         f.settled.insert(k);
     }
+    undoable
 }
 
 /// `decision`, whose write takes the outputs on `page`.

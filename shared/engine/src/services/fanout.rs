@@ -166,16 +166,7 @@ where
             Err(why) => Err(why),
         })
     }
-}
 
-impl<S, Q, B, C, P> Ports<S, Q, B, C, P>
-where
-    S: StateStore,
-    Q: Outbox,
-    B: EventBus,
-    C: Clock,
-    P: Payloads,
-{
     /// The calls of `elements` of `parent`'s step `index`, a pass run inline, to its child
     /// step's agent, sent after `delay`: forward, each element called (or, dirty, undone);
     /// for the step's undo, each undone, told the output its call answered. An element whose
