@@ -1,12 +1,12 @@
 //! Who may call which route of the HTTP API, as IAM decides it on AWS: a signed caller holds one
-//! of the template's managed policies (`ClientPolicy`, `OperatorPolicy`, `AnswererPolicy`),
-//! and an `AWS_IAM` route answers 403 to a caller whose policy does not allow
+//! of the template's managed policies (`ClientPolicy`, `OperatorPolicy`, `ReadOnlyPolicy`,
+//! `AnswererPolicy`), and an `AWS_IAM` route answers 403 to a caller whose policy does not allow
 //! `execute-api:Invoke` on it.
 //!
 //! Locally an access key id names the caller, and also says which policy it holds: a key
-//! that begins with `ops` holds `OperatorPolicy` (the `sas` CLI's), one that begins with
-//! `answer` holds `AnswererPolicy` (a party answering steps that wait for it), any other
-//! `ClientPolicy`;
+//! that begins with `ops` holds `OperatorPolicy` (the `sas` CLI's), one that begins with `read`
+//! holds `ReadOnlyPolicy` (someone who looks and may not act), one that begins with `answer`
+//! holds `AnswererPolicy` (a party answering steps that wait for it), any other `ClientPolicy`;
 //! `local-stack up --caller KEY=POLICY` gives a key any managed policy of the template, or
 //! `none`. The policies are read from the template and evaluated in the stack, so the ARNs they
 //! name are the local API's (`arn:aws:execute-api:<region>:<account>:<api id>/<stage>/<METHOD>/<path>`).
@@ -26,6 +26,10 @@ pub const OPERATOR_POLICY: &str = "OperatorPolicy";
 pub const ANSWERER_POLICY: &str = "AnswererPolicy";
 /// Access key ids that begin with this hold [`ANSWERER_POLICY`].
 pub const ANSWERER_PREFIX: &str = "answer";
+/// The policy of an access key id that begins with [`READER_PREFIX`].
+pub const READER_POLICY: &str = "ReadOnlyPolicy";
+/// Access key ids that begin with this hold [`READER_POLICY`].
+pub const READER_PREFIX: &str = "read";
 /// The policy of every other access key id.
 pub const CLIENT_POLICY: &str = "ClientPolicy";
 /// Access key ids that begin with this hold [`OPERATOR_POLICY`].
@@ -84,6 +88,7 @@ impl Callers {
             Some(name) => name,
             None if access_key.starts_with(OPERATOR_PREFIX) => OPERATOR_POLICY,
             None if access_key.starts_with(ANSWERER_PREFIX) => ANSWERER_POLICY,
+            None if access_key.starts_with(READER_PREFIX) => READER_POLICY,
             None => CLIENT_POLICY,
         }
     }
@@ -141,6 +146,12 @@ mod tests {
             ("answerer", "GET", order.as_str(), false),
             ("me", "POST", &format!("{order}/steps/approval/complete"), false),
             ("ops", "POST", &format!("{admin}/steps/approval/refuse"), true),
+            ("reader", "GET", admin.as_str(), true),
+            ("reader-bob", "GET", "/admin/services", true),
+            ("reader", "POST", &format!("{admin}/redrive"), false),
+            ("reader", "POST", "/admin/services/payment/hold", false),
+            ("reader", "POST", "/orders", false),
+            ("reader", "GET", order.as_str(), false),
             ("auditor", "POST", "/orders", false),
             ("auditor", "GET", admin.as_str(), false),
         ];
@@ -163,6 +174,6 @@ mod tests {
         let assigned = [("me".to_owned(), "AdminEverything".to_owned())];
         let refused = Callers::read(&template, &stack, &assigned).unwrap_err().to_string();
         assert!(refused.contains("no managed policy AdminEverything"), "{refused}");
-        assert!(refused.contains("ClientPolicy, OperatorPolicy"), "{refused}");
+        assert!(refused.contains("ClientPolicy, OperatorPolicy, ReadOnlyPolicy"), "{refused}");
     }
 }

@@ -173,8 +173,8 @@ struct StackArgs {
     parameters: Vec<(String, String)>,
     /// The managed policy of the template that a caller of the HTTP API holds, as
     /// ACCESS_KEY_ID=POLICY (repeatable; POLICY `none` grants nothing). Without it, a key that
-    /// begins with `ops` holds OperatorPolicy, one that begins with `answer` AnswererPolicy,
-    /// and any other ClientPolicy.
+    /// begins with `ops` holds OperatorPolicy, one that begins with `read` ReadOnlyPolicy, one
+    /// that begins with `answer` AnswererPolicy, and any other ClientPolicy.
     #[arg(long = "caller", value_parser = key_value)]
     callers: Vec<(String, String)>,
     /// Use the binaries as they are instead of running `cargo build` first.
