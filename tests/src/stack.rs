@@ -468,6 +468,7 @@ impl System {
             keyring: Keyring::new(t.store()),
             shards: config.index_shards,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
+            catalogue: system.catalogue.clone(),
         };
         let status = StatusService::new(t.store());
         let book = t.book();

@@ -69,6 +69,16 @@ async fn a_failed_order_is_found_shown_and_redriven_once_its_service_is_back() {
     assert_eq!(view["process_state"], "Error");
     assert_eq!(view["needs_manual_undo"], json!([]), "the reservation was released");
     assert_eq!(view["alert"], "sent");
+    // The steps of the order's version, outlined for a console to draw.
+    let outline = view["outline"].as_array().unwrap();
+    let names: Vec<&str> = outline.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["reserve-inventory", "charge-payment", "ship"], "{view}");
+    assert_eq!(outline[1]["depends_on"], json!(["reserve-inventory"]));
+    assert_eq!(
+        (outline[1]["kind"].as_str(), outline[1]["runs"].as_str()),
+        (Some("agent"), Some("payment"))
+    );
+    assert_eq!(outline[0]["undo"], "release-inventory");
 
     // The card is fixed; the operator redrives. The same request sent twice is applied once.
     s.remote.set_faults("{}").await;
@@ -203,6 +213,10 @@ async fn bad_requests_are_refused_and_write_nothing() {
     let s = System::start("admin-bad", "{}").await;
     let id = submit(&s, "admin-bad-1").await;
     let before = s.state(id).await;
+    // The console says who the API takes its caller for; an anonymous caller is refused.
+    let (status, me) = s.admin("GET", "/admin/me", None, Some(OPERATOR)).await;
+    assert_eq!((status, me["caller"].as_str()), (200, Some(OPERATOR)), "{me}");
+    assert_eq!(s.admin("GET", "/admin/me", None, None).await.0, 403);
     let path = format!("/admin/orders/{id}/cancel");
     let good = json!({"command_id": "c-1", "reason": "test"});
     // (what, path, body, caller, status, error code)
@@ -332,8 +346,16 @@ async fn dead_letters_are_described_and_moved_back_to_their_queue() {
     let poison = messages.iter().find(|m| m.get("kind").is_none()).unwrap();
     assert!(poison["undecodable"].as_str().unwrap().contains("not JSON"), "{poison}");
 
-    let (status, moved) =
-        s.admin("POST", "/admin/dead-letters/scheduler/redrive", None, Some(OPERATOR)).await;
+    // A move needs a reason, which is logged with who gave it; without one nothing moves.
+    let path = "/admin/dead-letters/scheduler/redrive";
+    let (status, refused) = s.admin("POST", path, None, Some(OPERATOR)).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("invalid_request")));
+    let no_reason = Some(json!({ "reason": "  " }));
+    let (status, refused) = s.admin("POST", path, no_reason, Some(OPERATOR)).await;
+    assert!(refused["error"]["message"].as_str().unwrap().contains("reason"), "{refused}");
+    assert_eq!(status, 400);
+    let reason = Some(json!({ "reason": "the scheduler's bug is fixed" }));
+    let (status, moved) = s.admin("POST", path, reason, Some(OPERATOR)).await;
     assert_eq!(status, 200, "{moved}");
     // moto has no message move task: the messages are copied back.
     assert_eq!(

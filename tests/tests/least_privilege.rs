@@ -286,7 +286,9 @@ async fn orders_run_to_the_end_with_no_call_refused() {
     assert_eq!(status, 200, "POST {path}: {body}");
     wait_for(&stack, &failed, "Processed", 120).await;
     let path = "/admin/dead-letters/replies/redrive";
-    let (status, body) = post(&http, &stack, "ops-lp", path, "").await;
+    let (status, body) =
+        post(&http, &stack, "ops-lp", path, r#"{"reason":"replies lost to a bug now fixed"}"#)
+            .await;
     assert_eq!(status, 200, "POST {path}: {body}");
 
     let access = stack.access();

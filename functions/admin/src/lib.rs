@@ -8,12 +8,13 @@
 //! | Route | Does |
 //! |---|---|
 //! | `GET /admin/orders?list=failed\|paused\|in-flight` | a page of orders (filters: `older_than` seconds, `step`, `cause`; `limit`, `after`) |
-//! | `GET /admin/orders/{id}` | the order with its timeline, commands and what is left to undo |
+//! | `GET /admin/orders/{id}` | the order with its timeline, commands and what is left to undo, and its workflow's steps outlined |
 //! | `POST /admin/orders/{id}/{cancel\|pause\|resume\|redrive}` | a command: `{"command_id", "reason", "compensation"?}` |
 //! | `POST /admin/orders/{id}/steps/{step}/{complete\|refuse}` | answers a step that waits for a callback, for the party outside: `{"reason", "output"?}` |
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
-//! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue |
+//! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue: `{"reason"}`, logged with the caller |
+//! | `GET /admin/me` | who the API takes the caller for |
 //! | `GET /admin/keys?key=&limit=` | the concurrency keys with orders running (how many run and wait, since when), or one key's running orders and line |
 //! | `GET /admin/services` | each service: open or held, and each hold of it or of one of its actions (since when, why, by whom, probing, what the probes last met), orders waiting |
 //! | `POST /admin/services/{agent}/{hold\|release}` | holds a service, or one of its actions, by hand, or releases it: `{"reason", "action"?}` |
@@ -21,12 +22,14 @@
 pub mod settings;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lambda_http::http::{Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
+use sas_engine::catalogue::Catalogue;
 use sas_engine::machine::Refused;
 use sas_engine::payload::NoPayloads;
 use sas_engine::ports::{
@@ -35,6 +38,7 @@ use sas_engine::ports::{
 };
 use sas_engine::services::{
     Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService,
+    outline,
 };
 use sas_engine::state::CommandKind;
 use sas_engine::{Error, OrderId};
@@ -72,6 +76,8 @@ pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
     pub desk: ServiceDesk<G, S, C>,
     /// The concurrency keys, their running orders and their lines.
     pub keyring: Keyring<S>,
+    /// The workflows, whose steps an order's view outlines.
+    pub catalogue: Arc<Catalogue>,
 }
 
 /// A hold's or release's body.
@@ -170,9 +176,13 @@ where
             let Some(dlq) = admin.dead_letters.queue(queue) else {
                 return unknown_queue(admin, queue);
             };
+            let reason = match reason_of(request.body()) {
+                Ok(reason) => reason,
+                Err(response) => return *response,
+            };
             match admin.dead_letters.redrive(dlq, COPY_MAX, COPY_BUDGET).await {
                 Ok(moved) => {
-                    tracing::info!(queue, by = %caller, "dead letters redriven");
+                    tracing::info!(queue, by = %caller, reason, "dead letters redriven");
                     let mut body = serde_json::to_value(&moved).unwrap_or(Value::Null);
                     body["queue"] = Value::String((*queue).to_owned());
                     api::json(StatusCode::OK, &body)
@@ -180,6 +190,7 @@ where
                 Err(e) => failure(&e),
             }
         }
+        (Method::GET, ["admin", "me"]) => api::json(StatusCode::OK, &json!({ "caller": caller })),
         (Method::GET, ["admin", "keys"]) => keys(&admin.keyring, &query).await,
         (Method::GET, ["admin", "services"]) => match admin.desk.list().await {
             Ok(services) => api::json(StatusCode::OK, &json!({ "services": services })),
@@ -301,7 +312,16 @@ where
     };
     match admin.status.operator_view(order_id).await {
         Ok(Some(view)) => match serde_json::to_value(&view) {
-            Ok(body) => api::json(StatusCode::OK, &body),
+            Ok(mut body) => {
+                // The steps as the order's version declares them, for a console to draw; absent
+                // if this deployment no longer has that version.
+                let version =
+                    admin.catalogue.version(&view.view.workflow, view.view.workflow_version);
+                if let Some(workflow) = version {
+                    body["outline"] = json!(outline(workflow));
+                }
+                api::json(StatusCode::OK, &body)
+            }
             Err(e) => failure(&Error::rejected("admin", e)),
         },
         Ok(None) => not_found(),
@@ -434,6 +454,30 @@ where
         }
         Err(e) => failure(&e),
     }
+}
+
+/// A body that gives only a reason, as a move of dead letters needs, or the answer refusing it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReasonBody {
+    reason: String,
+}
+
+fn reason_of(body: &Body) -> Result<String, Box<Response<Body>>> {
+    let bytes = api::body_bytes(body);
+    let refused = |message: String| Box::new(bad_request(&message));
+    if bytes.len() > MAX_BODY_BYTES {
+        return Err(refused(format!("the body must be at most {MAX_BODY_BYTES} bytes")));
+    }
+    let body: ReasonBody = serde_json::from_slice(bytes)
+        .map_err(|e| refused(format!("the body must be {{\"reason\"}}: {e}")))?;
+    let reason = body.reason.trim();
+    if reason.is_empty() || reason.chars().count() > MAX_REASON_CHARS {
+        return Err(refused(format!(
+            "a reason of 1 to {MAX_REASON_CHARS} characters is required: it is logged with who gave it"
+        )));
+    }
+    Ok(reason.to_owned())
 }
 
 /// 409: the command does not fit the order's state; nothing was written.

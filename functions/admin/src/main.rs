@@ -32,7 +32,7 @@ async fn main() -> Result<(), Error> {
             bus: wiring.bus(&s.bus),
             clock: SystemClock,
             config: s.engine.config.clone(),
-            catalogue: s.engine.catalogue,
+            catalogue: s.engine.catalogue.clone(),
             payloads: NoPayloads,
         }),
         finder: store.clone(),
@@ -46,6 +46,7 @@ async fn main() -> Result<(), Error> {
             actions,
         },
         keyring: Keyring::new(store),
+        catalogue: s.engine.catalogue,
         shards: s.engine.config.index_shards,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };

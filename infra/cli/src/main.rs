@@ -195,7 +195,12 @@ enum Dlq {
         limit: usize,
     },
     /// Move a queue's messages back to the queue they came from.
-    Redrive { queue: String },
+    Redrive {
+        queue: String,
+        /// Why; logged by the stack with who moved them.
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 /// Which orders a listing or a bulk command selects.
@@ -647,7 +652,7 @@ async fn dead_letters(api: &Api, command: Dlq, json_out: bool) -> Result<ExitCod
     match command {
         Dlq::List => dlq_list(api, json_out).await,
         Dlq::Peek { queue, limit } => dlq_peek(api, &queue, limit, json_out).await,
-        Dlq::Redrive { queue } => dlq_redrive(api, &queue, json_out).await,
+        Dlq::Redrive { queue, reason } => dlq_redrive(api, &queue, &reason, json_out).await,
     }
 }
 
@@ -724,11 +729,16 @@ async fn dlq_peek(
 }
 
 /// `sas dlq redrive`: moves `queue`'s messages back, by SQS's move task where it has one.
-async fn dlq_redrive(api: &Api, queue: &str, json_out: bool) -> Result<ExitCode, CliError> {
+async fn dlq_redrive(
+    api: &Api,
+    queue: &str,
+    reason: &str,
+    json_out: bool,
+) -> Result<ExitCode, CliError> {
     let path = format!("/admin/dead-letters/{}/redrive", encode(queue));
     let mut moved = 0;
     loop {
-        let answer = api.post(&path, &json!({})).await?;
+        let answer = api.post(&path, &json!({ "reason": reason })).await?;
         if answer["method"] == "move_task" {
             if json_out {
                 print_json(&answer);

@@ -31,7 +31,7 @@ pub use line::standing;
 pub use operator::{Answering, Applied, Command, Commanded, Operator};
 pub use scheduler::Scheduler;
 pub use starter::{Started, Starter};
-pub use status::{InLine, OperatorView, OrderView, StatusService, Values};
+pub use status::{InLine, OperatorView, OrderView, StatusService, StepOutline, Values, outline};
 pub use submission::{Accepted, Asked, Submission};
 pub use supervisor::{RESUME_SPREAD, ServicesReport, Supervisor, SweepReport};
 

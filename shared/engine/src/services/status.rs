@@ -18,6 +18,7 @@ use crate::state::{
     Stop, TimelineEntry, WaitingFor,
 };
 use crate::time::Timestamp;
+use crate::workflow::{OnFailure, Work, Workflow};
 
 /// An order with its state, steps and timeline, as shown to clients.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -304,4 +305,50 @@ fn view(order: OrderRecord, state: StateRecord) -> OrderView {
         created_at: state.created_at.to_rfc3339(),
         updated_at: state.updated_at.to_rfc3339(),
     }
+}
+
+/// A step of a workflow as an operator's console draws it: what it does, what it waits for,
+/// and what undoes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StepOutline {
+    pub name: String,
+    /// `agent`, `wait`, `callback`, `child`, or `each` (a child, or a call, per element).
+    pub kind: &'static str,
+    /// The agent that performs it, or the workflow its children run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<String>,
+    pub depends_on: Vec<String>,
+    /// The action that undoes it, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undo: Option<String>,
+    /// `undo`: its failure undoes the order; `report`: the order goes on without it.
+    pub on_failure: &'static str,
+}
+
+/// The steps of `workflow`, in the order it declares them.
+pub fn outline(workflow: &Workflow) -> Vec<StepOutline> {
+    workflow
+        .steps()
+        .iter()
+        .map(|step| {
+            let (kind, runs) = match &step.work {
+                Work::Agent(agent) => ("agent", Some(agent.to_string())),
+                Work::Wait(_) => ("wait", None),
+                Work::Callback => ("callback", None),
+                Work::Child(child) if child.fan.is_some() => ("each", Some(child.workflow.clone())),
+                Work::Child(child) => ("child", Some(child.workflow.clone())),
+            };
+            StepOutline {
+                name: step.name.clone(),
+                kind,
+                runs,
+                depends_on: step.depends_on.clone(),
+                undo: step.compensation.as_ref().map(|c| c.action.clone()),
+                on_failure: match step.on_failure {
+                    OnFailure::Undo => "undo",
+                    OnFailure::Report => "report",
+                },
+            }
+        })
+        .collect()
 }
