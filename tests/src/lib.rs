@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)] // a harness that cannot set up should fail the test loudly
 
 pub mod browser;
+pub mod devtools;
 pub mod docs;
 pub mod e2e;
 pub mod effects;

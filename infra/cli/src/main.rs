@@ -7,6 +7,7 @@
 //! order refused a command or a call failed, 2 for a usage error.
 
 mod client;
+mod console;
 mod load;
 mod render;
 
@@ -50,6 +51,13 @@ enum Format {
 
 #[derive(Debug, Subcommand)]
 enum Verb {
+    /// Serve the console, every verb of `sas` in a web page, on 127.0.0.1; its calls are signed
+    /// here with your credentials, which the page never sees.
+    Console {
+        /// The port to listen on (0: any free port).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
     /// List orders that need attention, newest first.
     List {
         #[command(flatten)]
@@ -298,6 +306,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         return offer(api, args, json_out).await;
     }
     let api = Api::connect(&base, cli.region.clone()).await?;
+    if let Verb::Console { port } = cli.command {
+        let console = console::Console::bind(api, port).await?;
+        println!("sas console: {} (open it in a browser; Ctrl-C stops it)", console.url());
+        console.serve().await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     match cli.command {
         Verb::List { filter, limit } => {
             let orders = select(&api, &filter, limit).await?;
@@ -373,7 +387,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             service_command(&api, &agent, action.as_deref(), "release", &reason, json_out).await
         }
         Verb::Dlq { command } => dead_letters(&api, command, json_out).await,
-        Verb::Load(_) => unreachable!("handled above"),
+        Verb::Load(_) | Verb::Console { .. } => unreachable!("handled above"),
     }
 }
 

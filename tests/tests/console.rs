@@ -1,0 +1,293 @@
+//! The operators' console, as a person uses it: `sas console` runs against the local stack
+//! with a caller's own credentials, and headless Chromium opens the address it prints, then
+//! clicks, types and reads the page through the DevTools protocol.
+//!
+//! - An operator finds an order that failed (its payment refused), reads why, redrives it
+//!   once the service is back, and sees it end Processed without reloading the page; the
+//!   redrive is on the order's timeline with the operator's name and reason.
+//! - The operator holds a service and releases it, and sees the dead-letter queues and the keys.
+//! - Someone who only reads (`ReadOnlyPolicy`) sees the same orders, and every command they
+//!   try is refused by the API, with nothing changed.
+//! - What is not the page gets nothing: a call without the session, or naming another host,
+//!   is refused before anything is signed.
+//!
+//! The browser is the machine's Chromium, or one the test installs into `.chromium/` itself
+//! (see `sas_tests::browser`).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use sas_infra::access::sigv4::local_signer;
+use sas_infra::emulation::local::LocalStack;
+use sas_tests::browser::Chromium;
+use sas_tests::devtools::Tab;
+use sas_tests::e2e::{SOUND, build_binaries, put_faults, start_stack};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
+
+const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
+const REGION: &str = "us-east-1";
+
+/// Every payment refused for good: each order ends in Error at charge-payment.
+const DECLINING: &str =
+    r#"{"default":{"latency_ms":20},"actions":{"charge-payment":{"permanent_rate":1.0}}}"#;
+
+/// Long enough for an order to go through the local stack on a busy machine.
+const ENDS_WITHIN: Duration = Duration::from_secs(90);
+
+/// `sas console` running as `caller`, and the address it printed.
+struct Console {
+    url: String,
+    _process: Child,
+}
+
+async fn console(stack: &LocalStack, caller: &str) -> Console {
+    let bin = build_binaries(Path::new(TARGET_TMPDIR));
+    let mut process = tokio::process::Command::new(bin.join("sas"))
+        .arg("console")
+        .env("SAS_API_URL", &stack.api_url)
+        .env("AWS_ACCESS_KEY_ID", caller)
+        .env("AWS_SECRET_ACCESS_KEY", sas_infra::access::sigv4::LOCAL_SECRET_KEY)
+        .env("AWS_REGION", REGION)
+        .env_remove("AWS_PROFILE")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(process.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("sas console printed no address")
+        .unwrap()
+        .unwrap();
+    let url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_owned();
+    Console { url, _process: process }
+}
+
+async fn submit(http: &reqwest::Client, stack: &LocalStack, key: &str) -> String {
+    let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
+                  "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
+    let signer = local_signer("console-client", REGION, "execute-api");
+    for _ in 0..20 {
+        let request = http
+            .post(format!("{}/orders", stack.api_url))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(body);
+        if let Ok(answer) = signer.send(http, request).await {
+            if answer.status() == 202 {
+                let v: Value = answer.json().await.unwrap();
+                return v["order_id"].as_str().unwrap().to_owned();
+            }
+        }
+        // The first requests may meet functions still starting.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("the order {key} was not accepted");
+}
+
+/// The order as the admin API shows it to an operator.
+async fn shown(http: &reqwest::Client, stack: &LocalStack, id: &str) -> Value {
+    let signer = local_signer("ops-check", REGION, "execute-api");
+    let request = http.get(format!("{}/admin/orders/{id}", stack.api_url));
+    signer.send(http, request).await.unwrap().json().await.unwrap()
+}
+
+async fn wait_state(http: &reqwest::Client, stack: &LocalStack, id: &str, state: &str) {
+    let deadline = tokio::time::Instant::now() + ENDS_WITHIN;
+    loop {
+        let view = shown(http, stack, id).await;
+        if view["process_state"] == state {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{id} not {state}: {view}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Writes the page as `<name>.png` into the folder `CONSOLE_SCREENSHOTS` names, if it names
+/// one: the README's screenshots are taken this way.
+async fn shot(tab: &mut Tab, name: &str) {
+    if let Some(dir) = std::env::var_os("CONSOLE_SCREENSHOTS") {
+        let png = tab.screenshot().await.unwrap();
+        std::fs::write(Path::new(&dir).join(format!("{name}.png")), png).unwrap();
+    }
+}
+
+/// A JavaScript string literal of `text`.
+fn js(text: &str) -> String {
+    Value::String(text.to_owned()).to_string()
+}
+
+/// Answers a dialog the page opened: a reason, then Confirm; returns the notice it shows.
+async fn confirm(tab: &mut Tab, reason: &str) -> Value {
+    tab.wait_for("document.getElementById('ask').open", Duration::from_secs(5)).await.unwrap();
+    tab.fill("#ask-reason", reason).await.unwrap();
+    tab.click("#ask-confirm").await.unwrap();
+    tab.wait_for(
+        "(() => { const n = document.getElementById('notice'); return !n.hidden && !document.getElementById('ask').open && { kind: n.className, status: n.dataset.status, text: n.textContent }; })()",
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_every_command() {
+    let browser = Chromium::find_or_install().unwrap();
+    let stack = start_stack(TARGET_TMPDIR.as_ref(), "e2e-console", DECLINING, 5, &[]).await;
+    let http = reqwest::Client::new();
+    let redriven = submit(&http, &stack, "console-1").await;
+    let left = submit(&http, &stack, "console-2").await;
+    wait_state(&http, &stack, &redriven, "Error").await;
+    wait_state(&http, &stack, &left, "Error").await;
+
+    // The operator signs in: the console runs with their credentials, and says whose.
+    let operator = console(&stack, "ops-alice").await;
+    let mut tab = Tab::open(&browser, 1280, 900).await.unwrap();
+    tab.goto(&operator.url).await.unwrap();
+    let who = tab.wait_for("document.getElementById('who').dataset.caller", ENDS_WITHIN).await;
+    assert_eq!(who.unwrap(), "arn:aws:iam::123456789012:user/ops-alice");
+    let address = tab.eval("location.href").await.unwrap();
+    assert!(!address.as_str().unwrap().contains("session="), "the token leaves the address");
+
+    // It finds the failed order in the list, and opens it.
+    let row = format!("#orders a[data-order={}]", js(&redriven));
+    tab.wait_for(&format!("document.querySelector({})", js(&row)), ENDS_WITHIN).await.unwrap();
+    shot(&mut tab, "console-attention").await;
+    tab.click(&row).await.unwrap();
+    let state = "(() => { const s = document.getElementById('order-state'); return s && s.dataset.state; })()";
+    assert_eq!(tab.wait_for(state, ENDS_WITHIN).await.unwrap(), "Error");
+    let why = tab.eval("document.getElementById('cause').textContent").await.unwrap();
+    let why = why.as_str().unwrap();
+    assert!(why.contains("step_rejected at charge-payment"), "{why}");
+    // The workflow drawn: a box per step, the failed one marked, an arrow from each step to
+    // the one that waits for it.
+    let boxes = tab
+        .eval("[...document.querySelectorAll('#graph [data-node]')].map((n) => n.dataset.node + ':' + n.dataset.status)")
+        .await
+        .unwrap();
+    assert_eq!(
+        boxes,
+        serde_json::json!([
+            "reserve-inventory:undone",
+            "charge-payment:failed",
+            "ship:not_started"
+        ])
+    );
+    let arrows = tab.eval("document.querySelectorAll('#graph .edge').length").await.unwrap();
+    assert_eq!(arrows, 2);
+    shot(&mut tab, "console-order").await;
+    let failed_step = tab
+        .eval("document.querySelector('#steps tr[data-step=\"charge-payment\"]').dataset.status")
+        .await
+        .unwrap();
+    assert_eq!(failed_step, "failed");
+
+    // The payment service is back: a redrive, with a reason, and the page follows the order
+    // to its end by itself.
+    put_faults(&http, &stack, SOUND).await;
+    tab.click("button[data-verb=redrive]").await.unwrap();
+    let done = confirm(&mut tab, "card limit raised by the bank").await;
+    assert_eq!(done["kind"], "done", "{done}");
+    let processed = format!("{state} === 'Processed'");
+    tab.wait_for(&processed, ENDS_WITHIN).await.unwrap();
+    let entry = tab
+        .eval("[...document.querySelectorAll('#timeline tr')].map((r) => r.textContent).find((t) => t.includes('card limit raised'))")
+        .await
+        .unwrap();
+    let entry = entry.as_str().expect("the redrive is on the timeline");
+    assert!(entry.contains("user/ops-alice"), "{entry}");
+
+    // A service held and released by hand, with a reason each time.
+    tab.click("a[data-nav=services]").await.unwrap();
+    tab.wait_for("document.querySelector('#services [data-hold-service=payment]')", ENDS_WITHIN)
+        .await
+        .unwrap();
+    tab.click("[data-hold-service=payment]").await.unwrap();
+    let held = confirm(&mut tab, "the bank's maintenance window").await;
+    assert_eq!(held["kind"], "done", "{held}");
+    tab.wait_for("document.querySelector('tr[data-service=payment] [data-release]')", ENDS_WITHIN)
+        .await
+        .unwrap();
+    shot(&mut tab, "console-services").await;
+    tab.click("tr[data-service=payment] [data-release]").await.unwrap();
+    let released = confirm(&mut tab, "the window is over").await;
+    assert_eq!(released["kind"], "done", "{released}");
+    tab.wait_for("!document.querySelector('tr[data-service=payment] [data-release]')", ENDS_WITHIN)
+        .await
+        .unwrap();
+
+    // The dead-letter queues and the keys are there to look at.
+    tab.click("a[data-nav=dead-letters]").await.unwrap();
+    let queues = tab
+        .wait_for("document.querySelectorAll('#queues tbody tr').length", ENDS_WITHIN)
+        .await
+        .unwrap();
+    assert!(queues.as_u64().unwrap() >= 2, "{queues}");
+    tab.click("a[data-nav=keys]").await.unwrap();
+    tab.wait_for(
+        "document.getElementById('keys') || document.getElementById('keys-empty')",
+        ENDS_WITHIN,
+    )
+    .await
+    .unwrap();
+
+    // An id that names no order says so.
+    tab.fill("#search-id", "5d0f5d7e-1b7c-4e0a-9b8e-000000000000").await.unwrap();
+    tab.click("#search button").await.unwrap();
+    let missing = tab
+        .wait_for("(document.getElementById('not-found') || {}).textContent", ENDS_WITHIN)
+        .await
+        .unwrap();
+    assert!(missing.as_str().unwrap().contains("no order with this id"), "{missing}");
+
+    // A reader sees the same orders, and is refused every command by the API.
+    let reader = console(&stack, "reader-bob").await;
+    let mut tab = Tab::open(&browser, 1280, 900).await.unwrap();
+    tab.goto(&reader.url).await.unwrap();
+    let row = format!("#orders a[data-order={}]", js(&left));
+    tab.wait_for(&format!("document.querySelector({})", js(&row)), ENDS_WITHIN).await.unwrap();
+    tab.click(&row).await.unwrap();
+    assert_eq!(tab.wait_for(state, ENDS_WITHIN).await.unwrap(), "Error");
+    let before = shown(&http, &stack, &left).await;
+    for verb in ["redrive", "redrive-compensation", "cancel"] {
+        tab.click(&format!("button[data-verb={verb}]")).await.unwrap();
+        let refused = confirm(&mut tab, "trying what a reader may not").await;
+        assert_eq!(
+            (refused["kind"].as_str(), refused["status"].as_str()),
+            (Some("error"), Some("403")),
+            "{verb}: {refused}"
+        );
+    }
+    tab.click("a[data-nav=services]").await.unwrap();
+    tab.wait_for("document.querySelector('[data-hold-service=payment]')", ENDS_WITHIN)
+        .await
+        .unwrap();
+    tab.click("[data-hold-service=payment]").await.unwrap();
+    let refused = confirm(&mut tab, "trying what a reader may not").await;
+    assert_eq!(refused["status"], "403", "{refused}");
+    let after = shown(&http, &stack, &left).await;
+    assert_eq!(after["process_state"], "Error");
+    assert_eq!(after["timeline"], before["timeline"], "nothing was written for the reader");
+
+    // The signing proxy answers the page alone.
+    let api = format!("{}api/admin/me", operator.url.split('#').next().unwrap());
+    let bare = http.get(&api).send().await.unwrap();
+    assert_eq!(bare.status(), 401, "no session, nothing signed");
+    let token = operator.url.split("session=").nth(1).unwrap();
+    let other_host = http
+        .get(&api)
+        .header("host", "attacker.example:80")
+        .header("x-sas-console", token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other_host.status(), 421, "a name rebound to loopback reaches nothing");
+    let good = http.get(&api).header("x-sas-console", token).send().await.unwrap();
+    assert_eq!(good.status(), 200);
+}
