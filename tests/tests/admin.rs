@@ -63,6 +63,18 @@ async fn a_failed_order_is_found_shown_and_redriven_once_its_service_is_back() {
     let (_, page) =
         s.admin("GET", "/admin/orders?list=failed&step=ship", None, Some(OPERATOR)).await;
     assert!(listed(&page).is_empty(), "filtered out by step: {page}");
+    // Each listing counted with the same filters.
+    let (status, counts) = s.admin("GET", "/admin/counts", None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{counts}");
+    assert_eq!(counts["failed"], json!({"orders": 1, "capped": false, "exact": true}));
+    assert_eq!(
+        (counts["paused"]["orders"].as_u64(), counts["reported"]["orders"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let (_, counts) = s.admin("GET", "/admin/counts?step=ship", None, Some(OPERATOR)).await;
+    assert_eq!(counts["failed"]["orders"], 0, "{counts}");
+    let (status, _) = s.admin("GET", "/admin/counts?step=a%20b", None, Some(OPERATOR)).await;
+    assert_eq!(status, 400);
 
     let (status, view) = s.admin("GET", &format!("/admin/orders/{id}"), None, Some(OPERATOR)).await;
     assert_eq!(status, 200, "{view}");

@@ -37,9 +37,9 @@ use sas_engine::message::{Message, Start};
 use sas_engine::message::{StepOutcome, StepRef};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    BusyKey, Clock, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex, KeyIndex,
-    ListPage, ListQuery, Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing, Page,
-    QueueDepths, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore, WaitGauge,
+    BusyKey, Clock, Counted, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex,
+    KeyIndex, ListPage, ListQuery, Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing,
+    Page, QueueDepths, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore, WaitGauge,
     WaitReport,
 };
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
@@ -540,6 +540,26 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     assert_eq!(listed(&recent), [ids[2], ids[4], ids[3]], "{recent:?}");
     assert_eq!(recent.orders[0].since, at(90));
     assert_eq!(listed(&store.find(&query(old)).await.unwrap()), [ids[3]], "10 s is not 97");
+
+    // Each listing counted by its index, exactly where the index holds the listing itself.
+    let count = |q: ListQuery, cap| async move { store.count(&q, cap).await.unwrap() };
+    let exact = |orders| Counted { orders, capped: false, exact: true };
+    assert_eq!(count(query(Listing::Failed), 100).await, exact(2));
+    assert_eq!(count(by_step.clone(), 100).await, exact(1));
+    assert_eq!(count(by_cause.clone(), 100).await, exact(0));
+    assert_eq!(count(workflow("trip", Listing::Failed), 100).await, exact(0));
+    assert_eq!(count(query(Listing::Paused), 100).await, exact(0), "resumed");
+    assert_eq!(count(query(Listing::Reported), 100).await, exact(0));
+    let capped = count(query(Listing::Failed), 1).await;
+    assert_eq!(capped, Counted { orders: 1, capped: true, exact: true });
+    // In flight: the index's entries, which may hold the two orders whose alert is on its way
+    // besides the three in flight.
+    let in_flight = count(query(Listing::InFlight { older_than: Duration::ZERO }), 100).await;
+    assert!((3..=5).contains(&in_flight.orders) && !in_flight.exact, "{in_flight:?}");
+    let older = count(query(old), 100).await;
+    assert!((1..=3).contains(&older.orders) && !older.exact, "{older:?}");
+    let caused = ListQuery { cause: Some("step_rejected".into()), ..query(old) };
+    assert_eq!(count(caused, 100).await, exact(0), "an order in flight has no failure cause");
 }
 
 #[tokio::test]

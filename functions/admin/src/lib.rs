@@ -14,6 +14,7 @@
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue: `{"reason"}`, logged with the caller |
+//! | `GET /admin/counts` | how many orders each listing holds (the same filters), counted by its index |
 //! | `GET /admin/me` | who the API takes the caller for |
 //! | `GET /admin/keys?key=&limit=` | the concurrency keys with orders running (how many run and wait, since when), or one key's running orders and line |
 //! | `GET /admin/services` | each service: open or held, and each hold of it or of one of its actions (since when, why, by whom, probing, what the probes last met), orders waiting |
@@ -49,6 +50,8 @@ use tracing::error;
 /// Orders on one page unless the caller asks otherwise, and the most it may ask for.
 pub const DEFAULT_PAGE: usize = 25;
 pub const MAX_PAGE: usize = 100;
+/// Most orders a count of one listing reads up to: past it, the count says "at least".
+const COUNT_CAP: u64 = 10_000;
 /// Longest step or cause filter accepted.
 const MAX_FILTER_LEN: usize = 64;
 /// Longest concurrency key asked for, in characters: a group name, a slash and a value.
@@ -190,6 +193,7 @@ where
                 Err(e) => failure(&e),
             }
         }
+        (Method::GET, ["admin", "counts"]) => counts(admin, &query).await,
         (Method::GET, ["admin", "me"]) => api::json(StatusCode::OK, &json!({ "caller": caller })),
         (Method::GET, ["admin", "keys"]) => keys(&admin.keyring, &query).await,
         (Method::GET, ["admin", "services"]) => match admin.desk.list().await {
@@ -212,14 +216,10 @@ where
     C: Clock,
     P: Payloads,
 {
-    let older_than = match number(query, "older_than", 0, 0, 366 * 86_400) {
-        Ok(s) => Duration::from_secs(s as u64),
-        Err(message) => return bad_request(&message),
-    };
     let listing = match query.get("list").copied().unwrap_or("failed") {
         "failed" => Listing::Failed,
         "paused" => Listing::Paused,
-        "in-flight" => Listing::InFlight { older_than },
+        "in-flight" => Listing::InFlight { older_than: Duration::ZERO },
         "reported" => Listing::Reported,
         other => {
             return bad_request(&format!(
@@ -227,36 +227,9 @@ where
             ));
         }
     };
-    let limit = match number(query, "limit", DEFAULT_PAGE, 1, MAX_PAGE) {
-        Ok(l) => l,
+    let request = match list_query(admin, listing, query) {
+        Ok(request) => request,
         Err(message) => return bad_request(&message),
-    };
-    let filter = |name: &str| match query.get(name) {
-        None => Ok(None),
-        Some(v)
-            if !v.is_empty()
-                && v.len() <= MAX_FILTER_LEN
-                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) =>
-        {
-            Ok(Some((*v).to_owned()))
-        }
-        Some(_) => Err(format!("{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'")),
-    };
-    let (step, cause, workflow) = match (filter("step"), filter("cause"), filter("workflow")) {
-        (Ok(step), Ok(cause), Ok(workflow)) => (step, cause, workflow),
-        (Err(message), _, _) | (_, Err(message), _) | (_, _, Err(message)) => {
-            return bad_request(&message);
-        }
-    };
-    let request = ListQuery {
-        listing,
-        step,
-        cause,
-        workflow,
-        now: admin.clock.now(),
-        shards: admin.shards,
-        limit,
-        after: query.get("after").map(|a| (*a).to_owned()),
     };
     match admin.finder.find(&request).await {
         Ok(page) => {
@@ -279,6 +252,78 @@ where
         Err(Error::InvalidCommand(message)) => bad_request(&message),
         Err(e) => failure(&e),
     }
+}
+
+/// `GET /admin/counts`: how many orders each listing holds with the filters given, each
+/// counted by its index up to [`COUNT_CAP`].
+async fn counts<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    query: &HashMap<&str, &str>,
+) -> Response<Body>
+where
+    S: StateStore + OrderFinder,
+    C: Clock,
+    P: Payloads,
+{
+    let lists = [
+        ("failed", Listing::Failed),
+        ("reported", Listing::Reported),
+        ("paused", Listing::Paused),
+        ("in_flight", Listing::InFlight { older_than: Duration::ZERO }),
+    ];
+    let mut body = serde_json::Map::new();
+    for (name, listing) in lists {
+        let request = match list_query(admin, listing, query) {
+            Ok(request) => request,
+            Err(message) => return bad_request(&message),
+        };
+        match admin.finder.count(&request, COUNT_CAP).await {
+            Ok(counted) => {
+                body.insert(name.to_owned(), json!(counted));
+            }
+            Err(e) => return failure(&e),
+        }
+    }
+    api::json(StatusCode::OK, &Value::Object(body))
+}
+
+/// The listing query `query`'s parameters ask for (`older_than` applies to in-flight
+/// listings), or why they cannot be read.
+fn list_query<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    listing: Listing,
+    query: &HashMap<&str, &str>,
+) -> Result<ListQuery, String>
+where
+    C: Clock,
+{
+    let older_than = Duration::from_secs(number(query, "older_than", 0, 0, 366 * 86_400)? as u64);
+    let listing = match listing {
+        Listing::InFlight { .. } => Listing::InFlight { older_than },
+        other => other,
+    };
+    let limit = number(query, "limit", DEFAULT_PAGE, 1, MAX_PAGE)?;
+    let filter = |name: &str| match query.get(name) {
+        None => Ok(None),
+        Some(v)
+            if !v.is_empty()
+                && v.len() <= MAX_FILTER_LEN
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) =>
+        {
+            Ok(Some((*v).to_owned()))
+        }
+        Some(_) => Err(format!("{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'")),
+    };
+    Ok(ListQuery {
+        listing,
+        step: filter("step")?,
+        cause: filter("cause")?,
+        workflow: filter("workflow")?,
+        now: admin.clock.now(),
+        shards: admin.shards,
+        limit,
+        after: query.get("after").map(|a| (*a).to_owned()),
+    })
 }
 
 /// `GET /admin/keys`: the busy keys, or the one `key` names.

@@ -52,14 +52,14 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure,
+    AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure, Select,
 };
 use futures_util::StreamExt;
 use sas_engine::config::SHARD_QUERIES_AT_ONCE;
 use sas_engine::keys::{Queued, Slots};
 use sas_engine::ports::{
-    Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed, Listing,
-    OrderFinder, OrderRecord, Page, Read, Saved, StateStore, check_write,
+    Counted, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed,
+    Listing, OrderFinder, OrderRecord, Page, Read, Saved, StateStore, check_write,
 };
 use sas_engine::state::{ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
@@ -370,19 +370,53 @@ impl OrderFinder for DynamoStore {
         };
         Ok(ListPage::cut(orders, limit))
     }
+
+    async fn count(&self, query: &ListQuery, cap: u64) -> Result<Counted> {
+        let state = match query.listing {
+            Listing::Failed => ProcessState::Error,
+            Listing::Paused => ProcessState::Paused,
+            Listing::Reported => ProcessState::Processed,
+            Listing::InFlight { older_than } => {
+                if query.cause.is_some() {
+                    // An order in flight has no failure cause.
+                    return Ok(Counted::of(0, cap, true));
+                }
+                let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
+                let mut found = 0;
+                for shard in 0..query.shards.max(1) {
+                    let mut request = self
+                        .client
+                        .query()
+                        .table_name(&self.state_table)
+                        .index_name(EXPIRY_INDEX)
+                        .key_condition_expression("ExpiryShard = :s")
+                        .expression_attribute_values(":s", number(shard));
+                    if let Some(cutoff) = cutoff {
+                        request = request
+                            .filter_expression("CreatedAt <= :cutoff")
+                            .expression_attribute_values(":cutoff", number(cutoff.as_millis()));
+                    }
+                    found += self.counted(request, cap.saturating_sub(found)).await?;
+                    if found > cap {
+                        break;
+                    }
+                }
+                return Ok(Counted::of(found, cap, false));
+            }
+        };
+        let (request, _) = self.attention_query(state, query);
+        Ok(Counted::of(self.counted(request, cap).await?, cap, true))
+    }
 }
 
 impl DynamoStore {
-    /// Up to `limit + 1` orders of `ByAttention` in `state`, newest first, after `after`. The
-    /// filters are applied by DynamoDB to what it reads, so a narrow filter reads more of the
-    /// partition than it returns.
-    async fn attention(
+    /// The query of `ByAttention` in `state`, newest first, with `query`'s filters, and
+    /// whether it has any.
+    fn attention_query(
         &self,
         state: ProcessState,
         query: &ListQuery,
-        after: Option<(Timestamp, OrderId)>,
-        limit: usize,
-    ) -> Result<Vec<Listed>> {
+    ) -> (aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder, bool) {
         let mut filters = Vec::new();
         let mut request = self
             .client
@@ -409,7 +443,46 @@ impl DynamoStore {
         if !filters.is_empty() {
             request = request.filter_expression(filters.join(" AND "));
         }
-        let page_size = if filters.is_empty() { limit + 1 } else { 100 };
+        (request, !filters.is_empty())
+    }
+
+    /// What `request` (a query of an index) matches, counted by DynamoDB page after page
+    /// until past `cap`.
+    async fn counted(
+        &self,
+        request: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+        cap: u64,
+    ) -> Result<u64> {
+        let mut found = 0u64;
+        let mut start = None;
+        loop {
+            let out = request
+                .clone()
+                .select(Select::Count)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            found += u64::try_from(out.count).unwrap_or(0);
+            match out.last_evaluated_key {
+                Some(key) if found <= cap => start = Some(key),
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// Up to `limit + 1` orders of `ByAttention` in `state`, newest first, after `after`. The
+    /// filters are applied by DynamoDB to what it reads, so a narrow filter reads more of the
+    /// partition than it returns.
+    async fn attention(
+        &self,
+        state: ProcessState,
+        query: &ListQuery,
+        after: Option<(Timestamp, OrderId)>,
+        limit: usize,
+    ) -> Result<Vec<Listed>> {
+        let (request, filtered) = self.attention_query(state, query);
+        let page_size = if filtered { 100 } else { limit + 1 };
         let mut start = after.map(|(at, id)| {
             Item::from([
                 ("OrderId".into(), AttributeValue::S(id.to_string())),

@@ -349,6 +349,31 @@ pub struct ListPage {
 /// moment after it left the list, so whoever acts re-reads it (commands do).
 pub trait OrderFinder: Send + Sync {
     fn find(&self, query: &ListQuery) -> impl Future<Output = Result<ListPage>> + Send;
+
+    /// How many orders `query`'s listing holds (its page and cursor aside), counting up to
+    /// `cap`: what its index holds, never a scan of the table.
+    fn count(&self, query: &ListQuery, cap: u64) -> impl Future<Output = Result<Counted>> + Send;
+}
+
+impl Counted {
+    /// `found` orders counted against `cap`.
+    pub fn of(found: u64, cap: u64, exact: bool) -> Counted {
+        Counted { orders: found.min(cap), capped: found > cap, exact }
+    }
+}
+
+/// A listing's size, as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Counted {
+    /// Orders counted, at most the cap asked for.
+    pub orders: u64,
+    /// The count stopped at the cap: at least this many.
+    pub capped: bool,
+    /// The count is the listing's size. An in-flight listing is counted by its index alone,
+    /// without reading each order's record: its entries are the orders in flight and the few
+    /// whose alert is on its way, whatever step or workflow the listing asks for. Then
+    /// `false`: the count is an upper bound.
+    pub exact: bool,
 }
 
 impl ListPage {
@@ -750,6 +775,10 @@ impl<T: ExpiryIndex + ?Sized> ExpiryIndex for std::sync::Arc<T> {
 impl<T: OrderFinder + ?Sized> OrderFinder for std::sync::Arc<T> {
     fn find(&self, query: &ListQuery) -> impl Future<Output = Result<ListPage>> + Send {
         (**self).find(query)
+    }
+
+    fn count(&self, query: &ListQuery, cap: u64) -> impl Future<Output = Result<Counted>> + Send {
+        (**self).count(query, cap)
     }
 }
 

@@ -26,8 +26,8 @@ use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::keys::{Queued, Slots};
 use crate::ports::{
-    BusyKey, Clock, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, KeyIndex, ListPage,
-    ListQuery, Listed, Listing, OrderFinder, OrderRecord, Page, Read, Saved, StateStore,
+    BusyKey, Clock, Counted, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, KeyIndex,
+    ListPage, ListQuery, Listed, Listing, OrderFinder, OrderRecord, Page, Read, Saved, StateStore,
     check_write,
 };
 use crate::state::StateRecord;
@@ -494,6 +494,31 @@ impl<C: Clock> OrderFinder for MemoryStore<C> {
             rows.retain(|l| (l.since, l.order_id) < after);
         }
         Ok(ListPage::cut(rows, query.page_size()))
+    }
+
+    async fn count(&self, query: &ListQuery, cap: u64) -> Result<Counted> {
+        let Listing::InFlight { older_than } = query.listing else {
+            let inner = self.lock();
+            let found = inner.states.values().filter(|r| listed(r, query).is_some()).count();
+            return Ok(Counted::of(found as u64, cap, true));
+        };
+        if query.cause.is_some() {
+            // An order in flight has no failure cause.
+            return Ok(Counted::of(0, cap, true));
+        }
+        // As DynamoDB counts it: the expiry index's entries as far as they have reached it,
+        // watched since the cutoff or before, whatever their step or workflow.
+        let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
+        let clock_now = self.clock.now();
+        let mut inner = self.lock();
+        inner.stats.index_queries += 1;
+        inner.catch_up(clock_now);
+        let found = inner
+            .indexed
+            .values()
+            .filter(|(_, _, since)| cutoff.is_none_or(|c| *since <= c))
+            .count();
+        Ok(Counted::of(found as u64, cap, false))
     }
 }
 
