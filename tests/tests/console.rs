@@ -158,6 +158,9 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
     // It finds the failed order in the list, and opens it.
     let row = format!("#orders a[data-order={}]", js(&redriven));
     tab.wait_for(&format!("document.querySelector({})", js(&row)), ENDS_WITHIN).await.unwrap();
+    let failed_count =
+        "(document.querySelector('[data-list=failed] .count') || { dataset: {} }).dataset.count";
+    assert_eq!(tab.eval(failed_count).await.unwrap(), "2", "the failed list's count");
     shot(&mut tab, "console-attention").await;
     tab.click(&row).await.unwrap();
     let state = "(() => { const s = document.getElementById('order-state'); return s && s.dataset.state; })()";
@@ -202,6 +205,9 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
         .unwrap();
     let entry = entry.as_str().expect("the redrive is on the timeline");
     assert!(entry.contains("user/ops-alice"), "{entry}");
+    // Back in the list, one order is left to look at.
+    tab.click("a[data-nav=attention]").await.unwrap();
+    tab.wait_for(&format!("{failed_count} === '1'"), ENDS_WITHIN).await.unwrap();
 
     // A service held and released by hand, with a reason each time.
     tab.click("a[data-nav=services]").await.unwrap();

@@ -208,9 +208,23 @@
     for (const k of ["workflow", "step", "cause", "older_than", "after"]) {
       if (params.get(k)) query.set(k, params.get(k));
     }
-    const page = await call("GET", "admin/orders?" + query);
-    const tabs = h("nav", { class: "tabs" }, LISTS.map(([id, label]) =>
-      h("a", { href: "#/?list=" + id, class: id === list ? "current" : "", "data-list": id }, label)));
+    const filters = new URLSearchParams();
+    for (const k of ["workflow", "step", "cause", "older_than"]) {
+      if (params.get(k)) filters.set(k, params.get(k));
+    }
+    const [page, counts] = await Promise.all([
+      call("GET", "admin/orders?" + query),
+      call("GET", "admin/counts?" + filters),
+    ]);
+    const tabs = h("nav", { class: "tabs" }, LISTS.map(([id, label]) => {
+      const counted = counts[id.replace("-", "_")];
+      const next = new URLSearchParams(filters);
+      next.set("list", id);
+      return h("a", { href: "#/?" + next, class: id === list ? "current" : "", "data-list": id },
+        label, " ", h("span", { class: "count", "data-count": counted.orders,
+          title: counted.exact ? "" : "counted by the index: at most this many" },
+        (counted.exact ? "" : "≤") + counted.orders.toLocaleString() + (counted.capped ? "+" : "")));
+    }));
     const filter = h("form", { class: "filter", id: "filter", onsubmit: (e) => {
       e.preventDefault();
       const next = new URLSearchParams({ list });
@@ -322,10 +336,14 @@
   }
 
   function steps(view) {
-    // How many times each step was taken up, as the timeline counts them.
-    const claims = new Map();
+    // How many times each step was tried forward: the attempts (fencing tokens) its timeline
+    // entries name, undos left out.
+    const FORWARD = ["claimed", "step_done", "step_failed", "step_reported", "lease_expired"];
+    const tried = new Map();
     for (const e of view.timeline || []) {
-      if (e.step && e.what === "claimed") claims.set(e.step, (claims.get(e.step) || 0) + 1);
+      if (!e.step || !FORWARD.includes(e.what)) continue;
+      if (!tried.has(e.step)) tried.set(e.step, new Set());
+      tried.get(e.step).add(e.attempt);
     }
     const rows = view.steps.map((s) => {
       const now = [];
@@ -351,7 +369,7 @@
       return h("tr", { "data-step": s.name, "data-status": s.status },
         h("td", {}, s.name),
         h("td", {}, badge(s.status)),
-        h("td", {}, String(claims.get(s.name) || 0)),
+        h("td", {}, String(tried.has(s.name) ? tried.get(s.name).size : 0)),
         h("td", {}, now, answer),
         h("td", {}, s.child ? orderLink(s.child) : ""),
         h("td", {}, s.output !== undefined ? json(s.output, "output-" + s.name) : ""),
