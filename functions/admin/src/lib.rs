@@ -261,22 +261,25 @@ async fn counts<S, Q, B, C, G, P>(
     query: &HashMap<&str, &str>,
 ) -> Response<Body>
 where
-    S: StateStore + OrderFinder,
+    S: OrderFinder,
     C: Clock,
-    P: Payloads,
 {
+    // Read once, as the in-flight listing takes them (with its age); the others keep the
+    // same filters.
+    let in_flight = Listing::InFlight { older_than: Duration::ZERO };
+    let base = match list_query(admin, in_flight, query) {
+        Ok(request) => request,
+        Err(message) => return bad_request(&message),
+    };
     let lists = [
         ("failed", Listing::Failed),
         ("reported", Listing::Reported),
         ("paused", Listing::Paused),
-        ("in_flight", Listing::InFlight { older_than: Duration::ZERO }),
+        ("in_flight", base.listing),
     ];
     let mut body = serde_json::Map::new();
     for (name, listing) in lists {
-        let request = match list_query(admin, listing, query) {
-            Ok(request) => request,
-            Err(message) => return bad_request(&message),
-        };
+        let request = ListQuery { listing, ..base.clone() };
         match admin.finder.count(&request, COUNT_CAP).await {
             Ok(counted) => {
                 body.insert(name.to_owned(), json!(counted));

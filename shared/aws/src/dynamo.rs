@@ -384,18 +384,7 @@ impl OrderFinder for DynamoStore {
                 let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
                 let mut found = 0;
                 for shard in 0..query.shards.max(1) {
-                    let mut request = self
-                        .client
-                        .query()
-                        .table_name(&self.state_table)
-                        .index_name(EXPIRY_INDEX)
-                        .key_condition_expression("ExpiryShard = :s")
-                        .expression_attribute_values(":s", number(shard));
-                    if let Some(cutoff) = cutoff {
-                        request = request
-                            .filter_expression("CreatedAt <= :cutoff")
-                            .expression_attribute_values(":cutoff", number(cutoff.as_millis()));
-                    }
+                    let request = self.expiry_query(shard, cutoff, None);
                     found += self.counted(request, cap.saturating_sub(found)).await?;
                     if found > cap {
                         break;
@@ -524,6 +513,35 @@ impl DynamoStore {
         }
     }
 
+    /// The query of `shard` of the expiry index, for the entries watched since `since_by` or
+    /// before and due by `due_by`, where given.
+    fn expiry_query(
+        &self,
+        shard: u16,
+        since_by: Option<Timestamp>,
+        due_by: Option<Timestamp>,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        let mut query = self
+            .client
+            .query()
+            .table_name(&self.state_table)
+            .index_name(EXPIRY_INDEX)
+            .key_condition_expression(match due_by {
+                Some(_) => "ExpiryShard = :s AND CompleteBy <= :due",
+                None => "ExpiryShard = :s",
+            })
+            .expression_attribute_values(":s", number(shard));
+        if let Some(due) = due_by {
+            query = query.expression_attribute_values(":due", number(due.as_millis()));
+        }
+        if let Some(cutoff) = since_by {
+            query = query
+                .filter_expression("CreatedAt <= :cutoff")
+                .expression_attribute_values(":cutoff", number(cutoff.as_millis()));
+        }
+        query
+    }
+
     /// Every entry of `shard` of the expiry index, watched since `since_by` or before and due
     /// by `due_by` if given, with since when it is watched (see `CreatedAt` above), earliest
     /// due first: the shard (up to `due_by`), page after page.
@@ -536,27 +554,13 @@ impl DynamoStore {
         let mut found = Vec::new();
         let mut start = None;
         loop {
-            let mut query = self
-                .client
-                .query()
-                .table_name(&self.state_table)
-                .index_name(EXPIRY_INDEX)
-                .key_condition_expression(match due_by {
-                    Some(_) => "ExpiryShard = :s AND CompleteBy <= :due",
-                    None => "ExpiryShard = :s",
-                })
-                .expression_attribute_values(":s", number(shard))
+            let out = self
+                .expiry_query(shard, since_by, due_by)
                 .projection_expression("OrderId, CompleteBy, CreatedAt")
-                .set_exclusive_start_key(start);
-            if let Some(due) = due_by {
-                query = query.expression_attribute_values(":due", number(due.as_millis()));
-            }
-            if let Some(cutoff) = since_by {
-                query = query
-                    .filter_expression("CreatedAt <= :cutoff")
-                    .expression_attribute_values(":cutoff", number(cutoff.as_millis()));
-            }
-            let out = query.send().await.map_err(|e| classify(SERVICE, e))?;
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
             for item in out.items() {
                 let raw = string(item, "OrderId")?;
                 let order_id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
