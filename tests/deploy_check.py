@@ -101,6 +101,7 @@ def choices(template):
         "defaults": {},
         "ApiAuth JWT": {"ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders"},
         "ApiAuth NONE": {"ApiAuth": "NONE"},
+        "console": {"Console": "true"},
         "own service URLs": own_urls,
         "secrets and limits": secrets,
         "lean and reserved": {
@@ -389,7 +390,14 @@ def check_grants(expanded, choice):
         if r.get("Condition") and not choice.holds(r["Condition"]):
             continue
         props = choice.resolve_ifs(r.get("Properties", {}))
+        documents = []
         for arn in props.get("ManagedPolicyArns", []):
+            # A managed policy of this template (the console's roles hold the operators' and
+            # the readers' policies) is checked as the role's own; any other is refused.
+            own = expanded["Resources"].get(arn.get("Ref", "")) if isinstance(arn, dict) else None
+            if own and own["Type"] == "AWS::IAM::ManagedPolicy":
+                documents.append(own.get("Properties", {}).get("PolicyDocument", {}))
+                continue
             problems.append(f"{rid} has the managed policy {json.dumps(arn)}: its grants are not the stack's to scope")
         roles = {"AWS::IAM::RolePolicy": [props.get("RoleName")], "AWS::IAM::Policy": props.get("Roles", [])}.get(r["Type"], [])
         for role in roles:
@@ -398,7 +406,7 @@ def check_grants(expanded, choice):
         for other in ("Users", "Groups"):
             if props.get(other):
                 problems.append(f"{rid} grants to {other.lower()} {json.dumps(props[other])}, which are not the stack's")
-        documents = [p.get("PolicyDocument", {}) for p in props.get("Policies", [])]
+        documents += [p.get("PolicyDocument", {}) for p in props.get("Policies", [])]
         if "PolicyDocument" in props:
             documents.append(props["PolicyDocument"])
         for document in documents:

@@ -469,6 +469,7 @@ impl System {
             shards: config.index_shards,
             dead_letters: DeadLetters::new(t.sqs.clone(), dead_letter_queues),
             catalogue: system.catalogue.clone(),
+            console: None,
         };
         let status = StatusService::new(t.store());
         let book = t.book();

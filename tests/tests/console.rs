@@ -7,7 +7,7 @@
 //!   redrive is on the order's timeline with the operator's name and reason.
 //! - The operator holds a service and releases it, and sees the dead-letter queues and the keys.
 //! - Someone who only reads (`ReadOnlyPolicy`) sees the same orders, and every command they
-//!   try is refused by the API, with nothing changed.
+//!   try (an order's, a service's) is refused by the API, with nothing changed.
 //! - What is not the page gets nothing: a call without the session, or naming another host,
 //!   is refused before anything is signed.
 //!
@@ -261,7 +261,7 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
     tab.click(&row).await.unwrap();
     assert_eq!(tab.wait_for(state, ENDS_WITHIN).await.unwrap(), "Error");
     let before = shown(&http, &stack, &left).await;
-    for verb in ["redrive", "redrive-compensation", "cancel"] {
+    for verb in ["redrive", "redrive-compensation"] {
         tab.click(&format!("button[data-verb={verb}]")).await.unwrap();
         let refused = confirm(&mut tab, "trying what a reader may not").await;
         assert_eq!(
@@ -296,4 +296,92 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
     assert_eq!(other_host.status(), 421, "a name rebound to loopback reaches nothing");
     let good = http.get(&api).header("x-sas-console", token).send().await.unwrap();
     assert_eq!(good.status(), 200);
+}
+
+/// Puts `caller`'s keys in the tab's session, as the identity pool's credentials are kept
+/// once a user has signed in (the local stack takes `local` as every key's secret), valid
+/// for `seconds` (negative: already expired), and loads the page again.
+async fn sign_in_as(tab: &mut Tab, url: &str, caller: &str, secret: &str, seconds: i64) {
+    let keys = format!(
+        "sessionStorage.setItem('sas-console-credentials', JSON.stringify({{ accessKeyId: {}, secretAccessKey: {}, sessionToken: null, expiration: Date.now() + {} }}))",
+        js(caller),
+        js(secret),
+        seconds * 1000
+    );
+    tab.eval(&keys).await.unwrap();
+    tab.goto(url).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stack_serves_its_console_whose_page_signs_each_call_itself() {
+    let browser = Chromium::find_or_install().unwrap();
+    let parameters = [("Console", "true")];
+    let stack =
+        start_stack(TARGET_TMPDIR.as_ref(), "e2e-console-stack", DECLINING, 5, &parameters).await;
+    let http = reqwest::Client::new();
+    let order = submit(&http, &stack, "console-stack-1").await;
+    wait_state(&http, &stack, &order, "Error").await;
+
+    // Anyone may load the page, which holds nothing; it says where to sign in.
+    let url = format!("{}/console/index.html", stack.api_url);
+    let config: Value = http
+        .get(format!("{}/console/config.json", stack.api_url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(config["mode"], "signed", "{config}");
+    assert!(
+        config["domain"].as_str().unwrap().ends_with(".auth.us-east-1.amazoncognito.com"),
+        "{config}"
+    );
+    let mut tab = Tab::open(&browser, 1280, 900).await.unwrap();
+    tab.goto(&url).await.unwrap();
+    tab.wait_for("document.getElementById('sign-in')", ENDS_WITHIN).await.unwrap();
+
+    // Signed in as an operator, the page signs each call with SigV4, which the API checks
+    // as API Gateway does: the operator finds the order, and redrives it.
+    sign_in_as(&mut tab, &url, "ops-carol", "local", 3600).await;
+    let who = tab.wait_for("document.getElementById('who').dataset.caller", ENDS_WITHIN).await;
+    assert_eq!(who.unwrap(), "arn:aws:iam::123456789012:user/ops-carol");
+    let row = format!("#orders a[data-order={}]", js(&order));
+    tab.wait_for(&format!("document.querySelector({})", js(&row)), ENDS_WITHIN).await.unwrap();
+    tab.click(&row).await.unwrap();
+    let state = "(() => { const s = document.getElementById('order-state'); return s && s.dataset.state; })()";
+    assert_eq!(tab.wait_for(state, ENDS_WITHIN).await.unwrap(), "Error");
+    put_faults(&http, &stack, SOUND).await;
+    tab.click("button[data-verb=redrive]").await.unwrap();
+    let done = confirm(&mut tab, "the payment service is back").await;
+    assert_eq!(done["kind"], "done", "{done}");
+    tab.wait_for(&format!("{state} === 'Processed'"), ENDS_WITHIN).await.unwrap();
+
+    // A reader's calls are signed as well, and the API refuses their commands.
+    sign_in_as(&mut tab, &format!("{url}#/orders/{order}"), "reader-dan", "local", 3600).await;
+    assert_eq!(tab.wait_for(state, ENDS_WITHIN).await.unwrap(), "Processed");
+    tab.click("button[data-verb=undo]").await.unwrap();
+    let refused = confirm(&mut tab, "trying what a reader may not").await;
+    assert_eq!(
+        (refused["kind"].as_str(), refused["status"].as_str()),
+        (Some("error"), Some("403")),
+        "{refused}"
+    );
+    assert_eq!(shown(&http, &stack, &order).await["process_state"], "Processed");
+
+    // A signature made with the wrong secret is refused by the API, and an expired session
+    // sends the user back to sign in.
+    sign_in_as(&mut tab, &url, "ops-carol", "not-the-secret", 3600).await;
+    let notice = tab
+        .wait_for("(() => { const n = document.getElementById('notice'); return !n.hidden && n.dataset.status; })()", ENDS_WITHIN)
+        .await
+        .unwrap();
+    assert_eq!(notice, "403");
+    sign_in_as(&mut tab, &url, "ops-carol", "local", -60).await;
+    let why = tab
+        .wait_for("(document.getElementById('signed-out') || {}).textContent", ENDS_WITHIN)
+        .await
+        .unwrap();
+    assert!(why.as_str().unwrap().contains("expired"), "{why}");
+    tab.wait_for("document.getElementById('sign-in')", ENDS_WITHIN).await.unwrap();
 }

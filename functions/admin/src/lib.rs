@@ -16,6 +16,7 @@
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue: `{"reason"}`, logged with the caller |
 //! | `GET /admin/counts` | how many orders each listing holds (the same filters), counted by its index |
 //! | `GET /admin/me` | who the API takes the caller for |
+//! | `GET /console/{file}` | the console's page and its configuration, where the stack serves it (no authorisation: the page holds nothing) |
 //! | `GET /admin/keys?key=&limit=` | the concurrency keys with orders running (how many run and wait, since when), or one key's running orders and line |
 //! | `GET /admin/services` | each service: open or held, and each hold of it or of one of its actions (since when, why, by whom, probing, what the probes last met), orders waiting |
 //! | `POST /admin/services/{agent}/{hold\|release}` | holds a service, or one of its actions, by hand, or releases it: `{"reason", "action"?}` |
@@ -26,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lambda_http::http::{Method, StatusCode};
+use lambda_http::http::{HeaderValue, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
@@ -81,6 +82,8 @@ pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
     pub keyring: Keyring<S>,
     /// The workflows, whose steps an order's view outlines.
     pub catalogue: Arc<Catalogue>,
+    /// The console, when the stack serves it: where its users sign in.
+    pub console: Option<sas_console::SignIn>,
 }
 
 /// A hold's or release's body.
@@ -122,6 +125,9 @@ where
     P: Payloads,
     G: ServiceBook + Pace,
 {
+    if request.uri().path().starts_with("/console") {
+        return console(admin.console.as_ref(), &request);
+    }
     // Only a named principal may act: the anonymous caller of a route left without its
     // authorizer by mistake changes nothing.
     let Some(caller) = api::caller(&request).ok().filter(|c| !c.is_anonymous()).map(String::from)
@@ -502,6 +508,45 @@ where
         }
         Err(e) => failure(&e),
     }
+}
+
+/// `GET /console/{file}`: the console's page, which anyone may load (it
+/// holds no data and no secret; every call it makes is signed and authorised as any other),
+/// and its configuration; 404 where the stack does not serve its console.
+fn console(sign_in: Option<&sas_console::SignIn>, request: &Request) -> Response<Body> {
+    let Some(sign_in) = sign_in else {
+        return api::error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this stack does not serve its console (parameter Console); `sas console` serves it",
+            json!({}),
+        );
+    };
+    if request.method() != Method::GET {
+        return api::error(StatusCode::NOT_FOUND, "not_found", "no such route", json!({}));
+    }
+    let mode = sas_console::Mode::Signed(sign_in.clone());
+    let path = request.uri().path();
+    let file = path.strip_prefix("/console").unwrap_or(path).trim_start_matches('/');
+    let (kind, body) = match file {
+        "config.json" => ("application/json", mode.config()),
+        other => match sas_console::file(other) {
+            Some((kind, body)) => (kind, body.to_owned()),
+            None => {
+                return api::error(StatusCode::NOT_FOUND, "not_found", "no such file", json!({}));
+            }
+        },
+    };
+    let mut response = Response::new(Body::Text(body));
+    let headers = response.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static(kind));
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    if let Ok(policy) = HeaderValue::from_str(&mode.content_security_policy()) {
+        headers.insert("content-security-policy", policy);
+    }
+    response
 }
 
 /// A body that gives only a reason, as a move of dead letters needs, or the answer refusing it.

@@ -47,6 +47,7 @@ async fn main() -> Result<(), Error> {
         },
         keyring: Keyring::new(store),
         catalogue: s.engine.catalogue,
+        console: s.console,
         shards: s.engine.config.index_shards,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };

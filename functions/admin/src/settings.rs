@@ -2,7 +2,8 @@
 
 use sas_aws::dead_letters::DeadLetterQueue;
 use sas_aws::settings::{Engine, Env, Tables};
-use sas_engine::Result;
+use sas_console::SignIn;
+use sas_engine::{Error, Result};
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -13,6 +14,9 @@ pub struct Settings {
     pub dead_letter_queues: Vec<DeadLetterQueue>,
     /// Each service's health (`SERVICES_TABLE`).
     pub services_table: String,
+    /// Where the console's users sign in (`CONSOLE_SIGNIN`, JSON), when the stack serves its
+    /// console.
+    pub console: Option<SignIn>,
 }
 
 impl Settings {
@@ -24,6 +28,12 @@ impl Settings {
             bus: env.required("EVENT_BUS_NAME")?,
             dead_letter_queues: env.dead_letter_queues(&engine.agents)?,
             services_table: env.required("SERVICES_TABLE")?,
+            console: match env.get("CONSOLE_SIGNIN") {
+                None => None,
+                Some(json) => Some(serde_json::from_str(&json).map_err(|e| {
+                    Error::Config(format!("CONSOLE_SIGNIN is not the console's sign-in: {e}"))
+                })?),
+            },
 
             engine,
         })

@@ -17,6 +17,8 @@ use axum::http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use sas_console::Mode;
+
 use crate::client::{Api, CliError};
 
 /// Largest body the page may send: a command's reason, or an answer's output.
@@ -84,8 +86,11 @@ impl Shared {
         if request.method() != Method::GET {
             return refusal(StatusCode::METHOD_NOT_ALLOWED, "the page's files are only read");
         }
+        if path == "/config.json" {
+            return page_file("application/json", Mode::Proxy.config());
+        }
         match sas_console::file(&path) {
-            Some((kind, body)) => page_file(kind, body),
+            Some((kind, body)) => page_file(kind, body.to_owned()),
             None => refusal(StatusCode::NOT_FOUND, "no such file"),
         }
     }
@@ -123,14 +128,13 @@ impl Shared {
     }
 }
 
-fn page_file(kind: &'static str, body: &'static str) -> Response<Body> {
+fn page_file(kind: &'static str, body: String) -> Response<Body> {
     let mut response = Response::new(Body::from(body));
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(sas_console::CONTENT_SECURITY_POLICY),
-    );
+    if let Ok(policy) = HeaderValue::from_str(&Mode::Proxy.content_security_policy()) {
+        headers.insert(header::CONTENT_SECURITY_POLICY, policy);
+    }
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response

@@ -100,6 +100,14 @@ fn not_created(kind: &str) -> Option<&'static str> {
         "AWS::CloudWatch::Dashboard" => {
             "dashboards are CloudWatch's; locally, `local-stack up` serves a live page and the demo writes a report"
         }
+        "AWS::Cognito::UserPool"
+        | "AWS::Cognito::UserPoolDomain"
+        | "AWS::Cognito::UserPoolClient"
+        | "AWS::Cognito::UserPoolGroup"
+        | "AWS::Cognito::IdentityPool"
+        | "AWS::Cognito::IdentityPoolRoleAttachment" => {
+            "the console's sign-in is Cognito's: locally its page is served, and signs its calls with the local keys a tab is given"
+        }
         _ => "this resource type is not supported locally",
     })
 }
@@ -292,6 +300,12 @@ fn stand_in(ctx: &mut Context, id: &str, resource: &Resource, options: &Options)
         "AWS::S3::Bucket" => (bucket_name(&name), format!("arn:aws:s3:::{}", bucket_name(&name))),
         "AWS::Serverless::Function" | "AWS::Lambda::Function" => {
             (name.clone(), format!("arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{name}"))
+        }
+        "AWS::Cognito::UserPool" => {
+            let id_ = format!("{region}_{}", name.replace('-', ""));
+            let provider = format!("cognito-idp.{region}.amazonaws.com/{id_}");
+            ctx.attributes.insert((id.to_owned(), "ProviderName".into()), Value::String(provider));
+            (id_.clone(), format!("arn:aws:cognito-idp:{region}:{LOCAL_ACCOUNT}:userpool/{id_}"))
         }
         _ => (name.clone(), format!("arn:aws:local:{region}:{LOCAL_ACCOUNT}:{name}")),
     };

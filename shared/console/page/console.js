@@ -18,7 +18,7 @@
     Pending: ["pause", "cancel"],
     Processing: ["pause", "cancel"],
     Paused: ["resume", "cancel"],
-    Error: ["redrive", "redrive-compensation", "cancel"],
+    Error: ["redrive", "redrive-compensation"],
     Processed: ["acknowledge", "undo"],
     Cancelled: [],
   };
@@ -32,7 +32,7 @@
     undo: ["Undo", "Each step done is undone, the last first; the order ends Cancelled."],
   };
 
-  const session = { token: null, caller: null, mode: null };
+  const session = { config: null, caller: null };
   let shown = { route: null, draw: null };
   let timer = null;
 
@@ -52,21 +52,29 @@
     let wait = 500;
     for (let attempt = 1; ; attempt++) {
       let response;
+      const text = body === undefined ? undefined : JSON.stringify(body);
+      let prepared;
       try {
-        response = await fetch("api/" + path, {
+        prepared = await SasAccess.prepare(session.config, method, path, text);
+      } catch (e) {
+        if (e instanceof SasAccess.SessionError) throw new ApiError(401, "no_session", e.message);
+        throw e;
+      }
+      try {
+        response = await fetch(prepared.url, {
           method,
-          headers: { "content-type": "application/json", "x-sas-console": session.token || "" },
-          body: body === undefined ? undefined : JSON.stringify(body),
+          headers: prepared.headers,
+          body: text,
           cache: "no-store",
           credentials: "omit",
         });
       } catch (e) {
         if (attempt < 4) { await sleep(wait); wait *= 2; continue; }
-        throw new ApiError(0, "unreachable", "the console's server does not answer: " + e.message);
+        throw new ApiError(0, "unreachable", "the API does not answer: " + e.message);
       }
-      const text = await response.text();
+      const said = await response.text();
       let answer;
-      try { answer = text ? JSON.parse(text) : {}; } catch { answer = { message: text }; }
+      try { answer = said ? JSON.parse(said) : {}; } catch { answer = { message: said }; }
       if (response.ok) return answer;
       if ([429, 500, 503].includes(response.status) && attempt < 4) {
         await sleep(wait); wait *= 2; continue;
@@ -602,7 +610,8 @@
       view.dataset.drawn = key;
       document.getElementById("live").textContent = "Live: drawn " + new Date().toLocaleTimeString();
     } catch (e) {
-      failed(e);
+      if (e.status === 401 && session.config.mode === "signed") signInPage(e.message);
+      else failed(e);
     }
   }
 
@@ -621,14 +630,6 @@
   }
 
   async function start() {
-    // The session token comes in the fragment, which no request carries; it is kept for
-    // this tab alone, and taken out of the address.
-    const fragment = new URLSearchParams(location.hash.replace(/^#/, ""));
-    if (fragment.get("session")) {
-      sessionStorage.setItem("sas-console-session", fragment.get("session"));
-      history.replaceState(null, "", location.pathname + "#/");
-    }
-    session.token = sessionStorage.getItem("sas-console-session");
     document.getElementById("search").addEventListener("submit", (e) => {
       e.preventDefault();
       const id = document.getElementById("search-id").value.trim();
@@ -639,15 +640,37 @@
       redraw();
     });
     try {
+      session.config = await SasAccess.begin();
+    } catch (e) {
+      failed(e instanceof SasAccess.SessionError ? new ApiError(401, "no_session", e.message) : e);
+    }
+    if (!session.config) return;
+    try {
       const me = await call("GET", "admin/me");
       session.caller = me.caller;
-      document.getElementById("who").textContent = "Signed in as " + me.caller;
-      document.getElementById("who").dataset.caller = me.caller;
+      const who = document.getElementById("who");
+      who.replaceChildren("Signed in as " + me.caller);
+      who.dataset.caller = me.caller;
+      if (session.config.mode === "signed") {
+        who.append(" ", h("button", { type: "button", id: "sign-out",
+          onclick: () => { SasAccess.signOut(session.config); location.reload(); } }, "Sign out"));
+      }
     } catch (e) {
+      if (e.status === 401 && session.config.mode === "signed") return signInPage(e.message);
       failed(e);
     }
     await redraw();
     schedule();
+  }
+
+  // What a page served by the stack shows to someone not signed in, or whose session ended.
+  function signInPage(why) {
+    clearTimeout(timer);
+    document.getElementById("view").replaceChildren(
+      h("h2", {}, "Sign in"),
+      h("p", { id: "signed-out" }, why === "not signed in" ? "Sign in to see the orders." : why + "."),
+      h("button", { type: "button", id: "sign-in", onclick: () => SasAccess.signIn(session.config) },
+        "Sign in"));
   }
 
   start();
