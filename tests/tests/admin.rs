@@ -229,6 +229,24 @@ async fn bad_requests_are_refused_and_write_nothing() {
     let (status, me) = s.admin("GET", "/admin/me", None, Some(OPERATOR)).await;
     assert_eq!((status, me["caller"].as_str()), (200, Some(OPERATOR)), "{me}");
     assert_eq!(s.admin("GET", "/admin/me", None, None).await.0, 403);
+    // An order is found by its submitter's idempotency key; a key is its submitter's own.
+    let (_, view) = s.admin("GET", &format!("/admin/orders/{id}"), None, Some(OPERATOR)).await;
+    let submitter = view["owner"].as_str().unwrap();
+    let lookup =
+        |key: &str, who: &str| format!("/admin/lookup?idempotency_key={key}&submitter={who}");
+    let (status, found) =
+        s.admin("GET", &lookup("admin-bad-1", submitter), None, Some(OPERATOR)).await;
+    assert_eq!(
+        (status, found["order_id"].as_str()),
+        (200, Some(id.to_string().as_str())),
+        "{found}"
+    );
+    let other = "arn:aws:iam::123456789012:user/someone-else";
+    let (status, _) = s.admin("GET", &lookup("admin-bad-1", other), None, Some(OPERATOR)).await;
+    assert_eq!(status, 404, "another submitter's key names another order");
+    let (status, refused) =
+        s.admin("GET", "/admin/lookup?idempotency_key=x", None, Some(OPERATOR)).await;
+    assert_eq!(status, 400, "{refused}");
     let path = format!("/admin/orders/{id}/cancel");
     let good = json!({"command_id": "c-1", "reason": "test"});
     // (what, path, body, caller, status, error code)

@@ -251,6 +251,22 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
         .await
         .unwrap();
     assert!(missing.as_str().unwrap().contains("no order with this id"), "{missing}");
+    // A key is found with its submitter, as the order shows them.
+    tab.fill("#search-id", "console-1").await.unwrap();
+    tab.click("#search button").await.unwrap();
+    tab.wait_for("document.querySelector('#find [name=submitter]')", ENDS_WITHIN).await.unwrap();
+    tab.fill("#find [name=submitter]", "arn:aws:iam::123456789012:user/console-client")
+        .await
+        .unwrap();
+    tab.click("#find button").await.unwrap();
+    let found = tab
+        .wait_for(
+            "(document.querySelector('#found a[data-order]') || { dataset: {} }).dataset.order",
+            ENDS_WITHIN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(found, redriven.as_str());
 
     // A reader sees the same orders, and is refused every command by the API.
     let reader = console(&stack, "reader-bob").await;

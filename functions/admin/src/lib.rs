@@ -14,6 +14,7 @@
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue: `{"reason"}`, logged with the caller |
+//! | `GET /admin/lookup?idempotency_key=&submitter=` | the order a submitter's idempotency key made |
 //! | `GET /admin/counts` | how many orders each listing holds (the same filters), counted by its index |
 //! | `GET /admin/me` | who the API takes the caller for |
 //! | `GET /console/{file}` | the console's page and its configuration, where the stack serves it (no authorisation: the page holds nothing) |
@@ -32,11 +33,12 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
 use sas_engine::catalogue::Catalogue;
+use sas_engine::ids::{IdempotencyKey, Owner};
 use sas_engine::machine::Refused;
 use sas_engine::payload::NoPayloads;
 use sas_engine::ports::{
     Clock, EventBus, HeldIndex, KeyIndex, ListQuery, Listing, OrderFinder, Outbox, Pace, Payloads,
-    ServiceBook, StateStore,
+    Read, ServiceBook, StateStore,
 };
 use sas_engine::services::{
     Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService,
@@ -200,6 +202,7 @@ where
             }
         }
         (Method::GET, ["admin", "counts"]) => counts(admin, &query).await,
+        (Method::GET, ["admin", "lookup"]) => lookup(admin, &query).await,
         (Method::GET, ["admin", "me"]) => api::json(StatusCode::OK, &json!({ "caller": caller })),
         (Method::GET, ["admin", "keys"]) => keys(&admin.keyring, &query).await,
         (Method::GET, ["admin", "services"]) => match admin.desk.list().await {
@@ -294,6 +297,42 @@ where
         }
     }
     api::json(StatusCode::OK, &Value::Object(body))
+}
+
+/// `GET /admin/lookup?idempotency_key=&submitter=`: the order a submitter's key made, found by
+/// the id the key maps to (a read of one record, never a search).
+async fn lookup<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    query: &HashMap<&str, &str>,
+) -> Response<Body>
+where
+    S: StateStore,
+{
+    let (Some(key), Some(submitter)) = (query.get("idempotency_key"), query.get("submitter"))
+    else {
+        return bad_request(
+            "idempotency_key and submitter are both needed: a key is its submitter's own",
+        );
+    };
+    let key = match IdempotencyKey::parse(key) {
+        Ok(key) => key,
+        Err(e) => return bad_request(&format!("idempotency_key: {e}")),
+    };
+    let submitter = match Owner::try_from((*submitter).to_owned()) {
+        Ok(owner) => owner,
+        Err(e) => return bad_request(&format!("submitter: {e}")),
+    };
+    let order_id = OrderId::for_owner_key(&submitter, &key);
+    match admin.finder.load(order_id, Read::Eventual).await {
+        Ok(Some(_)) => api::json(StatusCode::OK, &json!({ "order_id": order_id })),
+        Ok(None) => api::error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no order was made with this key by this submitter (the submitter as an order shows it: an IAM ARN, or a token's issuer and subject)",
+            json!({}),
+        ),
+        Err(e) => failure(&e),
+    }
 }
 
 /// The listing query `query`'s parameters ask for (`older_than` applies to in-flight

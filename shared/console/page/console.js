@@ -489,6 +489,34 @@
     return table("timeline", ["at", "what", "step", "attempt", "by", "why"], rows);
   }
 
+  // An order found by its submitter's idempotency key: a key is its submitter's own, so both
+  // are asked for.
+  async function find(params) {
+    const key = params.get("key") || "";
+    const submitter = params.get("submitter") || sessionStorage.getItem("sas-console-submitter") || "";
+    const form = h("form", { class: "filter", id: "find", onsubmit: (e) => {
+      e.preventDefault();
+      const next = { key: e.target.elements.key.value.trim(), submitter: e.target.elements.submitter.value.trim() };
+      sessionStorage.setItem("sas-console-submitter", next.submitter);
+      location.hash = "#/find?" + new URLSearchParams(next);
+    } },
+      h("input", { name: "key", value: key, placeholder: "idempotency key", "aria-label": "idempotency key" }),
+      h("input", { name: "submitter", value: submitter, size: 60,
+        placeholder: "submitter (as an order shows it: arn:aws:iam::…)", "aria-label": "submitter" }),
+      h("button", { type: "submit" }, "Find"));
+    const parts = [h("h2", {}, "Find an order by its idempotency key"), form];
+    if (key && submitter) {
+      try {
+        const found = await call("GET", "admin/lookup?" + new URLSearchParams({ idempotency_key: key, submitter }));
+        parts.push(h("p", { id: "found" }, "The key made ", orderLink(found.order_id), "."));
+      } catch (e) {
+        if (!(e instanceof ApiError) || ![400, 404].includes(e.status)) throw e;
+        parts.push(h("p", { class: "error", id: "not-found" }, e.message));
+      }
+    }
+    return parts;
+  }
+
   async function services() {
     const answer = await call("GET", "admin/services");
     const rows = answer.services.map((s) => {
@@ -592,6 +620,7 @@
       case "services": return ["services", services];
       case "keys": return ["keys", () => keys(parts[1])];
       case "dead-letters": return ["dead-letters", () => deadLetters(parts[1])];
+      case "find": return ["attention", () => find(params)];
       default: return ["attention", async () => [h("p", { class: "error" }, "No such view: " + hash)]];
     }
   }
@@ -632,8 +661,12 @@
   async function start() {
     document.getElementById("search").addEventListener("submit", (e) => {
       e.preventDefault();
-      const id = document.getElementById("search-id").value.trim();
-      if (id) location.hash = "#/orders/" + encodeURIComponent(id);
+      const text = document.getElementById("search-id").value.trim();
+      if (!text) return;
+      // An order id opens the order; anything else is taken for an idempotency key.
+      location.hash = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text)
+        ? "#/orders/" + encodeURIComponent(text)
+        : "#/find?" + new URLSearchParams({ key: text });
     });
     window.addEventListener("hashchange", () => {
       document.getElementById("notice").hidden = true;
