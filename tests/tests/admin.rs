@@ -438,4 +438,21 @@ async fn an_operator_holds_one_action_and_a_wrong_action_is_refused_with_nothing
     assert_eq!((status, body["service"]["state"].as_str()), (200, Some("open")), "{body}");
     let (status, body) = s.admin("POST", path, Some(release), Some(OPERATOR)).await;
     assert_eq!((status, body["error"]["code"].as_str()), (409, Some("not_held")), "{body}");
+
+    // The whole service held: an order waits for it, and is listed as waiting.
+    let (status, body) = hold(json!({"reason": "bank maintenance"})).await;
+    assert_eq!(status, 200, "{body}");
+    // An agent's view of its service is at most a second old.
+    s.clock.advance(sas_engine::services::FRESH + std::time::Duration::from_millis(100));
+    let waits = submit(&s, "held-charge").await;
+    s.settle().await;
+    let (status, body) =
+        s.admin("GET", "/admin/services/payment/waiting", None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!((body["waiting"].as_u64(), &body["orders"]), (Some(1), &json!([waits])), "{body}");
+    let by_action = "/admin/services/payment/waiting?action=charge-payment";
+    let (_, body) = s.admin("GET", by_action, None, Some(OPERATOR)).await;
+    assert_eq!(body["waiting"], 0, "no hold of the action alone: {body}");
+    let (status, _) = s.admin("GET", "/admin/services/ufo/waiting", None, Some(OPERATOR)).await;
+    assert_eq!(status, 404);
 }

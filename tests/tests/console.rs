@@ -5,7 +5,8 @@
 //! - An operator finds an order that failed (its payment refused), reads why, redrives it
 //!   once the service is back, and sees it end Processed without reloading the page; the
 //!   redrive is on the order's timeline with the operator's name and reason.
-//! - The operator holds a service and releases it, and sees the dead-letter queues and the keys.
+//! - The operator holds a service, sees an order wait for it, and releases it; and sees the
+//!   dead-letter queues and the keys.
 //! - Someone who only reads (`ReadOnlyPolicy`) sees the same orders, and every command they
 //!   try (an order's, a service's) is refused by the API, with nothing changed.
 //! - What is not the page gets nothing: a call without the session, or naming another host,
@@ -221,12 +222,27 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
         .await
         .unwrap();
     shot(&mut tab, "console-services").await;
+    // An order that reaches the held service waits for it, and is listed as waiting (an
+    // agent's view of its service is at most a second old).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let waits = submit(&http, &stack, "console-3").await;
+    let one_waits = "(document.querySelector('tr[data-service=payment] [data-waiting]') || {}).textContent === '1 waiting'";
+    tab.wait_for(one_waits, ENDS_WITHIN).await.unwrap();
+    tab.click("tr[data-service=payment] [data-waiting]").await.unwrap();
+    let listed = format!("document.querySelector('#waiting a[data-order={}]')", js(&waits));
+    tab.wait_for(&listed, ENDS_WITHIN).await.unwrap();
+    tab.click("a[data-nav=services]").await.unwrap();
+    tab.wait_for("document.querySelector('tr[data-service=payment] [data-release]')", ENDS_WITHIN)
+        .await
+        .unwrap();
     tab.click("tr[data-service=payment] [data-release]").await.unwrap();
     let released = confirm(&mut tab, "the window is over").await;
     assert_eq!(released["kind"], "done", "{released}");
     tab.wait_for("!document.querySelector('tr[data-service=payment] [data-release]')", ENDS_WITHIN)
         .await
         .unwrap();
+    // Released, the order that waited goes on to its end.
+    wait_state(&http, &stack, &waits, "Processed").await;
 
     // The dead-letter queues and the keys are there to look at.
     tab.click("a[data-nav=dead-letters]").await.unwrap();

@@ -20,6 +20,7 @@
 //! | `GET /console/{file}` | the console's page and its configuration, where the stack serves it (no authorisation: the page holds nothing) |
 //! | `GET /admin/keys?key=&limit=` | the concurrency keys with orders running (how many run and wait, since when), or one key's running orders and line |
 //! | `GET /admin/services` | each service: open or held, and each hold of it or of one of its actions (since when, why, by whom, probing, what the probes last met), orders waiting |
+//! | `GET /admin/services/{agent}/waiting?action=` | the orders waiting for a hold of it, longest waiting first, and how many |
 //! | `POST /admin/services/{agent}/{hold\|release}` | holds a service, or one of its actions, by hand, or releases it: `{"reason", "action"?}` |
 
 pub mod settings;
@@ -209,6 +210,9 @@ where
             Ok(services) => api::json(StatusCode::OK, &json!({ "services": services })),
             Err(e) => failure(&e),
         },
+        (Method::GET, ["admin", "services", service, "waiting"]) => {
+            waiting(admin, service, &query).await
+        }
         (Method::POST, ["admin", "services", service, verb]) => {
             service_command(admin, service, verb, &caller, request.body()).await
         }
@@ -498,6 +502,50 @@ where
         Ok(None) => not_found(),
         Err(e) => failure(&e),
     }
+}
+
+/// `GET /admin/services/{agent}/waiting?action=&limit=`: the orders waiting for a hold of the
+/// service (or of one action of it), the longest waiting first, and how many wait.
+async fn waiting<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    service: &str,
+    query: &HashMap<&str, &str>,
+) -> Response<Body>
+where
+    S: HeldIndex,
+{
+    if !admin.desk.agents.iter().any(|a| a.as_str() == service) {
+        return api::error(
+            StatusCode::NOT_FOUND,
+            "unknown_service",
+            &format!("no agent {service:?} is deployed"),
+            json!({}),
+        );
+    }
+    let limit = match number(query, "limit", MAX_PAGE, 1, MAX_PAGE) {
+        Ok(l) => l,
+        Err(message) => return bad_request(&message),
+    };
+    let action = query.get("action").copied();
+    if action.is_some_and(|a| {
+        a.is_empty()
+            || a.len() > MAX_FILTER_LEN
+            || !a.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+    }) {
+        return bad_request(&format!(
+            "action must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'"
+        ));
+    }
+    let on = sas_engine::health::hold_key(service, action);
+    let (orders, count) =
+        match (admin.finder.held(&on, limit).await, admin.finder.count_held(&on).await) {
+            (Ok(orders), Ok(count)) => (orders, count),
+            (Err(e), _) | (_, Err(e)) => return failure(&e),
+        };
+    api::json(
+        StatusCode::OK,
+        &json!({ "service": service, "action": action, "waiting": count, "orders": orders }),
+    )
 }
 
 /// A hold or a release of a service, recorded with the caller and the reason given.

@@ -530,8 +530,10 @@
         h("td", {}, holds.length ? badge("Held") : badge("Open")),
         h("td", {}, holds.map((x) => h("div", { class: "hold", "data-hold": x.action || "" },
           (x.action ? x.action : "whole service") + ": since ", time(x.held_since), ", by " + (x.held_by || "its agent")
-          + (x.reason ? ", " + x.reason : "") + (x.last_probe ? ", probes: " + x.last_probe : "")
-          + ", " + (x.waiting || 0) + " waiting ",
+          + (x.reason ? ", " + x.reason : "") + (x.last_probe ? ", probes: " + x.last_probe : "") + ", ",
+          h("a", { href: "#/services/" + encodeURIComponent(s.agent || s.service) + "/waiting"
+            + (x.action ? "?" + new URLSearchParams({ action: x.action }) : ""), "data-waiting": x.action || "" },
+          (x.waiting || 0) + " waiting"), " ",
           h("button", { type: "button", "data-release": x.action || "",
             onclick: () => ask("Release " + (s.agent || s.service) + (x.action ? "/" + x.action : ""),
               "Its agent calls it again; the orders that waited go on at the stack's pace.", [],
@@ -546,6 +548,19 @@
     });
     return [h("h2", {}, "Services"),
       table("services", ["service", "state", "holds", "rate", "waiting", ""], rows, "No service.")];
+  }
+
+  // The orders waiting for a hold, the longest waiting first.
+  async function waiting(service, action) {
+    const query = action ? "?" + new URLSearchParams({ action }) : "";
+    const answer = await call("GET", "admin/services/" + encodeURIComponent(service) + "/waiting" + query);
+    const name = service + (action ? "/" + action : "");
+    return [h("h2", {}, "Waiting for " + name),
+      h("p", { id: "waiting-count", "data-count": answer.waiting },
+        answer.waiting + " order" + (answer.waiting === 1 ? "" : "s") + " wait"
+        + (answer.waiting > answer.orders.length ? "; the " + answer.orders.length + " longest waiting:" : ":")),
+      table("waiting", ["#", "order"], answer.orders.map((id, i) =>
+        h("tr", {}, h("td", {}, String(i + 1)), h("td", {}, orderLink(id)))), "None waits.")];
   }
 
   async function serviceCommand(s, verb, reason, action) {
@@ -617,7 +632,7 @@
     switch (parts[0]) {
       case undefined: return ["attention", () => attention(params)];
       case "orders": return ["attention", () => order(parts[1] || "")];
-      case "services": return ["services", services];
+      case "services": return ["services", parts[2] === "waiting" ? () => waiting(parts[1], params.get("action")) : services];
       case "keys": return ["keys", () => keys(parts[1])];
       case "dead-letters": return ["dead-letters", () => deadLetters(parts[1])];
       case "find": return ["attention", () => find(params)];
