@@ -445,7 +445,10 @@ mod tests {
             assert_eq!(routes.len(), 1, "{route} under {parameters:?}");
             routes[0].clone()
         };
-        Ok((auth("StatusFunction", "GET /orders/{id}"), auth("AdminFunction", "ANY /admin/{proxy+}")))
+        Ok((
+            auth("StatusFunction", "GET /orders/{id}"),
+            auth("AdminFunction", "ANY /admin/{proxy+}"),
+        ))
     }
 
     #[test]
