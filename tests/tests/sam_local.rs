@@ -251,6 +251,9 @@ async fn each_function_runs_its_sample_event_as_sam_local_invoke_would_against_t
     assert!(left.is_empty(), "left to end in a dead-letter queue: {left:#?}");
 }
 
+/// The methods SAM CLI serves for an `ANY` route.
+const ANY: [&str; 7] = ["DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"];
+
 #[test]
 fn sam_local_start_api_serves_the_routes_of_the_template() {
     let template_path = workspace_root().join("template.yaml");
@@ -272,14 +275,15 @@ fn sam_local_start_api_serves_the_routes_of_the_template() {
             (r["route"].as_str().unwrap().to_owned(), r["function"].as_str().unwrap().to_owned())
         })
         .collect();
-    // The routes as the local stack reads them from the same template.
+    // The routes as the local stack reads them from the same template, with every optional
+    // route on: SAM CLI serves a route whatever its condition.
     let template = Template::load(&template_path).unwrap();
     let stack = sas_infra::emulation::provision::dry_run(
         &template,
         &sas_infra::emulation::provision::Options {
             stack_name: "sam".into(),
             region: "us-east-1".into(),
-            parameters: Default::default(),
+            parameters: [("Console".to_owned(), "true".to_owned())].into(),
             attributes: [(
                 ("RemoteSimFunctionUrl".to_owned(), "FunctionUrl".to_owned()),
                 Value::String("http://127.0.0.1:9/".into()),
@@ -295,10 +299,18 @@ fn sam_local_start_api_serves_the_routes_of_the_template() {
             .flat_map(|f| {
                 f.events.into_iter().filter_map(move |e| match e {
                     EventSource::HttpApi { method, path, .. } => {
-                        Some((format!("{method} {path}"), f.logical_id.clone()))
+                        Some((method, path, f.logical_id.clone()))
                     }
                     _ => None,
                 })
+            })
+            .flat_map(|(method, path, function)| {
+                // SAM CLI serves an `ANY` route as one route for each method it knows.
+                let methods = match method.as_str() {
+                    "ANY" => ANY.iter().map(|m| m.to_string()).collect(),
+                    _ => vec![method],
+                };
+                methods.into_iter().map(move |m| (format!("{m} {path}"), function.clone()))
             })
             .collect();
     routes.sort();
