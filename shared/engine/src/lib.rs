@@ -32,6 +32,7 @@
 //! after the write that decides them; a crash in between is repaired by the redelivery of the
 //! message that caused the write, or by the supervisor when the lease expires.
 
+pub mod bulk;
 pub mod catalogue;
 pub mod config;
 pub mod error;

@@ -34,6 +34,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::bulk::BulkJob;
+
 use crate::error::Result;
 use crate::events::{BusEvent, PublishReport};
 use crate::health::ServiceRecord;
@@ -571,6 +573,21 @@ impl Random for sas_rng::SplitMix {
     fn unit(&self) -> f64 {
         sas_rng::SplitMix::unit(self)
     }
+}
+
+/// Where bulk commands are kept ([`crate::bulk`]): one record per job, by its id.
+pub trait BulkBook: Send + Sync {
+    /// Records a new job; `false`, writing nothing, if one with its id exists.
+    fn create_job(&self, job: &BulkJob) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The job `id` names, read consistently.
+    fn job(&self, id: &str) -> impl Future<Output = Result<Option<BulkJob>>> + Send;
+
+    /// Writes `job` if the stored one is still at round `round`; a conflict otherwise.
+    fn save_job(&self, job: &BulkJob, round: u64) -> impl Future<Output = Result<Saved>> + Send;
+
+    /// The jobs kept, the newest first, at most `limit`.
+    fn jobs(&self, limit: usize) -> impl Future<Output = Result<Vec<BulkJob>>> + Send;
 }
 
 /// Where each service's health is kept: a small table of one item per service.

@@ -22,13 +22,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::bulk::BulkJob;
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
 use crate::keys::{Queued, Slots};
 use crate::ports::{
-    BusyKey, Clock, Counted, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, KeyIndex,
-    ListPage, ListQuery, Listed, Listing, OrderFinder, OrderRecord, Page, Read, Saved, StateStore,
-    check_write,
+    BulkBook, BusyKey, Clock, Counted, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry,
+    KeyIndex, ListPage, ListQuery, Listed, Listing, OrderFinder, OrderRecord, Page, Read, Saved,
+    StateStore, check_write,
 };
 use crate::state::StateRecord;
 use crate::time::Timestamp;
@@ -91,6 +92,8 @@ struct Inner {
     lines: HashMap<String, BTreeMap<String, Queued>>,
     /// Each pass's pages, by id.
     pages: HashMap<String, BTreeMap<String, Page>>,
+    /// The bulk commands, by id.
+    jobs: HashMap<String, BulkJob>,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -445,6 +448,42 @@ impl<C: Clock> ExpiryIndex for MemoryStore<C> {
                 Some(IndexEntry { order_id, complete_by, watched_since })
             })
             .collect())
+    }
+}
+
+impl<C: Clock> BulkBook for MemoryStore<C> {
+    async fn create_job(&self, job: &BulkJob) -> Result<bool> {
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        if inner.jobs.contains_key(&job.id) {
+            return Ok(false);
+        }
+        inner.jobs.insert(job.id.clone(), job.clone());
+        Ok(true)
+    }
+
+    async fn job(&self, id: &str) -> Result<Option<BulkJob>> {
+        Ok(self.lock().jobs.get(id).cloned())
+    }
+
+    async fn save_job(&self, job: &BulkJob, round: u64) -> Result<Saved> {
+        let mut inner = self.lock();
+        inner.take_write_fault()?;
+        match inner.jobs.get_mut(&job.id) {
+            Some(stored) if stored.round == round => {
+                *stored = job.clone();
+                Ok(Saved::Saved)
+            }
+            _ => Ok(Saved::Conflict),
+        }
+    }
+
+    async fn jobs(&self, limit: usize) -> Result<Vec<BulkJob>> {
+        let inner = self.lock();
+        let mut jobs: Vec<BulkJob> = inner.jobs.values().cloned().collect();
+        jobs.sort_by_key(|j| std::cmp::Reverse((j.created_at, j.id.clone())));
+        jobs.truncate(limit);
+        Ok(jobs)
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod agent;
 mod assembly;
+pub mod bulk;
 mod children;
 mod desk;
 mod effects;
