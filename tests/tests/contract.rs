@@ -37,10 +37,10 @@ use sas_engine::message::{Message, Start};
 use sas_engine::message::{StepOutcome, StepRef};
 use sas_engine::order::Order;
 use sas_engine::ports::{
-    BusyKey, Clock, Counted, Created, Destination, ENTRY_TRIES, EventBus, Expected, ExpiryIndex,
-    KeyIndex, ListPage, ListQuery, Listing, MAX_DELAY, OrderFinder, OrderRecord, Outbox, Outgoing,
-    Page, QueueDepths, Read, RemoteCall, RemoteFault, RemoteService, Saved, StateStore, WaitGauge,
-    WaitReport,
+    BulkBook, BusyKey, Clock, Counted, Created, Destination, ENTRY_TRIES, EventBus, Expected,
+    ExpiryIndex, KeyIndex, ListPage, ListQuery, Listing, MAX_DELAY, OrderFinder, OrderRecord,
+    Outbox, Outgoing, Page, QueueDepths, Read, RemoteCall, RemoteFault, RemoteService, Saved,
+    StateStore, WaitGauge, WaitReport,
 };
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
@@ -572,6 +572,62 @@ async fn memory_store_keeps_the_finder_contract() {
 async fn dynamodb_store_keeps_the_finder_contract() {
     let t = TestStack::new("contract-finder").await;
     finder_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
+}
+
+/// Bulk jobs: made once per id, read back as written, saved only from the round they were
+/// read at, listed newest first.
+async fn bulk_book_contract<K: BulkBook>(book: &K, t0: Timestamp) {
+    use sas_engine::bulk::{BulkFilter, BulkJob, BulkList, Tally};
+    let job = |id: &str, at: u64| BulkJob {
+        id: id.into(),
+        command: CommandKind::Redrive,
+        filter: BulkFilter {
+            list: BulkList::Failed,
+            workflow: None,
+            step: Some("charge-payment".into()),
+            cause: None,
+            older_than_s: 0,
+        },
+        by: "arn:ops".into(),
+        reason: "the bank is back".into(),
+        expected: 3,
+        as_of: t0.plus(Duration::from_secs(at)),
+        created_at: t0.plus(Duration::from_secs(at)),
+        updated_at: t0.plus(Duration::from_secs(at)),
+        cursor: None,
+        round: 0,
+        tally: Tally::default(),
+        refusals: Vec::new(),
+        finished: false,
+    };
+    let first = job("bulk-a", 1);
+    assert!(book.create_job(&first).await.unwrap());
+    assert!(!book.create_job(&job("bulk-a", 9)).await.unwrap(), "one job per id");
+    assert_eq!(book.job("bulk-a").await.unwrap(), Some(first.clone()));
+    assert_eq!(book.job("bulk-none").await.unwrap(), None);
+    let mut next = first.clone();
+    next.round = 1;
+    next.cursor = Some("cursor".into());
+    next.tally.applied = 2;
+    assert_eq!(book.save_job(&next, 0).await.unwrap(), Saved::Saved);
+    assert_eq!(book.save_job(&first, 0).await.unwrap(), Saved::Conflict, "a stale round");
+    assert_eq!(book.job("bulk-a").await.unwrap(), Some(next));
+    assert!(book.create_job(&job("bulk-b", 2)).await.unwrap());
+    let listed: Vec<String> = book.jobs(10).await.unwrap().into_iter().map(|j| j.id).collect();
+    assert_eq!(listed, ["bulk-b", "bulk-a"], "newest first");
+    assert_eq!(book.jobs(1).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn memory_store_keeps_the_bulk_book_contract() {
+    let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
+    bulk_book_contract(&MemoryStore::new(clock.clone()), clock.now()).await;
+}
+
+#[tokio::test]
+async fn dynamodb_store_keeps_the_bulk_book_contract() {
+    let t = TestStack::new("contract-bulk").await;
+    bulk_book_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
 }
 
 // ---------------------------------------------------------------- queues

@@ -68,6 +68,7 @@ use serde_json::Value;
 use crate::errors::classify;
 use crate::settings::Tables;
 
+mod jobs;
 mod keys;
 mod pages;
 pub use keys::{BUSY_INDEX, BUSY_SHARDS, busy_shard};
