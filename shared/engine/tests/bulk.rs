@@ -128,3 +128,20 @@ async fn orders_a_command_does_not_fit_are_refused_one_by_one_and_named() {
     assert!(job.refusals.iter().all(|r| r.code == "finished"), "{:?}", job.refusals);
     assert!(job.finished);
 }
+
+#[tokio::test]
+async fn the_supervisor_drives_the_jobs_not_finished_at_the_pace_held_orders_resume() {
+    let mut w = World::new();
+    let ids = failing(&mut w, "s", 4).await;
+    let now = w.clock.now();
+    let asked = ask("bulk-4", CommandKind::Redrive, failed(), 4);
+    start(&*w.store, &*w.store, asked, now, SHARDS).await.unwrap();
+    let driven = w.supervisor.drive_bulk(&*w.store).await.unwrap();
+    assert_eq!(driven.len(), 1);
+    assert_eq!((driven[0].tally.applied, driven[0].finished), (4, true), "{:?}", driven[0]);
+    w.run_for(Duration::from_secs(120)).await;
+    assert!(ids.iter().all(|id| w.state(*id).process_state == ProcessState::Processed));
+    // A finished job is left as it is.
+    assert!(w.supervisor.drive_bulk(&*w.store).await.unwrap().is_empty());
+    assert_eq!(w.store.job("bulk-4").await.unwrap().unwrap().round, 1);
+}

@@ -26,7 +26,9 @@ use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::Handled;
 use super::effects::Ports;
+use super::{Operator, bulk};
 use crate::OrderId;
+use crate::bulk::BulkJob;
 use crate::config::SHARD_QUERIES_AT_ONCE;
 use crate::error::{Error, Result};
 use crate::events::{BusEvent, ServiceEvent};
@@ -36,8 +38,8 @@ use crate::machine::{Decision, Input, decide};
 use crate::mutants::{self, Mutant};
 use crate::payload::NoPayloads;
 use crate::ports::{
-    Clock, EventBus, ExpiryIndex, HeldIndex, IndexEntry, Outbox, Payloads, Read, Saved,
-    ServiceBook, StateStore,
+    BulkBook, Clock, EventBus, ExpiryIndex, HeldIndex, IndexEntry, OrderFinder, Outbox, Payloads,
+    Read, Saved, ServiceBook, StateStore,
 };
 use crate::time::Timestamp;
 
@@ -74,6 +76,8 @@ const REPAIRS_AT_ONCE: usize = 32;
 
 /// The time over which the orders a sweep resumes are spread: until the next sweep.
 pub const RESUME_SPREAD: Duration = Duration::from_secs(60);
+/// Most bulk jobs a sweep reads; the finished ones among them are kept for their reports.
+const BULK_JOBS_READ: usize = 100;
 
 /// Alerts of one service published at once: what one `PutEvents` takes.
 const MAX_SERVICE_ALERTS: usize = 10;
@@ -276,6 +280,48 @@ where
     /// its declared rate, if lower). A supervisor whose sweep found the queues stalled, or
     /// could not read them, resumes nothing: orders sent into queues nobody takes from would
     /// only add to what waits there.
+    /// Drives the bulk commands not finished ([`crate::bulk`]): together, as many orders as
+    /// the minute until the next sweep takes at `RESUME_PER_SECOND`, the pace at which held
+    /// orders go on, shared evenly among the jobs. Called only while the queues flow, as
+    /// resuming is: a redrive of thousands of orders must not add to a backlog. Returns the
+    /// jobs as they stand after this sweep's slice; a job that could not be driven is driven
+    /// at the next sweep.
+    pub async fn drive_bulk<K: BulkBook>(&self, book: &K) -> Result<Vec<BulkJob>>
+    where
+        S: OrderFinder + Clone,
+        Q: Clone,
+        B: Clone,
+        C: Clone,
+        P: Clone,
+    {
+        let running: Vec<BulkJob> =
+            book.jobs(BULK_JOBS_READ).await?.into_iter().filter(|j| !j.finished).collect();
+        if running.is_empty() {
+            return Ok(Vec::new());
+        }
+        let config = &self.ports.config;
+        let per_sweep = usize::try_from(config.hold.resume_per_second)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(RESUME_SPREAD.as_secs() as usize);
+        let budget = (per_sweep / running.len()).max(1);
+        let operator = Operator::new(self.ports.clone());
+        let now = self.ports.clock.now();
+        let mut driven = Vec::new();
+        for job in running {
+            let store = &self.ports.store;
+            match bulk::advance(store, book, &operator, &job.id, budget, now, config.index_shards)
+                .await
+            {
+                Ok(Some(job)) => driven.push(job),
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(job = %job.id, error = %e, "a bulk command goes on at the next sweep")
+                }
+            }
+        }
+        Ok(driven)
+    }
+
     pub async fn tend<G: ServiceBook>(&self, book: &G, resume: bool) -> Result<ServicesReport> {
         let mut report = ServicesReport::default();
         for record in book.all().await? {
