@@ -665,6 +665,11 @@ impl System {
             .unwrap()
     }
 
+    /// The supervisor's slice of the bulk commands not finished, as one sweep drives them.
+    pub async fn drive_bulk(&self) -> Vec<sas_engine::bulk::BulkJob> {
+        self.supervisor.drive_bulk(&self.t.store()).await.unwrap()
+    }
+
     pub async fn state(&self, id: OrderId) -> StateRecord {
         use sas_engine::ports::StateStore;
         self.t.store().load(id, Read::Consistent).await.unwrap().unwrap()

@@ -456,3 +456,55 @@ async fn an_operator_holds_one_action_and_a_wrong_action_is_refused_with_nothing
     let (status, _) = s.admin("GET", "/admin/services/ufo/waiting", None, Some(OPERATOR)).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn a_bulk_redrive_is_asked_with_the_count_shown_driven_by_the_supervisor_and_reported() {
+    let s =
+        System::start("admin-bulk", r#"{"actions": {"charge-payment": {"permanent_rate": 1.0}}}"#)
+            .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(submit(&s, &format!("admin-bulk-{i}")).await);
+    }
+    s.settle().await;
+    let (_, counts) = s.admin("GET", "/admin/counts", None, Some(OPERATOR)).await;
+    assert_eq!(counts["failed"]["orders"], 3, "{counts}");
+    let body = |expect: u64| {
+        json!({"command": "redrive", "filter": {"list": "failed"}, "reason": "the bank is back",
+               "command_id": "bulk-redrive-1", "expect": expect})
+    };
+    // Shown 2 while 3 fail: refused with the count of now, and nothing is made.
+    let (status, refused) = s.admin("POST", "/admin/bulk", Some(body(2)), Some(OPERATOR)).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (409, Some("filter_changed")),
+        "{refused}"
+    );
+    assert_eq!(refused["error"]["count"]["orders"], 3, "{refused}");
+    let (status, _) = s.admin("GET", "/admin/bulk/bulk-redrive-1", None, Some(OPERATOR)).await;
+    assert_eq!(status, 404);
+
+    s.remote.set_faults("{}").await;
+    let (status, asked) = s.admin("POST", "/admin/bulk", Some(body(3)), Some(OPERATOR)).await;
+    assert_eq!(status, 202, "{asked}");
+    assert_eq!(asked["job"]["by"], OPERATOR);
+    // Sent again (a retry), it is the same job.
+    let (status, again) = s.admin("POST", "/admin/bulk", Some(body(3)), Some(OPERATOR)).await;
+    assert_eq!((status, &again["job"]["id"]), (200, &json!("bulk-redrive-1")), "{again}");
+
+    let driven = s.drive_bulk().await;
+    assert_eq!(driven.len(), 1);
+    s.settle().await;
+    for id in &ids {
+        assert_eq!(s.state(*id).await.process_state, ProcessState::Processed, "{id}");
+    }
+    let (status, report) = s.admin("GET", "/admin/bulk/bulk-redrive-1", None, Some(OPERATOR)).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["job"]["tally"]["applied"], 3, "{report}");
+    assert_eq!(report["job"]["finished"], true, "{report}");
+    let (_, jobs) = s.admin("GET", "/admin/bulk", None, Some(OPERATOR)).await;
+    assert_eq!(jobs["jobs"][0]["id"], "bulk-redrive-1", "{jobs}");
+    let bad = json!({"command": "fly", "filter": {"list": "failed"}, "reason": "x", "command_id": "b-2", "expect": 0});
+    let (status, _) = s.admin("POST", "/admin/bulk", Some(bad), Some(OPERATOR)).await;
+    assert_eq!(status, 400);
+}

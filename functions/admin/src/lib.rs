@@ -15,6 +15,8 @@
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue: `{"reason"}`, logged with the caller |
 //! | `GET /admin/lookup?idempotency_key=&submitter=` | the order a submitter's idempotency key made |
+//! | `POST /admin/bulk` | a command for every order a listing holds, as counted: `{"command", "filter", "reason", "command_id", "expect"}`; driven by the supervisor |
+//! | `GET /admin/bulk`, `GET /admin/bulk/{id}` | the bulk commands, or one, with what each order made of it |
 //! | `GET /admin/counts` | how many orders each listing holds (the same filters), counted by its index |
 //! | `GET /admin/me` | who the API takes the caller for |
 //! | `GET /console/{file}` | the console's page and its configuration, where the stack serves it (no authorisation: the page holds nothing) |
@@ -33,16 +35,17 @@ use lambda_http::http::{HeaderValue, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
 use sas_aws::api;
 use sas_aws::dead_letters::DeadLetters;
+use sas_engine::bulk::BulkFilter;
 use sas_engine::catalogue::Catalogue;
 use sas_engine::ids::{IdempotencyKey, Owner};
 use sas_engine::machine::Refused;
 use sas_engine::payload::NoPayloads;
 use sas_engine::ports::{
-    Clock, EventBus, HeldIndex, KeyIndex, ListQuery, Listing, OrderFinder, Outbox, Pace, Payloads,
-    Read, ServiceBook, StateStore,
+    BulkBook, Clock, EventBus, HeldIndex, KeyIndex, ListQuery, Listing, OrderFinder, Outbox, Pace,
+    Payloads, Read, ServiceBook, StateStore,
 };
 use sas_engine::services::{
-    Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService,
+    Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService, bulk,
     outline,
 };
 use sas_engine::state::CommandKind;
@@ -54,6 +57,8 @@ use tracing::error;
 /// Orders on one page unless the caller asks otherwise, and the most it may ask for.
 pub const DEFAULT_PAGE: usize = 25;
 pub const MAX_PAGE: usize = 100;
+/// Bulk commands listed, the newest first.
+const BULK_JOBS_LISTED: usize = 20;
 /// Most orders a count of one listing reads up to: past it, the count says "at least".
 const COUNT_CAP: u64 = 10_000;
 /// Longest step or cause filter accepted.
@@ -121,7 +126,7 @@ pub async fn handle<S, Q, B, C, G, P>(
     request: Request,
 ) -> Response<Body>
 where
-    S: StateStore + OrderFinder + HeldIndex + KeyIndex,
+    S: StateStore + OrderFinder + HeldIndex + KeyIndex + BulkBook,
     Q: Outbox,
     B: EventBus,
     C: Clock,
@@ -203,6 +208,21 @@ where
             }
         }
         (Method::GET, ["admin", "counts"]) => counts(admin, &query).await,
+        (Method::POST, ["admin", "bulk"]) => bulk_start(admin, &caller, request.body()).await,
+        (Method::GET, ["admin", "bulk"]) => match admin.finder.jobs(BULK_JOBS_LISTED).await {
+            Ok(jobs) => api::json(StatusCode::OK, &json!({ "jobs": jobs })),
+            Err(e) => failure(&e),
+        },
+        (Method::GET, ["admin", "bulk", id]) => match admin.finder.job(id).await {
+            Ok(Some(job)) => api::json(StatusCode::OK, &json!({ "job": job })),
+            Ok(None) => api::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no bulk command with this id",
+                json!({}),
+            ),
+            Err(e) => failure(&e),
+        },
         (Method::GET, ["admin", "lookup"]) => lookup(admin, &query).await,
         (Method::GET, ["admin", "me"]) => api::json(StatusCode::OK, &json!({ "caller": caller })),
         (Method::GET, ["admin", "keys"]) => keys(&admin.keyring, &query).await,
@@ -301,6 +321,91 @@ where
         }
     }
     api::json(StatusCode::OK, &Value::Object(body))
+}
+
+/// A bulk command's body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkBody {
+    command: String,
+    #[serde(default)]
+    compensation: bool,
+    /// The listing and its filters: `{"list", "workflow"?, "step"?, "cause"?, "older_than_s"?}`.
+    filter: BulkFilter,
+    reason: String,
+    command_id: String,
+    /// How many orders the caller was shown the listing holds.
+    expect: u64,
+}
+
+/// `POST /admin/bulk`: a command for every order a listing holds, as the caller counted them
+/// (`GET /admin/counts`); refused with the count of now if the listing changed.
+async fn bulk_start<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    caller: &str,
+    body: &Body,
+) -> Response<Body>
+where
+    S: StateStore + OrderFinder + BulkBook,
+    C: Clock,
+{
+    let bytes = api::body_bytes(body);
+    if bytes.len() > MAX_BODY_BYTES {
+        return bad_request(&format!("the body must be at most {MAX_BODY_BYTES} bytes"));
+    }
+    let body: BulkBody = match serde_json::from_slice(bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            return bad_request(&format!(
+                "the body must be {{\"command\", \"filter\": {{\"list\", ...}}, \"reason\", \"command_id\", \"expect\"}}: {e}"
+            ));
+        }
+    };
+    let kind = match (body.command.as_str(), body.compensation) {
+        ("cancel", false) => CommandKind::Cancel,
+        ("pause", false) => CommandKind::Pause,
+        ("resume", false) => CommandKind::Resume,
+        ("acknowledge", false) => CommandKind::Acknowledge,
+        ("undo", false) => CommandKind::Undo,
+        ("redrive", false) => CommandKind::Redrive,
+        ("redrive", true) => CommandKind::RedriveCompensation,
+        (_, true) => return bad_request("compensation applies to redrive only"),
+        (other, _) => {
+            return bad_request(&format!(
+                "command {other:?}: cancel, pause, resume, redrive, acknowledge or undo"
+            ));
+        }
+    };
+    let command = match Command::new(kind, &body.command_id, caller, &body.reason) {
+        Ok(c) => c,
+        Err(Error::InvalidCommand(message)) => return bad_request(&message),
+        Err(e) => return failure(&e),
+    };
+    let ask = bulk::Ask { command, filter: body.filter, expected: body.expect };
+    match bulk::start(&admin.finder, &admin.finder, ask, admin.clock.now(), admin.shards).await {
+        Ok(bulk::Started::New(job)) => {
+            tracing::info!(job = %job.id, by = %job.by, reason = %job.reason, "bulk command asked for");
+            api::json(StatusCode::ACCEPTED, &json!({ "job": job }))
+        }
+        Ok(bulk::Started::Existing(job)) => api::json(StatusCode::OK, &json!({ "job": job })),
+        Ok(bulk::Started::Changed { count }) => api::error(
+            StatusCode::CONFLICT,
+            "filter_changed",
+            &format!(
+                "the listing holds {} orders now, not the {} shown: count again, and act on what matches now",
+                count.orders, body.expect
+            ),
+            json!({ "count": count }),
+        ),
+        Ok(bulk::Started::TooMany { count }) => api::error(
+            StatusCode::BAD_REQUEST,
+            "too_many",
+            &format!("more than {} orders match: narrow the filter", count.orders),
+            json!({ "count": count }),
+        ),
+        Err(Error::InvalidCommand(message)) => bad_request(&message),
+        Err(e) => failure(&e),
+    }
 }
 
 /// `GET /admin/lookup?idempotency_key=&submitter=`: the order a submitter's key made, found by
