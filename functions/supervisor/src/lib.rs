@@ -1,6 +1,7 @@
 //! The supervisor function's handler: per scheduled invocation, one sweep of the expiry index,
 //! then the services tended (holds announced, the orders of a service open again resumed
-//! while the queues flow), then the orders of the schedules' times started.
+//! while the queues flow), then a slice of each bulk command driven (while the queues flow),
+//! then the orders of the schedules' times started.
 
 pub mod settings;
 
@@ -8,7 +9,8 @@ use std::time::Duration;
 
 use sas_engine::load::LoadSource;
 use sas_engine::ports::{
-    Clock, EventBus, ExpiryIndex, HeldIndex, Ids, Outbox, Payloads, ServiceBook, StateStore,
+    BulkBook, Clock, EventBus, ExpiryIndex, HeldIndex, Ids, OrderFinder, Outbox, Payloads,
+    ServiceBook, StateStore,
 };
 use sas_engine::services::{Starter, Supervisor, SweepReport};
 use tracing::{info, warn};
@@ -24,14 +26,14 @@ pub async fn handle<S, X, Q, B, C, L, G, P, I, U>(
     look_back: Duration,
 ) -> Result<SweepReport, sas_engine::Error>
 where
-    S: StateStore,
+    S: StateStore + OrderFinder + BulkBook + Clone,
     X: ExpiryIndex + HeldIndex,
-    Q: Outbox,
-    B: EventBus,
-    C: Clock,
+    Q: Outbox + Clone,
+    B: EventBus + Clone,
+    C: Clock + Clone,
     L: LoadSource,
     G: ServiceBook,
-    P: Payloads,
+    P: Payloads + Clone,
     I: Ids,
     U: LoadSource,
 {
@@ -46,6 +48,17 @@ where
             "services tended"
         ),
         Err(e) => warn!(error = %e, "could not read the services' health"),
+    }
+    if flowing {
+        match supervisor.drive_bulk(supervisor.store()).await {
+            Ok(jobs) => {
+                for job in jobs {
+                    info!(job = %job.id, applied = job.tally.applied, refused = job.tally.refused,
+                          finished = job.finished, "bulk command driven");
+                }
+            }
+            Err(e) => warn!(error = %e, "the bulk commands go on at the next sweep"),
+        }
     }
     match starter.look_back(look_back).await {
         // Said only when a time came: most sweeps find none.

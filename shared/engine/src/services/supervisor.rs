@@ -280,6 +280,11 @@ where
     /// its declared rate, if lower). A supervisor whose sweep found the queues stalled, or
     /// could not read them, resumes nothing: orders sent into queues nobody takes from would
     /// only add to what waits there.
+    /// The store the supervisor works on, which keeps the bulk commands too.
+    pub fn store(&self) -> &S {
+        &self.ports.store
+    }
+
     /// Drives the bulk commands not finished ([`crate::bulk`]): together, as many orders as
     /// the minute until the next sweep takes at `RESUME_PER_SECOND`, the pace at which held
     /// orders go on, shared evenly among the jobs. Called only while the queues flow, as
