@@ -458,7 +458,13 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     drive(store, r, &[Input::Reply { attempt: a, step: &s, outcome: &o, message: "m4" }], at(20))
         .await;
     // Paused at t0+30.
-    let pause = Input::Command { command: CommandKind::Pause, id: "p", by: "ops", reason: "check" };
+    let pause = Input::Command {
+        command: CommandKind::Pause,
+        id: "p",
+        by: "ops",
+        reason: "check",
+        after: Duration::ZERO,
+    };
     let paused_record = drive(store, records[2].clone(), &[pause], at(30)).await;
     // Processed.
     let mut r = drive(store, records[5].clone(), &[claim(0)], at(40)).await;
@@ -529,8 +535,13 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     let bad = ListQuery { after: Some("not-a-cursor".into()), ..query(Listing::Failed) };
     assert!(store.find(&bad).await.is_err());
     // Resumed at t0+90, the paused order is watched from then, and keeps when it was accepted.
-    let resume =
-        Input::Command { command: CommandKind::Resume, id: "r", by: "ops", reason: "checked" };
+    let resume = Input::Command {
+        command: CommandKind::Resume,
+        id: "r",
+        by: "ops",
+        reason: "checked",
+        after: Duration::ZERO,
+    };
     let resumed = drive(store, paused_record, &[resume], at(90)).await;
     let read = store.load(ids[2], Read::Consistent).await.unwrap().unwrap();
     assert_eq!((read.created_at, read.watched_since()), (at(2), at(90)));

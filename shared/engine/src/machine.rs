@@ -204,8 +204,10 @@ pub enum Input<'a> {
     Released,
     /// The order was submitted again with the same key and the same content.
     Resubmit,
-    /// An operator's command, with its id (the same id is applied once), who gave it and why.
-    Command { command: CommandKind, id: &'a str, by: &'a str, reason: &'a str },
+    /// An operator's command, with its id (the same id is applied once), who gave it and why;
+    /// the steps it frees start `after` this long (zero, but for a bulk command, which spreads
+    /// its orders over time as resumed orders are).
+    Command { command: CommandKind, id: &'a str, by: &'a str, reason: &'a str, after: Duration },
     /// The parent of this child order undoes the step that started it: the child is undone
     /// if it was processed, cancelled if still in flight, and its end answers the parent's
     /// undo (`parent`, with the undo's lease) from now on.
@@ -584,8 +586,8 @@ fn decide_input(record: &StateRecord, input: Input<'_>, ctx: &Ctx<'_>) -> Decisi
     if let Err(reason) = record.check() {
         return Decision::Illegal(Illegal::Corrupt { reason });
     }
-    if let Input::Command { command, id, by, reason } = input {
-        return operate(record, Command { kind: command, id, by, reason }, ctx);
+    if let Input::Command { command, id, by, reason, after } = input {
+        return operate(record, Command { kind: command, id, by, reason, after }, ctx);
     }
     if let Input::Answer { step, token, answer: given, by, reason } = input {
         return answer(record, Answered { step, token, answer: given, by, reason }, ctx);

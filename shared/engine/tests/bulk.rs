@@ -12,11 +12,15 @@ use sas_engine::bulk::{BulkFilter, BulkList};
 use sas_engine::memory::Behaviour;
 use sas_engine::ports::{BulkBook, Clock, Saved};
 use sas_engine::services::Command;
-use sas_engine::services::bulk::{Ask, Started, advance, start};
+use sas_engine::services::bulk::{Ask, Slice, Started, advance, start};
 use sas_engine::state::{CommandKind, ProcessState};
 use world::World;
 
 const SHARDS: u16 = 4;
+
+fn slice(orders: usize, per_second: usize) -> Slice {
+    Slice { orders, per_second }
+}
 
 fn failed() -> BulkFilter {
     BulkFilter { list: BulkList::Failed, workflow: None, step: None, cause: None, older_than_s: 0 }
@@ -72,10 +76,11 @@ async fn a_bulk_redrive_is_counted_first_applied_a_slice_at_a_time_and_reported(
     let now = w.clock.now();
 
     let operator = w.operator();
-    let job = advance(&*w.store, &*w.store, &operator, "bulk-1", 2, now, SHARDS).await;
+    let job = advance(&*w.store, &*w.store, &operator, "bulk-1", slice(2, 100), now, SHARDS).await;
     let job = job.unwrap().unwrap();
     assert_eq!((job.tally.applied, job.tally.newer, job.round, job.finished), (2, 1, 1, false));
-    let job = advance(&*w.store, &*w.store, &operator, "bulk-1", 100, now, SHARDS).await;
+    let job =
+        advance(&*w.store, &*w.store, &operator, "bulk-1", slice(100, 100), now, SHARDS).await;
     let job = job.unwrap().unwrap();
     assert_eq!((job.tally.applied, job.tally.reached(), job.finished), (5, 5, true), "{job:?}");
     w.run_for(Duration::from_secs(120)).await;
@@ -87,7 +92,8 @@ async fn a_bulk_redrive_is_counted_first_applied_a_slice_at_a_time_and_reported(
     assert_eq!(w.state(later).process_state, ProcessState::Error, "the newer order is left");
 
     // Finished, a job is driven no further.
-    let done = advance(&*w.store, &*w.store, &operator, "bulk-1", 100, now, SHARDS).await;
+    let done =
+        advance(&*w.store, &*w.store, &operator, "bulk-1", slice(100, 100), now, SHARDS).await;
     assert_eq!(done.unwrap().unwrap().round, 2);
 }
 
@@ -100,7 +106,8 @@ async fn two_drivers_of_one_job_apply_each_order_once_and_one_slice_is_saved() {
     start(&*w.store, &*w.store, asked, now, SHARDS).await.unwrap();
     let stale = w.store.job("bulk-2").await.unwrap().unwrap();
     let operator = w.operator();
-    let job = advance(&*w.store, &*w.store, &operator, "bulk-2", 100, now, SHARDS).await;
+    let job =
+        advance(&*w.store, &*w.store, &operator, "bulk-2", slice(100, 100), now, SHARDS).await;
     let job = job.unwrap().unwrap();
     assert_eq!((job.tally.applied, job.finished), (3, true));
     // A driver that read the job before saves nothing over it.
@@ -122,7 +129,8 @@ async fn orders_a_command_does_not_fit_are_refused_one_by_one_and_named() {
     let asked = ask("bulk-3", CommandKind::Pause, failed(), 2);
     start(&*w.store, &*w.store, asked, now, SHARDS).await.unwrap();
     let operator = w.operator();
-    let job = advance(&*w.store, &*w.store, &operator, "bulk-3", 100, now, SHARDS).await;
+    let job =
+        advance(&*w.store, &*w.store, &operator, "bulk-3", slice(100, 100), now, SHARDS).await;
     let job = job.unwrap().unwrap();
     assert_eq!((job.tally.refused, job.tally.applied, job.refusals.len()), (2, 0, 2), "{job:?}");
     assert!(job.refusals.iter().all(|r| r.code == "finished"), "{:?}", job.refusals);
@@ -144,4 +152,27 @@ async fn the_supervisor_drives_the_jobs_not_finished_at_the_pace_held_orders_res
     // A finished job is left as it is.
     assert!(w.supervisor.drive_bulk(&*w.store).await.unwrap().is_empty());
     assert_eq!(w.store.job("bulk-4").await.unwrap().unwrap().round, 1);
+}
+
+#[tokio::test]
+async fn the_orders_of_a_slice_are_spread_over_seconds_at_the_pace_asked_for() {
+    let mut w = World::new();
+    let ids = failing(&mut w, "p", 5).await;
+    let now = w.clock.now();
+    let asked = ask("bulk-5", CommandKind::Redrive, failed(), 5);
+    start(&*w.store, &*w.store, asked, now, SHARDS).await.unwrap();
+    let operator = w.operator();
+    let job = advance(&*w.store, &*w.store, &operator, "bulk-5", slice(100, 2), now, SHARDS).await;
+    assert_eq!(job.unwrap().unwrap().tally.applied, 5);
+    // Two orders a second: each order's steps are due a second later than the two before.
+    let mut due: Vec<u64> = ids
+        .iter()
+        .map(|id| w.state(*id).earliest_lease().unwrap().as_millis().abs_diff(now.as_millis()))
+        .collect();
+    due.sort_unstable();
+    let first = due[0];
+    let spread: Vec<u64> = due.iter().map(|d| d - first).collect();
+    assert_eq!(spread, [0, 0, 1000, 1000, 2000]);
+    w.run_for(Duration::from_secs(120)).await;
+    assert!(ids.iter().all(|id| w.state(*id).process_state == ProcessState::Processed));
 }

@@ -930,7 +930,7 @@ proptest! {
             Input::Resubmit,
         ]
         .into_iter()
-        .chain(CommandKind::ALL.map(|command| Input::Command { command, id: "cmd-1", by: "ops", reason: "why" }))
+        .chain(CommandKind::ALL.map(|command| Input::Command { command, id: "cmd-1", by: "ops", reason: "why", after: std::time::Duration::ZERO }))
         {
             // A damaged record is refused whole, whatever the input; a sound one only ever
             // moves to a sound record, one revision on.

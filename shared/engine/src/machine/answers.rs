@@ -82,7 +82,7 @@ pub(super) fn answer(record: &StateRecord, a: Answered<'_>, ctx: &Ctx<'_>) -> De
             failed(&mut next, i, Cause::StepRejected { step: a.step.to_owned(), reason }, ctx);
         }
     }
-    proceed(next, effects, ctx, Via::Kick)
+    proceed(next, effects, ctx, Via::KICK)
 }
 
 /// Compares two tokens in a time that does not tell how much of a guess was right.

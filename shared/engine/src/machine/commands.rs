@@ -10,6 +10,14 @@ pub(super) struct Command<'a> {
     pub(super) id: &'a str,
     pub(super) by: &'a str,
     pub(super) reason: &'a str,
+    pub(super) after: Duration,
+}
+
+impl Command<'_> {
+    /// How the steps the command frees are started: kicked, after its delay.
+    fn via(&self) -> Via {
+        Via::Kick { after: self.after }
+    }
 }
 
 /// Decides an operator command. See the second table of the module documentation.
@@ -96,7 +104,7 @@ pub(super) fn cancel(
     // same keys timed out) may have taken effect all the same, its answer lost: it is as
     // uncertain as a step in flight, and undone (or reported) too.
     next.stop = Some(stop_of(cmd));
-    Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+    Ok(proceed(next, Vec::new(), ctx, cmd.via()))
 }
 
 /// Pause: at once when no step is in flight, else once the steps in flight are finished.
@@ -131,7 +139,7 @@ pub(super) fn pause(
                     );
                 }
                 next.stop = Some(stop_of(cmd));
-                Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+                Ok(proceed(next, Vec::new(), ctx, cmd.via()))
             }
         },
     }
@@ -150,12 +158,12 @@ pub(super) fn resume(
         (ProcessState::Processing, Some(stop)) if stop.command == CommandKind::Pause => {
             next.stop = None;
             next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
-            Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+            Ok(proceed(next, Vec::new(), ctx, cmd.via()))
         }
         (ProcessState::Paused, _) => {
             next.active_since = Some(ctx.now);
             next.note_command(ctx.now, Happening::Resumed, cmd.by, cmd.reason, limit);
-            Ok(proceed(next, Vec::new(), ctx, Via::Kick))
+            Ok(proceed(next, Vec::new(), ctx, cmd.via()))
         }
         _ => Err(Refused::NotPaused { state }),
     }
@@ -251,7 +259,7 @@ pub(super) fn restart(
     next.redrives += 1;
     next.active_since = Some(ctx.now);
     next.note_command(ctx.now, Happening::Redriven, cmd.by, cmd.reason, ctx.config.timeline_limit);
-    let relaunched = proceed(next, Vec::new(), ctx, Via::Kick);
+    let relaunched = proceed(next, Vec::new(), ctx, cmd.via());
     in_line_first(record, relaunched, ctx)
 }
 
@@ -306,7 +314,7 @@ pub(super) fn undo(
     // An alert of the failures it reported is moot now: the order is undone on purpose, and
     // gets an alert of its own should anything be left to undo by hand.
     next.alert = None;
-    Ok(in_line_first(record, compensate(next, ctx, Via::Kick), ctx))
+    Ok(in_line_first(record, compensate(next, ctx, cmd.via()), ctx))
 }
 
 pub(super) fn acknowledge(
@@ -363,7 +371,7 @@ fn from_parent(
         Direction::Undo => "its parent order is undone",
     };
     let linked = record.parent.as_ref() == Some(parent) || !relink;
-    let cmd = Command { kind, id: &id, by: &by, reason };
+    let cmd = Command { kind, id: &id, by: &by, reason, after: Duration::ZERO };
     match operate(record, cmd, ctx) {
         Decision::Apply(mut t) => {
             if relink {

@@ -74,7 +74,7 @@ pub(super) fn timed_out(
     let mut next = begin(record, ctx, InputRef::Message(message.to_owned()));
     let mut effects = Vec::new();
     judge(&mut next, i, ctx, &mut effects);
-    proceed(next, effects, ctx, Via::Kick)
+    proceed(next, effects, ctx, Via::KICK)
 }
 
 /// The start message that ends a callback's wait at the end of `lease`, if SQS can delay a
@@ -153,20 +153,20 @@ pub(super) fn start(
         };
         match via {
             Via::Lease => dispatch(next, i, ctx.now.plus(budget), ctx, effects),
-            Via::Kick => {
+            Via::Kick { after } => {
                 // Every step queued by this write at one attempt, claimed by one start message.
                 let attempt = *kicked.get_or_insert_with(|| {
                     next.attempt += 1;
                     next.attempt
                 });
-                let complete_by = ctx.now.plus(ctx.config.claim_grace).plus(budget);
+                let complete_by = ctx.now.plus(after).plus(ctx.config.claim_grace).plus(budget);
                 let lease = Lease::queued(attempt, complete_by);
                 next.steps[i].lease = Some(lease);
             }
         }
     }
-    if let Some(attempt) = kicked {
-        effects.push(Effect::Kick { delay: Duration::ZERO, attempt });
+    if let (Some(attempt), Via::Kick { after }) = (kicked, via) {
+        effects.push(Effect::Kick { delay: after, attempt });
     }
     Ok(())
 }
@@ -312,7 +312,7 @@ pub(super) fn expire(
     for i in expired {
         judge(&mut next, i, ctx, &mut effects);
     }
-    proceed(next, effects, ctx, Via::Kick)
+    proceed(next, effects, ctx, Via::KICK)
 }
 
 /// Judges the expired lease of step `i`: tried again after a wait while below its threshold

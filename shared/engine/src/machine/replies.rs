@@ -172,7 +172,15 @@ pub(super) fn failed(next: &mut StateRecord, i: usize, cause: Cause, ctx: &Ctx<'
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Via {
     Lease,
-    Kick,
+    /// Queued, with a start message `after` this long.
+    Kick {
+        after: Duration,
+    },
+}
+
+impl Via {
+    /// Queued, with a start message at once.
+    pub(super) const KICK: Via = Via::Kick { after: Duration::ZERO };
 }
 
 /// Where the order goes once a transition has settled the steps it touched: the steps (or

@@ -2,6 +2,8 @@
 //! with the count of now if the listing changed since; then applied by a driver a slice at a
 //! time, each order through the operator's own command, and reported as they go.
 
+use std::time::Duration;
+
 use crate::bulk::{BulkFilter, BulkJob, MAX_BULK, Outcome, Tally};
 use crate::error::{Error, Result};
 use crate::ports::{
@@ -93,8 +95,19 @@ fn same_or_refused(earlier: BulkJob, asked: &BulkJob) -> Result<Started> {
     }
 }
 
-/// Applies the command of job `id` to at most `budget` more orders of its listing, and saves
-/// how far it went. Returns the job as it stands (as another driver saved it, if one saved
+/// How much of a job one drive takes.
+#[derive(Clone, Copy, Debug)]
+pub struct Slice {
+    /// Most orders commanded.
+    pub orders: usize,
+    /// The steps each order's command frees start this many orders a second (SQS delays
+    /// messages by whole seconds), as the orders a hold's end resumes do, so that a slice of
+    /// thousands reaches the services at a pace and not at once.
+    pub per_second: usize,
+}
+
+/// Applies the command of job `id` to at most `slice.orders` more orders of its listing, and
+/// saves how far it went. Returns the job as it stands (as another driver saved it, if one saved
 /// first), or `None` if there is no such job. An error leaves the slice unsaved: the next
 /// drive takes it again, and each order already commanded answers "applied before".
 pub async fn advance<F, K, S, Q, B, C, P>(
@@ -102,7 +115,7 @@ pub async fn advance<F, K, S, Q, B, C, P>(
     book: &K,
     operator: &Operator<S, Q, B, C, P>,
     id: &str,
-    budget: usize,
+    slice: Slice,
     now: Timestamp,
     shards: u16,
 ) -> Result<Option<BulkJob>>
@@ -116,12 +129,13 @@ where
     P: Payloads,
 {
     let Some(mut job) = book.job(id).await? else { return Ok(None) };
-    if job.finished || budget == 0 {
+    if job.finished || slice.orders == 0 {
         return Ok(Some(job));
     }
-    let command = Command::new(job.command, &job.id, &job.by, &job.reason)?;
+    let mut command = Command::new(job.command, &job.id, &job.by, &job.reason)?;
     let round = job.round;
-    let mut left = budget;
+    let mut left = slice.orders;
+    let mut commanded = 0usize;
     while left > 0 && !job.finished {
         let page = finder.find(&job.next_page(now, shards, left)).await?;
         for listed in &page.orders {
@@ -129,6 +143,8 @@ where
                 job.record(listed.order_id, Outcome::Newer);
                 continue;
             }
+            command.after = Duration::from_secs((commanded / slice.per_second.max(1)) as u64);
+            commanded += 1;
             let outcome = match operator.command(listed.order_id, &command).await? {
                 None => Outcome::Gone,
                 Some(done) => match done.applied {

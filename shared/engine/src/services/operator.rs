@@ -8,6 +8,8 @@
 //! again (a retried HTTP call, a script run twice) is applied once, and a command that does
 //! not fit the order's state is refused with the state named and nothing written.
 
+use std::time::Duration;
+
 use tracing::info;
 
 use super::effects::Ports;
@@ -37,6 +39,9 @@ pub struct Command {
     pub by: String,
     /// Why, in the operator's words.
     pub reason: String,
+    /// How long after it the steps it frees start: zero, but for a bulk command, which
+    /// spreads its orders over time ([`crate::services::bulk`]).
+    pub after: Duration,
 }
 
 impl Command {
@@ -66,11 +71,23 @@ impl Command {
         if reason.chars().any(char::is_control) {
             return bad("the reason must not contain control characters".into());
         }
-        Ok(Command { kind, id: id.to_owned(), by: by.to_owned(), reason: reason.trim().to_owned() })
+        Ok(Command {
+            kind,
+            id: id.to_owned(),
+            by: by.to_owned(),
+            reason: reason.trim().to_owned(),
+            after: Duration::ZERO,
+        })
     }
 
     fn input(&self) -> Input<'_> {
-        Input::Command { command: self.kind, id: &self.id, by: &self.by, reason: &self.reason }
+        Input::Command {
+            command: self.kind,
+            id: &self.id,
+            by: &self.by,
+            reason: &self.reason,
+            after: self.after,
+        }
     }
 }
 

@@ -305,16 +305,17 @@ where
             return Ok(Vec::new());
         }
         let config = &self.ports.config;
-        let per_sweep = usize::try_from(config.hold.resume_per_second)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(RESUME_SPREAD.as_secs() as usize);
-        let budget = (per_sweep / running.len()).max(1);
+        let per_second = (usize::try_from(config.hold.resume_per_second).unwrap_or(usize::MAX)
+            / running.len())
+        .max(1);
+        let budget = per_second.saturating_mul(RESUME_SPREAD.as_secs() as usize);
         let operator = Operator::new(self.ports.clone());
         let now = self.ports.clock.now();
         let mut driven = Vec::new();
         for job in running {
             let store = &self.ports.store;
-            match bulk::advance(store, book, &operator, &job.id, budget, now, config.index_shards)
+            let slice = bulk::Slice { orders: budget, per_second };
+            match bulk::advance(store, book, &operator, &job.id, slice, now, config.index_shards)
                 .await
             {
                 Ok(Some(job)) => driven.push(job),

@@ -13,7 +13,13 @@ impl Fixture {
         id: &str,
         now: Timestamp,
     ) -> Decision {
-        let input = Input::Command { command: kind, id, by: BY, reason: "customer asked" };
+        let input = Input::Command {
+            command: kind,
+            id,
+            by: BY,
+            reason: "customer asked",
+            after: Duration::ZERO,
+        };
         self.decide(record, input, now)
     }
 
@@ -422,6 +428,28 @@ fn a_redrive_runs_a_compensated_order_again_from_the_start_under_new_keys() {
 }
 
 #[test]
+fn a_command_spread_by_a_bulk_command_starts_its_steps_after_its_delay() {
+    let f = Fixture::new();
+    let e = f.compensated();
+    let now = T0.plus(secs(3600));
+    let redrive = Input::Command {
+        command: CommandKind::Redrive,
+        id: "bulk-1",
+        by: BY,
+        reason: "the bank is back",
+        after: secs(7),
+    };
+    let Decision::Apply(t) = f.decide(&e, redrive, now) else { panic!("not applied") };
+    t.next.check().unwrap();
+    assert_eq!(t.effects, vec![Effect::Kick { delay: secs(7), attempt: t.next.attempt }]);
+    // Its lease counts from the start message's arrival, not from the command.
+    let undelayed = f.order(&e, CommandKind::Redrive, "d-1", now).next;
+    let lease = t.next.steps[0].lease.unwrap();
+    assert_eq!(lease.complete_by, undelayed.steps[0].lease.unwrap().complete_by.plus(secs(7)));
+    assert!(!lease.sent);
+}
+
+#[test]
 fn a_redrive_keeps_the_key_of_a_step_whose_outcome_is_unknown() {
     let f = Fixture::new();
     let r = f.shipping_timed_out();
@@ -512,7 +540,13 @@ fn illegal_inputs_go_to_a_dead_letter_queue_only_when_a_message_carried_them() {
     assert_eq!(remedy(&reply), Remedy::DeadLetter);
     assert_eq!(remedy(&expiry(T0)), Remedy::Report);
     assert_eq!(remedy(&Input::AlertSent), Remedy::Report);
-    let cancel = Input::Command { command: CommandKind::Cancel, id: "c", by: BY, reason: "r" };
+    let cancel = Input::Command {
+        command: CommandKind::Cancel,
+        id: "c",
+        by: BY,
+        reason: "r",
+        after: Duration::ZERO,
+    };
     assert_eq!(remedy(&cancel), Remedy::Report);
 }
 

@@ -201,7 +201,13 @@ fn an_undo_waits_for_its_held_service_and_past_its_max_hold_is_left_to_the_opera
 fn a_cancel_takes_back_a_held_step_and_undoes_what_its_calls_may_have_done() {
     let f = Fixture::new();
     let r = parked(&f);
-    let cancel = Input::Command { command: CommandKind::Cancel, id: "c1", by: "op", reason: "r" };
+    let cancel = Input::Command {
+        command: CommandKind::Cancel,
+        id: "c1",
+        by: "op",
+        reason: "r",
+        after: Duration::ZERO,
+    };
     let t = f.apply(&r, cancel, T0.plus(secs(5)));
     assert!(t.next.steps[0].held.is_none());
     // Its request reached the service before the hold: its undo is queued, not skipped.

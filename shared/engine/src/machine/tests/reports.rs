@@ -87,6 +87,7 @@ fn a_reported_refusal_passes_its_step_and_the_order_ends_processed_with_an_alert
         id,
         by: "arn:aws:iam::123456789012:user/ops",
         reason: "welcome sent by hand",
+        after: Duration::ZERO,
     };
     let later = end.plus(secs(60));
     let acked = f.apply(&sent, ack("ack-1"), later).next;
@@ -115,7 +116,13 @@ fn a_reported_refusal_passes_its_step_and_the_order_ends_processed_with_an_alert
 fn an_order_with_nothing_reported_has_nothing_to_acknowledge() {
     let f = reporting();
     let r = f.done(&claimed(&f, &f.new_record()), T0.plus(secs(1)));
-    let ack = Input::Command { command: CommandKind::Acknowledge, id: "a", by: "ops", reason: "r" };
+    let ack = Input::Command {
+        command: CommandKind::Acknowledge,
+        id: "a",
+        by: "ops",
+        reason: "r",
+        after: Duration::ZERO,
+    };
     assert_eq!(
         f.decide(&r, ack, T0.plus(secs(2))),
         Decision::Refuse(Refused::NothingReported { state: ProcessState::Processing })
@@ -228,6 +235,7 @@ fn a_cancel_waiting_on_a_reported_step_that_fails_undoes_the_order() {
         id: "cancel-1",
         by: "ops",
         reason: "customer asked",
+        after: Duration::ZERO,
     };
     let waiting = f.apply(&r, cancel, T0.plus(secs(2))).next;
     assert!(matches!(waiting.stop, Some(Stop { command: CommandKind::Cancel, .. })));
@@ -261,6 +269,7 @@ fn a_redrive_does_a_reported_refusal_again_under_new_keys() {
         id: "redrive-1",
         by: "ops",
         reason: "mailbox emptied",
+        after: Duration::ZERO,
     };
     let again = f.apply(&r, redrive, r.updated_at).next;
     assert_eq!(again.steps[1].status, StepStatus::NotStarted);
