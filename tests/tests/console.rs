@@ -9,6 +9,10 @@
 //!   dead-letter queues and the keys.
 //! - Someone who only reads (`ReadOnlyPolicy`) sees the same orders, and every command they
 //!   try (an order's, a service's) is refused by the API, with nothing changed.
+//! - With a service held, an operator cancels all 500 orders in flight at its step with one
+//!   bulk command: the count is shown before, the report after says 500 applied, and each
+//!   order is undone (once the service is back, since its request had gone out) and ends
+//!   Cancelled with the cancel once on its timeline.
 //! - What is not the page gets nothing: a call without the session, or naming another host,
 //!   is refused before anything is signed.
 //!
@@ -416,4 +420,147 @@ async fn the_stack_serves_its_console_whose_page_signs_each_call_itself() {
         .unwrap();
     assert!(why.as_str().unwrap().contains("expired"), "{why}");
     tab.wait_for("document.getElementById('sign-in')", ENDS_WITHIN).await.unwrap();
+}
+
+/// An admin API call signed as `caller`: its status and body.
+async fn admin(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    caller: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let signer = local_signer(caller, REGION, "execute-api");
+    let mut request = http.request(method, format!("{}{path}", stack.api_url));
+    if let Some(body) = body {
+        request = request.header("content-type", "application/json").body(body.to_string());
+    }
+    let answer = signer.send(http, request).await.unwrap();
+    let status = answer.status().as_u16();
+    (status, answer.json().await.unwrap_or(Value::Null))
+}
+
+/// Orders of one bulk test.
+const BULK_ORDERS: usize = 500;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_cancel_of_the_orders_waiting_for_a_held_service_reports_each_and_undoes_them_once_it_is_back()
+ {
+    use futures_util::StreamExt;
+
+    let browser = Chromium::find_or_install().unwrap();
+    // Orders resume after a hold at 50 a second, not 10: the test waits less.
+    let parameters = [("ResumePerSecond", "50")];
+    let stack =
+        start_stack(TARGET_TMPDIR.as_ref(), "e2e-console-bulk", SOUND, 5, &parameters).await;
+    let http = reqwest::Client::new();
+    // The payment service is held: each order reserves its stock, then waits for it.
+    let hold = serde_json::json!({ "reason": "the bank is down for the day" });
+    let (status, held) = admin(
+        &http,
+        &stack,
+        "ops-setup",
+        reqwest::Method::POST,
+        "/admin/services/payment/hold",
+        Some(hold),
+    )
+    .await;
+    assert_eq!(status, 200, "{held}");
+    // An agent's view of its service is at most a second old.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = std::time::Instant::now();
+    let ids: Vec<String> = futures_util::stream::iter(0..BULK_ORDERS)
+        .map(|i| {
+            let (http, stack) = (&http, &stack);
+            async move { submit(http, stack, &format!("bulk-{i}")).await }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    eprintln!("{BULK_ORDERS} orders submitted in {:?}", started.elapsed());
+    let deadline = tokio::time::Instant::now() + ENDS_WITHIN * 2;
+    loop {
+        let path = "/admin/services/payment/waiting?limit=1";
+        let (_, waiting) =
+            admin(&http, &stack, "ops-setup", reqwest::Method::GET, path, None).await;
+        if waiting["waiting"] == BULK_ORDERS {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not every order waits: {waiting}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    eprintln!("every order waits after {:?}", started.elapsed());
+    // The operator lists the orders in flight at the held step, and cancels all that match.
+    let operator = console(&stack, "ops-erin").await;
+    let mut tab = Tab::open(&browser, 1280, 900).await.unwrap();
+    tab.goto(&operator.url).await.unwrap();
+    tab.wait_for("document.getElementById('who').dataset.caller", ENDS_WITHIN).await.unwrap();
+    tab.eval("location.hash = '#/?list=in-flight&step=charge-payment'").await.unwrap();
+    let cancel_all = "(document.querySelector('[data-bulk=cancel]') || {}).textContent";
+    let label = tab.wait_for(cancel_all, ENDS_WITHIN).await.unwrap();
+    // In flight, the index counts every order whatever its step: at most this many match.
+    assert_eq!(label, format!("Cancel up to {BULK_ORDERS}").as_str(), "the count shown before");
+    tab.click("[data-bulk=cancel]").await.unwrap();
+    let asked = confirm(&mut tab, "the bank stays down: customers were told").await;
+    assert_eq!(asked["kind"], "done", "{asked}");
+    // The page follows the bulk command to its end, then reports each order's outcome.
+    let finished =
+        "(document.getElementById('bulk-state') || { dataset: {} }).dataset.finished === 'true'";
+    tab.wait_for(finished, ENDS_WITHIN * 2).await.unwrap();
+    let tally = tab
+        .eval("Object.fromEntries([...document.querySelectorAll('#tally tr')].map((r) => [r.dataset.tally, Number(r.querySelector('td').textContent)]))")
+        .await
+        .unwrap();
+    let expected = serde_json::json!({
+        "applied": BULK_ORDERS, "before": 0, "refused": 0, "gone": 0, "newer": 0
+    });
+    assert_eq!(tally, expected);
+    shot(&mut tab, "console-bulk").await;
+    eprintln!("reported after {:?}", started.elapsed());
+
+    // Each order is undone once the bank is back: the charge first, whose request went out
+    // (its agent's answer that it did not call could come from a second copy of the request),
+    // then the stock; and it ends Cancelled.
+    let release = serde_json::json!({ "reason": "the bank is back" });
+    let path = "/admin/services/payment/release";
+    let (status, released) =
+        admin(&http, &stack, "ops-setup", reqwest::Method::POST, path, Some(release)).await;
+    assert_eq!(status, 200, "{released}");
+    // Watched by the count of orders in flight, which reads one index, not every order.
+    let deadline = tokio::time::Instant::now() + ENDS_WITHIN * 4;
+    loop {
+        let (_, counts) =
+            admin(&http, &stack, "ops-setup", reqwest::Method::GET, "/admin/counts", None).await;
+        if counts["in_flight"]["orders"] == 0 || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    eprintln!("ended after {:?}", started.elapsed());
+    let ended: Vec<Value> = futures_util::stream::iter(&ids)
+        .map(|id| shown(&http, &stack, id))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for view in &ended {
+        assert_eq!(view["process_state"], "Cancelled", "{view}");
+        let steps: Vec<&str> = view["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["status"].as_str().unwrap())
+            .collect();
+        assert_eq!(steps, ["undone", "undone", "not_started"], "{view}");
+        let cancels: Vec<&Value> = view["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["what"] == "cancel_requested")
+            .filter(|e| e["reason"] == "the bank stays down: customers were told")
+            .filter(|e| e["by"] == "arn:aws:iam::123456789012:user/ops-erin")
+            .collect();
+        assert_eq!(cancels.len(), 1, "the cancel is on the timeline once: {view}");
+    }
 }

@@ -32,6 +32,21 @@
     undo: ["Undo", "Each step done is undone, the last first; the order ends Cancelled."],
   };
 
+  // The commands each list may take for all it holds at once (a bulk command).
+  const BULK = {
+    failed: ["redrive", "redrive-compensation"],
+    reported: ["acknowledge", "undo"],
+    paused: ["resume", "cancel"],
+    "in-flight": ["pause", "cancel"],
+  };
+  const BULK_TALLY = [
+    ["applied", "applied"],
+    ["before", "applied before (a retry)"],
+    ["refused", "refused by the order's state"],
+    ["gone", "gone (deleted)"],
+    ["newer", "newer than the command: left alone"],
+  ];
+
   const session = { config: null, caller: null };
   let shown = { route: null, draw: null };
   let timer = null;
@@ -265,13 +280,97 @@
       next.set("after", page.next);
       more.push(h("a", { href: "#/?" + next, id: "next-page" }, "Next page"));
     }
+    const counted = counts[list.replace("-", "_")];
+    const bulk = counted.orders === 0 ? null : h("p", { class: "bulk", id: "bulk-bar" },
+      "All that match: ",
+      (BULK[list] || []).map((verb) => h("button", {
+        type: "button", "data-bulk": verb, disabled: counted.capped,
+        title: counted.capped ? "more than one command may take: narrow the filter" : "",
+        onclick: () => bulkAsk(list, params, verb, counted),
+      }, VERB_TEXT[verb][0] + " " + (counted.exact ? "" : "up to ") + counted.orders.toLocaleString())));
     return [
       h("h2", {}, "Orders that need attention"),
-      tabs, filter,
+      tabs, filter, bulk,
       table("orders", ["order", "workflow", "since", "step", "cause"], rows,
         "No order in this list" + (query.has("workflow") || query.has("step") || query.has("cause")
           ? " matches the filter." : ".")),
       h("p", { class: "pages" }, more),
+    ];
+  }
+
+  // A command for every order the list holds with these filters, as counted now: the API
+  // refuses it if the count changed meanwhile, and says how many match now.
+  function bulkAsk(list, params, verb, counted) {
+    const filter = { list };
+    for (const k of ["workflow", "step", "cause"]) if (params.get(k)) filter[k] = params.get(k);
+    if (params.get("older_than")) filter.older_than_s = Number(params.get("older_than"));
+    const [label, text] = VERB_TEXT[verb];
+    const n = counted.orders.toLocaleString();
+    ask(label + " all " + (counted.exact ? "" : "up to ") + n + " orders that match", text
+      + " Each order of the list as it stands now gets the command, a minute's worth at a time at"
+      + " the pace held orders resume; an order that joins the list later is left alone.", [],
+      async ({ reason }) => {
+        const compensation = verb === "redrive-compensation";
+        const answer = await command("admin/bulk", {
+          command: compensation ? "redrive" : verb, compensation, filter, reason, expect: counted.orders,
+        });
+        // Shown without a hash change, which would clear the notice of what was asked.
+        history.pushState(null, "", "#/bulk/" + encodeURIComponent(answer.job.id));
+        return label + ": asked for " + n + " orders; the report follows as they are reached.";
+      });
+  }
+
+  function describe(filter) {
+    const parts = [filter.list];
+    for (const k of ["workflow", "step", "cause"]) if (filter[k]) parts.push(k + " " + filter[k]);
+    if (filter.older_than_s) parts.push("older than " + filter.older_than_s + " s");
+    return parts.join(", ");
+  }
+
+  function reached(job) {
+    const t = job.tally;
+    return t.applied + t.before + t.refused + t.gone;
+  }
+
+  async function bulkJobs() {
+    const answer = await call("GET", "admin/bulk");
+    const rows = answer.jobs.map((j) => h("tr", { "data-job": j.id },
+      h("td", {}, h("a", { href: "#/bulk/" + encodeURIComponent(j.id) }, j.id)),
+      h("td", {}, j.command.replace("_", " ")),
+      h("td", {}, describe(j.filter)),
+      h("td", {}, reached(j) + " of " + j.expected + (j.finished ? ", done" : "")),
+      h("td", {}, j.by),
+      h("td", {}, time(j.created_at))));
+    return [h("h2", {}, "Bulk commands"),
+      table("jobs", ["id", "command", "on", "reached", "by", "asked"], rows, "No bulk command yet.")];
+  }
+
+  // One bulk command's report: how far it went, and what each order made of it.
+  async function bulkJob(id) {
+    let answer;
+    try {
+      answer = await call("GET", "admin/bulk/" + encodeURIComponent(id));
+    } catch (e) {
+      if (e.status === 404) return h("p", { class: "error", id: "not-found" }, e.message + ": " + id);
+      throw e;
+    }
+    const j = answer.job;
+    const facts = [
+      ["command", j.command.replace("_", " ")], ["on", describe(j.filter)],
+      ["counted when asked", j.expected.toLocaleString()], ["asked by", j.by], ["why", j.reason],
+      ["asked", time(j.created_at)], ["last slice", time(j.updated_at)],
+    ];
+    return [
+      h("h2", {}, "Bulk command ", h("code", {}, j.id)),
+      h("p", { id: "bulk-state", "data-finished": String(j.finished), "data-reached": reached(j) },
+        j.finished ? "Done: every order listed when it was asked was reached."
+          : "Going on: " + reached(j) + " of " + j.expected + " reached so far."),
+      h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+      h("table", { id: "tally" }, h("tbody", {}, BULK_TALLY.map(([k, label]) =>
+        h("tr", { "data-tally": k }, h("th", {}, label), h("td", {}, String(j.tally[k])))))),
+      j.refusals && j.refusals.length ? [h("h3", {}, "Refused"),
+        table("refusals", ["order", "why"], j.refusals.map((r) =>
+          h("tr", {}, h("td", {}, orderLink(r.order_id)), h("td", {}, r.code))))] : null,
     ];
   }
 
@@ -636,6 +735,7 @@
       case "keys": return ["keys", () => keys(parts[1])];
       case "dead-letters": return ["dead-letters", () => deadLetters(parts[1])];
       case "find": return ["attention", () => find(params)];
+      case "bulk": return ["bulk", parts[1] ? () => bulkJob(parts[1]) : bulkJobs];
       default: return ["attention", async () => [h("p", { class: "error" }, "No such view: " + hash)]];
     }
   }
