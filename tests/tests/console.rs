@@ -166,6 +166,8 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
     let failed_count =
         "(document.querySelector('[data-list=failed] .count') || { dataset: {} }).dataset.count";
     assert_eq!(tab.eval(failed_count).await.unwrap(), "2", "the failed list's count");
+    let awaiting = "document.querySelector('[data-list=awaiting-answer] .count').dataset.count";
+    assert_eq!(tab.eval(awaiting).await.unwrap(), "0", "no step here waits for an answer");
     shot(&mut tab, "console-attention").await;
     tab.click(&row).await.unwrap();
     let state = "(() => { const s = document.getElementById('order-state'); return s && s.dataset.state; })()";

@@ -55,11 +55,20 @@ fn workflow() -> Workflow {
 }
 
 fn new_order(key: &str, config: &EngineConfig, at: Timestamp) -> (OrderRecord, StateRecord) {
+    new_order_of(&workflow(), key, config, at)
+}
+
+/// A new order of `workflow`, which takes an order's input.
+fn new_order_of(
+    workflow: &Workflow,
+    key: &str,
+    config: &EngineConfig,
+    at: Timestamp,
+) -> (OrderRecord, StateRecord) {
     let key = IdempotencyKey::parse(key).unwrap();
     let id = OrderId::for_key(&key);
     let order = Order(serde_json::from_str(&order_json("c-1")).unwrap());
-    let workflow = workflow();
-    let ctx = sas_engine::machine::Ctx { now: at, config, workflow: &workflow, seed: 0 };
+    let ctx = sas_engine::machine::Ctx { now: at, config, workflow, seed: 0 };
     let mut state = sas_engine::machine::create(id, "corr".into(), &ctx).next;
     let order = OrderRecord {
         order_id: id,
@@ -387,14 +396,24 @@ async fn dynamodb_store_keeps_the_keys_contract() {
 /// Drives `record` through `inputs`, each at `at`, as the services would, writing each step.
 async fn drive<S: StateStore>(
     store: &S,
+    record: StateRecord,
+    inputs: &[Input<'_>],
+    at: Timestamp,
+) -> StateRecord {
+    drive_in(&workflow(), store, record, inputs, at).await
+}
+
+/// [`drive`], for an order of `workflow`.
+async fn drive_in<S: StateStore>(
+    workflow: &Workflow,
+    store: &S,
     mut record: StateRecord,
     inputs: &[Input<'_>],
     at: Timestamp,
 ) -> StateRecord {
-    let workflow = workflow();
     let config = EngineConfig::default();
     for input in inputs {
-        let ctx = Ctx { now: at, config: &config, workflow: &workflow, seed: 0 };
+        let ctx = Ctx { now: at, config: &config, workflow, seed: 0 };
         let Decision::Apply(t) = decide(&record, *input, &ctx) else {
             panic!("{input:?} did not apply")
         };
@@ -583,6 +602,76 @@ async fn memory_store_keeps_the_finder_contract() {
 async fn dynamodb_store_keeps_the_finder_contract() {
     let t = TestStack::new("contract-finder").await;
     finder_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
+}
+
+/// An order whose step waits for an answer from outside is listed and counted as awaiting
+/// one, with that step and since when it waits, until the answer comes.
+async fn awaiting_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) {
+    let config = EngineConfig::default();
+    let file = sas_workflows::file("reviewed-fulfilment").unwrap().json;
+    let reviewed = Workflow::from_json(file, &Workflow::agents_in(file)).unwrap();
+    let at = |s: u64| t0.plus(Duration::from_secs(s));
+    let (order, state) = new_order_of(&reviewed, &key("awaiting"), &config, at(0));
+    assert_eq!(create(store, &order, &state).await, Created::Created);
+    let claim = Input::Claim { attempt: 0, owner: "s", message: "m-claim" };
+    let mut r = drive_in(&reviewed, store, state, &[claim], at(1)).await;
+    let done = StepOutcome::done(serde_json::json!({"ref": "r"}));
+    for (i, name) in ["reserve-inventory", "charge-payment"].iter().enumerate() {
+        let attempt = r.steps[i].lease.unwrap().attempt;
+        let step =
+            StepRef { index: i, name: (*name).into(), direction: Direction::Do, element: None };
+        let reply =
+            Input::Reply { attempt, step: &step, outcome: &done, message: &format!("m-{i}") };
+        r = drive_in(&reviewed, store, r, &[reply], at(5)).await;
+    }
+    let query = ListQuery {
+        listing: Listing::AwaitingAnswer,
+        step: None,
+        cause: None,
+        workflow: None,
+        now: at(10),
+        shards: config.index_shards,
+        limit: 10,
+        after: None,
+    };
+    let page = store.find(&query).await.unwrap();
+    assert_eq!(page.orders.len(), 1, "{page:?}");
+    let listed = &page.orders[0];
+    assert_eq!(
+        (listed.order_id, listed.step.as_deref(), listed.since, listed.workflow.as_str()),
+        (order.order_id, Some("fraud-review"), at(5), "reviewed-fulfilment")
+    );
+    let exact = |orders| Counted { orders, capped: false, exact: true };
+    assert_eq!(store.count(&query, 100).await.unwrap(), exact(1));
+    let other_step = ListQuery { step: Some("ship".into()), ..query.clone() };
+    assert_eq!(store.count(&other_step, 100).await.unwrap(), exact(0));
+    // Not on the failed list meanwhile, and off this one once answered.
+    let failed = ListQuery { listing: Listing::Failed, ..query.clone() };
+    assert!(store.find(&failed).await.unwrap().orders.is_empty());
+    let token = r.steps[2].token.clone().unwrap();
+    let complete = sas_engine::machine::Answer::Complete { output: serde_json::json!({}) };
+    let answer = Input::Answer {
+        step: "fraud-review",
+        token: Some(&token),
+        answer: &complete,
+        by: "reviewer",
+        reason: "looks fine",
+    };
+    drive_in(&reviewed, store, r, &[answer], at(20)).await;
+    assert!(store.find(&query).await.unwrap().orders.is_empty());
+    assert_eq!(store.count(&query, 100).await.unwrap(), exact(0));
+}
+
+#[tokio::test]
+async fn memory_store_keeps_the_awaiting_contract() {
+    let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
+    awaiting_contract(&MemoryStore::new(clock.clone()), clock.now()).await;
+}
+
+#[tokio::test]
+async fn dynamodb_store_keeps_the_awaiting_contract() {
+    let t = TestStack::new("contract-awaiting").await;
+    awaiting_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
 }
 
 /// Bulk jobs: made once per id, read back as written, saved only from the round they were

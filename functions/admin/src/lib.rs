@@ -7,7 +7,7 @@
 //!
 //! | Route | Does |
 //! |---|---|
-//! | `GET /admin/orders?list=failed\|paused\|in-flight` | a page of orders (filters: `older_than` seconds, `step`, `cause`; `limit`, `after`) |
+//! | `GET /admin/orders?list=failed\|paused\|in-flight\|reported\|awaiting-answer` | a page of orders (filters: `older_than` seconds, `step`, `cause`; `limit`, `after`) |
 //! | `GET /admin/orders/{id}` | the order with its timeline, commands and what is left to undo, and its workflow's steps outlined |
 //! | `POST /admin/orders/{id}/{cancel\|pause\|resume\|redrive}` | a command: `{"command_id", "reason", "compensation"?}` |
 //! | `POST /admin/orders/{id}/steps/{step}/{complete\|refuse}` | answers a step that waits for a callback, for the party outside: `{"reason", "output"?}` |
@@ -254,9 +254,10 @@ where
         "paused" => Listing::Paused,
         "in-flight" => Listing::InFlight { older_than: Duration::ZERO },
         "reported" => Listing::Reported,
+        "awaiting-answer" => Listing::AwaitingAnswer,
         other => {
             return bad_request(&format!(
-                "list={other:?}: must be failed, paused, in-flight or reported"
+                "list={other:?}: must be failed, paused, in-flight, reported or awaiting-answer"
             ));
         }
     };
@@ -308,6 +309,7 @@ where
         ("failed", Listing::Failed),
         ("reported", Listing::Reported),
         ("paused", Listing::Paused),
+        ("awaiting_answer", Listing::AwaitingAnswer),
         ("in_flight", base.listing),
     ];
     let mut body = serde_json::Map::new();

@@ -214,8 +214,9 @@ enum Dlq {
 /// Which orders a listing or a bulk command selects.
 #[derive(Clone, Debug, Args)]
 struct Filter {
-    /// failed (in Error), paused, in-flight (Pending or Processing), or reported (Processed
-    /// with a step's failure only reported, until acknowledged).
+    /// failed (in Error), paused, in-flight (Pending or Processing), reported (Processed with
+    /// a step's failure only reported, until acknowledged), or awaiting-answer (in flight, a
+    /// step waiting for an answer from outside).
     #[arg(value_enum, default_value = "failed")]
     list: Listing,
     /// In flight for at least this long (for in-flight): 90s, 15m, 2h, 3d.
@@ -238,6 +239,7 @@ enum Listing {
     Paused,
     InFlight,
     Reported,
+    AwaitingAnswer,
 }
 
 /// A command for some orders: named by id, or selected by a filter.
@@ -248,7 +250,8 @@ struct Act {
     /// Why; kept in each order's timeline with who gave the command.
     #[arg(long)]
     reason: String,
-    /// Select the orders by filter instead of by id: failed, paused, in-flight or reported.
+    /// Select the orders by filter instead of by id: failed, paused, in-flight, reported or
+    /// awaiting-answer.
     #[arg(long, value_enum, conflicts_with = "order_ids")]
     select: Option<Listing>,
     /// Select the orders waiting in this concurrency key's line, first in line first.
@@ -799,6 +802,7 @@ fn listing_name(list: Listing) -> &'static str {
         Listing::Paused => "paused",
         Listing::InFlight => "in-flight",
         Listing::Reported => "reported",
+        Listing::AwaitingAnswer => "awaiting-answer",
     }
 }
 

@@ -45,6 +45,7 @@
 //! again when it is read: a broken one is refused where it was made, with nothing written.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
@@ -61,7 +62,7 @@ use sas_engine::ports::{
     Counted, Created, Expected, ExpiryIndex, HeldIndex, IndexEntry, ListPage, ListQuery, Listed,
     Listing, OrderFinder, OrderRecord, Page, Read, Saved, StateStore, check_write,
 };
-use sas_engine::state::{ProcessState, StateRecord};
+use sas_engine::state::{AttentionList, ProcessState, StateRecord};
 use sas_engine::{Error, OrderId, Result, Timestamp};
 use serde_json::Value;
 
@@ -357,14 +358,14 @@ impl OrderFinder for DynamoStore {
     async fn find(&self, query: &ListQuery) -> Result<ListPage> {
         let after = query.start()?;
         let limit = query.page_size();
-        let orders = match query.listing {
-            Listing::Failed => self.attention(ProcessState::Error, query, after, limit).await?,
-            Listing::Paused => self.attention(ProcessState::Paused, query, after, limit).await?,
-            Listing::Reported => {
-                self.attention(ProcessState::Processed, query, after, limit).await?
-            }
-            Listing::InFlight { older_than } => {
+        let orders = match attention_list(query.listing) {
+            Some(list) => self.attention(list, query, after, limit).await?,
+            None => {
                 // Without an age, orders waiting for a time or an answer are listed too.
+                let older_than = match query.listing {
+                    Listing::InFlight { older_than } => older_than,
+                    _ => Duration::ZERO,
+                };
                 let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
                 self.in_flight(query, cutoff, after, limit).await?
             }
@@ -373,10 +374,11 @@ impl OrderFinder for DynamoStore {
     }
 
     async fn count(&self, query: &ListQuery, cap: u64) -> Result<Counted> {
-        let state = match query.listing {
-            Listing::Failed => ProcessState::Error,
-            Listing::Paused => ProcessState::Paused,
-            Listing::Reported => ProcessState::Processed,
+        let list = match query.listing {
+            Listing::Failed => AttentionList::Failed,
+            Listing::Paused => AttentionList::Paused,
+            Listing::Reported => AttentionList::Reported,
+            Listing::AwaitingAnswer => AttentionList::AwaitingAnswer,
             Listing::InFlight { older_than } => {
                 if query.cause.is_some() {
                     // An order in flight has no failure cause.
@@ -394,17 +396,28 @@ impl OrderFinder for DynamoStore {
                 return Ok(Counted::of(found, cap, false));
             }
         };
-        let (request, _) = self.attention_query(state, query);
+        let (request, _) = self.attention_query(list, query);
         Ok(Counted::of(self.counted(request, cap).await?, cap, true))
     }
 }
 
+/// The list of `ByAttention` a listing reads, if it reads one.
+fn attention_list(listing: Listing) -> Option<AttentionList> {
+    match listing {
+        Listing::Failed => Some(AttentionList::Failed),
+        Listing::Paused => Some(AttentionList::Paused),
+        Listing::Reported => Some(AttentionList::Reported),
+        Listing::AwaitingAnswer => Some(AttentionList::AwaitingAnswer),
+        Listing::InFlight { .. } => None,
+    }
+}
+
 impl DynamoStore {
-    /// The query of `ByAttention` in `state`, newest first, with `query`'s filters, and
+    /// The query of `ByAttention` for `list`, newest first, with `query`'s filters, and
     /// whether it has any.
     fn attention_query(
         &self,
-        state: ProcessState,
+        list: AttentionList,
         query: &ListQuery,
     ) -> (aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder, bool) {
         let mut filters = Vec::new();
@@ -414,7 +427,7 @@ impl DynamoStore {
             .table_name(&self.state_table)
             .index_name(ATTENTION_INDEX)
             .key_condition_expression("Attention = :a")
-            .expression_attribute_values(":a", AttributeValue::S(state.as_str().into()))
+            .expression_attribute_values(":a", AttributeValue::S(list.as_str().into()))
             .scan_index_forward(false);
         if let Some(step) = &query.step {
             filters.push("AttentionStep = :step");
@@ -466,17 +479,17 @@ impl DynamoStore {
     /// partition than it returns.
     async fn attention(
         &self,
-        state: ProcessState,
+        list: AttentionList,
         query: &ListQuery,
         after: Option<(Timestamp, OrderId)>,
         limit: usize,
     ) -> Result<Vec<Listed>> {
-        let (request, filtered) = self.attention_query(state, query);
+        let (request, filtered) = self.attention_query(list, query);
         let page_size = if filtered { 100 } else { limit + 1 };
         let mut start = after.map(|(at, id)| {
             Item::from([
                 ("OrderId".into(), AttributeValue::S(id.to_string())),
-                ("Attention".into(), AttributeValue::S(state.as_str().into())),
+                ("Attention".into(), AttributeValue::S(list.as_str().into())),
                 ("AttentionAt".into(), number(at.as_millis())),
             ])
         });
@@ -677,7 +690,7 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         item.insert("AcceptedAt".into(), number(r.created_at.as_millis()));
     }
     if let Some(a) = r.attention() {
-        item.insert("Attention".into(), AttributeValue::S(a.state.as_str().into()));
+        item.insert("Attention".into(), AttributeValue::S(a.list.as_str().into()));
         item.insert("AttentionAt".into(), number(a.since.as_millis()));
         if let Some(step) = a.step {
             item.insert("AttentionStep".into(), AttributeValue::S(step));

@@ -12,6 +12,7 @@
     ["reported", "Reported"],
     ["paused", "Paused"],
     ["in-flight", "In flight"],
+    ["awaiting-answer", "Awaiting an answer"],
   ];
   // The commands an order in a state may take; the API refuses any other with its reason.
   const VERBS = {
@@ -38,6 +39,7 @@
     reported: ["acknowledge", "undo"],
     paused: ["resume", "cancel"],
     "in-flight": ["pause", "cancel"],
+    "awaiting-answer": ["pause", "cancel"],
   };
   const BULK_TALLY = [
     ["applied", "applied"],

@@ -31,6 +31,7 @@ pub enum BulkList {
     Paused,
     InFlight,
     Reported,
+    AwaitingAnswer,
 }
 
 /// A listing and its filters, as an operator's listing takes them.
@@ -62,6 +63,7 @@ impl BulkFilter {
             BulkList::Failed => Listing::Failed,
             BulkList::Paused => Listing::Paused,
             BulkList::Reported => Listing::Reported,
+            BulkList::AwaitingAnswer => Listing::AwaitingAnswer,
             BulkList::InFlight => {
                 Listing::InFlight { older_than: Duration::from_secs(self.older_than_s) }
             }

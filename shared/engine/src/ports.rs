@@ -287,6 +287,9 @@ pub enum Listing {
     InFlight { older_than: Duration },
     /// Processed with a step's failure only reported, not yet acknowledged, newest first.
     Reported,
+    /// In flight with a step waiting for an answer from outside, the latest to start waiting
+    /// first.
+    AwaitingAnswer,
 }
 
 /// A page of a listing.

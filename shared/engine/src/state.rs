@@ -683,10 +683,36 @@ pub struct CommandEntry {
     pub at: Timestamp,
 }
 
+/// The operators' lists an order can be on ([`StateRecord::attention`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionList {
+    /// In Error.
+    Failed,
+    /// Processed with a step's failure only reported, until an operator acknowledges it.
+    Reported,
+    /// Paused by an operator.
+    Paused,
+    /// In flight, with a step waiting for an answer from outside.
+    AwaitingAnswer,
+}
+
+impl AttentionList {
+    /// The name an index keeps the list under: the process state, for the lists that only
+    /// one state makes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttentionList::Failed => "Error",
+            AttentionList::Reported => "Processed",
+            AttentionList::Paused => "Paused",
+            AttentionList::AwaitingAnswer => "AwaitingAnswer",
+        }
+    }
+}
+
 /// Why an order is on an operator's list. See [`StateRecord::attention`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attention {
-    pub state: ProcessState,
+    pub list: AttentionList,
     pub since: Timestamp,
     pub step: Option<String>,
     pub cause: Option<&'static str>,
@@ -1044,20 +1070,20 @@ impl StateRecord {
     pub fn attention(&self) -> Option<Attention> {
         match self.process_state {
             ProcessState::Error => Some(Attention {
-                state: ProcessState::Error,
+                list: AttentionList::Failed,
                 since: self.ended_at.unwrap_or(self.updated_at),
                 step: self.cause.as_ref().and_then(Cause::step).map(str::to_owned),
                 cause: self.cause.as_ref().map(Cause::kind),
             }),
             // Processed, but a step's failure was only reported: listed until acknowledged.
             ProcessState::Processed => self.unacknowledged_report().map(|reported| Attention {
-                state: ProcessState::Processed,
+                list: AttentionList::Reported,
                 since: self.ended_at.unwrap_or(self.updated_at),
                 step: Some(reported.name.clone()),
                 cause: reported.reported.as_ref().map(Cause::kind),
             }),
             ProcessState::Paused => Some(Attention {
-                state: ProcessState::Paused,
+                list: AttentionList::Paused,
                 since: self
                     .timeline
                     .iter()
@@ -1067,8 +1093,32 @@ impl StateRecord {
                 step: self.current_step().map(|s| s.name.clone()),
                 cause: None,
             }),
-            _ => None,
+            ProcessState::Pending | ProcessState::Processing => self.awaiting_answer(),
+            ProcessState::Cancelled => None,
         }
+    }
+
+    /// Of the steps waiting for an answer from outside, the one waiting longest: since when it
+    /// waits (as its timeline says; if the entry was cut from it, since the record changed).
+    fn awaiting_answer(&self) -> Option<Attention> {
+        self.steps
+            .iter()
+            .filter(|s| matches!(s.waiting(), Some((WaitingFor::Answer, _))))
+            .map(|s| {
+                let since = self
+                    .timeline
+                    .iter()
+                    .rev()
+                    .find(|e| e.what == Happening::Waiting && e.step.as_ref() == Some(&s.name))
+                    .map_or(self.updated_at, |e| e.at);
+                Attention {
+                    list: AttentionList::AwaitingAnswer,
+                    since,
+                    step: Some(s.name.clone()),
+                    cause: None,
+                }
+            })
+            .min_by_key(|a| a.since)
     }
 
     /// The first step whose failure was only reported, while no operator has acknowledged

@@ -31,7 +31,7 @@ use crate::ports::{
     KeyIndex, ListPage, ListQuery, Listed, Listing, OrderFinder, OrderRecord, Page, Read, Saved,
     StateStore, check_write,
 };
-use crate::state::StateRecord;
+use crate::state::{AttentionList, StateRecord};
 use crate::time::Timestamp;
 
 /// Largest item DynamoDB stores.
@@ -564,13 +564,14 @@ impl<C: Clock> OrderFinder for MemoryStore<C> {
 /// The row `record` makes in `query`'s listing, if it is in it.
 fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
     let row = match query.listing {
-        Listing::Failed | Listing::Paused | Listing::Reported => {
+        Listing::Failed | Listing::Paused | Listing::Reported | Listing::AwaitingAnswer => {
             let wanted = match query.listing {
-                Listing::Failed => crate::state::ProcessState::Error,
-                Listing::Paused => crate::state::ProcessState::Paused,
-                _ => crate::state::ProcessState::Processed,
+                Listing::Failed => AttentionList::Failed,
+                Listing::Paused => AttentionList::Paused,
+                Listing::Reported => AttentionList::Reported,
+                _ => AttentionList::AwaitingAnswer,
             };
-            let a = record.attention().filter(|a| a.state == wanted)?;
+            let a = record.attention().filter(|a| a.list == wanted)?;
             Listed {
                 order_id: record.order_id,
                 workflow: record.workflow.clone(),

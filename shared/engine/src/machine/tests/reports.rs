@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::message::MAX_OUTPUT_LEN;
-use crate::state::{CommandKind, Stop};
+use crate::state::{AttentionList, CommandKind, Stop};
 
 /// Opens an account, welcomes its owner (a failure of which is only reported, and which can
 /// be taken back), then activates it.
@@ -79,8 +79,8 @@ fn a_reported_refusal_passes_its_step_and_the_order_ends_processed_with_an_alert
     // It stays on the operators' list until one of them acknowledges it, once, with who and why.
     let listed = sent.attention().expect("on the list");
     assert_eq!(
-        (listed.state, listed.since, listed.step.as_deref(), listed.cause),
-        (ProcessState::Processed, end, Some("welcome"), Some("step_rejected"))
+        (listed.list, listed.since, listed.step.as_deref(), listed.cause),
+        (AttentionList::Reported, end, Some("welcome"), Some("step_rejected"))
     );
     let ack = |id: &'static str| Input::Command {
         command: CommandKind::Acknowledge,
