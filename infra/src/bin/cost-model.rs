@@ -254,10 +254,30 @@ fn read_units(bytes: usize, read: Read) -> f64 {
     if read == Read::Consistent { units } else { units / 2.0 }
 }
 
-/// Index writes caused by a table write: the `ByCompleteBy` index's and the `ByHeldService`
-/// index's.
+/// Index writes caused by a table write: the `ByCompleteBy` index's, the `ByHeldService`
+/// index's and the `ByAttention` index's.
 fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
-    expiry_index_writes(old, new) + held_index_writes(old, new)
+    expiry_index_writes(old, new) + held_index_writes(old, new) + attention_index_writes(old, new)
+}
+
+/// Writes of the `ByAttention` index, which projects the step, the cause and the workflow:
+/// one as an order joins or leaves an operator's list (an order waiting for an answer is on
+/// one while it waits), two to move it, one to rewrite it in place.
+fn attention_index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
+    let key = |r: &StateRecord| r.attention().map(|a| (a.list, a.since));
+    let projected = |r: &StateRecord| r.attention().map(|a| (a.step, a.cause));
+    match (old.and_then(key), key(new)) {
+        (None, None) => 0.0,
+        (None, Some(_)) | (Some(_), None) => 1.0,
+        (Some(a), Some(b)) if a == b => {
+            if old.and_then(projected) == projected(new) {
+                0.0
+            } else {
+                1.0
+            }
+        }
+        _ => 2.0,
+    }
 }
 
 /// Writes of the `ByHeldService` index (keys only: `HeldOn`, `HeldSince`): one as an order
