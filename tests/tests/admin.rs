@@ -483,6 +483,21 @@ async fn a_bulk_redrive_is_asked_with_the_count_shown_driven_by_the_supervisor_a
     assert_eq!(refused["error"]["count"]["orders"], 3, "{refused}");
     let (status, _) = s.admin("GET", "/admin/bulk/bulk-redrive-1", None, Some(OPERATOR)).await;
     assert_eq!(status, 404);
+    // A filter that names nothing, or an age past a year, is refused, and nothing is made.
+    for filter in [
+        json!({"list": "failed", "step": ""}),
+        json!({"list": "failed", "cause": null}),
+        json!({"list": "failed", "workflow": "no such/name"}),
+        json!({"list": "in-flight", "older_than_s": 40_000_000}),
+        json!({"list": "everything"}),
+    ] {
+        let bad = json!({"command": "redrive", "filter": filter, "reason": "r",
+                         "command_id": "bulk-bad", "expect": 3});
+        let (status, refused) = s.admin("POST", "/admin/bulk", Some(bad), Some(OPERATOR)).await;
+        assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("invalid_request")));
+    }
+    let (_, jobs) = s.admin("GET", "/admin/bulk", None, Some(OPERATOR)).await;
+    assert_eq!(jobs["jobs"], json!([]), "{jobs}");
 
     s.remote.set_faults("{}").await;
     let (status, asked) = s.admin("POST", "/admin/bulk", Some(body(3)), Some(OPERATOR)).await;

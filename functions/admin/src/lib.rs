@@ -61,6 +61,8 @@ pub const MAX_PAGE: usize = 100;
 const BULK_JOBS_LISTED: usize = 20;
 /// Most orders a count of one listing reads up to: past it, the count says "at least".
 const COUNT_CAP: u64 = 10_000;
+/// Longest age a listing's filter takes, in seconds: a leap year.
+const MAX_AGE_S: u64 = 366 * 86_400;
 /// Longest step or cause filter accepted.
 const MAX_FILTER_LEN: usize = 64;
 /// Longest concurrency key asked for, in characters: a group name, a slash and a value.
@@ -378,6 +380,16 @@ where
             ));
         }
     };
+    let filter = &body.filter;
+    let named = [("step", &filter.step), ("cause", &filter.cause), ("workflow", &filter.workflow)];
+    for (name, value) in named {
+        if let Err(message) = filter_value(&format!("filter.{name}"), value.as_deref()) {
+            return bad_request(&message);
+        }
+    }
+    if filter.older_than_s > MAX_AGE_S {
+        return bad_request(&format!("filter.older_than_s must be at most {MAX_AGE_S}"));
+    }
     let command = match Command::new(kind, &body.command_id, caller, &body.reason) {
         Ok(c) => c,
         Err(Error::InvalidCommand(message)) => return bad_request(&message),
@@ -456,23 +468,14 @@ fn list_query<S, Q, B, C, G, P>(
 where
     C: Clock,
 {
-    let older_than = Duration::from_secs(number(query, "older_than", 0, 0, 366 * 86_400)? as u64);
+    let most = MAX_AGE_S as usize;
+    let older_than = Duration::from_secs(number(query, "older_than", 0, 0, most)? as u64);
     let listing = match listing {
         Listing::InFlight { .. } => Listing::InFlight { older_than },
         other => other,
     };
     let limit = number(query, "limit", DEFAULT_PAGE, 1, MAX_PAGE)?;
-    let filter = |name: &str| match query.get(name) {
-        None => Ok(None),
-        Some(v)
-            if !v.is_empty()
-                && v.len() <= MAX_FILTER_LEN
-                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) =>
-        {
-            Ok(Some((*v).to_owned()))
-        }
-        Some(_) => Err(format!("{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'")),
-    };
+    let filter = |name: &str| filter_value(name, query.get(name).copied());
     Ok(ListQuery {
         listing,
         step: filter("step")?,
@@ -483,6 +486,22 @@ where
         limit,
         after: query.get("after").map(|a| (*a).to_owned()),
     })
+}
+
+/// A listing's filter (`step`, `cause`, `workflow`), if given: a name of 1 to
+/// [`MAX_FILTER_LEN`] letters, digits, '-' or '_'.
+fn filter_value(name: &str, value: Option<&str>) -> Result<Option<String>, String> {
+    match value {
+        None => Ok(None),
+        Some(v)
+            if !v.is_empty()
+                && v.len() <= MAX_FILTER_LEN
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) =>
+        {
+            Ok(Some(v.to_owned()))
+        }
+        Some(_) => Err(format!("{name} must be 1 to {MAX_FILTER_LEN} letters, digits, '-' or '_'")),
+    }
 }
 
 /// `GET /admin/keys`: the busy keys, or the one `key` names.

@@ -39,15 +39,21 @@ pub enum BulkList {
 #[serde(deny_unknown_fields)]
 pub struct BulkFilter {
     pub list: BulkList,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub workflow: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
     /// For an in-flight listing: orders taken up at least this many seconds ago.
     #[serde(default)]
     pub older_than_s: u64,
+}
+
+/// A filter left out is none; one given must be a name (`null` is refused, as the API's
+/// schema says).
+fn given<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
 }
 
 impl BulkFilter {
@@ -181,6 +187,19 @@ pub enum Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filter_left_out_is_none_and_one_given_as_null_is_refused() {
+        let read = |text: &str| serde_json::from_str::<BulkFilter>(text);
+        let filter = read(r#"{"list": "awaiting-answer", "step": "fraud-review"}"#).unwrap();
+        assert_eq!(
+            (filter.list, filter.step.as_deref()),
+            (BulkList::AwaitingAnswer, Some("fraud-review"))
+        );
+        assert_eq!(filter.cause, None);
+        assert!(read(r#"{"list": "failed", "cause": null}"#).is_err());
+        assert!(read(r#"{"list": "failed", "limit": 3}"#).is_err(), "unknown fields");
+    }
 
     fn job() -> BulkJob {
         let t = Timestamp::from_millis(1_800_000_000_000);
