@@ -365,18 +365,14 @@ where
             ));
         }
     };
-    let kind = match (body.command.as_str(), body.compensation) {
-        ("cancel", false) => CommandKind::Cancel,
-        ("pause", false) => CommandKind::Pause,
-        ("resume", false) => CommandKind::Resume,
-        ("acknowledge", false) => CommandKind::Acknowledge,
-        ("undo", false) => CommandKind::Undo,
-        ("redrive", false) => CommandKind::Redrive,
-        ("redrive", true) => CommandKind::RedriveCompensation,
-        (_, true) => return bad_request("compensation applies to redrive only"),
-        (other, _) => {
+    let kind = match command_kind(&body.command, body.compensation) {
+        Some(Ok(kind)) => kind,
+        Some(Err(message)) => return bad_request(message),
+        None if body.compensation => return bad_request(COMPENSATION_REDRIVE_ONLY),
+        None => {
             return bad_request(&format!(
-                "command {other:?}: cancel, pause, resume, redrive, acknowledge or undo"
+                "command {:?}: cancel, pause, resume, redrive, acknowledge or undo",
+                body.command
             ));
         }
     };
@@ -488,6 +484,24 @@ where
     })
 }
 
+const COMPENSATION_REDRIVE_ONLY: &str = "compensation applies to redrive only";
+
+/// The command a verb names, with `compensation` for a redrive of the undos: `None` if the
+/// verb names no command, an error if `compensation` does not fit it.
+fn command_kind(verb: &str, compensation: bool) -> Option<Result<CommandKind, &'static str>> {
+    let kind = match verb {
+        "cancel" => CommandKind::Cancel,
+        "pause" => CommandKind::Pause,
+        "resume" => CommandKind::Resume,
+        "acknowledge" => CommandKind::Acknowledge,
+        "undo" => CommandKind::Undo,
+        "redrive" if compensation => return Some(Ok(CommandKind::RedriveCompensation)),
+        "redrive" => CommandKind::Redrive,
+        _ => return None,
+    };
+    Some(if compensation { Err(COMPENSATION_REDRIVE_ONLY) } else { Ok(kind) })
+}
+
 /// A listing's filter (`step`, `cause`, `workflow`), if given: a name of 1 to
 /// [`MAX_FILTER_LEN`] letters, digits, '-' or '_'.
 fn filter_value(name: &str, value: Option<&str>) -> Result<Option<String>, String> {
@@ -581,18 +595,10 @@ where
             ));
         }
     };
-    let kind = match (command, body.compensation) {
-        ("cancel", false) => CommandKind::Cancel,
-        ("pause", false) => CommandKind::Pause,
-        ("resume", false) => CommandKind::Resume,
-        ("acknowledge", false) => CommandKind::Acknowledge,
-        ("undo", false) => CommandKind::Undo,
-        ("redrive", false) => CommandKind::Redrive,
-        ("redrive", true) => CommandKind::RedriveCompensation,
-        ("cancel" | "pause" | "resume" | "acknowledge" | "undo", true) => {
-            return bad_request("compensation applies to redrive only");
-        }
-        _ => {
+    let kind = match command_kind(command, body.compensation) {
+        Some(Ok(kind)) => kind,
+        Some(Err(message)) => return bad_request(message),
+        None => {
             return api::error(
                 StatusCode::NOT_FOUND,
                 "not_found",

@@ -56,31 +56,8 @@ impl BulkBook for DynamoStore {
     }
 
     async fn jobs(&self, limit: usize) -> Result<Vec<BulkJob>> {
-        let mut jobs = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.keys_table)
-                .key_condition_expression("#key = :key AND begins_with(#entry, :job)")
-                .expression_attribute_names("#key", "Key")
-                .expression_attribute_names("#entry", "Entry")
-                .expression_attribute_values(":key", AttributeValue::S(PARTITION.to_owned()))
-                .expression_attribute_values(":job", AttributeValue::S(ENTRY.to_owned()))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| classify(SERVICE, e))?;
-            for item in out.items() {
-                jobs.push(job_of(item)?);
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                break;
-            }
-        }
+        let items = self.entries(PARTITION, ENTRY).await?;
+        let mut jobs = items.iter().map(job_of).collect::<Result<Vec<_>>>()?;
         jobs.sort_by_key(|j| std::cmp::Reverse((j.created_at, j.id.clone())));
         jobs.truncate(limit);
         Ok(jobs)

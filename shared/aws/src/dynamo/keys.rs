@@ -146,6 +146,34 @@ impl DynamoStore {
         Ok(())
     }
 
+    /// Every item of `KeysTable` under the partition `key` whose entry begins with `prefix`,
+    /// read consistently, page after page.
+    pub(super) async fn entries(&self, key: &str, prefix: &str) -> Result<Vec<Item>> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.keys_table)
+                .key_condition_expression("#key = :key AND begins_with(#entry, :prefix)")
+                .expression_attribute_names("#key", "Key")
+                .expression_attribute_names("#entry", "Entry")
+                .expression_attribute_values(":key", AttributeValue::S(key.to_owned()))
+                .expression_attribute_values(":prefix", AttributeValue::S(prefix.to_owned()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            items.extend(out.items().iter().cloned());
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(items);
+            }
+        }
+    }
+
     pub(super) async fn read_line(&self, key: &str, limit: usize) -> Result<Vec<Queued>> {
         let mut line = Vec::new();
         let mut start = None;

@@ -31,31 +31,8 @@ impl DynamoStore {
     }
 
     pub(super) async fn read_pages(&self, pass: &str) -> Result<Vec<Page>> {
-        let mut pages = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.keys_table)
-                .key_condition_expression("#key = :key AND begins_with(#entry, :page)")
-                .expression_attribute_names("#key", "Key")
-                .expression_attribute_names("#entry", "Entry")
-                .expression_attribute_values(":key", AttributeValue::S(pass.to_owned()))
-                .expression_attribute_values(":page", AttributeValue::S(PAGE.to_owned()))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| classify(SERVICE, e))?;
-            for item in out.items() {
-                pages.push(page_from_item(pass, item)?);
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok(pages);
-            }
-        }
+        let items = self.entries(pass, PAGE).await?;
+        items.iter().map(|item| page_from_item(pass, item)).collect()
     }
 
     pub(super) async fn delete_pages(&self, pass: &str) -> Result<()> {
