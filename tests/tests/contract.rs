@@ -515,7 +515,7 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     assert_eq!(failed.next, None);
     assert_eq!(failed.orders[1].step.as_deref(), Some("charge-payment"));
     assert_eq!(failed.orders[1].cause.as_deref(), Some("step_rejected"));
-    assert_eq!(failed.orders[1].since, at(10));
+    assert_eq!((failed.orders[1].since, failed.orders[1].entered), (at(10), at(10)));
     let by_step = ListQuery { step: Some("charge-payment".into()), ..query(Listing::Failed) };
     assert_eq!(listed(&store.find(&by_step).await.unwrap()), [ids[0]], "{failed:?}");
     let by_cause = ListQuery { cause: Some("step_timed_out".into()), ..query(Listing::Failed) };
@@ -547,7 +547,7 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     let old = Listing::InFlight { older_than: Duration::from_secs(97) };
     let in_flight = store.find(&query(old)).await.unwrap();
     assert_eq!(listed(&in_flight), [ids[3]]);
-    assert_eq!(in_flight.orders[0].since, at(3));
+    assert_eq!((in_flight.orders[0].since, in_flight.orders[0].entered), (at(3), at(3)));
     let both =
         store.find(&query(Listing::InFlight { older_than: Duration::from_secs(1) })).await.unwrap();
     assert_eq!(listed(&both), [ids[4], ids[3]]);
@@ -568,7 +568,7 @@ async fn finder_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) 
     let recent = query(Listing::InFlight { older_than: Duration::from_secs(5) });
     let recent = store.find(&recent).await.unwrap();
     assert_eq!(listed(&recent), [ids[2], ids[4], ids[3]], "{recent:?}");
-    assert_eq!(recent.orders[0].since, at(90));
+    assert_eq!((recent.orders[0].since, recent.orders[0].entered), (at(90), at(90)));
     assert_eq!(listed(&store.find(&query(old)).await.unwrap()), [ids[3]], "10 s is not 97");
 
     // Each listing counted by its index, exactly where the index holds the listing itself.
@@ -641,6 +641,7 @@ async fn awaiting_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp
         (listed.order_id, listed.step.as_deref(), listed.since, listed.workflow.as_str()),
         (order.order_id, Some("fraud-review"), at(5), "reviewed-fulfilment")
     );
+    assert_eq!(listed.entered, at(5), "on the list since its wait began");
     let exact = |orders| Counted { orders, capped: false, exact: true };
     assert_eq!(store.count(&query, 100).await.unwrap(), exact(1));
     let other_step = ListQuery { step: Some("ship".into()), ..query.clone() };

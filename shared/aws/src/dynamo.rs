@@ -516,6 +516,7 @@ impl DynamoStore {
                         None => 1,
                     },
                     since: Timestamp::from_millis(parse_number(item, "AttentionAt")?),
+                    entered: Timestamp::from_millis(parse_number(item, "AttentionAt")?),
                     step: item.get("AttentionStep").and_then(|v| v.as_s().ok()).cloned(),
                     cause: item.get("CauseKind").and_then(|v| v.as_s().ok()).cloned(),
                 });
@@ -629,11 +630,13 @@ impl DynamoStore {
             {
                 continue;
             }
+            let entered = record.taken_up();
             found.push(Listed {
                 order_id: id,
                 workflow: record.workflow,
                 workflow_version: record.workflow_version,
                 since: created,
+                entered,
                 step,
                 cause: None,
             });

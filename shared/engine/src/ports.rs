@@ -337,8 +337,13 @@ pub struct Listed {
     /// The order's workflow and the version it runs.
     pub workflow: String,
     pub workflow_version: u32,
-    /// Since when it is on the list: its failure, its pause, or (in flight) its acceptance.
+    /// Since when it is on the list: its failure, its pause, or (in flight) since when it is
+    /// watched ([`crate::state::StateRecord::watched_since`]), a time to come while it waits.
     pub since: Timestamp,
+    /// When it joined the list: `since`, but for an order in flight the time it was last
+    /// taken up ([`crate::state::StateRecord::taken_up`]), never a time to come. What a bulk
+    /// command compares with its ask to leave newer orders alone.
+    pub entered: Timestamp,
     pub step: Option<String>,
     pub cause: Option<String>,
 }

@@ -945,8 +945,14 @@ impl StateRecord {
         let waiting = |(_, s, l): (usize, &StepState, &Lease)| l.timer || s.token.is_some();
         match self.earliest_lease() {
             Some(end) if self.leased().all(waiting) => end,
-            _ => self.active_since.unwrap_or(self.created_at),
+            _ => self.taken_up(),
         }
+    }
+
+    /// When the system last took the order up: accepted, or back from a wait, an answer, a
+    /// pause or an Error. Unlike [`StateRecord::watched_since`], never a time to come.
+    pub fn taken_up(&self) -> Timestamp {
+        self.active_since.unwrap_or(self.created_at)
     }
 
     pub fn is_terminal(&self) -> bool {

@@ -176,3 +176,42 @@ async fn the_orders_of_a_slice_are_spread_over_seconds_at_the_pace_asked_for() {
     w.run_for(Duration::from_secs(120)).await;
     assert!(ids.iter().all(|id| w.state(*id).process_state == ProcessState::Processed));
 }
+
+#[tokio::test]
+async fn a_bulk_cancel_in_flight_reaches_the_orders_that_wait_for_their_time() {
+    let mut w = World::new();
+    let later = r#"{"name":"later","steps":[{"name":"charge-payment","agent":"payment",
+        "compensation":{"action":"refund-payment"}},
+        {"name":"hold","wait":{"seconds":3600}},{"name":"ship","agent":"shipping"}]}"#;
+    let workflow = sas_engine::workflow::Workflow::from_json(later, &world::agent_names());
+    w.deploy(sas_engine::catalogue::Catalogue::single(workflow.unwrap()));
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(w.submit(&format!("w-{i}")).await.unwrap().order_id);
+    }
+    w.settle().await;
+    // Each waits out its hour: watched from its end, a time to come, yet taken up before the ask.
+    for id in &ids {
+        assert!(w.state(*id).watched_since() > w.clock.now(), "{:?}", w.state(*id));
+    }
+    w.clock.advance(Duration::from_secs(60));
+    let now = w.clock.now();
+    let in_flight = BulkFilter {
+        list: BulkList::InFlight,
+        workflow: None,
+        step: None,
+        cause: None,
+        older_than_s: 0,
+    };
+    let asked = ask("bulk-6", CommandKind::Cancel, in_flight, 3);
+    let started = start(&*w.store, &*w.store, asked, now, SHARDS).await.unwrap();
+    assert!(matches!(started, Started::New(_)), "{started:?}");
+    let operator = w.operator();
+    let job = advance(&*w.store, &*w.store, &operator, "bulk-6", slice(100, 100), now, SHARDS);
+    let job = job.await.unwrap().unwrap();
+    assert_eq!((job.tally.applied, job.tally.newer, job.finished), (3, 0, true), "{job:?}");
+    w.run_for(Duration::from_secs(120)).await;
+    for id in &ids {
+        assert_eq!(w.state(*id).process_state, ProcessState::Cancelled, "{:?}", w.state(*id));
+    }
+}

@@ -577,6 +577,7 @@ fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
                 workflow: record.workflow.clone(),
                 workflow_version: record.workflow_version,
                 since: a.since,
+                entered: a.since,
                 step: a.step,
                 cause: a.cause.map(str::to_owned),
             }
@@ -593,6 +594,7 @@ fn listed(record: &StateRecord, query: &ListQuery) -> Option<Listed> {
                 workflow: record.workflow.clone(),
                 workflow_version: record.workflow_version,
                 since: record.watched_since(),
+                entered: record.taken_up(),
                 step: record.current_step().map(|s| s.name.clone()),
                 cause: None,
             }

@@ -139,7 +139,7 @@ where
     while left > 0 && !job.finished {
         let page = finder.find(&job.next_page(now, shards, left)).await?;
         for listed in &page.orders {
-            if listed.since > job.as_of {
+            if listed.entered > job.as_of {
                 job.record(listed.order_id, Outcome::Newer);
                 continue;
             }
