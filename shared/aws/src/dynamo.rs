@@ -11,10 +11,9 @@
 //! `Body` (B), deflated: a write is billed per started kilobyte, and the repetitive JSON of a
 //! record shrinks to about half (items written before hold it as text, S, and read as well;
 //! [`body_text`] reads either for tools that read items themselves). An item whose `CompleteBy` is removed drops out of the index: finished orders
-//! cost the sweep nothing. `CreatedAt` (N) is projected into that index too, so orders in
-//! flight for long are listed from it without reading the table, and the oldest one's age is
-//! read from it. It holds since when the system has been working on the order without a
-//! break: when it was accepted, or when it last came back after a wait, an answer from
+//! cost the sweep nothing. `CreatedAt` (N) is projected into that index too, so the oldest
+//! order's age is read from it. It holds since when the system has been working on the order
+//! without a break: when it was accepted, or when it last came back after a wait, an answer from
 //! outside, a pause or an Error; `AcceptedAt` (N) then keeps when it was accepted. (The
 //! attribute kept its name when it took this meaning: a projection cannot change without the
 //! index being built again.)
@@ -30,6 +29,12 @@
 //! action) and `HeldSince` (N), keys only. An
 //! order enters it when its step is held and leaves it when the step resumes, so a waiting
 //! order costs nothing per sweep, and a service that opens finds its orders without a scan.
+//!
+//! The orders in flight are listed from a fourth, `ByWatchedSince`, a page at a time however
+//! many there are: only an item in flight carries its partition key, `FlightShard` (N, its
+//! `ExpiryShard`); its sort key is `CreatedAt`, and `Workflow` is projected for filtering. An
+//! order enters it when accepted and leaves it when it ends, one index write each, and moves
+//! (two) when a wait of it begins or ends.
 //!
 //! Orders table, key `OrderId` (S): `IdempotencyKey` (S), `Order` (S, JSON), `CreatedAt` (N).
 //!
@@ -83,6 +88,8 @@ const BATCH_GET_ROUNDS: u32 = 6;
 pub const EXPIRY_INDEX: &str = "ByCompleteBy";
 /// Name of the index of orders needing an operator.
 pub const ATTENTION_INDEX: &str = "ByAttention";
+/// Name of the index of orders in flight, the most recently watched first.
+pub const IN_FLIGHT_INDEX: &str = "ByWatchedSince";
 /// Name of the index of orders waiting for a held service.
 pub const HELD_INDEX: &str = "ByHeldService";
 
@@ -290,7 +297,7 @@ impl StateStore for DynamoStore {
 
 impl ExpiryIndex for DynamoStore {
     async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
-        self.watched(shard, None, Some(due_by)).await
+        self.watched(shard, due_by).await
     }
 }
 
@@ -367,7 +374,11 @@ impl OrderFinder for DynamoStore {
                     _ => Duration::ZERO,
                 };
                 let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
-                self.in_flight(query, cutoff, after, limit).await?
+                let (orders, cut_short) = self.in_flight(query, cutoff, after, limit).await?;
+                if let Some(read_to) = cut_short {
+                    return Ok(ListPage::short(orders, read_to));
+                }
+                orders
             }
         };
         Ok(ListPage::cut(orders, limit))
@@ -385,15 +396,9 @@ impl OrderFinder for DynamoStore {
                     return Ok(Counted::of(0, cap, true));
                 }
                 let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
-                let mut found = 0;
-                for shard in 0..query.shards.max(1) {
-                    let request = self.expiry_query(shard, cutoff, None);
-                    found += self.counted(request, cap.saturating_sub(found)).await?;
-                    if found > cap {
-                        break;
-                    }
-                }
-                return Ok(Counted::of(found, cap, false));
+                let found = self.count_in_flight(query, cutoff, cap).await?;
+                // The index knows each order's workflow, not the step it is at.
+                return Ok(Counted::of(found, cap, query.step.is_none()));
             }
         };
         let (request, _) = self.attention_query(list, query);
@@ -528,49 +533,20 @@ impl DynamoStore {
         }
     }
 
-    /// The query of `shard` of the expiry index, for the entries watched since `since_by` or
-    /// before and due by `due_by`, where given.
-    fn expiry_query(
-        &self,
-        shard: u16,
-        since_by: Option<Timestamp>,
-        due_by: Option<Timestamp>,
-    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
-        let mut query = self
-            .client
-            .query()
-            .table_name(&self.state_table)
-            .index_name(EXPIRY_INDEX)
-            .key_condition_expression(match due_by {
-                Some(_) => "ExpiryShard = :s AND CompleteBy <= :due",
-                None => "ExpiryShard = :s",
-            })
-            .expression_attribute_values(":s", number(shard));
-        if let Some(due) = due_by {
-            query = query.expression_attribute_values(":due", number(due.as_millis()));
-        }
-        if let Some(cutoff) = since_by {
-            query = query
-                .filter_expression("CreatedAt <= :cutoff")
-                .expression_attribute_values(":cutoff", number(cutoff.as_millis()));
-        }
-        query
-    }
-
-    /// Every entry of `shard` of the expiry index, watched since `since_by` or before and due
-    /// by `due_by` if given, with since when it is watched (see `CreatedAt` above), earliest
-    /// due first: the shard (up to `due_by`), page after page.
-    async fn watched(
-        &self,
-        shard: u16,
-        since_by: Option<Timestamp>,
-        due_by: Option<Timestamp>,
-    ) -> Result<Vec<IndexEntry>> {
+    /// Every entry of `shard` of the expiry index due by `due_by`, with since when it is watched
+    /// (see `CreatedAt` above), earliest due first, page after page.
+    async fn watched(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
         let mut found = Vec::new();
         let mut start = None;
         loop {
             let out = self
-                .expiry_query(shard, since_by, due_by)
+                .client
+                .query()
+                .table_name(&self.state_table)
+                .index_name(EXPIRY_INDEX)
+                .key_condition_expression("ExpiryShard = :s AND CompleteBy <= :due")
+                .expression_attribute_values(":s", number(shard))
+                .expression_attribute_values(":due", number(due_by.as_millis()))
                 .projection_expression("OrderId, CompleteBy, CreatedAt")
                 .set_exclusive_start_key(start)
                 .send()
@@ -590,58 +566,239 @@ impl DynamoStore {
         }
     }
 
+    /// The query of `shard` of the in-flight index, newest watched first: the orders watched
+    /// since `top` or before, of `workflow` if given.
+    fn in_flight_query(
+        &self,
+        shard: u16,
+        top: Option<Timestamp>,
+        workflow: Option<&str>,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.state_table)
+            .index_name(IN_FLIGHT_INDEX)
+            .key_condition_expression(match top {
+                Some(_) => "FlightShard = :s AND CreatedAt <= :top",
+                None => "FlightShard = :s",
+            })
+            .expression_attribute_values(":s", number(shard))
+            .scan_index_forward(false);
+        if let Some(top) = top {
+            request = request.expression_attribute_values(":top", number(top.as_millis()));
+        }
+        if let Some(workflow) = workflow {
+            request = request
+                .filter_expression("Workflow = :workflow")
+                .expression_attribute_values(":workflow", AttributeValue::S(workflow.into()));
+        }
+        request
+    }
+
+    /// Reads on in `shard` of the in-flight index, `limit` entries at most, where it was left.
+    async fn read_on(
+        &self,
+        mut shard: ShardReader,
+        query: &ListQuery,
+        top: Option<Timestamp>,
+        below: Option<(Timestamp, OrderId)>,
+    ) -> Result<ShardReader> {
+        let limit = shard.limit;
+        let out = self
+            .in_flight_query(shard.shard, top, query.workflow.as_deref())
+            .projection_expression("OrderId, CreatedAt")
+            .limit(i32::try_from(limit).unwrap_or(i32::MAX))
+            .set_exclusive_start_key(shard.start.take())
+            .send()
+            .await
+            .map_err(|e| classify(SERVICE, e))?;
+        for item in out.items() {
+            let raw = string(item, "OrderId")?;
+            let id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
+            let since = Timestamp::from_millis(parse_number(item, "CreatedAt")?);
+            shard.floor = Some(since);
+            if below.is_none_or(|b| (since, id) < b) {
+                shard.read.push((since, id));
+            }
+        }
+        shard.start = out.last_evaluated_key;
+        shard.done = shard.start.is_none();
+        shard.limit = (limit * 2).min(MAX_SHARD_READ);
+        Ok(shard)
+    }
+
+    /// The newest `need` entries of the in-flight index not yet taken, taken from `shards`,
+    /// newest first: each shard is read a little at first, and on only while what it may still
+    /// hold could be among them (DynamoDB returns each shard newest first, but those watched
+    /// since the same millisecond in any order, and the listing orders them by order id).
+    async fn take_newest(
+        &self,
+        shards: &mut Vec<ShardReader>,
+        query: &ListQuery,
+        top: Option<Timestamp>,
+        below: Option<(Timestamp, OrderId)>,
+        need: usize,
+    ) -> Result<Vec<(Timestamp, OrderId)>> {
+        loop {
+            let mut merged: Vec<(Timestamp, OrderId)> =
+                shards.iter().flat_map(|s| s.read.iter().copied()).collect();
+            merged.sort_unstable_by(|a, b| b.cmp(a));
+            let edge = merged.get(need - 1).map(|(since, _)| *since);
+            let (unsure, sure): (Vec<ShardReader>, Vec<ShardReader>) = shards
+                .drain(..)
+                .partition(|s| !s.done && edge.is_none_or(|e| s.floor.is_none_or(|f| f >= e)));
+            *shards = sure;
+            if unsure.is_empty() {
+                merged.truncate(need);
+                let taken: std::collections::HashSet<OrderId> =
+                    merged.iter().map(|(_, id)| *id).collect();
+                for shard in shards.iter_mut() {
+                    shard.read.retain(|(_, id)| !taken.contains(id));
+                }
+                return Ok(merged);
+            }
+            let reads: Vec<Result<ShardReader>> = futures_util::stream::iter(unsure)
+                .map(|shard| self.read_on(shard, query, top, below))
+                .buffer_unordered(SHARD_QUERIES_AT_ONCE)
+                .collect()
+                .await;
+            for read in reads {
+                shards.push(read?);
+            }
+        }
+    }
+
     /// Up to `limit + 1` orders in flight, watched since `cutoff` or before, newest first, after
-    /// `after`. Every shard of the expiry index is read (it holds only what is in flight or
-    /// awaiting an alert, a few bytes per order), then only the records listed are read, to
-    /// drop the few in Error and to say which step each is at.
+    /// `after`, from the in-flight index, then the records of those listed, read in batches for
+    /// the step each is at. A page reads the records it shows, and of the index what it shows
+    /// and a few entries of each shard. Filtered by step, it also reads the records it passes
+    /// over, [`PASSED_PER_PAGE`] at most: past that, it is cut short, and the last order read
+    /// is returned too, for the next page to start after it.
     async fn in_flight(
         &self,
         query: &ListQuery,
         cutoff: Option<Timestamp>,
         after: Option<(Timestamp, OrderId)>,
         limit: usize,
-    ) -> Result<Vec<Listed>> {
+    ) -> Result<(Vec<Listed>, Option<(Timestamp, OrderId)>)> {
         if query.cause.is_some() {
             // An order in flight has no failure cause: nothing can match.
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
-        let mut shards = futures_util::stream::iter(0..query.shards.max(1))
-            .map(|shard| self.watched(shard, cutoff, None))
-            .buffer_unordered(SHARD_QUERIES_AT_ONCE);
-        let mut candidates = Vec::new();
-        while let Some(found) = shards.next().await {
-            candidates.extend(found?.into_iter().map(|e| (e.watched_since, e.order_id)));
-        }
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
-        candidates.dedup();
-        if let Some(after) = after {
-            candidates.retain(|c| *c < after);
-        }
+        let top = match (cutoff, after) {
+            (Some(c), Some((a, _))) => Some(c.min(a)),
+            (c, a) => c.or(a.map(|(since, _)| since)),
+        };
+        let count = usize::from(query.shards.max(1));
+        // Enough of each shard at first for the page, were its orders spread evenly.
+        let first = (limit + 1).div_ceil(count) + 1;
+        let mut shards: Vec<ShardReader> =
+            (0..query.shards.max(1)).map(|shard| ShardReader::new(shard, first)).collect();
         let mut found = Vec::new();
-        for (created, id) in candidates {
-            if found.len() > limit {
-                break;
+        let mut passed = 0usize;
+        while found.len() <= limit {
+            // Never more records read than the page's and those it may pass over.
+            let need = (limit + 1 - found.len()).min(PASSED_PER_PAGE - passed);
+            let taken = self.take_newest(&mut shards, query, top, after, need).await?;
+            let Some(last) = taken.last().copied() else { break };
+            let ids: Vec<OrderId> = taken.iter().map(|(_, id)| *id).collect();
+            let records = self.load_many(&ids, Read::Eventual).await?;
+            for ((since, id), record) in taken.into_iter().zip(records) {
+                // The index follows the table a moment late: an order gone from flight is
+                // passed over, as is one at another step than asked for.
+                let Some(record) = record.filter(|r| r.process_state.is_in_flight()) else {
+                    passed += 1;
+                    continue;
+                };
+                let step = record.current_step().map(|s| s.name.clone());
+                if query.step.as_ref().is_some_and(|s| step.as_ref() != Some(s)) {
+                    passed += 1;
+                    continue;
+                }
+                let entered = record.taken_up();
+                found.push(Listed {
+                    order_id: id,
+                    workflow: record.workflow,
+                    workflow_version: record.workflow_version,
+                    since,
+                    entered,
+                    step,
+                    cause: None,
+                });
             }
-            let Some(record) = self.load(id, Read::Eventual).await? else { continue };
-            let step = record.current_step().map(|s| s.name.clone());
-            if !record.process_state.is_in_flight()
-                || query.step.as_ref().is_some_and(|s| step.as_ref() != Some(s))
-                || query.workflow.as_ref().is_some_and(|w| *w != record.workflow)
-            {
-                continue;
+            if passed >= PASSED_PER_PAGE && found.len() <= limit {
+                return Ok((found, Some(last)));
             }
-            let entered = record.taken_up();
-            found.push(Listed {
-                order_id: id,
-                workflow: record.workflow,
-                workflow_version: record.workflow_version,
-                since: created,
-                entered,
-                step,
-                cause: None,
-            });
+        }
+        Ok((found, None))
+    }
+
+    /// How many orders of the in-flight index the listing holds, shards counted side by side
+    /// and each only as far as its share of what is left below `cap`, until past it.
+    async fn count_in_flight(
+        &self,
+        query: &ListQuery,
+        cutoff: Option<Timestamp>,
+        cap: u64,
+    ) -> Result<u64> {
+        let mut open: Vec<(u16, Option<Item>)> =
+            (0..query.shards.max(1)).map(|shard| (shard, None)).collect();
+        let mut found = 0u64;
+        while !open.is_empty() && found <= cap {
+            let share = (cap + 1 - found).div_ceil(open.len() as u64);
+            let share = i32::try_from(share).unwrap_or(i32::MAX);
+            let counts: Vec<Result<(u16, u64, Option<Item>)>> =
+                futures_util::stream::iter(open.drain(..))
+                    .map(|(shard, start)| async move {
+                        let out = self
+                            .in_flight_query(shard, cutoff, query.workflow.as_deref())
+                            .select(Select::Count)
+                            .limit(share)
+                            .set_exclusive_start_key(start)
+                            .send()
+                            .await
+                            .map_err(|e| classify(SERVICE, e))?;
+                        let count = u64::try_from(out.count).unwrap_or(0);
+                        Ok((shard, count, out.last_evaluated_key))
+                    })
+                    .buffer_unordered(SHARD_QUERIES_AT_ONCE)
+                    .collect()
+                    .await;
+            for counted in counts {
+                let (shard, count, rest) = counted?;
+                found += count;
+                if let Some(start) = rest {
+                    open.push((shard, Some(start)));
+                }
+            }
         }
         Ok(found)
+    }
+}
+
+/// Most records a page of orders in flight filtered by step reads and passes over.
+const PASSED_PER_PAGE: usize = 500;
+
+/// Most entries one read of a shard of the in-flight index asks for.
+const MAX_SHARD_READ: usize = 1000;
+
+/// Where a listing is in one shard of the in-flight index.
+struct ShardReader {
+    shard: u16,
+    /// Entries read and not yet taken, newest first.
+    read: Vec<(Timestamp, OrderId)>,
+    /// The oldest entry read: what the shard still holds is no newer.
+    floor: Option<Timestamp>,
+    start: Option<Item>,
+    done: bool,
+    /// Entries the next read asks for: twice the last's.
+    limit: usize,
+}
+
+impl ShardReader {
+    fn new(shard: u16, limit: usize) -> ShardReader {
+        ShardReader { shard, read: Vec::new(), floor: None, start: None, done: false, limit }
     }
 }
 
@@ -701,8 +858,17 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         if let Some(cause) = a.cause {
             item.insert("CauseKind".into(), AttributeValue::S(cause.into()));
         }
-        // Listings show an order's workflow, and filter on it, from the index alone.
+    }
+    if r.process_state.is_in_flight() {
+        // Only an order in flight is in the in-flight index.
+        item.insert("FlightShard".into(), number(r.shard));
+    }
+    // Listings filter on an order's workflow from their index alone; the operators' lists show
+    // its version from theirs too.
+    if r.attention().is_some() || r.process_state.is_in_flight() {
         item.insert("Workflow".into(), AttributeValue::S(r.workflow.clone()));
+    }
+    if r.attention().is_some() {
         item.insert("WorkflowVersion".into(), number(r.workflow_version));
     }
     if let Some(held) = r.held_on() {

@@ -294,8 +294,10 @@
       h("h2", {}, "Orders that need attention"),
       tabs, filter, bulk,
       table("orders", ["order", "workflow", "since", "step", "cause"], rows,
-        "No order in this list" + (query.has("workflow") || query.has("step") || query.has("cause")
-          ? " matches the filter." : ".")),
+        // A filter the index cannot apply may end a page before it finds any: more may follow.
+        page.next ? "None on this page: the filter read as far as a page may; the next page reads on."
+          : "No order in this list" + (query.has("workflow") || query.has("step") || query.has("cause")
+            ? " matches the filter." : ".")),
       h("p", { class: "pages" }, more),
     ];
   }

@@ -337,12 +337,13 @@ pub struct Listed {
     /// The order's workflow and the version it runs.
     pub workflow: String,
     pub workflow_version: u32,
-    /// Since when it is on the list: its failure, its pause, or (in flight) since when it is
-    /// watched ([`crate::state::StateRecord::watched_since`]), a time to come while it waits.
+    /// Since when it is on the list: its failure, its pause, the start of its wait for an
+    /// answer, or (in flight) since when it is watched ([`StateRecord::watched_since`]), a
+    /// time to come while every step it holds waits for a time or an answer.
     pub since: Timestamp,
-    /// When it joined the list: `since`, but for an order in flight the time it was last
-    /// taken up ([`crate::state::StateRecord::taken_up`]), never a time to come. What a bulk
-    /// command compares with its ask to leave newer orders alone.
+    /// When it joined the list: `since`, but in flight when it was last taken up
+    /// ([`StateRecord::taken_up`]), never a time to come. A bulk command leaves alone the
+    /// orders that joined after its ask.
     pub entered: Timestamp,
     pub step: Option<String>,
     pub cause: Option<String>,
@@ -394,12 +395,23 @@ impl ListPage {
         rows.truncate(limit);
         ListPage { orders: rows, next }
     }
+
+    /// A page cut short, before it filled, by how much its filter may read: `rows`, and the
+    /// next page starts after `read_to`, the last order it read, listed or not. A page may
+    /// then hold fewer orders than asked for, or none, and still be followed by more.
+    pub fn short(rows: Vec<Listed>, read_to: (Timestamp, OrderId)) -> ListPage {
+        ListPage { orders: rows, next: Some(cursor_at(read_to)) }
+    }
 }
 
 /// A page cursor: the last order listed, as `{since_ms}.{order_id}`. Listings are ordered by
 /// (since, order id), newest first.
 fn page_cursor(last: &Listed) -> String {
-    format!("{}.{}", last.since.as_millis(), last.order_id)
+    cursor_at((last.since, last.order_id))
+}
+
+fn cursor_at((since, order_id): (Timestamp, OrderId)) -> String {
+    format!("{}.{}", since.as_millis(), order_id)
 }
 
 /// The (since, order id) a cursor names; `None` if it was not made by [`page_cursor`].

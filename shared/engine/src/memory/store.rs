@@ -536,28 +536,17 @@ impl<C: Clock> OrderFinder for MemoryStore<C> {
     }
 
     async fn count(&self, query: &ListQuery, cap: u64) -> Result<Counted> {
-        let Listing::InFlight { older_than } = query.listing else {
-            let inner = self.lock();
-            let found = inner.states.values().filter(|r| listed(r, query).is_some()).count();
-            return Ok(Counted::of(found as u64, cap, true));
-        };
-        if query.cause.is_some() {
-            // An order in flight has no failure cause.
-            return Ok(Counted::of(0, cap, true));
-        }
-        // As DynamoDB counts it: the expiry index's entries as far as they have reached it,
-        // watched since the cutoff or before, whatever their step or workflow.
-        let cutoff = (!older_than.is_zero()).then(|| query.now.minus(older_than));
-        let clock_now = self.clock.now();
         let mut inner = self.lock();
         inner.stats.index_queries += 1;
-        inner.catch_up(clock_now);
-        let found = inner
-            .indexed
-            .values()
-            .filter(|(_, _, since)| cutoff.is_none_or(|c| *since <= c))
-            .count();
-        Ok(Counted::of(found as u64, cap, false))
+        if let Listing::InFlight { .. } = query.listing {
+            // As DynamoDB counts it: the in-flight index knows each order's workflow and since
+            // when it is watched, not the step it is at.
+            let any_step = ListQuery { step: None, ..query.clone() };
+            let found = inner.states.values().filter(|r| listed(r, &any_step).is_some()).count();
+            return Ok(Counted::of(found as u64, cap, query.step.is_none()));
+        }
+        let found = inner.states.values().filter(|r| listed(r, query).is_some()).count();
+        Ok(Counted::of(found as u64, cap, true))
     }
 }
 

@@ -12,6 +12,9 @@ use crate::ports::{
 use crate::services::{Applied, Command, Operator};
 use crate::time::Timestamp;
 
+/// Most pages of its listing one slice of a bulk command reads.
+const PAGES_PER_SLICE: usize = 20;
+
 /// A bulk command as asked for.
 #[derive(Clone, Debug)]
 pub struct Ask {
@@ -136,7 +139,11 @@ where
     let round = job.round;
     let mut left = slice.orders;
     let mut commanded = 0usize;
-    while left > 0 && !job.finished {
+    let mut pages = 0;
+    // A filter that matches few of the orders a listing reads may make short pages: the job goes
+    // on from its cursor at the next sweep rather than reading on.
+    while left > 0 && !job.finished && pages < PAGES_PER_SLICE {
+        pages += 1;
         let page = finder.find(&job.next_page(now, shards, left)).await?;
         for listed in &page.orders {
             if listed.entered > job.as_of {
