@@ -453,7 +453,7 @@ impl System {
             })
             .collect();
         let admin = Admin {
-            status: StatusService::new(t.store()),
+            status: StatusService::new(t.store()).keeping(t.payloads()),
             operator: system.operator(to_scheduler_outbox()),
             finder: t.store(),
             clock: clock.clone(),

@@ -91,6 +91,23 @@ async fn a_failed_order_is_found_shown_and_redriven_once_its_service_is_back() {
         (Some("agent"), Some("payment"))
     );
     assert_eq!(outline[0]["undo"], "release-inventory");
+    // Each step's input beside the order's: the outputs of every step before it.
+    let given: Vec<&Value> = outline.iter().map(|s| &s["given"]).collect();
+    assert_eq!(
+        given,
+        [
+            &json!([]),
+            &json!(["reserve-inventory"]),
+            &json!(["reserve-inventory", "charge-payment"])
+        ]
+    );
+    // Its values are small, kept in the record: shown whole either way; anything else is refused.
+    let whole = format!("/admin/orders/{id}?values=whole");
+    let (status, shown) = s.admin("GET", &whole, None, Some(OPERATOR)).await;
+    assert_eq!((status, &shown["order"], &shown["steps"]), (200, &view["order"], &view["steps"]));
+    let bad = format!("/admin/orders/{id}?values=all");
+    let (status, refused) = s.admin("GET", &bad, None, Some(OPERATOR)).await;
+    assert_eq!(status, 400, "{refused}");
 
     // The card is fixed; the operator redrives. The same request sent twice is applied once.
     s.remote.set_faults("{}").await;

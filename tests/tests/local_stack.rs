@@ -1246,6 +1246,14 @@ async fn large_inputs_and_outputs_are_kept_in_the_bucket_and_reach_every_step_wh
         signer(EXECUTE_API).send(&http, request).await.unwrap().json().await.unwrap();
     assert_eq!(whole["steps"][1]["output"], charged);
     assert_eq!(whole["order"], input);
+    // An operator reads them back too, through the admin API, as its grants allow.
+    let shown = sas(&stack, &["show", &shipped, "--whole", "-o", "json"]);
+    assert!(shown.status.success(), "{}", text(&shown));
+    let whole: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(whole["steps"][1]["output"], charged);
+    assert_eq!(whole["order"], input);
+    let given = &whole["outline"][2]["given"];
+    assert_eq!(given, &json!(["reserve-inventory", "charge-payment"]), "{}", whole["outline"]);
     let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
     let bucket = stack.stack.reference("PayloadBucket").unwrap();
     for id in [&shipped, &undone] {

@@ -8,7 +8,7 @@
 //! | Route | Does |
 //! |---|---|
 //! | `GET /admin/orders?list=failed\|paused\|in-flight\|reported\|awaiting-answer` | a page of orders (filters: `older_than` seconds, `step`, `cause`; `limit`, `after`) |
-//! | `GET /admin/orders/{id}` | the order with its timeline, commands and what is left to undo, and its workflow's steps outlined |
+//! | `GET /admin/orders/{id}?values=references\|whole` | the order with its timeline, commands and what is left to undo, and its workflow's steps outlined, each with the steps whose outputs it is given; with `values=whole`, its stored input and outputs read back whole |
 //! | `POST /admin/orders/{id}/{cancel\|pause\|resume\|redrive}` | a command: `{"command_id", "reason", "compensation"?}` |
 //! | `POST /admin/orders/{id}/steps/{step}/{complete\|refuse}` | answers a step that waits for a callback, for the party outside: `{"reason", "output"?}` |
 //! | `GET /admin/dead-letters` | each dead-letter queue's depth |
@@ -45,8 +45,8 @@ use sas_engine::ports::{
     Payloads, Read, ServiceBook, StateStore,
 };
 use sas_engine::services::{
-    Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService, bulk,
-    outline,
+    Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService,
+    Values, bulk, outline,
 };
 use sas_engine::state::CommandKind;
 use sas_engine::{Error, OrderId};
@@ -79,7 +79,7 @@ const COPY_BUDGET: Duration = Duration::from_secs(20);
 /// What the admin API works with.
 #[derive(Debug)]
 pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
-    pub status: StatusService<S>,
+    pub status: StatusService<S, P>,
     pub operator: Operator<S, Q, B, C, P>,
     pub finder: S,
     pub clock: C,
@@ -156,7 +156,7 @@ where
     let query: HashMap<&str, &str> = query.iter().collect();
     match (method, segments.as_slice()) {
         (Method::GET, ["admin", "orders"]) => list(admin, &query).await,
-        (Method::GET, ["admin", "orders", id]) => show(admin, id).await,
+        (Method::GET, ["admin", "orders", id]) => show(admin, id, &query).await,
         (Method::POST, ["admin", "orders", id, command]) => {
             order_command(admin, id, command, &caller, request.body()).await
         }
@@ -540,14 +540,24 @@ async fn keys<S: StateStore + KeyIndex>(
     }
 }
 
-async fn show<S, Q, B, C, G, P>(admin: &Admin<S, Q, B, C, G, P>, id: &str) -> Response<Body>
+async fn show<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    id: &str,
+    query: &HashMap<&str, &str>,
+) -> Response<Body>
 where
     S: StateStore,
+    P: Payloads,
 {
     let Ok(order_id) = id.parse::<OrderId>() else {
         return bad_request("the order id must be a UUID");
     };
-    match admin.status.operator_view(order_id).await {
+    let values = match query.get("values") {
+        None | Some(&"references") => Values::References,
+        Some(&"whole") => Values::Whole,
+        Some(_) => return bad_request("values must be references or whole"),
+    };
+    match admin.status.operator_view(order_id, values).await {
         Ok(Some(view)) => match serde_json::to_value(&view) {
             Ok(mut body) => {
                 // The steps as the order's version declares them, for a console to draw; absent

@@ -10,7 +10,6 @@ use sas_aws::settings::Env;
 use sas_aws::sqs::QueueUrls;
 use sas_aws::system::SystemClock;
 use sas_aws::wiring::Wiring;
-use sas_engine::payload::NoPayloads;
 use sas_engine::ports::Destination;
 use sas_engine::services::{Keyring, Operator, Ports, ServiceDesk, StatusService};
 
@@ -23,8 +22,11 @@ async fn main() -> Result<(), Error> {
     clients::warm_up(clients::touch_table(wiring.dynamodb(), &s.tables.state)).await;
     let store = wiring.store(&s.tables);
     let actions = s.engine.catalogue.actions();
+    // An order's stored values, read back when an operator asks for them whole; an output
+    // given by an operator's answer is stored as an agent's would be.
+    let payloads = wiring.payloads(Env::process().get("PAYLOAD_BUCKET"));
     let admin = Admin {
-        status: StatusService::new(store.clone()),
+        status: StatusService::new(store.clone()).keeping(payloads.clone()),
         operator: Operator::new(Ports {
             store: store.clone(),
             outbox: wiring
@@ -33,7 +35,7 @@ async fn main() -> Result<(), Error> {
             clock: SystemClock,
             config: s.engine.config.clone(),
             catalogue: s.engine.catalogue.clone(),
-            payloads: NoPayloads,
+            payloads,
         }),
         finder: store.clone(),
         clock: SystemClock,

@@ -67,7 +67,12 @@ enum Verb {
         limit: usize,
     },
     /// Show one order: its state, cause, steps, what is left to undo, and its timeline.
-    Show { order_id: String },
+    Show {
+        order_id: String,
+        /// Read its stored input and outputs back whole, rather than show their references.
+        #[arg(long)]
+        whole: bool,
+    },
     /// Stop orders: what they did is undone in reverse order; they end Cancelled.
     Cancel(Act),
     /// Hold orders after the step in flight, until resumed.
@@ -327,8 +332,9 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Verb::Show { order_id } => {
-            let view = api.get(&format!("/admin/orders/{order_id}")).await?;
+        Verb::Show { order_id, whole } => {
+            let values = if whole { "whole" } else { "references" };
+            let view = api.get(&format!("/admin/orders/{order_id}?values={values}")).await?;
             if json_out {
                 print_json(&view);
             } else {

@@ -378,10 +378,10 @@
     ];
   }
 
-  async function order(id) {
+  async function order(id, whole) {
     let view;
     try {
-      view = await call("GET", "admin/orders/" + encodeURIComponent(id));
+      view = await call("GET", "admin/orders/" + encodeURIComponent(id) + (whole ? "?values=whole" : ""));
     } catch (e) {
       if (e instanceof ApiError && (e.status === 404 || e.status === 400)) {
         return [h("h2", {}, "Order " + id), h("p", { class: "error", id: "not-found" }, e.message)];
@@ -429,6 +429,13 @@
     parts.push(h("h3", {}, "Steps"));
     if (view.outline) parts.push(graph(view));
     parts.push(steps(view));
+    // Large values are kept in the payload bucket and shown as references until asked for.
+    const stored = JSON.stringify([view.order, view.steps.map((s) => s.output)]).includes('"$stored"');
+    if (stored || whole) {
+      parts.push(h("p", { class: "pages" }, whole
+        ? h("a", { href: "#/orders/" + view.order_id, id: "values-references" }, "Show stored values as references")
+        : h("a", { href: "#/orders/" + view.order_id + "?values=whole", id: "values-whole" }, "Show stored values whole")));
+    }
     parts.push(h("h3", {}, "Timeline"), timeline(view.timeline || []));
     if (view.commands && view.commands.length) {
       parts.push(h("h3", {}, "Commands"), table("commands", ["at", "command", "by", "why", "id"],
@@ -456,6 +463,7 @@
       if (!tried.has(e.step)) tried.set(e.step, new Set());
       tried.get(e.step).add(e.attempt);
     }
+    const given = new Map((view.outline || []).map((o) => [o.name, o.given || []]));
     const rows = view.steps.map((s) => {
       const now = [];
       if (s.waiting) now.push("waits for " + s.waiting.for + " until ", time(s.waiting.until));
@@ -477,8 +485,12 @@
               await call("POST", "admin/orders/" + view.order_id + "/steps/" + encodeURIComponent(s.name) + "/" + verb, body);
               return "Step " + s.name + " " + (verb === "complete" ? "completed" : "refused") + ".";
             }) }, verb)) : [];
+      // What its request carried beside the order: the outputs of the steps before it.
+      const input = given.has(s.name) ? (given.get(s.name).length
+        ? "the order, and the outputs of " + given.get(s.name).join(", ") : "the order") : "";
       return h("tr", { "data-step": s.name, "data-status": s.status },
         h("td", {}, s.name),
+        h("td", { class: "quiet" }, input),
         h("td", {}, badge(s.status)),
         h("td", {}, String(tried.has(s.name) ? tried.get(s.name).size : 0)),
         h("td", {}, now, answer),
@@ -486,7 +498,7 @@
         h("td", {}, s.output !== undefined ? json(s.output, "output-" + s.name) : ""),
         h("td", {}, s.reported ? "reported: " + because(s.reported, view.steps) : s.detail || ""));
     });
-    return table("steps", ["step", "status", "attempts", "now", "child", "output", "detail"], rows);
+    return table("steps", ["step", "given", "status", "attempts", "now", "child", "output", "detail"], rows);
   }
 
   // The order's steps drawn as its workflow declares them: a column per depth of
@@ -734,7 +746,7 @@
     const params = new URLSearchParams(query || "");
     switch (parts[0]) {
       case undefined: return ["attention", () => attention(params)];
-      case "orders": return ["attention", () => order(parts[1] || "")];
+      case "orders": return ["attention", () => order(parts[1] || "", params.get("values") === "whole")];
       case "services": return ["services", parts[2] === "waiting" ? () => waiting(parts[1], params.get("action")) : services];
       case "keys": return ["keys", () => keys(parts[1])];
       case "dead-letters": return ["dead-letters", () => deadLetters(parts[1])];

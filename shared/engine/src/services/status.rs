@@ -223,8 +223,13 @@ impl<S: StateStore, P: Payloads> StatusService<S, P> {
         Ok(())
     }
 
-    /// The operator's view of an order, or `None` if there is no such order.
-    pub async fn operator_view(&self, order_id: OrderId) -> Result<Option<OperatorView>> {
+    /// The operator's view of an order, whoever submitted it, with its stored values as
+    /// `values` says; `None` if there is no such order.
+    pub async fn operator_view(
+        &self,
+        order_id: OrderId,
+        values: Values,
+    ) -> Result<Option<OperatorView>> {
         let Some((order, mut state)) = self.load(order_id).await? else {
             return Ok(None);
         };
@@ -241,6 +246,9 @@ impl<S: StateStore, P: Payloads> StatusService<S, P> {
             view: view(order, state),
         };
         view.view.in_line = in_line;
+        if values == Values::Whole {
+            self.read_back(&mut view.view).await?;
+        }
         Ok(Some(view))
     }
 
@@ -318,6 +326,10 @@ pub struct StepOutline {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runs: Option<String>,
     pub depends_on: Vec<String>,
+    /// Its input beside the order's: the steps whose outputs its request carries, every step
+    /// it depends on, directly or through others, in the order the workflow declares them.
+    /// Its undo is given its own output too.
+    pub given: Vec<String>,
     /// The action that undoes it, if it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undo: Option<String>,
@@ -343,6 +355,11 @@ pub fn outline(workflow: &Workflow) -> Vec<StepOutline> {
                 kind,
                 runs,
                 depends_on: step.depends_on.clone(),
+                given: {
+                    let upstream = workflow.upstream(&step.name);
+                    let declared = workflow.steps().iter().map(|s| s.name.as_str());
+                    declared.filter(|s| upstream.contains(s)).map(str::to_owned).collect()
+                },
                 undo: step.compensation.as_ref().map(|c| c.action.clone()),
                 on_failure: match step.on_failure {
                     OnFailure::Undo => "undo",
