@@ -1267,6 +1267,23 @@ async fn large_inputs_and_outputs_are_kept_in_the_bucket_and_reach_every_step_wh
             .unwrap();
         assert_eq!(listed.contents().len(), 2, "{id}: {listed:?}");
     }
+
+    // Shipping is back; an operator counts the failed orders, then has the stack redrive them
+    // all, and follows the report to its end.
+    put_faults(&http, &stack, faults).await;
+    let counted = sas(&stack, &["bulk", "redrive", "failed", "--reason", "shipping is back"]);
+    assert!(text(&counted).contains("1 orders match; nothing was changed"), "{}", text(&counted));
+    let asked =
+        ["bulk", "redrive", "failed", "--reason", "shipping is back", "--yes", "--wait", "120"];
+    let asked = [&asked[..], &["-o", "json"]].concat();
+    let done = sas(&stack, &asked);
+    assert!(done.status.success(), "{}", text(&done));
+    let job: Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!((job["finished"].clone(), job["tally"]["applied"].clone()), (json!(true), json!(1)));
+    let states = wait_for(&http, &stack, std::slice::from_ref(&undone), &terminal, 60).await;
+    assert_eq!(states[&undone], "Processed");
+    let listed = text(&sas(&stack, &["bulk", "jobs"]));
+    assert!(listed.contains("redrive  failed  1 of 1, done  by arn:aws:iam::"), "{listed}");
     let access = stack.access();
     assert!(access.denials.is_empty(), "calls the template does not allow:\n{access}");
 }

@@ -94,6 +94,13 @@ enum Verb {
         #[arg(long)]
         compensation: bool,
     },
+    /// Ask the stack to give one command to every order a listing holds, as counted now: the
+    /// supervisor gives it a minute's worth at a time, at the pace held orders resume, and
+    /// reports what each order made of it. Without --yes, only counts them.
+    Bulk {
+        #[command(subcommand)]
+        action: BulkAction,
+    },
     /// Complete a step that waits for an answer from outside, on behalf of the party that
     /// did not answer (recorded with who you are and why).
     Complete {
@@ -247,6 +254,53 @@ enum Listing {
     AwaitingAnswer,
 }
 
+/// What `sas bulk` does.
+#[derive(Debug, Subcommand)]
+enum BulkAction {
+    /// Cancel every order the listing holds.
+    Cancel(BulkAsk),
+    /// Pause every order the listing holds.
+    Pause(BulkAsk),
+    /// Resume every order the listing holds.
+    Resume(BulkAsk),
+    /// Acknowledge every order the listing holds.
+    Acknowledge(BulkAsk),
+    /// Undo every order the listing holds.
+    Undo(BulkAsk),
+    /// Redrive every order the listing holds (--compensation: retry their failed undos).
+    Redrive {
+        #[command(flatten)]
+        ask: BulkAsk,
+        #[arg(long)]
+        compensation: bool,
+    },
+    /// The latest bulk commands, newest first.
+    Jobs,
+    /// One bulk command and what each order made of it so far.
+    Show { id: String },
+}
+
+/// A bulk command as asked for.
+#[derive(Debug, Args)]
+struct BulkAsk {
+    #[command(flatten)]
+    filter: Filter,
+    /// Why; kept in each order's timeline with who gave the command.
+    #[arg(long)]
+    reason: String,
+    /// Ask for it (without it, the orders are only counted).
+    #[arg(long)]
+    yes: bool,
+    /// The bulk command's id: asked again with the same id and filter, it is the same command
+    /// (default: a new one, printed).
+    #[arg(long)]
+    command_id: Option<String>,
+    /// How long to follow its report, in seconds, before leaving it to go on (`sas bulk show
+    /// <id>` follows it then); 0 returns once it is asked for.
+    #[arg(long, default_value_t = 600)]
+    wait: u64,
+}
+
 /// A command for some orders: named by id, or selected by a filter.
 #[derive(Debug, Args)]
 struct Act {
@@ -342,6 +396,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Verb::Bulk { action } => bulk(&api, action, json_out).await,
         Verb::Cancel(act) => command(&api, "cancel", false, act, json_out).await,
         Verb::Pause(act) => command(&api, "pause", false, act, json_out).await,
         Verb::Resume(act) => command(&api, "resume", false, act, json_out).await,
@@ -490,8 +545,8 @@ async fn answer(
     Ok(code)
 }
 
-/// The orders a filter selects, page after page, up to `max`.
-async fn select(api: &Api, filter: &Filter, max: usize) -> Result<Vec<Value>, CliError> {
+/// A listing's query string: its name and filters.
+fn filter_query(filter: &Filter) -> String {
     let mut query = format!("list={}", listing_name(filter.list));
     if let Some(age) = filter.older_than {
         query.push_str(&format!("&older_than={age}"));
@@ -503,6 +558,113 @@ async fn select(api: &Api, filter: &Filter, max: usize) -> Result<Vec<Value>, Cl
             query.push_str(&format!("&{name}={}", encode(v)));
         }
     }
+    query
+}
+
+/// `sas bulk`: counts a listing, asks the stack for a bulk command on what it holds, and
+/// follows its report; or shows the bulk commands.
+async fn bulk(api: &Api, action: BulkAction, json_out: bool) -> Result<ExitCode, CliError> {
+    let (verb, compensation, ask) = match action {
+        BulkAction::Jobs => {
+            let jobs = api.get("/admin/bulk").await?;
+            if json_out {
+                print_json(&jobs);
+            } else {
+                for job in jobs["jobs"].as_array().into_iter().flatten() {
+                    println!("{}", render::bulk_job(job));
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        BulkAction::Show { id } => {
+            let job = api.get(&format!("/admin/bulk/{}", encode(&id))).await?;
+            return Ok(report(&job["job"], json_out));
+        }
+        BulkAction::Cancel(ask) => ("cancel", false, ask),
+        BulkAction::Pause(ask) => ("pause", false, ask),
+        BulkAction::Resume(ask) => ("resume", false, ask),
+        BulkAction::Acknowledge(ask) => ("acknowledge", false, ask),
+        BulkAction::Undo(ask) => ("undo", false, ask),
+        BulkAction::Redrive { ask, compensation } => ("redrive", compensation, ask),
+    };
+    let filter = &ask.filter;
+    let counts = api.get(&format!("/admin/counts?{}", filter_query(filter))).await?;
+    let counted = &counts[listing_name(filter.list).replace('-', "_")];
+    let orders = counted["orders"].as_u64().unwrap_or(0);
+    let at_most = if counted["exact"] == json!(false) { "at most " } else { "" };
+    if counted["capped"] == json!(true) {
+        return Err(CliError::Usage(format!(
+            "more than {orders} orders match: narrow the filter (one bulk command takes {orders})"
+        )));
+    }
+    if !ask.yes {
+        if json_out {
+            print_json(&json!({ "count": counted, "asked": false }));
+        } else {
+            println!(
+                "{at_most}{orders} orders match; nothing was changed. Add --yes to ask the stack to {verb} them."
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut wanted = json!({ "list": listing_name(filter.list) });
+    for (name, value) in
+        [("step", &filter.step), ("cause", &filter.cause), ("workflow", &filter.workflow)]
+    {
+        if let Some(v) = value {
+            wanted[name] = json!(v);
+        }
+    }
+    if let Some(age) = filter.older_than {
+        wanted["older_than_s"] = json!(age);
+    }
+    let id = ask.command_id.clone().unwrap_or_else(|| {
+        format!("bulk-{verb}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    });
+    let body = json!({
+        "command": verb, "compensation": compensation, "filter": wanted,
+        "reason": ask.reason, "command_id": id, "expect": orders,
+    });
+    let job = match api.post("/admin/bulk", &body).await {
+        Ok(answer) => answer["job"].clone(),
+        // The listing changed since it was counted: nothing was asked for.
+        Err(CliError::Api { status: 409, message, .. }) => {
+            return Err(CliError::Usage(format!("{message}; nothing was asked for")));
+        }
+        Err(e) => return Err(e),
+    };
+    if !json_out {
+        println!("bulk command {id}: {verb} {at_most}{orders} orders, asked for");
+    }
+    let mut job = job;
+    let deadline = std::time::Instant::now() + Duration::from_secs(ask.wait);
+    while job["finished"] != json!(true) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        job = api.get(&format!("/admin/bulk/{}", encode(&id))).await?["job"].clone();
+    }
+    if job["finished"] != json!(true) && !json_out {
+        println!("it goes on in the stack: sas bulk show {id}");
+    }
+    Ok(report(&job, json_out))
+}
+
+/// Prints a bulk command's report; fails if any order refused it.
+fn report(job: &Value, json_out: bool) -> ExitCode {
+    if json_out {
+        print_json(job);
+    } else {
+        print!("{}", render::bulk_report(job));
+    }
+    if job["tally"]["refused"].as_u64().unwrap_or(0) > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The orders a filter selects, page after page, up to `max`.
+async fn select(api: &Api, filter: &Filter, max: usize) -> Result<Vec<Value>, CliError> {
+    let query = filter_query(filter);
     let mut orders = Vec::new();
     let mut after: Option<String> = None;
     while orders.len() < max {

@@ -28,6 +28,55 @@ pub fn cell(value: &Value, key: &str) -> String {
     value.get(key).and_then(Value::as_str).unwrap_or("-").to_owned()
 }
 
+/// A bulk command in one line: its id, command, listing and filters, how far it went, who.
+pub fn bulk_job(job: &Value) -> String {
+    let filter = &job["filter"];
+    let mut listing = vec![cell(filter, "list")];
+    for name in ["workflow", "step", "cause"] {
+        if let Some(v) = filter[name].as_str() {
+            listing.push(format!("{name} {v}"));
+        }
+    }
+    if let Some(age) = filter["older_than_s"].as_u64().filter(|a| *a > 0) {
+        listing.push(format!("older than {age} s"));
+    }
+    let t = &job["tally"];
+    let reached: u64 =
+        ["applied", "before", "refused", "gone"].iter().filter_map(|k| t[*k].as_u64()).sum();
+    let done = if job["finished"] == true { ", done" } else { "" };
+    format!(
+        "{}  {}  {}  {reached} of {}{done}  by {}",
+        cell(job, "id"),
+        cell(job, "command"),
+        listing.join(", "),
+        job["expected"].as_u64().unwrap_or(0),
+        cell(job, "by")
+    )
+}
+
+/// A bulk command's report: what each order made of it, and why the refused refused.
+pub fn bulk_report(job: &Value) -> String {
+    let t = &job["tally"];
+    let n = |k: &str| t[k].as_u64().unwrap_or(0);
+    let mut out = format!("{}\n", bulk_job(job));
+    out.push_str(&format!(
+        "applied {}, applied before {}, refused {}, gone {}, newer than the ask {}\n",
+        n("applied"),
+        n("before"),
+        n("refused"),
+        n("gone"),
+        n("newer")
+    ));
+    for refusal in job["refusals"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {}  refused: {}\n",
+            cell(refusal, "order_id"),
+            cell(refusal, "code")
+        ));
+    }
+    out
+}
+
 /// `sas services`: one line per service that nothing of is held, and one per hold (of the
 /// whole service, or of one action: `payment/charge-payment`) for the others, saying why it
 /// goes on (`probes: <what the last met>`).

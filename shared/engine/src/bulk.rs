@@ -45,7 +45,7 @@ pub struct BulkFilter {
     pub step: Option<String>,
     #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
-    /// For an in-flight listing: orders taken up at least this many seconds ago.
+    /// For an in-flight listing: orders watched for at least this many seconds.
     #[serde(default)]
     pub older_than_s: u64,
 }
@@ -128,7 +128,7 @@ pub struct BulkJob {
     pub reason: String,
     /// How many orders the listing held when it was asked, as the caller was shown.
     pub expected: u64,
-    /// Orders listed since later than this are left alone.
+    /// Orders that joined the listing later than this are left alone.
     pub as_of: Timestamp,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
