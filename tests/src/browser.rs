@@ -44,6 +44,10 @@ impl Chromium {
             return Ok(found);
         }
         let root = workspace_root().join(PRIVATE);
+        // Tests of one process ask at once: one installs while the others wait for it, since
+        // they would share its folder.
+        static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _installing = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(installed) = Chromium::private(&root) {
             return Ok(installed);
         }

@@ -140,7 +140,8 @@ impl Api {
 
     async fn send(&self, method: &str, url: &str, body: &str) -> Result<Value, CliError> {
         let answer = self.request(method, url, &[], body).await?;
-        if answer.status == 200 {
+        // 202: a bulk command asked for, which the stack goes on with.
+        if (200..300).contains(&answer.status) {
             return Ok(answer.body);
         }
         let value = answer.body;
