@@ -22,18 +22,19 @@ use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::error::BoxError;
 use aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemOutput;
 use aws_sdk_dynamodb::operation::query::QueryOutput;
-use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::AttributeValue;
 use sas_aws::dynamo::{DynamoStore, state_item, state_item_size};
 use sas_aws::settings::Tables;
+use sas_engine::Timestamp;
 use sas_engine::config::{EngineConfig, INDEX_SHARDS};
 use sas_engine::ports::{ListPage, ListQuery, Listing, OrderFinder};
-use sas_engine::state::{ProcessState, StateRecord, StepStatus};
+use sas_engine::state::{ProcessState, StepStatus};
 use sas_engine::workflow::Workflow;
-use sas_engine::{IdempotencyKey, OrderId, Timestamp};
 use sas_infra::emulation::aws::{Clients, Endpoints};
 use sas_infra::emulation::emulator::{Moto, workspace_root};
 use sas_infra::emulation::provision::{Options, provision};
 use sas_infra::emulation::template::Template;
+use sas_infra::tools::tables::{load, new_order, now};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -107,8 +108,8 @@ async fn main() -> Result<(), Error> {
     let config = EngineConfig::default();
     let agents = Workflow::agents_in(sas_workflows::order_fulfilment());
     let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents)?;
-    let now = Timestamp::from_millis(chrono_now());
-    let sample = record("sample", &workflow, &config, now);
+    let now = now();
+    let sample = new_order("sample", &workflow, &config, now);
     let entry = index_entry_size(&state_item(&sample)?);
     let record_units = state_item_size(&sample)?.div_ceil(4096) as f64 * 0.5;
 
@@ -130,7 +131,7 @@ async fn main() -> Result<(), Error> {
             orders: name("OrdersTable")?,
             keys: name("KeysTable")?,
         };
-        load(&clients.dynamodb, &tables.state, items(in_flight, ended, &workflow, &config, now)?)
+        load(&clients.dynamodb, &tables.state, &items(in_flight, ended, &workflow, &config, now)?)
             .await?;
         let store = DynamoStore::new(counted.clone(), &tables);
         let query = |listing, step: Option<&str>, after| ListQuery {
@@ -204,11 +205,20 @@ fn items(
     let mut items = Vec::with_capacity(in_flight + ended);
     for i in 0..in_flight {
         let ago = Duration::from_millis((i as u64 * 1_200_000) / in_flight.max(1) as u64);
-        items.push(state_item(&record(&format!("flight-{i}"), workflow, config, now.minus(ago)))?);
+        items.push(state_item(&new_order(
+            &format!("flight-{i}"),
+            workflow,
+            config,
+            now.minus(ago),
+        ))?);
     }
     for i in 0..ended {
-        let mut r =
-            record(&format!("ended-{i}"), workflow, config, now.minus(Duration::from_secs(7200)));
+        let mut r = new_order(
+            &format!("ended-{i}"),
+            workflow,
+            config,
+            now.minus(Duration::from_secs(7200)),
+        );
         r.process_state = ProcessState::Processed;
         r.complete_by = None;
         r.ended_at = Some(r.created_at);
@@ -218,37 +228,6 @@ fn items(
         items.push(state_item(&r)?);
     }
     Ok(items)
-}
-
-/// Writes `items` into `table`, 25 to a batch.
-async fn load(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    items: Vec<HashMap<String, AttributeValue>>,
-) -> Result<(), Error> {
-    for chunk in items.chunks(25) {
-        let mut writes = chunk
-            .iter()
-            .map(|item| {
-                Ok(WriteRequest::builder()
-                    .put_request(PutRequest::builder().set_item(Some(item.clone())).build()?)
-                    .build())
-            })
-            .collect::<Result<Vec<_>, aws_sdk_dynamodb::error::BuildError>>()?;
-        while !writes.is_empty() {
-            let out = client.batch_write_item().request_items(table, writes).send().await?;
-            writes = out.unprocessed_items.and_then(|mut u| u.remove(table)).unwrap_or_default();
-        }
-    }
-    Ok(())
-}
-
-fn record(key: &str, workflow: &Workflow, config: &EngineConfig, at: Timestamp) -> StateRecord {
-    let id = OrderId::for_key(
-        &IdempotencyKey::parse(key).unwrap_or_else(|_| unreachable!("keys are plain")),
-    );
-    let ctx = sas_engine::machine::Ctx { now: at, config, workflow, seed: 0 };
-    sas_engine::machine::create(id, format!("corr-{key}"), &ctx).next
 }
 
 /// The bytes of an order's entry in the in-flight index: its keys, the table's and the
@@ -266,10 +245,4 @@ fn index_entry_size(item: &HashMap<String, AttributeValue>) -> usize {
                 }
         })
         .sum()
-}
-
-fn chrono_now() -> i64 {
-    let since =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }

@@ -11,16 +11,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::AttributeValue;
 use sas_aws::dynamo::{EXPIRY_INDEX, state_item};
+use sas_engine::Timestamp;
 use sas_engine::config::{EngineConfig, INDEX_SHARDS};
-use sas_engine::state::{ProcessState, StateRecord, StepStatus};
+use sas_engine::state::{ProcessState, StepStatus};
 use sas_engine::workflow::{MAX_BUDGET, Workflow};
-use sas_engine::{IdempotencyKey, OrderId, Timestamp};
 use sas_infra::emulation::aws::{Clients, Endpoints};
 use sas_infra::emulation::emulator::{Moto, workspace_root};
 use sas_infra::emulation::provision::{Options, provision};
 use sas_infra::emulation::template::Template;
+use sas_infra::tools::tables::{load, new_order, now};
 
 const EXPIRED: usize = 5;
 
@@ -52,7 +53,7 @@ async fn main() -> Result<(), Error> {
         };
         let stack = provision(&template, &clients, &options).await?;
         let table = stack.reference("StateTable").ok_or("no state table")?;
-        let now = Timestamp::from_millis(chrono_now());
+        let now = now();
         load(client, &table, &items(n, &workflow, &config, now)?).await?;
         let (read, bytes) = sweep(client, &table, now).await?;
         // One query per shard, each billed at least one unit: 0.5 read units per 4 KB, rounded up.
@@ -74,7 +75,7 @@ fn items(
 ) -> Result<Vec<HashMap<String, AttributeValue>>, Error> {
     let mut items = Vec::with_capacity(n + EXPIRED);
     for i in 0..n {
-        let mut r = record(
+        let mut r = new_order(
             &format!("finished-{i}"),
             workflow,
             config,
@@ -90,7 +91,7 @@ fn items(
     }
     for i in 0..EXPIRED {
         // Submitted an hour ago and never claimed: their deadline passed long ago.
-        items.push(state_item(&record(
+        items.push(state_item(&new_order(
             &format!("expired-{i}"),
             workflow,
             config,
@@ -98,26 +99,6 @@ fn items(
         ))?);
     }
     Ok(items)
-}
-
-/// Writes `items` into `table`, 25 to a batch.
-async fn load(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    items: &[HashMap<String, AttributeValue>],
-) -> Result<(), Error> {
-    for chunk in items.chunks(25) {
-        let writes = chunk
-            .iter()
-            .map(|item| {
-                Ok(WriteRequest::builder()
-                    .put_request(PutRequest::builder().set_item(Some(item.clone())).build()?)
-                    .build())
-            })
-            .collect::<Result<Vec<_>, aws_sdk_dynamodb::error::BuildError>>()?;
-        client.batch_write_item().request_items(table, writes).send().await?;
-    }
-    Ok(())
 }
 
 /// The supervisor's sweep at `now`: its read of every shard, up to the longest a lease can
@@ -174,20 +155,6 @@ async fn count(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<i32, Er
     Ok(total)
 }
 
-fn record(key: &str, workflow: &Workflow, config: &EngineConfig, at: Timestamp) -> StateRecord {
-    let id = OrderId::for_key(
-        &IdempotencyKey::parse(key).unwrap_or_else(|_| unreachable!("keys are plain")),
-    );
-    let ctx = sas_engine::machine::Ctx { now: at, config, workflow, seed: 0 };
-    sas_engine::machine::create(id, format!("corr-{key}"), &ctx).next
-}
-
 fn entry_size(item: &HashMap<String, AttributeValue>) -> usize {
     item.iter().map(|(k, v)| k.len() + v.as_s().map_or(8, String::len)).sum()
-}
-
-fn chrono_now() -> i64 {
-    let since =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }

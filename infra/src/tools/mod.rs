@@ -1,5 +1,5 @@
-//! What the tool binaries (`check-workflows`, `cost-model`, `sweep-cost`) share with the rest
-//! of the crate.
+//! What the tool binaries (`check-workflows`, `cost-model`, `sweep-cost`, `list-cost`) share
+//! with the rest of the crate.
 //!
 //! - [`workflows`]: the repository's workflow files checked against the template, and what an
 //!   event on the bus starts by them.
@@ -10,10 +10,12 @@
 //!   measured on the local stack and its memory.
 //! - [`idle`]: what a stack costs a month with no orders, counted from the template.
 //! - [`batches`]: how full a queue mapping's batches are at a given rate.
+//! - [`tables`]: state tables filled by hand, for the tools that measure their reads.
 
 pub mod batches;
 pub mod ceiling;
 pub mod durations;
 pub mod idle;
 pub mod prices;
+pub mod tables;
 pub mod workflows;
