@@ -552,10 +552,8 @@ where
     let Ok(order_id) = id.parse::<OrderId>() else {
         return bad_request("the order id must be a UUID");
     };
-    let values = match query.get("values") {
-        None | Some(&"references") => Values::References,
-        Some(&"whole") => Values::Whole,
-        Some(_) => return bad_request("values must be references or whole"),
+    let Some(values) = Values::asked(query.get("values").copied()) else {
+        return bad_request("values must be references or whole");
     };
     match admin.status.operator_view(order_id, values).await {
         Ok(Some(view)) => match serde_json::to_value(&view) {

@@ -23,17 +23,13 @@ pub async fn handle<S: StateStore, P: Payloads>(
             json!({}),
         );
     };
-    let values = match request.query_string_parameters().first("values") {
-        None | Some("references") => Values::References,
-        Some("whole") => Values::Whole,
-        Some(_) => {
-            return api::error(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
-                "values must be references or whole",
-                json!({}),
-            );
-        }
+    let Some(values) = Values::asked(request.query_string_parameters().first("values")) else {
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "values must be references or whole",
+            json!({}),
+        );
     };
     let caller = match api::caller(&request) {
         Ok(caller) => caller,

@@ -257,19 +257,13 @@ fn read_units(bytes: usize, read: Read) -> f64 {
     if read == Read::Consistent { units } else { units / 2.0 }
 }
 
-/// Index writes caused by a table write: the `ByCompleteBy` index's, the `ByWatchedSince`
-/// index's, the `ByHeldService` index's and the `ByAttention` index's.
-fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
-    expiry_index_writes(old, new)
-        + in_flight_index_writes(old, new)
-        + held_index_writes(old, new)
-        + attention_index_writes(old, new)
-}
-
-/// Writes of the two indexes sharded by `ExpiryShard`, each with its own partitions: what the
-/// busier of them takes bounds a new stack (see `ceiling`).
-fn sharded_index_writes(old: Option<&StateRecord>, new: &StateRecord) -> (f64, f64) {
-    (expiry_index_writes(old, new), in_flight_index_writes(old, new))
+/// Index writes caused by a table write, all four indexes together, and within them those of
+/// the two sharded by `ExpiryShard`, each with its own partitions (`ByCompleteBy`'s,
+/// `ByWatchedSince`'s): what the busier of them takes bounds a new stack (see `ceiling`).
+fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> (f64, f64, f64) {
+    let (expiry, flight) = (expiry_index_writes(old, new), in_flight_index_writes(old, new));
+    let all = expiry + flight + held_index_writes(old, new) + attention_index_writes(old, new);
+    (all, expiry, flight)
 }
 
 /// Writes of the `ByWatchedSince` index (keys and the workflow, which never changes): one as an
@@ -357,8 +351,8 @@ impl StateStore for MeteredStore {
         m.wru += units(state_item_size(state)?, 1024);
         m.state_writes += 1.0;
         if created == Created::Created {
-            m.index_wru += index_writes(None, state);
-            let (expiry, flight) = sharded_index_writes(None, state);
+            let (all, expiry, flight) = index_writes(None, state);
+            m.index_wru += all;
             m.expiry_wru += expiry;
             m.flight_wru += flight;
         }
@@ -390,8 +384,8 @@ impl StateStore for MeteredStore {
         m.state_writes += 1.0;
         m.largest_item = m.largest_item.max(new_size);
         if saved == Saved::Saved {
-            m.index_wru += index_writes(old.as_ref(), next);
-            let (expiry, flight) = sharded_index_writes(old.as_ref(), next);
+            let (all, expiry, flight) = index_writes(old.as_ref(), next);
+            m.index_wru += all;
             m.expiry_wru += expiry;
             m.flight_wru += flight;
         }

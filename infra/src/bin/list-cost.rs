@@ -28,13 +28,12 @@ use sas_aws::settings::Tables;
 use sas_engine::Timestamp;
 use sas_engine::config::{EngineConfig, INDEX_SHARDS};
 use sas_engine::ports::{ListPage, ListQuery, Listing, OrderFinder};
-use sas_engine::state::{ProcessState, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_infra::emulation::aws::{Clients, Endpoints};
 use sas_infra::emulation::emulator::{Moto, workspace_root};
 use sas_infra::emulation::provision::{Options, provision};
 use sas_infra::emulation::template::Template;
-use sas_infra::tools::tables::{load, new_order, now};
+use sas_infra::tools::tables::{load, new_order, now, processed_order};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -213,19 +212,8 @@ fn items(
         ))?);
     }
     for i in 0..ended {
-        let mut r = new_order(
-            &format!("ended-{i}"),
-            workflow,
-            config,
-            now.minus(Duration::from_secs(7200)),
-        );
-        r.process_state = ProcessState::Processed;
-        r.complete_by = None;
-        r.ended_at = Some(r.created_at);
-        for s in &mut r.steps {
-            s.status = StepStatus::Done;
-        }
-        items.push(state_item(&r)?);
+        let at = now.minus(Duration::from_secs(7200));
+        items.push(state_item(&processed_order(&format!("ended-{i}"), workflow, config, at))?);
     }
     Ok(items)
 }

@@ -15,13 +15,12 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use sas_aws::dynamo::{EXPIRY_INDEX, state_item};
 use sas_engine::Timestamp;
 use sas_engine::config::{EngineConfig, INDEX_SHARDS};
-use sas_engine::state::{ProcessState, StepStatus};
 use sas_engine::workflow::{MAX_BUDGET, Workflow};
 use sas_infra::emulation::aws::{Clients, Endpoints};
 use sas_infra::emulation::emulator::{Moto, workspace_root};
 use sas_infra::emulation::provision::{Options, provision};
 use sas_infra::emulation::template::Template;
-use sas_infra::tools::tables::{load, new_order, now};
+use sas_infra::tools::tables::{load, new_order, now, processed_order};
 
 const EXPIRED: usize = 5;
 
@@ -75,19 +74,8 @@ fn items(
 ) -> Result<Vec<HashMap<String, AttributeValue>>, Error> {
     let mut items = Vec::with_capacity(n + EXPIRED);
     for i in 0..n {
-        let mut r = new_order(
-            &format!("finished-{i}"),
-            workflow,
-            config,
-            now.minus(Duration::from_secs(7200)),
-        );
-        r.process_state = ProcessState::Processed;
-        r.complete_by = None;
-        r.ended_at = Some(r.created_at);
-        for s in &mut r.steps {
-            s.status = StepStatus::Done;
-        }
-        items.push(state_item(&r)?);
+        let at = now.minus(Duration::from_secs(7200));
+        items.push(state_item(&processed_order(&format!("finished-{i}"), workflow, config, at))?);
     }
     for i in 0..EXPIRED {
         // Submitted an hour ago and never claimed: their deadline passed long ago.

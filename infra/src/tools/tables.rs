@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
 use sas_engine::config::EngineConfig;
-use sas_engine::state::StateRecord;
+use sas_engine::state::{ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_engine::{IdempotencyKey, OrderId, Timestamp};
 
@@ -23,6 +23,24 @@ pub fn new_order(
     );
     let ctx = sas_engine::machine::Ctx { now: at, config, workflow, seed: 0 };
     sas_engine::machine::create(id, format!("corr-{key}"), &ctx).next
+}
+
+/// An order of `workflow` accepted at `at` and processed: every step done, out of the expiry
+/// index, ended when it was accepted.
+pub fn processed_order(
+    key: &str,
+    workflow: &Workflow,
+    config: &EngineConfig,
+    at: Timestamp,
+) -> StateRecord {
+    let mut r = new_order(key, workflow, config, at);
+    r.process_state = ProcessState::Processed;
+    r.complete_by = None;
+    r.ended_at = Some(r.created_at);
+    for s in &mut r.steps {
+        s.status = StepStatus::Done;
+    }
+    r
 }
 
 /// Writes `items` into `table`, 25 to a batch, again while DynamoDB leaves some unwritten.

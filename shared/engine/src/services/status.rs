@@ -153,6 +153,18 @@ pub enum Values {
     Whole,
 }
 
+impl Values {
+    /// The `values` a query asks for (`references`, the default, or `whole`); `None` for
+    /// anything else.
+    pub fn asked(value: Option<&str>) -> Option<Values> {
+        match value {
+            None | Some("references") => Some(Values::References),
+            Some("whole") => Some(Values::Whole),
+            Some(_) => None,
+        }
+    }
+}
+
 /// Reads order views.
 #[derive(Debug)]
 pub struct StatusService<S, P = NoPayloads> {
