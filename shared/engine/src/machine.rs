@@ -531,6 +531,7 @@ pub fn create_waking(
         slot: None,
         legacy_cursor: None,
         submitted: None,
+        search_key: None,
         expires_at: None,
     };
     if let Some(key) = key {

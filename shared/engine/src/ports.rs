@@ -364,6 +364,17 @@ pub trait OrderFinder: Send + Sync {
     /// How many orders `query`'s listing holds (its page and cursor aside), counting up to
     /// `cap`: what its index holds, never a scan of the table.
     fn count(&self, query: &ListQuery, cap: u64) -> impl Future<Output = Result<Counted>> + Send;
+
+    /// Up to `limit` orders whose search key is `value` ([`StateRecord::search_key`]), each
+    /// with when it was accepted, the newest first (of two accepted in one millisecond, the
+    /// greater id first), after `after`: what the search index holds, ended orders included,
+    /// until the store forgets them.
+    fn searched(
+        &self,
+        value: &str,
+        after: Option<(Timestamp, OrderId)>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(Timestamp, OrderId)>>> + Send;
 }
 
 impl Counted {
@@ -410,12 +421,12 @@ fn page_cursor(last: &Listed) -> String {
     cursor_at((last.since, last.order_id))
 }
 
-fn cursor_at((since, order_id): (Timestamp, OrderId)) -> String {
+pub(crate) fn cursor_at((since, order_id): (Timestamp, OrderId)) -> String {
     format!("{}.{}", since.as_millis(), order_id)
 }
 
 /// The (since, order id) a cursor names; `None` if it was not made by [`page_cursor`].
-fn parse_cursor(cursor: &str) -> Option<(Timestamp, OrderId)> {
+pub(crate) fn parse_cursor(cursor: &str) -> Option<(Timestamp, OrderId)> {
     let (at, id) = cursor.split_once('.')?;
     Some((Timestamp::from_millis(at.parse().ok()?), id.parse().ok()?))
 }
@@ -816,6 +827,15 @@ impl<T: OrderFinder + ?Sized> OrderFinder for std::sync::Arc<T> {
 
     fn count(&self, query: &ListQuery, cap: u64) -> impl Future<Output = Result<Counted>> + Send {
         (**self).count(query, cap)
+    }
+
+    fn searched(
+        &self,
+        value: &str,
+        after: Option<(Timestamp, OrderId)>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(Timestamp, OrderId)>>> + Send {
+        (**self).searched(value, after, limit)
     }
 }
 

@@ -919,6 +919,10 @@ pub struct StateRecord {
     /// records: theirs is in the orders table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted: Option<Submitted>,
+    /// The value operators find the order by: its input's at its workflow's `search_key`
+    /// ([`crate::workflow::Workflow::search_value`]), kept from its creation on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search_key: Option<String>,
     /// When the store may delete the record: set once it ended and needs nobody
     /// ([`StateRecord::expiry`]); `None` while it may still change, or with no retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]

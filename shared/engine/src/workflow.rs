@@ -43,6 +43,8 @@ pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Most elements a step may run a child for ([`Fan`]): the parent's record holds only counts,
 /// but the list of their outputs is one stored value.
 pub const MAX_ELEMENTS: u32 = 10_000;
+/// Longest value of a search key that finds an order, in bytes: it is the key of an index.
+pub const MAX_SEARCH_VALUE_LEN: usize = 256;
 /// Most elements of one step in flight at once: each running element is one number on the
 /// parent's record, and one more writer of it.
 pub const MAX_CONCURRENCY: u32 = 100;
@@ -57,6 +59,9 @@ pub struct Workflow {
     starts: Vec<Start>,
     concurrency: Option<Concurrency>,
     fairness: Fairness,
+    /// Where the value operators find its orders by is in the input (`search_key`): the
+    /// pointer relative to the input, and as written.
+    search_key: Option<(String, String)>,
 }
 
 /// The JSON Schema of a workflow's input, compiled once.
@@ -315,6 +320,9 @@ struct WorkflowSpec {
     /// Whose its orders are, and which go first, when tenants share the stack.
     #[serde(default)]
     fairness: Option<FairnessSpec>,
+    /// The value of the input operators find its orders by (a customer, an account).
+    #[serde(default)]
+    search_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -496,6 +504,15 @@ impl Workflow {
             Some(f) => fairness_of(f, &input).map_err(|e| invalid(format!("fairness: {e}")))?,
             None => Fairness::default(),
         };
+        let search_key = match &spec.search_key {
+            Some(declared) => {
+                let kinds = &["string", "integer"];
+                let pointer =
+                    input_property("search_key", declared, &input, kinds).map_err(invalid)?;
+                Some((pointer, declared.clone()))
+            }
+            None => None,
+        };
         let mut workflow = Workflow {
             name: spec.name.clone(),
             version,
@@ -504,6 +521,7 @@ impl Workflow {
             starts: Vec::new(),
             concurrency,
             fairness,
+            search_key,
         };
         for (i, start) in spec.starts.iter().enumerate() {
             let start =
@@ -591,6 +609,25 @@ impl Workflow {
     /// why its input has none.
     pub fn key_of(&self, input: &Value) -> Result<Option<String>, Rejection> {
         self.concurrency.as_ref().map(|c| c.key_of(input)).transpose()
+    }
+
+    /// The pointer into the input, as the file declares it, of the value operators find the
+    /// workflow's orders by, if it declares one.
+    pub fn search_key(&self) -> Option<&str> {
+        self.search_key.as_ref().map(|(_, declared)| declared.as_str())
+    }
+
+    /// The value an order with `input` is found by ([`Workflow::search_key`]): a string or an
+    /// integer of at most [`MAX_SEARCH_VALUE_LEN`] bytes. An input without one, or with one
+    /// longer, is accepted all the same, and the order is found by its id alone.
+    pub fn search_value(&self, input: &Value) -> Option<String> {
+        let (pointer, _) = self.search_key.as_ref()?;
+        let value = match input.pointer(pointer)? {
+            Value::String(s) => s.clone(),
+            Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+            _ => return None,
+        };
+        (!value.is_empty() && value.len() <= MAX_SEARCH_VALUE_LEN).then_some(value)
     }
 
     /// The group of an order with `input` submitted by `owner` ([`crate::fair`]), or why its
@@ -1334,6 +1371,35 @@ mod tests {
         let mut spec: Value = serde_json::from_str(sas_workflows::order_fulfilment()).unwrap();
         spec["concurrency"] = concurrency;
         Workflow::from_json(&spec.to_string(), &Workflow::agents_in(&spec.to_string()))
+    }
+
+    fn with_search_key(declared: &str) -> Result<Workflow, Error> {
+        let mut spec: Value = serde_json::from_str(sas_workflows::order_fulfilment()).unwrap();
+        spec["search_key"] = declared.into();
+        Workflow::from_json(&spec.to_string(), &Workflow::agents_in(&spec.to_string()))
+    }
+
+    #[test]
+    fn a_search_key_is_a_value_the_input_schema_declares_and_finds_orders_that_have_it() {
+        let w = with_search_key("/input/customer_id").unwrap();
+        assert_eq!(w.search_key(), Some("/input/customer_id"));
+        let found = |input: Value| w.search_value(&input);
+        assert_eq!(found(serde_json::json!({"customer_id": "c-1"})).as_deref(), Some("c-1"));
+        assert_eq!(found(serde_json::json!({"customer_id": 42})).as_deref(), Some("42"));
+        // An order without a value to find it by is accepted, and found by its id alone.
+        assert_eq!(found(serde_json::json!({})), None);
+        assert_eq!(found(serde_json::json!({"customer_id": ""})), None);
+        let long = "c".repeat(MAX_SEARCH_VALUE_LEN + 1);
+        assert_eq!(found(serde_json::json!({"customer_id": long})), None);
+        let cases = [
+            ("/customer_id", "a JSON pointer into the input"),
+            ("/input/nickname", "declares no property \"nickname\""),
+            ("/input/items", "must declare it a string or an integer"),
+        ];
+        for (declared, expected) in cases {
+            let err = with_search_key(declared).unwrap_err().to_string();
+            assert!(err.contains("search_key") && err.contains(expected), "{declared}: {err}");
+        }
     }
 
     #[test]

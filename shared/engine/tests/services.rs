@@ -28,6 +28,7 @@ use sas_engine::ports::{
     OrderRecord, Read, Saved, ServiceBook, StateStore, WaitGauge,
 };
 use sas_engine::retry::RetryPolicy;
+use sas_engine::services::search::{SearchPage, SearchQuery, search};
 use sas_engine::services::{
     Agent, AgentOutcome, Applied, Asked, Command, Handled, Ports, StatusService, Supervisor, Values,
 };
@@ -140,6 +141,56 @@ async fn rejected_submissions_write_and_send_nothing() {
     assert!(w.store.records().is_empty() && w.store.orders().is_empty());
     assert_eq!(w.queues.sent_count(&Destination::Scheduler), 0);
     assert_eq!(w.bus.count(), 0);
+}
+
+#[tokio::test]
+async fn an_order_is_found_by_its_customer_after_it_ended_newest_first_a_page_at_a_time() {
+    let mut w = World::new();
+    // The customer is `c-<length of the key>`: three orders of c-5, one of c-3.
+    let mut theirs = Vec::new();
+    for key in ["key-a", "key-b", "key-c"] {
+        theirs.push(w.submit(key).await.unwrap().order_id);
+        w.clock.advance(Duration::from_secs(1));
+    }
+    let other = w.submit("k-1").await.unwrap().order_id;
+    w.remote.script("charge-payment", vec![Behaviour::Permanent("declined".into())]);
+    w.settle().await;
+    assert_eq!(w.state(other).search_key.as_deref(), Some("c-3"));
+
+    let query = |value: &str, workflow: Option<&str>, after: Option<String>| SearchQuery {
+        value: value.into(),
+        workflow: workflow.map(str::to_owned),
+        limit: 2,
+        after,
+    };
+    let first = search(&*w.store, &query("c-5", None, None)).await.unwrap();
+    let ids: Vec<OrderId> = first.orders.iter().map(|f| f.order_id).collect();
+    assert_eq!(ids, [theirs[2], theirs[1]], "the newest first");
+    let second = search(&*w.store, &query("c-5", None, first.next)).await.unwrap();
+    assert_eq!(second.orders.iter().map(|f| f.order_id).collect::<Vec<_>>(), [theirs[0]]);
+    assert_eq!(second.next, None);
+    // What became of each: the first one charged was refused and undone.
+    let found = &second.orders[0];
+    assert_eq!((found.workflow.as_str(), found.workflow_version), ("order-fulfilment", 1));
+    assert_eq!(found.process_state, ProcessState::Error);
+    assert_eq!(
+        (found.step.as_deref(), found.cause),
+        (Some("charge-payment"), Some("step_rejected"))
+    );
+    assert!(found.ended_at.is_some());
+    assert_eq!(first.orders[0].process_state, ProcessState::Processed);
+
+    let of_workflow = search(&*w.store, &query("c-5", Some("order-fulfilment"), None)).await;
+    assert_eq!(of_workflow.unwrap().orders.len(), 2);
+    let elsewhere = search(&*w.store, &query("c-5", Some("account-opening"), None)).await;
+    assert_eq!(elsewhere.unwrap(), SearchPage::default());
+    assert_eq!(search(&*w.store, &query("c-9", None, None)).await.unwrap(), SearchPage::default());
+    for bad in [query("", None, None), query(&"c".repeat(257), None, None)] {
+        let err = search(&*w.store, &bad).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidCommand(_)), "{err}");
+    }
+    let err = search(&*w.store, &query("c-5", None, Some("here".into()))).await.unwrap_err();
+    assert!(err.to_string().contains("cursor"), "{err}");
 }
 
 #[tokio::test]

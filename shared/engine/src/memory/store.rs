@@ -548,6 +548,26 @@ impl<C: Clock> OrderFinder for MemoryStore<C> {
         let found = inner.states.values().filter(|r| listed(r, query).is_some()).count();
         Ok(Counted::of(found as u64, cap, true))
     }
+
+    async fn searched(
+        &self,
+        value: &str,
+        after: Option<(Timestamp, OrderId)>,
+        limit: usize,
+    ) -> Result<Vec<(Timestamp, OrderId)>> {
+        let mut inner = self.lock();
+        inner.stats.index_queries += 1;
+        let mut found: Vec<(Timestamp, OrderId)> = inner
+            .states
+            .values()
+            .filter(|r| r.search_key.as_deref() == Some(value))
+            .map(|r| (r.created_at, r.order_id))
+            .filter(|entry| after.is_none_or(|after| *entry < after))
+            .collect();
+        found.sort_by_key(|entry| std::cmp::Reverse(*entry));
+        found.truncate(limit);
+        Ok(found)
+    }
 }
 
 /// The row `record` makes in `query`'s listing, if it is in it.

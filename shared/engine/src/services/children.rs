@@ -225,6 +225,7 @@ where
             Ok(line) => line,
             Err(e) => return Ok(vec![reply(&link, StepOutcome::failed(&e.to_string()))]),
         };
+        let search_key = child_workflow.search_value(&order_input.0);
         let kept =
             match payload::keep(&self.payloads, id, order_input.0, MAX_INLINE_INPUT_LEN).await? {
                 Kept::Inline(v) | Kept::Stored(v) => v,
@@ -243,6 +244,7 @@ where
             machine::create_waking(id, parent.correlation_id.clone(), &wakes, line, &ctx);
         created.next.parent = Some(link);
         created.next.group = parent.group.clone();
+        created.next.search_key = search_key;
         created.next.submitted = Some(Submitted { owner, key, input: Order(kept) });
         if self.store.create_state(&created.next).await? == Created::AlreadyExists {
             return Ok(Vec::new());

@@ -17,6 +17,7 @@ mod keyring;
 mod line;
 mod operator;
 mod scheduler;
+pub mod search;
 mod starter;
 mod status;
 mod submission;

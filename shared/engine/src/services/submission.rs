@@ -151,10 +151,13 @@ where
         let group = workflow.group_of(&order.0, owner, priority)?;
         let group = self.ports.config.fair_queues.then_some(group);
         self.admit(now, workflow, group.as_deref()).await?;
+        // Read before a large input is stored and only referred to.
+        let search_key = workflow.search_value(&order.0);
         let order = self.keep(order_id, order).await?;
         let ctx = Ctx { now, config: &self.ports.config, workflow, seed: 0 };
         let mut created = machine::create_waking(order_id, self.ids.new_id(), &wakes, line, &ctx);
         created.next.group = group;
+        created.next.search_key = search_key;
         created.next.submitted = Some(Submitted { owner: owner.clone(), key, input: order });
 
         match self.ports.store.create_state(&created.next).await? {
