@@ -42,6 +42,7 @@ use sas_engine::ports::{
     Outbox, Outgoing, Page, QueueDepths, Read, RemoteCall, RemoteFault, RemoteService, Saved,
     StateStore, WaitGauge, WaitReport,
 };
+use sas_engine::services::search::{SearchQuery, search};
 use sas_engine::state::{CommandKind, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::Workflow;
 use sas_engine::{AgentName, Error, IdempotencyKey, OrderId, Owner, Timestamp};
@@ -663,6 +664,87 @@ async fn in_flight_pages_contract<S: StateStore + OrderFinder>(store: &S, t0: Ti
             }
         }
     }
+}
+
+/// Orders are found by their search key, ended or not, newest first (of one millisecond, the
+/// greater id first), page after page with nothing left out or listed twice; an order with
+/// another key or none is not; an order's later writes leave it found once.
+async fn search_contract<S: StateStore + OrderFinder>(store: &S, t0: Timestamp) {
+    let config = EngineConfig::default();
+    let at = |s: u64| t0.plus(Duration::from_secs(s));
+    let (value, other) = (key("customer"), key("another"));
+    let mut expected = Vec::new();
+    for n in 0..7u64 {
+        // Four accepted in one millisecond; one with another customer, one with none.
+        let when = at(n.saturating_sub(3));
+        let (order, mut state) = new_order(&key(&format!("search-{n}")), &config, when);
+        state.search_key = match n {
+            5 => Some(other.clone()),
+            6 => None,
+            _ => Some(value.clone()),
+        };
+        assert_eq!(create(store, &order, &state).await, Created::Created);
+        if n < 5 {
+            expected.push(((when, order.order_id), state));
+        }
+    }
+    expected.sort_unstable_by_key(|(entry, _)| std::cmp::Reverse(*entry));
+    // The oldest is claimed and refused: it ends in Error, and is found all the same.
+    let claim = Input::Claim { attempt: 0, owner: "s", message: "m-claim" };
+    let oldest = expected.last().unwrap().1.clone();
+    let r = drive(store, oldest, &[claim], at(10)).await;
+    let step = StepRef {
+        index: 0,
+        name: "reserve-inventory".into(),
+        direction: Direction::Do,
+        element: None,
+    };
+    let refused = StepOutcome::failed("refused");
+    let reply = Input::Reply { attempt: r.attempt, step: &step, outcome: &refused, message: "m1" };
+    let r = drive(store, r, &[reply], at(10)).await;
+    assert_eq!(r.process_state, ProcessState::Error);
+
+    let entries: Vec<(Timestamp, OrderId)> = expected.iter().map(|(e, _)| *e).collect();
+    let (mut seen, mut after) = (Vec::new(), None);
+    loop {
+        let page = store.searched(&value, after, 2).await.unwrap();
+        assert!(page.len() <= 2, "{page:?}");
+        seen.extend(page.iter().copied());
+        if page.len() < 2 {
+            break;
+        }
+        after = page.last().copied();
+    }
+    assert_eq!(seen, entries);
+    assert_eq!(store.searched(&other, None, 10).await.unwrap().len(), 1);
+    assert!(store.searched(&key("nobody"), None, 10).await.unwrap().is_empty());
+
+    // Through the search the console and `sas find` use: what became of each, a page at a time.
+    let query = |after| SearchQuery { value: value.clone(), workflow: None, limit: 3, after };
+    let first = search(store, &query(None)).await.unwrap();
+    let second = search(store, &query(first.next.clone())).await.unwrap();
+    assert_eq!(second.next, None);
+    let found: Vec<_> = first.orders.iter().chain(&second.orders).collect();
+    let ids: Vec<OrderId> = found.iter().map(|f| f.order_id).collect();
+    assert_eq!(ids, entries.iter().map(|(_, id)| *id).collect::<Vec<_>>());
+    let last = found.last().unwrap();
+    assert_eq!((last.process_state, last.cause), (ProcessState::Error, Some("step_rejected")));
+    assert_eq!(last.step.as_deref(), Some("reserve-inventory"));
+    assert!(found[..4].iter().all(|f| f.process_state == ProcessState::Pending));
+    let elsewhere = SearchQuery { workflow: Some("account-opening".into()), ..query(None) };
+    assert!(search(store, &elsewhere).await.unwrap().orders.is_empty());
+}
+
+#[tokio::test]
+async fn memory_store_keeps_the_search_contract() {
+    let clock = ManualClock::at(Timestamp::from_millis(1_800_000_000_000));
+    search_contract(&MemoryStore::new(clock.clone()), clock.now()).await;
+}
+
+#[tokio::test]
+async fn dynamodb_store_keeps_the_search_contract() {
+    let t = TestStack::new("contract-search").await;
+    search_contract(&t.store(), Timestamp::from_millis(1_800_000_000_000)).await;
 }
 
 #[tokio::test]

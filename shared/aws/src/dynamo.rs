@@ -92,6 +92,8 @@ pub const ATTENTION_INDEX: &str = "ByAttention";
 pub const IN_FLIGHT_INDEX: &str = "ByWatchedSince";
 /// Name of the index of orders waiting for a held service.
 pub const HELD_INDEX: &str = "ByHeldService";
+/// Name of the index of orders by the value of their workflow's search key.
+pub const SEARCH_INDEX: &str = "BySearchKey";
 
 /// A DynamoDB item.
 pub type Item = HashMap<String, AttributeValue>;
@@ -403,6 +405,52 @@ impl OrderFinder for DynamoStore {
         };
         let (request, _) = self.attention_query(list, query);
         Ok(Counted::of(self.counted(request, cap).await?, cap, true))
+    }
+
+    async fn searched(
+        &self,
+        value: &str,
+        after: Option<(Timestamp, OrderId)>,
+        limit: usize,
+    ) -> Result<Vec<(Timestamp, OrderId)>> {
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.state_table)
+            .index_name(SEARCH_INDEX)
+            .expression_attribute_values(":v", AttributeValue::S(value.to_owned()))
+            .scan_index_forward(false);
+        request = match after {
+            Some(after) => request
+                .key_condition_expression("SearchKey = :v AND SearchAt < :after")
+                .expression_attribute_values(":after", AttributeValue::S(search_at(after))),
+            None => request.key_condition_expression("SearchKey = :v"),
+        };
+        let mut found = Vec::new();
+        let mut start = None;
+        while found.len() < limit {
+            let out = request
+                .clone()
+                .limit(i32::try_from(limit - found.len()).unwrap_or(1000))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| classify(SERVICE, e))?;
+            for item in out.items() {
+                let raw = string(item, "SearchAt")?;
+                found.push(search_entry(raw).ok_or_else(|| {
+                    Error::rejected(
+                        SERVICE,
+                        format!("search entry with a malformed SearchAt {raw:?}"),
+                    )
+                })?);
+            }
+            match out.last_evaluated_key {
+                Some(key) => start = Some(key),
+                None => break,
+            }
+        }
+        Ok(found)
     }
 }
 
@@ -803,8 +851,9 @@ impl ShardReader {
 }
 
 /// Top-level attributes of a state item; everything else of the record goes into `Body`.
-const TOP_LEVEL: [&str; 9] = [
+const TOP_LEVEL: [&str; 10] = [
     "order_id",
+    "search_key",
     "expires_at",
     "process_state",
     "locked_by",
@@ -875,6 +924,10 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
         item.insert("HeldOn".into(), AttributeValue::S(held.key()));
         item.insert("HeldSince".into(), number(held.since.as_millis()));
     }
+    if let Some(value) = &r.search_key {
+        item.insert("SearchKey".into(), AttributeValue::S(value.clone()));
+        item.insert("SearchAt".into(), AttributeValue::S(search_at((r.created_at, r.order_id))));
+    }
     let deflated = miniz_oxide::deflate::compress_to_vec(body.to_string().as_bytes(), 9);
     item.insert("Body".into(), AttributeValue::B(Blob::new(deflated)));
     Ok(item)
@@ -937,6 +990,10 @@ fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
     map.insert("attempt".into(), parse_number::<u64>(item, "Attempt")?.into());
     map.insert("revision".into(), parse_number::<u64>(item, "Revision")?.into());
     map.insert("shard".into(), parse_number::<u16>(item, "ExpiryShard")?.into());
+    if let Some(value) = item.get("SearchKey") {
+        let value = value.as_s().map_err(|_| corrupt("SearchKey is not a string".into()))?;
+        map.insert("search_key".into(), Value::String(value.clone()));
+    }
     let accepted = if item.contains_key("AcceptedAt") { "AcceptedAt" } else { "CreatedAt" };
     map.insert("created_at".into(), parse_number::<i64>(item, accepted)?.into());
     let mut record: StateRecord =
@@ -944,6 +1001,18 @@ fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
     record.upgrade();
     record.check().map_err(corrupt)?;
     Ok(record)
+}
+
+/// The search index's sort key of an order accepted at `at`: the time, as many digits as
+/// any, and the id, so that the string orders as (time, id) does and names one order.
+fn search_at((at, order_id): (Timestamp, OrderId)) -> String {
+    format!("{:015}.{order_id}", at.as_millis())
+}
+
+/// The (time, id) a sort key of the search index names.
+fn search_entry(sort_key: &str) -> Option<(Timestamp, OrderId)> {
+    let (at, id) = sort_key.split_once('.')?;
+    Some((Timestamp::from_millis(at.parse().ok()?), id.parse().ok()?))
 }
 
 fn order_item(o: &OrderRecord) -> Item {
@@ -1051,6 +1120,22 @@ mod tests {
         assert!(item.contains_key("CompleteBy") && item.contains_key("ExpiryShard"));
         assert!(!item.contains_key("LockedBy"));
         assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+    }
+
+    #[test]
+    fn an_order_with_a_search_key_is_indexed_by_it_in_the_order_of_its_acceptance() {
+        let mut r = record();
+        assert!(!state_item(&r).unwrap().contains_key("SearchKey"), "sparse");
+        r.search_key = Some("c-1".into());
+        let item = state_item(&r).unwrap();
+        assert_eq!(string(&item, "SearchKey").unwrap(), "c-1");
+        let at = string(&item, "SearchAt").unwrap();
+        assert_eq!(search_entry(at), Some((r.created_at, r.order_id)));
+        assert!(!body_text(&item).unwrap().contains("c-1"), "kept once, as its attribute");
+        assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
+        // Sort keys order as (time, id): a later time sorts after, whatever its digits.
+        let later = search_at((Timestamp::from_millis(10_000), r.order_id));
+        assert!(search_at((Timestamp::from_millis(9_999), r.order_id)) < later);
     }
 
     #[test]
