@@ -231,6 +231,12 @@ async fn a_processed_order_is_undone_by_its_compensations_and_what_has_none_is_l
     assert_eq!(r.needs_manual_undo(), ["ship"]);
     let (status, failed) = s.admin("GET", "/admin/orders?list=failed", None, Some(OPERATOR)).await;
     assert_eq!((status, listed(&failed)), (200, vec![id.to_string()]), "{failed}");
+    // Found by its customer, as the workflow's search_key reads it, ended as it is.
+    let (status, found) = s.admin("GET", "/admin/search?key=c-admin", None, Some(OPERATOR)).await;
+    assert_eq!((status, listed(&found)), (200, vec![id.to_string()]), "{found}");
+    assert_eq!(found["orders"][0]["process_state"], "Error", "{found}");
+    assert_eq!(found["search_keys"]["order-fulfilment"], "/input/customer_id", "{found}");
+    assert_eq!(found["next"], Value::Null, "{found}");
     let (status, again) =
         command(&s, id, "undo", json!({"command_id": "u-2", "reason": "again"})).await;
     assert_eq!(status, 409, "{again}");
@@ -264,6 +270,26 @@ async fn bad_requests_are_refused_and_write_nothing() {
     let (status, refused) =
         s.admin("GET", "/admin/lookup?idempotency_key=x", None, Some(OPERATOR)).await;
     assert_eq!(status, 400, "{refused}");
+    // A search finds the customer's order, or nothing; a search that cannot be made is refused.
+    let (status, found) = s.admin("GET", "/admin/search?key=c-admin", None, Some(OPERATOR)).await;
+    assert_eq!((status, listed(&found)), (200, vec![id.to_string()]), "{found}");
+    let (status, none) = s.admin("GET", "/admin/search?key=c-nobody", None, Some(OPERATOR)).await;
+    assert_eq!((status, listed(&none)), (200, vec![]), "{none}");
+    for bad in [
+        "",
+        "?key=",
+        "?key=c-admin&workflow=a%20b",
+        "?key=c-admin&after=here",
+        "?key=c-admin&limit=0",
+    ] {
+        let (status, refused) =
+            s.admin("GET", &format!("/admin/search{bad}"), None, Some(OPERATOR)).await;
+        assert_eq!(
+            (status, refused["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{bad}: {refused}"
+        );
+    }
     let path = format!("/admin/orders/{id}/cancel");
     let good = json!({"command_id": "c-1", "reason": "test"});
     // (what, path, body, caller, status, error code)

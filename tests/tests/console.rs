@@ -273,6 +273,22 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
         .await
         .unwrap();
     assert!(missing.as_str().unwrap().contains("no order with this id"), "{missing}");
+    // A customer's orders are found, ended ones included, by the value their workflow's
+    // search_key reads from the input.
+    tab.fill("#search-id", "c-1").await.unwrap();
+    tab.click("#search button").await.unwrap();
+    let rows = "[...document.querySelectorAll('#found-orders tr[data-order]')].map((r) => r.dataset.order \
+        + ' ' + r.querySelector('[data-state]').dataset.state).join(',')";
+    let found = tab.wait_for(rows, ENDS_WITHIN).await.unwrap();
+    let found: Vec<&str> = found.as_str().unwrap().split(',').collect();
+    for expected in [format!("{redriven} Processed"), format!("{left} Error")] {
+        assert!(found.contains(&expected.as_str()), "{expected} in {found:?}");
+    }
+    let searched = tab.eval("document.getElementById('search-keys').textContent").await.unwrap();
+    assert!(
+        searched.as_str().unwrap().contains("order-fulfilment by /input/customer_id"),
+        "{searched}"
+    );
     // A key is found with its submitter, as the order shows them.
     tab.fill("#search-id", "console-1").await.unwrap();
     tab.click("#search button").await.unwrap();

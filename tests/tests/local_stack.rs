@@ -1254,6 +1254,19 @@ async fn large_inputs_and_outputs_are_kept_in_the_bucket_and_reach_every_step_wh
     assert_eq!(whole["order"], input);
     let given = &whole["outline"][2]["given"];
     assert_eq!(given, &json!(["reserve-inventory", "charge-payment"]), "{}", whole["outline"]);
+    // Both are found by their customer, though their input is kept in the bucket.
+    let found = sas(&stack, &["find", "c-1", "-o", "json"]);
+    assert!(found.status.success(), "{}", text(&found));
+    let found: Value = serde_json::from_slice(&found.stdout).unwrap();
+    let states: Vec<(&str, &str)> = found["orders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["order_id"].as_str().unwrap(), o["process_state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, [(undone.as_str(), "Error"), (shipped.as_str(), "Processed")]);
+    let none = text(&sas(&stack, &["find", "c-2"]));
+    assert!(none.contains("no orders found by \"c-2\" (searched: "), "{none}");
     let clients = sas_infra::emulation::aws::Clients::new(&stack.emulators, "us-east-1").await;
     let bucket = stack.stack.reference("PayloadBucket").unwrap();
     for id in [&shipped, &undone] {

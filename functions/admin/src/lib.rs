@@ -15,6 +15,7 @@
 //! | `GET /admin/dead-letters/{queue}?limit=` | up to 10 of its messages, left in place |
 //! | `POST /admin/dead-letters/{queue}/redrive` | moves its messages back to their queue: `{"reason"}`, logged with the caller |
 //! | `GET /admin/lookup?idempotency_key=&submitter=` | the order a submitter's idempotency key made |
+//! | `GET /admin/search?key=&workflow=` | the orders whose workflow's `search_key` reads `key` from their input (a customer), ended ones included, newest first (`limit`, `after`) |
 //! | `POST /admin/bulk` | a command for every order a listing holds, as counted: `{"command", "filter", "reason", "command_id", "expect"}`; driven by the supervisor |
 //! | `GET /admin/bulk`, `GET /admin/bulk/{id}` | the bulk commands, or one, with what each order made of it |
 //! | `GET /admin/counts` | how many orders each listing holds (the same filters), counted by its index |
@@ -27,7 +28,7 @@
 
 pub mod settings;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +45,7 @@ use sas_engine::ports::{
     BulkBook, Clock, EventBus, HeldIndex, KeyIndex, ListQuery, Listing, OrderFinder, Outbox, Pace,
     Payloads, Read, ServiceBook, StateStore,
 };
+use sas_engine::services::search::{self, SearchQuery};
 use sas_engine::services::{
     Applied, Command, Commanded, DeskRefusal, Keyring, Operator, ServiceDesk, StatusService,
     Values, bulk, outline,
@@ -226,6 +228,7 @@ where
             Err(e) => failure(&e),
         },
         (Method::GET, ["admin", "lookup"]) => lookup(admin, &query).await,
+        (Method::GET, ["admin", "search"]) => search_orders(admin, &query).await,
         (Method::GET, ["admin", "me"]) => api::json(StatusCode::OK, &json!({ "caller": caller })),
         (Method::GET, ["admin", "keys"]) => keys(&admin.keyring, &query).await,
         (Method::GET, ["admin", "services"]) => match admin.desk.list().await {
@@ -450,6 +453,51 @@ where
             "no order was made with this key by this submitter (the submitter as an order shows it: an IAM ARN, or a token's issuer and subject)",
             json!({}),
         ),
+        Err(e) => failure(&e),
+    }
+}
+
+/// `GET /admin/search?key=&workflow=`: the orders whose workflow's `search_key` reads `key`
+/// from their input, ended ones included, the newest first, a page at a time; with the key
+/// each workflow declares, so that the caller knows what was searched.
+async fn search_orders<S, Q, B, C, G, P>(
+    admin: &Admin<S, Q, B, C, G, P>,
+    query: &HashMap<&str, &str>,
+) -> Response<Body>
+where
+    S: StateStore + OrderFinder,
+{
+    let Some(value) = query.get("key") else {
+        return bad_request(
+            "key is needed: the value to find orders by, as a workflow's search_key reads it from their input (a customer id, say)",
+        );
+    };
+    let limit = match number(query, "limit", DEFAULT_PAGE, 1, MAX_PAGE) {
+        Ok(limit) => limit,
+        Err(message) => return bad_request(&message),
+    };
+    let workflow = match filter_value("workflow", query.get("workflow").copied()) {
+        Ok(workflow) => workflow,
+        Err(message) => return bad_request(&message),
+    };
+    let catalogue = &admin.catalogue;
+    let declared: BTreeMap<&str, &str> = catalogue
+        .names()
+        .into_iter()
+        .filter_map(|name| Some((name, catalogue.current(name)?.search_key()?)))
+        .collect();
+    let request = SearchQuery {
+        value: (*value).to_owned(),
+        workflow,
+        limit,
+        after: query.get("after").map(|a| (*a).to_owned()),
+    };
+    match search::search(&admin.finder, &request).await {
+        Ok(page) => api::json(
+            StatusCode::OK,
+            &json!({ "orders": page.orders, "next": page.next, "search_keys": declared }),
+        ),
+        Err(Error::InvalidCommand(message)) => bad_request(&message),
         Err(e) => failure(&e),
     }
 }

@@ -73,6 +73,17 @@ enum Verb {
         #[arg(long)]
         whole: bool,
     },
+    /// Find orders by a value of their input, as their workflow's `search_key` reads it (a
+    /// customer id, say), ended ones included, newest first.
+    Find {
+        value: String,
+        /// Only orders of this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Most orders to list.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
     /// Stop orders: what they did is undone in reverse order; they end Cancelled.
     Cancel(Act),
     /// Hold orders after the step in flight, until resumed.
@@ -396,6 +407,17 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Verb::Find { value, workflow, limit } => {
+            let (orders, keys) = find(&api, &value, workflow.as_deref(), limit).await?;
+            if json_out {
+                print_json(&json!({ "orders": orders, "search_keys": keys }));
+            } else if orders.is_empty() {
+                println!("no orders found by {value:?} ({})", render::search_keys(&keys));
+            } else {
+                print!("{}", render::found(&orders));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Verb::Bulk { action } => bulk(&api, action, json_out).await,
         Verb::Cancel(act) => command(&api, "cancel", false, act, json_out).await,
         Verb::Pause(act) => command(&api, "pause", false, act, json_out).await,
@@ -682,6 +704,38 @@ async fn select(api: &Api, filter: &Filter, max: usize) -> Result<Vec<Value>, Cl
     }
     orders.truncate(max);
     Ok(orders)
+}
+
+/// The orders found by `value` (of `workflow` alone, if given), page after page, up to `max`,
+/// and the search key each workflow declares.
+async fn find(
+    api: &Api,
+    value: &str,
+    workflow: Option<&str>,
+    max: usize,
+) -> Result<(Vec<Value>, Value), CliError> {
+    let mut query = format!("key={}", encode(value));
+    if let Some(workflow) = workflow {
+        query.push_str(&format!("&workflow={}", encode(workflow)));
+    }
+    let (mut orders, mut keys) = (Vec::new(), Value::Null);
+    let mut after: Option<String> = None;
+    while orders.len() < max {
+        let limit = (max - orders.len()).min(PAGE);
+        let mut path = format!("/admin/search?{query}&limit={limit}");
+        if let Some(cursor) = &after {
+            path.push_str(&format!("&after={}", encode(cursor)));
+        }
+        let page = api.get(&path).await?;
+        orders.extend(page["orders"].as_array().cloned().unwrap_or_default());
+        keys = page["search_keys"].clone();
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    orders.truncate(max);
+    Ok((orders, keys))
 }
 
 async fn command(

@@ -202,6 +202,37 @@ fn in_flight(service: &Value) -> String {
     }
 }
 
+/// Orders found by a search: what each runs, what became of it, and when.
+pub fn found(orders: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = orders
+        .iter()
+        .map(|o| {
+            vec![
+                cell(o, "order_id"),
+                workflow(o),
+                cell(o, "process_state"),
+                cell(o, "accepted_at"),
+                cell(o, "ended_at"),
+                cell(o, "step"),
+                cell(o, "cause"),
+            ]
+        })
+        .collect();
+    table(&["order", "workflow", "state", "accepted", "ended", "step", "cause"], &rows)
+}
+
+/// What a search looked at: each workflow's search key, or that none declares one.
+pub fn search_keys(keys: &Value) -> String {
+    match keys.as_object().filter(|k| !k.is_empty()) {
+        Some(keys) => {
+            let each: Vec<String> =
+                keys.iter().map(|(w, k)| format!("{w} by {}", k.as_str().unwrap_or("?"))).collect();
+            format!("searched: {}", each.join(", "))
+        }
+        None => "no workflow of the stack declares a search_key".to_owned(),
+    }
+}
+
 /// An order's workflow and the version it runs: `order-fulfilment v2`.
 pub fn workflow(value: &Value) -> String {
     match value.get("workflow_version").and_then(Value::as_u64) {

@@ -604,11 +604,44 @@
     return table("timeline", ["at", "what", "step", "attempt", "by", "why"], rows);
   }
 
-  // An order found by its submitter's idempotency key: a key is its submitter's own, so both
-  // are asked for.
+  // Orders found by a value of their input (a customer), as each workflow's search_key reads
+  // it, ended ones included, newest first; and the order a submitter's idempotency key made: a
+  // key is its submitter's own, so both are asked for.
   async function find(params) {
     const key = params.get("key") || "";
     const submitter = params.get("submitter") || sessionStorage.getItem("sas-console-submitter") || "";
+    const parts = [];
+    if (key) {
+      const query = new URLSearchParams({ key, limit: String(PAGE_SIZE) });
+      if (params.get("after")) query.set("after", params.get("after"));
+      try {
+        const page = await call("GET", "admin/search?" + query);
+        const declared = Object.entries(page.search_keys || {});
+        const rows = page.orders.map((o) => h("tr", { "data-order": o.order_id },
+          h("td", {}, orderLink(o.order_id)),
+          h("td", {}, o.workflow + " v" + o.workflow_version),
+          h("td", { "data-state": o.process_state }, o.process_state),
+          h("td", {}, time(o.accepted_at)),
+          h("td", {}, time(o.ended_at)),
+          h("td", {}, o.step || ""),
+          h("td", {}, o.cause || "")));
+        const more = [];
+        if (page.next) {
+          const next = new URLSearchParams({ key, after: page.next });
+          more.push(h("a", { href: "#/find?" + next, id: "next-found" }, "Next page"));
+        }
+        parts.push(h("h2", {}, "Orders found by ", h("code", {}, key)),
+          h("p", { class: "quiet", id: "search-keys" }, declared.length
+            ? "Searched: " + declared.map(([w, k]) => w + " by " + k).join(", ") + "."
+            : "No workflow of the stack declares a search_key: orders are found by their id or idempotency key."),
+          table("found-orders", ["order", "workflow", "state", "accepted", "ended", "step", "cause"], rows,
+            page.next ? "None on this page; the next page reads on." : "No order has this value."),
+          h("p", { class: "more" }, more));
+      } catch (e) {
+        if (!(e instanceof ApiError) || e.status !== 400) throw e;
+        parts.push(h("p", { class: "error", id: "search-refused" }, e.message));
+      }
+    }
     const form = h("form", { class: "filter", id: "find", onsubmit: (e) => {
       e.preventDefault();
       const next = { key: e.target.elements.key.value.trim(), submitter: e.target.elements.submitter.value.trim() };
@@ -619,7 +652,7 @@
       h("input", { name: "submitter", value: submitter, size: 60,
         placeholder: "submitter (as an order shows it: arn:aws:iam::…)", "aria-label": "submitter" }),
       h("button", { type: "submit" }, "Find"));
-    const parts = [h("h2", {}, "Find an order by its idempotency key"), form];
+    parts.push(h("h2", {}, "Find an order by its idempotency key"), form);
     if (key && submitter) {
       try {
         const found = await call("GET", "admin/lookup?" + new URLSearchParams({ idempotency_key: key, submitter }));
@@ -794,7 +827,8 @@
       e.preventDefault();
       const text = document.getElementById("search-id").value.trim();
       if (!text) return;
-      // An order id opens the order; anything else is taken for an idempotency key.
+      // An order id opens the order; anything else is searched for as a customer (a workflow's
+      // search_key) and as an idempotency key.
       location.hash = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text)
         ? "#/orders/" + encodeURIComponent(text)
         : "#/find?" + new URLSearchParams({ key: text });
