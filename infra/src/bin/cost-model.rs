@@ -257,13 +257,30 @@ fn read_units(bytes: usize, read: Read) -> f64 {
     if read == Read::Consistent { units } else { units / 2.0 }
 }
 
-/// Index writes caused by a table write, all four indexes together, and within them those of
+/// Index writes caused by a table write, all five indexes together, and within them those of
 /// the two sharded by `ExpiryShard`, each with its own partitions (`ByCompleteBy`'s,
 /// `ByWatchedSince`'s): what the busier of them takes bounds a new stack (see `ceiling`).
 fn index_writes(old: Option<&StateRecord>, new: &StateRecord) -> (f64, f64, f64) {
     let (expiry, flight) = (expiry_index_writes(old, new), in_flight_index_writes(old, new));
-    let all = expiry + flight + held_index_writes(old, new) + attention_index_writes(old, new);
+    let all = expiry
+        + flight
+        + held_index_writes(old, new)
+        + attention_index_writes(old, new)
+        + search_index_writes(old, new);
     (all, expiry, flight)
+}
+
+/// Writes of the `BySearchKey` index (keys only, written as the order is accepted and never
+/// changed): one as an order of a workflow that declares a `search_key` is accepted, none
+/// after. Its entry leaves with the item, by time to live, which writes nothing billed.
+fn search_index_writes(old: Option<&StateRecord>, new: &StateRecord) -> f64 {
+    let key = |r: &StateRecord| r.search_key.clone().map(|v| (v, r.created_at, r.order_id));
+    match (old.and_then(key), key(new)) {
+        (None, None) => 0.0,
+        (Some(a), Some(b)) if a == b => 0.0,
+        (Some(_), Some(_)) => 2.0,
+        _ => 1.0,
+    }
 }
 
 /// Writes of the `ByWatchedSince` index (keys and the workflow, which never changes): one as an
