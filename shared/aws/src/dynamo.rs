@@ -413,21 +413,24 @@ impl OrderFinder for DynamoStore {
         after: Option<(Timestamp, OrderId)>,
         limit: usize,
     ) -> Result<Vec<(Timestamp, OrderId)>> {
-        let mut request = self
+        let request = self
             .client
             .query()
             .table_name(&self.state_table)
             .index_name(SEARCH_INDEX)
+            .key_condition_expression("SearchKey = :v")
             .expression_attribute_values(":v", AttributeValue::S(value.to_owned()))
             .scan_index_forward(false);
-        request = match after {
-            Some(after) => request
-                .key_condition_expression("SearchKey = :v AND SearchAt < :after")
-                .expression_attribute_values(":after", AttributeValue::S(search_at(after))),
-            None => request.key_condition_expression("SearchKey = :v"),
-        };
+        // The index orders a value's entries by when they were accepted, those of one
+        // millisecond in an order of its own: a page goes on from the entry the last ended at.
+        let mut start = after.map(|(at, id)| {
+            Item::from([
+                ("OrderId".into(), AttributeValue::S(id.to_string())),
+                ("SearchKey".into(), AttributeValue::S(value.to_owned())),
+                ("SearchAt".into(), number(at.as_millis())),
+            ])
+        });
         let mut found = Vec::new();
-        let mut start = None;
         while found.len() < limit {
             let out = request
                 .clone()
@@ -437,13 +440,9 @@ impl OrderFinder for DynamoStore {
                 .await
                 .map_err(|e| classify(SERVICE, e))?;
             for item in out.items() {
-                let raw = string(item, "SearchAt")?;
-                found.push(search_entry(raw).ok_or_else(|| {
-                    Error::rejected(
-                        SERVICE,
-                        format!("search entry with a malformed SearchAt {raw:?}"),
-                    )
-                })?);
+                let raw = string(item, "OrderId")?;
+                let order_id: OrderId = raw.parse().map_err(|_| corrupt_index(raw))?;
+                found.push((Timestamp::from_millis(parse_number(item, "SearchAt")?), order_id));
             }
             match out.last_evaluated_key {
                 Some(key) => start = Some(key),
@@ -926,7 +925,7 @@ pub fn state_item(r: &StateRecord) -> Result<Item> {
     }
     if let Some(value) = &r.search_key {
         item.insert("SearchKey".into(), AttributeValue::S(value.clone()));
-        item.insert("SearchAt".into(), AttributeValue::S(search_at((r.created_at, r.order_id))));
+        item.insert("SearchAt".into(), number(r.created_at.as_millis()));
     }
     let deflated = miniz_oxide::deflate::compress_to_vec(body.to_string().as_bytes(), 9);
     item.insert("Body".into(), AttributeValue::B(Blob::new(deflated)));
@@ -1001,18 +1000,6 @@ fn state_from_item(id: OrderId, item: &Item) -> Result<StateRecord> {
     record.upgrade();
     record.check().map_err(corrupt)?;
     Ok(record)
-}
-
-/// The search index's sort key of an order accepted at `at`: the time, as many digits as
-/// any, and the id, so that the string orders as (time, id) does and names one order.
-fn search_at((at, order_id): (Timestamp, OrderId)) -> String {
-    format!("{:015}.{order_id}", at.as_millis())
-}
-
-/// The (time, id) a sort key of the search index names.
-fn search_entry(sort_key: &str) -> Option<(Timestamp, OrderId)> {
-    let (at, id) = sort_key.split_once('.')?;
-    Some((Timestamp::from_millis(at.parse().ok()?), id.parse().ok()?))
 }
 
 fn order_item(o: &OrderRecord) -> Item {
@@ -1129,13 +1116,9 @@ mod tests {
         r.search_key = Some("c-1".into());
         let item = state_item(&r).unwrap();
         assert_eq!(string(&item, "SearchKey").unwrap(), "c-1");
-        let at = string(&item, "SearchAt").unwrap();
-        assert_eq!(search_entry(at), Some((r.created_at, r.order_id)));
+        assert_eq!(parse_number::<i64>(&item, "SearchAt").unwrap(), r.created_at.as_millis());
         assert!(!body_text(&item).unwrap().contains("c-1"), "kept once, as its attribute");
         assert_eq!(state_from_item(r.order_id, &item).unwrap(), r);
-        // Sort keys order as (time, id): a later time sorts after, whatever its digits.
-        let later = search_at((Timestamp::from_millis(10_000), r.order_id));
-        assert!(search_at((Timestamp::from_millis(9_999), r.order_id)) < later);
     }
 
     #[test]

@@ -366,9 +366,9 @@ pub trait OrderFinder: Send + Sync {
     fn count(&self, query: &ListQuery, cap: u64) -> impl Future<Output = Result<Counted>> + Send;
 
     /// Up to `limit` orders whose search key is `value` ([`StateRecord::search_key`]), each
-    /// with when it was accepted, the newest first (of two accepted in one millisecond, the
-    /// greater id first), after `after`: what the search index holds, ended orders included,
-    /// until the store forgets them.
+    /// with when it was accepted, the newest first (those of one millisecond in an order the
+    /// store keeps), after the entry `after`: what the search index holds, ended orders
+    /// included, until the store forgets them.
     fn searched(
         &self,
         value: &str,
