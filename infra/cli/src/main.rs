@@ -687,23 +687,7 @@ fn report(job: &Value, json_out: bool) -> ExitCode {
 /// The orders a filter selects, page after page, up to `max`.
 async fn select(api: &Api, filter: &Filter, max: usize) -> Result<Vec<Value>, CliError> {
     let query = filter_query(filter);
-    let mut orders = Vec::new();
-    let mut after: Option<String> = None;
-    while orders.len() < max {
-        let limit = (max - orders.len()).min(PAGE);
-        let mut path = format!("/admin/orders?{query}&limit={limit}");
-        if let Some(cursor) = &after {
-            path.push_str(&format!("&after={}", encode(cursor)));
-        }
-        let page = api.get(&path).await?;
-        orders.extend(page["orders"].as_array().cloned().unwrap_or_default());
-        match page["next"].as_str() {
-            Some(next) => after = Some(next.to_owned()),
-            None => break,
-        }
-    }
-    orders.truncate(max);
-    Ok(orders)
+    Ok(paged(api, &format!("/admin/orders?{query}"), max).await?.0)
 }
 
 /// The orders found by `value` (of `workflow` alone, if given), page after page, up to `max`,
@@ -714,28 +698,34 @@ async fn find(
     workflow: Option<&str>,
     max: usize,
 ) -> Result<(Vec<Value>, Value), CliError> {
-    let mut query = format!("key={}", encode(value));
+    let mut route = format!("/admin/search?key={}", encode(value));
     if let Some(workflow) = workflow {
-        query.push_str(&format!("&workflow={}", encode(workflow)));
+        route.push_str(&format!("&workflow={}", encode(workflow)));
     }
-    let (mut orders, mut keys) = (Vec::new(), Value::Null);
+    let (orders, last) = paged(api, &route, max).await?;
+    Ok((orders, last["search_keys"].clone()))
+}
+
+/// The orders `route` (a path and its query) lists, page after page, up to `max`, and the
+/// last page read.
+async fn paged(api: &Api, route: &str, max: usize) -> Result<(Vec<Value>, Value), CliError> {
+    let (mut orders, mut page) = (Vec::new(), Value::Null);
     let mut after: Option<String> = None;
     while orders.len() < max {
         let limit = (max - orders.len()).min(PAGE);
-        let mut path = format!("/admin/search?{query}&limit={limit}");
+        let mut path = format!("{route}&limit={limit}");
         if let Some(cursor) = &after {
             path.push_str(&format!("&after={}", encode(cursor)));
         }
-        let page = api.get(&path).await?;
+        page = api.get(&path).await?;
         orders.extend(page["orders"].as_array().cloned().unwrap_or_default());
-        keys = page["search_keys"].clone();
         match page["next"].as_str() {
             Some(next) => after = Some(next.to_owned()),
             None => break,
         }
     }
     orders.truncate(max);
-    Ok((orders, keys))
+    Ok((orders, page))
 }
 
 async fn command(
