@@ -292,7 +292,11 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
     // A key is found with its submitter, as the order shows them.
     tab.fill("#search-id", "console-1").await.unwrap();
     tab.click("#search button").await.unwrap();
-    tab.wait_for("document.querySelector('#find [name=submitter]')", ENDS_WITHIN).await.unwrap();
+    // The view of the customer's orders has the same form: wait for this key's to be drawn.
+    let drawn = "location.hash.includes('console-1') \
+        && document.getElementById('view').dataset.drawn === location.hash \
+        && document.querySelector('#find [name=submitter]')";
+    tab.wait_for(drawn, ENDS_WITHIN).await.unwrap();
     tab.fill("#find [name=submitter]", "arn:aws:iam::123456789012:user/console-client")
         .await
         .unwrap();
