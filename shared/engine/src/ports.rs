@@ -319,14 +319,7 @@ impl ListQuery {
 
     /// Where the page starts: the (since, order id) of the previous page's last order.
     pub fn start(&self) -> Result<Option<(Timestamp, OrderId)>> {
-        self.after
-            .as_deref()
-            .map(|cursor| {
-                parse_cursor(cursor).ok_or_else(|| {
-                    crate::Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
-                })
-            })
-            .transpose()
+        cursor_start(self.after.as_deref())
     }
 }
 
@@ -425,8 +418,20 @@ pub(crate) fn cursor_at((since, order_id): (Timestamp, OrderId)) -> String {
     format!("{}.{}", since.as_millis(), order_id)
 }
 
+/// Where a page given `after` (a previous page's `next`) starts: the (since, order id) it
+/// names, or none for a first page; an error if the cursor was not made by [`cursor_at`].
+pub(crate) fn cursor_start(after: Option<&str>) -> Result<Option<(Timestamp, OrderId)>> {
+    after
+        .map(|cursor| {
+            parse_cursor(cursor).ok_or_else(|| {
+                crate::Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
+            })
+        })
+        .transpose()
+}
+
 /// The (since, order id) a cursor names; `None` if it was not made by [`page_cursor`].
-pub(crate) fn parse_cursor(cursor: &str) -> Option<(Timestamp, OrderId)> {
+fn parse_cursor(cursor: &str) -> Option<(Timestamp, OrderId)> {
     let (at, id) = cursor.split_once('.')?;
     Some((Timestamp::from_millis(at.parse().ok()?), id.parse().ok()?))
 }

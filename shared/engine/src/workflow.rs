@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::fair::Fairness;
 use crate::ids::{AgentName, Direction, Owner};
 use crate::keys::{self, Concurrency, MAX_LIMIT as MAX_KEY_LIMIT, OnConflict};
-use crate::order::{FieldError, Order, Rejection};
+use crate::order::{FieldError, Order, Rejection, token_at};
 use crate::retry::WaitPolicy;
 use crate::starts::{Pattern, Schedule, Start};
 
@@ -622,12 +622,8 @@ impl Workflow {
     /// longer, is accepted all the same, and the order is found by its id alone.
     pub fn search_value(&self, input: &Value) -> Option<String> {
         let (pointer, _) = self.search_key.as_ref()?;
-        let value = match input.pointer(pointer)? {
-            Value::String(s) => s.clone(),
-            Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
-            _ => return None,
-        };
-        (!value.is_empty() && value.len() <= MAX_SEARCH_VALUE_LEN).then_some(value)
+        let what = ("search key", "a search key");
+        token_at(input, pointer, what, MAX_SEARCH_VALUE_LEN, String::new()).ok()
     }
 
     /// The group of an order with `input` submitted by `owner` ([`crate::fair`]), or why its

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::ids::OrderId;
-use crate::ports::{OrderFinder, Read, StateStore, cursor_at, parse_cursor};
+use crate::ports::{OrderFinder, Read, StateStore, cursor_at, cursor_start};
 use crate::state::{ProcessState, StateRecord};
 use crate::time::Timestamp;
 use crate::workflow::MAX_SEARCH_VALUE_LEN;
@@ -69,13 +69,7 @@ where
             "no order is found by a value longer than {MAX_SEARCH_VALUE_LEN} bytes"
         )));
     }
-    let mut after =
-        match query.after.as_deref() {
-            Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
-                Error::InvalidCommand(format!("malformed page cursor {cursor:?}"))
-            })?),
-            None => None,
-        };
+    let mut after = cursor_start(query.after.as_deref())?;
     let size = query.limit.clamp(1, 1000);
     let mut rows: Vec<((Timestamp, OrderId), Found)> = Vec::new();
     let mut passed = 0;
@@ -104,17 +98,21 @@ where
             if rows.len() > size {
                 rows.truncate(size);
                 let next = rows.last().map(|(entry, _)| cursor_at(*entry));
-                return Ok(SearchPage { orders: rows.into_iter().map(|(_, f)| f).collect(), next });
+                return Ok(page(rows, next));
             }
         }
-        let orders = || rows.iter().map(|(_, f)| f.clone()).collect();
         if entries.len() < ask {
-            return Ok(SearchPage { orders: orders(), next: None });
+            return Ok(page(rows, None));
         }
         if passed >= MAX_PASSED {
-            return Ok(SearchPage { orders: orders(), next: after.map(cursor_at) });
+            return Ok(page(rows, after.map(cursor_at)));
         }
     }
+}
+
+/// The page of `rows` (each with its index entry), followed by `next`.
+fn page(rows: Vec<((Timestamp, OrderId), Found)>, next: Option<String>) -> SearchPage {
+    SearchPage { orders: rows.into_iter().map(|(_, found)| found).collect(), next }
 }
 
 /// What the search shows of `record`.
