@@ -15,6 +15,9 @@
 //!   Cancelled with the cancel once on its timeline.
 //! - What is not the page gets nothing: a call without the session, or naming another host,
 //!   is refused before anything is signed.
+//! - A JWT stack's console signs its users in at the stack's issuer (a local one here): the
+//!   page follows the issuer's discovery document, trades the code for an ID token, and the
+//!   identity pool maps the user's group to the operators' or readers' role, or to none.
 //!
 //! The browser is the machine's Chromium, or one the test installs into `.chromium/` itself
 //! (see `sas_tests::browser`).
@@ -25,6 +28,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use sas_infra::access::issuer::LocalIssuer;
+use sas_infra::access::jwt;
 use sas_infra::access::sigv4::local_signer;
 use sas_infra::emulation::local::LocalStack;
 use sas_tests::browser::Chromium;
@@ -73,9 +78,12 @@ async fn console(stack: &LocalStack, caller: &str) -> Console {
     Console { url, _process: process }
 }
 
-async fn submit(http: &reqwest::Client, stack: &LocalStack, key: &str) -> String {
-    let body = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
+/// An order of customer c-1.
+const ORDER: &str = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BOOK-1","quantity":1,"unit_price":1250}],
                   "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
+
+async fn submit(http: &reqwest::Client, stack: &LocalStack, key: &str) -> String {
+    let body = ORDER;
     let signer = local_signer("console-client", REGION, "execute-api");
     for _ in 0..20 {
         let request = http
@@ -391,8 +399,10 @@ async fn the_stack_serves_its_console_whose_page_signs_each_call_itself() {
         .await
         .unwrap();
     assert_eq!(config["mode"], "signed", "{config}");
+    let authorize = config["authorize"].as_str().unwrap();
     assert!(
-        config["domain"].as_str().unwrap().ends_with(".auth.us-east-1.amazoncognito.com"),
+        authorize.starts_with("https://sas-console-")
+            && authorize.ends_with(".auth.us-east-1.amazoncognito.com/oauth2/authorize"),
         "{config}"
     );
     let mut tab = Tab::open(&browser, 1280, 900).await.unwrap();
@@ -442,6 +452,118 @@ async fn the_stack_serves_its_console_whose_page_signs_each_call_itself() {
         .unwrap();
     assert!(why.as_str().unwrap().contains("expired"), "{why}");
     tab.wait_for("document.getElementById('sign-in')", ENDS_WITHIN).await.unwrap();
+}
+
+/// Signs in at the local issuer's page as `user` in `groups`, from the console's own page.
+async fn sign_in_at_issuer(tab: &mut Tab, user: &str, groups: &str) {
+    tab.wait_for("document.getElementById('sign-in')", ENDS_WITHIN).await.unwrap();
+    tab.click("#sign-in").await.unwrap();
+    let at_issuer = "location.pathname === '/authorize' && !!document.getElementById('user')";
+    tab.wait_for(at_issuer, ENDS_WITHIN).await.unwrap();
+    tab.fill("#user", user).await.unwrap();
+    tab.fill("#groups", groups).await.unwrap();
+    tab.click("#sign-in").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwt_stack_s_console_signs_its_users_in_at_the_stack_s_own_issuer() {
+    let browser = Chromium::find_or_install().unwrap();
+    let issuer = LocalIssuer::start().await.unwrap();
+    let parameters = [
+        ("Console", "true"),
+        ("ApiAuth", "JWT"),
+        ("JwtIssuer", issuer.url()),
+        ("JwtAudience", "orders"),
+        ("ConsoleClientId", "console"),
+    ];
+    let stack =
+        start_stack(TARGET_TMPDIR.as_ref(), "e2e-console-jwt", DECLINING, 5, &parameters).await;
+    let http = reqwest::Client::new();
+    // A client of the stack submits with a token of the same issuer, for the orders' audience.
+    let now = chrono::Utc::now();
+    let token =
+        jwt::mint(&jwt::claims(issuer.url(), "orders", "shop", now, chrono::Duration::minutes(30)));
+    let mut order = None;
+    for _ in 0..20 {
+        let answer = http
+            .post(format!("{}/orders", stack.api_url))
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "console-jwt-1")
+            .body(ORDER)
+            .send()
+            .await;
+        if let Ok(answer) = answer {
+            if answer.status() == 202 {
+                let accepted: Value = answer.json().await.unwrap();
+                order = Some(accepted["order_id"].as_str().unwrap().to_owned());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let order = order.expect("the order was not accepted");
+    wait_state(&http, &stack, &order, "Error").await;
+
+    // The page's configuration names the issuer's endpoints, read from its discovery document.
+    let config: Value = http
+        .get(format!("{}/console/config.json", stack.api_url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(config["authorize"], format!("{}/authorize", issuer.url()), "{config}");
+    assert_eq!(config["provider"], issuer.url().trim_start_matches("http://"), "{config}");
+
+    // An operator signs in at the issuer; the identity pool maps their group to the
+    // operators' role, whose credentials the page signs every call with.
+    let url = format!("{}/console/index.html", stack.api_url);
+    let mut tab = Tab::open(&browser, 1280, 900).await.unwrap();
+    tab.goto(&url).await.unwrap();
+    sign_in_at_issuer(&mut tab, "ada", "team-a sas-operators").await;
+    let who = "(document.getElementById('who') || {dataset: {}}).dataset.caller";
+    let caller = tab.wait_for(who, ENDS_WITHIN).await.unwrap();
+    assert_eq!(caller, "arn:aws:iam::123456789012:user/ops-ada");
+    assert!(
+        tab.eval("location.search").await.unwrap().as_str().unwrap().is_empty(),
+        "the code is not kept"
+    );
+    let row = format!("#orders a[data-order={}]", js(&order));
+    tab.wait_for(&format!("document.querySelector({})", js(&row)), ENDS_WITHIN).await.unwrap();
+    tab.click(&row).await.unwrap();
+    let state = "(() => { const s = document.getElementById('order-state'); return s && s.dataset.state; })()";
+    assert_eq!(tab.wait_for(state, ENDS_WITHIN).await.unwrap(), "Error");
+
+    // Signed out (at the issuer too), a reader signs in: sees the order, and is refused its
+    // commands by the API.
+    tab.click("#sign-out").await.unwrap();
+    sign_in_at_issuer(&mut tab, "dan", "sas-readers").await;
+    assert_eq!(
+        tab.wait_for(who, ENDS_WITHIN).await.unwrap(),
+        "arn:aws:iam::123456789012:user/read-dan"
+    );
+    tab.goto(&format!("{url}#/orders/{order}")).await.unwrap();
+    assert_eq!(tab.wait_for(state, ENDS_WITHIN).await.unwrap(), "Error");
+    tab.click("button[data-verb=redrive]").await.unwrap();
+    let refused = confirm(&mut tab, "trying what a reader may not").await;
+    assert_eq!(
+        (refused["kind"].as_str(), refused["status"].as_str()),
+        (Some("error"), Some("403")),
+        "{refused}"
+    );
+    assert_eq!(shown(&http, &stack, &order).await["process_state"], "Error");
+
+    // Someone in neither group signs in at the issuer and gets no credentials.
+    tab.eval("sessionStorage.clear()").await.unwrap();
+    tab.goto(&url).await.unwrap();
+    sign_in_at_issuer(&mut tab, "eve", "team-a").await;
+    let why = tab
+        .wait_for("(document.getElementById('signed-out') || {}).textContent", ENDS_WITHIN)
+        .await
+        .unwrap();
+    assert!(why.as_str().unwrap().contains("no credentials for this user"), "{why}");
 }
 
 /// An admin API call signed as `caller`: its status and body.

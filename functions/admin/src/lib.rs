@@ -26,6 +26,7 @@
 //! | `GET /admin/services/{agent}/waiting?action=` | the orders waiting for a hold of it, longest waiting first, and how many |
 //! | `POST /admin/services/{agent}/{hold\|release}` | holds a service, or one of its actions, by hand, or releases it: `{"reason", "action"?}` |
 
+pub mod console;
 pub mod settings;
 
 use std::collections::{BTreeMap, HashMap};
@@ -95,7 +96,7 @@ pub struct Admin<S, Q, B, C, G, P = NoPayloads> {
     /// The workflows, whose steps an order's view outlines.
     pub catalogue: Arc<Catalogue>,
     /// The console, when the stack serves it: where its users sign in.
-    pub console: Option<sas_console::SignIn>,
+    pub console: Option<console::ConsoleSite>,
 }
 
 /// A hold's or release's body.
@@ -138,7 +139,7 @@ where
     G: ServiceBook + Pace,
 {
     if request.uri().path().starts_with("/console") {
-        return console(admin.console.as_ref(), &request);
+        return console(admin.console.as_ref(), &request).await;
     }
     // Only a named principal may act: the anonymous caller of a route left without its
     // authorizer by mistake changes nothing.
@@ -788,8 +789,8 @@ where
 /// `GET /console/{file}`: the console's page, which anyone may load (it
 /// holds no data and no secret; every call it makes is signed and authorised as any other),
 /// and its configuration; 404 where the stack does not serve its console.
-fn console(sign_in: Option<&sas_console::SignIn>, request: &Request) -> Response<Body> {
-    let Some(sign_in) = sign_in else {
+async fn console(site: Option<&console::ConsoleSite>, request: &Request) -> Response<Body> {
+    let Some(site) = site else {
         return api::error(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -800,6 +801,13 @@ fn console(sign_in: Option<&sas_console::SignIn>, request: &Request) -> Response
     if request.method() != Method::GET {
         return api::error(StatusCode::NOT_FOUND, "not_found", "no such route", json!({}));
     }
+    let sign_in = match site.sign_in().await {
+        Ok(sign_in) => sign_in,
+        Err(why) => {
+            error!(%why, "the console's sign-in");
+            return api::error(StatusCode::BAD_GATEWAY, "sign_in_unavailable", &why, json!({}));
+        }
+    };
     let mode = sas_console::Mode::Signed(sign_in.clone());
     let path = request.uri().path();
     let file = path.strip_prefix("/console").unwrap_or(path).trim_start_matches('/');

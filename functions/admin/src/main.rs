@@ -49,7 +49,7 @@ async fn main() -> Result<(), Error> {
         },
         keyring: Keyring::new(store),
         catalogue: s.engine.catalogue,
-        console: s.console,
+        console: s.console.map(|c| sas_admin::console::ConsoleSite::new(c, s.identity_endpoint)),
         shards: s.engine.config.index_shards,
         dead_letters: DeadLetters::new(wiring.sqs().clone(), s.dead_letter_queues),
     };

@@ -2,7 +2,7 @@
 
 use sas_aws::dead_letters::DeadLetterQueue;
 use sas_aws::settings::{Engine, Env, Tables};
-use sas_console::SignIn;
+use sas_console::Setting;
 use sas_engine::{Error, Result};
 
 #[derive(Clone, Debug)]
@@ -16,7 +16,10 @@ pub struct Settings {
     pub services_table: String,
     /// Where the console's users sign in (`CONSOLE_SIGNIN`, JSON), when the stack serves its
     /// console.
-    pub console: Option<SignIn>,
+    pub console: Option<Setting>,
+    /// The identity pools' endpoint the console's page calls: the SDK's endpoint settings
+    /// where an emulator stands in for AWS, else Cognito's in the region.
+    pub identity_endpoint: String,
 }
 
 impl Settings {
@@ -35,6 +38,13 @@ impl Settings {
                 })?),
             },
 
+            identity_endpoint: env
+                .get("AWS_ENDPOINT_URL_COGNITO_IDENTITY")
+                .or_else(|| env.get("AWS_ENDPOINT_URL"))
+                .unwrap_or_else(|| {
+                    let region = env.get("AWS_REGION").unwrap_or_else(|| "us-east-1".into());
+                    format!("https://cognito-identity.{region}.amazonaws.com/")
+                }),
             engine,
         })
     }

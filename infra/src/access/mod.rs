@@ -5,8 +5,10 @@
 //!   and IAM's verdict.
 //! - [`sigv4`], [`jwt`]: the HTTP API's and function URLs' authorizers.
 //! - [`callers`]: which routes a signed caller's managed policy allows.
+//! - [`issuer`]: an OpenID Connect issuer on loopback, where a JWT stack's console signs in.
 
 pub mod callers;
+pub mod issuer;
 pub mod jwt;
 pub mod policy;
 pub mod sigv4;

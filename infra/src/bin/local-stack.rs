@@ -22,6 +22,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use sas_infra::access::issuer::LocalIssuer;
 use sas_infra::access::jwt;
 use sas_infra::demo::{self, Chaos, DEMO_FAULTS};
 use sas_infra::emulation::aws::{Clients, Endpoints};
@@ -151,6 +152,14 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         minutes: i64,
     },
+    /// Serve an OpenID Connect issuer on loopback until Ctrl-C, for a stack run with
+    /// `--parameter ApiAuth=JWT --parameter JwtIssuer=<its URL>`: its sign-in page (any user,
+    /// any groups, no password) is where that stack's console (`Console=true`) signs users in.
+    Issuer {
+        /// Port on 127.0.0.1.
+        #[arg(long, default_value_t = 3001)]
+        port: u16,
+    },
 }
 
 #[derive(Clone, Debug, Args)]
@@ -234,6 +243,15 @@ async fn main() -> ExitCode {
             let now = chrono::Utc::now();
             let ttl = chrono::Duration::minutes(minutes);
             println!("{}", jwt::mint(&jwt::claims(&issuer, &audience, &subject, now, ttl)));
+            return ExitCode::SUCCESS;
+        }
+        Command::Issuer { port } => {
+            let issuer = match LocalIssuer::start_on(port).await {
+                Ok(issuer) => issuer,
+                Err(e) => return fail(format!("the issuer's port {port}: {e}")),
+            };
+            println!("issuer: {} (Ctrl-C stops it)", issuer.url());
+            let _ = tokio::signal::ctrl_c().await;
             return ExitCode::SUCCESS;
         }
         Command::Durations { stack, orders, rate, write } => {

@@ -17,6 +17,7 @@ pub mod emulator;
 pub mod foreach;
 pub mod functions;
 pub mod gateway;
+pub mod identity_pool;
 pub mod local;
 pub mod processes;
 pub mod provision;

@@ -103,10 +103,13 @@ fn not_created(kind: &str) -> Option<&'static str> {
         "AWS::Cognito::UserPool"
         | "AWS::Cognito::UserPoolDomain"
         | "AWS::Cognito::UserPoolClient"
-        | "AWS::Cognito::UserPoolGroup"
-        | "AWS::Cognito::IdentityPool"
-        | "AWS::Cognito::IdentityPoolRoleAttachment" => {
-            "the console's sign-in is Cognito's: locally its page is served, and signs its calls with the local keys a tab is given"
+        | "AWS::Cognito::UserPoolGroup" => {
+            "the console's user pool is Cognito's: locally its page is served, and signs its calls with the local keys a tab is given"
+        }
+        "AWS::Cognito::IdentityPool"
+        | "AWS::Cognito::IdentityPoolRoleAttachment"
+        | "AWS::IAM::OIDCProvider" => {
+            "the identity pool is emulated for an OpenID Connect issuer's users only (a JWT stack's console), on a port of its own"
         }
         _ => "this resource type is not supported locally",
     })
@@ -306,6 +309,14 @@ fn stand_in(ctx: &mut Context, id: &str, resource: &Resource, options: &Options)
             let provider = format!("cognito-idp.{region}.amazonaws.com/{id_}");
             ctx.attributes.insert((id.to_owned(), "ProviderName".into()), Value::String(provider));
             (id_.clone(), format!("arn:aws:cognito-idp:{region}:{LOCAL_ACCOUNT}:userpool/{id_}"))
+        }
+        "AWS::IAM::OIDCProvider" => {
+            // Named by its issuer's URL without the scheme, as IAM names it.
+            let url = resource.properties.get("Url").and_then(|u| ctx.eval(u).ok());
+            let url = url.as_ref().and_then(|u| scalar_string(u).ok()).unwrap_or(name);
+            let host = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+            let arn = format!("arn:aws:iam::{LOCAL_ACCOUNT}:oidc-provider/{host}");
+            (arn.clone(), arn)
         }
         _ => (name.clone(), format!("arn:aws:local:{region}:{LOCAL_ACCOUNT}:{name}")),
     };

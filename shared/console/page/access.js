@@ -4,9 +4,9 @@
 //   operator's AWS credentials; the page sends the session token it was opened with.
 // - "signed": the stack serves it, and its calls are signed here, in the browser, with SigV4
 //   for execute-api, with the short-lived credentials the stack's Cognito identity pool gives
-//   a signed-in user for the role of their group (operators or readers). Sign-in is the user
-//   pool's own page (authorisation code with PKCE); nothing but those credentials, for this
-//   tab, is kept.
+//   a signed-in user for the role of their group (operators or readers). Sign-in is the
+//   issuer's own page (authorisation code with PKCE): the stack's user pool, or a JWT stack's
+//   own issuer. Nothing but those credentials, for this tab, is kept.
 "use strict";
 
 window.SasAccess = (() => {
@@ -14,6 +14,8 @@ window.SasAccess = (() => {
   const PKCE = "sas-console-pkce";
   const SESSION = "sas-console-session";
   const encoder = new TextEncoder();
+  // Why the sign-in this page came back from gave no credentials, if it gave none.
+  let refusal = null;
 
   class SessionError extends Error {}
 
@@ -73,7 +75,7 @@ window.SasAccess = (() => {
   // The credentials of this tab's session, or a SessionError saying why there are none.
   function credentials() {
     const kept = JSON.parse(sessionStorage.getItem(CREDENTIALS) || "null");
-    if (!kept) throw new SessionError("not signed in");
+    if (!kept) throw new SessionError(refusal || "not signed in");
     if (kept.expiration && kept.expiration < Date.now() + 30000) {
       sessionStorage.removeItem(CREDENTIALS);
       throw new SessionError("the session has expired: sign in again");
@@ -91,7 +93,7 @@ window.SasAccess = (() => {
     return { url, headers: await signature(method, url, body, credentials(), config.region) };
   }
 
-  // Sends the browser to the user pool's sign-in page.
+  // Sends the browser to the issuer's sign-in page.
   async function signIn(config) {
     const random = (n) => base64url(crypto.getRandomValues(new Uint8Array(n)));
     const verifier = random(48);
@@ -102,7 +104,7 @@ window.SasAccess = (() => {
       scope: "openid", state, code_challenge: base64url(await sha256(verifier)),
       code_challenge_method: "S256",
     });
-    location.assign("https://" + config.domain + "/oauth2/authorize?" + query);
+    location.assign(config.authorize + (config.authorize.includes("?") ? "&" : "?") + query);
   }
 
   function redirect() {
@@ -115,7 +117,7 @@ window.SasAccess = (() => {
     const saved = JSON.parse(sessionStorage.getItem(PKCE) || "{}");
     sessionStorage.removeItem(PKCE);
     if (!saved.state || saved.state !== state) throw new SessionError("the sign-in did not start here: sign in again");
-    const tokens = await fetch("https://" + config.domain + "/oauth2/token", {
+    const tokens = await fetch(config.token, {
       method: "POST",
       headers: { "content-type": "application/x-www-form-urlencoded" },
       body: new URLSearchParams({ grant_type: "authorization_code", client_id: config.client_id,
@@ -123,7 +125,7 @@ window.SasAccess = (() => {
     }).then((r) => r.json());
     if (!tokens.id_token) throw new SessionError("the sign-in was refused: " + (tokens.error || "no token"));
     const logins = { [config.provider]: tokens.id_token };
-    const identity = (target, body) => fetch("https://cognito-identity." + config.region + ".amazonaws.com/", {
+    const identity = (target, body) => fetch(config.identity, {
       method: "POST",
       headers: { "content-type": "application/x-amz-json-1.1", "x-amz-target": "AWSCognitoIdentityService." + target },
       body: JSON.stringify(body),
@@ -138,12 +140,17 @@ window.SasAccess = (() => {
       secretAccessKey: c.SecretKey, sessionToken: c.SessionToken, expiration: c.Expiration * 1000 }));
   }
 
+  // Forgets this tab's credentials, and ends the issuer's session where it has a place for
+  // that (the browser then comes back here); whether the browser goes there.
   function signOut(config) {
     sessionStorage.removeItem(CREDENTIALS);
-    if (config.mode === "signed" && config.domain) {
-      location.assign("https://" + config.domain + "/logout?" + new URLSearchParams({
-        client_id: config.client_id, logout_uri: redirect() }));
+    if (config.mode === "signed" && config.logout) {
+      // Cognito reads logout_uri, other issuers post_logout_redirect_uri.
+      location.assign(config.logout + (config.logout.includes("?") ? "&" : "?") + new URLSearchParams({
+        client_id: config.client_id, logout_uri: redirect(), post_logout_redirect_uri: redirect() }));
+      return true;
     }
+    return false;
   }
 
   // Reads where the page is served from, takes a proxy's session token or a sign-in's code
@@ -161,7 +168,13 @@ window.SasAccess = (() => {
     const query = new URLSearchParams(location.search);
     if (query.get("code")) {
       history.replaceState(null, "", location.pathname + "#/");
-      await finish(config, query.get("code"), query.get("state"));
+      try {
+        await finish(config, query.get("code"), query.get("state"));
+      } catch (e) {
+        // Shown on the sign-in page, from which the user may try again.
+        if (!(e instanceof SessionError)) throw e;
+        refusal = e.message;
+      }
     }
     return config;
   }

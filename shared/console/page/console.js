@@ -851,7 +851,7 @@
       who.dataset.caller = me.caller;
       if (session.config.mode === "signed") {
         who.append(" ", h("button", { type: "button", id: "sign-out",
-          onclick: () => { SasAccess.signOut(session.config); location.reload(); } }, "Sign out"));
+          onclick: () => { if (!SasAccess.signOut(session.config)) location.reload(); } }, "Sign out"));
       }
     } catch (e) {
       if (e.status === 401 && session.config.mode === "signed") return signInPage(e.message);

@@ -35,18 +35,127 @@ pub enum Mode {
     Signed(SignIn),
 }
 
-/// Where a user of a stack's console signs in, and gets credentials: all public names.
+/// Where a user of a stack's console signs in, and gets credentials: all public names, as
+/// the page reads them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignIn {
     pub region: String,
-    /// The user pool's sign-in domain (`<prefix>.auth.<region>.amazoncognito.com`).
-    pub domain: String,
-    /// The user pool's app client for the console (public: no secret).
+    /// The console's app client at the issuer (public: no secret).
     pub client_id: String,
     pub identity_pool: String,
-    /// The user pool as the identity pool names it (`cognito-idp.<region>.amazonaws.com/<id>`).
+    /// The issuer as the identity pool names it in `Logins`: a user pool's
+    /// `cognito-idp.<region>.amazonaws.com/<id>`, another issuer's URL without `https://`.
     pub provider: String,
+    /// Where the browser goes to sign in (the authorisation code flow with PKCE).
+    pub authorize: String,
+    /// Where the page trades the code for tokens.
+    pub token: String,
+    /// Where the browser goes to end the issuer's session, if the issuer has such a place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logout: Option<String>,
+    /// The identity pools' endpoint (Cognito's in the region, or an emulator's).
+    pub identity: String,
+}
+
+/// The console's sign-in as a stack configures its admin function (`CONSOLE_SIGNIN`): the
+/// endpoints of its own user pool, or the issuer of a JWT stack, whose endpoints its
+/// discovery document names.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Setting {
+    pub region: String,
+    pub client_id: String,
+    pub identity_pool: String,
+    pub provider: String,
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub authorize: Option<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub logout: Option<String>,
+}
+
+/// What an issuer's `/.well-known/openid-configuration` says that the console needs.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Discovery {
+    pub issuer: String,
+    pub authorization_endpoint: String,
+    pub token_endpoint: String,
+    #[serde(default)]
+    pub end_session_endpoint: Option<String>,
+}
+
+impl Setting {
+    /// The address of the issuer's discovery document, for a setting that names an issuer.
+    pub fn discovery_url(&self) -> Option<String> {
+        self.issuer
+            .as_ref()
+            .map(|i| format!("{}/.well-known/openid-configuration", i.trim_end_matches('/')))
+    }
+
+    /// The page's sign-in, from this setting, the issuer's discovery document where it names
+    /// an issuer, and the identity pools' endpoint `identity`; or why there is none.
+    pub fn sign_in(
+        &self,
+        discovered: Option<&Discovery>,
+        identity: &str,
+    ) -> Result<SignIn, String> {
+        let (authorize, token, logout) = match (&self.issuer, discovered) {
+            (None, _) => match (&self.authorize, &self.token) {
+                (Some(a), Some(t)) => (a.clone(), t.clone(), self.logout.clone()),
+                _ => return Err("the sign-in names neither an issuer nor its endpoints".into()),
+            },
+            (Some(_), None) => return Err("the issuer's discovery document is not read yet".into()),
+            (Some(issuer), Some(d)) => {
+                if d.issuer.trim_end_matches('/') != issuer.trim_end_matches('/') {
+                    return Err(format!(
+                        "the discovery document is for issuer {:?}, not {issuer:?}",
+                        d.issuer
+                    ));
+                }
+                let endpoints = [Some(&d.authorization_endpoint), Some(&d.token_endpoint)];
+                for url in endpoints.into_iter().chain([d.end_session_endpoint.as_ref()]).flatten()
+                {
+                    if !secure(url) {
+                        return Err(format!("the issuer's endpoint {url:?} is not https"));
+                    }
+                }
+                (
+                    d.authorization_endpoint.clone(),
+                    d.token_endpoint.clone(),
+                    d.end_session_endpoint.clone(),
+                )
+            }
+        };
+        Ok(SignIn {
+            region: self.region.clone(),
+            client_id: self.client_id.clone(),
+            identity_pool: self.identity_pool.clone(),
+            provider: self.provider.clone(),
+            authorize,
+            token,
+            logout,
+            identity: identity.to_owned(),
+        })
+    }
+}
+
+/// An address the page may send a code or a token to: https, or loopback's own http (where an
+/// issuer and identity pools run on a developer's machine).
+fn secure(url: &str) -> bool {
+    url.starts_with("https://")
+        || ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"]
+            .iter()
+            .any(|p| url.starts_with(p))
+}
+
+/// The scheme, host and port of `url`, as a content security policy names a source.
+fn origin(url: &str) -> &str {
+    let rest = url.find("://").map_or(0, |i| i + 3);
+    url[rest..].find('/').map_or(url, |end| &url[..rest + end])
 }
 
 impl Mode {
@@ -56,15 +165,16 @@ impl Mode {
     }
 
     /// The policy a browser holds the page to: nothing but its own files, calls to its own
-    /// origin (and, signed in, to its sign-in and identity services), no frames (so no other
+    /// origin (and, signed in, to the issuer's token endpoint and the identity pools), no frames (so no other
     /// site can overlay it), no inline script.
     pub fn content_security_policy(&self) -> String {
         let connect = match self {
             Mode::Proxy => "'self'".to_owned(),
-            Mode::Signed(s) => format!(
-                "'self' https://{} https://cognito-identity.{}.amazonaws.com",
-                s.domain, s.region
-            ),
+            Mode::Signed(s) => {
+                let mut sources = vec!["'self'", origin(&s.token), origin(&s.identity)];
+                sources.dedup();
+                sources.join(" ")
+            }
         };
         format!(
             "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
@@ -94,12 +204,9 @@ mod tests {
         assert!(index.contains("href=\"console.css\""), "{index}");
         for (_, _, body) in FILES {
             // Nothing fetched from elsewhere, nothing run inline: the addresses named are
-            // SVG's namespace (which fetches nothing) and the sign-in services the stack's
-            // configuration names.
-            let named = body
-                .replace("\"http://www.w3.org/2000/svg\"", "")
-                .replace("\"https://\" + config.domain", "")
-                .replace("\"https://cognito-identity.\" + config.region", "");
+            // SVG's namespace (which fetches nothing); the sign-in services are those the
+            // stack's configuration names.
+            let named = body.replace("\"http://www.w3.org/2000/svg\"", "");
             assert!(!named.contains("http://") && !named.contains("https://"), "{body}");
             assert!(!named.contains("onclick=") && !named.contains("<script>"), "{body}");
         }
@@ -107,15 +214,24 @@ mod tests {
         assert!(file("../Cargo.toml").is_none());
     }
 
-    #[test]
-    fn a_signed_in_page_may_call_its_sign_in_services_and_nothing_else() {
-        let signed = Mode::Signed(SignIn {
+    fn cognito() -> Setting {
+        Setting {
             region: "eu-west-1".into(),
-            domain: "ops.auth.eu-west-1.amazoncognito.com".into(),
             client_id: "c".into(),
             identity_pool: "eu-west-1:p".into(),
             provider: "cognito-idp.eu-west-1.amazonaws.com/u".into(),
-        });
+            issuer: None,
+            authorize: Some("https://ops.auth.eu-west-1.amazoncognito.com/oauth2/authorize".into()),
+            token: Some("https://ops.auth.eu-west-1.amazoncognito.com/oauth2/token".into()),
+            logout: Some("https://ops.auth.eu-west-1.amazoncognito.com/logout".into()),
+        }
+    }
+
+    const IDENTITY: &str = "https://cognito-identity.eu-west-1.amazonaws.com/";
+
+    #[test]
+    fn a_signed_in_page_may_call_its_token_endpoint_and_the_identity_pools_and_nothing_else() {
+        let signed = Mode::Signed(cognito().sign_in(None, IDENTITY).unwrap());
         let policy = signed.content_security_policy();
         assert!(
             policy.contains(
@@ -126,5 +242,50 @@ mod tests {
         assert!(Mode::Proxy.content_security_policy().contains("connect-src 'self';"));
         assert_eq!(Mode::Proxy.config(), r#"{"mode":"proxy"}"#);
         assert!(signed.config().starts_with(r#"{"mode":"signed","region":"eu-west-1","#));
+    }
+
+    #[test]
+    fn an_issuer_s_endpoints_come_from_its_discovery_document_checked_against_it() {
+        let issuer = Setting {
+            issuer: Some("https://login.example.com/oauth2/default".into()),
+            provider: "login.example.com/oauth2/default".into(),
+            authorize: None,
+            token: None,
+            logout: None,
+            ..cognito()
+        };
+        assert_eq!(
+            issuer.discovery_url().as_deref(),
+            Some("https://login.example.com/oauth2/default/.well-known/openid-configuration")
+        );
+        let found: Discovery = serde_json::from_str(
+            r#"{"issuer":"https://login.example.com/oauth2/default",
+                "authorization_endpoint":"https://login.example.com/oauth2/default/v1/authorize",
+                "token_endpoint":"https://tokens.example.net/v1/token",
+                "jwks_uri":"https://login.example.com/keys"}"#,
+        )
+        .unwrap();
+        let sign_in = issuer.sign_in(Some(&found), IDENTITY).unwrap();
+        assert_eq!(sign_in.authorize, "https://login.example.com/oauth2/default/v1/authorize");
+        assert_eq!(sign_in.logout, None);
+        let policy = Mode::Signed(sign_in).content_security_policy();
+        assert!(
+            policy.contains(
+                "connect-src 'self' https://tokens.example.net https://cognito-identity.eu-west-1.amazonaws.com;"
+            ),
+            "{policy}"
+        );
+
+        // Not read yet, another issuer's, or an endpoint in the clear: no sign-in.
+        assert!(issuer.sign_in(None, IDENTITY).unwrap_err().contains("not read"));
+        let other = Discovery { issuer: "https://evil.example".into(), ..found.clone() };
+        assert!(issuer.sign_in(Some(&other), IDENTITY).unwrap_err().contains("evil.example"));
+        let clear =
+            Discovery { token_endpoint: "http://tokens.example.net/token".into(), ..found.clone() };
+        assert!(issuer.sign_in(Some(&clear), IDENTITY).unwrap_err().contains("not https"));
+        let local = Discovery { token_endpoint: "http://127.0.0.1:4000/token".into(), ..found };
+        assert!(issuer.sign_in(Some(&local), IDENTITY).is_ok(), "loopback is the machine's own");
+        let neither = Setting { authorize: None, ..cognito() };
+        assert!(neither.sign_in(None, IDENTITY).is_err());
     }
 }

@@ -24,6 +24,7 @@ use crate::emulation::aws::{Clients, Endpoints};
 use crate::emulation::emulator::Moto;
 use crate::emulation::functions::{FunctionSpec, functions};
 use crate::emulation::gateway;
+use crate::emulation::identity_pool::IdentityPool;
 use crate::emulation::processes::{Logs, Managed, Panics};
 use crate::emulation::provision::{Options as ProvisionOptions, Stack, provision};
 use crate::emulation::proxy::{Proxy, Upstreams};
@@ -385,9 +386,23 @@ impl LocalStack {
             account: account.as_ref(),
             callers,
         };
+        // A JWT stack's console gets its credentials from an identity pool: emulated, and
+        // named to the functions as the SDK names an endpoint of its own to a service.
+        let identity = match IdentityPool::read(&template, &stack)? {
+            Some(pool) => {
+                let (endpoint, task) = pool.serve().await?;
+                tasks.push(task);
+                Some(endpoint)
+            }
+            None => None,
+        };
         let mut running = Vec::new();
         let mut routes = Vec::new();
-        for spec in functions(&template, &stack)? {
+        for mut spec in functions(&template, &stack)? {
+            if let Some(identity) = &identity {
+                spec.environment
+                    .insert("AWS_ENDPOINT_URL_COGNITO_IDENTITY".into(), identity.clone());
+            }
             let url_listener = url_listeners.remove(&spec.logical_id);
             running.push(wiring.start(spec, url_listener, &mut routes, &mut tasks).await?);
         }
