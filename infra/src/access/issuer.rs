@@ -271,88 +271,80 @@ pub(crate) fn cors(mut response: Response<Body>) -> Response<Body> {
 mod tests {
     use super::*;
 
+    const BACK: &str = "http://back/";
+
+    /// The code the issuer sends the browser back with, once ada signed in with `challenge`.
+    async fn signed_in_code(http: &reqwest::Client, issuer: &str, challenge: &str) -> String {
+        let back = http
+            .post(format!("{issuer}/authorize"))
+            .body(format!(
+                "client_id=console&redirect_uri=http%3A%2F%2Fback%2F&state=s1&code_challenge={challenge}&user=ada&groups=sas-operators+team-a"
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(back.status(), 302);
+        let location = back.headers()["location"].to_str().unwrap().to_owned();
+        let query = location.strip_prefix(&format!("{BACK}?")).unwrap();
+        let fields = form(query);
+        assert_eq!(fields["state"], "s1", "{location}");
+        fields["code"].clone()
+    }
+
+    async fn trade(
+        http: &reqwest::Client,
+        issuer: &str,
+        code: &str,
+        verifier: &str,
+    ) -> reqwest::Response {
+        http.post(format!("{issuer}/token"))
+            .body(format!(
+                "grant_type=authorization_code&client_id=console&redirect_uri=http%3A%2F%2Fback%2F&code={code}&code_verifier={verifier}"
+            ))
+            .send()
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn a_code_is_traded_once_for_its_client_with_the_verifier_of_its_challenge() {
         let issuer = LocalIssuer::start().await.unwrap();
+        let url = issuer.url();
         let http =
             reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
         let found: Value = http
-            .get(format!("{}/.well-known/openid-configuration", issuer.url()))
+            .get(format!("{url}/.well-known/openid-configuration"))
             .send()
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
-        assert_eq!(found["issuer"], issuer.url());
+        assert_eq!(found["issuer"], url);
         let verifier = "a-verifier-of-forty-three-characters-or-more-0123";
         let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
         let page = http
             .get(format!(
-                "{}/authorize?response_type=code&client_id=console&redirect_uri=http%3A%2F%2Fback%2F&state=s1&code_challenge={challenge}&code_challenge_method=S256",
-                issuer.url()
+                "{url}/authorize?response_type=code&client_id=console&redirect_uri=http%3A%2F%2Fback%2F&state=s1&code_challenge={challenge}&code_challenge_method=S256"
             ))
             .send()
             .await
             .unwrap();
         assert_eq!(page.status(), 200);
         assert!(page.text().await.unwrap().contains(r#"name="state" value="s1""#));
-        let sign_in = |user: &str| {
-            format!(
-                "client_id=console&redirect_uri=http%3A%2F%2Fback%2F&state=s1&code_challenge={challenge}&user={user}&groups=sas-operators+team-a"
-            )
-        };
-        let back = http
-            .post(format!("{}/authorize", issuer.url()))
-            .body(sign_in("ada"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(back.status(), 302);
-        let location = back.headers()["location"].to_str().unwrap().to_owned();
-        assert!(location.starts_with("http://back/?code=") && location.ends_with("&state=s1"));
-        let code = location["http://back/?code=".len()..].split('&').next().unwrap().to_owned();
-        let trade = |verifier: &str| {
-            http.post(format!("{}/token", issuer.url())).body(format!(
-                "grant_type=authorization_code&client_id=console&redirect_uri=http%3A%2F%2Fback%2F&code={code}&code_verifier={verifier}"
-            ))
-        };
-        let wrong = trade("another-verifier").send().await.unwrap();
-        assert_eq!(wrong.status(), 400, "a verifier not of the challenge");
-        // The code was spent on the wrong verifier, as an issuer spends it: sign in again.
-        let back = http
-            .post(format!("{}/authorize", issuer.url()))
-            .body(sign_in("ada"))
-            .send()
-            .await
-            .unwrap();
-        let location = back.headers()["location"].to_str().unwrap().to_owned();
-        let code = location["http://back/?code=".len()..].split('&').next().unwrap().to_owned();
-        let tokens: Value = http
-            .post(format!("{}/token", issuer.url()))
-            .body(format!(
-                "grant_type=authorization_code&client_id=console&redirect_uri=http%3A%2F%2Fback%2F&code={code}&code_verifier={verifier}"
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+
+        // A verifier not of the challenge spends the code, as an issuer spends it.
+        let code = signed_in_code(&http, url, &challenge).await;
+        assert_eq!(trade(&http, url, &code, "another-verifier").await.status(), 400);
+        assert_eq!(trade(&http, url, &code, verifier).await.status(), 400);
+
+        let code = signed_in_code(&http, url, &challenge).await;
+        let tokens: Value = trade(&http, url, &code, verifier).await.json().await.unwrap();
         let token = format!("Bearer {}", tokens["id_token"].as_str().unwrap());
         let claims =
-            jwt::verify(Some(&token), issuer.url(), &["console".into()], chrono::Utc::now())
-                .unwrap();
+            jwt::verify(Some(&token), url, &["console".into()], chrono::Utc::now()).unwrap();
         assert_eq!(claims["sub"], "ada");
         assert_eq!(claims[GROUPS_CLAIM], "[sas-operators team-a]");
-        let again = http
-            .post(format!("{}/token", issuer.url()))
-            .body(format!(
-                "grant_type=authorization_code&client_id=console&redirect_uri=http%3A%2F%2Fback%2F&code={code}&code_verifier={verifier}"
-            ))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(again.status(), 400, "a code is traded once");
+        assert_eq!(trade(&http, url, &code, verifier).await.status(), 400, "a code is traded once");
     }
 }
