@@ -1,8 +1,9 @@
-//! `list-cost`: shows that a page of the orders in flight reads what it shows, however many
-//! orders the tables hold.
+//! `list-cost`: shows that a page of the orders in flight, or of the orders found by a
+//! customer, reads what it shows, however many orders the tables hold.
 //!
 //! On a moto server it starts itself, it provisions `template.yaml`, loads the state table
-//! with orders in flight and orders ended, then lists pages of 50 as operators do, through
+//! with orders in flight and orders ended (each of one of [`ORDERS_PER_CUSTOMER`]-sized
+//! customers' search key), then lists and searches pages of 50 as operators do, through
 //! the stack's own store, counting each call it makes to DynamoDB: the queries and the index
 //! entries they read, the records read, and the read units DynamoDB bills for them (half a
 //! unit per 4 KB of a query's entries, at least half a unit a query; half a unit per record
@@ -28,6 +29,7 @@ use sas_aws::settings::Tables;
 use sas_engine::Timestamp;
 use sas_engine::config::{EngineConfig, INDEX_SHARDS};
 use sas_engine::ports::{ListPage, ListQuery, Listing, OrderFinder};
+use sas_engine::services::search::{SearchQuery, search};
 use sas_engine::workflow::Workflow;
 use sas_infra::emulation::aws::{Clients, Endpoints};
 use sas_infra::emulation::emulator::{Moto, workspace_root};
@@ -41,6 +43,8 @@ type Error = Box<dyn std::error::Error>;
 const PAGE: usize = 50;
 /// What the console's counts stop at.
 const COUNT_CAP: u64 = 10_000;
+/// Orders of each customer: the loaded orders take turns among `total / 100` customers.
+const ORDERS_PER_CUSTOMER: usize = 100;
 
 /// What the store asked DynamoDB for, since the last reset.
 #[derive(Debug, Default, Clone, Copy)]
@@ -109,7 +113,14 @@ async fn main() -> Result<(), Error> {
     let workflow = Workflow::from_json(sas_workflows::order_fulfilment(), &agents)?;
     let now = now();
     let sample = new_order("sample", &workflow, &config, now);
-    let entry = index_entry_size(&state_item(&sample)?);
+    let entry = index_entry_size(
+        &state_item(&sample)?,
+        &["OrderId", "FlightShard", "CreatedAt", "Workflow"],
+    );
+    let mut searched = sample.clone();
+    searched.search_key = Some(customer(0, 1));
+    let search_entry =
+        index_entry_size(&state_item(&searched)?, &["OrderId", "SearchKey", "SearchAt"]);
     let record_units = state_item_size(&sample)?.div_ceil(4096) as f64 * 0.5;
 
     println!(
@@ -145,7 +156,7 @@ async fn main() -> Result<(), Error> {
         };
         let all = Listing::InFlight { older_than: Duration::ZERO };
         let old = Listing::InFlight { older_than: Duration::from_secs(600) };
-        let report = |page: &str, shown: usize, c: Counts, took: Duration| {
+        let report_of = |entry: usize, page: &str, shown: usize, c: Counts, took: Duration| {
             // Each query is billed for its own entries, at least half a unit; spread evenly.
             let per_query = (c.entries * entry).div_ceil(c.queries.max(1));
             let query_units = c.queries as f64 * (per_query.div_ceil(4096).max(1) as f64 * 0.5);
@@ -157,6 +168,9 @@ async fn main() -> Result<(), Error> {
                 c.records,
                 took.as_millis()
             );
+        };
+        let report = |page: &str, shown: usize, c: Counts, took: Duration| {
+            report_of(entry, page, shown, c, took);
         };
         let page = |q: ListQuery| {
             let store = &store;
@@ -188,6 +202,34 @@ async fn main() -> Result<(), Error> {
         let counted = store.count(&query(all, None, None), COUNT_CAP).await?;
         let label = format!("the count of orders in flight, up to {COUNT_CAP}");
         report(&label, counted.orders as usize, counter.take(), started.elapsed());
+
+        // Search pages of one customer's orders, half of them in flight and half ended on
+        // the larger tables.
+        let customers = (in_flight + ended).div_ceil(ORDERS_PER_CUSTOMER);
+        let theirs = (in_flight + ended).div_ceil(customers);
+        let find = |workflow: Option<&str>, after: Option<String>, value: String| {
+            let (store, counter) = (&store, &counter);
+            let workflow = workflow.map(str::to_owned);
+            async move {
+                counter.take();
+                let started = Instant::now();
+                let q = SearchQuery { value, workflow, limit: PAGE, after };
+                let page = search(store, &q).await?;
+                Ok::<_, Error>((page, counter.take(), started.elapsed()))
+            }
+        };
+        let one = || customer(7, customers);
+        let (first, c, took) = find(None, None, one()).await?;
+        let label = format!("a customer's {theirs} orders, the first");
+        report_of(search_entry, &label, first.orders.len(), c, took);
+        let (second, c, took) = find(None, first.next.clone(), one()).await?;
+        let label = format!("a customer's {theirs} orders, the second");
+        report_of(search_entry, &label, second.orders.len(), c, took);
+        let (none, c, took) = find(Some("express-fulfilment"), None, one()).await?;
+        let label = format!("a customer's {theirs} orders, of a workflow none is of");
+        report_of(search_entry, &label, none.orders.len(), c, took);
+        let (nobody, c, took) = find(None, None, "c-nobody".into()).await?;
+        report_of(search_entry, "a value no order has", nobody.orders.len(), c, took);
     }
     Ok(())
 }
@@ -202,26 +244,31 @@ fn items(
     now: Timestamp,
 ) -> Result<Vec<HashMap<String, AttributeValue>>, Error> {
     let mut items = Vec::with_capacity(in_flight + ended);
+    let customers = (in_flight + ended).div_ceil(ORDERS_PER_CUSTOMER);
     for i in 0..in_flight {
         let ago = Duration::from_millis((i as u64 * 1_200_000) / in_flight.max(1) as u64);
-        items.push(state_item(&new_order(
-            &format!("flight-{i}"),
-            workflow,
-            config,
-            now.minus(ago),
-        ))?);
+        let mut order = new_order(&format!("flight-{i}"), workflow, config, now.minus(ago));
+        order.search_key = Some(customer(i, customers));
+        items.push(state_item(&order)?);
     }
     for i in 0..ended {
         let at = now.minus(Duration::from_secs(7200));
-        items.push(state_item(&processed_order(&format!("ended-{i}"), workflow, config, at))?);
+        let mut order = processed_order(&format!("ended-{i}"), workflow, config, at);
+        order.search_key = Some(customer(in_flight + i, customers));
+        items.push(state_item(&order)?);
     }
     Ok(items)
 }
 
-/// The bytes of an order's entry in the in-flight index: its keys, the table's and the
-/// workflow, as DynamoDB sizes them.
-fn index_entry_size(item: &HashMap<String, AttributeValue>) -> usize {
-    ["OrderId", "FlightShard", "CreatedAt", "Workflow"]
+/// The customer of the `i`th order loaded, of `customers` taking turns.
+fn customer(i: usize, customers: usize) -> String {
+    format!("c-{}", i % customers.max(1))
+}
+
+/// The bytes of an order's entry in an index that holds the attributes `names` (its keys,
+/// the table's, and what it projects), as DynamoDB sizes them.
+fn index_entry_size(item: &HashMap<String, AttributeValue>, names: &[&str]) -> usize {
+    names
         .iter()
         .filter_map(|name| Some((name, item.get(*name)?)))
         .map(|(name, v)| {

@@ -39,7 +39,10 @@ pub fn processed_order(
     r.ended_at = Some(r.created_at);
     for s in &mut r.steps {
         s.status = StepStatus::Done;
+        s.lease = None;
     }
+    // As the engine would keep it, so that whatever reads it back takes it.
+    debug_assert_eq!(r.check(), Ok(()));
     r
 }
 

@@ -82,9 +82,15 @@ where
             None => want,
         };
         let entries = store.searched(value, after, ask).await?;
-        let ids: Vec<OrderId> = entries.iter().map(|&(_, id)| id).collect();
+        // Unfiltered, each record read is shown (or was forgotten): the entry past the page
+        // only says that another follows, and its record is not read.
+        let read = match &query.workflow {
+            Some(_) => entries.len(),
+            None => entries.len().min(size - rows.len()),
+        };
+        let ids: Vec<OrderId> = entries[..read].iter().map(|&(_, id)| id).collect();
         let records = store.load_many(&ids, Read::Eventual).await?;
-        for (&entry, record) in entries.iter().zip(records) {
+        for (&entry, record) in entries[..read].iter().zip(records) {
             after = Some(entry);
             // Forgotten since the index was read, or not yet readable: not shown.
             let Some(record) = record.filter(|r| r.search_key.as_deref() == Some(value)) else {
@@ -100,6 +106,9 @@ where
                 let next = rows.last().map(|(entry, _)| cursor_at(*entry));
                 return Ok(page(rows, next));
             }
+        }
+        if read < entries.len() {
+            return Ok(page(rows, after.map(cursor_at)));
         }
         if entries.len() < ask {
             return Ok(page(rows, None));
