@@ -102,6 +102,10 @@ def choices(template):
         "ApiAuth JWT": {"ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders"},
         "ApiAuth NONE": {"ApiAuth": "NONE"},
         "console": {"Console": "true"},
+        "console at a JWT issuer": {
+            "ApiAuth": "JWT", "JwtIssuer": "https://issuer.example.com", "JwtAudience": "orders",
+            "Console": "true", "ConsoleClientId": "0oa1console",
+        },
         "own service URLs": own_urls,
         "secrets and limits": secrets,
         "lean and reserved": {

@@ -66,7 +66,7 @@ fn the_template_deploys_at_its_defaults_and_at_each_documented_choice() {
     assert!(output.status.success(), "{printed}");
     assert!(printed.contains("deploy check: passed"), "{printed}");
     let choices = printed.lines().filter(|l| l.starts_with("== ")).count();
-    assert!(choices >= 6, "the defaults and the five documented choices: {printed}");
+    assert!(choices >= 7, "the defaults and the six documented choices: {printed}");
     assert_eq!(
         printed.matches("moto: CREATE_COMPLETE").count(),
         choices,

@@ -59,8 +59,8 @@ pub struct SignIn {
 }
 
 /// The console's sign-in as a stack configures its admin function (`CONSOLE_SIGNIN`): the
-/// endpoints of its own user pool, or the issuer of a JWT stack, whose endpoints its
-/// discovery document names.
+/// domain of its own user pool, or the issuer of a JWT stack, whose endpoints its discovery
+/// document names. (Kept short: it counts towards the function's 4 KB of environment.)
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Setting {
@@ -68,14 +68,11 @@ pub struct Setting {
     pub client_id: String,
     pub identity_pool: String,
     pub provider: String,
+    /// A Cognito user pool's sign-in domain (`<prefix>.auth.<region>.amazoncognito.com`).
+    #[serde(default)]
+    pub domain: Option<String>,
     #[serde(default)]
     pub issuer: Option<String>,
-    #[serde(default)]
-    pub authorize: Option<String>,
-    #[serde(default)]
-    pub token: Option<String>,
-    #[serde(default)]
-    pub logout: Option<String>,
 }
 
 /// What an issuer's `/.well-known/openid-configuration` says that the console needs.
@@ -104,9 +101,14 @@ impl Setting {
         identity: &str,
     ) -> Result<SignIn, String> {
         let (authorize, token, logout) = match (&self.issuer, discovered) {
-            (None, _) => match (&self.authorize, &self.token) {
-                (Some(a), Some(t)) => (a.clone(), t.clone(), self.logout.clone()),
-                _ => return Err("the sign-in names neither an issuer nor its endpoints".into()),
+            // A user pool's endpoints, as Cognito places them on its domain.
+            (None, _) => match &self.domain {
+                Some(d) => (
+                    format!("https://{d}/oauth2/authorize"),
+                    format!("https://{d}/oauth2/token"),
+                    Some(format!("https://{d}/logout")),
+                ),
+                None => return Err("the sign-in names neither an issuer nor a domain".into()),
             },
             (Some(_), None) => return Err("the issuer's discovery document is not read yet".into()),
             (Some(issuer), Some(d)) => {
@@ -220,10 +222,8 @@ mod tests {
             client_id: "c".into(),
             identity_pool: "eu-west-1:p".into(),
             provider: "cognito-idp.eu-west-1.amazonaws.com/u".into(),
+            domain: Some("ops.auth.eu-west-1.amazoncognito.com".into()),
             issuer: None,
-            authorize: Some("https://ops.auth.eu-west-1.amazoncognito.com/oauth2/authorize".into()),
-            token: Some("https://ops.auth.eu-west-1.amazoncognito.com/oauth2/token".into()),
-            logout: Some("https://ops.auth.eu-west-1.amazoncognito.com/logout".into()),
         }
     }
 
@@ -231,7 +231,16 @@ mod tests {
 
     #[test]
     fn a_signed_in_page_may_call_its_token_endpoint_and_the_identity_pools_and_nothing_else() {
-        let signed = Mode::Signed(cognito().sign_in(None, IDENTITY).unwrap());
+        let sign_in = cognito().sign_in(None, IDENTITY).unwrap();
+        assert_eq!(
+            sign_in.authorize,
+            "https://ops.auth.eu-west-1.amazoncognito.com/oauth2/authorize"
+        );
+        assert_eq!(
+            sign_in.logout.as_deref(),
+            Some("https://ops.auth.eu-west-1.amazoncognito.com/logout")
+        );
+        let signed = Mode::Signed(sign_in);
         let policy = signed.content_security_policy();
         assert!(
             policy.contains(
@@ -249,9 +258,7 @@ mod tests {
         let issuer = Setting {
             issuer: Some("https://login.example.com/oauth2/default".into()),
             provider: "login.example.com/oauth2/default".into(),
-            authorize: None,
-            token: None,
-            logout: None,
+            domain: None,
             ..cognito()
         };
         assert_eq!(
@@ -285,7 +292,7 @@ mod tests {
         assert!(issuer.sign_in(Some(&clear), IDENTITY).unwrap_err().contains("not https"));
         let local = Discovery { token_endpoint: "http://127.0.0.1:4000/token".into(), ..found };
         assert!(issuer.sign_in(Some(&local), IDENTITY).is_ok(), "loopback is the machine's own");
-        let neither = Setting { authorize: None, ..cognito() };
+        let neither = Setting { domain: None, ..cognito() };
         assert!(neither.sign_in(None, IDENTITY).is_err());
     }
 }
