@@ -83,15 +83,28 @@ const ORDER: &str = r#"{"customer_id":"c-1","currency":"EUR","items":[{"sku":"BO
                   "ship_to":{"name":"Ada","line1":"1 Main St","city":"Paris","postal_code":"75001","country":"FR"}}"#;
 
 async fn submit(http: &reqwest::Client, stack: &LocalStack, key: &str) -> String {
-    let body = ORDER;
+    submit_as(http, stack, key, None).await
+}
+
+/// Submits an order signed with SigV4 as a client, or with `bearer`'s token.
+async fn submit_as(
+    http: &reqwest::Client,
+    stack: &LocalStack,
+    key: &str,
+    bearer: Option<&str>,
+) -> String {
     let signer = local_signer("console-client", REGION, "execute-api");
     for _ in 0..20 {
         let request = http
             .post(format!("{}/orders", stack.api_url))
             .header("content-type", "application/json")
             .header("idempotency-key", key)
-            .body(body);
-        if let Ok(answer) = signer.send(http, request).await {
+            .body(ORDER);
+        let sent = match bearer {
+            Some(token) => request.bearer_auth(token).send().await.map_err(|e| e.to_string()),
+            None => signer.send(http, request).await.map_err(|e| e.to_string()),
+        };
+        if let Ok(answer) = sent {
             if answer.status() == 202 {
                 let v: Value = answer.json().await.unwrap();
                 return v["order_id"].as_str().unwrap().to_owned();
@@ -364,6 +377,12 @@ async fn an_operator_finds_a_failed_order_redrives_it_and_a_reader_is_refused_ev
     assert_eq!(good.status(), 200);
 }
 
+/// The `config.json` a stack serves its console's page.
+async fn page_config(http: &reqwest::Client, stack: &LocalStack) -> Value {
+    let answer = http.get(format!("{}/console/config.json", stack.api_url)).send().await.unwrap();
+    answer.json().await.unwrap()
+}
+
 /// Puts `caller`'s keys in the tab's session, as the identity pool's credentials are kept
 /// once a user has signed in (the local stack takes `local` as every key's secret), valid
 /// for `seconds` (negative: already expired), and loads the page again.
@@ -390,14 +409,7 @@ async fn the_stack_serves_its_console_whose_page_signs_each_call_itself() {
 
     // Anyone may load the page, which holds nothing; it says where to sign in.
     let url = format!("{}/console/index.html", stack.api_url);
-    let config: Value = http
-        .get(format!("{}/console/config.json", stack.api_url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = page_config(&http, &stack).await;
     assert_eq!(config["mode"], "signed", "{config}");
     let authorize = config["authorize"].as_str().unwrap();
     assert!(
@@ -496,37 +508,11 @@ async fn a_jwt_stack_s_console_signs_its_users_in_at_the_stack_s_own_issuer() {
     let now = chrono::Utc::now();
     let token =
         jwt::mint(&jwt::claims(issuer.url(), "orders", "shop", now, chrono::Duration::minutes(30)));
-    let mut order = None;
-    for _ in 0..20 {
-        let answer = http
-            .post(format!("{}/orders", stack.api_url))
-            .bearer_auth(&token)
-            .header("content-type", "application/json")
-            .header("idempotency-key", "console-jwt-1")
-            .body(ORDER)
-            .send()
-            .await;
-        if let Ok(answer) = answer {
-            if answer.status() == 202 {
-                let accepted: Value = answer.json().await.unwrap();
-                order = Some(accepted["order_id"].as_str().unwrap().to_owned());
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    let order = order.expect("the order was not accepted");
+    let order = submit_as(&http, &stack, "console-jwt-1", Some(&token)).await;
     wait_state(&http, &stack, &order, "Error").await;
 
     // The page's configuration names the issuer's endpoints, read from its discovery document.
-    let config: Value = http
-        .get(format!("{}/console/config.json", stack.api_url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = page_config(&http, &stack).await;
     assert_eq!(config["authorize"], format!("{}/authorize", issuer.url()), "{config}");
     assert_eq!(config["provider"], issuer.url().trim_start_matches("http://"), "{config}");
 

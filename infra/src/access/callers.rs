@@ -93,6 +93,17 @@ impl Callers {
         }
     }
 
+    /// A prefix of the access key ids that hold `policy` by default, if any do.
+    pub fn prefix_of(policy: &str) -> Option<&'static str> {
+        match policy {
+            OPERATOR_POLICY => Some(OPERATOR_PREFIX),
+            ANSWERER_POLICY => Some(ANSWERER_PREFIX),
+            READER_POLICY => Some(READER_PREFIX),
+            CLIENT_POLICY => Some("client"),
+            _ => None,
+        }
+    }
+
     /// Whether `access_key`'s policy allows it to call `method path` (a path as the client
     /// sent it, without the query). `Err` says why not.
     pub fn allows(&self, access_key: &str, method: &str, path: &str) -> Result<(), String> {

@@ -18,9 +18,7 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use crate::Error;
-use crate::access::callers::{
-    CLIENT_POLICY, OPERATOR_POLICY, OPERATOR_PREFIX, READER_POLICY, READER_PREFIX,
-};
+use crate::access::callers::Callers;
 use crate::access::issuer::cors;
 use crate::access::{jwt, sigv4};
 use crate::emulation::provision::Stack;
@@ -146,8 +144,9 @@ impl IdentityPool {
             "http://{}/",
             listener.local_addr().map_err(|e| Error::Local(format!("local network: {e}")))?
         );
+        let pool = std::sync::Arc::new(self);
         let app = axum::Router::new().fallback(move |request: Request<Body>| {
-            let pool = self.clone();
+            let pool = pool.clone();
             async move { cors(pool.answer(request).await) }
         });
         let task = tokio::spawn(async move {
@@ -190,7 +189,8 @@ impl IdentityPool {
     /// The signed-in user's claims, from the token `Logins` gives for the provider.
     fn claims(&self, body: &Value) -> Result<Map<String, Value>, (&'static str, String)> {
         let token = body
-            .pointer(&format!("/Logins/{}", self.provider.replace('~', "~0").replace('/', "~1")))
+            .get("Logins")
+            .and_then(|logins| logins.get(&self.provider))
             .and_then(Value::as_str)
             .ok_or((
                 "NotAuthorizedException",
@@ -257,13 +257,14 @@ fn role_prefix(template: &Template, stack: &Stack, arn: &str) -> Result<String, 
             .filter_map(|p| p.get("Ref").and_then(Value::as_str))
             .collect();
         return match named.as_slice() {
-            [OPERATOR_POLICY] => Ok(OPERATOR_PREFIX.to_owned()),
-            [READER_POLICY] => Ok(READER_PREFIX.to_owned()),
-            [CLIENT_POLICY] => Ok("client".to_owned()),
-            other => Err(Error::Template(format!(
-                "{id}: locally, a role of the identity pool holds one of {OPERATOR_POLICY}, {READER_POLICY} or {CLIENT_POLICY}, not {other:?}"
-            ))),
-        };
+            [policy] => Callers::prefix_of(policy).map(str::to_owned),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::Template(format!(
+                "{id}: locally, a role of the identity pool holds one of the callers' managed policies, not {named:?}"
+            ))
+        });
     }
     Err(Error::Template(format!("the identity pool maps to {arn}, which is no role of the stack")))
 }
@@ -271,6 +272,7 @@ fn role_prefix(template: &Template, stack: &Stack, arn: &str) -> Result<String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::callers::{OPERATOR_PREFIX, READER_PREFIX};
     use crate::emulation::provision::{local_dry_run, project_template};
 
     fn pool() -> IdentityPool {

@@ -93,18 +93,22 @@ window.SasAccess = (() => {
     return { url, headers: await signature(method, url, body, credentials(), config.region) };
   }
 
+  // `url` with `params` added to its query (an issuer's endpoint may carry one already).
+  function withQuery(url, params) {
+    return url + (url.includes("?") ? "&" : "?") + new URLSearchParams(params);
+  }
+
   // Sends the browser to the issuer's sign-in page.
   async function signIn(config) {
     const random = (n) => base64url(crypto.getRandomValues(new Uint8Array(n)));
     const verifier = random(48);
     const state = random(16);
     sessionStorage.setItem(PKCE, JSON.stringify({ verifier, state }));
-    const query = new URLSearchParams({
+    location.assign(withQuery(config.authorize, {
       response_type: "code", client_id: config.client_id, redirect_uri: redirect(),
       scope: "openid", state, code_challenge: base64url(await sha256(verifier)),
       code_challenge_method: "S256",
-    });
-    location.assign(config.authorize + (config.authorize.includes("?") ? "&" : "?") + query);
+    }));
   }
 
   function redirect() {
@@ -146,7 +150,7 @@ window.SasAccess = (() => {
     sessionStorage.removeItem(CREDENTIALS);
     if (config.mode === "signed" && config.logout) {
       // Cognito reads logout_uri, other issuers post_logout_redirect_uri.
-      location.assign(config.logout + (config.logout.includes("?") ? "&" : "?") + new URLSearchParams({
+      location.assign(withQuery(config.logout, {
         client_id: config.client_id, logout_uri: redirect(), post_logout_redirect_uri: redirect() }));
       return true;
     }
