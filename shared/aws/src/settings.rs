@@ -100,27 +100,7 @@ pub fn load_workflow_file(file: &WorkflowFile, agents: &[AgentName]) -> Result<W
     load_workflow(file.path, file.name, file.json, agents)
 }
 
-/// The workflow in `json`, read from the file at `path` whose name without `.json` is `name`,
-/// checked against the deployed `agents`; an error names the file, the field where the file has
-/// one wrong, and what to do. A file is named after its workflow (`<name>.json`, the version
-/// new orders take), or after its workflow and version (`<name>.v<version>.json`, an older
-/// version kept for the orders that started on it).
-pub fn load_workflow(path: &str, name: &str, json: &str, agents: &[AgentName]) -> Result<Workflow> {
-    let in_file = |e: Error| match e {
-        Error::InvalidWorkflow(why) => Error::InvalidWorkflow(format!("{path}: {why}")),
-        other => other,
-    };
-    let workflow = Workflow::from_json(json, agents).map_err(in_file)?;
-    let kept = format!("{}.v{}", workflow.name(), workflow.version());
-    if workflow.name() != name && kept != name {
-        return Err(Error::InvalidWorkflow(format!(
-            "{path}: name: the workflow is named {:?}, and its file must be named after it ({}.json, or {kept}.json for an older version kept)",
-            workflow.name(),
-            workflow.name()
-        )));
-    }
-    Ok(workflow)
-}
+pub use sas_engine::workflow::load_file as load_workflow;
 
 /// The tables every engine function reads: `STATE_TABLE`, `ORDERS_TABLE` and `KEYS_TABLE`.
 #[derive(Clone, Debug)]

@@ -1194,6 +1194,33 @@ fn check_agent_name(name: &str) -> Result<(), String> {
 /// which SQS takes up to 80 characters.
 pub const MAX_AGENT_NAME: usize = 32;
 
+/// The workflow in `json`, as a stack loads it from the file at `path` whose name without `.json` is `name`,
+/// checked against the deployed `agents`; an error names the file, the field where the file has
+/// one wrong, and what to do. A file is named after its workflow (`<name>.json`, the version
+/// new orders take), or after its workflow and version (`<name>.v<version>.json`, an older
+/// version kept for the orders that started on it).
+pub fn load_file(
+    path: &str,
+    name: &str,
+    json: &str,
+    agents: &[AgentName],
+) -> Result<Workflow, Error> {
+    let in_file = |e: Error| match e {
+        Error::InvalidWorkflow(why) => Error::InvalidWorkflow(format!("{path}: {why}")),
+        other => other,
+    };
+    let workflow = Workflow::from_json(json, agents).map_err(in_file)?;
+    let kept = format!("{}.v{}", workflow.name(), workflow.version());
+    if workflow.name() != name && kept != name {
+        return Err(Error::InvalidWorkflow(format!(
+            "{path}: name: the workflow is named {:?}, and its file must be named after it ({}.json, or {kept}.json for an older version kept)",
+            workflow.name(),
+            workflow.name()
+        )));
+    }
+    Ok(workflow)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

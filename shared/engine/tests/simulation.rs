@@ -48,8 +48,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,7 +57,6 @@ use sas_engine::config::{EngineConfig, HoldPolicy};
 use sas_engine::events::{ALERT_DETAIL_TYPE, CALLBACK_DETAIL_TYPE, SERVICE_DETAIL_TYPE};
 use sas_engine::health::hold_key;
 use sas_engine::ids::{Direction, step_key};
-use sas_engine::keys::{Queued, Slots};
 use sas_engine::load::{self, Gauges, Unmetered};
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
@@ -70,9 +68,7 @@ use sas_engine::mutants::{self, Mutant};
 use sas_engine::pace::{self, Limits};
 use sas_engine::payload::{self, MAX_INLINE_INPUT_LEN, Stored};
 use sas_engine::ports::{
-    Clock, Created, Destination, EventBus, Expected, ExpiryIndex, HeldIndex, Incoming, IndexEntry,
-    OrderRecord, Outbox, Outgoing, Page, Read, RemoteCall, RemoteFault, RemoteService, Saved,
-    StateStore,
+    Clock, Destination, Incoming, OrderRecord, RemoteCall, RemoteFault, RemoteService,
 };
 use sas_engine::services::{
     Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, DeskRefusal, FRESH,
@@ -85,6 +81,7 @@ use sas_engine::state::{
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
+use sas_testkit::{Crashes, Crashy, Fault, Faults, Timeline};
 
 const ORDERS: usize = 12;
 const FAULTY_EVENTS: usize = 600;
@@ -99,194 +96,6 @@ const HOLD: HoldPolicy = HoldPolicy {
     resume_per_second: 10,
     alert_after: Duration::from_secs(600),
 };
-
-/// The agents' and the services' clock: the manual clock, but handlers running side by side (an
-/// agent's batch) wake from their waits in the order of the times they wait for, and the clock
-/// moves to each one's time as it wakes, so that each sees time as it would on a clock of its
-/// own. Before a wait moves the clock, whatever runs beside it goes as far as it can at the
-/// time it is; a wait with nothing beside it moves the clock as the manual clock's does.
-#[derive(Clone, Debug)]
-struct Timeline {
-    clock: ManualClock,
-    waits: Arc<Mutex<BTreeSet<(Timestamp, u64)>>>,
-    next: Arc<AtomicU64>,
-}
-
-impl Timeline {
-    fn new(clock: &ManualClock) -> Timeline {
-        Timeline { clock: clock.clone(), waits: Arc::default(), next: Arc::default() }
-    }
-
-    fn first(&self) -> Option<(Timestamp, u64)> {
-        self.waits.lock().unwrap().first().copied()
-    }
-}
-
-/// How many times the earliest wait on the timeline lets the handlers beside it run before it
-/// moves the clock: enough for each to reach its own next wait.
-const SIDE_BY_SIDE_ROUNDS: u32 = 3;
-
-/// A wait on the timeline, taken off it when it ends or is given up.
-struct Waiting(Arc<Mutex<BTreeSet<(Timestamp, u64)>>>, (Timestamp, u64));
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.lock().unwrap().remove(&self.1);
-    }
-}
-
-impl Clock for Timeline {
-    fn now(&self) -> Timestamp {
-        self.clock.now()
-    }
-
-    async fn sleep(&self, duration: Duration) {
-        let at = self.clock.now().plus(duration);
-        let me = (at, self.next.fetch_add(1, Ordering::Relaxed));
-        self.waits.lock().unwrap().insert(me);
-        let waiting = Waiting(self.waits.clone(), me);
-        let mut first_for = 0;
-        while first_for < SIDE_BY_SIDE_ROUNDS {
-            tokio::task::yield_now().await;
-            first_for = if self.first() == Some(me) { first_for + 1 } else { 0 };
-        }
-        drop(waiting);
-        self.clock.set(at);
-    }
-}
-
-/// A port wrapper that fails the call it is told to, as if the process died right there.
-#[derive(Clone)]
-struct Crashy<P> {
-    inner: P,
-    /// Calls left before the failing one; zero means disarmed.
-    countdown: Arc<AtomicU32>,
-    crashes: Arc<AtomicU32>,
-}
-
-impl<P> Crashy<P> {
-    /// Before every call: give way to any concurrent handler (so two supervisors sweeping at
-    /// once interleave their reads and writes), then fail if this is the chosen call.
-    async fn step(&self) -> Result<()> {
-        tokio::task::yield_now().await;
-        let left = self.countdown.load(Ordering::Relaxed);
-        if left == 0 {
-            return Ok(());
-        }
-        self.countdown.store(left - 1, Ordering::Relaxed);
-        if left == 1 {
-            self.crashes.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::unavailable("simulation", "the handler died here"));
-        }
-        Ok(())
-    }
-}
-
-impl<P: StateStore> StateStore for Crashy<P> {
-    async fn create_order(&self, order: &OrderRecord) -> Result<Created> {
-        self.step().await?;
-        self.inner.create_order(order).await
-    }
-    async fn create_state(&self, state: &StateRecord) -> Result<Created> {
-        self.step().await?;
-        self.inner.create_state(state).await
-    }
-    async fn load(&self, id: OrderId, read: Read) -> Result<Option<StateRecord>> {
-        self.step().await?;
-        self.inner.load(id, read).await
-    }
-    async fn load_order(&self, id: OrderId, read: Read) -> Result<Option<OrderRecord>> {
-        self.step().await?;
-        self.inner.load_order(id, read).await
-    }
-    async fn save(&self, next: &StateRecord, expected: Expected) -> Result<Saved> {
-        self.step().await?;
-        self.inner.save(next, expected).await
-    }
-    async fn slots(&self, key: &str) -> Result<Slots> {
-        self.step().await?;
-        self.inner.slots(key).await
-    }
-    async fn save_slots(&self, next: &Slots) -> Result<Saved> {
-        self.step().await?;
-        self.inner.save_slots(next).await
-    }
-    async fn join(&self, key: &str, queued: &Queued) -> Result<()> {
-        self.step().await?;
-        self.inner.join(key, queued).await
-    }
-    async fn line(&self, key: &str, limit: usize) -> Result<Vec<Queued>> {
-        self.step().await?;
-        self.inner.line(key, limit).await
-    }
-    async fn ahead(&self, key: &str, position: &str) -> Result<u32> {
-        self.step().await?;
-        self.inner.ahead(key, position).await
-    }
-    async fn leave(&self, key: &str, queued: &Queued) -> Result<()> {
-        self.step().await?;
-        self.inner.leave(key, queued).await
-    }
-    async fn put_page(&self, page: &Page) -> Result<()> {
-        self.step().await?;
-        self.inner.put_page(page).await
-    }
-    async fn pages(&self, pass: &str) -> Result<Vec<Page>> {
-        tokio::task::yield_now().await;
-        self.inner.pages(pass).await
-    }
-    async fn drop_pages(&self, pass: &str) -> Result<()> {
-        self.step().await?;
-        self.inner.drop_pages(pass).await
-    }
-}
-
-impl<P: ExpiryIndex> ExpiryIndex for Crashy<P> {
-    async fn due(&self, shard: u16, due_by: Timestamp) -> Result<Vec<IndexEntry>> {
-        tokio::task::yield_now().await;
-        self.inner.due(shard, due_by).await
-    }
-}
-
-impl<P: HeldIndex> HeldIndex for Crashy<P> {
-    async fn held(&self, service: &str, limit: usize) -> Result<Vec<OrderId>> {
-        tokio::task::yield_now().await;
-        self.inner.held(service, limit).await
-    }
-
-    async fn count_held(&self, service: &str) -> Result<u64> {
-        tokio::task::yield_now().await;
-        self.inner.count_held(service).await
-    }
-}
-
-impl<P: sas_engine::ports::Payloads> sas_engine::ports::Payloads for Crashy<P> {
-    async fn put(&self, key: &str, body: Vec<u8>) -> Result<()> {
-        self.step().await?;
-        self.inner.put(key, body).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.step().await?;
-        self.inner.get(key).await
-    }
-}
-
-impl<P: Outbox> Outbox for Crashy<P> {
-    async fn send(&self, messages: &[Outgoing]) -> Result<()> {
-        self.step().await?;
-        self.inner.send(messages).await
-    }
-}
-
-impl<P: EventBus> EventBus for Crashy<P> {
-    async fn publish(
-        &self,
-        events: &[sas_engine::events::BusEvent],
-    ) -> Result<sas_engine::events::PublishReport> {
-        self.step().await?;
-        self.inner.publish(events).await
-    }
-}
 
 type Store = Crashy<Arc<MemoryStore<ManualClock>>>;
 type Queues = Crashy<Arc<MemoryQueues<ManualClock>>>;
@@ -472,185 +281,6 @@ impl Watched {
             }
         }
         number
-    }
-}
-
-/// A kind of fault the simulation can inject.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fault {
-    /// A message deleted instead of handled.
-    Lost,
-    /// A second copy of a message sent.
-    Duplicated,
-    /// A message handled before others that were visible earlier.
-    Reordered,
-    /// Messages left invisible until their visibility timeout.
-    Delayed,
-    /// A handler dying at one of its port calls.
-    Crash,
-    /// A write refused as throttled.
-    Throttled,
-    /// Two supervisors sweeping at once.
-    DoubleSweep,
-    /// Writes reaching the expiry index seconds late (every other seed).
-    IndexLag,
-    /// Eventual reads seeing records as they were a second ago (every third seed).
-    StaleRead,
-    /// A remote call failing for now.
-    RemoteTransient,
-    /// A remote call refused for good.
-    RemotePermanent,
-    /// A remote effect applied and its answer lost.
-    LostAnswer,
-    /// A remote call answering after the caller's deadline, its effect applied.
-    Timeout,
-    /// A remote effect applied, answered with more than a step may return.
-    OversizeOutput,
-    /// An output, or an order's input, too large to carry in a message: stored outside the
-    /// record, and read back by the agents that need it.
-    LargeValue,
-    /// An operator's command on a random order.
-    Operator,
-    /// Replies handled together, concurrently, as one batch of the reply queue is.
-    Batched,
-    /// An answer from outside to a step that waits for one: given, refused or kept alive, with
-    /// the token of its announcement, an older one, a forged one, or by an operator.
-    Answer,
-    /// A service down for a spell: every call of its actions fails for now (on the seeds whose
-    /// services misbehave over time, as the three below; counted once it failed a call).
-    Outage,
-    /// A service down and up in turns of a few seconds.
-    Flapping,
-    /// A service down, then coming back slowly: a share of calls failing, falling to none.
-    SlowRecovery,
-    /// An operator holding a service by hand, or releasing it (its own hold or its agent's).
-    ManualHold,
-    /// A remote call answered 429 with a `Retry-After`, above the service's own rate or at
-    /// random (on the seeds whose services are paced, as the one below).
-    RemoteThrottled,
-    /// Requests of one agent handled together, concurrently, as one batch of its queue is.
-    AgentBatch,
-    /// A service whose forward actions are down for a spell while its undos answer (on the
-    /// seeds whose services misbehave, as the two below).
-    ForwardDown,
-    /// A service whose undos are down for a spell while its forward actions answer.
-    UndoDown,
-    /// One action of a service refused for good for a spell, as a grant taken away is: no
-    /// sign of the service being down, the step's own failure.
-    Denied,
-    /// One order's messages of a batch handled in one turn, as the deployed scheduler does:
-    /// what they do written at once, a crash anywhere in it.
-    Folded,
-}
-
-impl Fault {
-    const ALL: [Fault; 28] = [
-        Fault::Lost,
-        Fault::Duplicated,
-        Fault::Reordered,
-        Fault::Delayed,
-        Fault::Crash,
-        Fault::Throttled,
-        Fault::DoubleSweep,
-        Fault::IndexLag,
-        Fault::StaleRead,
-        Fault::RemoteTransient,
-        Fault::RemotePermanent,
-        Fault::LostAnswer,
-        Fault::Timeout,
-        Fault::OversizeOutput,
-        Fault::LargeValue,
-        Fault::Operator,
-        Fault::Batched,
-        Fault::Answer,
-        Fault::Outage,
-        Fault::Flapping,
-        Fault::SlowRecovery,
-        Fault::ManualHold,
-        Fault::RemoteThrottled,
-        Fault::AgentBatch,
-        Fault::ForwardDown,
-        Fault::UndoDown,
-        Fault::Denied,
-        Fault::Folded,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Fault::Lost => "lost",
-            Fault::Duplicated => "duplicated",
-            Fault::Reordered => "reordered",
-            Fault::Delayed => "delayed",
-            Fault::Crash => "crash",
-            Fault::Throttled => "throttled",
-            Fault::DoubleSweep => "double-sweep",
-            Fault::IndexLag => "index-lag",
-            Fault::StaleRead => "stale-read",
-            Fault::RemoteTransient => "remote-transient",
-            Fault::RemotePermanent => "remote-permanent",
-            Fault::LostAnswer => "lost-answer",
-            Fault::Timeout => "timeout",
-            Fault::OversizeOutput => "oversize-output",
-            Fault::LargeValue => "large-value",
-            Fault::Operator => "operator",
-            Fault::Batched => "batched",
-            Fault::Answer => "answer",
-            Fault::Outage => "outage",
-            Fault::Flapping => "flapping",
-            Fault::SlowRecovery => "slow-recovery",
-            Fault::ManualHold => "manual-hold",
-            Fault::RemoteThrottled => "remote-throttled",
-            Fault::AgentBatch => "agent-batch",
-            Fault::ForwardDown => "forward-down",
-            Fault::UndoDown => "undo-down",
-            Fault::Denied => "denied",
-            Fault::Folded => "folded",
-        }
-    }
-
-    fn parse(name: &str) -> Fault {
-        Fault::ALL.into_iter().find(|f| f.name() == name).unwrap_or_else(|| {
-            let known: Vec<_> = Fault::ALL.iter().map(|f| f.name()).collect();
-            panic!("unknown fault kind {name:?}; the kinds are {}", known.join(", "))
-        })
-    }
-}
-
-/// The fault kinds switched on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Faults([bool; Fault::ALL.len()]);
-
-impl Faults {
-    fn all() -> Faults {
-        Faults([true; Fault::ALL.len()])
-    }
-
-    fn without(mut self, fault: Fault) -> Faults {
-        self.0[fault as usize] = false;
-        self
-    }
-
-    fn on(self, fault: Fault) -> bool {
-        self.0[fault as usize]
-    }
-
-    /// From `SIM_FAULTS` (only these kinds) and `SIM_FAULTS_OFF` (all but these kinds).
-    fn from_env() -> Faults {
-        let names = |var: &str| -> Option<Vec<Fault>> {
-            let v = std::env::var(var).ok()?;
-            Some(v.split(',').map(str::trim).filter(|n| !n.is_empty()).map(Fault::parse).collect())
-        };
-        let mut faults = Faults::all();
-        if let Some(only) = names("SIM_FAULTS") {
-            faults = Faults([false; Fault::ALL.len()]);
-            for f in only {
-                faults.0[f as usize] = true;
-            }
-        }
-        for f in names("SIM_FAULTS_OFF").unwrap_or_default() {
-            faults = faults.without(f);
-        }
-        faults
     }
 }
 
@@ -899,8 +529,7 @@ struct Sim {
     queues: Arc<MemoryQueues<ManualClock>>,
     bus: Arc<MemoryBus>,
     remote: Remote,
-    countdown: Arc<AtomicU32>,
-    crashes: Arc<AtomicU32>,
+    crashes: Crashes,
     submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Payloads>,
     scheduler: Scheduler<Store, Queues, Bus, ManualClock, Waits, Payloads>,
     agents: HashMap<Destination, SimAgent>,
@@ -1009,25 +638,14 @@ impl Sim {
         let bus = Arc::new(MemoryBus::new());
         let timeline = Timeline::new(&clock);
         let remote = Arc::new(MemoryRemote::new(timeline.clone()));
-        let countdown = Arc::new(AtomicU32::new(0));
-        let crashes = Arc::new(AtomicU32::new(0));
         // All ports share one countdown: a crash stops the handler at its n-th call, whichever
         // port that call goes to.
-        let store = Crashy {
-            inner: memory.clone(),
-            countdown: countdown.clone(),
-            crashes: crashes.clone(),
-        };
-        let outbox = Crashy {
-            inner: queues.clone(),
-            countdown: countdown.clone(),
-            crashes: crashes.clone(),
-        };
-        let events =
-            Crashy { inner: bus.clone(), countdown: countdown.clone(), crashes: crashes.clone() };
+        let crashes = Crashes::default();
+        let store = crashes.wrap(memory.clone());
+        let outbox = crashes.wrap(queues.clone());
+        let events = crashes.wrap(bus.clone());
         let shelf = Arc::new(MemoryPayloads::default());
-        let payloads =
-            Crashy { inner: shelf.clone(), countdown: countdown.clone(), crashes: crashes.clone() };
+        let payloads = crashes.wrap(shelf.clone());
         let workflow = Arc::new(workflow_of(seed));
         let child = child_workflow(seed).map(Arc::new);
         let catalogue = Arc::new(
@@ -1182,7 +800,6 @@ impl Sim {
             queues,
             bus,
             remote,
-            countdown,
             crashes,
             submission,
             scheduler,
@@ -1292,12 +909,12 @@ impl Sim {
     fn maybe_crash(&mut self) {
         if self.chance(Fault::Crash, 0.08) {
             let at = 1 + self.pick(5) as u32;
-            self.countdown.store(at, Ordering::Relaxed);
+            self.crashes.arm(at);
         }
     }
 
     fn disarm(&mut self) {
-        self.countdown.store(0, Ordering::Relaxed);
+        self.crashes.disarm();
     }
 
     async fn submit(&mut self, i: usize) {
@@ -2634,7 +2251,7 @@ impl Sim {
         self.check_events().await;
         let settled = stopped.until(self.clock.now());
         self.tally.longest_settle = settled;
-        self.tally.add(Fault::Crash, self.crashes.load(Ordering::Relaxed).into());
+        self.tally.add(Fault::Crash, self.crashes.count().into());
         self.tally.add(Fault::IndexLag, self.memory.stats().stale_index_queries);
         self.tally.add(Fault::StaleRead, self.memory.stats().stale_reads);
         let remote = self.remote.faults();
@@ -3643,7 +3260,7 @@ async fn run_seeds(seeds: &[u64], faults: Faults) -> Tally {
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_order_ends_and_no_invariant_breaks_under_injected_faults() {
-    let faults = Faults::from_env();
+    let faults = Faults::from_env().unwrap_or_else(|e| panic!("{e}"));
     let seeds = seeds();
     let total = run_seeds(&seeds, faults).await;
     println!(
