@@ -2,8 +2,14 @@
 //! HTTP services, run through the engine in memory, seed after seed, under the faults the
 //! engine's own simulation injects, and every order's end and every effect checked.
 
+mod agents;
 pub mod faults;
+pub mod ledger;
+mod run;
 pub mod world;
 
+pub use agents::StandIn;
 pub use faults::{Fault, Faults};
+pub use ledger::{Effect, Ledger};
+pub use run::{Failure, Kit, Report};
 pub use world::{Crashes, Crashy, Timeline};

@@ -1,0 +1,1164 @@
+//! A team's run: its workflows, its agents and stand-ins, and the orders it submits, seed
+//! after seed through the real services on in-memory ports, with the faults the seed draws,
+//! and the invariants checked after every event.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sas_engine::catalogue::Catalogue;
+use sas_engine::config::EngineConfig;
+use sas_engine::events::CALLBACK_DETAIL_TYPE;
+use sas_engine::load::Gauges;
+use sas_engine::machine::Answer;
+use sas_engine::memory::{
+    Delivery, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryServiceBook, MemoryStore,
+    MemoryWaits, SeqIds, SplitMix,
+};
+use sas_engine::message::Message;
+use sas_engine::ports::{Clock, Destination, Incoming};
+use sas_engine::services::{
+    Agent, Answering, Applied, Assembly, Command, Commanded, Operator, Scheduler, Submission,
+    Supervisor, SweepReport,
+};
+use sas_engine::state::{CommandKind, InputRef, ProcessState, StateRecord, StepStatus};
+use sas_engine::workflow::{Workflow, load_file};
+use sas_engine::{AgentName, OrderId, Owner};
+use serde_json::Value;
+
+use crate::agents::{self, Alarm, Build, Injected, Service, StandIn};
+use crate::faults::{Fault, Faults};
+use crate::ledger::Ledger;
+use crate::world::{Crashes, Crashy, Timeline, lock};
+
+/// What the party outside answers a step waiting for it, given the step and the order's input.
+type Answers = Arc<dyn Fn(&str, &Value) -> Value + Send + Sync>;
+
+/// Each order's timeline: what happened to it, line by line.
+pub(crate) type Timelines = Arc<Mutex<HashMap<OrderId, Vec<String>>>>;
+
+type Store = Crashy<Arc<MemoryStore<ManualClock>>>;
+type Queues = Crashy<Arc<MemoryQueues<ManualClock>>>;
+type Bus = Crashy<Arc<MemoryBus>>;
+type Waits = Arc<MemoryWaits>;
+type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
+type Book = Arc<MemoryServiceBook>;
+type Payloads = Crashy<Arc<MemoryPayloads>>;
+type KitAgent = Agent<Injected, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
+
+/// How often the supervisor sweeps once the faults stop.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// A run of a team's workflows, built up then [`Kit::run`] (or [`Kit::check`]).
+///
+/// ```no_run
+/// use sas_testkit::{Kit, StandIn};
+/// # struct Tenants;
+/// # impl sas_engine::ports::RemoteService for Tenants {
+/// #     async fn call(&self, _: &sas_engine::ports::RemoteCall)
+/// #         -> Result<serde_json::Value, sas_engine::ports::RemoteFault> { Ok(serde_json::json!({})) }
+/// # }
+/// Kit::new()
+///     .workflow_file("shared/workflows/tenant-provisioning.json")
+///     .agent("tenants", |_ledger| Tenants)
+///     .stand_in("mailer", StandIn::new().refusing("send-invite", 0.2))
+///     .orders(8, |i| serde_json::json!({"tenant": format!("t-{i}"), "admin_email": "a@b.c"}))
+///     .check();
+/// ```
+#[derive(Clone)]
+pub struct Kit {
+    /// Each workflow file: its path (for messages), its name without `.json`, its text.
+    files: Vec<(String, String, String)>,
+    /// Files that could not be read.
+    unread: Vec<String>,
+    agents: Vec<(AgentName, Build)>,
+    stand_ins: Vec<(AgentName, StandIn)>,
+    orders: usize,
+    input: Arc<dyn Fn(usize) -> Value + Send + Sync>,
+    workflow: Option<String>,
+    answer: Answers,
+    seeds: Vec<u64>,
+    faults: Faults,
+    events: usize,
+}
+
+impl std::fmt::Debug for Kit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let agents: Vec<&str> = self.agents.iter().map(|(a, _)| a.as_str()).collect();
+        let stand_ins: Vec<&str> = self.stand_ins.iter().map(|(a, _)| a.as_str()).collect();
+        f.debug_struct("Kit")
+            .field("files", &self.files.iter().map(|f| &f.0).collect::<Vec<_>>())
+            .field("agents", &agents)
+            .field("stand_ins", &stand_ins)
+            .field("orders", &self.orders)
+            .field("seeds", &self.seeds.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Kit {
+    fn default() -> Kit {
+        Kit::new()
+    }
+}
+
+impl Kit {
+    /// A run of nothing yet: 200 seeds (`SEED=n` runs that one alone, `KIT_SEEDS=n` the first
+    /// n) of 6 orders each, every kind of fault the kit injects on (`SIM_FAULTS` and
+    /// `SIM_FAULTS_OFF` choose, by name).
+    pub fn new() -> Kit {
+        let seeds = match std::env::var("SEED").ok().and_then(|s| s.parse().ok()) {
+            Some(seed) => vec![seed],
+            None => {
+                let n = std::env::var("KIT_SEEDS").ok().and_then(|s| s.parse().ok());
+                (0..n.unwrap_or(200)).collect()
+            }
+        };
+        Kit {
+            files: Vec::new(),
+            unread: Vec::new(),
+            agents: Vec::new(),
+            stand_ins: Vec::new(),
+            orders: 6,
+            input: Arc::new(|_| Value::Object(Default::default())),
+            workflow: None,
+            answer: Arc::new(|_, _| serde_json::json!({})),
+            seeds,
+            faults: Faults::from_env().unwrap_or_else(|e| panic!("{e}")),
+            events: 300,
+        }
+    }
+
+    /// A workflow file, read now and checked as the stack checks it when the run starts
+    /// (named after its workflow, `<name>.json`, or `<name>.v<version>.json` for an older
+    /// version kept). The first file's workflow is the one orders go to, unless
+    /// [`Kit::submitting_to`] names another.
+    pub fn workflow_file(mut self, path: impl AsRef<std::path::Path>) -> Kit {
+        let path = path.as_ref();
+        match std::fs::read_to_string(path) {
+            Ok(json) => return self.workflow(&path.display().to_string(), &json),
+            Err(e) => self.unread.push(format!("{}: {e}", path.display())),
+        }
+        self
+    }
+
+    /// A workflow file's text (`include_str!` of it), named by its `path`.
+    pub fn workflow(mut self, path: &str, json: &str) -> Kit {
+        let file = std::path::Path::new(path);
+        let name = file.file_stem().map_or(path.into(), |s| s.to_string_lossy().into_owned());
+        self.files.push((path.to_owned(), name, json.to_owned()));
+        self
+    }
+
+    /// The agent `name` is the team's own service, built afresh for each seed by `build`,
+    /// which is given the seed's [`Ledger`] to record the effects its fakes make.
+    pub fn agent<R, F>(mut self, name: &str, build: F) -> Kit
+    where
+        R: sas_engine::ports::RemoteService + 'static,
+        F: Fn(&Ledger) -> R + Send + Sync + 'static,
+    {
+        self.agents.push((AgentName::new(name), agents::own(build)));
+        self
+    }
+
+    /// The agent `name` calls a stand-in for its HTTP service.
+    pub fn stand_in(mut self, name: &str, stand_in: StandIn) -> Kit {
+        self.stand_ins.push((AgentName::new(name), stand_in));
+        self
+    }
+
+    /// Each seed submits `n` orders, the i-th with the input `input(i)`.
+    pub fn orders(
+        mut self,
+        n: usize,
+        input: impl Fn(usize) -> Value + Send + Sync + 'static,
+    ) -> Kit {
+        self.orders = n;
+        self.input = Arc::new(input);
+        self
+    }
+
+    /// Orders go to this workflow rather than the first file's.
+    pub fn submitting_to(mut self, workflow: &str) -> Kit {
+        self.workflow = Some(workflow.to_owned());
+        self
+    }
+
+    /// What the party outside answers a step that waits for an answer (`callback`), given the
+    /// step's name and the order's input; `{}` if not said.
+    pub fn answering(
+        mut self,
+        answer: impl Fn(&str, &Value) -> Value + Send + Sync + 'static,
+    ) -> Kit {
+        self.answer = Arc::new(answer);
+        self
+    }
+
+    /// These seeds (`SEED=n` still runs that one alone).
+    pub fn seeds(mut self, seeds: impl IntoIterator<Item = u64>) -> Kit {
+        if std::env::var("SEED").is_err() {
+            self.seeds = seeds.into_iter().collect();
+        }
+        self
+    }
+
+    /// Only these kinds of fault (the environment's switches apply over them).
+    pub fn faults(mut self, faults: Faults) -> Kit {
+        let from_env = Faults::from_env().unwrap_or_else(|e| panic!("{e}"));
+        self.faults = Fault::ALL
+            .into_iter()
+            .filter(|f| faults.on(*f) && from_env.on(*f))
+            .fold(Faults::none(), Faults::with);
+        self
+    }
+
+    /// Runs every seed, and panics with the first failure (its seed, the broken invariant
+    /// and the order's timeline) or with the setup's error; returns what the seeds did.
+    pub fn check(self) -> Report {
+        match self.run() {
+            Ok(report) if report.failures.is_empty() => {
+                eprintln!("{report}");
+                report
+            }
+            Ok(report) => panic!("{report}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Runs every seed, each on the threads the machine has; a workflow file the stack would
+    /// refuse, or an agent its workflows name that the kit was not given, is an error.
+    pub fn run(self) -> Result<Report, String> {
+        let setup = Arc::new(self.setup()?);
+        let seeds = Arc::new(Mutex::new(self.seeds.clone().into_iter()));
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        let reports: Vec<Report> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (seeds, setup, kit) = (seeds.clone(), setup.clone(), &self);
+                    scope.spawn(move || {
+                        let runtime = tokio::runtime::Builder::new_current_thread()
+                            .build()
+                            .unwrap_or_else(|e| panic!("a runtime for the kit: {e}"));
+                        let mut report = Report::default();
+                        loop {
+                            let Some(seed) = lock(&seeds).next() else { break };
+                            let one = runtime.block_on(Run::new(kit, &setup, seed).go());
+                            report += one;
+                        }
+                        report
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
+        });
+        let mut report = reports.into_iter().fold(Report::default(), |mut a, b| {
+            a += b;
+            a
+        });
+        report.failures.sort_by_key(|f| f.seed);
+        Ok(report)
+    }
+
+    fn setup(&self) -> Result<Setup, String> {
+        if let Some(unread) = self.unread.first() {
+            return Err(unread.clone());
+        }
+        if self.files.is_empty() {
+            return Err("no workflow file: give the kit one with workflow_file".into());
+        }
+        let deployed: Vec<AgentName> = self
+            .agents
+            .iter()
+            .map(|(a, _)| a.clone())
+            .chain(self.stand_ins.iter().map(|(a, _)| a.clone()))
+            .collect();
+        let workflows = self
+            .files
+            .iter()
+            .map(|(path, name, json)| load_file(path, name, json, &deployed))
+            .collect::<Result<Vec<Workflow>, _>>()
+            .map_err(|e| e.to_string())?;
+        let catalogue = Catalogue::new(workflows).map_err(|e| e.to_string())?;
+        let name = match &self.workflow {
+            Some(name) => name.clone(),
+            None => self.files[0].1.split(".v").next().unwrap_or_default().to_owned(),
+        };
+        catalogue.current(&name).ok_or_else(|| format!("no workflow named {name}"))?;
+        let mut unused: Vec<&str> = deployed
+            .iter()
+            .filter(|a| !catalogue.agents().contains(a))
+            .map(|a| a.as_str())
+            .collect();
+        unused.sort();
+        if !unused.is_empty() {
+            return Err(format!(
+                "agents no workflow uses: {} (a step names each agent it runs on)",
+                unused.join(", ")
+            ));
+        }
+        Ok(Setup { catalogue: Arc::new(catalogue), workflow: name })
+    }
+}
+
+struct Setup {
+    catalogue: Arc<Catalogue>,
+    workflow: String,
+}
+
+/// What the seeds did: how their orders ended, the faults injected, and every seed that broke
+/// an invariant.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub seeds: u64,
+    pub orders: u64,
+    pub processed: u64,
+    pub compensated: u64,
+    pub cancelled: u64,
+    /// Orders in Error: an undo that failed for good, an operator told.
+    pub errors: u64,
+    /// Effects the ledger recorded, done and undone.
+    pub effects: u64,
+    pub injected: BTreeMap<&'static str, u64>,
+    pub failures: Vec<Failure>,
+}
+
+impl std::ops::AddAssign for Report {
+    fn add_assign(&mut self, o: Report) {
+        self.seeds += o.seeds;
+        self.orders += o.orders;
+        self.processed += o.processed;
+        self.compensated += o.compensated;
+        self.cancelled += o.cancelled;
+        self.errors += o.errors;
+        self.effects += o.effects;
+        for (k, n) in o.injected {
+            *self.injected.entry(k).or_default() += n;
+        }
+        self.failures.extend(o.failures);
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(first) = self.failures.first() {
+            writeln!(
+                f,
+                "{} of {} seeds failed; the first:\n{first}",
+                self.failures.len(),
+                self.seeds
+            )?;
+            return writeln!(f, "run it alone: SEED={} cargo test <this test>", first.seed);
+        }
+        let injected: Vec<String> = self
+            .injected
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        write!(
+            f,
+            "{} seeds, {} orders: {} processed, {} compensated, {} cancelled, {} in error; {} effects; injected: {}",
+            self.seeds,
+            self.orders,
+            self.processed,
+            self.compensated,
+            self.cancelled,
+            self.errors,
+            self.effects,
+            injected.join(", ")
+        )
+    }
+}
+
+/// A seed that broke an invariant.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub seed: u64,
+    /// The invariant, in a few words.
+    pub invariant: &'static str,
+    pub order: Option<OrderId>,
+    /// What broke it.
+    pub detail: String,
+    /// The order's timeline up to then.
+    pub timeline: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {}: {}: {}", self.seed, self.invariant, self.detail)?;
+        if let Some(order) = self.order {
+            writeln!(f, "timeline of {order}:")?;
+            for line in &self.timeline {
+                writeln!(f, "  {line}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+type Broken = (&'static str, Option<OrderId>, String);
+
+/// One seed's run.
+struct Run {
+    seed: u64,
+    rng: SplitMix,
+    faults: Faults,
+    on: Arc<AtomicBool>,
+    clock: ManualClock,
+    memory: Arc<MemoryStore<ManualClock>>,
+    queues: Arc<MemoryQueues<ManualClock>>,
+    bus: Arc<MemoryBus>,
+    crashes: Crashes,
+    submission: Submission<Store, Queues, Bus, ManualClock, SeqIds, Load, Payloads>,
+    scheduler: Scheduler<Store, Queues, Bus, ManualClock, Waits, Payloads>,
+    supervisors: [Supervisor<Store, Store, Queues, Bus, ManualClock, Load, Payloads>; 2],
+    operator: Operator<Store, Queues, Bus, ManualClock, Payloads>,
+    agents: HashMap<Destination, KitAgent>,
+    destinations: Vec<Destination>,
+    book: Book,
+    ledger: Ledger,
+    ledger_checked: usize,
+    catalogue: Arc<Catalogue>,
+    workflow: String,
+    orders: usize,
+    input: Arc<dyn Fn(usize) -> Value + Send + Sync>,
+    answer: Answers,
+    events: usize,
+    /// Whether a step of the workflows waits for an answer from outside.
+    answered: bool,
+    accepted: Vec<OrderId>,
+    inputs: HashMap<OrderId, Value>,
+    timelines: Timelines,
+    alarms: Alarm,
+    /// Each order as the last check saw it, and each order's attempt and deadline then.
+    previous: HashMap<OrderId, StateRecord>,
+    terminal: HashMap<OrderId, StateRecord>,
+    commands: u64,
+    injected: [u64; Fault::ALL.len()],
+    remote_injected: Arc<Mutex<[u64; Fault::ALL.len()]>>,
+}
+
+impl Run {
+    fn new(kit: &Kit, setup: &Setup, seed: u64) -> Run {
+        let rng = SplitMix::seeded(seed);
+        let faults = kit.faults;
+        let clock = ManualClock::default();
+        let memory = Arc::new(MemoryStore::new(clock.clone()));
+        if seed % 2 == 0 && faults.on(Fault::IndexLag) {
+            memory.set_index_lag(Duration::from_secs(20));
+        }
+        if seed % 3 == 0 && faults.on(Fault::StaleRead) {
+            memory.set_read_lag(Duration::from_secs(1));
+        }
+        let queues = Arc::new(MemoryQueues::new(clock.clone()));
+        let waits = Arc::new(MemoryWaits::default());
+        let bus = Arc::new(MemoryBus::new());
+        let timeline = Timeline::new(&clock);
+        let crashes = Crashes::default();
+        let config = Arc::new(EngineConfig { index_shards: 4, ..EngineConfig::default() });
+        let system = Assembly {
+            store: crashes.wrap(memory.clone()),
+            bus: crashes.wrap(bus.clone()),
+            clock: clock.clone(),
+            config: config.clone(),
+            catalogue: setup.catalogue.clone(),
+            waits: waits.clone(),
+            load: Gauges { waits: waits.clone(), depths: queues.clone() },
+            payloads: crashes.wrap(Arc::new(MemoryPayloads::default())),
+        };
+        let outbox = crashes.wrap(queues.clone());
+        let book = Book::default();
+        let ledger = Ledger::default();
+        ledger.set_clock(clock.clone());
+        let on = Arc::new(AtomicBool::new(true));
+        let timelines = Timelines::default();
+        let alarms = Alarm::default();
+        let probes: Arc<Mutex<HashMap<String, (sas_engine::Timestamp, u64)>>> = Arc::default();
+        let remote_injected = Arc::new(Mutex::new([0; Fault::ALL.len()]));
+        let actions = setup.catalogue.actions();
+        let mut agents = HashMap::new();
+        for (n, name) in setup.catalogue.agents().into_iter().enumerate() {
+            let service = match kit.agents.iter().find(|(a, _)| *a == name) {
+                Some((_, build)) => Service::Own(build(&ledger)),
+                None => {
+                    let (_, stand_in) = kit
+                        .stand_ins
+                        .iter()
+                        .find(|(a, _)| *a == name)
+                        .unwrap_or_else(|| unreachable!("every agent is deployed"));
+                    let of_agent = undo_flags(&setup.catalogue, &name, &actions);
+                    let remote = stand_in.build(&timeline, clock.now(), &of_agent, seed ^ n as u64);
+                    Service::StandIn { remote, seen: Arc::default() }
+                }
+            };
+            let draws = SplitMix::seeded(seed.rotate_left(17) ^ (n as u64 + 1));
+            let outages = agents::outages(&draws, clock.now());
+            let injected = Injected {
+                agent: name.as_str().to_owned(),
+                service,
+                ledger: ledger.clone(),
+                clock: timeline.clone(),
+                book: book.clone(),
+                draws: Arc::new(draws),
+                faults,
+                on: on.clone(),
+                outages: Arc::new(outages),
+                alarms: alarms.clone(),
+                timeline: timelines.clone(),
+                probes: probes.clone(),
+                injected: remote_injected.clone(),
+                reached: Arc::default(),
+                refused: Arc::default(),
+            };
+            let limits = config.limits_of(name.as_str());
+            let agent = system
+                .on_clock(timeline.clone())
+                .agent(
+                    &name,
+                    injected,
+                    outbox.clone(),
+                    SplitMix::seeded(seed.wrapping_add(n as u64)),
+                    format!("agent-{name}"),
+                )
+                .guarded(book.clone(), name.as_str(), config.hold)
+                .limited(limits);
+            agents.insert(Destination::Agent(name.clone()), agent);
+        }
+        let supervisor = || system.supervisor(outbox.clone());
+        Run {
+            seed,
+            rng,
+            faults,
+            on,
+            submission: system.submission(outbox.clone(), SeqIds::new("k")),
+            scheduler: system.scheduler(outbox.clone(), "scheduler-k"),
+            supervisors: [supervisor(), supervisor()],
+            operator: system.operator(outbox.clone()),
+            destinations: system.destinations(),
+            clock,
+            memory,
+            queues,
+            bus,
+            crashes,
+            agents,
+            book,
+            ledger,
+            ledger_checked: 0,
+            catalogue: setup.catalogue.clone(),
+            workflow: setup.workflow.clone(),
+            orders: kit.orders,
+            input: kit.input.clone(),
+            answer: kit.answer.clone(),
+            events: kit.events,
+            answered: setup.catalogue.all().any(|w| {
+                w.steps().iter().any(|s| matches!(s.work, sas_engine::workflow::Work::Callback))
+            }),
+            accepted: Vec::new(),
+            inputs: HashMap::new(),
+            timelines,
+            alarms,
+            previous: HashMap::new(),
+            terminal: HashMap::new(),
+            commands: 0,
+            injected: [0; Fault::ALL.len()],
+            remote_injected,
+        }
+    }
+
+    /// The whole run: faults while the orders arrive, then none until every order ended.
+    async fn go(mut self) -> Report {
+        let outcome = self.faulty().await;
+        let outcome = match outcome {
+            Ok(()) => self.settle().await,
+            broken => broken,
+        };
+        let mut report =
+            Report { seeds: 1, orders: self.accepted.len() as u64, ..Report::default() };
+        for r in self.memory.records() {
+            match r.process_state {
+                ProcessState::Processed => report.processed += 1,
+                ProcessState::Cancelled => report.cancelled += 1,
+                ProcessState::Error if r.needs_manual_undo().is_empty() => report.compensated += 1,
+                ProcessState::Error => report.errors += 1,
+                _ => {}
+            }
+        }
+        report.effects = self.ledger.len() as u64;
+        let remote = *lock(&self.remote_injected);
+        for f in Fault::ALL {
+            let n = self.injected[f as usize] + remote[f as usize];
+            *report.injected.entry(f.name()).or_default() += n;
+        }
+        *report.injected.entry(Fault::Crash.name()).or_default() += u64::from(self.crashes.count());
+        if let Err((invariant, order, detail)) = outcome {
+            let timeline =
+                order.and_then(|o| lock(&self.timelines).get(&o).cloned()).unwrap_or_default();
+            report.failures.push(Failure { seed: self.seed, invariant, order, detail, timeline });
+        }
+        report
+    }
+
+    async fn faulty(&mut self) -> Result<(), Broken> {
+        let burst = self.orders.div_ceil(2);
+        let spread = self.events.saturating_sub(40).max(1);
+        let mut submitted = 0;
+        for event in 0..self.events {
+            while submitted < self.orders
+                && (submitted < burst
+                    || event >= (submitted - burst) * spread / (self.orders - burst).max(1))
+            {
+                self.submit(submitted).await?;
+                submitted += 1;
+                self.check()?;
+            }
+            match self.pick(20) {
+                0..=13 => {
+                    self.deliver().await?;
+                }
+                14..=17 => self.clock.advance(Duration::from_millis(self.pick(20_000) as u64)),
+                _ => self.sweep().await?,
+            }
+            self.check()?;
+            if self.chance(Fault::Operator, 0.04) {
+                self.operate().await?;
+                self.check()?;
+            }
+            if self.answered && self.chance(Fault::Answer, 0.06) {
+                self.answer(true).await?;
+                self.check()?;
+            }
+        }
+        while submitted < self.orders {
+            self.submit(submitted).await?;
+            submitted += 1;
+        }
+        Ok(())
+    }
+
+    /// With the faults stopped, every order must end: messages delivered as they come, the
+    /// supervisor sweeping every few seconds, the clock jumping to the next deadline when
+    /// nothing else is due (a wait of a year takes a few sweeps).
+    async fn settle(&mut self) -> Result<(), Broken> {
+        self.on.store(false, Ordering::Relaxed);
+        self.memory.fail_next_writes(0);
+        self.crashes.disarm();
+        let stopped = self.clock.now();
+        let mut rounds = 0;
+        loop {
+            self.resume_paused().await?;
+            self.answer(false).await?;
+            while self.deliver().await? {
+                self.check()?;
+            }
+            if self.finished() {
+                break;
+            }
+            rounds += 1;
+            if rounds > 20_000 {
+                let (id, state) = self.unfinished()[0];
+                return Err((
+                    "every order ends",
+                    Some(id),
+                    format!(
+                        "{id} is still {state:?} {} s after the faults stopped",
+                        stopped.until(self.clock.now()).as_secs()
+                    ),
+                ));
+            }
+            self.clock.advance(self.next_jump());
+            self.sweep().await?;
+            self.check()?;
+        }
+        self.check()?;
+        self.check_end()
+    }
+
+    /// How far the clock may move with nothing missed: a sweep's interval, or up to the next
+    /// deadline of any order when no message waits and no service is held.
+    fn next_jump(&self) -> Duration {
+        let queued = self.destinations.iter().any(|d| !self.queues.is_empty(d));
+        let held = self.book.records().iter().any(|r| r.holds().next().is_some());
+        if queued || held {
+            return SWEEP_EVERY;
+        }
+        let now = self.clock.now();
+        let due = self
+            .memory
+            .records()
+            .iter()
+            .filter(|r| !r.is_terminal() || r.complete_by.is_some())
+            .filter_map(|r| r.complete_by)
+            .min();
+        due.map_or(SWEEP_EVERY, |d| now.until(d).max(SWEEP_EVERY))
+    }
+
+    fn finished(&self) -> bool {
+        self.memory.records().iter().all(|r| r.is_terminal() && r.complete_by.is_none())
+    }
+
+    fn unfinished(&self) -> Vec<(OrderId, ProcessState)> {
+        let mut left: Vec<(OrderId, ProcessState)> = self
+            .memory
+            .records()
+            .into_iter()
+            .filter(|r| !(r.is_terminal() && r.complete_by.is_none()))
+            .map(|r| (r.order_id, r.process_state))
+            .collect();
+        left.sort_by_key(|(id, _)| *id);
+        left
+    }
+
+    fn chance(&mut self, fault: Fault, p: f64) -> bool {
+        if !self.on.load(Ordering::Relaxed) {
+            return false;
+        }
+        let hit = self.rng.unit() < p && self.faults.on(fault);
+        if hit && fault != Fault::Crash {
+            self.injected[fault as usize] += 1;
+        }
+        hit
+    }
+
+    fn pick(&self, n: usize) -> usize {
+        ((self.rng.unit() * n as f64) as usize).min(n.saturating_sub(1))
+    }
+
+    fn maybe_crash(&mut self) {
+        if self.chance(Fault::Crash, 0.08) {
+            self.crashes.arm(1 + self.pick(5) as u32);
+        }
+    }
+
+    fn note(&self, order: OrderId, line: String) {
+        let line = format!("{} {line}", self.clock.now());
+        lock(&self.timelines).entry(order).or_default().push(line);
+    }
+
+    /// Submits order `i`, as a client does: again with the same key until it is accepted. An
+    /// input the workflow refuses is the team's test's mistake, reported as such.
+    async fn submit(&mut self, i: usize) -> Result<(), Broken> {
+        let input = (self.input)(i);
+        let body = input.to_string();
+        let key = format!("kit-{i}");
+        let mut last = None;
+        for _ in 0..20 {
+            self.maybe_crash();
+            if self.chance(Fault::Throttled, 0.05) {
+                self.memory.fail_next_writes(1);
+            }
+            let owner = Owner::anonymous();
+            let submitted = self
+                .submission
+                .submit_to(&owner, Some(&self.workflow), &key, body.as_bytes())
+                .await;
+            self.crashes.disarm();
+            match submitted {
+                Ok(accepted) => {
+                    self.note(accepted.order_id, format!("accepted as {key}: {body}"));
+                    self.accepted.push(accepted.order_id);
+                    self.inputs.insert(accepted.order_id, input);
+                    return Ok(());
+                }
+                Err(e) if !e.is_retryable() => {
+                    return Err((
+                        "the orders are ones the workflow takes",
+                        None,
+                        format!("order {i} ({body}) was refused: {e}"),
+                    ));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(("every order is accepted", None, format!("order {i} was never accepted: {last:?}")))
+    }
+
+    /// Delivers one message from a queue, with the faults the seed draws; false if every
+    /// queue was empty.
+    async fn deliver(&mut self) -> Result<bool, Broken> {
+        let start = self.pick(self.destinations.len());
+        for k in 0..self.destinations.len() {
+            let dest = self.destinations[(start + k) % self.destinations.len()].clone();
+            let mut batch = self.queues.receive(&dest, 10);
+            if batch.is_empty() {
+                continue;
+            }
+            let chosen = if batch.len() > 1 && self.chance(Fault::Reordered, 0.3) {
+                self.pick(batch.len())
+            } else {
+                0
+            };
+            let d = batch.swap_remove(chosen);
+            for other in &batch {
+                if !self.chance(Fault::Delayed, 0.5) {
+                    let _ = self.queues.put_back(&dest, &other.receipt);
+                }
+            }
+            if self.chance(Fault::Lost, 0.04) {
+                let _ = self.queues.delete(&dest, &d.receipt);
+                return Ok(true);
+            }
+            if self.chance(Fault::Duplicated, 0.05) {
+                let _ = self.queues.send_raw(&dest, d.body.clone());
+            }
+            if self.chance(Fault::Throttled, 0.03) {
+                self.memory.fail_next_writes(1);
+            }
+            self.maybe_crash();
+            self.handle(&dest, &d).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn handle(&mut self, dest: &Destination, d: &Delivery) -> Result<(), Broken> {
+        let message = Message::decode(&d.body).map_err(|e| {
+            ("the system sends only messages it takes", None, format!("{e}: {}", d.body))
+        })?;
+        let incoming = Incoming { message_id: d.identity(), receive_count: d.receive_count };
+        let handled = match &message {
+            Message::Request(r) => self.agents[dest].handle(r, incoming).await.map(|_| ()),
+            Message::Elements(r) => {
+                self.agents[dest].handle_elements(r, incoming).await.map(|_| ())
+            }
+            m => self.scheduler.handle(m, incoming).await.map(|_| ()),
+        };
+        self.crashes.disarm();
+        if let Err(sas_engine::Error::InvalidMessage(why)) = &handled {
+            return Err((
+                "the system sends only messages it takes",
+                message.order_id(),
+                why.clone(),
+            ));
+        }
+        if handled.is_ok() {
+            let _ = self.queues.delete(dest, &d.receipt);
+        }
+        Ok(())
+    }
+
+    async fn sweep(&mut self) -> Result<(), Broken> {
+        if self.chance(Fault::DoubleSweep, 0.2) {
+            let (a, b) = (&self.supervisors[0], &self.supervisors[1]);
+            let book = &self.book;
+            let (ra, rb) = futures_util::future::join(
+                async {
+                    let swept = a.sweep().await;
+                    let _ = a.tend(book, flowing(&swept)).await;
+                    swept
+                },
+                async {
+                    let swept = b.sweep().await;
+                    let _ = b.tend(book, flowing(&swept)).await;
+                    swept
+                },
+            )
+            .await;
+            self.judge(ra)?;
+            return self.judge(rb);
+        }
+        self.maybe_crash();
+        let swept = self.supervisors[0].sweep().await;
+        let tended = self.supervisors[0].tend(&self.book, flowing(&swept)).await;
+        self.crashes.disarm();
+        let faults_on = self.on.load(Ordering::Relaxed);
+        if let Err(e) = tended.as_ref().map(|r| r.errors).map_err(|e| e.to_string()) {
+            if !faults_on {
+                return Err(("the supervisor tends the services", None, e));
+            }
+        }
+        self.judge(swept)
+    }
+
+    fn judge(&self, swept: sas_engine::Result<SweepReport>) -> Result<(), Broken> {
+        let on = self.on.load(Ordering::Relaxed);
+        match swept {
+            Ok(r) if r.illegal > 0 => {
+                Err(("every record is one the machine can judge", None, format!("{r:?}")))
+            }
+            Ok(r) if !on && r.errors > 0 => {
+                Err(("a sweep without faults succeeds", None, format!("{r:?}")))
+            }
+            Err(e) if !(on && e.is_retryable()) => {
+                Err(("a sweep without faults succeeds", None, e.to_string()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// An operator's command on a random order, fitting its state: cancel or pause one in
+    /// flight, resume one paused, redrive one in error, undo one processed.
+    async fn operate(&mut self) -> Result<(), Broken> {
+        if self.accepted.is_empty() {
+            return Ok(());
+        }
+        let id = self.accepted[self.pick(self.accepted.len())];
+        let Some(r) = self.memory.peek(id) else { return Ok(()) };
+        let undo_failed = r.steps.iter().any(|s| s.status == StepStatus::UndoFailed);
+        let kind = match r.process_state {
+            ProcessState::Error if undo_failed => CommandKind::RedriveCompensation,
+            ProcessState::Error => CommandKind::Redrive,
+            ProcessState::Paused => CommandKind::Resume,
+            ProcessState::Pending | ProcessState::Processing if self.pick(2) == 0 => {
+                CommandKind::Cancel
+            }
+            ProcessState::Pending | ProcessState::Processing => CommandKind::Pause,
+            _ => return Ok(()),
+        };
+        self.maybe_crash();
+        self.command(id, kind).await
+    }
+
+    async fn command(&mut self, id: OrderId, kind: CommandKind) -> Result<(), Broken> {
+        self.commands += 1;
+        let command_id = format!("op-{}", self.commands);
+        let command = Command::new(kind, &command_id, "kit-operator", "the kit's operator")
+            .unwrap_or_else(|e| unreachable!("a command the kit makes: {e}"));
+        let done = self.operator.command(id, &command).await;
+        self.crashes.disarm();
+        let what = match &done {
+            Ok(Some(Commanded { applied: Applied::Refused(why), .. })) => format!("refused: {why}"),
+            Ok(_) => "applied".to_owned(),
+            Err(e) => format!("failed: {e}"),
+        };
+        self.note(id, format!("operator: {kind:?} {what}"));
+        match done {
+            Err(e) if !e.is_retryable() => {
+                Err(("an operator's command is applied or refused", Some(id), e.to_string()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Once the faults stop, the operator resumes every order it paused.
+    async fn resume_paused(&mut self) -> Result<(), Broken> {
+        let mut paused: Vec<OrderId> = self
+            .memory
+            .records()
+            .into_iter()
+            .filter(|r| r.process_state == ProcessState::Paused)
+            .map(|r| r.order_id)
+            .collect();
+        paused.sort();
+        for id in paused {
+            self.command(id, CommandKind::Resume).await?;
+        }
+        Ok(())
+    }
+
+    /// The party outside answers steps announced as waiting for it. With faults on, one
+    /// random announcement, sometimes with a forged token or a refusal; once they stop,
+    /// every step still waiting, with its token, as the team's answer says.
+    async fn answer(&mut self, faulty: bool) -> Result<(), Broken> {
+        let announced = self.bus.of_type(CALLBACK_DETAIL_TYPE);
+        if announced.is_empty() {
+            return Ok(());
+        }
+        let chosen: Vec<&Value> = if faulty {
+            vec![&announced[self.pick(announced.len())]]
+        } else {
+            announced.iter().collect()
+        };
+        for a in chosen {
+            let Some(id) = a["order_id"].as_str().and_then(|s| s.parse::<OrderId>().ok()) else {
+                continue;
+            };
+            let step = a["step"].as_str().unwrap_or_default().to_owned();
+            let Some(r) = self.memory.peek(id) else { continue };
+            let waiting = r.steps.iter().find(|s| s.name == step);
+            let current = waiting.and_then(|s| s.token.clone());
+            if !faulty && (current.as_deref() != a["token"].as_str() || r.is_terminal()) {
+                continue;
+            }
+            let forged = "f".repeat(40);
+            let (token, answer) = match faulty.then(|| self.pick(8)) {
+                Some(0) => (Some(forged.as_str()), Answer::Heartbeat),
+                Some(1) => (a["token"].as_str(), Answer::Refuse),
+                Some(2) => (a["token"].as_str(), Answer::Heartbeat),
+                _ => {
+                    let input = self.inputs.get(&id).cloned().unwrap_or_default();
+                    (a["token"].as_str(), Answer::Complete { output: (self.answer)(&step, &input) })
+                }
+            };
+            let kind = match &answer {
+                Answer::Refuse => "refusal",
+                Answer::Heartbeat => "heartbeat",
+                Answer::Complete { .. } => "answer",
+            };
+            let Ok(answering) = Answering::new(&step, token, answer, "kit-party", "the kit") else {
+                continue;
+            };
+            if faulty {
+                self.maybe_crash();
+            }
+            let done = self.operator.answer(id, &answering).await;
+            self.crashes.disarm();
+            self.note(
+                id,
+                format!(
+                    "party outside: {kind} to {step}: {}",
+                    match done {
+                        Ok(Some(Commanded { applied: Applied::Refused(_), .. })) => "refused",
+                        Ok(_) => "taken",
+                        Err(_) => "failed",
+                    }
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The invariants, after every event.
+    fn check(&mut self) -> Result<(), Broken> {
+        if let Some((order, what)) = lock(&self.alarms).first().cloned() {
+            return Err(("the agents' services behave", Some(order), what));
+        }
+        let records: Vec<StateRecord> = self.memory.records();
+        for id in &self.accepted {
+            if self.memory.peek(*id).is_none() {
+                return Err(("no accepted order is lost", Some(*id), format!("{id} is gone")));
+            }
+        }
+        for r in &records {
+            let id = r.order_id;
+            r.check()
+                .map_err(|e| ("each record keeps its own invariants", Some(id), e.to_string()))?;
+            if let Some(before) = self.previous.get(&id) {
+                if r.attempt < before.attempt {
+                    return Err((
+                        "leases only move forward",
+                        Some(id),
+                        format!("attempt {} after {}", r.attempt, before.attempt),
+                    ));
+                }
+                // A lease is taken away only once its CompleteBy passed.
+                if r.revision > before.revision && r.last_input == InputRef::Expire {
+                    let deadline = before.earliest_lease().or(before.complete_by);
+                    if deadline.is_none_or(|d| d > self.clock.now()) {
+                        return Err((
+                            "timeouts are kept",
+                            Some(id),
+                            format!(
+                                "expired at {} before its CompleteBy {deadline:?}",
+                                self.clock.now()
+                            ),
+                        ));
+                    }
+                }
+                if r.revision != before.revision {
+                    let steps: Vec<String> =
+                        r.steps.iter().map(|s| format!("{} {:?}", s.name, s.status)).collect();
+                    self.note(
+                        id,
+                        format!(
+                            "record r{}: {:?} {:?} [{}]",
+                            r.revision,
+                            r.process_state,
+                            r.phase,
+                            steps.join(", ")
+                        ),
+                    );
+                }
+            }
+            if let Some(before) = self.terminal.get(&id) {
+                let by_operator = matches!(r.last_input, InputRef::Command(_));
+                if r.process_state != before.process_state && !by_operator {
+                    return Err((
+                        "an order that ended stays ended",
+                        Some(id),
+                        format!("{:?} became {:?}", before.process_state, r.process_state),
+                    ));
+                }
+            }
+            if r.is_terminal() {
+                self.terminal.insert(id, r.clone());
+            } else {
+                self.terminal.remove(&id);
+            }
+            self.previous.insert(id, r.clone());
+        }
+        // No key has more of its orders running than its limit.
+        for s in self.memory.all_slots() {
+            if s.limit > 0 && s.running.len() > s.limit as usize {
+                return Err((
+                    "each key runs no more orders than its limit",
+                    None,
+                    format!(
+                        "{} places of {} taken, over its limit of {}",
+                        s.running.len(),
+                        s.key,
+                        s.limit
+                    ),
+                ));
+            }
+        }
+        let len = self.ledger.len();
+        if len != self.ledger_checked {
+            let from = self.ledger_checked;
+            self.ledger_checked = len;
+            self.ledger
+                .check_since(from)
+                .map_err(|(order, what)| ("no effect twice", Some(order), what))?;
+        }
+        Ok(())
+    }
+
+    /// Once every order ended: each one's effects are as its end says, and every place of a
+    /// key was given back.
+    fn check_end(&mut self) -> Result<(), Broken> {
+        let mut records = self.memory.records();
+        records.sort_by_key(|r| r.order_id);
+        for r in &records {
+            let workflow = self
+                .catalogue
+                .of(r)
+                .map_err(|e| ("each order keeps its workflow", Some(r.order_id), e.to_string()))?;
+            let kept = match r.process_state {
+                ProcessState::Processed => true,
+                ProcessState::Error | ProcessState::Cancelled => false,
+                _ => continue,
+            };
+            let listed = r.needs_manual_undo();
+            self.ledger.check_end(r.order_id, workflow, kept, &listed).map_err(|what| {
+                ("each step applied once, each undo once in reverse order", Some(r.order_id), what)
+            })?;
+        }
+        for s in self.memory.all_slots() {
+            if !s.running.is_empty() {
+                return Err((
+                    "every place of a key is given back",
+                    None,
+                    format!("{}: {:?}", s.key, s.running),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each action of `agent` in the catalogue, with whether it is an undo.
+fn undo_flags(
+    catalogue: &Catalogue,
+    agent: &AgentName,
+    _actions: &BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<(String, bool)> {
+    let mut found: Vec<(String, bool)> = Vec::new();
+    for w in catalogue.all() {
+        for s in w.steps().iter().filter(|s| s.agent() == Some(agent)) {
+            let mut push = |a: &str, undo: bool| {
+                if !found.iter().any(|(x, _)| x == a) {
+                    found.push((a.to_owned(), undo));
+                }
+            };
+            push(&s.name, false);
+            if let Some(c) = &s.compensation {
+                push(&c.action, true);
+            }
+        }
+    }
+    found
+}
+
+fn flowing(swept: &sas_engine::Result<SweepReport>) -> bool {
+    matches!(swept, Ok(report) if report.stalled.is_none())
+}
