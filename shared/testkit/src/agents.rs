@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use sas_engine::health::hold_key;
 use sas_engine::memory::{Behaviour, MemoryRemote, MemoryServiceBook, Outage, SplitMix, Throttle};
+use sas_engine::payload::MAX_PAYLOAD_LEN;
 use sas_engine::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
 use sas_engine::services::FRESH;
 use sas_engine::{Direction, Timestamp};
@@ -325,8 +326,11 @@ pub(crate) struct Injected {
     pub faults: Faults,
     /// Whether the seed's faults are still on (the kit's own injections stop with them).
     pub on: Arc<std::sync::atomic::AtomicBool>,
-    /// When the service is down, on this seed.
-    pub outages: Arc<Vec<(Timestamp, Timestamp)>>,
+    /// When, and how, the service misbehaves over time on this seed.
+    pub spells: Arc<Vec<Spell>>,
+    /// Whether the service is one of the team's own (the kit leaves its answers as they are)
+    /// or a stand-in (whose answers the kit may make large).
+    pub own: bool,
     pub alarms: Alarm,
     pub timeline: crate::run::Timelines,
     /// Per hold: since when the last seen began, and how many of its probes went.
@@ -349,21 +353,20 @@ impl Injected {
             return None;
         }
         let now = self.clock.now();
-        if self.faults.on(Fault::Outage) && self.outages.iter().any(|(a, b)| *a <= now && now < *b)
-        {
-            return Some(Fault::Outage);
+        let new_key = !lock(&self.reached).contains(&call.idempotency_key);
+        if let Some(spell) = self.spells.iter().find(|s| s.fails(call, now, new_key, &self.draws)) {
+            return Some(spell.kind);
         }
         let x = self.draws.unit();
+        let stand_in = !self.own;
         let fault = match x {
             x if x < 0.08 => Fault::RemoteTransient,
             x if x < 0.12 => Fault::LostAnswer,
             x if x < 0.14 => Fault::Timeout,
-            x if x < 0.17
-                && call.direction == Direction::Do
-                && !lock(&self.reached).contains(&call.idempotency_key) =>
-            {
-                Fault::RemotePermanent
-            }
+            x if x < 0.17 && call.direction == Direction::Do && new_key => Fault::RemotePermanent,
+            x if x < 0.20 => Fault::RemoteThrottled,
+            x if x < 0.21 && stand_in && call.direction == Direction::Do => Fault::OversizeOutput,
+            x if x < 0.25 && stand_in => Fault::LargeValue,
             _ => return None,
         };
         self.faults.on(fault).then_some(fault)
@@ -403,8 +406,14 @@ impl Injected {
         }
     }
 
+    /// The call reaching the service now: watched as it arrives, then served.
     async fn reach(&self, call: &RemoteCall) -> Answer {
         self.watch(call);
+        self.serve(call).await
+    }
+
+    /// The service working on a call that reached it.
+    async fn serve(&self, call: &RemoteCall) -> Answer {
         lock(&self.reached).insert(call.idempotency_key.clone());
         match &self.service {
             Service::Own(own) => {
@@ -461,23 +470,43 @@ impl RemoteService for Injected {
             lock(&self.injected)[fault as usize] += 1;
         }
         let answer = match fault {
-            Some(Fault::Outage) => Err(RemoteFault::Transient("unavailable: outage".into())),
             Some(Fault::RemoteTransient) => Err(RemoteFault::Transient("unavailable".into())),
-            Some(Fault::RemotePermanent) => {
+            Some(Fault::RemotePermanent | Fault::Denied) => {
                 lock(&self.refused).insert(call.idempotency_key.clone());
-                Err(RemoteFault::Permanent("refused".into()))
+                let reason = if fault == Some(Fault::Denied) { "AccessDenied" } else { "refused" };
+                Err(RemoteFault::Permanent(reason.into()))
+            }
+            Some(Fault::RemoteThrottled) => {
+                let retry_after = Duration::from_millis(500 + (self.draws.unit() * 2500.0) as u64);
+                let reason = "429 Too Many Requests".to_owned();
+                Err(RemoteFault::Throttled { reason, retry_after: Some(retry_after) })
             }
             Some(Fault::LostAnswer) => {
                 let _lost = self.reach(call).await;
                 Err(RemoteFault::Transient("answer lost".into()))
             }
-            Some(_) => {
+            Some(Fault::Timeout) => {
                 // Answered after the caller stopped waiting, its effect in place all the same.
+                self.watch(call);
                 let late = self.clock.now().until(call.deadline) + Duration::from_secs(1);
                 self.clock.sleep(late).await;
-                let _late = self.reach(call).await;
+                let _late = self.serve(call).await;
                 Err(RemoteFault::Transient("timeout".into()))
             }
+            Some(Fault::LargeValue | Fault::OversizeOutput) => {
+                let bytes = match fault {
+                    Some(Fault::OversizeOutput) => MAX_PAYLOAD_LEN,
+                    _ => 600 + (self.draws.unit() * 200_000.0) as usize,
+                };
+                self.reach(call).await.map(|mut output| {
+                    if let Some(fields) = output.as_object_mut() {
+                        fields.insert("statement".into(), "x".repeat(bytes).into());
+                    }
+                    output
+                })
+            }
+            // Every spell of a service down.
+            Some(_) => Err(RemoteFault::Transient("unavailable: outage".into())),
             None => self.reach(call).await,
         };
         let what = match (&fault, &answer) {
@@ -490,12 +519,70 @@ impl RemoteService for Injected {
     }
 }
 
-/// The windows a seed takes a service down in: none, or one of up to two minutes within the
-/// first ten.
-pub(crate) fn outages(draw: &SplitMix, start: Timestamp) -> Vec<(Timestamp, Timestamp)> {
-    if draw.unit() < 0.5 {
+/// A spell during which a service misbehaves: down (every call failing for now), flapping
+/// (down and up in turns), coming back slowly (a share of calls failing, falling to none),
+/// down for its forward actions or its undos only, or one action refused for good (a grant
+/// taken away: its new keys refused, the keys it took answered).
+#[derive(Clone, Debug)]
+pub(crate) struct Spell {
+    pub kind: Fault,
+    pub from: Timestamp,
+    pub until: Timestamp,
+    /// The action a refusal is of.
+    pub action: String,
+}
+
+impl Spell {
+    fn fails(&self, call: &RemoteCall, now: Timestamp, new_key: bool, draws: &SplitMix) -> bool {
+        let during = self.from <= now && now < self.until;
+        match self.kind {
+            Fault::Flapping => {
+                during && (self.from.until(now).as_millis() / FLAP.as_millis()) % 2 == 0
+            }
+            Fault::SlowRecovery if now >= self.until => {
+                let since = self.until.until(now);
+                since < RECOVERY
+                    && draws.unit() < 1.0 - since.as_secs_f64() / RECOVERY.as_secs_f64()
+            }
+            Fault::ForwardDown => during && call.direction == Direction::Do,
+            Fault::UndoDown => during && call.direction == Direction::Undo,
+            Fault::Denied => during && new_key && call.action == self.action,
+            _ => during,
+        }
+    }
+}
+
+/// How long a flapping service is down, then up, in turns; how long a slow one takes to come
+/// back once its spell is over.
+const FLAP: Duration = Duration::from_secs(4);
+const RECOVERY: Duration = Duration::from_secs(60);
+
+/// The spells a seed gives a service, among the kinds switched on: on half the seeds one
+/// spell of up to two minutes within the first ten, of a kind drawn, over `actions`.
+pub(crate) fn spells(
+    draw: &SplitMix,
+    start: Timestamp,
+    faults: Faults,
+    actions: &[(String, bool)],
+) -> Vec<Spell> {
+    const KINDS: [Fault; 6] = [
+        Fault::Outage,
+        Fault::Flapping,
+        Fault::SlowRecovery,
+        Fault::ForwardDown,
+        Fault::UndoDown,
+        Fault::Denied,
+    ];
+    // Drawn whatever is switched on, so that switching one kind off leaves the others' draws.
+    let (some, x, from, long, which) =
+        (draw.unit() < 0.5, draw.unit(), draw.unit(), draw.unit(), draw.unit());
+    let kind = KINDS[((x * KINDS.len() as f64) as usize).min(KINDS.len() - 1)];
+    let forward: Vec<&String> = actions.iter().filter(|(_, undo)| !undo).map(|(a, _)| a).collect();
+    if !some || !faults.on(kind) || forward.is_empty() {
         return Vec::new();
     }
-    let from = start.plus(Duration::from_secs_f64(draw.unit() * 600.0));
-    vec![(from, from.plus(Duration::from_secs_f64(10.0 + draw.unit() * 110.0)))]
+    let from = start.plus(Duration::from_secs_f64(from * 600.0));
+    let until = from.plus(Duration::from_secs_f64(10.0 + long * 110.0));
+    let action = forward[((which * forward.len() as f64) as usize).min(forward.len() - 1)].clone();
+    vec![Spell { kind, from, until, action }]
 }

@@ -163,15 +163,13 @@ impl Ledger {
         if kept {
             // The last run of each step is what a processed order keeps: an effect undone by
             // a compensation that an operator's redrive ran again is in place again.
-            let undone: Vec<&&Effect> = mine
-                .iter()
-                .filter(|e| e.direction == Direction::Undo)
-                .filter(|u| {
-                    !mine
+            let undone = mine.iter().enumerate().filter(|(n, u)| {
+                u.direction == Direction::Undo
+                    && !mine[n + 1..]
                         .iter()
-                        .any(|d| d.direction == Direction::Do && d.step == u.step && d.at >= u.at)
-                })
-                .collect();
+                        .any(|d| d.direction == Direction::Do && d.step == u.step)
+            });
+            let undone: Vec<&&Effect> = undone.map(|(_, u)| u).collect();
             if let Some(u) = undone.first() {
                 return Err(format!(
                     "processed, but {} (done by {}) was undone at {} and not done again",
@@ -222,4 +220,86 @@ fn downstream_all<'a>(workflow: &'a Workflow, step: &str) -> HashSet<&'a str> {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use sas_engine::ids::step_key;
+    use sas_engine::order::Order;
+
+    const WORKFLOW: &str = r#"{"name": "w", "version": 1, "steps": [
+        {"name": "a", "agent": "x", "budget_seconds": 5, "compensation": {"action": "undo-a", "budget_seconds": 5}},
+        {"name": "b", "agent": "x", "budget_seconds": 5, "depends_on": ["a"],
+         "compensation": {"action": "undo-b", "budget_seconds": 5}}]}"#;
+
+    fn call(order: OrderId, step: &str, direction: Direction) -> RemoteCall {
+        RemoteCall {
+            order_id: order,
+            action: step.to_owned(),
+            direction,
+            idempotency_key: step_key(order, step, direction, 0),
+            order: Order(serde_json::json!({})),
+            input: None,
+            outputs: Default::default(),
+            deadline: Timestamp::EPOCH,
+        }
+    }
+
+    fn workflow() -> Workflow {
+        Workflow::from_json(WORKFLOW, &Workflow::agents_in(WORKFLOW)).unwrap()
+    }
+
+    #[test]
+    fn an_effect_in_place_twice_or_undone_twice_is_named_with_both_keys() {
+        let (ledger, order) =
+            (Ledger::default(), "6d6c3a0f-62d2-5ab7-bc33-e182e1459fbf".parse::<OrderId>().unwrap());
+        ledger.apply(&call(order, "a", Direction::Do), "bucket b-1");
+        ledger.apply(&call(order, "a", Direction::Do), "bucket b-1");
+        let (_, twice) = ledger.check_since(0).unwrap_err();
+        assert!(twice.starts_with("bucket b-1 took effect twice"), "{twice}");
+
+        let (ledger, order) =
+            (Ledger::default(), "6d6c3a0f-62d2-5ab7-bc33-e182e1459fbf".parse::<OrderId>().unwrap());
+        ledger.apply(&call(order, "a", Direction::Do), "bucket b-1");
+        ledger.undo(&call(order, "a", Direction::Undo), "bucket b-1");
+        assert!(ledger.check_since(0).is_ok());
+        ledger.undo(&call(order, "a", Direction::Undo), "bucket b-1");
+        let (_, again) = ledger.check_since(2).unwrap_err();
+        assert!(again.contains("undone twice, or never done"), "{again}");
+    }
+
+    #[test]
+    fn an_undo_before_the_undo_of_a_step_depending_on_it_breaks_the_order() {
+        let (ledger, order) =
+            (Ledger::default(), "6d6c3a0f-62d2-5ab7-bc33-e182e1459fbf".parse::<OrderId>().unwrap());
+        ledger.apply(&call(order, "a", Direction::Do), "bucket");
+        ledger.apply(&call(order, "b", Direction::Do), "domain");
+        ledger.undo(&call(order, "a", Direction::Undo), "bucket");
+        ledger.undo(&call(order, "b", Direction::Undo), "domain");
+        let broken = ledger.check_end(order, &workflow(), false, &[]).unwrap_err();
+        assert!(broken.contains("reverse dependency order"), "{broken}");
+
+        let (ledger, order) =
+            (Ledger::default(), "6d6c3a0f-62d2-5ab7-bc33-e182e1459fbf".parse::<OrderId>().unwrap());
+        ledger.apply(&call(order, "a", Direction::Do), "bucket");
+        ledger.apply(&call(order, "b", Direction::Do), "domain");
+        ledger.undo(&call(order, "b", Direction::Undo), "domain");
+        ledger.undo(&call(order, "a", Direction::Undo), "bucket");
+        assert_eq!(ledger.check_end(order, &workflow(), false, &[]), Ok(()));
+        let kept = ledger.check_end(order, &workflow(), true, &[]).unwrap_err();
+        assert!(kept.starts_with("processed, but domain"), "{kept}");
+    }
+
+    #[test]
+    fn an_effect_left_by_an_undone_order_is_fine_only_on_the_operators_list() {
+        let (ledger, order) =
+            (Ledger::default(), "6d6c3a0f-62d2-5ab7-bc33-e182e1459fbf".parse::<OrderId>().unwrap());
+        ledger.apply(&call(order, "a", Direction::Do), "bucket");
+        let left = ledger.check_end(order, &workflow(), false, &[]).unwrap_err();
+        assert!(left.contains("still in place, and not on the operators' list"), "{left}");
+        assert_eq!(ledger.check_end(order, &workflow(), false, &["a".into()]), Ok(()));
+    }
 }

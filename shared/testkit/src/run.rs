@@ -19,8 +19,8 @@ use sas_engine::memory::{
 use sas_engine::message::Message;
 use sas_engine::ports::{Clock, Destination, Incoming};
 use sas_engine::services::{
-    Agent, Answering, Applied, Assembly, Command, Commanded, Operator, Scheduler, Submission,
-    Supervisor, SweepReport,
+    Agent, Answering, Applied, Assembly, Command, Commanded, Operator, Scheduler, ServiceDesk,
+    Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{CommandKind, InputRef, ProcessState, StateRecord, StepStatus};
 use sas_engine::workflow::{Workflow, load_file};
@@ -45,6 +45,7 @@ type Waits = Arc<MemoryWaits>;
 type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
 type Book = Arc<MemoryServiceBook>;
 type Payloads = Crashy<Arc<MemoryPayloads>>;
+type Desk = ServiceDesk<Book, Arc<MemoryStore<ManualClock>>, ManualClock>;
 type KitAgent = Agent<Injected, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
 
 /// How often the supervisor sweeps once the faults stop.
@@ -417,6 +418,8 @@ struct Run {
     agents: HashMap<Destination, KitAgent>,
     destinations: Vec<Destination>,
     book: Book,
+    /// The operators' desk, where services are held and released by hand.
+    desk: Desk,
     ledger: Ledger,
     ledger_checked: usize,
     catalogue: Arc<Catalogue>,
@@ -476,9 +479,9 @@ impl Run {
         let alarms = Alarm::default();
         let probes: Arc<Mutex<HashMap<String, (sas_engine::Timestamp, u64)>>> = Arc::default();
         let remote_injected = Arc::new(Mutex::new([0; Fault::ALL.len()]));
-        let actions = setup.catalogue.actions();
         let mut agents = HashMap::new();
         for (n, name) in setup.catalogue.agents().into_iter().enumerate() {
+            let of_agent = undo_flags(&setup.catalogue, &name);
             let service = match kit.agents.iter().find(|(a, _)| *a == name) {
                 Some((_, build)) => Service::Own(build(&ledger)),
                 None => {
@@ -487,13 +490,13 @@ impl Run {
                         .iter()
                         .find(|(a, _)| *a == name)
                         .unwrap_or_else(|| unreachable!("every agent is deployed"));
-                    let of_agent = undo_flags(&setup.catalogue, &name, &actions);
                     let remote = stand_in.build(&timeline, clock.now(), &of_agent, seed ^ n as u64);
                     Service::StandIn { remote, seen: Arc::default() }
                 }
             };
+            let own = matches!(service, Service::Own(_));
             let draws = SplitMix::seeded(seed.rotate_left(17) ^ (n as u64 + 1));
-            let outages = agents::outages(&draws, clock.now());
+            let spells = agents::spells(&draws, clock.now(), faults, &of_agent);
             let injected = Injected {
                 agent: name.as_str().to_owned(),
                 service,
@@ -503,7 +506,8 @@ impl Run {
                 draws: Arc::new(draws),
                 faults,
                 on: on.clone(),
-                outages: Arc::new(outages),
+                spells: Arc::new(spells),
+                own,
                 alarms: alarms.clone(),
                 timeline: timelines.clone(),
                 probes: probes.clone(),
@@ -526,7 +530,16 @@ impl Run {
             agents.insert(Destination::Agent(name.clone()), agent);
         }
         let supervisor = || system.supervisor(outbox.clone());
+        let desk = ServiceDesk {
+            book: book.clone(),
+            index: memory.clone(),
+            clock: clock.clone(),
+            agents: setup.catalogue.agents(),
+            limits: config.limits.clone(),
+            actions: setup.catalogue.actions(),
+        };
         Run {
+            desk,
             seed,
             rng,
             faults,
@@ -591,6 +604,9 @@ impl Run {
             *report.injected.entry(f.name()).or_default() += n;
         }
         *report.injected.entry(Fault::Crash.name()).or_default() += u64::from(self.crashes.count());
+        let stats = self.memory.stats();
+        *report.injected.entry(Fault::IndexLag.name()).or_default() += stats.stale_index_queries;
+        *report.injected.entry(Fault::StaleRead.name()).or_default() += stats.stale_reads;
         if let Err((invariant, order, detail)) = outcome {
             let timeline =
                 order.and_then(|o| lock(&self.timelines).get(&o).cloned()).unwrap_or_default();
@@ -624,6 +640,10 @@ impl Run {
                 self.operate().await?;
                 self.check()?;
             }
+            if self.chance(Fault::ManualHold, 0.02) {
+                self.hold_by_hand().await?;
+                self.check()?;
+            }
             if self.answered && self.chance(Fault::Answer, 0.06) {
                 self.answer(true).await?;
                 self.check()?;
@@ -643,6 +663,7 @@ impl Run {
         self.on.store(false, Ordering::Relaxed);
         self.memory.fail_next_writes(0);
         self.crashes.disarm();
+        self.release_by_hand().await?;
         let stopped = self.clock.now();
         let mut rounds = 0;
         loop {
@@ -657,11 +678,12 @@ impl Run {
             rounds += 1;
             if rounds > 20_000 {
                 let (id, state) = self.unfinished()[0];
+                let record = self.memory.peek(id).map(|r| serde_json::to_string(&r));
                 return Err((
                     "every order ends",
                     Some(id),
                     format!(
-                        "{id} is still {state:?} {} s after the faults stopped",
+                        "{id} is still {state:?} {} s after the faults stopped: {record:?}",
                         stopped.until(self.clock.now()).as_secs()
                     ),
                 ));
@@ -675,11 +697,11 @@ impl Run {
     }
 
     /// How far the clock may move with nothing missed: a sweep's interval, or up to the next
-    /// deadline of any order when no message waits and no service is held.
+    /// deadline of any order when no message waits.
     fn next_jump(&self) -> Duration {
-        let queued = self.destinations.iter().any(|d| !self.queues.is_empty(d));
-        let held = self.book.records().iter().any(|r| r.holds().next().is_some());
-        if queued || held {
+        // A hold with no order waiting for it lasts until an order needs its service; one
+        // waiting for it is due at its own deadline, which bounds the jump.
+        if self.destinations.iter().any(|d| !self.queues.is_empty(d)) {
             return SWEEP_EVERY;
         }
         let now = self.clock.now();
@@ -783,6 +805,37 @@ impl Run {
             if batch.is_empty() {
                 continue;
             }
+            // One order's replies of the batch in one turn, as the deployed scheduler folds
+            // them; replies side by side, as its batch runs them; an agent's requests side by
+            // side, as its batch runs them.
+            let of_one_order = one_order(&batch);
+            if of_one_order.len() > 1 && self.chance(Fault::Folded, 0.5) {
+                let mut taken = Vec::new();
+                for (k, d) in batch.into_iter().enumerate() {
+                    if of_one_order.contains(&k) {
+                        taken.push(d);
+                    } else {
+                        let _ = self.queues.put_back(&dest, &d.receipt);
+                    }
+                }
+                self.handle_turn(&dest, taken).await?;
+                return Ok(true);
+            }
+            let side_by_side = match dest {
+                Destination::Replies => Some(Fault::Batched),
+                Destination::Agent(_) => Some(Fault::AgentBatch),
+                _ => None,
+            };
+            if let Some(kind) = side_by_side.filter(|_| batch.len() > 1)
+                && self.chance(kind, 0.3)
+            {
+                let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
+                for other in &batch {
+                    let _ = self.queues.put_back(&dest, &other.receipt);
+                }
+                self.handle_together(&dest, taken).await?;
+                return Ok(true);
+            }
             let chosen = if batch.len() > 1 && self.chance(Fault::Reordered, 0.3) {
                 self.pick(batch.len())
             } else {
@@ -812,27 +865,71 @@ impl Run {
     }
 
     async fn handle(&mut self, dest: &Destination, d: &Delivery) -> Result<(), Broken> {
-        let message = Message::decode(&d.body).map_err(|e| {
-            ("the system sends only messages it takes", None, format!("{e}: {}", d.body))
-        })?;
-        let incoming = Incoming { message_id: d.identity(), receive_count: d.receive_count };
-        let handled = match &message {
-            Message::Request(r) => self.agents[dest].handle(r, incoming).await.map(|_| ()),
-            Message::Elements(r) => {
-                self.agents[dest].handle_elements(r, incoming).await.map(|_| ())
-            }
-            m => self.scheduler.handle(m, incoming).await.map(|_| ()),
-        };
+        self.handle_together(dest, vec![d.clone()]).await
+    }
+
+    /// Handles `taken` side by side, each as its consumer does; a message the system sent
+    /// and refuses breaks the run.
+    async fn handle_together(
+        &mut self,
+        dest: &Destination,
+        taken: Vec<Delivery>,
+    ) -> Result<(), Broken> {
+        let messages = decode(&taken)?;
+        let (agent, scheduler) = (self.agents.get(dest), &self.scheduler);
+        let handled =
+            futures_util::future::join_all(taken.iter().zip(&messages).map(|(d, m)| async move {
+                let incoming =
+                    Incoming { message_id: d.identity(), receive_count: d.receive_count };
+                match (m, agent) {
+                    (Message::Request(r), Some(a)) => a.handle(r, incoming).await.map(|_| ()),
+                    (Message::Elements(r), Some(a)) => {
+                        a.handle_elements(r, incoming).await.map(|_| ())
+                    }
+                    (m, _) => scheduler.handle(m, incoming).await.map(|_| ()),
+                }
+            }))
+            .await;
         self.crashes.disarm();
-        if let Err(sas_engine::Error::InvalidMessage(why)) = &handled {
-            return Err((
-                "the system sends only messages it takes",
-                message.order_id(),
-                why.clone(),
-            ));
-        }
-        if handled.is_ok() {
-            let _ = self.queues.delete(dest, &d.receipt);
+        self.done_with(dest, &taken, &messages, handled)
+    }
+
+    /// Handles one order's messages in one turn, as the deployed scheduler does.
+    async fn handle_turn(
+        &mut self,
+        dest: &Destination,
+        taken: Vec<Delivery>,
+    ) -> Result<(), Broken> {
+        let messages = decode(&taken)?;
+        let turn: Vec<(Message, Incoming<'_>)> = taken
+            .iter()
+            .zip(&messages)
+            .map(|(d, m)| {
+                (m.clone(), Incoming { message_id: d.identity(), receive_count: d.receive_count })
+            })
+            .collect();
+        self.maybe_crash();
+        let handled = self.scheduler.handle_turn(&turn).await;
+        self.crashes.disarm();
+        let handled = handled.into_iter().map(|h| h.map(|_| ())).collect();
+        self.done_with(dest, &taken, &messages, handled)
+    }
+
+    /// Deletes what was handled; what failed stays for its redelivery.
+    fn done_with(
+        &self,
+        dest: &Destination,
+        taken: &[Delivery],
+        messages: &[Message],
+        handled: Vec<sas_engine::Result<()>>,
+    ) -> Result<(), Broken> {
+        for ((d, m), handled) in taken.iter().zip(messages).zip(handled) {
+            if let Err(sas_engine::Error::InvalidMessage(why)) = &handled {
+                return Err(("the system sends only messages it takes", m.order_id(), why.clone()));
+            }
+            if handled.is_ok() {
+                let _ = self.queues.delete(dest, &d.receipt);
+            }
         }
         Ok(())
     }
@@ -928,6 +1025,72 @@ impl Run {
             }
             _ => Ok(()),
         }
+    }
+
+    /// An operator holds a service by hand (a maintenance window), or one action of it, or
+    /// releases what a hand or an agent holds.
+    async fn hold_by_hand(&mut self) -> Result<(), Broken> {
+        // A person's hand: never within the millisecond of the change before, as a hold's
+        // alert is named by the millisecond it began.
+        self.clock.advance(Duration::from_millis(1 + self.pick(1000) as u64));
+        let services = &self.desk.agents;
+        let target = services[self.pick(services.len())].as_str().to_owned();
+        let records = self.book.records();
+        let by_hand = records.iter().find_map(|r| {
+            let (on, _) = r.holds().find(|(_, h)| h.by.is_some())?;
+            Some((r.service.clone(), on.map(str::to_owned)))
+        });
+        let agents =
+            records.iter().any(|r| r.service == target && r.holds().any(|(_, h)| h.by.is_none()));
+        let release = match by_hand {
+            Some(held) => Some(held),
+            None if agents && self.pick(2) == 0 => Some((target.clone(), None)),
+            None => None,
+        };
+        let done = match &release {
+            Some((service, on)) => {
+                self.desk.release(service, on.as_deref(), "kit-operator", "maintenance over").await
+            }
+            None => {
+                let actions: Vec<String> =
+                    self.desk.actions.get(&target).into_iter().flatten().cloned().collect();
+                let one = (self.pick(3) == 0 && !actions.is_empty())
+                    .then(|| actions[self.pick(actions.len())].clone());
+                self.desk.hold(&target, one.as_deref(), "kit-operator", "maintenance window").await
+            }
+        };
+        match done {
+            Err(e) => Err(("the operators' desk holds and releases", None, e.to_string())),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// Once the faults stop, the operator releases what it holds by hand.
+    async fn release_by_hand(&mut self) -> Result<(), Broken> {
+        for record in self.book.records() {
+            // The whole service released releases its actions with it.
+            let held: Vec<Option<String>> = match &record.whole.held {
+                Some(hold) if hold.by.is_some() => vec![None],
+                _ => record
+                    .holds()
+                    .filter(|(_, h)| h.by.is_some())
+                    .map(|(on, _)| on.map(str::to_owned))
+                    .collect(),
+            };
+            for on in held {
+                let why = "the faults stopped";
+                let released =
+                    self.desk.release(&record.service, on.as_deref(), "kit-operator", why).await;
+                if !matches!(released, Ok(Ok(_))) {
+                    return Err((
+                        "the operators' desk holds and releases",
+                        None,
+                        format!("{} not released: {released:?}", record.service),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Once the faults stop, the operator resumes every order it paused.
@@ -1119,6 +1282,24 @@ impl Run {
                 _ => continue,
             };
             let listed = r.needs_manual_undo();
+            if kept {
+                // A wait is over, and never before its time.
+                for step in r.steps.iter().filter(|s| s.wake_at.is_some()) {
+                    let woke = step.output.as_ref().and_then(|o| o["woke_at"].as_str());
+                    // Both written as RFC 3339 to the millisecond, in UTC: they sort as text.
+                    let due = step.wake_at.map(|t| t.to_rfc3339()).unwrap_or_default();
+                    if step.reported.is_none() && !woke.is_some_and(|t| t >= due.as_str()) {
+                        return Err((
+                            "a wait is over, never before its time",
+                            Some(r.order_id),
+                            format!(
+                                "{} woke at {woke:?}, to wake at {:?}",
+                                step.name, step.wake_at
+                            ),
+                        ));
+                    }
+                }
+            }
             self.ledger.check_end(r.order_id, workflow, kept, &listed).map_err(|what| {
                 ("each step applied once, each undo once in reverse order", Some(r.order_id), what)
             })?;
@@ -1137,11 +1318,7 @@ impl Run {
 }
 
 /// Each action of `agent` in the catalogue, with whether it is an undo.
-fn undo_flags(
-    catalogue: &Catalogue,
-    agent: &AgentName,
-    _actions: &BTreeMap<String, std::collections::BTreeSet<String>>,
-) -> Vec<(String, bool)> {
+fn undo_flags(catalogue: &Catalogue, agent: &AgentName) -> Vec<(String, bool)> {
     let mut found: Vec<(String, bool)> = Vec::new();
     for w in catalogue.all() {
         for s in w.steps().iter().filter(|s| s.agent() == Some(agent)) {
@@ -1157,6 +1334,37 @@ fn undo_flags(
         }
     }
     found
+}
+
+fn decode(taken: &[Delivery]) -> Result<Vec<Message>, Broken> {
+    taken
+        .iter()
+        .map(|d| {
+            Message::decode(&d.body).map_err(|e| {
+                ("the system sends only messages it takes", None, format!("{e}: {}", d.body))
+            })
+        })
+        .collect()
+}
+
+/// The positions in `batch` of the replies and children's ends about the order of its first
+/// message, if there are two or more: what a turn of the scheduler folds.
+fn one_order(batch: &[Delivery]) -> Vec<usize> {
+    let messages: Vec<Option<Message>> =
+        batch.iter().map(|d| Message::decode(&d.body).ok()).collect();
+    let foldable =
+        |m: &Option<Message>| matches!(m, Some(Message::Reply(_) | Message::ChildEnded(_)));
+    let Some(order) = messages.first().filter(|m| foldable(m)).and_then(|m| m.as_ref()?.order_id())
+    else {
+        return Vec::new();
+    };
+    let same: Vec<usize> = (0..batch.len())
+        .filter(|&k| {
+            foldable(&messages[k])
+                && messages[k].as_ref().and_then(Message::order_id) == Some(order)
+        })
+        .collect();
+    if same.len() > 1 { same } else { Vec::new() }
 }
 
 fn flowing(swept: &sas_engine::Result<SweepReport>) -> bool {
