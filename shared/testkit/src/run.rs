@@ -1288,7 +1288,7 @@ impl Run {
                     let woke = step.output.as_ref().and_then(|o| o["woke_at"].as_str());
                     // Both written as RFC 3339 to the millisecond, in UTC: they sort as text.
                     let due = step.wake_at.map(|t| t.to_rfc3339()).unwrap_or_default();
-                    if step.reported.is_none() && !woke.is_some_and(|t| t >= due.as_str()) {
+                    if step.reported.is_none() && woke.is_none_or(|t| t < due.as_str()) {
                         return Err((
                             "a wait is over, never before its time",
                             Some(r.order_id),
