@@ -71,9 +71,9 @@ use sas_engine::ports::{
     Clock, Destination, Incoming, OrderRecord, RemoteCall, RemoteFault, RemoteService,
 };
 use sas_engine::services::{
-    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, DeskRefusal, FRESH,
-    Operator, RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Starter, Submission,
-    Supervisor, SweepReport,
+    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, FRESH, Operator,
+    RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Starter, Submission, Supervisor,
+    SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Lease, Phase, ProcessState, StateRecord,
@@ -81,6 +81,7 @@ use sas_engine::state::{
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
+use sas_testkit::hands::{self, Desk, flowing, one_order};
 use sas_testkit::{Crashes, Crashy, Fault, Faults, Timeline};
 
 const ORDERS: usize = 12;
@@ -106,7 +107,6 @@ type Book = Arc<MemoryServiceBook>;
 type Remote = Arc<MemoryRemote<Timeline>>;
 type Payloads = Crashy<Arc<MemoryPayloads>>;
 type SimAgent = Agent<Watched, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
-type Desk = ServiceDesk<Book, Arc<MemoryStore<ManualClock>>, ManualClock>;
 
 /// What reached the services while their records said they were held.
 #[derive(Debug, Default)]
@@ -902,7 +902,7 @@ impl Sim {
     }
 
     fn pick(&self, n: usize) -> usize {
-        ((self.rng.unit() * n as f64) as usize).min(n.saturating_sub(1))
+        hands::pick(&self.rng, n)
     }
 
     /// Arms a crash at one of the next few port calls of the handler about to run.
@@ -1474,76 +1474,17 @@ impl Sim {
         }
     }
 
-    /// An operator holds a service by hand (a maintenance window), or one action of it, or,
-    /// if it holds one already, releases it; now and then it releases a service its agent
-    /// holds an action of instead (which releases them all).
+    /// An operator holds a service by hand (a maintenance window), or one action of it, or
+    /// releases a hold (see [`hands::hold_by_hand`]).
     async fn hold_by_hand(&mut self) {
-        // A person's hand: never within the millisecond of the change before, as a hold's
-        // alert is named by the millisecond it began.
-        self.clock.advance(Duration::from_millis(1 + self.pick(1000) as u64));
-        let target = self.services[self.pick(self.services.len())].clone();
-        let coin = self.pick(2) == 0;
-        let one_action = self.pick(3) == 0;
-        let records = self.book.records();
-        let by_hand = records.iter().find_map(|r| {
-            let (on, _) = r.holds().find(|(_, h)| h.by.is_some())?;
-            Some((r.service.clone(), on.map(str::to_owned)))
-        });
-        let agents =
-            records.iter().any(|r| r.service == target && r.holds().any(|(_, h)| h.by.is_none()));
-        let release = match by_hand {
-            Some(held) => Some(held),
-            None if agents && coin => Some((target.clone(), None)),
-            None => None,
-        };
-        let done = match &release {
-            Some((service, on)) => {
-                self.desk.release(service, on.as_deref(), "sim-operator", "maintenance over").await
-            }
-            None => {
-                // The actions deployed so far: the desk refuses a version's before its deploy.
-                let actions: Vec<String> =
-                    self.desk.actions.get(&target).into_iter().flatten().cloned().collect();
-                let action = one_action.then(|| actions[self.pick(actions.len())].clone());
-                let why = "maintenance window";
-                self.desk.hold(&target, action.as_deref(), "sim-operator", why).await
-            }
-        };
-        // A refusal (held already, the same way) changes nothing; the desk itself never fails
-        // here, and knows every action the workflows ask of the service.
-        match done {
-            Err(e) => panic!("seed {}: the desk failed on {target}: {e}", self.seed),
-            Ok(Err(refused @ DeskRefusal::UnknownAction { .. })) => {
-                panic!("seed {}: the desk refused a hold: {refused}", self.seed)
-            }
-            Ok(_) => {}
-        }
+        let done = hands::hold_by_hand(&self.desk, &self.clock, &self.rng, &self.services).await;
+        done.unwrap_or_else(|e| panic!("seed {}: {e}", self.seed));
     }
 
     /// Once the faults stop, the operator releases what it holds.
     async fn release_by_hand(&mut self) {
-        for record in self.book.records() {
-            // The whole service released releases its actions with it.
-            let held: Vec<Option<String>> = match &record.whole.held {
-                Some(hold) if hold.by.is_some() => vec![None],
-                _ => record
-                    .holds()
-                    .filter(|(_, h)| h.by.is_some())
-                    .map(|(on, _)| on.map(str::to_owned))
-                    .collect(),
-            };
-            for on in held {
-                let why = "the faults stopped";
-                let released =
-                    self.desk.release(&record.service, on.as_deref(), "sim-operator", why).await;
-                assert!(
-                    matches!(released, Ok(Ok(_))),
-                    "seed {}: {} not released: {released:?}",
-                    self.seed,
-                    hold_key(&record.service, on.as_deref())
-                );
-            }
-        }
+        let done = hands::release_by_hand(&self.desk).await;
+        done.unwrap_or_else(|e| panic!("seed {}: {e}", self.seed));
     }
 
     /// A sweep never meets a record it cannot judge, and fails (whole or on some records) only
@@ -3544,32 +3485,6 @@ fn the_settle_bound_follows_from_the_configuration() {
     // apart, each found by a sweep, then a minute to resume what waited for it.
     let expected = 3 * (5 * (30 + 300 + 6 + 5) + 180) + 95 + 3 * (10 + 5) + 60 + 120 + 5;
     assert_eq!(settle_bound(&config, &workflow), Duration::from_secs(expected));
-}
-
-/// Whether a supervisor that swept so resumes held orders, as the deployed one decides: only
-/// while the queues flow.
-fn flowing(swept: &sas_engine::Result<SweepReport>) -> bool {
-    matches!(swept, Ok(report) if report.stalled.is_none())
-}
-
-/// The positions in `batch` of the scheduler's messages about the order of its first one (the
-/// replies and children's ends a turn folds), if there are two or more.
-fn one_order(batch: &[Delivery]) -> Vec<usize> {
-    let messages: Vec<Option<Message>> =
-        batch.iter().map(|d| Message::decode(&d.body).ok()).collect();
-    let foldable =
-        |m: &Option<Message>| matches!(m, Some(Message::Reply(_) | Message::ChildEnded(_)));
-    let Some(order) = messages.first().filter(|m| foldable(m)).and_then(|m| m.as_ref()?.order_id())
-    else {
-        return Vec::new();
-    };
-    let same: Vec<usize> = (0..batch.len())
-        .filter(|&k| {
-            foldable(&messages[k])
-                && messages[k].as_ref().and_then(Message::order_id) == Some(order)
-        })
-        .collect();
-    if same.len() > 1 { same } else { Vec::new() }
 }
 
 /// What an agent did with a request taken in a batch.

@@ -4,6 +4,7 @@
 
 mod agents;
 pub mod faults;
+pub mod hands;
 pub mod ledger;
 mod run;
 pub mod world;

@@ -29,6 +29,7 @@ use serde_json::Value;
 
 use crate::agents::{self, Alarm, Build, Injected, Service, StandIn};
 use crate::faults::{Fault, Faults};
+use crate::hands::{self, Desk, flowing, one_order};
 use crate::ledger::Ledger;
 use crate::world::{Crashes, Crashy, Timeline, lock};
 
@@ -45,7 +46,6 @@ type Waits = Arc<MemoryWaits>;
 type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
 type Book = Arc<MemoryServiceBook>;
 type Payloads = Crashy<Arc<MemoryPayloads>>;
-type Desk = ServiceDesk<Book, Arc<MemoryStore<ManualClock>>, ManualClock>;
 type KitAgent = Agent<Injected, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
 
 /// How often the supervisor sweeps once the faults stop.
@@ -743,7 +743,7 @@ impl Run {
     }
 
     fn pick(&self, n: usize) -> usize {
-        ((self.rng.unit() * n as f64) as usize).min(n.saturating_sub(1))
+        hands::pick(&self.rng, n)
     }
 
     fn maybe_crash(&mut self) {
@@ -1027,70 +1027,20 @@ impl Run {
         }
     }
 
-    /// An operator holds a service by hand (a maintenance window), or one action of it, or
-    /// releases what a hand or an agent holds.
+    /// An operator holds a service, or an action of it, by hand, or releases a hold.
     async fn hold_by_hand(&mut self) -> Result<(), Broken> {
-        // A person's hand: never within the millisecond of the change before, as a hold's
-        // alert is named by the millisecond it began.
-        self.clock.advance(Duration::from_millis(1 + self.pick(1000) as u64));
-        let services = &self.desk.agents;
-        let target = services[self.pick(services.len())].as_str().to_owned();
-        let records = self.book.records();
-        let by_hand = records.iter().find_map(|r| {
-            let (on, _) = r.holds().find(|(_, h)| h.by.is_some())?;
-            Some((r.service.clone(), on.map(str::to_owned)))
-        });
-        let agents =
-            records.iter().any(|r| r.service == target && r.holds().any(|(_, h)| h.by.is_none()));
-        let release = match by_hand {
-            Some(held) => Some(held),
-            None if agents && self.pick(2) == 0 => Some((target.clone(), None)),
-            None => None,
-        };
-        let done = match &release {
-            Some((service, on)) => {
-                self.desk.release(service, on.as_deref(), "kit-operator", "maintenance over").await
-            }
-            None => {
-                let actions: Vec<String> =
-                    self.desk.actions.get(&target).into_iter().flatten().cloned().collect();
-                let one = (self.pick(3) == 0 && !actions.is_empty())
-                    .then(|| actions[self.pick(actions.len())].clone());
-                self.desk.hold(&target, one.as_deref(), "kit-operator", "maintenance window").await
-            }
-        };
-        match done {
-            Err(e) => Err(("the operators' desk holds and releases", None, e.to_string())),
-            Ok(_) => Ok(()),
-        }
+        let services: Vec<String> =
+            self.desk.agents.iter().map(|a| a.as_str().to_owned()).collect();
+        hands::hold_by_hand(&self.desk, &self.clock, &self.rng, &services)
+            .await
+            .map_err(|e| ("the operators' desk holds and releases", None, e))
     }
 
     /// Once the faults stop, the operator releases what it holds by hand.
     async fn release_by_hand(&mut self) -> Result<(), Broken> {
-        for record in self.book.records() {
-            // The whole service released releases its actions with it.
-            let held: Vec<Option<String>> = match &record.whole.held {
-                Some(hold) if hold.by.is_some() => vec![None],
-                _ => record
-                    .holds()
-                    .filter(|(_, h)| h.by.is_some())
-                    .map(|(on, _)| on.map(str::to_owned))
-                    .collect(),
-            };
-            for on in held {
-                let why = "the faults stopped";
-                let released =
-                    self.desk.release(&record.service, on.as_deref(), "kit-operator", why).await;
-                if !matches!(released, Ok(Ok(_))) {
-                    return Err((
-                        "the operators' desk holds and releases",
-                        None,
-                        format!("{} not released: {released:?}", record.service),
-                    ));
-                }
-            }
-        }
-        Ok(())
+        hands::release_by_hand(&self.desk)
+            .await
+            .map_err(|e| ("the operators' desk holds and releases", None, e))
     }
 
     /// Once the faults stop, the operator resumes every order it paused.
@@ -1345,28 +1295,4 @@ fn decode(taken: &[Delivery]) -> Result<Vec<Message>, Broken> {
             })
         })
         .collect()
-}
-
-/// The positions in `batch` of the replies and children's ends about the order of its first
-/// message, if there are two or more: what a turn of the scheduler folds.
-fn one_order(batch: &[Delivery]) -> Vec<usize> {
-    let messages: Vec<Option<Message>> =
-        batch.iter().map(|d| Message::decode(&d.body).ok()).collect();
-    let foldable =
-        |m: &Option<Message>| matches!(m, Some(Message::Reply(_) | Message::ChildEnded(_)));
-    let Some(order) = messages.first().filter(|m| foldable(m)).and_then(|m| m.as_ref()?.order_id())
-    else {
-        return Vec::new();
-    };
-    let same: Vec<usize> = (0..batch.len())
-        .filter(|&k| {
-            foldable(&messages[k])
-                && messages[k].as_ref().and_then(Message::order_id) == Some(order)
-        })
-        .collect();
-    if same.len() > 1 { same } else { Vec::new() }
-}
-
-fn flowing(swept: &sas_engine::Result<SweepReport>) -> bool {
-    matches!(swept, Ok(report) if report.stalled.is_none())
 }

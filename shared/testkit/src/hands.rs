@@ -1,0 +1,117 @@
+//! What the people around a system do to it while it runs, shared by every simulation: an
+//! operator holding a service by hand and releasing it, and the helpers a run's pump uses to
+//! hand the consumers their messages as the deployed functions get them.
+
+use sas_engine::memory::{Delivery, ManualClock, MemoryServiceBook, MemoryStore, SplitMix};
+use sas_engine::message::Message;
+use sas_engine::services::{DeskRefusal, ServiceDesk, SweepReport};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The operators' desk of a run on in-memory ports.
+pub type Desk = ServiceDesk<Arc<MemoryServiceBook>, Arc<MemoryStore<ManualClock>>, ManualClock>;
+
+/// A draw from 0 to `n` (excluded) off `rng`.
+pub fn pick(rng: &SplitMix, n: usize) -> usize {
+    ((rng.unit() * n as f64) as usize).min(n.saturating_sub(1))
+}
+
+/// An operator holds a service by hand (a maintenance window), or one action of it, or, when
+/// something is held, releases a hold made by hand or, by a coin's toss, the agent's own;
+/// every choice drawn from `rng`. A refusal (held already, the same way) changes nothing; an
+/// action the desk does not know, or the desk failing, is an error.
+pub async fn hold_by_hand(
+    desk: &Desk,
+    clock: &ManualClock,
+    rng: &SplitMix,
+    services: &[String],
+) -> Result<(), String> {
+    // A person's hand: never within the millisecond of the change before, as a hold's alert
+    // is named by the millisecond it began.
+    clock.advance(Duration::from_millis(1 + pick(rng, 1000) as u64));
+    let target = services[pick(rng, services.len())].clone();
+    let coin = pick(rng, 2) == 0;
+    let one_action = pick(rng, 3) == 0;
+    let records = desk.book.records();
+    let by_hand = records.iter().find_map(|r| {
+        let (on, _) = r.holds().find(|(_, h)| h.by.is_some())?;
+        Some((r.service.clone(), on.map(str::to_owned)))
+    });
+    let agents =
+        records.iter().any(|r| r.service == target && r.holds().any(|(_, h)| h.by.is_none()));
+    let release = match by_hand {
+        Some(held) => Some(held),
+        None if agents && coin => Some((target.clone(), None)),
+        None => None,
+    };
+    let done = match &release {
+        Some((service, on)) => {
+            desk.release(service, on.as_deref(), "sim-operator", "maintenance over").await
+        }
+        None => {
+            // The actions deployed so far: the desk refuses a version's before its deploy.
+            let actions: Vec<String> =
+                desk.actions.get(&target).into_iter().flatten().cloned().collect();
+            let action = (one_action && !actions.is_empty())
+                .then(|| actions[pick(rng, actions.len())].clone());
+            desk.hold(&target, action.as_deref(), "sim-operator", "maintenance window").await
+        }
+    };
+    match done {
+        Err(e) => Err(format!("the desk failed on {target}: {e}")),
+        Ok(Err(refused @ DeskRefusal::UnknownAction { .. })) => {
+            Err(format!("the desk refused a hold: {refused}"))
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Once the faults stop, the operator releases every hold made by hand.
+pub async fn release_by_hand(desk: &Desk) -> Result<(), String> {
+    for record in desk.book.records() {
+        // The whole service released releases its actions with it.
+        let held: Vec<Option<String>> = match &record.whole.held {
+            Some(hold) if hold.by.is_some() => vec![None],
+            _ => record
+                .holds()
+                .filter(|(_, h)| h.by.is_some())
+                .map(|(on, _)| on.map(str::to_owned))
+                .collect(),
+        };
+        for on in held {
+            let why = "the faults stopped";
+            let released = desk.release(&record.service, on.as_deref(), "sim-operator", why).await;
+            if !matches!(released, Ok(Ok(_))) {
+                let held = sas_engine::health::hold_key(&record.service, on.as_deref());
+                return Err(format!("{held} not released: {released:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a supervisor that swept so resumes held orders, as the deployed one decides: only
+/// while the queues flow.
+pub fn flowing(swept: &sas_engine::Result<SweepReport>) -> bool {
+    matches!(swept, Ok(report) if report.stalled.is_none())
+}
+
+/// The positions in `batch` of the scheduler's messages about the order of its first one (the
+/// replies and children's ends a turn folds), if there are two or more.
+pub fn one_order(batch: &[Delivery]) -> Vec<usize> {
+    let messages: Vec<Option<Message>> =
+        batch.iter().map(|d| Message::decode(&d.body).ok()).collect();
+    let foldable =
+        |m: &Option<Message>| matches!(m, Some(Message::Reply(_) | Message::ChildEnded(_)));
+    let Some(order) = messages.first().filter(|m| foldable(m)).and_then(|m| m.as_ref()?.order_id())
+    else {
+        return Vec::new();
+    };
+    let same: Vec<usize> = (0..batch.len())
+        .filter(|&k| {
+            foldable(&messages[k])
+                && messages[k].as_ref().and_then(Message::order_id) == Some(order)
+        })
+        .collect();
+    if same.len() > 1 { same } else { Vec::new() }
+}
