@@ -48,7 +48,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,13 +67,10 @@ use sas_engine::message::{Message, StepRequest};
 use sas_engine::mutants::{self, Mutant};
 use sas_engine::pace::{self, Limits};
 use sas_engine::payload::{self, MAX_INLINE_INPUT_LEN, Stored};
-use sas_engine::ports::{
-    Clock, Destination, Incoming, OrderRecord, RemoteCall, RemoteFault, RemoteService,
-};
+use sas_engine::ports::{Clock, Destination, Incoming, OrderRecord};
 use sas_engine::services::{
-    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, FRESH, Operator,
-    RESUME_SPREAD, Scheduler, ServiceDesk, ServicesReport, Starter, Submission, Supervisor,
-    SweepReport,
+    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, Operator, RESUME_SPREAD,
+    Scheduler, ServiceDesk, ServicesReport, Starter, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Lease, Phase, ProcessState, StateRecord,
@@ -82,6 +79,7 @@ use sas_engine::state::{
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
 use sas_testkit::hands::{self, Desk, flowing, one_order};
+use sas_testkit::watch::{Watch, Watched};
 use sas_testkit::{Crashes, Crashy, Fault, Faults, Timeline};
 
 const ORDERS: usize = 12;
@@ -106,183 +104,7 @@ type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
 type Book = Arc<MemoryServiceBook>;
 type Remote = Arc<MemoryRemote<Timeline>>;
 type Payloads = Crashy<Arc<MemoryPayloads>>;
-type SimAgent = Agent<Watched, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
-
-/// What reached the services while their records said they were held.
-#[derive(Debug, Default)]
-struct Watch {
-    /// Per hold (a service's, or one action's, by [`hold_key`]): since when the last seen
-    /// began, and how many of its probes went.
-    probes: HashMap<String, (Timestamp, u64)>,
-    /// Per action (by [`hold_key`]): when a call of it was last answered (done or refused).
-    answered: HashMap<String, Timestamp>,
-    /// Probes that reached a held service.
-    probed: u64,
-    /// Calls in the first [`FRESH`] of a hold: the guard may still go by a read from before it.
-    late: u64,
-    /// Calls that reached a held service and were not its probe.
-    intruders: Vec<String>,
-    /// Calls that reached a service while its agent held another of its actions.
-    beside_holds: u64,
-    /// Calls numbered as they reach their service.
-    calls: u64,
-    /// Per service: when the calls that reached it within the last second came.
-    received: HashMap<String, VecDeque<Timestamp>>,
-    /// Per service: the calls it is working on, by number, with when their callers stop
-    /// waiting (a call whose caller gave up no longer takes a place of the agent's).
-    open: HashMap<String, Vec<(u64, Timestamp)>>,
-    /// Calls past what their service declared, in calls a second or in flight.
-    overruns: Vec<String>,
-    /// Calls that reached a service with declared limits; of them, those that filled its
-    /// second (the last call the rate allows), and those that took its last place in flight.
-    limited_calls: u64,
-    full_seconds: u64,
-    full_places: u64,
-    /// Calls that reached a service while a rate learned from its 429s was in force.
-    learned_calls: u64,
-    /// Whether the last answer to each key was a 429.
-    throttled: HashMap<String, bool>,
-    /// Each order's actions a service refused for good.
-    refused: HashSet<(OrderId, String)>,
-}
-
-/// The longest a service takes to answer a call, on the seeds whose services are paced.
-const ANSWER_TIME: Duration = Duration::from_millis(800);
-
-/// An agent's remote service, watched against the services' book and what the service
-/// declared, as the service sees its calls when they reach it: a call that reaches the
-/// service while its record says it is held, and is not the probe its guard claimed in the
-/// record, is noted (the guard decides on a read at most [`FRESH`] old, so a call within that
-/// of the hold's start is let pass); so is a call past the service's declared rate, in any
-/// second however aligned, or past its declared concurrency. On the seeds whose services are
-/// paced, calls take time: each reaches its service up to [`pace::TRAVEL_JITTER`] after it
-/// leaves (the room the turns leave for it), and is answered up to [`ANSWER_TIME`] later; an
-/// answer that comes once its caller stopped waiting is a timeout.
-#[derive(Clone)]
-struct Watched {
-    remote: Remote,
-    book: Book,
-    service: String,
-    clock: Timeline,
-    watch: Arc<Mutex<Watch>>,
-    limits: Limits,
-    /// The draws of calls' travel and answer times, where calls take time.
-    times: Option<Arc<SplitMix>>,
-}
-
-impl RemoteService for Watched {
-    async fn call(&self, call: &RemoteCall) -> std::result::Result<serde_json::Value, RemoteFault> {
-        let travel = self.times.as_ref().map_or(Duration::ZERO, |times| {
-            let travel = pace::TRAVEL_JITTER.mul_f64(times.unit());
-            Duration::from_millis(travel.as_millis() as u64)
-        });
-        if !travel.is_zero() {
-            self.clock.sleep(travel).await;
-        }
-        let number = self.received(call, travel);
-        let mut answer = self.remote.call(call).await;
-        if let Some(times) = &self.times {
-            self.clock.sleep(ANSWER_TIME.mul_f64(times.unit())).await;
-            if self.clock.now() >= call.deadline {
-                answer = Err(RemoteFault::Transient("timeout".into()));
-            }
-        }
-        let mut watch = self.watch.lock().unwrap();
-        if let Some(open) = watch.open.get_mut(&self.service) {
-            open.retain(|(n, _)| *n != number);
-        }
-        let throttled = matches!(answer, Err(RemoteFault::Throttled { .. }));
-        watch.throttled.insert(call.idempotency_key.clone(), throttled);
-        if matches!(answer, Ok(_) | Err(RemoteFault::Permanent(_))) {
-            let action = hold_key(&self.service, Some(&call.action));
-            watch.answered.insert(action, self.clock.now());
-        }
-        if let Err(RemoteFault::Permanent(_)) = &answer {
-            watch.refused.insert((call.order_id, call.action.clone()));
-        }
-        answer
-    }
-}
-
-impl Watched {
-    /// Notes a call as it reaches the service, `travel` after it left; returns its number.
-    fn received(&self, call: &RemoteCall, travel: Duration) -> u64 {
-        let now = self.clock.now();
-        let left = now.minus(travel);
-        let mut guard = self.watch.lock().unwrap();
-        let watch = &mut *guard;
-        let record = self.book.records().into_iter().find(|r| r.service == self.service);
-        watch.learned_calls +=
-            u64::from(record.as_ref().is_some_and(|r| r.learned_at(now).is_some()));
-        let beside = |(on, hold): (Option<&str>, &sas_engine::health::Hold)| {
-            hold.by.is_none() && on.is_some_and(|a| a != call.action)
-        };
-        if record.as_ref().is_some_and(|r| r.holds().any(beside)) {
-            watch.beside_holds += 1;
-        }
-        // The hold that stops a call of this action, if any: the whole service's or the
-        // action's own. A call of another action is none of its business.
-        if let Some((on, hold)) = record.as_ref().and_then(|r| r.holding(&call.action)) {
-            let held = hold_key(&self.service, on);
-            let seen = watch.probes.entry(held.clone()).or_insert((hold.since, 0));
-            if seen.0 != hold.since {
-                *seen = (hold.since, 0);
-            }
-            if hold.probes > seen.1 {
-                seen.1 = hold.probes;
-                watch.probed += 1;
-            } else if left < hold.since.plus(FRESH) {
-                watch.late += 1;
-            } else {
-                watch.intruders.push(format!(
-                    "{held} was called for {} of {} while held since {} s before, and not as its probe",
-                    call.action,
-                    call.order_id,
-                    hold.since.until(now).as_secs()
-                ));
-            }
-        }
-        watch.calls += 1;
-        let number = watch.calls;
-        let received = watch.received.entry(self.service.clone()).or_default();
-        let second_ago = now.minus(Duration::from_secs(1));
-        while received.front().is_some_and(|t| *t <= second_ago) {
-            received.pop_front();
-        }
-        received.push_back(now);
-        let (in_second, first) = (received.len(), received[0]);
-        let open = watch.open.entry(self.service.clone()).or_default();
-        open.retain(|(_, until)| *until > now);
-        open.push((number, call.deadline));
-        let in_flight = open.len();
-        if self.limits.is_none() {
-            return number;
-        }
-        watch.limited_calls += 1;
-        if let Some(rate) = self.limits.per_second.map(|r| r as usize) {
-            watch.full_seconds += u64::from(in_second == rate);
-            if in_second > rate {
-                watch.overruns.push(format!(
-                    "{} received {in_second} calls within a second ({} ms from the first to {} of {}), more than the {rate} it declared",
-                    self.service,
-                    first.until(now).as_millis(),
-                    call.action,
-                    call.order_id,
-                ));
-            }
-        }
-        if let Some(places) = self.limits.in_flight.map(|p| p as usize) {
-            watch.full_places += u64::from(in_flight == places);
-            if in_flight > places {
-                watch.overruns.push(format!(
-                    "{} had {in_flight} calls in flight at once ({} of {} the last), more than the {places} it declared",
-                    self.service, call.action, call.order_id,
-                ));
-            }
-        }
-        number
-    }
-}
+type SimAgent = Agent<Watched<Remote>, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
 
 /// What a run injected, by kind, and what it saw.
 #[derive(Debug, Default, Clone, Copy)]

@@ -9,11 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use sas_engine::health::hold_key;
-use sas_engine::memory::{Behaviour, MemoryRemote, MemoryServiceBook, Outage, SplitMix, Throttle};
+use sas_engine::memory::{Behaviour, MemoryRemote, Outage, SplitMix, Throttle};
 use sas_engine::payload::MAX_PAYLOAD_LEN;
 use sas_engine::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
-use sas_engine::services::FRESH;
 use sas_engine::{Direction, Timestamp};
 use serde_json::Value;
 
@@ -309,19 +307,18 @@ pub(crate) enum Service {
     StandIn { remote: Arc<MemoryRemote<Timeline>>, seen: Arc<Mutex<Vec<u32>>> },
 }
 
-/// Something the run must report: a handler's panic, or a call to a held service.
+/// Something the run must report: a handler's panic.
 pub(crate) type Alarm = Arc<Mutex<Vec<(sas_engine::OrderId, String)>>>;
 
 /// An agent's service as the run wires it: the faults the seed injects between the agent and
-/// the service, a panic in the team's code caught and reported, the calls the services' book
-/// says are held watched, and each call and answer written to the order's timeline.
+/// the service, a panic in the team's code caught and reported, and each call and answer
+/// written to the order's timeline.
 #[derive(Clone)]
 pub(crate) struct Injected {
     pub agent: String,
     pub service: Service,
     pub ledger: Ledger,
     pub clock: Timeline,
-    pub book: Arc<MemoryServiceBook>,
     pub draws: Arc<SplitMix>,
     pub faults: Faults,
     /// Whether the seed's faults are still on (the kit's own injections stop with them).
@@ -333,8 +330,6 @@ pub(crate) struct Injected {
     pub own: bool,
     pub alarms: Alarm,
     pub timeline: crate::run::Timelines,
-    /// Per hold: since when the last seen began, and how many of its probes went.
-    pub probes: Arc<Mutex<std::collections::HashMap<String, (Timestamp, u64)>>>,
     pub injected: Arc<Mutex<[u64; Fault::ALL.len()]>>,
     /// The keys that reached the service: a refusal is a decision about a new key, so the kit
     /// refuses none of these (a service answers a key it took with what it answered).
@@ -379,41 +374,8 @@ impl Injected {
         lock(&self.timeline).entry(call.order_id).or_default().push(line);
     }
 
-    /// A call reaching a held action that is not its probe (past the first moments of the
-    /// hold, when the guard may still go by an older read) is an intruder.
-    fn watch(&self, call: &RemoteCall) {
-        let now = self.clock.now();
-        let record = self.book.records().into_iter().find(|r| r.service == self.agent);
-        let Some((on, hold)) = record.as_ref().and_then(|r| r.holding(&call.action)) else {
-            return;
-        };
-        let held = hold_key(&self.agent, on);
-        let mut probes = lock(&self.probes);
-        let seen = probes.entry(held.clone()).or_insert((hold.since, 0));
-        if seen.0 != hold.since {
-            *seen = (hold.since, 0);
-        }
-        if hold.probes > seen.1 {
-            seen.1 = hold.probes;
-        } else if now >= hold.since.plus(FRESH) {
-            lock(&self.alarms).push((
-                call.order_id,
-                format!(
-                    "{held} was called for {} while held since {}, and not as its probe",
-                    call.action, hold.since
-                ),
-            ));
-        }
-    }
-
-    /// The call reaching the service now: watched as it arrives, then served.
+    /// The service working on a call.
     async fn reach(&self, call: &RemoteCall) -> Answer {
-        self.watch(call);
-        self.serve(call).await
-    }
-
-    /// The service working on a call that reached it.
-    async fn serve(&self, call: &RemoteCall) -> Answer {
         lock(&self.reached).insert(call.idempotency_key.clone());
         match &self.service {
             Service::Own(own) => {
@@ -487,10 +449,9 @@ impl RemoteService for Injected {
             }
             Some(Fault::Timeout) => {
                 // Answered after the caller stopped waiting, its effect in place all the same.
-                self.watch(call);
                 let late = self.clock.now().until(call.deadline) + Duration::from_secs(1);
                 self.clock.sleep(late).await;
-                let _late = self.serve(call).await;
+                let _late = self.reach(call).await;
                 Err(RemoteFault::Transient("timeout".into()))
             }
             Some(Fault::LargeValue | Fault::OversizeOutput) => {

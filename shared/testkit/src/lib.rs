@@ -7,6 +7,7 @@ pub mod faults;
 pub mod hands;
 pub mod ledger;
 mod run;
+pub mod watch;
 pub mod world;
 
 pub use agents::StandIn;

@@ -22,8 +22,8 @@ use sas_engine::services::{
     Agent, Answering, Applied, Assembly, Command, Commanded, Operator, Scheduler, ServiceDesk,
     Submission, Supervisor, SweepReport,
 };
-use sas_engine::state::{CommandKind, InputRef, ProcessState, StateRecord, StepStatus};
-use sas_engine::workflow::{Workflow, load_file};
+use sas_engine::state::{Cause, CommandKind, InputRef, ProcessState, StateRecord, StepStatus};
+use sas_engine::workflow::{Work, Workflow, load_file};
 use sas_engine::{AgentName, OrderId, Owner};
 use serde_json::Value;
 
@@ -31,6 +31,7 @@ use crate::agents::{self, Alarm, Build, Injected, Service, StandIn};
 use crate::faults::{Fault, Faults};
 use crate::hands::{self, Desk, flowing, one_order};
 use crate::ledger::Ledger;
+use crate::watch::{Watch, Watched};
 use crate::world::{Crashes, Crashy, Timeline, lock};
 
 /// What the party outside answers a step waiting for it, given the step and the order's input.
@@ -46,7 +47,7 @@ type Waits = Arc<MemoryWaits>;
 type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
 type Book = Arc<MemoryServiceBook>;
 type Payloads = Crashy<Arc<MemoryPayloads>>;
-type KitAgent = Agent<Injected, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
+type KitAgent = Agent<Watched<Injected>, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
 
 /// How often the supervisor sweeps once the faults stop.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -82,6 +83,8 @@ pub struct Kit {
     seeds: Vec<u64>,
     faults: Faults,
     events: usize,
+    /// The stack's settings, by the names its functions read.
+    settings: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Kit {
@@ -128,6 +131,7 @@ impl Kit {
             seeds,
             faults: Faults::from_env().unwrap_or_else(|e| panic!("{e}")),
             events: 300,
+            settings: BTreeMap::new(),
         }
     }
 
@@ -149,6 +153,16 @@ impl Kit {
         let file = std::path::Path::new(path);
         let name = file.file_stem().map_or(path.into(), |s| s.to_string_lossy().into_owned());
         self.files.push((path.to_owned(), name, json.to_owned()));
+        self
+    }
+
+    /// One of the stack's settings, by the name its functions read it under (the template's
+    /// parameter sets it): `SERVICE_RATES` and `SERVICE_CONCURRENCY` (`"dns=5,storage=20"`),
+    /// `MAX_HOLD_SECONDS`, `FAILURE_THRESHOLD`, `HOLD_AFTER_FAILURES`... A value the stack
+    /// would refuse is refused when the run starts, with its message. A service that declares
+    /// a rate or a concurrency is held to it at every call, and its calls take time to travel.
+    pub fn setting(mut self, name: &str, value: &str) -> Kit {
+        self.settings.insert(name.to_owned(), value.to_owned());
         self
     }
 
@@ -298,13 +312,27 @@ impl Kit {
                 unused.join(", ")
             ));
         }
-        Ok(Setup { catalogue: Arc::new(catalogue), workflow: name })
+        let settings = &self.settings;
+        let config =
+            EngineConfig::from_lookup(|k| settings.get(k).cloned()).map_err(|e| e.to_string())?;
+        let unknown: Vec<&str> = config
+            .limits
+            .keys()
+            .filter(|a| !deployed.iter().any(|d| d.as_str() == a.as_str()))
+            .map(String::as_str)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(format!("limits of agents that are not deployed: {}", unknown.join(", ")));
+        }
+        let config = Arc::new(EngineConfig { index_shards: 4, ..config });
+        Ok(Setup { catalogue: Arc::new(catalogue), workflow: name, config })
     }
 }
 
 struct Setup {
     catalogue: Arc<Catalogue>,
     workflow: String,
+    config: Arc<EngineConfig>,
 }
 
 /// What the seeds did: how their orders ended, the faults injected, and every seed that broke
@@ -320,6 +348,10 @@ pub struct Report {
     pub errors: u64,
     /// Effects the ledger recorded, done and undone.
     pub effects: u64,
+    /// Calls that reached a service with a declared rate or concurrency, and of them those
+    /// that filled its second or took its last place in flight: how hard the limits were met.
+    pub limited_calls: u64,
+    pub full: u64,
     pub injected: BTreeMap<&'static str, u64>,
     pub failures: Vec<Failure>,
 }
@@ -333,6 +365,8 @@ impl std::ops::AddAssign for Report {
         self.cancelled += o.cancelled;
         self.errors += o.errors;
         self.effects += o.effects;
+        self.limited_calls += o.limited_calls;
+        self.full += o.full;
         for (k, n) in o.injected {
             *self.injected.entry(k).or_default() += n;
         }
@@ -359,7 +393,7 @@ impl std::fmt::Display for Report {
             .collect();
         write!(
             f,
-            "{} seeds, {} orders: {} processed, {} compensated, {} cancelled, {} in error; {} effects; injected: {}",
+            "{} seeds, {} orders: {} processed, {} compensated, {} cancelled, {} in error; {} effects; {} calls at declared limits, {} of them at the limit; injected: {}",
             self.seeds,
             self.orders,
             self.processed,
@@ -367,6 +401,8 @@ impl std::fmt::Display for Report {
             self.cancelled,
             self.errors,
             self.effects,
+            self.limited_calls,
+            self.full,
             injected.join(", ")
         )
     }
@@ -434,6 +470,8 @@ struct Run {
     inputs: HashMap<OrderId, Value>,
     timelines: Timelines,
     alarms: Alarm,
+    /// What reached the services, against the book and their declared limits.
+    watch: Arc<Mutex<Watch>>,
     /// Each order as the last check saw it, and each order's attempt and deadline then.
     previous: HashMap<OrderId, StateRecord>,
     terminal: HashMap<OrderId, StateRecord>,
@@ -459,7 +497,7 @@ impl Run {
         let bus = Arc::new(MemoryBus::new());
         let timeline = Timeline::new(&clock);
         let crashes = Crashes::default();
-        let config = Arc::new(EngineConfig { index_shards: 4, ..EngineConfig::default() });
+        let config = setup.config.clone();
         let system = Assembly {
             store: crashes.wrap(memory.clone()),
             bus: crashes.wrap(bus.clone()),
@@ -477,7 +515,7 @@ impl Run {
         let on = Arc::new(AtomicBool::new(true));
         let timelines = Timelines::default();
         let alarms = Alarm::default();
-        let probes: Arc<Mutex<HashMap<String, (sas_engine::Timestamp, u64)>>> = Arc::default();
+        let watch = Arc::new(Mutex::new(Watch::default()));
         let remote_injected = Arc::new(Mutex::new([0; Fault::ALL.len()]));
         let mut agents = HashMap::new();
         for (n, name) in setup.catalogue.agents().into_iter().enumerate() {
@@ -502,7 +540,6 @@ impl Run {
                 service,
                 ledger: ledger.clone(),
                 clock: timeline.clone(),
-                book: book.clone(),
                 draws: Arc::new(draws),
                 faults,
                 on: on.clone(),
@@ -510,17 +547,28 @@ impl Run {
                 own,
                 alarms: alarms.clone(),
                 timeline: timelines.clone(),
-                probes: probes.clone(),
                 injected: remote_injected.clone(),
                 reached: Arc::default(),
                 refused: Arc::default(),
             };
             let limits = config.limits_of(name.as_str());
+            let watched = Watched {
+                remote: injected,
+                book: book.clone(),
+                service: name.as_str().to_owned(),
+                clock: timeline.clone(),
+                watch: watch.clone(),
+                limits,
+                // A service that declares limits takes time to reach and to answer, as
+                // the room its agent's turns leave for travel must allow.
+                times: (!limits.is_none())
+                    .then(|| Arc::new(SplitMix::seeded(seed ^ 0x7157 ^ n as u64))),
+            };
             let agent = system
                 .on_clock(timeline.clone())
                 .agent(
                     &name,
-                    injected,
+                    watched,
                     outbox.clone(),
                     SplitMix::seeded(seed.wrapping_add(n as u64)),
                     format!("agent-{name}"),
@@ -564,13 +612,15 @@ impl Run {
             input: kit.input.clone(),
             answer: kit.answer.clone(),
             events: kit.events,
-            answered: setup.catalogue.all().any(|w| {
-                w.steps().iter().any(|s| matches!(s.work, sas_engine::workflow::Work::Callback))
-            }),
+            answered: setup
+                .catalogue
+                .all()
+                .any(|w| w.steps().iter().any(|s| matches!(s.work, Work::Callback))),
             accepted: Vec::new(),
             inputs: HashMap::new(),
             timelines,
             alarms,
+            watch,
             previous: HashMap::new(),
             terminal: HashMap::new(),
             commands: 0,
@@ -598,6 +648,10 @@ impl Run {
             }
         }
         report.effects = self.ledger.len() as u64;
+        let watch = lock(&self.watch);
+        report.limited_calls = watch.limited_calls;
+        report.full = watch.full_seconds + watch.full_places;
+        drop(watch);
         let remote = *lock(&self.remote_injected);
         for f in Fault::ALL {
             let n = self.injected[f as usize] + remote[f as usize];
@@ -1126,6 +1180,19 @@ impl Run {
         if let Some((order, what)) = lock(&self.alarms).first().cloned() {
             return Err(("the agents' services behave", Some(order), what));
         }
+        {
+            let watch = lock(&self.watch);
+            if let Some(intruder) = watch.intruders.first() {
+                return Err((
+                    "nothing but its probe reaches a held service",
+                    None,
+                    intruder.clone(),
+                ));
+            }
+            if let Some(overrun) = watch.overruns.first() {
+                return Err(("each service is kept to its declared rate", None, overrun.clone()));
+            }
+        }
         let records: Vec<StateRecord> = self.memory.records();
         for id in &self.accepted {
             if self.memory.peek(*id).is_none() {
@@ -1231,6 +1298,22 @@ impl Run {
                 ProcessState::Error | ProcessState::Cancelled => false,
                 _ => continue,
             };
+            // An order stops as refused only if its service (or, for an answer from outside
+            // or a child, the party) refused it: a 429, an outage, a timeout is never taken
+            // for a refusal.
+            if let Some(Cause::StepRejected { step, .. }) = &r.cause {
+                let by_service = lock(&self.watch).refused.contains(&(r.order_id, step.clone()));
+                let by_party = workflow
+                    .step_named(step)
+                    .is_some_and(|w| matches!(w.work, Work::Callback | Work::Child(_)));
+                if !by_service && !by_party {
+                    return Err((
+                        "an order stops as refused only when it was",
+                        Some(r.order_id),
+                        format!("stopped as refused by {step}, which its service never refused"),
+                    ));
+                }
+            }
             let listed = r.needs_manual_undo();
             if kept {
                 // A wait is over, and never before its time.

@@ -72,12 +72,16 @@ fn kit() -> Kit {
             buckets: Mutex::default(),
             undone: Mutex::default(),
         })
+        // The partner takes 3 calls a second, and the stack declares 2 (and 2 at once).
         .stand_in(
             "dns",
             StandIn::new()
                 .refusing("register-domain", 0.2)
+                .rate("register-domain", 3)
                 .down(Duration::from_secs(120), Duration::from_secs(240)),
         )
+        .setting("SERVICE_RATES", "dns=2")
+        .setting("SERVICE_CONCURRENCY", "dns=2")
         .stand_in("mailer", StandIn::from_json(r#"{"default": {"transient_rate": 0.3}}"#).unwrap())
         .orders(6, |i| json!({ "tenant": format!("t-{i}") }))
 }
@@ -86,6 +90,15 @@ fn kit() -> Kit {
 fn every_bucket_and_domain_of_an_order_undone_is_gone_once_in_reverse_order() {
     let report = kit().check();
     assert!(report.processed > 0 && report.compensated > 0, "{report}");
+    assert!(report.full > 0, "the partner's declared limits were never met: {report}");
+}
+
+#[test]
+fn a_setting_the_stack_refuses_is_refused_with_its_message() {
+    let refused = kit().setting("SERVICE_RATES", "dns=0").run().unwrap_err();
+    assert!(refused.contains("SERVICE_RATES"), "{refused}");
+    let unknown = kit().setting("SERVICE_RATES", "ftp=5").run().unwrap_err();
+    assert!(unknown.contains("not deployed: ftp"), "{unknown}");
 }
 
 #[test]
