@@ -13,5 +13,6 @@ pub mod world;
 pub use agents::StandIn;
 pub use faults::{Fault, Faults};
 pub use ledger::{Effect, Ledger};
-pub use run::{Failure, Kit, Report};
+pub use run::{End, Ended, Failure, Kit, Report};
+pub use sas_engine::state::ProcessState;
 pub use world::{Crashes, Crashy, Timeline};

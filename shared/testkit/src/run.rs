@@ -34,6 +34,31 @@ use crate::ledger::Ledger;
 use crate::watch::{Watch, Watched};
 use crate::world::{Crashes, Crashy, Timeline, lock};
 
+/// A team's own check of a seed's end.
+type Assertion = Arc<dyn Fn(&End) -> Result<(), String> + Send + Sync>;
+
+/// What a seed left, for a team's own assertions ([`Kit::asserting`]): every order as it
+/// ended, and the ledger of effects.
+#[derive(Debug)]
+pub struct End<'a> {
+    pub seed: u64,
+    pub orders: Vec<Ended>,
+    pub ledger: &'a Ledger,
+}
+
+/// An order as it ended.
+#[derive(Clone, Debug)]
+pub struct Ended {
+    pub order_id: OrderId,
+    /// What it was submitted with.
+    pub input: Value,
+    pub state: ProcessState,
+    /// Its steps' outputs, by name, for those that have one.
+    pub outputs: BTreeMap<String, Value>,
+    /// The steps whose effects an operator is told to undo by hand.
+    pub to_undo_by_hand: Vec<String>,
+}
+
 /// What the party outside answers a step waiting for it, given the step and the order's input.
 type Answers = Arc<dyn Fn(&str, &Value) -> Value + Send + Sync>;
 
@@ -85,6 +110,7 @@ pub struct Kit {
     events: usize,
     /// The stack's settings, by the names its functions read.
     settings: BTreeMap<String, String>,
+    assertions: Vec<Assertion>,
 }
 
 impl std::fmt::Debug for Kit {
@@ -132,6 +158,7 @@ impl Kit {
             faults: Faults::from_env().unwrap_or_else(|e| panic!("{e}")),
             events: 300,
             settings: BTreeMap::new(),
+            assertions: Vec::new(),
         }
     }
 
@@ -191,6 +218,17 @@ impl Kit {
     ) -> Kit {
         self.orders = n;
         self.input = Arc::new(input);
+        self
+    }
+
+    /// A check of the team's own, on what each seed left once every order ended (and the
+    /// kit's own checks passed): an error fails the seed, with its message, as a broken
+    /// invariant does.
+    pub fn asserting(
+        mut self,
+        check: impl Fn(&End) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Kit {
+        self.assertions.push(Arc::new(check));
         self
     }
 
@@ -464,6 +502,7 @@ struct Run {
     input: Arc<dyn Fn(usize) -> Value + Send + Sync>,
     answer: Answers,
     events: usize,
+    assertions: Vec<Assertion>,
     /// Whether a step of the workflows waits for an answer from outside.
     answered: bool,
     accepted: Vec<OrderId>,
@@ -612,6 +651,7 @@ impl Run {
             input: kit.input.clone(),
             answer: kit.answer.clone(),
             events: kit.events,
+            assertions: kit.assertions.clone(),
             answered: setup
                 .catalogue
                 .all()
@@ -747,7 +787,41 @@ impl Run {
             self.check()?;
         }
         self.check()?;
-        self.check_end()
+        self.check_end()?;
+        self.check_team()
+    }
+
+    /// The team's own assertions, on what the seed left.
+    fn check_team(&self) -> Result<(), Broken> {
+        if self.assertions.is_empty() {
+            return Ok(());
+        }
+        let mut orders: Vec<Ended> = self
+            .memory
+            .records()
+            .into_iter()
+            .map(|r| Ended {
+                order_id: r.order_id,
+                input: self.inputs.get(&r.order_id).cloned().unwrap_or_default(),
+                state: r.process_state,
+                outputs: r
+                    .steps
+                    .iter()
+                    .filter_map(|s| Some((s.name.clone(), s.output.clone()?)))
+                    .collect(),
+                to_undo_by_hand: r.needs_manual_undo(),
+            })
+            .collect();
+        orders.sort_by_key(|o| o.order_id);
+        let end = End { seed: self.seed, orders, ledger: &self.ledger };
+        for check in &self.assertions {
+            check(&end).map_err(|what| {
+                // The order the message names, if it names one, has its timeline printed.
+                let named = end.orders.iter().find(|o| what.contains(&o.order_id.to_string()));
+                ("the team's own assertion", named.map(|o| o.order_id), what)
+            })?;
+        }
+        Ok(())
     }
 
     /// How far the clock may move with nothing missed: a sweep's interval, or up to the next
@@ -1226,16 +1300,23 @@ impl Run {
                     }
                 }
                 if r.revision != before.revision {
-                    let steps: Vec<String> =
-                        r.steps.iter().map(|s| format!("{} {:?}", s.name, s.status)).collect();
+                    let steps: Vec<String> = r
+                        .steps
+                        .iter()
+                        .map(|s| match &s.detail {
+                            Some(why) => format!("{} {:?} ({why})", s.name, s.status),
+                            None => format!("{} {:?}", s.name, s.status),
+                        })
+                        .collect();
                     self.note(
                         id,
                         format!(
-                            "record r{}: {:?} {:?} [{}]",
+                            "record r{}: {:?} {:?} [{}]{}",
                             r.revision,
                             r.process_state,
                             r.phase,
-                            steps.join(", ")
+                            steps.join(", "),
+                            r.cause.as_ref().map_or(String::new(), |c| format!(", because {c}"))
                         ),
                     );
                 }

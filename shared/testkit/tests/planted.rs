@@ -151,3 +151,29 @@ fn a_workflow_file_the_stack_refuses_is_refused_with_the_stack_s_message() {
     let missing = Kit::new().workflow("bucket-per-tenant.json", WORKFLOW).run().unwrap_err();
     assert!(missing.contains("buckets"), "{missing}");
 }
+
+#[test]
+fn a_team_s_own_assertion_that_fails_fails_its_seed() {
+    let report = Kit::new()
+        .workflow("bucket-per-tenant.json", WORKFLOW)
+        .agent("buckets", |ledger: &Ledger| Buckets {
+            ledger: ledger.clone(),
+            buckets: Mutex::default(),
+            undone: Mutex::default(),
+            bug: Bug::None,
+        })
+        .stand_in("mailer", StandIn::new())
+        .orders(2, |i| json!({ "tenant": format!("t-{i}") }))
+        .asserting(|end| {
+            match end.orders.iter().find(|o| o.outputs.contains_key("create-bucket")) {
+                Some(o) => Err(format!("{} made a bucket", o.order_id)),
+                None => Ok(()),
+            }
+        })
+        .seeds(0..5)
+        .run()
+        .unwrap();
+    let failure = report.failures.first().unwrap();
+    assert_eq!((failure.seed, failure.invariant), (0, "the team's own assertion"), "{failure}");
+    assert!(failure.detail.ends_with("made a bucket"), "{failure}");
+}

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use sas_agent_kit::{RemoteCall, RemoteFault, RemoteService};
-use sas_testkit::{Kit, Ledger, StandIn};
+use sas_testkit::{Kit, Ledger, ProcessState, StandIn};
 use serde_json::{Value, json};
 
 /// The tenants' records, as the agent sees them: an S3 bucket in the stack, a set here, which
@@ -86,6 +86,24 @@ fn every_tenant_provisioned_is_kept_and_every_one_undone_is_deleted_once() {
             6,
             |i| json!({ "tenant": format!("t-{i}"), "admin_email": format!("ops@t-{i}.example") }),
         )
+        // The team's own: a tenant's record is there when its order was processed, or when it
+        // ended in error with the tenant on the operators' list; never else.
+        .asserting(|end| {
+            let in_place = end.ledger.in_place();
+            for order in &end.orders {
+                let key = format!("tenants/{}.json", order.input["tenant"].as_str().unwrap());
+                let listed = order.to_undo_by_hand.iter().any(|s| s == "create-tenant");
+                let may_stay = order.state == ProcessState::Processed
+                    || (order.state == ProcessState::Error && listed);
+                if in_place.contains_key(&key) && !may_stay {
+                    return Err(format!("{key} is left by {}, {:?}", order.order_id, order.state));
+                }
+                if !in_place.contains_key(&key) && order.state == ProcessState::Processed {
+                    return Err(format!("{key} is gone, {} processed", order.order_id));
+                }
+            }
+            Ok(())
+        })
         .check();
     // The seeds went through both ends, under every kind of fault the kit injects.
     assert!(report.processed > 0 && report.compensated + report.cancelled > 0, "{report}");
