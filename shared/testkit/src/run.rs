@@ -390,6 +390,8 @@ pub struct Report {
     /// that filled its second or took its last place in flight: how hard the limits were met.
     pub limited_calls: u64,
     pub full: u64,
+    /// Orders seen waiting in line while every place of their concurrency key was taken.
+    pub in_line: u64,
     pub injected: BTreeMap<&'static str, u64>,
     pub failures: Vec<Failure>,
 }
@@ -405,6 +407,7 @@ impl std::ops::AddAssign for Report {
         self.effects += o.effects;
         self.limited_calls += o.limited_calls;
         self.full += o.full;
+        self.in_line += o.in_line;
         for (k, n) in o.injected {
             *self.injected.entry(k).or_default() += n;
         }
@@ -431,7 +434,7 @@ impl std::fmt::Display for Report {
             .collect();
         write!(
             f,
-            "{} seeds, {} orders: {} processed, {} compensated, {} cancelled, {} in error; {} effects; {} calls at declared limits, {} of them at the limit; injected: {}",
+            "{} seeds, {} orders: {} processed, {} compensated, {} cancelled, {} in error; {} effects; {} calls at declared limits, {} of them at the limit; {} orders waited in line for their key; injected: {}",
             self.seeds,
             self.orders,
             self.processed,
@@ -441,6 +444,7 @@ impl std::fmt::Display for Report {
             self.effects,
             self.limited_calls,
             self.full,
+            self.in_line,
             injected.join(", ")
         )
     }
@@ -514,6 +518,8 @@ struct Run {
     /// Each order as the last check saw it, and each order's attempt and deadline then.
     previous: HashMap<OrderId, StateRecord>,
     terminal: HashMap<OrderId, StateRecord>,
+    /// Orders seen waiting in line while every place of their key was taken.
+    in_line: std::collections::HashSet<OrderId>,
     commands: u64,
     injected: [u64; Fault::ALL.len()],
     remote_injected: Arc<Mutex<[u64; Fault::ALL.len()]>>,
@@ -663,6 +669,7 @@ impl Run {
             watch,
             previous: HashMap::new(),
             terminal: HashMap::new(),
+            in_line: Default::default(),
             commands: 0,
             injected: [0; Fault::ALL.len()],
             remote_injected,
@@ -688,6 +695,7 @@ impl Run {
             }
         }
         report.effects = self.ledger.len() as u64;
+        report.in_line = self.in_line.len() as u64;
         let watch = lock(&self.watch);
         report.limited_calls = watch.limited_calls;
         report.full = watch.full_seconds + watch.full_places;
@@ -1338,8 +1346,20 @@ impl Run {
             }
             self.previous.insert(id, r.clone());
         }
-        // No key has more of its orders running than its limit.
-        for s in self.memory.all_slots() {
+        // No key has more of its orders running than its limit; an order counts as waiting
+        // in line when every place of its key is taken.
+        let slots = self.memory.all_slots();
+        let full: Vec<&str> = slots
+            .iter()
+            .filter(|s| s.limit > 0 && s.running.len() >= s.limit as usize)
+            .map(|s| s.key.as_str())
+            .collect();
+        for r in records.iter().filter(|r| r.waits_in_line()) {
+            if r.slot.as_ref().is_some_and(|s| full.contains(&s.key.as_str())) {
+                self.in_line.insert(r.order_id);
+            }
+        }
+        for s in &slots {
             if s.limit > 0 && s.running.len() > s.limit as usize {
                 return Err((
                     "each key runs no more orders than its limit",
