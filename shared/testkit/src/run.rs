@@ -1354,6 +1354,19 @@ impl Run {
             .filter(|s| s.limit > 0 && s.running.len() >= s.limit as usize)
             .map(|s| s.key.as_str())
             .collect();
+        for r in records.iter().filter(|r| !r.is_terminal()) {
+            let Some(slot) = r.slot.as_ref().filter(|s| s.admitted) else { continue };
+            let held = slots
+                .iter()
+                .any(|s| s.key == slot.key && s.running.contains_key(&slot.place(r.order_id)));
+            if !held {
+                return Err((
+                    "each key runs no more orders than its limit",
+                    Some(r.order_id),
+                    format!("{} runs for {} without its place", r.order_id, slot.key),
+                ));
+            }
+        }
         for r in records.iter().filter(|r| r.waits_in_line()) {
             if r.slot.as_ref().is_some_and(|s| full.contains(&s.key.as_str())) {
                 self.in_line.insert(r.order_id);
