@@ -78,7 +78,7 @@ use sas_engine::state::{
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
-use sas_testkit::hands::{self, Desk, flowing, one_order};
+use sas_testkit::hands::{self, Desk, Taken, flowing};
 use sas_testkit::watch::{Watch, Watched};
 use sas_testkit::{Crashes, Crashy, Fault, Faults, Timeline};
 
@@ -864,70 +864,47 @@ impl Sim {
         let start = self.pick(self.destinations.len());
         for k in 0..self.destinations.len() {
             let dest = self.destinations[(start + k) % self.destinations.len()].clone();
-            let mut batch = self.queues.receive(&dest, 10);
+            let batch = self.queues.receive(&dest, 10);
             if batch.is_empty() {
                 continue;
             }
-            // One order's messages of the batch, in one turn.
-            let of_one_order = one_order(&batch);
-            if of_one_order.len() > 1 && self.chance(Fault::Folded, 0.5) {
-                let mut taken = Vec::new();
-                for (k, d) in batch.into_iter().enumerate() {
-                    if of_one_order.contains(&k) {
-                        taken.push(d);
-                    } else {
-                        let _ = self.queues.put_back(&dest, &d.receipt);
-                    }
+            let (rng, faults, on) = (&self.rng, self.faults, self.faults_on);
+            let mut drawn = Vec::new();
+            let mut chance = |fault: Fault, p: f64| {
+                let hit = on && rng.unit() < p && faults.on(fault);
+                if hit {
+                    drawn.push(fault);
                 }
-                self.deliver_turn(&dest, taken).await;
-                return true;
-            }
-            if dest == Destination::Replies && batch.len() > 1 && self.chance(Fault::Batched, 0.3) {
-                let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
-                for other in &batch {
-                    let _ = self.queues.put_back(&dest, &other.receipt);
-                }
-                self.deliver_together(&dest, taken).await;
-                return true;
-            }
-            // Drawn only where the services are paced, so that other seeds run as before.
-            if self.paced
-                && matches!(dest, Destination::Agent(_))
-                && batch.len() > 1
-                && self.chance(Fault::AgentBatch, 0.3)
-            {
-                let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
-                for other in &batch {
-                    let _ = self.queues.put_back(&dest, &other.receipt);
-                }
-                self.handle_together(&dest, taken).await;
-                return true;
-            }
-            // Reordering: take any of the visible messages. The others are put back uncounted,
-            // as if only the one taken had been received (a Lambda handles its whole batch), or,
-            // delayed, stay hidden until their visibility timeout, a receive that counts.
-            let chosen = if batch.len() > 1 && self.chance(Fault::Reordered, 0.3) {
-                self.pick(batch.len())
-            } else {
-                0
+                hit
             };
-            let d = batch.swap_remove(chosen);
-            for other in &batch {
-                if !self.chance(Fault::Delayed, 0.5) {
-                    let _ = self.queues.put_back(&dest, &other.receipt);
+            // Agents' batches are drawn only where the services are paced, so that other
+            // seeds run as before.
+            let taken = hands::take(&self.queues, &dest, batch, self.paced, &mut chance, &|n| {
+                hands::pick(rng, n)
+            });
+            for fault in drawn {
+                self.tally.add(fault, 1);
+            }
+            let d = match taken {
+                Taken::Turn(taken) => {
+                    self.deliver_turn(&dest, taken).await;
+                    return true;
                 }
-            }
-            // An event has no record anywhere but its queue, which keeps it until its consumer
-            // is done with it: no event is lost.
-            let event = d.body.contains("\"detail-type\"");
-            if !event && self.chance(Fault::Lost, 0.04) {
-                let _ = self.queues.delete(&dest, &d.receipt);
-                return true;
-            }
-            if self.chance(Fault::Duplicated, 0.05) {
-                let _ = self.queues.send_raw(&dest, d.body.clone());
-                self.tally.events_duplicated += u64::from(event);
-            }
+                Taken::Together(taken) if dest == Destination::Replies => {
+                    self.deliver_together(&dest, taken).await;
+                    return true;
+                }
+                Taken::Together(taken) => {
+                    self.handle_together(&dest, taken).await;
+                    return true;
+                }
+                Taken::Lost => return true,
+                Taken::One { delivery, duplicated } => {
+                    let event = delivery.body.contains("\"detail-type\"");
+                    self.tally.events_duplicated += u64::from(event && duplicated);
+                    delivery
+                }
+            };
             if self.chance(Fault::Throttled, 0.03) {
                 self.memory.fail_next_writes(1);
             }

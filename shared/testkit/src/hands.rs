@@ -115,3 +115,82 @@ pub fn one_order(batch: &[Delivery]) -> Vec<usize> {
         .collect();
     if same.len() > 1 { same } else { Vec::new() }
 }
+
+/// What the pump took of a queue's batch for its consumer, as a deployed one gets them.
+#[derive(Debug)]
+pub enum Taken {
+    /// One order's replies, folded into one turn of the scheduler.
+    Turn(Vec<Delivery>),
+    /// A few messages handled side by side, as one batch of replies or of an agent's requests.
+    Together(Vec<Delivery>),
+    /// One message, maybe not the first visible; `duplicated` when a second copy was sent.
+    One { delivery: Delivery, duplicated: bool },
+    /// A message deleted instead of handled.
+    Lost,
+}
+
+/// Takes from `batch`, received from `dest`, what its consumer handles now, with the faults
+/// `chance` draws (each kind with its probability, in a fixed order, so that a seed replays):
+/// one order's replies folded into a turn; replies, or (where `agent_batches`) an agent's
+/// requests, side by side; one message taken out of order, the others put back or, delayed,
+/// left hidden until their visibility timeout; the message lost or sent twice. An event on
+/// the scheduler queue has no record but its queue, which keeps it until its consumer is done
+/// with it: no event is lost.
+pub fn take(
+    queues: &sas_engine::memory::MemoryQueues<ManualClock>,
+    dest: &sas_engine::ports::Destination,
+    mut batch: Vec<Delivery>,
+    agent_batches: bool,
+    chance: &mut dyn FnMut(crate::Fault, f64) -> bool,
+    pick: &dyn Fn(usize) -> usize,
+) -> Taken {
+    use crate::Fault;
+    use sas_engine::ports::Destination;
+    let of_one_order = one_order(&batch);
+    if of_one_order.len() > 1 && chance(Fault::Folded, 0.5) {
+        let mut taken = Vec::new();
+        for (k, d) in batch.into_iter().enumerate() {
+            if of_one_order.contains(&k) {
+                taken.push(d);
+            } else {
+                let _ = queues.put_back(dest, &d.receipt);
+            }
+        }
+        return Taken::Turn(taken);
+    }
+    let side_by_side = match dest {
+        Destination::Replies => Some(Fault::Batched),
+        Destination::Agent(_) if agent_batches => Some(Fault::AgentBatch),
+        _ => None,
+    };
+    if let Some(kind) = side_by_side.filter(|_| batch.len() > 1)
+        && chance(kind, 0.3)
+    {
+        let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
+        for other in &batch {
+            let _ = queues.put_back(dest, &other.receipt);
+        }
+        return Taken::Together(taken);
+    }
+    // Reordering: take any of the visible messages. The others are put back uncounted, as if
+    // only the one taken had been received (a Lambda handles its whole batch), or, delayed,
+    // stay hidden until their visibility timeout, a receive that counts.
+    let chosen =
+        if batch.len() > 1 && chance(Fault::Reordered, 0.3) { pick(batch.len()) } else { 0 };
+    let d = batch.swap_remove(chosen);
+    for other in &batch {
+        if !chance(Fault::Delayed, 0.5) {
+            let _ = queues.put_back(dest, &other.receipt);
+        }
+    }
+    let event = d.body.contains("\"detail-type\"");
+    if !event && chance(Fault::Lost, 0.04) {
+        let _ = queues.delete(dest, &d.receipt);
+        return Taken::Lost;
+    }
+    let duplicated = chance(Fault::Duplicated, 0.05);
+    if duplicated {
+        let _ = queues.send_raw(dest, d.body.clone());
+    }
+    Taken::One { delivery: d, duplicated }
+}

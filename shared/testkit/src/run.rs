@@ -29,7 +29,7 @@ use serde_json::Value;
 
 use crate::agents::{self, Alarm, Build, Injected, Service, StandIn};
 use crate::faults::{Fault, Faults};
-use crate::hands::{self, Desk, flowing, one_order};
+use crate::hands::{self, Desk, Taken, flowing};
 use crate::ledger::Ledger;
 use crate::watch::{Watch, Watched};
 use crate::world::{Crashes, Crashy, Timeline, lock};
@@ -937,59 +937,36 @@ impl Run {
         let start = self.pick(self.destinations.len());
         for k in 0..self.destinations.len() {
             let dest = self.destinations[(start + k) % self.destinations.len()].clone();
-            let mut batch = self.queues.receive(&dest, 10);
+            let batch = self.queues.receive(&dest, 10);
             if batch.is_empty() {
                 continue;
             }
-            // One order's replies of the batch in one turn, as the deployed scheduler folds
-            // them; replies side by side, as its batch runs them; an agent's requests side by
-            // side, as its batch runs them.
-            let of_one_order = one_order(&batch);
-            if of_one_order.len() > 1 && self.chance(Fault::Folded, 0.5) {
-                let mut taken = Vec::new();
-                for (k, d) in batch.into_iter().enumerate() {
-                    if of_one_order.contains(&k) {
-                        taken.push(d);
-                    } else {
-                        let _ = self.queues.put_back(&dest, &d.receipt);
-                    }
+            let (rng, faults, on) = (&self.rng, self.faults, self.on.load(Ordering::Relaxed));
+            let mut drawn = Vec::new();
+            let mut chance = |fault: Fault, p: f64| {
+                let hit = on && rng.unit() < p && faults.on(fault);
+                if hit {
+                    drawn.push(fault);
                 }
-                self.handle_turn(&dest, taken).await?;
-                return Ok(true);
-            }
-            let side_by_side = match dest {
-                Destination::Replies => Some(Fault::Batched),
-                Destination::Agent(_) => Some(Fault::AgentBatch),
-                _ => None,
+                hit
             };
-            if let Some(kind) = side_by_side.filter(|_| batch.len() > 1)
-                && self.chance(kind, 0.3)
-            {
-                let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
-                for other in &batch {
-                    let _ = self.queues.put_back(&dest, &other.receipt);
-                }
-                self.handle_together(&dest, taken).await?;
-                return Ok(true);
+            let pick = |n: usize| hands::pick(rng, n);
+            let taken = hands::take(&self.queues, &dest, batch, true, &mut chance, &pick);
+            for fault in drawn {
+                self.injected[fault as usize] += 1;
             }
-            let chosen = if batch.len() > 1 && self.chance(Fault::Reordered, 0.3) {
-                self.pick(batch.len())
-            } else {
-                0
+            let d = match taken {
+                Taken::Turn(taken) => {
+                    self.handle_turn(&dest, taken).await?;
+                    return Ok(true);
+                }
+                Taken::Together(taken) => {
+                    self.handle_together(&dest, taken).await?;
+                    return Ok(true);
+                }
+                Taken::Lost => return Ok(true),
+                Taken::One { delivery, .. } => delivery,
             };
-            let d = batch.swap_remove(chosen);
-            for other in &batch {
-                if !self.chance(Fault::Delayed, 0.5) {
-                    let _ = self.queues.put_back(&dest, &other.receipt);
-                }
-            }
-            if self.chance(Fault::Lost, 0.04) {
-                let _ = self.queues.delete(&dest, &d.receipt);
-                return Ok(true);
-            }
-            if self.chance(Fault::Duplicated, 0.05) {
-                let _ = self.queues.send_raw(&dest, d.body.clone());
-            }
             if self.chance(Fault::Throttled, 0.03) {
                 self.memory.fail_next_writes(1);
             }
