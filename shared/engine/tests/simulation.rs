@@ -78,8 +78,9 @@ use sas_engine::state::{
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
-use sas_testkit::hands::{self, Desk, Taken, flowing};
+use sas_testkit::hands::{self, Desk, Dice, Taken, flowing};
 use sas_testkit::watch::{Watch, Watched};
+use sas_testkit::world::Ports;
 use sas_testkit::{Crashes, Crashy, Fault, Faults, Timeline};
 
 const ORDERS: usize = 12;
@@ -447,26 +448,14 @@ impl Sim {
     /// A run whose supervisors' clocks read `ahead` of everyone else's.
     fn breaking(seed: u64, faults: Faults, ahead: Duration) -> Sim {
         let rng = SplitMix::seeded(seed);
-        let clock = ManualClock::default();
-        let memory = Arc::new(MemoryStore::new(clock.clone()));
-        if seed % 2 == 0 && faults.on(Fault::IndexLag) {
-            memory.set_index_lag(Duration::from_secs(20));
-        }
-        if seed % 3 == 0 && faults.on(Fault::StaleRead) {
-            memory.set_read_lag(Duration::from_secs(1));
-        }
-        let queues = Arc::new(MemoryQueues::new(clock.clone()));
-        let waits = Arc::new(MemoryWaits::default());
-        let bus = Arc::new(MemoryBus::new());
-        let timeline = Timeline::new(&clock);
+        let Ports { clock, timeline, memory, queues, waits, bus, shelf, crashes } =
+            Ports::new(seed, faults);
         let remote = Arc::new(MemoryRemote::new(timeline.clone()));
         // All ports share one countdown: a crash stops the handler at its n-th call, whichever
         // port that call goes to.
-        let crashes = Crashes::default();
         let store = crashes.wrap(memory.clone());
         let outbox = crashes.wrap(queues.clone());
         let events = crashes.wrap(bus.clone());
-        let shelf = Arc::new(MemoryPayloads::default());
         let payloads = crashes.wrap(shelf.clone());
         let workflow = Arc::new(workflow_of(seed));
         let child = child_workflow(seed).map(Arc::new);
@@ -868,21 +857,12 @@ impl Sim {
             if batch.is_empty() {
                 continue;
             }
-            let (rng, faults, on) = (&self.rng, self.faults, self.faults_on);
-            let mut drawn = Vec::new();
-            let mut chance = |fault: Fault, p: f64| {
-                let hit = on && rng.unit() < p && faults.on(fault);
-                if hit {
-                    drawn.push(fault);
-                }
-                hit
-            };
+            let mut dice =
+                Dice { rng: &self.rng, faults: self.faults, on: self.faults_on, drawn: Vec::new() };
             // Agents' batches are drawn only where the services are paced, so that other
             // seeds run as before.
-            let taken = hands::take(&self.queues, &dest, batch, self.paced, &mut chance, &|n| {
-                hands::pick(rng, n)
-            });
-            for fault in drawn {
+            let taken = hands::take(&self.queues, &dest, batch, self.paced, &mut dice);
+            for fault in dice.drawn {
                 self.tally.add(fault, 1);
             }
             let d = match taken {

@@ -16,6 +16,33 @@ pub fn pick(rng: &SplitMix, n: usize) -> usize {
     ((rng.unit() * n as f64) as usize).min(n.saturating_sub(1))
 }
 
+/// A run's draws of faults: each kind switched on is injected with its probability, while
+/// the faults are `on`; a kind switched off is still drawn, so that switching one kind off
+/// leaves the others' schedule alone. Every fault injected is noted, for the run to count.
+#[derive(Debug)]
+pub struct Dice<'a> {
+    pub rng: &'a SplitMix,
+    pub faults: crate::Faults,
+    pub on: bool,
+    pub drawn: Vec<crate::Fault>,
+}
+
+impl Dice<'_> {
+    /// Whether to inject `fault` now, with probability `p`.
+    pub fn chance(&mut self, fault: crate::Fault, p: f64) -> bool {
+        let hit = self.on && self.rng.unit() < p && self.faults.on(fault);
+        if hit {
+            self.drawn.push(fault);
+        }
+        hit
+    }
+
+    /// A draw from 0 to `n` (excluded).
+    pub fn pick(&self, n: usize) -> usize {
+        pick(self.rng, n)
+    }
+}
+
 /// An operator holds a service by hand (a maintenance window), or one action of it, or, when
 /// something is held, releases a hold made by hand or, by a coin's toss, the agent's own;
 /// every choice drawn from `rng`. A refusal (held already, the same way) changes nothing; an
@@ -130,7 +157,7 @@ pub enum Taken {
 }
 
 /// Takes from `batch`, received from `dest`, what its consumer handles now, with the faults
-/// `chance` draws (each kind with its probability, in a fixed order, so that a seed replays):
+/// `dice` draw (each kind with its probability, in a fixed order, so that a seed replays):
 /// one order's replies folded into a turn; replies, or (where `agent_batches`) an agent's
 /// requests, side by side; one message taken out of order, the others put back or, delayed,
 /// left hidden until their visibility timeout; the message lost or sent twice. An event on
@@ -141,13 +168,12 @@ pub fn take(
     dest: &sas_engine::ports::Destination,
     mut batch: Vec<Delivery>,
     agent_batches: bool,
-    chance: &mut dyn FnMut(crate::Fault, f64) -> bool,
-    pick: &dyn Fn(usize) -> usize,
+    dice: &mut Dice,
 ) -> Taken {
     use crate::Fault;
     use sas_engine::ports::Destination;
     let of_one_order = one_order(&batch);
-    if of_one_order.len() > 1 && chance(Fault::Folded, 0.5) {
+    if of_one_order.len() > 1 && dice.chance(Fault::Folded, 0.5) {
         let mut taken = Vec::new();
         for (k, d) in batch.into_iter().enumerate() {
             if of_one_order.contains(&k) {
@@ -164,7 +190,7 @@ pub fn take(
         _ => None,
     };
     if let Some(kind) = side_by_side.filter(|_| batch.len() > 1)
-        && chance(kind, 0.3)
+        && dice.chance(kind, 0.3)
     {
         let taken: Vec<Delivery> = batch.drain(..batch.len().min(3)).collect();
         for other in &batch {
@@ -175,20 +201,23 @@ pub fn take(
     // Reordering: take any of the visible messages. The others are put back uncounted, as if
     // only the one taken had been received (a Lambda handles its whole batch), or, delayed,
     // stay hidden until their visibility timeout, a receive that counts.
-    let chosen =
-        if batch.len() > 1 && chance(Fault::Reordered, 0.3) { pick(batch.len()) } else { 0 };
+    let chosen = if batch.len() > 1 && dice.chance(Fault::Reordered, 0.3) {
+        dice.pick(batch.len())
+    } else {
+        0
+    };
     let d = batch.swap_remove(chosen);
     for other in &batch {
-        if !chance(Fault::Delayed, 0.5) {
+        if !dice.chance(Fault::Delayed, 0.5) {
             let _ = queues.put_back(dest, &other.receipt);
         }
     }
     let event = d.body.contains("\"detail-type\"");
-    if !event && chance(Fault::Lost, 0.04) {
+    if !event && dice.chance(Fault::Lost, 0.04) {
         let _ = queues.delete(dest, &d.receipt);
         return Taken::Lost;
     }
-    let duplicated = chance(Fault::Duplicated, 0.05);
+    let duplicated = dice.chance(Fault::Duplicated, 0.05);
     if duplicated {
         let _ = queues.send_raw(dest, d.body.clone());
     }

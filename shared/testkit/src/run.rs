@@ -29,10 +29,10 @@ use serde_json::Value;
 
 use crate::agents::{self, Alarm, Build, Injected, Service, StandIn};
 use crate::faults::{Fault, Faults};
-use crate::hands::{self, Desk, Taken, flowing};
+use crate::hands::{self, Desk, Dice, Taken, flowing};
 use crate::ledger::Ledger;
 use crate::watch::{Watch, Watched};
-use crate::world::{Crashes, Crashy, Timeline, lock};
+use crate::world::{Crashes, Crashy, Ports, Timeline, lock};
 
 /// A team's own check of a seed's end.
 type Assertion = Arc<dyn Fn(&End) -> Result<(), String> + Send + Sync>;
@@ -529,19 +529,8 @@ impl Run {
     fn new(kit: &Kit, setup: &Setup, seed: u64) -> Run {
         let rng = SplitMix::seeded(seed);
         let faults = kit.faults;
-        let clock = ManualClock::default();
-        let memory = Arc::new(MemoryStore::new(clock.clone()));
-        if seed % 2 == 0 && faults.on(Fault::IndexLag) {
-            memory.set_index_lag(Duration::from_secs(20));
-        }
-        if seed % 3 == 0 && faults.on(Fault::StaleRead) {
-            memory.set_read_lag(Duration::from_secs(1));
-        }
-        let queues = Arc::new(MemoryQueues::new(clock.clone()));
-        let waits = Arc::new(MemoryWaits::default());
-        let bus = Arc::new(MemoryBus::new());
-        let timeline = Timeline::new(&clock);
-        let crashes = Crashes::default();
+        let Ports { clock, timeline, memory, queues, waits, bus, shelf, crashes } =
+            Ports::new(seed, faults);
         let config = setup.config.clone();
         let system = Assembly {
             store: crashes.wrap(memory.clone()),
@@ -551,7 +540,7 @@ impl Run {
             catalogue: setup.catalogue.clone(),
             waits: waits.clone(),
             load: Gauges { waits: waits.clone(), depths: queues.clone() },
-            payloads: crashes.wrap(Arc::new(MemoryPayloads::default())),
+            payloads: crashes.wrap(shelf),
         };
         let outbox = crashes.wrap(queues.clone());
         let book = Book::default();
@@ -941,18 +930,10 @@ impl Run {
             if batch.is_empty() {
                 continue;
             }
-            let (rng, faults, on) = (&self.rng, self.faults, self.on.load(Ordering::Relaxed));
-            let mut drawn = Vec::new();
-            let mut chance = |fault: Fault, p: f64| {
-                let hit = on && rng.unit() < p && faults.on(fault);
-                if hit {
-                    drawn.push(fault);
-                }
-                hit
-            };
-            let pick = |n: usize| hands::pick(rng, n);
-            let taken = hands::take(&self.queues, &dest, batch, true, &mut chance, &pick);
-            for fault in drawn {
+            let on = self.on.load(Ordering::Relaxed);
+            let mut dice = Dice { rng: &self.rng, faults: self.faults, on, drawn: Vec::new() };
+            let taken = hands::take(&self.queues, &dest, batch, true, &mut dice);
+            for fault in dice.drawn {
                 self.injected[fault as usize] += 1;
             }
             let d = match taken {

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sas_engine::keys::{Queued, Slots};
-use sas_engine::memory::ManualClock;
+use sas_engine::memory::{
+    ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryStore, MemoryWaits,
+};
 use sas_engine::ports::{
     Clock, Created, EventBus, Expected, ExpiryIndex, HeldIndex, IndexEntry, OrderRecord, Outbox,
     Outgoing, Page, Read, Saved, StateStore,
@@ -70,6 +72,47 @@ impl Clock for Timeline {
         }
         drop(waiting);
         self.clock.set(at);
+    }
+}
+
+/// The in-memory ports of one seed's run: the store with the lags the seed gives it (its
+/// expiry index 20 s behind on even seeds, its eventual reads a second old on every third,
+/// where those kinds are on), the queues, the bus, the waits' reports and the payloads' shelf,
+/// on one manual clock and its timeline; and the crashes every port a handler goes through
+/// shares (see [`Crashes::wrap`]).
+#[derive(Clone, Debug)]
+pub struct Ports {
+    pub clock: ManualClock,
+    pub timeline: Timeline,
+    pub memory: Arc<MemoryStore<ManualClock>>,
+    pub queues: Arc<MemoryQueues<ManualClock>>,
+    pub waits: Arc<MemoryWaits>,
+    pub bus: Arc<MemoryBus>,
+    pub shelf: Arc<MemoryPayloads>,
+    pub crashes: Crashes,
+}
+
+impl Ports {
+    /// The ports of `seed`'s run, with the kinds of fault `faults` switches on.
+    pub fn new(seed: u64, faults: crate::Faults) -> Ports {
+        let clock = ManualClock::default();
+        let memory = Arc::new(MemoryStore::new(clock.clone()));
+        if seed % 2 == 0 && faults.on(crate::Fault::IndexLag) {
+            memory.set_index_lag(Duration::from_secs(20));
+        }
+        if seed % 3 == 0 && faults.on(crate::Fault::StaleRead) {
+            memory.set_read_lag(Duration::from_secs(1));
+        }
+        Ports {
+            timeline: Timeline::new(&clock),
+            queues: Arc::new(MemoryQueues::new(clock.clone())),
+            waits: Arc::new(MemoryWaits::default()),
+            bus: Arc::new(MemoryBus::new()),
+            shelf: Arc::new(MemoryPayloads::default()),
+            crashes: Crashes::default(),
+            memory,
+            clock,
+        }
     }
 }
 
