@@ -78,7 +78,7 @@ use sas_engine::state::{
 };
 use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
-use sas_testkit::hands::{self, Desk, Dice, Taken, flowing};
+use sas_testkit::hands::{self, Desk, Dice, Operators, Taken, flowing};
 use sas_testkit::watch::{Watch, Watched};
 use sas_testkit::world::Ports;
 use sas_testkit::{Crashes, Crashy, Fault, Faults, Timeline};
@@ -368,9 +368,8 @@ struct Sim {
     count_keys: bool,
     /// The scheduler queue's dead letters looked at so far (see [`Sim::redrive_events`]).
     dead_seen: usize,
-    /// Command ids handed out so far, and the last command sent for each order.
-    commands: u64,
-    last_command: HashMap<OrderId, (CommandKind, String)>,
+    /// The operators' commands so far.
+    operators: Operators,
     /// How many times each order ended owing an alert (in Error, or Processed with a reported
     /// failure), and how many of those times its alert was seen recorded as sent. Each time
     /// owes one distinct alert, unless an operator's redrive came before it was published.
@@ -622,8 +621,7 @@ impl Sim {
             unmatched: 0,
             dead_seen: 0,
             count_keys: true,
-            commands: 0,
-            last_command: HashMap::new(),
+            operators: Operators::default(),
             errors: HashMap::new(),
             alerted: HashMap::new(),
             ledger_checked: 0,
@@ -1293,35 +1291,11 @@ impl Sim {
             return;
         }
         let id = self.accepted[self.pick(self.accepted.len())];
-        // Mostly what the order's state calls for, sometimes anything at all.
         let state = self.memory.peek(id).map(|r| {
             let undo_failed = r.steps.iter().any(|s| s.status == StepStatus::UndoFailed);
             (r.process_state, undo_failed)
         });
-        let fitting = match state {
-            Some((ProcessState::Error, true)) => Some(CommandKind::RedriveCompensation),
-            Some((ProcessState::Error, false)) => Some(CommandKind::Redrive),
-            Some((ProcessState::Paused, _)) => Some(CommandKind::Resume),
-            Some((ProcessState::Pending | ProcessState::Processing, _)) => {
-                Some(if self.pick(2) == 0 { CommandKind::Cancel } else { CommandKind::Pause })
-            }
-            Some((ProcessState::Processed, _)) => Some(CommandKind::Undo),
-            _ => None,
-        };
-        let anything = CommandKind::ALL[self.pick(CommandKind::ALL.len())];
-        let fresh = match fitting {
-            Some(kind) if self.pick(4) != 0 => kind,
-            _ => anything,
-        };
-        let repeat = self.pick(4) == 0;
-        let (kind, command_id) = match self.last_command.get(&id) {
-            Some(earlier) if repeat => earlier.clone(),
-            _ => {
-                self.commands += 1;
-                (fresh, format!("op-{}", self.commands))
-            }
-        };
-        self.last_command.insert(id, (kind, command_id.clone()));
+        let (kind, command_id) = self.operators.choose(id, state, &self.rng);
         self.maybe_crash();
         self.command(id, kind, &command_id).await;
         self.disarm();
@@ -1402,8 +1376,7 @@ impl Sim {
         records.sort_by_key(|r| r.order_id);
         for r in records {
             if r.process_state == ProcessState::Paused {
-                self.commands += 1;
-                let command_id = format!("op-{}", self.commands);
+                let command_id = self.operators.next_id();
                 self.command(r.order_id, CommandKind::Resume, &command_id).await;
             }
         }

@@ -1,10 +1,12 @@
-//! What the people around a system do to it while it runs, shared by every simulation: an
-//! operator holding a service by hand and releasing it, and the helpers a run's pump uses to
-//! hand the consumers their messages as the deployed functions get them.
+//! What the people and the plumbing around a system do to it while it runs, shared by every
+//! simulation: the dice of a run's faults, the pump that hands each consumer its messages as
+//! the deployed functions get them, an operator's commands, and an operator holding a service
+//! by hand and releasing it.
 
 use sas_engine::memory::{Delivery, ManualClock, MemoryServiceBook, MemoryStore, SplitMix};
 use sas_engine::message::Message;
 use sas_engine::services::{DeskRefusal, ServiceDesk, SweepReport};
+use sas_engine::state::{CommandKind, ProcessState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -222,4 +224,55 @@ pub fn take(
         let _ = queues.send_raw(dest, d.body.clone());
     }
     Taken::One { delivery: d, duplicated }
+}
+
+/// The operators' commands of a run: what each is, and its id, new or sent before.
+#[derive(Debug, Default)]
+pub struct Operators {
+    /// Command ids handed out so far, and the last command sent for each order.
+    sent: u64,
+    last: std::collections::HashMap<sas_engine::OrderId, (CommandKind, String)>,
+}
+
+impl Operators {
+    /// A command on order `id`, in `state` (with whether an undo of it failed): mostly what
+    /// the state calls for (redrive an order in error, or its compensation; resume one paused;
+    /// cancel or pause one in flight; undo one processed), sometimes anything at all, and now
+    /// and then the last command sent for the order, again (a tool retrying a call it is
+    /// unsure went through); every choice drawn from `rng`.
+    pub fn choose(
+        &mut self,
+        id: sas_engine::OrderId,
+        state: Option<(ProcessState, bool)>,
+        rng: &SplitMix,
+    ) -> (CommandKind, String) {
+        let fitting = match state {
+            Some((ProcessState::Error, true)) => Some(CommandKind::RedriveCompensation),
+            Some((ProcessState::Error, false)) => Some(CommandKind::Redrive),
+            Some((ProcessState::Paused, _)) => Some(CommandKind::Resume),
+            Some((ProcessState::Pending | ProcessState::Processing, _)) => {
+                Some(if pick(rng, 2) == 0 { CommandKind::Cancel } else { CommandKind::Pause })
+            }
+            Some((ProcessState::Processed, _)) => Some(CommandKind::Undo),
+            _ => None,
+        };
+        let anything = CommandKind::ALL[pick(rng, CommandKind::ALL.len())];
+        let fresh = match fitting {
+            Some(kind) if pick(rng, 4) != 0 => kind,
+            _ => anything,
+        };
+        let repeat = pick(rng, 4) == 0;
+        let (kind, command_id) = match self.last.get(&id) {
+            Some(earlier) if repeat => earlier.clone(),
+            _ => (fresh, self.next_id()),
+        };
+        self.last.insert(id, (kind, command_id.clone()));
+        (kind, command_id)
+    }
+
+    /// A new command's id.
+    pub fn next_id(&mut self) -> String {
+        self.sent += 1;
+        format!("op-{}", self.sent)
+    }
 }

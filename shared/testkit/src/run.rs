@@ -29,7 +29,7 @@ use serde_json::Value;
 
 use crate::agents::{self, Alarm, Build, Injected, Service, StandIn};
 use crate::faults::{Fault, Faults};
-use crate::hands::{self, Desk, Dice, Taken, flowing};
+use crate::hands::{self, Desk, Dice, Operators, Taken, flowing};
 use crate::ledger::Ledger;
 use crate::watch::{Watch, Watched};
 use crate::world::{Crashes, Crashy, Ports, Timeline, lock};
@@ -518,9 +518,12 @@ struct Run {
     /// Each order as the last check saw it, and each order's attempt and deadline then.
     previous: HashMap<OrderId, StateRecord>,
     terminal: HashMap<OrderId, StateRecord>,
+    /// The steps seen with their undo failed: an operator's redrive undoes them later,
+    /// after the steps they depend on.
+    undo_failed: std::collections::HashSet<(OrderId, String)>,
     /// Orders seen waiting in line while every place of their key was taken.
     in_line: std::collections::HashSet<OrderId>,
-    commands: u64,
+    operators: Operators,
     injected: [u64; Fault::ALL.len()],
     remote_injected: Arc<Mutex<[u64; Fault::ALL.len()]>>,
 }
@@ -659,7 +662,8 @@ impl Run {
             previous: HashMap::new(),
             terminal: HashMap::new(),
             in_line: Default::default(),
-            commands: 0,
+            undo_failed: Default::default(),
+            operators: Operators::default(),
             injected: [0; Fault::ALL.len()],
             remote_injected,
         }
@@ -1084,31 +1088,28 @@ impl Run {
             return Ok(());
         }
         let id = self.accepted[self.pick(self.accepted.len())];
-        let Some(r) = self.memory.peek(id) else { return Ok(()) };
-        let undo_failed = r.steps.iter().any(|s| s.status == StepStatus::UndoFailed);
-        let kind = match r.process_state {
-            ProcessState::Error if undo_failed => CommandKind::RedriveCompensation,
-            ProcessState::Error => CommandKind::Redrive,
-            ProcessState::Paused => CommandKind::Resume,
-            ProcessState::Pending | ProcessState::Processing if self.pick(2) == 0 => {
-                CommandKind::Cancel
-            }
-            ProcessState::Pending | ProcessState::Processing => CommandKind::Pause,
-            _ => return Ok(()),
-        };
+        let state = self.memory.peek(id).map(|r| {
+            let undo_failed = r.steps.iter().any(|s| s.status == StepStatus::UndoFailed);
+            (r.process_state, undo_failed)
+        });
+        let (kind, command_id) = self.operators.choose(id, state, &self.rng);
         self.maybe_crash();
-        self.command(id, kind).await
+        self.command(id, kind, &command_id).await
     }
 
-    async fn command(&mut self, id: OrderId, kind: CommandKind) -> Result<(), Broken> {
-        self.commands += 1;
-        let command_id = format!("op-{}", self.commands);
-        let command = Command::new(kind, &command_id, "kit-operator", "the kit's operator")
+    async fn command(
+        &mut self,
+        id: OrderId,
+        kind: CommandKind,
+        command_id: &str,
+    ) -> Result<(), Broken> {
+        let command = Command::new(kind, command_id, "kit-operator", "the kit's operator")
             .unwrap_or_else(|e| unreachable!("a command the kit makes: {e}"));
         let done = self.operator.command(id, &command).await;
         self.crashes.disarm();
         let what = match &done {
             Ok(Some(Commanded { applied: Applied::Refused(why), .. })) => format!("refused: {why}"),
+            Ok(None) => "refused: no such order".to_owned(),
             Ok(_) => "applied".to_owned(),
             Err(e) => format!("failed: {e}"),
         };
@@ -1148,7 +1149,8 @@ impl Run {
             .collect();
         paused.sort();
         for id in paused {
-            self.command(id, CommandKind::Resume).await?;
+            let command_id = self.operators.next_id();
+            self.command(id, CommandKind::Resume, &command_id).await?;
         }
         Ok(())
     }
@@ -1297,6 +1299,9 @@ impl Run {
                     ));
                 }
             }
+            for step in r.steps.iter().filter(|s| s.status == StepStatus::UndoFailed) {
+                self.undo_failed.insert((id, step.name.clone()));
+            }
             if r.is_terminal() {
                 self.terminal.insert(id, r.clone());
             } else {
@@ -1387,6 +1392,12 @@ impl Run {
                 }
             }
             let listed = r.needs_manual_undo();
+            let late: Vec<String> = r
+                .steps
+                .iter()
+                .filter(|s| self.undo_failed.contains(&(r.order_id, s.name.clone())))
+                .map(|s| s.name.clone())
+                .collect();
             if kept {
                 // A wait is over, and never before its time.
                 for step in r.steps.iter().filter(|s| s.wake_at.is_some()) {
@@ -1405,7 +1416,7 @@ impl Run {
                     }
                 }
             }
-            self.ledger.check_end(r.order_id, workflow, kept, &listed).map_err(|what| {
+            self.ledger.check_end(r.order_id, workflow, kept, &listed, &late).map_err(|what| {
                 ("each step applied once, each undo once in reverse order", Some(r.order_id), what)
             })?;
         }
