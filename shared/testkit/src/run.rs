@@ -274,7 +274,12 @@ impl Kit {
                 eprintln!("{report}");
                 report
             }
-            Ok(report) => panic!("{report}"),
+            Ok(report) => {
+                // The test harness names each test's thread after the test.
+                let test = std::thread::current().name().unwrap_or("<this test>").to_owned();
+                let seed = report.failures[0].seed;
+                panic!("{report}run it alone: SEED={seed} cargo test -- --exact {test}")
+            }
             Err(e) => panic!("{e}"),
         }
     }
@@ -418,13 +423,12 @@ impl std::ops::AddAssign for Report {
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if let Some(first) = self.failures.first() {
-            writeln!(
+            return writeln!(
                 f,
                 "{} of {} seeds failed; the first:\n{first}",
                 self.failures.len(),
                 self.seeds
-            )?;
-            return writeln!(f, "run it alone: SEED={} cargo test <this test>", first.seed);
+            );
         }
         let injected: Vec<String> = self
             .injected

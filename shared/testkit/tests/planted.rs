@@ -177,3 +177,35 @@ fn a_team_s_own_assertion_that_fails_fails_its_seed() {
     assert_eq!((failure.seed, failure.invariant), (0, "the team's own assertion"), "{failure}");
     assert!(failure.detail.ends_with("made a bucket"), "{failure}");
 }
+
+/// An agent whose handler panics on one tenant's bucket.
+struct Panicking;
+
+impl RemoteService for Panicking {
+    async fn call(&self, call: &RemoteCall) -> Result<Value, RemoteFault> {
+        if call.order.input()["tenant"] == "t-1" && call.action == "create-bucket" {
+            panic!("index out of bounds");
+        }
+        Ok(json!({}))
+    }
+}
+
+#[test]
+fn a_handler_that_panics_fails_its_step_and_its_seed() {
+    let report = Kit::new()
+        .workflow("bucket-per-tenant.json", WORKFLOW)
+        .agent("buckets", |_: &Ledger| Panicking)
+        .stand_in("mailer", StandIn::new())
+        .orders(2, |i| json!({ "tenant": format!("t-{i}") }))
+        .seeds(0..5)
+        .run()
+        .unwrap();
+    let failure = report.failures.first().unwrap();
+    assert_eq!(failure.seed, 0, "{failure}");
+    assert!(
+        failure.detail.starts_with("the handler of buckets panicked on create-bucket (do)")
+            && failure.detail.ends_with("index out of bounds"),
+        "{failure}"
+    );
+    assert!(failure.timeline.iter().any(|l| l.contains("panicked")), "{failure}");
+}
