@@ -58,7 +58,6 @@ use sas_engine::events::{ALERT_DETAIL_TYPE, CALLBACK_DETAIL_TYPE, SERVICE_DETAIL
 use sas_engine::health::hold_key;
 use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges, Unmetered};
-use sas_engine::machine::Answer;
 use sas_engine::memory::{
     Behaviour, Delivery, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryRemote,
     MemoryServiceBook, MemoryStore, MemoryWaits, Outage, SeqIds, SplitMix, Throttle,
@@ -69,8 +68,8 @@ use sas_engine::pace::{self, Limits};
 use sas_engine::payload::{self, MAX_INLINE_INPUT_LEN, Stored};
 use sas_engine::ports::{Clock, Destination, Incoming, OrderRecord};
 use sas_engine::services::{
-    Agent, AgentOutcome, Answering, Applied, Assembly, Command, Commanded, Operator, RESUME_SPREAD,
-    Scheduler, ServiceDesk, ServicesReport, Starter, Submission, Supervisor, SweepReport,
+    Agent, AgentOutcome, Applied, Assembly, Command, Commanded, Operator, RESUME_SPREAD, Scheduler,
+    ServiceDesk, ServicesReport, Starter, Submission, Supervisor, SweepReport,
 };
 use sas_engine::state::{
     AlertDelivery, Cause, CommandKind, InputRef, Lease, Phase, ProcessState, StateRecord,
@@ -1324,20 +1323,8 @@ impl Sim {
             return;
         }
         let a = &announced[self.pick(announced.len())];
-        let id: OrderId = a["order_id"].as_str().unwrap().parse().unwrap();
-        let step = a["step"].as_str().unwrap().to_owned();
-        let forged = "f".repeat(40);
-        let token = match self.pick(10) {
-            0 => Some(forged.as_str()),
-            1 => None,
-            _ => a["token"].as_str(),
-        };
-        let answer = match self.pick(6) {
-            0 => Answer::Refuse,
-            1 => Answer::Heartbeat,
-            _ => Answer::Complete { output: serde_json::json!({"answered": "sim"}) },
-        };
-        let answering = Answering::new(&step, token, answer, "sim-party", "simulated").unwrap();
+        let output = serde_json::json!({"answered": "sim"});
+        let (id, step, token, answering) = hands::answer_to(a, &self.rng, output).unwrap();
         let before = self.memory.peek(id).unwrap();
         self.maybe_crash();
         let result = self.operator.answer(id, &answering).await;
@@ -1346,18 +1333,8 @@ impl Sim {
         match result {
             Ok(Some(Commanded { applied: Applied::Now, .. })) => {
                 // No stale, repeated or forged answer is applied.
-                let waiting = before.steps.iter().find(|s| s.name == step).unwrap();
-                assert!(
-                    before.process_state.is_in_flight() && waiting.sent().is_some(),
-                    "seed {seed}: {id} took an answer for {step}, which did not wait for one"
-                );
-                if let Some(token) = token {
-                    assert_eq!(
-                        waiting.token.as_deref(),
-                        Some(token),
-                        "seed {seed}: {id} took an answer for {step} with another token"
-                    );
-                }
+                let taken = hands::check_answer_taken(&before, &step, token.as_deref());
+                taken.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
                 self.tally.answers_applied += 1;
             }
             Ok(Some(Commanded { applied: Applied::Refused(_), .. })) => {

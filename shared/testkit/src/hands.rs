@@ -3,9 +3,10 @@
 //! the deployed functions get them, an operator's commands, and an operator holding a service
 //! by hand and releasing it.
 
+use sas_engine::machine::Answer;
 use sas_engine::memory::{Delivery, ManualClock, MemoryServiceBook, MemoryStore, SplitMix};
 use sas_engine::message::Message;
-use sas_engine::services::{DeskRefusal, ServiceDesk, SweepReport};
+use sas_engine::services::{Answering, DeskRefusal, ServiceDesk, SweepReport};
 use sas_engine::state::{CommandKind, ProcessState};
 use std::sync::Arc;
 use std::time::Duration;
@@ -274,5 +275,55 @@ impl Operators {
     pub fn next_id(&mut self) -> String {
         self.sent += 1;
         format!("op-{}", self.sent)
+    }
+}
+
+/// The answer of the party outside to a step `announced` as waiting for it, while the faults
+/// run: mostly with the announcement's token (an old one, for a step announced again since),
+/// sometimes with a forged one, sometimes as an operator, without one; mostly completing the
+/// step with `output`, sometimes refusing it or keeping it alive. Returns the order, the step,
+/// the token given and the answer; `None` for an announcement that is not one.
+pub fn answer_to(
+    announced: &serde_json::Value,
+    rng: &SplitMix,
+    output: serde_json::Value,
+) -> Option<(sas_engine::OrderId, String, Option<String>, Answering)> {
+    let id = announced["order_id"].as_str()?.parse().ok()?;
+    let step = announced["step"].as_str()?.to_owned();
+    let forged = "f".repeat(40);
+    let token = match pick(rng, 10) {
+        0 => Some(forged.as_str()),
+        1 => None,
+        _ => announced["token"].as_str(),
+    };
+    let answer = match pick(rng, 6) {
+        0 => Answer::Refuse,
+        1 => Answer::Heartbeat,
+        _ => Answer::Complete { output },
+    };
+    let answering = Answering::new(&step, token, answer, "sim-party", "simulated").ok()?;
+    Some((id, step, token.map(str::to_owned), answering))
+}
+
+/// An answer to `step` with `token` that was taken must have found the step waiting, in an
+/// order in flight (`before` it), under that very token: no stale, repeated or forged answer
+/// is applied.
+pub fn check_answer_taken(
+    before: &sas_engine::state::StateRecord,
+    step: &str,
+    token: Option<&str>,
+) -> Result<(), String> {
+    let id = before.order_id;
+    let waiting = before.steps.iter().find(|s| s.name == step);
+    let Some(waiting) =
+        waiting.filter(|w| before.process_state.is_in_flight() && w.sent().is_some())
+    else {
+        return Err(format!("{id} took an answer for {step}, which did not wait for one"));
+    };
+    match token {
+        Some(token) if waiting.token.as_deref() != Some(token) => {
+            Err(format!("{id} took an answer for {step} with another token"))
+        }
+        _ => Ok(()),
     }
 }

@@ -1183,40 +1183,43 @@ impl Run {
             if !faulty && (current.as_deref() != a["token"].as_str() || r.is_terminal()) {
                 continue;
             }
-            let forged = "f".repeat(40);
-            let (token, answer) = match faulty.then(|| self.pick(8)) {
-                Some(0) => (Some(forged.as_str()), Answer::Heartbeat),
-                Some(1) => (a["token"].as_str(), Answer::Refuse),
-                Some(2) => (a["token"].as_str(), Answer::Heartbeat),
-                _ => {
-                    let input = self.inputs.get(&id).cloned().unwrap_or_default();
-                    (a["token"].as_str(), Answer::Complete { output: (self.answer)(&step, &input) })
-                }
+            let input = self.inputs.get(&id).cloned().unwrap_or_default();
+            let output = (self.answer)(&step, &input);
+            let (token, answering) = if faulty {
+                let Some((_, _, token, answering)) = hands::answer_to(a, &self.rng, output) else {
+                    continue;
+                };
+                (token, answering)
+            } else {
+                let token = a["token"].as_str();
+                let complete = Answer::Complete { output };
+                let Ok(answering) = Answering::new(&step, token, complete, "sim-party", "the kit")
+                else {
+                    continue;
+                };
+                (token.map(str::to_owned), answering)
             };
-            let kind = match &answer {
+            let kind = match &answering.answer {
                 Answer::Refuse => "refusal",
                 Answer::Heartbeat => "heartbeat",
                 Answer::Complete { .. } => "answer",
-            };
-            let Ok(answering) = Answering::new(&step, token, answer, "kit-party", "the kit") else {
-                continue;
             };
             if faulty {
                 self.maybe_crash();
             }
             let done = self.operator.answer(id, &answering).await;
             self.crashes.disarm();
-            self.note(
-                id,
-                format!(
-                    "party outside: {kind} to {step}: {}",
-                    match done {
-                        Ok(Some(Commanded { applied: Applied::Refused(_), .. })) => "refused",
-                        Ok(_) => "taken",
-                        Err(_) => "failed",
-                    }
-                ),
-            );
+            let what = match &done {
+                Ok(Some(Commanded { applied: Applied::Refused(_), .. })) => "refused",
+                Ok(_) => "taken",
+                Err(_) => "failed",
+            };
+            self.note(id, format!("party outside: {kind} to {step}: {what}"));
+            if let Ok(Some(Commanded { applied: Applied::Now, .. })) = done {
+                hands::check_answer_taken(&r, &step, token.as_deref()).map_err(|e| {
+                    ("an answer counts only when the step waits for it", Some(id), e)
+                })?;
+            }
         }
         Ok(())
     }
