@@ -1109,13 +1109,7 @@ impl Sim {
         let messages: Vec<Message> =
             taken.iter().map(|d| Message::decode(&d.body).unwrap()).collect();
         let before = messages[0].order_id().and_then(|id| self.memory.peek(id));
-        let turn: Vec<(Message, Incoming<'_>)> = taken
-            .iter()
-            .zip(&messages)
-            .map(|(d, m)| {
-                (m.clone(), Incoming { message_id: d.identity(), receive_count: d.receive_count })
-            })
-            .collect();
+        let turn = hands::incoming(&taken, &messages);
         self.maybe_crash();
         let handled = self.scheduler.handle_turn(&turn).await;
         self.disarm();

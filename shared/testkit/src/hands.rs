@@ -327,3 +327,21 @@ pub fn check_answer_taken(
         _ => Ok(()),
     }
 }
+
+/// The messages of `taken`, each with how it came, as a consumer's turn takes them.
+pub fn incoming<'a>(
+    taken: &'a [Delivery],
+    messages: &[Message],
+) -> Vec<(Message, sas_engine::ports::Incoming<'a>)> {
+    taken
+        .iter()
+        .zip(messages)
+        .map(|(d, m)| {
+            let incoming = sas_engine::ports::Incoming {
+                message_id: d.identity(),
+                receive_count: d.receive_count,
+            };
+            (m.clone(), incoming)
+        })
+        .collect()
+}

@@ -1003,13 +1003,7 @@ impl Run {
         taken: Vec<Delivery>,
     ) -> Result<(), Broken> {
         let messages = decode(&taken)?;
-        let turn: Vec<(Message, Incoming<'_>)> = taken
-            .iter()
-            .zip(&messages)
-            .map(|(d, m)| {
-                (m.clone(), Incoming { message_id: d.identity(), receive_count: d.receive_count })
-            })
-            .collect();
+        let turn = hands::incoming(&taken, &messages);
         self.maybe_crash();
         let handled = self.scheduler.handle_turn(&turn).await;
         self.crashes.disarm();

@@ -64,6 +64,10 @@ impl RemoteService for Buckets {
     }
 }
 
+fn buckets(ledger: &Ledger, bug: Bug) -> Buckets {
+    Buckets { ledger: ledger.clone(), buckets: Mutex::default(), undone: Mutex::default(), bug }
+}
+
 /// The bucket a step's call makes: the tenant's name and a number drawn from the step's key
 /// (`<order>/<step>`), the same for every call of the step.
 fn bucket_of(tenant: &str, step: &str) -> String {
@@ -85,12 +89,7 @@ const WORKFLOW: &str = r#"{
 fn first_failure(bug: Bug) -> Failure {
     let report = Kit::new()
         .workflow("bucket-per-tenant.json", WORKFLOW)
-        .agent("buckets", move |ledger: &Ledger| Buckets {
-            ledger: ledger.clone(),
-            buckets: Mutex::default(),
-            undone: Mutex::default(),
-            bug,
-        })
+        .agent("buckets", move |ledger: &Ledger| buckets(ledger, bug))
         .stand_in("mailer", StandIn::new().refusing("announce", 0.3))
         .orders(6, |i| json!({ "tenant": format!("t-{i}") }))
         .seeds(0..50)
@@ -118,12 +117,7 @@ fn a_compensation_that_forgets_its_step_s_output_is_found() {
 fn the_same_agent_without_its_bugs_passes() {
     let report = Kit::new()
         .workflow("bucket-per-tenant.json", WORKFLOW)
-        .agent("buckets", |ledger: &Ledger| Buckets {
-            ledger: ledger.clone(),
-            buckets: Mutex::default(),
-            undone: Mutex::default(),
-            bug: Bug::None,
-        })
+        .agent("buckets", |ledger: &Ledger| buckets(ledger, Bug::None))
         .stand_in("mailer", StandIn::new().refusing("announce", 0.3))
         .orders(6, |i| json!({ "tenant": format!("t-{i}") }))
         .seeds(0..50)
@@ -135,12 +129,7 @@ fn the_same_agent_without_its_bugs_passes() {
 fn a_workflow_file_the_stack_refuses_is_refused_with_the_stack_s_message() {
     let misnamed = Kit::new()
         .workflow("another-name.json", WORKFLOW)
-        .agent("buckets", |_: &Ledger| Buckets {
-            ledger: Ledger::default(),
-            buckets: Mutex::default(),
-            undone: Mutex::default(),
-            bug: Bug::None,
-        })
+        .agent("buckets", |ledger: &Ledger| buckets(ledger, Bug::None))
         .stand_in("mailer", StandIn::new())
         .run()
         .unwrap_err();
@@ -156,12 +145,7 @@ fn a_workflow_file_the_stack_refuses_is_refused_with_the_stack_s_message() {
 fn a_team_s_own_assertion_that_fails_fails_its_seed() {
     let report = Kit::new()
         .workflow("bucket-per-tenant.json", WORKFLOW)
-        .agent("buckets", |ledger: &Ledger| Buckets {
-            ledger: ledger.clone(),
-            buckets: Mutex::default(),
-            undone: Mutex::default(),
-            bug: Bug::None,
-        })
+        .agent("buckets", |ledger: &Ledger| buckets(ledger, Bug::None))
         .stand_in("mailer", StandIn::new())
         .orders(2, |i| json!({ "tenant": format!("t-{i}") }))
         .asserting(|end| {
