@@ -50,6 +50,9 @@ pub struct End<'a> {
 #[derive(Clone, Debug)]
 pub struct Ended {
     pub order_id: OrderId,
+    /// The workflow it ran, and the version it started on and kept.
+    pub workflow: String,
+    pub version: u32,
     /// What it was submitted with.
     pub input: Value,
     pub state: ProcessState,
@@ -111,6 +114,9 @@ pub struct Kit {
     /// The stack's settings, by the names its functions read.
     settings: BTreeMap<String, String>,
     assertions: Vec<Assertion>,
+    /// The workflow files of a deploy halfway through the faults, and those that could not
+    /// be read.
+    redeploy: Vec<(String, String, String)>,
 }
 
 impl std::fmt::Debug for Kit {
@@ -159,6 +165,7 @@ impl Kit {
             events: 300,
             settings: BTreeMap::new(),
             assertions: Vec::new(),
+            redeploy: Vec::new(),
         }
     }
 
@@ -177,9 +184,7 @@ impl Kit {
 
     /// A workflow file's text (`include_str!` of it), named by its `path`.
     pub fn workflow(mut self, path: &str, json: &str) -> Kit {
-        let file = std::path::Path::new(path);
-        let name = file.file_stem().map_or(path.into(), |s| s.to_string_lossy().into_owned());
-        self.files.push((path.to_owned(), name, json.to_owned()));
+        self.files.push(file(path, json));
         self
     }
 
@@ -190,6 +195,31 @@ impl Kit {
     /// a rate or a concurrency is held to it at every call, and its calls take time to travel.
     pub fn setting(mut self, name: &str, value: &str) -> Kit {
         self.settings.insert(name.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Halfway through the faults the stack is deployed again with these workflow files (as
+    /// `sam deploy` replaces the functions: typically the new version as `<name>.json` and the
+    /// one before kept as `<name>.v<N>.json`). Every order keeps the version it started on,
+    /// and its steps, to its end; one accepted after takes the new one. A file that cannot be
+    /// read, or that the stack would refuse, is an error when the run starts.
+    pub fn deploying_midway<P: AsRef<std::path::Path>>(
+        mut self,
+        paths: impl IntoIterator<Item = P>,
+    ) -> Kit {
+        for path in paths {
+            let path = path.as_ref();
+            match std::fs::read_to_string(path) {
+                Ok(json) => self.redeploy.push(file(&path.display().to_string(), &json)),
+                Err(e) => self.unread.push(format!("{}: {e}", path.display())),
+            }
+        }
+        self
+    }
+
+    /// As [`Kit::deploying_midway`], the files' texts, each named by its path.
+    pub fn deploying_midway_json(mut self, files: &[(&str, &str)]) -> Kit {
+        self.redeploy.extend(files.iter().map(|(path, json)| file(path, json)));
         self
     }
 
@@ -331,23 +361,28 @@ impl Kit {
             .map(|(a, _)| a.clone())
             .chain(self.stand_ins.iter().map(|(a, _)| a.clone()))
             .collect();
-        let workflows = self
-            .files
-            .iter()
-            .map(|(path, name, json)| load_file(path, name, json, &deployed))
-            .collect::<Result<Vec<Workflow>, _>>()
-            .map_err(|e| e.to_string())?;
-        let catalogue = Catalogue::new(workflows).map_err(|e| e.to_string())?;
+        let load = |files: &[(String, String, String)]| {
+            let workflows = files
+                .iter()
+                .map(|(path, name, json)| load_file(path, name, json, &deployed))
+                .collect::<Result<Vec<Workflow>, _>>()
+                .map_err(|e| e.to_string())?;
+            Catalogue::new(workflows).map_err(|e| e.to_string())
+        };
+        let catalogue = load(&self.files)?;
+        let next = match self.redeploy.is_empty() {
+            true => None,
+            false => Some(Arc::new(load(&self.redeploy)?)),
+        };
         let name = match &self.workflow {
             Some(name) => name.clone(),
             None => self.files[0].1.split(".v").next().unwrap_or_default().to_owned(),
         };
         catalogue.current(&name).ok_or_else(|| format!("no workflow named {name}"))?;
-        let mut unused: Vec<&str> = deployed
-            .iter()
-            .filter(|a| !catalogue.agents().contains(a))
-            .map(|a| a.as_str())
-            .collect();
+        let used: Vec<AgentName> =
+            catalogue.agents().into_iter().chain(next.iter().flat_map(|n| n.agents())).collect();
+        let mut unused: Vec<&str> =
+            deployed.iter().filter(|a| !used.contains(a)).map(|a| a.as_str()).collect();
         unused.sort();
         if !unused.is_empty() {
             return Err(format!(
@@ -368,14 +403,29 @@ impl Kit {
             return Err(format!("limits of agents that are not deployed: {}", unknown.join(", ")));
         }
         let config = Arc::new(EngineConfig { index_shards: 4, ..config });
-        Ok(Setup { catalogue: Arc::new(catalogue), workflow: name, config })
+        if let Some(next) = &next {
+            next.current(&name)
+                .ok_or_else(|| format!("no workflow named {name} in the files deployed midway"))?;
+        }
+        Ok(Setup { catalogue: Arc::new(catalogue), next, workflow: name, config, agents: used })
     }
 }
 
 struct Setup {
     catalogue: Arc<Catalogue>,
+    /// What is deployed midway, if anything.
+    next: Option<Arc<Catalogue>>,
     workflow: String,
     config: Arc<EngineConfig>,
+    /// Every agent either deploy's workflows name.
+    agents: Vec<AgentName>,
+}
+
+/// A workflow file: its path (for messages), its name without `.json`, its text.
+fn file(path: &str, json: &str) -> (String, String, String) {
+    let stem = std::path::Path::new(path).file_stem();
+    let name = stem.map_or(path.into(), |s| s.to_string_lossy().into_owned());
+    (path.to_owned(), name, json.to_owned())
 }
 
 /// What the seeds did: how their orders ended, the faults injected, and every seed that broke
@@ -485,6 +535,14 @@ type Broken = (&'static str, Option<OrderId>, String);
 /// One seed's run.
 struct Run {
     seed: u64,
+    /// What the services are built on, to build them again at a deploy.
+    system: Assembly<Store, Bus, ManualClock, Waits, Load, Payloads>,
+    outbox: Queues,
+    /// The workflows deployed midway, until they are; when they were.
+    next: Option<Arc<Catalogue>>,
+    deployed_at: Option<sas_engine::Timestamp>,
+    /// The version each order started on.
+    versions: HashMap<OrderId, u32>,
     rng: SplitMix,
     faults: Faults,
     on: Arc<AtomicBool>,
@@ -559,8 +617,13 @@ impl Run {
         let watch = Arc::new(Mutex::new(Watch::default()));
         let remote_injected = Arc::new(Mutex::new([0; Fault::ALL.len()]));
         let mut agents = HashMap::new();
-        for (n, name) in setup.catalogue.agents().into_iter().enumerate() {
-            let of_agent = undo_flags(&setup.catalogue, &name);
+        for (n, name) in setup.agents.iter().cloned().enumerate() {
+            let mut of_agent = undo_flags(&setup.catalogue, &name);
+            for more in setup.next.iter().flat_map(|next| undo_flags(next, &name)) {
+                if !of_agent.contains(&more) {
+                    of_agent.push(more);
+                }
+            }
             let service = match kit.agents.iter().find(|(a, _)| *a == name) {
                 Some((_, build)) => Service::Own(build(&ledger)),
                 None => {
@@ -623,11 +686,13 @@ impl Run {
             book: book.clone(),
             index: memory.clone(),
             clock: clock.clone(),
-            agents: setup.catalogue.agents(),
+            agents: setup.agents.clone(),
             limits: config.limits.clone(),
             actions: setup.catalogue.actions(),
         };
         Run {
+            system: system.clone(),
+            outbox: outbox.clone(),
             desk,
             seed,
             rng,
@@ -637,7 +702,13 @@ impl Run {
             scheduler: system.scheduler(outbox.clone(), "scheduler-k"),
             supervisors: [supervisor(), supervisor()],
             operator: system.operator(outbox.clone()),
-            destinations: system.destinations(),
+            destinations: setup.next.as_ref().map_or_else(
+                || system.destinations(),
+                |n| system.running(n.clone()).destinations(),
+            ),
+            next: setup.next.clone(),
+            deployed_at: None,
+            versions: HashMap::new(),
             clock,
             memory,
             queues,
@@ -719,6 +790,9 @@ impl Run {
         let spread = self.events.saturating_sub(40).max(1);
         let mut submitted = 0;
         for event in 0..self.events {
+            if event == self.events / 2 {
+                self.deploy();
+            }
             while submitted < self.orders
                 && (submitted < burst
                     || event >= (submitted - burst) * spread / (self.orders - burst).max(1))
@@ -753,6 +827,26 @@ impl Run {
             submitted += 1;
         }
         Ok(())
+    }
+
+    /// Deploys the workflows given for midway: the services start again on them; what is in
+    /// flight stays where it is.
+    fn deploy(&mut self) {
+        let Some(next) = self.next.take() else { return };
+        let system = self.system.running(next.clone());
+        let outbox = || self.outbox.clone();
+        self.submission = system.submission(outbox(), SeqIds::new("d"));
+        self.scheduler = system.scheduler(outbox(), "scheduler-d");
+        self.supervisors = [system.supervisor(outbox()), system.supervisor(outbox())];
+        self.operator = system.operator(outbox());
+        // The operators' desk knows the new version's actions, as the redeployed admin does.
+        self.desk.actions = next.actions();
+        self.catalogue = next;
+        self.deployed_at = Some(self.clock.now());
+        let at = self.clock.now();
+        for id in self.accepted.clone() {
+            self.note(id, format!("deployed again at {at}"));
+        }
     }
 
     /// With the faults stopped, every order must end: messages delivered as they come, the
@@ -807,6 +901,8 @@ impl Run {
             .into_iter()
             .map(|r| Ended {
                 order_id: r.order_id,
+                workflow: r.workflow.clone(),
+                version: r.workflow_version,
                 input: self.inputs.get(&r.order_id).cloned().unwrap_or_default(),
                 state: r.process_state,
                 outputs: r
@@ -1246,6 +1342,7 @@ impl Run {
             let id = r.order_id;
             r.check()
                 .map_err(|e| ("each record keeps its own invariants", Some(id), e.to_string()))?;
+            self.check_version(r)?;
             if let Some(before) = self.previous.get(&id) {
                 if r.attempt < before.attempt {
                     return Err((
@@ -1357,6 +1454,33 @@ impl Run {
             self.ledger
                 .check_since(from)
                 .map_err(|(order, what)| ("no effect twice", Some(order), what))?;
+        }
+        Ok(())
+    }
+
+    /// An order keeps the version it started on, and that version's steps; one created after
+    /// a deploy starts on the version then current.
+    fn check_version(&mut self, r: &StateRecord) -> Result<(), Broken> {
+        let id = r.order_id;
+        let started = *self.versions.entry(id).or_insert(r.workflow_version);
+        let broken = |what: String| Err(("an order keeps its workflow's version", Some(id), what));
+        if r.workflow_version != started {
+            return broken(format!("version {} after {started}", r.workflow_version));
+        }
+        let Ok(workflow) = self.catalogue.of(r) else {
+            return broken(format!("version {started} of {} is not deployed", r.workflow));
+        };
+        let names: Vec<&str> = workflow.steps().iter().map(|s| s.name.as_str()).collect();
+        let steps: Vec<&str> = r.steps.iter().map(|s| s.name.as_str()).collect();
+        if steps != names {
+            return broken(format!("steps {steps:?}, where version {started} has {names:?}"));
+        }
+        let after = self.deployed_at.is_some_and(|at| r.created_at >= at);
+        let current = self.catalogue.current(&r.workflow).map(|w| w.version());
+        if after && r.workflow == self.workflow && Some(started) != current {
+            return broken(format!(
+                "created after the deploy on version {started}, not {current:?}"
+            ));
         }
         Ok(())
     }
