@@ -203,8 +203,9 @@ where
     .await
 }
 
-/// The repository's README, whose Rust example (an agent on this kit, as a team copies it) is
-/// compiled with the kit's tests, so that it never drifts from the kit's API.
+/// The repository's README, whose Rust examples (an agent on this kit, as a team copies it,
+/// and its test with the test kit) are compiled with the kit's tests, so that they never
+/// drift from the kits' APIs.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeExamples;
