@@ -1,7 +1,7 @@
 //! The console as the stack serves it: its page, and where its users sign in. A stack with
-//! its own user pool names its domain, whose endpoints are Cognito's; a JWT stack's issuer names them
-//! in its discovery document, read the first time a page asks and kept for the function's
-//! life (read again on the next asking if it could not be).
+//! its own user pool names its domain, whose endpoints are Cognito's; a JWT stack's issuer
+//! names them in its discovery document, read the first time a page asks and kept for the
+//! function's life (read again on the next asking if it could not be).
 
 use std::time::Duration;
 

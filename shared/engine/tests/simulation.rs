@@ -60,7 +60,7 @@ use sas_engine::ids::{Direction, step_key};
 use sas_engine::load::{self, Gauges, Unmetered};
 use sas_engine::memory::{
     Behaviour, Delivery, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryRemote,
-    MemoryServiceBook, MemoryStore, MemoryWaits, Outage, SeqIds, SplitMix, Throttle,
+    MemoryStore, Outage, SeqIds, SplitMix, Throttle,
 };
 use sas_engine::message::{Message, StepRequest};
 use sas_engine::mutants::{self, Mutant};
@@ -79,8 +79,8 @@ use sas_engine::workflow::{OnFailure, Wait, Work, Workflow};
 use sas_engine::{AgentName, Error, OrderId, Result, Timestamp};
 use sas_testkit::hands::{self, Desk, Dice, Operators, Taken, flowing};
 use sas_testkit::watch::{Watch, Watched};
-use sas_testkit::world::Ports;
-use sas_testkit::{Crashes, Crashy, Fault, Faults, Timeline};
+use sas_testkit::world::{Book, Bus, Load, Payloads, Ports, Queues, Store, Waits};
+use sas_testkit::{Crashes, Fault, Faults, Timeline};
 
 const ORDERS: usize = 12;
 const FAULTY_EVENTS: usize = 600;
@@ -96,14 +96,7 @@ const HOLD: HoldPolicy = HoldPolicy {
     alert_after: Duration::from_secs(600),
 };
 
-type Store = Crashy<Arc<MemoryStore<ManualClock>>>;
-type Queues = Crashy<Arc<MemoryQueues<ManualClock>>>;
-type Bus = Crashy<Arc<MemoryBus>>;
-type Waits = Arc<MemoryWaits>;
-type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
-type Book = Arc<MemoryServiceBook>;
 type Remote = Arc<MemoryRemote<Timeline>>;
-type Payloads = Crashy<Arc<MemoryPayloads>>;
 type SimAgent = Agent<Watched<Remote>, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
 
 /// What a run injected, by kind, and what it saw.

@@ -304,7 +304,11 @@ impl StandIn {
 #[derive(Clone)]
 pub(crate) enum Service {
     Own(Arc<dyn AnyService>),
-    StandIn { remote: Arc<MemoryRemote<Timeline>>, seen: Arc<Mutex<Vec<u32>>> },
+    /// The stand-in, and how many of its ledger's effects the run's ledger has.
+    StandIn {
+        remote: Arc<MemoryRemote<Timeline>>,
+        seen: Arc<Mutex<usize>>,
+    },
 }
 
 /// Something the run must report: a handler's panic.
@@ -399,26 +403,24 @@ impl Injected {
             }
             Service::StandIn { remote, seen } => {
                 let answer = remote.call(call).await;
-                // Every application the stand-in made since, into the run's ledger.
+                // Every effect the stand-in applied since, into the run's ledger. (It applies
+                // a key once: the kit takes no knob that makes it forget its keys.)
                 let mut seen = lock(seen);
                 let effects = remote.ledger();
-                seen.resize(effects.len(), 0);
-                for (e, counted) in effects.iter().zip(seen.iter_mut()) {
-                    for _ in *counted..e.applications {
-                        if e.output.get("noop").is_some() {
-                            continue;
-                        }
-                        let step = crate::ledger::step_of(&e.key);
-                        let name = format!("{}:{}/{step}", self.agent, e.order_id);
-                        let call = RemoteCall { idempotency_key: e.key.clone(), ..call.clone() };
-                        let call = RemoteCall { order_id: e.order_id, ..call };
-                        match e.direction {
-                            Direction::Do => self.ledger.apply(&call, name),
-                            Direction::Undo => self.ledger.undo(&call, name),
-                        }
+                for e in effects.iter().skip(*seen).filter(|e| e.output.get("noop").is_none()) {
+                    let step = crate::ledger::step_of(&e.key);
+                    let name = format!("{}:{}/{step}", self.agent, e.order_id);
+                    let call = RemoteCall {
+                        idempotency_key: e.key.clone(),
+                        order_id: e.order_id,
+                        ..call.clone()
+                    };
+                    match e.direction {
+                        Direction::Do => self.ledger.apply(&call, name),
+                        Direction::Undo => self.ledger.undo(&call, name),
                     }
-                    *counted = e.applications;
                 }
+                *seen = effects.len();
                 answer
             }
         }

@@ -13,8 +13,7 @@ use sas_engine::events::CALLBACK_DETAIL_TYPE;
 use sas_engine::load::Gauges;
 use sas_engine::machine::Answer;
 use sas_engine::memory::{
-    Delivery, ManualClock, MemoryBus, MemoryPayloads, MemoryQueues, MemoryServiceBook, MemoryStore,
-    MemoryWaits, SeqIds, SplitMix,
+    Delivery, ManualClock, MemoryBus, MemoryQueues, MemoryStore, SeqIds, SplitMix,
 };
 use sas_engine::message::Message;
 use sas_engine::ports::{Clock, Destination, Incoming};
@@ -32,7 +31,9 @@ use crate::faults::{Fault, Faults};
 use crate::hands::{self, Desk, Dice, Operators, Taken, flowing};
 use crate::ledger::Ledger;
 use crate::watch::{Watch, Watched};
-use crate::world::{Crashes, Crashy, Ports, Timeline, lock};
+use crate::world::{
+    Book, Bus, Crashes, Load, Payloads, Ports, Queues, Store, Timeline, Waits, lock,
+};
 
 /// A team's own check of a seed's end.
 type Assertion = Arc<dyn Fn(&End) -> Result<(), String> + Send + Sync>;
@@ -68,13 +69,6 @@ type Answers = Arc<dyn Fn(&str, &Value) -> Value + Send + Sync>;
 /// Each order's timeline: what happened to it, line by line.
 pub(crate) type Timelines = Arc<Mutex<HashMap<OrderId, Vec<String>>>>;
 
-type Store = Crashy<Arc<MemoryStore<ManualClock>>>;
-type Queues = Crashy<Arc<MemoryQueues<ManualClock>>>;
-type Bus = Crashy<Arc<MemoryBus>>;
-type Waits = Arc<MemoryWaits>;
-type Load = Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
-type Book = Arc<MemoryServiceBook>;
-type Payloads = Crashy<Arc<MemoryPayloads>>;
 type KitAgent = Agent<Watched<Injected>, Queues, Timeline, SplitMix, Waits, Book, Payloads>;
 
 /// How often the supervisor sweeps once the faults stop.
@@ -114,8 +108,7 @@ pub struct Kit {
     /// The stack's settings, by the names its functions read.
     settings: BTreeMap<String, String>,
     assertions: Vec<Assertion>,
-    /// The workflow files of a deploy halfway through the faults, and those that could not
-    /// be read.
+    /// The workflow files of a deploy halfway through the faults.
     redeploy: Vec<(String, String, String)>,
 }
 
@@ -174,12 +167,21 @@ impl Kit {
     /// version kept). The first file's workflow is the one orders go to, unless
     /// [`Kit::submitting_to`] names another.
     pub fn workflow_file(mut self, path: impl AsRef<std::path::Path>) -> Kit {
-        let path = path.as_ref();
-        match std::fs::read_to_string(path) {
-            Ok(json) => return self.workflow(&path.display().to_string(), &json),
-            Err(e) => self.unread.push(format!("{}: {e}", path.display())),
+        if let Some(file) = self.read(path.as_ref()) {
+            self.files.push(file);
         }
         self
+    }
+
+    /// The workflow file at `path`; one that cannot be read is noted, for the run to refuse.
+    fn read(&mut self, path: &std::path::Path) -> Option<(String, String, String)> {
+        match std::fs::read_to_string(path) {
+            Ok(json) => Some(file(&path.display().to_string(), &json)),
+            Err(e) => {
+                self.unread.push(format!("{}: {e}", path.display()));
+                None
+            }
+        }
     }
 
     /// A workflow file's text (`include_str!` of it), named by its `path`.
@@ -208,10 +210,8 @@ impl Kit {
         paths: impl IntoIterator<Item = P>,
     ) -> Kit {
         for path in paths {
-            let path = path.as_ref();
-            match std::fs::read_to_string(path) {
-                Ok(json) => self.redeploy.push(file(&path.display().to_string(), &json)),
-                Err(e) => self.unread.push(format!("{}: {e}", path.display())),
+            if let Some(file) = self.read(path.as_ref()) {
+                self.redeploy.push(file);
             }
         }
         self
@@ -407,7 +407,30 @@ impl Kit {
             next.current(&name)
                 .ok_or_else(|| format!("no workflow named {name} in the files deployed midway"))?;
         }
-        Ok(Setup { catalogue: Arc::new(catalogue), next, workflow: name, config, agents: used })
+        let actions = used
+            .iter()
+            .map(|agent| {
+                let mut of_agent = undo_flags(&catalogue, agent);
+                for more in next.iter().flat_map(|next| undo_flags(next, agent)) {
+                    if !of_agent.contains(&more) {
+                        of_agent.push(more);
+                    }
+                }
+                (agent.clone(), of_agent)
+            })
+            .collect();
+        let answered = std::iter::once(&catalogue)
+            .chain(next.as_deref())
+            .flat_map(|c| c.all())
+            .any(|w| w.steps().iter().any(|s| matches!(s.work, Work::Callback)));
+        Ok(Setup {
+            catalogue: Arc::new(catalogue),
+            next,
+            workflow: name,
+            config,
+            actions,
+            answered,
+        })
     }
 }
 
@@ -417,8 +440,11 @@ struct Setup {
     next: Option<Arc<Catalogue>>,
     workflow: String,
     config: Arc<EngineConfig>,
-    /// Every agent either deploy's workflows name.
-    agents: Vec<AgentName>,
+    /// Every agent either deploy's workflows name, with its actions (and whether each is an
+    /// undo).
+    actions: Vec<(AgentName, Vec<(String, bool)>)>,
+    /// Whether a step of the workflows waits for an answer from outside.
+    answered: bool,
 }
 
 /// A workflow file: its path (for messages), its name without `.json`, its text.
@@ -437,7 +463,8 @@ pub struct Report {
     pub processed: u64,
     pub compensated: u64,
     pub cancelled: u64,
-    /// Orders in Error: an undo that failed for good, an operator told.
+    /// Orders in Error with nothing left in place (`compensated`), and with steps left for the
+    /// operators to undo by hand (`errors`).
     pub errors: u64,
     /// Effects the ledger recorded, done and undone.
     pub effects: u64,
@@ -541,8 +568,6 @@ struct Run {
     /// The workflows deployed midway, until they are; when they were.
     next: Option<Arc<Catalogue>>,
     deployed_at: Option<sas_engine::Timestamp>,
-    /// The version each order started on.
-    versions: HashMap<OrderId, u32>,
     rng: SplitMix,
     faults: Faults,
     on: Arc<AtomicBool>,
@@ -577,9 +602,8 @@ struct Run {
     alarms: Alarm,
     /// What reached the services, against the book and their declared limits.
     watch: Arc<Mutex<Watch>>,
-    /// Each order as the last check saw it, and each order's attempt and deadline then.
+    /// Each order as the last check saw it.
     previous: HashMap<OrderId, StateRecord>,
-    terminal: HashMap<OrderId, StateRecord>,
     /// The steps seen with their undo failed: an operator's redrive undoes them later,
     /// after the steps they depend on.
     undo_failed: std::collections::HashSet<(OrderId, String)>,
@@ -617,28 +641,22 @@ impl Run {
         let watch = Arc::new(Mutex::new(Watch::default()));
         let remote_injected = Arc::new(Mutex::new([0; Fault::ALL.len()]));
         let mut agents = HashMap::new();
-        for (n, name) in setup.agents.iter().cloned().enumerate() {
-            let mut of_agent = undo_flags(&setup.catalogue, &name);
-            for more in setup.next.iter().flat_map(|next| undo_flags(next, &name)) {
-                if !of_agent.contains(&more) {
-                    of_agent.push(more);
-                }
-            }
-            let service = match kit.agents.iter().find(|(a, _)| *a == name) {
+        for (n, (name, of_agent)) in setup.actions.iter().enumerate() {
+            let service = match kit.agents.iter().find(|(a, _)| a == name) {
                 Some((_, build)) => Service::Own(build(&ledger)),
                 None => {
                     let (_, stand_in) = kit
                         .stand_ins
                         .iter()
-                        .find(|(a, _)| *a == name)
+                        .find(|(a, _)| a == name)
                         .unwrap_or_else(|| unreachable!("every agent is deployed"));
-                    let remote = stand_in.build(&timeline, clock.now(), &of_agent, seed ^ n as u64);
+                    let remote = stand_in.build(&timeline, clock.now(), of_agent, seed ^ n as u64);
                     Service::StandIn { remote, seen: Arc::default() }
                 }
             };
             let own = matches!(service, Service::Own(_));
             let draws = SplitMix::seeded(seed.rotate_left(17) ^ (n as u64 + 1));
-            let spells = agents::spells(&draws, clock.now(), faults, &of_agent);
+            let spells = agents::spells(&draws, clock.now(), faults, of_agent);
             let injected = Injected {
                 agent: name.as_str().to_owned(),
                 service,
@@ -671,7 +689,7 @@ impl Run {
             let agent = system
                 .on_clock(timeline.clone())
                 .agent(
-                    &name,
+                    name,
                     watched,
                     outbox.clone(),
                     SplitMix::seeded(seed.wrapping_add(n as u64)),
@@ -686,7 +704,7 @@ impl Run {
             book: book.clone(),
             index: memory.clone(),
             clock: clock.clone(),
-            agents: setup.agents.clone(),
+            agents: setup.actions.iter().map(|(a, _)| a.clone()).collect(),
             limits: config.limits.clone(),
             actions: setup.catalogue.actions(),
         };
@@ -708,7 +726,6 @@ impl Run {
             ),
             next: setup.next.clone(),
             deployed_at: None,
-            versions: HashMap::new(),
             clock,
             memory,
             queues,
@@ -725,17 +742,13 @@ impl Run {
             answer: kit.answer.clone(),
             events: kit.events,
             assertions: kit.assertions.clone(),
-            answered: setup
-                .catalogue
-                .all()
-                .any(|w| w.steps().iter().any(|s| matches!(s.work, Work::Callback))),
+            answered: setup.answered,
             accepted: Vec::new(),
             inputs: HashMap::new(),
             timelines,
             alarms,
             watch,
             previous: HashMap::new(),
-            terminal: HashMap::new(),
             in_line: Default::default(),
             undo_failed: Default::default(),
             operators: Operators::default(),
@@ -842,8 +855,8 @@ impl Run {
         // The operators' desk knows the new version's actions, as the redeployed admin does.
         self.desk.actions = next.actions();
         self.catalogue = next;
-        self.deployed_at = Some(self.clock.now());
         let at = self.clock.now();
+        self.deployed_at = Some(at);
         for id in self.accepted.clone() {
             self.note(id, format!("deployed again at {at}"));
         }
@@ -934,13 +947,7 @@ impl Run {
             return SWEEP_EVERY;
         }
         let now = self.clock.now();
-        let due = self
-            .memory
-            .records()
-            .iter()
-            .filter(|r| !r.is_terminal() || r.complete_by.is_some())
-            .filter_map(|r| r.complete_by)
-            .min();
+        let due = self.memory.records().iter().filter_map(|r| r.complete_by).min();
         due.map_or(SWEEP_EVERY, |d| now.until(d).max(SWEEP_EVERY))
     }
 
@@ -1056,17 +1063,13 @@ impl Run {
                 self.memory.fail_next_writes(1);
             }
             self.maybe_crash();
-            self.handle(&dest, &d).await?;
+            self.handle_together(&dest, vec![d]).await?;
             return Ok(true);
         }
         Ok(false)
     }
 
-    async fn handle(&mut self, dest: &Destination, d: &Delivery) -> Result<(), Broken> {
-        self.handle_together(dest, vec![d.clone()]).await
-    }
-
-    /// Handles `taken` side by side, each as its consumer does; a message the system sent
+    /// Handles `taken` (one message, or a few side by side), each as its consumer does; a message the system sent
     /// and refuses breaks the run.
     async fn handle_together(
         &mut self,
@@ -1333,10 +1336,10 @@ impl Run {
             }
         }
         let records: Vec<StateRecord> = self.memory.records();
-        for id in &self.accepted {
-            if self.memory.peek(*id).is_none() {
-                return Err(("no accepted order is lost", Some(*id), format!("{id} is gone")));
-            }
+        let stored: std::collections::HashSet<OrderId> =
+            records.iter().map(|r| r.order_id).collect();
+        if let Some(id) = self.accepted.iter().find(|id| !stored.contains(id)) {
+            return Err(("no accepted order is lost", Some(*id), format!("{id} is gone")));
         }
         for r in &records {
             let id = r.order_id;
@@ -1387,7 +1390,7 @@ impl Run {
                     );
                 }
             }
-            if let Some(before) = self.terminal.get(&id) {
+            if let Some(before) = self.previous.get(&id).filter(|b| b.is_terminal()) {
                 let by_operator = matches!(r.last_input, InputRef::Command(_));
                 if r.process_state != before.process_state && !by_operator {
                     return Err((
@@ -1399,11 +1402,6 @@ impl Run {
             }
             for step in r.steps.iter().filter(|s| s.status == StepStatus::UndoFailed) {
                 self.undo_failed.insert((id, step.name.clone()));
-            }
-            if r.is_terminal() {
-                self.terminal.insert(id, r.clone());
-            } else {
-                self.terminal.remove(&id);
             }
             self.previous.insert(id, r.clone());
         }
@@ -1460,9 +1458,10 @@ impl Run {
 
     /// An order keeps the version it started on, and that version's steps; one created after
     /// a deploy starts on the version then current.
-    fn check_version(&mut self, r: &StateRecord) -> Result<(), Broken> {
+    fn check_version(&self, r: &StateRecord) -> Result<(), Broken> {
         let id = r.order_id;
-        let started = *self.versions.entry(id).or_insert(r.workflow_version);
+        // As the last check saw it, which held it to the version it started on.
+        let started = self.previous.get(&id).map_or(r.workflow_version, |b| b.workflow_version);
         let broken = |what: String| Err(("an order keeps its workflow's version", Some(id), what));
         if r.workflow_version != started {
             return broken(format!("version {} after {started}", r.workflow_version));

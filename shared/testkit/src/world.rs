@@ -75,6 +75,18 @@ impl Clock for Timeline {
     }
 }
 
+/// The ports a seed's handlers go through: the in-memory ones, each call of which a crash
+/// may stop.
+pub type Store = Crashy<Arc<MemoryStore<ManualClock>>>;
+pub type Queues = Crashy<Arc<MemoryQueues<ManualClock>>>;
+pub type Bus = Crashy<Arc<MemoryBus>>;
+pub type Payloads = Crashy<Arc<MemoryPayloads>>;
+pub type Waits = Arc<MemoryWaits>;
+/// What the door and the supervisor read of the load: the waits and the queues' depths.
+pub type Load = sas_engine::load::Gauges<Waits, Arc<MemoryQueues<ManualClock>>>;
+/// The services' records, which the agents guard and the supervisor tends.
+pub type Book = Arc<sas_engine::memory::MemoryServiceBook>;
+
 /// The in-memory ports of one seed's run: the store with the lags the seed gives it (its
 /// expiry index 20 s behind on even seeds, its eventual reads a second old on every third,
 /// where those kinds are on), the queues, the bus, the waits' reports and the payloads' shelf,
